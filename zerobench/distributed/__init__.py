@@ -1,0 +1,1 @@
+"""Process environment (torchrun / Slurm), process groups, and ledger-recording collectives."""

@@ -1,0 +1,114 @@
+"""Where this process sits in the job: rank, world size, local rank and rendezvous address.
+
+Read from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``) or, under ``srun``, from Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+first host of ``SLURM_JOB_NODELIST``). ``init_distributed`` picks NCCL when CUDA is present and gloo
+otherwise, always with a collective timeout so that a dead rank fails the run instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+
+from zerobench.config import ConfigError
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job."""
+
+    rank: int
+    """Global rank."""
+    world_size: int
+    """Number of processes in the job."""
+    local_rank: int
+    """Rank on this node (selects the GPU)."""
+    master_addr: str
+    """Host of rank 0."""
+    master_port: int
+    """Rendezvous TCP port on ``master_addr``."""
+    source: str
+    """``torchrun``, ``slurm`` or ``single``."""
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm hostlist expression, e.g. ``gpu[003-005,9],cpu1`` -> ``gpu003``."""
+    m = re.match(r"\s*([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m or not m.group(1):
+        raise ConfigError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    if ranges is None:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _int(env: Mapping[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise ConfigError(f"environment variable {key}={env[key]!r} is not an integer") from None
+
+
+def detect(env: Mapping[str, str] | None = None) -> DistEnv:
+    """Read the job layout from the environment (torchrun first, then Slurm, else a single process)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            _int(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT,
+            "torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        if "MASTER_ADDR" in env:
+            addr = env["MASTER_ADDR"]
+        elif "SLURM_JOB_NODELIST" in env:
+            addr = first_host(env["SLURM_JOB_NODELIST"])
+        else:
+            raise ConfigError("under Slurm but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set")
+        if "MASTER_PORT" in env:
+            port = _int(env, "MASTER_PORT")
+        else:  # derived from the job id so concurrent jobs on a node do not collide
+            port = DEFAULT_PORT + (_int(env, "SLURM_JOB_ID") % 10000 if "SLURM_JOB_ID" in env else 0)
+        return DistEnv(
+            _int(env, "SLURM_PROCID"),
+            _int(env, "SLURM_NTASKS"),
+            _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+            addr,
+            port,
+            "slurm",
+        )
+    return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single")
+
+
+def default_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(denv: DistEnv, timeout_s: float = 300.0) -> torch.device:
+    """Initialise the default process group (NCCL on CUDA, gloo otherwise); return this rank's device."""
+    device = default_device(denv.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{denv.master_addr}:{denv.master_port}",
+            rank=denv.rank,
+            world_size=denv.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return device

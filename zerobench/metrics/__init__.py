@@ -1,0 +1,1 @@
+"""Ledgers and measurements: communication, memory, throughput."""

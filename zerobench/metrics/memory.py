@@ -1,0 +1,154 @@
+"""Memory measurement: storage accounting, the paper's analytic model-state formulas, a live-tensor tracker.
+
+- ``storage_bytes``: bytes of distinct storages behind a set of tensors (views count once).
+- ``model_state_bytes_analytic``: per-rank model-state bytes of a ZeRO stage for any precision recipe;
+  with 2-byte params/grads, a 4-byte master and 8 bytes of Adam states it is exactly the paper's
+  2Ψ+2Ψ+KΨ (K=12), 4Ψ+KΨ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d.
+- ``LiveTensorTracker``: a dispatch mode that follows every storage allocated under it (plus those
+  registered with ``track``) and records current and peak live bytes — the CPU stand-in for
+  ``torch.cuda.max_memory_allocated``. With ``budget_bytes`` it raises ``TrackedOutOfMemory`` when an
+  allocation would exceed the budget, emulating a device of that size.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def model_state_bytes_analytic(
+    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, master_bytes: int, optim_bytes: int = 8
+) -> dict[str, float]:
+    """Per-rank bytes by category for ``numel`` parameters over ``dp`` ranks at a ZeRO stage."""
+    shard = 1.0 / dp
+    return {
+        "params": numel * param_bytes * (shard if stage >= 3 else 1.0),
+        "grads": numel * grad_bytes * (shard if stage >= 2 else 1.0),
+        "master": numel * master_bytes * (shard if stage >= 1 else 1.0),
+        "optimizer_states": numel * optim_bytes * (shard if stage >= 1 else 1.0),
+    }
+
+
+def paper_model_state_bytes(psi: float, nd: int, stage: int, k: int = 12) -> float:
+    """The paper's mixed-precision formulas (§5): 16Ψ, 4Ψ+KΨ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d."""
+    return {
+        0: (2 + 2 + k) * psi,
+        1: 4 * psi + k * psi / nd,
+        2: 2 * psi + (2 + k) * psi / nd,
+        3: (2 + 2 + k) * psi / nd,
+    }[stage]
+
+
+class TrackedOutOfMemory(RuntimeError):
+    """Raised by ``LiveTensorTracker`` when live bytes would exceed its budget."""
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Tracks live storage bytes of everything allocated while active."""
+
+    def __init__(self, budget_bytes: int | None = None):
+        super().__init__()
+        self.budget_bytes = budget_bytes
+        self.live: dict[int, tuple[weakref.ref, int]] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _key(self, st: torch.UntypedStorage) -> int:
+        return id(st)
+
+    def track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = self._key(st)
+        if key in self.live or st.device.type == "meta":
+            return
+        nbytes = st.nbytes()
+
+        def _gone(_ref, key=key):
+            entry = self.live.pop(key, None)
+            if entry is not None:
+                self.current -= entry[1]
+
+        self.live[key] = (weakref.ref(st, _gone), nbytes)
+        self._add(nbytes)
+
+    def _add(self, nbytes: int) -> None:
+        self.current += nbytes
+        if self.budget_bytes is not None and self.current > self.budget_bytes:
+            over = self.current
+            self.current -= nbytes
+            raise TrackedOutOfMemory(
+                f"tracked memory {over / 2**20:.1f} MiB would exceed the budget of "
+                f"{self.budget_bytes / 2**20:.1f} MiB"
+            )
+        self.peak = max(self.peak, self.current)
+
+    def resized(self, st: torch.UntypedStorage, old: int, new: int) -> None:
+        key = self._key(st)
+        if key in self.live:
+            ref, _ = self.live[key]
+            self.live[key] = (ref, new)
+            if new > old:
+                self._add(new - old)
+            else:
+                self.current -= old - new
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out
+
+
+def resize_storage(t: torch.Tensor, nbytes: int) -> None:
+    """Resize ``t``'s storage (stage 3 alloc/free), keeping any active ``LiveTensorTracker`` informed."""
+    st = t.untyped_storage()
+    old = st.nbytes()
+    if old == nbytes:
+        return
+    st.resize_(nbytes)
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, LiveTensorTracker):
+            mode.resized(st, old, nbytes)
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak resident set size of this process (VmHWM), or None where /proc is unavailable."""
+    kib = _proc_status_kib("VmHWM")
+    return None if kib is None else kib * 1024
+
+
+def reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux ``clear_refs``), so peaks exclude set-up."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass

@@ -1,0 +1,1 @@
+"""Plain models (no parallel code) and their size/FLOPs arithmetic."""

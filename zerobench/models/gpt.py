@@ -1,0 +1,127 @@
+"""A plain decoder-only GPT (GPT-2 style, pre-LN, tied LM head).
+
+The model holds no parallel code: tensor parallelism, activation checkpointing and ZeRO are applied to it
+from the outside by ordered ``apply_*`` transforms. It can be built on the meta device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT model."""
+
+    layers: int = 2
+    """Number of transformer blocks (L)."""
+    hidden: int = 64
+    """Hidden size (h); the MLP is 4h wide."""
+    heads: int = 4
+    """Attention heads; must divide ``hidden``."""
+    vocab: int = 512
+    """Vocabulary size (V); the LM head is tied to the token embedding."""
+    seq: int = 64
+    """Maximum sequence length (s): size of the learned position embedding."""
+    init_std: float = 0.02
+    """Standard deviation of the normal init of linear and embedding weights."""
+
+    def validate(self) -> None:
+        from zerobench.config import ConfigError
+
+        for name in ("layers", "hidden", "heads", "vocab", "seq"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model {name} must be positive, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise ConfigError(
+                f"hidden size {self.hidden} is not divisible by heads {self.heads}: "
+                f"choose heads that divide hidden (e.g. {math.gcd(self.hidden, 64) or 1})"
+            )
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.hidden, 4 * cfg.hidden)
+        self.proj = nn.Linear(4 * cfg.hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.hidden)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, ``layers`` blocks, final LayerNorm, LM head tied to ``wte``."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.seq, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        if not self.wte.weight.is_meta:
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2 init: N(0, std) weights, zero biases, residual projections scaled by 1/sqrt(2L)."""
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif "ln" in name:
+                p.fill_(1.0)
+            else:
+                scale = 1.0 / math.sqrt(2 * self.config.layers) if name.endswith("proj.weight") else 1.0
+                p.normal_(0.0, std * scale, generator=generator)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Return logits ``[b, s, V]``, or the mean cross-entropy loss when ``targets`` is given."""
+        s = tokens.shape[1]
+        if s > self.config.seq:
+            raise ValueError(f"sequence length {s} exceeds the model's maximum {self.config.seq}")
+        pos = torch.arange(s, device=tokens.device)
+        x = self.wte(tokens) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))

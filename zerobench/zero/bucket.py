@@ -1,0 +1,170 @@
+"""Gradient buckets and the bucket group that owns their communication.
+
+Gradients arrive parameter by parameter during backward (post-accumulate-grad hooks). Each bucket counts
+the parameters still missing; when the last one arrives the bucket's collective starts at once,
+asynchronously, overlapping with the rest of backward.
+
+- ``keep_full=True`` (stages 0, 1): a persistent full gradient buffer accumulates micro-batches; on the
+  micro-batch that synchronises, a bucket is all-reduced (stage 0) or reduce-scattered in place into this
+  rank's shard (stage 1).
+- ``keep_full=False`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
+  that is reduce-scattered into this rank's persistent gradient partition and freed as soon as the
+  collective completes; at most ``max_inflight`` staging buckets exist at once (constant-size buffers).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from zerobench.distributed import collectives as C
+from zerobench.metrics.comm import CommLedger
+from zerobench.zero.buffer import FullBuffer, LocalBuffer
+from zerobench.zero.layout import PartitionLayout
+from zerobench.zero.param import GradState, ZeroParam
+
+
+class BucketState(enum.Enum):
+    FILLING = "filling"
+    REDUCING = "reducing"
+    DONE = "done"
+
+
+@dataclass
+class _Inflight:
+    bucket: int
+    work: object
+    staging: torch.Tensor | None
+    out: torch.Tensor | None
+    accumulate_into: torch.Tensor | None
+
+
+class GradBucketGroup:
+    """Owns every gradient bucket of one layout and their reduction over the DP group."""
+
+    def __init__(
+        self,
+        layout: PartitionLayout,
+        zparams: list[ZeroParam],
+        group: C.Group,
+        ledger: CommLedger | None,
+        grad_dtype: torch.dtype,
+        device: torch.device,
+        keep_full: bool,
+        all_reduce: bool,
+        max_inflight: int = 2,
+    ):
+        self.layout, self.zparams, self.group, self.ledger = layout, zparams, group, ledger
+        self.grad_dtype, self.device = grad_dtype, device
+        self.keep_full, self.use_all_reduce = keep_full, all_reduce
+        self.max_inflight = max_inflight
+        self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device) if keep_full else None
+        self.local: LocalBuffer | None = None if keep_full else LocalBuffer(layout, grad_dtype, device)
+        self.staging: dict[int, torch.Tensor] = {}
+        self.inflight: deque[_Inflight] = deque()
+        self.state = [BucketState.FILLING] * len(layout.buckets)
+        self.pending = [len(b.params) for b in layout.buckets]
+        self.sync = True
+        self.first_micro = True
+        self.on_bucket_reduced: Callable[[int], None] | None = None
+
+    # -- micro-batch lifecycle -------------------------------------------------------------------
+    def begin_micro(self, sync: bool, first_in_window: bool) -> None:
+        self.sync = sync or not self.keep_full  # partitioned grads are reduced every micro-batch
+        self.first_micro = first_in_window
+        self.state = [BucketState.FILLING] * len(self.layout.buckets)
+        self.pending = [len(b.params) for b in self.layout.buckets]
+
+    def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
+        """Called from the parameter's post-accumulate-grad hook."""
+        slot = zp.slot
+        b = self.layout.buckets[slot.bucket]
+        if self.keep_full:
+            dest = self.full.param_view(slot.index)
+            if zp.grad_state is GradState.NONE:
+                dest.copy_(grad)
+            else:
+                dest.add_(grad)
+        else:
+            staging = self.staging.get(b.index)
+            if staging is None:
+                staging = self.staging[b.index] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
+            staging[slot.start - b.start : slot.end - b.start].view(slot.shape).copy_(grad)
+        zp.grad_state = GradState.ACCUMULATED
+        self.pending[b.index] -= 1
+        if self.pending[b.index] == 0 and self.sync:
+            self._start(b.index)
+
+    def _start(self, bucket: int) -> None:
+        self.state[bucket] = BucketState.REDUCING
+        g = self.group
+        if self.keep_full:
+            view = self.full.bucket_view(bucket)
+            if self.use_all_reduce:
+                work = C.all_reduce(view, g, self.ledger, "grad", async_op=True)
+            else:
+                out = self.full.shard_view(bucket, g.rank)
+                work = C.reduce_scatter(out, view, g, self.ledger, "grad", async_op=True)
+            self.inflight.append(_Inflight(bucket, work, None, None, None))
+        else:
+            staging = self.staging.pop(bucket)
+            dest = self.local.bucket_view(bucket)
+            if self.first_micro:
+                out, acc = dest, None
+            else:
+                out, acc = torch.empty_like(dest), dest
+            work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True)
+            self.inflight.append(_Inflight(bucket, work, staging, out, acc))
+        if self.on_bucket_reduced is not None:
+            self.on_bucket_reduced(bucket)
+        self._retire(block=False)
+
+    def _retire(self, block: bool) -> None:
+        """Finish completed collectives (all of them if ``block``), freeing their staging buffers."""
+        while self.inflight:
+            head = self.inflight[0]
+            over = len(self.inflight) > self.max_inflight
+            done = head.work is None or head.work.is_completed()
+            if not (block or over or done):
+                return
+            if head.work is not None:
+                head.work.wait()
+            if head.accumulate_into is not None:
+                head.accumulate_into.add_(head.out)
+            self.state[head.bucket] = BucketState.DONE
+            self.inflight.popleft()
+
+    def finish(self) -> None:
+        """Wait for every bucket of this micro-batch; check none was left unreduced."""
+        self._retire(block=True)
+        if self.sync:
+            missing = [i for i, n in enumerate(self.pending) if n]
+            if missing:
+                names = [self.zparams[p].name for p in self.layout.buckets[missing[0]].params]
+                raise RuntimeError(
+                    f"{len(missing)} gradient bucket(s) never received every gradient (e.g. {names[:3]}): "
+                    "parameters unused in forward are not supported"
+                )
+
+    def zero(self) -> None:
+        """Start a new accumulation window."""
+        for zp in self.zparams:
+            zp.grad_state = GradState.NONE
+        # No zeroing needed: the first micro-batch of a window overwrites (copy / reduce-scatter output).
+
+    # -- views the optimizer needs -----------------------------------------------------------------
+    def shard_views(self) -> list[torch.Tensor]:
+        """This rank's reduced gradient shard of every bucket (summed over ranks, not averaged)."""
+        if self.keep_full:
+            return [self.full.shard_view(b.index, self.group.rank if self.layout.shards > 1 else 0)
+                    for b in self.layout.buckets]
+        return self.local.bucket_views()
+
+    def tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Persistent gradient tensors and transient staging buffers, for the memory ledger."""
+        persistent = [self.full.data] if self.full is not None else [self.local.data]
+        return {"grads": persistent, "comm_buffers": list(self.staging.values())}

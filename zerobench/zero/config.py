@@ -1,0 +1,96 @@
+"""Typed configuration of the ZeRO engine: stage, precision, buckets, loss scaling, AdamW."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from zerobench.config import ConfigError
+
+
+class Precision(str, enum.Enum):
+    """Training precision recipe."""
+
+    FP32 = "fp32"
+    """Everything fp32; the parameters themselves are the optimizer's master weights."""
+    BF16 = "bf16"
+    """bf16 parameters and gradients (also reduced in bf16), fp32 master weights and Adam states."""
+    FP16 = "fp16"
+    """As bf16 but fp16, with dynamic loss scaling (overflow -> skip the step and back off)."""
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+
+    @property
+    def has_master(self) -> bool:
+        """Whether a separate fp32 master copy exists (mixed precision)."""
+        return self is not Precision.FP32
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """AdamW hyperparameters (decoupled weight decay, as ``torch.optim.AdamW``)."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Exponential decay rates of the first and second moments."""
+    eps: float = 1e-8
+    """Added to the denominator for numerical stability."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to parameters of 2 or more dimensions only (not biases/norms)."""
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    """Dynamic loss scaling for fp16 (ignored for fp32/bf16)."""
+
+    init_scale: float = 2.0**16
+    """Initial loss scale."""
+    growth_factor: float = 2.0
+    """Multiply the scale by this after ``growth_interval`` overflow-free steps."""
+    backoff_factor: float = 0.5
+    """Multiply the scale by this when a step overflows (and is skipped)."""
+    growth_interval: int = 1000
+    """Overflow-free steps before the scale grows."""
+    min_scale: float = 1.0
+    """The scale never drops below this."""
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """Configuration of ``apply_zero``."""
+
+    stage: int = 0
+    """0: baseline DP (all-reduce), 1: P_os, 2: P_os+g, 3: P_os+g+p."""
+    precision: Precision = Precision.FP32
+    """Precision recipe (see ``Precision``)."""
+    bucket_numel: int = 25_000_000
+    """Elements per gradient/parameter bucket (constant-size buffers, C_B). Stage 3 buckets per module."""
+    param_align: int = 16
+    """Every parameter starts on a multiple of this many elements in the flat buffers."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; ``backward`` divides the loss by this."""
+    clip_grad_norm: float | None = None
+    """Clip the global gradient L2 norm (across all partitions) to this value; None disables."""
+    prefetch: bool = True
+    """Stage 3: all-gather the next module's parameters while the current one computes."""
+    optimizer: AdamWConfig = field(default_factory=AdamWConfig)
+    """AdamW hyperparameters."""
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    """fp16 dynamic loss scaling."""
+
+    def validate(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ConfigError(f"unknown ZeRO stage {self.stage!r}: choose 0, 1, 2 or 3")
+        if not isinstance(self.precision, Precision):
+            raise ConfigError(f"unknown precision {self.precision!r}: choose fp32, bf16 or fp16")
+        if self.bucket_numel < 1:
+            raise ConfigError(f"bucket size must be >= 1 element, got {self.bucket_numel}")
+        if self.grad_accum_steps < 1:
+            raise ConfigError(f"gradient accumulation steps must be >= 1, got {self.grad_accum_steps}")
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

@@ -1,0 +1,265 @@
+"""The ZeRO engine: stages 0-3 over one data-parallel group, on a plain model.
+
+Construction moves every parameter into the engine's flat buffers (``p.data`` becomes a view; tied
+parameters stay tied), builds this rank's fp32 master partition and Adam states, and installs gradient
+hooks (and, at stage 3, the gather/free scheduler). The training loop is::
+
+    for micro_batch in window:           # grad_accum_steps micro-batches
+        engine.backward(model(x, y))
+    engine.step(); engine.zero_grad()
+
+Gradients are *summed* over ranks by the collectives; the 1/N average, the 1/loss-scale and the clip
+coefficient are folded into one scale applied inside the optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from zerobench.distributed import collectives as C
+from zerobench.metrics.comm import CommLedger
+from zerobench.metrics.memory import model_state_bytes_analytic, storage_bytes
+from zerobench.zero.bucket import GradBucketGroup
+from zerobench.zero.config import ZeroConfig
+from zerobench.zero.layout import ParamSpec, build_layout
+from zerobench.zero.loss_scale import DynamicLossScaler
+from zerobench.zero.optimizer import ShardedAdamW
+from zerobench.zero.param import ParamState, ZeroParam
+from zerobench.zero.stage3 import ParamUnit, Stage3Scheduler
+
+
+def _decays(p: nn.Parameter) -> bool:
+    return p.dim() >= 2
+
+
+class ZeroEngine:
+    """Created by ``apply_zero``; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        group: C.Group,
+        config: ZeroConfig,
+        units: list[nn.Module],
+        ledger: CommLedger | None = None,
+    ):
+        config.validate()
+        self.module, self.group, self.config = model, group, config
+        self.ledger = ledger if ledger is not None else CommLedger()
+        self.stage = config.stage
+        prec = config.precision
+        self.param_dtype = prec.param_dtype
+        device = next(model.parameters()).device
+        self.device = device
+
+        # 1. Order parameters: stage 3 groups them by unit; otherwise reverse registration order
+        #    (the order backward produces gradients), so buckets fill in sequence.
+        named = list(model.named_parameters())
+        unit_of = {}
+        for u, m in enumerate(units, start=1):
+            for p in m.parameters():
+                unit_of[id(p)] = u
+        if self.stage == 3:
+            key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
+            named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
+        else:
+            named.reverse()
+        specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if self.stage == 3 else 0) for n, p in named]
+        shards = 1 if self.stage == 0 else group.size
+        bucket_numel = 2**62 if self.stage == 3 else config.bucket_numel
+        self.layout = build_layout(specs, shards, bucket_numel, config.param_align)
+        self.zparams = [
+            ZeroParam(p, slot, config.optimizer.weight_decay if _decays(p) else 0.0)
+            for (_, p), slot in zip(named, self.layout.params)
+        ]
+        self.rank_in_shards = 0 if self.stage == 0 else group.rank
+        segments = self.layout.segments(self.rank_in_shards)
+
+        # 2. fp32 master partition from the model's initial (fp32) values.
+        from zerobench.zero.buffer import FullBuffer, LocalBuffer
+
+        init = [zp.param.detach().float().reshape(-1) for zp in self.zparams]
+        if self.stage == 3:
+            self.params_full = None
+            self.params_local = LocalBuffer(self.layout, self.param_dtype, device)
+        else:
+            self.params_full = FullBuffer(self.layout, self.param_dtype, device)
+            self.params_local = None
+        with torch.no_grad():
+            if self.params_full is not None:
+                for zp, src in zip(self.zparams, init):
+                    self.params_full.param_view(zp.slot.index).copy_(src.view(zp.slot.shape))
+            else:
+                for seg in segments:
+                    off = seg.local_start
+                    self.params_local.data[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
+        self.param_shards = self._param_shard_views()
+        if prec.has_master:
+            self.master_buf = LocalBuffer(self.layout, torch.float32, device)
+            with torch.no_grad():
+                for seg in segments:
+                    off = seg.local_start
+                    self.master_buf.data[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
+            master = self.master_buf.bucket_views()
+        else:
+            self.master_buf = None
+            master = self.param_shards
+        del init
+
+        # 3. Point the model's parameters at the engine's storage.
+        if self.params_full is not None:
+            for zp in self.zparams:
+                zp.param.data = self.params_full.param_view(zp.slot.index)
+                zp.state = ParamState.REPLICATED
+            self.scheduler = None
+        else:
+            by_unit: dict[int, list[ZeroParam]] = {}
+            for zp in self.zparams:
+                by_unit.setdefault(specs[zp.slot.index].unit, []).append(zp)
+            built = {}
+            for b in self.layout.buckets:
+                built[b.unit] = ParamUnit(
+                    model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
+                    self.params_local.bucket_view(b.index), group, self.ledger,
+                )
+            self.scheduler = Stage3Scheduler(built[0], [built[u] for u in range(1, len(units) + 1)], config.prefetch)
+
+        # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
+        decay_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
+        for seg in segments:
+            if self.zparams[seg.param].weight_decay:
+                base = self.layout.local_offset(seg.bucket)
+                decay_ranges[seg.bucket].append((seg.local_start - base, seg.local_start - base + seg.numel))
+        self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges)
+
+        # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
+        self.grads = GradBucketGroup(
+            self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
+            keep_full=self.stage <= 1, all_reduce=self.stage == 0,
+        )
+        if self.scheduler is not None:
+            self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
+        self._hooks = [zp.param.register_post_accumulate_grad_hook(self._make_hook(zp)) for zp in self.zparams]
+        self.scaler = DynamicLossScaler(config.loss_scale, enabled=prec.value == "fp16")
+        self.micro_step = 0
+        self.last_grad_norm: float | None = None
+        self.numel = sum(p.numel() for _, p in named)
+
+    # -- construction helpers ------------------------------------------------------------------
+    def _param_shard_views(self) -> list[torch.Tensor]:
+        if self.params_local is not None:
+            return self.params_local.bucket_views()
+        return [self.params_full.shard_view(b.index, self.rank_in_shards) for b in self.layout.buckets]
+
+    def _make_hook(self, zp: ZeroParam):
+        def hook(p: torch.Tensor) -> None:
+            self.grads.add_grad(zp, p.grad)
+            p.grad = None
+
+        return hook
+
+    # -- training API ----------------------------------------------------------------------------
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch; reduces gradients (overlapped) when the window completes."""
+        accum = self.config.grad_accum_steps
+        first = self.micro_step % accum == 0
+        self.micro_step += 1
+        self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first)
+        (loss * (self.scaler.scale / accum)).backward()
+        self.grads.finish()
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Apply the optimizer to this rank's partition; return False when an fp16 overflow skipped it."""
+        if self.micro_step % self.config.grad_accum_steps:
+            raise RuntimeError(
+                f"step() after {self.micro_step % self.config.grad_accum_steps} of "
+                f"{self.config.grad_accum_steps} micro-batches: call backward() for every micro-batch first"
+            )
+        grads = self.grads.shard_views()
+        sharded = self.stage >= 1 and self.group.size > 1
+        if self.scaler.enabled:
+            found = torch.zeros(1, dtype=torch.float32, device=self.device)
+            for g in grads:
+                if not torch.isfinite(g).all():
+                    found.fill_(1.0)
+                    break
+            if sharded:
+                C.all_reduce(found, self.group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
+            if found.item():
+                self.scaler.update(overflow=True)
+                self.last_grad_norm = float("inf")
+                return False
+        scale = 1.0 / (self.group.size * self.scaler.scale)
+        if self.config.clip_grad_norm is not None:
+            sq = torch.zeros(1, dtype=torch.float32, device=self.device)
+            for g in grads:
+                sq += g.float().pow(2).sum()
+            if sharded:
+                C.all_reduce(sq, self.group, self.ledger, "grad_norm")
+            norm = math.sqrt(sq.item()) * scale
+            self.last_grad_norm = norm
+            coef = self.config.clip_grad_norm / (norm + 1e-6)
+            if coef < 1.0:
+                scale *= coef
+        self.optimizer.step(grads, scale)
+        self.scaler.update(overflow=False)
+        self._publish_params()
+        return True
+
+    def _publish_params(self) -> None:
+        """Master -> low-precision shard; stages 1-2 all-gather the updated shards to every rank."""
+        if self.master_buf is not None:
+            torch._foreach_copy_(self.param_shards, self.optimizer.master)
+        if self.stage in (1, 2) and self.group.size > 1:
+            works = [
+                C.all_gather(self.params_full.bucket_view(b.index), shard, self.group, self.ledger, "param", async_op=True)
+                for b, shard in zip(self.layout.buckets, self.param_shards)
+            ]
+            for w in works:
+                if w is not None:
+                    w.wait()
+
+    def zero_grad(self) -> None:
+        self.grads.zero()
+
+    # -- ledgers ---------------------------------------------------------------------------------
+    def memory_ledger(self) -> dict[str, int]:
+        """Bytes held by this rank's engine tensors, by category (measured from the tensors)."""
+        params = [self.params_full.data] if self.params_full is not None else [self.params_local.data]
+        g = self.grads.tensors()
+        comm = list(g["comm_buffers"])
+        if self.scheduler is not None:
+            comm += self.scheduler.gathered_tensors()
+        return {
+            "params": storage_bytes(params),
+            "grads": storage_bytes(g["grads"]),
+            "master": storage_bytes([self.master_buf.data]) if self.master_buf is not None else 0,
+            "optimizer_states": storage_bytes(self.optimizer.tensors()),
+            "comm_buffers": storage_bytes(comm),
+        }
+
+    def model_state_bytes(self) -> int:
+        led = self.memory_ledger()
+        return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
+
+    def model_state_bytes_analytic(self) -> dict[str, float]:
+        pb = torch.finfo(self.param_dtype).bits // 8
+        return model_state_bytes_analytic(
+            self.numel, self.group.size, self.stage, pb, pb, 4 if self.master_buf is not None else 0
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every persistent tensor the engine holds (for memory trackers)."""
+        out = [self.params_full.data if self.params_full is not None else self.params_local.data]
+        out += self.grads.tensors()["grads"] + self.optimizer.tensors()
+        if self.master_buf is not None:
+            out.append(self.master_buf.data)
+        return out

@@ -1,0 +1,50 @@
+"""Per-parameter engine state: a wrapper around each ``nn.Parameter`` with explicit state enums.
+
+The engine never sticks attributes on ``nn.Parameter``; everything it knows about a parameter (where it
+lives in the layout, its weight decay, whether its storage is resident, whether it has a gradient in the
+current accumulation window) lives here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from torch import nn
+
+from zerobench.zero.layout import ParamSlot
+
+
+class ParamState(enum.Enum):
+    """Where a parameter's values are."""
+
+    REPLICATED = "replicated"
+    """Stages 0-2: the whole parameter is resident, as a view of the flat parameter buffer."""
+    SHARDED = "sharded"
+    """Stage 3: only this rank's shard exists; the parameter's full view has no storage."""
+    GATHERING = "gathering"
+    """Stage 3: an all-gather into the full view is in flight."""
+    UNSHARDED = "unsharded"
+    """Stage 3: gathered; usable for forward/backward until resharded."""
+
+
+class GradState(enum.Enum):
+    """Whether a parameter contributed a gradient in the current accumulation window."""
+
+    NONE = "none"
+    ACCUMULATED = "accumulated"
+
+
+@dataclass
+class ZeroParam:
+    """The engine's record of one (unique, possibly tied) parameter."""
+
+    param: nn.Parameter
+    slot: ParamSlot
+    weight_decay: float
+    state: ParamState = ParamState.REPLICATED
+    grad_state: GradState = GradState.NONE
+
+    @property
+    def name(self) -> str:
+        return self.slot.name

@@ -13,6 +13,10 @@ import torch.distributed as dist
 
 from zerobench.metrics.comm import CommLedger
 
+# torch >= 2.13 renamed the tensor-in/tensor-out collectives; keep working on older releases.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 
 @dataclass(frozen=True)
 class Group:
@@ -61,7 +65,7 @@ def reduce_scatter(
         if out.data_ptr() != inp.data_ptr():
             out.copy_(inp)
         return None
-    return dist.reduce_scatter_tensor(out, inp, group=group.pg, async_op=async_op)
+    return _reduce_scatter(out, inp, group=group.pg, async_op=async_op)
 
 
 def all_gather(
@@ -78,4 +82,4 @@ def all_gather(
         if out.data_ptr() != inp.data_ptr():
             out.copy_(inp)
         return None
-    return dist.all_gather_into_tensor(out, inp, group=group.pg, async_op=async_op)
+    return _all_gather(out, inp, group=group.pg, async_op=async_op)

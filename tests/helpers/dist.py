@@ -1,0 +1,82 @@
+"""Run a function on N gloo ranks in fresh processes, with a hang timeout and failures propagated.
+
+Like DeepSpeed's ``DistributedTest``: every rank initialises gloo through a file store, runs ``fn(rank,
+world_size, *args)``, and sends back its (picklable) result or its traceback. Any rank's exception fails
+the test with that rank's traceback; a rank that dies without reporting, or a run that exceeds
+``timeout``, kills every process and fails loudly instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+import torch.multiprocessing as mp
+
+
+class DistributedFailure(AssertionError):
+    pass
+
+
+def _entry(fn, rank, world_size, store, q, args, coll_timeout):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=coll_timeout),
+        )
+        q.put((rank, True, fn(rank, world_size, *args)))
+    except BaseException:
+        q.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn, world_size: int, *args, timeout: float = 240.0, coll_timeout: float = 60.0) -> list:
+    """Return ``[fn(0, ...), ..., fn(world_size-1, ...)]`` computed on separate gloo ranks."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_entry, args=(fn, r, world_size, store, q, args, coll_timeout), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, object] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) < world_size:
+                try:
+                    rank, ok, payload = q.get(timeout=0.5)
+                except queue.Empty:
+                    dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                    if dead:
+                        raise DistributedFailure(
+                            f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} without reporting"
+                        ) from None
+                    if time.monotonic() > deadline:
+                        missing = sorted(set(range(world_size)) - set(results))
+                        raise DistributedFailure(
+                            f"ranks {missing} did not finish within {timeout:.0f}s (hang?)"
+                        ) from None
+                    continue
+                if not ok:
+                    raise DistributedFailure(f"rank {rank} failed:\n{payload}")
+                results[rank] = payload
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,107 @@
+"""Parity scenarios run inside spawned ranks: train with the engine, compare with the reference."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from tests.helpers.reference import reference_train
+from zerobench.distributed.collectives import Group
+from zerobench.models.gpt import GPT
+from zerobench.models.sizes import PRESETS
+from zerobench.train.data import SyntheticTokens
+from zerobench.zero import AdamWConfig, LossScaleConfig, Precision, ZeroConfig, apply_zero
+from zerobench.zero.state_dict import full_parameters
+
+
+@dataclass(frozen=True)
+class Scenario:
+    dp: int
+    stage: int
+    precision: str = "fp32"
+    accum: int = 1
+    clip: float | None = None
+    steps: int = 3
+    global_batch: int = 8
+    bucket_numel: int = 20_000
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    preset: str = "tiny"
+
+    @property
+    def key(self) -> str:
+        return f"dp{self.dp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
+
+
+ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def dp_groups(rank: int, world: int, dps) -> dict[int, Group]:
+    """One DP group per degree, consecutive ranks; every rank takes part in creating every group."""
+    out = {}
+    for dp in sorted(set(dps)):
+        for start in range(0, world, dp):
+            ranks = list(range(start, start + dp))
+            pg = dist.new_group(ranks, backend="gloo")
+            if rank in ranks:
+                out[dp] = Group.of(pg, "dp")
+    return out
+
+
+def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str, dict]:
+    groups = dp_groups(rank, world, [s.dp for s in scenarios])
+    results, ref_cache = {}, {}
+    for sc in scenarios:
+        cfg = PRESETS[sc.preset]
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        data = SyntheticTokens(cfg.vocab, cfg.seq, seed=7)
+        group = groups[sc.dp]
+        zcfg = ZeroConfig(
+            stage=sc.stage, precision=Precision(sc.precision), bucket_numel=sc.bucket_numel,
+            grad_accum_steps=sc.accum, clip_grad_norm=sc.clip, optimizer=ADAM, loss_scale=sc.loss_scale,
+        )
+        engine = apply_zero(copy.deepcopy(model), group, zcfg)
+        mb = sc.global_batch // (sc.dp * sc.accum)
+        losses, stepped = [], []
+        for step in range(sc.steps):
+            total = torch.zeros(1)
+            for micro in range(sc.accum):
+                x, y = data.micro_batch(step, group.rank, sc.dp, micro, mb)
+                loss = engine.module(x, y)
+                engine.backward(loss)
+                total += loss.detach().float() / sc.accum
+            dist.all_reduce(total, group=group.pg)
+            losses.append(total.item() / sc.dp)
+            stepped.append(engine.step())
+            engine.zero_grad()
+        full = full_parameters(engine)
+        key = (sc.precision, sc.clip, sc.loss_scale, sc.steps, sc.global_batch, sc.preset)
+        if key not in ref_cache:
+            batches = [data.samples(t, 0, sc.global_batch) for t in range(sc.steps)]
+            ref_cache[key] = reference_train(model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale)
+        ref_losses, ref_params, ref_stepped = ref_cache[key]
+        diff = max((full[n] - ref_params[n]).abs().max().item() for n in ref_params)
+        moved = max((ref_params[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
+        init = dict(model.named_parameters())
+        num = sum((full[n] - ref_params[n]).pow(2).sum().item() for n in ref_params)
+        den = sum((ref_params[n] - init[n].detach()).pow(2).sum().item() for n in ref_params)
+        res = {
+            "max_diff": diff,
+            "update_rel_err": (num / den) ** 0.5,
+            "max_update": moved,
+            "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "stepped": stepped,
+            "ref_stepped": ref_stepped,
+            "loss_scale": engine.loss_scale,
+        }
+        if sc.stage < 3:  # replicated model parameters equal the (cast) master on every rank
+            lp = {n: p.detach().float() for n, p in engine.module.named_parameters()}
+            dtype = Precision(sc.precision).param_dtype
+            res["model_vs_master"] = max(
+                (lp[n] - full[n].to(dtype).float()).abs().max().item() for n in lp
+            )
+        results[sc.key] = res
+    return results

@@ -1,0 +1,1 @@
+"""Training: synthetic data, the training loop, and the local multi-process launcher."""

@@ -1,0 +1,146 @@
+"""Sharded checkpoints of a ``ZeroEngine``: save on N ranks, load on M ranks or into one process.
+
+Each rank saves the pieces of parameters it owns as (name, start, end) segments of the flattened
+parameter with their fp32 master values and Adam moments, so a checkpoint does not depend on bucket
+sizes, padding or the number of ranks that wrote it. Loading copies, for every local segment, the
+overlapping parts of every saved segment (one file in memory at a time). Files hold only tensors and
+plain data and are loaded with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from zerobench.distributed import collectives as C
+
+FORMAT = "zerobench-zero-shard/1"
+
+
+def shard_state_dict(engine) -> dict:
+    """This rank's shard: segments with master/exp_avg/exp_avg_sq values and engine counters."""
+    segs = engine.layout.segments(engine.rank_in_shards)
+    opt = engine.optimizer
+    master = torch.cat([opt.master[0].new_empty(0)] + [_local(opt.master, engine, s) for s in segs])
+    m = torch.cat([opt.exp_avg.new_empty(0)] + [_local(opt.m, engine, s) for s in segs])
+    v = torch.cat([opt.exp_avg_sq.new_empty(0)] + [_local(opt.v, engine, s) for s in segs])
+    return {
+        "format": FORMAT,
+        "shard": engine.rank_in_shards,
+        "num_shards": engine.layout.shards,
+        "step": opt.step_count,
+        "scaler": engine.scaler.state_dict(),
+        "params": {zp.name: list(zp.slot.shape) for zp in engine.zparams},
+        "segments": [[engine.zparams[s.param].name, s.param_start, s.param_end] for s in segs],
+        "master": master.float().cpu(),
+        "exp_avg": m.cpu(),
+        "exp_avg_sq": v.cpu(),
+    }
+
+
+def _local(chunks: list[torch.Tensor], engine, seg) -> torch.Tensor:
+    base = engine.layout.local_offset(seg.bucket)
+    lo = seg.local_start - base
+    return chunks[seg.bucket][lo : lo + seg.numel]
+
+
+@torch.no_grad()
+def load_shard_state_dicts(engine, shards) -> None:
+    """Fill this rank's partition from saved shards (any number, any order, any source world size)."""
+    segs = engine.layout.segments(engine.rank_in_shards)
+    by_name: dict[str, list] = {}
+    for s in segs:
+        by_name.setdefault(engine.zparams[s.param].name, []).append(s)
+    filled = 0
+    opt = engine.optimizer
+    meta = None
+    for sd in shards:
+        if sd.get("format") != FORMAT:
+            raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
+        meta = sd
+        off = 0
+        for name, start, end in sd["segments"]:
+            for s in by_name.get(name, ()):
+                lo, hi = max(start, s.param_start), min(end, s.param_end)
+                if lo < hi:
+                    src = slice(off + lo - start, off + hi - start)
+                    for chunks, key in ((opt.master, "master"), (opt.m, "exp_avg"), (opt.v, "exp_avg_sq")):
+                        dst = _local(chunks, engine, s)[lo - s.param_start : hi - s.param_start]
+                        dst.copy_(sd[key][src])
+                    filled += hi - lo
+            off += end - start
+    needed = sum(s.numel for s in segs)
+    if meta is None or filled != needed:
+        raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+    opt.step_count = int(meta["step"])
+    engine.scaler.load_state_dict(meta["scaler"])
+    engine._publish_params()
+
+
+def save_checkpoint(engine, path: str | os.PathLike) -> None:
+    """Write this rank's shard to ``path/shard-XXXXX.pt`` (stage 0: DP rank 0 only)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if engine.layout.shards == 1 and engine.group.rank != 0:
+        return
+    sd = shard_state_dict(engine)
+    tmp = path / f".shard-{sd['shard']:05d}.pt.tmp"
+    torch.save(sd, tmp)
+    os.replace(tmp, path / f"shard-{sd['shard']:05d}.pt")
+    if sd["shard"] == 0:
+        meta = {"format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"], "params": sd["params"]}
+        (path / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _shard_files(path: Path) -> list[Path]:
+    if not (path / "meta.json").exists():
+        raise FileNotFoundError(f"no zerobench checkpoint at {path} (meta.json missing)")
+    n = json.loads((path / "meta.json").read_text())["num_shards"]
+    files = [path / f"shard-{i:05d}.pt" for i in range(n)]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+    return files
+
+
+def iter_shards(path: str | os.PathLike):
+    for f in _shard_files(Path(path)):
+        yield torch.load(f, map_location="cpu", weights_only=True)
+
+
+def load_checkpoint(engine, path: str | os.PathLike) -> None:
+    load_shard_state_dicts(engine, iter_shards(path))
+
+
+def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Full fp32 parameters ``{name: tensor}`` from a checkpoint, for ``model.load_state_dict``."""
+    out: dict[str, torch.Tensor] = {}
+    for sd in iter_shards(path):
+        if not out:
+            out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in sd["params"].items()}
+        off = 0
+        for name, start, end in sd["segments"]:
+            out[name][start:end] = sd["master"][off : off + end - start]
+            off += end - start
+    params = next(iter_shards(path))["params"]
+    return {n: t.view(params[n]) for n, t in out.items()}
+
+
+@torch.no_grad()
+def full_parameters(engine) -> dict[str, torch.Tensor]:
+    """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
+    layout = engine.layout
+    out = {}
+    for b, chunk in zip(layout.buckets, engine.optimizer.master):
+        full = torch.empty(b.numel, dtype=torch.float32, device=chunk.device)
+        if layout.shards == 1:
+            full.copy_(chunk)
+        else:
+            C.all_gather(full, chunk.float().contiguous(), engine.group)
+        for i in b.params:
+            s = layout.params[i]
+            out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape).clone()
+    return out

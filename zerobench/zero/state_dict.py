@@ -34,10 +34,21 @@ def shard_state_dict(engine) -> dict:
         "step": opt.step_count,
         "scaler": engine.scaler.state_dict(),
         "params": {zp.name: list(zp.slot.shape) for zp in engine.zparams},
+        "aliases": _aliases(engine),
         "segments": [[engine.zparams[s.param].name, s.param_start, s.param_end] for s in segs],
         "master": master.float().cpu(),
         "exp_avg": m.cpu(),
         "exp_avg_sq": v.cpu(),
+    }
+
+
+def _aliases(engine) -> dict[str, str]:
+    """Names under which a tied parameter appears again (e.g. ``lm_head.weight`` -> ``wte.weight``)."""
+    canonical = {id(zp.param): zp.name for zp in engine.zparams}
+    return {
+        n: canonical[id(p)]
+        for n, p in engine.module.named_parameters(remove_duplicate=False)
+        if canonical[id(p)] != n
     }
 
 
@@ -91,7 +102,10 @@ def save_checkpoint(engine, path: str | os.PathLike) -> None:
     torch.save(sd, tmp)
     os.replace(tmp, path / f"shard-{sd['shard']:05d}.pt")
     if sd["shard"] == 0:
-        meta = {"format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"], "params": sd["params"]}
+        meta = {
+            "format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"],
+            "params": sd["params"], "aliases": sd["aliases"],
+        }
         (path / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -116,17 +130,21 @@ def load_checkpoint(engine, path: str | os.PathLike) -> None:
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Full fp32 parameters ``{name: tensor}`` from a checkpoint, for ``model.load_state_dict``."""
-    out: dict[str, torch.Tensor] = {}
+    """Full fp32 parameters ``{name: tensor}`` from a checkpoint, for ``model.load_state_dict``.
+
+    Tied parameters appear under every name the model registers them by.
+    """
+    meta = json.loads((Path(path) / "meta.json").read_text())
+    out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in meta["params"].items()}
     for sd in iter_shards(path):
-        if not out:
-            out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in sd["params"].items()}
         off = 0
         for name, start, end in sd["segments"]:
             out[name][start:end] = sd["master"][off : off + end - start]
             off += end - start
-    params = next(iter_shards(path))["params"]
-    return {n: t.view(params[n]) for n, t in out.items()}
+    full = {n: t.view(meta["params"][n]) for n, t in out.items()}
+    for alias, name in meta.get("aliases", {}).items():
+        full[alias] = full[name]
+    return full
 
 
 @torch.no_grad()

@@ -1,0 +1,25 @@
+"""Stage 0 equals torch DDP; a DP=4 checkpoint resumes at DP=2 exactly and loads into one process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.workers import checkpoint_resume, ddp_vs_stage0
+
+pytestmark = pytest.mark.dist
+
+
+def test_stage0_matches_torch_ddp():
+    diffs = run_distributed(ddp_vs_stage0, 2, 3)
+    assert max(diffs) <= 1e-5, diffs
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_checkpoint_dp4_resumes_at_dp2(stage, tmp_path):
+    results = run_distributed(checkpoint_resume, 4, stage, str(tmp_path / "ckpt"))
+    for r in results:
+        assert r["moved"] > 1e-4, "training after the checkpoint changed nothing: vacuous comparison"
+        assert r["diff"] <= 1e-6, r
+        assert r["step_after_load"] == 2
+        assert r["single_vs_saved"] == 0.0, r

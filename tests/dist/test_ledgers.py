@@ -1,0 +1,59 @@
+"""Memory and communication ledgers as numbers: measured from the engine vs the paper's formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.workers import ledgers
+from zerobench.metrics.memory import paper_model_state_bytes
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def measured():
+    # "mini": Psi = 1.86M parameters, so alignment padding is well under 1%.
+    return run_distributed(ledgers, 4, "mini", ["bf16", "fp32"], [0, 1, 2, 3], [2, 4])
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_state_bytes_match_paper_formula(measured, stage, dp):
+    for rank_res in measured:
+        r = rank_res[("bf16", dp, stage)]
+        paper = paper_model_state_bytes(r["psi"], dp, stage)  # 2Ψ+2Ψ+12Ψ split as §5 says
+        assert r["model_state_bytes"] >= paper * (1 - 1e-9), "measured below the formula: something is missing"
+        assert r["model_state_bytes"] <= paper * 1.01, (r["ledger"], paper)
+        # and category by category
+        for cat, expected in r["analytic"].items():
+            assert expected <= r["ledger"][cat] <= expected * 1.01 + 64, (cat, r["ledger"], r["analytic"])
+        assert r["ledger"]["comm_buffers"] == 0, "transient buffers must be freed after the step"
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_fp32_model_state_bytes(measured, stage, dp):
+    for rank_res in measured:
+        r = rank_res[("fp32", dp, stage)]
+        psi = r["psi"]
+        expected = {0: 16 * psi, 1: 8 * psi + 8 * psi / dp, 2: 4 * psi + 12 * psi / dp, 3: 16 * psi / dp}[stage]
+        assert expected <= r["model_state_bytes"] <= expected * 1.01
+        assert r["ledger"]["master"] == 0, "fp32 keeps no separate master copy"
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_comm_volume_per_step(measured, stage, dp):
+    for rank_res in measured:
+        r = rank_res[("bf16", dp, stage)]
+        factor = 3 if stage == 3 else 2
+        expected = factor * r["psi"] * (dp - 1) / dp
+        assert expected <= r["volume"] <= expected * 1.01, (r["summary"], expected)
+        ops = {(s["op"], s["tag"]) for s in r["summary"]}
+        assert ops == {
+            0: {("all_reduce", "grad")},
+            1: {("reduce_scatter", "grad"), ("all_gather", "param")},
+            2: {("reduce_scatter", "grad"), ("all_gather", "param")},
+            3: {("reduce_scatter", "grad"), ("all_gather", "param")},
+        }[stage]

@@ -1,0 +1,109 @@
+"""Rank-side functions for the ledger, DDP and checkpoint tests (run through ``run_distributed``)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+from tests.helpers.reference import make_adamw
+from tests.helpers.scenarios import ADAM, dp_groups
+from zerobench.models.gpt import GPT
+from zerobench.models.sizes import PRESETS, num_params
+from zerobench.train.data import SyntheticTokens
+from zerobench.zero import Precision, ZeroConfig, apply_zero
+from zerobench.zero.state_dict import consolidate, full_parameters, load_checkpoint, save_checkpoint
+
+
+def _train(engine, data, group, steps, start, global_batch):
+    mb = global_batch // group.size
+    for step in range(start, start + steps):
+        x, y = data.micro_batch(step, group.rank, group.size, 0, mb)
+        engine.backward(engine.module(x, y))
+        engine.step()
+        engine.zero_grad()
+
+
+def ledgers(rank, world, preset, precisions, stages, dps):
+    """Measured model-state bytes and per-step communication volume for each configuration."""
+    cfg = PRESETS[preset]
+    groups = dp_groups(rank, world, dps)
+    out = {}
+    for prec in precisions:
+        for dp in dps:
+            for stage in stages:
+                torch.manual_seed(0)
+                engine = apply_zero(
+                    GPT(cfg), groups[dp], ZeroConfig(stage=stage, precision=Precision(prec), bucket_numel=300_000)
+                )
+                data = SyntheticTokens(cfg.vocab, cfg.seq)
+                _train(engine, data, groups[dp], 1, 0, 2 * dp)  # warm-up step
+                engine.ledger.reset()
+                _train(engine, data, groups[dp], 1, 1, 2 * dp)
+                out[(prec, dp, stage)] = {
+                    "ledger": engine.memory_ledger(),
+                    "model_state_bytes": engine.model_state_bytes(),
+                    "analytic": engine.model_state_bytes_analytic(),
+                    "volume": engine.ledger.volume_elements(group="dp"),
+                    "summary": engine.ledger.summary(),
+                    "psi": num_params(cfg),
+                }
+    return out
+
+
+def ddp_vs_stage0(rank, world, steps):
+    """Stage 0 and torch DDP, same model/data/optimizer: return max parameter difference."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cfg = PRESETS["tiny"]
+    torch.manual_seed(0)
+    base = GPT(cfg)
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    group = dp_groups(rank, world, [world])[world]
+    engine = apply_zero(copy.deepcopy(base), group, ZeroConfig(stage=0, optimizer=ADAM, bucket_numel=30_000))
+    _train(engine, data, group, steps, 0, 8)
+    ddp = DDP(copy.deepcopy(base))
+    opt = make_adamw(ddp.parameters(), ADAM)
+    for step in range(steps):
+        x, y = data.micro_batch(step, rank, world, 0, 8 // world)
+        ddp(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    mine = dict(engine.module.named_parameters())
+    return max((mine[n] - p).abs().max().item() for n, p in ddp.module.named_parameters())
+
+
+def checkpoint_resume(rank, world, stage, ckpt_dir):
+    """Train 2 steps at DP=4, save, go on 2 steps; reload at DP=2 (other init) and do the same 2 steps.
+
+    Also loads the checkpoint into a single-process model and compares it with what was saved.
+    """
+    cfg = PRESETS["tiny"]
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    groups = dp_groups(rank, world, [2, 4])
+    zc = ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000)
+    torch.manual_seed(0)
+    a = apply_zero(GPT(cfg), groups[4], zc)
+    _train(a, data, groups[4], 2, 0, 8)
+    save_checkpoint(a, ckpt_dir)
+    at_save = full_parameters(a)
+    dist.barrier()
+    _train(a, data, groups[4], 2, 2, 8)
+    uninterrupted = full_parameters(a)
+
+    torch.manual_seed(1)  # a different init: everything must come from the checkpoint
+    b = apply_zero(GPT(cfg), groups[2], ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=7_000))
+    load_checkpoint(b, ckpt_dir)
+    step_after_load = b.optimizer.step_count
+    _train(b, data, groups[2], 2, 2, 8)
+    resumed = full_parameters(b)
+
+    single = GPT(cfg)
+    single.load_state_dict(consolidate(ckpt_dir))
+    return {
+        "diff": max((uninterrupted[n] - resumed[n]).abs().max().item() for n in resumed),
+        "moved": max((uninterrupted[n] - at_save[n]).abs().max().item() for n in at_save),
+        "step_after_load": step_after_load,
+        "single_vs_saved": max((p.detach() - at_save[n]).abs().max().item() for n, p in single.named_parameters()),
+    }

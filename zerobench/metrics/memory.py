@@ -81,8 +81,8 @@ class LiveTensorTracker(TorchDispatchMode):
             if entry is not None:
                 self.current -= entry[1]
 
+        self._add(nbytes)  # raises (and records nothing) when over budget
         self.live[key] = (weakref.ref(st, _gone), nbytes)
-        self._add(nbytes)
 
     def _add(self, nbytes: int) -> None:
         self.current += nbytes

@@ -1,0 +1,60 @@
+"""Distributed environment detection (torchrun / Slurm) and config validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobench.config import ConfigError, config_hash
+from zerobench.distributed.env import detect, first_host
+from zerobench.zero import Precision, ZeroConfig
+
+
+def test_torchrun_env():
+    e = detect({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "1234"})
+    assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.master_port, e.source) == (3, 8, 1, "n1", 1234, "torchrun")
+
+
+def test_slurm_env():
+    e = detect({"SLURM_PROCID": "17", "SLURM_NTASKS": "400", "SLURM_LOCALID": "1",
+                "SLURM_JOB_NODELIST": "dgx[007-031]", "SLURM_JOB_ID": "123456"})
+    assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.source) == (17, 400, 1, "dgx007", "slurm")
+    assert e.master_port == 29500 + 3456
+
+
+def test_torchrun_wins_over_slurm():
+    e = detect({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "5", "SLURM_NTASKS": "9"})
+    assert e.source == "torchrun" and e.world_size == 2
+
+
+@pytest.mark.parametrize("nodelist,host", [
+    ("node1", "node1"), ("gpu[003-005,9],cpu1", "gpu003"), ("a[1,3]", "a1"), ("x-y[10-12]", "x-y10"),
+])
+def test_first_host(nodelist, host):
+    assert first_host(nodelist) == host
+
+
+def test_single_process_default():
+    assert detect({}).source == "single"
+
+
+def test_bad_env_value_is_one_line():
+    with pytest.raises(ConfigError, match="RANK"):
+        detect({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    ({"stage": 5}, "unknown ZeRO stage 5"),
+    ({"bucket_numel": 0}, "bucket size"),
+    ({"grad_accum_steps": 0}, "accumulation"),
+    ({"clip_grad_norm": -1.0}, "clip norm"),
+])
+def test_zero_config_validation(kwargs, msg):
+    with pytest.raises(ConfigError, match=msg):
+        ZeroConfig(**kwargs).validate()
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a, b = ZeroConfig(stage=1), ZeroConfig(stage=1)
+    assert config_hash(a) == config_hash(b)
+    assert config_hash(a) != config_hash(ZeroConfig(stage=2))
+    assert config_hash(ZeroConfig(precision=Precision.BF16)) != config_hash(ZeroConfig())

@@ -1,0 +1,85 @@
+"""The partition layout against an independent element-by-element oracle (no processes)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from zerobench.zero.layout import ParamSpec, build_layout
+
+
+def random_specs(rng: random.Random, n: int, units: bool) -> list[ParamSpec]:
+    specs = []
+    unit = 0
+    for i in range(n):
+        if units and rng.random() < 0.25:
+            unit += 1
+        shape = tuple(rng.randint(1, 40) for _ in range(rng.randint(1, 2)))
+        specs.append(ParamSpec(f"p{i}", shape, unit))
+    return specs
+
+
+CASES = [(seed, shards, bucket, align, units)
+         for seed in range(6) for shards in (1, 2, 3, 4, 8) for bucket in (1, 50, 700, 10**9)
+         for align in (1, 16) for units in (False, True)]
+
+
+@pytest.mark.parametrize("seed,shards,bucket,align,units", CASES)
+def test_layout_oracle(seed, shards, bucket, align, units):
+    rng = random.Random(seed)
+    specs = random_specs(rng, rng.randint(1, 30), units)
+    lay = build_layout(specs, shards, bucket, align)
+
+    # Oracle 1: every element of every parameter has exactly one home; padding belongs to nobody.
+    owner = [None] * lay.numel
+    for spec, slot in zip(specs, lay.params):
+        assert slot.end - slot.start == spec.numel and slot.start % align == 0
+        for e in range(slot.start, slot.end):
+            assert owner[e] is None
+            owner[e] = (slot.index, e - slot.start)
+    assert sum(o is not None for o in owner) == sum(s.numel for s in specs) == lay.unpadded_numel
+
+    # Oracle 2: buckets tile the buffer, hold whole parameters, split evenly, never mix units.
+    pos = 0
+    for b in lay.buckets:
+        assert b.start == pos and b.numel % (shards * align) == 0 and b.numel > 0
+        pos = b.end
+        for i in b.params:
+            assert b.start <= lay.params[i].start and lay.params[i].end <= b.end
+            assert specs[i].unit == b.unit
+    assert pos == lay.numel
+    # a bucket closes only once it is big enough (or at a unit change / the end)
+    for b, nxt in zip(lay.buckets, lay.buckets[1:]):
+        last = lay.params[b.params[-1]]
+        assert last.end - b.start >= bucket or specs[nxt.params[0]].unit != b.unit
+
+    # Oracle 3: concatenating every rank's segments, by local offset, covers each element exactly once.
+    seen = {}
+    for rank in range(shards):
+        local = [None] * lay.shard_numel
+        for seg in lay.segments(rank):
+            b = lay.buckets[seg.bucket]
+            lo, hi = b.shard(rank)
+            assert lo <= seg.flat_start and seg.flat_start + seg.numel <= hi
+            for k in range(seg.numel):
+                flat = seg.flat_start + k
+                assert owner[flat] == (seg.param, seg.param_start + k)
+                assert local[seg.local_start + k] is None
+                local[seg.local_start + k] = flat
+                assert flat not in seen
+                seen[flat] = rank
+            # local position = bucket's local offset + offset inside the rank's shard
+            assert seg.local_start == lay.local_offset(seg.bucket) + seg.flat_start - lo
+    assert set(seen) == {e for e, o in enumerate(owner) if o is not None}
+
+
+def test_padding_is_small_for_large_models():
+    specs = [ParamSpec(f"w{i}", (1024, 1024)) for i in range(8)] + [ParamSpec(f"b{i}", (1024,)) for i in range(8)]
+    lay = build_layout(specs, 64, 2_000_000, 16)
+    assert (lay.numel - lay.unpadded_numel) / lay.unpadded_numel < 0.001
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError):
+        build_layout([ParamSpec("a", (3,))], 0, 10)

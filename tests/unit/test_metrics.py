@@ -1,0 +1,81 @@
+"""Live-tensor tracker, storage accounting, analytic formulas and the communication ledger."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerobench.metrics.comm import CommLedger
+from zerobench.metrics.memory import (
+    LiveTensorTracker, TrackedOutOfMemory, model_state_bytes_analytic, paper_model_state_bytes,
+    resize_storage, storage_bytes,
+)
+from zerobench.zero.loss_scale import DynamicLossScaler
+from zerobench.zero.config import LossScaleConfig
+
+
+def test_tracker_follows_allocations_and_frees():
+    with LiveTensorTracker() as tr:
+        a = torch.empty(1000, dtype=torch.float32)
+        b = torch.empty(500, dtype=torch.float64)
+        assert tr.current == 4000 + 4000
+        del b
+        assert tr.current == 4000
+        c = a.view(10, 100)  # a view allocates nothing
+        assert tr.current == 4000
+        resize_storage(c, 0)
+        assert tr.current == 0
+        resize_storage(a, 4000)
+        assert tr.current == 4000
+    assert tr.peak == 8000
+
+
+def test_tracker_budget_raises():
+    with LiveTensorTracker(budget_bytes=10_000) as tr:
+        keep = torch.empty(2000)  # 8000 bytes
+        with pytest.raises(TrackedOutOfMemory, match="exceed the budget"):
+            torch.empty(1000)
+        assert tr.current == 8000 and keep.numel() == 2000
+
+
+def test_storage_bytes_counts_views_once():
+    t = torch.empty(100)
+    assert storage_bytes([t, t[10:20], t.view(10, 10)]) == 400
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("nd", [1, 4, 64])
+def test_general_formula_reduces_to_paper(stage, nd):
+    psi = 7.5e9
+    cats = model_state_bytes_analytic(psi, nd, stage, 2, 2, 4, 8)
+    assert sum(cats.values()) == pytest.approx(paper_model_state_bytes(psi, nd, stage))
+
+
+def test_paper_table1_spot_values():
+    # Table 1 (7.5B, N_d = 64): 120 GB baseline, 31.4 GB P_os, 16.6 GB P_os+g, 1.88 GB P_os+g+p.
+    psi = 7.5e9
+    got = [paper_model_state_bytes(psi, 64, s) / 1e9 for s in range(4)]
+    assert got == pytest.approx([120, 31.4, 16.6, 1.875], abs=0.05)
+
+
+def test_comm_ledger_paper_accounting():
+    led = CommLedger()
+    led.record("all_reduce", "dp", 4, 1000, 4000, "grad")
+    led.record("reduce_scatter", "dp", 4, 1000, 2000, "grad")
+    led.record("all_gather", "tp", 2, 100, 400, "param")
+    assert led.volume_elements("dp") == 2 * 750 + 750
+    assert led.volume_elements("tp") == 50
+    summary = {(s["group"], s["op"]): s for s in led.summary()}
+    assert summary[("dp", "all_reduce")]["volume_bytes"] == 6000
+
+
+def test_loss_scaler_policy():
+    s = DynamicLossScaler(LossScaleConfig(init_scale=1024, growth_interval=2), enabled=True)
+    s.update(overflow=True)
+    assert s.scale == 512 and s.skipped_steps == 1
+    s.update(False)
+    s.update(False)
+    assert s.scale == 1024
+    off = DynamicLossScaler(LossScaleConfig(), enabled=False)
+    off.update(True)
+    assert off.scale == 1.0

@@ -34,3 +34,42 @@ def config_hash(cfg: Any) -> str:
     """A stable short hash of a resolved config (its canonical JSON form)."""
     blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def from_dict(cls: type, data: Any, where: str = "config") -> Any:
+    """Build dataclass ``cls`` from plain data (the inverse of ``to_dict``), with one-line errors."""
+    import types
+    import typing
+
+    def build(tp: Any, value: Any, path: str) -> Any:
+        origin = typing.get_origin(tp)
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if value is None:
+                return None
+            return build(args[0], value, path)
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+            hints = typing.get_type_hints(tp)
+            names = {f.name for f in dataclasses.fields(tp)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(names))}")
+            return tp(**{k: build(hints[k], v, f"{path}.{k}") for k, v in value.items()})
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            try:
+                return tp(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{path}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}"
+                ) from None
+        if origin is tuple:
+            return tuple(value)
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if tp in (int, float, str, bool) and not isinstance(value, tp):
+            raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+        return value
+
+    return build(cls, data, where)

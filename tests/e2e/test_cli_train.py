@@ -1,0 +1,85 @@
+"""``zerobench train`` end to end, as a user runs it: rows written, bad input rejected, dead rank loud."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REQUIRED = {"loss", "step_time_s", "tflops_per_gpu", "model_state_bytes", "model_state_bytes_analytic",
+            "comm_volume_elements_per_step", "peak_memory_bytes"}
+
+
+def zb(*args, env=None, timeout=180):
+    return subprocess.run(
+        [sys.executable, "-m", "zerobench", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "rows.jsonl").read_text().splitlines()]
+
+
+def test_help():
+    r = zb("--help")
+    assert r.returncode == 0 and "train" in r.stdout
+    r = zb("train", "--help")
+    assert r.returncode == 0 and "--stage" in r.stdout and "--precision" in r.stdout
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("stage,precision", [(1, "fp32"), (3, "bf16")])
+def test_train_writes_rows(tmp_path, stage, precision):
+    out = tmp_path / "run"
+    r = zb("train", "--preset", "tiny", "--stage", str(stage), "--dp", "2", "--precision", precision,
+           "--steps", "4", "--warmup", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "memory ledger" in r.stdout and "communication ledger" in r.stdout
+    rs = rows(out)
+    assert REQUIRED <= {x["metric"] for x in rs}
+    losses = [x for x in rs if x["metric"] == "loss"]
+    assert [x["step"] for x in losses] == [1, 2, 3, 4]
+    for x in rs:
+        assert {"metric", "value", "unit", "config", "config_hash", "provenance", "status"} <= set(x)
+        assert x["config"]["zero"]["stage"] == stage and x["config"]["zero"]["precision"] == precision
+        assert x["provenance"]["torch_version"] and x["provenance"]["hardware"]["kind"] == "cpu"
+    per_rank = [x for x in rs if x["metric"] == "model_state_bytes"]
+    assert sorted(x["rank"] for x in per_rank) == [0, 1]
+    analytic = {x["rank"]: x["value"] for x in rs if x["metric"] == "model_state_bytes_analytic"}
+    for x in per_rank:
+        assert analytic[x["rank"]] <= x["value"] <= analytic[x["rank"]] * 1.02
+    peak = [x for x in rs if x["metric"] == "peak_memory_bytes"]
+    assert all(p["value"] >= analytic[p["rank"]] for p in peak), "peak live bytes include the model states"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--stage", "5"], "unknown ZeRO stage 5"),
+    (["--hidden", "60", "--heads", "7"], "not divisible by heads"),
+    (["--precision", "fp8"], "unknown precision"),
+    (["--preset", "huge"], "unknown model preset"),
+    (["--micro-batch", "0"], "--micro-batch"),
+])
+def test_bad_input_is_one_line(args, msg):
+    r = zb("train", *args)
+    assert r.returncode == 2
+    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_dp_not_matching_world(tmp_path):
+    r = zb("train", "--dp", "2", env={"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29677"})
+    assert r.returncode == 2 and "does not match the world size 1" in r.stderr
+
+
+@pytest.mark.dist
+def test_dead_rank_fails_the_run_loudly(tmp_path):
+    t0 = time.monotonic()
+    r = zb("train", "--dp", "2", "--steps", "6", "--out", str(tmp_path / "x"), env={"ZEROBENCH_FAULT": "1:2"})
+    assert r.returncode == 1
+    assert "rank 1 exited with code 17" in r.stderr
+    assert time.monotonic() - t0 < 60, "the surviving rank must not wait for its collective timeout"

@@ -1,0 +1,134 @@
+"""The ``zerobench`` command line: parses arguments into typed configs and hands them on (no logic here)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+from zerobench.config import ConfigError
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", default="tiny", help="model preset: tiny, mini, small (default: tiny)")
+    for name in ("layers", "hidden", "heads", "vocab", "seq"):
+        g.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p)
+    g = p.add_argument_group("parallelism and precision")
+    g.add_argument("--stage", type=int, default=0, help="ZeRO stage 0 (DP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)")
+    g.add_argument("--dp", type=int, default=None,
+                   help="data-parallel degree = number of processes (default: the world size under "
+                        "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself")
+    g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
+    g.add_argument("--bucket-size", type=int, default=25_000_000, metavar="ELEMENTS",
+                   help="gradient/parameter bucket size in elements (C_B)")
+    g = p.add_argument_group("batch and schedule")
+    g.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch per rank")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--steps", type=int, default=10, help="optimizer steps")
+    g.add_argument("--warmup", type=int, default=2, help="steps excluded from timing medians")
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decoupled weight decay")
+    g.add_argument("--clip", type=float, default=None, help="clip the global gradient norm to this")
+    g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("output and runtime")
+    g.add_argument("--out", default=None, help="directory for result rows (default: runs/<run id>)")
+    g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
+    g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
+    g.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of a local launch (s)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zerobench.distributed.env import DistEnv, detect
+    from zerobench.models.sizes import preset
+    from zerobench.train.config import TrainConfig
+    from zerobench.train.launch import free_port, launch_local
+    from zerobench.train.loop import train
+    from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
+
+    import dataclasses
+
+    model = preset(args.preset)
+    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(args, k)}
+    model = dataclasses.replace(model, **overrides)
+    try:
+        precision = Precision(args.precision)
+    except ValueError:
+        raise ConfigError(f"unknown precision {args.precision!r}: choose fp32, bf16 or fp16") from None
+    denv = detect()
+    dp = args.dp if args.dp is not None else denv.world_size
+    cfg = TrainConfig(
+        model=model,
+        zero=ZeroConfig(
+            stage=args.stage, precision=precision, bucket_numel=args.bucket_size,
+            grad_accum_steps=args.grad_accum, clip_grad_norm=args.clip,
+            optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay),
+        ),
+        preset=args.preset, dp=dp, micro_batch=args.micro_batch, steps=args.steps,
+        warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
+    )
+    cfg.validate(denv.world_size if denv.source != "single" else None)
+    run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / run_id
+    if denv.source != "single":  # under torchrun / srun: this process is one rank
+        train(cfg, denv, out, run_id)
+        return 0
+    if dp == 1:
+        train(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
+        return 0
+    res = launch_local(cfg, out, run_id, timeout_s=args.timeout)
+    if not res.ok:
+        print(f"zerobench: error: run failed: {res.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zerobench.demo import run_demo
+
+    return run_demo(Path(args.out) if args.out else None, dp=args.dp, steps=args.steps)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zerobench",
+        description="ZeRO (stages 0-3) training and the harness that reproduces the ZeRO paper's results.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    t = sub.add_parser("train", help="run one training job (spawns --dp processes, or runs under torchrun/srun)",
+                       description="Train a GPT with ZeRO on synthetic data; print and record loss, step time, "
+                                   "TFLOPs, and the memory and communication ledgers.")
+    _add_train_args(t)
+    t.set_defaults(func=cmd_train)
+    d = sub.add_parser("demo", help="the embedded default: tiny GPT, ZeRO stages 0-3 on local processes",
+                       description="Train the tiny GPT at ZeRO stages 0-3 on local CPU processes and print "
+                                   "memory, communication, time and loss side by side.")
+    d.add_argument("--dp", type=int, default=2, help="processes per run (default 2)")
+    d.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
+    d.add_argument("--out", default=None, help="directory for the runs' rows (default runs/demo-<time>)")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"zerobench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("zerobench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Results as data: one JSON row per (run, metric) with provenance."""

@@ -1,0 +1,65 @@
+"""Provenance stored with every result row: code version, hardware, software versions, time."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+import zerobench
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
+def hardware() -> dict:
+    """Accelerator (name and count) or CPU model, with a short class used to key baselines."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return {"kind": "gpu", "device": name, "count": torch.cuda.device_count(), "class": name.replace(" ", "-").lower()}
+    import os
+
+    cores = os.cpu_count() or 1
+    return {"kind": "cpu", "device": cpu_model(), "count": cores, "class": f"cpu-{cores}core"}
+
+
+@functools.lru_cache(maxsize=1)
+def _static() -> dict:
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": commit,
+        "dirty": bool(status) if status is not None else None,
+        "host": socket.gethostname(),
+        "hardware": hardware(),
+        "torch_version": torch.__version__,
+        "zerobench_version": zerobench.__version__,
+        "python_version": platform.python_version(),
+    }
+
+
+def provenance() -> dict:
+    return {**_static(), "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

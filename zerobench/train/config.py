@@ -1,0 +1,56 @@
+"""Typed configuration of one training run (model + ZeRO + batch + schedule), validated up front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zerobench.config import ConfigError
+from zerobench.models.gpt import GPTConfig
+from zerobench.zero.config import ZeroConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run."""
+
+    model: GPTConfig = field(default_factory=GPTConfig)
+    """Model shape."""
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    """ZeRO stage, precision, buckets, optimizer."""
+    preset: str | None = None
+    """Name of the model preset the shape came from (informational)."""
+    dp: int = 1
+    """Data-parallel degree; equals the number of processes."""
+    micro_batch: int = 2
+    """Sequences per micro-batch per rank."""
+    steps: int = 10
+    """Optimizer steps."""
+    warmup_steps: int = 2
+    """Steps excluded from the timing medians."""
+    seed: int = 1234
+    """Seed of the model init and the synthetic data."""
+    track_memory: bool = True
+    """On CPU, track live tensor bytes (peak memory); costs some Python overhead per op."""
+    collective_timeout_s: float = 300.0
+    """A collective waiting longer than this fails the run (a dead or stuck rank)."""
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.micro_batch * self.zero.grad_accum_steps
+
+    def validate(self, world_size: int | None = None) -> None:
+        self.model.validate()
+        self.zero.validate()
+        if self.dp < 1:
+            raise ConfigError(f"--dp must be >= 1, got {self.dp}")
+        if world_size is not None and world_size != self.dp:
+            raise ConfigError(
+                f"DP degree {self.dp} does not match the world size {world_size}: "
+                f"pass --dp {world_size} or launch {self.dp} processes"
+            )
+        if self.micro_batch < 1:
+            raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch}")
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if not 0 <= self.warmup_steps:
+            raise ConfigError(f"--warmup must be >= 0, got {self.warmup_steps}")

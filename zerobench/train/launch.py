@@ -1,0 +1,90 @@
+"""Local launcher: start a run's N processes on this host (no torchrun needed) and watch them.
+
+Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``) and an even share of the cores. The launcher fails the run as soon as any rank exits
+non-zero (and stops the others, which would otherwise wait on a collective until their timeout), and
+kills everything past the run's wall-clock timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerobench.config import to_dict
+from zerobench.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a local launch ended."""
+
+    ok: bool
+    reason: str
+    returncodes: list[int | None]
+    elapsed_s: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(
+    cfg: TrainConfig, out_dir: str | Path | None, run_id: str = "train", timeout_s: float = 3600.0,
+    extra_env: dict[str, str] | None = None,
+) -> LaunchResult:
+    n = cfg.dp
+    port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // n)
+    with tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:
+        cfg_path = Path(tmp) / "config.json"
+        cfg_path.write_text(json.dumps(to_dict(cfg)))
+        procs = []
+        for rank in range(n):
+            env = {
+                **os.environ, **(extra_env or {}),
+                "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+            }
+            cmd = [sys.executable, "-m", "zerobench.train.worker", str(cfg_path), run_id]
+            if out_dir is not None:
+                cmd.append(str(out_dir))
+            procs.append(subprocess.Popen(cmd, env=env))
+        t0 = time.monotonic()
+        reason = ""
+        try:
+            while True:
+                codes = [p.poll() for p in procs]
+                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    r, c = bad[0]
+                    reason = f"rank {r} exited with code {c}"
+                    break
+                if all(c == 0 for c in codes):
+                    break
+                if time.monotonic() - t0 > timeout_s:
+                    reason = f"timed out after {timeout_s:.0f}s"
+                    break
+                time.sleep(0.1)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            deadline = time.monotonic() + 10
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        return LaunchResult(not reason, reason, [p.returncode for p in procs], time.monotonic() - t0)

@@ -1,0 +1,161 @@
+"""One training run on this rank: build, apply ZeRO, train on synthetic data, measure, write rows.
+
+Rank 0 prints per-step loss, step time and TFLOPs, then the memory and communication ledgers, and
+writes every rank's figures as rows (gathered over the default group, so one process writes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerobench.distributed.collectives import Group
+from zerobench.distributed.env import DistEnv, init_distributed
+from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
+from zerobench.models.gpt import GPT
+from zerobench.models.sizes import flops_per_token, num_params
+from zerobench.results.rows import RowWriter
+from zerobench.train.config import TrainConfig
+from zerobench.train.data import SyntheticTokens
+from zerobench.zero import apply_zero
+from zerobench.train import faults
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 2**20:10.2f} MiB"
+
+
+def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str = "train", log=print) -> dict:
+    cfg.validate(denv.world_size)
+    device = init_distributed(denv, cfg.collective_timeout_s)
+    rank = dist.get_rank()
+    say = log if rank == 0 else (lambda *a, **k: None)
+    group = Group.of(None, "dp")
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model).to(device)
+    engine = apply_zero(model, group, cfg.zero)
+    data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
+    psi = num_params(cfg.model)
+    tokens_per_rank = cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq
+    fpt = flops_per_token(cfg.model)
+    cpu = device.type == "cpu"
+    tracker = LiveTensorTracker() if cpu and cfg.track_memory else None
+    if tracker is not None:
+        for t in engine.tensors():
+            tracker.track(t)
+    say(
+        f"zerobench train: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, "
+        f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
+    )
+    losses, times = [], []
+    with tracker if tracker is not None else contextlib.nullcontext():
+        for step in range(cfg.steps):
+            if step == cfg.warmup_steps:
+                if tracker is not None:
+                    tracker.reset_peak()
+                if not cpu:
+                    torch.cuda.reset_peak_memory_stats(device)
+                reset_peak_rss()
+            faults.maybe_fail(rank, step)
+            engine.ledger.reset()
+            if not cpu:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            total = torch.zeros(1, device=device)
+            for micro in range(cfg.zero.grad_accum_steps):
+                x, y = data.micro_batch(step, rank, cfg.dp, micro, cfg.micro_batch)
+                loss = engine.module(x.to(device), y.to(device))
+                engine.backward(loss)
+                total += loss.detach().float() / cfg.zero.grad_accum_steps
+            stepped = engine.step()
+            engine.zero_grad()
+            if not cpu:
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            dist.all_reduce(total)
+            losses.append(total.item() / cfg.dp)
+            times.append(dt)
+            tflops = fpt * tokens_per_rank / dt / 1e12
+            say(
+                f"step {step + 1:4d}/{cfg.steps}  loss {losses[-1]:.4f}  step {dt * 1e3:8.1f} ms  "
+                f"{tflops:7.4f} TFLOPs/GPU" + ("" if stepped else "  (skipped: fp16 overflow)")
+            )
+    measured = times[cfg.warmup_steps :] or times
+    step_time = statistics.median(measured)
+    if cpu:
+        peak = tracker.peak if tracker is not None else None
+    else:
+        peak = torch.cuda.max_memory_allocated(device)
+    mine = {
+        "rank": rank,
+        "ledger": engine.memory_ledger(),
+        "model_state_bytes": engine.model_state_bytes(),
+        "analytic": sum(engine.model_state_bytes_analytic().values()),
+        "comm_volume": engine.ledger.volume_elements(group="dp"),
+        "comm_summary": engine.ledger.summary(),
+        "peak": peak,
+        "peak_rss": peak_rss_bytes(),
+        "reserved": None if cpu else torch.cuda.max_memory_reserved(device),
+    }
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    summary = {
+        "losses": losses, "step_time_s": step_time, "tflops_per_gpu": fpt * tokens_per_rank / step_time / 1e12,
+        "ranks": everyone, "psi": psi,
+    }
+    if rank == 0:
+        _report(summary, cfg, say)
+        if out_dir is not None:
+            _write_rows(RowWriter(out_dir, run_id, cfg), summary, cfg, len(measured))
+            say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
+    dist.barrier()
+    return summary
+
+
+def _report(s: dict, cfg: TrainConfig, say) -> None:
+    say(f"\nmedian step time {s['step_time_s'] * 1e3:.1f} ms, {s['tflops_per_gpu']:.4f} TFLOPs/GPU "
+        f"(model FLOPs, Megatron count), {s['tflops_per_gpu'] * cfg.dp / 1e3:.6f} PFLOPs aggregate")
+    say("\nmemory ledger per rank (measured from the engine's tensors):")
+    say(f"  {'rank':>4} {'params':>14} {'grads':>14} {'master':>14} {'optim states':>14} "
+        f"{'model states':>14} {'analytic':>14} {'peak live':>14}")
+    for r in s["ranks"]:
+        L = r["ledger"]
+        peak = _fmt_bytes(r["peak"]) if r["peak"] is not None else f"{'n/a':>14}"
+        say(f"  {r['rank']:>4} {_fmt_bytes(L['params'])} {_fmt_bytes(L['grads'])} {_fmt_bytes(L['master'])} "
+            f"{_fmt_bytes(L['optimizer_states'])} {_fmt_bytes(r['model_state_bytes'])} {_fmt_bytes(r['analytic'])} {peak}")
+    say("\ncommunication ledger per step, rank 0 (volume = paper §7 accounting, elements):")
+    for c in s["ranks"][0]["comm_summary"]:
+        say(f"  {c['group']:>3} {c['op']:<15} {c['tag']:<10} calls {c['calls']:5d}  "
+            f"elements {c['numel']:12d}  volume {c['volume_elements']:14.0f}")
+    psi, n = s["psi"], cfg.dp
+    factor = 3 if cfg.zero.stage == 3 else 2
+    say(f"  total volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {factor}Ψ(N-1)/N = "
+        f"{factor * psi * (n - 1) / n:.0f}")
+
+
+def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None:
+    for i, loss in enumerate(s["losses"]):
+        w.write("loss", loss, "nats", step=i + 1)
+    agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
+    w.write("step_time_s", s["step_time_s"], "s", aggregate=agg)
+    w.write("tflops_per_gpu", s["tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="model")
+    w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.dp / 1e3, "PFLOP/s", aggregate=agg)
+    w.write("tokens_per_s_per_gpu", cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / s["step_time_s"], "tokens/s")
+    w.write("num_params", s["psi"], "params")
+    for r in s["ranks"]:
+        rk = r["rank"]
+        w.write("model_state_bytes", r["model_state_bytes"], "bytes", rank=rk)
+        w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
+        for cat, b in r["ledger"].items():
+            w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
+        w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk)
+        w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,
+                source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated")
+        if r["reserved"] is not None:
+            w.write("peak_reserved_bytes", r["reserved"], "bytes", rank=rk)
+        w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)

@@ -10,11 +10,14 @@ import torch.distributed as dist
 
 from tests.helpers.reference import reference_train
 from zerobench.distributed.collectives import Group
+from zerobench.distributed.mesh import build_mesh
+from zerobench.parallel.layers import shard_cols, shard_rows
+from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import AdamWConfig, LossScaleConfig, Precision, ZeroConfig, apply_zero
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state_dict import full_gradients, full_parameters
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,11 @@ class Scenario:
     bucket_numel: int = 20_000
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     preset: str = "tiny"
+    tp: int = 1
 
     @property
     def key(self) -> str:
-        return f"dp{self.dp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
+        return f"dp{self.dp}-tp{self.tp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -50,22 +54,55 @@ def dp_groups(rank: int, world: int, dps) -> dict[int, Group]:
     return out
 
 
+def tp_local(name: str, full: torch.Tensor, tp: Group) -> torch.Tensor:
+    """The slice of a full (reference) parameter that TP rank ``tp.rank`` holds, derived from names."""
+    if tp.size == 1:
+        return full
+    if name.endswith(("qkv.weight", "qkv.bias")):
+        return shard_rows(full, tp, strided=3)
+    if name.endswith(("fc.weight", "fc.bias")) or name == "wte.weight":
+        return shard_rows(full, tp)
+    if name.endswith("proj.weight"):
+        return shard_cols(full, tp)
+    return full
+
+
+def _grad_error(engine, model, data, sc: Scenario, tp_group: Group) -> float:
+    """Max over parameters of max|g_engine - g_ref| / max|g_ref| for the first step's gradient."""
+    got = full_gradients(engine)
+    ref = copy.deepcopy(model)
+    x, y = data.samples(0, 0, sc.global_batch)
+    ref(x, y).backward()
+    worst = 0.0
+    for n, p in ref.named_parameters():
+        g = tp_local(n, p.grad, tp_group)
+        worst = max(worst, (got[n] - g).abs().max().item() / max(g.abs().max().item(), 1e-30))
+    return worst
+
+
 def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str, dict]:
-    groups = dp_groups(rank, world, [s.dp for s in scenarios])
+    groups = dp_groups(rank, world, [s.dp for s in scenarios if s.tp == 1])
+    meshes = {(s.dp, s.tp): None for s in scenarios if s.tp > 1}
+    for dp, tp in meshes:
+        meshes[(dp, tp)] = build_mesh(tp, dp)
     results, ref_cache = {}, {}
     for sc in scenarios:
         cfg = PRESETS[sc.preset]
         torch.manual_seed(0)
         model = GPT(cfg)
         data = SyntheticTokens(cfg.vocab, cfg.seq, seed=7)
-        group = groups[sc.dp]
+        tp_group = meshes[(sc.dp, sc.tp)].tp if sc.tp > 1 else Group(None, "tp", 1, 0)
+        group = meshes[(sc.dp, sc.tp)].dp if sc.tp > 1 else groups[sc.dp]
         zcfg = ZeroConfig(
             stage=sc.stage, precision=Precision(sc.precision), bucket_numel=sc.bucket_numel,
             grad_accum_steps=sc.accum, clip_grad_norm=sc.clip, optimizer=ADAM, loss_scale=sc.loss_scale,
         )
-        engine = apply_zero(copy.deepcopy(model), group, zcfg)
+        work = copy.deepcopy(model)
+        info = apply_tp(work, tp_group)
+        engine = apply_zero(work, group, zcfg, tp=info)
         mb = sc.global_batch // (sc.dp * sc.accum)
         losses, stepped = [], []
+        grad_rel_err = None
         for step in range(sc.steps):
             total = torch.zeros(1)
             for micro in range(sc.accum):
@@ -75,6 +112,8 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
                 total += loss.detach().float() / sc.accum
             dist.all_reduce(total, group=group.pg)
             losses.append(total.item() / sc.dp)
+            if step == 0 and sc.precision == "fp32":
+                grad_rel_err = _grad_error(engine, model, data, sc, tp_group)
             stepped.append(engine.step())
             engine.zero_grad()
         full = full_parameters(engine)
@@ -83,12 +122,14 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
             batches = [data.samples(t, 0, sc.global_batch) for t in range(sc.steps)]
             ref_cache[key] = reference_train(model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale)
         ref_losses, ref_params, ref_stepped = ref_cache[key]
+        ref_params = {n: tp_local(n, t, tp_group) for n, t in ref_params.items()}
+        init = {n: tp_local(n, p.detach(), tp_group) for n, p in model.named_parameters()}
         diff = max((full[n] - ref_params[n]).abs().max().item() for n in ref_params)
-        moved = max((ref_params[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
-        init = dict(model.named_parameters())
+        moved = max((ref_params[n] - init[n]).abs().max().item() for n in ref_params)
         num = sum((full[n] - ref_params[n]).pow(2).sum().item() for n in ref_params)
-        den = sum((ref_params[n] - init[n].detach()).pow(2).sum().item() for n in ref_params)
+        den = sum((ref_params[n] - init[n]).pow(2).sum().item() for n in ref_params)
         res = {
+            "grad_rel_err": grad_rel_err,
             "max_diff": diff,
             "update_rel_err": (num / den) ** 0.5,
             "max_update": moved,

@@ -83,6 +83,13 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class LMLoss(nn.Module):
+    """Mean next-token cross-entropy over ``[b, s, V]`` logits, computed in fp32."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 class GPT(nn.Module):
     """Token + position embeddings, ``layers`` blocks, final LayerNorm, LM head tied to ``wte``."""
 
@@ -96,6 +103,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+        self.loss = LMLoss()
         if not self.wte.weight.is_meta:
             self.reset_parameters()
 
@@ -124,4 +132,4 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return self.loss(logits, targets)

@@ -6,6 +6,7 @@ from torch import nn
 
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
+from zerobench.parallel.tensor_parallel import TPInfo
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
 
@@ -22,10 +23,13 @@ def apply_zero(
     config: ZeroConfig,
     ledger: CommLedger | None = None,
     units: list[nn.Module] | None = None,
+    tp: TPInfo | None = None,
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
     Apply it last, after tensor parallelism and activation checkpointing: ZeRO partitions whatever
     parameters the model holds at that point. Every rank must pass identically initialised models.
+    With tensor parallelism, pass the ``TPInfo`` that ``apply_tp`` returned: ZeRO then runs over the DP
+    group of this TP rank, and gradient norms and overflow checks span both groups.
     """
-    return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger)
+    return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger, tp)

@@ -45,8 +45,10 @@ class ZeroEngine:
         config: ZeroConfig,
         units: list[nn.Module],
         ledger: CommLedger | None = None,
+        tp=None,
     ):
         config.validate()
+        self.tp_group = tp.group if tp is not None and tp.group.size > 1 else None
         self.module, self.group, self.config = model, group, config
         self.ledger = ledger if ledger is not None else CommLedger()
         self.stage = config.stage
@@ -129,10 +131,16 @@ class ZeroEngine:
 
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
         decay_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
+        # With TP, the ranges of TP-replicated parameters (counted once, not per TP rank, in the norm).
+        self.replicated_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
+        sharded_names = tp.sharded if tp is not None else frozenset()
         for seg in segments:
+            base = self.layout.local_offset(seg.bucket)
+            rng = (seg.local_start - base, seg.local_start - base + seg.numel)
             if self.zparams[seg.param].weight_decay:
-                base = self.layout.local_offset(seg.bucket)
-                decay_ranges[seg.bucket].append((seg.local_start - base, seg.local_start - base + seg.numel))
+                decay_ranges[seg.bucket].append(rng)
+            if self.zparams[seg.param].name not in sharded_names:
+                self.replicated_ranges[seg.bucket].append(rng)
         self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
@@ -193,18 +201,15 @@ class ZeroEngine:
                     break
             if sharded:
                 C.all_reduce(found, self.group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
+            if self.tp_group is not None:
+                C.all_reduce(found, self.tp_group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
             if found.item():
                 self.scaler.update(overflow=True)
                 self.last_grad_norm = float("inf")
                 return False
         scale = 1.0 / (self.group.size * self.scaler.scale)
         if self.config.clip_grad_norm is not None:
-            sq = torch.zeros(1, dtype=torch.float32, device=self.device)
-            for g in grads:
-                sq += g.float().pow(2).sum()
-            if sharded:
-                C.all_reduce(sq, self.group, self.ledger, "grad_norm")
-            norm = math.sqrt(sq.item()) * scale
+            norm = self._grad_norm(grads, sharded) * scale
             self.last_grad_norm = norm
             coef = self.config.clip_grad_norm / (norm + 1e-6)
             if coef < 1.0:
@@ -213,6 +218,22 @@ class ZeroEngine:
         self.scaler.update(overflow=False)
         self._publish_params()
         return True
+
+    def _grad_norm(self, grads: list[torch.Tensor], sharded: bool) -> float:
+        """L2 norm of the (unscaled, summed) gradient over every partition, DP and TP."""
+        sq = torch.zeros(2, dtype=torch.float32, device=self.device)  # [all, TP-replicated]
+        for g, repl in zip(grads, self.replicated_ranges):
+            sq[0] += g.float().pow(2).sum()
+            if self.tp_group is not None:
+                for lo, hi in repl:
+                    sq[1] += g[lo:hi].float().pow(2).sum()
+        if sharded:
+            C.all_reduce(sq, self.group, self.ledger, "grad_norm")
+        if self.tp_group is None:
+            return math.sqrt(sq[0].item())
+        tp_part = (sq[0] - sq[1]).reshape(1)
+        C.all_reduce(tp_part, self.tp_group, self.ledger, "grad_norm")
+        return math.sqrt(tp_part.item() + sq[1].item())
 
     def _publish_params(self) -> None:
         """Master -> low-precision shard; stages 1-2 all-gather the updated shards to every rank."""

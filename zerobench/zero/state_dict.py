@@ -162,3 +162,22 @@ def full_parameters(engine) -> dict[str, torch.Tensor]:
             s = layout.params[i]
             out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape).clone()
     return out
+
+
+@torch.no_grad()
+def full_gradients(engine) -> dict[str, torch.Tensor]:
+    """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
+    rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
+    layout = engine.layout
+    out = {}
+    scale = 1.0 / (engine.group.size * engine.scaler.scale)
+    for b, chunk in zip(layout.buckets, engine.grads.shard_views()):
+        full = torch.empty(b.numel, dtype=torch.float32, device=chunk.device)
+        if layout.shards == 1:
+            full.copy_(chunk)
+        else:
+            C.all_gather(full, chunk.float().contiguous(), engine.group)
+        for i in b.params:
+            s = layout.params[i]
+            out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape) * scale
+    return out

@@ -1,0 +1,84 @@
+"""Megatron tensor-parallel layers, built from a plain layer's weights (or shapes, on the meta device).
+
+- ``ColumnParallelLinear``: output features split over TP ranks (``strided`` > 1 splits each of that
+  many stacked blocks separately, e.g. the fused QKV projection so each rank gets whole heads of q, k, v).
+- ``RowParallelLinear``: input features split; partial outputs all-reduced; bias added after the reduce.
+- ``VocabParallelEmbedding``: vocabulary rows split; tokens outside a rank's range contribute zero.
+- ``ParallelLMHead``: logits for this rank's vocabulary slice, with a (possibly tied) weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zerobench.distributed.collectives import Group
+from zerobench.metrics.comm import CommLedger
+from zerobench.parallel.mappings import copy_to_tp, reduce_from_tp
+
+
+def shard_rows(t: torch.Tensor, group: Group, strided: int = 1) -> torch.Tensor:
+    """This rank's slice of dim 0; with ``strided`` k, of each of the k stacked blocks, re-stacked."""
+    blocks = t.chunk(strided, dim=0)
+    return torch.cat([b.chunk(group.size, dim=0)[group.rank] for b in blocks], dim=0).clone()
+
+
+def shard_cols(t: torch.Tensor, group: Group) -> torch.Tensor:
+    return t.chunk(group.size, dim=-1)[group.rank].clone()
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.detach().clone(), requires_grad=True)
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None, strided: int = 1):
+        super().__init__()
+        self.group, self.ledger = group, ledger
+        self.weight = _param(shard_rows(full.weight, group, strided))
+        self.bias = _param(shard_rows(full.bias, group, strided)) if full.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tp(x, self.group, self.ledger), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None):
+        super().__init__()
+        self.group, self.ledger = group, ledger
+        self.weight = _param(shard_cols(full.weight, group))
+        self.bias = _param(full.bias) if full.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tp(F.linear(x, self.weight), self.group, self.ledger)
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, full: nn.Embedding, group: Group, ledger: CommLedger | None = None):
+        super().__init__()
+        self.group, self.ledger = group, ledger
+        self.per_rank = full.num_embeddings // group.size
+        self.start = group.rank * self.per_rank
+        self.weight = _param(shard_rows(full.weight, group))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.group.size == 1:
+            return F.embedding(tokens, self.weight)
+        outside = (tokens < self.start) | (tokens >= self.start + self.per_rank)
+        local = (tokens - self.start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.group, self.ledger)
+
+
+class ParallelLMHead(nn.Module):
+    """Logits ``[..., V / tp]`` of this rank's vocabulary slice (weight tied to the embedding)."""
+
+    def __init__(self, weight: nn.Parameter, group: Group, ledger: CommLedger | None = None):
+        super().__init__()
+        self.group, self.ledger = group, ledger
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tp(x, self.group, self.ledger), self.weight)

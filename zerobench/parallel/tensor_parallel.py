@@ -1,0 +1,69 @@
+"""``apply_tp``: Megatron tensor parallelism for the plain GPT, applied from outside the model.
+
+Applied first (before activation checkpointing and ZeRO, which act on whatever parameters TP leaves):
+QKV and MLP-in become column-parallel, attention-out and MLP-out row-parallel, the token embedding and
+the tied LM head vocabulary-parallel, and the loss vocabulary-parallel cross-entropy. LayerNorms, the
+position embedding and row-parallel biases stay replicated (identical on every TP rank, as are their
+gradients). The returned ``TPInfo`` tells ZeRO which parameters are TP-sharded, so that the gradient norm
+counts sharded parameters once per TP rank and replicated ones once in all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.distributed.collectives import Group
+from zerobench.metrics.comm import CommLedger
+from zerobench.models.gpt import GPT, GPTConfig
+from zerobench.parallel.cross_entropy import VocabParallelLMLoss
+from zerobench.parallel.layers import (
+    ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
+)
+
+
+@dataclass(frozen=True)
+class TPInfo:
+    """What ``apply_tp`` did: the TP group and the names of the TP-sharded parameters."""
+
+    group: Group
+    sharded: frozenset[str]
+
+
+def validate_tp(cfg: GPTConfig, tp: int) -> None:
+    """One-line errors for model shapes that a TP degree cannot split."""
+    for what, n in (("attention heads", cfg.heads), ("hidden size", cfg.hidden), ("vocabulary", cfg.vocab)):
+        if n % tp:
+            fix = "pad the vocabulary to a multiple of the TP degree" if what == "vocabulary" else "choose a TP degree dividing it"
+            raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")
+
+
+def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None) -> TPInfo:
+    """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model."""
+    validate_tp(model.config, group.size)
+    if group.size == 1:
+        return TPInfo(group, frozenset())
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        attn.qkv = ColumnParallelLinear(attn.qkv, group, ledger, strided=3)
+        attn.proj = RowParallelLinear(attn.proj, group, ledger)
+        attn.heads //= group.size
+        mlp.fc = ColumnParallelLinear(mlp.fc, group, ledger)
+        mlp.proj = RowParallelLinear(mlp.proj, group, ledger)
+    model.wte = VocabParallelEmbedding(model.wte, group, ledger)
+    model.lm_head = ParallelLMHead(model.wte.weight, group, ledger)
+    model.loss = VocabParallelLMLoss(group, ledger)
+    sharded = set()
+    for name, module in model.named_modules():
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+            sharded.update(f"{name}.{p}" for p, _ in module.named_parameters())
+        elif isinstance(module, RowParallelLinear):
+            sharded.add(f"{name}.weight")
+    return TPInfo(group, frozenset(sharded))
+
+
+def sharded_parameters(model: nn.Module, info: TPInfo) -> set[int]:
+    """``id``s of the TP-sharded parameters of ``model``."""
+    return {id(p) for n, p in model.named_parameters() if n in info.sharded}

@@ -9,6 +9,16 @@ import sys
 from zerobench.config import ConfigError
 
 
+# The paper's Table 3 (C_B is --bucket-size, on in every configuration; all use checkpointing).
+PAPER_CONFIGS = {
+    "C1": ("P_os + C_B + M_D", {"stage": 1, "md": True}),
+    "C2": ("P_os + C_B + M_D + P_a", {"stage": 1, "md": True, "pa": True}),
+    "C3": ("P_os+g + C_B + M_D", {"stage": 2, "md": True}),
+    "C4": ("P_os+g + C_B + M_D + P_a", {"stage": 2, "md": True, "pa": True}),
+    "C5": ("P_os+g + C_B + M_D + P_a+cpu", {"stage": 2, "md": True, "pa": True, "pa_cpu": True}),
+}
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--preset", default="tiny", help="model preset: tiny, mini, small (default: tiny)")
@@ -23,7 +33,16 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree = number of processes (default: the world size under "
                         "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself")
+    g.add_argument("--tp", type=int, default=1, help="tensor (model) parallel degree; world = dp * tp")
     g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
+    g = p.add_argument_group("ZeRO-R (paper §6)")
+    g.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")
+    g.add_argument("--pa", action="store_true", help="P_a: partition activation checkpoints over TP ranks")
+    g.add_argument("--pa-cpu", action="store_true", help="P_a+cpu: keep partitioned checkpoints in host memory")
+    g.add_argument("--md", action="store_true", help="M_D: checkpoints in one pre-allocated contiguous buffer")
+    g.add_argument("--paper-config", choices=sorted(PAPER_CONFIGS),
+                   help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
+                        + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
     g.add_argument("--bucket-size", type=int, default=25_000_000, metavar="ELEMENTS",
                    help="gradient/parameter bucket size in elements (C_B)")
     g = p.add_argument_group("batch and schedule")
@@ -50,10 +69,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.train.config import TrainConfig
     from zerobench.train.launch import free_port, launch_local
     from zerobench.train.loop import train
+    from zerobench.parallel.checkpointing import ActivationConfig
     from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 
     import dataclasses
 
+    if args.paper_config:
+        for k, v in PAPER_CONFIGS[args.paper_config][1].items():
+            setattr(args, k, v)
+        args.checkpoint_activations = True
     model = preset(args.preset)
     overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(args, k)}
     model = dataclasses.replace(model, **overrides)
@@ -62,7 +86,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError:
         raise ConfigError(f"unknown precision {args.precision!r}: choose fp32, bf16 or fp16") from None
     denv = detect()
-    dp = args.dp if args.dp is not None else denv.world_size
+    if args.tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got {args.tp}")
+    dp = args.dp if args.dp is not None else max(1, denv.world_size // args.tp)
     cfg = TrainConfig(
         model=model,
         zero=ZeroConfig(
@@ -70,7 +96,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             grad_accum_steps=args.grad_accum, clip_grad_norm=args.clip,
             optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay),
         ),
-        preset=args.preset, dp=dp, micro_batch=args.micro_batch, steps=args.steps,
+        activation=ActivationConfig(
+            checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
+            cpu_offload=args.pa_cpu, contiguous=args.md,
+        ),
+        preset=args.preset, dp=dp, tp=args.tp, micro_batch=args.micro_batch, steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
     )
     cfg.validate(denv.world_size if denv.source != "single" else None)
@@ -79,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if denv.source != "single":  # under torchrun / srun: this process is one rank
         train(cfg, denv, out, run_id)
         return 0
-    if dp == 1:
+    if cfg.world_size == 1:
         train(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
         return 0
     res = launch_local(cfg, out, run_id, timeout_s=args.timeout)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from tests.helpers.reference import reference_train
 from zerobench.distributed.collectives import Group
 from zerobench.distributed.mesh import build_mesh
+from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
 from zerobench.parallel.layers import shard_cols, shard_rows
 from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.models.gpt import GPT
@@ -33,10 +34,13 @@ class Scenario:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     preset: str = "tiny"
     tp: int = 1
+    ac: ActivationConfig = field(default_factory=ActivationConfig)
 
     @property
     def key(self) -> str:
-        return f"dp{self.dp}-tp{self.tp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
+        a = self.ac
+        ac = f"-ckpt{int(a.checkpoint)}{int(a.partition)}{int(a.cpu_offload)}{int(a.contiguous)}"
+        return f"dp{self.dp}-tp{self.tp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}{ac}"
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -99,6 +103,7 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
         )
         work = copy.deepcopy(model)
         info = apply_tp(work, tp_group)
+        store = apply_activation_checkpointing(work, sc.ac, tp_group)
         engine = apply_zero(work, group, zcfg, tp=info)
         mb = sc.global_batch // (sc.dp * sc.accum)
         losses, stepped = [], []
@@ -137,6 +142,7 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
             "stepped": stepped,
             "ref_stepped": ref_stepped,
             "loss_scale": engine.loss_scale,
+            "ckpt_peak": dict(store.peak) if store is not None else None,
         }
         if sc.stage < 3:  # replicated model parameters equal the (cast) master on every rank
             lp = {n: p.detach().float() for n, p in engine.module.named_parameters()}

@@ -107,3 +107,43 @@ def checkpoint_resume(rank, world, stage, ckpt_dir):
         "step_after_load": step_after_load,
         "single_vs_saved": max((p.detach() - at_save[n]).abs().max().item() for n, p in single.named_parameters()),
     }
+
+
+def zero_r_ledgers(rank, world):
+    """Checkpoint bytes and MP / P_a volumes for TP 2 and 4 with checkpointing, P_a, P_a+cpu, M_D."""
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.metrics.comm import CommLedger
+    from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
+    from zerobench.parallel.tensor_parallel import apply_tp
+
+    cfg = PRESETS["tiny"]
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    variants = {
+        "ckpt": ActivationConfig(checkpoint=True),
+        "pa": ActivationConfig(checkpoint=True, partition=True),
+        "pa_cpu": ActivationConfig(checkpoint=True, partition=True, cpu_offload=True),
+        "pa_md": ActivationConfig(checkpoint=True, partition=True, contiguous=True),
+    }
+    out = {}
+    b = 2
+    for tp in (2, 4):
+        mesh = build_mesh(tp, world // tp)
+        for name, ac in variants.items():
+            torch.manual_seed(0)
+            ledger = CommLedger()
+            model = GPT(cfg)
+            info = apply_tp(model, mesh.tp, ledger)
+            store = apply_activation_checkpointing(model, ac, mesh.tp, ledger)
+            engine = apply_zero(model, mesh.dp, ZeroConfig(stage=2), ledger, tp=info)
+            x, y = data.micro_batch(0, mesh.dp_rank, mesh.dp.size, 0, b)
+            engine.backward(engine.module(x, y))
+            engine.step()
+            out[(tp, name)] = {
+                "ckpt": dict(store.peak),
+                "expected_full": cfg.layers * b * cfg.seq * cfg.hidden * 4,
+                "mp": ledger.volume_elements(group="tp", tag="mp"),
+                "pa": ledger.volume_elements(group="tp", tag="pa"),
+                "layers": cfg.layers,
+                "bsh": b * cfg.seq * cfg.hidden,
+            }
+    return out

@@ -25,7 +25,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     for t in tensors:
         st = t.untyped_storage()
         if st.nbytes():
-            seen[st.data_ptr()] = st.nbytes()
+            seen[st._cdata] = st.nbytes()  # the StorageImpl: also distinct for meta tensors
     return sum(seen.values())
 
 

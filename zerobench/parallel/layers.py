@@ -69,7 +69,7 @@ class VocabParallelEmbedding(nn.Module):
         outside = (tokens < self.start) | (tokens >= self.start + self.per_rank)
         local = (tokens - self.start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tp(out, self.group, self.ledger)
+        return reduce_from_tp(out, self.group, self.ledger, "mp_embed")
 
 
 class ParallelLMHead(nn.Module):
@@ -81,4 +81,4 @@ class ParallelLMHead(nn.Module):
         self.weight = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tp(x, self.group, self.ledger), self.weight)
+        return F.linear(copy_to_tp(x, self.group, self.ledger, "mp_embed"), self.weight)

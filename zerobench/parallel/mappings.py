@@ -3,7 +3,9 @@
 ``copy_to_tp`` (f): identity forward, all-reduce of the gradient backward — enters a parallel region.
 ``reduce_from_tp`` (g): all-reduce forward, identity backward — leaves a row-parallel region.
 ``gather_from_tp`` / ``scatter_to_tp``: concatenate / split along the last dimension.
-Every collective is recorded in the communication ledger under the group's name.
+Every collective is recorded in the communication ledger under the group's name, tagged ``mp`` for the
+transformer blocks' traffic (what the paper counts as 12*b*s*h per block) and ``mp_embed`` for the
+embedding and LM head.
 """
 
 from __future__ import annotations
@@ -16,27 +18,27 @@ from zerobench.metrics.comm import CommLedger
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, ledger):
-        ctx.group, ctx.ledger = group, ledger
+    def forward(ctx, x, group, ledger, tag):
+        ctx.group, ctx.ledger, ctx.tag = group, ledger, tag
         return x
 
     @staticmethod
     def backward(ctx, g):
         g = g.contiguous()
-        C.all_reduce(g, ctx.group, ctx.ledger, "mp")
-        return g, None, None
+        C.all_reduce(g, ctx.group, ctx.ledger, ctx.tag)
+        return g, None, None, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, ledger):
+    def forward(ctx, x, group, ledger, tag):
         x = x.contiguous()
-        C.all_reduce(x, group, ledger, "mp")
+        C.all_reduce(x, group, ledger, tag)
         return x
 
     @staticmethod
     def backward(ctx, g):
-        return g, None, None
+        return g, None, None, None
 
 
 def _split_last(x: torch.Tensor, group: C.Group) -> torch.Tensor:
@@ -72,12 +74,12 @@ class _ScatterToTP(torch.autograd.Function):
         return _gather_last(g, ctx.group, ctx.ledger), None, None
 
 
-def copy_to_tp(x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None) -> torch.Tensor:
-    return x if group.size == 1 else _CopyToTP.apply(x, group, ledger)
+def copy_to_tp(x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None, tag: str = "mp") -> torch.Tensor:
+    return x if group.size == 1 else _CopyToTP.apply(x, group, ledger, tag)
 
 
-def reduce_from_tp(x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None) -> torch.Tensor:
-    return x if group.size == 1 else _ReduceFromTP.apply(x, group, ledger)
+def reduce_from_tp(x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None, tag: str = "mp") -> torch.Tensor:
+    return x if group.size == 1 else _ReduceFromTP.apply(x, group, ledger, tag)
 
 
 def gather_from_tp(x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None) -> torch.Tensor:

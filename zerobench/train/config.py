@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from zerobench.config import ConfigError
 from zerobench.models.gpt import GPTConfig
+from zerobench.parallel.checkpointing import ActivationConfig
 from zerobench.zero.config import ZeroConfig
 
 
@@ -20,7 +21,11 @@ class TrainConfig:
     preset: str | None = None
     """Name of the model preset the shape came from (informational)."""
     dp: int = 1
-    """Data-parallel degree; equals the number of processes."""
+    """Data-parallel degree."""
+    tp: int = 1
+    """Tensor (model) parallel degree; the world size is dp * tp, TP innermost."""
+    activation: ActivationConfig = field(default_factory=ActivationConfig)
+    """Activation checkpointing and ZeRO-R activation options (P_a, P_a+cpu, M_D)."""
     micro_batch: int = 2
     """Sequences per micro-batch per rank."""
     steps: int = 10
@@ -35,18 +40,28 @@ class TrainConfig:
     """A collective waiting longer than this fails the run (a dead or stuck rank)."""
 
     @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+    @property
     def global_batch(self) -> int:
         return self.dp * self.micro_batch * self.zero.grad_accum_steps
 
     def validate(self, world_size: int | None = None) -> None:
+        from zerobench.parallel.tensor_parallel import validate_tp
+
         self.model.validate()
         self.zero.validate()
-        if self.dp < 1:
-            raise ConfigError(f"--dp must be >= 1, got {self.dp}")
-        if world_size is not None and world_size != self.dp:
+        self.activation.validate()
+        if self.dp < 1 or self.tp < 1:
+            raise ConfigError(f"--dp and --tp must be >= 1, got dp {self.dp}, tp {self.tp}")
+        validate_tp(self.model, self.tp)
+        if world_size is not None and world_size != self.world_size:
+            if world_size % self.tp:
+                raise ConfigError(f"world size {world_size} is not divisible by TP degree {self.tp}")
             raise ConfigError(
-                f"DP degree {self.dp} does not match the world size {world_size}: "
-                f"pass --dp {world_size} or launch {self.dp} processes"
+                f"DP degree {self.dp} x TP degree {self.tp} does not match the world size {world_size}: "
+                f"pass --dp {world_size // self.tp} or launch {self.world_size} processes"
             )
         if self.micro_batch < 1:
             raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch}")

@@ -42,7 +42,7 @@ def launch_local(
     cfg: TrainConfig, out_dir: str | Path | None, run_id: str = "train", timeout_s: float = 3600.0,
     extra_env: dict[str, str] | None = None,
 ) -> LaunchResult:
-    n = cfg.dp
+    n = cfg.world_size
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // n)
     with tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:

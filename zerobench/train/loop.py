@@ -14,11 +14,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench.distributed.collectives import Group
 from zerobench.distributed.env import DistEnv, init_distributed
+from zerobench.distributed.mesh import build_mesh
+from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import flops_per_token, num_params
+from zerobench.parallel.checkpointing import apply_activation_checkpointing
+from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.results.rows import RowWriter
 from zerobench.train.config import TrainConfig
 from zerobench.train.data import SyntheticTokens
@@ -35,21 +38,28 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     device = init_distributed(denv, cfg.collective_timeout_s)
     rank = dist.get_rank()
     say = log if rank == 0 else (lambda *a, **k: None)
-    group = Group.of(None, "dp")
+    mesh = build_mesh(cfg.tp, cfg.dp)
+    ledger = CommLedger()
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    engine = apply_zero(model, group, cfg.zero)
+    # Order matters: TP decides which parameters exist on this rank, checkpointing wraps the blocks,
+    # and ZeRO partitions whatever parameters are left, over this TP rank's DP group.
+    tp_info = apply_tp(model, mesh.tp, ledger)
+    store = apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger)
+    engine = apply_zero(model, mesh.dp, cfg.zero, ledger, tp=tp_info)
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     psi = num_params(cfg.model)
-    tokens_per_rank = cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq
+    # Every TP rank of a replica processes the replica's tokens; per GPU that is 1/tp of its FLOPs.
+    tokens_per_rank = cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / cfg.tp
     fpt = flops_per_token(cfg.model)
+    hw_fpt = flops_per_token(cfg.model, recompute=cfg.activation.checkpoint)
     cpu = device.type == "cpu"
     tracker = LiveTensorTracker() if cpu and cfg.track_memory else None
     if tracker is not None:
         for t in engine.tensors():
             tracker.track(t)
     say(
-        f"zerobench train: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, "
+        f"zerobench train: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, tp {cfg.tp}, "
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
     )
     losses, times = [], []
@@ -68,7 +78,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             t0 = time.perf_counter()
             total = torch.zeros(1, device=device)
             for micro in range(cfg.zero.grad_accum_steps):
-                x, y = data.micro_batch(step, rank, cfg.dp, micro, cfg.micro_batch)
+                x, y = data.micro_batch(step, mesh.dp_rank, cfg.dp, micro, cfg.micro_batch)
                 loss = engine.module(x.to(device), y.to(device))
                 engine.backward(loss)
                 total += loss.detach().float() / cfg.zero.grad_accum_steps
@@ -77,7 +87,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             if not cpu:
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
-            dist.all_reduce(total)
+            dist.all_reduce(total, group=mesh.dp.pg)
             losses.append(total.item() / cfg.dp)
             times.append(dt)
             tflops = fpt * tokens_per_rank / dt / 1e12
@@ -91,12 +101,19 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         peak = tracker.peak if tracker is not None else None
     else:
         peak = torch.cuda.max_memory_allocated(device)
+    led = engine.memory_ledger()
+    if store is not None:
+        led.update(store.peak)
     mine = {
         "rank": rank,
-        "ledger": engine.memory_ledger(),
+        "tp_rank": mesh.tp_rank,
+        "dp_rank": mesh.dp_rank,
+        "ledger": led,
         "model_state_bytes": engine.model_state_bytes(),
         "analytic": sum(engine.model_state_bytes_analytic().values()),
         "comm_volume": engine.ledger.volume_elements(group="dp"),
+        "mp_volume": engine.ledger.volume_elements(group="tp", tag="mp"),
+        "pa_volume": engine.ledger.volume_elements(group="tp", tag="pa"),
         "comm_summary": engine.ledger.summary(),
         "peak": peak,
         "peak_rss": peak_rss_bytes(),
@@ -106,7 +123,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     dist.all_gather_object(everyone, mine)
     summary = {
         "losses": losses, "step_time_s": step_time, "tflops_per_gpu": fpt * tokens_per_rank / step_time / 1e12,
-        "ranks": everyone, "psi": psi,
+        "hw_tflops_per_gpu": hw_fpt * tokens_per_rank / step_time / 1e12, "ranks": everyone, "psi": psi,
     }
     if rank == 0:
         _report(summary, cfg, say)
@@ -119,7 +136,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
 
 def _report(s: dict, cfg: TrainConfig, say) -> None:
     say(f"\nmedian step time {s['step_time_s'] * 1e3:.1f} ms, {s['tflops_per_gpu']:.4f} TFLOPs/GPU "
-        f"(model FLOPs, Megatron count), {s['tflops_per_gpu'] * cfg.dp / 1e3:.6f} PFLOPs aggregate")
+        f"(model FLOPs, Megatron count), {s['tflops_per_gpu'] * cfg.world_size / 1e3:.6f} PFLOPs aggregate")
     say("\nmemory ledger per rank (measured from the engine's tensors):")
     say(f"  {'rank':>4} {'params':>14} {'grads':>14} {'master':>14} {'optim states':>14} "
         f"{'model states':>14} {'analytic':>14} {'peak live':>14}")
@@ -134,8 +151,12 @@ def _report(s: dict, cfg: TrainConfig, say) -> None:
             f"elements {c['numel']:12d}  volume {c['volume_elements']:14.0f}")
     psi, n = s["psi"], cfg.dp
     factor = 3 if cfg.zero.stage == 3 else 2
-    say(f"  total volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {factor}Ψ(N-1)/N = "
-        f"{factor * psi * (n - 1) / n:.0f}")
+    psi_local = psi / cfg.tp  # approximately: the TP-replicated parameters are a small part
+    say(f"  DP volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {factor}Ψ(N-1)/N = "
+        f"{factor * psi_local * (n - 1) / n:.0f}" + (" (Ψ per TP rank ≈ Ψ/MP)" if cfg.tp > 1 else ""))
+    if cfg.tp > 1:
+        r0 = s["ranks"][0]
+        say(f"  MP volume in blocks {r0['mp_volume']:.0f} elements; P_a all-gathers {r0['pa_volume']:.0f}")
 
 
 def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None:
@@ -144,8 +165,9 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
     agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
     w.write("step_time_s", s["step_time_s"], "s", aggregate=agg)
     w.write("tflops_per_gpu", s["tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="model")
-    w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.dp / 1e3, "PFLOP/s", aggregate=agg)
-    w.write("tokens_per_s_per_gpu", cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / s["step_time_s"], "tokens/s")
+    w.write("hw_tflops_per_gpu", s["hw_tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="hardware (with recompute)")
+    w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.world_size / 1e3, "PFLOP/s", aggregate=agg)
+    w.write("tokens_per_s_per_gpu", cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / cfg.tp / s["step_time_s"], "tokens/s")
     w.write("num_params", s["psi"], "params")
     for r in s["ranks"]:
         rk = r["rank"]
@@ -153,7 +175,10 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
         w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
         for cat, b in r["ledger"].items():
             w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
-        w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk)
+        w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
+        if cfg.tp > 1:
+            w.write("mp_comm_volume_elements_per_step", r["mp_volume"], "elements", rank=rk, group="tp")
+            w.write("pa_comm_volume_elements_per_step", r["pa_volume"], "elements", rank=rk, group="tp")
         w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,
                 source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated")
         if r["reserved"] is not None:

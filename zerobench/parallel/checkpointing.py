@@ -1,0 +1,180 @@
+"""Activation checkpointing per transformer block, with the ZeRO-R options of the paper (§6, §8).
+
+- checkpointing: each block keeps only its input; its activations are recomputed in backward with the
+  RNG state of the forward replayed.
+- **P_a** (``partition``): that input is identical on every TP rank in Megatron; each TP rank keeps 1/MP
+  of it, and they all-gather it just before the recompute (one all-gather of b*s*h per block).
+- **P_a+cpu** (``cpu_offload``): the kept partition lives in host memory (pinned, asynchronous copies on
+  GPU) and comes back for the recompute. Without a GPU the same code path runs against a separate host
+  buffer pool, so device and host bytes are counted apart.
+- **M_D** (``contiguous``): checkpoints are written into one pre-allocated buffer (one slot per block)
+  instead of separately allocated tensors, so long-lived checkpoints do not interleave with
+  short-lived activations in the allocator.
+
+Applied after TP and before ZeRO. It wraps each block's ``forward`` in place, so parameter names (and
+hence checkpoints) are unchanged.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from zerobench.distributed import collectives as C
+from zerobench.distributed.collectives import Group
+from zerobench.metrics.comm import CommLedger
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    """Activation checkpointing and ZeRO-R activation options."""
+
+    checkpoint: bool = False
+    """Recompute each transformer block's activations in backward from its saved input."""
+    partition: bool = False
+    """P_a: keep 1/MP of each checkpoint per TP rank, all-gather before recompute (needs checkpoint)."""
+    cpu_offload: bool = False
+    """P_a+cpu: keep the (partitioned) checkpoints in host memory (implies partition)."""
+    contiguous: bool = False
+    """M_D: place checkpoints in one pre-allocated contiguous buffer."""
+
+    def validate(self) -> None:
+        from zerobench.config import ConfigError
+
+        if (self.partition or self.cpu_offload or self.contiguous) and not self.checkpoint:
+            raise ConfigError("P_a, P_a+cpu and M_D act on activation checkpoints: add --checkpoint-activations")
+
+
+class CheckpointStore:
+    """Holds the saved block inputs of the current micro-batch: partitioned, offloaded, contiguous."""
+
+    def __init__(self, cfg: ActivationConfig, layers: int, tp: Group, ledger: CommLedger | None):
+        self.cfg, self.layers, self.tp, self.ledger = cfg, layers, tp, ledger
+        self.partition = (cfg.partition or cfg.cpu_offload) and tp.size > 1
+        self.saved: dict[int, torch.Tensor] = {}
+        self.pool: torch.Tensor | None = None  # M_D buffer [layers, piece]
+        self.pinned = False
+        self.peak = {"activation_checkpoints": 0, "activation_checkpoints_host": 0}
+
+    def _piece_numel(self, numel: int) -> int:
+        return -(-numel // self.tp.size) if self.partition else numel
+
+    def _slot(self, index: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+        host = self.cfg.cpu_offload
+        device = torch.device("cpu") if host else like.device
+        if self.cfg.contiguous:
+            if self.pool is None or self.pool.shape[1] != numel or self.pool.dtype != like.dtype:
+                self.pinned = host and torch.cuda.is_available()
+                self.pool = torch.empty(self.layers, numel, dtype=like.dtype, device=device, pin_memory=self.pinned)
+            return self.pool[index]
+        pin = host and torch.cuda.is_available()
+        return torch.empty(numel, dtype=like.dtype, device=device, pin_memory=pin)
+
+    @torch.no_grad()
+    def save(self, index: int, x: torch.Tensor) -> None:
+        flat = x.detach().reshape(-1)
+        piece = self._piece_numel(flat.numel())
+        if self.partition:
+            lo = self.tp.rank * piece
+            part = flat[lo : lo + piece]
+        else:
+            part = flat
+        if not (self.cfg.cpu_offload or self.cfg.contiguous or self.partition):
+            self.saved[index] = x.detach()
+            self._update_peak()
+            return
+        slot = self._slot(index, piece, flat)
+        slot[: part.numel()].copy_(part, non_blocking=slot.is_pinned())
+        if part.numel() < piece:
+            slot[part.numel() :].zero_()
+        self.saved[index] = slot
+        self._update_peak()
+
+    def _update_peak(self) -> None:
+        for k, v in self.bytes().items():
+            self.peak[k] = max(self.peak[k], v)
+
+    @torch.no_grad()
+    def load(self, index: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        saved = self.saved[index]
+        if saved.shape == shape and saved.device == device:
+            return saved
+        piece = saved.to(device, non_blocking=True)
+        numel = shape.numel()
+        if self.partition:
+            full = torch.empty(piece.numel() * self.tp.size, dtype=piece.dtype, device=device)
+            C.all_gather(full, piece, self.tp, self.ledger, "pa")
+            return full[:numel].view(shape)
+        return piece[:numel].view(shape)
+
+    def release(self, index: int) -> None:
+        self.saved.pop(index, None)
+
+    def bytes(self) -> dict[str, int]:
+        """Checkpoint bytes held now, on the device and in the host pool."""
+        tensors = list(self.saved.values()) + ([self.pool] if self.pool is not None else [])
+        seen: dict[int, tuple[int, bool]] = {}
+        for t in tensors:
+            st = t.untyped_storage()
+            seen[st._cdata] = (st.nbytes(), self.cfg.cpu_offload)
+        host = sum(n for n, h in seen.values() if h)
+        return {"activation_checkpoints": sum(n for n, h in seen.values() if not h), "activation_checkpoints_host": host}
+
+
+def _rng_state(device: torch.device):
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _set_rng_state(state, device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+class _CheckpointFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, run, store: CheckpointStore, index: int):
+        ctx.run, ctx.store, ctx.index = run, store, index
+        ctx.shape, ctx.device = x.shape, x.device
+        ctx.rng = _rng_state(x.device)
+        store.save(index, x)
+        with torch.no_grad():
+            return run(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x = ctx.store.load(ctx.index, ctx.shape, ctx.device).detach().requires_grad_(True)
+        ctx.store.release(ctx.index)
+        now = _rng_state(ctx.device)
+        _set_rng_state(ctx.rng, ctx.device)
+        try:
+            with torch.enable_grad():
+                y = ctx.run(x)
+        finally:
+            _set_rng_state(now, ctx.device)
+        torch.autograd.backward(y, grad_out)
+        return x.grad, None, None, None
+
+
+def apply_activation_checkpointing(
+    model: nn.Module, cfg: ActivationConfig, tp: Group, ledger: CommLedger | None = None
+) -> CheckpointStore | None:
+    """Checkpoint every block of ``model.blocks``; returns the store (None when checkpointing is off)."""
+    cfg.validate()
+    if not cfg.checkpoint:
+        return None
+    blocks = model.blocks
+    store = CheckpointStore(cfg, len(blocks), tp, ledger)
+    for i, block in enumerate(blocks):
+        inner = block.forward  # the bound original forward
+
+        def forward(self, x, _inner=inner, _i=i):
+            if not torch.is_grad_enabled() or not x.requires_grad:
+                return _inner(x)
+            return _CheckpointFn.apply(x, _inner, store, _i)
+
+        block.forward = types.MethodType(forward, block)
+    return store

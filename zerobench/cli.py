@@ -33,6 +33,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree = number of processes (default: the world size under "
                         "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself")
+    g.add_argument("--system", default="zerobench",
+                   help="zerobench (this engine) or megatron (the Megatron-LM baseline: megatron-core's GPTModel, TP, DDP)")
     g.add_argument("--tp", type=int, default=1, help="tensor (model) parallel degree; world = dp * tp")
     g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
     g = p.add_argument_group("ZeRO-R (paper §6)")
@@ -100,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
             cpu_offload=args.pa_cpu, contiguous=args.md,
         ),
-        preset=args.preset, dp=dp, tp=args.tp, micro_batch=args.micro_batch, steps=args.steps,
+        system=args.system, preset=args.preset, dp=dp, tp=args.tp, micro_batch=args.micro_batch, steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
     )
     cfg.validate(denv.world_size if denv.source != "single" else None)

@@ -103,7 +103,7 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
         )
         work = copy.deepcopy(model)
         info = apply_tp(work, tp_group)
-        store = apply_activation_checkpointing(work, sc.ac, tp_group)
+        store = apply_activation_checkpointing(work, sc.ac, tp_group, rng=info.rng)
         engine = apply_zero(work, group, zcfg, tp=info)
         mb = sc.global_batch // (sc.dp * sc.accum)
         losses, stepped = [], []

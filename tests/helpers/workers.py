@@ -147,3 +147,121 @@ def zero_r_ledgers(rank, world):
                 "bsh": b * cfg.seq * cfg.hidden,
             }
     return out
+
+
+def megatron_layer_equivalence(rank, world):
+    """zerobench's TP layers and vocab-parallel CE vs megatron-core's (unpatched), same weights/inputs."""
+    import torch.nn as nn
+    from megatron.core import parallel_state as ps
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core import tensor_parallel as mtp
+
+    from zerobench.distributed.collectives import Group
+    from zerobench.parallel.cross_entropy import vocab_parallel_cross_entropy
+    from zerobench.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    pg = ps.get_tensor_model_parallel_group()
+    group = Group.of(pg, "tp")
+    mcfg = ModelParallelConfig(tensor_model_parallel_size=world, use_cpu_initialization=True,
+                               params_dtype=torch.float32, perform_initialization=True)
+    init = nn.init.zeros_
+    torch.manual_seed(0)
+    h, f, V, n = 16, 32, 64, 6
+    diffs = {}
+
+    def compare(name, ours, theirs, x, their_out=lambda o: o[0] if isinstance(o, tuple) else o):
+        xa = x.clone().requires_grad_(True)
+        xb = x.clone().requires_grad_(True)
+        ya, yb = ours(xa), their_out(theirs(xb))
+        gy = torch.randn_like(ya)
+        ya.backward(gy)
+        yb.backward(gy)
+        d = [(ya - yb).abs().max().item()]
+        if xa.grad is not None:
+            d.append((xa.grad - xb.grad).abs().max().item())
+        for (_, pa), (_, pb) in zip(ours.named_parameters(), theirs.named_parameters()):
+            d.append((pa.grad - pb.grad).abs().max().item())
+        diffs[name] = max(d)
+
+    full = nn.Linear(h, f)
+    ours = ColumnParallelLinear(full, group)
+    theirs = mtp.ColumnParallelLinear(h, f, config=mcfg, init_method=init, bias=True, gather_output=False)
+    with torch.no_grad():
+        theirs.weight.copy_(ours.weight)
+        theirs.bias.copy_(ours.bias)
+    compare("column", ours, theirs, torch.randn(n, h))
+
+    full = nn.Linear(f, h)
+    ours = RowParallelLinear(full, group)
+    theirs = mtp.RowParallelLinear(f, h, config=mcfg, init_method=init, bias=True, input_is_parallel=True,
+                                   skip_bias_add=False)
+    with torch.no_grad():
+        theirs.weight.copy_(ours.weight)
+        theirs.bias.copy_(ours.bias)
+    compare("row", ours, theirs, torch.randn(n, f // world))
+
+    emb = nn.Embedding(V, h)
+    ours = VocabParallelEmbedding(emb, group)
+    theirs = mtp.VocabParallelEmbedding(V, h, init_method=init, config=mcfg)
+    with torch.no_grad():
+        theirs.weight.copy_(ours.weight)
+    tokens = torch.randint(0, V, (n,))
+    ya, yb = ours(tokens), theirs(tokens)
+    gy = torch.randn_like(ya)
+    ya.backward(gy)
+    yb.backward(gy)
+    diffs["embedding"] = max((ya - yb).abs().max().item(), (ours.weight.grad - theirs.weight.grad).abs().max().item())
+
+    logits = torch.randn(n, V // world)
+    target = torch.randint(0, V, (n,))
+    la, lb = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    a = vocab_parallel_cross_entropy(la, target, group)
+    b = mtp.vocab_parallel_cross_entropy(lb, target)
+    g = torch.randn(n)
+    a.backward(g)
+    b.backward(g)
+    diffs["cross_entropy"] = max((a - b).abs().max().item(), (la.grad - lb.grad).abs().max().item())
+    ps.destroy_model_parallel()
+    return diffs
+
+
+def tp_rng_and_dropout(rank, world):
+    """TP RNG semantics, replicated activations agreeing across TP ranks with dropout, exact recompute."""
+    import dataclasses
+
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
+    from zerobench.parallel.random import TPRngTracker
+    from zerobench.parallel.tensor_parallel import apply_tp
+    from zerobench.zero.state_dict import full_gradients
+
+    mesh = build_mesh(world, 1)
+    torch.manual_seed(5)
+    tracker = TPRngTracker(5, mesh.tp_rank, torch.device("cpu"))
+    outside = torch.rand(4)
+    with tracker.fork():
+        inside = torch.rand(4)
+    after = torch.rand(4)
+
+    cfg = dataclasses.replace(PRESETS["tiny"], dropout=0.2)
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    grads, block_out = {}, []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        info = apply_tp(model, mesh.tp, seed=11)
+        apply_activation_checkpointing(model, ActivationConfig(checkpoint=ckpt), mesh.tp, rng=info.rng)
+        engine = apply_zero(model, mesh.dp, ZeroConfig(stage=0), tp=info)
+        if not ckpt:
+            model.blocks[-1].register_forward_hook(lambda m, a, o: block_out.append(o.detach().clone()))
+        torch.manual_seed(123)  # same default-RNG stream for both runs
+        x, y = data.micro_batch(0, 0, 1, 0, 2)
+        engine.backward(model(x, y))
+        grads[ckpt] = full_gradients(engine)
+    return {
+        "outside": outside.tolist(), "inside": inside.tolist(), "after": after.tolist(),
+        "block_out_sum": block_out[0].double().sum().item(),
+        "ckpt_vs_plain": max((grads[True][n] - grads[False][n]).abs().max().item() for n in grads[True]),
+        "grad_norm": sum(g.pow(2).sum().item() for g in grads[False].values()),
+    }

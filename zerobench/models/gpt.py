@@ -30,6 +30,8 @@ class GPTConfig:
     """Maximum sequence length (s): size of the learned position embedding."""
     init_std: float = 0.02
     """Standard deviation of the normal init of linear and embedding weights."""
+    dropout: float = 0.0
+    """Dropout on attention probabilities and on both residual branches (0 disables)."""
 
     def validate(self) -> None:
         from zerobench.config import ConfigError
@@ -48,14 +50,20 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.heads = cfg.heads
+        self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.core_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over ``[b, heads, s, d]`` (flash / memory-efficient kernels on GPU)."""
+        p = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
 
 
 class MLP(nn.Module):
@@ -77,10 +85,11 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        return x + self.drop(self.mlp(self.ln_2(x)))
 
 
 class LMLoss(nn.Module):

@@ -51,8 +51,9 @@ class ActivationConfig:
 class CheckpointStore:
     """Holds the saved block inputs of the current micro-batch: partitioned, offloaded, contiguous."""
 
-    def __init__(self, cfg: ActivationConfig, layers: int, tp: Group, ledger: CommLedger | None):
+    def __init__(self, cfg: ActivationConfig, layers: int, tp: Group, ledger: CommLedger | None, rng=None):
         self.cfg, self.layers, self.tp, self.ledger = cfg, layers, tp, ledger
+        self.rng = rng  # the TP region RNG tracker, replayed with the default RNG on recompute
         self.partition = (cfg.partition or cfg.cpu_offload) and tp.size > 1
         self.saved: dict[int, torch.Tensor] = {}
         self.pool: torch.Tensor | None = None  # M_D buffer [layers, piece]
@@ -140,6 +141,7 @@ class _CheckpointFn(torch.autograd.Function):
         ctx.run, ctx.store, ctx.index = run, store, index
         ctx.shape, ctx.device = x.shape, x.device
         ctx.rng = _rng_state(x.device)
+        ctx.tp_rng = store.rng.get_state() if store.rng is not None else None
         store.save(index, x)
         with torch.no_grad():
             return run(x)
@@ -149,25 +151,34 @@ class _CheckpointFn(torch.autograd.Function):
         x = ctx.store.load(ctx.index, ctx.shape, ctx.device).detach().requires_grad_(True)
         ctx.store.release(ctx.index)
         now = _rng_state(ctx.device)
+        tracker = ctx.store.rng
+        now_tp = tracker.get_state() if tracker is not None else None
         _set_rng_state(ctx.rng, ctx.device)
+        if tracker is not None:
+            tracker.set_state(ctx.tp_rng)
         try:
             with torch.enable_grad():
                 y = ctx.run(x)
         finally:
             _set_rng_state(now, ctx.device)
+            if tracker is not None:
+                tracker.set_state(now_tp)
         torch.autograd.backward(y, grad_out)
         return x.grad, None, None, None
 
 
 def apply_activation_checkpointing(
-    model: nn.Module, cfg: ActivationConfig, tp: Group, ledger: CommLedger | None = None
+    model: nn.Module, cfg: ActivationConfig, tp: Group, ledger: CommLedger | None = None, rng=None
 ) -> CheckpointStore | None:
-    """Checkpoint every block of ``model.blocks``; returns the store (None when checkpointing is off)."""
+    """Checkpoint every block of ``model.blocks``; returns the store (None when checkpointing is off).
+
+    ``rng``: the ``TPRngTracker`` from ``apply_tp`` (``TPInfo.rng``), so recompute replays dropout exactly.
+    """
     cfg.validate()
     if not cfg.checkpoint:
         return None
     blocks = model.blocks
-    store = CheckpointStore(cfg, len(blocks), tp, ledger)
+    store = CheckpointStore(cfg, len(blocks), tp, ledger, rng)
     for i, block in enumerate(blocks):
         inner = block.forward  # the bound original forward
 

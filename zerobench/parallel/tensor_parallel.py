@@ -19,6 +19,7 @@ from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.models.gpt import GPT, GPTConfig
 from zerobench.parallel.cross_entropy import VocabParallelLMLoss
+from zerobench.parallel.random import TPRngTracker
 from zerobench.parallel.layers import (
     ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
 )
@@ -30,6 +31,8 @@ class TPInfo:
 
     group: Group
     sharded: frozenset[str]
+    rng: TPRngTracker | None = None
+    """The RNG of sharded regions (attention); checkpoint recompute replays it."""
 
 
 def validate_tp(cfg: GPTConfig, tp: int) -> None:
@@ -40,16 +43,22 @@ def validate_tp(cfg: GPTConfig, tp: int) -> None:
             raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")
 
 
-def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None) -> TPInfo:
-    """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model."""
+def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None, seed: int = 0) -> TPInfo:
+    """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model.
+
+    Attention (heads split over TP ranks) draws dropout from a per-TP-rank RNG (``seed`` + rank);
+    everything else from the default RNG, identical on every TP rank.
+    """
     validate_tp(model.config, group.size)
     if group.size == 1:
         return TPInfo(group, frozenset())
+    rng = TPRngTracker(seed, group.rank, next(model.parameters()).device)
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
         attn.qkv = ColumnParallelLinear(attn.qkv, group, ledger, strided=3)
         attn.proj = RowParallelLinear(attn.proj, group, ledger)
         attn.heads //= group.size
+        attn.core_attention = _in_region(attn.core_attention, rng)
         mlp.fc = ColumnParallelLinear(mlp.fc, group, ledger)
         mlp.proj = RowParallelLinear(mlp.proj, group, ledger)
     model.wte = VocabParallelEmbedding(model.wte, group, ledger)
@@ -61,7 +70,15 @@ def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None) -> TPIn
             sharded.update(f"{name}.{p}" for p, _ in module.named_parameters())
         elif isinstance(module, RowParallelLinear):
             sharded.add(f"{name}.weight")
-    return TPInfo(group, frozenset(sharded))
+    return TPInfo(group, frozenset(sharded), rng)
+
+
+def _in_region(fn, rng: TPRngTracker):
+    def region(*args, **kwargs):
+        with rng.fork():
+            return fn(*args, **kwargs)
+
+    return region
 
 
 def sharded_parameters(model: nn.Module, info: TPInfo) -> set[int]:

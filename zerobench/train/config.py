@@ -32,6 +32,8 @@ class TrainConfig:
     """Optimizer steps."""
     warmup_steps: int = 2
     """Steps excluded from the timing medians."""
+    system: str = "zerobench"
+    """Which system trains: ``zerobench`` (this engine) or ``megatron`` (the Megatron-LM baseline)."""
     seed: int = 1234
     """Seed of the model init and the synthetic data."""
     track_memory: bool = True
@@ -63,6 +65,17 @@ class TrainConfig:
                 f"DP degree {self.dp} x TP degree {self.tp} does not match the world size {world_size}: "
                 f"pass --dp {world_size // self.tp} or launch {self.world_size} processes"
             )
+        if self.system not in ("zerobench", "megatron"):
+            raise ConfigError(f"unknown system {self.system!r}: choose zerobench or megatron")
+        if self.system == "megatron":
+            if self.zero.stage != 0:
+                raise ConfigError("the megatron baseline is Megatron-LM's DDP (stage 0): drop --stage")
+            if self.zero.clip_grad_norm is not None or self.zero.precision.value == "fp16":
+                raise ConfigError("the megatron baseline supports fp32/bf16 without --clip")
+            a = self.activation
+            if a.partition or a.cpu_offload or a.contiguous:
+                raise ConfigError("P_a, P_a+cpu and M_D are ZeRO-R features: the megatron baseline takes "
+                                  "only --checkpoint-activations")
         if self.micro_batch < 1:
             raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch}")
         if self.steps < 1:

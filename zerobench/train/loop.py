@@ -18,19 +18,16 @@ from zerobench.distributed.env import DistEnv, init_distributed
 from zerobench.distributed.mesh import build_mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
-from zerobench.models.gpt import GPT
 from zerobench.models.sizes import flops_per_token, num_params
-from zerobench.parallel.checkpointing import apply_activation_checkpointing
-from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.results.rows import RowWriter
+from zerobench.train import faults
 from zerobench.train.config import TrainConfig
 from zerobench.train.data import SyntheticTokens
-from zerobench.zero import apply_zero
-from zerobench.train import faults
+from zerobench.train.systems import build_system
 
 
-def _fmt_bytes(n: float) -> str:
-    return f"{n / 2**20:10.2f} MiB"
+def _fmt_bytes(n: float | None) -> str:
+    return f"{'n/a':>14}" if n is None else f"{n / 2**20:10.2f} MiB"
 
 
 def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str = "train", log=print) -> dict:
@@ -40,13 +37,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     say = log if rank == 0 else (lambda *a, **k: None)
     mesh = build_mesh(cfg.tp, cfg.dp)
     ledger = CommLedger()
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model).to(device)
-    # Order matters: TP decides which parameters exist on this rank, checkpointing wraps the blocks,
-    # and ZeRO partitions whatever parameters are left, over this TP rank's DP group.
-    tp_info = apply_tp(model, mesh.tp, ledger)
-    store = apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger)
-    engine = apply_zero(model, mesh.dp, cfg.zero, ledger, tp=tp_info)
+    system = build_system(cfg, mesh, ledger, device)
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     psi = num_params(cfg.model)
     # Every TP rank of a replica processes the replica's tokens; per GPU that is 1/tp of its FLOPs.
@@ -56,10 +47,10 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     cpu = device.type == "cpu"
     tracker = LiveTensorTracker() if cpu and cfg.track_memory else None
     if tracker is not None:
-        for t in engine.tensors():
+        for t in system.tensors():
             tracker.track(t)
     say(
-        f"zerobench train: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, tp {cfg.tp}, "
+        f"zerobench train [{cfg.system}]: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, tp {cfg.tp}, "
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
     )
     losses, times = [], []
@@ -72,18 +63,17 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
                     torch.cuda.reset_peak_memory_stats(device)
                 reset_peak_rss()
             faults.maybe_fail(rank, step)
-            engine.ledger.reset()
+            ledger.reset()
             if not cpu:
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
             total = torch.zeros(1, device=device)
             for micro in range(cfg.zero.grad_accum_steps):
                 x, y = data.micro_batch(step, mesh.dp_rank, cfg.dp, micro, cfg.micro_batch)
-                loss = engine.module(x.to(device), y.to(device))
-                engine.backward(loss)
-                total += loss.detach().float() / cfg.zero.grad_accum_steps
-            stepped = engine.step()
-            engine.zero_grad()
+                loss = system.forward_backward(x.to(device), y.to(device))
+                total += loss.float() / cfg.zero.grad_accum_steps
+            stepped = system.step()
+            system.zero_grad()
             if not cpu:
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
@@ -101,23 +91,23 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         peak = tracker.peak if tracker is not None else None
     else:
         peak = torch.cuda.max_memory_allocated(device)
-    led = engine.memory_ledger()
-    if store is not None:
-        led.update(store.peak)
+    led = system.memory_ledger()
     mine = {
         "rank": rank,
         "tp_rank": mesh.tp_rank,
         "dp_rank": mesh.dp_rank,
         "ledger": led,
-        "model_state_bytes": engine.model_state_bytes(),
-        "analytic": sum(engine.model_state_bytes_analytic().values()),
-        "comm_volume": engine.ledger.volume_elements(group="dp"),
-        "mp_volume": engine.ledger.volume_elements(group="tp", tag="mp"),
-        "pa_volume": engine.ledger.volume_elements(group="tp", tag="pa"),
-        "comm_summary": engine.ledger.summary(),
+        "model_state_bytes": system.model_state_bytes(),
+        "analytic": system.model_state_bytes_analytic(),
+        "comm_volume": ledger.volume_elements(group="dp") if cfg.system == "zerobench" else None,
+        "mp_volume": ledger.volume_elements(group="tp", tag="mp"),
+        "pa_volume": ledger.volume_elements(group="tp", tag="pa"),
+        "comm_summary": ledger.summary(),
         "peak": peak,
         "peak_rss": peak_rss_bytes(),
         "reserved": None if cpu else torch.cuda.max_memory_reserved(device),
+        # M_D on GPU: fragmentation as reserved - allocated at peak, and the caching allocator's retries
+        "alloc_retries": None if cpu else torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
     }
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -145,6 +135,9 @@ def _report(s: dict, cfg: TrainConfig, say) -> None:
         peak = _fmt_bytes(r["peak"]) if r["peak"] is not None else f"{'n/a':>14}"
         say(f"  {r['rank']:>4} {_fmt_bytes(L['params'])} {_fmt_bytes(L['grads'])} {_fmt_bytes(L['master'])} "
             f"{_fmt_bytes(L['optimizer_states'])} {_fmt_bytes(r['model_state_bytes'])} {_fmt_bytes(r['analytic'])} {peak}")
+    if cfg.system != "zerobench":
+        say("\n(communication of baseline systems is not recorded in zerobench's ledger)")
+        return
     say("\ncommunication ledger per step, rank 0 (volume = paper §7 accounting, elements):")
     for c in s["ranks"][0]["comm_summary"]:
         say(f"  {c['group']:>3} {c['op']:<15} {c['tag']:<10} calls {c['calls']:5d}  "
@@ -172,15 +165,25 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
     for r in s["ranks"]:
         rk = r["rank"]
         w.write("model_state_bytes", r["model_state_bytes"], "bytes", rank=rk)
-        w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
+        if r["analytic"] is not None:
+            w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
         for cat, b in r["ledger"].items():
             w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
-        w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
-        if cfg.tp > 1:
+        if r["comm_volume"] is not None:
+            w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
+        if cfg.tp > 1 and cfg.system == "zerobench":
             w.write("mp_comm_volume_elements_per_step", r["mp_volume"], "elements", rank=rk, group="tp")
             w.write("pa_comm_volume_elements_per_step", r["pa_volume"], "elements", rank=rk, group="tp")
         w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,
                 source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated")
         if r["reserved"] is not None:
             w.write("peak_reserved_bytes", r["reserved"], "bytes", rank=rk)
+            w.write("fragmentation_bytes", r["reserved"] - r["peak"], "bytes", rank=rk,
+                    definition="max reserved - max allocated")
+            w.write("alloc_retries", r["alloc_retries"], "count", rank=rk)
+        if r["peak"] is not None:
+            ckpt = r["ledger"].get("activation_checkpoints", 0)
+            w.write("memory_working_peak_bytes", r["peak"] - r["model_state_bytes"] - ckpt, "bytes", rank=rk,
+                    definition="peak live bytes - model states - activation checkpoints: working activations "
+                               "and transient buffers at the peak")
         w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)

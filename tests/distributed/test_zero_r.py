@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.dist.test_tp_parity import TP_BF16_UPDATE_RTOL
+from tests.distributed.test_tp_parity import TP_BF16_UPDATE_RTOL
 from tests.helpers.dist import run_distributed
 from tests.helpers.scenarios import Scenario, run_scenarios
 from tests.helpers.workers import zero_r_ledgers

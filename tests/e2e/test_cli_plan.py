@@ -1,0 +1,62 @@
+"""``zerobench plan`` as users run it: tables, dry runs of the real engine at 400 GPUs, projection, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.e2e.test_cli_train import zb
+
+
+def test_dry_run_of_every_fig2_zero_row_agrees_with_the_formula():
+    t0 = time.monotonic()
+    r = zb("plan", "--dry-run", "--suite", "paper/fig2", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 60
+    rows = json.loads(r.stdout)["rows"]
+    assert [x["label"] for x in rows][-1] == "170B ZeRO" and len(rows) == 10
+    for x in rows:
+        assert x["gpus"] == 400
+        rel = x["measured_model_state_bytes"] / x["analytic_model_state_bytes"] - 1
+        assert 0 <= rel <= 1e-3, x  # only alignment padding on top of the formula
+
+
+def test_dry_run_170b_under_a_minute_on_another_rank():
+    t0 = time.monotonic()
+    r = zb("plan", "--dry-run", "--model", "170B", "--gpus", "400", "--mp", "16", "--stage", "3",
+           "--rank", "399", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 60
+    x = json.loads(r.stdout)["rows"][0]
+    assert x["rank"] == 399 and x["dp"] == 25
+    assert x["measured_model_state_bytes"] == pytest.approx(x["analytic_model_state_bytes"], rel=1e-3)
+
+
+def test_plan_json_keys_and_tables():
+    r = zb("plan", "--model", "100B", "--mp", "16", "--micro-batch", "32", "--pa", "--md", "--max-size", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert {"config", "params", "params_per_mp_rank", "memory_bytes", "fits", "comm_elements_per_step",
+            "max_layers", "max_params"} <= set(d)
+    t = json.loads(zb("plan", "--table", "2", "--json").stdout)
+    assert t["table"] == 2 and len(t["rows"]) == 5
+
+
+def test_projection_lists_assumptions_and_claims():
+    r = zb("plan", "--project", "paper/fig2")
+    assert r.returncode == 0, r.stderr
+    assert "efficiency" in r.stdout and "paper" in r.stdout and "170B ZeRO" in r.stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--model", "100B", "--mp", "3", "--gpus", "399"], "not divisible by MP 3"),
+    (["--model", "100B", "--mp", "16", "--gpus", "100"], "not divisible by MP 16"),
+    (["--model", "999B"], "unknown model size"),
+    (["--project", "paper/nope"], "not found"),
+    (["--gpu-mem", "lots", "--model", "8B"], "cannot read memory size"),
+])
+def test_invalid_plans_are_one_line(args, msg):
+    r = zb("plan", *args)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -1,0 +1,105 @@
+"""The planner's analytic model: the paper's tables, max-size search, validation (no processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerobench.metrics.memory import paper_model_state_bytes
+from zerobench.models.gpt import GPTConfig
+from zerobench.models.sizes import num_params
+from zerobench.plan.comm_model import comm_per_gpu
+from zerobench.plan.memory_model import PlanConfig, memory_per_gpu, params_per_mp_rank
+from zerobench.plan.sizes import padded_vocab, paper_model
+from zerobench.plan.suites import load_suite, parse_bytes, plan_configs
+from zerobench.plan.tables import max_size, table1, table2
+
+
+def test_table1_matches_formulas_and_the_paper():
+    rows = {r["dp"]: r for r in table1()}
+    for nd, r in rows.items():
+        for name, psi in (("7.5B", 7.5e9), ("128B", 128e9), ("1T", 1e12)):
+            for stage, label in ((1, "P_os"), (2, "P_os+g"), (3, "P_os+g+p")):
+                assert r[f"{name} {label}"] == pytest.approx(paper_model_state_bytes(psi, nd, stage) / 1e9)
+    # values printed in the paper's Table 1
+    assert [round(rows[nd]["7.5B P_os"], 1) for nd in (1, 4, 16, 64, 256, 1024)] == [120, 52.5, 35.6, 31.4, 30.4, 30.1]
+    assert [round(rows[nd]["7.5B P_os+g+p"], 2) for nd in (4, 16, 64)] == [30, 7.5, 1.88]
+    assert rows[1024]["1T P_os+g+p"] == pytest.approx(15.6, abs=0.05)
+
+
+def test_table2_matches_the_paper():
+    rows = table2(32e9)
+    paper = [(2, 7.6, 14.4, 128), (4, 15.3, 28.8, 256), (8, 30.6, 57.7, 512), (16, 61.1, 115.4, 1024),
+             (32, 122.3, 230.8, 2048)]
+    for r, (base, pos, posg, posgp) in zip(rows, paper):
+        assert r["baseline"] / 1e9 == pytest.approx(base)
+        assert r["P_os"] / 1e9 == pytest.approx(pos, abs=0.05)
+        assert r["P_os+g"] / 1e9 == pytest.approx(posg, abs=0.05)
+        assert r["P_os+g+p"] / 1e9 == pytest.approx(posgp, rel=0.001)
+
+
+def test_params_per_mp_rank_sums_to_the_model():
+    cfg = GPTConfig(layers=3, hidden=64, heads=8, vocab=512, seq=32)
+    assert params_per_mp_rank(cfg, 1) == num_params(cfg)
+    h = cfg.hidden
+    replicated = cfg.seq * h + cfg.layers * 6 * h + 2 * h
+    sharded = num_params(cfg) - replicated
+    assert params_per_mp_rank(cfg, 4) == sharded // 4 + replicated
+
+
+def test_vocab_padding_like_megatron():
+    assert padded_vocab(50257, 1) == 50304 and padded_vocab(50257, 16) == 51200
+
+
+def _plan(**kw):
+    base = PlanConfig(model=paper_model("100B", 16), gpus=400, mp=16, micro_batch=32, stage=2, pa=True)
+    return dataclasses.replace(base, **kw)
+
+
+def test_pa_and_pa_cpu_move_checkpoints():
+    plain, pa, cpu = _plan(pa=False), _plan(pa=True), _plan(pa=True, pa_cpu=True)
+    a, b, c = (memory_per_gpu(p) for p in (plain, pa, cpu))
+    assert b["activation_checkpoints"] == pytest.approx(a["activation_checkpoints"] / 16)
+    assert c["activation_checkpoints"] == 0 and c["activation_checkpoints_host"] == b["activation_checkpoints"]
+    m = plain.model
+    assert a["activation_checkpoints"] == m.layers * 32 * m.seq * m.hidden * 2
+
+
+def test_comm_model_paper_accounting():
+    p = _plan()
+    c = comm_per_gpu(p)
+    psi = params_per_mp_rank(p.model, 16)
+    assert c["dp_elements"] == pytest.approx(2 * psi * 24 / 25)
+    assert comm_per_gpu(dataclasses.replace(p, stage=3))["dp_elements"] == pytest.approx(3 * psi * 24 / 25)
+    assert c["pa_elements"] / c["mp_elements"] == pytest.approx(1 / 12)
+    assert c["paper_mp_elements"] == p.model.layers * 12 * 32 * 1024 * 8192
+
+
+def test_max_size_monotone_in_memory_and_dp():
+    cfg = _plan(model=paper_model("100B", 16))
+    sizes_mem = [max_size(dataclasses.replace(cfg, gpu_mem_bytes=g * 1e9))["max_params"] for g in (16, 32, 48, 80)]
+    assert sizes_mem == sorted(sizes_mem) and sizes_mem[0] < sizes_mem[-1]
+    sizes_dp = [max_size(dataclasses.replace(cfg, gpus=g, stage=3))["max_params"] for g in (64, 128, 256, 512)]
+    assert sizes_dp == sorted(sizes_dp) and sizes_dp[0] < sizes_dp[-1]
+    ms = max_size(cfg)
+    bigger = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=ms["max_layers"] + 1))
+    assert memory_per_gpu(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=ms["max_layers"])))["fits"]
+    assert not memory_per_gpu(bigger)["fits"]
+
+
+def test_stage3_fits_more_than_stage0():
+    s0 = max_size(_plan(stage=0, gpus=64, mp=1, model=paper_model("fig4-13B", 1), micro_batch=2))
+    s3 = max_size(_plan(stage=3, gpus=64, mp=1, model=paper_model("fig4-13B", 1), micro_batch=2))
+    assert s3["max_params"] > 4 * s0["max_params"]
+
+
+def test_parse_bytes():
+    assert parse_bytes("32GB") == 32e9 and parse_bytes("80GiB") == 80 * 2**30 and parse_bytes(5) == 5
+
+
+def test_paper_suites_load():
+    for name in ("paper/fig2", "paper/fig3", "paper/fig4"):
+        rows = plan_configs(load_suite(name))
+        assert rows and all(p.gpus % p.mp == 0 for _, p in rows)
+    assert len(plan_configs(load_suite("paper/fig2"))) == 20

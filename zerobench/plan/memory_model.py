@@ -1,0 +1,103 @@
+"""Per-GPU memory of a training configuration, by the paper's analysis (§3, §5, §6) plus stated terms.
+
+- Model states: the paper's formulas for mixed-precision Adam (2-byte params and grads, K = 12 bytes of
+  fp32 master + moments) on Ψ_mp, this MP rank's parameters (exact count, see ``params_per_mp_rank``).
+- Activation checkpoints: L * b * s * h * 2 bytes (one fp16 block input per layer), divided by MP with
+  P_a, moved to host memory with P_a+cpu.
+- Working memory of one block while it is recomputed (or every block without checkpointing): the
+  per-layer activation bytes of Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models" (MLSys 2023), eq. 2 with tensor parallelism t and no sequence parallelism:
+  s * b * h * (10 + 24/t + 5 * a * s / (h * t)).
+- Constant buffers: the fused communication bucket (C_B), ``cb_elements`` x 2 bytes, twice (one being
+  filled while one is reduced); without C_B a buffer as large as the model's gradients (the paper's point).
+- An explicit allocator/fragmentation allowance: ``frag`` x the sum above (default 10% with M_D, 30%
+  without — assumptions, not measurements; calibrate from GPU rows where available).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerobench.metrics.memory import paper_model_state_bytes
+from zerobench.models.gpt import GPTConfig
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """A configuration to plan."""
+
+    model: GPTConfig
+    """Model shape (vocabulary already padded for MP)."""
+    gpus: int = 400
+    """Total GPUs."""
+    gpus_per_node: int = 16
+    """GPUs per node (16 for the paper's DGX-2)."""
+    mp: int = 1
+    """Model (tensor) parallel degree."""
+    gpu_mem_bytes: float = 32e9
+    """Memory per GPU in bytes (the paper's GB = 1e9 bytes)."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    stage: int = 2
+    """ZeRO-DP stage 0-3."""
+    checkpoint_activations: bool = True
+    """Activation checkpointing (one checkpoint per block)."""
+    pa: bool = False
+    """P_a: partition checkpoints over MP ranks."""
+    pa_cpu: bool = False
+    """P_a+cpu: checkpoints in host memory."""
+    cb_elements: int | None = 500_000_000
+    """C_B: fused communication buffer size in elements (None: buffers as large as the model)."""
+    md: bool = True
+    """M_D: contiguous buffers (lowers the fragmentation allowance)."""
+    frag: float | None = None
+    """Allocator/fragmentation allowance as a fraction (default 0.10 with M_D, 0.30 without)."""
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // self.mp
+
+
+def params_per_mp_rank(cfg: GPTConfig, mp: int) -> int:
+    """Exact parameters held by one MP rank (Megatron split; LayerNorms, position embedding and
+    row-parallel biases replicated)."""
+    h = cfg.hidden
+    per_block = 12 * h * h // mp + 7 * h // mp + 6 * h
+    return cfg.vocab * h // mp + cfg.seq * h + cfg.layers * per_block + 2 * h
+
+
+def block_activation_bytes(cfg: GPTConfig, b: int, mp: int) -> float:
+    s, h, a = cfg.seq, cfg.hidden, cfg.heads
+    return s * b * h * (10 + 24 / mp + 5 * a * s / (h * mp))
+
+
+def memory_per_gpu(p: PlanConfig) -> dict[str, float]:
+    """Bytes per GPU by category (device), plus host checkpoint bytes and whether it fits."""
+    m = p.model
+    psi = params_per_mp_rank(m, p.mp)
+    states = paper_model_state_bytes(psi, p.dp, p.stage)
+    b, s, h, L = p.micro_batch, m.seq, m.hidden, m.layers
+    ckpt = ckpt_host = 0.0
+    if p.checkpoint_activations:
+        ckpt = L * b * s * h * 2 / (p.mp if (p.pa or p.pa_cpu) else 1)
+        if p.pa_cpu:
+            ckpt, ckpt_host = 0.0, ckpt
+        working = block_activation_bytes(m, b, p.mp)
+    else:
+        working = L * block_activation_bytes(m, b, p.mp)
+    buffers = 2 * 2 * p.cb_elements if p.cb_elements is not None else 2 * psi
+    buffers = min(buffers, 2 * 2 * psi) if p.cb_elements is not None else buffers
+    subtotal = states + ckpt + working + buffers
+    frag = p.frag if p.frag is not None else (0.10 if p.md else 0.30)
+    total = subtotal * (1 + frag)
+    return {
+        "params_per_mp_rank": psi,
+        "model_states": states,
+        "activation_checkpoints": ckpt,
+        "activation_checkpoints_host": ckpt_host,
+        "working_activations": working,
+        "buffers": buffers,
+        "fragmentation_allowance": subtotal * frag,
+        "total": total,
+        "fits": total <= p.gpu_mem_bytes,
+    }

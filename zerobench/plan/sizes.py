@@ -1,0 +1,53 @@
+"""Model sizes of the paper's evaluation (facts from its appendix tables) and Megatron vocabulary padding.
+
+Sequence length 1024 and the GPT-2 vocabulary (50257) as stated in ``shared/paper/README.md``. Megatron-LM
+pads the vocabulary to a multiple of 128 x MP so the embedding splits evenly; so does zerobench.
+"""
+
+from __future__ import annotations
+
+from zerobench.models.gpt import GPTConfig
+
+GPT2_VOCAB = 50257
+PAPER_SEQ = 1024
+
+# name: (layers, hidden, heads) — Fig 2 ZeRO rows, Fig 3 (60B/75 layers), Fig 4 DP-only rows.
+PAPER_SIZES: dict[str, tuple[int, int, int]] = {
+    "1.5B": (48, 1600, 16),
+    "8B": (72, 3072, 24),
+    "20B": (98, 4096, 32),
+    "40B": (88, 6144, 32),
+    "60B": (132, 6144, 32),
+    "80B": (100, 8192, 64),
+    "100B": (125, 8192, 64),
+    "120B": (150, 8192, 64),
+    "140B": (175, 8192, 64),
+    "170B": (212, 8192, 64),
+    "fig3-60B": (75, 8192, 32),
+    "fig4-1.5B": (34, 1920, 16),
+    "fig4-2.5B": (54, 1920, 16),
+    "fig4-4B": (64, 2304, 24),
+    "fig4-6B": (52, 3072, 24),
+    "fig4-8B": (72, 3072, 24),
+    "fig4-10B": (50, 4096, 32),
+    "fig4-11B": (54, 4096, 32),
+    "fig4-12B": (58, 4096, 32),
+    "fig4-13B": (62, 4096, 32),
+    "fig4-ddp-1.16B": (24, 1920, 16),
+    "fig4-ddp-1.38B": (40, 1536, 16),
+}
+
+
+def padded_vocab(vocab: int, mp: int, multiple: int = 128) -> int:
+    """Megatron-LM's ``make_vocab_size_divisible_by`` padding (multiple x MP)."""
+    m = multiple * mp
+    return -(-vocab // m) * m
+
+
+def paper_model(name: str, mp: int = 1, vocab: int = GPT2_VOCAB, seq: int = PAPER_SEQ) -> GPTConfig:
+    from zerobench.config import ConfigError
+
+    if name not in PAPER_SIZES:
+        raise ConfigError(f"unknown paper model size {name!r}: choose one of {', '.join(PAPER_SIZES)}")
+    layers, hidden, heads = PAPER_SIZES[name]
+    return GPTConfig(layers=layers, hidden=hidden, heads=heads, vocab=padded_vocab(vocab, mp), seq=seq)

@@ -1,0 +1,62 @@
+"""Read the paper's suite files (``suites/paper/*.yaml``) into plan configurations."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from zerobench.config import ConfigError
+from zerobench.models.gpt import GPTConfig
+from zerobench.plan.memory_model import PlanConfig
+from zerobench.plan.sizes import padded_vocab
+
+SUITES = Path(__file__).resolve().parents[2] / "suites"
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """'32GB' -> 32e9 (the paper's GB), '80GiB' -> 80 * 2**30, numbers as bytes."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*", str(text))
+    if not m:
+        raise ConfigError(f"cannot read memory size {text!r}: write e.g. 32GB (1e9 bytes) or 80GiB")
+    unit = m.group(2) or "B"
+    scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+             "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
+    return float(m.group(1)) * scale
+
+
+def load_suite(name: str) -> dict:
+    path = Path(name)
+    if not path.exists():
+        path = SUITES / (name if name.endswith(".yaml") else name + ".yaml")
+    if not path.exists():
+        raise ConfigError(f"suite {name!r} not found: give a file or a name under {SUITES} (e.g. paper/fig2)")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+def plan_configs(suite: dict) -> list[tuple[dict, PlanConfig]]:
+    """(row, PlanConfig) for every run of a paper suite that has a layer count."""
+    base, cluster = suite.get("base", {}), suite.get("cluster", {})
+    out = []
+    for run in suite["runs"]:
+        r = {**base, **run}
+        if "layers" not in r:
+            continue
+        mp = int(r["mp"])
+        model = GPTConfig(layers=r["layers"], hidden=r["hidden"], heads=r["heads"],
+                          vocab=padded_vocab(r["vocab"], mp), seq=r["seq"])
+        cb = r.get("cb_size")
+        out.append((r, PlanConfig(
+            model=model, gpus=int(r["gpus"]), gpus_per_node=int(cluster.get("gpus_per_node", 16)), mp=mp,
+            gpu_mem_bytes=parse_bytes(cluster.get("gpu_mem", "32GB")), micro_batch=int(r["micro_batch"]),
+            stage=int(r.get("stage", 2)), checkpoint_activations=bool(r.get("checkpoint_activations", True)),
+            pa=bool(r.get("pa", False)), pa_cpu=bool(r.get("pa_cpu", False)),
+            cb_elements=int(cb) if cb else None, md=bool(r.get("md", False)),
+        )))
+    return out

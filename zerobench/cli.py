@@ -126,7 +126,76 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from zerobench.demo import run_demo
 
-    return run_demo(Path(args.out) if args.out else None, dp=args.dp, steps=args.steps)
+    return run_demo(Path(args.out) if args.out else None)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zerobench.bench import suite as suites
+    from zerobench.bench.runner import check_local, run_sweep
+    from zerobench.results.show import show
+
+    s = suites.load(args.suite)
+    invalid = [r for r in s.runs if r.error]
+    for r in invalid:
+        print(f"zerobench: warning: {s.path}: run {r.index} ({r.label}) is invalid: {r.error}", file=sys.stderr)
+    if args.check:
+        if invalid:
+            return 2
+        check_local(s)
+        print(f"{s.path}: {len(s.runs)} runs, all valid")
+        return 0
+    out = Path(args.out) if args.out else Path("runs") / s.name
+    summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress)
+    print(show(out))
+    print(f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}")
+    for label, reason in summary.failed.items():
+        print(f"  failed: {label}: {reason}")
+    return 1 if summary.failed and not args.allow_failures else 0
+
+
+def cmd_maxsize(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from zerobench.bench.maxsize import search_max_layers
+    from zerobench.bench.spec import RunSpec
+
+    base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
+                   dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
+                   checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
+                   md=args.md, timeout=args.timeout)
+    results = {}
+    for stage in args.stage:
+        spec = dataclasses.replace(base, stage=stage)
+        res = search_max_layers(spec, args.budget, limit=args.max_layers,
+                                on_probe=lambda L, st, s=stage: print(f"  stage {s}: {L:4d} layers -> {st}", flush=True))
+        results[stage] = res
+        print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within {args.budget}")
+    if len(results) > 1:
+        first = results[args.stage[0]]
+        for stage, r in results.items():
+            if first.max_params:
+                print(f"  stage {stage} / stage {args.stage[0]}: {r.max_params / first.max_params:.2f}x parameters")
+    if args.out:
+        from zerobench.results.rows import RowWriter
+
+        for stage, r in results.items():
+            w = RowWriter(args.out, f"maxsize-stage{stage}", {**dataclasses.asdict(base), "stage": stage, "budget": args.budget})
+            w.write("max_layers", r.max_layers, "layers")
+            w.write("max_params", r.max_params, "params", probes=json.dumps(r.probes))
+    return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from zerobench.results.show import show
+
+    try:
+        print(show(args.path))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return 0
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -184,10 +253,43 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the embedded default: tiny GPT, ZeRO stages 0-3 on local processes",
                        description="Train the tiny GPT at ZeRO stages 0-3 on local CPU processes and print "
                                    "memory, communication, time and loss side by side.")
-    d.add_argument("--dp", type=int, default=2, help="processes per run (default 2)")
-    d.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
     d.add_argument("--out", default=None, help="directory for the runs' rows (default runs/demo-<time>)")
     d.set_defaults(func=cmd_demo)
+    sw = sub.add_parser("sweep", help="run every configuration of a suite, recording rows (failures included)",
+                        description="Expand a suite (base + axes) into runs and run each on local processes; "
+                                    "failed, out-of-memory, timed-out and invalid runs become rows with a reason.")
+    sw.add_argument("suite", help="a suite YAML file, or a name under suites/ (e.g. cpu/quick)")
+    sw.add_argument("--out", help="results directory (default runs/<suite name>)")
+    sw.add_argument("--resume", action="store_true", help="skip runs that already have an ok status row in --out")
+    sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.add_argument("--allow-failures", action="store_true", help="exit 0 even if some runs failed")
+    sw.set_defaults(func=cmd_sweep)
+    ms = sub.add_parser("maxsize", help="the largest model (layers) that trains within a memory budget",
+                        description="Binary search on layers at fixed hidden/heads; each probe is a fresh run "
+                                    "with the budget enforced (CPU: live-tensor tracker; GPU: CUDA OOM).")
+    ms.add_argument("--budget", required=True, help="per-device memory budget, e.g. 16MiB or 32GB")
+    ms.add_argument("--stage", type=int, nargs="+", default=[0, 3], help="stages to search (default 0 3)")
+    ms.add_argument("--preset", default="tiny")
+    for name in ("hidden", "heads", "vocab", "seq"):
+        ms.add_argument(f"--{name}", type=int)
+    ms.add_argument("--dp", type=int, default=4)
+    ms.add_argument("--tp", type=int, default=1)
+    ms.add_argument("--precision", default="fp32")
+    ms.add_argument("--micro-batch", type=int, default=1)
+    ms.add_argument("--checkpoint-activations", action="store_true")
+    ms.add_argument("--pa", action="store_true")
+    ms.add_argument("--pa-cpu", action="store_true")
+    ms.add_argument("--md", action="store_true")
+    ms.add_argument("--max-layers", type=int, default=256, help="search limit")
+    ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
+    ms.add_argument("--out", help="write max_layers / max_params rows here")
+    ms.set_defaults(func=cmd_maxsize)
+    rs = sub.add_parser("results", help="inspect result rows")
+    rsub = rs.add_subparsers(dest="results_command", required=True, metavar="ACTION")
+    rshow = rsub.add_parser("show", help="one line per run: status, configuration, headline metrics")
+    rshow.add_argument("path", help="a results directory or rows.jsonl file")
+    rshow.set_defaults(func=cmd_results)
     pl = sub.add_parser("plan", help="memory/communication analysis, the paper's tables, dry runs, projections",
                         description="Plan a configuration without a cluster: per-GPU memory and communication "
                                     "by the paper's analysis, Tables 1 and 2, the largest model that fits, a dry "

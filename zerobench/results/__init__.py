@@ -1,1 +1,26 @@
-"""Results as data: one JSON row per (run, metric) with provenance."""
+"""Results as data: one JSON row per (run, metric) with provenance; ``load`` gives a pandas DataFrame."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def load(path: str | os.PathLike):
+    """All rows under ``path`` (a rows file or a directory searched recursively) as a DataFrame.
+
+    Columns: the row's own fields (metric, value, unit, status, run_id, suite, step, rank, ...), the resolved
+    config flattened as ``config.<key>`` (e.g. ``config.zero.stage``), and ``provenance.<key>``.
+    Raises ``ValueError`` with one line when there is nothing to load.
+    """
+    import pandas as pd
+
+    from zerobench.results.rows import read_rows
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"no results at {p}: run a sweep first (zerobench sweep SUITE --out {p})")
+    rows = read_rows(p)
+    if not rows:
+        raise ValueError(f"no result rows under {p} (empty or no rows.jsonl files)")
+    return pd.json_normalize(rows, sep=".")

@@ -22,12 +22,30 @@ from zerobench.config import to_dict
 from zerobench.train.config import TrainConfig
 
 
+EXIT_CONFIG = 2
+"""A rank rejected its configuration."""
+EXIT_OOM = 75
+"""A rank ran out of (budgeted) memory."""
+
+
+def describe_exit(rank: int, code: int) -> tuple[str, str]:
+    """(status, reason) for a rank's non-zero exit code."""
+    if code == EXIT_OOM:
+        return "oom", f"rank {rank} ran out of memory"
+    if code == EXIT_CONFIG:
+        return "invalid", f"rank {rank} rejected the configuration"
+    if code < 0:
+        return "failed", f"rank {rank} was killed by signal {-code}"
+    return "failed", f"rank {rank} exited with code {code}"
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     """How a local launch ended."""
 
     ok: bool
     reason: str
+    status: str
     returncodes: list[int | None]
     elapsed_s: float
 
@@ -40,11 +58,15 @@ def free_port() -> int:
 
 def launch_local(
     cfg: TrainConfig, out_dir: str | Path | None, run_id: str = "train", timeout_s: float = 3600.0,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None, log_path: str | Path | None = None,
+    suite: str | None = None, on_poll=None,
 ) -> LaunchResult:
+    """Run ``cfg`` on ``cfg.world_size`` local processes. With ``log_path`` the ranks' output goes to that
+    file (and a failure's reason quotes the first ``zerobench:`` line in it) instead of the terminal."""
     n = cfg.world_size
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // n)
+    log = open(log_path, "ab") if log_path is not None else None
     with tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:
         cfg_path = Path(tmp) / "config.json"
         cfg_path.write_text(json.dumps(to_dict(cfg)))
@@ -59,22 +81,25 @@ def launch_local(
             cmd = [sys.executable, "-m", "zerobench.train.worker", str(cfg_path), run_id]
             if out_dir is not None:
                 cmd.append(str(out_dir))
-            procs.append(subprocess.Popen(cmd, env=env))
+                if suite is not None:
+                    cmd.append(suite)
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT if log else None))
         t0 = time.monotonic()
-        reason = ""
+        reason, status = "", "ok"
         try:
             while True:
                 codes = [p.poll() for p in procs]
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
-                    r, c = bad[0]
-                    reason = f"rank {r} exited with code {c}"
+                    status, reason = describe_exit(*bad[0])
                     break
                 if all(c == 0 for c in codes):
                     break
                 if time.monotonic() - t0 > timeout_s:
-                    reason = f"timed out after {timeout_s:.0f}s"
+                    status, reason = "timeout", f"timed out after {timeout_s:.0f}s"
                     break
+                if on_poll is not None:
+                    on_poll()
                 time.sleep(0.1)
         finally:
             for p in procs:
@@ -87,4 +112,16 @@ def launch_local(
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        return LaunchResult(not reason, reason, [p.returncode for p in procs], time.monotonic() - t0)
+        if log is not None:
+            log.close()
+            if reason:
+                detail = _first_error(Path(log_path))
+                reason = f"{reason}: {detail}" if detail else reason
+        return LaunchResult(not reason, reason, status, [p.returncode for p in procs], time.monotonic() - t0)
+
+
+def _first_error(path: Path) -> str | None:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("zerobench: "):
+            return line.split(": ", 1)[1].strip()
+    return None

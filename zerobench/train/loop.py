@@ -30,7 +30,8 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{'n/a':>14}" if n is None else f"{n / 2**20:10.2f} MiB"
 
 
-def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str = "train", log=print) -> dict:
+def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str = "train", log=print,
+          suite: str | None = None) -> dict:
     cfg.validate(denv.world_size)
     device = init_distributed(denv, cfg.collective_timeout_s)
     rank = dist.get_rank()
@@ -45,7 +46,11 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     fpt = flops_per_token(cfg.model)
     hw_fpt = flops_per_token(cfg.model, recompute=cfg.activation.checkpoint)
     cpu = device.type == "cpu"
-    tracker = LiveTensorTracker() if cpu and cfg.track_memory else None
+    budget = cfg.memory_budget_bytes
+    if budget is not None and not cpu:  # emulate a smaller card, e.g. a 32 GB V100 on an 80 GB H100
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    tracker = LiveTensorTracker(budget if cpu else None) if cpu and (cfg.track_memory or budget) else None
     if tracker is not None:
         for t in system.tensors():
             tracker.track(t)
@@ -118,7 +123,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     if rank == 0:
         _report(summary, cfg, say)
         if out_dir is not None:
-            _write_rows(RowWriter(out_dir, run_id, cfg), summary, cfg, len(measured))
+            _write_rows(RowWriter(out_dir, run_id, cfg, suite=suite), summary, cfg, len(measured))
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
     return summary

@@ -1,13 +1,16 @@
-"""Entry point of one launched rank: ``python -m zerobench.train.worker CONFIG.json RUN_ID [OUT_DIR]``."""
+"""Entry point of one launched rank: ``python -m zerobench.train.worker CONFIG.json RUN_ID [OUT_DIR [SUITE]]``."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+import torch
 import torch.distributed as dist
 
 from zerobench.config import ConfigError, from_dict
+from zerobench.metrics.memory import TrackedOutOfMemory
+from zerobench.train.launch import EXIT_CONFIG, EXIT_OOM
 from zerobench.distributed.env import detect
 from zerobench.train.config import TrainConfig
 from zerobench.train.loop import train
@@ -16,13 +19,17 @@ from zerobench.train.loop import train
 def main(argv: list[str]) -> int:
     cfg_path, run_id = argv[0], argv[1]
     out_dir = argv[2] if len(argv) > 2 else None
+    suite = argv[3] if len(argv) > 3 else None
     with open(cfg_path) as f:
         cfg = from_dict(TrainConfig, json.load(f))
     try:
-        train(cfg, detect(), out_dir, run_id)
+        train(cfg, detect(), out_dir, run_id, suite=suite)
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
+        print(f"zerobench: out of memory: {str(e).splitlines()[0]}", file=sys.stderr)
+        return EXIT_OOM
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

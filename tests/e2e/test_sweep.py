@@ -1,0 +1,105 @@
+"""Sweeps: failures become rows with reasons and never touch other rows; --resume; max-size search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.test_cli_train import zb
+from zerobench.results import load
+
+pytestmark = pytest.mark.dist
+
+SUITE = """
+name: faults
+base: {preset: tiny, dp: 2, steps: 4, warmup: 1, timeout: 120}
+runs:
+  - {label: good-s0, stage: 0}
+  - {label: invalid, tp: 3}
+  - {label: oom, stage: 2, memory_budget: 512KiB}
+  - {label: killed, stage: 1, fault: "1:2"}
+  - {label: hangs, stage: 3, steps: 100000, timeout: 8}
+  - {label: good-s3, stage: 3}
+"""
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    (d / "faults.yaml").write_text(SUITE)
+    r = zb("sweep", str(d / "faults.yaml"), "--out", str(d / "out"), "--no-progress", timeout=600)
+    return d, r
+
+
+def status_rows(out):
+    df = load(out)
+    return df[df["metric"] == "run_status"]
+
+
+def test_failures_are_rows_with_reasons(sweep):
+    d, r = sweep
+    assert r.returncode == 1, r.stdout + r.stderr  # some runs failed
+    st = status_rows(d / "out").set_index("label")
+    assert st.loc["good-s0", "status"] == "ok" and st.loc["good-s3", "status"] == "ok"
+    assert st.loc["invalid", "status"] == "invalid" and "TP degree 3" in st.loc["invalid", "reason"]
+    assert st.loc["oom", "status"] == "oom" and "budget" in st.loc["oom", "reason"]
+    assert st.loc["killed", "status"] == "failed" and "rank 1 exited with code 17" in st.loc["killed", "reason"]
+    assert st.loc["hangs", "status"] == "timeout" and "timed out" in st.loc["hangs", "reason"]
+
+
+def test_good_runs_keep_all_their_rows(sweep):
+    d, _ = sweep
+    df = load(d / "out")
+    for label in ("000-good-s0", "005-good-s3"):
+        g = df[df["run_id"] == label]
+        assert set(g["metric"]) >= {"loss", "step_time_s", "tflops_per_gpu", "model_state_bytes", "run_status"}
+        assert len(g[g["metric"] == "loss"]) == 4
+        assert (g["suite"] == "faults").all()
+        assert g["provenance.torch_version"].notna().all()
+    # every line of every rows file is valid JSON (appends are atomic)
+    for f in (d / "out").rglob("rows.jsonl"):
+        for line in f.read_text().splitlines():
+            json.loads(line)
+
+
+def test_resume_reruns_only_what_is_missing(sweep):
+    d, _ = sweep
+    (d / "faults.yaml").write_text(SUITE.replace("timeout: 8", "timeout: 8, steps: 3"))
+    before = status_rows(d / "out")
+    r = zb("sweep", str(d / "faults.yaml"), "--out", str(d / "out"), "--resume", "--no-progress",
+           "--allow-failures", timeout=600)
+    assert r.returncode == 0, r.stderr
+    after = status_rows(d / "out")
+    counts = after.groupby("label").size()
+    assert counts["good-s0"] == 1 and counts["good-s3"] == 1, "completed runs are skipped"
+    assert counts["oom"] == 2 and counts["killed"] == 2, "failed runs are retried"
+    assert counts["hangs"] == 2  # changed config -> a new run
+    assert "2 skipped" in r.stdout
+    assert len(after) == len(before) + 4
+
+
+def test_results_show_and_errors(sweep, tmp_path):
+    d, _ = sweep
+    r = zb("results", "show", str(d / "out"))
+    assert r.returncode == 0 and "good-s0" in r.stdout and "rank 1 exited with code 17" in r.stdout
+    r = zb("results", "show", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no results at" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sweep_check_and_cluster_suites():
+    r = zb("sweep", "cpu/quick", "--check")
+    assert r.returncode == 0 and "12 runs, all valid" in r.stdout
+    r = zb("sweep", "paper/fig2")
+    assert r.returncode == 2 and "needs 400 processes" in r.stderr
+
+
+def test_maxsize_stage3_fits_more_than_stage0(tmp_path):
+    r = zb("maxsize", "--budget", "6MiB", "--stage", "0", "3", "--dp", "4", "--vocab", "128",
+           "--max-layers", "32", "--out", str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stderr
+    df = load(tmp_path)
+    got = {row["run_id"]: row["value"] for _, row in df[df["metric"] == "max_params"].iterrows()}
+    s0, s3 = got["maxsize-stage0"], got["maxsize-stage3"]
+    assert s0 > 0 and s3 > 1.5 * s0, (s0, s3)
+    assert "stage 3 / stage 0" in r.stdout

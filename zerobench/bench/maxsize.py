@@ -1,0 +1,64 @@
+"""Max-model-size search: the most layers a configuration trains within a per-device memory budget.
+
+Each probe is a fresh run of a few steps (fresh processes, so nothing leaks between probes) with the
+budget enforced — on CPU by the live-tensor tracker, on GPU by a real CUDA OOM under
+``set_per_process_memory_fraction``. Memory grows with layers, so the search doubles until a probe runs
+out of memory, then bisects. This is the paper's Fig 4 / Fig 6 experiment at small scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerobench.bench.spec import RunSpec, to_train_config
+from zerobench.config import ConfigError
+from zerobench.models.sizes import num_params
+from zerobench.train.launch import launch_local
+
+
+@dataclass
+class MaxSizeResult:
+    max_layers: int
+    max_params: int
+    probes: dict[int, str]
+    """layers -> status of each probe (ok / oom)."""
+
+
+def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int = 1,
+                      work_dir: Path | None = None, on_probe=None) -> MaxSizeResult:
+    probes: dict[int, str] = {}
+    tmp = None
+    if work_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="zerobench-maxsize-")
+        work_dir = Path(tmp.name)
+
+    def fits(layers: int) -> bool:
+        cfg = to_train_config(dataclasses.replace(spec, layers=layers, steps=steps, warmup=0, memory_budget=budget))
+        d = work_dir / f"probe-{layers}"
+        d.mkdir(parents=True, exist_ok=True)
+        res = launch_local(cfg, None, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log")
+        if res.status not in ("ok", "oom"):
+            raise ConfigError(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")
+        probes[layers] = res.status
+        if on_probe is not None:
+            on_probe(layers, res.status)
+        return res.ok
+
+    try:
+        if not fits(1):
+            return MaxSizeResult(0, 0, probes)
+        lo, hi = 1, 2
+        while hi <= limit and fits(hi):
+            lo, hi = hi, hi * 2
+        hi = min(hi, limit + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        model = dataclasses.replace(to_train_config(spec).model, layers=lo)
+        return MaxSizeResult(lo, num_params(model), probes)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()

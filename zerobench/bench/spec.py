@@ -1,0 +1,135 @@
+"""One run of a suite, as written in YAML, and its resolution into a validated ``TrainConfig``.
+
+Keys not given fall back to the suite's ``base`` and then to the defaults below. Cluster suites (the
+paper's) give ``gpus`` and ``mp``; ``dp`` is then ``gpus / mp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from zerobench.config import ConfigError
+from zerobench.models.sizes import preset as get_preset
+from zerobench.parallel.checkpointing import ActivationConfig
+from zerobench.train.config import TrainConfig
+from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One configuration to run."""
+
+    label: str | None = None
+    """Human-readable name (default: derived from the axes)."""
+    system: str = "zerobench"
+    """``zerobench`` or ``megatron``."""
+    preset: str = "tiny"
+    """Model preset (tiny, mini, small); the shape keys below override it."""
+    layers: int | None = None
+    """Transformer blocks."""
+    hidden: int | None = None
+    """Hidden size."""
+    heads: int | None = None
+    """Attention heads."""
+    vocab: int | None = None
+    """Vocabulary size."""
+    seq: int | None = None
+    """Sequence length."""
+    stage: int = 0
+    """ZeRO stage 0-3."""
+    dp: int | None = None
+    """Data-parallel degree (default: gpus / tp, or 1)."""
+    tp: int | None = None
+    """Tensor-parallel degree (``mp`` is accepted as a synonym)."""
+    mp: int | None = None
+    """Synonym of ``tp`` (the paper's name)."""
+    gpus: int | None = None
+    """Total processes; must equal dp * tp when both are given."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16."""
+    micro_batch: int = 2
+    """Sequences per micro-batch per DP rank."""
+    grad_accum: int = 1
+    """Micro-batches per step."""
+    steps: int = 6
+    """Optimizer steps."""
+    warmup: int = 2
+    """Steps excluded from timing medians."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    clip: float | None = None
+    """Gradient-norm clip."""
+    bucket_size: int = 25_000_000
+    """C_B bucket size in elements (``cb_size`` is accepted as a synonym)."""
+    cb_size: int | None = None
+    """Synonym of ``bucket_size``."""
+    checkpoint_activations: bool = False
+    """Activation checkpointing per block."""
+    pa: bool = False
+    """P_a."""
+    pa_cpu: bool = False
+    """P_a+cpu."""
+    md: bool = False
+    """M_D."""
+    seed: int = 1234
+    """Init and data seed."""
+    timeout: float = 600.0
+    """Wall-clock limit of the run in seconds; past it the run is killed and recorded as timed out."""
+    memory_budget: str | None = None
+    """Per-device memory budget (e.g. ``64MiB``): on CPU enforced by the live-tensor tracker, on GPU by
+    ``torch.cuda.set_per_process_memory_fraction``. Exceeding it records the run as out of memory."""
+    fault: str | None = None
+    """Fault injection for tests of failure handling: ``RANK:STEP`` makes that rank die at that step."""
+    # Informational keys carried by the paper's suites (kept in the resolved config, not interpreted).
+    model_size: str | None = None
+    """Paper model size name (informational)."""
+    total_batch: int | None = None
+    """Paper's total batch (informational)."""
+    config: str | None = None
+    """Paper configuration name, e.g. C1 (informational)."""
+    search: str | None = None
+    """What the paper varied to find this row (informational)."""
+
+
+FIELDS = {f.name for f in dataclasses.fields(RunSpec)}
+
+
+def to_train_config(spec: RunSpec) -> TrainConfig:
+    """Resolve a run into a ``TrainConfig``; raises ``ConfigError`` with a one-line reason."""
+    from zerobench.plan.suites import parse_bytes
+
+    if spec.tp is not None and spec.mp is not None and spec.tp != spec.mp:
+        raise ConfigError(f"tp {spec.tp} and mp {spec.mp} disagree: give one of them")
+    tp = spec.tp or spec.mp or 1
+    if spec.gpus is not None:
+        if spec.gpus % tp:
+            raise ConfigError(f"gpus {spec.gpus} is not divisible by tp {tp}: use a GPU count that tp divides")
+        if spec.dp is not None and spec.dp * tp != spec.gpus:
+            raise ConfigError(f"dp {spec.dp} x tp {tp} != gpus {spec.gpus}: drop dp or fix gpus")
+    dp = spec.dp or (spec.gpus // tp if spec.gpus else 1)
+    model = get_preset(spec.preset)
+    shape = {k: getattr(spec, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(spec, k)}
+    model = dataclasses.replace(model, **shape)
+    if model.vocab % tp:  # Megatron-LM's make_vocab_size_divisible_by: pad to a multiple of 128 x TP
+        from zerobench.plan.sizes import padded_vocab
+
+        model = dataclasses.replace(model, vocab=padded_vocab(model.vocab, tp))
+    try:
+        precision = Precision(spec.precision)
+    except ValueError:
+        raise ConfigError(f"precision {spec.precision!r} is not one of fp32, bf16, fp16") from None
+    budget = int(parse_bytes(spec.memory_budget)) if spec.memory_budget else None
+    cfg = TrainConfig(
+        model=model,
+        zero=ZeroConfig(stage=spec.stage, precision=precision, bucket_numel=spec.cb_size or spec.bucket_size,
+                        grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
+                        optimizer=AdamWConfig(lr=spec.lr)),
+        activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
+                                    partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
+        preset=spec.preset, dp=dp, tp=tp, micro_batch=spec.micro_batch, steps=spec.steps,
+        warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
+        memory_budget_bytes=budget,
+    )
+    cfg.validate()
+    return cfg

@@ -60,6 +60,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default=None, help="directory for result rows (default: runs/<run id>)")
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
     g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
+    g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
     g.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of a local launch (s)")
 
 
@@ -104,6 +105,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ),
         system=args.system, preset=args.preset, dp=dp, tp=args.tp, micro_batch=args.micro_batch, steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
+        tensorboard_dir=args.tensorboard,
     )
     cfg.validate(denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -147,7 +149,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{s.path}: {len(s.runs)} runs, all valid")
         return 0
     out = Path(args.out) if args.out else Path("runs") / s.name
-    summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress)
+    summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress, tensorboard=args.tensorboard)
     print(show(out))
     print(f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}")
     for label, reason in summary.failed.items():
@@ -263,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--resume", action="store_true", help="skip runs that already have an ok status row in --out")
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.add_argument("--tensorboard", metavar="DIR", help="per-step scalars of every run for TensorBoard")
     sw.add_argument("--allow-failures", action="store_true", help="exit 0 even if some runs failed")
     sw.set_defaults(func=cmd_sweep)
     ms = sub.add_parser("maxsize", help="the largest model (layers) that trains within a memory budget",

@@ -83,3 +83,17 @@ def test_dead_rank_fails_the_run_loudly(tmp_path):
     assert r.returncode == 1
     assert "rank 1 exited with code 17" in r.stderr
     assert time.monotonic() - t0 < 60, "the surviving rank must not wait for its collective timeout"
+
+
+@pytest.mark.dist
+def test_tensorboard_export(tmp_path):
+    pytest.importorskip("tensorboard")
+    r = zb("train", "--dp", "2", "--steps", "3", "--out", str(tmp_path / "o"), "--tensorboard", str(tmp_path / "tb"),
+           "--run-id", "tbrun")
+    assert r.returncode == 0, r.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb" / "tbrun"))
+    acc.Reload()
+    assert {"loss", "step_time_s", "tflops_per_gpu"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]

@@ -8,14 +8,15 @@ rows. ``resume`` skips runs whose resolved-config hash already has an ``ok`` sta
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobench.bench.suite import ResolvedRun, Suite
-from zerobench.config import ConfigError, config_hash, to_dict
-from zerobench.results.rows import RowWriter, read_rows
+from zerobench.config import ConfigError, to_dict
+from zerobench.results.rows import RowWriter, read_rows, run_hash
 from zerobench.train.launch import launch_local
 
 MAX_LOCAL_WORLD = 16
@@ -52,7 +53,8 @@ def _status_row(out: Path, suite: Suite, run: ResolvedRun, status: str, reason: 
             label=run.label, elapsed_s=round(elapsed, 3))
 
 
-def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = True) -> SweepSummary:
+def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
+              tensorboard: str | None = None) -> SweepSummary:
     check_local(suite)
     out.mkdir(parents=True, exist_ok=True)
     done = completed_hashes(out) if resume else set()
@@ -65,7 +67,7 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
                 summary.failed[run.label] = run.error or "invalid"
                 bar.advance(run.label, failed=True)
                 continue
-            if resume and config_hash(run.config) in done:
+            if resume and run_hash(run.config) in done:
                 summary.skipped.append(run.label)
                 bar.advance(run.label, skipped=True)
                 continue
@@ -75,7 +77,8 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
             env = {"ZEROBENCH_FAULT": run.spec.fault} if run.spec.fault else {}
             bar.start(run.label, log)
             t0 = time.monotonic()
-            res = launch_local(run.config, run_dir, run.run_id, timeout_s=run.spec.timeout, extra_env=env,
+            cfg = run.config if tensorboard is None else dataclasses.replace(run.config, tensorboard_dir=tensorboard)
+            res = launch_local(cfg, run_dir, run.run_id, timeout_s=run.spec.timeout, extra_env=env,
                                log_path=log, suite=suite.name, on_poll=bar.poll)
             _status_row(out, suite, run, res.status, res.reason, time.monotonic() - t0)
             summary.ran.append(run.label)

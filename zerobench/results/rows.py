@@ -16,6 +16,16 @@ from zerobench.config import config_hash, to_dict
 from zerobench.results.provenance import provenance
 
 ROWS_FILE = "rows.jsonl"
+OUTPUT_ONLY_KEYS = ("tensorboard_dir",)
+"""Config fields that say where output goes, not what runs: kept in rows, left out of the hash."""
+
+
+def run_hash(config: Any) -> str:
+    """The hash that identifies a run's configuration (``--resume`` and the regression gate key on it)."""
+    cfg = to_dict(config)
+    if isinstance(cfg, dict):
+        cfg = {k: v for k, v in cfg.items() if k not in OUTPUT_ONLY_KEYS}
+    return config_hash(cfg)
 
 
 class RowWriter:
@@ -29,7 +39,7 @@ class RowWriter:
             "suite": suite,
             "run_id": run_id,
             "config": cfg,
-            "config_hash": config_hash(cfg),
+            "config_hash": run_hash(cfg),
             "provenance": provenance(),
         }
 

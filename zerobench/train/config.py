@@ -38,6 +38,8 @@ class TrainConfig:
     """Seed of the model init and the synthetic data."""
     track_memory: bool = True
     """On CPU, track live tensor bytes (peak memory); costs some Python overhead per op."""
+    tensorboard_dir: str | None = None
+    """Rank 0 also writes per-step loss, step time and TFLOPs as TensorBoard scalars here."""
     memory_budget_bytes: int | None = None
     """Per-device memory budget; exceeding it fails the run as out of memory (CPU: tracked live bytes)."""
     collective_timeout_s: float = 300.0

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zerobench.config import ConfigError
 from zerobench.distributed.env import DistEnv, init_distributed
 from zerobench.distributed.mesh import build_mesh
 from zerobench.metrics.comm import CommLedger
@@ -58,6 +59,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         f"zerobench train [{cfg.system}]: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, tp {cfg.tp}, "
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
     )
+    tb = _tensorboard(cfg, run_id) if rank == 0 else None
     losses, times = [], []
     with tracker if tracker is not None else contextlib.nullcontext():
         for step in range(cfg.steps):
@@ -86,10 +88,16 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             losses.append(total.item() / cfg.dp)
             times.append(dt)
             tflops = fpt * tokens_per_rank / dt / 1e12
+            if tb is not None:
+                tb.add_scalar("loss", losses[-1], step + 1)
+                tb.add_scalar("step_time_s", dt, step + 1)
+                tb.add_scalar("tflops_per_gpu", tflops, step + 1)
             say(
                 f"step {step + 1:4d}/{cfg.steps}  loss {losses[-1]:.4f}  step {dt * 1e3:8.1f} ms  "
                 f"{tflops:7.4f} TFLOPs/GPU" + ("" if stepped else "  (skipped: fp16 overflow)")
             )
+    if tb is not None:
+        tb.close()
     measured = times[cfg.warmup_steps :] or times
     step_time = statistics.median(measured)
     if cpu:
@@ -127,6 +135,16 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
     return summary
+
+
+def _tensorboard(cfg: TrainConfig, run_id: str):
+    if not cfg.tensorboard_dir:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("--tensorboard needs the tensorboard package: pip install 'zerobench[tensorboard]'") from None
+    return SummaryWriter(str(Path(cfg.tensorboard_dir) / run_id))
 
 
 def _report(s: dict, cfg: TrainConfig, say) -> None:

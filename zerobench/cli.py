@@ -190,6 +190,18 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regress(args: argparse.Namespace) -> int:
+    from zerobench.bench.regress import _rows, run_gate, write_baseline
+
+    if args.write_baseline:
+        n = write_baseline(_rows(args.candidate), args.write_baseline)
+        print(f"baseline written: {args.write_baseline} ({n} rows)")
+        return 0
+    if not args.baseline:
+        raise ConfigError("give --baseline FILE (or --write-baseline FILE to record one)")
+    return run_gate(args.baseline, args.candidate, args.timing_tolerance, args.propose, args.timing)
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     from zerobench.results.show import show
 
@@ -288,6 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")
     ms.set_defaults(func=cmd_maxsize)
+    rg = sub.add_parser("regress", help="the performance regression gate: candidate rows vs a baseline",
+                        description="Compare per (configuration, metric) with per-metric rules; exit 1 on a "
+                                    "regression; flag improvements and write a proposed new baseline.")
+    rg.add_argument("--baseline", help="baseline rows, e.g. results/baselines/cpu-2core.jsonl")
+    rg.add_argument("--candidate", required=True, help="candidate results directory or rows file")
+    rg.add_argument("--timing-tolerance", type=float, default=0.05,
+                    help="minimum tolerance on step-time ratios (default 0.05; widen across machines)")
+    rg.add_argument("--timing", choices=["gate", "report"], default="gate",
+                    help="gate: step-time ratio regressions fail; report: shown, not failing (cross-session baselines)")
+    rg.add_argument("--propose", help="where to write the proposed baseline (default next to the candidate)")
+    rg.add_argument("--write-baseline", metavar="FILE", help="record the candidate as a baseline and exit")
+    rg.set_defaults(func=cmd_regress)
     rs = sub.add_parser("results", help="inspect result rows")
     rsub = rs.add_subparsers(dest="results_command", required=True, metavar="ACTION")
     rshow = rsub.add_parser("show", help="one line per run: status, configuration, headline metrics")

@@ -1,7 +1,9 @@
-"""Fault injection for tests of failure handling: make one rank die at a given step.
+"""Test-only fault and regression planting, driven by environment variables; unset, nothing happens.
 
-Set ``ZEROBENCH_FAULT=RANK:STEP`` (e.g. ``1:2``) and that rank exits abruptly (``os._exit(17)``) at the
-start of that step, as a crashed or OOM-killed process would. Unset, this does nothing.
+- ``ZEROBENCH_FAULT=RANK:STEP``: that rank exits abruptly (``os._exit(17)``) at the start of that step,
+  as a crashed or OOM-killed process would.
+- ``ZEROBENCH_PLANT_DELAY`` / ``ZEROBENCH_PLANT_BUFFER``: an exact slowdown or an extra buffer, so tests
+  can check that the regression gate catches them.
 """
 
 from __future__ import annotations
@@ -18,3 +20,24 @@ def maybe_fail(rank: int, step: int) -> None:
     r, s = (int(v) for v in spec.split(":"))
     if r == rank and s == step:
         os._exit(EXIT_CODE)
+
+
+def planted_delay(stage: int, step_seconds: float) -> float:
+    """Test-only: with ``ZEROBENCH_PLANT_DELAY=FRACTION[:STAGE]`` sleep FRACTION x this step's time
+    (only for ZeRO stage STAGE when given), planting an exact slowdown for regression-gate tests."""
+    spec = os.environ.get("ZEROBENCH_PLANT_DELAY")
+    if not spec:
+        return 0.0
+    frac, _, only = spec.partition(":")
+    if only and int(only) != stage:
+        return 0.0
+    import time
+
+    delay = float(frac) * step_seconds
+    time.sleep(delay)
+    return delay
+
+
+def planted_buffer_bytes() -> int:
+    """Test-only: ``ZEROBENCH_PLANT_BUFFER=BYTES`` makes training hold an extra buffer of that size."""
+    return int(os.environ.get("ZEROBENCH_PLANT_BUFFER", "0"))

@@ -60,7 +60,10 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
     )
     tb = _tensorboard(cfg, run_id) if rank == 0 else None
-    losses, times = [], []
+    losses, times, norm = [], [], []
+    planted = torch.empty(faults.planted_buffer_bytes(), dtype=torch.uint8, device=device)
+    if tracker is not None:
+        tracker.track(planted)
     with tracker if tracker is not None else contextlib.nullcontext():
         for step in range(cfg.steps):
             if step == cfg.warmup_steps:
@@ -83,7 +86,9 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             system.zero_grad()
             if not cpu:
                 torch.cuda.synchronize(device)
+            faults.planted_delay(cfg.zero.stage, time.perf_counter() - t0)
             dt = time.perf_counter() - t0
+            norm.append(dt / _reference_seconds(device))
             dist.all_reduce(total, group=mesh.dp.pg)
             losses.append(total.item() / cfg.dp)
             times.append(dt)
@@ -100,6 +105,10 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         tb.close()
     measured = times[cfg.warmup_steps :] or times
     step_time = statistics.median(measured)
+    step_mad = statistics.median(abs(t - step_time) for t in measured)
+    nmeasured = norm[cfg.warmup_steps :] or norm
+    step_norm = statistics.median(nmeasured)
+    norm_mad = statistics.median(abs(t - step_norm) for t in nmeasured)
     if cpu:
         peak = tracker.peak if tracker is not None else None
     else:
@@ -125,7 +134,8 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     summary = {
-        "losses": losses, "step_time_s": step_time, "tflops_per_gpu": fpt * tokens_per_rank / step_time / 1e12,
+        "losses": losses, "step_time_s": step_time, "step_time_mad_s": step_mad, "n_measured": len(measured),
+        "step_time_norm": step_norm, "step_time_norm_mad": norm_mad, "tflops_per_gpu": fpt * tokens_per_rank / step_time / 1e12,
         "hw_tflops_per_gpu": hw_fpt * tokens_per_rank / step_time / 1e12, "ranks": everyone, "psi": psi,
     }
     if rank == 0:
@@ -135,6 +145,27 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
     return summary
+
+
+_REF_A = None
+
+
+def _reference_seconds(device: torch.device) -> float:
+    """Time a fixed workload (a 256x256 fp32 matmul chain) right after each step: step / reference is a
+    speed ratio measured side by side in the same process, so machine drift (clock, contention) cancels."""
+    global _REF_A
+    if _REF_A is None or _REF_A.device != device:
+        g = torch.Generator().manual_seed(0)
+        _REF_A = (torch.randn(256, 256, generator=g) / 16).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    x = _REF_A
+    for _ in range(8):
+        x = x @ _REF_A
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def _tensorboard(cfg: TrainConfig, run_id: str):
@@ -179,7 +210,10 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
     for i, loss in enumerate(s["losses"]):
         w.write("loss", loss, "nats", step=i + 1)
     agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
-    w.write("step_time_s", s["step_time_s"], "s", aggregate=agg)
+    w.write("step_time_s", s["step_time_s"], "s", aggregate=agg, mad=s["step_time_mad_s"], n=s["n_measured"])
+    w.write("step_time_norm", s["step_time_norm"], "ratio", aggregate=agg, mad=s["step_time_norm_mad"],
+            n=s["n_measured"], definition="median over steps of step time / a fixed 256x256 matmul chain timed "
+                                          "right after the step in the same process")
     w.write("tflops_per_gpu", s["tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="model")
     w.write("hw_tflops_per_gpu", s["hw_tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="hardware (with recompute)")
     w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.world_size / 1e3, "PFLOP/s", aggregate=agg)

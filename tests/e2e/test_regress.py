@@ -1,0 +1,102 @@
+"""The regression gate on real sweeps: planted regressions are caught, unchanged runs pass, bad input
+is one line, and the committed CPU baseline gates the CI suite."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_cli_train import zb
+
+pytestmark = pytest.mark.dist
+REPO = Path(__file__).resolve().parents[2]
+
+SUITE = """
+name: gate
+base: {preset: tiny, dp: 1, steps: 12, warmup: 3, precision: fp32, timeout: 120}
+axes: {stage: [0, 2]}
+"""
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gate")
+    (d / "gate.yaml").write_text(SUITE)
+
+    def sweep(name, env=None):
+        r = zb("sweep", str(d / "gate.yaml"), "--out", str(d / name), "--no-progress", env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return str(d / name)
+
+    return {
+        "base": sweep("base"),
+        "same": sweep("same"),
+        "fat": sweep("fat", {"ZEROBENCH_PLANT_BUFFER": str(1 << 20)}),
+        # 50%: well above this machine's measured run-to-run noise in step time (about +-10% on 2 cores)
+        "slow": sweep("slow", {"ZEROBENCH_PLANT_DELAY": "0.5:2"}),
+    }
+
+
+def test_unchanged_run_passes(sweeps):
+    r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["same"], "--timing-tolerance", "0.3")
+    assert r.returncode == 0, r.stdout
+    assert "0 regressions" in r.stdout and (Path(sweeps["same"]) / "proposed-baseline.jsonl").exists()
+
+
+def test_planted_memory_increase_is_caught(sweeps):
+    r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["fat"], "--timing-tolerance", "0.3")
+    assert r.returncode == 1
+    assert "peak_memory_bytes" in r.stdout and "REGRESSION" in r.stdout
+    assert "model_state_bytes" not in [line.split()[1] for line in r.stdout.splitlines() if "REGRESSION" in line]
+
+
+def test_planted_slowdown_is_caught(sweeps):
+    r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["slow"], "--timing-tolerance", "0.3")
+    assert r.returncode == 1
+    lines = [line for line in r.stdout.splitlines() if "REGRESSION" in line]
+    assert lines and all("step_time_ratio" in line for line in lines), r.stdout
+
+
+def test_improvement_is_flagged_not_failed(sweeps):
+    r = zb("regress", "--baseline", sweeps["slow"], "--candidate", sweeps["base"], "--timing-tolerance", "0.3")
+    assert r.returncode == 0 and "update the baseline?" in r.stdout
+
+
+@pytest.mark.parametrize("content,msg", [
+    ("", "no result rows"),
+    ("{not json\n", "not a JSON row"),
+    ('{"value": 1}\n', "not a zerobench result row"),
+])
+def test_malformed_inputs_are_one_line(tmp_path, sweeps, content, msg):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    for args in (["--baseline", str(bad), "--candidate", sweeps["base"]],
+                 ["--baseline", sweeps["base"], "--candidate", str(bad)]):
+        r = zb("regress", *args)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_hardware_class_mismatch(tmp_path, sweeps):
+    rows = [json.loads(line) for line in (Path(sweeps["base"]) / "000-stage-0" / "rows.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["provenance"]["hardware"]["class"] = "nvidia-h100-80gb-hbm3"
+    other = tmp_path / "gpu.jsonl"
+    other.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    r = zb("regress", "--baseline", str(other), "--candidate", sweeps["base"])
+    assert r.returncode == 2 and "baseline is for nvidia-h100" in r.stderr
+
+
+@pytest.mark.skipif((os.cpu_count() or 0) != 2, reason="the committed CPU baseline is for 2-core machines (cpu-2core)")
+def test_ci_suite_against_the_committed_baseline(tmp_path):
+    out = tmp_path / "ci"
+    r = zb("sweep", "cpu/ci", "--out", str(out), "--no-progress", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # Deterministic metrics (model-state bytes, communication volume, peak tracked memory, fp32 loss) gate
+    # exactly; step-time ratios of these tiny 2-process runs moved 80-90% between sessions on this machine
+    # class, so against a baseline from another session they are reported, not gated.
+    r = zb("regress", "--baseline", str(REPO / "results/baselines/cpu-2core.jsonl"), "--candidate", str(out),
+           "--timing", "report")
+    assert r.returncode == 0, r.stdout

@@ -1,0 +1,182 @@
+"""The performance regression gate: candidate rows vs a per-hardware baseline, metric by metric.
+
+Runs are matched by their resolved-config hash. Rules, per metric:
+
+| metric | direction | rule |
+|---|---|---|
+| ``model_state_bytes`` (max over ranks) | lower | exact: deterministic |
+| ``comm_volume_elements_per_step`` (max over ranks) | lower | exact: deterministic |
+| ``peak_memory_bytes`` (max over ranks) | lower | 2%: the live-tensor tracker is deterministic per torch version |
+| ``final_loss`` (fp32 runs) | equal | 1e-4 relative: kernels differ slightly across CPUs |
+| ``step_time_ratio`` | lower | the run's median step time / the stage-0 run's with the same model, DP, TP and precision *in the same sweep*; absolute times drift across machines, ratios measured side by side do not. Tolerance max(``timing_tolerance``, 3 x the ratio's standard error from the per-step spread). |
+
+A change beyond tolerance in the bad direction is a regression (exit 1); in the good direction it is
+flagged ("update the baseline?"). Either way a proposed new baseline is written. With ``timing="report"``
+step-time changes are shown ("SLOWER") but do not fail the gate: for baselines recorded in another session
+or on another machine of a noisy class (2-core CPUs: step-time ratios of tiny runs moved 80-90% between
+sessions here), where only same-session timing comparisons mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerobench.config import ConfigError
+from zerobench.results.rows import read_rows
+
+EXACT = ("model_state_bytes", "comm_volume_elements_per_step")
+GATED = (*EXACT, "peak_memory_bytes", "final_loss", "step_time_ratio")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    key: str
+    label: str
+    metric: str
+    baseline: float
+    candidate: float
+    tolerance: float
+    verdict: str  # ok / regression / improved
+
+    @property
+    def change(self) -> float:
+        return (self.candidate / self.baseline - 1) if self.baseline else (0.0 if self.candidate == 0 else math.inf)
+
+
+def _rows(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"no results at {p}")
+    try:
+        rows = read_rows(p)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not rows:
+        raise ConfigError(f"{p}: no result rows (empty file or directory)")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or "metric" not in r or "config_hash" not in r:
+            raise ConfigError(f"{p}: row {i + 1} is not a zerobench result row (needs metric and config_hash)")
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict[str, dict]:
+    """Per run (config hash): the gated metrics, a label and what the timing ratio needs."""
+    runs: dict[str, dict] = {}
+    for r in rows:
+        if r.get("status", "ok") != "ok" and r["metric"] != "run_status":
+            continue
+        d = runs.setdefault(r["config_hash"], {"label": r.get("label") or r.get("run_id"), "config": r.get("config", {}),
+                                                "hardware": (r.get("provenance") or {}).get("hardware", {}).get("class")})
+        m, v = r["metric"], r.get("value")
+        if m == "run_status":
+            d["label"] = r.get("label") or d["label"]
+            d["ok"] = r.get("status") == "ok"
+        elif m in EXACT or m == "peak_memory_bytes":
+            if v is not None:
+                d[m] = max(d.get(m, v), v)
+        elif m == "loss":
+            if r.get("step", 0) >= d.get("_loss_step", -1):
+                d["_loss_step"], d["final_loss"] = r.get("step", 0), v
+        elif m == "step_time_s":
+            d["step_time_s"], d["mad"], d["n"] = v, r.get("mad") or 0.0, r.get("n") or 1
+    # timing as a ratio to the stage-0 run of the same shape in the same results
+    def shape(c: dict) -> tuple:
+        return (json.dumps(c.get("model"), sort_keys=True), c.get("dp"), c.get("tp"), c.get("system"),
+                json.dumps({k: v for k, v in c.get("zero", {}).items() if k != "stage"}, sort_keys=True))
+
+    ref = {shape(d["config"]): d for d in runs.values() if d["config"].get("zero", {}).get("stage") == 0 and "step_time_s" in d}
+    for d in runs.values():
+        base = ref.get(shape(d["config"]))
+        if base is not None and "step_time_s" in d and d is not base:
+            d["step_time_ratio"] = d["step_time_s"] / base["step_time_s"]
+            rel = lambda x: 1.4826 * x["mad"] / x["step_time_s"] / math.sqrt(max(x["n"], 1))  # noqa: E731
+            d["ratio_se"] = math.hypot(rel(d), rel(base))
+    return runs
+
+
+def compare(baseline: list[dict], candidate: list[dict], timing_tolerance: float = 0.05,
+            gate_timing: bool = True) -> tuple[list[Comparison], list[str]]:
+    b, c = summarize(baseline), summarize(candidate)
+    hb = {d["hardware"] for d in b.values()} - {None}
+    hc = {d["hardware"] for d in c.values()} - {None}
+    if hb and hc and hb != hc:
+        raise ConfigError(f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
+                          f"use results/baselines/{sorted(hc)[0]}.jsonl or record one with --write-baseline")
+    out, missing = [], []
+    for key, bd in b.items():
+        cd = c.get(key)
+        if cd is None or not cd.get("ok", True):
+            missing.append(bd["label"])
+            continue
+        for m in GATED:
+            if m not in bd or m not in cd or bd[m] is None or cd[m] is None:
+                continue
+            if m == "final_loss" and bd["config"].get("zero", {}).get("precision") != "fp32":
+                continue
+            if m in EXACT:
+                tol = 0.0
+            elif m == "peak_memory_bytes":
+                tol = 0.02
+            elif m == "final_loss":
+                tol = 1e-4
+            else:
+                tol = max(timing_tolerance, 3 * max(bd.get("ratio_se", 0), cd.get("ratio_se", 0)) * math.sqrt(2))
+            change = cd[m] / bd[m] - 1 if bd[m] else (0.0 if cd[m] == 0 else math.inf)
+            if m == "final_loss":
+                verdict = "regression" if abs(change) > tol else "ok"
+            elif change > tol:
+                verdict = "regression" if (gate_timing or m != "step_time_ratio") else "slower"
+            elif change < -tol:
+                verdict = "improved"
+            else:
+                verdict = "ok"
+            out.append(Comparison(key, cd["label"] or bd["label"], m, bd[m], cd[m], tol, verdict))
+    return out, missing
+
+
+def format_table(comps: list[Comparison], only_moved: bool = False) -> str:
+    lines = [f"  {'run':<28} {'metric':<30} {'baseline':>14} {'candidate':>14} {'change':>9} {'tol':>7}  verdict"]
+    for x in comps:
+        if only_moved and x.verdict == "ok":
+            continue
+        lines.append(f"  {str(x.label)[:28]:<28} {x.metric:<30} {x.baseline:14.6g} {x.candidate:14.6g} "
+                     f"{x.change * 100:+8.2f}% {x.tolerance * 100:6.2f}%  {x.verdict.upper() if x.verdict != 'ok' else 'ok'}")
+    return "\n".join(lines)
+
+
+BASELINE_METRICS = {"run_status", "loss", "step_time_s", "model_state_bytes", "comm_volume_elements_per_step",
+                    "peak_memory_bytes"}
+
+
+def write_baseline(candidate_rows: list[dict], path: str | Path) -> int:
+    """Keep the rows the gate reads (ok runs only), one JSON row per line."""
+    keep = [r for r in candidate_rows if r["metric"] in BASELINE_METRICS and r.get("status", "ok") == "ok"]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    return len(keep)
+
+
+def run_gate(baseline: str, candidate: str, timing_tolerance: float, propose: str | None,
+             timing: str = "gate") -> int:
+    base_rows, cand_rows = _rows(baseline), _rows(candidate)
+    comps, missing = compare(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate")
+    if not comps:
+        raise ConfigError(f"no run of {candidate} matches a run of the baseline {baseline} (different configs?)")
+    regressions = [x for x in comps if x.verdict == "regression"]
+    improved = [x for x in comps if x.verdict in ("improved", "slower")]
+    print(f"regression gate: {len(comps)} comparisons over {len({x.key for x in comps})} runs; "
+          f"{len(regressions)} regressions, {len(improved)} improvements")
+    print(format_table(comps, only_moved=bool(regressions or improved)) if (regressions or improved) else
+          format_table(comps))
+    for label in missing:
+        print(f"  missing: {label} (in the baseline, not completed in the candidate)")
+    proposal = Path(propose) if propose else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
+    n = write_baseline(cand_rows, proposal)
+    if improved:
+        print(f"improvements beyond tolerance: update the baseline? proposed: {proposal} ({n} rows)")
+    else:
+        print(f"proposed baseline written to {proposal} ({n} rows)")
+    return 1 if regressions or missing else 0

@@ -202,6 +202,15 @@ def cmd_regress(args: argparse.Namespace) -> int:
     return run_gate(args.baseline, args.candidate, args.timing_tolerance, args.propose, args.timing)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from zerobench.report.render import render
+
+    html = render(args.results, args.out)
+    print(f"report: {html}")
+    print(f"summary: {html.parent / 'summary.md'}")
+    return 0
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     from zerobench.results.show import show
 
@@ -312,6 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--propose", help="where to write the proposed baseline (default next to the candidate)")
     rg.add_argument("--write-baseline", metavar="FILE", help="record the candidate as a baseline and exit")
     rg.set_defaults(func=cmd_regress)
+    rp = sub.add_parser("report", help="paper-style HTML + Markdown report from result rows",
+                        description="Aggregate rows, draw the figures (seaborn) and render report_templates/.")
+    rp.add_argument("results", nargs="+", help="results directories or rows files")
+    rp.add_argument("--out", required=True, help="report directory (index.html, summary.md, figures)")
+    rp.set_defaults(func=cmd_report)
     rs = sub.add_parser("results", help="inspect result rows")
     rsub = rs.add_subparsers(dest="results_command", required=True, metavar="ACTION")
     rshow = rsub.add_parser("show", help="one line per run: status, configuration, headline metrics")

@@ -1,4 +1,5 @@
-"""The embedded default job: the quick CPU suite (tiny GPT, ZeRO stages 0-3 x DP 1/2/4) and its summary.
+"""The embedded default job: the quick CPU suite (tiny GPT, ZeRO stages 0-3 x DP 1/2/4), its summary, and
+the HTML report (whose path is the last line printed).
 
 Runs ``suites/cpu/quick.yaml`` on local processes, then prints one line per run from the rows it wrote,
 and the stages side by side at the largest DP degree: memory per rank (measured vs the paper's formula),
@@ -25,7 +26,11 @@ def run_demo(out: Path | None) -> int:
     if summary.failed:
         print("failed runs: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()))
         return 1
+    from zerobench.report.render import render
+
+    html = render([str(out)], str(out / "report"))
     print(f"\nrows: {out}/*/rows.jsonl")
+    print(f"report: {html.resolve()}")
     return 0
 
 

@@ -20,7 +20,7 @@ def load(path: str | os.PathLike):
     p = Path(path)
     if not p.exists():
         raise ValueError(f"no results at {p}: run a sweep first (zerobench sweep SUITE --out {p})")
-    rows = read_rows(p)
+    rows = read_rows(p)  # raises ValueError naming the file and line for a malformed row
     if not rows:
         raise ValueError(f"no result rows under {p} (empty or no rows.jsonl files)")
     return pd.json_normalize(rows, sep=".")

@@ -1,0 +1,74 @@
+"""``zerobench report`` on a committed result set, checked in a real (headless) browser."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_cli_train import zb
+from tests.helpers.browser import FLAGS, chromium
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO / "results/reference/quick-cpu-2core"
+ARTIFACTS = Path(os.environ.get("ZEROBENCH_ARTIFACTS", REPO / "test-artifacts"))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    r = zb("report", str(REFERENCE), "--out", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[0] == f"report: {out / 'index.html'}"
+    return out
+
+
+def test_report_files(report):
+    html = (report / "index.html").read_text()
+    figs = re.findall(r'<img class="fig" src="([^"]+)"', html)
+    assert {"memory_ledger.png", "comm_volume.png", "throughput.png", "loss_curves.png",
+            "proj_fig2.png", "proj_fig3.png", "proj_fig4.png"} <= set(figs)
+    for f in figs:
+        assert (report / f).stat().st_size > 10_000
+    assert "AMD EPYC" in html or "cpu-" in html  # hardware named in the provenance header
+    md = (report / "summary.md").read_text()
+    assert "Baseline DP vs ZeRO" in md and "vs_DP_memory" in md
+    assert "Table 1" in md and "7.5B P_os" in md
+
+
+def test_report_in_a_real_browser(report):
+    path, why = chromium()
+    if path is None:
+        pytest.skip(why)
+    url = (report / "index.html").as_uri()
+    common = [path, *FLAGS, f"--user-data-dir={report / 'profile'}"]
+    dom = subprocess.run([*common, "--virtual-time-budget=10000", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    total = re.search(r'data-figures="(\d+)"', dom.stdout)
+    loaded = re.search(r'data-figures-loaded="(\d+)"', dom.stdout)
+    assert total and loaded, "the page's load handler did not run"
+    assert int(total.group(1)) >= 7 and loaded.group(1) == total.group(1)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    r = subprocess.run([*common, "--window-size=1200,3000", f"--screenshot={shot}", url],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.stat().st_size > 50_000
+
+
+def test_report_bad_inputs(tmp_path):
+    r = zb("report", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no results at" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rows.jsonl").write_text("{oops\n")
+    r = zb("report", str(bad), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "not a JSON row" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (bad / "rows.jsonl").write_text("")
+    r = zb("report", str(bad), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no result rows" in r.stderr
+
+

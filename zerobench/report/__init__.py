@@ -1,0 +1,1 @@
+"""Paper-style reports from result rows: aggregation, seaborn figures, jinja2 HTML and Markdown."""

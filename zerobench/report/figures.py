@@ -1,0 +1,131 @@
+"""The report's figures, drawn with seaborn from aggregated rows. Each returns a PNG path (or None when
+the rows it needs do not exist) and a caption that names the hardware the rows came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+CATS = [("memory_params_bytes", "params"), ("memory_grads_bytes", "grads"), ("memory_master_bytes", "fp32 master"),
+        ("memory_optimizer_states_bytes", "optimizer states"),
+        ("memory_activation_checkpoints_bytes", "activation checkpoints")]
+
+
+def _hw(df: pd.DataFrame) -> str:
+    devs = sorted({str(d) for d in df.get("device", pd.Series(dtype=str)).dropna()})
+    return "; ".join(devs) if devs else "unknown hardware"
+
+
+def _series(d: pd.DataFrame) -> list[str]:
+    """Series labels; with rows from several hardware classes the class is part of the label, so lines and
+    bars from different machines are never merged."""
+    multi = d["hardware"].nunique(dropna=True) > 1 if "hardware" in d else False
+    return [f"dp{int(r.dp)} tp{int(r.tp)}" + (f" [{r.hardware}]" if multi else "") for r in d.itertuples()]
+
+
+def _save(fig, out: Path, name: str) -> Path:
+    path = out / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def memory_ledger(runs: pd.DataFrame, out: Path):
+    d = runs[runs.get("model_state_bytes").notna()] if "model_state_bytes" in runs else runs.iloc[0:0]
+    if d.empty:
+        return None
+    d = d.sort_values(["hardware", "dp", "tp", "stage"])
+    labels = [f"s{int(r.stage)} {lbl}" for r, lbl in zip(d.itertuples(), _series(d))]
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(d)), 4))
+    bottom = pd.Series(0.0, index=d.index)
+    for col, name in CATS:
+        if col in d:
+            vals = d[col].fillna(0) / 2**20
+            ax.bar(labels, vals, bottom=bottom, label=name)
+            bottom += vals
+    if "model_state_bytes_analytic" in d:
+        ax.scatter(labels, d["model_state_bytes_analytic"] / 2**20, marker="_", s=400, c="k", zorder=3,
+                   label="paper formula (model states)")
+    ax.set_ylabel("MiB per rank")
+    ax.set_title("Memory ledger per rank: measured from the engine's tensors")
+    ax.tick_params(axis="x", rotation=60)
+    ax.legend(fontsize=7)
+    return _save(fig, out, "memory_ledger"), f"Measured bytes per rank by category vs the paper's §5 formula. Hardware: {_hw(d)}."
+
+
+def comm_volume(runs: pd.DataFrame, out: Path):
+    if "comm_volume_elements_per_step" not in runs or "num_params" not in runs:
+        return None
+    d = runs[runs["comm_volume_elements_per_step"].notna() & runs["num_params"].notna() & (runs["dp"] > 1)].copy()
+    if d.empty:
+        return None
+    psi_rank = d["num_params"] / d["tp"]
+    d["measured / Ψ·(N-1)/N"] = d["comm_volume_elements_per_step"] / (psi_rank * (d["dp"] - 1) / d["dp"])
+    d["config"] = _series(d)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sns.barplot(data=d, x="stage", y="measured / Ψ·(N-1)/N", hue="config", ax=ax)
+    ax.axhline(2, ls="--", c="gray")
+    ax.axhline(3, ls=":", c="gray")
+    ax.text(-0.4, 2.05, "2Ψ (stages 0-2)", fontsize=8)
+    ax.text(-0.4, 3.05, "3Ψ (stage 3)", fontsize=8)
+    ax.set_title("Communication per step vs the paper's 2Ψ / 3Ψ (§7)")
+    return _save(fig, out, "comm_volume"), f"DP traffic per rank and step in units of Ψ(N−1)/N. Hardware: {_hw(d)}."
+
+
+def throughput(runs: pd.DataFrame, out: Path):
+    if "tflops_per_gpu" not in runs:
+        return None
+    d = runs[runs["tflops_per_gpu"].notna()].copy()
+    if d.empty:
+        return None
+    d["config"] = _series(d)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sns.barplot(data=d, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
+    ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
+    ax.set_title("Throughput per device by ZeRO stage")
+    return _save(fig, out, "throughput"), f"Median step time after warm-up, Megatron FLOP count. Hardware: {_hw(d)} — absolute values are only meaningful for that hardware."
+
+
+def loss_curves(losses: pd.DataFrame, out: Path):
+    if losses.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sns.lineplot(data=losses, x="step", y="value", hue="run_id", ax=ax, legend=len(losses["run_id"].unique()) <= 12)
+    ax.set_ylabel("loss")
+    ax.set_title("Loss curves")
+    if ax.get_legend():
+        ax.legend(fontsize=6)
+    return _save(fig, out, "loss_curves"), "Training loss per step for every run (same seed and data across stages)."
+
+
+def projection(rows: list[dict], claims: dict, out: Path, name: str, title: str, x: str):
+    d = pd.DataFrame(rows)
+    if d.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if x == "gpus":
+        d = d.sort_values("gpus")
+        ax.plot(d["gpus"], d["aggregate_pflops"], "o-", label="projected aggregate PFLOPs")
+        ref = d.iloc[0]
+        ax.plot(d["gpus"], ref["aggregate_pflops"] * d["gpus"] / ref["gpus"], "k--", label="linear scaling")
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("PFLOP/s")
+    else:
+        d["size"] = [lbl.split()[0] for lbl in d["label"]]
+        d["system"] = ["ZeRO" if "ZeRO" in lbl else "baseline" for lbl in d["label"]]
+        sns.barplot(data=d, x="size", y="hw_tflops_per_gpu", hue="system", ax=ax)
+        ax.set_ylabel("TFLOP/s per GPU")
+        ax.set_xlabel("model size")
+    for label, (value, xpos) in claims.items():
+        ax.axhline(value, color="crimson", ls=":", lw=1)
+        ax.text(xpos, value, f" paper: {label}", color="crimson", fontsize=7, va="bottom")
+    ax.set_title(title + "\nprojection (model), not a measurement", fontsize=10)
+    ax.legend(fontsize=7)
+    return _save(fig, out, name), None

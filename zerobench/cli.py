@@ -149,7 +149,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{s.path}: {len(s.runs)} runs, all valid")
         return 0
     out = Path(args.out) if args.out else Path("runs") / s.name
-    summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress, tensorboard=args.tensorboard)
+    only = {}
+    for item in args.only or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--only takes KEY=VALUE, got {item!r}")
+        only[key] = value
+    summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress, tensorboard=args.tensorboard,
+                        launcher=args.launcher, only=only or None)
     print(show(out))
     print(f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}")
     for label, reason in summary.failed.items():
@@ -284,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("suite", help="a suite YAML file, or a name under suites/ (e.g. cpu/quick)")
     sw.add_argument("--out", help="results directory (default runs/<suite name>)")
     sw.add_argument("--resume", action="store_true", help="skip runs that already have an ok status row in --out")
+    sw.add_argument("--launcher", default="local",
+                    help="local (processes on this host), srun (job steps inside a Slurm allocation), "
+                         "slurm (one sbatch job per run, tracked to its final state)")
+    sw.add_argument("--only", action="append", metavar="KEY=VALUE", help="run only runs with this key (repeatable)")
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--tensorboard", metavar="DIR", help="per-step scalars of every run for TensorBoard")

@@ -9,6 +9,7 @@ rows. ``resume`` skips runs whose resolved-config hash already has an ``ok`` sta
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -46,16 +47,36 @@ def check_local(suite: Suite) -> None:
         )
 
 
-def _status_row(out: Path, suite: Suite, run: ResolvedRun, status: str, reason: str, elapsed: float) -> None:
+def _status_row(out: Path, suite: Suite, run: ResolvedRun, status: str, reason: str, elapsed: float,
+                **extra) -> None:
     cfg = run.config if run.config is not None else {"invalid_spec": to_dict(run.spec)}
     w = RowWriter(out / run.run_id, run.run_id, cfg, suite=suite.name)
     w.write("run_status", 1 if status == "ok" else 0, "bool", status=status, reason=reason or None,
-            label=run.label, elapsed_s=round(elapsed, 3))
+            label=run.label, elapsed_s=round(elapsed, 3), **extra)
+
+
+LAUNCHERS = ("local", "srun", "slurm")
 
 
 def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
-              tensorboard: str | None = None) -> SweepSummary:
-    check_local(suite)
+              tensorboard: str | None = None, launcher: str = "local", only: dict | None = None) -> SweepSummary:
+    """Run ``suite``'s runs (those matching ``only``: run key -> value) with ``launcher``:
+    ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run."""
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(LAUNCHERS)}")
+    if only:
+        runs = [r for r in suite.runs if all(str(getattr(r.spec, k, None)) == v for k, v in only.items())]
+        if not runs:
+            raise ConfigError(f"{suite.path}: no run matches {only}")
+        suite = dataclasses.replace(suite, runs=runs)
+    if launcher == "local":
+        check_local(suite)
+    if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
+        raise ConfigError("--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit")
+    if launcher == "slurm":
+        from zerobench.bench.slurm_sweep import run_sweep_sbatch
+
+        return run_sweep_sbatch(suite, out, resume=resume, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     done = completed_hashes(out) if resume else set()
     summary = SweepSummary()
@@ -78,8 +99,14 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
             bar.start(run.label, log)
             t0 = time.monotonic()
             cfg = run.config if tensorboard is None else dataclasses.replace(run.config, tensorboard_dir=tensorboard)
-            res = launch_local(cfg, run_dir, run.run_id, timeout_s=run.spec.timeout, extra_env=env,
-                               log_path=log, suite=suite.name, on_poll=bar.poll)
+            if launcher == "srun":
+                from zerobench.launch.slurm import launch_srun
+
+                res = launch_srun(cfg, run_dir, run.run_id, run.spec.timeout, log, suite.name, 29500 + run.index,
+                                  fault=run.spec.fault)
+            else:
+                res = launch_local(cfg, run_dir, run.run_id, timeout_s=run.spec.timeout, extra_env=env,
+                                   log_path=log, suite=suite.name, on_poll=bar.poll)
             _status_row(out, suite, run, res.status, res.reason, time.monotonic() - t0)
             summary.ran.append(run.label)
             if not res.ok:

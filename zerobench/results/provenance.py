@@ -61,5 +61,17 @@ def _static() -> dict:
     }
 
 
+def slurm() -> dict | None:
+    """The Slurm job this process runs in (job id, node list, cluster, step), if any."""
+    import os
+
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    keys = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "nnodes": "SLURM_JOB_NUM_NODES",
+            "cluster": "SLURM_CLUSTER_NAME", "step_id": "SLURM_STEP_ID", "partition": "SLURM_JOB_PARTITION"}
+    return {k: os.environ.get(v) for k, v in keys.items()}
+
+
 def provenance() -> dict:
-    return {**_static(), "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {**_static(), "slurm": slurm(),
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -18,10 +18,14 @@ from zerobench.train.loop import train
 
 def main(argv: list[str]) -> int:
     cfg_path, run_id = argv[0], argv[1]
-    out_dir = argv[2] if len(argv) > 2 else None
-    suite = argv[3] if len(argv) > 3 else None
     with open(cfg_path) as f:
-        cfg = from_dict(TrainConfig, json.load(f))
+        data = json.load(f)
+    return run(data, run_id, argv[2] if len(argv) > 2 else None, argv[3] if len(argv) > 3 else None)
+
+
+def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> int:
+    """Train one rank of the run described by ``config`` (a resolved ``TrainConfig`` as plain data)."""
+    cfg = from_dict(TrainConfig, config)
     try:
         train(cfg, detect(), out_dir, run_id, suite=suite)
     except ConfigError as e:

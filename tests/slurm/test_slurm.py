@@ -1,0 +1,122 @@
+"""sbatch slurm/scale_400gpu.sh and sweep submission against a real Slurm started on localhost."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zerobench.results import load
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dist]
+REPO = Path(__file__).resolve().parents[2]
+
+TINY = """
+name: slurmtiny
+base: {preset: tiny, steps: 3, warmup: 1, timeout: 180}
+runs:
+  - {label: s2-dp4, stage: 2, dp: 4}
+  - {label: s3-dp2-tp2, stage: 3, dp: 2, tp: 2}
+  - {label: too-big, stage: 0, dp: 8}
+"""
+
+
+def run(cmd, env, timeout=600, **kw):
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw)
+
+
+def test_scale_400gpu_scaled_down(slurm_env, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    env = {**slurm_env, "SUITE": str(tmp_path / "tiny.yaml"), "ZEROBENCH_RESULTS": str(tmp_path / "results")}
+    # the same script, with the node/task counts of the emulated cluster given on the command line
+    r = run(["sbatch", "--wait", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2",
+             "--cpus-per-task=1", f"--output={tmp_path}/job-%j.out", "slurm/scale_400gpu.sh"], env)
+    job = r.stdout.strip().split(";")[0]
+    assert r.returncode == 0, r.stderr + (tmp_path / f"job-{job}.out").read_text()
+    state = run(["scontrol", "show", "job", "-o", job], env).stdout
+    assert "JobState=COMPLETED" in state
+    out = tmp_path / "results" / "tiny" / job
+    df = load(out)
+    st = df[df["metric"] == "run_status"].set_index("label")
+    assert st.loc["s2-dp4", "status"] == "ok" and st.loc["s3-dp2-tp2", "status"] == "ok"
+    assert st.loc["too-big", "status"] == "invalid" and "allocation has 4" in st.loc["too-big", "reason"]
+    trained = df[(df["metric"] == "loss") & (df["run_id"] == "000-s2-dp4")]
+    assert len(trained) == 3
+    assert (trained["provenance.slurm.job_id"] == job).all()
+    assert (trained["provenance.slurm.nodelist"] == "n[1-2]").all()
+
+
+SUBMIT = """
+name: submit
+base: {preset: tiny, dp: 2, steps: 3, warmup: 1, timeout: 300}
+runs:
+  - {label: good, stage: 1}
+  - {label: dies, stage: 2, steps: 6, fault: "1:2"}
+  - {label: cancelme, stage: 0, steps: 100000}
+"""
+
+
+def test_sweep_with_slurm_launcher(slurm_env, tmp_path):
+    (tmp_path / "s.yaml").write_text(SUBMIT)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "zerobench", "sweep", str(tmp_path / "s.yaml"), "--launcher", "slurm",
+           "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, env=slurm_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    cancelled = False
+    while time.monotonic() < deadline and not cancelled:
+        q = run(["squeue", "-h", "-o", "%i|%j|%T"], slurm_env).stdout
+        for line in q.splitlines():
+            jid, name, state = line.split("|")
+            if "cancelme" in name and state == "RUNNING":
+                run(["scancel", jid], slurm_env)
+                cancelled = True
+        time.sleep(0.5)
+    assert cancelled, "the long job never started"
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stdout + stderr
+    st = load(out)
+    st = st[st["metric"] == "run_status"].set_index("label")
+    assert st.loc["good", "status"] == "ok" and st.loc["good", "slurm_state"] == "COMPLETED"
+    assert st.loc["dies", "status"] == "failed" and "FAILED" in st.loc["dies", "reason"]
+    assert st.loc["cancelme", "status"] == "cancelled" and st.loc["cancelme", "slurm_state"] == "CANCELLED"
+    # --resume resubmits only what did not complete
+    r = run(cmd[:-1] + ["--resume", "--no-progress", "--only", "label=good", "--allow-failures"], slurm_env)
+    assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
+
+
+def test_script_fails_fast_outside_slurm_or_without_suite(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run(["bash", "slurm/scale_400gpu.sh"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not inside a Slurm job" in r.stderr
+    r = subprocess.run(["bash", "slurm/scale_400gpu.sh"], env={**env, "SLURM_JOB_ID": "1", "SUITE": "no/such"},
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "suite 'no/such' not found" in r.stderr
+    r = subprocess.run(["bash", "slurm/run_one.sh", "x.json"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and "not inside a Slurm job" in r.stderr
+
+
+def test_scripts_are_shellcheck_clean():
+    scripts = sorted(str(p) for p in (REPO / "slurm").rglob("*.sh"))
+    for s in scripts:
+        assert subprocess.run(["bash", "-n", s]).returncode == 0, s
+    if not shutil.which("shellcheck"):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            pytest.skip("shellcheck is not installed and cannot be installed here")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "shellcheck"], capture_output=True, timeout=600)
+    r = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+def test_start_is_idempotent(slurm_env):
+    r = subprocess.run(["bash", str(REPO / "slurm/local/start.sh")], env=slurm_env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "already running" in r.stdout
+    info = json.dumps(run(["sinfo", "-h", "-N", "-o", "%N %t"], slurm_env).stdout.split())
+    assert "n1" in info and "n2" in info

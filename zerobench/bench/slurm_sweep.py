@@ -1,0 +1,66 @@
+"""``zerobench sweep SUITE --launcher slurm``: one sbatch job per run, tracked to its final state.
+
+All runs are submitted at once (Slurm queues them); the sweep then polls ``squeue`` for the jobs still
+queued or running and asks ``scontrol show job -o`` for the final state of each one that left the queue
+(``sbatch --wait`` would report success for a job cancelled while pending). Every job's outcome becomes
+a ``run_status`` row with the Slurm job id, state and exit code; rows the job's ranks wrote stay in the
+run's directory. ``--resume`` resubmits only runs without an ``ok`` status.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from zerobench.bench.runner import SweepSummary, _Progress, _status_row, completed_hashes
+from zerobench.bench.suite import Suite
+from zerobench.launch.slurm import FINAL, _run, job_state, status_of, submit
+from zerobench.results.rows import run_hash
+
+
+def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
+                     poll_s: float = 1.0) -> SweepSummary:
+    out.mkdir(parents=True, exist_ok=True)
+    done = completed_hashes(out) if resume else set()
+    summary = SweepSummary()
+    jobs: dict[str, tuple] = {}
+    bar = _Progress(len(suite.runs), enabled=progress)
+    with bar:
+        for run in suite.runs:
+            if run.config is None:
+                _status_row(out, suite, run, "invalid", run.error or "invalid configuration", 0.0)
+                summary.failed[run.label] = run.error or "invalid"
+                bar.advance(run.label, failed=True)
+                continue
+            if resume and run_hash(run.config) in done:
+                summary.skipped.append(run.label)
+                bar.advance(run.label, skipped=True)
+                continue
+            run_dir = (out / run.run_id).resolve()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            job_id = submit(run.config, run_dir, run.run_id, run.spec.timeout, suite.name, fault=run.spec.fault)
+            jobs[job_id] = (run, time.monotonic())
+        while jobs:
+            listed = _run(["squeue", "-h", "-t", "all", "-j", ",".join(jobs), "-o", "%i|%T"]) if jobs else ""
+            active = {}
+            for line in listed.splitlines():
+                jid, _, state = line.partition("|")
+                active[jid.strip()] = state.strip()
+            for jid in list(jobs):
+                state = active.get(jid)
+                if state is not None and state not in FINAL:
+                    continue
+                final, exit_code = job_state(jid)
+                if final not in FINAL:
+                    continue
+                run, t0 = jobs.pop(jid)
+                status, reason = status_of(final, exit_code)
+                _status_row(out, suite, run, status, reason, time.monotonic() - t0,
+                            slurm_job_id=jid, slurm_state=final, slurm_exit_code=exit_code)
+                summary.ran.append(run.label)
+                if status != "ok":
+                    summary.failed[run.label] = reason
+                bar.advance(run.label, failed=status != "ok")
+            if jobs:
+                time.sleep(poll_s)
+    return summary

@@ -36,6 +36,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--system", default="zerobench",
                    help="zerobench (this engine) or megatron (the Megatron-LM baseline: megatron-core's GPTModel, TP, DDP)")
     g.add_argument("--tp", type=int, default=1, help="tensor (model) parallel degree; world = dp * tp")
+    g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group (Megatron SP)")
     g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
     g = p.add_argument_group("ZeRO-R (paper §6)")
     g.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")
@@ -103,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
             cpu_offload=args.pa_cpu, contiguous=args.md,
         ),
-        system=args.system, preset=args.preset, dp=dp, tp=args.tp, micro_batch=args.micro_batch, steps=args.steps,
+        system=args.system, preset=args.preset, dp=dp, tp=args.tp, sequence_parallel=args.sp, micro_batch=args.micro_batch, steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
         tensorboard_dir=args.tensorboard,
     )

@@ -48,6 +48,31 @@ def test_tp_fp32_parity(tp_fp32, dp, tp, stage, clip):
         assert r["loss_diff"] <= 1e-5, r
 
 
+SP_CASES = [(dp, tp, s, ckpt) for dp, tp in MESHES for s in STAGES for ckpt in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def sp_fp32():
+    from zerobench.parallel.checkpointing import ActivationConfig
+
+    scen = [Scenario(dp, s, tp=tp, sp=True, clip=0.05, ac=ActivationConfig(checkpoint=ck))
+            for dp, tp, s, ck in SP_CASES]
+    return run_distributed(run_scenarios, 4, scen)
+
+
+@pytest.mark.parametrize("dp,tp,stage,ckpt", SP_CASES)
+def test_sequence_parallel_parity(sp_fp32, dp, tp, stage, ckpt):
+    """Sequence parallelism (with clipping, with and without checkpointing) trains like one process."""
+    from zerobench.parallel.checkpointing import ActivationConfig
+
+    for rank_res in sp_fp32:
+        r = rank_res[Scenario(dp, stage, tp=tp, sp=True, clip=0.05, ac=ActivationConfig(checkpoint=ckpt)).key]
+        assert r["max_update"] > 1e-4
+        assert r["grad_rel_err"] <= 1e-5, r
+        assert r["max_diff"] <= 5e-5, r
+        assert r["loss_diff"] <= 1e-5, r
+
+
 @pytest.mark.parametrize("dp,tp", MESHES)
 @pytest.mark.parametrize("stage", STAGES)
 def test_tp_bf16_parity(tp_bf16, dp, tp, stage):

@@ -35,12 +35,14 @@ class Scenario:
     preset: str = "tiny"
     tp: int = 1
     ac: ActivationConfig = field(default_factory=ActivationConfig)
+    sp: bool = False
 
     @property
     def key(self) -> str:
         a = self.ac
         ac = f"-ckpt{int(a.checkpoint)}{int(a.partition)}{int(a.cpu_offload)}{int(a.contiguous)}"
-        return f"dp{self.dp}-tp{self.tp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}{ac}"
+        sp = "-sp" if self.sp else ""
+        return f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}{ac}"
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -102,7 +104,7 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
             grad_accum_steps=sc.accum, clip_grad_norm=sc.clip, optimizer=ADAM, loss_scale=sc.loss_scale,
         )
         work = copy.deepcopy(model)
-        info = apply_tp(work, tp_group)
+        info = apply_tp(work, tp_group, sequence_parallel=sc.sp)
         store = apply_activation_checkpointing(work, sc.ac, tp_group, rng=info.rng)
         engine = apply_zero(work, group, zcfg, tp=info)
         mb = sc.global_batch // (sc.dp * sc.accum)

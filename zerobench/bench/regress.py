@@ -8,7 +8,7 @@ Runs are matched by their resolved-config hash. Rules, per metric:
 | ``comm_volume_elements_per_step`` (max over ranks) | lower | exact: deterministic |
 | ``peak_memory_bytes`` (max over ranks) | lower | 2%: the live-tensor tracker is deterministic per torch version |
 | ``final_loss`` (fp32 runs) | equal | 1e-4 relative: kernels differ slightly across CPUs |
-| ``step_time_ratio`` | lower | the run's median step time / the stage-0 run's with the same model, DP, TP and precision *in the same sweep*; absolute times drift across machines, ratios measured side by side do not. Tolerance max(``timing_tolerance``, 3 x the ratio's standard error from the per-step spread). |
+| ``step_time_ratio`` | lower | the run's median step time / the stage-0 run's with the same model, DP, TP and precision *in the same sweep*; absolute times drift across machines, ratios measured side by side do not. Tolerance max(``timing_tolerance``, 3 x the ratio's standard error from the per-step spread), symmetric in ratio: slower than x(1+tol) regresses, faster than /(1+tol) improves. |
 
 A change beyond tolerance in the bad direction is a regression (exit 1); in the good direction it is
 flagged ("update the baseline?"). Either way a proposed new baseline is written. With ``timing="report"``
@@ -125,11 +125,13 @@ def compare(baseline: list[dict], candidate: list[dict], timing_tolerance: float
             else:
                 tol = max(timing_tolerance, 3 * max(bd.get("ratio_se", 0), cd.get("ratio_se", 0)) * math.sqrt(2))
             change = cd[m] / bd[m] - 1 if bd[m] else (0.0 if cd[m] == 0 else math.inf)
+            # symmetric in ratio: worse than x(1+tol) regresses, better than /(1+tol) improves
+            better = cd[m] * (1 + tol) < bd[m]
             if m == "final_loss":
                 verdict = "regression" if abs(change) > tol else "ok"
             elif change > tol:
                 verdict = "regression" if (gate_timing or m != "step_time_ratio") else "slower"
-            elif change < -tol:
+            elif better and m == "step_time_ratio" or change < -tol and m != "step_time_ratio":
                 verdict = "improved"
             else:
                 verdict = "ok"

@@ -44,6 +44,8 @@ class RunSpec:
     """Tensor-parallel degree (``mp`` is accepted as a synonym)."""
     mp: int | None = None
     """Synonym of ``tp`` (the paper's name)."""
+    sp: bool = False
+    """Sequence parallelism inside the TP group."""
     gpus: int | None = None
     """Total processes; must equal dp * tp when both are given."""
     precision: str = "fp32"
@@ -127,7 +129,7 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
                         optimizer=AdamWConfig(lr=spec.lr)),
         activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
                                     partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
-        preset=spec.preset, dp=dp, tp=tp, micro_batch=spec.micro_batch, steps=spec.steps,
+        preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,
         warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
         memory_budget_bytes=budget,
     )

@@ -55,8 +55,9 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.qkv(x)
+        b, s = qkv.shape[:2]  # from the projection: a transform may change the sequence it sees
+        q, k, v = qkv.view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         y = self.core_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 

@@ -16,6 +16,7 @@ from torch import nn
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.parallel.mappings import copy_to_tp, reduce_from_tp
+from zerobench.parallel.sequence import gather_sequence, reduce_scatter_sequence
 
 
 def shard_rows(t: torch.Tensor, group: Group, strided: int = 1) -> torch.Tensor:
@@ -33,32 +34,40 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 class ColumnParallelLinear(nn.Module):
-    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None, strided: int = 1):
+    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None, strided: int = 1,
+                 sequence_parallel: bool = False):
         super().__init__()
-        self.group, self.ledger = group, ledger
+        self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = _param(shard_rows(full.weight, group, strided))
         self.bias = _param(shard_rows(full.bias, group, strided)) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:  # [b, s/tp, h] -> all-gather the sequence (reduce-scatter in backward)
+            return F.linear(gather_sequence(x, self.group, self.ledger), self.weight, self.bias)
         return F.linear(copy_to_tp(x, self.group, self.ledger), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None):
+    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None,
+                 sequence_parallel: bool = False):
         super().__init__()
-        self.group, self.ledger = group, ledger
+        self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = _param(shard_cols(full.weight, group))
         self.bias = _param(full.bias) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.group, self.ledger)
+        if self.sequence_parallel:  # partial sums -> reduce-scatter along the sequence
+            y = reduce_scatter_sequence(F.linear(x, self.weight), self.group, self.ledger)
+        else:
+            y = reduce_from_tp(F.linear(x, self.weight), self.group, self.ledger)
         return y + self.bias if self.bias is not None else y
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, full: nn.Embedding, group: Group, ledger: CommLedger | None = None):
+    def __init__(self, full: nn.Embedding, group: Group, ledger: CommLedger | None = None,
+                 sequence_parallel: bool = False):
         super().__init__()
-        self.group, self.ledger = group, ledger
+        self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.per_rank = full.num_embeddings // group.size
         self.start = group.rank * self.per_rank
         self.weight = _param(shard_rows(full.weight, group))
@@ -69,16 +78,21 @@ class VocabParallelEmbedding(nn.Module):
         outside = (tokens < self.start) | (tokens >= self.start + self.per_rank)
         local = (tokens - self.start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_sequence(out, self.group, self.ledger, "mp_embed")
         return reduce_from_tp(out, self.group, self.ledger, "mp_embed")
 
 
 class ParallelLMHead(nn.Module):
     """Logits ``[..., V / tp]`` of this rank's vocabulary slice (weight tied to the embedding)."""
 
-    def __init__(self, weight: nn.Parameter, group: Group, ledger: CommLedger | None = None):
+    def __init__(self, weight: nn.Parameter, group: Group, ledger: CommLedger | None = None,
+                 sequence_parallel: bool = False):
         super().__init__()
-        self.group, self.ledger = group, ledger
+        self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            return F.linear(gather_sequence(x, self.group, self.ledger, "mp_embed"), self.weight)
         return F.linear(copy_to_tp(x, self.group, self.ledger, "mp_embed"), self.weight)

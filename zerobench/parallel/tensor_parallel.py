@@ -43,26 +43,37 @@ def validate_tp(cfg: GPTConfig, tp: int) -> None:
             raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")
 
 
-def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None, seed: int = 0) -> TPInfo:
+def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None, seed: int = 0,
+             sequence_parallel: bool = False) -> TPInfo:
     """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model.
 
     Attention (heads split over TP ranks) draws dropout from a per-TP-rank RNG (``seed`` + rank);
-    everything else from the default RNG, identical on every TP rank.
+    everything else from the default RNG, identical on every TP rank — except with
+    ``sequence_parallel``, where the regions between the matmuls hold different sequence positions on each
+    TP rank, so their dropout draws from the per-rank RNG too.
     """
     validate_tp(model.config, group.size)
+    if sequence_parallel and model.config.seq % group.size:
+        raise ConfigError(f"sequence length {model.config.seq} is not divisible by TP degree {group.size}: "
+                          "sequence parallelism splits the sequence evenly")
     if group.size == 1:
         return TPInfo(group, frozenset())
+    sp = sequence_parallel
     rng = TPRngTracker(seed, group.rank, next(model.parameters()).device)
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
-        attn.qkv = ColumnParallelLinear(attn.qkv, group, ledger, strided=3)
-        attn.proj = RowParallelLinear(attn.proj, group, ledger)
+        attn.qkv = ColumnParallelLinear(attn.qkv, group, ledger, strided=3, sequence_parallel=sp)
+        attn.proj = RowParallelLinear(attn.proj, group, ledger, sequence_parallel=sp)
         attn.heads //= group.size
         attn.core_attention = _in_region(attn.core_attention, rng)
-        mlp.fc = ColumnParallelLinear(mlp.fc, group, ledger)
-        mlp.proj = RowParallelLinear(mlp.proj, group, ledger)
-    model.wte = VocabParallelEmbedding(model.wte, group, ledger)
-    model.lm_head = ParallelLMHead(model.wte.weight, group, ledger)
+        mlp.fc = ColumnParallelLinear(mlp.fc, group, ledger, sequence_parallel=sp)
+        mlp.proj = RowParallelLinear(mlp.proj, group, ledger, sequence_parallel=sp)
+        if sp:
+            block.drop.forward = _in_region(block.drop.forward, rng)
+    model.wte = VocabParallelEmbedding(model.wte, group, ledger, sequence_parallel=sp)
+    model.lm_head = ParallelLMHead(model.wte.weight, group, ledger, sequence_parallel=sp)
+    if sp:
+        _sequence_parallel_extras(model, group, ledger)
     model.loss = VocabParallelLMLoss(group, ledger)
     sharded = set()
     for name, module in model.named_modules():
@@ -71,6 +82,21 @@ def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None, seed: i
         elif isinstance(module, RowParallelLinear):
             sharded.add(f"{name}.weight")
     return TPInfo(group, frozenset(sharded), rng)
+
+
+def _sequence_parallel_extras(model: GPT, group: Group, ledger: CommLedger | None) -> None:
+    """Position embeddings for this rank's positions only, and TP-summed gradients for every parameter
+    that now sees only a slice of the sequence (LayerNorms, row-parallel biases, position embedding)."""
+    from zerobench.parallel.sequence import local_sequence, sum_grad_over_tp
+
+    inner = model.wpe.forward
+    model.wpe.forward = lambda pos, _inner=inner: local_sequence(_inner(pos), group, dim=0)
+    partial = [model.wpe.weight, model.ln_f.weight, model.ln_f.bias]
+    for block in model.blocks:
+        partial += [*block.ln_1.parameters(), *block.ln_2.parameters(), block.attn.proj.bias, block.mlp.proj.bias]
+    for p in partial:
+        if p is not None:
+            sum_grad_over_tp(p, group, ledger)
 
 
 def _in_region(fn, rng: TPRngTracker):

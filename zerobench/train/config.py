@@ -24,6 +24,8 @@ class TrainConfig:
     """Data-parallel degree."""
     tp: int = 1
     """Tensor (model) parallel degree; the world size is dp * tp, TP innermost."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism inside the TP group (activations outside the matmuls split along s)."""
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     """Activation checkpointing and ZeRO-R activation options (P_a, P_a+cpu, M_D)."""
     micro_batch: int = 2
@@ -62,6 +64,11 @@ class TrainConfig:
         if self.dp < 1 or self.tp < 1:
             raise ConfigError(f"--dp and --tp must be >= 1, got dp {self.dp}, tp {self.tp}")
         validate_tp(self.model, self.tp)
+        if self.sequence_parallel and self.model.seq % self.tp:
+            raise ConfigError(f"sequence length {self.model.seq} is not divisible by TP degree {self.tp}: "
+                              "sequence parallelism splits the sequence evenly")
+        if self.sequence_parallel and self.system != "zerobench":
+            raise ConfigError("--sp is zerobench's sequence parallelism: drop it for the megatron baseline")
         if world_size is not None and world_size != self.world_size:
             if world_size % self.tp:
                 raise ConfigError(f"world size {world_size} is not divisible by TP degree {self.tp}")

@@ -45,7 +45,7 @@ class ZeroSystem:
         model = GPT(cfg.model).to(device)
         # Order matters: TP decides which parameters exist on this rank, checkpointing wraps the blocks,
         # and ZeRO partitions whatever parameters are left, over this TP rank's DP group.
-        tp_info = apply_tp(model, mesh.tp, ledger, seed=cfg.seed)
+        tp_info = apply_tp(model, mesh.tp, ledger, seed=cfg.seed, sequence_parallel=cfg.sequence_parallel)
         self.store = apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger, tp_info.rng)
         self.engine = apply_zero(model, mesh.dp, cfg.zero, ledger, tp=tp_info)
         self.module, self.ledger = model, ledger

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerobench.bench.search import largest_fitting
 from zerobench.bench.spec import RunSpec, to_train_config
 from zerobench.config import ConfigError
 from zerobench.models.sizes import num_params
@@ -48,15 +49,9 @@ def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int =
         return res.ok
 
     try:
-        if not fits(1):
+        lo = largest_fitting(fits, limit)
+        if lo == 0:
             return MaxSizeResult(0, 0, probes)
-        lo, hi = 1, 2
-        while hi <= limit and fits(hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         model = dataclasses.replace(to_train_config(spec).model, layers=lo)
         return MaxSizeResult(lo, num_params(model), probes)
     finally:

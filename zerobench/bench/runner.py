@@ -47,6 +47,21 @@ def check_local(suite: Suite) -> None:
         )
 
 
+def should_run(run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary, bar: "_Progress",
+               done: set[str] | None) -> bool:
+    """False (recording why) for an invalid run, or a completed one when resuming (``done`` hashes)."""
+    if run.config is None:
+        _status_row(out, suite, run, "invalid", run.error or "invalid configuration", 0.0)
+        summary.failed[run.label] = run.error or "invalid"
+        bar.advance(run.label, failed=True)
+        return False
+    if done is not None and run_hash(run.config) in done:
+        summary.skipped.append(run.label)
+        bar.advance(run.label, skipped=True)
+        return False
+    return True
+
+
 def _status_row(out: Path, suite: Suite, run: ResolvedRun, status: str, reason: str, elapsed: float,
                 **extra) -> None:
     cfg = run.config if run.config is not None else {"invalid_spec": to_dict(run.spec)}
@@ -83,14 +98,7 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
     bar = _Progress(len(suite.runs), enabled=progress)
     with bar:
         for run in suite.runs:
-            if run.config is None:
-                _status_row(out, suite, run, "invalid", run.error or "invalid configuration", 0.0)
-                summary.failed[run.label] = run.error or "invalid"
-                bar.advance(run.label, failed=True)
-                continue
-            if resume and run_hash(run.config) in done:
-                summary.skipped.append(run.label)
-                bar.advance(run.label, skipped=True)
+            if not should_run(run, out, suite, summary, bar, done if resume else None):
                 continue
             run_dir = out / run.run_id
             run_dir.mkdir(parents=True, exist_ok=True)

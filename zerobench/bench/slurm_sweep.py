@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from zerobench.bench.runner import SweepSummary, _Progress, _status_row, completed_hashes
+from zerobench.bench.runner import SweepSummary, _Progress, _status_row, completed_hashes, should_run
 from zerobench.bench.suite import Suite
 from zerobench.launch.slurm import FINAL, _run, job_state, status_of, submit
-from zerobench.results.rows import run_hash
 
 
 def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
@@ -27,14 +26,7 @@ def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bo
     bar = _Progress(len(suite.runs), enabled=progress)
     with bar:
         for run in suite.runs:
-            if run.config is None:
-                _status_row(out, suite, run, "invalid", run.error or "invalid configuration", 0.0)
-                summary.failed[run.label] = run.error or "invalid"
-                bar.advance(run.label, failed=True)
-                continue
-            if resume and run_hash(run.config) in done:
-                summary.skipped.append(run.label)
-                bar.advance(run.label, skipped=True)
+            if not should_run(run, out, suite, summary, bar, done if resume else None):
                 continue
             run_dir = (out / run.run_id).resolve()
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import sys
 
 from zerobench.config import ConfigError, to_dict
 from zerobench.models.gpt import GPTConfig
@@ -210,10 +208,6 @@ def _compare_claims(rows: list[dict]) -> None:
     print("\nthe paper's statements vs this projection (the model is not tuned to match):")
     for what, paper, ours, ref in checks:
         print(f"  {what:<42} paper {paper:>7}   projected {ours:8.2f}   ({(ours / ref - 1) * 100:+.0f}%)")
-
-
-def _nan_safe(x: float) -> float:
-    return x if math.isfinite(x) else float("nan")
 
 
 __all__ = ["run_plan", "GPT2_VOCAB", "PAPER_SEQ"]

@@ -45,16 +45,9 @@ def max_layers(p: PlanConfig, limit: int = 100_000) -> int:
     def fits(layers: int) -> bool:
         return bool(memory_per_gpu(dataclasses.replace(p, model=dataclasses.replace(p.model, layers=layers)))["fits"])
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    from zerobench.bench.search import largest_fitting
+
+    return largest_fitting(fits, limit)
 
 
 def max_size(p: PlanConfig) -> dict:

@@ -147,31 +147,11 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return full
 
 
-@torch.no_grad()
-def full_parameters(engine) -> dict[str, torch.Tensor]:
-    """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
+def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """All-gather this rank's per-bucket chunks into full fp32 parameters ``{name: tensor}``."""
     layout = engine.layout
     out = {}
-    for b, chunk in zip(layout.buckets, engine.optimizer.master):
-        full = torch.empty(b.numel, dtype=torch.float32, device=chunk.device)
-        if layout.shards == 1:
-            full.copy_(chunk)
-        else:
-            C.all_gather(full, chunk.float().contiguous(), engine.group)
-        for i in b.params:
-            s = layout.params[i]
-            out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape).clone()
-    return out
-
-
-@torch.no_grad()
-def full_gradients(engine) -> dict[str, torch.Tensor]:
-    """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
-    rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
-    layout = engine.layout
-    out = {}
-    scale = 1.0 / (engine.group.size * engine.scaler.scale)
-    for b, chunk in zip(layout.buckets, engine.grads.shard_views()):
+    for b, chunk in zip(layout.buckets, chunks):
         full = torch.empty(b.numel, dtype=torch.float32, device=chunk.device)
         if layout.shards == 1:
             full.copy_(chunk)
@@ -181,3 +161,16 @@ def full_gradients(engine) -> dict[str, torch.Tensor]:
             s = layout.params[i]
             out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape) * scale
     return out
+
+
+@torch.no_grad()
+def full_parameters(engine) -> dict[str, torch.Tensor]:
+    """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
+    return _gather_chunks(engine, engine.optimizer.master)
+
+
+@torch.no_grad()
+def full_gradients(engine) -> dict[str, torch.Tensor]:
+    """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
+    rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
+    return _gather_chunks(engine, engine.grads.shard_views(), 1.0 / (engine.group.size * engine.scaler.scale))

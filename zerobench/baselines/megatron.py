@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.distributed.mesh import Mesh
@@ -175,7 +174,3 @@ class MegatronSystem:
 
     def tensors(self) -> list[torch.Tensor]:
         return list(self.params)
-
-
-def parameter_count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -131,7 +131,7 @@ def compare(baseline: list[dict], candidate: list[dict], timing_tolerance: float
                 verdict = "regression" if abs(change) > tol else "ok"
             elif change > tol:
                 verdict = "regression" if (gate_timing or m != "step_time_ratio") else "slower"
-            elif better and m == "step_time_ratio" or change < -tol and m != "step_time_ratio":
+            elif (m == "step_time_ratio" and better) or (m != "step_time_ratio" and change < -tol):
                 verdict = "improved"
             else:
                 verdict = "ok"

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
@@ -73,15 +72,8 @@ def launch_srun(cfg: TrainConfig, out_dir: Path, run_id: str, timeout_s: float, 
             return LaunchResult(False, f"timed out after {timeout_s:.0f}s", "timeout", [], time.monotonic() - t0)
     if code == 0:
         return LaunchResult(True, "", "ok", [0], time.monotonic() - t0)
-    status, reason = describe_exit(-1 if code < 0 else 0, code)
-    return LaunchResult(False, reason.replace("rank 0", "srun step").replace("rank -1", "srun step"), status, [code],
-                        time.monotonic() - t0)
-
-
-@dataclass
-class SubmittedJob:
-    job_id: str
-    run_index: int
+    status, reason = describe_exit("srun step", code)
+    return LaunchResult(False, reason, status, [code], time.monotonic() - t0)
 
 
 def submit(cfg: TrainConfig, run_dir: Path, run_id: str, timeout_s: float, suite: str | None,

@@ -24,7 +24,7 @@ from zerobench.models.gpt import GPTConfig
 from zerobench.models.sizes import num_params
 from zerobench.plan.comm_model import comm_per_gpu
 from zerobench.plan.memory_model import PlanConfig, memory_per_gpu
-from zerobench.plan.sizes import GPT2_VOCAB, PAPER_SEQ, PAPER_SIZES, padded_vocab
+from zerobench.plan.sizes import PAPER_SIZES, padded_vocab
 from zerobench.plan.suites import load_suite, parse_bytes, plan_configs
 
 
@@ -161,7 +161,7 @@ def _project(args) -> int:
     import csv
 
     from zerobench.plan.perf_model import HARDWARE, project
-    from zerobench.plan.suites import SUITES
+    from zerobench.bench.suite import SUITES_DIR as SUITES
 
     if args.hardware not in HARDWARE:
         raise ConfigError(f"unknown hardware {args.hardware!r}: choose one of {', '.join(HARDWARE)}")
@@ -209,5 +209,3 @@ def _compare_claims(rows: list[dict]) -> None:
     for what, paper, ours, ref in checks:
         print(f"  {what:<42} paper {paper:>7}   projected {ours:8.2f}   ({(ours / ref - 1) * 100:+.0f}%)")
 
-
-__all__ = ["run_plan", "GPT2_VOCAB", "PAPER_SEQ"]

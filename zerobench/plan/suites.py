@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
 
@@ -12,7 +11,6 @@ from zerobench.models.gpt import GPTConfig
 from zerobench.plan.memory_model import PlanConfig
 from zerobench.plan.sizes import padded_vocab
 
-SUITES = Path(__file__).resolve().parents[2] / "suites"
 
 
 def parse_bytes(text: str | float | int) -> float:
@@ -29,11 +27,10 @@ def parse_bytes(text: str | float | int) -> float:
 
 
 def load_suite(name: str) -> dict:
-    path = Path(name)
-    if not path.exists():
-        path = SUITES / (name if name.endswith(".yaml") else name + ".yaml")
-    if not path.exists():
-        raise ConfigError(f"suite {name!r} not found: give a file or a name under {SUITES} (e.g. paper/fig2)")
+    """The raw YAML of a suite (the planner reads the paper's cluster-scale rows without resolving runs)."""
+    from zerobench.bench.suite import find_suite
+
+    path = find_suite(name)
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

@@ -28,15 +28,15 @@ EXIT_OOM = 75
 """A rank ran out of (budgeted) memory."""
 
 
-def describe_exit(rank: int, code: int) -> tuple[str, str]:
-    """(status, reason) for a rank's non-zero exit code."""
+def describe_exit(who: str, code: int) -> tuple[str, str]:
+    """(status, reason) for a non-zero exit code of ``who`` (e.g. ``rank 1``, ``srun step``)."""
     if code == EXIT_OOM:
-        return "oom", f"rank {rank} ran out of memory"
+        return "oom", f"{who} ran out of memory"
     if code == EXIT_CONFIG:
-        return "invalid", f"rank {rank} rejected the configuration"
+        return "invalid", f"{who} rejected the configuration"
     if code < 0:
-        return "failed", f"rank {rank} was killed by signal {-code}"
-    return "failed", f"rank {rank} exited with code {code}"
+        return "failed", f"{who} was killed by signal {-code}"
+    return "failed", f"{who} exited with code {code}"
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def launch_local(
                 codes = [p.poll() for p in procs]
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
-                    status, reason = describe_exit(*bad[0])
+                    status, reason = describe_exit(f"rank {bad[0][0]}", bad[0][1])
                     break
                 if all(c == 0 for c in codes):
                     break

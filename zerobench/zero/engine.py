@@ -23,6 +23,7 @@ from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import model_state_bytes_analytic, storage_bytes
 from zerobench.zero.bucket import GradBucketGroup
+from zerobench.zero.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.layout import ParamSpec, build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
@@ -81,8 +82,6 @@ class ZeroEngine:
         segments = self.layout.segments(self.rank_in_shards)
 
         # 2. fp32 master partition from the model's initial (fp32) values.
-        from zerobench.zero.buffer import FullBuffer, LocalBuffer
-
         init = [zp.param.detach().float().reshape(-1) for zp in self.zparams]
         if self.stage == 3:
             self.params_full = None

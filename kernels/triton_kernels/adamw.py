@@ -1,0 +1,75 @@
+"""Fused AdamW over a flat fp32 partition (Triton): one pass reads p, g, m, v and writes p, m, v and,
+optionally, the low-precision copy of the updated partition. One program per row of the block table
+(``kernels.tables.adamw_blocks``), so weight decay is a per-program flag. A nonzero ``found_inf`` flag
+(fp16 overflow, already reduced over ranks) makes every program a no-op without a host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_kernels.common import dtype_code, store_cast
+
+BLOCK = 1024
+
+
+@triton.jit
+def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
+                  lr, beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, grad_scale,
+                  OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, HAS_FLAG: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * 3
+    start = tl.load(blocks_ptr + row)
+    end = tl.load(blocks_ptr + row + 1)
+    decay = tl.load(blocks_ptr + row + 2)
+    offs = start + tl.arange(0, BLOCK).to(tl.int64)
+    mask = offs < end
+    if HAS_FLAG:
+        # Broadcast load of the flag (one cached word); folding it into the mask needs no early return.
+        mask = mask & (tl.load(flag_ptr + offs * 0, mask=mask, other=0.0) == 0.0)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * grad_scale
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    keep = tl.where(decay != 0, 1.0 - lr * weight_decay, 1.0)
+    m = m + (1.0 - beta1) * (g - m)
+    v = beta2 * v + (1.0 - beta2) * g * g
+    denom = tl.sqrt(v) * inv_bc2_sqrt + eps
+    p = p * keep - step_size * (m / denom)
+    tl.store(m_ptr + offs, m, mask=mask)
+    tl.store(v_ptr + offs, v, mask=mask)
+    tl.store(p_ptr + offs, p, mask=mask)
+    if HAS_OUT:
+        store_cast(out_ptr + offs, p, mask, OUT_DTYPE)
+
+
+def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay,
+           step_size, inv_bc2_sqrt, grad_scale) -> None:
+    """Launch over ``blocks`` (built with block size <= ``BLOCK``); tensors contiguous, same device."""
+    n = blocks.shape[0]
+    if n == 0:
+        return
+    _adamw_kernel[(n,)](
+        param, grad, exp_avg, exp_avg_sq, out if out is not None else param, blocks,
+        found_inf if found_inf is not None else param,
+        lr, beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, grad_scale,
+        OUT_DTYPE=dtype_code(out.dtype) if out is not None else 0, HAS_OUT=out is not None,
+        HAS_FLAG=found_inf is not None, BLOCK=BLOCK,
+    )
+
+
+@triton.jit
+def _nonfinite_kernel(x_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    bad = tl.max((tl.abs(x) > 3.4028234663852886e38) | (x != x), axis=0)
+    if bad:
+        tl.store(flag_ptr, 1.0)
+
+
+def nonfinite_(x: torch.Tensor, flag: torch.Tensor) -> None:
+    """Set ``flag`` (one fp32 element) to 1 when ``x`` holds an inf or NaN; leave it otherwise."""
+    n = x.numel()
+    if n:
+        _nonfinite_kernel[(triton.cdiv(n, BLOCK),)](x, flag, n, BLOCK=BLOCK)

@@ -1,0 +1,120 @@
+"""Fused AdamW (C++ CPU kernel and Triton under the interpreter) against the fp64 reference, which is
+itself checked against ``torch.optim.AdamW``. Sizes stay <= 64K elements for the interpreter."""
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+from tests.kernels.impls import IMPLS, adamw, make, nonfinite
+
+HP = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+N = 40_000
+RANGES = [(0, 12_000), (12_016, 30_000), (31_000, 39_990)]
+
+
+def _mask(n, ranges):
+    m = torch.zeros(n, dtype=torch.bool)
+    for lo, hi in ranges:
+        m[lo:hi] = True
+    return m
+
+
+def test_reference_is_torch_adamw_in_fp64():
+    p = make(1000, torch.float64, 1)
+    ref = p.clone().requires_grad_()
+    opt = torch.optim.AdamW([ref], lr=HP["lr"], betas=HP["betas"], eps=HP["eps"], weight_decay=HP["weight_decay"])
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    for step in range(1, 6):
+        g = make(1000, torch.float64, 10 + step)
+        ref.grad = g.clone()
+        opt.step()
+        p, m, v = reference.adamw(p, g * 4, m, v, torch.ones(1000, dtype=torch.bool), lr=HP["lr"],
+                                  beta1=HP["betas"][0], beta2=HP["betas"][1], eps=HP["eps"],
+                                  weight_decay=HP["weight_decay"], step=step, grad_scale=0.25)
+    torch.testing.assert_close(p, ref.detach(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16])
+def test_fused_adamw_matches_fp64_reference(impl, grad_dtype, out_dtype):
+    p = make(N, seed=1)
+    m, v = torch.zeros(N), torch.zeros(N)
+    p64, m64, v64 = p.double(), m.double(), v.double()
+    mask = _mask(N, RANGES)
+    for step in range(1, 4):
+        g = make(N, grad_dtype, seed=20 + step, scale=3.0)
+        out = torch.empty(N, dtype=out_dtype) if out_dtype else None
+        adamw(impl, p, g, m, v, RANGES, out=out, step=step, grad_scale=0.5, **HP)
+        p64, m64, v64 = reference.adamw(p64, g.double(), m64, v64, mask, beta1=HP["betas"][0], beta2=HP["betas"][1],
+                                        lr=HP["lr"], eps=HP["eps"], weight_decay=HP["weight_decay"], step=step,
+                                        grad_scale=0.5)
+        torch.testing.assert_close(p.double(), p64, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(m.double(), m64, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(v.double(), v64, rtol=1e-6, atol=1e-7)
+        if out is not None:  # bit-equal to round-to-nearest-even of the updated fp32 partition
+            assert torch.equal(out.view(torch.int16), p.to(out_dtype).view(torch.int16))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_copy_out_rounds_to_nearest_even_on_ties_and_specials(impl):
+    # fp32 values exactly halfway between two bf16 values, plus inf/nan/tiny: lr=0 leaves p unchanged.
+    base = torch.tensor([1.0, 1.0078125, -3.0, 65504.0, 1e-40, 3.0e38], dtype=torch.float32)
+    bits = base.view(torch.int32)
+    halfway = (bits | 0x8000).view(torch.float32)           # ...x.1000 0000 0000 0000: a tie
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0])
+    p = torch.cat([base, halfway, halfway.nextafter(torch.tensor(float("inf"))), special])
+    n = p.numel()
+    for dt in (torch.bfloat16, torch.float16):
+        q = p.clone()
+        out = torch.empty(n, dtype=dt)
+        adamw(impl, q, torch.zeros(n), torch.zeros(n), torch.zeros(n), [], out=out, lr=0.0, betas=(0.9, 0.95),
+              eps=1e-8, weight_decay=0.0, step=1, grad_scale=1.0)
+        expect = p.to(dt)
+        nan = torch.isnan(expect)
+        assert torch.equal(torch.isnan(out), nan)
+        assert torch.equal(out[~nan].view(torch.int16), expect[~nan].view(torch.int16))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_found_inf_flag_skips_the_step(impl):
+    p, m, v = make(3000, seed=3), torch.ones(3000), torch.ones(3000)
+    before = [t.clone() for t in (p, m, v)]
+    out = torch.zeros(3000, dtype=torch.bfloat16)
+    adamw(impl, p, make(3000, seed=4), m, v, [(0, 100)], out=out, found_inf=torch.ones(1), step=1,
+          grad_scale=1.0, **HP)
+    for a, b in zip((p, m, v), before):
+        assert torch.equal(a, b)
+    assert not out.any()
+    adamw(impl, p, make(3000, seed=4), m, v, [(0, 100)], out=out, found_inf=torch.zeros(1), step=1,
+          grad_scale=1.0, **HP)
+    assert not torch.equal(p, before[0]) and torch.equal(out, p.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [None, float("inf"), float("-inf"), float("nan")])
+def test_nonfinite_flag(impl, dtype, bad):
+    x = make(5000, dtype, seed=5)
+    if bad is not None:
+        x[4321] = bad
+    flag = torch.zeros(1)
+    nonfinite(impl, x, flag)
+    assert flag.item() == (0.0 if bad is None else 1.0)
+    nonfinite(impl, make(10, dtype), flag)  # a clean tensor never clears a raised flag
+    assert flag.item() == (0.0 if bad is None else 1.0)
+
+
+def test_bad_arguments_get_one_line_errors():
+    p, g = torch.zeros(10), torch.zeros(10)
+    blocks = kernels.adamw_blocks(10, [], "cpu")
+    kw = dict(blocks=blocks, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, step=1)
+    with pytest.raises(ValueError, match="must be fp32"):
+        kernels.fused_adamw_(p.half(), g, g.clone(), g.clone(), **kw)
+    with pytest.raises(ValueError, match="grad must be a contiguous tensor of 10"):
+        kernels.fused_adamw_(p, torch.zeros(9), g.clone(), g.clone(), **kw)
+    with pytest.raises(ValueError, match="1-based"):
+        kernels.fused_adamw_(p, g, g.clone(), g.clone(), **{**kw, "step": 0})
+    with pytest.raises(Exception, match="unknown kernel mode 'fast'"):
+        kernels.resolve("fast", "cpu")

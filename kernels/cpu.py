@@ -22,7 +22,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "zb_cpu_kernels.cpp"
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

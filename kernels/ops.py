@@ -57,8 +57,12 @@ def adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, out
         out.copy_(p)
 
 
-def _adamw_scalars(lr, beta1, beta2, step):
-    return lr / (1.0 - beta1**step), 1.0 / math.sqrt(1.0 - beta2**step)
+def adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale) -> tuple[float, ...]:
+    """The kernels' scalar arguments, derived in double precision and rounded to fp32 once, as
+    torch.optim.AdamW derives them: (decay_keep, beta2, 1 - beta1, 1 - beta2, eps, step_size,
+    sqrt(1 - beta2^t), grad_scale). (1 - beta1 computed in fp32 would differ in the last bit.)"""
+    return (1.0 - lr * weight_decay, beta2, 1.0 - beta1, 1.0 - beta2, eps, lr / (1.0 - beta1**step),
+            math.sqrt(1.0 - beta2**step), grad_scale)
 
 
 @adamw_.register_kernel("cpu")
@@ -66,20 +70,18 @@ def _(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2
       grad_scale):
     if found_inf is not None and found_inf.item() != 0:
         return
-    step_size, inv_bc2 = _adamw_scalars(lr, beta1, beta2, step)
     cpu.library().zb_adamw(
         param.data_ptr(), grad.data_ptr(), _code(grad), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), _ptr(out),
-        _code(out) if out is not None else 0, blocks.data_ptr(), blocks.shape[0], lr, beta1, beta2, eps,
-        weight_decay, step_size, inv_bc2, grad_scale, cpu.threads(),
+        _code(out) if out is not None else 0, blocks.data_ptr(), blocks.shape[0],
+        *adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale), cpu.threads(),
     )
 
 
 @adamw_.register_kernel("cuda")
 def _(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay, step,
       grad_scale):
-    step_size, inv_bc2 = _adamw_scalars(lr, beta1, beta2, step)
-    _triton()[0].adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps,
-                        weight_decay, step_size, inv_bc2, grad_scale)
+    _triton()[0].adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf,
+                        adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale))
 
 
 @adamw_.register_fake

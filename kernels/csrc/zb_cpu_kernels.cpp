@@ -56,8 +56,10 @@ template <> inline void store<0>(void* p, int64_t i, float x) { static_cast<floa
 template <> inline void store<1>(void* p, int64_t i, float x) { static_cast<uint16_t*>(p)[i] = f32_to_bf16(x); }
 template <> inline void store<2>(void* p, int64_t i, float x) { static_cast<uint16_t*>(p)[i] = f32_to_f16(x); }
 
+// Scalars derived in double precision by the caller (as torch.optim.AdamW derives them in Python), then
+// rounded to float once: e.g. 1 - beta1 computed in float would differ in the last bit.
 struct AdamArgs {
-  float lr, beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, grad_scale;
+  float decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale;
 };
 
 // One block [start, end) of the block table; `decay` says whether weight decay applies to all of it.
@@ -65,15 +67,16 @@ struct AdamArgs {
 template <int G, int OUT>
 inline void adamw_block(float* __restrict p, const void* __restrict g, float* __restrict m, float* __restrict v,
                         void* __restrict out, int64_t start, int64_t end, bool decay, const AdamArgs& a) {
-  const float keep = decay ? 1.0f - a.lr * a.weight_decay : 1.0f;
-  const float one_m_b1 = 1.0f - a.beta1, one_m_b2 = 1.0f - a.beta2;
+  const float keep = decay ? a.decay_keep : 1.0f;
+  const float one_m_b1 = a.one_minus_beta1, one_m_b2 = a.one_minus_beta2;
 #pragma omp simd
   for (int64_t i = start; i < end; ++i) {
     const float gi = load<G>(g, i) * a.grad_scale;
     const float mi = m[i] + one_m_b1 * (gi - m[i]);
     const float vi = a.beta2 * v[i] + one_m_b2 * gi * gi;
-    const float denom = std::sqrt(vi) * a.inv_bc2_sqrt + a.eps;
-    const float pi = p[i] * keep - a.step_size * (mi / denom);
+    const float denom = std::sqrt(vi) / a.bc2_sqrt + a.eps;
+    // addcdiv_(m, denom, value=-step_size) as torch's CPU kernel evaluates it: one fused multiply-add.
+    const float pi = std::fma(-a.step_size, mi / denom, p[i] * keep);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
@@ -117,13 +120,15 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 extern "C" {
 
-int zb_abi_version() { return 3; }
+int zb_abi_version() { return 4; }
 
 // Fused AdamW step over a flat fp32 partition. blocks: [nblocks, 3] int64 rows (start, end, decay).
+// decay_keep = 1 - lr * weight_decay (applied to blocks flagged for decay), step_size = lr / (1 - beta1^t),
+// bc2_sqrt = sqrt(1 - beta2^t).
 void zb_adamw(float* p, const void* g, int g_kind, float* m, float* v, void* out, int out_kind,
-              const int64_t* blocks, int64_t nblocks, float lr, float beta1, float beta2, float eps,
-              float weight_decay, float step_size, float inv_bc2_sqrt, float grad_scale, int threads) {
-  const AdamArgs a{lr, beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, grad_scale};
+              const int64_t* blocks, int64_t nblocks, float decay_keep, float beta2, float one_minus_beta1,
+              float one_minus_beta2, float eps, float step_size, float bc2_sqrt, float grad_scale, int threads) {
+  const AdamArgs a{decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale};
   if (g_kind == 1) adamw_out<1>(p, g, m, v, out, out_kind, blocks, nblocks, a, threads);
   else if (g_kind == 2) adamw_out<2>(p, g, m, v, out, out_kind, blocks, nblocks, a, threads);
   else adamw_out<0>(p, g, m, v, out, out_kind, blocks, nblocks, a, threads);

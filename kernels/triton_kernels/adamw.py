@@ -17,7 +17,7 @@ BLOCK = 1024
 
 @triton.jit
 def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
-                  lr, beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, grad_scale,
+                  decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale,
                   OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, HAS_FLAG: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64) * 3
     start = tl.load(blocks_ptr + row)
@@ -32,11 +32,11 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    keep = tl.where(decay != 0, 1.0 - lr * weight_decay, 1.0)
-    m = m + (1.0 - beta1) * (g - m)
-    v = beta2 * v + (1.0 - beta2) * g * g
-    denom = tl.sqrt(v) * inv_bc2_sqrt + eps
-    p = p * keep - step_size * (m / denom)
+    keep = tl.where(decay != 0, decay_keep, 1.0)
+    m = m + one_minus_beta1 * (g - m)
+    v = beta2 * v + one_minus_beta2 * g * g
+    denom = tl.sqrt(v) / bc2_sqrt + eps
+    p = tl.fma(-step_size, m / denom, p * keep)
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
     tl.store(p_ptr + offs, p, mask=mask)
@@ -44,16 +44,15 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
         store_cast(out_ptr + offs, p, mask, OUT_DTYPE)
 
 
-def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay,
-           step_size, inv_bc2_sqrt, grad_scale) -> None:
-    """Launch over ``blocks`` (built with block size <= ``BLOCK``); tensors contiguous, same device."""
+def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars) -> None:
+    """Launch over ``blocks`` (block size <= ``BLOCK``); ``scalars`` from ``kernels.ops.adamw_scalars``."""
     n = blocks.shape[0]
     if n == 0:
         return
     _adamw_kernel[(n,)](
         param, grad, exp_avg, exp_avg_sq, out if out is not None else param, blocks,
         found_inf if found_inf is not None else param,
-        lr, beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, grad_scale,
+        *scalars,
         OUT_DTYPE=dtype_code(out.dtype) if out is not None else 0, HAS_OUT=out is not None,
         HAS_FLAG=found_inf is not None, BLOCK=BLOCK,
     )

@@ -30,6 +30,7 @@ def fp32_grid():
 @pytest.fixture(scope="module")
 def bf16_grid():
     scenarios = [Scenario(dp, s, "bf16") for dp in DPS for s in STAGES]
+    scenarios += [Scenario(1, s, "bf16", kernels="reference") for s in STAGES]
     return run_distributed(run_scenarios, 4, scenarios)
 
 
@@ -52,7 +53,12 @@ def test_bf16_parity(bf16_grid, stage, dp):
         r = rank_res[Scenario(dp, stage, "bf16").key]
         assert r["max_update"] > 1e-4
         if dp == 1:
-            assert r["max_diff"] == 0.0, r
+            # The reference optimizer path is torch.optim.AdamW's arithmetic op for op: bit-exact.
+            exact = rank_res[Scenario(1, stage, "bf16", kernels="reference").key]
+            assert exact["max_diff"] == 0.0, exact
+            # The fused kernel's fp32 master differs from torch's by an ulp where torch's vectorized sqrt
+            # is not correctly rounded (tests/kernels/test_adamw.py); that flips the bf16 rounding of some
+            # parameters, and later gradients carry it on. Held to the DP>1 tolerance below (measured 1.0%).
         assert r["update_rel_err"] <= BF16_UPDATE_RTOL, r
         assert r["loss_diff"] <= 1e-3, r
         if stage < 3:

@@ -36,13 +36,15 @@ class Scenario:
     tp: int = 1
     ac: ActivationConfig = field(default_factory=ActivationConfig)
     sp: bool = False
+    kernels: str = "auto"
 
     @property
     def key(self) -> str:
         a = self.ac
         ac = f"-ckpt{int(a.checkpoint)}{int(a.partition)}{int(a.cpu_offload)}{int(a.contiguous)}"
         sp = "-sp" if self.sp else ""
-        return f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}{ac}"
+        kern = "" if self.kernels == "auto" else f"-{self.kernels}"
+        return f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}{ac}{kern}"
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -102,6 +104,7 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
         zcfg = ZeroConfig(
             stage=sc.stage, precision=Precision(sc.precision), bucket_numel=sc.bucket_numel,
             grad_accum_steps=sc.accum, clip_grad_norm=sc.clip, optimizer=ADAM, loss_scale=sc.loss_scale,
+            kernels=sc.kernels,
         )
         work = copy.deepcopy(model)
         info = apply_tp(work, tp_group, sequence_parallel=sc.sp)

@@ -3,12 +3,11 @@ or "triton" (the Triton kernel under TRITON_INTERPRET=1, launched directly on CP
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 import kernels
 from kernels import tables
+from kernels.ops import adamw_scalars
 
 IMPLS = ["cpu", "triton"]
 
@@ -26,8 +25,8 @@ def adamw(impl, p, g, m, v, ranges, *, out=None, found_inf=None, lr, betas, eps,
                              step=step, grad_scale=grad_scale, out=out, found_inf=found_inf)
     else:
         blocks = tables.adamw_blocks(p.numel(), ranges, kernels.TRITON_ADAMW_BLOCK)
-        triton_mod("adamw").adamw_(p, g, m, v, out, blocks, found_inf, lr, betas[0], betas[1], eps, weight_decay,
-                                   lr / (1 - betas[0] ** step), 1 / math.sqrt(1 - betas[1] ** step), grad_scale)
+        scalars = adamw_scalars(lr, betas[0], betas[1], eps, weight_decay, step, grad_scale)
+        triton_mod("adamw").adamw_(p, g, m, v, out, blocks, found_inf, scalars)
 
 
 def nonfinite(impl, x, flag):

@@ -78,6 +78,8 @@ class ZeroConfig:
     """Clip the global gradient L2 norm (across all partitions) to this value; None disables."""
     prefetch: bool = True
     """Stage 3: all-gather the next module's parameters while the current one computes."""
+    kernels: str = "auto"
+    """Optimizer kernels: "auto" (fused where the device has them), "fused" (required), "reference"."""
     optimizer: AdamWConfig = field(default_factory=AdamWConfig)
     """AdamW hyperparameters."""
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
@@ -92,5 +94,7 @@ class ZeroConfig:
             raise ConfigError(f"bucket size must be >= 1 element, got {self.bucket_numel}")
         if self.grad_accum_steps < 1:
             raise ConfigError(f"gradient accumulation steps must be >= 1, got {self.grad_accum_steps}")
+        if self.kernels not in ("auto", "fused", "reference"):
+            raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

@@ -140,7 +140,7 @@ class ZeroEngine:
                 decay_ranges[seg.bucket].append(rng)
             if self.zparams[seg.param].name not in sharded_names:
                 self.replicated_ranges[seg.bucket].append(rng)
-        self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges)
+        self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges, config.kernels)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
@@ -194,10 +194,7 @@ class ZeroEngine:
         sharded = self.stage >= 1 and self.group.size > 1
         if self.scaler.enabled:
             found = torch.zeros(1, dtype=torch.float32, device=self.device)
-            for g in grads:
-                if not torch.isfinite(g).all():
-                    found.fill_(1.0)
-                    break
+            self.optimizer.flag_nonfinite(grads, found)
             if sharded:
                 C.all_reduce(found, self.group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
             if self.tp_group is not None:
@@ -213,7 +210,8 @@ class ZeroEngine:
             coef = self.config.clip_grad_norm / (norm + 1e-6)
             if coef < 1.0:
                 scale *= coef
-        self.optimizer.step(grads, scale)
+        # Mixed precision: the step writes the low-precision shard in the same pass (fused kernel).
+        self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)
         self.scaler.update(overflow=False)
         self._publish_params()
         return True
@@ -235,9 +233,7 @@ class ZeroEngine:
         return math.sqrt(tp_part.item() + sq[1].item())
 
     def _publish_params(self) -> None:
-        """Master -> low-precision shard; stages 1-2 all-gather the updated shards to every rank."""
-        if self.master_buf is not None:
-            torch._foreach_copy_(self.param_shards, self.optimizer.master)
+        """Stages 1-2 all-gather the updated shards (already written by the step) to every rank."""
         if self.stage in (1, 2) and self.group.size > 1:
             works = [
                 C.all_gather(self.params_full.bucket_view(b.index), shard, self.group, self.ledger, "param", async_op=True)

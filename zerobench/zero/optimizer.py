@@ -5,6 +5,10 @@ fp32 master chunks, gradient chunks (any dtype; summed over ranks), and the weig
 each chunk (parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do). Moments
 live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s, with the gradient
 scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gradient read.
+
+Two paths: the fused kernel (``kernels.fused_adamw_``: one pass per chunk reading p, g, m, v and writing p,
+m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` over the chunks, then a
+separate copy-out). ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 
 import torch
 
+import kernels
 from zerobench.zero.config import AdamWConfig
 
 
@@ -24,6 +29,7 @@ class ShardedAdamW:
         cfg: AdamWConfig,
         master: list[torch.Tensor],
         decay_ranges: list[list[tuple[int, int]]],
+        kernel_mode: str = "auto",
     ):
         self.cfg = cfg
         self.master = master
@@ -34,6 +40,11 @@ class ShardedAdamW:
         self.exp_avg_sq = torch.zeros(total, dtype=torch.float32, device=device)
         self.m, self.v = self._chunks(self.exp_avg), self._chunks(self.exp_avg_sq)
         self.step_count = 0
+        self.path = kernels.resolve(kernel_mode, device)
+        self.blocks = (
+            [kernels.adamw_blocks(m.numel(), r, device) for m, r in zip(master, decay_ranges)]
+            if self.path == "fused" else None
+        )
 
     def _chunks(self, flat: torch.Tensor) -> list[torch.Tensor]:
         out, off = [], 0
@@ -43,12 +54,30 @@ class ShardedAdamW:
         return out
 
     @torch.no_grad()
-    def step(self, grads: list[torch.Tensor], grad_scale: float) -> None:
+    def flag_nonfinite(self, grads: list[torch.Tensor], flag: torch.Tensor) -> None:
+        """Raise ``flag`` (one fp32 element) when any gradient chunk holds inf or NaN."""
+        for g in grads:
+            if self.path == "fused":
+                kernels.nonfinite_(g, flag)
+            elif not torch.isfinite(g).all():
+                flag.fill_(1.0)
+                return
+
+    @torch.no_grad()
+    def step(self, grads: list[torch.Tensor], grad_scale: float, out: list[torch.Tensor] | None = None) -> None:
+        """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy)."""
         cfg = self.cfg
-        if not self.master:
-            self.step_count += 1
-            return
         self.step_count += 1
+        if not self.master:
+            return
+        if self.path == "fused":
+            for i, (p, g, m, v) in enumerate(zip(self.master, grads, self.m, self.v)):
+                kernels.fused_adamw_(
+                    p, g, m, v, blocks=self.blocks[i], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                    weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale,
+                    out=out[i] if out is not None else None,
+                )
+            return
         b1, b2 = cfg.betas
         g32 = [g.to(torch.float32) if g.dtype != torch.float32 else g for g in grads]
         g32 = torch._foreach_mul(g32, grad_scale)
@@ -66,6 +95,8 @@ class ShardedAdamW:
         torch._foreach_div_(denom, bc2_sqrt)
         torch._foreach_add_(denom, cfg.eps)
         torch._foreach_addcdiv_(self.master, self.m, denom, value=-cfg.lr / bc1)
+        if out is not None:
+            torch._foreach_copy_(out, self.master)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.exp_avg, self.exp_avg_sq]

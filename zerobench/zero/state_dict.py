@@ -88,6 +88,8 @@ def load_shard_state_dicts(engine, shards) -> None:
         raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
     opt.step_count = int(meta["step"])
     engine.scaler.load_state_dict(meta["scaler"])
+    if engine.master_buf is not None:  # master -> low-precision shard (a step does this in its copy-out)
+        torch._foreach_copy_(engine.param_shards, opt.master)
     engine._publish_params()
 
 

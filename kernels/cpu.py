@@ -22,6 +22,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "zb_cpu_kernels.cpp"
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+LIBS = ["-lmvec"]  # glibc's vector math (erff/expf in the GeLU and softmax loops)
 ABI_VERSION = 4
 
 _lock = threading.Lock()
@@ -65,7 +66,7 @@ def build(force: bool = False) -> Path:
     """Compile the library if the cache has no build for this source/flags/CPU; return its path."""
     cxx = _compiler()
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), cxx.encode(), _cpu_features().encode()):
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS + LIBS).encode(), cxx.encode(), _cpu_features().encode()):
         key.update(part)
     out = cache_dir() / f"zb_cpu_kernels-{key.hexdigest()[:16]}.so"
     if out.exists() and not force:
@@ -73,7 +74,7 @@ def build(force: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, "-o", tmp, str(SOURCE)]
+    cmd = [cxx, *FLAGS, "-o", tmp, str(SOURCE), *LIBS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)

@@ -38,6 +38,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=1, help="tensor (model) parallel degree; world = dp * tp")
     g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group (Megatron SP)")
     g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
+    g.add_argument("--kernels", default="auto", choices=["auto", "fused", "reference"],
+                   help="fused kernels (AdamW step, LayerNorm, bias+GeLU; kernels/): auto = where the device "
+                        "has them, fused = required, reference = plain PyTorch")
     g = p.add_argument_group("ZeRO-R (paper §6)")
     g.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")
     g.add_argument("--pa", action="store_true", help="P_a: partition activation checkpoints over TP ranks")
@@ -98,7 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         zero=ZeroConfig(
             stage=args.stage, precision=precision, bucket_numel=args.bucket_size,
             grad_accum_steps=args.grad_accum, clip_grad_norm=args.clip,
-            optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay),
+            optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay), kernels=args.kernels,
         ),
         activation=ActivationConfig(
             checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
@@ -106,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ),
         system=args.system, preset=args.preset, dp=dp, tp=args.tp, sequence_parallel=args.sp, micro_batch=args.micro_batch, steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
-        tensorboard_dir=args.tensorboard,
+        tensorboard_dir=args.tensorboard, kernels=args.kernels,
     )
     cfg.validate(denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -15,6 +15,15 @@
 #include <vector>
 #include <omp.h>
 
+// Vector variants of erff/expf from glibc's libmvec (linked with -lmvec): glibc only declares them under
+// -ffast-math, which we do not want, so declare them here and the GeLU/softmax loops vectorize.
+extern "C" {
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+float expf(float);
+}
+
 namespace {
 
 inline float bf16_to_f32(uint16_t h) {
@@ -277,8 +286,10 @@ void zb_causal_softmax_fwd(const float* x, float* y, int64_t batch, int64_t s, f
     const float* xr = x + r * s;
     float* yr = y + r * s;
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j <= i; ++j) mx = std::fmax(mx, xr[j] * scale);
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j <= i; ++j) {
       yr[j] = std::exp(xr[j] * scale - mx);
       sum += yr[j];

@@ -14,6 +14,7 @@ from zerobench.distributed.mesh import build_mesh
 from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
 from zerobench.parallel.layers import shard_cols, shard_rows
 from zerobench.parallel.tensor_parallel import apply_tp
+from zerobench.models.fused import apply_fused_kernels
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
 from zerobench.train.data import SyntheticTokens
@@ -108,6 +109,7 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
         )
         work = copy.deepcopy(model)
         info = apply_tp(work, tp_group, sequence_parallel=sc.sp)
+        apply_fused_kernels(work, sc.kernels)
         store = apply_activation_checkpointing(work, sc.ac, tp_group, rng=info.rng)
         engine = apply_zero(work, group, zcfg, tp=info)
         mb = sc.global_batch // (sc.dp * sc.accum)
@@ -127,10 +129,14 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
             stepped.append(engine.step())
             engine.zero_grad()
         full = full_parameters(engine)
-        key = (sc.precision, sc.clip, sc.loss_scale, sc.steps, sc.global_batch, sc.preset)
+        key = (sc.precision, sc.clip, sc.loss_scale, sc.steps, sc.global_batch, sc.preset, sc.kernels)
         if key not in ref_cache:
+            # The reference is the same model (same fused model kernels) trained in one process with
+            # torch.optim.AdamW: the difference is the parallelism and ZeRO's optimizer step alone.
+            ref_model = copy.deepcopy(model)
+            apply_fused_kernels(ref_model, sc.kernels)
             batches = [data.samples(t, 0, sc.global_batch) for t in range(sc.steps)]
-            ref_cache[key] = reference_train(model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale)
+            ref_cache[key] = reference_train(ref_model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale)
         ref_losses, ref_params, ref_stepped = ref_cache[key]
         ref_params = {n: tp_local(n, t, tp_group) for n, t in ref_params.items()}
         init = {n: tp_local(n, p.detach(), tp_group) for n, p in model.named_parameters()}

@@ -46,6 +46,8 @@ class RunSpec:
     """Synonym of ``tp`` (the paper's name)."""
     sp: bool = False
     """Sequence parallelism inside the TP group."""
+    kernels: str = "auto"
+    """Fused kernels (optimizer, LayerNorm, bias+GeLU): auto, fused or reference."""
     gpus: int | None = None
     """Total processes; must equal dp * tp when both are given."""
     precision: str = "fp32"
@@ -126,12 +128,12 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
         model=model,
         zero=ZeroConfig(stage=spec.stage, precision=precision, bucket_numel=spec.cb_size or spec.bucket_size,
                         grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
-                        optimizer=AdamWConfig(lr=spec.lr)),
+                        optimizer=AdamWConfig(lr=spec.lr), kernels=spec.kernels),
         activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
                                     partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
         preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,
         warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
-        memory_budget_bytes=budget,
+        memory_budget_bytes=budget, kernels=spec.kernels,
     )
     cfg.validate()
     return cfg

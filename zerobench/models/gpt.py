@@ -53,6 +53,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        # None: SDPA. Else a causal scaled softmax ``f(scores, scale)`` for explicit attention (fused kernel).
+        self.causal_softmax = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)
@@ -64,7 +66,10 @@ class CausalSelfAttention(nn.Module):
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention over ``[b, heads, s, d]`` (flash / memory-efficient kernels on GPU)."""
         p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        if self.causal_softmax is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        probs = self.causal_softmax(q @ k.transpose(-2, -1), 1.0 / math.sqrt(q.shape[-1]))
+        return F.dropout(probs, p) @ v
 
 
 class MLP(nn.Module):

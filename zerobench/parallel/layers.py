@@ -41,10 +41,12 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _param(shard_rows(full.weight, group, strided))
         self.bias = _param(shard_rows(full.bias, group, strided)) if full.bias is not None else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, skip_bias: bool = False) -> torch.Tensor:
+        """``skip_bias``: leave the bias add to the caller (a fused bias+activation kernel)."""
+        bias = None if skip_bias else self.bias
         if self.sequence_parallel:  # [b, s/tp, h] -> all-gather the sequence (reduce-scatter in backward)
-            return F.linear(gather_sequence(x, self.group, self.ledger), self.weight, self.bias)
-        return F.linear(copy_to_tp(x, self.group, self.ledger), self.weight, self.bias)
+            return F.linear(gather_sequence(x, self.group, self.ledger), self.weight, bias)
+        return F.linear(copy_to_tp(x, self.group, self.ledger), self.weight, bias)
 
 
 class RowParallelLinear(nn.Module):

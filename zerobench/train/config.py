@@ -46,6 +46,9 @@ class TrainConfig:
     """Per-device memory budget; exceeding it fails the run as out of memory (CPU: tracked live bytes)."""
     collective_timeout_s: float = 300.0
     """A collective waiting longer than this fails the run (a dead or stuck rank)."""
+    kernels: str = "auto"
+    """Fused model kernels (LayerNorm, bias+GeLU): auto (where the device has them), fused, reference.
+    The optimizer's kernels are ``zero.kernels``; the CLI sets both."""
 
     @property
     def world_size(self) -> int:
@@ -76,6 +79,8 @@ class TrainConfig:
                 f"DP degree {self.dp} x TP degree {self.tp} does not match the world size {world_size}: "
                 f"pass --dp {world_size // self.tp} or launch {self.world_size} processes"
             )
+        if self.kernels not in ("auto", "fused", "reference"):
+            raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
         if self.system not in ("zerobench", "megatron"):
             raise ConfigError(f"unknown system {self.system!r}: choose zerobench or megatron")
         if self.system == "megatron":

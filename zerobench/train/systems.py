@@ -16,6 +16,7 @@ from zerobench.config import ConfigError
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.models.gpt import GPT
+from zerobench.models.fused import apply_fused_kernels
 from zerobench.parallel.checkpointing import apply_activation_checkpointing
 from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.train.config import TrainConfig
@@ -38,7 +39,7 @@ class TrainSystem(Protocol):
 
 
 class ZeroSystem:
-    """zerobench: plain GPT -> apply_tp -> activation checkpointing -> apply_zero."""
+    """zerobench: plain GPT -> apply_tp -> fused kernels -> activation checkpointing -> apply_zero."""
 
     def __init__(self, cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device):
         torch.manual_seed(cfg.seed)
@@ -46,6 +47,7 @@ class ZeroSystem:
         # Order matters: TP decides which parameters exist on this rank, checkpointing wraps the blocks,
         # and ZeRO partitions whatever parameters are left, over this TP rank's DP group.
         tp_info = apply_tp(model, mesh.tp, ledger, seed=cfg.seed, sequence_parallel=cfg.sequence_parallel)
+        apply_fused_kernels(model, cfg.kernels)
         self.store = apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger, tp_info.rng)
         self.engine = apply_zero(model, mesh.dp, cfg.zero, ledger, tp=tp_info)
         self.module, self.ledger = model, ledger

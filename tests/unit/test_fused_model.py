@@ -1,0 +1,45 @@
+"""``apply_fused_kernels`` on the plain GPT: same parameters, same state dict, same losses and gradients as
+the unfused model (fp32, to 1e-5), with and without the fused attention softmax and dropout off."""
+
+import copy
+
+import pytest
+import torch
+
+from zerobench.models.fused import FusedLayerNorm, FusedMLP, apply_fused_kernels
+from zerobench.models.gpt import GPT
+from zerobench.models.sizes import PRESETS
+from zerobench.train.data import SyntheticTokens
+
+
+def _loss_and_grads(model, x, y):
+    model.zero_grad()
+    loss = model(x, y)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("softmax_attention", [False, True])
+def test_fused_model_matches_plain_model(softmax_attention):
+    cfg = PRESETS["tiny"]
+    torch.manual_seed(0)
+    plain = GPT(cfg)
+    fused = copy.deepcopy(plain)
+    assert apply_fused_kernels(fused, "fused", softmax_attention=softmax_attention) == "fused"
+    assert sum(isinstance(m, FusedLayerNorm) for m in fused.modules()) == 2 * cfg.layers + 1
+    assert sum(isinstance(m, FusedMLP) for m in fused.modules()) == cfg.layers
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    assert [n for n, _ in fused.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    x, y = SyntheticTokens(cfg.vocab, cfg.seq, seed=3).micro_batch(0, 0, 1, 0, 4)
+    l0, g0 = _loss_and_grads(plain, x, y)
+    l1, g1 = _loss_and_grads(fused, x, y)
+    assert abs(l0 - l1) <= 1e-5
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_reference_mode_leaves_the_model_alone():
+    model = GPT(PRESETS["tiny"])
+    before = [type(m) for m in model.modules()]
+    assert apply_fused_kernels(model, "reference") == "reference"
+    assert [type(m) for m in model.modules()] == before

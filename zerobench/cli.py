@@ -201,6 +201,41 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_kernels(args: argparse.Namespace) -> int:
+    import datetime
+    from pathlib import Path
+
+    import torch
+    from tabulate import tabulate
+
+    from zerobench.bench import kernels as kb
+
+    cfg = kb.KernelBenchConfig(numel=args.numel, rounds=args.rounds, device=args.device,
+                               deepspeed=not args.no_deepspeed)
+    if args.numel < 1 or args.rounds < 1:
+        raise ConfigError("--numel and --rounds must be >= 1")
+    if cfg.device not in ("cpu", "cuda") or (cfg.device == "cuda" and not torch.cuda.is_available()):
+        raise ConfigError(f"--device {cfg.device!r}: choose cpu, or cuda on a machine with a GPU")
+    run_id = "bench-kernels-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / run_id
+    total = cfg.warmup + cfg.rounds
+    print(f"AdamW over {cfg.numel:,} fp32 elements on {cfg.device}, {cfg.rounds} interleaved rounds", file=sys.stderr)
+    recs = kb.run_adamw_bench(cfg, progress=lambda r: print(f"  round {r + 1}/{total}", file=sys.stderr))
+    kb.write_rows(recs, cfg, out, run_id)
+    print(tabulate([[r["candidate"], f"{r['median_s'] * 1e3:.1f}", f"{r['gbps']:.1f}", f"{r['fraction_of_limit']:.3f}",
+                     f"{r.get('time_vs_torch_fused', float('nan')):.3f}"] for r in recs],
+                   headers=["AdamW", "median ms", "GB/s (28 B/elem)", "fraction of limit", "time / torch fused"]))
+    if args.ops:
+        cands = kb.transformer_candidates(cfg.device, args.rows, args.hidden, args.compile)
+        times = kb.interleave(cands, cfg.rounds, 2, torch.device(cfg.device))
+        ops = kb.summarize_ops(times)
+        print()
+        print(tabulate([[r["candidate"], f"{r['median_s'] * 1e3:.2f}", f"{r['time_vs_eager']:.3f}"] for r in ops],
+                       headers=[f"fwd+bwd [{args.rows}, h={args.hidden}]", "median ms", "time / eager"]))
+    print(f"rows: {out}")
+    return 0
+
+
 def cmd_regress(args: argparse.Namespace) -> int:
     from zerobench.bench.regress import _rows, run_gate, write_baseline
 
@@ -324,6 +359,20 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")
     ms.set_defaults(func=cmd_maxsize)
+    bk = sub.add_parser("bench-kernels", help="the fused kernels side by side with torch (and DeepSpeed): rows + table",
+                        description="AdamW over one flat fp32 partition by every candidate, interleaved round by "
+                                    "round, against a bandwidth-limit kernel with AdamW's access pattern; then "
+                                    "bias+GeLU and LayerNorm (forward+backward) against eager PyTorch.")
+    bk.add_argument("--numel", type=int, default=50_000_000, help="elements of the flat partition (default 50M)")
+    bk.add_argument("--rounds", type=int, default=7, help="interleaved rounds; medians over them")
+    bk.add_argument("--device", default="cpu", help="cpu or cuda")
+    bk.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeedCPUAdam even when installed")
+    bk.add_argument("--ops", action="store_true", help="also bias+GeLU and LayerNorm (rows x hidden below)")
+    bk.add_argument("--compile", action="store_true", help="with --ops: add torch.compile candidates")
+    bk.add_argument("--rows", type=int, default=8192, help="with --ops: tokens (batch x sequence)")
+    bk.add_argument("--hidden", type=int, default=1024, help="with --ops: hidden size")
+    bk.add_argument("--out", default=None, help="write result rows here (default runs/bench-kernels-<time>)")
+    bk.set_defaults(func=cmd_bench_kernels)
     rg = sub.add_parser("regress", help="the performance regression gate: candidate rows vs a baseline",
                         description="Compare per (configuration, metric) with per-metric rules; exit 1 on a "
                                     "regression; flag improvements and write a proposed new baseline.")

@@ -201,6 +201,39 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_peers(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tabulate import tabulate
+
+    from zerobench.peers.compare import PeersConfig, bar, run_peers
+
+    p = PeersConfig(systems=tuple(args.systems or ()), dp=args.dp, preset=args.preset, layers=args.layers,
+                    hidden=args.hidden, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
+                    rounds=args.rounds, memory_run=not args.no_memory_run)
+    p.validate()
+    out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    recs = run_peers(p, out, say=lambda m: print(m, file=sys.stderr))
+    mib = lambda b: f"{b / 2**20:.1f}" if b is not None else "-"  # noqa: E731
+    print(tabulate(
+        [[r["candidate"], r["sharding_stage"], f"{r['time_vs_torch_ddp']:.3f}" if "time_vs_torch_ddp" in r else r["status"],
+          f"{r['step_time_s'] * 1e3:.1f}" if "step_time_s" in r else "-", mib(r.get("peak_live_bytes")),
+          mib(r.get("peak_rss_bytes")), f"{r['loss_max_abs_diff']:.1e}" if "loss_max_abs_diff" in r else "-"]
+         for r in recs],
+        headers=["system", "shards like stage", "time / torch-ddp", "step ms", "peak live MiB", "peak RSS MiB",
+                 "max |Δloss| vs 1 process"]))
+    verdicts = bar(recs)
+    if verdicts:
+        print()
+        print(tabulate([[v["stage"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", "yes" if v["speed_ok"] else "NO",
+                         v["leanest_peer"] or "-", f"{v['memory_vs_leanest']:.3f}" if v["memory_vs_leanest"] else "-",
+                         "yes" if v["memory_ok"] else "NO"] for v in verdicts],
+                       headers=["zerobench stage", "fastest peer", "time / it", "<= 0.95", "leanest peer",
+                                "peak / it", "<= 1"]))
+    print(f"rows: {out}")
+    return 0 if all(r["status"] == "ok" for r in recs) else 1
+
+
 def cmd_bench_kernels(args: argparse.Namespace) -> int:
     import datetime
     from pathlib import Path
@@ -359,6 +392,23 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")
     ms.set_defaults(func=cmd_maxsize)
+    pe = sub.add_parser("peers", help="zerobench stages vs torch DDP/ZeRO-1/FSDP1/FSDP2 and DeepSpeed, side by side",
+                        description="Every candidate trains the same GPT on the same processes, interleaved round "
+                                    "by round; reports step time relative to torch-ddp (median of per-round "
+                                    "ratios), peak memory per rank and loss parity, as rows and a table.")
+    pe.add_argument("--systems", nargs="+", default=None,
+                    help="candidates (default: zerobench-0..3, the torch peers, DeepSpeed 0-3 + offload if installed)")
+    pe.add_argument("--dp", type=int, default=2, help="processes")
+    pe.add_argument("--preset", default="tiny", help="model preset")
+    pe.add_argument("--layers", type=int, default=None, help="override the preset's layers")
+    pe.add_argument("--hidden", type=int, default=None, help="override the preset's hidden size")
+    pe.add_argument("--micro-batch", type=int, default=2)
+    pe.add_argument("--steps", type=int, default=6)
+    pe.add_argument("--warmup", type=int, default=2)
+    pe.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    pe.add_argument("--no-memory-run", action="store_true", help="skip the per-candidate live-tensor run")
+    pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
+    pe.set_defaults(func=cmd_peers)
     bk = sub.add_parser("bench-kernels", help="the fused kernels side by side with torch (and DeepSpeed): rows + table",
                         description="AdamW over one flat fp32 partition by every candidate, interleaved round by "
                                     "round, against a bandwidth-limit kernel with AdamW's access pattern; then "

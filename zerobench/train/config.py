@@ -81,8 +81,15 @@ class TrainConfig:
             )
         if self.kernels not in ("auto", "fused", "reference"):
             raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
-        if self.system not in ("zerobench", "megatron"):
-            raise ConfigError(f"unknown system {self.system!r}: choose zerobench or megatron")
+        from zerobench.peers import peer_names
+
+        if self.system not in ("zerobench", "megatron", *peer_names()):
+            raise ConfigError(f"unknown system {self.system!r}: choose zerobench, megatron or a peer "
+                              f"({', '.join(peer_names())})")
+        if self.system in peer_names():
+            from zerobench.peers.common import check_supported
+
+            check_supported(self.system, self)
         if self.system == "megatron":
             if self.zero.stage != 0:
                 raise ConfigError("the megatron baseline is Megatron-LM's DDP (stage 0): drop --stage")

@@ -22,7 +22,7 @@ from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.train.config import TrainConfig
 from zerobench.zero import apply_zero
 
-SYSTEMS = ("zerobench", "megatron")
+SYSTEMS = ("zerobench", "megatron")  # and the peers of zerobench.peers
 
 
 class TrainSystem(Protocol):
@@ -86,4 +86,8 @@ def build_system(cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch
         from zerobench.baselines.megatron import MegatronSystem
 
         return MegatronSystem(cfg, mesh, ledger, device)
-    raise ConfigError(f"unknown system {cfg.system!r}: choose one of {', '.join(SYSTEMS)}")
+    from zerobench.peers import PEERS
+
+    if cfg.system in PEERS:
+        return PEERS[cfg.system](cfg, mesh, ledger, device)
+    raise ConfigError(f"unknown system {cfg.system!r}: choose zerobench, megatron or a peer ({', '.join(PEERS)})")

@@ -1,0 +1,182 @@
+"""``zerobench peers``: zerobench's stages and the peer systems trained side by side, measured alike.
+
+Every candidate trains the same GPT (same init, same synthetic data, same global batch, same AdamW) on the
+same number of local processes. Candidates are interleaved round by round (A B C ... A B C ...), each run a
+fresh set of processes, so slow drift of the machine hits all of them alike; a candidate's speed is the
+median over rounds of (its median step time / torch-ddp's in the same round). Peak memory per rank comes
+from one extra run per candidate under the same live-tensor tracker (every tensor allocated through torch,
+whoever allocates it) and from VmHWM with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed memory returns to the OS.
+Loss parity is against a single-process torch run of the same global batch. Everything becomes rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from zerobench.config import ConfigError
+from zerobench.models.sizes import preset as get_preset
+from zerobench.peers.registry import DEEPSPEED_PEERS, SHARDING, TORCH_PEERS, deepspeed_available
+from zerobench.results.rows import RowWriter, read_rows
+from zerobench.train.config import TrainConfig
+from zerobench.train.launch import launch_local
+from zerobench.zero.config import ZeroConfig
+
+ZEROBENCH = tuple(f"zerobench-{s}" for s in range(4))
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    """One side-by-side comparison."""
+
+    systems: tuple[str, ...] = field(default_factory=tuple)
+    """Candidates: ``zerobench-0..3`` and peer names; empty = zerobench 0-3, torch peers, DeepSpeed if installed."""
+    dp: int = 2
+    """Processes (data-parallel degree)."""
+    preset: str = "tiny"
+    """Model preset (``zerobench/models/sizes.py``); ``layers``/``hidden`` override it."""
+    layers: int | None = None
+    """Override the preset's layer count."""
+    hidden: int | None = None
+    """Override the preset's hidden size (heads stay the preset's)."""
+    micro_batch: int = 2
+    """Sequences per micro-batch per process."""
+    steps: int = 6
+    """Steps per run (the first ``warmup`` excluded from the median)."""
+    warmup: int = 2
+    """Warm-up steps per run."""
+    rounds: int = 3
+    """Interleaved timing rounds."""
+    memory_run: bool = True
+    """One extra run per candidate under the live-tensor tracker (peak live bytes)."""
+    timeout_s: float = 1800.0
+    """Per run."""
+
+    def candidates(self) -> tuple[str, ...]:
+        if self.systems:
+            return self.systems
+        ds = DEEPSPEED_PEERS if deepspeed_available() else ()
+        return ZEROBENCH + TORCH_PEERS + ds
+
+    def validate(self) -> None:
+        known = set(ZEROBENCH) | set(SHARDING)
+        for s in self.candidates():
+            if s not in known:
+                raise ConfigError(f"unknown system {s!r}: choose from {', '.join(ZEROBENCH + tuple(SHARDING))}")
+        if "torch-ddp" not in self.candidates():
+            raise ConfigError("the comparison is relative to torch-ddp: include it in --systems")
+        if self.dp < 1 or self.rounds < 1 or self.steps <= self.warmup:
+            raise ConfigError("need --dp >= 1, --rounds >= 1 and --steps > --warmup")
+
+
+def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None,
+                 track_memory: bool = False) -> TrainConfig:
+    model = get_preset(p.preset)
+    over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden)) if v}
+    model = dataclasses.replace(model, **over)
+    stage = int(system.split("-")[1]) if system in ZEROBENCH else 0
+    cfg = TrainConfig(
+        model=model, zero=ZeroConfig(stage=stage), preset=p.preset, dp=dp or p.dp,
+        micro_batch=micro_batch or p.micro_batch, steps=p.steps, warmup_steps=p.warmup,
+        system="zerobench" if system in ZEROBENCH else system, track_memory=track_memory,
+    )
+    cfg.validate()
+    return cfg
+
+
+def _metric(rows: list[dict], metric: str) -> list[dict]:
+    return [r for r in rows if r["metric"] == metric and r.get("status", "ok") == "ok"]
+
+
+def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
+    """Run the comparison; write every run's rows under ``out`` and a summary to ``out/summary``."""
+    p.validate()
+    cands = p.candidates()
+    out.mkdir(parents=True, exist_ok=True)
+    runs: list[tuple[str, str, TrainConfig]] = []
+    for r in range(p.rounds):
+        runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in cands]
+    if p.memory_run:
+        runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
+    runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
+    failed: dict[str, str] = {}
+    for i, (run_id, cand, cfg) in enumerate(runs):
+        if cand in failed and run_id != "reference":
+            continue
+        say(f"[{i + 1}/{len(runs)}] {run_id}")
+        res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s, extra_env=MEMORY_ENV,
+                           log_path=out / f"{run_id}.log")
+        if not res.ok:
+            failed[cand] = res.reason
+            say(f"  failed: {res.reason}")
+    return summarize(p, out, cands, failed)
+
+
+def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[str, str]) -> list[dict]:
+    def rows(run_id):
+        path = out / run_id
+        return read_rows(path) if path.exists() else []
+
+    ref_losses = [r["value"] for r in sorted(_metric(rows("reference"), "loss"), key=lambda r: r["step"])]
+    per_round = {c: [] for c in cands}
+    for r in range(p.rounds):
+        t = {c: (_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for c in cands}
+        for c in cands:
+            if t[c] is not None and t.get("torch-ddp"):
+                per_round[c].append((t[c], t[c] / t["torch-ddp"]))
+    records = []
+    for c in cands:
+        rec: dict = {"candidate": c, "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH else SHARDING[c],
+                     "status": "failed" if c in failed else "ok", "reason": failed.get(c, "")}
+        if per_round[c]:
+            rec["step_time_s"] = statistics.median(t for t, _ in per_round[c])
+            rec["time_vs_torch_ddp"] = statistics.median(x for _, x in per_round[c])
+        mem = rows(f"mem-{c}")
+        live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
+        rss = [r["value"] for r in _metric(mem or rows(f"r0-{c}"), "peak_rss_bytes") if r["value"] is not None]
+        if live:
+            rec["peak_live_bytes"] = max(live)
+        if rss:
+            rec["peak_rss_bytes"] = max(rss)
+        losses = [r["value"] for r in sorted(_metric(rows(f"r0-{c}"), "loss"), key=lambda r: r["step"])]
+        if losses and ref_losses:
+            rec["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
+        records.append(rec)
+    w = RowWriter(out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)})
+    for rec in records:
+        extra = {"candidate": rec["candidate"], "sharding_stage": rec["sharding_stage"]}
+        if rec["status"] != "ok":
+            w.write("peer_step_time_s", None, "s", status="failed", reason=rec["reason"], **extra)
+            continue
+        for metric, key, unit in (("peer_step_time_s", "step_time_s", "s"),
+                                  ("peer_time_vs_torch_ddp", "time_vs_torch_ddp", "ratio"),
+                                  ("peer_peak_live_bytes", "peak_live_bytes", "bytes"),
+                                  ("peer_peak_rss_bytes", "peak_rss_bytes", "bytes"),
+                                  ("peer_loss_max_abs_diff", "loss_max_abs_diff", "nats")):
+            if key in rec:
+                w.write(metric, rec[key], unit, **extra)
+    return records
+
+
+def bar(records: list[dict]) -> list[dict]:
+    """The issue's bar per zerobench stage: time <= 0.95x the fastest peer doing the same sharding, and
+    peak memory <= every such peer's."""
+    ok = {r["candidate"]: r for r in records if r["status"] == "ok" and "time_vs_torch_ddp" in r}
+    out = []
+    for s in range(4):
+        zb = ok.get(f"zerobench-{s}")
+        peers = [r for c, r in ok.items() if c not in ZEROBENCH and SHARDING[c] == s]
+        if zb is None or not peers:
+            continue
+        fastest = min(peers, key=lambda r: r["time_vs_torch_ddp"])
+        leanest = min((r for r in peers if "peak_live_bytes" in r), key=lambda r: r["peak_live_bytes"], default=None)
+        speed = zb["time_vs_torch_ddp"] / fastest["time_vs_torch_ddp"]
+        mem = zb.get("peak_live_bytes", 0) / leanest["peak_live_bytes"] if leanest else None
+        out.append({"stage": s, "fastest_peer": fastest["candidate"], "time_vs_fastest": speed,
+                    "speed_ok": speed <= 0.95, "leanest_peer": leanest["candidate"] if leanest else None,
+                    "memory_vs_leanest": mem, "memory_ok": mem is not None and mem <= 1.0})
+    return out

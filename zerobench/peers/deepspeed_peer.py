@@ -1,0 +1,85 @@
+"""DeepSpeed ZeRO stages 0-3 (and 2/3 with optimizer offload to the CPU Adam) as a peer.
+
+Optional: ``pip install deepspeed`` (on CPU-only machines ``DS_BUILD_OPS=0 pip install --no-build-isolation
+deepspeed``); zerobench never requires it. Configured as its documentation recommends, with settings that
+keep the comparison fair: ``gradient_clipping`` set explicitly (DeepSpeed otherwise clips at 1.0 and trains
+differently without a word), torch's fused AdamW as the client optimizer (``DeepSpeedCPUAdam`` with
+offload, as DeepSpeed requires), fp32, the same 25M-element buckets as zerobench's default. DeepSpeed picks
+gloo on CPU and joins the already initialised process group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zerobench.config import ConfigError
+from zerobench.metrics.memory import storage_bytes
+from zerobench.peers.common import PeerBase, adamw_kwargs, build_model, optimizer_tensors, param_groups
+
+
+def ds_config(name: str, cfg) -> dict:
+    stage = int(name.split("-")[1])
+    zero: dict = {"stage": stage, "reduce_bucket_size": cfg.zero.bucket_numel,
+                  "allgather_bucket_size": cfg.zero.bucket_numel, "contiguous_gradients": True}
+    if name.endswith("offload"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if stage == 3:
+        zero["stage3_prefetch_bucket_size"] = cfg.zero.bucket_numel
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.zero.grad_accum_steps,
+        "gradient_clipping": cfg.zero.clip_grad_norm or 0.0,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedSystem(PeerBase):
+    def __init__(self, name, cfg, mesh, ledger, device):
+        super().__init__(name, cfg, ledger)
+        try:
+            import deepspeed
+        except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
+            raise ConfigError(f"{name} needs DeepSpeed ({type(e).__name__}: {e}); "
+                              "pip install deepspeed (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed)")
+        model = build_model(cfg, device)
+        groups = param_groups(model, cfg)
+        if name.endswith("offload"):
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            opt = DeepSpeedCPUAdam(groups, adamw_mode=True, **adamw_kwargs(cfg))
+        else:
+            opt = torch.optim.AdamW(groups, fused=True, **adamw_kwargs(cfg))
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, config=ds_config(name, cfg), dist_init_required=False,
+        )
+        self.module = self.engine
+
+    def forward_backward(self, x, y):
+        # DeepSpeed owns the accumulation window: backward scales by 1/accum, step() applies at the boundary.
+        loss = self.engine(x, y)
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss.detach()
+
+    def step(self) -> bool:
+        return True  # taken by engine.step() at the window's last micro-batch
+
+    def zero_grad(self) -> None:
+        pass  # DeepSpeed clears gradients in its step
+
+    def _params(self) -> list[torch.Tensor]:
+        return [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
+
+    def _inner_optimizer(self):
+        return getattr(self.optimizer, "optimizer", self.optimizer)
+
+    def memory_ledger(self) -> dict[str, int]:
+        led = super().memory_ledger()
+        led["optimizer_states"] = storage_bytes(optimizer_tensors(self._inner_optimizer()))
+        return led
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self._params() + optimizer_tensors(self._inner_optimizer())

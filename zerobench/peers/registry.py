@@ -1,0 +1,56 @@
+"""Names of the peer systems, what each shards (its ZeRO-stage equivalent), and how to build one."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+# name -> the zerobench stage doing the same sharding (the comparison the issue's bar is about)
+SHARDING: dict[str, int] = {
+    "torch-ddp": 0,
+    "torch-zero1": 1,
+    "fsdp1-shard-grad-op": 2,
+    "fsdp2-no-reshard": 2,
+    "fsdp1-full-shard": 3,
+    "fsdp2": 3,
+    "deepspeed-0": 0,
+    "deepspeed-1": 1,
+    "deepspeed-2": 2,
+    "deepspeed-3": 3,
+    "deepspeed-2-offload": 2,
+    "deepspeed-3-offload": 3,
+}
+TORCH_PEERS = ("torch-ddp", "torch-zero1", "fsdp1-shard-grad-op", "fsdp2-no-reshard", "fsdp1-full-shard", "fsdp2")
+DEEPSPEED_PEERS = tuple(n for n in SHARDING if n.startswith("deepspeed"))
+
+
+def peer_names() -> tuple[str, ...]:
+    return tuple(SHARDING)
+
+
+def _torch(name: str) -> Callable:
+    def build(cfg, mesh, ledger, device):
+        from zerobench.peers.torch_peers import build_torch_peer
+
+        return build_torch_peer(name, cfg, mesh, ledger, device)
+
+    return build
+
+
+def _deepspeed(name: str) -> Callable:
+    def build(cfg, mesh, ledger, device):
+        from zerobench.peers.deepspeed_peer import DeepSpeedSystem
+
+        return DeepSpeedSystem(name, cfg, mesh, ledger, device)
+
+    return build
+
+
+PEERS: dict[str, Callable] = {**{n: _torch(n) for n in TORCH_PEERS}, **{n: _deepspeed(n) for n in DEEPSPEED_PEERS}}
+
+
+def deepspeed_available() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+        return True
+    except Exception:
+        return False

@@ -209,7 +209,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
     from zerobench.peers.compare import PeersConfig, bar, run_peers
 
     p = PeersConfig(systems=tuple(args.systems or ()), dp=args.dp, preset=args.preset, layers=args.layers,
-                    hidden=args.hidden, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
+                    hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
                     rounds=args.rounds, memory_run=not args.no_memory_run)
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -402,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--preset", default="tiny", help="model preset")
     pe.add_argument("--layers", type=int, default=None, help="override the preset's layers")
     pe.add_argument("--hidden", type=int, default=None, help="override the preset's hidden size")
+    pe.add_argument("--seq", type=int, default=None, help="override the preset's sequence length")
     pe.add_argument("--micro-batch", type=int, default=2)
     pe.add_argument("--steps", type=int, default=6)
     pe.add_argument("--warmup", type=int, default=2)

@@ -43,6 +43,8 @@ class PeersConfig:
     """Override the preset's layer count."""
     hidden: int | None = None
     """Override the preset's hidden size (heads stay the preset's)."""
+    seq: int | None = None
+    """Override the preset's sequence length (fewer tokens per step: model states dominate)."""
     micro_batch: int = 2
     """Sequences per micro-batch per process."""
     steps: int = 6
@@ -76,7 +78,7 @@ class PeersConfig:
 def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None,
                  track_memory: bool = False) -> TrainConfig:
     model = get_preset(p.preset)
-    over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden)) if v}
+    over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq)) if v}
     model = dataclasses.replace(model, **over)
     stage = int(system.split("-")[1]) if system in ZEROBENCH else 0
     cfg = TrainConfig(

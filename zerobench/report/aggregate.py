@@ -18,7 +18,7 @@ RUN_METRICS = ("step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "pflops_agg
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per config hash: configuration columns and the median (and spread) of each metric."""
-    df = df[df["status"].fillna("ok") == "ok"]
+    df = df[(df["status"].fillna("ok") == "ok") & ~df["metric"].str.startswith("peer_")]
     if "rank" in df:
         df = df[df["rank"].isna() | (df["rank"] == 0)]
     cfg_cols = {
@@ -70,3 +70,29 @@ def comparison_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
             })
     return pd.DataFrame(out)
+
+
+PEER_METRICS = {"peer_time_vs_torch_ddp": "time_vs_torch_ddp", "peer_step_time_s": "step_time_s",
+                "peer_peak_live_bytes": "peak_live_bytes", "peer_peak_rss_bytes": "peak_rss_bytes",
+                "peer_loss_max_abs_diff": "loss_max_abs_diff"}
+
+
+def peers_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``zerobench peers`` summary rows: one row per (comparison, candidate), failed candidates kept."""
+    d = df[df["metric"].isin(list(PEER_METRICS))]
+    if d.empty:
+        return pd.DataFrame()
+    out = []
+    for (run, cand), g in d.groupby(["run_id", "candidate"], sort=False):
+        first = g.iloc[0]
+        rec = {"candidate": cand, "shards_like_stage": int(first["sharding_stage"]),
+               "processes": first.get("config.peers.dp"), "params_M": None,
+               "device": first.get("provenance.hardware.device"), "status": first.get("status") or "ok"}
+        for metric, col in PEER_METRICS.items():
+            v = g[g["metric"] == metric]["value"].dropna()
+            rec[col] = float(v.iloc[-1]) if len(v) else None
+        out.append(rec)
+    t = pd.DataFrame(out).drop(columns=["params_M"])
+    for col in ("peak_live_bytes", "peak_rss_bytes"):
+        t[col.replace("_bytes", "_MiB")] = t.pop(col) / 2**20
+    return t

@@ -129,3 +129,24 @@ def projection(rows: list[dict], claims: dict, out: Path, name: str, title: str,
     ax.set_title(title + "\nprojection (model), not a measurement", fontsize=10)
     ax.legend(fontsize=7)
     return _save(fig, out, name), None
+
+
+def peers(table: pd.DataFrame, out: Path):
+    """zerobench's stages next to the peers: step time relative to torch-ddp and peak live memory."""
+    d = table[table["time_vs_torch_ddp"].notna()] if len(table) else table
+    if d.empty:
+        return None
+    d = d.sort_values(["shards_like_stage", "candidate"])
+    d = d.assign(family=["zerobench" if c.startswith("zerobench") else "peer" for c in d["candidate"]])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.35 * len(d) + 1.6), sharey=True)
+    sns.barplot(data=d, y="candidate", x="time_vs_torch_ddp", hue="family", dodge=False, ax=axes[0])
+    axes[0].axvline(1.0, color="#555", lw=0.8)
+    axes[0].set_xlabel("step time / torch-ddp (median of per-round ratios)")
+    axes[0].set_ylabel("")
+    if d["peak_live_MiB"].notna().any():
+        sns.barplot(data=d, y="candidate", x="peak_live_MiB", hue="family", dodge=False, ax=axes[1], legend=False)
+    axes[1].set_xlabel("peak live MiB per rank")
+    fig.suptitle("zerobench vs peers, same model, batch and processes")
+    cap = (f"Candidates interleaved round by round in one comparison; grouped by the ZeRO stage whose sharding "
+           f"they match. Hardware: {'; '.join(sorted({str(x) for x in d['device'].dropna()})) or 'unknown'}.")
+    return _save(fig, out, "peers"), cap

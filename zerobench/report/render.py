@@ -92,6 +92,10 @@ def render(results: list[str], out_dir: str) -> Path:
         res = fn(*args, out)
         if res:
             figs.append({"path": res[0].name, "title": title, "caption": res[1]})
+    peers = aggregate.peers_table(df)
+    res = figures.peers(peers, out)
+    if res:
+        figs.append({"path": res[0].name, "title": "zerobench vs peers", "caption": res[1]})
     proj_figs, proj_table = _projections(out)
     figs += proj_figs
     comparison = aggregate.comparison_table(runs)
@@ -105,6 +109,8 @@ def render(results: list[str], out_dir: str) -> Path:
         "figures": figs,
         "comparison_html": comparison.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t") if len(comparison) else "",
         "comparison_md": comparison.to_markdown(index=False, floatfmt=".3g") if len(comparison) else "",
+        "peers_html": peers.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-") if len(peers) else "",
+        "peers_md": peers.to_markdown(index=False, floatfmt=".3g") if len(peers) else "",
         "table1_html": t1.to_html(float_format=lambda x: f"{x:.2f}", classes="t"),
         "table2_html": t2.to_html(index=False, classes="t"),
         "table1_md": t1.to_markdown(floatfmt=".2f"),

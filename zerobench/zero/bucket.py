@@ -108,7 +108,7 @@ class GradBucketGroup:
                 work = C.all_reduce(view, g, self.ledger, "grad", async_op=True)
             else:
                 out = self.full.shard_view(bucket, g.rank)
-                work = C.reduce_scatter(out, view, g, self.ledger, "grad", async_op=True)
+                work = C.reduce_scatter(out, view, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
             self.inflight.append(_Inflight(bucket, work, None, None, None))
         else:
             staging = self.staging.pop(bucket)
@@ -117,7 +117,7 @@ class GradBucketGroup:
                 out, acc = dest, None
             else:
                 out, acc = torch.empty_like(dest), dest
-            work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True)
+            work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
             self.inflight.append(_Inflight(bucket, work, staging, out, acc))
         if self.on_bucket_reduced is not None:
             self.on_bucket_reduced(bucket)

@@ -1,0 +1,48 @@
+"""Peer comparison plumbing without processes: candidate validation, the bar per stage, configs."""
+
+import pytest
+
+from zerobench.config import ConfigError
+from zerobench.peers.compare import PeersConfig, bar, train_config
+from zerobench.peers.registry import SHARDING
+
+
+def test_unknown_system_and_missing_baseline_are_one_line_errors():
+    with pytest.raises(ConfigError, match="unknown system 'fsdp9'"):
+        PeersConfig(systems=("torch-ddp", "fsdp9")).validate()
+    with pytest.raises(ConfigError, match="relative to torch-ddp"):
+        PeersConfig(systems=("zerobench-0", "fsdp2")).validate()
+    with pytest.raises(ConfigError, match="--steps > --warmup"):
+        PeersConfig(systems=("torch-ddp",), steps=2, warmup=2).validate()
+
+
+def test_peer_configs_match_zerobench_except_the_system():
+    p = PeersConfig(systems=("torch-ddp", "zerobench-3"), preset="tiny", seq=32, micro_batch=3)
+    zb, ddp = train_config(p, "zerobench-3"), train_config(p, "torch-ddp")
+    assert (zb.system, zb.zero.stage, ddp.system) == ("zerobench", 3, "torch-ddp")
+    assert zb.model == ddp.model and zb.model.seq == 32
+    assert (zb.micro_batch, zb.seed, zb.zero.optimizer) == (ddp.micro_batch, ddp.seed, ddp.zero.optimizer)
+    ref = train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)
+    assert ref.global_batch == ddp.global_batch
+
+
+def test_peers_reject_what_they_are_not_wired_for():
+    from zerobench.train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="drop --tp"):
+        TrainConfig(system="fsdp2", tp=2, dp=1).validate()
+
+
+def _rec(c, t, mem):
+    stage = int(c.split("-")[1]) if c.startswith("zerobench") else SHARDING[c]
+    return {"candidate": c, "sharding_stage": stage, "status": "ok", "time_vs_torch_ddp": t, "peak_live_bytes": mem}
+
+
+def test_bar_compares_each_stage_with_the_fastest_and_leanest_peer_of_the_same_sharding():
+    recs = [_rec("zerobench-2", 0.9, 100), _rec("fsdp2-no-reshard", 1.2, 90), _rec("deepspeed-2", 1.0, 120),
+            _rec("zerobench-0", 1.0, 200), _rec("torch-ddp", 1.0, 200), _rec("fsdp2", 0.5, 10)]
+    v = {x["stage"]: x for x in bar(recs)}
+    assert v[2]["fastest_peer"] == "deepspeed-2" and v[2]["time_vs_fastest"] == pytest.approx(0.9)
+    assert v[2]["speed_ok"] and v[2]["leanest_peer"] == "fsdp2-no-reshard" and not v[2]["memory_ok"]
+    assert not v[0]["speed_ok"] and v[0]["memory_ok"]  # 1.0 > 0.95
+    assert 3 not in v  # no zerobench-3 candidate: no verdict

@@ -49,7 +49,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--paper-config", choices=sorted(PAPER_CONFIGS),
                    help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
                         + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
-    g.add_argument("--bucket-size", type=int, default=25_000_000, metavar="ELEMENTS",
+    g.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
                    help="gradient/parameter bucket size in elements (C_B)")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch per rank")

@@ -64,7 +64,7 @@ class RunSpec:
     """AdamW learning rate."""
     clip: float | None = None
     """Gradient-norm clip."""
-    bucket_size: int = 25_000_000
+    bucket_size: int = 6_250_000
     """C_B bucket size in elements (``cb_size`` is accepted as a synonym)."""
     cb_size: int | None = None
     """Synonym of ``bucket_size``."""

@@ -68,8 +68,9 @@ class ZeroConfig:
     """0: baseline DP (all-reduce), 1: P_os, 2: P_os+g, 3: P_os+g+p."""
     precision: Precision = Precision.FP32
     """Precision recipe (see ``Precision``)."""
-    bucket_numel: int = 25_000_000
-    """Elements per gradient/parameter bucket (constant-size buffers, C_B). Stage 3 buckets per module."""
+    bucket_numel: int = 6_250_000
+    """Elements per gradient/parameter bucket (constant-size buffers, C_B); 25 MB of fp32, torch DDP's
+    default. Stages 2-3 hold at most three staging buckets at a time. Stage 3 buckets per module."""
     param_align: int = 16
     """Every parameter starts on a multiple of this many elements in the flat buffers."""
     grad_accum_steps: int = 1

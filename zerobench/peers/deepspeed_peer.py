@@ -4,7 +4,7 @@ Optional: ``pip install deepspeed`` (on CPU-only machines ``DS_BUILD_OPS=0 pip i
 deepspeed``); zerobench never requires it. Configured as its documentation recommends, with settings that
 keep the comparison fair: ``gradient_clipping`` set explicitly (DeepSpeed otherwise clips at 1.0 and trains
 differently without a word), torch's fused AdamW as the client optimizer (``DeepSpeedCPUAdam`` with
-offload, as DeepSpeed requires), fp32, the same 25M-element buckets as zerobench's default. DeepSpeed picks
+offload, as DeepSpeed requires), fp32, the same bucket size as zerobench (``ZeroConfig.bucket_numel``). DeepSpeed picks
 gloo on CPU and joins the already initialised process group.
 """
 

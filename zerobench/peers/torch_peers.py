@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from zerobench.metrics.memory import storage_bytes
 from zerobench.models.gpt import Block
-from zerobench.peers.common import PeerBase, adamw_kwargs, build_model, param_groups
+from zerobench.peers.common import PeerBase, adamw_kwargs, build_model, optimizer_tensors, param_groups
 
 
 def _adamw(groups, cfg):
@@ -50,15 +51,10 @@ class TorchZeRO1(PeerBase):
 
     def memory_ledger(self) -> dict[str, int]:
         led = super().memory_ledger()
-        from zerobench.metrics.memory import storage_bytes
-        from zerobench.peers.common import optimizer_tensors
-
         led["optimizer_states"] = storage_bytes(optimizer_tensors(self.optimizer.optim))
         return led
 
     def tensors(self) -> list[torch.Tensor]:
-        from zerobench.peers.common import optimizer_tensors
-
         return self._params() + self._grads() + optimizer_tensors(self.optimizer.optim)
 
 

@@ -17,7 +17,7 @@ BLOCK = 1024
 
 @triton.jit
 def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
-                  decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale,
+                  decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, neg_step_size, bc2_sqrt, grad_scale,
                   OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, HAS_FLAG: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64) * 3
     start = tl.load(blocks_ptr + row)
@@ -36,7 +36,7 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
     m = m + one_minus_beta1 * (g - m)
     v = beta2 * v + one_minus_beta2 * g * g
     denom = tl.sqrt(v) / bc2_sqrt + eps
-    p = tl.fma(-step_size, m / denom, p * keep)
+    p = tl.fma(neg_step_size, m / denom, p * keep)
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
     tl.store(p_ptr + offs, p, mask=mask)
@@ -45,7 +45,11 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
 
 
 def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars) -> None:
-    """Launch over ``blocks`` (block size <= ``BLOCK``); ``scalars`` from ``kernels.ops.adamw_scalars``."""
+    """Launch over ``blocks`` (block size <= ``BLOCK``); ``scalars`` from ``kernels.ops.adamw_scalars``.
+
+    The step size is negated here, in Python: compiled Triton negates a scalar as ``0 - x``, which turns
+    lr = 0 into +0 and would flip -0.0 parameters to +0.0 (torch's addcdiv keeps -0.0)."""
+    scalars = (*scalars[:5], -scalars[5], *scalars[6:])
     n = blocks.shape[0]
     if n == 0:
         return

@@ -9,9 +9,8 @@ import triton.language as tl
 from kernels.triton_kernels.common import dtype_code, store_cast
 
 BLOCK = 1024
-SQRT1_2 = 0.7071067811865476
-SQRT2_PI = 0.7978845608028654
-INV_SQRT2PI = 0.3989422804014327
+# The constants are written as literals inside the kernels: compiled Triton refuses plain float globals
+# (1/sqrt(2) = 0.7071067811865476, sqrt(2/pi) = 0.7978845608028654, 1/sqrt(2 pi) = 0.3989422804014327).
 
 
 @triton.jit
@@ -21,9 +20,9 @@ def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, total, n, TANH: tl.constexpr, DTYPE: tl.
     u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u += tl.load(b_ptr + offs % n, mask=mask, other=0.0).to(tl.float32)
     if TANH:
-        y = u * tl.sigmoid(2.0 * SQRT2_PI * (u + 0.044715 * u * u * u))  # 0.5*(1+tanh z) == sigmoid(2z)
+        y = u * tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))  # 0.5*(1+tanh z) == sigmoid(2z)
     else:
-        y = 0.5 * u * (1.0 + tl.math.erf(u * SQRT1_2))
+        y = 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
     store_cast(y_ptr + offs, y, mask, DTYPE)
 
 
@@ -36,10 +35,10 @@ def _bias_gelu_bwd(dy_ptr, x_ptr, b_ptr, dx_ptr, total, n, TANH: tl.constexpr, D
     u += tl.load(b_ptr + offs % n, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if TANH:
-        sg = tl.sigmoid(2.0 * SQRT2_PI * (u + 0.044715 * u * u * u))
-        d = sg + 2.0 * u * sg * (1.0 - sg) * SQRT2_PI * (1.0 + 3.0 * 0.044715 * u * u)
+        sg = tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))
+        d = sg + 2.0 * u * sg * (1.0 - sg) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * u * u)
     else:
-        d = 0.5 * (1.0 + tl.math.erf(u * SQRT1_2)) + u * INV_SQRT2PI * tl.exp(-0.5 * u * u)
+        d = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476)) + u * 0.3989422804014327 * tl.exp(-0.5 * u * u)
     store_cast(dx_ptr + offs, dy * d, mask, DTYPE)
 
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
+# Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
+#   sections: env | kernels | bench | train | offload  (default: env kernels bench train)
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+sections=${*:-env kernels bench train}
+for s in $sections; do
+  echo "=== $s ==="
+  case $s in
+    env)
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+      "$PY" -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name())'
+      which g++ nvcc ;;
+    kernels)  # the kernel tests with the Triton kernels compiled for the GPU (no interpreter)
+      timeout 400 "$PY" -m pytest tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/kernels-tests.log" | tail -15 ;;
+    bench)
+      timeout 240 "$PY" -m zerobench bench-kernels --device cuda --numel 200000000 --rounds 15 --no-deepspeed --ops --compile \
+        --rows 16384 --hidden 4096 --out "$OUT/bench-kernels" 2>&1 | tee "$OUT/bench-kernels.log" | tail -30 ;;
+    train)  # one GPU, NCCL world of 1: every stage's CUDA path, fp32 and bf16; losses must agree across stages
+      for prec in fp32 bf16; do for st in 0 1 2 3; do
+        timeout 120 "$PY" -m zerobench train --preset small --seq 1024 --micro-batch 8 --steps 8 --warmup 3 --stage $st \
+          --precision $prec --out "$OUT/train" --run-id "s$st-$prec" 2>&1 | tee -a "$OUT/train.log" | grep -E "^step +8|median|Error|error" ;
+      done; done ;;
+  esac
+done

@@ -24,5 +24,14 @@ for s in $sections; do
         timeout 120 "$PY" -m zerobench train --preset small --seq 1024 --micro-batch 8 --steps 8 --warmup 3 --stage $st \
           --precision $prec --out "$OUT/train" --run-id "s$st-$prec" 2>&1 | tee -a "$OUT/train.log" | grep -E "^step +8|median|Error|error" ;
       done; done ;;
+    offload)  # one card emulated as 8 GiB: the largest GPT with and without ZeRO-Offload (bf16, h=2048)
+      common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
+              --checkpoint-activations --precision bf16 --steps 3 --warmup 1 --memory-budget 8GiB --out $OUT/offload"
+      run() { echo "--- $*"; timeout 200 "$PY" -m zerobench train $common "$@" 2>&1 | tee -a "$OUT/offload.log" |
+              grep -E "GPT |median step|out of memory|OutOfMemory|Error|^ +0 " ; }
+      [ -n "${SKIP_BASELINE:-}" ] || { run --stage 2 --layers 6 --run-id nooff-L6; run --stage 2 --layers 8 --run-id nooff-L8; }
+      run --stage 2 --layers 56 --offload-optimizer cpu --run-id off-L56
+      run --stage 2 --layers 64 --offload-optimizer cpu --run-id off-L64
+      run --stage 3 --layers 96 --offload-optimizer cpu --offload-param cpu --run-id offp-L96 ;;
   esac
 done

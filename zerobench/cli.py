@@ -51,6 +51,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
     g.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
                    help="gradient/parameter bucket size in elements (C_B)")
+    _add_offload_args(p)
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch per rank")
     g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -65,7 +66,27 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
     g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
     g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
+    g.add_argument("--memory-budget", metavar="BYTES",
+                   help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
+                        "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM")
     g.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of a local launch (s)")
+
+
+def _add_offload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("offload and 8-bit optimizer states (ZeRO-Offload / ZeRO-Infinity)")
+    g.add_argument("--offload-optimizer", default="none", choices=["none", "cpu", "nvme"],
+                   help="stages 1-3: fp32 master + Adam states in host memory, step on the CPU kernel (cpu); "
+                        "as cpu with the states swapped to files under --nvme-path (nvme)")
+    g.add_argument("--offload-param", default="none", choices=["none", "cpu"],
+                   help="stage 3 with optimizer offload: the parameter partition in host memory")
+    g.add_argument("--nvme-path", metavar="DIR", help="directory for --offload-optimizer nvme's state files")
+    g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8],
+                   help="Adam moments in fp32 or blockwise-quantized 8-bit")
+
+
+def _offload_kwargs(args: argparse.Namespace) -> dict:
+    return dict(offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
+                nvme_path=args.nvme_path, optim_bits=args.optim_bits)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -80,6 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 
     import dataclasses
+
+    from zerobench.plan.suites import parse_bytes
 
     if args.paper_config:
         for k, v in PAPER_CONFIGS[args.paper_config][1].items():
@@ -102,6 +125,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             stage=args.stage, precision=precision, bucket_numel=args.bucket_size,
             grad_accum_steps=args.grad_accum, clip_grad_norm=args.clip,
             optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay), kernels=args.kernels,
+            **_offload_kwargs(args),
         ),
         activation=ActivationConfig(
             checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
@@ -110,6 +134,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         system=args.system, preset=args.preset, dp=dp, tp=args.tp, sequence_parallel=args.sp, micro_batch=args.micro_batch, steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
         tensorboard_dir=args.tensorboard, kernels=args.kernels,
+        memory_budget_bytes=int(parse_bytes(args.memory_budget)) if args.memory_budget else None,
     )
     cfg.validate(denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -178,7 +203,7 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
                    dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
                    checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
-                   md=args.md, timeout=args.timeout)
+                   md=args.md, timeout=args.timeout, **_offload_kwargs(args))
     results = {}
     for stage in args.stage:
         spec = dataclasses.replace(base, stage=stage)
@@ -388,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--pa", action="store_true")
     ms.add_argument("--pa-cpu", action="store_true")
     ms.add_argument("--md", action="store_true")
+    _add_offload_args(ms)
     ms.add_argument("--max-layers", type=int, default=256, help="search limit")
     ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")

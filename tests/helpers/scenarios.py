@@ -38,6 +38,9 @@ class Scenario:
     ac: ActivationConfig = field(default_factory=ActivationConfig)
     sp: bool = False
     kernels: str = "auto"
+    offload: str = "none"
+    offload_param: str = "none"
+    optim_bits: int = 32
 
     @property
     def key(self) -> str:
@@ -45,7 +48,10 @@ class Scenario:
         ac = f"-ckpt{int(a.checkpoint)}{int(a.partition)}{int(a.cpu_offload)}{int(a.contiguous)}"
         sp = "-sp" if self.sp else ""
         kern = "" if self.kernels == "auto" else f"-{self.kernels}"
-        return f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}{ac}{kern}"
+        off = "" if self.offload == "none" else f"-off{self.offload}{self.offload_param}"
+        bits = "" if self.optim_bits == 32 else f"-adam{self.optim_bits}"
+        return (f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
+                f"{ac}{kern}{off}{bits}")
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -89,7 +95,12 @@ def _grad_error(engine, model, data, sc: Scenario, tp_group: Group) -> float:
     return worst
 
 
-def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str, dict]:
+def run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params: bool = False) -> dict[str, dict]:
+    """Train every scenario and compare it with the single-process reference; ``keep_params`` also
+    returns the trained full parameters (to compare scenarios with each other)."""
+    import tempfile
+
+    nvme_dir = tempfile.mkdtemp(prefix="zerobench-test-nvme-")
     groups = dp_groups(rank, world, [s.dp for s in scenarios if s.tp == 1])
     meshes = {(s.dp, s.tp): None for s in scenarios if s.tp > 1}
     for dp, tp in meshes:
@@ -105,7 +116,8 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
         zcfg = ZeroConfig(
             stage=sc.stage, precision=Precision(sc.precision), bucket_numel=sc.bucket_numel,
             grad_accum_steps=sc.accum, clip_grad_norm=sc.clip, optimizer=ADAM, loss_scale=sc.loss_scale,
-            kernels=sc.kernels,
+            kernels=sc.kernels, offload_optimizer=sc.offload, offload_param=sc.offload_param,
+            nvme_path=nvme_dir if sc.offload == "nvme" else None, optim_bits=sc.optim_bits,
         )
         work = copy.deepcopy(model)
         info = apply_tp(work, tp_group, sequence_parallel=sc.sp)
@@ -154,7 +166,10 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario]) -> dict[str,
             "ref_stepped": ref_stepped,
             "loss_scale": engine.loss_scale,
             "ckpt_peak": dict(store.peak) if store is not None else None,
+            "ledger": engine.memory_ledger(),
         }
+        if keep_params:
+            res["params"] = {n: t.detach().cpu().numpy().copy() for n, t in full.items()}  # picklable across processes
         if sc.stage < 3:  # replicated model parameters equal the (cast) master on every rank
             lp = {n: p.detach().float() for n, p in engine.module.named_parameters()}
             dtype = Precision(sc.precision).param_dtype

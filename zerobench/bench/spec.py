@@ -48,6 +48,14 @@ class RunSpec:
     """Sequence parallelism inside the TP group."""
     kernels: str = "auto"
     """Fused kernels (optimizer, LayerNorm, bias+GeLU): auto, fused or reference."""
+    offload_optimizer: str = "none"
+    """ZeRO-Offload: none, cpu (master + Adam states on the host, CPU step) or nvme (states in files)."""
+    offload_param: str = "none"
+    """Stage 3 parameter partition in host memory: none or cpu."""
+    nvme_path: str | None = None
+    """Directory of the NVMe tier's state files."""
+    optim_bits: int = 32
+    """Adam moments in fp32 (32) or blockwise 8-bit (8)."""
     gpus: int | None = None
     """Total processes; must equal dp * tp when both are given."""
     precision: str = "fp32"
@@ -128,7 +136,9 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
         model=model,
         zero=ZeroConfig(stage=spec.stage, precision=precision, bucket_numel=spec.cb_size or spec.bucket_size,
                         grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
-                        optimizer=AdamWConfig(lr=spec.lr), kernels=spec.kernels),
+                        optimizer=AdamWConfig(lr=spec.lr), kernels=spec.kernels,
+                        offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
+                        nvme_path=spec.nvme_path, optim_bits=spec.optim_bits),
         activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
                                     partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
         preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,

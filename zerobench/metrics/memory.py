@@ -7,11 +7,13 @@
 - ``LiveTensorTracker``: a dispatch mode that follows every storage allocated under it (plus those
   registered with ``track``) and records current and peak live bytes — the CPU stand-in for
   ``torch.cuda.max_memory_allocated``. With ``budget_bytes`` it raises ``TrackedOutOfMemory`` when an
-  allocation would exceed the budget, emulating a device of that size.
+  allocation would exceed the budget, emulating a device of that size. ``untracked()`` pauses it around
+  host-memory work (offload), which a device budget does not cover.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Iterable
 
@@ -30,15 +32,44 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def model_state_bytes_analytic(
-    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, master_bytes: int, optim_bytes: int = 8
+    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, master_bytes: int, optim_bytes: float = 8,
+    offload_optimizer: bool = False, offload_param: bool = False,
 ) -> dict[str, float]:
-    """Per-rank bytes by category for ``numel`` parameters over ``dp`` ranks at a ZeRO stage."""
+    """Per-rank *device* bytes by category for ``numel`` parameters over ``dp`` ranks at a ZeRO stage.
+
+    ``optim_bytes``: 8 for fp32 Adam moments, 2 + 8/2048 for 8-bit ones. Under optimizer offload the
+    master, the moments and (stages 2-3) the gradient partition are on the host; under parameter offload
+    (stage 3) the parameter partition is too (``host_state_bytes_analytic``)."""
     shard = 1.0 / dp
-    return {
+    out = {
         "params": numel * param_bytes * (shard if stage >= 3 else 1.0),
         "grads": numel * grad_bytes * (shard if stage >= 2 else 1.0),
         "master": numel * master_bytes * (shard if stage >= 1 else 1.0),
         "optimizer_states": numel * optim_bytes * (shard if stage >= 1 else 1.0),
+    }
+    if offload_optimizer:
+        out["master"] = out["optimizer_states"] = 0.0
+        if stage >= 2:
+            out["grads"] = 0.0
+    if offload_param:
+        out["params"] = 0.0
+    return out
+
+
+def host_state_bytes_analytic(
+    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, optim_bytes: float = 8,
+    offload_param: bool = False,
+) -> dict[str, float]:
+    """Per-rank host bytes under optimizer offload (stages 1-3): the fp32 master, the moments, the gradient
+    partition and the low-precision parameter partition (copy-out, or the partition itself under
+    parameter offload). fp32 training streams the master itself, so it has no separate copy-out."""
+    part = numel / dp
+    fp32 = param_bytes == 4
+    return {
+        "host_params": part * param_bytes if (offload_param or not fp32) else 0.0,
+        "host_grads": part * grad_bytes,
+        "host_master": 0.0 if (fp32 and offload_param) else part * 4,
+        "host_optimizer_states": part * optim_bytes,
     }
 
 
@@ -62,6 +93,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def __init__(self, budget_bytes: int | None = None):
         super().__init__()
         self.budget_bytes = budget_bytes
+        self.paused = False
         self.live: dict[int, tuple[weakref.ref, int]] = {}
         self.current = 0
         self.peak = 0
@@ -110,10 +142,26 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
         return out
+
+
+@contextlib.contextmanager
+def untracked(enabled: bool = True):
+    """Pause every active ``LiveTensorTracker``: for host-memory work (offload), outside a device budget."""
+    modes = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, LiveTensorTracker)] if enabled else []
+    before = [m.paused for m in modes]
+    for m in modes:
+        m.paused = True
+    try:
+        yield
+    finally:
+        for m, b in zip(modes, before):
+            m.paused = b
 
 
 def resize_storage(t: torch.Tensor, nbytes: int) -> None:

@@ -121,6 +121,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         "ledger": led,
         "model_state_bytes": system.model_state_bytes(),
         "analytic": system.model_state_bytes_analytic(),
+        "host": system.host_state_bytes() if hasattr(system, "host_state_bytes") else None,
         "comm_volume": ledger.volume_elements(group="dp") if cfg.system == "zerobench" else None,
         "mp_volume": ledger.volume_elements(group="tp", tag="mp"),
         "pa_volume": ledger.volume_elements(group="tp", tag="pa"),
@@ -189,6 +190,13 @@ def _report(s: dict, cfg: TrainConfig, say) -> None:
         peak = _fmt_bytes(r["peak"]) if r["peak"] is not None else f"{'n/a':>14}"
         say(f"  {r['rank']:>4} {_fmt_bytes(L['params'])} {_fmt_bytes(L['grads'])} {_fmt_bytes(L['master'])} "
             f"{_fmt_bytes(L['optimizer_states'])} {_fmt_bytes(r['model_state_bytes'])} {_fmt_bytes(r['analytic'])} {peak}")
+    if s["ranks"][0].get("host"):
+        say("  offloaded, per rank (host memory; NVMe files):")
+        for r in s["ranks"]:
+            L, h = r["ledger"], r["host"]
+            say(f"  {r['rank']:>4} {_fmt_bytes(L['host_params'])} {_fmt_bytes(L['host_grads'])} {_fmt_bytes(L['host_master'])} "
+                f"{_fmt_bytes(L['host_optimizer_states'])} {_fmt_bytes(h['measured'])} {_fmt_bytes(h['analytic'])}"
+                + (f"  NVMe {_fmt_bytes(L['nvme_optimizer_states'])}" if L["nvme_optimizer_states"] else ""))
     if cfg.system != "zerobench":
         say("\n(communication of baseline systems is not recorded in zerobench's ledger)")
         return
@@ -226,6 +234,10 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
             w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
         for cat, b in r["ledger"].items():
             w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
+        if r.get("host"):
+            w.write("host_model_state_bytes", r["host"]["measured"], "bytes", rank=rk,
+                    definition="model states in host memory under offload (NVMe files excluded)")
+            w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
         if r["comm_volume"] is not None:
             w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
         if cfg.tp > 1 and cfg.system == "zerobench":

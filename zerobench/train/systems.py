@@ -78,6 +78,13 @@ class ZeroSystem:
     def tensors(self) -> list[torch.Tensor]:
         return self.engine.tensors()
 
+    def host_state_bytes(self) -> dict | None:
+        """Offloaded model states: measured host bytes and the analytic figure (None without offload)."""
+        if self.engine.host is None:
+            return None
+        return {"measured": self.engine.host_model_state_bytes(),
+                "analytic": sum(self.engine.host_state_bytes_analytic().values())}
+
 
 def build_system(cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device) -> TrainSystem:
     if cfg.system == "zerobench":

@@ -10,6 +10,9 @@ asynchronously, overlapping with the rest of backward.
 - ``keep_full=False`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
   that is reduce-scattered into this rank's persistent gradient partition and freed as soon as the
   collective completes; at most ``max_inflight`` staging buckets exist at once (constant-size buffers).
+
+With a ``sink`` (optimizer offload) every reduced shard is handed to it once final — at stages 2-3 into a
+transient device shard instead of a persistent device partition, since the partition lives on the host.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class _Inflight:
     staging: torch.Tensor | None
     out: torch.Tensor | None
     accumulate_into: torch.Tensor | None
+    first: bool = True
 
 
 class GradBucketGroup:
@@ -57,13 +61,16 @@ class GradBucketGroup:
         keep_full: bool,
         all_reduce: bool,
         max_inflight: int = 2,
+        sink: Callable[[int, torch.Tensor, bool], None] | None = None,
     ):
+        """``sink(bucket, shard, accumulate)`` receives every final reduced shard (optimizer offload)."""
         self.layout, self.zparams, self.group, self.ledger = layout, zparams, group, ledger
         self.grad_dtype, self.device = grad_dtype, device
         self.keep_full, self.use_all_reduce = keep_full, all_reduce
         self.max_inflight = max_inflight
         self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device) if keep_full else None
-        self.local: LocalBuffer | None = None if keep_full else LocalBuffer(layout, grad_dtype, device)
+        self.sink = sink
+        self.local: LocalBuffer | None = None if keep_full or sink else LocalBuffer(layout, grad_dtype, device)
         self.staging: dict[int, torch.Tensor] = {}
         self.inflight: deque[_Inflight] = deque()
         self.state = [BucketState.FILLING] * len(layout.buckets)
@@ -112,13 +119,16 @@ class GradBucketGroup:
             self.inflight.append(_Inflight(bucket, work, None, None, None))
         else:
             staging = self.staging.pop(bucket)
-            dest = self.local.bucket_view(bucket)
-            if self.first_micro:
-                out, acc = dest, None
+            if self.local is None:  # offload: a transient device shard, handed to the sink when reduced
+                shard = self.layout.buckets[bucket].shard_numel
+                out, acc = torch.empty(shard, dtype=self.grad_dtype, device=self.device), None
+            elif self.first_micro:
+                out, acc = self.local.bucket_view(bucket), None
             else:
-                out, acc = torch.empty_like(dest), dest
+                out = torch.empty_like(self.local.bucket_view(bucket))
+                acc = self.local.bucket_view(bucket)
             work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
-            self.inflight.append(_Inflight(bucket, work, staging, out, acc))
+            self.inflight.append(_Inflight(bucket, work, staging, out, acc, self.first_micro))
         if self.on_bucket_reduced is not None:
             self.on_bucket_reduced(bucket)
         self._retire(block=False)
@@ -135,6 +145,11 @@ class GradBucketGroup:
                 head.work.wait()
             if head.accumulate_into is not None:
                 head.accumulate_into.add_(head.out)
+            if self.sink is not None:
+                if self.keep_full:  # stage 1: the window's sum is already in the full buffer
+                    self.sink(head.bucket, self.full.shard_view(head.bucket, self.group.rank), False)
+                else:
+                    self.sink(head.bucket, head.out, not head.first)
             self.state[head.bucket] = BucketState.DONE
             self.inflight.popleft()
 
@@ -162,9 +177,11 @@ class GradBucketGroup:
         if self.keep_full:
             return [self.full.shard_view(b.index, self.group.rank if self.layout.shards > 1 else 0)
                     for b in self.layout.buckets]
+        if self.local is None:
+            raise RuntimeError("gradient shards live on the host under optimizer offload: use the engine's grad_chunks()")
         return self.local.bucket_views()
 
     def tensors(self) -> dict[str, list[torch.Tensor]]:
         """Persistent gradient tensors and transient staging buffers, for the memory ledger."""
-        persistent = [self.full.data] if self.full is not None else [self.local.data]
+        persistent = [b.data for b in (self.full, self.local) if b is not None]
         return {"grads": persistent, "comm_buffers": list(self.staging.values())}

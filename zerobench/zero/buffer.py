@@ -35,9 +35,11 @@ class FullBuffer:
 class LocalBuffer:
     """One rank's shard of every bucket, concatenated in bucket order."""
 
-    def __init__(self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device):
+    def __init__(self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device,
+                 data: torch.Tensor | None = None):
+        """``data``: wrap an existing flat tensor of ``layout.shard_numel`` elements (e.g. host memory)."""
         self.layout = layout
-        self.data = torch.zeros(layout.shard_numel, dtype=dtype, device=device)
+        self.data = torch.zeros(layout.shard_numel, dtype=dtype, device=device) if data is None else data
 
     def bucket_view(self, bucket: int) -> torch.Tensor:
         off = self.layout.local_offset(bucket)

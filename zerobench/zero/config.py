@@ -81,6 +81,18 @@ class ZeroConfig:
     """Stage 3: all-gather the next module's parameters while the current one computes."""
     kernels: str = "auto"
     """Optimizer kernels: "auto" (fused where the device has them), "fused" (required), "reference"."""
+    offload_optimizer: str = "none"
+    """ZeRO-Offload (stages 1-3): "none"; "cpu" (fp32 master and Adam states in host memory, gradients
+    streamed down per bucket, the step on the CPU kernel, parameters streamed back up); "nvme" (as "cpu",
+    with the Adam states swapped to files under ``nvme_path``)."""
+    offload_param: str = "none"
+    """ZeRO-Infinity's CPU tier for parameters (stage 3, with optimizer offload): "none" or "cpu" (the
+    parameter partition lives in host memory and is copied up for each gather)."""
+    nvme_path: str | None = None
+    """Directory for the NVMe tier's optimizer-state files (``offload_optimizer="nvme"``)."""
+    optim_bits: int = 32
+    """Adam moments in fp32 (32) or blockwise-quantized 8-bit (8; dynamic code books, one fp32 absmax per
+    2048 elements): 2 bytes per parameter instead of 8, so K drops from 12 to about 6."""
     optimizer: AdamWConfig = field(default_factory=AdamWConfig)
     """AdamW hyperparameters."""
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
@@ -97,5 +109,17 @@ class ZeroConfig:
             raise ConfigError(f"gradient accumulation steps must be >= 1, got {self.grad_accum_steps}")
         if self.kernels not in ("auto", "fused", "reference"):
             raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
+        if self.offload_optimizer not in ("none", "cpu", "nvme"):
+            raise ConfigError(f"unknown optimizer offload {self.offload_optimizer!r}: choose none, cpu or nvme")
+        if self.offload_param not in ("none", "cpu"):
+            raise ConfigError(f"unknown parameter offload {self.offload_param!r}: choose none or cpu")
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ConfigError("optimizer offload partitions the optimizer: use --stage 1, 2 or 3 with it")
+        if self.offload_param != "none" and (self.stage != 3 or self.offload_optimizer == "none"):
+            raise ConfigError("parameter offload needs --stage 3 and optimizer offload (--offload-optimizer cpu or nvme)")
+        if self.offload_optimizer == "nvme" and not self.nvme_path:
+            raise ConfigError("--offload-optimizer nvme needs --nvme-path DIR (where the optimizer-state files go)")
+        if self.optim_bits not in (32, 8):
+            raise ConfigError(f"optimizer state bits must be 32 or 8, got {self.optim_bits}")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

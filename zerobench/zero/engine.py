@@ -10,6 +10,10 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 
 Gradients are *summed* over ranks by the collectives; the 1/N average, the 1/loss-scale and the clip
 coefficient are folded into one scale applied inside the optimizer step.
+
+With optimizer offload (``zerobench.zero.offload``) the master partition, the moments (in memory, 8-bit
+or on NVMe: ``zerobench.zero.states``) and the gradient partition live on the host, and the step runs on
+the CPU; with parameter offload the stage-3 parameter partition does too.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from torch import nn
 
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
-from zerobench.metrics.memory import model_state_bytes_analytic, storage_bytes
+from zerobench.metrics.memory import host_state_bytes_analytic, model_state_bytes_analytic, storage_bytes, untracked
 from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.layout import ParamSpec, build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
+from zerobench.zero.nvme import NvmeStore
+from zerobench.zero.offload import HostPartition
 from zerobench.zero.optimizer import ShardedAdamW
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.stage3 import ParamUnit, Stage3Scheduler
@@ -83,9 +89,14 @@ class ZeroEngine:
 
         # 2. fp32 master partition from the model's initial (fp32) values.
         init = [zp.param.detach().float().reshape(-1) for zp in self.zparams]
+        offload = config.offload_optimizer != "none"
+        with untracked():
+            self.host = HostPartition(self.layout, device, self.param_dtype, self.param_dtype,
+                                      config.offload_param == "cpu") if offload else None
+        host_params = self.host.params_local if self.host is not None else None
         if self.stage == 3:
             self.params_full = None
-            self.params_local = LocalBuffer(self.layout, self.param_dtype, device)
+            self.params_local = LocalBuffer(self.layout, self.param_dtype, device, data=host_params)
         else:
             self.params_full = FullBuffer(self.layout, self.param_dtype, device)
             self.params_local = None
@@ -98,7 +109,15 @@ class ZeroEngine:
                     off = seg.local_start
                     self.params_local.data[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
         self.param_shards = self._param_shard_views()
-        if prec.has_master:
+        if self.host is not None:  # the master lives on the host (it may be the host parameters: fp32)
+            self.master_buf = None
+            master = self.host.chunks(self.host.master)
+            if self.host.master is not self.host.params_local:
+                with torch.no_grad():
+                    for seg in segments:
+                        off = seg.local_start
+                        self.host.master[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
+        elif prec.has_master:
             self.master_buf = LocalBuffer(self.layout, torch.float32, device)
             with torch.no_grad():
                 for seg in segments:
@@ -124,7 +143,8 @@ class ZeroEngine:
             for b in self.layout.buckets:
                 built[b.unit] = ParamUnit(
                     model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
-                    self.params_local.bucket_view(b.index), group, self.ledger,
+                    self.params_local.bucket_view(b.index), group, self.ledger, device,
+                    self.host.transfer if host_params is not None else None,
                 )
             self.scheduler = Stage3Scheduler(built[0], [built[u] for u in range(1, len(units) + 1)], config.prefetch)
 
@@ -140,12 +160,19 @@ class ZeroEngine:
                 decay_ranges[seg.bucket].append(rng)
             if self.zparams[seg.param].name not in sharded_names:
                 self.replicated_ranges[seg.bucket].append(rng)
-        self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges, config.kernels)
+        nvme = None
+        if config.offload_optimizer == "nvme":
+            def nvme(codec, sizes):
+                return NvmeStore(codec, sizes, config.nvme_path, group.rank)
+        with untracked(self.host is not None):
+            self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges, config.kernels,
+                                          config.optim_bits, nvme)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
             keep_full=self.stage <= 1, all_reduce=self.stage == 0,
+            sink=self.host.grad_ready if self.host is not None else None,
         )
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
@@ -190,11 +217,14 @@ class ZeroEngine:
                 f"step() after {self.micro_step % self.config.grad_accum_steps} of "
                 f"{self.config.grad_accum_steps} micro-batches: call backward() for every micro-batch first"
             )
-        grads = self.grads.shard_views()
+        if self.host is not None:
+            self.host.wait_grads()
+        grads = self.grad_chunks()
         sharded = self.stage >= 1 and self.group.size > 1
         if self.scaler.enabled:
-            found = torch.zeros(1, dtype=torch.float32, device=self.device)
+            found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else self.device)
             self.optimizer.flag_nonfinite(grads, found)
+            found = found.to(self.device)
             if sharded:
                 C.all_reduce(found, self.group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
             if self.tp_group is not None:
@@ -211,19 +241,27 @@ class ZeroEngine:
             if coef < 1.0:
                 scale *= coef
         # Mixed precision: the step writes the low-precision shard in the same pass (fused kernel).
-        self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)
+        if self.host is not None:  # on the host; each finished chunk streams up while the next updates
+            on_device = self.host.params_local is None
+            with untracked():
+                self.optimizer.step(grads, scale, out=self.host.chunks(self.host.param_out),
+                                    on_chunk=self.host.copy_back(self.param_shards if on_device else None))
+            self.host.finish_copy_back()
+        else:
+            self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)
         self.scaler.update(overflow=False)
         self._publish_params()
         return True
 
     def _grad_norm(self, grads: list[torch.Tensor], sharded: bool) -> float:
         """L2 norm of the (unscaled, summed) gradient over every partition, DP and TP."""
-        sq = torch.zeros(2, dtype=torch.float32, device=self.device)  # [all, TP-replicated]
+        sq = torch.zeros(2, dtype=torch.float32, device=grads[0].device if grads else self.device)  # [all, TP-replicated]
         for g, repl in zip(grads, self.replicated_ranges):
             sq[0] += g.float().pow(2).sum()
             if self.tp_group is not None:
                 for lo, hi in repl:
                     sq[1] += g[lo:hi].float().pow(2).sum()
+        sq = sq.to(self.device)  # collectives run on the device (grads may be host chunks under offload)
         if sharded:
             C.all_reduce(sq, self.group, self.ledger, "grad_norm")
         if self.tp_group is None:
@@ -246,36 +284,86 @@ class ZeroEngine:
     def zero_grad(self) -> None:
         self.grads.zero()
 
+    def grad_chunks(self) -> list[torch.Tensor]:
+        """This rank's reduced gradient chunks (summed over ranks) as the optimizer reads them."""
+        if self.host is not None:
+            return self.host.chunks(self.host.grads)
+        return self.grads.shard_views()
+
+    @torch.no_grad()
+    def params_from_master(self) -> None:
+        """Refresh the parameters from the fp32 master (after loading a checkpoint)."""
+        master = self.optimizer.master
+        if self.host is not None:
+            out = self.host.chunks(self.host.param_out)
+            if out is not None:
+                torch._foreach_copy_(out, master)
+            if self.host.params_local is None:
+                for dst, src in zip(self.param_shards, self.host.updated_chunks()):
+                    self.host.transfer.copy(dst, src)
+                self.host.finish_copy_back()
+        elif self.master_buf is not None:
+            torch._foreach_copy_(self.param_shards, master)
+        self._publish_params()
+
     # -- ledgers ---------------------------------------------------------------------------------
     def memory_ledger(self) -> dict[str, int]:
         """Bytes held by this rank's engine tensors, by category (measured from the tensors)."""
-        params = [self.params_full.data] if self.params_full is not None else [self.params_local.data]
+        """Device categories (params, grads, master, optimizer_states, comm_buffers); under offload also
+        the host ones (host_*) and the NVMe tier's file bytes."""
         g = self.grads.tensors()
         comm = list(g["comm_buffers"])
         if self.scheduler is not None:
             comm += self.scheduler.gathered_tensors()
-        return {
-            "params": storage_bytes(params),
+        led = {
+            "params": storage_bytes(self._device_params()),
             "grads": storage_bytes(g["grads"]),
             "master": storage_bytes([self.master_buf.data]) if self.master_buf is not None else 0,
-            "optimizer_states": storage_bytes(self.optimizer.tensors()),
+            "optimizer_states": storage_bytes(self.optimizer.tensors()) if self.host is None else 0,
             "comm_buffers": storage_bytes(comm),
         }
+        if self.host is not None:
+            led.update(self.host.ledger(self.optimizer.tensors(), self.optimizer.store.file_bytes()))
+        return led
+
+    def _device_params(self) -> list[torch.Tensor]:
+        if self.params_full is not None:
+            return [self.params_full.data]
+        return [] if self.host is not None and self.host.params_local is not None else [self.params_local.data]
+
+    def host_model_state_bytes(self) -> int:
+        """Model-state bytes this rank keeps in host memory (0 without offload)."""
+        led = self.memory_ledger()
+        return sum(v for k, v in led.items() if k.startswith("host_"))
 
     def model_state_bytes(self) -> int:
         led = self.memory_ledger()
         return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
 
     def model_state_bytes_analytic(self) -> dict[str, float]:
+        """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
         pb = torch.finfo(self.param_dtype).bits // 8
+        cfg = self.config
         return model_state_bytes_analytic(
-            self.numel, self.group.size, self.stage, pb, pb, 4 if self.master_buf is not None else 0
+            self.numel, self.group.size, self.stage, pb, pb, 4 if self.master_buf is not None else 0,
+            self.optimizer.codec.bytes_per_element(), offload_optimizer=cfg.offload_optimizer != "none",
+            offload_param=cfg.offload_param != "none",
         )
 
+    def host_state_bytes_analytic(self) -> dict[str, float]:
+        """Host bytes by category under offload (NVMe-swapped states excluded)."""
+        pb = torch.finfo(self.param_dtype).bits // 8
+        out = host_state_bytes_analytic(self.numel, self.group.size, self.stage, pb, pb,
+                                        self.optimizer.codec.bytes_per_element(), self.config.offload_param != "none")
+        if self.config.offload_optimizer == "nvme":
+            out["host_optimizer_states"] = 0.0
+        return out
+
     def tensors(self) -> list[torch.Tensor]:
-        """Every persistent tensor the engine holds (for memory trackers)."""
-        out = [self.params_full.data if self.params_full is not None else self.params_local.data]
-        out += self.grads.tensors()["grads"] + self.optimizer.tensors()
+        """Every persistent *device* tensor the engine holds (for memory trackers; host ones excluded)."""
+        out = self._device_params() + self.grads.tensors()["grads"]
+        if self.host is None:
+            out += self.optimizer.tensors()
         if self.master_buf is not None:
             out.append(self.master_buf.data)
         return out

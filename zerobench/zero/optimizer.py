@@ -9,6 +9,10 @@ scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gra
 Two paths: the fused kernel (``kernels.fused_adamw_``: one pass per chunk reading p, g, m, v and writing p,
 m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` over the chunks, then a
 separate copy-out). ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
+
+The moments are kept by a *store* in a *codec* (``zerobench.zero.states``): fp32 in memory (the default),
+blockwise 8-bit, and/or swapped to NVMe; the step acquires, decodes, updates, encodes and releases one
+chunk at a time. Under ZeRO-Offload all of this lives in host memory and runs on the CPU kernel.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 import kernels
 from zerobench.zero.config import AdamWConfig
+from zerobench.zero.states import Fp32Codec, MemoryStore, make_codec
 
 
 class ShardedAdamW:
@@ -30,15 +35,20 @@ class ShardedAdamW:
         master: list[torch.Tensor],
         decay_ranges: list[list[tuple[int, int]]],
         kernel_mode: str = "auto",
+        state_bits: int = 32,
+        store_factory=None,
     ):
+        """``store_factory(codec, sizes)`` builds the state store (default: in memory on the master's
+        device); ``state_bits`` 32 or 8 picks the codec."""
         self.cfg = cfg
         self.master = master
         self.decay_ranges = decay_ranges
-        total = sum(m.numel() for m in master)
         device = master[0].device if master else torch.device("cpu")
-        self.exp_avg = torch.zeros(total, dtype=torch.float32, device=device)
-        self.exp_avg_sq = torch.zeros(total, dtype=torch.float32, device=device)
-        self.m, self.v = self._chunks(self.exp_avg), self._chunks(self.exp_avg_sq)
+        self.codec = make_codec(state_bits)
+        sizes = [m.numel() for m in master]
+        self.store = store_factory(self.codec, sizes) if store_factory else MemoryStore(self.codec, sizes, device)
+        # The plain layout (fp32, resident): the step can run over every chunk at once.
+        self.resident_fp32 = isinstance(self.store, MemoryStore) and isinstance(self.codec, Fp32Codec)
         self.step_count = 0
         self.path = kernels.resolve(kernel_mode, device)
         self.blocks = (
@@ -46,12 +56,24 @@ class ShardedAdamW:
             if self.path == "fused" else None
         )
 
-    def _chunks(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        out, off = [], 0
-        for m in self.master:
-            out.append(flat[off : off + m.numel()])
-            off += m.numel()
-        return out
+    # -- moments as fp32 chunks (checkpoints, tests) ---------------------------------------------
+    def moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """fp32 ``(m chunks, v chunks)``: views of the state when resident fp32, decoded copies otherwise."""
+        ms, vs = [], []
+        for i in range(len(self.master)):
+            m, v = self.codec.decode(self.store.acquire(i))
+            ms.append(m)
+            vs.append(v)
+        self.store.flush()
+        return ms, vs
+
+    def load_moments(self, ms: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+        """Store fp32 moment chunks (after filling the chunks ``moments`` returned)."""
+        for i, (m, v) in enumerate(zip(ms, vs)):
+            enc = self.store.acquire(i)
+            self.codec.encode(m, v, enc)
+            self.store.release(i, enc)
+        self.store.flush()
 
     @torch.no_grad()
     def flag_nonfinite(self, grads: list[torch.Tensor], flag: torch.Tensor) -> None:
@@ -64,39 +86,58 @@ class ShardedAdamW:
                 return
 
     @torch.no_grad()
-    def step(self, grads: list[torch.Tensor], grad_scale: float, out: list[torch.Tensor] | None = None) -> None:
-        """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy)."""
-        cfg = self.cfg
+    def step(self, grads: list[torch.Tensor], grad_scale: float, out: list[torch.Tensor] | None = None,
+             on_chunk=None) -> None:
+        """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy);
+        ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile)."""
         self.step_count += 1
         if not self.master:
             return
-        if self.path == "fused":
-            for i, (p, g, m, v) in enumerate(zip(self.master, grads, self.m, self.v)):
+        if self.path != "fused" and self.resident_fp32 and on_chunk is None:
+            ms = [c["m"] for c in self.store.chunks]
+            vs = [c["v"] for c in self.store.chunks]
+            self._reference(self.master, grads, ms, vs, self.decay_ranges, grad_scale, out)
+            return
+        for i, (p, g) in enumerate(zip(self.master, grads)):
+            enc = self.store.acquire(i)
+            m, v = self.codec.decode(enc)
+            o = out[i] if out is not None else None
+            if self.path == "fused":
+                cfg = self.cfg
                 kernels.fused_adamw_(
                     p, g, m, v, blocks=self.blocks[i], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale,
-                    out=out[i] if out is not None else None,
+                    weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale, out=o,
                 )
-            return
+            else:
+                self._reference([p], [g], [m], [v], [self.decay_ranges[i]], grad_scale, None if o is None else [o])
+            self.codec.encode(m, v, enc)
+            self.store.release(i, enc)
+            if on_chunk is not None:
+                on_chunk(i)
+        self.store.flush()
+
+    def _reference(self, ps, grads, ms, vs, decay_ranges, grad_scale, out) -> None:
+        cfg = self.cfg
         b1, b2 = cfg.betas
         g32 = [g.to(torch.float32) if g.dtype != torch.float32 else g for g in grads]
         g32 = torch._foreach_mul(g32, grad_scale)
         if cfg.weight_decay:
             keep = 1.0 - cfg.lr * cfg.weight_decay
-            for chunk, ranges in zip(self.master, self.decay_ranges):
+            for chunk, ranges in zip(ps, decay_ranges):
                 for lo, hi in ranges:
                     chunk[lo:hi].mul_(keep)
-        torch._foreach_lerp_(self.m, g32, 1.0 - b1)
-        torch._foreach_mul_(self.v, b2)
-        torch._foreach_addcmul_(self.v, g32, g32, value=1.0 - b2)
+        torch._foreach_lerp_(ms, g32, 1.0 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, g32, g32, value=1.0 - b2)
         bc1 = 1.0 - b1**self.step_count
         bc2_sqrt = math.sqrt(1.0 - b2**self.step_count)
-        denom = torch._foreach_sqrt(self.v)
+        denom = torch._foreach_sqrt(vs)
         torch._foreach_div_(denom, bc2_sqrt)
         torch._foreach_add_(denom, cfg.eps)
-        torch._foreach_addcdiv_(self.master, self.m, denom, value=-cfg.lr / bc1)
+        torch._foreach_addcdiv_(ps, ms, denom, value=-cfg.lr / bc1)
         if out is not None:
-            torch._foreach_copy_(out, self.master)
+            torch._foreach_copy_(out, ps)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.exp_avg, self.exp_avg_sq]
+        """The resident state tensors (none for the NVMe store)."""
+        return self.store.tensors()

@@ -8,6 +8,10 @@ the unit's output gradient), prefetching the next unit in execution order; it fr
 forward and as soon as its gradients have been handed to the reduce-scatter. The root stays gathered for
 the whole forward (the tied LM head reuses the embedding) and again for the whole backward, so every
 parameter is gathered twice per step: with the reduce-scatter, 3Ψ of traffic, as the paper counts.
+
+Under parameter offload a unit's shard lives in host memory: a gather first copies it to a transient
+device shard (on the offload side stream, ordered before the all-gather by an event), so a prefetch
+overlaps both the copy and the all-gather with the current unit's compute.
 """
 
 from __future__ import annotations
@@ -36,10 +40,15 @@ class ParamUnit:
         local: torch.Tensor,
         group: C.Group,
         ledger: CommLedger | None,
+        device: torch.device | None = None,
+        transfer=None,
     ):
+        """``transfer`` (an ``offload.Transfer``) marks ``local`` as host memory (parameter offload)."""
         self.module, self.bucket, self.zparams, self.local = module, bucket, zparams, local
-        self.group, self.ledger = group, ledger
-        self.full = torch.empty(bucket.numel, dtype=local.dtype, device=local.device)
+        self.group, self.ledger, self.transfer = group, ledger, transfer
+        self.staging: torch.Tensor | None = None
+        device = local.device if device is None else device
+        self.full = torch.empty(bucket.numel, dtype=local.dtype, device=device)
         self.nbytes = self.full.untyped_storage().nbytes()
         for zp in zparams:
             s = zp.slot
@@ -58,7 +67,11 @@ class ParamUnit:
         if self.state is not ParamState.SHARDED:
             return
         resize_storage(self.full, self.nbytes)
-        self.work = C.all_gather(self.full, self.local, self.group, self.ledger, "param", async_op=True)
+        src = self.local
+        if self.transfer is not None:  # host shard -> transient device shard, then the gather
+            self.staging = src = torch.empty(self.local.numel(), dtype=self.local.dtype, device=self.full.device)
+            self.transfer.wait_event(self.transfer.copy(src, self.local, track=False))
+        self.work = C.all_gather(self.full, src, self.group, self.ledger, "param", async_op=True)
         self._set_state(ParamState.GATHERING)
 
     def wait(self) -> None:
@@ -67,6 +80,7 @@ class ParamUnit:
             if self.work is not None:
                 self.work.wait()
             self.work = None
+            self.staging = None
             self._set_state(ParamState.UNSHARDED)
 
     def free(self) -> None:
@@ -125,4 +139,5 @@ class Stage3Scheduler:
         self.by_bucket[bucket].free()
 
     def gathered_tensors(self) -> list[torch.Tensor]:
-        return [u.full for u in self.order if u.full.untyped_storage().nbytes()]
+        out = [u.full for u in self.order if u.full.untyped_storage().nbytes()]
+        return out + [u.staging for u in self.order if u.staging is not None]

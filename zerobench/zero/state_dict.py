@@ -24,9 +24,11 @@ def shard_state_dict(engine) -> dict:
     """This rank's shard: segments with master/exp_avg/exp_avg_sq values and engine counters."""
     segs = engine.layout.segments(engine.rank_in_shards)
     opt = engine.optimizer
-    master = torch.cat([opt.master[0].new_empty(0)] + [_local(opt.master, engine, s) for s in segs])
-    m = torch.cat([opt.exp_avg.new_empty(0)] + [_local(opt.m, engine, s) for s in segs])
-    v = torch.cat([opt.exp_avg_sq.new_empty(0)] + [_local(opt.v, engine, s) for s in segs])
+    ms, vs = opt.moments()
+    empty = torch.empty(0, dtype=torch.float32)
+    master = torch.cat([empty] + [_local(opt.master, engine, s).float().cpu() for s in segs])
+    m = torch.cat([empty] + [_local(ms, engine, s).cpu() for s in segs])
+    v = torch.cat([empty] + [_local(vs, engine, s).cpu() for s in segs])
     return {
         "format": FORMAT,
         "shard": engine.rank_in_shards,
@@ -67,6 +69,7 @@ def load_shard_state_dicts(engine, shards) -> None:
         by_name.setdefault(engine.zparams[s.param].name, []).append(s)
     filled = 0
     opt = engine.optimizer
+    ms, vs = opt.moments()
     meta = None
     for sd in shards:
         if sd.get("format") != FORMAT:
@@ -78,7 +81,7 @@ def load_shard_state_dicts(engine, shards) -> None:
                 lo, hi = max(start, s.param_start), min(end, s.param_end)
                 if lo < hi:
                     src = slice(off + lo - start, off + hi - start)
-                    for chunks, key in ((opt.master, "master"), (opt.m, "exp_avg"), (opt.v, "exp_avg_sq")):
+                    for chunks, key in ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq")):
                         dst = _local(chunks, engine, s)[lo - s.param_start : hi - s.param_start]
                         dst.copy_(sd[key][src])
                     filled += hi - lo
@@ -86,11 +89,10 @@ def load_shard_state_dicts(engine, shards) -> None:
     needed = sum(s.numel for s in segs)
     if meta is None or filled != needed:
         raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+    opt.load_moments(ms, vs)
     opt.step_count = int(meta["step"])
     engine.scaler.load_state_dict(meta["scaler"])
-    if engine.master_buf is not None:  # master -> low-precision shard (a step does this in its copy-out)
-        torch._foreach_copy_(engine.param_shards, opt.master)
-    engine._publish_params()
+    engine.params_from_master()
 
 
 def save_checkpoint(engine, path: str | os.PathLike) -> None:
@@ -154,11 +156,11 @@ def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> di
     layout = engine.layout
     out = {}
     for b, chunk in zip(layout.buckets, chunks):
-        full = torch.empty(b.numel, dtype=torch.float32, device=chunk.device)
+        full = torch.empty(b.numel, dtype=torch.float32, device=engine.device)
         if layout.shards == 1:
             full.copy_(chunk)
-        else:
-            C.all_gather(full, chunk.float().contiguous(), engine.group)
+        else:  # collectives run on the engine's device (chunks may live in host memory under offload)
+            C.all_gather(full, chunk.float().to(engine.device).contiguous(), engine.group)
         for i in b.params:
             s = layout.params[i]
             out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape) * scale
@@ -175,4 +177,4 @@ def full_parameters(engine) -> dict[str, torch.Tensor]:
 def full_gradients(engine) -> dict[str, torch.Tensor]:
     """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
     rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
-    return _gather_chunks(engine, engine.grads.shard_views(), 1.0 / (engine.group.size * engine.scaler.scale))
+    return _gather_chunks(engine, engine.grad_chunks(), 1.0 / (engine.group.size * engine.scaler.scale))

@@ -203,7 +203,7 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
                    dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
                    checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
-                   md=args.md, timeout=args.timeout, **_offload_kwargs(args))
+                   md=args.md, timeout=args.timeout, bucket_size=args.bucket_size, **_offload_kwargs(args))
     results = {}
     for stage in args.stage:
         spec = dataclasses.replace(base, stage=stage)
@@ -219,8 +219,11 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     if args.out:
         from zerobench.results.rows import RowWriter
 
+        off = "" if args.offload_optimizer == "none" else f"-offload-{args.offload_optimizer}" + (
+            "-param" if args.offload_param != "none" else "")
+        off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
         for stage, r in results.items():
-            w = RowWriter(args.out, f"maxsize-stage{stage}", {**dataclasses.asdict(base), "stage": stage, "budget": args.budget})
+            w = RowWriter(args.out, f"maxsize-stage{stage}{off}", {**dataclasses.asdict(base), "stage": stage, "budget": args.budget})
             w.write("max_layers", r.max_layers, "layers")
             w.write("max_params", r.max_params, "params", probes=json.dumps(r.probes))
     return 0
@@ -358,6 +361,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pa-cpu", action="store_true", help="P_a+cpu")
     g.add_argument("--cb-size", type=int, default=500_000_000, help="C_B bucket size in elements")
     g.add_argument("--md", action="store_true", help="M_D (smaller fragmentation allowance)")
+    g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments: fp32 (K=12) or 8-bit (K~6)")
+    g.add_argument("--offload-optimizer", action="store_true", help="ZeRO-Offload: optimizer states in host memory")
+    g.add_argument("--offload-param", action="store_true", help="stage 3: parameter partition in host memory too")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -413,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--pa", action="store_true")
     ms.add_argument("--pa-cpu", action="store_true")
     ms.add_argument("--md", action="store_true")
+    ms.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
+                    help="gradient/parameter bucket size in elements (C_B)")
     _add_offload_args(ms)
     ms.add_argument("--max-layers", type=int, default=256, help="search limit")
     ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")

@@ -74,15 +74,21 @@ def ddp_vs_stage0(rank, world, steps):
     return max((mine[n] - p).abs().max().item() for n, p in ddp.module.named_parameters())
 
 
-def checkpoint_resume(rank, world, stage, ckpt_dir):
+def checkpoint_resume(rank, world, stage, ckpt_dir, extra=None):
     """Train 2 steps at DP=4, save, go on 2 steps; reload at DP=2 (other init) and do the same 2 steps.
 
-    Also loads the checkpoint into a single-process model and compares it with what was saved.
+    Also loads the checkpoint into a single-process model and compares it with what was saved. ``extra``:
+    more ``ZeroConfig`` fields for both engines (offload, 8-bit states); with ``same_layout`` in it the
+    reload is at DP=4 with the same buckets (8-bit states resume exactly only on the same block layout).
     """
     cfg = PRESETS["tiny"]
     data = SyntheticTokens(cfg.vocab, cfg.seq)
     groups = dp_groups(rank, world, [2, 4])
-    zc = ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000)
+    extra = dict(extra or {})
+    same = extra.pop("same_layout", False)
+    if extra.get("nvme_path"):
+        extra["nvme_path"] = f"{extra['nvme_path']}/rank{rank}"
+    zc = ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000, **extra)
     torch.manual_seed(0)
     a = apply_zero(GPT(cfg), groups[4], zc)
     _train(a, data, groups[4], 2, 0, 8)
@@ -93,10 +99,11 @@ def checkpoint_resume(rank, world, stage, ckpt_dir):
     uninterrupted = full_parameters(a)
 
     torch.manual_seed(1)  # a different init: everything must come from the checkpoint
-    b = apply_zero(GPT(cfg), groups[2], ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=7_000))
+    bg = groups[4] if same else groups[2]
+    b = apply_zero(GPT(cfg), bg, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000 if same else 7_000, **extra))
     load_checkpoint(b, ckpt_dir)
     step_after_load = b.optimizer.step_count
-    _train(b, data, groups[2], 2, 2, 8)
+    _train(b, data, bg, 2, 2, 8)
     resumed = full_parameters(b)
 
     single = GPT(cfg)
@@ -265,3 +272,63 @@ def tp_rng_and_dropout(rank, world):
         "ckpt_vs_plain": max((grads[True][n] - grads[False][n]).abs().max().item() for n in grads[True]),
         "grad_norm": sum(g.pow(2).sum().item() for g in grads[False].values()),
     }
+
+
+def adam_bits_losses(rank, world, steps, bits_list, offload="none", preset="mini"):
+    """Loss curves of the same model/data trained with each Adam state width (stage 2 over the group)."""
+    cfg = PRESETS[preset]
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for bits in bits_list:
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=2 if world > 1 else 0, optimizer=ADAM, optim_bits=bits,
+                                                        offload_optimizer=offload if world > 1 else "none"))
+        data = SyntheticTokens(cfg.vocab, cfg.seq, seed=3)
+        losses = []
+        for step in range(steps):
+            x, y = data.micro_batch(step, group.rank, group.size, 0, 8 // group.size)
+            loss = engine.module(x, y)
+            engine.backward(loss)
+            engine.step()
+            engine.zero_grad()
+            t = loss.detach().clone()
+            dist.all_reduce(t, group=group.pg)
+            losses.append(t.item() / group.size)
+        out[bits] = {"losses": losses, "ledger": engine.memory_ledger(), "numel": engine.numel}
+    return out
+
+
+def offload_ledgers(rank, world, preset):
+    """Device/host ledgers and their analytic figures under offload and 8-bit states (bf16, stages 2-3)."""
+    from zerobench.metrics.memory import storage_bytes
+
+    cfg = PRESETS[preset]
+    group = dp_groups(rank, world, [world])[world]
+    configs = {
+        "s2-cpu": dict(stage=2, offload_optimizer="cpu"),
+        "s1-cpu": dict(stage=1, offload_optimizer="cpu"),
+        "s3-cpu": dict(stage=3, offload_optimizer="cpu"),
+        "s3-cpu-param": dict(stage=3, offload_optimizer="cpu", offload_param="cpu"),
+        "s2-adam8": dict(stage=2, optim_bits=8),
+        "s2-cpu-adam8": dict(stage=2, offload_optimizer="cpu", optim_bits=8),
+    }
+    out = {}
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    for key, kw in configs.items():
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(precision=Precision.BF16, bucket_numel=300_000, **kw))
+        _train(engine, data, group, 2, 0, 2 * world)
+        m = {
+            "ledger": engine.memory_ledger(),
+            "analytic": engine.model_state_bytes_analytic(),
+            "host_analytic": engine.host_state_bytes_analytic() if engine.host is not None else {},
+            "device": engine.model_state_bytes(),
+            "host": engine.host_model_state_bytes(),
+        }
+        if engine.scheduler is not None:
+            units = engine.scheduler.order
+            m["peak_gathered"] = engine.scheduler.peak_gathered_bytes
+            m["root_bytes"] = units[0].nbytes
+            m["largest_block_bytes"] = max(u.nbytes for u in units[1:])
+        out[key] = m
+    return {"psi": num_params(cfg), "configs": out, "storage_bytes_ok": storage_bytes([]) == 0}

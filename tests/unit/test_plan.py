@@ -103,3 +103,20 @@ def test_paper_suites_load():
         rows = plan_configs(load_suite(name))
         assert rows and all(p.gpus % p.mp == 0 for _, p in rows)
     assert len(plan_configs(load_suite("paper/fig2"))) == 20
+
+
+def test_offload_and_8bit_states_in_the_planner():
+    """ZeRO-Offload's headline: a 13B GPT trains on one 32 GB V100 with the optimizer on the host (the
+    planner agrees), not without. 8-bit moments take the host's 16 bytes per parameter to 10.004."""
+    one = dict(gpus=1, mp=1, micro_batch=1, pa=False, md=True, model=paper_model("fig4-13B", 1))
+    plain = memory_per_gpu(_plan(stage=2, **one))
+    off = memory_per_gpu(_plan(stage=2, offload_optimizer=True, **one))
+    off8 = memory_per_gpu(_plan(stage=2, offload_optimizer=True, optim_bits=8, **one))
+    psi = plain["params_per_mp_rank"]
+    assert not plain["fits"] and off["fits"]
+    assert plain["model_states"] == pytest.approx(16 * psi) and plain["model_states_host"] == 0
+    assert off["model_states"] == pytest.approx(2 * psi) and off["model_states_host"] == pytest.approx(16 * psi)
+    assert off8["model_states_host"] == pytest.approx((10 + 8 / 2048) * psi)
+    assert _plan(optim_bits=8).k == pytest.approx(6 + 8 / 2048) and _plan().k == 12
+    p3 = memory_per_gpu(_plan(stage=3, offload_optimizer=True, offload_param=True, **one))
+    assert p3["model_states"] == 0 and p3["model_states_host"] == pytest.approx(16 * psi)

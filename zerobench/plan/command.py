@@ -1,7 +1,7 @@
 """``zerobench plan``: what a configuration needs per GPU, the paper's tables, dry runs, projections.
 
 JSON output (``--json``) has stable keys:
-- plan: ``{"config": {...}, "params": int, "params_per_mp_rank": int, "memory_bytes": {model_states,
+- plan: ``{"config": {...}, "params": int, "params_per_mp_rank": int, "memory_bytes": {model_states, model_states_host,
   activation_checkpoints, activation_checkpoints_host, working_activations, buffers,
   fragmentation_allowance, total}, "fits": bool, "comm_elements_per_step": {dp, mp, pa, paper_mp},
   "max_layers"?: int, "max_params"?: int}``
@@ -60,11 +60,16 @@ def _plan_config(args) -> PlanConfig:
         raise ConfigError(f"GPUs {args.gpus} are not divisible by MP {args.mp}: choose a GPU count that MP divides")
     if args.stage not in (0, 1, 2, 3):
         raise ConfigError(f"unknown ZeRO stage {args.stage}: choose 0, 1, 2 or 3")
+    if args.offload_optimizer and args.stage == 0:
+        raise ConfigError("--offload-optimizer partitions the optimizer: use --stage 1, 2 or 3")
+    if args.offload_param and (args.stage != 3 or not args.offload_optimizer):
+        raise ConfigError("--offload-param needs --stage 3 and --offload-optimizer")
     return PlanConfig(
         model=_model(args), gpus=args.gpus, gpus_per_node=args.gpus_per_node, mp=args.mp,
         gpu_mem_bytes=parse_bytes(args.gpu_mem), micro_batch=args.micro_batch, stage=args.stage,
         checkpoint_activations=args.checkpoint_activations or args.pa or args.pa_cpu,
-        pa=args.pa, pa_cpu=args.pa_cpu, cb_elements=args.cb_size, md=args.md,
+        pa=args.pa, pa_cpu=args.pa_cpu, cb_elements=args.cb_size, md=args.md, optim_bits=args.optim_bits,
+        offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
     )
 
 

@@ -2,6 +2,9 @@
 
 - Model states: the paper's formulas for mixed-precision Adam (2-byte params and grads, K = 12 bytes of
   fp32 master + moments) on Ψ_mp, this MP rank's parameters (exact count, see ``params_per_mp_rank``).
+  8-bit moments make K = 4 + 2 + 8/2048; optimizer offload moves the master, the moments and (stages 2-3)
+  the gradient partition to host memory, parameter offload (stage 3) the parameter partition too
+  (``model_states_host``, not counted against the GPU).
 - Activation checkpoints: L * b * s * h * 2 bytes (one fp16 block input per layer), divided by MP with
   P_a, moved to host memory with P_a+cpu.
 - Working memory of one block while it is recomputed (or every block without checkpointing): the
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench.metrics.memory import paper_model_state_bytes
+from zerobench.metrics.memory import host_state_bytes_analytic, model_state_bytes_analytic
 from zerobench.models.gpt import GPTConfig
+from zerobench.zero import quant8
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,17 @@ class PlanConfig:
     """M_D: contiguous buffers (lowers the fragmentation allowance)."""
     frag: float | None = None
     """Allocator/fragmentation allowance as a fraction (default 0.10 with M_D, 0.30 without)."""
+    optim_bits: int = 32
+    """Adam moments in fp32 (K = 12) or blockwise 8-bit (K = 4 + 2 + 8/2048)."""
+    offload_optimizer: bool = False
+    """ZeRO-Offload: master, moments and (stages 2-3) the gradient partition in host memory."""
+    offload_param: bool = False
+    """Stage 3: the parameter partition in host memory too."""
+
+    @property
+    def k(self) -> float:
+        """Bytes of optimizer state per parameter (the paper's K)."""
+        return 4 + (8 if self.optim_bits == 32 else quant8.state_bytes_per_element())
 
     @property
     def dp(self) -> int:
@@ -75,7 +90,11 @@ def memory_per_gpu(p: PlanConfig) -> dict[str, float]:
     """Bytes per GPU by category (device), plus host checkpoint bytes and whether it fits."""
     m = p.model
     psi = params_per_mp_rank(m, p.mp)
-    states = paper_model_state_bytes(psi, p.dp, p.stage)
+    optim = p.k - 4
+    states = sum(model_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, 4, optim, p.offload_optimizer,
+                                            p.offload_param).values())
+    host_states = sum(host_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, optim, p.offload_param).values()) \
+        if p.offload_optimizer else 0.0
     b, s, h, L = p.micro_batch, m.seq, m.hidden, m.layers
     ckpt = ckpt_host = 0.0
     if p.checkpoint_activations:
@@ -93,6 +112,7 @@ def memory_per_gpu(p: PlanConfig) -> dict[str, float]:
     return {
         "params_per_mp_rank": psi,
         "model_states": states,
+        "model_states_host": host_states,
         "activation_checkpoints": ckpt,
         "activation_checkpoints_host": ckpt_host,
         "working_activations": working,

@@ -212,6 +212,14 @@ class ZeroEngine:
     @torch.no_grad()
     def step(self) -> bool:
         """Apply the optimizer to this rank's partition; return False when an fp16 overflow skipped it."""
+        # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
+        with untracked(self.host is not None):
+            stepped = self._step()
+        if stepped:
+            self._publish_params()
+        return stepped
+
+    def _step(self) -> bool:
         if self.micro_step % self.config.grad_accum_steps:
             raise RuntimeError(
                 f"step() after {self.micro_step % self.config.grad_accum_steps} of "
@@ -243,14 +251,12 @@ class ZeroEngine:
         # Mixed precision: the step writes the low-precision shard in the same pass (fused kernel).
         if self.host is not None:  # on the host; each finished chunk streams up while the next updates
             on_device = self.host.params_local is None
-            with untracked():
-                self.optimizer.step(grads, scale, out=self.host.chunks(self.host.param_out),
-                                    on_chunk=self.host.copy_back(self.param_shards if on_device else None))
+            self.optimizer.step(grads, scale, out=self.host.chunks(self.host.param_out),
+                                on_chunk=self.host.copy_back(self.param_shards if on_device else None))
             self.host.finish_copy_back()
         else:
             self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)
         self.scaler.update(overflow=False)
-        self._publish_params()
         return True
 
     def _grad_norm(self, grads: list[torch.Tensor], sharded: bool) -> float:

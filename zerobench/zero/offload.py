@@ -100,27 +100,32 @@ class HostPartition:
             self.param_out = None if fp32 else self.params_local
         else:  # mixed precision: a pinned low-precision copy to stream up; fp32: stream the master itself
             self.param_out = None if fp32 else self.transfer.host_zeros(n, param_dtype)
-        self._scratch: torch.Tensor | None = None
+        # Chunk views made once, here: views taken later inside a live-tensor tracker would be counted
+        # as device memory on CPU-only machines.
+        self._chunks: dict[int, list[torch.Tensor]] = {}
+        for t in (self.params_local, self.master, self.grads, self.param_out):
+            if t is not None and id(t) not in self._chunks:
+                self._chunks[id(t)] = self._split(t)
+
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [flat[self.layout.local_offset(b.index) : self.layout.local_offset(b.index) + b.shard_numel]
+                for b in self.layout.buckets]
 
     def chunks(self, flat: torch.Tensor | None) -> list[torch.Tensor] | None:
+        """Per-bucket chunks of one of this partition's host buffers (None for None)."""
         if flat is None:
             return None
-        out = []
-        for b in self.layout.buckets:
-            off = self.layout.local_offset(b.index)
-            out.append(flat[off : off + b.shard_numel])
-        return out
+        return self._chunks[id(flat)]
 
     # -- gradients down --------------------------------------------------------------------------
     def grad_ready(self, bucket: int, shard: torch.Tensor, accumulate: bool) -> None:
         """A bucket's reduced gradient shard (on the device) is final for this micro-batch: bring it down."""
-        off = self.layout.local_offset(bucket)
-        dst = self.grads[off : off + shard.numel()]
-        if not accumulate:
-            self.transfer.copy(dst, shard)
-            return
-        # Later micro-batches of a window add on the host (synchronously: correctness over speed).
-        with untracked():
+        dst = self._chunks[id(self.grads)][bucket]
+        with untracked():  # host memory: outside a (CPU-emulated) device budget
+            if not accumulate:
+                self.transfer.copy(dst, shard)
+                return
+            # Later micro-batches of a window add on the host (synchronously: correctness over speed).
             tmp = torch.empty(shard.numel(), dtype=dst.dtype, device=HOST, pin_memory=self.transfer.cuda)
             self.transfer.copy(tmp, shard)
             self.transfer.wait_host()

@@ -97,6 +97,8 @@ class Stage3Scheduler:
         self.root, self.blocks, self.prefetch = root, blocks, prefetch
         self.by_bucket = {u.bucket.index: u for u in [root, *blocks]}
         self.handles = []
+        self.peak_gathered_bytes = 0
+        """Most device bytes of gathered parameters (and parameter-offload staging) held at once."""
         for i, unit in enumerate([root, *blocks]):
             m = unit.module
             self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
@@ -114,6 +116,7 @@ class Stage3Scheduler:
         unit.wait()
         if self.prefetch and i + 1 < len(self.order):
             self.order[i + 1].start_gather()
+        self._note_gathered()
 
     def _post_forward(self, i: int, module, args, output) -> None:
         unit = self.order[i]
@@ -133,6 +136,12 @@ class Stage3Scheduler:
         nxt = len(self.blocks) if i == 0 else i - 1
         if self.prefetch and nxt >= 1:
             self.order[nxt].start_gather()
+        self._note_gathered()
+
+    def _note_gathered(self) -> None:
+        held = sum(u.full.untyped_storage().nbytes() for u in self.order)
+        held += sum(u.staging.untyped_storage().nbytes() for u in self.order if u.staging is not None)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, held)
 
     def on_bucket_reduced(self, bucket: int) -> None:
         """The unit's gradients were handed to the reduce-scatter: its parameters can go."""

@@ -1,0 +1,163 @@
+"""Offload building blocks without processes: 8-bit quantization, state codecs and stores (NVMe files),
+the host partition's buffers, the tracker pause, config errors and the analytic device/host split."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+
+from zerobench.config import ConfigError
+from zerobench.metrics.memory import LiveTensorTracker, host_state_bytes_analytic, model_state_bytes_analytic, untracked
+from zerobench.zero import ZeroConfig
+from zerobench.zero import quant8
+from zerobench.zero.layout import ParamSpec, build_layout
+from zerobench.zero.nvme import NvmeStore
+from zerobench.zero.offload import HostPartition
+from zerobench.zero.states import Fp32Codec, Int8Codec, MemoryStore
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_code_books_are_sorted_unique_and_hold_the_extremes(signed):
+    b = quant8.code_book(signed)
+    assert b.numel() == 256 and torch.all(b[1:] > b[:-1])
+    assert 0.0 in b.tolist() and 1.0 in b.tolist()
+    assert (-1.0 in b.tolist()) == signed
+    # seven decades below the block maximum are representable (dynamic range)
+    assert b[b > 0].min() <= 1e-6
+
+
+@pytest.mark.parametrize("n", [1, 2047, 2048, 5000])
+def test_quantize_round_trip_error_is_bounded_by_the_book_spacing(n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g) * torch.logspace(-3, 0, n)[torch.randperm(n, generator=g)]
+    codes, absmax = torch.empty(n, dtype=torch.uint8), torch.empty(quant8.num_blocks(n))
+    quant8.quantize_(x, codes, absmax, signed=True)
+    y = quant8.dequantize(codes, absmax, signed=True)
+    for blk in range(quant8.num_blocks(n)):
+        sl = slice(blk * quant8.BLOCK, min(n, (blk + 1) * quant8.BLOCK))
+        a = x[sl].abs().max()
+        assert absmax[blk] == a
+        # the widest steps are the top decade's negative side (63 steps over 0.9): half of one is the worst
+        assert (y[sl] - x[sl]).abs().max() <= a * 0.9 / 63 / 2 + 1e-12
+    assert y[x.abs().argmax()] == x[x.abs().argmax()], "the block maximum is represented exactly"
+    # re-quantizing decoded values on the same blocks gives the same codes (exact checkpoint reloads)
+    codes2, absmax2 = torch.empty_like(codes), torch.empty_like(absmax)
+    quant8.quantize_(y, codes2, absmax2, signed=True)
+    assert torch.equal(codes2, codes) and torch.equal(absmax2, absmax)
+
+
+def test_zero_blocks_and_unsigned_values():
+    x = torch.zeros(3000)
+    x[2500:] = torch.rand(500) ** 4
+    codes, absmax = torch.empty(3000, dtype=torch.uint8), torch.empty(2)
+    quant8.quantize_(x, codes, absmax, signed=False)
+    y = quant8.dequantize(codes, absmax, signed=False)
+    assert absmax[0] == 0 and torch.all(y[:2048] == 0)
+    # the unsigned book's widest steps: the top decade, 128 steps over 0.9 of the block maximum
+    assert (y - x).abs().max() <= absmax[1] * 0.9 / 128 / 2 + 1e-12
+    assert (y[x > 0.1 * absmax[1]] / x[x > 0.1 * absmax[1]] - 1).abs().max() <= 0.9 / 128 / 2 / 0.1
+
+
+@pytest.mark.parametrize("codec", [Fp32Codec(), Int8Codec()])
+def test_codecs_round_trip(codec):
+    enc = codec.alloc(4100, torch.device("cpu"))
+    m0, v0 = codec.decode(enc)
+    assert not m0.any() and not v0.any(), "fresh states are zero"
+    m, v = torch.randn(4100) * 1e-3, torch.rand(4100) * 1e-6
+    codec.encode(m, v, enc)
+    m1, v1 = codec.decode(enc)
+    tol = 0 if isinstance(codec, Fp32Codec) else 0.9 / 63 / 2
+    assert (m1 - m).abs().max() <= tol * m.abs().max() + 1e-12
+    assert (v1 - v).abs().max() <= tol * v.abs().max() + 1e-12
+    assert sum(t.numel() * t.element_size() for t in enc.values()) <= codec.bytes_per_element() * 4100 + 16
+
+
+@pytest.mark.parametrize("codec", [Fp32Codec(), Int8Codec()])
+def test_nvme_store_round_trips_through_its_file_with_read_ahead(tmp_path, codec):
+    sizes = [3000, 10, 5000]
+    store = NvmeStore(codec, sizes, str(tmp_path / "nvme"), rank=3)
+    assert os.path.exists(store.path) and os.path.getsize(store.path) == store.file_bytes() > 0
+    want = []
+    for i, n in enumerate(sizes):
+        enc = store.acquire(i)
+        assert (i + 1 in store.reads) == (i + 1 < len(sizes)), "the next chunk is read ahead"
+        m, v = torch.randn(n), torch.rand(n)
+        codec.encode(m, v, enc)
+        want.append(codec.decode(enc))
+        store.release(i, enc)
+    store.flush()
+    for i, enc in enumerate(store.read_all()):
+        m, v = codec.decode(enc)
+        assert torch.equal(m, want[i][0]) and torch.equal(v, want[i][1])
+    assert store.tensors() == [] and MemoryStore(codec, sizes, torch.device("cpu")).file_bytes() == 0
+    directory = store.dir
+    del store, enc
+    gc.collect()
+    assert not os.path.exists(directory), "state files are removed with the engine"
+
+
+def test_nvme_store_bad_path_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot use NVMe path"):
+        NvmeStore(Fp32Codec(), [10], str(blocker / "sub"))
+
+
+def test_host_partition_buffers_and_chunks():
+    layout = build_layout([ParamSpec("a", (100,)), ParamSpec("b", (50, 3))], shards=2, bucket_numel=64)
+    for dtype, params, fp32_master_is_params in [(torch.bfloat16, False, False), (torch.float32, True, True)]:
+        h = HostPartition(layout, torch.device("cpu"), dtype, dtype, offload_params=params)
+        assert h.grads.numel() == layout.shard_numel and h.master.dtype == torch.float32
+        assert (h.master is h.params_local) == fp32_master_is_params
+        chunks = h.chunks(h.grads)
+        assert [c.numel() for c in chunks] == [b.shard_numel for b in layout.buckets]
+        shard = torch.arange(chunks[1].numel(), dtype=dtype)
+        h.grad_ready(1, shard, accumulate=False)
+        h.grad_ready(1, shard, accumulate=True)
+        h.wait_grads()
+        assert torch.equal(h.chunks(h.grads)[1], 2 * shard)
+        dev = [torch.zeros(c.numel(), dtype=dtype) for c in chunks]
+        on_chunk = h.copy_back(None if params else dev)
+        assert (on_chunk is None) == params
+
+
+def test_untracked_pauses_the_live_tensor_tracker():
+    tr = LiveTensorTracker()
+    with tr:
+        a = torch.empty(1000)
+        with untracked():
+            b = torch.empty(5000)
+            b.add_(1)
+        c = torch.empty(10)
+    assert tr.peak == (1000 + 10) * 4
+    del a, b, c
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(stage=0, offload_optimizer="cpu"), "use --stage 1, 2 or 3"),
+    (dict(stage=2, offload_optimizer="gpu"), "unknown optimizer offload"),
+    (dict(stage=2, offload_optimizer="cpu", offload_param="cpu"), "needs --stage 3"),
+    (dict(stage=3, offload_param="cpu"), "needs --stage 3 and optimizer offload"),
+    (dict(stage=2, offload_optimizer="nvme"), "needs --nvme-path"),
+    (dict(stage=2, optim_bits=4), "must be 32 or 8"),
+])
+def test_offload_config_errors_are_one_line(kw, msg):
+    with pytest.raises(ConfigError, match=msg) as e:
+        ZeroConfig(**kw).validate()
+    assert "\n" not in str(e.value)
+
+
+def test_analytic_split_device_and_host():
+    psi, n = 1_000_000, 4
+    # stage 2 mixed precision with optimizer offload: 2Ψ on the device, 16Ψ/N on the host
+    dev = model_state_bytes_analytic(psi, n, 2, 2, 2, 4, offload_optimizer=True)
+    assert sum(dev.values()) == 2 * psi
+    assert sum(host_state_bytes_analytic(psi, n, 2, 2, 2).values()) == 16 * psi / n
+    # stage 3 with parameter offload: nothing persistent on the device
+    assert sum(model_state_bytes_analytic(psi, n, 3, 2, 2, 4, offload_optimizer=True, offload_param=True).values()) == 0
+    # 8-bit moments: K = 4 + 2 + 8/2048 instead of 12
+    k8 = sum(model_state_bytes_analytic(psi, 1, 1, 2, 2, 4, quant8.state_bytes_per_element()).values()) / psi - 4
+    assert k8 == pytest.approx(6.0 + 8 / 2048)

@@ -31,7 +31,7 @@ def _decades(counts: list[int]) -> list[float]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _book(signed: bool) -> torch.Tensor:
     if signed:  # 128 positive, 127 negative, zero
         pos = _decades([64, 32, 16, 8, 4, 2, 1, 1])
@@ -48,7 +48,7 @@ def code_book(signed: bool, device: torch.device | str = "cpu") -> torch.Tensor:
     return _book(signed).to(device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mids(signed: bool) -> torch.Tensor:
     b = _book(signed)
     return (b[1:] + b[:-1]) / 2

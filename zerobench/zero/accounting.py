@@ -1,0 +1,78 @@
+"""What a ``ZeroEngine`` holds, by category and place: the memory ledger (device and host), the model-state
+bytes measured from its tensors, the analytic figures they are compared with, and the tensor list the
+live-tensor tracker starts from. A mixin of ``ZeroEngine`` (reads its buffers; changes nothing)."""
+
+from __future__ import annotations
+
+import torch
+
+from zerobench.metrics.memory import (
+    host_state_bytes_analytic,
+    model_state_bytes_analytic,
+    storage_bytes,
+)
+
+
+class EngineAccounting:
+    """Ledger methods of ``ZeroEngine``."""
+
+    def memory_ledger(self) -> dict[str, int]:
+        """Bytes held by this rank's engine tensors, by category (measured from the tensors)."""
+        """Device categories (params, grads, master, optimizer_states, comm_buffers); under offload also
+        the host ones (host_*) and the NVMe tier's file bytes."""
+        g = self.grads.tensors()
+        comm = list(g["comm_buffers"])
+        if self.scheduler is not None:
+            comm += self.scheduler.gathered_tensors()
+        led = {
+            "params": storage_bytes(self._device_params()),
+            "grads": storage_bytes(g["grads"]),
+            "master": storage_bytes([self.master_buf.data]) if self.master_buf is not None else 0,
+            "optimizer_states": storage_bytes(self.optimizer.tensors()) if self.host is None else 0,
+            "comm_buffers": storage_bytes(comm),
+        }
+        if self.host is not None:
+            led.update(self.host.ledger(self.optimizer.tensors(), self.optimizer.store.file_bytes()))
+        return led
+
+    def _device_params(self) -> list[torch.Tensor]:
+        if self.params_full is not None:
+            return [self.params_full.data]
+        return [] if self.host is not None and self.host.params_local is not None else [self.params_local.data]
+
+    def host_model_state_bytes(self) -> int:
+        """Model-state bytes this rank keeps in host memory (0 without offload)."""
+        led = self.memory_ledger()
+        return sum(v for k, v in led.items() if k.startswith("host_"))
+
+    def model_state_bytes(self) -> int:
+        led = self.memory_ledger()
+        return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
+
+    def model_state_bytes_analytic(self) -> dict[str, float]:
+        """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
+        pb = torch.finfo(self.param_dtype).bits // 8
+        cfg = self.config
+        return model_state_bytes_analytic(
+            self.numel, self.group.size, self.stage, pb, pb, 4 if self.master_buf is not None else 0,
+            self.optimizer.codec.bytes_per_element(), offload_optimizer=cfg.offload_optimizer != "none",
+            offload_param=cfg.offload_param != "none",
+        )
+
+    def host_state_bytes_analytic(self) -> dict[str, float]:
+        """Host bytes by category under offload (NVMe-swapped states excluded)."""
+        pb = torch.finfo(self.param_dtype).bits // 8
+        out = host_state_bytes_analytic(self.numel, self.group.size, self.stage, pb, pb,
+                                        self.optimizer.codec.bytes_per_element(), self.config.offload_param != "none")
+        if self.config.offload_optimizer == "nvme":
+            out["host_optimizer_states"] = 0.0
+        return out
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every persistent *device* tensor the engine holds (for memory trackers; host ones excluded)."""
+        out = self._device_params() + self.grads.tensors()["grads"]
+        if self.host is None:
+            out += self.optimizer.tensors()
+        if self.master_buf is not None:
+            out.append(self.master_buf.data)
+        return out

@@ -253,11 +253,11 @@ def cmd_peers(args: argparse.Namespace) -> int:
     verdicts = bar(recs)
     if verdicts:
         print()
-        print(tabulate([[v["stage"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", "yes" if v["speed_ok"] else "NO",
+        print(tabulate([[v["candidate"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", "yes" if v["speed_ok"] else "NO",
                          v["leanest_peer"] or "-", f"{v['memory_vs_leanest']:.3f}" if v["memory_vs_leanest"] else "-",
                          "yes" if v["memory_ok"] else "NO"] for v in verdicts],
-                       headers=["zerobench stage", "fastest peer", "time / it", "<= 0.95", "leanest peer",
-                                "peak / it", "<= 1"]))
+                       headers=["zerobench", "fastest peer", "time / it", "<= 0.95", "leanest peer",
+                                "peak / it (offload: RSS)", "<= 1"]))
     print(f"rows: {out}")
     return 0 if all(r["status"] == "ok" for r in recs) else 1
 

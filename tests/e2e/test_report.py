@@ -14,13 +14,15 @@ from tests.helpers.browser import FLAGS, chromium
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results/reference/quick-cpu-2core"
+# Measured rows for the paper's figures: max model size searches, C1-C5 at tiny scale, one H100.
+MORE = [REPO / "results/reference" / d for d in ("maxsize-cpu-2core", "c1-c5-cpu-2core", "gpu-h100-2026-11-22")]
 ARTIFACTS = Path(os.environ.get("ZEROBENCH_ARTIFACTS", REPO / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    r = zb("report", str(REFERENCE), "--out", str(out), timeout=300)
+    r = zb("report", str(REFERENCE), *map(str, MORE), "--out", str(out), timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[0] == f"report: {out / 'index.html'}"
     return out
@@ -30,13 +32,25 @@ def test_report_files(report):
     html = (report / "index.html").read_text()
     figs = re.findall(r'<img class="fig" src="([^"]+)"', html)
     assert {"memory_ledger.png", "comm_volume.png", "throughput.png", "loss_curves.png",
-            "proj_fig2.png", "proj_fig3.png", "proj_fig4.png"} <= set(figs)
+            "proj_fig2.png", "proj_fig3.png", "proj_fig4.png",
+            "fig2_measured.png", "fig3_measured.png", "fig4_measured.png", "fig678_measured.png"} <= set(figs)
     for f in figs:
         assert (report / f).stat().st_size > 10_000
     assert "AMD EPYC" in html or "cpu-" in html  # hardware named in the provenance header
     md = (report / "summary.md").read_text()
     assert "Baseline DP vs ZeRO" in md and "vs_DP_memory" in md
     assert "Table 1" in md and "7.5B P_os" in md
+    # the max-model-size column comes from the maxsize rows of the same configuration (tiny, bf16, DP 2):
+    # stage 3 fits 1.80x the parameters of stage 0 within 4 MiB
+    assert "max_model_M_params" in md and "vs_DP_max_model" in md
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("|")]
+    header = next(c for c in cells if "vs_DP_max_model" in c)
+    rows = [dict(zip(header, c)) for c in cells if len(c) == len(header)]
+    s3 = next(r for r in rows if r["dp"] == "2" and r["precision"] == "bf16" and r["stage"] == "3"
+              and r["hardware"] == "cpu-2core" and r["model"].startswith("tiny"))
+    assert float(s3["vs_DP_max_model"]) == 1.8, s3
+    # every figure names the hardware its rows came from; GPU and CPU rows are separate panels/series
+    assert "NVIDIA H100 80GB HBM3" in html and "C1-C5" in html
 
 
 def test_report_in_a_real_browser(report):

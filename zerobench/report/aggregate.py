@@ -16,16 +16,28 @@ RUN_METRICS = ("step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "pflops_agg
                "max_params", "max_layers")
 
 
+def _paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
+    """The paper's Table 3 name (C1-C5) of a run's switches, or None."""
+    if not (ckpt and md) or stage not in (1, 2):
+        return None
+    if pa_cpu:
+        return "C5" if stage == 2 else None
+    return {(1, False): "C1", (1, True): "C2", (2, False): "C3", (2, True): "C4"}[(int(stage), bool(pa))]
+
+
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per config hash: configuration columns and the median (and spread) of each metric."""
-    df = df[(df["status"].fillna("ok") == "ok") & ~df["metric"].str.startswith("peer_")]
+    df = df[(df["status"].fillna("ok") == "ok") & ~df["metric"].str.startswith("peer_")
+            & ~df["metric"].isin(["max_params", "max_layers"])]
     if "rank" in df:
         df = df[df["rank"].isna() | (df["rank"] == 0)]
     cfg_cols = {
         "system": "config.system", "stage": "config.zero.stage", "dp": "config.dp", "tp": "config.tp",
         "precision": "config.zero.precision", "preset": "config.preset", "layers": "config.model.layers",
         "hidden": "config.model.hidden", "suite": "suite", "hardware": "provenance.hardware.class",
-        "device": "provenance.hardware.device",
+        "device": "provenance.hardware.device", "offload": "config.zero.offload_optimizer",
+        "ckpt": "config.activation.checkpoint", "pa": "config.activation.partition",
+        "pa_cpu": "config.activation.cpu_offload", "md": "config.activation.contiguous",
     }
     records = []
     for key, g in df.groupby("config_hash"):
@@ -33,6 +45,10 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         rec = {"config_hash": key, "repeats": g["run_id"].nunique()}
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
+        rec["world"] = (rec["dp"] or 1) * (rec["tp"] or 1) if rec["dp"] == rec["dp"] else None
+        if rec["offload"] is None or rec["offload"] != rec["offload"]:
+            rec["offload"] = "none"
+        rec["paper_config"] = _paper_config(rec["stage"], rec["ckpt"], rec["pa"], rec["pa_cpu"], rec["md"])
         for m in RUN_METRICS:
             vals = g[g["metric"] == m]["value"].dropna()
             if len(vals):
@@ -43,14 +59,54 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
+def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``zerobench maxsize`` rows: one row per search (stage, DP, TP, model, budget, offload)."""
+    d = df[df["metric"].isin(["max_params", "max_layers"])]
+    if d.empty:
+        return pd.DataFrame()
+    out = []
+    for (run, _), g in d.groupby(["run_id", "config_hash"], sort=False):  # run ids repeat across searches
+        first = g.iloc[0]
+
+        def col(name, default=None):
+            v = first.get(f"config.{name}", default)
+            return default if v is None or v != v else v
+        offload = col("offload_optimizer", "none")
+        out.append({
+            "run_id": run, "stage": int(col("stage", 0)), "dp": int(col("dp", 1) or 1), "tp": int(col("tp", 1) or 1),
+            "preset": col("preset"), "precision": col("precision", "fp32"), "budget": col("budget"),
+            "preset_shape": all(col(k) is None for k in ("hidden", "heads", "vocab", "seq")),
+            "offload": offload + ("+param" if col("offload_param", "none") != "none" else ""),
+            "paper_config": _paper_config(col("stage", 0), col("checkpoint_activations") or col("pa"),
+                                          col("pa"), col("pa_cpu"), col("md")),
+            "hardware": first.get("provenance.hardware.class"), "device": first.get("provenance.hardware.device"),
+            "max_params": float(g[g["metric"] == "max_params"]["value"].iloc[-1]),
+            "max_layers": float(g[g["metric"] == "max_layers"]["value"].iloc[-1]),
+        })
+    return pd.DataFrame(out)
+
+
 def losses_table(df: pd.DataFrame) -> pd.DataFrame:
     loss = df[(df["metric"] == "loss") & (df["status"].fillna("ok") == "ok")]
     cols = ["run_id", "step", "value", "config.zero.stage", "config.dp", "provenance.hardware.class"]
     return loss[[c for c in cols if c in loss]].rename(columns={"config.zero.stage": "stage", "config.dp": "dp"})
 
 
-def comparison_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Baseline DP (stage 0) vs each ZeRO stage at the same DP/TP/model/hardware, with ratios."""
+def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Baseline DP (stage 0) vs each ZeRO stage at the same DP/TP/model/hardware, with ratios; the max
+    model size (from ``zerobench maxsize`` rows at the same stage, DP, TP, preset, precision, hardware and
+    offload, at the preset's own width and vocabulary) where one was searched."""
+    maxsize = maxsize if maxsize is not None else pd.DataFrame()
+
+    def max_params(r) -> float:
+        if maxsize.empty:
+            return float("nan")
+        m = maxsize[maxsize["preset_shape"] & (maxsize["stage"] == r["stage"]) & (maxsize["dp"] == r["dp"])
+                    & (maxsize["tp"] == r["tp"])
+                    & (maxsize["preset"] == r["preset"]) & (maxsize["precision"] == r["precision"])
+                    & (maxsize["hardware"] == r["hardware"]) & (maxsize["offload"] == r.get("offload", "none"))]
+        return float(m["max_params"].max()) if len(m) else float("nan")
+
     out = []
     keys = ["dp", "tp", "preset", "layers", "hidden", "precision", "hardware", "system"]
     runs = runs[runs["system"].fillna("zerobench") == "zerobench"]
@@ -59,15 +115,20 @@ def comparison_table(runs: pd.DataFrame) -> pd.DataFrame:
         if base.empty:
             continue
         b = base.iloc[0]
+        b_max = max_params(b)
         for _, r in g.sort_values("stage").iterrows():
+            r_max = max_params(r)
             out.append({
                 "dp": r["dp"], "tp": r["tp"], "model": f"{r['preset']} L{r['layers']} h{r['hidden']}",
                 "precision": r["precision"], "hardware": r["hardware"], "stage": r["stage"],
+                "offload": r.get("offload", "none"),
                 "model_states_MiB": r.get("model_state_bytes", float("nan")) / 2**20,
                 "vs_DP_memory": r.get("model_state_bytes", float("nan")) / b.get("model_state_bytes", float("nan")),
                 "peak_MiB": r.get("peak_memory_bytes", float("nan")) / 2**20,
                 "tflops_per_gpu": r.get("tflops_per_gpu"),
                 "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
+                "max_model_M_params": r_max / 1e6,
+                "vs_DP_max_model": r_max / b_max if b_max == b_max and b_max else float("nan"),
             })
     return pd.DataFrame(out)
 

@@ -29,6 +29,12 @@ def _series(d: pd.DataFrame) -> list[str]:
     return [f"dp{int(r.dp)} tp{int(r.tp)}" + (f" [{r.hardware}]" if multi else "") for r in d.itertuples()]
 
 
+def _by_hardware(d: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """One panel per hardware class: a GPU and a CPU never share an axis (their scales differ by 10^4)."""
+    hw = d["hardware"].fillna("unknown") if "hardware" in d else pd.Series("unknown", index=d.index)
+    return [(str(k), g) for k, g in d.groupby(hw, sort=True)]
+
+
 def _save(fig, out: Path, name: str) -> Path:
     path = out / f"{name}.png"
     fig.tight_layout()
@@ -42,21 +48,25 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
     if d.empty:
         return None
     d = d.sort_values(["hardware", "dp", "tp", "stage"])
-    labels = [f"s{int(r.stage)} {lbl}" for r, lbl in zip(d.itertuples(), _series(d))]
-    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(d)), 4))
-    bottom = pd.Series(0.0, index=d.index)
-    for col, name in CATS:
-        if col in d:
-            vals = d[col].fillna(0) / 2**20
-            ax.bar(labels, vals, bottom=bottom, label=name)
-            bottom += vals
-    if "model_state_bytes_analytic" in d:
-        ax.scatter(labels, d["model_state_bytes_analytic"] / 2**20, marker="_", s=400, c="k", zorder=3,
-                   label="paper formula (model states)")
-    ax.set_ylabel("MiB per rank")
-    ax.set_title("Memory ledger per rank: measured from the engine's tensors")
-    ax.tick_params(axis="x", rotation=60)
-    ax.legend(fontsize=7)
+    groups = _by_hardware(d)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 0.55 * max(len(g) for _, g in groups)), 4 * len(groups)),
+                             squeeze=False)
+    for ax, (hw, g) in zip(axes[:, 0], groups):
+        labels = [f"s{int(r.stage)} dp{int(r.dp)} tp{int(r.tp)}" + (" off" if getattr(r, "offload", "none") != "none" else "")
+                  + f" {r.preset}" for r in g.itertuples()]
+        bottom = pd.Series(0.0, index=g.index)
+        for col, name in CATS:
+            if col in g:
+                vals = g[col].fillna(0) / 2**20
+                ax.bar(labels, vals, bottom=bottom, label=name)
+                bottom += vals
+        if "model_state_bytes_analytic" in g:
+            ax.scatter(labels, g["model_state_bytes_analytic"] / 2**20, marker="_", s=400, c="k", zorder=3,
+                       label="paper formula (model states)")
+        ax.set_ylabel("MiB per rank")
+        ax.set_title(f"Memory ledger per rank, measured from the engine's tensors [{hw}]", fontsize=10)
+        ax.tick_params(axis="x", rotation=60)
+        ax.legend(fontsize=7)
     return _save(fig, out, "memory_ledger"), f"Measured bytes per rank by category vs the paper's §5 formula. Hardware: {_hw(d)}."
 
 
@@ -85,11 +95,16 @@ def throughput(runs: pd.DataFrame, out: Path):
     d = runs[runs["tflops_per_gpu"].notna()].copy()
     if d.empty:
         return None
-    d["config"] = _series(d)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    sns.barplot(data=d, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
-    ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
-    ax.set_title("Throughput per device by ZeRO stage")
+    groups = _by_hardware(d)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 3.6), squeeze=False)
+    for ax, (hw, g) in zip(axes[0], groups):
+        g = g.assign(config=[f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
+                             + (" offload" if getattr(r, "offload", "none") != "none" else "") for r in g.itertuples()])
+        sns.barplot(data=g, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
+        ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
+        ax.set_title(f"Throughput per device by ZeRO stage [{hw}]", fontsize=10)
+        if ax.get_legend():
+            ax.legend(fontsize=6)
     return _save(fig, out, "throughput"), f"Median step time after warm-up, Megatron FLOP count. Hardware: {_hw(d)} — absolute values are only meaningful for that hardware."
 
 

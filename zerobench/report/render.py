@@ -16,7 +16,7 @@ import jinja2
 import pandas as pd
 
 from zerobench.config import ConfigError
-from zerobench.report import aggregate, figures
+from zerobench.report import aggregate, figures, paper_figures
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
 
@@ -92,13 +92,21 @@ def render(results: list[str], out_dir: str) -> Path:
         res = fn(*args, out)
         if res:
             figs.append({"path": res[0].name, "title": title, "caption": res[1]})
+    maxsize = aggregate.maxsize_table(df)
+    for fn, title, args in ((paper_figures.fig2_measured, "Fig 2 (measured): throughput vs model size", (runs,)),
+                            (paper_figures.fig3_measured, "Fig 3 (measured): scaling with devices", (runs,)),
+                            (paper_figures.fig4_measured, "Fig 4 (measured): max model size", (maxsize,)),
+                            (paper_figures.fig678_measured, "Figs 6-8 (measured): C1-C5", (runs, maxsize))):
+        res = fn(*args, out)
+        if res:
+            figs.append({"path": res[0].name, "title": title, "caption": res[1]})
     peers = aggregate.peers_table(df)
     res = figures.peers(peers, out)
     if res:
         figs.append({"path": res[0].name, "title": "zerobench vs peers", "caption": res[1]})
     proj_figs, proj_table = _projections(out)
     figs += proj_figs
-    comparison = aggregate.comparison_table(runs)
+    comparison = aggregate.comparison_table(runs, maxsize)
     t1 = pd.DataFrame(table1()).set_index("dp")
     t2 = pd.DataFrame(table2())
     for c in ("baseline", "P_os", "P_os+g", "P_os+g+p"):

@@ -1,0 +1,122 @@
+"""The paper's figures drawn from *measured* rows (whatever exists; each figure is skipped when its rows do
+not): Fig 2 (TFLOPs per GPU vs model size, ZeRO vs baseline, with the speedup), Fig 3 (aggregate and per-GPU
+throughput vs GPUs, with linear scaling), Fig 4 (max model size per stage from ``zerobench maxsize`` rows),
+Figs 6-8 (C1-C5: max model size, peak memory per GPU, throughput per GPU). One panel or series per
+hardware class: rows from different machines are never merged into one line. The projections of
+``zerobench plan`` are separate figures (``figures.projection``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from zerobench.report.figures import _hw, _save
+
+
+def _family(d: pd.DataFrame) -> pd.Series:
+    base = (d["stage"] == 0) | (d["system"].fillna("zerobench") != "zerobench")
+    off = d.get("offload", pd.Series("none", index=d.index)).fillna("none")
+    return pd.Series(["baseline DP" if b else ("ZeRO-Offload" if o != "none" else "ZeRO") for b, o in zip(base, off)],
+                     index=d.index)
+
+
+def fig2_measured(runs: pd.DataFrame, out: Path):
+    """Best TFLOPs/GPU per model size and family (baseline DP vs ZeRO), per hardware class."""
+    need = {"tflops_per_gpu", "num_params"}
+    if not need <= set(runs) or runs["tflops_per_gpu"].notna().sum() == 0:
+        return None
+    d = runs[runs["tflops_per_gpu"].notna()].copy()
+    d["family"] = _family(d)
+    d["size"] = (d["num_params"] / 1e6).round(2)
+    best = d.groupby(["hardware", "size", "family"], as_index=False)["tflops_per_gpu"].max()
+    hws = sorted(best["hardware"].dropna().unique())
+    fig, axes = plt.subplots(1, len(hws), figsize=(6 * len(hws), 3.8), squeeze=False)
+    for ax, hw in zip(axes[0], hws):
+        b = best[best["hardware"] == hw]
+        sns.barplot(data=b, x="size", y="tflops_per_gpu", hue="family", ax=ax)
+        for i, size in enumerate(sorted(b["size"].unique())):
+            s = b[b["size"] == size].set_index("family")["tflops_per_gpu"]
+            if "baseline DP" in s and "ZeRO" in s and s["baseline DP"] > 0:
+                ax.text(i, s.max(), f"{s['ZeRO'] / s['baseline DP']:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.set_xlabel("model size (M parameters)")
+        ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
+        ax.set_title(f"Fig 2 (measured): {hw}", fontsize=10)
+    cap = (f"Best measured TFLOPs per GPU at each model size; labels: ZeRO / baseline where both exist. "
+           f"Hardware: {_hw(d)}.")
+    return _save(fig, out, "fig2_measured"), cap
+
+
+def fig3_measured(runs: pd.DataFrame, out: Path):
+    """Aggregate and per-GPU throughput vs world size for each (model, stage, precision, hardware)."""
+    if "tflops_per_gpu" not in runs or "world" not in runs:
+        return None
+    d = runs[runs["tflops_per_gpu"].notna() & runs["world"].notna()].copy()
+    keys = ["hardware", "preset", "layers", "hidden", "precision", "stage"]
+    d = d.groupby([k for k in keys if k in d], dropna=False).filter(lambda g: g["world"].nunique() >= 2)
+    if d.empty:
+        return None
+    d["series"] = [f"stage {int(r.stage)} {r.precision} {r.preset} [{r.hardware}]" for r in d.itertuples()]
+    d["aggregate TFLOP/s"] = d["tflops_per_gpu"] * d["world"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    sns.lineplot(data=d, x="world", y="aggregate TFLOP/s", hue="series", marker="o", ax=axes[0])
+    for name, g in d.groupby("series"):
+        g = g.sort_values("world")
+        ref = g.iloc[0]
+        axes[0].plot(g["world"], ref["aggregate TFLOP/s"] * g["world"] / ref["world"], "k:", lw=0.8)
+    axes[0].set_title("aggregate (dotted: linear scaling from the smallest run)", fontsize=9)
+    sns.lineplot(data=d, x="world", y="tflops_per_gpu", hue="series", marker="o", ax=axes[1], legend=False)
+    axes[1].set_title("per GPU", fontsize=9)
+    axes[1].set_ylabel("TFLOP/s per GPU")
+    for ax in axes:
+        ax.set_xlabel("GPUs (processes)")
+        ax.set_xticks(sorted(d["world"].unique()))
+    if axes[0].get_legend():
+        axes[0].legend(fontsize=6)
+    fig.suptitle("Fig 3 (measured): throughput vs number of devices", fontsize=10)
+    return _save(fig, out, "fig3_measured"), f"Same model and micro-batch per device at each size (weak scaling). Hardware: {_hw(d)}."
+
+
+def fig4_measured(maxsize: pd.DataFrame, out: Path):
+    """Max model size per stage (and offload) from ``zerobench maxsize`` rows, per budget and hardware."""
+    if maxsize is None or maxsize.empty:
+        return None
+    d = maxsize.copy()
+    d["config"] = [f"stage {s}" + ("" if o == "none" else f" + offload {o}") for s, o in zip(d["stage"], d["offload"])]
+    d["setting"] = [f"{b} budget, DP {dp} [{hw}]" for b, dp, hw in zip(d["budget"], d["dp"], d["hardware"])]
+    d["max M params"] = d["max_params"] / 1e6
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(d) + 1.8))
+    sns.barplot(data=d, y="setting", x="max M params", hue="config", ax=ax)
+    ax.set_ylabel("")
+    ax.set_title("Fig 4 (measured): largest model that trains within the budget", fontsize=10)
+    cap = ("Binary search on layers (fresh processes per probe, budget enforced: live-tensor tracker on CPU, CUDA "
+           f"OOM on GPU). Hardware: {_hw(d)}.")
+    return _save(fig, out, "fig4_measured"), cap
+
+
+def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):
+    """C1-C5 (the paper's Table 3): max model size, peak memory per GPU, throughput per GPU."""
+    d = runs[runs.get("paper_config", pd.Series(dtype=object)).notna()].copy() if "paper_config" in runs else runs.iloc[0:0]
+    m = maxsize[maxsize["paper_config"].notna()] if maxsize is not None and len(maxsize) else pd.DataFrame()
+    if d.empty and m.empty:
+        return None
+    panels = [("Fig 6: max model size (M params)", m, "max_params", 1e6),
+              ("Fig 7: peak memory per GPU (MiB)", d, "peak_memory_bytes", 2**20),
+              ("Fig 8: throughput per GPU (TFLOP/s)", d, "tflops_per_gpu", 1.0)]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    for ax, (title, src, col, div) in zip(axes, panels):
+        ax.set_title(title, fontsize=9)
+        if src.empty or col not in src or src[col].notna().sum() == 0:
+            ax.text(0.5, 0.5, "no rows", ha="center", transform=ax.transAxes)
+            continue
+        s = src[src[col].notna()].assign(v=lambda x: x[col] / div)
+        s = s.assign(series=[f"{p} [{h}]" for p, h in zip(s.get("preset", ""), s["hardware"])])
+        sns.barplot(data=s.sort_values("paper_config"), x="paper_config", y="v", hue="series", ax=ax)
+        ax.set_xlabel("")
+        ax.set_ylabel("")
+        if ax.get_legend():
+            ax.legend(fontsize=6)
+    fig.suptitle("Figs 6-8 (measured): C1-C5 (Table 3)", fontsize=10)
+    return _save(fig, out, "fig678_measured"), f"C1-C5 derived from each run's switches. Hardware: {_hw(pd.concat([d, m]))}."

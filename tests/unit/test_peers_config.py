@@ -46,3 +46,12 @@ def test_bar_compares_each_stage_with_the_fastest_and_leanest_peer_of_the_same_s
     assert v[2]["speed_ok"] and v[2]["leanest_peer"] == "fsdp2-no-reshard" and not v[2]["memory_ok"]
     assert not v[0]["speed_ok"] and v[0]["memory_ok"]  # 1.0 > 0.95
     assert 3 not in v  # no zerobench-3 candidate: no verdict
+
+
+def test_a_used_output_directory_is_refused(tmp_path):
+    from zerobench.config import ConfigError
+    from zerobench.peers.compare import PeersConfig, run_peers
+
+    (tmp_path / "reference").mkdir()
+    with pytest.raises(ConfigError, match="already holds rows"):
+        run_peers(PeersConfig(systems=("torch-ddp",)), tmp_path, say=lambda m: None)

@@ -107,6 +107,10 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
     runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
+    taken = [run_id for run_id, _, _ in runs if (out / run_id).exists()]
+    if taken:
+        raise ConfigError(f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
+                          "(a comparison never mixes its rows with an earlier one's)")
     failed: dict[str, str] = {}
     for i, (run_id, cand, cfg) in enumerate(runs):
         if cand in failed and run_id != "reference":

@@ -56,6 +56,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, Slurm's cpuset), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def launch_local(
     cfg: TrainConfig, out_dir: str | Path | None, run_id: str = "train", timeout_s: float = 3600.0,
     extra_env: dict[str, str] | None = None, log_path: str | Path | None = None,
@@ -65,7 +73,7 @@ def launch_local(
     file (and a failure's reason quotes the first ``zerobench:`` line in it) instead of the terminal."""
     n = cfg.world_size
     port = free_port()
-    threads = max(1, (os.cpu_count() or 1) // n)
+    threads = max(1, usable_cpus() // n)
     log = open(log_path, "ab") if log_path is not None else None
     with tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:
         cfg_path = Path(tmp) / "config.json"

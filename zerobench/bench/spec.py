@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from zerobench.config import ConfigError
 from zerobench.models.sizes import preset as get_preset
-from zerobench.parallel.checkpointing import ActivationConfig
+from zerobench.parallel.config import ActivationConfig
 from zerobench.train.config import TrainConfig
 from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 

@@ -10,7 +10,7 @@ twice the forward; activation recomputation repeats the forward of every block o
 
 from __future__ import annotations
 
-from zerobench.models.gpt import GPTConfig
+from zerobench.models.config import GPTConfig
 
 PRESETS: dict[str, GPTConfig] = {
     # Runs a handful of steps in seconds on 2 CPU cores.

@@ -18,7 +18,6 @@ hence checkpoints) are unchanged.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,26 +25,7 @@ from torch import nn
 from zerobench.distributed import collectives as C
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
-
-
-@dataclass(frozen=True)
-class ActivationConfig:
-    """Activation checkpointing and ZeRO-R activation options."""
-
-    checkpoint: bool = False
-    """Recompute each transformer block's activations in backward from its saved input."""
-    partition: bool = False
-    """P_a: keep 1/MP of each checkpoint per TP rank, all-gather before recompute (needs checkpoint)."""
-    cpu_offload: bool = False
-    """P_a+cpu: keep the (partitioned) checkpoints in host memory (implies partition)."""
-    contiguous: bool = False
-    """M_D: place checkpoints in one pre-allocated contiguous buffer."""
-
-    def validate(self) -> None:
-        from zerobench.config import ConfigError
-
-        if (self.partition or self.cpu_offload or self.contiguous) and not self.checkpoint:
-            raise ConfigError("P_a, P_a+cpu and M_D act on activation checkpoints: add --checkpoint-activations")
+from zerobench.parallel.config import ActivationConfig
 
 
 class CheckpointStore:

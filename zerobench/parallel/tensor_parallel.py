@@ -19,10 +19,14 @@ from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.models.gpt import GPT, GPTConfig
 from zerobench.parallel.cross_entropy import VocabParallelLMLoss
-from zerobench.parallel.random import TPRngTracker
+from zerobench.parallel.config import validate_tp
 from zerobench.parallel.layers import (
-    ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
 )
+from zerobench.parallel.random import TPRngTracker
 
 
 @dataclass(frozen=True)
@@ -33,14 +37,6 @@ class TPInfo:
     sharded: frozenset[str]
     rng: TPRngTracker | None = None
     """The RNG of sharded regions (attention); checkpoint recompute replays it."""
-
-
-def validate_tp(cfg: GPTConfig, tp: int) -> None:
-    """One-line errors for model shapes that a TP degree cannot split."""
-    for what, n in (("attention heads", cfg.heads), ("hidden size", cfg.hidden), ("vocabulary", cfg.vocab)):
-        if n % tp:
-            fix = "pad the vocabulary to a multiple of the TP degree" if what == "vocabulary" else "choose a TP degree dividing it"
-            raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")
 
 
 def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None, seed: int = 0,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zerobench.config import ConfigError
-from zerobench.models.gpt import GPTConfig
-from zerobench.parallel.checkpointing import ActivationConfig
+from zerobench.models.config import GPTConfig
+from zerobench.parallel.config import ActivationConfig
 from zerobench.zero.config import ZeroConfig
 
 
@@ -59,7 +59,7 @@ class TrainConfig:
         return self.dp * self.micro_batch * self.zero.grad_accum_steps
 
     def validate(self, world_size: int | None = None) -> None:
-        from zerobench.parallel.tensor_parallel import validate_tp
+        from zerobench.parallel.config import validate_tp
 
         self.model.validate()
         self.zero.validate()

@@ -1,7 +1,21 @@
-"""ZeRO-DP: partitioned optimizer states (stage 1), gradients (2) and parameters (3) over a DP group."""
+"""ZeRO-DP: partitioned optimizer states (stage 1), gradients (2) and parameters (3) over a DP group.
 
-from zerobench.zero.api import apply_zero
+The configs import without torch; the engine (and ``apply_zero``) load on first use, so parsing a suite
+or planning does not pay for importing torch.
+"""
+
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
-from zerobench.zero.engine import ZeroEngine
 
 __all__ = ["apply_zero", "AdamWConfig", "LossScaleConfig", "Precision", "ZeroConfig", "ZeroEngine"]
+
+
+def __getattr__(name: str):
+    if name == "apply_zero":
+        from zerobench.zero.api import apply_zero
+
+        return apply_zero
+    if name == "ZeroEngine":
+        from zerobench.zero.engine import ZeroEngine
+
+        return ZeroEngine
+    raise AttributeError(f"module 'zerobench.zero' has no attribute {name!r}")

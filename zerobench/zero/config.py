@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
 
 from zerobench.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Precision(str, enum.Enum):
@@ -22,6 +25,8 @@ class Precision(str, enum.Enum):
 
     @property
     def param_dtype(self) -> torch.dtype:
+        import torch
+
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
 
     @property

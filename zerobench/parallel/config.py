@@ -1,0 +1,37 @@
+"""Parallelism options and shape checks as plain Python: importable without torch (suite parsing, the sweep
+parent)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerobench.config import ConfigError
+from zerobench.models.config import GPTConfig
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    """Activation checkpointing and ZeRO-R activation options."""
+
+    checkpoint: bool = False
+    """Recompute each transformer block's activations in backward from its saved input."""
+    partition: bool = False
+    """P_a: keep 1/MP of each checkpoint per TP rank, all-gather before recompute (needs checkpoint)."""
+    cpu_offload: bool = False
+    """P_a+cpu: keep the (partitioned) checkpoints in host memory (implies partition)."""
+    contiguous: bool = False
+    """M_D: place checkpoints in one pre-allocated contiguous buffer."""
+
+    def validate(self) -> None:
+        from zerobench.config import ConfigError
+
+        if (self.partition or self.cpu_offload or self.contiguous) and not self.checkpoint:
+            raise ConfigError("P_a, P_a+cpu and M_D act on activation checkpoints: add --checkpoint-activations")
+
+
+def validate_tp(cfg: GPTConfig, tp: int) -> None:
+    """One-line errors for model shapes that a TP degree cannot split."""
+    for what, n in (("attention heads", cfg.heads), ("hidden size", cfg.hidden), ("vocabulary", cfg.vocab)):
+        if n % tp:
+            fix = "pad the vocabulary to a multiple of the TP degree" if what == "vocabulary" else "choose a TP degree dividing it"
+            raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")

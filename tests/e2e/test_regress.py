@@ -103,3 +103,56 @@ def test_ci_suite_against_the_committed_baseline(tmp_path):
     r = zb("regress", "--baseline", str(REPO / "results/baselines/cpu-2core.jsonl"), "--candidate", str(out),
            "--timing", "report")
     assert r.returncode == 0, r.stdout
+
+
+AB_SUITE = """
+name: ab
+base: {preset: mini, dp: 1, steps: 40, warmup: 5, precision: fp32, timeout: 120}
+runs:
+  - {label: unchanged, stage: 1}
+  - {label: planted, stage: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def ab_suite(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ab")
+    (d / "ab.yaml").write_text(AB_SUITE)
+    return d / "ab.yaml"
+
+
+def test_ab_catches_a_planted_ten_percent_slowdown_and_passes_unchanged_code(ab_suite, tmp_path):
+    """The issue's bar for timings: a 10% step-time slowdown is caught and an unchanged run passes, in
+    one interleaved comparison (this checkout against itself): the candidate side sleeps 10% of every
+    stage-2 step (the test-only delay hook); its stage-1 run is unchanged. Both sides are pinned to the
+    last CPU, the other left to the machine's housekeeping and this test's parent processes."""
+    pin = ["--cpus", str(max(os.sched_getaffinity(0)))] if len(os.sched_getaffinity(0)) > 1 else []
+    out = tmp_path / "ab"
+    r = zb("regress", "--ab", str(ab_suite), "--baseline-tree", str(REPO), "--rounds", "4", "--out", str(out),
+           "--candidate-env", "ZEROBENCH_PLANT_DELAY=0.10:2", *pin, timeout=900)
+    rows = {row["run"]: row for row in map(json.loads, (out / "summary" / "rows.jsonl").read_text().splitlines())}
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert rows.keys() == {"000-unchanged", "001-planted"}, rows.keys()
+    assert rows["001-planted"]["verdict"] == "REGRESSION" and 1.05 < rows["001-planted"]["value"] < 1.2, rows
+    assert rows["000-unchanged"]["verdict"] == "ok" and abs(rows["000-unchanged"]["value"] - 1) <= 0.05, rows
+    assert "1 regressions" in r.stdout
+
+
+def test_ab_baseline_from_a_git_ref(tmp_path):
+    """``--baseline-ref`` checks the ref out into a temporary worktree and removes it afterwards."""
+    from zerobench.bench.ab import worktree
+
+    with worktree("HEAD", REPO) as tree:
+        assert (Path(tree) / "zerobench" / "__init__.py").exists()
+    assert not Path(tree).exists()
+
+
+def test_ab_bad_input_is_one_line(ab_suite, tmp_path):
+    for args, msg in [(["--baseline-ref", "no-such-ref"], "cannot check out 'no-such-ref'"),
+                      (["--baseline-tree", str(tmp_path)], "not a zerobench source tree"),
+                      (["--baseline-tree", str(REPO), "--rounds", "3"], "--rounds must be even"),
+                      (["--baseline-tree", str(REPO), "--cpus", "9999"], "may only use CPUs"),
+                      (["--baseline-tree", str(REPO), "--cpus", "x"], "expected CPU ids"),
+                      ([], "exactly one of --baseline-ref REF or --baseline-tree DIR")]:
+        r = zb("regress", "--ab", str(ab_suite), *args, "--out", str(tmp_path / "x"))
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

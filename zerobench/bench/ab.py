@@ -1,0 +1,179 @@
+"""Interleaved A/B timing: the per-commit gate for step time, on machines too noisy for stored baselines.
+
+Timings recorded at different times drift (on the 2-core CI VM, identical runs in different sessions
+moved by tens of per cent), so a stored baseline can only catch large slowdowns. Here the baseline code
+and the candidate code run the same suite runs *alternately*, in fresh processes each time (ABBA order
+over rounds, after one discarded warm-up round of each side). Each round gives one ratio candidate /
+baseline per run; an AB round and the BA round after it are combined by their geometric mean, which
+cancels a drift that is linear over the pair; the gate reads the median over pairs. Each side runs its own
+code (``python -m zerobench sweep`` with ``PYTHONPATH`` at its tree): a baseline *ref* is checked out into
+a temporary git worktree. ``*_env`` (KEY=VALUE) adds variables to one side, e.g. the test-only planted
+delay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerobench.config import ConfigError
+from zerobench.results.rows import read_rows
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    """One interleaved comparison."""
+
+    suite: str
+    """Suite file (or name under ``suites/``) whose runs both sides run; resolved in the candidate tree."""
+    baseline_tree: str
+    """Source tree of the baseline code (a checkout; ``worktree`` makes one from a git ref)."""
+    candidate_tree: str
+    """Source tree of the candidate code (default: this checkout)."""
+    rounds: int = 6
+    """Measured alternations (even: AB, BA, AB, ...); each gives one ratio per run."""
+    warmup_rounds: int = 1
+    """Rounds of each side run first and discarded (cold caches, first-run effects)."""
+    only: tuple[str, ...] = ()
+    """``KEY=VALUE`` filters passed to ``zerobench sweep --only``."""
+    tolerance: float = 0.05
+    """A median ratio above 1 + tolerance is a regression, below 1 - tolerance an improvement."""
+    metric: str = "step_time_norm"
+    """The row compared: by default the median step time divided by a fixed matmul timed right after each
+    step in the same process (``step_time_norm``), which cancels most of the machine's drift; ``step_time_s``
+    compares raw step times."""
+    cpus: tuple[int, ...] = ()
+    """Pin both sides to these CPUs (``os.sched_setaffinity`` in the child; the launcher sizes its thread
+    pools from the mask). Empty: no pinning."""
+    baseline_env: tuple[str, ...] = field(default_factory=tuple)
+    """Extra ``KEY=VALUE`` environment for the baseline side."""
+    candidate_env: tuple[str, ...] = field(default_factory=tuple)
+    """Extra ``KEY=VALUE`` environment for the candidate side."""
+    timeout_s: float = 900.0
+    """Per side and round."""
+
+    def validate(self) -> None:
+        if self.rounds < 2 or self.rounds % 2:
+            raise ConfigError(f"--rounds must be even and >= 2 (AB/BA pairs), got {self.rounds}")
+        for tree in (self.baseline_tree, self.candidate_tree):
+            if not (Path(tree) / "zerobench" / "__init__.py").exists():
+                raise ConfigError(f"{tree} is not a zerobench source tree (no zerobench/__init__.py)")
+        for item in (*self.baseline_env, *self.candidate_env, *self.only):
+            if "=" not in item:
+                raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        if self.cpus:
+            have = _allowed_cpus()
+            if not set(self.cpus) <= have:
+                raise ConfigError(f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
+                                  f"{','.join(map(str, sorted(have)))}")
+
+
+def _allowed_cpus() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def parse_cpus(spec: str) -> tuple[int, ...]:
+    """``"1"``, ``"0,2"``, ``"2-3"`` -> CPU ids (taskset's list syntax)."""
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            out += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise ConfigError(f"--cpus {spec!r}: expected CPU ids like 1, 0,2 or 2-3") from None
+    if not out:
+        raise ConfigError(f"--cpus {spec!r}: no CPUs named")
+    return tuple(sorted(set(out)))
+
+
+@contextlib.contextmanager
+def worktree(ref: str, repo: str | Path = "."):
+    """A temporary detached git worktree of ``ref`` (removed afterwards)."""
+    tmp = tempfile.mkdtemp(prefix="zerobench-ab-")
+    tree = os.path.join(tmp, "tree")
+    r = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", tree, ref],
+                       capture_output=True, text=True, check=False)
+    if r.returncode:
+        raise ConfigError(f"cannot check out {ref!r} as the baseline: {(r.stderr.strip().splitlines() or ['git failed'])[-1]}")
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False)
+
+
+def _side(cfg: ABConfig, tree: str, env_items: tuple[str, ...], out: Path) -> None:
+    env = {**os.environ, **dict(item.split("=", 1) for item in env_items),
+           "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    suite = str(Path(cfg.suite).resolve()) if Path(cfg.suite).exists() else cfg.suite
+    cmd = [sys.executable, "-m", "zerobench", "sweep", suite, "--out", str(out), "--no-progress"]
+    for item in cfg.only:
+        cmd += ["--only", item]
+    pin = (lambda: os.sched_setaffinity(0, cfg.cpus)) if cfg.cpus else None
+    r = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=cfg.timeout_s,
+                       preexec_fn=pin, check=False)
+    if r.returncode:
+        tail = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"the {'baseline' if out.parent.name == 'baseline' else 'candidate'} side failed "
+                          f"in {out}: {tail}")
+
+
+def _times(out: Path, metric: str) -> dict[str, float]:
+    return {r["run_id"]: r["value"] for r in read_rows(out) if r["metric"] == metric and r.get("status", "ok") == "ok"}
+
+
+def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
+    """Run the interleaved comparison; return one verdict per run (and write them as rows)."""
+    cfg.validate()
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise ConfigError(f"{out} is not empty: choose a new --out (an A/B comparison never mixes rows)")
+    ratios: dict[str, dict[int, float]] = {}
+    sides = {"baseline": (cfg.baseline_tree, cfg.baseline_env), "candidate": (cfg.candidate_tree, cfg.candidate_env)}
+    for r in range(-cfg.warmup_rounds, cfg.rounds):
+        order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
+        got = {}
+        for name in order:
+            say(f"round {r + 1}/{cfg.rounds}: {name}" if r >= 0 else f"warm-up round: {name}")
+            d = out / name / (f"round{r}" if r >= 0 else f"warmup{-r}")
+            _side(cfg, *sides[name], d)
+            got[name] = _times(d, cfg.metric)
+        for run_id, t in got["candidate"].items() if r >= 0 else ():
+            if run_id in got["baseline"] and got["baseline"][run_id] > 0:
+                ratios.setdefault(run_id, {})[r] = t / got["baseline"][run_id]
+    verdicts = []
+    for run_id, rs in sorted(ratios.items()):
+        pairs = [math.sqrt(rs[k] * rs[k + 1]) for k in range(0, cfg.rounds, 2) if k in rs and k + 1 in rs]
+        if not pairs:
+            continue
+        med = statistics.median(pairs)
+        verdict = "REGRESSION" if med > 1 + cfg.tolerance else ("improvement" if med < 1 - cfg.tolerance else "ok")
+        verdicts.append({"run": run_id, "median_ratio": med, "min": min(pairs), "max": max(pairs),
+                         "rounds": 2 * len(pairs), "verdict": verdict})
+    if not verdicts:
+        raise ConfigError(f"no run produced {cfg.metric!r} rows on both sides of an AB/BA pair: nothing to compare")
+    _write(cfg, out, verdicts)
+    return verdicts
+
+
+def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
+    from zerobench.results.rows import RowWriter
+
+    w = RowWriter(out / "summary", "ab", {"suite": cfg.suite, "rounds": cfg.rounds, "tolerance": cfg.tolerance,
+                                         "metric": cfg.metric, "cpus": list(cfg.cpus), "baseline_env": list(cfg.baseline_env),
+                                         "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)})
+    for v in verdicts:
+        w.write("ab_time_ratio", v["median_ratio"], "ratio", run=v["run"], min=v["min"], max=v["max"],
+                rounds=v["rounds"], verdict=v["verdict"],
+                definition=f"median over AB/BA round pairs of the pair's geometric mean of candidate / baseline "
+                           f"{cfg.metric}; min and max over pairs")

@@ -47,7 +47,7 @@ def check_local(suite: Suite) -> None:
         )
 
 
-def should_run(run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary, bar: "_Progress",
+def should_run(run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary, bar: _Progress,
                done: set[str] | None) -> bool:
     """False (recording why) for an invalid run, or a completed one when resuming (``done`` hashes)."""
     if run.config is None:
@@ -135,7 +135,13 @@ class _Progress:
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False)

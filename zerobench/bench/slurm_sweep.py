@@ -12,7 +12,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from zerobench.bench.runner import SweepSummary, _Progress, _status_row, completed_hashes, should_run
+from zerobench.bench.runner import (
+    SweepSummary,
+    _Progress,
+    _status_row,
+    completed_hashes,
+    should_run,
+)
 from zerobench.bench.suite import Suite
 from zerobench.launch.slurm import FINAL, _run, job_state, status_of, submit
 

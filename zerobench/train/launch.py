@@ -21,7 +21,6 @@ from pathlib import Path
 from zerobench.config import to_dict
 from zerobench.train.config import TrainConfig
 
-
 EXIT_CONFIG = 2
 """A rank rejected its configuration."""
 EXIT_OOM = 75

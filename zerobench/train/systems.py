@@ -15,8 +15,8 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
-from zerobench.models.gpt import GPT
 from zerobench.models.fused import apply_fused_kernels
+from zerobench.models.gpt import GPT
 from zerobench.parallel.checkpointing import apply_activation_checkpointing
 from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.train.config import TrainConfig

@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 
 from zerobench.config import ConfigError, from_dict
-from zerobench.metrics.memory import TrackedOutOfMemory
-from zerobench.train.launch import EXIT_CONFIG, EXIT_OOM
 from zerobench.distributed.env import detect
+from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.train.config import TrainConfig
+from zerobench.train.launch import EXIT_CONFIG, EXIT_OOM
 from zerobench.train.loop import train
 
 

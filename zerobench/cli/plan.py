@@ -1,0 +1,59 @@
+"""``zerobench plan``: analytic memory/communication planning, dry runs and projections."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to report")
+    g.add_argument("--table", type=int, choices=[1, 2], help="print the paper's Table 1 or Table 2, computed")
+    g.add_argument("--max-size", action="store_true", help="solve for the largest --layers that fits")
+    g.add_argument("--dry-run", action="store_true",
+                   help="build the real engine for one rank on the fake backend and compare its bytes")
+    g.add_argument("--suite", help="with --dry-run: every zerobench row of a suite (e.g. paper/fig2)")
+    g.add_argument("--rank", type=int, default=0, help="with --dry-run: the rank to measure")
+    g.add_argument("--project", metavar="SUITE", help="project throughput for a suite's rows (e.g. paper/fig2)")
+    g.add_argument("--hardware", default="v100-dgx2", help="v100-dgx2, a100-dgx or h100-dgx (projection)")
+    g.add_argument("--efficiency", type=float, default=0.5, help="fraction of peak the matmuls reach (assumed)")
+    g.add_argument("--dp-overlap", type=float, default=0.5, help="fraction of backward that can hide DP traffic")
+    g.add_argument("--json", action="store_true", help="machine-readable output (keys documented in zerobench.plan.command)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="a named size from the paper's tables (e.g. 100B, 170B, fig4-13B)")
+    g.add_argument("--params", type=float, help="target parameter count (layers solved at --hidden/--heads)")
+    g.add_argument("--layers", type=int)
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--seq", type=int, default=1024)
+    g.add_argument("--vocab", type=int, default=50257, help="padded to a multiple of 128 x MP, as Megatron does")
+    g = p.add_argument_group("cluster and parallelism")
+    g.add_argument("--gpus", type=int, default=400)
+    g.add_argument("--gpus-per-node", type=int, default=16)
+    g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
+    g.add_argument("--gpu-mem", default="32GB", help="memory per GPU, e.g. 32GB (1e9 bytes) or 80GiB")
+    g.add_argument("--micro-batch", type=int, default=1, help="sequences per DP replica per micro-batch")
+    g.add_argument("--stage", type=int, default=2, help="ZeRO-DP stage 0-3")
+    g.add_argument("--checkpoint-activations", action="store_true")
+    g.add_argument("--pa", action="store_true", help="P_a")
+    g.add_argument("--pa-cpu", action="store_true", help="P_a+cpu")
+    g.add_argument("--cb-size", type=int, default=500_000_000, help="C_B bucket size in elements")
+    g.add_argument("--md", action="store_true", help="M_D (smaller fragmentation allowance)")
+    g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments: fp32 (K=12) or 8-bit (K~6)")
+    g.add_argument("--offload-optimizer", action="store_true", help="ZeRO-Offload: optimizer states in host memory")
+    g.add_argument("--offload-param", action="store_true", help="stage 3: parameter partition in host memory too")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from zerobench.plan.command import run_plan
+
+    return run_plan(args)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the ``zerobench`` parser."""
+    pl = sub.add_parser("plan", help="memory/communication analysis, the paper's tables, dry runs, projections",
+                        description="Plan a configuration without a cluster: per-GPU memory and communication "
+                                    "by the paper's analysis, Tables 1 and 2, the largest model that fits, a dry "
+                                    "run of the real engine on the fake backend, and a stated performance model.")
+    _add_plan_args(pl)
+    pl.set_defaults(func=cmd_plan)

@@ -1,0 +1,230 @@
+"""``zerobench train``, ``demo`` and ``maxsize``: training arguments into a TrainConfig / RunSpec."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+from zerobench.config import ConfigError
+
+# The paper's Table 3 (C_B is --bucket-size, on in every configuration; all use checkpointing).
+PAPER_CONFIGS = {
+    "C1": ("P_os + C_B + M_D", {"stage": 1, "md": True}),
+    "C2": ("P_os + C_B + M_D + P_a", {"stage": 1, "md": True, "pa": True}),
+    "C3": ("P_os+g + C_B + M_D", {"stage": 2, "md": True}),
+    "C4": ("P_os+g + C_B + M_D + P_a", {"stage": 2, "md": True, "pa": True}),
+    "C5": ("P_os+g + C_B + M_D + P_a+cpu", {"stage": 2, "md": True, "pa": True, "pa_cpu": True}),
+}
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", default="tiny", help="model preset: tiny, mini, small (default: tiny)")
+    for name in ("layers", "hidden", "heads", "vocab", "seq"):
+        g.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p)
+    g = p.add_argument_group("parallelism and precision")
+    g.add_argument("--stage", type=int, default=0, help="ZeRO stage 0 (DP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)")
+    g.add_argument("--dp", type=int, default=None,
+                   help="data-parallel degree = number of processes (default: the world size under "
+                        "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself")
+    g.add_argument("--system", default="zerobench",
+                   help="zerobench (this engine) or megatron (the Megatron-LM baseline: megatron-core's GPTModel, TP, DDP)")
+    g.add_argument("--tp", type=int, default=1, help="tensor (model) parallel degree; world = dp * tp")
+    g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group (Megatron SP)")
+    g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
+    g.add_argument("--kernels", default="auto", choices=["auto", "fused", "reference"],
+                   help="fused kernels (AdamW step, LayerNorm, bias+GeLU; kernels/): auto = where the device "
+                        "has them, fused = required, reference = plain PyTorch")
+    g = p.add_argument_group("ZeRO-R (paper §6)")
+    g.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")
+    g.add_argument("--pa", action="store_true", help="P_a: partition activation checkpoints over TP ranks")
+    g.add_argument("--pa-cpu", action="store_true", help="P_a+cpu: keep partitioned checkpoints in host memory")
+    g.add_argument("--md", action="store_true", help="M_D: checkpoints in one pre-allocated contiguous buffer")
+    g.add_argument("--paper-config", choices=sorted(PAPER_CONFIGS),
+                   help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
+                        + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
+    g.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
+                   help="gradient/parameter bucket size in elements (C_B)")
+    _add_offload_args(p)
+    g = p.add_argument_group("batch and schedule")
+    g.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch per rank")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--steps", type=int, default=10, help="optimizer steps")
+    g.add_argument("--warmup", type=int, default=2, help="steps excluded from timing medians")
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decoupled weight decay")
+    g.add_argument("--clip", type=float, default=None, help="clip the global gradient norm to this")
+    g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("output and runtime")
+    g.add_argument("--out", default=None, help="directory for result rows (default: runs/<run id>)")
+    g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
+    g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
+    g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
+    g.add_argument("--memory-budget", metavar="BYTES",
+                   help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
+                        "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM")
+    g.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of a local launch (s)")
+
+
+def _add_offload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("offload and 8-bit optimizer states (ZeRO-Offload / ZeRO-Infinity)")
+    g.add_argument("--offload-optimizer", default="none", choices=["none", "cpu", "nvme"],
+                   help="stages 1-3: fp32 master + Adam states in host memory, step on the CPU kernel (cpu); "
+                        "as cpu with the states swapped to files under --nvme-path (nvme)")
+    g.add_argument("--offload-param", default="none", choices=["none", "cpu"],
+                   help="stage 3 with optimizer offload: the parameter partition in host memory")
+    g.add_argument("--nvme-path", metavar="DIR", help="directory for --offload-optimizer nvme's state files")
+    g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8],
+                   help="Adam moments in fp32 or blockwise-quantized 8-bit")
+
+
+def _offload_kwargs(args: argparse.Namespace) -> dict:
+    return dict(offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
+                nvme_path=args.nvme_path, optim_bits=args.optim_bits)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from zerobench.distributed.env import DistEnv, detect
+    from zerobench.models.sizes import preset
+    from zerobench.parallel.checkpointing import ActivationConfig
+    from zerobench.plan.suites import parse_bytes
+    from zerobench.train.config import TrainConfig
+    from zerobench.train.launch import free_port, launch_local
+    from zerobench.train.loop import train
+    from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
+
+    if args.paper_config:
+        for k, v in PAPER_CONFIGS[args.paper_config][1].items():
+            setattr(args, k, v)
+        args.checkpoint_activations = True
+    model = preset(args.preset)
+    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(args, k)}
+    model = dataclasses.replace(model, **overrides)
+    try:
+        precision = Precision(args.precision)
+    except ValueError:
+        raise ConfigError(f"unknown precision {args.precision!r}: choose fp32, bf16 or fp16") from None
+    denv = detect()
+    if args.tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got {args.tp}")
+    dp = args.dp if args.dp is not None else max(1, denv.world_size // args.tp)
+    cfg = TrainConfig(
+        model=model,
+        zero=ZeroConfig(
+            stage=args.stage, precision=precision, bucket_numel=args.bucket_size,
+            grad_accum_steps=args.grad_accum, clip_grad_norm=args.clip,
+            optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay), kernels=args.kernels,
+            **_offload_kwargs(args),
+        ),
+        activation=ActivationConfig(
+            checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
+            cpu_offload=args.pa_cpu, contiguous=args.md,
+        ),
+        system=args.system, preset=args.preset, dp=dp, tp=args.tp, sequence_parallel=args.sp, micro_batch=args.micro_batch, steps=args.steps,
+        warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
+        tensorboard_dir=args.tensorboard, kernels=args.kernels,
+        memory_budget_bytes=int(parse_bytes(args.memory_budget)) if args.memory_budget else None,
+    )
+    cfg.validate(denv.world_size if denv.source != "single" else None)
+    run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / run_id
+    if denv.source != "single":  # under torchrun / srun: this process is one rank
+        train(cfg, denv, out, run_id)
+        return 0
+    if cfg.world_size == 1:
+        train(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
+        return 0
+    res = launch_local(cfg, out, run_id, timeout_s=args.timeout)
+    if not res.ok:
+        print(f"zerobench: error: run failed: {res.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zerobench.demo import run_demo
+
+    return run_demo(Path(args.out) if args.out else None)
+
+
+def cmd_maxsize(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from zerobench.bench.maxsize import search_max_layers
+    from zerobench.bench.spec import RunSpec
+
+    base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
+                   dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
+                   checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
+                   md=args.md, timeout=args.timeout, bucket_size=args.bucket_size, **_offload_kwargs(args))
+    results = {}
+    for stage in args.stage:
+        spec = dataclasses.replace(base, stage=stage)
+        res = search_max_layers(spec, args.budget, limit=args.max_layers,
+                                on_probe=lambda L, st, s=stage: print(f"  stage {s}: {L:4d} layers -> {st}", flush=True))
+        results[stage] = res
+        print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within {args.budget}")
+    if len(results) > 1:
+        first = results[args.stage[0]]
+        for stage, r in results.items():
+            if first.max_params:
+                print(f"  stage {stage} / stage {args.stage[0]}: {r.max_params / first.max_params:.2f}x parameters")
+    if args.out:
+        from zerobench.results.rows import RowWriter
+
+        off = "" if args.offload_optimizer == "none" else f"-offload-{args.offload_optimizer}" + (
+            "-param" if args.offload_param != "none" else "")
+        off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
+        for stage, r in results.items():
+            w = RowWriter(args.out, f"maxsize-stage{stage}{off}", {**dataclasses.asdict(base), "stage": stage, "budget": args.budget})
+            w.write("max_layers", r.max_layers, "layers")
+            w.write("max_params", r.max_params, "params", probes=json.dumps(r.probes))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the ``zerobench`` parser."""
+    t = sub.add_parser("train", help="run one training job (spawns --dp processes, or runs under torchrun/srun)",
+                       description="Train a GPT with ZeRO on synthetic data; print and record loss, step time, "
+                                   "TFLOPs, and the memory and communication ledgers.")
+    _add_train_args(t)
+    t.set_defaults(func=cmd_train)
+    d = sub.add_parser("demo", help="the embedded default: tiny GPT, ZeRO stages 0-3 on local processes",
+                       description="Train the tiny GPT at ZeRO stages 0-3 on local CPU processes and print "
+                                   "memory, communication, time and loss side by side.")
+    d.add_argument("--out", default=None, help="directory for the runs' rows (default runs/demo-<time>)")
+    d.set_defaults(func=cmd_demo)
+    ms = sub.add_parser("maxsize", help="the largest model (layers) that trains within a memory budget",
+                        description="Binary search on layers at fixed hidden/heads; each probe is a fresh run "
+                                    "with the budget enforced (CPU: live-tensor tracker; GPU: CUDA OOM).")
+    ms.add_argument("--budget", required=True, help="per-device memory budget, e.g. 16MiB or 32GB")
+    ms.add_argument("--stage", type=int, nargs="+", default=[0, 3], help="stages to search (default 0 3)")
+    ms.add_argument("--preset", default="tiny")
+    for name in ("hidden", "heads", "vocab", "seq"):
+        ms.add_argument(f"--{name}", type=int)
+    ms.add_argument("--dp", type=int, default=4)
+    ms.add_argument("--tp", type=int, default=1)
+    ms.add_argument("--precision", default="fp32")
+    ms.add_argument("--micro-batch", type=int, default=1)
+    ms.add_argument("--checkpoint-activations", action="store_true")
+    ms.add_argument("--pa", action="store_true")
+    ms.add_argument("--pa-cpu", action="store_true")
+    ms.add_argument("--md", action="store_true")
+    ms.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
+                    help="gradient/parameter bucket size in elements (C_B)")
+    _add_offload_args(ms)
+    ms.add_argument("--max-layers", type=int, default=256, help="search limit")
+    ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
+    ms.add_argument("--out", help="write max_layers / max_params rows here")
+    ms.set_defaults(func=cmd_maxsize)

@@ -9,6 +9,10 @@ cancels a drift that is linear over the pair; the gate reads the median over pai
 code (``python -m zerobench sweep`` with ``PYTHONPATH`` at its tree): a baseline *ref* is checked out into
 a temporary git worktree. ``*_env`` (KEY=VALUE) adds variables to one side, e.g. the test-only planted
 delay.
+
+With ``concurrent`` the two sides of a round run at the same time on disjoint halves of the CPUs,
+swapping halves every round. On the 2-core CI VM this is what makes a 10% slowdown visible: identical
+runs started one after the other differed by up to 20% in step time, run side by side by 2-5%.
 """
 
 from __future__ import annotations
@@ -46,13 +50,20 @@ class ABConfig:
     """``KEY=VALUE`` filters passed to ``zerobench sweep --only``."""
     tolerance: float = 0.05
     """A median ratio above 1 + tolerance is a regression, below 1 - tolerance an improvement."""
-    metric: str = "step_time_norm"
-    """The row compared: by default the median step time divided by a fixed matmul timed right after each
-    step in the same process (``step_time_norm``), which cancels most of the machine's drift; ``step_time_s``
-    compares raw step times."""
+    metric: str = "auto"
+    """The row compared. ``step_time_s``: the median step time. ``step_time_norm``: the median of step time
+    over a fixed matmul timed right after each step in the same process, which cancels drift between
+    processes run one after the other, but on the CPU VM it also showed only ~70% of a planted slowdown
+    (the reference ran slower after the delay). ``auto``: ``step_time_s`` when ``concurrent`` (the sides
+    share the machine's noise), else ``step_time_norm``."""
     cpus: tuple[int, ...] = ()
     """Pin both sides to these CPUs (``os.sched_setaffinity`` in the child; the launcher sizes its thread
     pools from the mask). Empty: no pinning."""
+    concurrent: bool = False
+    """Run both sides *at the same time*, each pinned to its half of ``cpus`` (all usable CPUs when
+    empty), swapping halves every round: both see the same machine noise, so it cancels in the ratio,
+    and a round takes one side's time. For CPU runs on a noisy (shared, virtualized) machine; the
+    sides must not share a device, so not for runs on one GPU."""
     baseline_env: tuple[str, ...] = field(default_factory=tuple)
     """Extra ``KEY=VALUE`` environment for the baseline side."""
     candidate_env: tuple[str, ...] = field(default_factory=tuple)
@@ -60,7 +71,16 @@ class ABConfig:
     timeout_s: float = 900.0
     """Per side and round."""
 
+    @property
+    def compared(self) -> str:
+        """The metric actually compared (``metric`` with ``auto`` resolved)."""
+        if self.metric != "auto":
+            return self.metric
+        return "step_time_s" if self.concurrent else "step_time_norm"
+
     def validate(self) -> None:
+        if self.metric not in ("auto", "step_time_s", "step_time_norm"):
+            raise ConfigError(f"unknown A/B metric {self.metric!r}: choose auto, step_time_s or step_time_norm")
         if self.rounds < 2 or self.rounds % 2:
             raise ConfigError(f"--rounds must be even and >= 2 (AB/BA pairs), got {self.rounds}")
         for tree in (self.baseline_tree, self.candidate_tree):
@@ -69,6 +89,9 @@ class ABConfig:
         for item in (*self.baseline_env, *self.candidate_env, *self.only):
             if "=" not in item:
                 raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        if self.concurrent and len(self.cpus or _allowed_cpus()) % 2:
+            raise ConfigError(f"--concurrent splits the CPUs into two equal halves, one per side: give an even "
+                              f"--cpus list (this process may use {len(_allowed_cpus())} CPUs)")
         if self.cpus:
             have = _allowed_cpus()
             if not set(self.cpus) <= have:
@@ -112,20 +135,59 @@ def worktree(ref: str, repo: str | Path = "."):
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False)
 
 
-def _side(cfg: ABConfig, tree: str, env_items: tuple[str, ...], out: Path) -> None:
+def _start(cfg: ABConfig, tree: str, env_items: tuple[str, ...], out: Path, cpus: tuple[int, ...]) -> subprocess.Popen:
     env = {**os.environ, **dict(item.split("=", 1) for item in env_items),
            "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     suite = str(Path(cfg.suite).resolve()) if Path(cfg.suite).exists() else cfg.suite
     cmd = [sys.executable, "-m", "zerobench", "sweep", suite, "--out", str(out), "--no-progress"]
     for item in cfg.only:
         cmd += ["--only", item]
-    pin = (lambda: os.sched_setaffinity(0, cfg.cpus)) if cfg.cpus else None
-    r = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=cfg.timeout_s,
-                       preexec_fn=pin, check=False)
-    if r.returncode:
-        tail = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"the {'baseline' if out.parent.name == 'baseline' else 'candidate'} side failed "
-                          f"in {out}: {tail}")
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    return subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=pin)
+
+
+def _finish(cfg: ABConfig, name: str, proc: subprocess.Popen, out: Path) -> None:
+    try:
+        stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise ConfigError(f"the {name} side ran past {cfg.timeout_s:.0f}s in {out}") from None
+    if proc.returncode:
+        tail = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"the {name} side failed in {out}: {tail}")
+
+
+def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path, say) -> dict[str, Path]:
+    """Run one round (both sides, in ``order``, or together when concurrent); return each side's rows dir."""
+    dirs = {name: out / name / (f"round{r}" if r >= 0 else f"warmup{-r}") for name in order}
+    label = f"round {r + 1}/{cfg.rounds}" if r >= 0 else "warm-up round"
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        if not cfg.concurrent:
+            for name in order:
+                say(f"{label}: {name}")
+                procs[name] = _start(cfg, *sides[name], dirs[name], cfg.cpus)
+                _finish(cfg, name, procs[name], dirs[name])
+            return dirs
+        cpus = cfg.cpus or tuple(sorted(_allowed_cpus()))
+        halves = (cpus[: len(cpus) // 2], cpus[len(cpus) // 2:])
+        say(f"{label}: {order[0]} on CPUs {_fmt(halves[0])} with {order[1]} on CPUs {_fmt(halves[1])}")
+        for name, half in zip(order, halves):
+            procs[name] = _start(cfg, *sides[name], dirs[name], half)
+        for name in order:
+            _finish(cfg, name, procs[name], dirs[name])
+        return dirs
+    finally:  # a failed side, a timeout or Ctrl-C never leaves the other side running
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+def _fmt(cpus: tuple[int, ...]) -> str:
+    return ",".join(map(str, cpus))
 
 
 def _times(out: Path, metric: str) -> dict[str, float]:
@@ -142,12 +204,8 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
     sides = {"baseline": (cfg.baseline_tree, cfg.baseline_env), "candidate": (cfg.candidate_tree, cfg.candidate_env)}
     for r in range(-cfg.warmup_rounds, cfg.rounds):
         order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
-        got = {}
-        for name in order:
-            say(f"round {r + 1}/{cfg.rounds}: {name}" if r >= 0 else f"warm-up round: {name}")
-            d = out / name / (f"round{r}" if r >= 0 else f"warmup{-r}")
-            _side(cfg, *sides[name], d)
-            got[name] = _times(d, cfg.metric)
+        dirs = _round(cfg, r, order, sides, out, say)
+        got = {name: _times(d, cfg.compared) for name, d in dirs.items()}
         for run_id, t in got["candidate"].items() if r >= 0 else ():
             if run_id in got["baseline"] and got["baseline"][run_id] > 0:
                 ratios.setdefault(run_id, {})[r] = t / got["baseline"][run_id]
@@ -161,7 +219,7 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         verdicts.append({"run": run_id, "median_ratio": med, "min": min(pairs), "max": max(pairs),
                          "rounds": 2 * len(pairs), "verdict": verdict})
     if not verdicts:
-        raise ConfigError(f"no run produced {cfg.metric!r} rows on both sides of an AB/BA pair: nothing to compare")
+        raise ConfigError(f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare")
     _write(cfg, out, verdicts)
     return verdicts
 
@@ -170,10 +228,10 @@ def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
     from zerobench.results.rows import RowWriter
 
     w = RowWriter(out / "summary", "ab", {"suite": cfg.suite, "rounds": cfg.rounds, "tolerance": cfg.tolerance,
-                                         "metric": cfg.metric, "cpus": list(cfg.cpus), "baseline_env": list(cfg.baseline_env),
+                                         "metric": cfg.compared, "cpus": list(cfg.cpus), "concurrent": cfg.concurrent, "baseline_env": list(cfg.baseline_env),
                                          "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)})
     for v in verdicts:
         w.write("ab_time_ratio", v["median_ratio"], "ratio", run=v["run"], min=v["min"], max=v["max"],
                 rounds=v["rounds"], verdict=v["verdict"],
                 definition=f"median over AB/BA round pairs of the pair's geometric mean of candidate / baseline "
-                           f"{cfg.metric}; min and max over pairs")
+                           f"{cfg.compared}; min and max over pairs")

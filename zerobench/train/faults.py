@@ -23,8 +23,10 @@ def maybe_fail(rank: int, step: int) -> None:
 
 
 def planted_delay(stage: int, step_seconds: float) -> float:
-    """Test-only: with ``ZEROBENCH_PLANT_DELAY=FRACTION[:STAGE]`` sleep FRACTION x this step's time
-    (only for ZeRO stage STAGE when given), planting an exact slowdown for regression-gate tests."""
+    """Test-only: with ``ZEROBENCH_PLANT_DELAY=FRACTION[:STAGE]`` spend FRACTION x this step's time
+    (only for ZeRO stage STAGE when given), planting an exact slowdown for regression-gate tests.
+
+    The delay busy-waits, as slower code would (a sleep would leave the core to other processes)."""
     spec = os.environ.get("ZEROBENCH_PLANT_DELAY")
     if not spec:
         return 0.0
@@ -34,7 +36,9 @@ def planted_delay(stage: int, step_seconds: float) -> float:
     import time
 
     delay = float(frac) * step_seconds
-    time.sleep(delay)
+    end = time.perf_counter() + delay
+    while time.perf_counter() < end:
+        pass
     return delay
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
 # Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
-#   sections: env | kernels | bench | train | offload  (default: env kernels bench train)
+#   sections: env | kernels | bench | train | offload | deepspeed-offload  (default: env kernels bench train)
+# deepspeed-offload needs DeepSpeed importable by $PY; the machine has no network, so carry wheels made here
+# (pip download deepspeed==0.19.8 -d wheels) and install them there first (pip install --no-index -f wheels deepspeed).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -33,5 +35,13 @@ for s in $sections; do
       run --stage 2 --layers 56 --offload-optimizer cpu --run-id off-L56
       run --stage 2 --layers 64 --offload-optimizer cpu --run-id off-L64
       run --stage 3 --layers 96 --offload-optimizer cpu --offload-param cpu --run-id offp-L96 ;;
+    deepspeed-offload)  # DeepSpeed's ZeRO-Offload on the same emulated 8 GiB card and model as `offload`
+      "$PY" -c 'import deepspeed' || { echo "DeepSpeed is not importable: see the header"; continue; }
+      common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
+              --checkpoint-activations --precision bf16 --steps 3 --warmup 1 --memory-budget 8GiB --out $OUT/ds-offload"
+      run() { echo "--- $*"; timeout 300 "$PY" -m zerobench train $common "$@" 2>&1 | tee -a "$OUT/ds-offload.log" |
+              grep -E "GPT |median step|out of memory|OutOfMemory|Error|^ +0 " ; }
+      for L in 8 56 64; do run --system deepspeed-2-offload --layers $L --run-id ds2off-L$L; done
+      run --system deepspeed-3-offload --layers 64 --run-id ds3off-L64 ;;
   esac
 done

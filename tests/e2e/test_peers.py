@@ -37,3 +37,22 @@ def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "zerobench vs peers" in md and "fsdp1-shard-grad-op" in md
     assert (tmp_path / "rep" / "peers.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not deepspeed_available(), reason="DeepSpeed is not installed (optional peer)")
+def test_deepspeed_offload_peer_trains_bf16_with_checkpointing_like_zerobench(tmp_path):
+    """The setup of the one-card offload comparison (bf16, activation checkpointing, optimizer offload),
+    on 2 CPU processes: DeepSpeed's ZeRO-Offload and zerobench's train the same model to the same losses
+    within bf16's precision (3 steps)."""
+    common = ["--precision", "bf16", "--checkpoint-activations", "--dp", "2", "--steps", "3", "--warmup", "1",
+              "--no-track-memory"]
+    losses = {}
+    for name, args in [("deepspeed", ["--system", "deepspeed-2-offload"]),
+                       ("zerobench", ["--stage", "2", "--offload-optimizer", "cpu"])]:
+        out = tmp_path / name
+        r = subprocess.run([sys.executable, "-m", "zerobench", "train", *args, *common, "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        losses[name] = [row["value"] for row in read_rows(out) if row["metric"] == "loss"]
+    assert len(losses["deepspeed"]) == 3, losses
+    assert max(abs(a - b) for a, b in zip(losses["deepspeed"], losses["zerobench"], strict=True)) < 1e-2, losses

@@ -33,6 +33,30 @@ def test_peers_reject_what_they_are_not_wired_for():
         TrainConfig(system="fsdp2", tp=2, dp=1).validate()
 
 
+def test_only_deepspeed_peers_take_bf16_and_checkpointing():
+    """The one-card offload comparison runs DeepSpeed in bf16 with activation checkpointing, as zerobench's
+    GPU offload rows do; the other peers stay fp32 without it, and P_a/M_D are zerobench's alone."""
+    from zerobench.parallel.config import ActivationConfig
+    from zerobench.peers.deepspeed_peer import ds_config
+    from zerobench.train.config import TrainConfig
+    from zerobench.zero.config import Precision, ZeroConfig
+
+    bf16, ckpt = ZeroConfig(precision=Precision.BF16), ActivationConfig(checkpoint=True)
+    with pytest.raises(ConfigError, match="runs fp32"):
+        TrainConfig(system="fsdp2", dp=1, zero=bf16).validate()
+    with pytest.raises(ConfigError, match="DeepSpeed peers only"):
+        TrainConfig(system="torch-ddp", dp=1, activation=ckpt).validate()
+    with pytest.raises(ConfigError, match="P_a, P_a\\+cpu and M_D are zerobench's"):
+        TrainConfig(system="deepspeed-2", dp=1, activation=ActivationConfig(checkpoint=True, contiguous=True)).validate()
+    with pytest.raises(ConfigError, match="runs fp32"):
+        TrainConfig(system="deepspeed-2", dp=1, zero=ZeroConfig(precision=Precision.FP16)).validate()
+    cfg = TrainConfig(system="deepspeed-2-offload", dp=1, zero=bf16, activation=ckpt)
+    cfg.validate()
+    ds = ds_config("deepspeed-2-offload", cfg)
+    assert ds["bf16"] == {"enabled": True} and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds_config("deepspeed-2", TrainConfig(system="deepspeed-2", dp=1))["bf16"] == {"enabled": False}
+
+
 def _rec(c, t, mem):
     stage = int(c.split("-")[1]) if c.startswith("zerobench") else SHARDING[c]
     return {"candidate": c, "sharding_stage": stage, "status": "ok", "time_vs_torch_ddp": t, "peak_live_bytes": mem}

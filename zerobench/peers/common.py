@@ -18,10 +18,16 @@ def check_supported(name: str, cfg: TrainConfig) -> None:
     """Peers run the plain DP comparison: one-line errors for what they are not wired for."""
     if cfg.tp != 1 or cfg.sequence_parallel:
         raise ConfigError(f"{name} is a data-parallel peer: drop --tp/--sp (TP peers: --system megatron)")
-    if cfg.zero.precision.value != "fp32":
-        raise ConfigError(f"{name} runs fp32 in the peer comparison: use --precision fp32")
-    if cfg.activation.checkpoint:
-        raise ConfigError(f"{name}: activation checkpointing is not wired for peers; drop it")
+    deepspeed = name.startswith("deepspeed")  # also wired for bf16 + checkpointing: the offload comparison on one card
+    if cfg.zero.precision.value != "fp32" and not (deepspeed and cfg.zero.precision.value == "bf16"):
+        raise ConfigError(f"{name} runs fp32 in the peer comparison (DeepSpeed peers: fp32 or bf16): "
+                          "use --precision fp32")
+    act = cfg.activation
+    if act.checkpoint and not deepspeed:
+        raise ConfigError(f"{name}: activation checkpointing is wired for the DeepSpeed peers only; drop it")
+    if act.partition or act.cpu_offload or act.contiguous:
+        raise ConfigError(f"{name}: P_a, P_a+cpu and M_D are zerobench's; a peer takes plain "
+                          "--checkpoint-activations at most")
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> GPT:

@@ -4,7 +4,8 @@ Optional: ``pip install deepspeed`` (on CPU-only machines ``DS_BUILD_OPS=0 pip i
 deepspeed``); zerobench never requires it. Configured as its documentation recommends, with settings that
 keep the comparison fair: ``gradient_clipping`` set explicitly (DeepSpeed otherwise clips at 1.0 and trains
 differently without a word), torch's fused AdamW as the client optimizer (``DeepSpeedCPUAdam`` with
-offload, as DeepSpeed requires), fp32, the same bucket size as zerobench (``ZeroConfig.bucket_numel``). DeepSpeed picks
+offload, as DeepSpeed requires), fp32 (or bf16 through DeepSpeed's ``bf16`` section, with plain activation
+checkpointing: the one-card offload comparison), the same bucket size as zerobench (``ZeroConfig.bucket_numel``). DeepSpeed picks
 gloo on CPU and joins the already initialised process group.
 """
 
@@ -14,6 +15,7 @@ import torch
 
 from zerobench.config import ConfigError
 from zerobench.metrics.memory import storage_bytes
+from zerobench.parallel.checkpointing import apply_activation_checkpointing
 from zerobench.peers.common import PeerBase, adamw_kwargs, build_model, optimizer_tensors, param_groups
 
 
@@ -26,6 +28,7 @@ def ds_config(name: str, cfg) -> dict:
     if stage == 3:
         zero["stage3_prefetch_bucket_size"] = cfg.zero.bucket_numel
     return {
+        "bf16": {"enabled": cfg.zero.precision.value == "bf16"},
         "train_micro_batch_size_per_gpu": cfg.micro_batch,
         "gradient_accumulation_steps": cfg.zero.grad_accum_steps,
         "gradient_clipping": cfg.zero.clip_grad_norm or 0.0,
@@ -45,6 +48,9 @@ class DeepSpeedSystem(PeerBase):
             raise ConfigError(f"{name} needs DeepSpeed ({type(e).__name__}: {e}); "
                               "pip install deepspeed (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed)")
         model = build_model(cfg, device)
+        # The same block-level recompute zerobench uses (plain checkpointing, no P_a/M_D), applied to the
+        # plain module before DeepSpeed wraps it, as a DeepSpeed user checkpoints their own model.
+        apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger)
         groups = param_groups(model, cfg)
         if name.endswith("offload"):
             from deepspeed.ops.adam import DeepSpeedCPUAdam

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from zerobench.config import ConfigError
 from zerobench.models.sizes import preset as get_preset
-from zerobench.peers.registry import DEEPSPEED_PEERS, SHARDING, TORCH_PEERS, deepspeed_available
+from zerobench.peers.registry import (
+    DEEPSPEED_PEERS,
+    SHARDING,
+    TORCH_PEERS,
+    deepspeed_available,
+)
 from zerobench.results.rows import RowWriter, read_rows
 from zerobench.train.config import TrainConfig
 from zerobench.train.launch import launch_local

@@ -16,7 +16,13 @@ import torch
 from zerobench.config import ConfigError
 from zerobench.metrics.memory import storage_bytes
 from zerobench.parallel.checkpointing import apply_activation_checkpointing
-from zerobench.peers.common import PeerBase, adamw_kwargs, build_model, optimizer_tensors, param_groups
+from zerobench.peers.common import (
+    PeerBase,
+    adamw_kwargs,
+    build_model,
+    optimizer_tensors,
+    param_groups,
+)
 
 
 def ds_config(name: str, cfg) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # name -> the zerobench stage doing the same sharding (the comparison the bar is about)
 SHARDING: dict[str, int] = {

@@ -14,7 +14,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zerobench.metrics.memory import storage_bytes
 from zerobench.models.gpt import Block
-from zerobench.peers.common import PeerBase, adamw_kwargs, build_model, optimizer_tensors, param_groups
+from zerobench.peers.common import (
+    PeerBase,
+    adamw_kwargs,
+    build_model,
+    optimizer_tensors,
+    param_groups,
+)
 
 
 def _adamw(groups, cfg):

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobench.config import ConfigError
-from zerobench.results.rows import read_rows
+from zerobench.results.rows import RowWriter, read_rows
+from zerobench.train.launch import allowed_cpus
 
 
 @dataclass(frozen=True)
@@ -89,21 +90,14 @@ class ABConfig:
         for item in (*self.baseline_env, *self.candidate_env, *self.only):
             if "=" not in item:
                 raise ConfigError(f"expected KEY=VALUE, got {item!r}")
-        if self.concurrent and len(self.cpus or _allowed_cpus()) % 2:
+        if self.concurrent and len(self.cpus or allowed_cpus()) % 2:
             raise ConfigError(f"--concurrent splits the CPUs into two equal halves, one per side: give an even "
-                              f"--cpus list (this process may use {len(_allowed_cpus())} CPUs)")
+                              f"--cpus list (this process may use {len(allowed_cpus())} CPUs)")
         if self.cpus:
-            have = _allowed_cpus()
+            have = allowed_cpus()
             if not set(self.cpus) <= have:
                 raise ConfigError(f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
                                   f"{','.join(map(str, sorted(have)))}")
-
-
-def _allowed_cpus() -> set[int]:
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return set(range(os.cpu_count() or 1))
 
 
 def parse_cpus(spec: str) -> tuple[int, ...]:
@@ -171,7 +165,7 @@ def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path
                 procs[name] = _start(cfg, *sides[name], dirs[name], cfg.cpus)
                 _finish(cfg, name, procs[name], dirs[name])
             return dirs
-        cpus = cfg.cpus or tuple(sorted(_allowed_cpus()))
+        cpus = cfg.cpus or tuple(sorted(allowed_cpus()))
         halves = (cpus[: len(cpus) // 2], cpus[len(cpus) // 2:])
         say(f"{label}: {order[0]} on CPUs {_fmt(halves[0])} with {order[1]} on CPUs {_fmt(halves[1])}")
         for name, half in zip(order, halves):
@@ -225,8 +219,6 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
 
 
 def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
-    from zerobench.results.rows import RowWriter
-
     w = RowWriter(out / "summary", "ab", {"suite": cfg.suite, "rounds": cfg.rounds, "tolerance": cfg.tolerance,
                                          "metric": cfg.compared, "cpus": list(cfg.cpus), "concurrent": cfg.concurrent, "baseline_env": list(cfg.baseline_env),
                                          "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)})

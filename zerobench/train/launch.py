@@ -55,12 +55,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (taskset, Slurm's cpuset), not the machine's count."""
+def allowed_cpus() -> set[int]:
+    """The CPU ids this process may run on: its affinity mask (taskset, Slurm's cpuset), else all of them."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (``allowed_cpus``), not the machine's count."""
+    return len(allowed_cpus())
 
 
 def launch_local(

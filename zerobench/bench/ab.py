@@ -45,6 +45,9 @@ class ABConfig:
     """Source tree of the candidate code (default: this checkout)."""
     rounds: int = 6
     """Measured alternations (even: AB, BA, AB, ...); each gives one ratio per run."""
+    max_rounds: int = 0
+    """Keep adding AB/BA pairs while a run's median ratio is within two standard errors of a tolerance
+    boundary, up to this many rounds (even); 0 or <= ``rounds``: exactly ``rounds``."""
     warmup_rounds: int = 1
     """Rounds of each side run first and discarded (cold caches, first-run effects)."""
     only: tuple[str, ...] = ()
@@ -84,6 +87,8 @@ class ABConfig:
             raise ConfigError(f"unknown A/B metric {self.metric!r}: choose auto, step_time_s or step_time_norm")
         if self.rounds < 2 or self.rounds % 2:
             raise ConfigError(f"--rounds must be even and >= 2 (AB/BA pairs), got {self.rounds}")
+        if self.max_rounds % 2:
+            raise ConfigError(f"--max-rounds must be even (AB/BA pairs), got {self.max_rounds}")
         for tree in (self.baseline_tree, self.candidate_tree):
             if not (Path(tree) / "zerobench" / "__init__.py").exists():
                 raise ConfigError(f"{tree} is not a zerobench source tree (no zerobench/__init__.py)")
@@ -188,6 +193,20 @@ def _times(out: Path, metric: str) -> dict[str, float]:
     return {r["run_id"]: r["value"] for r in read_rows(out) if r["metric"] == metric and r.get("status", "ok") == "ok"}
 
 
+def _pairs(rs: dict[int, float]) -> list[float]:
+    """Geometric mean of each AB/BA round pair's two ratios (a linear drift over the pair cancels)."""
+    return [math.sqrt(rs[k] * rs[k + 1]) for k in range(0, max(rs, default=-1) + 1, 2) if k in rs and k + 1 in rs]
+
+
+def _undecided(pairs: list[float], tol: float) -> bool:
+    """True while a tolerance boundary lies within two standard errors of the median pair ratio."""
+    if len(pairs) < 2:
+        return True
+    med = statistics.median(pairs)
+    se = 1.2533 * statistics.stdev(pairs) / math.sqrt(len(pairs))  # standard error of a median, normal noise
+    return any(abs(med - edge) < 2 * se for edge in (1 - tol, 1 + tol))
+
+
 def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
     """Run the interleaved comparison; return one verdict per run (and write them as rows)."""
     cfg.validate()
@@ -196,16 +215,21 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         raise ConfigError(f"{out} is not empty: choose a new --out (an A/B comparison never mixes rows)")
     ratios: dict[str, dict[int, float]] = {}
     sides = {"baseline": (cfg.baseline_tree, cfg.baseline_env), "candidate": (cfg.candidate_tree, cfg.candidate_env)}
-    for r in range(-cfg.warmup_rounds, cfg.rounds):
+    r, last = -cfg.warmup_rounds, cfg.rounds
+    while r < last:
         order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
         dirs = _round(cfg, r, order, sides, out, say)
         got = {name: _times(d, cfg.compared) for name, d in dirs.items()}
         for run_id, t in got["candidate"].items() if r >= 0 else ():
             if run_id in got["baseline"] and got["baseline"][run_id] > 0:
                 ratios.setdefault(run_id, {})[r] = t / got["baseline"][run_id]
+        r += 1
+        if r == last and last < cfg.max_rounds and any(_undecided(_pairs(rs), cfg.tolerance) for rs in ratios.values()):
+            last += 2
+            say(f"a verdict is within noise of the tolerance: 2 more rounds (at most {cfg.max_rounds})")
     verdicts = []
     for run_id, rs in sorted(ratios.items()):
-        pairs = [math.sqrt(rs[k] * rs[k + 1]) for k in range(0, cfg.rounds, 2) if k in rs and k + 1 in rs]
+        pairs = _pairs(rs)
         if not pairs:
             continue
         med = statistics.median(pairs)
@@ -219,7 +243,7 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
 
 
 def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
-    w = RowWriter(out / "summary", "ab", {"suite": cfg.suite, "rounds": cfg.rounds, "tolerance": cfg.tolerance,
+    w = RowWriter(out / "summary", "ab", {"suite": cfg.suite, "rounds": cfg.rounds, "max_rounds": cfg.max_rounds, "tolerance": cfg.tolerance,
                                          "metric": cfg.compared, "cpus": list(cfg.cpus), "concurrent": cfg.concurrent, "baseline_env": list(cfg.baseline_env),
                                          "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)})
     for v in verdicts:

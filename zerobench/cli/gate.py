@@ -40,7 +40,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     tol = args.timing_tolerance
     ctx = worktree(args.baseline_ref, here) if args.baseline_ref else contextlib.nullcontext(args.baseline_tree)
     with ctx as base:
-        cfg = ABConfig(suite=args.ab, baseline_tree=base, candidate_tree=str(here), rounds=args.rounds,
+        cfg = ABConfig(suite=args.ab, baseline_tree=base, candidate_tree=str(here), rounds=args.rounds, max_rounds=args.max_rounds,
                        only=tuple(args.only), tolerance=tol, baseline_env=tuple(args.baseline_env),
                        candidate_env=tuple(args.candidate_env), metric=args.ab_metric, concurrent=args.concurrent,
                        cpus=parse_cpus(args.cpus) if args.cpus else ())
@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                           "temporary worktree), e.g. origin/main or HEAD~1")
     ab.add_argument("--baseline-tree", metavar="DIR", help="with --ab: a source tree of the baseline instead")
     ab.add_argument("--rounds", type=int, default=6, help="with --ab: measured alternations, even (default 6)")
+    ab.add_argument("--max-rounds", type=int, default=0,
+                    help="with --ab: add AB/BA pairs while a verdict is within noise of the tolerance, up to "
+                         "this many rounds (default: no extra rounds)")
     ab.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help="with --ab: only these runs")
     ab.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE",
                     help="with --ab: extra environment for the baseline side")

@@ -107,7 +107,7 @@ def test_ci_suite_against_the_committed_baseline(tmp_path):
 
 AB_SUITE = """
 name: ab
-base: {preset: mini, dp: 1, steps: 40, warmup: 5, precision: fp32, timeout: 120}
+base: {preset: mini, dp: 1, steps: 30, warmup: 5, precision: fp32, timeout: 120}
 runs:
   - {label: unchanged, stage: 1}
   - {label: planted, stage: 2}
@@ -121,21 +121,16 @@ def ab_suite(tmp_path_factory):
     return d / "ab.yaml"
 
 
-@pytest.mark.timing
 @pytest.mark.timeout(900)
 def test_ab_catches_a_planted_ten_percent_slowdown_and_passes_unchanged_code(ab_suite, tmp_path):
     """The issue's bar for timings: a 10% step-time slowdown is caught and an unchanged run passes, in
     one interleaved comparison (this checkout against itself): the candidate side spends an extra 10% of
-    every stage-2 step (the test-only delay hook); its stage-1 run is unchanged. The sides run at the
-    same time on one CPU each, swapping CPUs every round (run one after the other, identical runs on
-    this 2-core VM differed by up to 20%)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("the concurrent A/B comparison needs 2 CPUs; this machine lets the test use 1")
+    every stage-2 step (the test-only delay hook); its stage-1 run is unchanged. Lockstep: both sides run
+    at once and their steps take turns, each round's ratio is the median of step-k-vs-step-k ratios, so
+    noise bursts of the shared VM land on both sides (see the README for what the other modes measured)."""
     out = tmp_path / "ab"
-    r = zb("regress", "--ab", str(ab_suite), "--baseline-tree", str(REPO), "--rounds", "6", "--max-rounds", "16",
-           "--out", str(out), "--concurrent", "--cpus", f"{cpus[-2]},{cpus[-1]}",
-           "--candidate-env", "ZEROBENCH_PLANT_DELAY=0.10:2", timeout=900)
+    r = zb("regress", "--ab", str(ab_suite), "--baseline-tree", str(REPO), "--rounds", "4", "--max-rounds", "10",
+           "--out", str(out), "--lockstep", "--candidate-env", "ZEROBENCH_PLANT_DELAY=0.10:2", timeout=900)
     rows = {row["run"]: row for row in map(json.loads, (out / "summary" / "rows.jsonl").read_text().splitlines())}
     assert r.returncode == 1, r.stdout + r.stderr
     assert rows.keys() == {"000-unchanged", "001-planted"}, rows.keys()
@@ -161,6 +156,7 @@ def test_ab_bad_input_is_one_line(ab_suite, tmp_path):
                       (["--baseline-tree", str(REPO), "--max-rounds", "9"], "--max-rounds must be even"),
                       (["--baseline-tree", str(REPO), "--cpus", "9999"], "may only use CPUs"),
                       (["--baseline-tree", str(REPO), "--cpus", "x"], "expected CPU ids"),
+                      (["--baseline-tree", str(REPO), "--lockstep", "--concurrent"], "choose one of --concurrent"),
                       (["--baseline-tree", str(REPO), "--concurrent", "--cpus", str(min(os.sched_getaffinity(0)))],
                        "two equal halves"),
                       ([], "exactly one of --baseline-ref REF or --baseline-tree DIR")]:

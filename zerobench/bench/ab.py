@@ -28,9 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zerobench.bench.lockstep import Referee
 from zerobench.config import ConfigError
 from zerobench.results.rows import RowWriter, read_rows
 from zerobench.train.launch import allowed_cpus
+
+METRICS = ("auto", "step_time_s", "step_cpu_s", "step_time_norm")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,11 @@ class ABConfig:
     empty), swapping halves every round: both see the same machine noise, so it cancels in the ratio,
     and a round takes one side's time. For CPU runs on a noisy (shared, virtualized) machine; the
     sides must not share a device, so not for runs on one GPU."""
+    lockstep: bool = False
+    """Run both sides at the same time on the same CPUs but let only one *training step* run at a time,
+    alternating sides step by step (``zerobench.bench.lockstep``): the sides never compete for a CPU and
+    noise lasting longer than a step lands on both. Needs a baseline tree that has lockstep turns
+    (``zerobench/train/turnstile.py``)."""
     baseline_env: tuple[str, ...] = field(default_factory=tuple)
     """Extra ``KEY=VALUE`` environment for the baseline side."""
     candidate_env: tuple[str, ...] = field(default_factory=tuple)
@@ -80,11 +88,11 @@ class ABConfig:
         """The metric actually compared (``metric`` with ``auto`` resolved)."""
         if self.metric != "auto":
             return self.metric
-        return "step_time_s" if self.concurrent else "step_time_norm"
+        return "step_time_s" if self.concurrent or self.lockstep else "step_time_norm"
 
     def validate(self) -> None:
-        if self.metric not in ("auto", "step_time_s", "step_time_norm"):
-            raise ConfigError(f"unknown A/B metric {self.metric!r}: choose auto, step_time_s or step_time_norm")
+        if self.metric not in METRICS:
+            raise ConfigError(f"unknown A/B metric {self.metric!r}: choose one of {', '.join(METRICS)}")
         if self.rounds < 2 or self.rounds % 2:
             raise ConfigError(f"--rounds must be even and >= 2 (AB/BA pairs), got {self.rounds}")
         if self.max_rounds % 2:
@@ -95,6 +103,14 @@ class ABConfig:
         for item in (*self.baseline_env, *self.candidate_env, *self.only):
             if "=" not in item:
                 raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        if self.concurrent and self.lockstep:
+            raise ConfigError("choose one of --concurrent (sides side by side on CPU halves) and --lockstep "
+                              "(sides' steps alternating on the same CPUs)")
+        if self.lockstep:
+            for tree in (self.baseline_tree, self.candidate_tree):
+                if not (Path(tree) / "zerobench" / "train" / "turnstile.py").exists():
+                    raise ConfigError(f"{tree} predates lockstep A/B (no zerobench/train/turnstile.py): "
+                                      f"compare it with --concurrent or one side after the other")
         if self.concurrent and len(self.cpus or allowed_cpus()) % 2:
             raise ConfigError(f"--concurrent splits the CPUs into two equal halves, one per side: give an even "
                               f"--cpus list (this process may use {len(allowed_cpus())} CPUs)")
@@ -134,28 +150,36 @@ def worktree(ref: str, repo: str | Path = "."):
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False)
 
 
-def _start(cfg: ABConfig, tree: str, env_items: tuple[str, ...], out: Path, cpus: tuple[int, ...]) -> subprocess.Popen:
-    env = {**os.environ, **dict(item.split("=", 1) for item in env_items),
+def _start(cfg: ABConfig, tree: str, env_items: tuple[str, ...], out: Path, cpus: tuple[int, ...],
+           extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, **dict(item.split("=", 1) for item in env_items), **(extra or {}),
            "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     suite = str(Path(cfg.suite).resolve()) if Path(cfg.suite).exists() else cfg.suite
     cmd = [sys.executable, "-m", "zerobench", "sweep", suite, "--out", str(out), "--no-progress"]
     for item in cfg.only:
         cmd += ["--only", item]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    return subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=pin)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(_log(out), "w") as log:  # a file, not a pipe: a side never blocks on output nobody reads
+        # preexec_fn is safe here: this process runs no other thread while sides start (the lockstep
+        # referee's thread starts after them)
+        return subprocess.Popen(cmd, env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)  # noqa: PLW1509
+
+
+def _log(out: Path) -> Path:
+    return out.parent / f"{out.name}.log"
 
 
 def _finish(cfg: ABConfig, name: str, proc: subprocess.Popen, out: Path) -> None:
     try:
-        stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
+        proc.wait(timeout=cfg.timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
-        raise ConfigError(f"the {name} side ran past {cfg.timeout_s:.0f}s in {out}") from None
+        proc.wait()
+        raise ConfigError(f"the {name} side ran past {cfg.timeout_s:.0f}s in {out} (log: {_log(out)})") from None
     if proc.returncode:
-        tail = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"the {name} side failed in {out}: {tail}")
+        lines = _log(out).read_text(errors="replace").strip().splitlines()
+        raise ConfigError(f"the {name} side failed in {out}: {(lines or ['no output'])[-1]} (log: {_log(out)})")
 
 
 def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path, say) -> dict[str, Path]:
@@ -164,11 +188,14 @@ def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path
     label = f"round {r + 1}/{cfg.rounds}" if r >= 0 else "warm-up round"
     procs: dict[str, subprocess.Popen] = {}
     try:
-        if not cfg.concurrent:
+        if not cfg.concurrent and not cfg.lockstep:
             for name in order:
                 say(f"{label}: {name}")
                 procs[name] = _start(cfg, *sides[name], dirs[name], cfg.cpus)
                 _finish(cfg, name, procs[name], dirs[name])
+            return dirs
+        if cfg.lockstep:
+            _lockstep_round(cfg, label, order, sides, dirs, procs, say)
             return dirs
         cpus = cfg.cpus or tuple(sorted(allowed_cpus()))
         halves = (cpus[: len(cpus) // 2], cpus[len(cpus) // 2:])
@@ -182,15 +209,41 @@ def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
+
+
+def _lockstep_round(cfg: ABConfig, label: str, order: tuple[str, str], sides: dict, dirs: dict[str, Path],
+                    procs: dict[str, subprocess.Popen], say) -> None:
+    say(f"{label}: {order[0]} and {order[1]} taking turns step by step, {order[0]} first")
+    with Referee(order, first=order[0]) as ref:
+        for name in order:
+            procs[name] = _start(cfg, *sides[name], dirs[name], cfg.cpus, extra=ref.env(name))
+            ref.watch(name, procs[name])
+        ref.start()
+        for name in order:
+            _finish(cfg, name, procs[name], dirs[name])
+        if not all(ref.grants.values()):
+            idle = [name for name, n in ref.grants.items() if not n]
+            raise ConfigError(f"the {' and '.join(idle)} side never took a lockstep turn in {dirs[idle[0]]}")
 
 
 def _fmt(cpus: tuple[int, ...]) -> str:
     return ",".join(map(str, cpus))
 
 
-def _times(out: Path, metric: str) -> dict[str, float]:
-    return {r["run_id"]: r["value"] for r in read_rows(out) if r["metric"] == metric and r.get("status", "ok") == "ok"}
+def _times(out: Path, metric: str) -> dict[str, dict]:
+    return {r["run_id"]: r for r in read_rows(out) if r["metric"] == metric and r.get("status", "ok") == "ok"}
+
+
+def _ratio(cand: dict, base: dict, stepwise: bool) -> float | None:
+    """Candidate / baseline for one run and round. ``stepwise`` (lockstep rounds, where candidate step k ran
+    right next to baseline step k): the median over k of the per-step ratios, so a burst of machine noise
+    covering a few steps of both sides cancels instead of shifting one side's median. Otherwise (or when
+    the rows carry no per-step ``samples``) the ratio of the two medians."""
+    cs, bs = cand.get("samples"), base.get("samples")
+    if stepwise and cs and bs and len(cs) == len(bs) and all(b > 0 for b in bs):
+        return statistics.median(c / b for c, b in zip(cs, bs))
+    return cand["value"] / base["value"] if base["value"] else None
 
 
 def _pairs(rs: dict[int, float]) -> list[float]:
@@ -220,9 +273,9 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
         dirs = _round(cfg, r, order, sides, out, say)
         got = {name: _times(d, cfg.compared) for name, d in dirs.items()}
-        for run_id, t in got["candidate"].items() if r >= 0 else ():
-            if run_id in got["baseline"] and got["baseline"][run_id] > 0:
-                ratios.setdefault(run_id, {})[r] = t / got["baseline"][run_id]
+        for run_id, row in got["candidate"].items() if r >= 0 else ():
+            if run_id in got["baseline"] and (q := _ratio(row, got["baseline"][run_id], cfg.lockstep)) is not None:
+                ratios.setdefault(run_id, {})[r] = q
         r += 1
         if r == last and last < cfg.max_rounds and any(_undecided(_pairs(rs), cfg.tolerance) for rs in ratios.values()):
             last += 2
@@ -243,11 +296,14 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
 
 
 def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
-    w = RowWriter(out / "summary", "ab", {"suite": cfg.suite, "rounds": cfg.rounds, "max_rounds": cfg.max_rounds, "tolerance": cfg.tolerance,
-                                         "metric": cfg.compared, "cpus": list(cfg.cpus), "concurrent": cfg.concurrent, "baseline_env": list(cfg.baseline_env),
-                                         "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)})
+    config = {"suite": cfg.suite, "rounds": cfg.rounds, "max_rounds": cfg.max_rounds, "tolerance": cfg.tolerance,
+              "metric": cfg.compared, "cpus": list(cfg.cpus), "concurrent": cfg.concurrent, "lockstep": cfg.lockstep,
+              "baseline_env": list(cfg.baseline_env), "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)}
+    per_round = (f"the median over steps k of candidate / baseline {cfg.compared} of step k" if cfg.lockstep
+                 else f"candidate / baseline {cfg.compared}")
+    w = RowWriter(out / "summary", "ab", config)
     for v in verdicts:
         w.write("ab_time_ratio", v["median_ratio"], "ratio", run=v["run"], min=v["min"], max=v["max"],
                 rounds=v["rounds"], verdict=v["verdict"],
-                definition=f"median over AB/BA round pairs of the pair's geometric mean of candidate / baseline "
-                           f"{cfg.compared}; min and max over pairs")
+                definition=f"median over AB/BA round pairs of the pair's geometric mean of the per-round ratio "
+                           f"({per_round}); min and max over pairs")

@@ -43,6 +43,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         cfg = ABConfig(suite=args.ab, baseline_tree=base, candidate_tree=str(here), rounds=args.rounds, max_rounds=args.max_rounds,
                        only=tuple(args.only), tolerance=tol, baseline_env=tuple(args.baseline_env),
                        candidate_env=tuple(args.candidate_env), metric=args.ab_metric, concurrent=args.concurrent,
+                       lockstep=args.lockstep,
                        cpus=parse_cpus(args.cpus) if args.cpus else ())
         verdicts = run_ab(cfg, out, say=lambda m: print(m, file=sys.stderr, flush=True))
     print(tabulate([[v["run"], f"{v['median_ratio']:.3f}", f"{v['min']:.3f}-{v['max']:.3f}", v["rounds"], v["verdict"]]
@@ -85,7 +86,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab.add_argument("--concurrent", action="store_true",
                     help="with --ab: run both sides at once on disjoint halves of --cpus (default: all usable "
                          "CPUs), swapping halves each round; for CPU runs on noisy shared machines")
-    ab.add_argument("--ab-metric", choices=["auto", "step_time_norm", "step_time_s"], default="auto",
+    ab.add_argument("--lockstep", action="store_true",
+                    help="with --ab: run both sides at once on the same CPUs, their training steps taking turns "
+                         "one at a time; for noisy shared machines (the sides never compete for a CPU)")
+    ab.add_argument("--ab-metric", choices=["auto", "step_time_s", "step_cpu_s", "step_time_norm"], default="auto",
                     help="with --ab: raw step time (auto with --concurrent) or step time over a same-process "
                          "matmul reference (auto without)")
     ab.add_argument("--out", help="with --ab: directory for both sides' rows and the verdict rows")

@@ -21,7 +21,7 @@ from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
 from zerobench.models.sizes import flops_per_token, num_params
 from zerobench.results.rows import RowWriter
-from zerobench.train import faults
+from zerobench.train import faults, turnstile
 from zerobench.train.config import TrainConfig
 from zerobench.train.data import SyntheticTokens
 from zerobench.train.systems import build_system
@@ -60,11 +60,17 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
     )
     tb = _tensorboard(cfg, run_id) if rank == 0 else None
-    losses, times, norm = [], [], []
+    losses, times, norm, cpu_times = [], [], [], []
+    lockstep = turnstile.enabled()  # interleaved A/B timing: steps alternate with the other side's
+    turn = turnstile.from_env() if lockstep and rank == 0 else None
     planted = torch.empty(faults.planted_buffer_bytes(), dtype=torch.uint8, device=device)
     if tracker is not None:
         tracker.track(planted)
-    with tracker if tracker is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if tracker is not None:
+            stack.enter_context(tracker)
+        if turn is not None:
+            stack.callback(turn.close)
         for step in range(cfg.steps):
             if step == cfg.warmup_steps:
                 if tracker is not None:
@@ -76,7 +82,11 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             ledger.reset()
             if not cpu:
                 torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            if turn is not None:
+                turn.acquire()
+            if lockstep and dist.get_world_size() > 1:
+                dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
             total = torch.zeros(1, device=device)
             for micro in range(cfg.zero.grad_accum_steps):
                 x, y = data.micro_batch(step, mesh.dp_rank, cfg.dp, micro, cfg.micro_batch)
@@ -88,9 +98,12 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
                 torch.cuda.synchronize(device)
             faults.planted_delay(cfg.zero.stage, time.perf_counter() - t0)
             dt = time.perf_counter() - t0
+            cpu_times.append(time.process_time() - c0)
             norm.append(dt / _reference_seconds(device))
             dist.all_reduce(total, group=mesh.dp.pg)
             losses.append(total.item() / cfg.dp)
+            if turn is not None:
+                turn.release()
             times.append(dt)
             tflops = fpt * tokens_per_rank / dt / 1e12
             if tb is not None:
@@ -103,12 +116,9 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
             )
     if tb is not None:
         tb.close()
-    measured = times[cfg.warmup_steps :] or times
-    step_time = statistics.median(measured)
-    step_mad = statistics.median(abs(t - step_time) for t in measured)
-    nmeasured = norm[cfg.warmup_steps :] or norm
-    step_norm = statistics.median(nmeasured)
-    norm_mad = statistics.median(abs(t - step_norm) for t in nmeasured)
+    timing = {name: _robust(xs, cfg.warmup_steps) for name, xs in
+              (("step_time_s", times), ("step_time_norm", norm), ("step_cpu_s", cpu_times))}
+    step_time = timing["step_time_s"]["median"]
     if cpu:
         peak = tracker.peak if tracker is not None else None
     else:
@@ -135,14 +145,14 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     summary = {
-        "losses": losses, "step_time_s": step_time, "step_time_mad_s": step_mad, "n_measured": len(measured),
-        "step_time_norm": step_norm, "step_time_norm_mad": norm_mad, "tflops_per_gpu": fpt * tokens_per_rank / step_time / 1e12,
+        "losses": losses, "step_time_s": step_time, "timing": timing, "n_measured": len(timing["step_time_s"]["samples"]),
+        "tflops_per_gpu": fpt * tokens_per_rank / step_time / 1e12,
         "hw_tflops_per_gpu": hw_fpt * tokens_per_rank / step_time / 1e12, "ranks": everyone, "psi": psi,
     }
     if rank == 0:
         _report(summary, cfg, say)
         if out_dir is not None:
-            _write_rows(RowWriter(out_dir, run_id, cfg, suite=suite), summary, cfg, len(measured))
+            _write_rows(RowWriter(out_dir, run_id, cfg, suite=suite), summary, cfg, summary["n_measured"])
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
     return summary
@@ -214,14 +224,32 @@ def _report(s: dict, cfg: TrainConfig, say) -> None:
         say(f"  MP volume in blocks {r0['mp_volume']:.0f} elements; P_a all-gathers {r0['pa_volume']:.0f}")
 
 
+_TIMINGS = (
+    ("step_time_s", "s", "median over steps of the wall-clock step time (forward, backward, optimizer step)"),
+    ("step_time_norm", "ratio", ("median over steps of step time / a fixed 256x256 matmul chain timed right "
+                                 "after the step in the same process")),
+    ("step_cpu_s", "s", ("median over steps of the rank's process CPU time (all threads) during the step: time "
+                         "the rank was not running (other processes, VM steal) is not counted")),
+)
+
+
+def _robust(xs: list[float], warmup: int) -> dict:
+    """Median and median absolute deviation of the steps after warm-up (all steps if there are no others)."""
+    m = xs[warmup:] or xs
+    med = statistics.median(m)
+    return {"median": med, "mad": statistics.median(abs(t - med) for t in m), "samples": m}
+
+
 def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None:
     for i, loss in enumerate(s["losses"]):
         w.write("loss", loss, "nats", step=i + 1)
     agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
-    w.write("step_time_s", s["step_time_s"], "s", aggregate=agg, mad=s["step_time_mad_s"], n=s["n_measured"])
-    w.write("step_time_norm", s["step_time_norm"], "ratio", aggregate=agg, mad=s["step_time_norm_mad"],
-            n=s["n_measured"], definition="median over steps of step time / a fixed 256x256 matmul chain timed "
-                                          "right after the step in the same process")
+    for metric, unit, definition in _TIMINGS:
+        t = s["timing"][metric]
+        # samples: the measured steps in order, so an A/B comparison can pair step k of one side with step k
+        # of the other (taken right after it in lockstep)
+        w.write(metric, t["median"], unit, aggregate=agg, mad=t["mad"], n=len(t["samples"]), samples=t["samples"],
+                definition=definition)
     w.write("tflops_per_gpu", s["tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="model")
     w.write("hw_tflops_per_gpu", s["hw_tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="hardware (with recompute)")
     w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.world_size / 1e3, "PFLOP/s", aggregate=agg)

@@ -14,6 +14,7 @@ from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.train.config import TrainConfig
 from zerobench.train.launch import EXIT_CONFIG, EXIT_OOM
 from zerobench.train.loop import train
+from zerobench.train.turnstile import TurnstileError
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +32,9 @@ def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> in
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except TurnstileError as e:
+        print(f"zerobench: error: {e}", file=sys.stderr)
+        return 1
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
         print(f"zerobench: out of memory: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_OOM

@@ -2,8 +2,9 @@
 # GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
 # Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
 #   sections: env | kernels | bench | train | offload | deepspeed-offload  (default: env kernels bench train)
-# deepspeed-offload needs DeepSpeed importable by $PY; the machine has no network, so carry wheels made here
-# (pip download deepspeed==0.19.8 -d wheels) and install them there first (pip install --no-index -f wheels deepspeed).
+# deepspeed-offload needs DeepSpeed importable by $PY; the machine has no network, so make the wheels here
+# (scripts/fetch_gpu_wheels.sh writes .whl/), carry `.whl`, and start the device command with
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

@@ -24,8 +24,20 @@ _log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
 __all__ = [
-    "MODES", "KernelUnavailable", "resolve", "available", "adamw_blocks", "fused_adamw_", "nonfinite_",
-    "bias_gelu", "layer_norm", "causal_softmax", "flatten_into_", "unflatten_from_", "reference", "tables",
+    "MODES",
+    "KernelUnavailable",
+    "adamw_blocks",
+    "available",
+    "bias_gelu",
+    "causal_softmax",
+    "flatten_into_",
+    "fused_adamw_",
+    "layer_norm",
+    "nonfinite_",
+    "reference",
+    "resolve",
+    "tables",
+    "unflatten_from_",
 ]
 
 

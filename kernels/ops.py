@@ -9,7 +9,6 @@ them traceable by ``torch.compile``; the differentiable ones register their back
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -20,7 +19,7 @@ CPU_COPY_PIECE_BYTES = 1 << 20
 _CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _ptr(t: Optional[Tensor]) -> int | None:
+def _ptr(t: Tensor | None) -> int | None:
     return t.data_ptr() if t is not None else None
 
 
@@ -32,17 +31,15 @@ def _code(t: Tensor) -> int:
 
 def _triton():
     from kernels import triton_kernels  # noqa: F401  (imports triton)
-    import kernels.triton_kernels.adamw as adamw
-    import kernels.triton_kernels.elementwise as elementwise
-    import kernels.triton_kernels.norm_softmax as norm_softmax
+    from kernels.triton_kernels import adamw, elementwise, norm_softmax
 
     return adamw, elementwise, norm_softmax
 
 
 # -- fused AdamW ------------------------------------------------------------------------------------
 @torch.library.custom_op("zerobench::adamw_", mutates_args=("param", "exp_avg", "exp_avg_sq", "out"))
-def adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, out: Optional[Tensor],
-           blocks: Tensor, found_inf: Optional[Tensor], lr: float, beta1: float, beta2: float, eps: float,
+def adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, out: Tensor | None,
+           blocks: Tensor, found_inf: Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
            weight_decay: float, step: int, grad_scale: float) -> None:
     """AdamW step ``step`` (1-based) over flat fp32 ``param``; see ``kernels.fused_adamw_``."""
     if found_inf is not None and found_inf.item() != 0:

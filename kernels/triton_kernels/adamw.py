@@ -66,7 +66,7 @@ def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars) ->
 def _nonfinite_kernel(x_ptr, flag_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    bad = tl.max((tl.abs(x) > 3.4028234663852886e38) | (x != x), axis=0)
+    bad = tl.max((tl.abs(x) > 3.4028234663852886e38) | (x != x), axis=0)  # noqa: PLR0124 - NaN test
     if bad:
         tl.store(flag_ptr, 1.0)
 

@@ -33,7 +33,7 @@ def _entry(fn, rank, world_size, store, q, args, coll_timeout):
             timeout=datetime.timedelta(seconds=coll_timeout),
         )
         q.put((rank, True, fn(rank, world_size, *args)))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent as a traceback
         q.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():

@@ -11,12 +11,12 @@ import torch.distributed as dist
 from tests.helpers.reference import reference_train
 from zerobench.distributed.collectives import Group
 from zerobench.distributed.mesh import build_mesh
-from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
-from zerobench.parallel.layers import shard_cols, shard_rows
-from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.models.fused import apply_fused_kernels
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
+from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
+from zerobench.parallel.layers import shard_cols, shard_rows
+from zerobench.parallel.tensor_parallel import apply_tp
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import AdamWConfig, LossScaleConfig, Precision, ZeroConfig, apply_zero
 from zerobench.zero.state_dict import full_gradients, full_parameters

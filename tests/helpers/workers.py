@@ -158,10 +158,10 @@ def zero_r_ledgers(rank, world):
 
 def megatron_layer_equivalence(rank, world):
     """zerobench's TP layers and vocab-parallel CE vs megatron-core's (unpatched), same weights/inputs."""
-    import torch.nn as nn
     from megatron.core import parallel_state as ps
-    from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core import tensor_parallel as mtp
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from torch import nn
 
     from zerobench.distributed.collectives import Group
     from zerobench.parallel.cross_entropy import vocab_parallel_cross_entropy

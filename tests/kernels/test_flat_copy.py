@@ -40,7 +40,7 @@ def test_copy_errors_are_one_line():
     flat = torch.zeros(10)
     with pytest.raises(ValueError, match="overruns the flat buffer of 10"):
         kernels.flatten_into_(flat, [torch.zeros(8)], [4])
-    with pytest.raises(ValueError, match="contiguous torch.float32"):
+    with pytest.raises(ValueError, match=r"contiguous torch\.float32"):
         kernels.flatten_into_(flat, [torch.zeros(4, dtype=torch.float64)], [0])
     with pytest.raises(ValueError, match="2 tensors but 1 offsets"):
         kernels.unflatten_from_(flat, [torch.zeros(2), torch.zeros(2)], [0])

@@ -87,7 +87,7 @@ def test_sweep_with_slurm_launcher(slurm_env, tmp_path):
     assert st.loc["dies", "status"] == "failed" and "FAILED" in st.loc["dies", "reason"]
     assert st.loc["cancelme", "status"] == "cancelled" and st.loc["cancelme", "slurm_state"] == "CANCELLED"
     # --resume resubmits only what did not complete
-    r = run(cmd[:-1] + ["--resume", "--no-progress", "--only", "label=good", "--allow-failures"], slurm_env)
+    r = run([*cmd[:-1], "--resume", "--no-progress", "--only", "label=good", "--allow-failures"], slurm_env)
     assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
 
 

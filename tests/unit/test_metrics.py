@@ -7,11 +7,15 @@ import torch
 
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import (
-    LiveTensorTracker, TrackedOutOfMemory, model_state_bytes_analytic, paper_model_state_bytes,
-    resize_storage, storage_bytes,
+    LiveTensorTracker,
+    TrackedOutOfMemory,
+    model_state_bytes_analytic,
+    paper_model_state_bytes,
+    resize_storage,
+    storage_bytes,
 )
-from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.config import LossScaleConfig
+from zerobench.zero.loss_scale import DynamicLossScaler
 
 
 def test_tracker_follows_allocations_and_frees():

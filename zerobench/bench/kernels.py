@@ -73,7 +73,7 @@ def _zerobench_adamw(p: torch.Tensor) -> Callable[[], None]:
 def _deepspeed_adamw(p: torch.Tensor) -> Callable[[], None] | None:
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
-    except Exception:  # not installed, or its op cannot build here
+    except Exception:  # noqa: BLE001 - not installed, or its op cannot build here
         return None
     p = p.clone().requires_grad_()
     p.grad = torch.randn_like(p) * 1e-3

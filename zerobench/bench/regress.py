@@ -104,7 +104,7 @@ def compare(baseline: list[dict], candidate: list[dict], timing_tolerance: float
     hc = {d["hardware"] for d in c.values()} - {None}
     if hb and hc and hb != hc:
         raise ConfigError(f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
-                          f"use results/baselines/{sorted(hc)[0]}.jsonl or record one with --write-baseline")
+                          f"use results/baselines/{min(hc)}.jsonl or record one with --write-baseline")
     out, missing = [], []
     for key, bd in b.items():
         cd = c.get(key)

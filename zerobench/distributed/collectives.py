@@ -14,8 +14,8 @@ accounting), whatever carries it. ``ZEROBENCH_GLOO_NATIVE=1`` restores gloo's na
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -37,7 +37,7 @@ class Group:
     rank: int
 
     @classmethod
-    def of(cls, pg: dist.ProcessGroup | None, name: str) -> "Group":
+    def of(cls, pg: dist.ProcessGroup | None, name: str) -> Group:
         return cls(pg, name, dist.get_world_size(pg), dist.get_rank(pg))
 
 

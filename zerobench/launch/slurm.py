@@ -27,7 +27,7 @@ RUN_ONE = REPO / "slurm" / "run_one.sh"
 
 def _run(cmd: list[str], timeout: float = 60) -> str:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:
         raise ConfigError(f"{cmd[0]} not found: is this a Slurm login node? (or start one: slurm/local/start.sh)") from None
     if r.returncode != 0:
@@ -66,7 +66,7 @@ def launch_srun(cfg: TrainConfig, out_dir: Path, run_id: str, timeout_s: float, 
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         try:
-            r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+            r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
             code = r.returncode
         except subprocess.TimeoutExpired:
             return LaunchResult(False, f"timed out after {timeout_s:.0f}s", "timeout", [], time.monotonic() - t0)

@@ -17,9 +17,9 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
-from zerobench.models.gpt import GPT, GPTConfig
-from zerobench.parallel.cross_entropy import VocabParallelLMLoss
+from zerobench.models.gpt import GPT
 from zerobench.parallel.config import validate_tp
+from zerobench.parallel.cross_entropy import VocabParallelLMLoss
 from zerobench.parallel.layers import (
     ColumnParallelLinear,
     ParallelLMHead,

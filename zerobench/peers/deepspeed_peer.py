@@ -52,7 +52,7 @@ class DeepSpeedSystem(PeerBase):
             import deepspeed
         except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
             raise ConfigError(f"{name} needs DeepSpeed ({type(e).__name__}: {e}); "
-                              "pip install deepspeed (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed)")
+                              "pip install deepspeed (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed)") from None
         model = build_model(cfg, device)
         # The same block-level recompute zerobench uses (plain checkpointing, no P_a/M_D), applied to the
         # plain module before DeepSpeed wraps it, as a DeepSpeed user checkpoints their own model.

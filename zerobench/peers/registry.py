@@ -52,5 +52,5 @@ def deepspeed_available() -> bool:
     try:
         import deepspeed  # noqa: F401
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
         return False

@@ -93,11 +93,11 @@ def run_plan(args) -> int:
         "comm_elements_per_step": {"dp": comm["dp_elements"], "mp": comm["mp_elements"],
                                    "pa": comm["pa_elements"], "paper_mp": comm["paper_mp_elements"]},
     }
-    lines = [f"model: {p.model.layers} layers, hidden {p.model.hidden}, heads {p.model.heads}, vocab "
-             f"{p.model.vocab} (padded), seq {p.model.seq}: {out['params'] / 1e9:.2f}B params, "
-             f"{out['params_per_mp_rank'] / 1e9:.3f}B per MP rank",
-             f"cluster: {p.gpus} GPUs ({p.gpus_per_node}/node), MP {p.mp} x DP {p.dp}, "
-             f"{p.gpu_mem_bytes / 1e9:.1f} GB per GPU; ZeRO stage {p.stage}, micro-batch {p.micro_batch}",
+    lines = [(f"model: {p.model.layers} layers, hidden {p.model.hidden}, heads {p.model.heads}, vocab "
+              f"{p.model.vocab} (padded), seq {p.model.seq}: {out['params'] / 1e9:.2f}B params, "
+              f"{out['params_per_mp_rank'] / 1e9:.3f}B per MP rank"),
+             (f"cluster: {p.gpus} GPUs ({p.gpus_per_node}/node), MP {p.mp} x DP {p.dp}, "
+              f"{p.gpu_mem_bytes / 1e9:.1f} GB per GPU; ZeRO stage {p.stage}, micro-batch {p.micro_batch}"),
              "memory per GPU (GB = 1e9 bytes):"]
     for k, v in out["memory_bytes"].items():
         lines.append(f"  {k:<28} {v / 1e9:10.3f}")
@@ -165,20 +165,21 @@ def _dry_run(args) -> int:
 def _project(args) -> int:
     import csv
 
-    from zerobench.plan.perf_model import HARDWARE, project
     from zerobench.bench.suite import SUITES_DIR as SUITES
+    from zerobench.plan.perf_model import HARDWARE, project
 
     if args.hardware not in HARDWARE:
         raise ConfigError(f"unknown hardware {args.hardware!r}: choose one of {', '.join(HARDWARE)}")
     hw = HARDWARE[args.hardware]
     rows = []
-    for r, p in plan_configs(load_suite(args.project)):
-        p = dataclasses.replace(p, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
+    for r, suite_plan in plan_configs(load_suite(args.project)):
+        p = dataclasses.replace(suite_plan, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
         proj = project(p, hw, efficiency=args.efficiency, dp_overlap=args.dp_overlap)
         mem = memory_per_gpu(p)
         rows.append({"label": r["label"], "system": r.get("system"), "gpus": p.gpus, "mp": p.mp,
                      "fits": mem["fits"], "memory_gb": mem["total"] / 1e9, **proj})
-    claims = list(csv.DictReader(open(SUITES / "paper" / "claims.csv")))
+    with open(SUITES / "paper" / "claims.csv", newline="") as f:
+        claims = list(csv.DictReader(f))
     assumptions = {"hardware": hw.name, "efficiency": args.efficiency, "dp_overlap": args.dp_overlap,
                    "flops": "Megatron count with recompute (hardware FLOPs)", "dtype_bytes": 2}
     if args.json:

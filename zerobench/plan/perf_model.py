@@ -71,7 +71,7 @@ def project(p: PlanConfig, hw: Hardware, efficiency: float = 0.5, dp_overlap: fl
     dp_in_node = p.dp * p.mp <= hw.gpus_per_node
     dp_bw = hw.intra_bw if dp_in_node else hw.inter_bw_node / min(hw.gpus_per_node, p.gpus)
     t_dp = comm["dp_elements"] * dtype_bytes / dp_bw + (2 * (p.dp - 1) * (hw.alpha_intra if dp_in_node else hw.alpha_inter))
-    t_bwd = t_compute * (2 / (4 if p.checkpoint_activations else 3)) * (1 if not p.checkpoint_activations else 1)
+    t_bwd = t_compute * (2 / (4 if p.checkpoint_activations else 3))
     t_dp_exposed = max(0.0, t_dp - dp_overlap * t_bwd)
     step = t_compute + t_mp + t_dp_exposed
     hw_tflops = flops_gpu / step / 1e12

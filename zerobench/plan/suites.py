@@ -12,8 +12,7 @@ from zerobench.plan.memory_model import PlanConfig
 from zerobench.plan.sizes import padded_vocab
 
 
-
-def parse_bytes(text: str | float | int) -> float:
+def parse_bytes(text: str | float) -> float:
     """'32GB' -> 32e9 (the paper's GB), '80GiB' -> 80 * 2**30, numbers as bytes."""
     if isinstance(text, (int, float)):
         return float(text)

@@ -7,6 +7,8 @@ identical across DP ranks by construction; the tests check that).
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 RUN_METRICS = ("step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "pflops_aggregate", "tokens_per_s_per_gpu",
@@ -14,6 +16,11 @@ RUN_METRICS = ("step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "pflops_agg
                "peak_memory_bytes", "peak_rss_bytes", "memory_params_bytes", "memory_grads_bytes",
                "memory_master_bytes", "memory_optimizer_states_bytes", "memory_activation_checkpoints_bytes",
                "max_params", "max_layers")
+
+
+def _missing(v) -> bool:
+    """None or a float NaN (pandas' marker for a config key a row does not have)."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def _paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
@@ -68,9 +75,9 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
     for (run, _), g in d.groupby(["run_id", "config_hash"], sort=False):  # run ids repeat across searches
         first = g.iloc[0]
 
-        def col(name, default=None):
+        def col(name, default=None, first=first):
             v = first.get(f"config.{name}", default)
-            return default if v is None or v != v else v
+            return default if _missing(v) else v
         offload = col("offload_optimizer", "none")
         out.append({
             "run_id": run, "stage": int(col("stage", 0)), "dp": int(col("dp", 1) or 1), "tp": int(col("tp", 1) or 1),
@@ -128,7 +135,7 @@ def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) ->
                 "tflops_per_gpu": r.get("tflops_per_gpu"),
                 "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
                 "max_model_M_params": r_max / 1e6,
-                "vs_DP_max_model": r_max / b_max if b_max == b_max and b_max else float("nan"),
+                "vs_DP_max_model": r_max / b_max if not _missing(b_max) and b_max else float("nan"),
             })
     return pd.DataFrame(out)
 
@@ -144,7 +151,7 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
     if d.empty:
         return pd.DataFrame()
     out = []
-    for (run, cand), g in d.groupby(["run_id", "candidate"], sort=False):
+    for (_run, cand), g in d.groupby(["run_id", "candidate"], sort=False):
         first = g.iloc[0]
         rec = {"candidate": cand, "shards_like_stage": int(first["sharding_stage"]),
                "processes": first.get("config.peers.dp"), "params_M": None,

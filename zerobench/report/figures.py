@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
 CATS = [("memory_params_bytes", "params"), ("memory_grads_bytes", "grads"), ("memory_master_bytes", "fp32 master"),
         ("memory_optimizer_states_bytes", "optimizer states"),
@@ -97,9 +97,10 @@ def throughput(runs: pd.DataFrame, out: Path):
         return None
     groups = _by_hardware(d)
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 3.6), squeeze=False)
-    for ax, (hw, g) in zip(axes[0], groups):
-        g = g.assign(config=[f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
-                             + (" offload" if getattr(r, "offload", "none") != "none" else "") for r in g.itertuples()])
+    for ax, (hw, hw_rows) in zip(axes[0], groups):
+        g = hw_rows.assign(config=[
+            f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
+            + (" offload" if getattr(r, "offload", "none") != "none" else "") for r in hw_rows.itertuples()])
         sns.barplot(data=g, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
         ax.set_title(f"Throughput per device by ZeRO stage [{hw}]", fontsize=10)

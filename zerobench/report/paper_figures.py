@@ -62,8 +62,8 @@ def fig3_measured(runs: pd.DataFrame, out: Path):
     d["aggregate TFLOP/s"] = d["tflops_per_gpu"] * d["world"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     sns.lineplot(data=d, x="world", y="aggregate TFLOP/s", hue="series", marker="o", ax=axes[0])
-    for name, g in d.groupby("series"):
-        g = g.sort_values("world")
+    for _name, series in d.groupby("series"):
+        g = series.sort_values("world")
         ref = g.iloc[0]
         axes[0].plot(g["world"], ref["aggregate TFLOP/s"] * g["world"] / ref["world"], "k:", lw=0.8)
     axes[0].set_title("aggregate (dotted: linear scaling from the smallest run)", fontsize=9)
@@ -111,7 +111,8 @@ def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):
         if src.empty or col not in src or src[col].notna().sum() == 0:
             ax.text(0.5, 0.5, "no rows", ha="center", transform=ax.transAxes)
             continue
-        s = src[src[col].notna()].assign(v=lambda x: x[col] / div)
+        s = src[src[col].notna()]
+        s = s.assign(v=s[col] / div)
         s = s.assign(series=[f"{p} [{h}]" for p, h in zip(s.get("preset", ""), s["hardware"])])
         sns.barplot(data=s.sort_values("paper_config"), x="paper_config", y="v", hue="series", ax=ax)
         ax.set_xlabel("")

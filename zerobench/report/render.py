@@ -53,8 +53,8 @@ def _projections(out: Path) -> tuple[list[dict], list[dict]]:
               {">40 TFLOPs/GPU average (ZeRO)": (40.0, -0.4), "<20 TFLOPs/GPU, DDP 1.4B": (20.0, 8.6)})]
     for suite, name, title, x, claims in specs:
         rows = []
-        for r, p in plan_configs(load_suite(suite)):
-            p = dataclasses.replace(p, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
+        for r, suite_plan in plan_configs(load_suite(suite)):
+            p = dataclasses.replace(suite_plan, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
             proj = project(p, hw)
             rows.append({"label": r["label"], "gpus": p.gpus, "mp": p.mp, "fits": memory_per_gpu(p)["fits"], **proj})
         res = figures.projection(rows, claims, out, name, title, x)

@@ -43,7 +43,7 @@ class RowWriter:
             "provenance": provenance(),
         }
 
-    def write(self, metric: str, value: float | int | None, unit: str, status: str = "ok", **extra: Any) -> None:
+    def write(self, metric: str, value: float | None, unit: str, status: str = "ok", **extra: Any) -> None:
         row = {"metric": metric, "value": value, "unit": unit, "status": status, **extra, **self.base}
         line = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -14,7 +14,7 @@ def summarize(path: str | Path):
     df = load(path)
     runs = []
     for run_id, g in df.groupby("run_id", sort=True):
-        def metric(name, rank0=True):
+        def metric(name, rank0=True, g=g):
             m = g[g["metric"] == name]
             if rank0 and "rank" in m:
                 m = m[(m["rank"].isna()) | (m["rank"] == 0)]

@@ -103,5 +103,5 @@ class TrainConfig:
             raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch}")
         if self.steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
-        if not 0 <= self.warmup_steps:
+        if not self.warmup_steps >= 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup_steps}")

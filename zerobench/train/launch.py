@@ -8,6 +8,7 @@ kills everything past the run's wall-clock timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -78,8 +79,8 @@ def launch_local(
     n = cfg.world_size
     port = free_port()
     threads = max(1, usable_cpus() // n)
-    log = open(log_path, "ab") if log_path is not None else None
-    with tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:
+    log_cm = open(log_path, "ab") if log_path is not None else contextlib.nullcontext()  # noqa: SIM115
+    with log_cm as log, tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:
         cfg_path = Path(tmp) / "config.json"
         cfg_path.write_text(json.dumps(to_dict(cfg)))
         procs = []
@@ -124,12 +125,10 @@ def launch_local(
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        if log is not None:
-            log.close()
-            if reason:
-                detail = _first_error(Path(log_path))
-                reason = f"{reason}: {detail}" if detail else reason
-        return LaunchResult(not reason, reason, status, [p.returncode for p in procs], time.monotonic() - t0)
+    if reason and log_path is not None:
+        detail = _first_error(Path(log_path))
+        reason = f"{reason}: {detail}" if detail else reason
+    return LaunchResult(not reason, reason, status, [p.returncode for p in procs], time.monotonic() - t0)
 
 
 def _first_error(path: Path) -> str | None:

@@ -164,7 +164,7 @@ _REF_A = None
 def _reference_seconds(device: torch.device) -> float:
     """Time a fixed workload (a 256x256 fp32 matmul chain) right after each step: step / reference is a
     speed ratio measured side by side in the same process, so machine drift (clock, contention) cancels."""
-    global _REF_A
+    global _REF_A  # noqa: PLW0603 - a per-process constant, made once per device
     if _REF_A is None or _REF_A.device != device:
         g = torch.Generator().manual_seed(0)
         _REF_A = (torch.randn(256, 256, generator=g) / 16).to(device)

@@ -6,7 +6,7 @@ or planning does not pay for importing torch.
 
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
 
-__all__ = ["apply_zero", "AdamWConfig", "LossScaleConfig", "Precision", "ZeroConfig", "ZeroEngine"]
+__all__ = ["AdamWConfig", "LossScaleConfig", "Precision", "ZeroConfig", "ZeroEngine", "apply_zero"]
 
 
 def __getattr__(name: str):

@@ -6,7 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-
 from zerobench.config import ConfigError
 
 if TYPE_CHECKING:

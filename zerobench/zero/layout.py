@@ -12,8 +12,8 @@ Adam states, gradient partition) are those shards concatenated in bucket order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def _book(signed: bool) -> torch.Tensor:
         pos = _decades([64, 32, 16, 8, 4, 2, 1, 1])
         values = pos + [-x for x in _decades([63, 32, 16, 8, 4, 2, 1, 1])] + [0.0]
     else:  # 255 positive, zero
-        values = _decades([128, 64, 32, 16, 8, 4, 2, 1]) + [0.0]
+        values = [*_decades([128, 64, 32, 16, 8, 4, 2, 1]), 0.0]
     book = torch.tensor(sorted(values), dtype=torch.float32)
     assert book.numel() == 256 and torch.unique(book).numel() == 256
     return book

@@ -2,6 +2,7 @@
 crashed side, and a client that gets no turn fails with one clear error."""
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -97,7 +98,7 @@ def test_missing_referee_and_bad_spec(tmp_path, monkeypatch):
 
 
 def test_lockstep_config_is_validated(tmp_path):
-    repo = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[2])
     with pytest.raises(ConfigError, match="choose one of --concurrent"):
         ABConfig(suite="x", baseline_tree=repo, candidate_tree=repo, concurrent=True, lockstep=True).validate()
     old = tmp_path / "old"

@@ -20,7 +20,10 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Self
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
+    from typing_extensions import Self
 
 
 class Referee:

@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="with --ab: run both sides at once on the same CPUs, their training steps taking turns "
                          "one at a time; for noisy shared machines (the sides never compete for a CPU)")
     ab.add_argument("--ab-metric", choices=["auto", "step_time_s", "step_cpu_s", "step_time_norm"], default="auto",
-                    help="with --ab: raw step time (auto with --concurrent) or step time over a same-process "
-                         "matmul reference (auto without)")
+                    help="with --ab: raw step time (auto with --concurrent or --lockstep), process CPU time per "
+                         "step, or step time over a same-process matmul reference (auto otherwise)")
     ab.add_argument("--out", help="with --ab: directory for both sides' rows and the verdict rows")
     rg.set_defaults(func=cmd_regress)

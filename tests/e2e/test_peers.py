@@ -56,3 +56,18 @@ def test_deepspeed_offload_peer_trains_bf16_with_checkpointing_like_zerobench(tm
         losses[name] = [row["value"] for row in read_rows(out) if row["metric"] == "loss"]
     assert len(losses["deepspeed"]) == 3, losses
     assert max(abs(a - b) for a, b in zip(losses["deepspeed"], losses["zerobench"], strict=True)) < 1e-2, losses
+
+
+@pytest.mark.skipif(not deepspeed_available(), reason="DeepSpeed is not installed (optional peer)")
+def test_deepspeed_peer_trains_in_one_process_without_a_launcher(tmp_path):
+    """``zerobench train --system deepspeed-*`` in one process (the one-card comparison's setup): no
+    torchrun, so no LOCAL_RANK, which DeepSpeed's initialize asserts on unless zerobench supplies it."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    out = tmp_path / "one"
+    r = subprocess.run([sys.executable, "-m", "zerobench", "train", "--system", "deepspeed-2-offload", "--steps", "2",
+                        "--warmup", "1", "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "shards as stage 2" in r.stdout
+    assert len([row for row in read_rows(out) if row["metric"] == "loss"]) == 2

@@ -11,6 +11,8 @@ gloo on CPU and joins the already initialised process group.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from zerobench.config import ConfigError
@@ -64,6 +66,9 @@ class DeepSpeedSystem(PeerBase):
             opt = DeepSpeedCPUAdam(groups, adamw_mode=True, **adamw_kwargs(cfg))
         else:
             opt = torch.optim.AdamW(groups, fused=True, **adamw_kwargs(cfg))
+        # DeepSpeed reads this rank's GPU from LOCAL_RANK, which only torchrun and its own launcher set;
+        # a single process or an srun task runs on the device zerobench already picked.
+        os.environ.setdefault("LOCAL_RANK", str(device.index or 0) if device.type == "cuda" else "0")
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=opt, config=ds_config(name, cfg), dist_init_required=False,
         )

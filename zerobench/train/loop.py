@@ -20,6 +20,7 @@ from zerobench.distributed.mesh import build_mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
 from zerobench.models.sizes import flops_per_token, num_params
+from zerobench.peers.registry import SHARDING
 from zerobench.results.rows import RowWriter
 from zerobench.train import faults, turnstile
 from zerobench.train.config import TrainConfig
@@ -55,8 +56,10 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     if tracker is not None:
         for t in system.tensors():
             tracker.track(t)
+    # A peer's sharding is in its name (deepspeed-2-offload shards as stage 2), not in cfg.zero.stage.
+    stage = f"stage {cfg.zero.stage}" if cfg.system in ("zerobench", "megatron") else f"shards as stage {SHARDING[cfg.system]}"
     say(
-        f"zerobench train [{cfg.system}]: GPT {psi / 1e6:.2f}M params, stage {cfg.zero.stage}, dp {cfg.dp}, tp {cfg.tp}, "
+        f"zerobench train [{cfg.system}]: GPT {psi / 1e6:.2f}M params, {stage}, dp {cfg.dp}, tp {cfg.tp}, "
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
     )
     tb = _tensorboard(cfg, run_id) if rank == 0 else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -83,6 +84,32 @@ def test_dead_rank_fails_the_run_loudly(tmp_path):
     assert r.returncode == 1
     assert "rank 1 exited with code 17" in r.stderr
     assert time.monotonic() - t0 < 60, "the surviving rank must not wait for its collective timeout"
+    status = [row for row in rows(tmp_path / "x") if row["metric"] == "run_status"]
+    assert [(s["status"], s["reason"]) for s in status] == [("failed", "rank 1 exited with code 17")]
+
+
+def test_out_of_memory_in_one_process_is_one_line_and_a_row(tmp_path):
+    # One process trains in the CLI's own process: running out of the (emulated) card must end like a
+    # launched rank does, with the launcher's OOM exit code and a status row, not a traceback and no row.
+    r = zb("train", "--preset", "tiny", "--steps", "2", "--memory-budget", "100KiB", "--out", str(tmp_path / "o"),
+           "--run-id", "small-card")
+    assert r.returncode == 75, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "zerobench: rank 0 ran out of memory: tracked memory 0.5 MiB would exceed the budget of 0.1 MiB"]
+    (row,) = rows(tmp_path / "o")
+    assert (row["metric"], row["status"], row["value"], row["run_id"]) == ("run_status", "oom", 0, "small-card")
+    assert row["config"]["memory_budget_bytes"] == 100 * 1024
+
+
+@pytest.mark.dist
+def test_out_of_memory_on_a_launched_rank_is_a_row(tmp_path):
+    r = zb("train", "--preset", "tiny", "--dp", "2", "--steps", "2", "--memory-budget", "100KiB",
+           "--out", str(tmp_path / "o"))
+    assert r.returncode == 75 and re.search(r"run failed: rank [01] ran out of memory", r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+    (row,) = rows(tmp_path / "o")
+    assert (row["metric"], row["status"]) == ("run_status", "oom")
 
 
 @pytest.mark.dist

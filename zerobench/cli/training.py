@@ -96,9 +96,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.models.sizes import preset
     from zerobench.parallel.checkpointing import ActivationConfig
     from zerobench.plan.suites import parse_bytes
+    from zerobench.results.rows import RowWriter
     from zerobench.train.config import TrainConfig
-    from zerobench.train.launch import free_port, launch_local
-    from zerobench.train.loop import train
+    from zerobench.train.launch import EXIT_OOM, free_port, launch_local
+    from zerobench.train.worker import run_rank
     from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 
     if args.paper_config:
@@ -137,15 +138,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
     if denv.source != "single":  # under torchrun / srun: this process is one rank
-        train(cfg, denv, out, run_id)
-        return 0
+        return run_rank(cfg, denv, out, run_id)
     if cfg.world_size == 1:
-        train(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
-        return 0
+        return run_rank(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
     res = launch_local(cfg, out, run_id, timeout_s=args.timeout)
     if not res.ok:
+        RowWriter(out, run_id, cfg).write("run_status", 0, "bool", status=res.status, reason=res.reason,
+                                          elapsed_s=round(res.elapsed_s, 3))
         print(f"zerobench: error: run failed: {res.reason}", file=sys.stderr)
-        return 1
+        return EXIT_OOM if res.status == "oom" else 1
     return 0
 
 

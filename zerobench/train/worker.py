@@ -1,16 +1,24 @@
-"""Entry point of one launched rank: ``python -m zerobench.train.worker CONFIG.json RUN_ID [OUT_DIR [SUITE]]``."""
+"""Entry point of one launched rank: ``python -m zerobench.train.worker CONFIG.json RUN_ID [OUT_DIR [SUITE]]``.
+
+``run_rank`` is also how ``zerobench train`` trains in its own process (one process, or one rank under
+torchrun / srun): a bad configuration or running out of memory ends in one line and an exit code the
+launcher understands, never a traceback, and the process group is torn down on every path.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from zerobench.config import ConfigError, from_dict
-from zerobench.distributed.env import detect
+from zerobench.distributed.env import DistEnv, detect
 from zerobench.metrics.memory import TrackedOutOfMemory
+from zerobench.results.rows import RowWriter
 from zerobench.train.config import TrainConfig
 from zerobench.train.launch import EXIT_CONFIG, EXIT_OOM
 from zerobench.train.loop import train
@@ -25,10 +33,22 @@ def main(argv: list[str]) -> int:
 
 
 def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> int:
-    """Train one rank of the run described by ``config`` (a resolved ``TrainConfig`` as plain data)."""
-    cfg = from_dict(TrainConfig, config)
+    """Train one rank of the run described by ``config`` (a resolved ``TrainConfig`` as plain data).
+
+    The launcher that started this rank records the run's status from the exit code."""
+    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_failure=False)
+
+
+def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str,
+             suite: str | None = None, record_failure: bool = True) -> int:
+    """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM`` or 1 (a lockstep referee failure).
+
+    With ``record_failure`` (no launcher above this process to do it) an out-of-memory end is also
+    written to the run's rows as a ``run_status`` row with status ``oom``, so a probe that did not fit is
+    a result, not a missing run."""
+    t0 = time.monotonic()
     try:
-        train(cfg, detect(), out_dir, run_id, suite=suite)
+        train(cfg, denv, out_dir, run_id, suite=suite)
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -36,7 +56,12 @@ def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> in
         print(f"zerobench: error: {e}", file=sys.stderr)
         return 1
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
-        print(f"zerobench: out of memory: {str(e).splitlines()[0]}", file=sys.stderr)
+        reason = f"rank {denv.rank} ran out of memory: {str(e).splitlines()[0]}"
+        print(f"zerobench: {reason}", file=sys.stderr)
+        if record_failure and out_dir is not None:
+            RowWriter(out_dir, run_id, cfg, suite=suite).write(
+                "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,
+                elapsed_s=round(time.monotonic() - t0, 3))
         return EXIT_OOM
     finally:
         if dist.is_initialized():

@@ -2,7 +2,7 @@
 # GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
 # Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
 #   sections: env | kernels | bench | train | offload | deepspeed-offload  (default: env kernels bench train)
-# deepspeed-offload needs DeepSpeed importable by $PY; the machine has no network, so make the wheels here
+# deepspeed-offload (layer counts: DS2_LAYERS, DS3_LAYERS) needs DeepSpeed importable by $PY; the machine has no network, so make the wheels here
 # (scripts/fetch_gpu_wheels.sh writes .whl/), carry `.whl`, and start the device command with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 set -u
@@ -36,13 +36,23 @@ for s in $sections; do
       run --stage 2 --layers 56 --offload-optimizer cpu --run-id off-L56
       run --stage 2 --layers 64 --offload-optimizer cpu --run-id off-L64
       run --stage 3 --layers 96 --offload-optimizer cpu --offload-param cpu --run-id offp-L96 ;;
-    deepspeed-offload)  # DeepSpeed's ZeRO-Offload on the same emulated 8 GiB card and model as `offload`
+    deepspeed-offload)  # DeepSpeed's ZeRO-Offload and zerobench's, side by side on the same emulated 8 GiB card and model
       "$PY" -c 'import deepspeed' || { echo "DeepSpeed is not importable: see the header"; continue; }
       common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
-              --checkpoint-activations --precision bf16 --steps 3 --warmup 1 --memory-budget 8GiB --out $OUT/ds-offload"
+              --checkpoint-activations --precision bf16 --steps ${STEPS:-5} --warmup 1 --memory-budget 8GiB --out $OUT/ds-offload"
       run() { echo "--- $*"; timeout 300 "$PY" -m zerobench train $common "$@" 2>&1 | tee -a "$OUT/ds-offload.log" |
               grep -E "GPT |median step|out of memory|OutOfMemory|Error|^ +0 " ; }
-      for L in 8 56 64; do run --system deepspeed-2-offload --layers $L --run-id ds2off-L$L; done
-      run --system deepspeed-3-offload --layers 64 --run-id ds3off-L64 ;;
+      # DeepSpeedCPUAdam is built just in time on first use (ninja + the host compiler): build it once, timed.
+      t0=$SECONDS; "$PY" -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' 2>&1 | tail -3
+      echo "cpu_adam op ready in $((SECONDS - t0)) s"
+      # Optimizer offload only on both sides (DeepSpeed's offload_optimizer; zerobench --offload-optimizer cpu).
+      for L in ${DS2_LAYERS-56 64 72}; do
+        run --system deepspeed-2-offload --layers $L --run-id ds2off-L$L
+        run --stage 2 --offload-optimizer cpu --layers $L --run-id zb2off-L$L
+      done
+      for L in ${DS3_LAYERS-64}; do
+        run --system deepspeed-3-offload --layers $L --run-id ds3off-L$L
+        run --stage 3 --offload-optimizer cpu --layers $L --run-id zb3off-L$L
+      done ;;
   esac
 done

@@ -70,4 +70,15 @@ def test_deepspeed_peer_trains_in_one_process_without_a_launcher(tmp_path):
                         "--warmup", "1", "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "shards as stage 2" in r.stdout
-    assert len([row for row in read_rows(out) if row["metric"] == "loss"]) == 2
+    rows = read_rows(out)
+    assert len([row for row in rows if row["metric"] == "loss"]) == 2
+    # ZeRO-Offload's ledger, measured from DeepSpeed's tensors: fp32 params on the device (4 B/param); its
+    # fp32 gradient partition, master copy and Adam moments on the host (4 + 4 + 8 B/param)
+    by = {row["metric"]: row["value"] for row in rows if row.get("step") is None}
+    psi = by["num_params"]
+    assert by["memory_master_bytes"] == 0 and by["memory_optimizer_states_bytes"] == 0
+    assert by["model_state_bytes"] == pytest.approx(4 * psi, rel=0.01)
+    assert by["memory_host_master_bytes"] == pytest.approx(4 * psi, rel=0.01)
+    assert by["memory_host_grads_bytes"] == pytest.approx(4 * psi, rel=0.01)
+    assert by["memory_host_optimizer_states_bytes"] == pytest.approx(8 * psi, rel=0.01)
+    assert by["host_model_state_bytes"] == pytest.approx(16 * psi, rel=0.01)

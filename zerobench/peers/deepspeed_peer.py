@@ -60,7 +60,8 @@ class DeepSpeedSystem(PeerBase):
         # plain module before DeepSpeed wraps it, as a DeepSpeed user checkpoints their own model.
         apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger)
         groups = param_groups(model, cfg)
-        if name.endswith("offload"):
+        self.offload = name.endswith("offload")
+        if self.offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             opt = DeepSpeedCPUAdam(groups, adamw_mode=True, **adamw_kwargs(cfg))
@@ -93,10 +94,42 @@ class DeepSpeedSystem(PeerBase):
     def _inner_optimizer(self):
         return getattr(self.optimizer, "optimizer", self.optimizer)
 
+    def _master(self) -> list[torch.Tensor]:
+        """DeepSpeed's fp32 master partitions: the tensors its inner optimizer steps, where they are not the
+        module's own parameters (stage 0 steps those directly; ZeRO 1-3 step fp32 partition copies).
+        ``storage_bytes`` counts a tensor listed twice once."""
+        held = {t.untyped_storage()._cdata for t in self._params()}
+        inner = self._inner_optimizer()
+        # stage 3 puts a sub-group's partition into param_groups only for its step: the state keys hold them
+        stepped = list(inner.state.keys()) + [p for g in inner.param_groups for p in g["params"]]
+        return [p for p in stepped if isinstance(p, torch.Tensor) and p.untyped_storage()._cdata not in held]
+
     def memory_ledger(self) -> dict[str, int]:
+        """Model states by category, measured from DeepSpeed's tensors. With ``offload_optimizer`` the fp32
+        master and Adam moments are host memory (``host_*``), as in zerobench's offload ledger."""
         led = super().memory_ledger()
-        led["optimizer_states"] = storage_bytes(optimizer_tensors(self._inner_optimizer()))
+        master = storage_bytes(self._master())
+        # fp32 gradient partitions DeepSpeed keeps on its master partitions (with offload a pinned host
+        # buffer that gradients stream into); staging/bucket buffers are not counted
+        grads = storage_bytes(m.grad for m in self._master() if m.grad is not None)
+        states = storage_bytes(optimizer_tensors(self._inner_optimizer()))
+        if self.offload:
+            led.update(master=0, optimizer_states=0, host_params=0, host_grads=grads, host_master=master,
+                       host_optimizer_states=states, nvme_optimizer_states=0)
+        else:
+            led.update(grads=led["grads"] + grads, master=master, optimizer_states=states)
         return led
 
+    def model_state_bytes(self) -> int:
+        led = self.memory_ledger()
+        return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
+
+    def host_state_bytes(self) -> dict | None:
+        """Offloaded model states: measured host bytes (no analytic figure for a peer)."""
+        if not self.offload:
+            return None
+        led = self.memory_ledger()
+        return {"measured": led["host_grads"] + led["host_master"] + led["host_optimizer_states"], "analytic": None}
+
     def tensors(self) -> list[torch.Tensor]:
-        return self._params() + optimizer_tensors(self._inner_optimizer())
+        return self._params() + self._master() + optimizer_tensors(self._inner_optimizer())

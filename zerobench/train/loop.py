@@ -268,7 +268,8 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
         if r.get("host"):
             w.write("host_model_state_bytes", r["host"]["measured"], "bytes", rank=rk,
                     definition="model states in host memory under offload (NVMe files excluded)")
-            w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
+            if r["host"]["analytic"] is not None:
+                w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
         if r["comm_volume"] is not None:
             w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
         if cfg.tp > 1 and cfg.system == "zerobench":

@@ -14,8 +14,10 @@ from tests.helpers.browser import FLAGS, chromium
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results/reference/quick-cpu-2core"
-# Measured rows for the paper's figures: max model size searches, C1-C5 at tiny scale, one H100.
-MORE = [REPO / "results/reference" / d for d in ("maxsize-cpu-2core", "c1-c5-cpu-2core", "gpu-h100-2026-11-22")]
+# Measured rows for the paper's figures: max model size searches, C1-C5 at tiny scale, one H100 (twice:
+# the stages and offload; DeepSpeed ZeRO-Offload next to zerobench's).
+MORE = [REPO / "results/reference" / d
+        for d in ("maxsize-cpu-2core", "c1-c5-cpu-2core", "gpu-h100-2026-11-22", "gpu-h100-2026-11-23")]
 ARTIFACTS = Path(os.environ.get("ZEROBENCH_ARTIFACTS", REPO / "test-artifacts"))
 
 
@@ -51,6 +53,13 @@ def test_report_files(report):
     assert float(s3["vs_DP_max_model"]) == 1.8, s3
     # every figure names the hardware its rows came from; GPU and CPU rows are separate panels/series
     assert "NVIDIA H100 80GB HBM3" in html and "C1-C5" in html
+    # the one-card offload table, from the H100 rows: zerobench's offload next to DeepSpeed's at 64 layers
+    assert "Offload on one card" in md and "Offload on one card" in html
+    one_card = [r for r in (dict(zip(h, c)) for h in [next(c for c in cells if "host_states_GiB" in c)]
+                            for c in cells if len(c) == len(h)) if r["layers"] == "64"]
+    systems = {r["system"] for r in one_card}
+    assert {"zerobench-2-offload", "deepspeed-2-offload", "zerobench-3-offload", "deepspeed-3-offload"} <= systems
+    assert all(r["fits"] == "yes" and float(r["device_peak_GiB"]) < 8 for r in one_card)
 
 
 def test_report_in_a_real_browser(report):

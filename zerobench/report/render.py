@@ -17,6 +17,7 @@ import pandas as pd
 
 from zerobench.config import ConfigError
 from zerobench.report import aggregate, figures, paper_figures
+from zerobench.report.offload import offload_table
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
 
@@ -107,6 +108,7 @@ def render(results: list[str], out_dir: str) -> Path:
     proj_figs, proj_table = _projections(out)
     figs += proj_figs
     comparison = aggregate.comparison_table(runs, maxsize)
+    one_card = offload_table(df)
     t1 = pd.DataFrame(table1()).set_index("dp")
     t2 = pd.DataFrame(table2())
     for c in ("baseline", "P_os", "P_os+g", "P_os+g+p"):
@@ -119,6 +121,8 @@ def render(results: list[str], out_dir: str) -> Path:
         "comparison_md": comparison.to_markdown(index=False, floatfmt=".3g") if len(comparison) else "",
         "peers_html": peers.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-") if len(peers) else "",
         "peers_md": peers.to_markdown(index=False, floatfmt=".3g") if len(peers) else "",
+        "offload_html": one_card.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-") if len(one_card) else "",
+        "offload_md": one_card.astype(object).where(one_card.notna(), None).to_markdown(index=False, floatfmt=".3g", missingval="-") if len(one_card) else "",
         "table1_html": t1.to_html(float_format=lambda x: f"{x:.2f}", classes="t"),
         "table2_html": t2.to_html(index=False, classes="t"),
         "table1_md": t1.to_markdown(floatfmt=".2f"),

@@ -115,7 +115,7 @@ class PeerBase:
 
     def model_state_bytes(self) -> int:
         led = self.memory_ledger()
-        return led["params"] + led["grads"] + led["optimizer_states"]
+        return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
 
     def model_state_bytes_analytic(self) -> float | None:
         return None

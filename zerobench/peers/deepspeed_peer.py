@@ -108,10 +108,11 @@ class DeepSpeedSystem(PeerBase):
         """Model states by category, measured from DeepSpeed's tensors. With ``offload_optimizer`` the fp32
         master and Adam moments are host memory (``host_*``), as in zerobench's offload ledger."""
         led = super().memory_ledger()
-        master = storage_bytes(self._master())
+        masters = self._master()
+        master = storage_bytes(masters)
         # fp32 gradient partitions DeepSpeed keeps on its master partitions (with offload a pinned host
         # buffer that gradients stream into); staging/bucket buffers are not counted
-        grads = storage_bytes(m.grad for m in self._master() if m.grad is not None)
+        grads = storage_bytes(m.grad for m in masters if m.grad is not None)
         states = storage_bytes(optimizer_tensors(self._inner_optimizer()))
         if self.offload:
             led.update(master=0, optimizer_states=0, host_params=0, host_grads=grads, host_master=master,
@@ -119,10 +120,6 @@ class DeepSpeedSystem(PeerBase):
         else:
             led.update(grads=led["grads"] + grads, master=master, optimizer_states=states)
         return led
-
-    def model_state_bytes(self) -> int:
-        led = self.memory_ledger()
-        return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
 
     def host_state_bytes(self) -> dict | None:
         """Offloaded model states: measured host bytes (no analytic figure for a peer)."""

@@ -51,9 +51,8 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
     if "config.system" not in df:
         return pd.DataFrame()
     sel = df["config.system"].fillna("zerobench").str.endswith("-offload")
-    for col in ("config.memory_budget_bytes",):
-        if col in df:
-            sel |= df[col].notna()
+    if "config.memory_budget_bytes" in df:
+        sel |= df["config.memory_budget_bytes"].notna()
     for col in ("config.zero.offload_optimizer", "config.zero.offload_param"):
         if col in df:
             sel |= df[col].fillna("none") != "none"
@@ -65,11 +64,11 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g["status"].fillna("ok") == "ok"]
         timed = ok[ok["metric"] == "step_time_s"]
         oom = (g["metric"] == "run_status") & (g["status"] == "oom")
-        budget = _col(g, "config.memory_budget_bytes")
+        budget, params = _col(g, "config.memory_budget_bytes"), _params(g)
         rec = {
             "hardware": _col(g, "provenance.hardware.class"), "system": _system(g),
             "budget_GiB": budget / GiB if budget is not None else None, "layers": _col(g, "config.model.layers"),
-            "params_B": _params(g) / 1e9 if _params(g) else None,
+            "params_B": params / 1e9 if params else None,
             "fits": "yes" if len(timed) else ("OOM" if oom.any() else "no result"), "runs": g["run_id"].nunique(),
         }
         for metric, name in METRICS.items():

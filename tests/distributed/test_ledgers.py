@@ -51,9 +51,14 @@ def test_comm_volume_per_step(measured, stage, dp):
         expected = factor * r["psi"] * (dp - 1) / dp
         assert expected <= r["volume"] <= expected * 1.01, (r["summary"], expected)
         ops = {(s["op"], s["tag"]) for s in r["summary"]}
-        assert ops == {
+        # Besides the data: one all-reduce of one integer per rank, on which the ranks agree that no
+        # parameter went unused (zerobench.zero.unused); N elements a step, inside the 1% above.
+        control = {("all_reduce", "unused_check")}
+        assert ops == control | {
             0: {("all_reduce", "grad")},
             1: {("reduce_scatter", "grad"), ("all_gather", "param")},
             2: {("reduce_scatter", "grad"), ("all_gather", "param")},
             3: {("reduce_scatter", "grad"), ("all_gather", "param")},
         }[stage]
+        check = [s for s in r["summary"] if s["tag"] == "unused_check"]
+        assert sum(s["numel"] for s in check) == dp * sum(s["calls"] for s in check), check

@@ -1,12 +1,20 @@
 """Gradient buckets and the bucket group that owns their communication.
 
 Gradients arrive parameter by parameter during backward (post-accumulate-grad hooks). Each bucket counts
-the parameters still missing; when the last one arrives the bucket's collective starts at once,
-asynchronously, overlapping with the rest of backward.
+the parameters still missing; once it is complete its collective starts, asynchronously, overlapping with
+the rest of backward. Buckets start strictly in index order (as DDP's reducer does), so every rank issues
+the same sequence of collectives even when the ranks' graphs differ. At the end of backward a bucket
+still missing gradients (parameters unused in this forward, on this rank) gets zeros for them and starts
+too, so the collectives always match; which parameters were unused in the window is recorded for the
+engine, which refuses them on every rank unless unused parameters are allowed.
+
+Gradients accumulate until ``zero()``, as ``torch.optim`` sees ``.grad``: a second backward window
+without ``zero()`` adds to the reduced gradients of the first.
 
 - ``keep_full=True`` (stages 0, 1): a persistent full gradient buffer accumulates micro-batches; on the
   micro-batch that synchronises, a bucket is all-reduced (stage 0) or reduce-scattered in place into this
-  rank's shard (stage 1).
+  rank's shard (stage 1). A new window on top of reduced gradients first keeps one copy of them (stage 0:
+  rank 0's; stage 1: each rank's own shard) and zeros the rest, so the next reduction adds them once.
 - ``keep_full=False`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
   that is reduce-scattered into this rank's persistent gradient partition and freed as soon as the
   collective completes; at most ``max_inflight`` staging buckets exist at once (constant-size buffers).
@@ -75,16 +83,42 @@ class GradBucketGroup:
         self.inflight: deque[_Inflight] = deque()
         self.state = [BucketState.FILLING] * len(layout.buckets)
         self.pending = [len(b.params) for b in layout.buckets]
+        self.next_start = 0
         self.sync = True
         self.first_micro = True
+        self.reduced = False
+        """Whether the buffers hold reduced gradients since the last ``zero()``."""
+        self.seen = [False] * len(zparams)
+        self.seen_count = 0
+        self.unused: list[int] = []
+        """Parameters (indices) that got no gradient in the last synchronised window on this rank."""
         self.on_bucket_reduced: Callable[[int], None] | None = None
 
     # -- micro-batch lifecycle -------------------------------------------------------------------
     def begin_micro(self, sync: bool, first_in_window: bool) -> None:
         self.sync = sync or not self.keep_full  # partitioned grads are reduced every micro-batch
-        self.first_micro = first_in_window
+        if first_in_window:
+            self.seen = [False] * len(self.zparams)
+            self.seen_count = 0
+            if self.keep_full and self.reduced:
+                self._keep_one_copy()
+        self.first_micro = not self.reduced  # partitions: overwrite until something was reduced into them
         self.state = [BucketState.FILLING] * len(self.layout.buckets)
         self.pending = [len(b.params) for b in self.layout.buckets]
+        self.next_start = 0
+
+    def _keep_one_copy(self) -> None:
+        """Before accumulating onto reduced gradients (stages 0-1), keep a single copy of them over the group."""
+        g = self.group
+        for b in self.layout.buckets:
+            view = self.full.bucket_view(b.index)
+            if self.use_all_reduce:
+                if g.rank != 0:
+                    view.zero_()
+            else:
+                lo, hi = b.shard(g.rank)
+                self.full.data[b.start : lo].zero_()
+                self.full.data[hi : b.end].zero_()
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Called from the parameter's post-accumulate-grad hook."""
@@ -102,9 +136,18 @@ class GradBucketGroup:
                 staging = self.staging[b.index] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
             staging[slot.start - b.start : slot.end - b.start].view(slot.shape).copy_(grad)
         zp.grad_state = GradState.ACCUMULATED
+        if not self.seen[slot.index]:
+            self.seen[slot.index] = True
+            self.seen_count += 1
         self.pending[b.index] -= 1
         if self.pending[b.index] == 0 and self.sync:
-            self._start(b.index)
+            self._start_ready()
+
+    def _start_ready(self) -> None:
+        """Start every complete bucket from ``next_start`` on, in index order."""
+        while self.next_start < len(self.pending) and self.pending[self.next_start] == 0:
+            self._start(self.next_start)
+            self.next_start += 1
 
     def _start(self, bucket: int) -> None:
         self.state[bucket] = BucketState.REDUCING
@@ -154,22 +197,39 @@ class GradBucketGroup:
             self.inflight.popleft()
 
     def finish(self) -> None:
-        """Wait for every bucket of this micro-batch; check none was left unreduced."""
+        """End of a micro-batch's backward: start the buckets still missing gradients (zeros for the
+        parameters unused on this rank), wait for every bucket, and record the window's unused ones."""
+        if self.sync:
+            for b in self.layout.buckets[self.next_start :]:
+                if self.pending[b.index]:
+                    self._fill_missing(b.index)
+                    self.pending[b.index] = 0
+            self._start_ready()
         self._retire(block=True)
         if self.sync:
-            missing = [i for i, n in enumerate(self.pending) if n]
-            if missing:
-                names = [self.zparams[p].name for p in self.layout.buckets[missing[0]].params]
-                raise RuntimeError(
-                    f"{len(missing)} gradient bucket(s) never received every gradient (e.g. {names[:3]}): "
-                    "parameters unused in forward are not supported"
-                )
+            self.reduced = True
+            self.unused = [] if self.seen_count == len(self.zparams) else [
+                i for i, seen in enumerate(self.seen) if not seen
+            ]
+
+    def _fill_missing(self, bucket: int) -> None:
+        """Zeros where this bucket has no gradient yet (staging buckets start as zeros)."""
+        b = self.layout.buckets[bucket]
+        if not self.keep_full:
+            if bucket not in self.staging:
+                self.staging[bucket] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
+            return
+        for i in b.params:
+            if self.zparams[i].grad_state is GradState.NONE:
+                self.full.param_view(i).zero_()
 
     def zero(self) -> None:
         """Start a new accumulation window."""
         for zp in self.zparams:
             zp.grad_state = GradState.NONE
-        # No zeroing needed: the first micro-batch of a window overwrites (copy / reduce-scatter output).
+        self.reduced = False
+        # No zeroing needed: the first micro-batch overwrites (copy / reduce-scatter output), and a bucket
+        # missing gradients at the end of backward is filled with zeros first.
 
     # -- views the optimizer needs -----------------------------------------------------------------
     def shard_views(self) -> list[torch.Tensor]:

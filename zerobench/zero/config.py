@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,10 @@ class ZeroConfig:
     """Micro-batches per optimizer step; ``backward`` divides the loss by this."""
     clip_grad_norm: float | None = None
     """Clip the global gradient L2 norm (across all partitions) to this value; None disables."""
+    find_unused_parameters: bool = False
+    """Allow trained parameters that get no gradient in a step on some rank (a branch not taken, a
+    layer skipped): their gradient is zero there. Off (as DDP's default), such a step fails on every
+    rank with an error naming them. Costs nothing when on; off, one small all-reduce per step."""
     prefetch: bool = True
     """Stage 3: all-gather the next module's parameters while the current one computes."""
     kernels: str = "auto"
@@ -125,5 +130,14 @@ class ZeroConfig:
             raise ConfigError("--offload-optimizer nvme needs --nvme-path DIR (where the optimizer-state files go)")
         if self.optim_bits not in (32, 8):
             raise ConfigError(f"optimizer state bits must be 32 or 8, got {self.optim_bits}")
+        o = self.optimizer
+        if not (math.isfinite(o.lr) and o.lr > 0):
+            raise ConfigError(f"learning rate must be a positive finite number, got {o.lr}")
+        if not (math.isfinite(o.weight_decay) and o.weight_decay >= 0):
+            raise ConfigError(f"weight decay must be a finite number >= 0, got {o.weight_decay}")
+        if not (math.isfinite(o.eps) and o.eps > 0) or not all(0 <= b < 1 for b in o.betas):
+            raise ConfigError(f"AdamW needs eps > 0 and betas in [0, 1), got eps {o.eps}, betas {o.betas}")
+        if self.clip_grad_norm is not None and not (math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0):
+            raise ConfigError(f"clip norm must be a positive finite number (or unset), got {self.clip_grad_norm}")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

@@ -18,11 +18,13 @@ the CPU; with parameter offload the stage-3 parameter partition does too.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 from torch import nn
 
+from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import untracked
@@ -37,6 +39,8 @@ from zerobench.zero.offload import HostPartition
 from zerobench.zero.optimizer import ShardedAdamW
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.stage3 import ParamUnit, Stage3Scheduler
+from zerobench.zero.units import assign_units
+from zerobench.zero.unused import check_unused
 
 
 def _decays(p: nn.Parameter) -> bool:
@@ -62,16 +66,14 @@ class ZeroEngine(EngineAccounting):
         self.stage = config.stage
         prec = config.precision
         self.param_dtype = prec.param_dtype
-        device = next(model.parameters()).device
+        # 1. Order the trained parameters: stage 3 groups them by unit; otherwise reverse registration
+        #    order (the order backward produces gradients), so buckets fill in sequence.
+        assigned = assign_units(model, units)
+        named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
+        if not named:
+            raise ConfigError("the model has no parameter that requires a gradient: nothing to train")
+        device = named[0][1].device
         self.device = device
-
-        # 1. Order parameters: stage 3 groups them by unit; otherwise reverse registration order
-        #    (the order backward produces gradients), so buckets fill in sequence.
-        named = list(model.named_parameters())
-        unit_of = {}
-        for u, m in enumerate(units, start=1):
-            for p in m.parameters():
-                unit_of[id(p)] = u
         if self.stage == 3:
             key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
             named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
@@ -147,7 +149,9 @@ class ZeroEngine(EngineAccounting):
                     self.params_local.bucket_view(b.index), group, self.ledger, device,
                     self.host.transfer if host_params is not None else None,
                 )
-            self.scheduler = Stage3Scheduler(built[0], [built[u] for u in range(1, len(units) + 1)], config.prefetch)
+            self.scheduler = Stage3Scheduler(
+                model, built.get(0), [built[u] for u in range(1, len(units) + 1)], config.prefetch
+            )
 
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
         decay_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
@@ -181,7 +185,7 @@ class ZeroEngine(EngineAccounting):
         self.scaler = DynamicLossScaler(config.loss_scale, enabled=prec.value == "fp16")
         self.micro_step = 0
         self.last_grad_norm: float | None = None
-        self.numel = sum(p.numel() for _, p in named)
+        self.numel = self.layout.unpadded_numel
 
     # -- construction helpers ------------------------------------------------------------------
     def _param_shard_views(self) -> list[torch.Tensor]:
@@ -212,20 +216,34 @@ class ZeroEngine(EngineAccounting):
 
     @torch.no_grad()
     def step(self) -> bool:
-        """Apply the optimizer to this rank's partition; return False when an fp16 overflow skipped it."""
-        # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
-        with untracked(self.host is not None):
-            stepped = self._step()
-        if stepped:
-            self._publish_params()
-        return stepped
-
-    def _step(self) -> bool:
+        """Apply the optimizer to this rank's partition. Returns False when nothing was applied: no
+        gradient since ``zero_grad()`` (as ``torch.optim`` skips parameters without one), or an fp16
+        overflow skipped the step."""
         if self.micro_step % self.config.grad_accum_steps:
             raise RuntimeError(
                 f"step() after {self.micro_step % self.config.grad_accum_steps} of "
                 f"{self.config.grad_accum_steps} micro-batches: call backward() for every micro-batch first"
             )
+        if not self.grads.reduced:
+            return False
+        check_unused(self)
+        # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
+        with untracked(self.host is not None):
+            stepped = self._step()
+        if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
+            self.scheduler.reshard_all()
+        if stepped:
+            self._publish_params()
+        return stepped
+
+    def gathered_params(self):
+        """Context manager: inside it, ``self.module``'s parameters hold their full values (stage 3
+        gathers every unit, a collective over the DP group: enter it on every rank). For reading
+        (``state_dict()``, inspection); changes made inside are discarded at stage 3. Stages 0-2 hold
+        full parameters anyway."""
+        return self.scheduler.gathered() if self.scheduler is not None else contextlib.nullcontext()
+
+    def _step(self) -> bool:
         if self.host is not None:
             self.host.wait_grads()
         grads = self.grad_chunks()

@@ -1,11 +1,17 @@
 """Stage 3 (P_os+g+p): parameters partitioned, gathered per module just in time, freed right after.
 
 Each *unit* (every transformer block, plus the root module for the embeddings and final norm) owns one
-bucket of the layout. Its parameters are views of one flat full-size buffer whose storage exists only
-while the unit is gathered (the storage is resized to 0 otherwise, so the views stay valid for autograd's
-saved tensors). The scheduler gathers a unit before its forward and again before its backward (a hook on
+bucket of the layout. While a unit is gathered its parameters are views of one flat full-size buffer;
+otherwise that buffer's storage is resized to 0 (views autograd saved stay valid and see the values
+again once re-gathered) and each parameter's ``.data`` is a 0-element placeholder, so reading a
+parameter outside forward shows an empty tensor instead of touching freed memory. ``gathered()``
+gathers every unit for reading (``ZeroEngine.gathered_params``); ``state_dict()`` on a sharded module
+is refused with a one-line error that says so. The scheduler gathers a unit before its forward and again before its backward (a hook on
 the unit's output gradient), prefetching the next unit in execution order; it frees a unit after its
-forward and as soon as its gradients have been handed to the reduce-scatter. The root stays gathered for
+forward and as soon as its gradients have been handed to the reduce-scatter. A forward that runs inside
+backward is a recompute (the model's own ``torch.utils.checkpoint``): the unit is gathered for it and
+nothing is prefetched or freed, and after every optimizer step all units are freed, so no unit carries
+pre-step values into the next forward. The root stays gathered for
 the whole forward (the tied LM head reuses the embedding) and again for the whole backward, so every
 parameter is gathered twice per step: with the reduce-scatter, 3Ψ of traffic, as the paper counts.
 
@@ -50,9 +56,11 @@ class ParamUnit:
         device = local.device if device is None else device
         self.full = torch.empty(bucket.numel, dtype=local.dtype, device=device)
         self.nbytes = self.full.untyped_storage().nbytes()
-        for zp in zparams:
-            s = zp.slot
-            zp.param.data = self.full[s.start - bucket.start : s.end - bucket.start].view(s.shape)
+        self.views = [
+            self.full[zp.slot.start - bucket.start : zp.slot.end - bucket.start].view(zp.slot.shape)
+            for zp in zparams
+        ]
+        self.placeholder = torch.empty(0, dtype=local.dtype, device=device)
         self.work = None
         self.state = ParamState.UNSHARDED
         self.in_backward = False
@@ -81,46 +89,73 @@ class ParamUnit:
                 self.work.wait()
             self.work = None
             self.staging = None
+            for zp, view in zip(self.zparams, self.views):
+                zp.param.data = view
             self._set_state(ParamState.UNSHARDED)
 
     def free(self) -> None:
         if self.state is ParamState.GATHERING:
             self.wait()
+        for zp in self.zparams:
+            zp.param.data = self.placeholder
         resize_storage(self.full, 0)
         self._set_state(ParamState.SHARDED)
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running (a forward now is a checkpoint's recompute)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class Stage3Scheduler:
     """Installs the module hooks that gather, prefetch and free units around forward and backward."""
 
-    def __init__(self, root: ParamUnit, blocks: list[ParamUnit], prefetch: bool):
+    def __init__(self, model: nn.Module, root: ParamUnit | None, blocks: list[ParamUnit], prefetch: bool):
+        """``root`` (the model's own parameters, gathered for the whole pass) may be None: none are left."""
         self.root, self.blocks, self.prefetch = root, blocks, prefetch
-        self.by_bucket = {u.bucket.index: u for u in [root, *blocks]}
+        self.modules = [model, *(u.module for u in blocks)]
+        self.order: list[ParamUnit | None] = [root, *blocks]
+        self.by_bucket = {u.bucket.index: u for u in self.order if u is not None}
         self.handles = []
+        self.reading = False
         self.peak_gathered_bytes = 0
         """Most device bytes of gathered parameters (and parameter-offload staging) held at once."""
-        for i, unit in enumerate([root, *blocks]):
-            m = unit.module
+        for i, m in enumerate(self.modules):
             self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
             self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
-
-    @property
-    def order(self) -> list[ParamUnit]:
-        return [self.root, *self.blocks]
+        unit_of = {id(zp.param): u for u in self.by_bucket.values() for zp in u.zparams}
+        for name, m in model.named_modules():
+            units = list({id(u): u for p in m.parameters(recurse=False) if (u := unit_of.get(id(p)))}.values())
+            if units:
+                self.handles.append(m.register_state_dict_pre_hook(partial(self._check_readable, name, units)))
 
     def _pre_forward(self, i: int, module, args) -> None:
         unit = self.order[i]
+        if _in_backward():  # a recompute: gather (its backward comes next), prefetch and free nothing
+            if unit is not None:
+                unit.in_backward = True
+                unit.wait()
+                self._note_gathered()
+            return
         if i == 0:
-            for u in self.order:
+            for u in self.by_bucket.values():
                 u.in_backward = False
-        unit.wait()
+        if unit is not None:
+            unit.wait()
         if self.prefetch and i + 1 < len(self.order):
             self.order[i + 1].start_gather()
         self._note_gathered()
 
     def _post_forward(self, i: int, module, args, output) -> None:
         unit = self.order[i]
-        unit.free()
+        if _in_backward() or self.reading:
+            return
+        if unit is not None:
+            unit.free()
+        if i == 0:  # end of forward: a unit prefetched but not run (skipped on this rank) goes too
+            for u in self.blocks:
+                if u.state is not ParamState.SHARDED:
+                    u.free()
         if torch.is_grad_enabled():
             for t in tree_flatten(output)[0]:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -128,7 +163,7 @@ class Stage3Scheduler:
 
     def _pre_backward(self, i: int, grad: torch.Tensor) -> None:
         unit = self.order[i]
-        if unit.in_backward:
+        if unit is None or unit.in_backward:
             return
         unit.in_backward = True
         unit.wait()
@@ -139,14 +174,51 @@ class Stage3Scheduler:
         self._note_gathered()
 
     def _note_gathered(self) -> None:
-        held = sum(u.full.untyped_storage().nbytes() for u in self.order)
-        held += sum(u.staging.untyped_storage().nbytes() for u in self.order if u.staging is not None)
+        units = self.by_bucket.values()
+        held = sum(u.full.untyped_storage().nbytes() for u in units)
+        held += sum(u.staging.untyped_storage().nbytes() for u in units if u.staging is not None)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, held)
 
     def on_bucket_reduced(self, bucket: int) -> None:
         """The unit's gradients were handed to the reduce-scatter: its parameters can go."""
         self.by_bucket[bucket].free()
 
+    def reshard_all(self) -> None:
+        """Free every unit (after an optimizer step: a gathered unit would hold pre-step values)."""
+        for u in self.by_bucket.values():
+            if u.state is not ParamState.SHARDED:
+                u.free()
+
+    def gathered(self):
+        """Context: every unit gathered (collective over the DP group), freed again on exit."""
+        return _Gathered(self)
+
+    def _check_readable(self, name: str, units: list[ParamUnit], module, prefix, keep_vars) -> None:
+        if self.reading or all(u.state is ParamState.UNSHARDED for u in units):
+            return
+        raise RuntimeError(
+            f"ZeRO stage 3 holds only this rank's shard of {name or 'the model'!r}'s parameters outside "
+            "forward: read them inside `with engine.gathered_params():` (on every DP rank), or save with "
+            "zerobench.zero.state_dict.save_checkpoint"
+        )
+
     def gathered_tensors(self) -> list[torch.Tensor]:
-        out = [u.full for u in self.order if u.full.untyped_storage().nbytes()]
-        return out + [u.staging for u in self.order if u.staging is not None]
+        units = self.by_bucket.values()
+        out = [u.full for u in units if u.full.untyped_storage().nbytes()]
+        return out + [u.staging for u in units if u.staging is not None]
+
+
+class _Gathered:
+    def __init__(self, scheduler: Stage3Scheduler):
+        self.s = scheduler
+
+    def __enter__(self) -> None:
+        for u in self.s.by_bucket.values():
+            u.start_gather()
+        for u in self.s.by_bucket.values():
+            u.wait()
+        self.s.reading = True
+
+    def __exit__(self, *exc) -> None:
+        self.s.reading = False
+        self.s.reshard_all()

@@ -116,6 +116,8 @@ def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) ->
 
     out = []
     keys = ["dp", "tp", "preset", "layers", "hidden", "precision", "hardware", "system"]
+    if runs.empty or "system" not in runs:  # no successful training run among the rows (maxsize, peers only)
+        return pd.DataFrame()
     runs = runs[runs["system"].fillna("zerobench") == "zerobench"]
     for _, g in runs.groupby([k for k in keys if k in runs], dropna=False):
         base = g[g["stage"] == 0]

@@ -78,5 +78,5 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
     if not out:
         return pd.DataFrame()
     table = pd.DataFrame(out)
-    table["step_ms"] = table["step_ms"].round().astype("Int64")  # whole milliseconds: 1236, not 1.24e+03
+    table["step_ms"] = pd.to_numeric(table["step_ms"], errors="coerce").round().astype("Int64")  # whole milliseconds: 1236, not 1.24e+03
     return table.sort_values(["hardware", "budget_GiB", "params_B", "system"], na_position="last", ignore_index=True)

@@ -19,7 +19,6 @@ the CPU; with parameter offload the stage-3 parameter partition does too.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 from torch import nn
@@ -32,13 +31,14 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.config import ZeroConfig
+from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
 from zerobench.zero.layout import ParamSpec, build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.nvme import NvmeStore
 from zerobench.zero.offload import HostPartition
 from zerobench.zero.optimizer import ShardedAdamW
 from zerobench.zero.param import ParamState, ZeroParam
-from zerobench.zero.stage3 import ParamUnit, Stage3Scheduler
+from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.units import assign_units
 from zerobench.zero.unused import check_unused
 
@@ -139,18 +139,9 @@ class ZeroEngine(EngineAccounting):
                 zp.state = ParamState.REPLICATED
             self.scheduler = None
         else:
-            by_unit: dict[int, list[ZeroParam]] = {}
-            for zp in self.zparams:
-                by_unit.setdefault(specs[zp.slot.index].unit, []).append(zp)
-            built = {}
-            for b in self.layout.buckets:
-                built[b.unit] = ParamUnit(
-                    model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
-                    self.params_local.bucket_view(b.index), group, self.ledger, device,
-                    self.host.transfer if host_params is not None else None,
-                )
-            self.scheduler = Stage3Scheduler(
-                model, built.get(0), [built[u] for u in range(1, len(units) + 1)], config.prefetch
+            self.scheduler = Stage3Scheduler.build(
+                model, units, self.layout, self.zparams, self.params_local, group, self.ledger, device,
+                self.host.transfer if host_params is not None else None, config.prefetch,
             )
 
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
@@ -248,21 +239,13 @@ class ZeroEngine(EngineAccounting):
             self.host.wait_grads()
         grads = self.grad_chunks()
         sharded = self.stage >= 1 and self.group.size > 1
-        if self.scaler.enabled:
-            found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else self.device)
-            self.optimizer.flag_nonfinite(grads, found)
-            found = found.to(self.device)
-            if sharded:
-                C.all_reduce(found, self.group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
-            if self.tp_group is not None:
-                C.all_reduce(found, self.tp_group, self.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
-            if found.item():
-                self.scaler.update(overflow=True)
-                self.last_grad_norm = float("inf")
-                return False
+        if self.scaler.enabled and found_nonfinite(self, grads, sharded):
+            self.scaler.update(overflow=True)
+            self.last_grad_norm = float("inf")
+            return False
         scale = 1.0 / (self.group.size * self.scaler.scale)
         if self.config.clip_grad_norm is not None:
-            norm = self._grad_norm(grads, sharded) * scale
+            norm = global_grad_norm(self, grads, sharded) * scale
             self.last_grad_norm = norm
             coef = self.config.clip_grad_norm / (norm + 1e-6)
             if coef < 1.0:
@@ -277,23 +260,6 @@ class ZeroEngine(EngineAccounting):
             self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)
         self.scaler.update(overflow=False)
         return True
-
-    def _grad_norm(self, grads: list[torch.Tensor], sharded: bool) -> float:
-        """L2 norm of the (unscaled, summed) gradient over every partition, DP and TP."""
-        sq = torch.zeros(2, dtype=torch.float32, device=grads[0].device if grads else self.device)  # [all, TP-replicated]
-        for g, repl in zip(grads, self.replicated_ranges):
-            sq[0] += g.float().pow(2).sum()
-            if self.tp_group is not None:
-                for lo, hi in repl:
-                    sq[1] += g[lo:hi].float().pow(2).sum()
-        sq = sq.to(self.device)  # collectives run on the device (grads may be host chunks under offload)
-        if sharded:
-            C.all_reduce(sq, self.group, self.ledger, "grad_norm")
-        if self.tp_group is None:
-            return math.sqrt(sq[0].item())
-        tp_part = (sq[0] - sq[1]).reshape(1)
-        C.all_reduce(tp_part, self.tp_group, self.ledger, "grad_norm")
-        return math.sqrt(tp_part.item() + sq[1].item())
 
     def _publish_params(self) -> None:
         """Stages 1-2 all-gather the updated shards (already written by the step) to every rank."""

@@ -129,6 +129,20 @@ class Stage3Scheduler:
             if units:
                 self.handles.append(m.register_state_dict_pre_hook(partial(self._check_readable, name, units)))
 
+    @classmethod
+    def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], params_local,
+              group: C.Group, ledger: CommLedger | None, device: torch.device, transfer, prefetch: bool):
+        """One ``ParamUnit`` per layout bucket (unit 0 = the root, ``units[k - 1]`` = unit k), scheduled."""
+        by_unit: dict[int, list[ZeroParam]] = {}
+        for zp in zparams:
+            by_unit.setdefault(layout.buckets[zp.slot.bucket].unit, []).append(zp)
+        built = {
+            b.unit: ParamUnit(model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
+                              params_local.bucket_view(b.index), group, ledger, device, transfer)
+            for b in layout.buckets
+        }
+        return cls(model, built.get(0), [built[u] for u in range(1, len(units) + 1)], prefetch)
+
     def _pre_forward(self, i: int, module, args) -> None:
         unit = self.order[i]
         if _in_backward():  # a recompute: gather (its backward comes next), prefetch and free nothing

@@ -1,0 +1,41 @@
+"""Global statistics of the reduced gradient, over every partition: its L2 norm (for clipping) and the
+fp16 overflow flag. Each rank holds a partition of the DP-summed gradient (under TP, of its TP shard),
+so both are local sums combined by small all-reduces; TP-replicated parameters count once."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zerobench.distributed import collectives as C
+
+
+def found_nonfinite(engine, grads: list[torch.Tensor], sharded: bool) -> bool:
+    """Whether any rank's gradient partition holds an inf or NaN (fp16 overflow)."""
+    found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else engine.device)
+    engine.optimizer.flag_nonfinite(grads, found)
+    found = found.to(engine.device)
+    if sharded:
+        C.all_reduce(found, engine.group, engine.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
+    if engine.tp_group is not None:
+        C.all_reduce(found, engine.tp_group, engine.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
+    return bool(found.item())
+
+
+def global_grad_norm(engine, grads: list[torch.Tensor], sharded: bool) -> float:
+    """L2 norm of the (unscaled, summed) gradient over every partition, DP and TP."""
+    sq = torch.zeros(2, dtype=torch.float32, device=grads[0].device if grads else engine.device)  # [all, TP-replicated]
+    for g, repl in zip(grads, engine.replicated_ranges):
+        sq[0] += g.float().pow(2).sum()
+        if engine.tp_group is not None:
+            for lo, hi in repl:
+                sq[1] += g[lo:hi].float().pow(2).sum()
+    sq = sq.to(engine.device)  # collectives run on the device (grads may be host chunks under offload)
+    if sharded:
+        C.all_reduce(sq, engine.group, engine.ledger, "grad_norm")
+    if engine.tp_group is None:
+        return math.sqrt(sq[0].item())
+    tp_part = (sq[0] - sq[1]).reshape(1)
+    C.all_reduce(tp_part, engine.tp_group, engine.ledger, "grad_norm")
+    return math.sqrt(tp_part.item() + sq[1].item())

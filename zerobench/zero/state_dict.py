@@ -10,6 +10,7 @@ plain data and are loaded with ``weights_only=True``.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -71,9 +72,12 @@ def load_shard_state_dicts(engine, shards) -> None:
     opt = engine.optimizer
     ms, vs = opt.moments()
     meta = None
+    expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
     for sd in shards:
         if sd.get("format") != FORMAT:
             raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
+        if meta is None:
+            check_compatible(sd, expected)
         meta = sd
         off = 0
         for name, start, end in sd["segments"]:
@@ -93,6 +97,34 @@ def load_shard_state_dicts(engine, shards) -> None:
     opt.step_count = int(meta["step"])
     engine.scaler.load_state_dict(meta["scaler"])
     engine.params_from_master()
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint of another model (names, shapes) or a damaged shard."""
+
+
+def check_compatible(sd: dict, expected: dict[str, list[int]]) -> None:
+    """The checkpoint holds exactly this model's parameters with the same shapes, and its segments and
+    tensors agree with each other; else one line naming the first difference."""
+    saved = {n: list(shape) for n, shape in sd["params"].items()}
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or extra:
+        what = f"lacks {missing[:3]}" if missing else f"has parameters this model does not: {extra[:3]}"
+        raise CheckpointMismatch(f"checkpoint is of another model: it {what}")
+    for name, shape in expected.items():
+        if saved[name] != shape:
+            raise CheckpointMismatch(f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
+                                     f"{tuple(shape)}: it was saved from another model size")
+    total = 0
+    for name, start, end in sd["segments"]:
+        numel = math.prod(saved[name])
+        if not 0 <= start < end <= numel:
+            raise CheckpointMismatch(f"damaged shard: segment [{start}, {end}) of {name!r} outside its {numel} elements")
+        total += end - start
+    for key in ("master", "exp_avg", "exp_avg_sq"):
+        if sd[key].numel() != total:
+            raise CheckpointMismatch(f"damaged shard {sd.get('shard')}: {key} holds {sd[key].numel()} elements, "
+                                     f"its segments {total}")
 
 
 def save_checkpoint(engine, path: str | os.PathLike) -> None:

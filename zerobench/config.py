@@ -10,11 +10,38 @@ import dataclasses
 import enum
 import hashlib
 import json
+import re
 from typing import Any
 
 
 class ConfigError(ValueError):
     """An invalid configuration. Its message is one line saying what is wrong and how to fix it."""
+
+
+class RunFailed(RuntimeError):
+    """A valid run that could not complete (a rank died or hung, results could not be written, the
+    rendezvous failed). One line; the CLI exits 1 with it, where a ``ConfigError`` exits 2."""
+
+
+_BYTES = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*")
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def parse_bytes(text: str | float) -> float:
+    """'32GB' -> 32e9 (the paper's GB), '80GiB' -> 80 * 2**30, numbers as bytes; positive and finite."""
+    if isinstance(text, bool):
+        raise ConfigError(f"cannot read memory size {text!r}: write e.g. 32GB (1e9 bytes) or 80GiB")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _BYTES.fullmatch(str(text))
+        if not m:
+            raise ConfigError(f"cannot read memory size {text!r}: write e.g. 32GB (1e9 bytes) or 80GiB")
+        value = float(m.group(1)) * _UNITS[m.group(2) or "B"]
+    if not (value > 0 and value != float("inf")):
+        raise ConfigError(f"memory size must be positive and finite, got {text!r}")
+    return value
 
 
 def to_dict(cfg: Any) -> Any:

@@ -15,7 +15,8 @@ def test_torchrun_env():
 
 
 def test_slurm_env():
-    e = detect({"SLURM_PROCID": "17", "SLURM_NTASKS": "400", "SLURM_LOCALID": "1",
+    # What srun sets in each task of a step (checked on a real Slurm: the batch script has no SLURM_STEP_ID).
+    e = detect({"SLURM_PROCID": "17", "SLURM_NTASKS": "400", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
                 "SLURM_JOB_NODELIST": "dgx[007-031]", "SLURM_JOB_ID": "123456"})
     assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.source) == (17, 400, 1, "dgx007", "slurm")
     assert e.master_port == 29500 + 3456
@@ -31,6 +32,33 @@ def test_torchrun_wins_over_slurm():
 ])
 def test_first_host(nodelist, host):
     assert first_host(nodelist) == host
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "rank 5 is outside a world of 2"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "rank -1 is outside a world of 2"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "world size must be >= 1"),
+    ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3"}, "local rank 3 does not fit rank 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT 70000 is not a TCP port"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n1"}, "not an srun step"),
+    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n1"},
+     "rank 9 is outside a world of 8"),
+])
+def test_rank_environment_mistakes_are_refused_before_rendezvous(env, message):
+    with pytest.raises(ConfigError) as e:
+        detect(env)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_batch_script_with_one_task_is_a_single_process():
+    assert detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1"}).source == "single"
+
+
+def test_srun_step_size_is_the_step_s():
+    e = detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "3",
+                "SLURM_JOB_NODELIST": "n1"})
+    assert e.world_size == 2
 
 
 def test_single_process_default():

@@ -12,32 +12,28 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from zerobench.bench.runner import (
-    SweepSummary,
-    _Progress,
-    _status_row,
-    completed_hashes,
-    should_run,
-)
+from zerobench.bench.progress import Progress
 from zerobench.bench.suite import Suite
+from zerobench.bench.sweep_state import SweepSummary, attempt_id, completed_runs, should_run, status_row
 from zerobench.launch.slurm import FINAL, _run, job_state, status_of, submit
 
 
 def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
                      poll_s: float = 1.0) -> SweepSummary:
     out.mkdir(parents=True, exist_ok=True)
-    done = completed_hashes(out) if resume else set()
+    done = completed_runs(out) if resume else None
     summary = SweepSummary()
     jobs: dict[str, tuple] = {}
-    bar = _Progress(len(suite.runs), enabled=progress)
+    bar = Progress(len(suite.runs), enabled=progress)
     with bar:
         for run in suite.runs:
-            if not should_run(run, out, suite, summary, bar, done if resume else None):
+            if not should_run(run, out, suite, summary, bar, done):
                 continue
-            run_dir = (out / run.run_id).resolve()
+            run_id = attempt_id(out, run)
+            run_dir = (out / run_id).resolve()
             run_dir.mkdir(parents=True, exist_ok=True)
-            job_id = submit(run.config, run_dir, run.run_id, run.spec.timeout, suite.name, fault=run.spec.fault)
-            jobs[job_id] = (run, time.monotonic())
+            job_id = submit(run.config, run_dir, run_id, run.spec.timeout, suite.name, fault=run.spec.fault)
+            jobs[job_id] = (run, run_id, time.monotonic())
         while jobs:
             listed = _run(["squeue", "-h", "-t", "all", "-j", ",".join(jobs), "-o", "%i|%T"]) if jobs else ""
             active = {}
@@ -51,9 +47,9 @@ def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bo
                 final, exit_code = job_state(jid)
                 if final not in FINAL:
                     continue
-                run, t0 = jobs.pop(jid)
+                run, run_id, t0 = jobs.pop(jid)
                 status, reason = status_of(final, exit_code)
-                _status_row(out, suite, run, status, reason, time.monotonic() - t0,
+                status_row(out, run_id, suite, run, status, reason, time.monotonic() - t0,
                             slurm_job_id=jid, slurm_state=final, slurm_exit_code=exit_code)
                 summary.ran.append(run.label)
                 if status != "ok":

@@ -7,6 +7,7 @@ paper's) give ``gpus`` and ``mp``; ``dp`` is then ``gpus / mp``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from zerobench.config import ConfigError
@@ -109,19 +110,28 @@ FIELDS = {f.name for f in dataclasses.fields(RunSpec)}
 
 def to_train_config(spec: RunSpec) -> TrainConfig:
     """Resolve a run into a ``TrainConfig``; raises ``ConfigError`` with a one-line reason."""
-    from zerobench.plan.suites import parse_bytes
+    from zerobench.config import parse_bytes
 
     if spec.tp is not None and spec.mp is not None and spec.tp != spec.mp:
         raise ConfigError(f"tp {spec.tp} and mp {spec.mp} disagree: give one of them")
-    tp = spec.tp or spec.mp or 1
+    tp = spec.tp if spec.tp is not None else spec.mp if spec.mp is not None else 1
+    for key, value in (("tp", tp), ("dp", spec.dp), ("gpus", spec.gpus), ("micro_batch", spec.micro_batch),
+                       ("grad_accum", spec.grad_accum), ("steps", spec.steps), ("bucket_size", spec.bucket_size),
+                       ("cb_size", spec.cb_size)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+    for key in ("lr", "timeout"):
+        value = getattr(spec, key)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"{key} must be a positive finite number, got {value!r}")
     if spec.gpus is not None:
         if spec.gpus % tp:
             raise ConfigError(f"gpus {spec.gpus} is not divisible by tp {tp}: use a GPU count that tp divides")
         if spec.dp is not None and spec.dp * tp != spec.gpus:
             raise ConfigError(f"dp {spec.dp} x tp {tp} != gpus {spec.gpus}: drop dp or fix gpus")
-    dp = spec.dp or (spec.gpus // tp if spec.gpus else 1)
+    dp = spec.dp if spec.dp is not None else (spec.gpus // tp if spec.gpus is not None else 1)
     model = get_preset(spec.preset)
-    shape = {k: getattr(spec, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(spec, k)}
+    shape = {k: getattr(spec, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(spec, k) is not None}
     model = dataclasses.replace(model, **shape)
     if model.vocab % tp:  # Megatron-LM's make_vocab_size_divisible_by: pad to a multiple of 128 x TP
         from zerobench.plan.sizes import padded_vocab
@@ -134,7 +144,7 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
     budget = int(parse_bytes(spec.memory_budget)) if spec.memory_budget else None
     cfg = TrainConfig(
         model=model,
-        zero=ZeroConfig(stage=spec.stage, precision=precision, bucket_numel=spec.cb_size or spec.bucket_size,
+        zero=ZeroConfig(stage=spec.stage, precision=precision, bucket_numel=spec.cb_size if spec.cb_size is not None else spec.bucket_size,
                         grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
                         optimizer=AdamWConfig(lr=spec.lr), kernels=spec.kernels,
                         offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,

@@ -119,6 +119,8 @@ def load(name: str | Path) -> Suite:
                 label = spec.label or ",".join(f"{k}={v}" for k, v in varying.items()) or path.stem
                 if spec.label and varying and len(points) * len(zpoints) > 1:
                     label += "," + ",".join(f"{k}={v}" for k, v in varying.items())
+                taken = sum(1 for r in resolved if r.label == label or r.label.startswith(f"{label} #"))
+                label = f"{label} #{taken + 1}" if taken else label  # labels identify runs (--resume)
                 try:
                     cfg, err = to_train_config(spec), None
                 except ConfigError as e:

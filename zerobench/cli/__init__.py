@@ -10,11 +10,12 @@ import argparse
 import sys
 
 from zerobench.cli import bench, gate, plan, training
-from zerobench.config import ConfigError
+from zerobench.cli.types import OneLineParser
+from zerobench.config import ConfigError, RunFailed
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="zerobench",
         description="ZeRO (stages 0-3) training and the harness that reproduces the ZeRO paper's results.",
     )
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        print(f"zerobench: error: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # piped into head/less that exited: not an error of the command
         import os
 

@@ -6,6 +6,7 @@ import argparse
 import datetime
 import sys
 
+from zerobench.cli.types import count
 from zerobench.config import ConfigError
 
 
@@ -14,6 +15,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from zerobench.bench import suite as suites
     from zerobench.bench.runner import check_local, run_sweep
+    from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.results.show import show
 
     s = suites.load(args.suite)
@@ -35,10 +37,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         only[key] = value
     summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress, tensorboard=args.tensorboard,
                         launcher=args.launcher, only=only or None)
-    print(show(out))
+    if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
+        print(show(out))
     print(f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}")
     for label, reason in summary.failed.items():
         print(f"  failed: {label}: {reason}")
+    if summary.stopped:
+        print(f"zerobench: error: sweep stopped: {summary.stopped}; continue with --resume", file=sys.stderr)
+        return EXIT_CANCELLED if summary.stopped.startswith("cancelled") else 1
     return 1 if summary.failed and not args.allow_failures else 0
 
 
@@ -152,15 +158,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "ratios), peak memory per rank and loss parity, as rows and a table.")
     pe.add_argument("--systems", nargs="+", default=None,
                     help="candidates (default: zerobench-0..3, the torch peers, DeepSpeed 0-3 + offload if installed)")
-    pe.add_argument("--dp", type=int, default=2, help="processes")
+    pe.add_argument("--dp", type=count(1), default=2, help="processes")
     pe.add_argument("--preset", default="tiny", help="model preset")
-    pe.add_argument("--layers", type=int, default=None, help="override the preset's layers")
-    pe.add_argument("--hidden", type=int, default=None, help="override the preset's hidden size")
-    pe.add_argument("--seq", type=int, default=None, help="override the preset's sequence length")
-    pe.add_argument("--micro-batch", type=int, default=2)
-    pe.add_argument("--steps", type=int, default=6)
-    pe.add_argument("--warmup", type=int, default=2)
-    pe.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    pe.add_argument("--layers", type=count(1), default=None, help="override the preset's layers")
+    pe.add_argument("--hidden", type=count(1), default=None, help="override the preset's hidden size")
+    pe.add_argument("--seq", type=count(1), default=None, help="override the preset's sequence length")
+    pe.add_argument("--micro-batch", type=count(1), default=2)
+    pe.add_argument("--steps", type=count(1), default=6)
+    pe.add_argument("--warmup", type=count(0), default=2)
+    pe.add_argument("--rounds", type=count(1), default=3, help="interleaved timing rounds")
     pe.add_argument("--no-memory-run", action="store_true", help="skip the per-candidate live-tensor run")
     pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
     pe.set_defaults(func=cmd_peers)
@@ -168,14 +174,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="AdamW over one flat fp32 partition by every candidate, interleaved round by "
                                     "round, against a bandwidth-limit kernel with AdamW's access pattern; then "
                                     "bias+GeLU and LayerNorm (forward+backward) against eager PyTorch.")
-    bk.add_argument("--numel", type=int, default=50_000_000, help="elements of the flat partition (default 50M)")
-    bk.add_argument("--rounds", type=int, default=7, help="interleaved rounds; medians over them")
+    bk.add_argument("--numel", type=count(1), default=50_000_000, help="elements of the flat partition (default 50M)")
+    bk.add_argument("--rounds", type=count(1), default=7, help="interleaved rounds; medians over them")
     bk.add_argument("--device", default="cpu", help="cpu or cuda")
     bk.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeedCPUAdam even when installed")
     bk.add_argument("--ops", action="store_true", help="also bias+GeLU and LayerNorm (rows x hidden below)")
     bk.add_argument("--compile", action="store_true", help="with --ops: add torch.compile candidates")
-    bk.add_argument("--rows", type=int, default=8192, help="with --ops: tokens (batch x sequence)")
-    bk.add_argument("--hidden", type=int, default=1024, help="with --ops: hidden size")
+    bk.add_argument("--rows", type=count(1), default=8192, help="with --ops: tokens (batch x sequence)")
+    bk.add_argument("--hidden", type=count(1), default=1024, help="with --ops: hidden size")
     bk.add_argument("--out", default=None, help="write result rows here (default runs/bench-kernels-<time>)")
     bk.set_defaults(func=cmd_bench_kernels)
     rp = sub.add_parser("report", help="paper-style HTML + Markdown report from result rows",

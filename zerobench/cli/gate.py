@@ -6,6 +6,7 @@ import argparse
 import datetime
 import sys
 
+from zerobench.cli.types import count, number
 from zerobench.config import ConfigError
 
 
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "regression; flag improvements and write a proposed new baseline.")
     rg.add_argument("--baseline", help="baseline rows, e.g. results/baselines/cpu-2core.jsonl")
     rg.add_argument("--candidate", help="candidate results directory or rows file")
-    rg.add_argument("--timing-tolerance", type=float, default=0.05,
+    rg.add_argument("--timing-tolerance", type=number(above=0), default=0.05,
                     help="minimum tolerance on step-time ratios (default 0.05; widen across machines)")
     rg.add_argument("--timing", choices=["gate", "report"], default="gate",
                     help="gate: step-time ratio regressions fail; report: shown, not failing (cross-session baselines)")
@@ -72,8 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab.add_argument("--baseline-ref", metavar="REF", help="with --ab: git ref of the baseline (checked out into a "
                                                           "temporary worktree), e.g. origin/main or HEAD~1")
     ab.add_argument("--baseline-tree", metavar="DIR", help="with --ab: a source tree of the baseline instead")
-    ab.add_argument("--rounds", type=int, default=6, help="with --ab: measured alternations, even (default 6)")
-    ab.add_argument("--max-rounds", type=int, default=0,
+    ab.add_argument("--rounds", type=count(1), default=6, help="with --ab: measured alternations, even (default 6)")
+    ab.add_argument("--max-rounds", type=count(0), default=0,
                     help="with --ab: add AB/BA pairs while a verdict is within noise of the tolerance, up to "
                          "this many rounds (default: no extra rounds)")
     ab.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help="with --ab: only these runs")

@@ -6,6 +6,7 @@ import argparse
 import datetime
 import sys
 
+from zerobench.cli.types import byte_size, count, number, seed
 from zerobench.config import ConfigError
 
 # The paper's Table 3 (C_B is --bucket-size, on in every configuration; all use checkpointing).
@@ -22,19 +23,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--preset", default="tiny", help="model preset: tiny, mini, small (default: tiny)")
     for name in ("layers", "hidden", "heads", "vocab", "seq"):
-        g.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+        g.add_argument(f"--{name}", type=count(1), help=f"override the preset's {name}")
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p)
     g = p.add_argument_group("parallelism and precision")
     g.add_argument("--stage", type=int, default=0, help="ZeRO stage 0 (DP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)")
-    g.add_argument("--dp", type=int, default=None,
+    g.add_argument("--dp", type=count(1), default=None,
                    help="data-parallel degree = number of processes (default: the world size under "
                         "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself")
     g.add_argument("--system", default="zerobench",
                    help="zerobench (this engine) or megatron (the Megatron-LM baseline: megatron-core's GPTModel, TP, DDP)")
-    g.add_argument("--tp", type=int, default=1, help="tensor (model) parallel degree; world = dp * tp")
+    g.add_argument("--tp", type=count(1), default=1, help="tensor (model) parallel degree; world = dp * tp")
     g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group (Megatron SP)")
     g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
     g.add_argument("--kernels", default="auto", choices=["auto", "fused", "reference"],
@@ -48,27 +49,29 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--paper-config", choices=sorted(PAPER_CONFIGS),
                    help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
                         + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
-    g.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
+    g.add_argument("--bucket-size", type=count(1), default=6_250_000, metavar="ELEMENTS",
                    help="gradient/parameter bucket size in elements (C_B)")
     _add_offload_args(p)
     g = p.add_argument_group("batch and schedule")
-    g.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch per rank")
-    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--steps", type=int, default=10, help="optimizer steps")
-    g.add_argument("--warmup", type=int, default=2, help="steps excluded from timing medians")
-    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decoupled weight decay")
-    g.add_argument("--clip", type=float, default=None, help="clip the global gradient norm to this")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--micro-batch", type=count(1), default=2, help="sequences per micro-batch per rank")
+    g.add_argument("--grad-accum", type=count(1), default=1, help="micro-batches per optimizer step")
+    g.add_argument("--steps", type=count(1), default=10, help="optimizer steps")
+    g.add_argument("--warmup", type=count(0), default=2, help="steps excluded from timing medians")
+    g.add_argument("--lr", type=number(above=0), default=1e-3, help="AdamW learning rate")
+    g.add_argument("--weight-decay", type=number(minimum=0), default=0.1, help="AdamW decoupled weight decay")
+    g.add_argument("--clip", type=number(above=0), default=None, help="clip the global gradient norm to this")
+    g.add_argument("--seed", type=seed, default=1234)
     g = p.add_argument_group("output and runtime")
     g.add_argument("--out", default=None, help="directory for result rows (default: runs/<run id>)")
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
     g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
     g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
-    g.add_argument("--memory-budget", metavar="BYTES",
+    g.add_argument("--memory-budget", metavar="BYTES", type=byte_size,
                    help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
                         "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM")
-    g.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of a local launch (s)")
+    g.add_argument("--timeout", type=number(above=0), default=3600.0, help="wall-clock limit of a local launch (s)")
+    g.add_argument("--collective-timeout", type=number(above=0), default=300.0, metavar="SECONDS",
+                   help="a collective waiting longer fails the run, naming the stuck rank (default 300)")
 
 
 def _add_offload_args(p: argparse.ArgumentParser) -> None:
@@ -92,10 +95,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
+    from zerobench.config import parse_bytes
     from zerobench.distributed.env import DistEnv, detect
+    from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.models.sizes import preset
     from zerobench.parallel.checkpointing import ActivationConfig
-    from zerobench.plan.suites import parse_bytes
+    from zerobench.results.outdir import check_fresh_run_dir
     from zerobench.results.rows import RowWriter
     from zerobench.train.config import TrainConfig
     from zerobench.train.launch import EXIT_OOM, free_port, launch_local
@@ -107,15 +112,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             setattr(args, k, v)
         args.checkpoint_activations = True
     model = preset(args.preset)
-    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(args, k)}
+    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(args, k) is not None}
     model = dataclasses.replace(model, **overrides)
     try:
         precision = Precision(args.precision)
     except ValueError:
         raise ConfigError(f"unknown precision {args.precision!r}: choose fp32, bf16 or fp16") from None
     denv = detect()
-    if args.tp < 1:
-        raise ConfigError(f"--tp must be >= 1, got {args.tp}")
     dp = args.dp if args.dp is not None else max(1, denv.world_size // args.tp)
     cfg = TrainConfig(
         model=model,
@@ -133,20 +136,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
         tensorboard_dir=args.tensorboard, kernels=args.kernels,
         memory_budget_bytes=int(parse_bytes(args.memory_budget)) if args.memory_budget else None,
+        collective_timeout_s=args.collective_timeout,
     )
     cfg.validate(denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
+    check_fresh_run_dir(out)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
         return run_rank(cfg, denv, out, run_id)
     if cfg.world_size == 1:
         return run_rank(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
-    res = launch_local(cfg, out, run_id, timeout_s=args.timeout)
+    log = out / "run.log"
+    res = launch_local(cfg, out, run_id, timeout_s=args.timeout, log_path=log, echo=True)
     if not res.ok:
         RowWriter(out, run_id, cfg).write("run_status", 0, "bool", status=res.status, reason=res.reason,
                                           elapsed_s=round(res.elapsed_s, 3))
-        print(f"zerobench: error: run failed: {res.reason}", file=sys.stderr)
-        return EXIT_OOM if res.status == "oom" else 1
+        print(f"zerobench: error: run failed: {res.reason} (every rank's output: {log})", file=sys.stderr)
+        return {"oom": EXIT_OOM, "cancelled": EXIT_CANCELLED}.get(res.status, 1)
     return 0
 
 
@@ -209,23 +215,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     ms = sub.add_parser("maxsize", help="the largest model (layers) that trains within a memory budget",
                         description="Binary search on layers at fixed hidden/heads; each probe is a fresh run "
                                     "with the budget enforced (CPU: live-tensor tracker; GPU: CUDA OOM).")
-    ms.add_argument("--budget", required=True, help="per-device memory budget, e.g. 16MiB or 32GB")
+    ms.add_argument("--budget", required=True, type=byte_size, help="per-device memory budget, e.g. 16MiB or 32GB")
     ms.add_argument("--stage", type=int, nargs="+", default=[0, 3], help="stages to search (default 0 3)")
     ms.add_argument("--preset", default="tiny")
     for name in ("hidden", "heads", "vocab", "seq"):
-        ms.add_argument(f"--{name}", type=int)
-    ms.add_argument("--dp", type=int, default=4)
-    ms.add_argument("--tp", type=int, default=1)
+        ms.add_argument(f"--{name}", type=count(1))
+    ms.add_argument("--dp", type=count(1), default=4)
+    ms.add_argument("--tp", type=count(1), default=1)
     ms.add_argument("--precision", default="fp32")
-    ms.add_argument("--micro-batch", type=int, default=1)
+    ms.add_argument("--micro-batch", type=count(1), default=1)
     ms.add_argument("--checkpoint-activations", action="store_true")
     ms.add_argument("--pa", action="store_true")
     ms.add_argument("--pa-cpu", action="store_true")
     ms.add_argument("--md", action="store_true")
-    ms.add_argument("--bucket-size", type=int, default=6_250_000, metavar="ELEMENTS",
+    ms.add_argument("--bucket-size", type=count(1), default=6_250_000, metavar="ELEMENTS",
                     help="gradient/parameter bucket size in elements (C_B)")
     _add_offload_args(ms)
-    ms.add_argument("--max-layers", type=int, default=256, help="search limit")
-    ms.add_argument("--timeout", type=float, default=300.0, help="per-probe wall-clock limit (s)")
+    ms.add_argument("--max-layers", type=count(1), default=256, help="search limit")
+    ms.add_argument("--timeout", type=number(above=0), default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")
     ms.set_defaults(func=cmd_maxsize)

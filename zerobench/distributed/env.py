@@ -59,8 +59,26 @@ def _int(env: Mapping[str, str], key: str) -> int:
 
 
 def detect(env: Mapping[str, str] | None = None) -> DistEnv:
-    """Read the job layout from the environment (torchrun first, then Slurm, else a single process)."""
-    env = os.environ if env is None else env
+    """Read the job layout from the environment (torchrun first, then Slurm, else a single process),
+    checked before any rendezvous: a rank outside its world, or Slurm's variables in a batch script
+    without ``srun`` (which would wait for ranks that never come), is a one-line ``ConfigError``."""
+    denv = _detect(os.environ if env is None else env)
+    if denv.world_size < 1:
+        raise ConfigError(f"world size must be >= 1, got {denv.world_size} (from {denv.source}'s variables)")
+    if not 0 <= denv.rank < denv.world_size:
+        raise ConfigError(f"rank {denv.rank} is outside a world of {denv.world_size} (from {denv.source}'s "
+                          f"variables): ranks are 0..{denv.world_size - 1}")
+    if denv.local_rank < 0 or denv.local_rank > denv.rank:
+        raise ConfigError(f"local rank {denv.local_rank} does not fit rank {denv.rank} (from {denv.source}'s variables)")
+    if not 0 < denv.master_port < 65536:
+        raise ConfigError(f"MASTER_PORT {denv.master_port} is not a TCP port (1-65535)")
+    return denv
+
+
+def _detect(env: Mapping[str, str]) -> DistEnv:
+    if ("RANK" in env) != ("WORLD_SIZE" in env):
+        have, miss = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
+        raise ConfigError(f"{have} is set but {miss} is not: set both (torchrun does), or neither")
     if "RANK" in env and "WORLD_SIZE" in env:
         return DistEnv(
             _int(env, "RANK"),
@@ -71,6 +89,14 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv:
             "torchrun",
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+        if not in_step:
+            if _int(env, "SLURM_NTASKS") > 1:
+                raise ConfigError(
+                    f"Slurm's variables say {env['SLURM_NTASKS']} tasks, but this process is not an srun step: "
+                    "start the ranks with `srun zerobench train ...` (one per task), or run with --dp N here"
+                )
+            return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single")
         if "MASTER_ADDR" in env:
             addr = env["MASTER_ADDR"]
         elif "SLURM_JOB_NODELIST" in env:
@@ -83,7 +109,7 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv:
             port = DEFAULT_PORT + (_int(env, "SLURM_JOB_ID") % 10000 if "SLURM_JOB_ID" in env else 0)
         return DistEnv(
             _int(env, "SLURM_PROCID"),
-            _int(env, "SLURM_NTASKS"),
+            _int(env, "SLURM_STEP_NUM_TASKS") if "SLURM_STEP_NUM_TASKS" in env else _int(env, "SLURM_NTASKS"),
             _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
             addr,
             port,

@@ -6,6 +6,7 @@ explicitly to whatever needs them.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -42,10 +43,14 @@ def validate_degrees(world: int, tp: int, dp: int | None = None) -> int:
     return world // tp
 
 
-def build_mesh(tp: int, dp: int | None = None, backend: str | None = None) -> Mesh:
+def build_mesh(tp: int, dp: int | None = None, backend: str | None = None, timeout_s: float | None = None) -> Mesh:
     """Build the DP x TP groups. With ``dp * tp`` smaller than the world, the world is cut into
     independent meshes of ``dp * tp`` consecutive ranks (useful to run several configurations at once).
+
+    ``timeout_s``: every group's collective timeout (the run's; torch's own default for new groups is
+    30 minutes, so a stuck rank would otherwise hang its peers that long).
     """
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else None
     world, rank = dist.get_world_size(), dist.get_rank()
     if dp is None:
         dp = validate_degrees(world, tp)
@@ -56,12 +61,12 @@ def build_mesh(tp: int, dp: int | None = None, backend: str | None = None) -> Me
     for base in range(0, world, size):
         for d in range(dp):  # TP groups: consecutive ranks
             ranks = list(range(base + d * tp, base + (d + 1) * tp))
-            pg = dist.new_group(ranks, backend=backend)
+            pg = dist.new_group(ranks, backend=backend, timeout=timeout)
             if rank in ranks:
                 my_tp = pg
         for t in range(tp):  # DP groups: same TP rank in every replica
             ranks = list(range(base + t, base + size, tp))
-            pg = dist.new_group(ranks, backend=backend)
+            pg = dist.new_group(ranks, backend=backend, timeout=timeout)
             if rank in ranks:
                 my_dp = pg
     return Mesh(Group.of(my_dp, "dp"), Group.of(my_tp, "tp"), Group.of(None, "world"))

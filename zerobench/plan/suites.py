@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import yaml
 
-from zerobench.config import ConfigError
+from zerobench.config import ConfigError, parse_bytes
 from zerobench.models.gpt import GPTConfig
 from zerobench.plan.memory_model import PlanConfig
 from zerobench.plan.sizes import padded_vocab
-
-
-def parse_bytes(text: str | float) -> float:
-    """'32GB' -> 32e9 (the paper's GB), '80GiB' -> 80 * 2**30, numbers as bytes."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*", str(text))
-    if not m:
-        raise ConfigError(f"cannot read memory size {text!r}: write e.g. 32GB (1e9 bytes) or 80GiB")
-    unit = m.group(2) or "B"
-    scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-             "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
-    return float(m.group(1)) * scale
 
 
 def load_suite(name: str) -> dict:

@@ -1,18 +1,22 @@
 """Append-only JSON Lines result rows, long format: one row per (run, metric[, step][, rank]).
 
 Every row carries ``metric``, ``value``, ``unit``, ``status``, the run id, the resolved config and its
-hash, and provenance. Each row is written with a single ``write`` on an ``O_APPEND`` descriptor and
-flushed, so a killed run never leaves a half-written earlier row.
+hash, and provenance. A row is written whole or not at all: appended on an ``O_APPEND`` descriptor,
+short writes continued, fsynced; if the disk fills (or any write fails) the file is cut back to where
+the row began and ``RowWriteError`` says so in one line. Readers skip a torn last line (a writer killed
+mid-row) with a warning, and refuse a file whose other lines are not rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from zerobench.config import config_hash, to_dict
+from zerobench.config import ConfigError, RunFailed, config_hash, to_dict
 from zerobench.results.provenance import provenance
 
 ROWS_FILE = "rows.jsonl"
@@ -45,25 +49,57 @@ class RowWriter:
 
     def write(self, metric: str, value: float | None, unit: str, status: str = "ok", **extra: Any) -> None:
         row = {"metric": metric, "value": value, "unit": unit, "status": status, **extra, **self.base}
-        line = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        append_whole(self.path, (json.dumps(row, sort_keys=True, default=str) + "\n").encode())
+
+
+class RowWriteError(RunFailed):
+    """A row could not be written (disk full, file system gone); nothing of it was left behind."""
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` entirely, or leave the file as it was and raise ``RowWriteError``."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        raise RowWriteError(f"cannot open {path} to write results: {e.strerror}") from None
+    try:
+        start = os.fstat(fd).st_size
+        view = memoryview(data)
         try:
-            os.write(fd, line)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
-        finally:
-            os.close(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):  # else the row may be torn; readers skip a torn last line
+                os.ftruncate(fd, start)
+            raise RowWriteError(f"cannot write results to {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows from a rows file or every ``rows.jsonl`` under a directory."""
+    """Rows from a rows file or every ``rows.jsonl`` under a directory. A torn last line (no newline,
+    not JSON: a writer died mid-row) is skipped with a warning; any other bad line is a ``ConfigError``."""
     p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"no results at {p}: pass a results directory or a rows.jsonl file")
     files = sorted(p.rglob(ROWS_FILE)) if p.is_dir() else [p]
     rows = []
     for f in files:
-        for n, line in enumerate(f.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{f}:{n}: not a JSON row ({e.msg})") from None
+        text = f.read_text(errors="replace")
+        lines = text.splitlines()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                if n == len(lines) and not text.endswith("\n"):
+                    print(f"zerobench: warning: {f}:{n}: skipped a torn last row (its writer stopped mid-row)",
+                          file=sys.stderr)
+                    continue
+                raise ConfigError(f"{f}:{n}: not a JSON row ({e.msg})") from None
+            if not (isinstance(row, dict) and "metric" in row and "run_id" in row):
+                raise ConfigError(f"{f}:{n}: not a zerobench result row (a JSON object with 'metric' and 'run_id')")
+            rows.append(row)
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from zerobench.config import ConfigError
@@ -105,3 +106,9 @@ class TrainConfig:
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
         if not self.warmup_steps >= 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup_steps}")
+        if not 0 <= self.seed <= 2**63 - 1:
+            raise ConfigError(f"--seed must be in [0, 2**63-1], got {self.seed}")
+        if not (math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0):
+            raise ConfigError(f"collective timeout must be a positive number of seconds, got {self.collective_timeout_s}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            raise ConfigError(f"memory budget must be positive, got {self.memory_budget_bytes} bytes")

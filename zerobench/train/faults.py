@@ -1,7 +1,10 @@
 """Test-only fault and regression planting, driven by environment variables; unset, nothing happens.
 
-- ``ZEROBENCH_FAULT=RANK:STEP``: that rank exits abruptly (``os._exit(17)``) at the start of that step,
-  as a crashed or OOM-killed process would.
+- ``ZEROBENCH_FAULT=RANK:STEP[:KIND]``: at the start of that step that rank fails. KIND ``exit``
+  (default) exits abruptly (``os._exit(17)``), as a crashed or OOM-killed process would; ``raise``
+  raises an exception (a traceback); ``oom`` asks the host allocator for more than any machine has (a
+  real allocation failure); ``stop`` stops itself with SIGSTOP (a hung rank); ``enospc`` fails to write
+  its results as on a full disk.
 - ``ZEROBENCH_PLANT_DELAY`` / ``ZEROBENCH_PLANT_BUFFER``: an exact slowdown or an extra buffer, so tests
   can check that the regression gate catches them.
 """
@@ -17,9 +20,27 @@ def maybe_fail(rank: int, step: int) -> None:
     spec = os.environ.get("ZEROBENCH_FAULT")
     if not spec:
         return
-    r, s = (int(v) for v in spec.split(":"))
-    if r == rank and s == step:
-        os._exit(EXIT_CODE)
+    r, s, kind = (spec + ":exit").split(":")[:3]
+    if int(r) != rank or int(s) != step:
+        return
+    if kind == "raise":
+        raise RuntimeError(f"planted fault on rank {rank} at step {step}")
+    if kind == "oom":
+        import torch
+
+        torch.empty(2**62, dtype=torch.uint8)  # 4 EiB: the allocator fails, as on a full host
+    if kind == "stop":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if kind == "enospc":
+        import errno
+
+        from zerobench.results.rows import RowWriteError
+
+        raise RowWriteError(f"cannot write results: {os.strerror(errno.ENOSPC)} (planted)")
+    os._exit(EXIT_CODE)
 
 
 def planted_delay(stage: int, step_seconds: float) -> float:

@@ -3,7 +3,11 @@
 Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``) and an even share of the cores. The launcher fails the run as soon as any rank exits
 non-zero (and stops the others, which would otherwise wait on a collective until their timeout), and
-kills everything past the run's wall-clock timeout.
+kills everything past the run's wall-clock timeout. A rank that timed out waiting on a collective exits
+with ``EXIT_PEER_TIMEOUT``: the reason then names the ranks it waited for (still running, or stopped),
+not the healthy rank that noticed. SIGTERM/SIGINT to the launcher stops the ranks (``cancelled``).
+The ranks' output goes to the run's log file; with ``echo`` rank 0's standard output (the progress
+lines) is shown too, and a failure prints one line, not every rank's traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,12 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerobench.config import to_dict
+from zerobench.launch.cancel import Cancellation
 from zerobench.train.config import TrainConfig
 
 EXIT_CONFIG = 2
 """A rank rejected its configuration."""
 EXIT_OOM = 75
 """A rank ran out of (budgeted) memory."""
+EXIT_IO = 74
+"""A rank could not write its results (disk full)."""
+EXIT_PEER_TIMEOUT = 76
+"""A rank timed out in a collective: a peer is stuck or dead."""
 
 
 def describe_exit(who: str, code: int) -> tuple[str, str]:
@@ -34,6 +44,10 @@ def describe_exit(who: str, code: int) -> tuple[str, str]:
         return "oom", f"{who} ran out of memory"
     if code == EXIT_CONFIG:
         return "invalid", f"{who} rejected the configuration"
+    if code == EXIT_IO:
+        return "failed", f"{who} could not write its results"
+    if code == EXIT_PEER_TIMEOUT:
+        return "failed", f"{who} timed out waiting for its peers in a collective"
     if code < 0:
         return "failed", f"{who} was killed by signal {-code}"
     return "failed", f"{who} exited with code {code}"
@@ -72,15 +86,20 @@ def usable_cpus() -> int:
 def launch_local(
     cfg: TrainConfig, out_dir: str | Path | None, run_id: str = "train", timeout_s: float = 3600.0,
     extra_env: dict[str, str] | None = None, log_path: str | Path | None = None,
-    suite: str | None = None, on_poll=None,
+    suite: str | None = None, on_poll=None, echo: bool = False, cancel: Cancellation | None = None,
 ) -> LaunchResult:
-    """Run ``cfg`` on ``cfg.world_size`` local processes. With ``log_path`` the ranks' output goes to that
-    file (and a failure's reason quotes the first ``zerobench:`` line in it) instead of the terminal."""
+    """Run ``cfg`` on ``cfg.world_size`` local processes, their output into ``log_path`` (a temporary
+    file if None); a failure's reason quotes the first ``zerobench:`` line there. ``echo``: rank 0's
+    standard output also goes to the terminal. ``cancel``: stop when it is requested (else SIGTERM/SIGINT
+    to this process are watched for the launch's duration)."""
     n = cfg.world_size
     port = free_port()
     threads = max(1, usable_cpus() // n)
-    log_cm = open(log_path, "ab") if log_path is not None else contextlib.nullcontext()  # noqa: SIM115
-    with log_cm as log, tempfile.TemporaryDirectory(prefix="zerobench-launch-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerobench-launch-"))
+        log_path = Path(log_path) if log_path is not None else Path(tmp) / "run.log"
+        log = stack.enter_context(open(log_path, "ab"))
+        cancel = cancel if cancel is not None else stack.enter_context(Cancellation())
         cfg_path = Path(tmp) / "config.json"
         cfg_path.write_text(json.dumps(to_dict(cfg)))
         procs = []
@@ -90,49 +109,82 @@ def launch_local(
                 "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                "ZEROBENCH_LAUNCHER_PID": str(os.getpid()),
             }
             cmd = [sys.executable, "-m", "zerobench.train.worker", str(cfg_path), run_id]
             if out_dir is not None:
                 cmd.append(str(out_dir))
                 if suite is not None:
                     cmd.append(suite)
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT if log else None))
+            stdout = None if echo and rank == 0 else log
+            procs.append(subprocess.Popen(cmd, env=env, stdout=stdout, stderr=log))
         t0 = time.monotonic()
-        reason, status = "", "ok"
-        try:
-            while True:
-                codes = [p.poll() for p in procs]
-                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    status, reason = describe_exit(f"rank {bad[0][0]}", bad[0][1])
-                    break
-                if all(c == 0 for c in codes):
-                    break
-                if time.monotonic() - t0 > timeout_s:
-                    status, reason = "timeout", f"timed out after {timeout_s:.0f}s"
-                    break
-                if on_poll is not None:
-                    on_poll()
-                time.sleep(0.1)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            deadline = time.monotonic() + 10
-            for p in procs:
-                try:
-                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-    if reason and log_path is not None:
-        detail = _first_error(Path(log_path))
-        reason = f"{reason}: {detail}" if detail else reason
-    return LaunchResult(not reason, reason, status, [p.returncode for p in procs], time.monotonic() - t0)
+        status, reason = _watch(procs, timeout_s, cancel, on_poll)
+        log.flush()
+        detail = _first_error(log_path) if status not in ("ok", "cancelled") else None
+    if detail:  # an OOM's own line names the rank that ran out, which may not be the first to exit
+        reason = detail if status == "oom" and detail.startswith("rank ") else f"{reason}: {detail}"
+    return LaunchResult(status == "ok", reason if status != "ok" else "", status,
+                        [p.returncode for p in procs], time.monotonic() - t0)
+
+
+def _watch(procs: list[subprocess.Popen], timeout_s: float, cancel: Cancellation, on_poll) -> tuple[str, str]:
+    """Poll the ranks until all succeed, one fails, the timeout passes or a stop is requested; stop the rest."""
+    t0 = time.monotonic()
+    status, reason = "ok", ""
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                status, reason = describe_exit(f"rank {bad[0][0]}", bad[0][1])
+                if bad[0][1] == EXIT_PEER_TIMEOUT:
+                    reason = _stuck(procs, reason)
+                break
+            if all(c == 0 for c in codes):
+                break
+            if cancel.requested:
+                status, reason = "cancelled", f"cancelled ({cancel.requested}): the ranks were stopped"
+                break
+            if time.monotonic() - t0 > timeout_s:
+                status, reason = "timeout", f"timed out after {timeout_s:.0f}s"
+                break
+            if on_poll is not None:
+                on_poll()
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.send_signal(signal.SIGCONT)  # a stopped rank acts on the SIGTERM only once continued
+        deadline = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    return status, reason
+
+
+def _stuck(procs: list[subprocess.Popen], reason: str) -> str:
+    """Name the ranks a collective timed out on: those still running (or stopped) when it did."""
+    stuck = []
+    for r, p in enumerate(procs):
+        if p.poll() is None:
+            stuck.append(f"rank {r} ({'stopped' if _process_state(p.pid) in ('T', 't') else 'not responding'})")
+    return f"{', '.join(stuck)} stuck: {reason}" if stuck else reason
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _first_error(path: Path) -> str | None:
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("zerobench: "):
-            return line.split(": ", 1)[1].strip()
+            return line.split(": ", 1)[1].strip().removeprefix("error: ")
     return None

@@ -38,7 +38,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     device = init_distributed(denv, cfg.collective_timeout_s)
     rank = dist.get_rank()
     say = log if rank == 0 else (lambda *a, **k: None)
-    mesh = build_mesh(cfg.tp, cfg.dp)
+    mesh = build_mesh(cfg.tp, cfg.dp, timeout_s=cfg.collective_timeout_s)
     ledger = CommLedger()
     system = build_system(cfg, mesh, ledger, device)
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)

@@ -8,6 +8,7 @@ launcher understands, never a traceback, and the process group is torn down on e
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,17 +16,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench.config import ConfigError, from_dict
+from zerobench.config import ConfigError, RunFailed, from_dict
 from zerobench.distributed.env import DistEnv, detect
+from zerobench.launch.cancel import die_with_parent
 from zerobench.metrics.memory import TrackedOutOfMemory
-from zerobench.results.rows import RowWriter
+from zerobench.results.rows import RowWriteError, RowWriter
 from zerobench.train.config import TrainConfig
-from zerobench.train.launch import EXIT_CONFIG, EXIT_OOM
+from zerobench.train.launch import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.train.loop import train
 from zerobench.train.turnstile import TurnstileError
 
 
 def main(argv: list[str]) -> int:
+    launcher = os.environ.get("ZEROBENCH_LAUNCHER_PID")
+    die_with_parent(int(launcher) if launcher else None)
     cfg_path, run_id = argv[0], argv[1]
     with open(cfg_path) as f:
         data = json.load(f)
@@ -41,7 +45,8 @@ def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> in
 
 def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str,
              suite: str | None = None, record_failure: bool = True) -> int:
-    """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM`` or 1 (a lockstep referee failure).
+    """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written),
+    ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure).
 
     With ``record_failure`` (no launcher above this process to do it) an out-of-memory end is also
     written to the run's rows as a ``run_status`` row with status ``oom``, so a probe that did not fit is
@@ -52,21 +57,60 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    except TurnstileError as e:
+    except RowWriteError as e:
+        print(f"zerobench: error: {e}", file=sys.stderr)
+        return EXIT_IO
+    except (TurnstileError, RunFailed) as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return 1
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
-        reason = f"rank {denv.rank} ran out of memory: {str(e).splitlines()[0]}"
-        print(f"zerobench: {reason}", file=sys.stderr)
-        if record_failure and out_dir is not None:
-            RowWriter(out_dir, run_id, cfg, suite=suite).write(
-                "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,
-                elapsed_s=round(time.monotonic() - t0, 3))
-        return EXIT_OOM
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
+    except (RuntimeError, MemoryError) as e:
+        kind = classify(e)
+        if kind is None:
+            raise
+        if kind == "timeout":
+            print(f"zerobench: error: rank {denv.rank} timed out in a collective after "
+                  f"{cfg.collective_timeout_s:.0f}s: a peer rank is stuck or dead ({_first_line(e)})", file=sys.stderr)
+            return EXIT_PEER_TIMEOUT
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+_OOM_TEXT = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory", "Cannot allocate memory")
+_TIMEOUT_TEXT = ("timed out", "timeout")
+
+
+def classify(e: BaseException) -> str | None:
+    """``oom`` for a host allocator failure, ``timeout`` for a collective or rendezvous timeout, else None."""
+    if isinstance(e, MemoryError):
+        return "oom"
+    text = str(e)
+    if any(t in text for t in _OOM_TEXT):
+        return "oom"
+    if any(t in text.lower() for t in _TIMEOUT_TEXT):
+        return "timeout"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:200] if lines else type(e).__name__
+
+
+def _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0) -> int:
+    """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_failure`` an
+    ``oom`` status row too."""
+    reason = f"rank {denv.rank} ran out of memory: {_first_line(e)}"
+    print(f"zerobench: {reason}", file=sys.stderr)
+    if record_failure and out_dir is not None:
+        RowWriter(out_dir, run_id, cfg, suite=suite).write(
+            "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,
+            elapsed_s=round(time.monotonic() - t0, 3))
+    return EXIT_OOM
 
 
 if __name__ == "__main__":

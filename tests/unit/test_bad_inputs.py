@@ -1,0 +1,126 @@
+"""Bad input is one line on stderr and exit code 2: never a traceback, never silently replaced."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobench.cli import main
+from zerobench.config import ConfigError, parse_bytes
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def assert_one_line(code: int, err: str, needle: str) -> None:
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("zerobench: warning")]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("zerobench") and needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    return f
+
+
+CASES = [
+    (["train", "--memory-budget", "1.2.3GB"], "cannot read memory size '1.2.3GB'"),
+    (["train", "--memory-budget", "0GB"], "must be positive"),
+    (["train", "--seed", str(2**70)], "--seed: must be at most 2**63-1"),
+    (["train", "--hidden", "0"], "--hidden: must be >= 1, got 0"),
+    (["train", "--layers", "-3"], "--layers: must be >= 1, got -3"),
+    (["train", "--tp", "0"], "--tp: must be >= 1"),
+    (["train", "--dp", "0"], "--dp: must be >= 1"),
+    (["train", "--steps", "0"], "--steps: must be >= 1"),
+    (["train", "--timeout", "nan"], "--timeout: must be a finite number"),
+    (["train", "--lr", "nan"], "--lr: must be a finite number"),
+    (["train", "--lr", "0"], "--lr: must be > 0"),
+    (["train", "--clip", "-1"], "--clip: must be > 0"),
+    (["train", "--collective-timeout", "inf"], "must be a finite number"),
+    (["train", "--stage", "x"], "--stage: invalid int value"),
+    (["train", "--stage", "5"], "unknown ZeRO stage 5"),
+    (["train", "--heads", "5"], "not divisible by heads 5"),
+    (["train", "--no-such-flag"], "unrecognized arguments"),
+    (["maxsize", "--budget", "1.2.3GB"], "cannot read memory size"),
+    (["maxsize", "--budget", "8MiB", "--dp", "0"], "--dp: must be >= 1"),
+    (["maxsize", "--budget", "8MiB", "--max-layers", "-3"], "--max-layers: must be >= 1"),
+    (["maxsize"], "the following arguments are required: --budget"),
+    (["plan", "--gpu-mem", "1.2.3GB"], "cannot read memory size"),
+    (["plan", "--efficiency", "0"], "--efficiency: must be > 0"),
+    (["plan", "--efficiency", "nan"], "must be a finite number"),
+    (["plan", "--dry-run", "--rank", "-1"], "--rank: must be >= 0"),
+    (["plan", "--gpus", "0"], "--gpus: must be >= 1"),
+    (["peers", "--dp", "0"], "--dp: must be >= 1"),
+    (["regress", "--timing-tolerance", "0"], "--timing-tolerance: must be > 0"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_cli_input(argv, needle, capsys, tmp_path):
+    if argv[0] == "train":
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    assert_one_line(*run(argv, capsys), needle)
+
+
+def test_out_that_is_a_file_or_unwritable_is_refused_before_training(a_file, capsys):
+    assert_one_line(*run(["train", "--out", str(a_file)], capsys), "is a file")
+    assert_one_line(*run(["train", "--out", str(a_file / "sub")], capsys), "cannot write results")
+
+
+SUITES = [
+    ("memory_budget: 1.2.3GB", "cannot read memory size"),
+    ("tp: 0", "tp must be a positive integer, got 0"),
+    ("gpus: 0", "gpus must be a positive integer, got 0"),
+    ("dp: -2", "dp must be a positive integer"),
+    ("hidden: 0", "model hidden must be positive, got 0"),
+    ("lr: .nan", "lr must be a positive finite number"),
+    ("timeout: -1", "timeout must be a positive finite number"),
+    ("cb_size: 0", "cb_size must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize(("key", "needle"), SUITES, ids=[s[0] for s in SUITES])
+def test_bad_suite_value_fails_sweep_check(key, needle, tmp_path, capsys):
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"name: s\nbase: {{preset: tiny, {key}}}\n")
+    code, err = run(["sweep", str(suite), "--check"], capsys)
+    assert code == 2 and "Traceback" not in err and needle in err, err
+
+
+@pytest.mark.parametrize("line", ['[1, 2]', '{"a": 1}', '"text"', '3'])
+def test_json_lines_that_are_not_rows(line, tmp_path, capsys):
+    (tmp_path / "rows.jsonl").write_text(line + "\n")
+    for argv in (["results", "show", str(tmp_path)], ["report", str(tmp_path), "--out", str(tmp_path / "r")],
+                 ["regress", "--baseline", str(tmp_path / "rows.jsonl"), "--candidate", str(tmp_path)]):
+        assert_one_line(*run(argv, capsys), "not a zerobench result row")
+
+
+def test_a_torn_last_row_is_skipped_with_a_warning(tmp_path, capsys):
+    from zerobench.results.rows import RowWriter, read_rows
+
+    RowWriter(tmp_path, "r1", {"a": 1}).write("loss", 1.0, "nats")
+    with open(tmp_path / "rows.jsonl", "a") as f:
+        f.write('{"metric": "loss", "val')  # a writer killed mid-row
+    assert [r["metric"] for r in read_rows(tmp_path)] == ["loss"]
+    assert "skipped a torn last row" in capsys.readouterr().err
+    with open(tmp_path / "rows.jsonl", "a") as f:
+        f.write("\n")  # no longer the last line: a damaged file, refused
+    with pytest.raises(ConfigError, match="not a JSON row"):
+        read_rows(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["1.2.3GB", "GB", "-1GB", "0", "nan", "1e400", ".GB", True])
+def test_parse_bytes_refuses(text):
+    with pytest.raises(ConfigError):
+        parse_bytes(text)
+
+
+def test_parse_bytes_reads():
+    assert parse_bytes("32GB") == 32e9 and parse_bytes("1.5GiB") == 1.5 * 2**30 and parse_bytes(".5KB") == 500

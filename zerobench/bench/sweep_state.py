@@ -1,0 +1,82 @@
+"""What a sweep's results directory already holds, and where each run's next attempt goes.
+
+A run is identified by its label within the suite (labels are made unique when the suite loads) and its
+resolved config hash: ``--resume`` skips it only if an ``ok`` status row carries both. Every attempt of a
+run writes its own directory and run id (``007-label``, then ``007-label-r2``, ...), so a retry never
+merges its rows with an earlier attempt's, and nothing an earlier attempt wrote is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerobench.bench.progress import Progress
+from zerobench.bench.suite import ResolvedRun, Suite
+from zerobench.config import ConfigError, to_dict
+from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
+
+
+@dataclass
+class SweepSummary:
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    stopped: str | None = None
+    """Why the sweep ended before its last run (cancelled, disk full), or None."""
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """Without ``--resume`` a sweep starts in a directory holding no rows (else two sweeps' runs mix)."""
+    if resume or not out.exists():
+        return
+    held = next(out.rglob(ROWS_FILE), None)
+    if held is not None:
+        raise ConfigError(
+            f"--out {out} already holds result rows ({held}): pass --resume to continue that sweep, "
+            "or choose another --out"
+        )
+
+
+def completed_runs(out: Path) -> set[tuple[str, str]]:
+    """(label, config hash) of every run with an ``ok`` status row under ``out``."""
+    if not out.exists():
+        return set()
+    return {(r.get("label"), r["config_hash"]) for r in read_rows(out)
+            if r.get("metric") == "run_status" and r.get("status") == "ok"}
+
+
+def attempt_id(out: Path, run: ResolvedRun) -> str:
+    """The run id (and directory name) of this run's next attempt: the first without rows."""
+    k = 1
+    while True:
+        rid = run.run_id if k == 1 else f"{run.run_id}-r{k}"
+        if not (out / rid / ROWS_FILE).exists():
+            return rid
+        k += 1
+
+
+def should_run(run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary, bar: Progress,
+               done: set[tuple[str, str]] | None) -> bool:
+    """False (recording why) for an invalid run, or a completed one when resuming (``done``)."""
+    if run.config is None:
+        if done is not None and any(label == run.label for label, _ in done):
+            return False
+        status_row(out, attempt_id(out, run), suite, run, "invalid", run.error or "invalid configuration", 0.0)
+        summary.failed[run.label] = run.error or "invalid"
+        bar.advance(run.label, failed=True)
+        return False
+    if done is not None and (run.label, run_hash(run.config)) in done:
+        summary.skipped.append(run.label)
+        bar.advance(run.label, skipped=True)
+        return False
+    return True
+
+
+def status_row(out: Path, run_id: str, suite: Suite, run: ResolvedRun, status: str, reason: str, elapsed: float,
+               **extra) -> None:
+    """The attempt's one ``run_status`` row: ``ok``, or the failure and its reason."""
+    cfg = run.config if run.config is not None else {"invalid_spec": to_dict(run.spec)}
+    w = RowWriter(out / run_id, run_id, cfg, suite=suite.name)
+    w.write("run_status", 1 if status == "ok" else 0, "bool", status=status, reason=reason or None,
+            label=run.label, elapsed_s=round(elapsed, 3), **extra)

@@ -141,3 +141,18 @@ def test_rows_are_written_whole_or_not_at_all(tmp_path):
     (tmp_path / "rows.jsonl").symlink_to("/dev/full")  # every write: ENOSPC, from the kernel
     with pytest.raises(RowWriteError, match="No space left on device"):
         RowWriter(tmp_path, "r", {"a": 1}).write("loss", 1.0, "nats")
+
+
+def test_sigterm_to_train_stops_its_ranks_and_records_cancelled(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "zerobench", "train", *TINY, "--dp", "2", "--steps", "100000",
+                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ((out / "run.log").exists() and len(ranks_running(str(out))) == 2) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # into training
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and "cancelled (SIGTERM)" in one_line(err), err
+    assert not ranks_running(str(out))
+    assert [r["status"] for r in status_rows(out)] == ["cancelled"]

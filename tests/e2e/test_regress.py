@@ -121,6 +121,7 @@ def ab_suite(tmp_path_factory):
     return d / "ab.yaml"
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(900)
 def test_ab_catches_a_planted_ten_percent_slowdown_and_passes_unchanged_code(ab_suite, tmp_path):
     """The issue's bar for timings: a 10% step-time slowdown is caught and an unchanged run passes, in

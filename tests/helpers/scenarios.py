@@ -100,7 +100,13 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params:
     returns the trained full parameters (to compare scenarios with each other)."""
     import tempfile
 
-    nvme_dir = tempfile.mkdtemp(prefix="zerobench-test-nvme-")
+    with tempfile.TemporaryDirectory(prefix="zerobench-test-nvme-") as nvme_dir:  # removed, not leaked
+        return _run_scenarios(rank, world, scenarios, keep_params, nvme_dir)
+
+
+def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params: bool, nvme_dir: str) -> dict[str, dict]:
+    """Train every scenario and compare it with the single-process reference; ``keep_params`` also
+    returns the trained full parameters (to compare scenarios with each other)."""
     groups = dp_groups(rank, world, [s.dp for s in scenarios if s.tp == 1])
     meshes = {(s.dp, s.tp): None for s in scenarios if s.tp > 1}
     for dp, tp in meshes:

@@ -247,15 +247,14 @@ def run_api_checks(rank: int, world: int, stage: int) -> dict:
         engine.step()
         engine.zero_grad()
     out["unused_supported"] = compare(engine, model, reference_params(model, data, world, skip_on_rank0=1))
-    if stage == 3:
-        out.update(_read_stage3_params(rank, world, model, data))
+    out.update(_read_params(rank, world, stage, model, data))
     return out
 
 
-def _read_stage3_params(rank: int, world: int, model, data) -> dict:
-    """Reading a stage-3 module's parameters outside forward: never a crash; gathered on request."""
+def _read_params(rank: int, world: int, stage: int, model, data) -> dict:
+    """Reading the module's parameters outside forward: never a crash; at stage 3 gathered on request."""
     group = Group.of(None, "dp")
-    engine = engine_for(copy.deepcopy(model), group, 3)
+    engine = engine_for(copy.deepcopy(model), group, stage)
     xs, ys = data[0]
     engine.backward(engine.module(slice_of(xs, rank, world), slice_of(ys, rank, world)))
     engine.step()

@@ -10,15 +10,15 @@ import torch.distributed as dist
 
 from tests.helpers.reference import reference_train
 from zerobench.distributed.collectives import Group
-from zerobench.distributed.mesh import build_mesh
-from zerobench.models.fused import apply_fused_kernels
+from zerobench.distributed.mesh import Mesh, build_mesh
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
-from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
+from zerobench.parallel.checkpointing import ActivationConfig
+from zerobench.parallel.fused import apply_fused_kernels
 from zerobench.parallel.layers import shard_cols, shard_rows
-from zerobench.parallel.tensor_parallel import apply_tp
+from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.data import SyntheticTokens
-from zerobench.zero import AdamWConfig, LossScaleConfig, Precision, ZeroConfig, apply_zero
+from zerobench.zero import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
 from zerobench.zero.state_dict import full_gradients, full_parameters
 
 
@@ -126,10 +126,10 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
             nvme_path=nvme_dir if sc.offload == "nvme" else None, optim_bits=sc.optim_bits,
         )
         work = copy.deepcopy(model)
-        info = apply_tp(work, tp_group, sequence_parallel=sc.sp)
-        apply_fused_kernels(work, sc.kernels)
-        store = apply_activation_checkpointing(work, sc.ac, tp_group, rng=info.rng)
-        engine = apply_zero(work, group, zcfg, tp=info)
+        mesh = Mesh(dp=group, tp=tp_group, world=group)  # world: unused by parallelize
+        spec = ParallelSpec(zero=zcfg, sequence_parallel=sc.sp, kernels=sc.kernels, activation=sc.ac)
+        built = parallelize(work, mesh, spec)  # the production composition (train/systems.py)
+        store, engine = built.store, built.engine
         mb = sc.global_batch // (sc.dp * sc.accum)
         losses, stepped = [], []
         grad_rel_err = None

@@ -120,8 +120,8 @@ def zero_r_ledgers(rank, world):
     """Checkpoint bytes and MP / P_a volumes for TP 2 and 4 with checkpointing, P_a, P_a+cpu, M_D."""
     from zerobench.distributed.mesh import build_mesh
     from zerobench.metrics.comm import CommLedger
-    from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
-    from zerobench.parallel.tensor_parallel import apply_tp
+    from zerobench.parallel.checkpointing import ActivationConfig
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
 
     cfg = PRESETS["tiny"]
     data = SyntheticTokens(cfg.vocab, cfg.seq)
@@ -139,9 +139,9 @@ def zero_r_ledgers(rank, world):
             torch.manual_seed(0)
             ledger = CommLedger()
             model = GPT(cfg)
-            info = apply_tp(model, mesh.tp, ledger)
-            store = apply_activation_checkpointing(model, ac, mesh.tp, ledger)
-            engine = apply_zero(model, mesh.dp, ZeroConfig(stage=2), ledger, tp=info)
+            spec = ParallelSpec(zero=ZeroConfig(stage=2), kernels="reference", activation=ac)
+            built = parallelize(model, mesh, spec, ledger)
+            store, engine = built.store, built.engine
             x, y = data.micro_batch(0, mesh.dp_rank, mesh.dp.size, 0, b)
             engine.backward(engine.module(x, y))
             engine.step()
@@ -238,9 +238,9 @@ def tp_rng_and_dropout(rank, world):
     import dataclasses
 
     from zerobench.distributed.mesh import build_mesh
-    from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
+    from zerobench.parallel.checkpointing import ActivationConfig
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
     from zerobench.parallel.random import TPRngTracker
-    from zerobench.parallel.tensor_parallel import apply_tp
     from zerobench.zero.state_dict import full_gradients
 
     mesh = build_mesh(world, 1)
@@ -257,9 +257,9 @@ def tp_rng_and_dropout(rank, world):
     for ckpt in (False, True):
         torch.manual_seed(0)
         model = GPT(cfg)
-        info = apply_tp(model, mesh.tp, seed=11)
-        apply_activation_checkpointing(model, ActivationConfig(checkpoint=ckpt), mesh.tp, rng=info.rng)
-        engine = apply_zero(model, mesh.dp, ZeroConfig(stage=0), tp=info)
+        spec = ParallelSpec(zero=ZeroConfig(stage=0), kernels="reference",
+                            activation=ActivationConfig(checkpoint=ckpt), seed=11)
+        engine = parallelize(model, mesh, spec).engine
         if not ckpt:
             model.blocks[-1].register_forward_hook(lambda m, a, o: block_out.append(o.detach().clone()))
         torch.manual_seed(123)  # same default-RNG stream for both runs

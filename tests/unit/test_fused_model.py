@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from zerobench.models.fused import FusedLayerNorm, FusedMLP, apply_fused_kernels
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
+from zerobench.parallel.fused import FusedLayerNorm, FusedMLP, apply_fused_kernels
 from zerobench.train.data import SyntheticTokens
 
 

@@ -17,7 +17,7 @@ import torch
 
 from zerobench.config import ConfigError
 from zerobench.metrics.memory import storage_bytes
-from zerobench.parallel.checkpointing import apply_activation_checkpointing
+from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.peers.common import (
     PeerBase,
     adamw_kwargs,
@@ -58,7 +58,7 @@ class DeepSpeedSystem(PeerBase):
         model = build_model(cfg, device)
         # The same block-level recompute zerobench uses (plain checkpointing, no P_a/M_D), applied to the
         # plain module before DeepSpeed wraps it, as a DeepSpeed user checkpoints their own model.
-        apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger)
+        parallelize(model, mesh, ParallelSpec(zero=None, kernels="reference", activation=cfg.activation), ledger)
         groups = param_groups(model, cfg)
         self.offload = name.endswith("offload")
         if self.offload:

@@ -30,17 +30,16 @@ def dry_run(model: GPTConfig, gpus: int, mp: int, stage: int, rank: int = 0,
     """Engine-measured vs analytic model-state bytes on ``rank`` of a ``gpus``-rank world."""
     from zerobench.distributed.mesh import build_mesh
     from zerobench.metrics.memory import paper_model_state_bytes
-    from zerobench.parallel.tensor_parallel import apply_tp
-    from zerobench.zero import apply_zero
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
 
     init_fake_world(gpus, rank)
     try:
         mesh = build_mesh(mp)
         with torch.device("meta"):
             gpt = GPT(model)
-        info = apply_tp(gpt, mesh.tp)
-        engine = apply_zero(gpt, mesh.dp, ZeroConfig(stage=stage, precision=Precision(precision),
-                                                      bucket_numel=bucket_numel), tp=info)
+        zero = ZeroConfig(stage=stage, precision=Precision(precision), bucket_numel=bucket_numel)
+        # The production composition; fused kernels would only swap modules (reference on meta).
+        engine = parallelize(gpt, mesh, ParallelSpec(zero=zero, kernels="reference")).engine
         ledger = engine.memory_ledger()
         measured = engine.model_state_bytes()
         psi = params_per_mp_rank(model, mp)

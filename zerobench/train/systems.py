@@ -15,12 +15,9 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
-from zerobench.models.fused import apply_fused_kernels
 from zerobench.models.gpt import GPT
-from zerobench.parallel.checkpointing import apply_activation_checkpointing
-from zerobench.parallel.tensor_parallel import apply_tp
+from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.config import TrainConfig
-from zerobench.zero import apply_zero
 
 SYSTEMS = ("zerobench", "megatron")  # and the peers of zerobench.peers
 
@@ -38,18 +35,20 @@ class TrainSystem(Protocol):
     def tensors(self) -> list[torch.Tensor]: ...
 
 
+def parallel_spec(cfg: TrainConfig) -> ParallelSpec:
+    """What ``parallelize`` applies for this run."""
+    return ParallelSpec(zero=cfg.zero, sequence_parallel=cfg.sequence_parallel, kernels=cfg.kernels,
+                        activation=cfg.activation, seed=cfg.seed)
+
+
 class ZeroSystem:
     """zerobench: plain GPT -> apply_tp -> fused kernels -> activation checkpointing -> apply_zero."""
 
     def __init__(self, cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device):
         torch.manual_seed(cfg.seed)
         model = GPT(cfg.model).to(device)
-        # Order matters: TP decides which parameters exist on this rank, checkpointing wraps the blocks,
-        # and ZeRO partitions whatever parameters are left, over this TP rank's DP group.
-        tp_info = apply_tp(model, mesh.tp, ledger, seed=cfg.seed, sequence_parallel=cfg.sequence_parallel)
-        apply_fused_kernels(model, cfg.kernels)
-        self.store = apply_activation_checkpointing(model, cfg.activation, mesh.tp, ledger, tp_info.rng)
-        self.engine = apply_zero(model, mesh.dp, cfg.zero, ledger, tp=tp_info)
+        built = parallelize(model, mesh, parallel_spec(cfg), ledger)
+        self.store, self.engine = built.store, built.engine
         self.module, self.ledger = model, ledger
 
     def forward_backward(self, x, y):

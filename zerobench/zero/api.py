@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from torch import nn
 
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
-from zerobench.parallel.tensor_parallel import TPInfo
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
 
@@ -23,13 +24,17 @@ def apply_zero(
     config: ZeroConfig,
     ledger: CommLedger | None = None,
     units: list[nn.Module] | None = None,
-    tp: TPInfo | None = None,
+    tp_group: Group | None = None,
+    tp_sharded: Collection[str] = frozenset(),
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
     Apply it last, after tensor parallelism and activation checkpointing: ZeRO partitions whatever
     parameters the model holds at that point. Every rank must pass identically initialised models.
-    With tensor parallelism, pass the ``TPInfo`` that ``apply_tp`` returned: ZeRO then runs over the DP
-    group of this TP rank, and gradient norms and overflow checks span both groups.
+    With tensor parallelism, ``dp_group`` is this TP rank's DP group; pass the TP group and the names of the
+    parameters TP shards (``TPInfo.sharded``): gradient norms and overflow checks then span both groups,
+    counting sharded parameters once per TP rank and replicated ones once. ``zerobench.parallel.parallelize``
+    applies TP, fused kernels, checkpointing and this in their one order.
     """
-    return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger, tp)
+    return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger,
+                      tp_group, frozenset(tp_sharded))

@@ -57,10 +57,11 @@ class ZeroEngine(EngineAccounting):
         config: ZeroConfig,
         units: list[nn.Module],
         ledger: CommLedger | None = None,
-        tp=None,
+        tp_group: C.Group | None = None,
+        tp_sharded: frozenset[str] = frozenset(),
     ):
         config.validate()
-        self.tp_group = tp.group if tp is not None and tp.group.size > 1 else None
+        self.tp_group = tp_group if tp_group is not None and tp_group.size > 1 else None
         self.module, self.group, self.config = model, group, config
         self.ledger = ledger if ledger is not None else CommLedger()
         self.stage = config.stage
@@ -148,13 +149,12 @@ class ZeroEngine(EngineAccounting):
         decay_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
         # With TP, the ranges of TP-replicated parameters (counted once, not per TP rank, in the norm).
         self.replicated_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
-        sharded_names = tp.sharded if tp is not None else frozenset()
         for seg in segments:
             base = self.layout.local_offset(seg.bucket)
             rng = (seg.local_start - base, seg.local_start - base + seg.numel)
             if self.zparams[seg.param].weight_decay:
                 decay_ranges[seg.bucket].append(rng)
-            if self.zparams[seg.param].name not in sharded_names:
+            if self.zparams[seg.param].name not in tp_sharded:
                 self.replicated_ranges[seg.bucket].append(rng)
         nvme = None
         if config.offload_optimizer == "nvme":

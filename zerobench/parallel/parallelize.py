@@ -1,0 +1,75 @@
+"""``parallelize``: the one composition of parallelisms applied to a plain model, in their one order.
+
+Production (``train/systems.py``), the dry run on the fake backend (``plan/dry_run.py``), the peers that
+share zerobench's activation checkpointing, and the parity tests all call this function, so the order the
+tests check is the order that trains:
+
+1. ``apply_tp``: Megatron tensor parallelism decides which parameters exist on this rank;
+2. ``apply_fused_kernels``: fused LayerNorm and bias+GeLU (parameter names unchanged);
+3. ``apply_activation_checkpointing``: checkpoints the blocks (P_a, P_a+cpu, M_D), replaying TP's RNG;
+4. ``apply_zero``: partitions whatever parameters are left over this TP rank's DP group (skipped when the
+   spec has no ZeRO config: a peer system brings its own data parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from zerobench.distributed.mesh import Mesh
+from zerobench.metrics.comm import CommLedger
+from zerobench.parallel.checkpointing import CheckpointStore, apply_activation_checkpointing
+from zerobench.parallel.config import ActivationConfig
+from zerobench.parallel.fused import apply_fused_kernels
+from zerobench.parallel.tensor_parallel import TPInfo, apply_tp
+from zerobench.zero.api import apply_zero
+from zerobench.zero.config import ZeroConfig
+from zerobench.zero.engine import ZeroEngine
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """What to apply to the model; ``parallelize`` fixes the order."""
+
+    zero: ZeroConfig | None = field(default_factory=ZeroConfig)
+    """ZeRO's configuration; None applies everything but ZeRO (for systems with their own DP)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism inside the TP group."""
+    kernels: str = "auto"
+    """Fused model kernels: auto (where the device has them), fused, reference (leave the model as is)."""
+    activation: ActivationConfig = field(default_factory=ActivationConfig)
+    """Activation checkpointing and ZeRO-R's activation options."""
+    seed: int = 0
+    """Seed of the per-TP-rank RNG of sharded regions (dropout inside attention)."""
+
+
+@dataclass
+class Parallelized:
+    """What ``parallelize`` built around the (modified in place) model."""
+
+    model: nn.Module
+    """The model, parallelized in place."""
+    tp: TPInfo
+    """TP group, names of TP-sharded parameters, TP RNG."""
+    store: CheckpointStore | None
+    """Activation checkpoint store (None without checkpointing)."""
+    engine: ZeroEngine | None
+    """The ZeRO engine (None when the spec has no ZeRO config)."""
+
+
+def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLedger | None = None,
+                units: list[nn.Module] | None = None) -> Parallelized:
+    """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
+
+    Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
+    every block of ``model.blocks``).
+    """
+    tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel)
+    apply_fused_kernels(model, spec.kernels)
+    store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)
+    engine = None
+    if spec.zero is not None:
+        engine = apply_zero(model, mesh.dp, spec.zero, ledger, units,
+                            tp_group=mesh.tp, tp_sharded=tp.sharded)
+    return Parallelized(model, tp, store, engine)

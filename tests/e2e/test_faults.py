@@ -28,7 +28,7 @@ def status_rows(out: Path) -> list[dict]:
 
 
 def ranks_running(marker: str) -> list[str]:
-    r = subprocess.run(["pgrep", "-f", f"zerobench.train.worker.*{marker}"], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-f", f"zerobench.launch.worker.*{marker}"], capture_output=True, text=True)
     return r.stdout.split()
 
 

@@ -27,10 +27,11 @@ def test_peer_configs_match_zerobench_except_the_system():
 
 
 def test_peers_reject_what_they_are_not_wired_for():
+    from zerobench.systems import validate_run
     from zerobench.train.config import TrainConfig
 
     with pytest.raises(ConfigError, match="drop --tp"):
-        TrainConfig(system="fsdp2", tp=2, dp=1).validate()
+        validate_run(TrainConfig(system="fsdp2", tp=2, dp=1))
 
 
 def test_only_deepspeed_peers_take_bf16_and_checkpointing():
@@ -38,20 +39,21 @@ def test_only_deepspeed_peers_take_bf16_and_checkpointing():
     GPU offload rows do; the other peers stay fp32 without it, and P_a/M_D are zerobench's alone."""
     from zerobench.parallel.config import ActivationConfig
     from zerobench.peers.deepspeed_peer import ds_config
+    from zerobench.systems import validate_run
     from zerobench.train.config import TrainConfig
     from zerobench.zero.config import Precision, ZeroConfig
 
     bf16, ckpt = ZeroConfig(precision=Precision.BF16), ActivationConfig(checkpoint=True)
     with pytest.raises(ConfigError, match="runs fp32"):
-        TrainConfig(system="fsdp2", dp=1, zero=bf16).validate()
+        validate_run(TrainConfig(system="fsdp2", dp=1, zero=bf16))
     with pytest.raises(ConfigError, match="DeepSpeed peers only"):
-        TrainConfig(system="torch-ddp", dp=1, activation=ckpt).validate()
+        validate_run(TrainConfig(system="torch-ddp", dp=1, activation=ckpt))
     with pytest.raises(ConfigError, match="P_a, P_a\\+cpu and M_D are zerobench's"):
-        TrainConfig(system="deepspeed-2", dp=1, activation=ActivationConfig(checkpoint=True, contiguous=True)).validate()
+        validate_run(TrainConfig(system="deepspeed-2", dp=1, activation=ActivationConfig(checkpoint=True, contiguous=True)))
     with pytest.raises(ConfigError, match="runs fp32"):
-        TrainConfig(system="deepspeed-2", dp=1, zero=ZeroConfig(precision=Precision.FP16)).validate()
+        validate_run(TrainConfig(system="deepspeed-2", dp=1, zero=ZeroConfig(precision=Precision.FP16)))
     cfg = TrainConfig(system="deepspeed-2-offload", dp=1, zero=bf16, activation=ckpt)
-    cfg.validate()
+    validate_run(cfg)
     ds = ds_config("deepspeed-2-offload", cfg)
     assert ds["bf16"] == {"enabled": True} and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds_config("deepspeed-2", TrainConfig(system="deepspeed-2", dp=1))["bf16"] == {"enabled": False}

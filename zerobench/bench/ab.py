@@ -30,8 +30,8 @@ from pathlib import Path
 
 from zerobench.bench.lockstep import Referee
 from zerobench.config import ConfigError
+from zerobench.launch.local import allowed_cpus
 from zerobench.results.rows import RowWriter, read_rows
-from zerobench.train.launch import allowed_cpus
 
 METRICS = ("auto", "step_time_s", "step_cpu_s", "step_time_norm")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from zerobench.bench.search import largest_fitting
 from zerobench.bench.spec import RunSpec, to_train_config
 from zerobench.config import ConfigError
+from zerobench.launch.local import launch_local
 from zerobench.models.sizes import num_params
-from zerobench.train.launch import launch_local
 
 
 @dataclass

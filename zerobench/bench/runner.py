@@ -22,8 +22,8 @@ from zerobench.bench.suite import Suite
 from zerobench.bench.sweep_state import SweepSummary, attempt_id, check_out, completed_runs, should_run, status_row
 from zerobench.config import ConfigError
 from zerobench.launch.cancel import Cancellation
+from zerobench.launch.local import EXIT_IO, launch_local
 from zerobench.results.rows import RowWriteError
-from zerobench.train.launch import EXIT_IO, launch_local
 
 MAX_LOCAL_WORLD = 16
 

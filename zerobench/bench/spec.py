@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from zerobench.config import ConfigError
 from zerobench.models.sizes import preset as get_preset
 from zerobench.parallel.config import ActivationConfig
+from zerobench.systems import validate_run
 from zerobench.train.config import TrainConfig
 from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 
@@ -155,5 +156,5 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
         warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
         memory_budget_bytes=budget, kernels=spec.kernels,
     )
-    cfg.validate()
+    validate_run(cfg)
     return cfg

@@ -98,13 +98,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.config import parse_bytes
     from zerobench.distributed.env import DistEnv, detect
     from zerobench.launch.cancel import EXIT_CANCELLED
+    from zerobench.launch.local import EXIT_OOM, free_port, launch_local
+    from zerobench.launch.worker import run_rank
     from zerobench.models.sizes import preset
     from zerobench.parallel.checkpointing import ActivationConfig
     from zerobench.results.outdir import check_fresh_run_dir
     from zerobench.results.rows import RowWriter
+    from zerobench.systems import validate_run
     from zerobench.train.config import TrainConfig
-    from zerobench.train.launch import EXIT_OOM, free_port, launch_local
-    from zerobench.train.worker import run_rank
     from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 
     if args.paper_config:
@@ -138,7 +139,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         memory_budget_bytes=int(parse_bytes(args.memory_budget)) if args.memory_budget else None,
         collective_timeout_s=args.collective_timeout,
     )
-    cfg.validate(denv.world_size if denv.source != "single" else None)
+    validate_run(cfg, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
     check_fresh_run_dir(out)

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
+from zerobench.launch.local import LaunchResult, describe_exit
 from zerobench.train.config import TrainConfig
-from zerobench.train.launch import LaunchResult, describe_exit
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ONE = REPO / "slurm" / "run_one.sh"

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from zerobench.train import worker
+from zerobench.launch import worker
 
 
 def main(argv: list[str]) -> int:

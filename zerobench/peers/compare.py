@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobench.config import ConfigError
+from zerobench.launch.local import launch_local
 from zerobench.models.sizes import preset as get_preset
 from zerobench.peers.registry import (
     DEEPSPEED_PEERS,
@@ -26,8 +27,8 @@ from zerobench.peers.registry import (
     deepspeed_available,
 )
 from zerobench.results.rows import RowWriter, read_rows
+from zerobench.systems import validate_run
 from zerobench.train.config import TrainConfig
-from zerobench.train.launch import launch_local
 from zerobench.zero.config import ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
@@ -93,7 +94,7 @@ def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch
         micro_batch=micro_batch or p.micro_batch, steps=p.steps, warmup_steps=p.warmup,
         system="zerobench" if system in ZEROBENCH else system, track_memory=track_memory,
     )
-    cfg.validate()
+    validate_run(cfg)
     return cfg
 
 

@@ -1,8 +1,10 @@
-"""Names of the peer systems, what each shards (its ZeRO-stage equivalent), and how to build one."""
+"""Names of the peer systems, what each shards (its ZeRO-stage equivalent), how to build and check one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from zerobench.train.entry import SystemEntry
 
 # name -> the zerobench stage doing the same sharding (the comparison the issue's bar is about)
 SHARDING: dict[str, int] = {
@@ -45,7 +47,18 @@ def _deepspeed(name: str) -> Callable:
     return build
 
 
+def _validate(name: str) -> Callable:
+    def validate(cfg) -> None:
+        from zerobench.peers.common import check_supported
+
+        check_supported(name, cfg)
+
+    return validate
+
+
 PEERS: dict[str, Callable] = {**{n: _torch(n) for n in TORCH_PEERS}, **{n: _deepspeed(n) for n in DEEPSPEED_PEERS}}
+ENTRIES: dict[str, SystemEntry] = {n: SystemEntry(n, PEERS[n], _validate(n), shards_like=SHARDING[n]) for n in SHARDING}
+"""Each peer's registration: built lazily, validated by ``check_supported``, sharding like ``SHARDING``."""
 
 
 def deepspeed_available() -> bool:

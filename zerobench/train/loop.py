@@ -20,27 +20,28 @@ from zerobench.distributed.mesh import build_mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
 from zerobench.models.sizes import flops_per_token, num_params
-from zerobench.peers.registry import SHARDING
 from zerobench.results.rows import RowWriter
 from zerobench.train import faults, turnstile
 from zerobench.train.config import TrainConfig
 from zerobench.train.data import SyntheticTokens
-from zerobench.train.systems import build_system
+from zerobench.train.entry import SystemEntry
 
 
 def _fmt_bytes(n: float | None) -> str:
     return f"{'n/a':>14}" if n is None else f"{n / 2**20:10.2f} MiB"
 
 
-def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str = "train", log=print,
-          suite: str | None = None) -> dict:
+def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Path | None, run_id: str = "train",
+          log=print, suite: str | None = None) -> dict:
+    """Train ``cfg`` with the registered system ``entry`` on this rank; returns rank 0's summary."""
     cfg.validate(denv.world_size)
+    entry.validate(cfg)
     device = init_distributed(denv, cfg.collective_timeout_s)
     rank = dist.get_rank()
     say = log if rank == 0 else (lambda *a, **k: None)
     mesh = build_mesh(cfg.tp, cfg.dp, timeout_s=cfg.collective_timeout_s)
     ledger = CommLedger()
-    system = build_system(cfg, mesh, ledger, device)
+    system = entry.build(cfg, mesh, ledger, device)
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     psi = num_params(cfg.model)
     # Every TP rank of a replica processes the replica's tokens; per GPU that is 1/tp of its FLOPs.
@@ -56,8 +57,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
     if tracker is not None:
         for t in system.tensors():
             tracker.track(t)
-    # A peer's sharding is in its name (deepspeed-2-offload shards as stage 2), not in cfg.zero.stage.
-    stage = f"stage {cfg.zero.stage}" if cfg.system in ("zerobench", "megatron") else f"shards as stage {SHARDING[cfg.system]}"
+    stage = entry.describe(cfg)  # a peer's sharding is in its name (deepspeed-2-offload: stage 2)
     say(
         f"zerobench train [{cfg.system}]: GPT {psi / 1e6:.2f}M params, {stage}, dp {cfg.dp}, tp {cfg.tp}, "
         f"{cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} tokens, device {device.type}"
@@ -135,7 +135,7 @@ def train(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: s
         "model_state_bytes": system.model_state_bytes(),
         "analytic": system.model_state_bytes_analytic(),
         "host": system.host_state_bytes() if hasattr(system, "host_state_bytes") else None,
-        "comm_volume": ledger.volume_elements(group="dp") if cfg.system == "zerobench" else None,
+        "comm_volume": ledger.volume_elements(group="dp") if entry.records_dp_comm else None,
         "mp_volume": ledger.volume_elements(group="tp", tag="mp"),
         "pa_volume": ledger.volume_elements(group="tp", tag="pa"),
         "comm_summary": ledger.summary(),
@@ -210,7 +210,7 @@ def _report(s: dict, cfg: TrainConfig, say) -> None:
             say(f"  {r['rank']:>4} {_fmt_bytes(L['host_params'])} {_fmt_bytes(L['host_grads'])} {_fmt_bytes(L['host_master'])} "
                 f"{_fmt_bytes(L['host_optimizer_states'])} {_fmt_bytes(h['measured'])} {_fmt_bytes(h['analytic'])}"
                 + (f"  NVMe {_fmt_bytes(L['nvme_optimizer_states'])}" if L["nvme_optimizer_states"] else ""))
-    if cfg.system != "zerobench":
+    if s["ranks"][0]["comm_volume"] is None:  # the system's collectives are not in zerobench's ledger
         say("\n(communication of baseline systems is not recorded in zerobench's ledger)")
         return
     say("\ncommunication ledger per step, rank 0 (volume = paper §7 accounting, elements):")
@@ -272,7 +272,7 @@ def _write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> Non
                 w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
         if r["comm_volume"] is not None:
             w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
-        if cfg.tp > 1 and cfg.system == "zerobench":
+        if cfg.tp > 1 and r["comm_volume"] is not None:
             w.write("mp_comm_volume_elements_per_step", r["mp_volume"], "elements", rank=rk, group="tp")
             w.write("pa_comm_volume_elements_per_step", r["pa_volume"], "elements", rank=rk, group="tp")
         w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,

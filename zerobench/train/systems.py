@@ -1,4 +1,4 @@
-"""Training systems the loop can drive: zerobench's own stack, or a baseline adapter.
+"""The training-system interface the loop drives, and zerobench's own system (registered as ``train.entry.ZEROBENCH``).
 
 A system owns the model and its parallelism and exposes one micro-batch ``forward_backward``, ``step``,
 ``zero_grad`` and its memory figures; the training loop (data, timing, rows) is shared, so every system
@@ -12,14 +12,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from zerobench.config import ConfigError
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.models.gpt import GPT
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.config import TrainConfig
-
-SYSTEMS = ("zerobench", "megatron")  # and the peers of zerobench.peers
 
 
 class TrainSystem(Protocol):
@@ -83,17 +80,3 @@ class ZeroSystem:
             return None
         return {"measured": self.engine.host_model_state_bytes(),
                 "analytic": sum(self.engine.host_state_bytes_analytic().values())}
-
-
-def build_system(cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device) -> TrainSystem:
-    if cfg.system == "zerobench":
-        return ZeroSystem(cfg, mesh, ledger, device)
-    if cfg.system == "megatron":
-        from zerobench.baselines.megatron import MegatronSystem
-
-        return MegatronSystem(cfg, mesh, ledger, device)
-    from zerobench.peers import PEERS
-
-    if cfg.system in PEERS:
-        return PEERS[cfg.system](cfg, mesh, ledger, device)
-    raise ConfigError(f"unknown system {cfg.system!r}: choose zerobench, megatron or a peer ({', '.join(PEERS)})")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.zero import quant8
+from zerobench.zero.quant8 import code_book, dequantize, num_blocks, quantize_, state_bytes_per_element
 
 State = dict[str, torch.Tensor]
 
@@ -46,7 +46,7 @@ class Int8Codec:
     name = "int8"
 
     def alloc(self, numel: int, device: torch.device, pin: bool = False) -> State:
-        nb = quant8.num_blocks(numel)
+        nb = num_blocks(numel)
         enc = {
             "m_codes": torch.empty(numel, dtype=torch.uint8, device=device, pin_memory=pin),
             "v_codes": torch.empty(numel, dtype=torch.uint8, device=device, pin_memory=pin),
@@ -54,22 +54,22 @@ class Int8Codec:
             "v_absmax": torch.zeros(nb, dtype=torch.float32, device=device, pin_memory=pin),
         }
         # Zero moments: absmax 0 makes every code decode to 0 whatever it is; pick the code of 0.0 anyway.
-        enc["m_codes"].fill_(int(torch.searchsorted(quant8.code_book(True), torch.tensor(0.0))))
+        enc["m_codes"].fill_(int(torch.searchsorted(code_book(True), torch.tensor(0.0))))
         enc["v_codes"].fill_(0)
         return enc
 
     def decode(self, enc: State) -> tuple[torch.Tensor, torch.Tensor]:
-        m = quant8.dequantize(enc["m_codes"], enc["m_absmax"], signed=True)
-        v = quant8.dequantize(enc["v_codes"], enc["v_absmax"], signed=False)
+        m = dequantize(enc["m_codes"], enc["m_absmax"], signed=True)
+        v = dequantize(enc["v_codes"], enc["v_absmax"], signed=False)
         return m.contiguous(), v.contiguous()
 
     def encode(self, m: torch.Tensor, v: torch.Tensor, enc: State) -> None:
-        quant8.quantize_(m, enc["m_codes"], enc["m_absmax"], signed=True)
-        quant8.quantize_(v, enc["v_codes"], enc["v_absmax"], signed=False)
+        quantize_(m, enc["m_codes"], enc["m_absmax"], signed=True)
+        quantize_(v, enc["v_codes"], enc["v_absmax"], signed=False)
 
     @staticmethod
     def bytes_per_element() -> float:
-        return quant8.state_bytes_per_element()
+        return state_bytes_per_element()
 
 
 def make_codec(bits: int):

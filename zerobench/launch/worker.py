@@ -1,4 +1,7 @@
-"""Entry point of one launched rank: ``python -m zerobench.train.worker CONFIG.json RUN_ID [OUT_DIR [SUITE]]``.
+"""Entry point of one launched rank: ``python -m zerobench.launch.worker CONFIG.json RUN_ID [OUT_DIR [SUITE]]``.
+
+The composition root of a rank: it resolves the run's system from ``zerobench.systems`` and hands the
+entry to the training loop.
 
 ``run_rank`` is also how ``zerobench train`` trains in its own process (one process, or one rank under
 torchrun / srun): a bad configuration or running out of memory ends in one line and an exit code the
@@ -19,10 +22,11 @@ import torch.distributed as dist
 from zerobench.config import ConfigError, RunFailed, from_dict
 from zerobench.distributed.env import DistEnv, detect
 from zerobench.launch.cancel import die_with_parent
+from zerobench.launch.local import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.results.rows import RowWriteError, RowWriter
+from zerobench.systems import validate_run
 from zerobench.train.config import TrainConfig
-from zerobench.train.launch import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.train.loop import train
 from zerobench.train.turnstile import TurnstileError
 
@@ -53,7 +57,8 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
     a result, not a missing run."""
     t0 = time.monotonic()
     try:
-        train(cfg, denv, out_dir, run_id, suite=suite)
+        system = validate_run(cfg, denv.world_size)
+        train(cfg, denv, system, out_dir, run_id, suite=suite)
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -111,7 +111,7 @@ def launch_local(
                 "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                 "ZEROBENCH_LAUNCHER_PID": str(os.getpid()),
             }
-            cmd = [sys.executable, "-m", "zerobench.train.worker", str(cfg_path), run_id]
+            cmd = [sys.executable, "-m", "zerobench.launch.worker", str(cfg_path), run_id]
             if out_dir is not None:
                 cmd.append(str(out_dir))
                 if suite is not None:

@@ -9,7 +9,7 @@ import pytest
 from zerobench.bench.ab import ABConfig
 from zerobench.bench.lockstep import Referee
 from zerobench.config import ConfigError
-from zerobench.train.turnstile import Turnstile, TurnstileError, from_env
+from zerobench.train.turnstile import Turnstile, TurnstileError, from_spec
 
 
 class _Proc:
@@ -90,11 +90,14 @@ def test_no_turn_in_time_is_one_clear_error():
 def test_missing_referee_and_bad_spec(tmp_path, monkeypatch):
     with pytest.raises(TurnstileError, match="cannot reach the A/B referee"):
         Turnstile(str(tmp_path / "nobody.sock"), "a", 1)
+    from zerobench.launch.worker import rank_settings
+
     monkeypatch.setenv("ZEROBENCH_TURNSTILE", "no-side-given")
+    settings = rank_settings()  # the launcher's environment is read here, once
     with pytest.raises(TurnstileError, match="expected SOCKET_PATH:SIDE"):
-        from_env()
+        from_spec(settings.turnstile, settings.turnstile_timeout_s)
     monkeypatch.delenv("ZEROBENCH_TURNSTILE")
-    assert from_env() is None
+    assert rank_settings().turnstile is None and from_spec(rank_settings().turnstile) is None
 
 
 def test_lockstep_config_is_validated(tmp_path):

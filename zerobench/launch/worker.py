@@ -26,7 +26,9 @@ from zerobench.launch.local import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIM
 from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.results.rows import RowWriteError, RowWriter
 from zerobench.systems import validate_run
+from zerobench.train import faults, turnstile
 from zerobench.train.config import TrainConfig
+from zerobench.train.hooks import Plants, RankSettings
 from zerobench.train.loop import train
 from zerobench.train.turnstile import TurnstileError
 
@@ -38,6 +40,15 @@ def main(argv: list[str]) -> int:
     with open(cfg_path) as f:
         data = json.load(f)
     return run(data, run_id, argv[2] if len(argv) > 2 else None, argv[3] if len(argv) > 3 else None)
+
+
+def rank_settings(environ=None) -> RankSettings:
+    """The launcher's requests to this rank (A/B turns, test-only plantings): the one place in zerobench
+    that reads them from the environment."""
+    env = os.environ if environ is None else environ
+    plants = Plants(fault=env.get(faults.FAULT_ENV), delay=env.get(faults.DELAY_ENV),
+                    buffer_bytes=int(env.get(faults.BUFFER_ENV, "0")))
+    return RankSettings(plants, env.get(turnstile.ENV), float(env.get(turnstile.TIMEOUT_ENV, "600")))
 
 
 def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> int:
@@ -58,7 +69,7 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
     t0 = time.monotonic()
     try:
         system = validate_run(cfg, denv.world_size)
-        train(cfg, denv, system, out_dir, run_id, suite=suite)
+        train(cfg, denv, system, out_dir, run_id, suite=suite, settings=rank_settings())
     except ConfigError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return EXIT_CONFIG

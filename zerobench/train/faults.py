@@ -1,4 +1,7 @@
-"""Test-only fault and regression planting, driven by environment variables; unset, nothing happens.
+"""Test-only fault and regression planting; with no plant given, nothing happens.
+
+The specs arrive as ``train.hooks.Plants`` (read from the launcher's environment by ``launch/worker.py``,
+the one place that does; the variable names below are the interface tests and the A/B gate use):
 
 - ``ZEROBENCH_FAULT=RANK:STEP[:KIND]``: at the start of that step that rank fails. KIND ``exit``
   (default) exits abruptly (``os._exit(17)``), as a crashed or OOM-killed process would; ``raise``
@@ -16,8 +19,11 @@ import os
 EXIT_CODE = 17
 
 
-def maybe_fail(rank: int, step: int) -> None:
-    spec = os.environ.get("ZEROBENCH_FAULT")
+FAULT_ENV, DELAY_ENV, BUFFER_ENV = "ZEROBENCH_FAULT", "ZEROBENCH_PLANT_DELAY", "ZEROBENCH_PLANT_BUFFER"
+
+
+def maybe_fail(spec: str | None, rank: int, step: int) -> None:
+    """Fail as ``spec`` (``RANK:STEP[:KIND]``) says when it names this rank and step."""
     if not spec:
         return
     r, s, kind = (spec + ":exit").split(":")[:3]
@@ -43,12 +49,11 @@ def maybe_fail(rank: int, step: int) -> None:
     os._exit(EXIT_CODE)
 
 
-def planted_delay(stage: int, step_seconds: float) -> float:
-    """Test-only: with ``ZEROBENCH_PLANT_DELAY=FRACTION[:STAGE]`` spend FRACTION x this step's time
+def planted_delay(spec: str | None, stage: int, step_seconds: float) -> float:
+    """Test-only: with ``spec`` = ``FRACTION[:STAGE]`` spend FRACTION x this step's time
     (only for ZeRO stage STAGE when given), planting an exact slowdown for regression-gate tests.
 
     The delay busy-waits, as slower code would (a sleep would leave the core to other processes)."""
-    spec = os.environ.get("ZEROBENCH_PLANT_DELAY")
     if not spec:
         return 0.0
     frac, _, only = spec.partition(":")
@@ -61,8 +66,3 @@ def planted_delay(stage: int, step_seconds: float) -> float:
     while time.perf_counter() < end:
         pass
     return delay
-
-
-def planted_buffer_bytes() -> int:
-    """Test-only: ``ZEROBENCH_PLANT_BUFFER=BYTES`` makes training hold an extra buffer of that size."""
-    return int(os.environ.get("ZEROBENCH_PLANT_BUFFER", "0"))

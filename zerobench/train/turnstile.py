@@ -1,6 +1,6 @@
 """Lockstep turns for interleaved A/B timing (the client side; the referee is ``zerobench.bench.lockstep``).
 
-With ``ZEROBENCH_TURNSTILE=SOCKET:SIDE`` in the environment, rank 0 of a run connects to the A/B
+With ``ZEROBENCH_TURNSTILE=SOCKET:SIDE`` in the launcher's environment (read by ``launch/worker.py``), rank 0 of a run connects to the A/B
 controller's Unix socket and, around every training step, asks for a turn and hands it back: the
 baseline's and the candidate's steps then alternate one by one on the same CPUs, so a burst of machine
 noise lasting longer than a step lands on both sides instead of on one. The other ranks of the run wait
@@ -12,7 +12,6 @@ from the referee) -> ``d`` (done). A turn not granted within the timeout is an e
 
 from __future__ import annotations
 
-import os
 import socket
 
 ENV = "ZEROBENCH_TURNSTILE"
@@ -61,17 +60,11 @@ class Turnstile:
         self._sock.close()
 
 
-def enabled() -> bool:
-    """Whether this run takes lockstep turns (every rank must agree, so it reads only the environment)."""
-    return bool(os.environ.get(ENV))
-
-
-def from_env() -> Turnstile | None:
-    """Rank 0's turnstile when ``ZEROBENCH_TURNSTILE`` is set, else None."""
-    spec = os.environ.get(ENV)
+def from_spec(spec: str | None, timeout_s: float = 600.0) -> Turnstile | None:
+    """Rank 0's turnstile for ``spec`` = ``SOCKET_PATH:SIDE`` (the ``ZEROBENCH_TURNSTILE`` value), else None."""
     if not spec:
         return None
     path, sep, side = spec.rpartition(":")
     if not sep or not path or not side:
         raise TurnstileError(f"{ENV}={spec!r}: expected SOCKET_PATH:SIDE")
-    return Turnstile(path, side, float(os.environ.get(TIMEOUT_ENV, "600")))
+    return Turnstile(path, side, timeout_s)

@@ -11,11 +11,13 @@ engine, which refuses them on every rank unless unused parameters are allowed.
 Gradients accumulate until ``zero()``, as ``torch.optim`` sees ``.grad``: a second backward window
 without ``zero()`` adds to the reduced gradients of the first.
 
-- ``keep_full=True`` (stages 0, 1): a persistent full gradient buffer accumulates micro-batches; on the
+The group's ``SyncMode`` says how gradients are kept and reduced (``SyncMode.for_stage``):
+
+- ``ALL_REDUCE`` (stage 0) and ``REDUCE_SCATTER_FULL`` (stage 1): a persistent full gradient buffer accumulates micro-batches; on the
   micro-batch that synchronises, a bucket is all-reduced (stage 0) or reduce-scattered in place into this
   rank's shard (stage 1). A new window on top of reduced gradients first keeps one copy of them (stage 0:
   rank 0's; stage 1: each rank's own shard) and zeros the rest, so the next reduction adds them once.
-- ``keep_full=False`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
+- ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
   that is reduce-scattered into this rank's persistent gradient partition and freed as soon as the
   collective completes; at most ``max_inflight`` staging buckets exist at once (constant-size buffers).
 
@@ -39,7 +41,25 @@ from zerobench.zero.layout import PartitionLayout
 from zerobench.zero.param import GradState, ZeroParam
 
 
+class SyncMode(enum.Enum):
+    """How a bucket group keeps and reduces gradients."""
+
+    ALL_REDUCE = "all_reduce"
+    """Stage 0: a full gradient buffer, each bucket all-reduced."""
+    REDUCE_SCATTER_FULL = "reduce_scatter_full"
+    """Stage 1: a full gradient buffer, each bucket reduce-scattered in place into this rank's shard."""
+    REDUCE_SCATTER_STAGED = "reduce_scatter_staged"
+    """Stages 2-3: transient staging buckets reduce-scattered into this rank's gradient partition."""
+
+    @classmethod
+    def for_stage(cls, stage: int) -> SyncMode:
+        return cls.ALL_REDUCE if stage == 0 else cls.REDUCE_SCATTER_FULL if stage == 1 else cls.REDUCE_SCATTER_STAGED
+
+
 class BucketState(enum.Enum):
+    """FILLING -> REDUCING (collective started) -> DONE (collective finished); FILLING again at ``zero()``
+    or at the next synchronising micro-batch."""
+
     FILLING = "filling"
     REDUCING = "reducing"
     DONE = "done"
@@ -66,19 +86,20 @@ class GradBucketGroup:
         ledger: CommLedger | None,
         grad_dtype: torch.dtype,
         device: torch.device,
-        keep_full: bool,
-        all_reduce: bool,
+        mode: SyncMode,
         max_inflight: int = 2,
         sink: Callable[[int, torch.Tensor, bool], None] | None = None,
     ):
         """``sink(bucket, shard, accumulate)`` receives every final reduced shard (optimizer offload)."""
         self.layout, self.zparams, self.group, self.ledger = layout, zparams, group, ledger
         self.grad_dtype, self.device = grad_dtype, device
-        self.keep_full, self.use_all_reduce = keep_full, all_reduce
+        self.mode = mode
+        self.keep_full = mode is not SyncMode.REDUCE_SCATTER_STAGED
+        """A persistent full gradient buffer accumulates micro-batches (stages 0-1)."""
         self.max_inflight = max_inflight
-        self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device) if keep_full else None
+        self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device) if self.keep_full else None
         self.sink = sink
-        self.local: LocalBuffer | None = None if keep_full or sink else LocalBuffer(layout, grad_dtype, device)
+        self.local: LocalBuffer | None = None if self.keep_full or sink else LocalBuffer(layout, grad_dtype, device)
         self.staging: dict[int, torch.Tensor] = {}
         self.inflight: deque[_Inflight] = deque()
         self.state = [BucketState.FILLING] * len(layout.buckets)
@@ -112,7 +133,7 @@ class GradBucketGroup:
         g = self.group
         for b in self.layout.buckets:
             view = self.full.bucket_view(b.index)
-            if self.use_all_reduce:
+            if self.mode is SyncMode.ALL_REDUCE:
                 if g.rank != 0:
                     view.zero_()
             else:
@@ -150,11 +171,12 @@ class GradBucketGroup:
             self.next_start += 1
 
     def _start(self, bucket: int) -> None:
+        assert self.state[bucket] is BucketState.FILLING, f"bucket {bucket} started twice ({self.state[bucket]})"
         self.state[bucket] = BucketState.REDUCING
         g = self.group
         if self.keep_full:
             view = self.full.bucket_view(bucket)
-            if self.use_all_reduce:
+            if self.mode is SyncMode.ALL_REDUCE:
                 work = C.all_reduce(view, g, self.ledger, "grad", async_op=True)
             else:
                 out = self.full.shard_view(bucket, g.rank)
@@ -193,6 +215,7 @@ class GradBucketGroup:
                     self.sink(head.bucket, self.full.shard_view(head.bucket, self.group.rank), False)
                 else:
                     self.sink(head.bucket, head.out, not head.first)
+            assert self.state[head.bucket] is BucketState.REDUCING, (head.bucket, self.state[head.bucket])
             self.state[head.bucket] = BucketState.DONE
             self.inflight.popleft()
 

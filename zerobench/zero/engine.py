@@ -23,23 +23,18 @@ import contextlib
 import torch
 from torch import nn
 
-from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import untracked
 from zerobench.zero.accounting import EngineAccounting
-from zerobench.zero.bucket import GradBucketGroup
-from zerobench.zero.buffer import FullBuffer, LocalBuffer
+from zerobench.zero.bucket import GradBucketGroup, SyncMode
+from zerobench.zero.build import build_optimizer, build_storage, chunk_ranges, fill_initial_values, order_params
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
-from zerobench.zero.layout import ParamSpec, build_layout
+from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
-from zerobench.zero.nvme import NvmeStore
-from zerobench.zero.offload import HostPartition
-from zerobench.zero.optimizer import ShardedAdamW
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.stage3 import Stage3Scheduler
-from zerobench.zero.units import assign_units
 from zerobench.zero.unused import check_unused
 
 
@@ -65,120 +60,62 @@ class ZeroEngine(EngineAccounting):
         self.module, self.group, self.config = model, group, config
         self.ledger = ledger if ledger is not None else CommLedger()
         self.stage = config.stage
-        prec = config.precision
-        self.param_dtype = prec.param_dtype
-        # 1. Order the trained parameters: stage 3 groups them by unit; otherwise reverse registration
-        #    order (the order backward produces gradients), so buckets fill in sequence.
-        assigned = assign_units(model, units)
-        named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
-        if not named:
-            raise ConfigError("the model has no parameter that requires a gradient: nothing to train")
-        device = named[0][1].device
-        self.device = device
-        if self.stage == 3:
-            key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
-            named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
-        else:
-            named.reverse()
-        specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if self.stage == 3 else 0) for n, p in named]
-        shards = 1 if self.stage == 0 else group.size
-        bucket_numel = 2**62 if self.stage == 3 else config.bucket_numel
-        self.layout = build_layout(specs, shards, bucket_numel, config.param_align)
-        self.zparams = [
-            ZeroParam(p, slot, config.optimizer.weight_decay if _decays(p) else 0.0)
-            for (_, p), slot in zip(named, self.layout.params)
-        ]
+        self.param_dtype = config.precision.param_dtype
+        # 1. Which parameters are trained, in layout order; the partition layout (pure data).
+        ordered = order_params(model, units, self.stage)
+        self.device = device = ordered.named[0][1].device
+        bucket_numel = 2**62 if self.stage == 3 else config.bucket_numel  # stage 3: one bucket per unit
+        self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, bucket_numel,
+                                   config.param_align)
+        wd = config.optimizer.weight_decay
+        self.zparams = [ZeroParam(p, slot, wd if _decays(p) else 0.0)
+                        for (_, p), slot in zip(ordered.named, self.layout.params)]
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
-
-        # 2. fp32 master partition from the model's initial (fp32) values.
-        init = [zp.param.detach().float().reshape(-1) for zp in self.zparams]
-        offload = config.offload_optimizer != "none"
-        with untracked():
-            self.host = HostPartition(self.layout, device, self.param_dtype, self.param_dtype,
-                                      config.offload_param == "cpu") if offload else None
-        host_params = self.host.params_local if self.host is not None else None
-        if self.stage == 3:
-            self.params_full = None
-            self.params_local = LocalBuffer(self.layout, self.param_dtype, device, data=host_params)
-        else:
-            self.params_full = FullBuffer(self.layout, self.param_dtype, device)
-            self.params_local = None
-        with torch.no_grad():
-            if self.params_full is not None:
-                for zp, src in zip(self.zparams, init):
-                    self.params_full.param_view(zp.slot.index).copy_(src.view(zp.slot.shape))
-            else:
-                for seg in segments:
-                    off = seg.local_start
-                    self.params_local.data[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
+        # 2. Parameter storage and the fp32 master partition, from the model's initial values.
+        st = build_storage(self.layout, config, device)
+        self.host, self.params_full, self.params_local, self.master_buf = (
+            st.host, st.params_full, st.params_local, st.master_buf)
+        fill_initial_values(st, self.zparams, segments)
         self.param_shards = self._param_shard_views()
-        if self.host is not None:  # the master lives on the host (it may be the host parameters: fp32)
-            self.master_buf = None
+        if self.host is not None:
             master = self.host.chunks(self.host.master)
-            if self.host.master is not self.host.params_local:
-                with torch.no_grad():
-                    for seg in segments:
-                        off = seg.local_start
-                        self.host.master[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
-        elif prec.has_master:
-            self.master_buf = LocalBuffer(self.layout, torch.float32, device)
-            with torch.no_grad():
-                for seg in segments:
-                    off = seg.local_start
-                    self.master_buf.data[off : off + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
-            master = self.master_buf.bucket_views()
         else:
-            self.master_buf = None
-            master = self.param_shards
-        del init
-
-        # 3. Point the model's parameters at the engine's storage.
-        if self.params_full is not None:
-            for zp in self.zparams:
-                zp.param.data = self.params_full.param_view(zp.slot.index)
-                zp.state = ParamState.REPLICATED
-            self.scheduler = None
-        else:
-            self.scheduler = Stage3Scheduler.build(
-                model, units, self.layout, self.zparams, self.params_local, group, self.ledger, device,
-                self.host.transfer if host_params is not None else None, config.prefetch,
-            )
-
+            master = self.master_buf.bucket_views() if self.master_buf is not None else self.param_shards
+        # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
+        self.scheduler = self._attach_params(model, ordered.units)
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
-        decay_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
-        # With TP, the ranges of TP-replicated parameters (counted once, not per TP rank, in the norm).
-        self.replicated_ranges: list[list[tuple[int, int]]] = [[] for _ in self.layout.buckets]
-        for seg in segments:
-            base = self.layout.local_offset(seg.bucket)
-            rng = (seg.local_start - base, seg.local_start - base + seg.numel)
-            if self.zparams[seg.param].weight_decay:
-                decay_ranges[seg.bucket].append(rng)
-            if self.zparams[seg.param].name not in tp_sharded:
-                self.replicated_ranges[seg.bucket].append(rng)
-        nvme = None
-        if config.offload_optimizer == "nvme":
-            def nvme(codec, sizes):
-                return NvmeStore(codec, sizes, config.nvme_path, group.rank)
-        with untracked(self.host is not None):
-            self.optimizer = ShardedAdamW(config.optimizer, master, decay_ranges, config.kernels,
-                                          config.optim_bits, nvme)
+        decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
+        self.optimizer = build_optimizer(config, master, decay, group, on_host=self.host is not None)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
-            keep_full=self.stage <= 1, all_reduce=self.stage == 0,
+            SyncMode.for_stage(self.stage),
             sink=self.host.grad_ready if self.host is not None else None,
         )
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
         self._hooks = [zp.param.register_post_accumulate_grad_hook(self._make_hook(zp)) for zp in self.zparams]
-        self.scaler = DynamicLossScaler(config.loss_scale, enabled=prec.value == "fp16")
+        self.scaler = DynamicLossScaler(config.loss_scale, enabled=config.precision.value == "fp16")
         self.micro_step = 0
         self.last_grad_norm: float | None = None
         self.numel = self.layout.unpadded_numel
 
     # -- construction helpers ------------------------------------------------------------------
+    def _attach_params(self, model: nn.Module, units: list[nn.Module]) -> Stage3Scheduler | None:
+        """Stages 0-2: every parameter becomes a view of the full buffer. Stage 3: the scheduler that
+        gathers and frees each unit's parameters."""
+        if self.params_full is not None:
+            for zp in self.zparams:
+                zp.param.data = self.params_full.param_view(zp.slot.index)
+                zp.state = ParamState.REPLICATED
+            return None
+        host = self.host
+        transfer = host.transfer if host is not None and host.params_local is not None else None
+        return Stage3Scheduler.build(model, units, self.layout, self.zparams, self.params_local, self.group,
+                                     self.ledger, self.device, transfer, self.config.prefetch)
+
     def _param_shard_views(self) -> list[torch.Tensor]:
         if self.params_local is not None:
             return self.params_local.bucket_views()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.workers import ledgers
+from tests.helpers.workers_engine import ledgers
 from zerobench.metrics.memory import paper_model_state_bytes
 
 pytestmark = pytest.mark.dist

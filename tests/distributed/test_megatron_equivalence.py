@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.workers import megatron_layer_equivalence
+from tests.helpers.workers_tp import megatron_layer_equivalence
 
 pytestmark = [
     pytest.mark.dist,
@@ -16,7 +16,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_tp_layers_and_cross_entropy_equal_megatron_core(tp):
     for diffs in run_distributed(megatron_layer_equivalence, tp):
         for layer, d in diffs.items():

@@ -18,7 +18,7 @@ import pytest
 from tests.distributed.test_parity import BF16_UPDATE_RTOL
 from tests.helpers.dist import run_distributed
 from tests.helpers.scenarios import Scenario, run_scenarios
-from tests.helpers.workers import adam_bits_losses, checkpoint_resume, offload_ledgers
+from tests.helpers.workers_engine import adam_bits_losses, checkpoint_resume, offload_ledgers
 from zerobench.zero import LossScaleConfig
 
 pytestmark = pytest.mark.dist
@@ -135,6 +135,7 @@ def test_offload_ledger_matches_the_analytic_split(ledgers):
         assert 0 < p3["peak_gathered"] <= bound, (p3["peak_gathered"], bound)
 
 
+@pytest.mark.slow
 def test_eight_bit_adam_tracks_fp32_adam_for_200_steps():
     """Stated tolerance: over 200 steps on the tiny GPT (loss 6.2 -> 3.3) the 8-bit run's loss stays within
     1% of the fp32 run's at every step and within 0.5% on average over the last 50 (measured: 0.09% max,
@@ -146,7 +147,7 @@ def test_eight_bit_adam_tracks_fp32_adam_for_200_steps():
     assert abs(statistics.mean(b[-50:]) / statistics.mean(a[-50:]) - 1) <= 0.005
 
 
-@pytest.mark.parametrize("stage,offload,param,bits", [(2, "cpu", "none", 32), (3, "nvme", "cpu", 8)])
+@pytest.mark.parametrize("stage,offload,param,bits", [pytest.param(2, "cpu", "none", 32, marks=pytest.mark.slow), (3, "nvme", "cpu", 8)])
 def test_checkpoint_with_offload_resumes(tmp_path, stage, offload, param, bits):
     """Offloaded states save and load like device ones. 8-bit moments are saved decoded (fp32) so that a
     checkpoint stays independent of the layout; they reload exactly onto the same layout (re-quantizing a

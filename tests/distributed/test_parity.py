@@ -46,6 +46,7 @@ def test_fp32_parity(fp32_grid, stage, dp):
             assert r["model_vs_master"] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp", DPS)
 @pytest.mark.parametrize("stage", STAGES)
 def test_bf16_parity(bf16_grid, stage, dp):

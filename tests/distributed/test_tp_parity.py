@@ -60,6 +60,7 @@ def sp_fp32():
     return run_distributed(run_scenarios, 4, scen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp,tp,stage,ckpt", SP_CASES)
 def test_sequence_parallel_parity(sp_fp32, dp, tp, stage, ckpt):
     """Sequence parallelism (with clipping, with and without checkpointing) trains like one process."""
@@ -73,6 +74,7 @@ def test_sequence_parallel_parity(sp_fp32, dp, tp, stage, ckpt):
         assert r["loss_diff"] <= 1e-5, r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp,tp", MESHES)
 @pytest.mark.parametrize("stage", STAGES)
 def test_tp_bf16_parity(tp_bf16, dp, tp, stage):

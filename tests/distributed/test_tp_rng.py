@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.workers import tp_rng_and_dropout
+from tests.helpers.workers_tp import tp_rng_and_dropout
 
 pytestmark = pytest.mark.dist
 

@@ -9,7 +9,7 @@ import pytest
 from tests.distributed.test_tp_parity import TP_BF16_UPDATE_RTOL
 from tests.helpers.dist import run_distributed
 from tests.helpers.scenarios import Scenario, run_scenarios
-from tests.helpers.workers import zero_r_ledgers
+from tests.helpers.workers_tp import zero_r_ledgers
 from zerobench.parallel.checkpointing import ActivationConfig
 
 pytestmark = pytest.mark.dist

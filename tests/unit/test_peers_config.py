@@ -2,8 +2,8 @@
 
 import pytest
 
+from zerobench.bench.peers import PeersConfig, bar, train_config
 from zerobench.config import ConfigError
-from zerobench.peers.compare import PeersConfig, bar, train_config
 from zerobench.peers.registry import SHARDING
 
 
@@ -75,8 +75,8 @@ def test_bar_compares_each_stage_with_the_fastest_and_leanest_peer_of_the_same_s
 
 
 def test_a_used_output_directory_is_refused(tmp_path):
+    from zerobench.bench.peers import PeersConfig, run_peers
     from zerobench.config import ConfigError
-    from zerobench.peers.compare import PeersConfig, run_peers
 
     (tmp_path / "reference").mkdir()
     with pytest.raises(ConfigError, match="already holds rows"):

@@ -9,10 +9,10 @@ import pytest
 from zerobench.config import parse_bytes
 from zerobench.metrics.memory import paper_model_state_bytes
 from zerobench.models.gpt import GPTConfig
-from zerobench.models.sizes import num_params
+from zerobench.models.sizes import num_params, padded_vocab
 from zerobench.plan.comm_model import comm_per_gpu
 from zerobench.plan.memory_model import PlanConfig, memory_per_gpu, params_per_mp_rank
-from zerobench.plan.sizes import padded_vocab, paper_model
+from zerobench.plan.sizes import paper_model
 from zerobench.plan.suites import load_suite, plan_configs
 from zerobench.plan.tables import max_size, table1, table2
 

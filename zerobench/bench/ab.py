@@ -18,7 +18,6 @@ runs started one after the other differed by up to 20% in step time, run side by
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobench.bench.lockstep import Referee
+from zerobench.bench.stats import abba_pairs, median_ratio, ratio_verdict, undecided
 from zerobench.config import ConfigError
 from zerobench.launch.local import allowed_cpus
 from zerobench.results.rows import RowWriter, read_rows
@@ -242,22 +242,8 @@ def _ratio(cand: dict, base: dict, stepwise: bool) -> float | None:
     the rows carry no per-step ``samples``) the ratio of the two medians."""
     cs, bs = cand.get("samples"), base.get("samples")
     if stepwise and cs and bs and len(cs) == len(bs) and all(b > 0 for b in bs):
-        return statistics.median(c / b for c, b in zip(cs, bs))
+        return median_ratio(cs, bs)
     return cand["value"] / base["value"] if base["value"] else None
-
-
-def _pairs(rs: dict[int, float]) -> list[float]:
-    """Geometric mean of each AB/BA round pair's two ratios (a linear drift over the pair cancels)."""
-    return [math.sqrt(rs[k] * rs[k + 1]) for k in range(0, max(rs, default=-1) + 1, 2) if k in rs and k + 1 in rs]
-
-
-def _undecided(pairs: list[float], tol: float) -> bool:
-    """True while a tolerance boundary lies within two standard errors of the median pair ratio."""
-    if len(pairs) < 2:
-        return True
-    med = statistics.median(pairs)
-    se = 1.2533 * statistics.stdev(pairs) / math.sqrt(len(pairs))  # standard error of a median, normal noise
-    return any(abs(med - edge) < 2 * se for edge in (1 - tol, 1 + tol))
 
 
 def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
@@ -277,18 +263,17 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
             if run_id in got["baseline"] and (q := _ratio(row, got["baseline"][run_id], cfg.lockstep)) is not None:
                 ratios.setdefault(run_id, {})[r] = q
         r += 1
-        if r == last and last < cfg.max_rounds and any(_undecided(_pairs(rs), cfg.tolerance) for rs in ratios.values()):
+        if r == last and last < cfg.max_rounds and any(undecided(abba_pairs(rs), cfg.tolerance) for rs in ratios.values()):
             last += 2
             say(f"a verdict is within noise of the tolerance: 2 more rounds (at most {cfg.max_rounds})")
     verdicts = []
     for run_id, rs in sorted(ratios.items()):
-        pairs = _pairs(rs)
+        pairs = abba_pairs(rs)
         if not pairs:
             continue
         med = statistics.median(pairs)
-        verdict = "REGRESSION" if med > 1 + cfg.tolerance else ("improvement" if med < 1 - cfg.tolerance else "ok")
         verdicts.append({"run": run_id, "median_ratio": med, "min": min(pairs), "max": max(pairs),
-                         "rounds": 2 * len(pairs), "verdict": verdict})
+                         "rounds": 2 * len(pairs), "verdict": ratio_verdict(med, cfg.tolerance)})
     if not verdicts:
         raise ConfigError(f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare")
     _write(cfg, out, verdicts)

@@ -23,6 +23,7 @@ import torch
 
 import kernels
 from kernels import cpu as kcpu
+from zerobench.bench.stats import median_ratio
 
 BYTES_PER_ELEMENT = 28  # 4 fp32 reads + 3 fp32 writes
 
@@ -132,10 +133,10 @@ def summarize(times: dict[str, list[float]], numel: int) -> list[dict]:
             "candidate": name,
             "median_s": statistics.median(ts),
             "gbps": BYTES_PER_ELEMENT * numel / statistics.median(ts) / 1e9,
-            "fraction_of_limit": statistics.median(lim / t for lim, t in zip(limit, ts)),
+            "fraction_of_limit": median_ratio(limit, ts),
         }
         if ref is not None:
-            rec["time_vs_torch_fused"] = statistics.median(t / r for t, r in zip(ts, ref))
+            rec["time_vs_torch_fused"] = median_ratio(ts, ref)
         out.append(rec)
     return out
 

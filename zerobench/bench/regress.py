@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerobench.bench.stats import relative_se_from_mad
 from zerobench.config import ConfigError
 from zerobench.results.rows import read_rows
 
@@ -92,8 +93,8 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         base = ref.get(shape(d["config"]))
         if base is not None and "step_time_s" in d and d is not base:
             d["step_time_ratio"] = d["step_time_s"] / base["step_time_s"]
-            rel = lambda x: 1.4826 * x["mad"] / x["step_time_s"] / math.sqrt(max(x["n"], 1))  # noqa: E731
-            d["ratio_se"] = math.hypot(rel(d), rel(base))
+            d["ratio_se"] = math.hypot(relative_se_from_mad(d["mad"], d["step_time_s"], d["n"]),
+                                       relative_se_from_mad(base["mad"], base["step_time_s"], base["n"]))
     return runs
 
 

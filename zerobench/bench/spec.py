@@ -135,7 +135,7 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
     shape = {k: getattr(spec, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(spec, k) is not None}
     model = dataclasses.replace(model, **shape)
     if model.vocab % tp:  # Megatron-LM's make_vocab_size_divisible_by: pad to a multiple of 128 x TP
-        from zerobench.plan.sizes import padded_vocab
+        from zerobench.models.sizes import padded_vocab
 
         model = dataclasses.replace(model, vocab=padded_vocab(model.vocab, tp))
     try:

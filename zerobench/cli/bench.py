@@ -53,7 +53,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
-    from zerobench.peers.compare import PeersConfig, bar, run_peers
+    from zerobench.bench.peers import PeersConfig, bar, run_peers
 
     p = PeersConfig(systems=tuple(args.systems or ()), dp=args.dp, preset=args.preset, layers=args.layers,
                     hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,

@@ -1,4 +1,4 @@
-"""Named model sizes, the exact parameter count, and FLOPs per token.
+"""Named model sizes, the exact parameter count, FLOPs per token, and Megatron's vocabulary padding.
 
 ``num_params`` is the closed form of the parameter count of ``zerobench.models.gpt.GPT`` (tested to equal
 the module's count exactly). ``flops_per_token`` follows the Megatron-LM count (Narayanan et al., SC21,
@@ -43,3 +43,9 @@ def flops_per_token(cfg: GPTConfig, seq: int | None = None, recompute: bool = Fa
     block_fwd = 24 * h * h + 4 * s * h
     block_passes = 4 if recompute else 3
     return float(L * block_fwd * block_passes + 3 * 2 * V * h)
+
+
+def padded_vocab(vocab: int, mp: int, multiple: int = 128) -> int:
+    """Megatron-LM's ``make_vocab_size_divisible_by`` padding (multiple x MP)."""
+    m = multiple * mp
+    return -(-vocab // m) * m

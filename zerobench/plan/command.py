@@ -21,10 +21,10 @@ import json
 
 from zerobench.config import ConfigError, parse_bytes, to_dict
 from zerobench.models.gpt import GPTConfig
-from zerobench.models.sizes import num_params
+from zerobench.models.sizes import num_params, padded_vocab
 from zerobench.plan.comm_model import comm_per_gpu
 from zerobench.plan.memory_model import PlanConfig, memory_per_gpu
-from zerobench.plan.sizes import PAPER_SIZES, padded_vocab
+from zerobench.plan.sizes import PAPER_SIZES
 from zerobench.plan.suites import load_suite, plan_configs
 
 

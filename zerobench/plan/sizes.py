@@ -7,6 +7,7 @@ pads the vocabulary to a multiple of 128 x MP so the embedding splits evenly; so
 from __future__ import annotations
 
 from zerobench.models.gpt import GPTConfig
+from zerobench.models.sizes import padded_vocab
 
 GPT2_VOCAB = 50257
 PAPER_SEQ = 1024
@@ -36,12 +37,6 @@ PAPER_SIZES: dict[str, tuple[int, int, int]] = {
     "fig4-ddp-1.16B": (24, 1920, 16),
     "fig4-ddp-1.38B": (40, 1536, 16),
 }
-
-
-def padded_vocab(vocab: int, mp: int, multiple: int = 128) -> int:
-    """Megatron-LM's ``make_vocab_size_divisible_by`` padding (multiple x MP)."""
-    m = multiple * mp
-    return -(-vocab // m) * m
 
 
 def paper_model(name: str, mp: int = 1, vocab: int = GPT2_VOCAB, seq: int = PAPER_SEQ) -> GPTConfig:

@@ -6,8 +6,8 @@ import yaml
 
 from zerobench.config import ConfigError, parse_bytes
 from zerobench.models.gpt import GPTConfig
+from zerobench.models.sizes import padded_vocab
 from zerobench.plan.memory_model import PlanConfig
-from zerobench.plan.sizes import padded_vocab
 
 
 def load_suite(name: str) -> dict:

@@ -1,8 +1,12 @@
 """What a ``ZeroEngine`` holds, by category and place: the memory ledger (device and host), the model-state
 bytes measured from its tensors, the analytic figures they are compared with, and the tensor list the
-live-tensor tracker starts from. A mixin of ``ZeroEngine`` (reads its buffers; changes nothing)."""
+live-tensor tracker starts from. ``ZeroEngine`` builds one ``EngineAccounting`` from the parts it holds
+(explicitly, not as a base class); it reads them and changes nothing."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -13,8 +17,26 @@ from zerobench.metrics.memory import (
 )
 
 
+@dataclass
 class EngineAccounting:
-    """Ledger methods of ``ZeroEngine``."""
+    """The memory figures of one engine, from the tensors its parts hold."""
+
+    grads: Any
+    """The ``GradBucketGroup``."""
+    scheduler: Any
+    """The stage-3 ``Stage3Scheduler`` (None at stages 0-2)."""
+    params_full: Any
+    params_local: Any
+    master_buf: Any
+    optimizer: Any
+    """The ``ShardedAdamW``."""
+    host: Any
+    """The ``HostPartition`` under offload, else None."""
+    config: Any
+    """The engine's ``ZeroConfig``."""
+    numel: int
+    """Unpadded parameters this engine trains."""
+    dp_size: int
 
     def memory_ledger(self) -> dict[str, int]:
         """Bytes held by this rank's engine tensors, by category (measured from the tensors)."""
@@ -51,18 +73,18 @@ class EngineAccounting:
 
     def model_state_bytes_analytic(self) -> dict[str, float]:
         """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
-        pb = torch.finfo(self.param_dtype).bits // 8
+        pb = torch.finfo(self.config.precision.param_dtype).bits // 8
         cfg = self.config
         return model_state_bytes_analytic(
-            self.numel, self.group.size, self.stage, pb, pb, 4 if self.master_buf is not None else 0,
+            self.numel, self.dp_size, self.config.stage, pb, pb, 4 if self.master_buf is not None else 0,
             self.optimizer.codec.bytes_per_element(), offload_optimizer=cfg.offload_optimizer != "none",
             offload_param=cfg.offload_param != "none",
         )
 
     def host_state_bytes_analytic(self) -> dict[str, float]:
         """Host bytes by category under offload (NVMe-swapped states excluded)."""
-        pb = torch.finfo(self.param_dtype).bits // 8
-        out = host_state_bytes_analytic(self.numel, self.group.size, self.stage, pb, pb,
+        pb = torch.finfo(self.config.precision.param_dtype).bits // 8
+        out = host_state_bytes_analytic(self.numel, self.dp_size, self.config.stage, pb, pb,
                                         self.optimizer.codec.bytes_per_element(), self.config.offload_param != "none")
         if self.config.offload_optimizer == "nvme":
             out["host_optimizer_states"] = 0.0

@@ -42,7 +42,7 @@ def _decays(p: nn.Parameter) -> bool:
     return p.dim() >= 2
 
 
-class ZeroEngine(EngineAccounting):
+class ZeroEngine:
     """Created by ``apply_zero``; see the module docstring."""
 
     def __init__(
@@ -101,6 +101,30 @@ class ZeroEngine(EngineAccounting):
         self.micro_step = 0
         self.last_grad_norm: float | None = None
         self.numel = self.layout.unpadded_numel
+        self.accounting = EngineAccounting(self.grads, self.scheduler, self.params_full, self.params_local,
+                                           self.master_buf, self.optimizer, self.host, config, self.numel,
+                                           group.size)
+
+    # -- memory figures (zero/accounting.py) -----------------------------------------------------
+    def memory_ledger(self) -> dict[str, int]:
+        """Bytes held by this rank's engine tensors, by category (device; host_* and NVMe under offload)."""
+        return self.accounting.memory_ledger()
+
+    def model_state_bytes(self) -> int:
+        return self.accounting.model_state_bytes()
+
+    def host_model_state_bytes(self) -> int:
+        return self.accounting.host_model_state_bytes()
+
+    def model_state_bytes_analytic(self) -> dict[str, float]:
+        return self.accounting.model_state_bytes_analytic()
+
+    def host_state_bytes_analytic(self) -> dict[str, float]:
+        return self.accounting.host_state_bytes_analytic()
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every persistent device tensor the engine holds (for memory trackers)."""
+        return self.accounting.tensors()
 
     # -- construction helpers ------------------------------------------------------------------
     def _attach_params(self, model: nn.Module, units: list[nn.Module]) -> Stage3Scheduler | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zerobench.bench.stats import median_ratio
 from zerobench.config import ConfigError
 from zerobench.launch.local import launch_local
 from zerobench.models.sizes import preset as get_preset
@@ -141,14 +142,14 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         t = {c: (_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for c in cands}
         for c in cands:
             if t[c] is not None and t.get("torch-ddp"):
-                per_round[c].append((t[c], t[c] / t["torch-ddp"]))
+                per_round[c].append((t[c], t["torch-ddp"]))
     records = []
     for c in cands:
         rec: dict = {"candidate": c, "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH else SHARDING[c],
                      "status": "failed" if c in failed else "ok", "reason": failed.get(c, "")}
         if per_round[c]:
             rec["step_time_s"] = statistics.median(t for t, _ in per_round[c])
-            rec["time_vs_torch_ddp"] = statistics.median(x for _, x in per_round[c])
+            rec["time_vs_torch_ddp"] = median_ratio(*zip(*per_round[c]))  # per-round ratios, then the median
         mem = rows(f"mem-{c}")
         live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
         rss = [r["value"] for r in _metric(mem or rows(f"r0-{c}"), "peak_rss_bytes") if r["value"] is not None]

@@ -1,0 +1,180 @@
+"""The package structure, checked by walking the imports: no cycles, no upward imports from the core into
+the harness, small files and functions (ARCHITECTURE.md draws the arrows this enforces)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CORE = ("zerobench.models", "zerobench.zero", "zerobench.parallel", "zerobench.distributed", "zerobench.metrics",
+        "kernels")
+HARNESS = ("zerobench.train", "zerobench.baselines", "zerobench.peers", "zerobench.systems", "zerobench.launch",
+           "zerobench.bench", "zerobench.plan", "zerobench.report", "zerobench.results", "zerobench.cli",
+           "zerobench.demo")
+SMALL_FUNCTIONS = ("zerobench/zero", "zerobench/parallel", "zerobench/train")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for root in ("zerobench", "kernels"):
+        for p in sorted((REPO / root).rglob("*.py")):
+            rel = p.relative_to(REPO).with_suffix("")
+            name = ".".join(rel.parts)
+            out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of this project that ``path`` imports anywhere (lazy imports included)."""
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(root: str) -> None:
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_walker_finds_a_planted_cycle_and_upward_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    assert _cycles(_graph()) == []
+
+
+def test_no_cycle_between_packages():
+    """Stronger than files: the packages themselves form a DAG (ARCHITECTURE.md's layers)."""
+    def pkg(m: str) -> str:
+        parts = m.split(".")
+        return parts[0] if parts[0] == "kernels" or len(parts) == 1 else parts[1]
+
+    packages: dict[str, set[str]] = {}
+    for m, ts in _graph().items():
+        packages.setdefault(pkg(m), set()).update(pkg(t) for t in ts if pkg(t) != pkg(m))
+    for ts in list(packages.values()):
+        for t in ts:
+            packages.setdefault(t, set())
+    assert _cycles(packages) == []
+
+
+def test_no_upward_import_from_the_core_into_the_harness():
+    graph = _graph()
+    upward = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith(CORE)
+                    for t in ts if t.startswith(HARNESS))
+    assert upward == []
+
+
+def test_models_are_leaves():
+    graph = _graph()
+    out = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith("zerobench.models")
+                 for t in ts if not t.startswith(("zerobench.models", "zerobench.config")))
+    assert out == []
+
+
+def test_no_file_over_300_lines():
+    big = sorted(f"{p.relative_to(REPO)}: {n}" for p in _modules().values()
+                 if (n := len(p.read_text().splitlines())) > 300)
+    assert big == []
+
+
+def test_no_function_over_60_lines_in_the_engine_parallel_and_train():
+    long = []
+    for d in SMALL_FUNCTIONS:
+        for p in sorted((REPO / d).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > 60:
+                        long.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
+    assert long == []
+
+
+def _mixins() -> list[str]:
+    """Project classes used as a base that read ``self`` attributes they neither set nor define: behaviour
+    split off a class (a mixin) instead of an object it is given."""
+    classes: dict[str, tuple[Path, ast.ClassDef]] = {}
+    bases: set[str] = set()
+    for p in _modules().values():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = (p, node)
+                bases.update(b.id for b in node.bases if isinstance(b, ast.Name))
+    out = []
+    for name in sorted(bases & set(classes)):
+        p, cls = classes[name]
+        defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        defined |= {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        read, assigned = set(), set()
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                (assigned if isinstance(node.ctx, ast.Store) else read).add(node.attr)
+        borrowed = read - assigned - defined
+        if borrowed and "__init__" not in defined and not any(
+                isinstance(b, ast.Name) and b.id in ("Protocol", "Exception", "RuntimeError") for b in cls.bases):
+            out.append(f"{p.relative_to(REPO)}: {name} reads {sorted(borrowed)[:4]} set elsewhere")
+    return out
+
+
+def test_no_mixin_classes():
+    """State and behaviour are composed, not split across mixin bases to meet a line budget."""
+    assert _mixins() == []

@@ -10,6 +10,7 @@ import pytest
 from tests.e2e.test_cli_train import zb
 
 
+@pytest.mark.slow
 def test_dry_run_of_every_fig2_zero_row_agrees_with_the_formula():
     t0 = time.monotonic()
     r = zb("plan", "--dry-run", "--suite", "paper/fig2", "--json", timeout=120)

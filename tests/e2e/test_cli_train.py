@@ -34,7 +34,7 @@ def test_help():
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("stage,precision", [(1, "fp32"), (3, "bf16")])
+@pytest.mark.parametrize("stage,precision", [(1, "fp32"), pytest.param(3, "bf16", marks=pytest.mark.slow)])
 def test_train_writes_rows(tmp_path, stage, precision):
     out = tmp_path / "run"
     r = zb("train", "--preset", "tiny", "--stage", str(stage), "--dp", "2", "--precision", precision,
@@ -113,6 +113,7 @@ def test_out_of_memory_on_a_launched_rank_is_a_row(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_tensorboard_export(tmp_path):
     pytest.importorskip("tensorboard")
     r = zb("train", "--dp", "2", "--steps", "3", "--out", str(tmp_path / "o"), "--tensorboard", str(tmp_path / "tb"),

@@ -38,6 +38,7 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_fails_the_run_naming_it(tmp_path):
     out = tmp_path / "run"
     r = zb("train", *TINY, "--dp", "2", "--steps", "50", "--collective-timeout", "3", "--out", str(out),
@@ -88,6 +89,7 @@ def write_suite(tmp_path: Path, steps: int, runs: str) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_resume_identifies_runs_by_label_and_keeps_every_attempt(tmp_path):
     # b has a's configuration (fault, timeout and label are not in the config hash) but never finished.
     suite = write_suite(tmp_path, 2, '  - {label: a}\n  - {label: b, fault: "0:1"}\n')
@@ -104,6 +106,7 @@ def test_resume_identifies_runs_by_label_and_keeps_every_attempt(tmp_path):
     assert ids == set(attempts)  # no attempt's rows merged into another's
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
     suite = write_suite(tmp_path, 100000, "  - {label: long, dp: 2}\n  - {label: next}\n")
     out = tmp_path / "out"
@@ -123,6 +126,7 @@ def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
     assert [r["status"] for r in rows] == ["cancelled"] and not (out / "001-next").exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_sweep_cleanly(tmp_path):
     suite = write_suite(tmp_path, 3, '  - {label: a, fault: "0:1:enospc"}\n  - {label: b}\n')
     out = tmp_path / "out"

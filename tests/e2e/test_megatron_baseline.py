@@ -21,6 +21,7 @@ def losses(path):
     return [r["value"] for r in sorted((r for r in rows if r["metric"] == "loss"), key=lambda r: r["step"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--checkpoint-activations"]])
 def test_megatron_matches_zerobench_tp2_stage0(tmp_path, extra):
     common = ["--preset", "tiny", "--tp", "2", "--dp", "1", "--steps", "5", "--warmup", "1", *extra]

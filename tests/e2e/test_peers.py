@@ -12,6 +12,7 @@ from zerobench.results.rows import read_rows
 pytestmark = pytest.mark.dist
 
 
+@pytest.mark.slow
 def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
     systems = ["zerobench-0", "zerobench-2", "zerobench-3", "torch-ddp", "torch-zero1", "fsdp1-shard-grad-op",
                "fsdp2"] + (["deepspeed-2"] if deepspeed_available() else [])

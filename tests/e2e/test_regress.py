@@ -43,12 +43,14 @@ def sweeps(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_unchanged_run_passes(sweeps):
     r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["same"], "--timing-tolerance", TIMING_TOL)
     assert r.returncode == 0, r.stdout
     assert "0 regressions" in r.stdout and (Path(sweeps["same"]) / "proposed-baseline.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_planted_memory_increase_is_caught(sweeps):
     r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["fat"], "--timing-tolerance", TIMING_TOL)
     assert r.returncode == 1
@@ -56,6 +58,7 @@ def test_planted_memory_increase_is_caught(sweeps):
     assert "model_state_bytes" not in [line.split()[1] for line in r.stdout.splitlines() if "REGRESSION" in line]
 
 
+@pytest.mark.slow
 def test_planted_slowdown_is_caught(sweeps):
     r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["slow"], "--timing-tolerance", TIMING_TOL)
     assert r.returncode == 1
@@ -63,11 +66,13 @@ def test_planted_slowdown_is_caught(sweeps):
     assert lines and all("step_time_ratio" in line for line in lines), r.stdout
 
 
+@pytest.mark.slow
 def test_improvement_is_flagged_not_failed(sweeps):
     r = zb("regress", "--baseline", sweeps["slow"], "--candidate", sweeps["base"], "--timing-tolerance", TIMING_TOL)
     assert r.returncode == 0 and "update the baseline?" in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content,msg", [
     ("", "no result rows"),
     ("{not json\n", "not a JSON row"),
@@ -82,6 +87,7 @@ def test_malformed_inputs_are_one_line(tmp_path, sweeps, content, msg):
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
 def test_hardware_class_mismatch(tmp_path, sweeps):
     rows = [json.loads(line) for line in (Path(sweeps["base"]) / "000-stage-0" / "rows.jsonl").read_text().splitlines()]
     for row in rows:
@@ -150,6 +156,7 @@ def test_ab_baseline_from_a_git_ref(tmp_path):
     assert not Path(tree).exists()
 
 
+@pytest.mark.slow
 def test_ab_bad_input_is_one_line(ab_suite, tmp_path):
     for args, msg in [(["--baseline-ref", "no-such-ref"], "cannot check out 'no-such-ref'"),
                       (["--baseline-tree", str(tmp_path)], "not a zerobench source tree"),

@@ -62,6 +62,7 @@ def test_report_files(report):
     assert all(r["fits"] == "yes" and float(r["device_peak_GiB"]) < 8 for r in one_card)
 
 
+@pytest.mark.slow
 def test_report_in_a_real_browser(report):
     path, why = chromium()
     if path is None:
@@ -82,6 +83,7 @@ def test_report_in_a_real_browser(report):
     assert r.returncode == 0 and shot.stat().st_size > 50_000
 
 
+@pytest.mark.slow
 def test_report_bad_inputs(tmp_path):
     r = zb("report", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "no results at" in r.stderr and len(r.stderr.strip().splitlines()) == 1

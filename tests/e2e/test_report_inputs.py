@@ -24,6 +24,7 @@ def test_every_committed_results_directory_renders(results, tmp_path):
     assert (tmp_path / "report" / "summary.md").read_text().strip()
 
 
+@pytest.mark.slow
 def test_a_sweep_where_every_run_ran_out_of_memory_renders(tmp_path):
     suite = tmp_path / "oom.yaml"
     suite.write_text("name: oom\nbase: {preset: tiny, steps: 2, warmup: 0, dp: 1}\n"

@@ -37,6 +37,7 @@ def status_rows(out):
     return df[df["metric"] == "run_status"]
 
 
+@pytest.mark.slow
 def test_failures_are_rows_with_reasons(sweep):
     d, r = sweep
     assert r.returncode == 1, r.stdout + r.stderr  # some runs failed
@@ -48,6 +49,7 @@ def test_failures_are_rows_with_reasons(sweep):
     assert st.loc["hangs", "status"] == "timeout" and "timed out" in st.loc["hangs", "reason"]
 
 
+@pytest.mark.slow
 def test_good_runs_keep_all_their_rows(sweep):
     d, _ = sweep
     df = load(d / "out")
@@ -63,6 +65,7 @@ def test_good_runs_keep_all_their_rows(sweep):
             json.loads(line)
 
 
+@pytest.mark.slow
 def test_resume_reruns_only_what_is_missing(sweep):
     d, _ = sweep
     (d / "faults.yaml").write_text(SUITE.replace("timeout: 8", "timeout: 8, steps: 3"))
@@ -79,6 +82,7 @@ def test_resume_reruns_only_what_is_missing(sweep):
     assert len(after) == len(before) + 4
 
 
+@pytest.mark.slow
 def test_results_show_and_errors(sweep, tmp_path):
     d, _ = sweep
     r = zb("results", "show", str(d / "out"))
@@ -94,6 +98,7 @@ def test_sweep_check_and_cluster_suites():
     assert r.returncode == 2 and "needs 400 processes" in r.stderr
 
 
+@pytest.mark.slow
 def test_maxsize_stage3_fits_more_than_stage0(tmp_path):
     # DP 2 (stage 3 holds 8 of stage 0's 16 bytes per parameter, so at most 2x; measured 1.91x): DP 4
     # probes run 4 processes on CI's 2 cores and took 2 minutes for the same check.
@@ -107,6 +112,7 @@ def test_maxsize_stage3_fits_more_than_stage0(tmp_path):
     assert "stage 3 / stage 0" in r.stdout
 
 
+@pytest.mark.slow
 def test_maxsize_with_optimizer_offload_fits_a_larger_model(tmp_path):
     """The same device budget (CPU: the live-tensor tracker, which host memory is outside of) fits a
     strictly larger model once the optimizer is offloaded: fp32 stage 2 keeps 16 bytes per parameter on the

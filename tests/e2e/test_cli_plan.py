@@ -26,7 +26,7 @@ def test_dry_run_of_every_fig2_zero_row_agrees_with_the_formula():
 
 def test_dry_run_170b_under_a_minute_on_another_rank():
     t0 = time.monotonic()
-    r = zb("plan", "--dry-run", "--model", "170B", "--gpus", "400", "--mp", "16", "--stage", "3",
+    r = zb("plan", "--dry-run", "--model", "170B", "--gpus", "400", "--tp", "16", "--stage", "3",
            "--rank", "399", "--json", timeout=120)
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 60
@@ -36,7 +36,7 @@ def test_dry_run_170b_under_a_minute_on_another_rank():
 
 
 def test_plan_json_keys_and_tables():
-    r = zb("plan", "--model", "100B", "--mp", "16", "--micro-batch", "32", "--pa", "--md", "--max-size", "--json")
+    r = zb("plan", "--model", "100B", "--tp", "16", "--micro-batch", "32", "--pa", "--md", "--max-size", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert {"config", "params", "params_per_mp_rank", "memory_bytes", "fits", "comm_elements_per_step",
@@ -52,8 +52,8 @@ def test_projection_lists_assumptions_and_claims():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--model", "100B", "--mp", "3", "--gpus", "399"], "not divisible by MP 3"),
-    (["--model", "100B", "--mp", "16", "--gpus", "100"], "not divisible by MP 16"),
+    (["--model", "100B", "--tp", "3", "--gpus", "399"], "not divisible by MP 3"),
+    (["--model", "100B", "--tp", "16", "--gpus", "100"], "not divisible by MP 16"),
     (["--model", "999B"], "unknown model size"),
     (["--project", "paper/nope"], "not found"),
     (["--gpu-mem", "lots", "--model", "8B"], "cannot read memory size"),

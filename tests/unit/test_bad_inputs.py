@@ -57,6 +57,8 @@ CASES = [
     (["plan", "--efficiency", "nan"], "must be a finite number"),
     (["plan", "--dry-run", "--rank", "-1"], "--rank: must be >= 0"),
     (["plan", "--gpus", "0"], "--gpus: must be >= 1"),
+    (["plan", "--model", "100B", "--mp", "16"], "--mp is now spelled --tp: use --tp 16"),
+    (["plan", "--model", "100B", "--cb-size", "5"], "--cb-size is now spelled --bucket-size"),
     (["peers", "--dp", "0"], "--dp: must be >= 1"),
     (["regress", "--timing-tolerance", "0"], "--timing-tolerance: must be > 0"),
 ]
@@ -82,7 +84,9 @@ SUITES = [
     ("hidden: 0", "model hidden must be positive, got 0"),
     ("lr: .nan", "lr must be a positive finite number"),
     ("timeout: -1", "timeout must be a positive finite number"),
-    ("cb_size: 0", "cb_size must be a positive integer"),
+    ("bucket_size: 0", "bucket_size must be a positive integer"),
+    ("cb_size: 5", "key 'cb_size' is now spelled 'bucket_size': rename it"),  # renamed keys name the new one
+    ("mp: 2", "key 'mp' is now spelled 'tp': rename it"),
 ]
 
 
@@ -124,3 +128,35 @@ def test_parse_bytes_refuses(text):
 
 def test_parse_bytes_reads():
     assert parse_bytes("32GB") == 32e9 and parse_bytes("1.5GiB") == 1.5 * 2**30 and parse_bytes(".5KB") == 500
+
+
+def test_train_and_suites_resolve_through_one_resolver():
+    """``zerobench train``'s flags and a suite row become the same RunSpec and the same TrainConfig: P_a
+    implies checkpointing, the warm-up is clamped below the step count, a vocabulary TP does not divide is
+    padded (Megatron's rule), bucket_size null is no C_B."""
+    from zerobench.bench.spec import NO_BUCKET_LIMIT, RunSpec, to_train_config
+
+    cfg = to_train_config(RunSpec(vocab=129, tp=2, dp=1, pa=True, steps=3, warmup=5))
+    assert cfg.activation.checkpoint and cfg.activation.partition
+    assert cfg.warmup_steps == 2 and cfg.model.vocab == 256
+    assert to_train_config(RunSpec(bucket_size=None)).zero.bucket_numel == NO_BUCKET_LIMIT
+
+
+def test_the_train_command_builds_its_config_with_the_suite_resolver(monkeypatch, tmp_path, capsys):
+    """The CLI path itself: its TrainConfig equals to_train_config of the equivalent RunSpec."""
+    import zerobench.bench.spec as spec_mod
+    from zerobench.bench.spec import RunSpec, to_train_config
+
+    seen = []
+    real = spec_mod.to_train_config
+
+    def spy(spec, world_size=None):
+        seen.append(spec)
+        return real(spec, world_size)
+
+    monkeypatch.setattr(spec_mod, "to_train_config", spy)
+    code, err = run(["train", "--pa", "--tp", "2", "--dp", "1", "--steps", "1", "--sp", "--seq", "33",
+                     "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "sequence length 33 is not divisible by TP degree 2" in err  # resolved, then refused
+    assert len(seen) == 1 and seen[0].pa and seen[0].tp == 2
+    assert to_train_config(RunSpec(pa=True)).activation.checkpoint

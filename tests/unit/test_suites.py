@@ -65,7 +65,7 @@ def test_bad_suites_fail_with_one_line(tmp_path, text, msg):
     ("{hidden: 60, heads: 7}", "not divisible by heads"),
     ("{gpus: 6, tp: 4}", "gpus 6 is not divisible by tp 4"),
     ("{stage: 7}", "unknown ZeRO stage 7"),
-    ("{precision: fp8}", "'fp8' is not one of"),
+    ("{precision: fp8}", "unknown precision 'fp8': choose fp32, bf16 or fp16"),
 ])
 def test_invalid_runs_are_kept_with_a_reason(tmp_path, run, msg):
     s = suites.load(write(tmp_path, f"base: {{preset: tiny}}\nruns: [{run}]"))

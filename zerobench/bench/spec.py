@@ -1,7 +1,11 @@
-"""One run of a suite, as written in YAML, and its resolution into a validated ``TrainConfig``.
+"""One run, as a suite writes it in YAML and as ``zerobench train`` builds it from its flags, and its one
+resolution into a validated ``TrainConfig`` (``to_train_config``): the rules below hold for both.
 
 Keys not given fall back to the suite's ``base`` and then to the defaults below. Cluster suites (the
-paper's) give ``gpus`` and ``mp``; ``dp`` is then ``gpus / mp``.
+paper's) give ``gpus`` and ``tp``; ``dp`` is then ``gpus / tp``. Resolution rules: P_a and P_a+cpu imply
+activation checkpointing; the warm-up is clamped to ``steps - 1``; a vocabulary that TP does not divide is
+padded to a multiple of 128 x TP (Megatron-LM's rule); ``bucket_size: null`` means no C_B (one bucket as
+large as the model). Renamed keys (``RENAMED``) are errors naming the new key.
 """
 
 from __future__ import annotations
@@ -43,9 +47,7 @@ class RunSpec:
     dp: int | None = None
     """Data-parallel degree (default: gpus / tp, or 1)."""
     tp: int | None = None
-    """Tensor-parallel degree (``mp`` is accepted as a synonym)."""
-    mp: int | None = None
-    """Synonym of ``tp`` (the paper's name)."""
+    """Tensor (model) parallel degree, the paper's MP (default 1)."""
     sp: bool = False
     """Sequence parallelism inside the TP group."""
     kernels: str = "auto"
@@ -72,12 +74,12 @@ class RunSpec:
     """Steps excluded from timing medians."""
     lr: float = 1e-3
     """AdamW learning rate."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay (on parameters of 2+ dimensions)."""
     clip: float | None = None
     """Gradient-norm clip."""
-    bucket_size: int = 6_250_000
-    """C_B bucket size in elements (``cb_size`` is accepted as a synonym)."""
-    cb_size: int | None = None
-    """Synonym of ``bucket_size``."""
+    bucket_size: int | None = 6_250_000
+    """C_B: gradient/parameter bucket size in elements; null: no C_B (one bucket as large as the model)."""
     checkpoint_activations: bool = False
     """Activation checkpointing per block."""
     pa: bool = False
@@ -90,6 +92,12 @@ class RunSpec:
     """Init and data seed."""
     timeout: float = 600.0
     """Wall-clock limit of the run in seconds; past it the run is killed and recorded as timed out."""
+    collective_timeout: float = 300.0
+    """A collective waiting longer than this many seconds fails the run (a dead or stuck rank)."""
+    track_memory: bool = True
+    """On CPU, track live tensor bytes (the peak memory figure)."""
+    tensorboard: str | None = None
+    """Rank 0 also writes per-step scalars for TensorBoard under this directory."""
     memory_budget: str | None = None
     """Per-device memory budget (e.g. ``64MiB``): on CPU enforced by the live-tensor tracker, on GPU by
     ``torch.cuda.set_per_process_memory_fraction``. Exceeding it records the run as out of memory."""
@@ -107,21 +115,23 @@ class RunSpec:
 
 
 FIELDS = {f.name for f in dataclasses.fields(RunSpec)}
+RENAMED = {"mp": "tp", "cb_size": "bucket_size"}
+"""Old key -> its one spelling now (suites giving the old key fail, naming the new one)."""
+NO_BUCKET_LIMIT = 2**62
+"""``bucket_size: null``: buckets as large as the model (no C_B)."""
 
 
-def to_train_config(spec: RunSpec) -> TrainConfig:
-    """Resolve a run into a ``TrainConfig``; raises ``ConfigError`` with a one-line reason."""
+def to_train_config(spec: RunSpec, world_size: int | None = None) -> TrainConfig:
+    """Resolve a run into a ``TrainConfig`` (checked against ``world_size`` processes when given); raises
+    ``ConfigError`` with a one-line reason."""
     from zerobench.config import parse_bytes
 
-    if spec.tp is not None and spec.mp is not None and spec.tp != spec.mp:
-        raise ConfigError(f"tp {spec.tp} and mp {spec.mp} disagree: give one of them")
-    tp = spec.tp if spec.tp is not None else spec.mp if spec.mp is not None else 1
+    tp = spec.tp if spec.tp is not None else 1
     for key, value in (("tp", tp), ("dp", spec.dp), ("gpus", spec.gpus), ("micro_batch", spec.micro_batch),
-                       ("grad_accum", spec.grad_accum), ("steps", spec.steps), ("bucket_size", spec.bucket_size),
-                       ("cb_size", spec.cb_size)):
+                       ("grad_accum", spec.grad_accum), ("steps", spec.steps), ("bucket_size", spec.bucket_size)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
-    for key in ("lr", "timeout"):
+    for key in ("lr", "timeout", "collective_timeout"):
         value = getattr(spec, key)
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ConfigError(f"{key} must be a positive finite number, got {value!r}")
@@ -141,20 +151,22 @@ def to_train_config(spec: RunSpec) -> TrainConfig:
     try:
         precision = Precision(spec.precision)
     except ValueError:
-        raise ConfigError(f"precision {spec.precision!r} is not one of fp32, bf16, fp16") from None
+        raise ConfigError(f"unknown precision {spec.precision!r}: choose fp32, bf16 or fp16") from None
     budget = int(parse_bytes(spec.memory_budget)) if spec.memory_budget else None
     cfg = TrainConfig(
         model=model,
-        zero=ZeroConfig(stage=spec.stage, precision=precision, bucket_numel=spec.cb_size if spec.cb_size is not None else spec.bucket_size,
+        zero=ZeroConfig(stage=spec.stage, precision=precision,
+                        bucket_numel=spec.bucket_size if spec.bucket_size is not None else NO_BUCKET_LIMIT,
                         grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
-                        optimizer=AdamWConfig(lr=spec.lr), kernels=spec.kernels,
+                        optimizer=AdamWConfig(lr=spec.lr, weight_decay=spec.weight_decay), kernels=spec.kernels,
                         offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                         nvme_path=spec.nvme_path, optim_bits=spec.optim_bits),
         activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
                                     partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
         preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,
         warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
-        memory_budget_bytes=budget, kernels=spec.kernels,
+        memory_budget_bytes=budget, kernels=spec.kernels, collective_timeout_s=spec.collective_timeout,
+        track_memory=spec.track_memory, tensorboard_dir=spec.tensorboard,
     )
-    validate_run(cfg)
+    validate_run(cfg, world_size)
     return cfg

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from zerobench.bench.spec import FIELDS, RunSpec, to_train_config
+from zerobench.bench.spec import FIELDS, RENAMED, RunSpec, to_train_config
 from zerobench.config import ConfigError, from_dict
 from zerobench.train.config import TrainConfig
 
@@ -69,6 +69,10 @@ def find_suite(name: str | Path) -> Path:
 
 
 def _check_keys(where: str, d: dict, fix_hint: str = "") -> None:
+    renamed = sorted(set(d) & set(RENAMED))
+    if renamed:
+        old = renamed[0]
+        raise ConfigError(f"{where}: key {old!r} is now spelled {RENAMED[old]!r}: rename it{fix_hint}")
     unknown = sorted(set(d) - FIELDS)
     if unknown:
         close = [f for f in sorted(FIELDS) if f[:3] == unknown[0][:3]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from zerobench.cli.types import byte_size, count, number
+from zerobench.cli.types import Renamed, byte_size, count, number
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -31,14 +31,16 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and parallelism")
     g.add_argument("--gpus", type=count(1), default=400)
     g.add_argument("--gpus-per-node", type=count(1), default=16)
-    g.add_argument("--mp", type=count(1), default=1, help="model (tensor) parallel degree")
+    g.add_argument("--tp", type=count(1), default=1, help="tensor (model) parallel degree: the paper's MP")
+    g.add_argument("--mp", action=Renamed, new="--tp", help=argparse.SUPPRESS)
     g.add_argument("--gpu-mem", type=byte_size, default="32GB", help="memory per GPU, e.g. 32GB (1e9 bytes) or 80GiB")
     g.add_argument("--micro-batch", type=count(1), default=1, help="sequences per DP replica per micro-batch")
     g.add_argument("--stage", type=int, default=2, help="ZeRO-DP stage 0-3")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--pa", action="store_true", help="P_a")
     g.add_argument("--pa-cpu", action="store_true", help="P_a+cpu")
-    g.add_argument("--cb-size", type=count(1), default=500_000_000, help="C_B bucket size in elements")
+    g.add_argument("--bucket-size", type=count(1), default=500_000_000, help="C_B bucket size in elements")
+    g.add_argument("--cb-size", action=Renamed, new="--bucket-size", help=argparse.SUPPRESS)
     g.add_argument("--md", action="store_true", help="M_D (smaller fragmentation allowance)")
     g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments: fp32 (K=12) or 8-bit (K~6)")
     g.add_argument("--offload-optimizer", action="store_true", help="ZeRO-Offload: optimizer states in host memory")

@@ -7,7 +7,6 @@ import datetime
 import sys
 
 from zerobench.cli.types import byte_size, count, number, seed
-from zerobench.config import ConfigError
 
 # The paper's Table 3 (C_B is --bucket-size, on in every configuration; all use checkpointing).
 PAPER_CONFIGS = {
@@ -92,54 +91,34 @@ def _offload_kwargs(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import dataclasses
     from pathlib import Path
 
-    from zerobench.config import parse_bytes
+    from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.distributed.env import DistEnv, detect
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.launch.local import EXIT_OOM, free_port, launch_local
     from zerobench.launch.worker import run_rank
-    from zerobench.models.sizes import preset
-    from zerobench.parallel.checkpointing import ActivationConfig
     from zerobench.results.outdir import check_fresh_run_dir
     from zerobench.results.rows import RowWriter
-    from zerobench.systems import validate_run
-    from zerobench.train.config import TrainConfig
-    from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
 
     if args.paper_config:
         for k, v in PAPER_CONFIGS[args.paper_config][1].items():
             setattr(args, k, v)
         args.checkpoint_activations = True
-    model = preset(args.preset)
-    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(args, k) is not None}
-    model = dataclasses.replace(model, **overrides)
-    try:
-        precision = Precision(args.precision)
-    except ValueError:
-        raise ConfigError(f"unknown precision {args.precision!r}: choose fp32, bf16 or fp16") from None
     denv = detect()
     dp = args.dp if args.dp is not None else max(1, denv.world_size // args.tp)
-    cfg = TrainConfig(
-        model=model,
-        zero=ZeroConfig(
-            stage=args.stage, precision=precision, bucket_numel=args.bucket_size,
-            grad_accum_steps=args.grad_accum, clip_grad_norm=args.clip,
-            optimizer=AdamWConfig(lr=args.lr, weight_decay=args.weight_decay), kernels=args.kernels,
-            **_offload_kwargs(args),
-        ),
-        activation=ActivationConfig(
-            checkpoint=args.checkpoint_activations, partition=args.pa or args.pa_cpu,
-            cpu_offload=args.pa_cpu, contiguous=args.md,
-        ),
-        system=args.system, preset=args.preset, dp=dp, tp=args.tp, sequence_parallel=args.sp, micro_batch=args.micro_batch, steps=args.steps,
-        warmup_steps=args.warmup, seed=args.seed, track_memory=not args.no_track_memory,
-        tensorboard_dir=args.tensorboard, kernels=args.kernels,
-        memory_budget_bytes=int(parse_bytes(args.memory_budget)) if args.memory_budget else None,
-        collective_timeout_s=args.collective_timeout,
+    # The same RunSpec a suite row is, resolved by the same to_train_config (bench/spec.py).
+    spec = RunSpec(
+        system=args.system, preset=args.preset, layers=args.layers, hidden=args.hidden, heads=args.heads,
+        vocab=args.vocab, seq=args.seq, stage=args.stage, dp=dp, tp=args.tp, sp=args.sp, kernels=args.kernels,
+        precision=args.precision, micro_batch=args.micro_batch, grad_accum=args.grad_accum, steps=args.steps,
+        warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay, clip=args.clip,
+        bucket_size=args.bucket_size, checkpoint_activations=args.checkpoint_activations, pa=args.pa,
+        pa_cpu=args.pa_cpu, md=args.md, seed=args.seed, memory_budget=args.memory_budget,
+        collective_timeout=args.collective_timeout, track_memory=not args.no_track_memory,
+        tensorboard=args.tensorboard, **_offload_kwargs(args),
     )
-    validate_run(cfg, denv.world_size if denv.source != "single" else None)
+    cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
     check_fresh_run_dir(out)

@@ -75,3 +75,16 @@ def byte_size(text: str) -> str:
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+class Renamed(argparse.Action):
+    """An old flag kept only to say its one spelling now (``add_argument("--mp", action=Renamed, new="--tp")``)."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        kwargs.setdefault("nargs", "?")
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now spelled {self.new}: use {self.new}"
+                     + (f" {values}" if values is not None else ""))

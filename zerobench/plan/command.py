@@ -29,7 +29,7 @@ from zerobench.plan.suites import load_suite, plan_configs
 
 
 def _model(args) -> GPTConfig:
-    mp = args.mp
+    mp = args.tp
     if args.model:
         if args.model not in PAPER_SIZES:
             raise ConfigError(f"unknown model size {args.model!r}: choose one of {', '.join(PAPER_SIZES)}")
@@ -54,10 +54,10 @@ def _model(args) -> GPTConfig:
 
 
 def _plan_config(args) -> PlanConfig:
-    if args.mp < 1 or args.gpus < 1:
-        raise ConfigError("--gpus and --mp must be >= 1")
-    if args.gpus % args.mp:
-        raise ConfigError(f"GPUs {args.gpus} are not divisible by MP {args.mp}: choose a GPU count that MP divides")
+    if args.tp < 1 or args.gpus < 1:
+        raise ConfigError("--gpus and --tp must be >= 1")
+    if args.gpus % args.tp:
+        raise ConfigError(f"GPUs {args.gpus} are not divisible by MP {args.tp}: choose a GPU count that MP divides")
     if args.stage not in (0, 1, 2, 3):
         raise ConfigError(f"unknown ZeRO stage {args.stage}: choose 0, 1, 2 or 3")
     if args.offload_optimizer and args.stage == 0:
@@ -65,10 +65,10 @@ def _plan_config(args) -> PlanConfig:
     if args.offload_param and (args.stage != 3 or not args.offload_optimizer):
         raise ConfigError("--offload-param needs --stage 3 and --offload-optimizer")
     return PlanConfig(
-        model=_model(args), gpus=args.gpus, gpus_per_node=args.gpus_per_node, mp=args.mp,
+        model=_model(args), gpus=args.gpus, gpus_per_node=args.gpus_per_node, mp=args.tp,
         gpu_mem_bytes=parse_bytes(args.gpu_mem), micro_batch=args.micro_batch, stage=args.stage,
         checkpoint_activations=args.checkpoint_activations or args.pa or args.pa_cpu,
-        pa=args.pa, pa_cpu=args.pa_cpu, cb_elements=args.cb_size, md=args.md, optim_bits=args.optim_bits,
+        pa=args.pa, pa_cpu=args.pa_cpu, cb_elements=args.bucket_size, md=args.md, optim_bits=args.optim_bits,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
     )
 

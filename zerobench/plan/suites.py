@@ -29,10 +29,10 @@ def plan_configs(suite: dict) -> list[tuple[dict, PlanConfig]]:
         r = {**base, **run}
         if "layers" not in r:
             continue
-        mp = int(r["mp"])
+        mp = int(r["tp"])
         model = GPTConfig(layers=r["layers"], hidden=r["hidden"], heads=r["heads"],
                           vocab=padded_vocab(r["vocab"], mp), seq=r["seq"])
-        cb = r.get("cb_size")
+        cb = r.get("bucket_size")  # null: no C_B (buffers as large as the model)
         out.append((r, PlanConfig(
             model=model, gpus=int(r["gpus"]), gpus_per_node=int(cluster.get("gpus_per_node", 16)), mp=mp,
             gpu_mem_bytes=parse_bytes(cluster.get("gpu_mem", "32GB")), micro_batch=int(r["micro_batch"]),

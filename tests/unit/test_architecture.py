@@ -178,3 +178,15 @@ def _mixins() -> list[str]:
 def test_no_mixin_classes():
     """State and behaviour are composed, not split across mixin bases to meet a line budget."""
     assert _mixins() == []
+
+
+def test_the_engine_does_not_import_the_memory_emulator():
+    """The CPU memory-budget emulator (live-tensor tracker) reaches the engine only as the ``Allocator`` the
+    engine is given (zero/allocator.py), never by import."""
+    emulator = {"untracked", "resize_storage", "LiveTensorTracker", "TrackedAllocator"}
+    found = []
+    for p in sorted((REPO / "zerobench" / "zero").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "zerobench.metrics.memory":
+                found += [f"{p.relative_to(REPO)}: {a.name}" for a in node.names if a.name in emulator]
+    assert found == []

@@ -165,3 +165,27 @@ def test_analytic_split_device_and_host():
     # 8-bit moments: K = 4 + 2 + 8/2048 instead of 12
     k8 = sum(model_state_bytes_analytic(psi, 1, 1, 2, 2, 4, quant8.state_bytes_per_element()).values()) / psi - 4
     assert k8 == pytest.approx(6.0 + 8 / 2048)
+
+
+def test_allocators_plain_and_tracked():
+    """The engine's allocator interface: the plain one only resizes; the tracked one keeps an active
+    live-tensor tracker informed of resizes and pauses it for host work."""
+    from zerobench.metrics.memory import TrackedAllocator
+    from zerobench.zero.allocator import PlainAllocator
+
+    t = torch.empty(256)
+    PlainAllocator().resize(t, 0)
+    assert t.untyped_storage().nbytes() == 0
+    with PlainAllocator().host_region():
+        pass
+    tr = LiveTensorTracker()
+    with tr:
+        full = torch.empty(1024)  # 4 KiB tracked
+        before = tr.current
+        TrackedAllocator().resize(full, 0)
+        assert tr.current == before - 4096
+        TrackedAllocator().resize(full, 4096)
+        assert tr.current == before
+        with TrackedAllocator().host_region():
+            torch.empty(1 << 16)  # host work: not counted
+        assert tr.current == before

@@ -200,3 +200,14 @@ def reset_peak_rss() -> None:
             f.write("5")
     except OSError:
         pass
+
+
+class TrackedAllocator:
+    """The engine's allocator (``zerobench.zero.allocator.Allocator``) when a ``LiveTensorTracker`` may be
+    counting: host work pauses the tracker, storage resizes keep it informed. Harmless with none active."""
+
+    def host_region(self, enabled: bool = True):
+        return untracked(enabled)
+
+    def resize(self, t: torch.Tensor, nbytes: int) -> None:
+        resize_storage(t, nbytes)

@@ -23,6 +23,7 @@ from zerobench.parallel.checkpointing import CheckpointStore, apply_activation_c
 from zerobench.parallel.config import ActivationConfig
 from zerobench.parallel.fused import apply_fused_kernels
 from zerobench.parallel.tensor_parallel import TPInfo, apply_tp
+from zerobench.zero.allocator import Allocator
 from zerobench.zero.api import apply_zero
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
@@ -59,11 +60,11 @@ class Parallelized:
 
 
 def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLedger | None = None,
-                units: list[nn.Module] | None = None) -> Parallelized:
+                units: list[nn.Module] | None = None, allocator: Allocator | None = None) -> Parallelized:
     """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
 
     Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
-    every block of ``model.blocks``).
+    every block of ``model.blocks``); ``allocator``: passed to ``apply_zero``.
     """
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel)
     apply_fused_kernels(model, spec.kernels)
@@ -71,5 +72,5 @@ def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLe
     engine = None
     if spec.zero is not None:
         engine = apply_zero(model, mesh.dp, spec.zero, ledger, units,
-                            tp_group=mesh.tp, tp_sharded=tp.sharded)
+                            tp_group=mesh.tp, tp_sharded=tp.sharded, allocator=allocator)
     return Parallelized(model, tp, store, engine)

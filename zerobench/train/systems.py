@@ -14,6 +14,7 @@ from torch import nn
 
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
+from zerobench.metrics.memory import TrackedAllocator
 from zerobench.models.gpt import GPT
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.config import TrainConfig
@@ -44,7 +45,8 @@ class ZeroSystem:
     def __init__(self, cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device):
         torch.manual_seed(cfg.seed)
         model = GPT(cfg.model).to(device)
-        built = parallelize(model, mesh, parallel_spec(cfg), ledger)
+        # The CPU memory-budget emulation (live-tensor tracker) sees host work and stage-3 resizes.
+        built = parallelize(model, mesh, parallel_spec(cfg), ledger, allocator=TrackedAllocator())
         self.store, self.engine = built.store, built.engine
         self.module, self.ledger = model, ledger
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
+from zerobench.zero.allocator import Allocator
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
 
@@ -26,6 +27,7 @@ def apply_zero(
     units: list[nn.Module] | None = None,
     tp_group: Group | None = None,
     tp_sharded: Collection[str] = frozenset(),
+    allocator: Allocator | None = None,
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
@@ -34,7 +36,8 @@ def apply_zero(
     With tensor parallelism, ``dp_group`` is this TP rank's DP group; pass the TP group and the names of the
     parameters TP shards (``TPInfo.sharded``): gradient norms and overflow checks then span both groups,
     counting sharded parameters once per TP rank and replicated ones once. ``zerobench.parallel.parallelize``
-    applies TP, fused kernels, checkpointing and this in their one order.
+    applies TP, fused kernels, checkpointing and this in their one order. ``allocator``: how host work
+    and stage-3 resizes are accounted (default ``PlainAllocator``; see ``zero/allocator.py``).
     """
     return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger,
-                      tp_group, frozenset(tp_sharded))
+                      tp_group, frozenset(tp_sharded), allocator)

@@ -12,7 +12,7 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
-from zerobench.metrics.memory import untracked
+from zerobench.zero.allocator import Allocator
 from zerobench.zero.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.layout import ParamSpec, PartitionLayout, Segment
@@ -63,12 +63,12 @@ class Storage:
     """The fp32 master on the device (None: it is the host's, or the parameters themselves in fp32)."""
 
 
-def build_storage(layout: PartitionLayout, config: ZeroConfig, device: torch.device) -> Storage:
+def build_storage(layout: PartitionLayout, config: ZeroConfig, device: torch.device, allocator: Allocator) -> Storage:
     dtype = config.precision.param_dtype
     host = None
     if config.offload_optimizer != "none":
-        with untracked():  # host memory is not the device budget the tracker emulates
-            host = HostPartition(layout, device, dtype, dtype, config.offload_param == "cpu")
+        with allocator.host_region():  # host memory, not the device's
+            host = HostPartition(layout, device, dtype, dtype, config.offload_param == "cpu", allocator)
     if config.stage == 3:
         full, local = None, LocalBuffer(layout, dtype, device, data=host.params_local if host is not None else None)
     else:
@@ -115,10 +115,10 @@ def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list
 
 
 def build_optimizer(config: ZeroConfig, master: list[torch.Tensor], decay, group: C.Group,
-                    on_host: bool) -> ShardedAdamW:
+                    on_host: bool, allocator: Allocator) -> ShardedAdamW:
     nvme = None
     if config.offload_optimizer == "nvme":
         def nvme(codec, sizes):
             return NvmeStore(codec, sizes, config.nvme_path, group.rank)
-    with untracked(on_host):
+    with allocator.host_region(on_host):
         return ShardedAdamW(config.optimizer, master, decay, config.kernels, config.optim_bits, nvme)

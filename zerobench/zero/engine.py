@@ -25,8 +25,8 @@ from torch import nn
 
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
-from zerobench.metrics.memory import untracked
 from zerobench.zero.accounting import EngineAccounting
+from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import build_optimizer, build_storage, chunk_ranges, fill_initial_values, order_params
 from zerobench.zero.config import ZeroConfig
@@ -54,13 +54,13 @@ class ZeroEngine:
         ledger: CommLedger | None = None,
         tp_group: C.Group | None = None,
         tp_sharded: frozenset[str] = frozenset(),
+        allocator: Allocator | None = None,
     ):
         config.validate()
+        self.allocator = allocator if allocator is not None else PlainAllocator()
         self.tp_group = tp_group if tp_group is not None and tp_group.size > 1 else None
-        self.module, self.group, self.config = model, group, config
-        self.ledger = ledger if ledger is not None else CommLedger()
-        self.stage = config.stage
-        self.param_dtype = config.precision.param_dtype
+        self.module, self.group, self.config, self.stage = model, group, config, config.stage
+        self.ledger, self.param_dtype = ledger if ledger is not None else CommLedger(), config.precision.param_dtype
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
         ordered = order_params(model, units, self.stage)
         self.device = device = ordered.named[0][1].device
@@ -73,7 +73,7 @@ class ZeroEngine:
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
-        st = build_storage(self.layout, config, device)
+        st = build_storage(self.layout, config, device, self.allocator)
         self.host, self.params_full, self.params_local, self.master_buf = (
             st.host, st.params_full, st.params_local, st.master_buf)
         fill_initial_values(st, self.zparams, segments)
@@ -86,7 +86,7 @@ class ZeroEngine:
         self.scheduler = self._attach_params(model, ordered.units)
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
         decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
-        self.optimizer = build_optimizer(config, master, decay, group, on_host=self.host is not None)
+        self.optimizer = build_optimizer(config, master, decay, group, self.host is not None, self.allocator)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
@@ -138,7 +138,7 @@ class ZeroEngine:
         host = self.host
         transfer = host.transfer if host is not None and host.params_local is not None else None
         return Stage3Scheduler.build(model, units, self.layout, self.zparams, self.params_local, self.group,
-                                     self.ledger, self.device, transfer, self.config.prefetch)
+                                     self.ledger, self.device, transfer, self.config.prefetch, self.allocator)
 
     def _param_shard_views(self) -> list[torch.Tensor]:
         if self.params_local is not None:
@@ -180,7 +180,7 @@ class ZeroEngine:
             return False
         check_unused(self)
         # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
-        with untracked(self.host is not None):
+        with self.allocator.host_region(self.host is not None):
             stepped = self._step()
         if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
             self.scheduler.reshard_all()

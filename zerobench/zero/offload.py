@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.metrics.memory import storage_bytes, untracked
+from zerobench.metrics.memory import storage_bytes
+from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.layout import PartitionLayout
 
 HOST = torch.device("cpu")
@@ -87,8 +88,9 @@ class HostPartition:
     host parameter partition under parameter offload (then it also receives the copy-out)."""
 
     def __init__(self, layout: PartitionLayout, device: torch.device, param_dtype: torch.dtype,
-                 grad_dtype: torch.dtype, offload_params: bool):
+                 grad_dtype: torch.dtype, offload_params: bool, allocator: Allocator | None = None):
         self.layout = layout
+        self.allocator = allocator if allocator is not None else PlainAllocator()
         self.transfer = Transfer(device)
         n = layout.shard_numel
         fp32 = param_dtype == torch.float32
@@ -121,7 +123,7 @@ class HostPartition:
     def grad_ready(self, bucket: int, shard: torch.Tensor, accumulate: bool) -> None:
         """A bucket's reduced gradient shard (on the device) is final for this micro-batch: bring it down."""
         dst = self._chunks[id(self.grads)][bucket]
-        with untracked():  # host memory: outside a (CPU-emulated) device budget
+        with self.allocator.host_region():  # host memory: outside the device's budget
             if not accumulate:
                 self.transfer.copy(dst, shard)
                 return

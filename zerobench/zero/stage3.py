@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
-from zerobench.metrics.memory import resize_storage
+from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.layout import BucketSlot
 from zerobench.zero.param import ParamState, ZeroParam
 
@@ -48,8 +48,10 @@ class ParamUnit:
         ledger: CommLedger | None,
         device: torch.device | None = None,
         transfer=None,
+        allocator: Allocator | None = None,
     ):
         """``transfer`` (an ``offload.Transfer``) marks ``local`` as host memory (parameter offload)."""
+        self.allocator = allocator if allocator is not None else PlainAllocator()
         self.module, self.bucket, self.zparams, self.local = module, bucket, zparams, local
         self.group, self.ledger, self.transfer = group, ledger, transfer
         self.staging: torch.Tensor | None = None
@@ -74,7 +76,7 @@ class ParamUnit:
     def start_gather(self) -> None:
         if self.state is not ParamState.SHARDED:
             return
-        resize_storage(self.full, self.nbytes)
+        self.allocator.resize(self.full, self.nbytes)
         src = self.local
         if self.transfer is not None:  # host shard -> transient device shard, then the gather
             self.staging = src = torch.empty(self.local.numel(), dtype=self.local.dtype, device=self.full.device)
@@ -98,7 +100,7 @@ class ParamUnit:
             self.wait()
         for zp in self.zparams:
             zp.param.data = self.placeholder
-        resize_storage(self.full, 0)
+        self.allocator.resize(self.full, 0)
         self._set_state(ParamState.SHARDED)
 
 
@@ -131,14 +133,15 @@ class Stage3Scheduler:
 
     @classmethod
     def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], params_local,
-              group: C.Group, ledger: CommLedger | None, device: torch.device, transfer, prefetch: bool):
+              group: C.Group, ledger: CommLedger | None, device: torch.device, transfer, prefetch: bool,
+              allocator: Allocator | None = None):
         """One ``ParamUnit`` per layout bucket (unit 0 = the root, ``units[k - 1]`` = unit k), scheduled."""
         by_unit: dict[int, list[ZeroParam]] = {}
         for zp in zparams:
             by_unit.setdefault(layout.buckets[zp.slot.bucket].unit, []).append(zp)
         built = {
             b.unit: ParamUnit(model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
-                              params_local.bucket_view(b.index), group, ledger, device, transfer)
+                              params_local.bucket_view(b.index), group, ledger, device, transfer, allocator)
             for b in layout.buckets
         }
         return cls(model, built.get(0), [built[u] for u in range(1, len(units) + 1)], prefetch)

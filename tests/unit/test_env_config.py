@@ -86,3 +86,16 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(ZeroConfig(stage=2))
     assert config_hash(ZeroConfig(precision=Precision.BF16)) != config_hash(ZeroConfig())
+
+
+def test_launchers_share_one_interface():
+    """local and srun are Launchers of one interface (launch/launchers.py); an unknown name is one line."""
+    from zerobench.config import ConfigError
+    from zerobench.launch.launchers import LAUNCHERS, get_launcher
+
+    assert set(LAUNCHERS) == {"local", "srun"}
+    for name, launcher in LAUNCHERS.items():
+        assert callable(launcher.launch)
+        assert launcher.name == name and get_launcher(name) is launcher
+    with pytest.raises(ConfigError, match="unknown launcher 'ssh': choose local, srun"):
+        get_launcher("ssh")

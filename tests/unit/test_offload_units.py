@@ -189,3 +189,17 @@ def test_allocators_plain_and_tracked():
         with TrackedAllocator().host_region():
             torch.empty(1 << 16)  # host work: not counted
         assert tr.current == before
+
+
+@pytest.mark.parametrize(("opt", "param", "want"), [
+    ("none", "none", ("device", "device", "device", False)),
+    ("cpu", "none", ("device", "host", "host", True)),
+    ("nvme", "none", ("device", "host", "nvme", True)),
+    ("cpu", "cpu", ("host", "host", "host", True)),
+])
+def test_placement_from_the_config(opt, param, want):
+    from zerobench.zero.config import ZeroConfig
+    from zerobench.zero.placement import Placement
+
+    p = Placement.of(ZeroConfig(stage=3, offload_optimizer=opt, offload_param=param, nvme_path="/tmp"))
+    assert (p.params.value, p.master.value, p.states.value, p.offloaded) == want

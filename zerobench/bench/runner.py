@@ -21,8 +21,9 @@ from zerobench.bench.progress import Progress
 from zerobench.bench.suite import Suite
 from zerobench.bench.sweep_state import SweepSummary, attempt_id, check_out, completed_runs, should_run, status_row
 from zerobench.config import ConfigError
+from zerobench.launch.base import EXIT_IO, LaunchRequest
 from zerobench.launch.cancel import Cancellation
-from zerobench.launch.local import EXIT_IO, launch_local
+from zerobench.launch.launchers import get_launcher
 from zerobench.results.rows import RowWriteError
 
 MAX_LOCAL_WORLD = 16
@@ -38,15 +39,16 @@ def check_local(suite: Suite) -> None:
         )
 
 
-LAUNCHERS = ("local", "srun", "slurm")
+SWEEP_LAUNCHERS = ("local", "srun", "slurm")
+"""local and srun run each run in turn (launch/launchers.py); slurm submits every run with sbatch."""
 
 
 def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
               tensorboard: str | None = None, launcher: str = "local", only: dict | None = None) -> SweepSummary:
     """Run ``suite``'s runs (those matching ``only``: run key -> value) with ``launcher``:
     ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run."""
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(LAUNCHERS)}")
+    if launcher not in SWEEP_LAUNCHERS:
+        raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
     if only:
         runs = [r for r in suite.runs if all(str(getattr(r.spec, k, None)) == v for k, v in only.items())]
         if not runs:
@@ -88,18 +90,12 @@ def _run_one(run, out: Path, suite: Suite, summary: SweepSummary, bar: Progress,
     run_dir = out / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "run.log"
-    env = {"ZEROBENCH_FAULT": run.spec.fault} if run.spec.fault else {}
     bar.start(run.label, log)
     t0 = time.monotonic()
     cfg = run.config if tensorboard is None else dataclasses.replace(run.config, tensorboard_dir=tensorboard)
-    if launcher == "srun":
-        from zerobench.launch.slurm import launch_srun
-
-        res = launch_srun(cfg, run_dir, run_id, run.spec.timeout, log, suite.name, 29500 + run.index,
-                          fault=run.spec.fault)
-    else:
-        res = launch_local(cfg, run_dir, run_id, timeout_s=run.spec.timeout, extra_env=env,
-                           log_path=log, suite=suite.name, on_poll=bar.poll, cancel=cancel)
+    req = LaunchRequest(cfg, run_dir, run_id, run.spec.timeout, log, suite.name, fault=run.spec.fault,
+                        index=run.index, on_poll=bar.poll, cancel=cancel)
+    res = get_launcher(launcher).launch(req)
     summary.ran.append(run.label)
     if not res.ok:
         summary.failed[run.label] = res.reason

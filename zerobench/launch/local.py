@@ -21,47 +21,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from zerobench.config import to_dict
+from zerobench.launch.base import (  # noqa: F401 - exit codes re-exported for the launchers' callers
+    EXIT_CONFIG,
+    EXIT_IO,
+    EXIT_OOM,
+    EXIT_PEER_TIMEOUT,
+    LaunchRequest,
+    LaunchResult,
+    describe_exit,
+)
 from zerobench.launch.cancel import Cancellation
 from zerobench.train.config import TrainConfig
-
-EXIT_CONFIG = 2
-"""A rank rejected its configuration."""
-EXIT_OOM = 75
-"""A rank ran out of (budgeted) memory."""
-EXIT_IO = 74
-"""A rank could not write its results (disk full)."""
-EXIT_PEER_TIMEOUT = 76
-"""A rank timed out in a collective: a peer is stuck or dead."""
-
-
-def describe_exit(who: str, code: int) -> tuple[str, str]:
-    """(status, reason) for a non-zero exit code of ``who`` (e.g. ``rank 1``, ``srun step``)."""
-    if code == EXIT_OOM:
-        return "oom", f"{who} ran out of memory"
-    if code == EXIT_CONFIG:
-        return "invalid", f"{who} rejected the configuration"
-    if code == EXIT_IO:
-        return "failed", f"{who} could not write its results"
-    if code == EXIT_PEER_TIMEOUT:
-        return "failed", f"{who} timed out waiting for its peers in a collective"
-    if code < 0:
-        return "failed", f"{who} was killed by signal {-code}"
-    return "failed", f"{who} exited with code {code}"
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    """How a local launch ended."""
-
-    ok: bool
-    reason: str
-    status: str
-    returncodes: list[int | None]
-    elapsed_s: float
 
 
 def free_port() -> int:

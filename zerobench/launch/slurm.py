@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
-from zerobench.launch.local import LaunchResult, describe_exit
+from zerobench.launch.base import LaunchResult, describe_exit
 from zerobench.train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,6 +15,7 @@ from zerobench.metrics.memory import (
     model_state_bytes_analytic,
     storage_bytes,
 )
+from zerobench.zero.placement import Placement, Tier
 
 
 @dataclass
@@ -34,6 +35,8 @@ class EngineAccounting:
     """The ``HostPartition`` under offload, else None."""
     config: Any
     """The engine's ``ZeroConfig``."""
+    placement: Placement
+    """Where each partition lives."""
     numel: int
     """Unpadded parameters this engine trains."""
     dp_size: int
@@ -74,19 +77,18 @@ class EngineAccounting:
     def model_state_bytes_analytic(self) -> dict[str, float]:
         """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
         pb = torch.finfo(self.config.precision.param_dtype).bits // 8
-        cfg = self.config
         return model_state_bytes_analytic(
             self.numel, self.dp_size, self.config.stage, pb, pb, 4 if self.master_buf is not None else 0,
-            self.optimizer.codec.bytes_per_element(), offload_optimizer=cfg.offload_optimizer != "none",
-            offload_param=cfg.offload_param != "none",
+            self.optimizer.codec.bytes_per_element(), offload_optimizer=self.placement.offloaded,
+            offload_param=self.placement.params is Tier.HOST,
         )
 
     def host_state_bytes_analytic(self) -> dict[str, float]:
         """Host bytes by category under offload (NVMe-swapped states excluded)."""
         pb = torch.finfo(self.config.precision.param_dtype).bits // 8
         out = host_state_bytes_analytic(self.numel, self.dp_size, self.config.stage, pb, pb,
-                                        self.optimizer.codec.bytes_per_element(), self.config.offload_param != "none")
-        if self.config.offload_optimizer == "nvme":
+                                        self.optimizer.codec.bytes_per_element(), self.placement.params is Tier.HOST)
+        if self.placement.states is Tier.NVME:
             out["host_optimizer_states"] = 0.0
         return out
 

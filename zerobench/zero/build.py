@@ -20,6 +20,7 @@ from zerobench.zero.nvme import NvmeStore
 from zerobench.zero.offload import HostPartition
 from zerobench.zero.optimizer import ShardedAdamW
 from zerobench.zero.param import ZeroParam
+from zerobench.zero.placement import Placement, Tier
 from zerobench.zero.units import assign_units
 
 
@@ -63,12 +64,13 @@ class Storage:
     """The fp32 master on the device (None: it is the host's, or the parameters themselves in fp32)."""
 
 
-def build_storage(layout: PartitionLayout, config: ZeroConfig, device: torch.device, allocator: Allocator) -> Storage:
+def build_storage(layout: PartitionLayout, config: ZeroConfig, placement: Placement, device: torch.device,
+                  allocator: Allocator) -> Storage:
     dtype = config.precision.param_dtype
     host = None
-    if config.offload_optimizer != "none":
+    if placement.offloaded:
         with allocator.host_region():  # host memory, not the device's
-            host = HostPartition(layout, device, dtype, dtype, config.offload_param == "cpu", allocator)
+            host = HostPartition(layout, device, dtype, dtype, placement.params is Tier.HOST, allocator)
     if config.stage == 3:
         full, local = None, LocalBuffer(layout, dtype, device, data=host.params_local if host is not None else None)
     else:
@@ -114,11 +116,11 @@ def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list
     return decay, replicated
 
 
-def build_optimizer(config: ZeroConfig, master: list[torch.Tensor], decay, group: C.Group,
-                    on_host: bool, allocator: Allocator) -> ShardedAdamW:
+def build_optimizer(config: ZeroConfig, placement: Placement, master: list[torch.Tensor], decay, group: C.Group,
+                    allocator: Allocator) -> ShardedAdamW:
     nvme = None
-    if config.offload_optimizer == "nvme":
+    if placement.states is Tier.NVME:
         def nvme(codec, sizes):
             return NvmeStore(codec, sizes, config.nvme_path, group.rank)
-    with allocator.host_region(on_host):
+    with allocator.host_region(placement.offloaded):
         return ShardedAdamW(config.optimizer, master, decay, config.kernels, config.optim_bits, nvme)

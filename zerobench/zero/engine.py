@@ -34,6 +34,7 @@ from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.param import ParamState, ZeroParam
+from zerobench.zero.placement import Placement
 from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.unused import check_unused
 
@@ -73,7 +74,8 @@ class ZeroEngine:
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
-        st = build_storage(self.layout, config, device, self.allocator)
+        self.placement = Placement.of(config)
+        st = build_storage(self.layout, config, self.placement, device, self.allocator)
         self.host, self.params_full, self.params_local, self.master_buf = (
             st.host, st.params_full, st.params_local, st.master_buf)
         fill_initial_values(st, self.zparams, segments)
@@ -86,7 +88,7 @@ class ZeroEngine:
         self.scheduler = self._attach_params(model, ordered.units)
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
         decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
-        self.optimizer = build_optimizer(config, master, decay, group, self.host is not None, self.allocator)
+        self.optimizer = build_optimizer(config, self.placement, master, decay, group, self.allocator)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
@@ -102,8 +104,8 @@ class ZeroEngine:
         self.last_grad_norm: float | None = None
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(self.grads, self.scheduler, self.params_full, self.params_local,
-                                           self.master_buf, self.optimizer, self.host, config, self.numel,
-                                           group.size)
+                                           self.master_buf, self.optimizer, self.host, config, self.placement,
+                                           self.numel, group.size)
 
     # -- memory figures (zero/accounting.py) -----------------------------------------------------
     def memory_ledger(self) -> dict[str, int]:

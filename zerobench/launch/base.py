@@ -1,0 +1,84 @@
+"""What every launcher shares: the exit codes a rank reports, how an exit is described, the result of a
+launch, the request a launcher is given, and the ``Launcher`` interface (``launch/launchers.py`` has the
+implementations: local processes, an ``srun`` step inside an allocation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from zerobench.launch.cancel import Cancellation
+from zerobench.train.config import TrainConfig
+
+EXIT_CONFIG = 2
+"""A rank rejected its configuration."""
+EXIT_OOM = 75
+"""A rank ran out of (budgeted) memory."""
+EXIT_IO = 74
+"""A rank could not write its results (disk full)."""
+EXIT_PEER_TIMEOUT = 76
+"""A rank timed out in a collective: a peer is stuck or dead."""
+
+
+def describe_exit(who: str, code: int) -> tuple[str, str]:
+    """(status, reason) for a non-zero exit code of ``who`` (e.g. ``rank 1``, ``srun step``)."""
+    if code == EXIT_OOM:
+        return "oom", f"{who} ran out of memory"
+    if code == EXIT_CONFIG:
+        return "invalid", f"{who} rejected the configuration"
+    if code == EXIT_IO:
+        return "failed", f"{who} could not write its results"
+    if code == EXIT_PEER_TIMEOUT:
+        return "failed", f"{who} timed out waiting for its peers in a collective"
+    if code < 0:
+        return "failed", f"{who} was killed by signal {-code}"
+    return "failed", f"{who} exited with code {code}"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a launch ended."""
+
+    ok: bool
+    reason: str
+    status: str
+    returncodes: list[int | None]
+    elapsed_s: float
+
+
+@dataclass
+class LaunchRequest:
+    """One run to launch."""
+
+    cfg: TrainConfig
+    """The resolved configuration (its world size is the number of processes)."""
+    out_dir: Path
+    """The run's directory (rows, run.log, run.json)."""
+    run_id: str
+    """Stored in every row."""
+    timeout_s: float
+    """Wall-clock limit; past it the run is stopped and recorded as timed out."""
+    log_path: Path
+    """Every rank's output."""
+    suite: str | None = None
+    """The suite the run belongs to (stored in rows)."""
+    fault: str | None = None
+    """Test-only planted fault (``RANK:STEP[:KIND]``), handed to the ranks' environment."""
+    index: int = 0
+    """The run's index in its sweep (a distinct rendezvous port per run under srun)."""
+    on_poll: Callable[[], None] | None = None
+    """Called while the run is watched (progress display)."""
+    cancel: Cancellation | None = None
+    """Stop the run when cancellation is requested."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """More environment for the ranks."""
+
+
+class Launcher(Protocol):
+    """Starts a run's processes, waits for them, and says how it ended (never raises for a failed run)."""
+
+    name: str
+
+    def launch(self, req: LaunchRequest) -> LaunchResult: ...

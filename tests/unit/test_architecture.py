@@ -190,3 +190,18 @@ def test_the_engine_does_not_import_the_memory_emulator():
             if isinstance(node, ast.ImportFrom) and node.module == "zerobench.metrics.memory":
                 found += [f"{p.relative_to(REPO)}: {a.name}" for a in node.names if a.name in emulator]
     assert found == []
+
+
+def test_no_environment_switches_below_the_launcher():
+    """The engine, the parallel layers, the training loop and the models take explicit arguments; the
+    launcher's rank entry point (launch/worker.py) is the one reader of zerobench's variables, and
+    distributed/env.py reads torchrun's and Slurm's."""
+    readers = []
+    for d in ("zero", "parallel", "train", "models", "metrics", "distributed"):
+        for p in sorted((REPO / "zerobench" / d).rglob("*.py")):
+            if p.name == "env.py" and d == "distributed":
+                continue
+            text = p.read_text()
+            if "os.environ" in text or "getenv(" in text:
+                readers.append(str(p.relative_to(REPO)))
+    assert readers == []

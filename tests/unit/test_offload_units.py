@@ -121,10 +121,10 @@ def test_host_partition_buffers_and_chunks():
         shard = torch.arange(chunks[1].numel(), dtype=dtype)
         h.grad_ready(1, shard, accumulate=False)
         h.grad_ready(1, shard, accumulate=True)
-        h.wait_grads()
+        h.finish_grad_copies()
         assert torch.equal(h.chunks(h.grads)[1], 2 * shard)
         dev = [torch.zeros(c.numel(), dtype=dtype) for c in chunks]
-        on_chunk = h.copy_back(None if params else dev)
+        on_chunk = h.start_copy_back(None if params else dev)
         assert (on_chunk is None) == params
 
 

@@ -8,12 +8,12 @@ reduce-scatter and all-gather take 2x and 3x the time of an all-reduce of the sa
 elements, 2 processes: all-reduce 79 ms, reduce_scatter_tensor 165 ms, all_gather_into_tensor 138 ms,
 broadcast 43 ms), so reduce-scatter is an all-reduce whose local chunk is kept, and all-gather one broadcast
 per rank. NCCL keeps the native collectives. The ledger records the logical collective (the paper's
-accounting), whatever carries it. ``ZEROBENCH_GLOO_NATIVE=1`` restores gloo's native ones.
+accounting), whatever carries it. A ``Group`` made with ``native=True`` keeps gloo's native ones (the
+launcher sets it from ``ZEROBENCH_GLOO_NATIVE=1``; nothing here reads the environment).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,10 +35,12 @@ class Group:
     name: str
     size: int
     rank: int
+    native: bool = False
+    """Use the backend's own reduce-scatter/all-gather even on gloo (else composed from faster ones)."""
 
     @classmethod
-    def of(cls, pg: dist.ProcessGroup | None, name: str) -> Group:
-        return cls(pg, name, dist.get_world_size(pg), dist.get_rank(pg))
+    def of(cls, pg: dist.ProcessGroup | None, name: str, native: bool = False) -> Group:
+        return cls(pg, name, dist.get_world_size(pg), dist.get_rank(pg), native)
 
 
 def _record(ledger: CommLedger | None, op: str, group: Group, full: torch.Tensor, tag: str) -> None:
@@ -80,7 +82,7 @@ class _Works:
 
 def _composed(group: Group, *tensors: torch.Tensor) -> bool:
     """Whether to build reduce-scatter/all-gather from gloo's all-reduce/broadcast (see module docstring)."""
-    if os.environ.get("ZEROBENCH_GLOO_NATIVE") == "1" or not all(t.is_contiguous() for t in tensors):
+    if group.native or not all(t.is_contiguous() for t in tensors):
         return False
     return dist.get_backend(group.pg) == "gloo"
 

@@ -43,12 +43,14 @@ def validate_degrees(world: int, tp: int, dp: int | None = None) -> int:
     return world // tp
 
 
-def build_mesh(tp: int, dp: int | None = None, backend: str | None = None, timeout_s: float | None = None) -> Mesh:
+def build_mesh(tp: int, dp: int | None = None, backend: str | None = None, timeout_s: float | None = None,
+               native_collectives: bool = False) -> Mesh:
     """Build the DP x TP groups. With ``dp * tp`` smaller than the world, the world is cut into
     independent meshes of ``dp * tp`` consecutive ranks (useful to run several configurations at once).
 
     ``timeout_s``: every group's collective timeout (the run's; torch's own default for new groups is
-    30 minutes, so a stuck rank would otherwise hang its peers that long).
+    30 minutes, so a stuck rank would otherwise hang its peers that long). ``native_collectives``: keep
+    gloo's own reduce-scatter/all-gather (``Group.native``).
     """
     timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else None
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -69,4 +71,5 @@ def build_mesh(tp: int, dp: int | None = None, backend: str | None = None, timeo
             pg = dist.new_group(ranks, backend=backend, timeout=timeout)
             if rank in ranks:
                 my_dp = pg
-    return Mesh(Group.of(my_dp, "dp"), Group.of(my_tp, "tp"), Group.of(None, "world"))
+    native = native_collectives
+    return Mesh(Group.of(my_dp, "dp", native), Group.of(my_tp, "tp", native), Group.of(None, "world", native))

@@ -48,7 +48,8 @@ def rank_settings(environ=None) -> RankSettings:
     env = os.environ if environ is None else environ
     plants = Plants(fault=env.get(faults.FAULT_ENV), delay=env.get(faults.DELAY_ENV),
                     buffer_bytes=int(env.get(faults.BUFFER_ENV, "0")))
-    return RankSettings(plants, env.get(turnstile.ENV), float(env.get(turnstile.TIMEOUT_ENV, "600")))
+    return RankSettings(plants, env.get(turnstile.ENV), float(env.get(turnstile.TIMEOUT_ENV, "600")),
+                        native_collectives=env.get("ZEROBENCH_GLOO_NATIVE") == "1")
 
 
 def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> int:

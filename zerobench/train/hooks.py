@@ -164,6 +164,8 @@ class RankSettings:
     """``SOCKET_PATH:SIDE`` of the A/B referee: take lockstep turns (every rank sees the same value)."""
     turnstile_timeout_s: float = 600.0
     """A turn not granted within this many seconds fails the run."""
+    native_collectives: bool = False
+    """Keep gloo's own reduce-scatter/all-gather (``ZEROBENCH_GLOO_NATIVE=1``; see distributed/collectives.py)."""
 
 
 def build_hooks(cfg, settings: RankSettings, rank: int, say, run_id: str, barrier) -> LoopHooks:

@@ -57,14 +57,15 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
     """Train ``cfg`` with the registered system ``entry`` on this rank; returns the gathered summary."""
     cfg.validate(denv.world_size)
     entry.validate(cfg)
-    run = _setup(cfg, denv, entry)
+    settings = settings or RankSettings()
+    run = _setup(cfg, denv, entry, settings.native_collectives)
     rank = dist.get_rank()
     say = log if rank == 0 else (lambda *a, **k: None)
     say(f"zerobench train [{cfg.system}]: GPT {num_params(cfg.model) / 1e6:.2f}M params, {entry.describe(cfg)}, "
         f"dp {cfg.dp}, tp {cfg.tp}, {cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} "
         f"tokens, device {run.device.type}")
     barrier = dist.barrier if dist.get_world_size() > 1 else (lambda: None)
-    hooks = build_hooks(cfg, settings or RankSettings(), rank, say, run_id, barrier)
+    hooks = build_hooks(cfg, settings, rank, say, run_id, barrier)
     with contextlib.ExitStack() as stack:
         stack.callback(hooks.close)
         losses, series = _steps(run, hooks, stack)
@@ -78,9 +79,9 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
     return summary
 
 
-def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry) -> _Run:
+def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectives: bool) -> _Run:
     device = init_distributed(denv, cfg.collective_timeout_s)
-    mesh = build_mesh(cfg.tp, cfg.dp, timeout_s=cfg.collective_timeout_s)
+    mesh = build_mesh(cfg.tp, cfg.dp, timeout_s=cfg.collective_timeout_s, native_collectives=native_collectives)
     ledger = CommLedger()
     system = entry.build(cfg, mesh, ledger, device)
     cpu, budget = device.type == "cpu", cfg.memory_budget_bytes

@@ -167,10 +167,10 @@ class GradBucketGroup:
     def _start_ready(self) -> None:
         """Start every complete bucket from ``next_start`` on, in index order."""
         while self.next_start < len(self.pending) and self.pending[self.next_start] == 0:
-            self._start(self.next_start)
+            self._start_reduce(self.next_start)
             self.next_start += 1
 
-    def _start(self, bucket: int) -> None:
+    def _start_reduce(self, bucket: int) -> None:
         assert self.state[bucket] is BucketState.FILLING, f"bucket {bucket} started twice ({self.state[bucket]})"
         self.state[bucket] = BucketState.REDUCING
         g = self.group
@@ -196,9 +196,9 @@ class GradBucketGroup:
             self.inflight.append(_Inflight(bucket, work, staging, out, acc, self.first_micro))
         if self.on_bucket_reduced is not None:
             self.on_bucket_reduced(bucket)
-        self._retire(block=False)
+        self._finish_reduces(block=False)
 
-    def _retire(self, block: bool) -> None:
+    def _finish_reduces(self, block: bool) -> None:
         """Finish completed collectives (all of them if ``block``), freeing their staging buffers."""
         while self.inflight:
             head = self.inflight[0]
@@ -228,7 +228,7 @@ class GradBucketGroup:
                     self._fill_missing(b.index)
                     self.pending[b.index] = 0
             self._start_ready()
-        self._retire(block=True)
+        self._finish_reduces(block=True)
         if self.sync:
             self.reduced = True
             self.unused = [] if self.seen_count == len(self.zparams) else [

@@ -199,7 +199,7 @@ class ZeroEngine:
 
     def _step(self) -> bool:
         if self.host is not None:
-            self.host.wait_grads()
+            self.host.finish_grad_copies()
         grads = self.grad_chunks()
         sharded = self.stage >= 1 and self.group.size > 1
         if self.scaler.enabled and found_nonfinite(self, grads, sharded):
@@ -217,7 +217,7 @@ class ZeroEngine:
         if self.host is not None:  # on the host; each finished chunk streams up while the next updates
             on_device = self.host.params_local is None
             self.optimizer.step(grads, scale, out=self.host.chunks(self.host.param_out),
-                                on_chunk=self.host.copy_back(self.param_shards if on_device else None))
+                                on_chunk=self.host.start_copy_back(self.param_shards if on_device else None))
             self.host.finish_copy_back()
         else:
             self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)

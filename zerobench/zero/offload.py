@@ -8,7 +8,7 @@ runs on the CPU kernel (``kernels``' C++ AdamW, the same contract as the device 
    the host);
 2. ``step``: wait for those copies; the CPU kernel updates chunk by chunk, writing the low-precision
    parameter copy into a pinned host buffer in the same pass; each finished chunk is copied host ->
-   device at once (``copy_back``), overlapping the update of the next chunk;
+   device at once (``start_copy_back``), overlapping the update of the next chunk;
 3. the engine all-gathers the parameters as usual.
 
 Under parameter offload (stage 3) the rank's parameter partition itself lives on the host; each gather
@@ -133,7 +133,7 @@ class HostPartition:
             self.transfer.wait_host()
             dst.add_(tmp)
 
-    def wait_grads(self) -> None:
+    def finish_grad_copies(self) -> None:
         self.transfer.wait_host()
 
     # -- parameters up ---------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class HostPartition:
         """What the step leaves to send up: the low-precision copy-out, else the fp32 master."""
         return self.chunks(self.param_out if self.param_out is not None else self.master)
 
-    def copy_back(self, device_shards: list[torch.Tensor] | None):
+    def start_copy_back(self, device_shards: list[torch.Tensor] | None):
         """``on_chunk`` callback for the optimizer: chunk i is updated, start its copy to the device."""
         if device_shards is None:  # parameter offload: the step wrote the host partition directly
             return None

@@ -84,7 +84,7 @@ class ParamUnit:
         self.work = C.all_gather(self.full, src, self.group, self.ledger, "param", async_op=True)
         self._set_state(ParamState.GATHERING)
 
-    def wait(self) -> None:
+    def finish_gather(self) -> None:
         self.start_gather()
         if self.state is ParamState.GATHERING:
             if self.work is not None:
@@ -97,7 +97,7 @@ class ParamUnit:
 
     def free(self) -> None:
         if self.state is ParamState.GATHERING:
-            self.wait()
+            self.finish_gather()
         for zp in self.zparams:
             zp.param.data = self.placeholder
         self.allocator.resize(self.full, 0)
@@ -151,14 +151,14 @@ class Stage3Scheduler:
         if _in_backward():  # a recompute: gather (its backward comes next), prefetch and free nothing
             if unit is not None:
                 unit.in_backward = True
-                unit.wait()
+                unit.finish_gather()
                 self._note_gathered()
             return
         if i == 0:
             for u in self.by_bucket.values():
                 u.in_backward = False
         if unit is not None:
-            unit.wait()
+            unit.finish_gather()
         if self.prefetch and i + 1 < len(self.order):
             self.order[i + 1].start_gather()
         self._note_gathered()
@@ -183,7 +183,7 @@ class Stage3Scheduler:
         if unit is None or unit.in_backward:
             return
         unit.in_backward = True
-        unit.wait()
+        unit.finish_gather()
         # Backward runs root (LM head) first, then blocks last to first.
         nxt = len(self.blocks) if i == 0 else i - 1
         if self.prefetch and nxt >= 1:
@@ -233,7 +233,7 @@ class _Gathered:
         for u in self.s.by_bucket.values():
             u.start_gather()
         for u in self.s.by_bucket.values():
-            u.wait()
+            u.finish_gather()
         self.s.reading = True
 
     def __exit__(self, *exc) -> None:

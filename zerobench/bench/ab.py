@@ -29,7 +29,7 @@ from pathlib import Path
 
 from zerobench.bench.lockstep import Referee
 from zerobench.bench.stats import abba_pairs, median_ratio, ratio_verdict, undecided
-from zerobench.config import ConfigError
+from zerobench.config import ConfigError, RunFailed
 from zerobench.launch.local import allowed_cpus
 from zerobench.results.rows import RowWriter, read_rows
 
@@ -275,7 +275,8 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         verdicts.append({"run": run_id, "median_ratio": med, "min": min(pairs), "max": max(pairs),
                          "rounds": 2 * len(pairs), "verdict": ratio_verdict(med, cfg.tolerance)})
     if not verdicts:
-        raise ConfigError(f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare")
+        raise RunFailed(f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare "
+                        f"(each side's runs and logs are under {out})")
     _write(cfg, out, verdicts)
     return verdicts
 

@@ -118,3 +118,28 @@ def test_start_is_idempotent(slurm_env):
     assert r.returncode == 0 and "already running" in r.stdout
     info = json.dumps(run(["sinfo", "-h", "-N", "-o", "%N %t"], slurm_env).stdout.split())
     assert "n1" in info and "n2" in info
+
+
+def test_sbatch_launcher_runs_a_job_and_reports_how_it_ended(slurm_env, tmp_path, monkeypatch):
+    """The sbatch launcher behind the common Launcher interface: a good run ends ok with its rows, a
+    planted dying rank ends failed with Slurm's state in the reason."""
+    from zerobench.bench.spec import RunSpec, to_train_config
+    from zerobench.launch.base import LaunchRequest
+    from zerobench.launch.launchers import get_launcher
+    from zerobench.results.rows import read_rows
+
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    cfg = to_train_config(RunSpec(dp=2, steps=2, warmup=0))
+    launcher = get_launcher("sbatch")
+    launcher.poll_s = 0.5
+    good = tmp_path / "good"
+    good.mkdir()
+    res = launcher.launch(LaunchRequest(cfg, good, "good", 240, good / "run.log"))
+    assert res.ok and res.status == "ok", res
+    assert any(r["metric"] == "loss" for r in read_rows(good))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    res = launcher.launch(LaunchRequest(to_train_config(RunSpec(dp=2, steps=4, warmup=0)), bad, "bad", 240,
+                                        bad / "run.log", fault="1:1"))
+    assert not res.ok and res.status == "failed" and "FAILED" in res.reason, res

@@ -89,13 +89,13 @@ def test_config_hash_is_stable_and_sensitive():
 
 
 def test_launchers_share_one_interface():
-    """local and srun are Launchers of one interface (launch/launchers.py); an unknown name is one line."""
+    """local, srun and sbatch are Launchers of one interface (launch/launchers.py); an unknown name is one line."""
     from zerobench.config import ConfigError
     from zerobench.launch.launchers import LAUNCHERS, get_launcher
 
-    assert set(LAUNCHERS) == {"local", "srun"}
+    assert set(LAUNCHERS) == {"local", "srun", "sbatch"}
     for name, launcher in LAUNCHERS.items():
         assert callable(launcher.launch)
         assert launcher.name == name and get_launcher(name) is launcher
-    with pytest.raises(ConfigError, match="unknown launcher 'ssh': choose local, srun"):
+    with pytest.raises(ConfigError, match="unknown launcher 'ssh': choose local, srun, sbatch"):
         get_launcher("ssh")

@@ -68,7 +68,7 @@ def find_suite(name: str | Path) -> Path:
     raise ConfigError(f"suite {str(name)!r} not found: give a YAML file or a name under {SUITES_DIR} (e.g. cpu/quick)")
 
 
-def _check_keys(where: str, d: dict, fix_hint: str = "") -> None:
+def check_keys(where: str, d: dict, fix_hint: str = "") -> None:
     renamed = sorted(set(d) & set(RENAMED))
     if renamed:
         old = renamed[0]
@@ -98,7 +98,7 @@ def load(name: str | Path) -> Suite:
     for where, section in (("base", base), ("axes", axes), ("zip", zipped)):
         if not isinstance(section, dict):
             raise ConfigError(f"{path}: '{where}' must be a mapping of run keys")
-        _check_keys(f"{path}: {where}", section)
+        check_keys(f"{path}: {where}", section)
     for k, v in {**axes, **zipped}.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"{path}: axis {k!r} must be a non-empty list, got {v!r}")
@@ -113,7 +113,7 @@ def load(name: str | Path) -> Suite:
     for r_i, run in enumerate(runs):
         if not isinstance(run, dict):
             raise ConfigError(f"{path}: runs[{r_i}] must be a mapping, got {run!r}")
-        _check_keys(f"{path}: runs[{r_i}]", run)
+        check_keys(f"{path}: runs[{r_i}]", run)
         for point in points:
             for zp in zpoints:
                 merged = {**base, **run, **point, **zp}

@@ -1,9 +1,11 @@
 """The launchers behind one interface (``launch.base.Launcher``): ``local`` starts the ranks on this host,
-``srun`` runs them as one job step of the current Slurm allocation. (Submitting whole runs with ``sbatch``
-from a login node is asynchronous — ``launch/slurm.py``'s ``submit`` and ``job_state``, driven by
-``bench/slurm_sweep.py``.)"""
+``srun`` runs them as one job step of the current Slurm allocation, ``sbatch`` submits the run as a job
+from a login node and waits for it. (A sweep over sbatch submits every run at once and polls them:
+``bench/slurm_sweep.py``, with the same ``submit`` / ``job_state`` / ``status_of`` as ``SbatchLauncher``.)"""
 
 from __future__ import annotations
+
+import time
 
 from zerobench.config import ConfigError
 from zerobench.launch.base import Launcher, LaunchRequest, LaunchResult
@@ -30,7 +32,33 @@ class SrunLauncher:
                            29500 + req.index, fault=req.fault)
 
 
-LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "srun": SrunLauncher()}
+class SbatchLauncher:
+    name = "sbatch"
+
+    def __init__(self, poll_s: float = 2.0):
+        self.poll_s = poll_s
+
+    def launch(self, req: LaunchRequest) -> LaunchResult:
+        from zerobench.launch.slurm import FINAL, job_state, status_of, submit
+
+        t0 = time.monotonic()
+        job = submit(req.cfg, req.out_dir, req.run_id, req.timeout_s, req.suite, fault=req.fault)
+        while True:
+            state, code = job_state(job)
+            if state in FINAL:
+                status, reason = status_of(state, code)
+                return LaunchResult(status == "ok", reason, status, [], time.monotonic() - t0)
+            if req.cancel is not None and req.cancel.requested:
+                from zerobench.launch.slurm import _run
+
+                _run(["scancel", job])
+                return LaunchResult(False, f"cancelled (job {job} scancelled)", "cancelled", [], time.monotonic() - t0)
+            if req.on_poll is not None:
+                req.on_poll()
+            time.sleep(self.poll_s)
+
+
+LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "srun": SrunLauncher(), "sbatch": SbatchLauncher()}
 
 
 def get_launcher(name: str) -> Launcher:

@@ -22,22 +22,29 @@ def load_suite(name: str) -> dict:
 
 
 def plan_configs(suite: dict) -> list[tuple[dict, PlanConfig]]:
-    """(row, PlanConfig) for every run of a paper suite that has a layer count."""
+    """(row, PlanConfig) for every run of a paper suite that has a layer count.
+
+    Each row is read as the ``RunSpec`` a sweep would run (same keys, same defaults, renamed keys refused);
+    the planner adds the cluster (``gpus_per_node``, ``gpu_mem``) and pads the vocabulary as Megatron-LM
+    does (to a multiple of 128 x TP). ``bucket_size: null`` is no C_B (buffers as large as the model)."""
+    from zerobench.bench.spec import FIELDS, RunSpec
+    from zerobench.bench.suite import check_keys
+
     base, cluster = suite.get("base", {}), suite.get("cluster", {})
     out = []
-    for run in suite["runs"]:
+    for i, run in enumerate(suite["runs"]):
         r = {**base, **run}
+        check_keys(f"runs[{i}]", r)
         if "layers" not in r:
             continue
-        mp = int(r["tp"])
-        model = GPTConfig(layers=r["layers"], hidden=r["hidden"], heads=r["heads"],
-                          vocab=padded_vocab(r["vocab"], mp), seq=r["seq"])
-        cb = r.get("bucket_size")  # null: no C_B (buffers as large as the model)
+        spec = RunSpec(**{k: v for k, v in r.items() if k in FIELDS})
+        tp = spec.tp or 1
+        model = GPTConfig(layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
+                          vocab=padded_vocab(spec.vocab, tp), seq=spec.seq)
         out.append((r, PlanConfig(
-            model=model, gpus=int(r["gpus"]), gpus_per_node=int(cluster.get("gpus_per_node", 16)), mp=mp,
-            gpu_mem_bytes=parse_bytes(cluster.get("gpu_mem", "32GB")), micro_batch=int(r["micro_batch"]),
-            stage=int(r.get("stage", 2)), checkpoint_activations=bool(r.get("checkpoint_activations", True)),
-            pa=bool(r.get("pa", False)), pa_cpu=bool(r.get("pa_cpu", False)),
-            cb_elements=int(cb) if cb else None, md=bool(r.get("md", False)),
+            model=model, gpus=int(spec.gpus), gpus_per_node=int(cluster.get("gpus_per_node", 16)), mp=tp,
+            gpu_mem_bytes=parse_bytes(cluster.get("gpu_mem", "32GB")), micro_batch=spec.micro_batch,
+            stage=spec.stage, checkpoint_activations=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
+            pa=spec.pa, pa_cpu=spec.pa_cpu, cb_elements=spec.bucket_size, md=spec.md,
         )))
     return out

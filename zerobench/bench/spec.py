@@ -19,7 +19,7 @@ from zerobench.models.sizes import preset as get_preset
 from zerobench.parallel.config import ActivationConfig
 from zerobench.systems import validate_run
 from zerobench.train.config import TrainConfig
-from zerobench.zero.config import AdamWConfig, Precision, ZeroConfig
+from zerobench.zero.config import NO_BUCKET_LIMIT, AdamWConfig, Precision, ZeroConfig
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,6 @@ class RunSpec:
 FIELDS = {f.name for f in dataclasses.fields(RunSpec)}
 RENAMED = {"mp": "tp", "cb_size": "bucket_size"}
 """Old key -> its one spelling now (suites giving the old key fail, naming the new one)."""
-NO_BUCKET_LIMIT = 2**62
-"""``bucket_size: null``: buckets as large as the model (no C_B)."""
 
 
 def to_train_config(spec: RunSpec, world_size: int | None = None) -> TrainConfig:

@@ -95,8 +95,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.distributed.env import DistEnv, detect
+    from zerobench.launch.base import EXIT_OOM
     from zerobench.launch.cancel import EXIT_CANCELLED
-    from zerobench.launch.local import EXIT_OOM, free_port, launch_local
+    from zerobench.launch.local import free_port, launch_local
     from zerobench.launch.worker import run_rank
     from zerobench.results.outdir import check_fresh_run_dir
     from zerobench.results.rows import RowWriter

@@ -24,15 +24,7 @@ import time
 from pathlib import Path
 
 from zerobench.config import to_dict
-from zerobench.launch.base import (  # noqa: F401 - exit codes re-exported for the launchers' callers
-    EXIT_CONFIG,
-    EXIT_IO,
-    EXIT_OOM,
-    EXIT_PEER_TIMEOUT,
-    LaunchRequest,
-    LaunchResult,
-    describe_exit,
-)
+from zerobench.launch.base import EXIT_PEER_TIMEOUT, LaunchResult, describe_exit
 from zerobench.launch.cancel import Cancellation
 from zerobench.train.config import TrainConfig
 

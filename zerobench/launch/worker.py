@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from zerobench.config import ConfigError, RunFailed, from_dict
 from zerobench.distributed.env import DistEnv, detect
+from zerobench.launch.base import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.launch.cancel import die_with_parent
-from zerobench.launch.local import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.results.rows import RowWriteError, RowWriter
 from zerobench.systems import validate_run

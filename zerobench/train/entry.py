@@ -32,9 +32,6 @@ class SystemEntry:
     records_dp_comm: bool = False
     """Whether zerobench's communication ledger sees this system's data-parallel collectives."""
 
-    def sharding_stage(self, cfg: Any) -> int:
-        return cfg.zero.stage if self.shards_like is None else self.shards_like
-
     def describe(self, cfg: Any) -> str:
         """``stage N`` for zerobench-like systems, ``shards as stage N`` for a peer."""
         if self.shards_like is None:

@@ -65,6 +65,11 @@ class LossScaleConfig:
     """The scale never drops below this."""
 
 
+NO_BUCKET_LIMIT = 2**62
+"""A bucket size no model reaches: buckets as large as the model (stage 3: one bucket per unit; suites'
+``bucket_size: null``, no C_B)."""
+
+
 @dataclass(frozen=True)
 class ZeroConfig:
     """Configuration of ``apply_zero``."""

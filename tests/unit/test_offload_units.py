@@ -115,7 +115,7 @@ def test_host_partition_buffers_and_chunks():
     for dtype, params, fp32_master_is_params in [(torch.bfloat16, False, False), (torch.float32, True, True)]:
         h = HostPartition(layout, torch.device("cpu"), dtype, dtype, offload_params=params)
         assert h.grads.numel() == layout.shard_numel and h.master.dtype == torch.float32
-        assert (h.master is h.params_local) == fp32_master_is_params
+        assert (h.master is h.params) == fp32_master_is_params
         chunks = h.chunks(h.grads)
         assert [c.numel() for c in chunks] == [b.shard_numel for b in layout.buckets]
         shard = torch.arange(chunks[1].numel(), dtype=dtype)

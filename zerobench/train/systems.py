@@ -78,7 +78,7 @@ class ZeroSystem:
 
     def host_state_bytes(self) -> dict | None:
         """Offloaded model states: measured host bytes and the analytic figure (None without offload)."""
-        if self.engine.host is None:
+        if not self.engine.placement.offloaded:
             return None
         return {"measured": self.engine.host_model_state_bytes(),
                 "analytic": sum(self.engine.host_state_bytes_analytic().values())}

@@ -26,13 +26,10 @@ class EngineAccounting:
     """The ``GradBucketGroup``."""
     scheduler: Any
     """The stage-3 ``Stage3Scheduler`` (None at stages 0-2)."""
-    params_full: Any
-    params_local: Any
-    master_buf: Any
+    storage: Any
+    """The ``ParamStorage`` (replica, shards, master, host partition)."""
     optimizer: Any
     """The ``ShardedAdamW``."""
-    host: Any
-    """The ``HostPartition`` under offload, else None."""
     config: Any
     """The engine's ``ZeroConfig``."""
     placement: Placement
@@ -50,20 +47,15 @@ class EngineAccounting:
         if self.scheduler is not None:
             comm += self.scheduler.gathered_tensors()
         led = {
-            "params": storage_bytes(self._device_params()),
+            "params": storage_bytes(self.storage.device_params()),
             "grads": storage_bytes(g["grads"]),
-            "master": storage_bytes([self.master_buf.data]) if self.master_buf is not None else 0,
-            "optimizer_states": storage_bytes(self.optimizer.tensors()) if self.host is None else 0,
+            "master": storage_bytes(self.storage.device_master()),
+            "optimizer_states": storage_bytes(self.optimizer.tensors()) if self.storage.host is None else 0,
             "comm_buffers": storage_bytes(comm),
         }
-        if self.host is not None:
-            led.update(self.host.ledger(self.optimizer.tensors(), self.optimizer.store.file_bytes()))
+        if self.storage.host is not None:
+            led.update(self.storage.host.ledger(self.optimizer.tensors(), self.optimizer.store.file_bytes()))
         return led
-
-    def _device_params(self) -> list[torch.Tensor]:
-        if self.params_full is not None:
-            return [self.params_full.data]
-        return [] if self.host is not None and self.host.params_local is not None else [self.params_local.data]
 
     def host_model_state_bytes(self) -> int:
         """Model-state bytes this rank keeps in host memory (0 without offload)."""
@@ -78,7 +70,7 @@ class EngineAccounting:
         """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
         pb = torch.finfo(self.config.precision.param_dtype).bits // 8
         return model_state_bytes_analytic(
-            self.numel, self.dp_size, self.config.stage, pb, pb, 4 if self.master_buf is not None else 0,
+            self.numel, self.dp_size, self.config.stage, pb, pb, 4 if self.storage.device_master() else 0,
             self.optimizer.codec.bytes_per_element(), offload_optimizer=self.placement.offloaded,
             offload_param=self.placement.params is Tier.HOST,
         )
@@ -94,9 +86,7 @@ class EngineAccounting:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every persistent *device* tensor the engine holds (for memory trackers; host ones excluded)."""
-        out = self._device_params() + self.grads.tensors()["grads"]
-        if self.host is None:
+        out = self.storage.device_params() + self.grads.tensors()["grads"]
+        if self.storage.host is None:
             out += self.optimizer.tensors()
-        if self.master_buf is not None:
-            out.append(self.master_buf.data)
-        return out
+        return out + self.storage.device_master()

@@ -1,6 +1,6 @@
 """The construction steps of ``ZeroEngine``, one function each: which parameters are trained and in what
-order (pure), where the partitions live, the master partition's initial values, and the optimizer's
-per-chunk ranges (pure). ``ZeroEngine.__init__`` calls them in order.
+order (pure), the optimizer's per-chunk ranges (pure), and the optimizer over this rank's chunks. Where the
+parameters and the master live is ``zero/storage.py``. ``ZeroEngine.__init__`` calls them in order.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.zero.allocator import Allocator
-from zerobench.zero.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.layout import ParamSpec, PartitionLayout, Segment
 from zerobench.zero.nvme import NvmeStore
-from zerobench.zero.offload import HostPartition
 from zerobench.zero.optimizer import ShardedAdamW
 from zerobench.zero.param import ZeroParam
 from zerobench.zero.placement import Placement, Tier
@@ -48,57 +46,6 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
         named.reverse()
     specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if stage == 3 else 0) for n, p in named]
     return Ordered(named, units, unit_of, specs)
-
-
-@dataclass
-class Storage:
-    """Where this rank's parameters and master partition live."""
-
-    host: HostPartition | None
-    """Offloaded partitions (master, moments' home, gradients; parameters with ``offload_param``)."""
-    params_full: FullBuffer | None
-    """Stages 0-2: every parameter, replicated."""
-    params_local: LocalBuffer | None
-    """Stage 3: this rank's parameter partition (on the host with parameter offload)."""
-    master_buf: LocalBuffer | None
-    """The fp32 master on the device (None: it is the host's, or the parameters themselves in fp32)."""
-
-
-def build_storage(layout: PartitionLayout, config: ZeroConfig, placement: Placement, device: torch.device,
-                  allocator: Allocator) -> Storage:
-    dtype = config.precision.param_dtype
-    host = None
-    if placement.offloaded:
-        with allocator.host_region():  # host memory, not the device's
-            host = HostPartition(layout, device, dtype, dtype, placement.params is Tier.HOST, allocator)
-    if config.stage == 3:
-        full, local = None, LocalBuffer(layout, dtype, device, data=host.params_local if host is not None else None)
-    else:
-        full, local = FullBuffer(layout, dtype, device), None
-    master = None
-    if host is None and config.precision.has_master:
-        master = LocalBuffer(layout, torch.float32, device)
-    return Storage(host, full, local, master)
-
-
-def _copy_segments(dst: torch.Tensor, segments: list[Segment], init: list[torch.Tensor]) -> None:
-    for seg in segments:
-        dst[seg.local_start : seg.local_start + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
-
-
-@torch.no_grad()
-def fill_initial_values(st: Storage, zparams: list[ZeroParam], segments: list[Segment]) -> None:
-    """Copy the model's initial values into the parameter storage and the master partition."""
-    init = [zp.param.detach().float().reshape(-1) for zp in zparams]
-    if st.params_full is not None:
-        for zp, src in zip(zparams, init):
-            st.params_full.param_view(zp.slot.index).copy_(src.view(zp.slot.shape))
-    else:
-        _copy_segments(st.params_local.data, segments, init)
-    if st.host is not None and st.host.master is not st.host.params_local:  # (it may be the host params: fp32)
-        _copy_segments(st.host.master, segments, init)
-    if st.master_buf is not None:
-        _copy_segments(st.master_buf.data, segments, init)
 
 
 def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list[ZeroParam], tp_sharded: frozenset[str]):

@@ -28,7 +28,7 @@ from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
-from zerobench.zero.build import build_optimizer, build_storage, chunk_ranges, fill_initial_values, order_params
+from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
 from zerobench.zero.config import NO_BUCKET_LIMIT, ZeroConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
 from zerobench.zero.layout import build_layout
@@ -36,6 +36,7 @@ from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement
 from zerobench.zero.stage3 import Stage3Scheduler
+from zerobench.zero.storage import ParamStorage
 from zerobench.zero.unused import check_unused
 
 
@@ -75,26 +76,20 @@ class ZeroEngine:
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
         self.placement = Placement.of(config)
-        st = build_storage(self.layout, config, self.placement, device, self.allocator)
-        self.host, self.params_full, self.params_local, self.master_buf = (
-            st.host, st.params_full, st.params_local, st.master_buf)
-        fill_initial_values(st, self.zparams, segments)
-        self.param_shards = self._param_shard_views()
-        if self.host is not None:
-            master = self.host.chunks(self.host.master)
-        else:
-            master = self.master_buf.bucket_views() if self.master_buf is not None else self.param_shards
+        self.storage = st = ParamStorage(self.layout, config, self.placement, device, self.allocator,
+                                         self.rank_in_shards)
+        st.fill(self.zparams, segments)
         # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
         self.scheduler = self._attach_params(model, ordered.units)
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
         decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
-        self.optimizer = build_optimizer(config, self.placement, master, decay, group, self.allocator)
+        self.optimizer = build_optimizer(config, self.placement, st.master, decay, group, self.allocator)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
             SyncMode.for_stage(self.stage),
-            sink=self.host.grad_ready if self.host is not None else None,
+            sink=st.host.grad_ready if st.host is not None else None,
         )
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
@@ -103,8 +98,7 @@ class ZeroEngine:
         self.micro_step = 0
         self.last_grad_norm: float | None = None
         self.numel = self.layout.unpadded_numel
-        self.accounting = EngineAccounting(self.grads, self.scheduler, self.params_full, self.params_local,
-                                           self.master_buf, self.optimizer, self.host, config, self.placement,
+        self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.optimizer, config, self.placement,
                                            self.numel, group.size)
 
     # -- memory figures (zero/accounting.py) -----------------------------------------------------
@@ -132,20 +126,15 @@ class ZeroEngine:
     def _attach_params(self, model: nn.Module, units: list[nn.Module]) -> Stage3Scheduler | None:
         """Stages 0-2: every parameter becomes a view of the full buffer. Stage 3: the scheduler that
         gathers and frees each unit's parameters."""
-        if self.params_full is not None:
+        st = self.storage
+        if st.replica is not None:
             for zp in self.zparams:
-                zp.param.data = self.params_full.param_view(zp.slot.index)
+                zp.param.data = st.replica.param_view(zp.slot.index)
                 zp.state = ParamState.REPLICATED
             return None
-        host = self.host
-        transfer = host.transfer if host is not None and host.params_local is not None else None
-        return Stage3Scheduler.build(model, units, self.layout, self.zparams, self.params_local, self.group,
+        transfer = st.host.transfer if st.shards_on_host else None
+        return Stage3Scheduler.build(model, units, self.layout, self.zparams, st.shards, self.group,
                                      self.ledger, self.device, transfer, self.config.prefetch, self.allocator)
-
-    def _param_shard_views(self) -> list[torch.Tensor]:
-        if self.params_local is not None:
-            return self.params_local.bucket_views()
-        return [self.params_full.shard_view(b.index, self.rank_in_shards) for b in self.layout.buckets]
 
     def _make_hook(self, zp: ZeroParam):
         def hook(p: torch.Tensor) -> None:
@@ -182,7 +171,7 @@ class ZeroEngine:
             return False
         check_unused(self)
         # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
-        with self.allocator.host_region(self.host is not None):
+        with self.allocator.host_region(self.placement.offloaded):
             stepped = self._step()
         if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
             self.scheduler.reshard_all()
@@ -198,8 +187,8 @@ class ZeroEngine:
         return self.scheduler.gathered() if self.scheduler is not None else contextlib.nullcontext()
 
     def _step(self) -> bool:
-        if self.host is not None:
-            self.host.finish_grad_copies()
+        if self.storage.host is not None:
+            self.storage.host.finish_grad_copies()
         grads = self.grad_chunks()
         sharded = self.stage >= 1 and self.group.size > 1
         if self.scaler.enabled and found_nonfinite(self, grads, sharded):
@@ -214,48 +203,28 @@ class ZeroEngine:
             if coef < 1.0:
                 scale *= coef
         # Mixed precision: the step writes the low-precision shard in the same pass (fused kernel).
-        if self.host is not None:  # on the host; each finished chunk streams up while the next updates
-            on_device = self.host.params_local is None
-            self.optimizer.step(grads, scale, out=self.host.chunks(self.host.param_out),
-                                on_chunk=self.host.start_copy_back(self.param_shards if on_device else None))
-            self.host.finish_copy_back()
-        else:
-            self.optimizer.step(grads, scale, out=self.param_shards if self.master_buf is not None else None)
+        # Under offload the step runs on the host and each finished chunk streams up while the next updates.
+        out, on_chunk = self.storage.step_output()
+        self.optimizer.step(grads, scale, out=out, on_chunk=on_chunk)
+        self.storage.finish_step()
         self.scaler.update(overflow=False)
         return True
 
     def _publish_params(self) -> None:
         """Stages 1-2 all-gather the updated shards (already written by the step) to every rank."""
         if self.stage in (1, 2) and self.group.size > 1:
-            works = [
-                C.all_gather(self.params_full.bucket_view(b.index), shard, self.group, self.ledger, "param", async_op=True)
-                for b, shard in zip(self.layout.buckets, self.param_shards)
-            ]
-            for w in works:
-                if w is not None:
-                    w.wait()
+            self.storage.publish(self.group, self.ledger)
 
     def zero_grad(self) -> None:
         self.grads.zero()
 
     def grad_chunks(self) -> list[torch.Tensor]:
         """This rank's reduced gradient chunks (summed over ranks) as the optimizer reads them."""
-        if self.host is not None:
-            return self.host.chunks(self.host.grads)
-        return self.grads.shard_views()
+        host = self.storage.host
+        return host.chunks(host.grads) if host is not None else self.grads.shard_views()
 
     @torch.no_grad()
     def params_from_master(self) -> None:
         """Refresh the parameters from the fp32 master (after loading a checkpoint)."""
-        master = self.optimizer.master
-        if self.host is not None:
-            out = self.host.chunks(self.host.param_out)
-            if out is not None:
-                torch._foreach_copy_(out, master)
-            if self.host.params_local is None:
-                for dst, src in zip(self.param_shards, self.host.updated_chunks()):
-                    self.host.transfer.copy(dst, src)
-                self.host.finish_copy_back()
-        elif self.master_buf is not None:
-            torch._foreach_copy_(self.param_shards, master)
+        self.storage.refresh_from_master()
         self._publish_params()

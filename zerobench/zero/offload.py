@@ -84,7 +84,7 @@ class Transfer:
 class HostPartition:
     """A rank's host-resident partition under offload: fp32 master, gradients, parameter copy-out.
 
-    ``chunks`` of each buffer are its per-bucket shards (the optimizer's chunks). ``params_local`` is the
+    ``chunks`` of each buffer are its per-bucket shards (the optimizer's chunks). ``params`` is the
     host parameter partition under parameter offload (then it also receives the copy-out)."""
 
     def __init__(self, layout: PartitionLayout, device: torch.device, param_dtype: torch.dtype,
@@ -94,18 +94,18 @@ class HostPartition:
         self.transfer = Transfer(device)
         n = layout.shard_numel
         fp32 = param_dtype == torch.float32
-        self.params_local = self.transfer.host_zeros(n, param_dtype) if offload_params else None
+        self.params = self.transfer.host_zeros(n, param_dtype) if offload_params else None
         # fp32 with the parameters on the host: those are the master weights themselves.
-        self.master = self.params_local if fp32 and offload_params else self.transfer.host_zeros(n, torch.float32)
+        self.master = self.params if fp32 and offload_params else self.transfer.host_zeros(n, torch.float32)
         self.grads = self.transfer.host_zeros(n, grad_dtype)
         if offload_params:
-            self.param_out = None if fp32 else self.params_local
+            self.param_out = None if fp32 else self.params
         else:  # mixed precision: a pinned low-precision copy to stream up; fp32: stream the master itself
             self.param_out = None if fp32 else self.transfer.host_zeros(n, param_dtype)
         # Chunk views made once, here: views taken later inside a live-tensor tracker would be counted
         # as device memory on CPU-only machines.
         self._chunks: dict[int, list[torch.Tensor]] = {}
-        for t in (self.params_local, self.master, self.grads, self.param_out):
+        for t in (self.params, self.master, self.grads, self.param_out):
             if t is not None and id(t) not in self._chunks:
                 self._chunks[id(t)] = self._split(t)
 
@@ -157,10 +157,10 @@ class HostPartition:
 
     # -- accounting ------------------------------------------------------------------------------
     def ledger(self, optimizer_tensors: list[torch.Tensor], nvme_bytes: int) -> dict[str, int]:
-        params = [self.params_local] if self.params_local is not None else []
-        if self.param_out is not None and self.param_out is not self.params_local:
+        params = [self.params] if self.params is not None else []
+        if self.param_out is not None and self.param_out is not self.params:
             params.append(self.param_out)
-        master = [] if self.master is self.params_local else [self.master]
+        master = [] if self.master is self.params else [self.master]
         return {
             "host_params": storage_bytes(params),
             "host_grads": storage_bytes([self.grads]),
@@ -171,7 +171,7 @@ class HostPartition:
 
     def tensors(self) -> list[torch.Tensor]:
         out = [self.master, self.grads]
-        for t in (self.params_local, self.param_out):
+        for t in (self.params, self.param_out):
             if t is not None:
                 out.append(t)
         return out

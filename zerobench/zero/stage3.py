@@ -132,7 +132,7 @@ class Stage3Scheduler:
                 self.handles.append(m.register_state_dict_pre_hook(partial(self._check_readable, name, units)))
 
     @classmethod
-    def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], params_local,
+    def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], shards: list[torch.Tensor],
               group: C.Group, ledger: CommLedger | None, device: torch.device, transfer, prefetch: bool,
               allocator: Allocator | None = None):
         """One ``ParamUnit`` per layout bucket (unit 0 = the root, ``units[k - 1]`` = unit k), scheduled."""
@@ -141,7 +141,7 @@ class Stage3Scheduler:
             by_unit.setdefault(layout.buckets[zp.slot.bucket].unit, []).append(zp)
         built = {
             b.unit: ParamUnit(model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
-                              params_local.bucket_view(b.index), group, ledger, device, transfer, allocator)
+                              shards[b.index], group, ledger, device, transfer, allocator)
             for b in layout.buckets
         }
         return cls(model, built.get(0), [built[u] for u in range(1, len(units) + 1)], prefetch)

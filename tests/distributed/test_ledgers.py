@@ -62,3 +62,26 @@ def test_comm_volume_per_step(measured, stage, dp):
         }[stage]
         check = [s for s in r["summary"] if s["tag"] == "unused_check"]
         assert sum(s["numel"] for s in check) == dp * sum(s["calls"] for s in check), check
+
+
+def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
+    """Stage 3 honours ``bucket_numel``: a tiny block (50k parameters) becomes several buckets, gathered
+    together but reduce-scattered one by one, so staging stays within the bucket size; the traffic and the
+    trained parameters are those of one bucket per unit (fp32 sums of two ranks are exact)."""
+    from tests.helpers.workers_engine import stage3_bucket_sizes
+    from zerobench.zero.config import NO_BUCKET_LIMIT
+
+    small, whole = 8_000, NO_BUCKET_LIMIT
+    for res in run_distributed(stage3_bucket_sizes, 2, [small, whole]):
+        cut, one = res[small], res[whole]
+        info = [{k: v for k, v in r.items() if k != "params"} for r in (cut, one)]
+        assert one["buckets_per_unit"] == [1, 1, 1]  # root + 2 blocks
+        assert min(cut["buckets_per_unit"][1:]) >= 3, cut["buckets_per_unit"]  # a bucket per 16k-element matrix
+        # The root's staging (LM head and embedding: tied, its gradient completes last) is held through
+        # backward; next to it, at most max_inflight (3) block buckets instead of a whole block.
+        assert cut["peak_staging"] <= cut["root_bucket"] + 3 * cut["block_bucket"], info
+        assert cut["peak_staging"] < one["peak_staging"], info
+        assert cut["rs_calls"] > one["rs_calls"]
+        assert cut["rs_volume"] == pytest.approx(one["rs_volume"], rel=0.02)  # padding differs
+        for name, t in one["params"].items():
+            assert (cut["params"][name] == t).all(), name

@@ -175,3 +175,38 @@ def offload_ledgers(rank, world, preset):
             m["largest_block_bytes"] = max(u.nbytes for u in units[1:])
         out[key] = m
     return {"psi": num_params(cfg), "configs": out, "storage_bytes_ok": storage_bytes([]) == 0}
+
+
+def stage3_bucket_sizes(rank, world, bucket_numels):
+    """Stage 3 at DP ``world`` with each bucket size: buckets per unit, the most staging bytes held at once
+    during backward, reduce-scatter calls and volume, and the trained full parameters."""
+    from zerobench.zero.bucket import GradBucketGroup
+
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for numel in bucket_numels:
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=3, optimizer=ADAM, bucket_numel=numel))
+        peak = [0]
+        add_grad = GradBucketGroup.add_grad
+
+        def tracking(self, zp, grad, add_grad=add_grad, peak=peak):
+            add_grad(self, zp, grad)
+            peak[0] = max(peak[0], sum(t.numel() for t in self.staging.values()))
+
+        engine.grads.add_grad = tracking.__get__(engine.grads)
+        engine.ledger.reset()
+        _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 2, 0, 2 * world)
+        units = engine.scheduler.units
+        rs = [r for r in engine.ledger.summary() if r["op"] == "reduce_scatter"]
+        out[numel] = {
+            "buckets_per_unit": [len(u.buckets) for u in units],
+            "root_bucket": max(b.numel for b in engine.layout.buckets if b.unit == 0),
+            "block_bucket": max(b.numel for b in engine.layout.buckets if b.unit != 0),
+            "peak_staging": peak[0],
+            "rs_calls": sum(r["calls"] for r in rs),
+            "rs_volume": sum(r["volume_elements"] for r in rs),
+            "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
+        }
+    return out

@@ -33,17 +33,16 @@ class Ordered:
 
 
 def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordered:
-    """Stage 3 groups parameters by unit (last unit first, the root unit last); otherwise reverse
-    registration order (the order backward produces gradients), so buckets fill in sequence."""
+    """Reverse registration order (the order backward produces gradients), so buckets fill in sequence;
+    stage 3 groups them by unit (last unit first, the root unit last), each unit's in that order."""
     assigned = assign_units(model, units)
     named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
     if not named:
         raise ConfigError("the model has no parameter that requires a gradient: nothing to train")
+    named.reverse()
     if stage == 3:
         key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
         named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
-    else:
-        named.reverse()
     specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if stage == 3 else 0) for n, p in named]
     return Ordered(named, units, unit_of, specs)
 

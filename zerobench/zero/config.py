@@ -80,7 +80,9 @@ class ZeroConfig:
     """Precision recipe (see ``Precision``)."""
     bucket_numel: int = 6_250_000
     """Elements per gradient/parameter bucket (constant-size buffers, C_B); 25 MB of fp32, torch DDP's
-    default. Stages 2-3 hold at most three staging buckets at a time. Stage 3 buckets per module."""
+    default. Stages 2-3 hold at most three staging buckets at a time. At stage 3 a bucket never spans two
+    gather units; a unit larger than this is cut into several buckets (gathered together, reduce-scattered
+    one by one as backward fills them)."""
     param_align: int = 16
     """Every parameter starts on a multiple of this many elements in the flat buffers."""
     grad_accum_steps: int = 1

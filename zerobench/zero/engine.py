@@ -29,7 +29,7 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
-from zerobench.zero.config import NO_BUCKET_LIMIT, ZeroConfig
+from zerobench.zero.config import ZeroConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
@@ -66,8 +66,7 @@ class ZeroEngine:
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
         ordered = order_params(model, units, self.stage)
         self.device = device = ordered.named[0][1].device
-        bucket_numel = NO_BUCKET_LIMIT if self.stage == 3 else config.bucket_numel  # stage 3: one bucket per unit
-        self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, bucket_numel,
+        self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel,
                                    config.param_align)
         wd = config.optimizer.weight_decay
         self.zparams = [ZeroParam(p, slot, wd if _decays(p) else 0.0)

@@ -1,7 +1,11 @@
 """Stage 3 (P_os+g+p): parameters partitioned, gathered per module just in time, freed right after.
 
-Each *unit* (every transformer block, plus the root module for the embeddings and final norm) owns one
-bucket of the layout. While a unit is gathered its parameters are views of one flat full-size buffer;
+Each *unit* (every transformer block, plus the root module for the embeddings and final norm) owns one or
+more consecutive buckets of the layout (a unit larger than ``bucket_numel`` is cut into several, so its
+gradients are reduce-scattered in bucket-sized pieces as backward produces them, and no staging buffer
+exceeds the bucket size). The unit is gathered as a whole, one all-gather per bucket into one flat
+full-size buffer, and freed once all of its buckets' gradients are handed to the reduce-scatter. While a
+unit is gathered its parameters are views of that buffer;
 otherwise that buffer's storage is resized to 0 (views autograd saved stay valid and see the values
 again once re-gathered) and each parameter's ``.data`` is a 0-element placeholder, so reading a
 parameter outside forward shows an empty tensor instead of touching freed memory. ``gathered()``
@@ -23,6 +27,7 @@ overlaps both the copy and the all-gather with the current unit's compute.
 from __future__ import annotations
 
 from functools import partial
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -41,29 +46,33 @@ class ParamUnit:
     def __init__(
         self,
         module: nn.Module,
-        bucket: BucketSlot,
+        buckets: list[BucketSlot],
         zparams: list[ZeroParam],
-        local: torch.Tensor,
+        shards: list[torch.Tensor],
         group: C.Group,
         ledger: CommLedger | None,
         device: torch.device | None = None,
         transfer=None,
         allocator: Allocator | None = None,
     ):
-        """``transfer`` (an ``offload.Transfer``) marks ``local`` as host memory (parameter offload)."""
+        """``buckets``: consecutive layout buckets; ``shards``: this rank's shard of each. ``transfer`` (an
+        ``offload.Transfer``) marks the shards as host memory (parameter offload)."""
         self.allocator = allocator if allocator is not None else PlainAllocator()
-        self.module, self.bucket, self.zparams, self.local = module, bucket, zparams, local
+        self.module, self.buckets, self.zparams, self.shards = module, buckets, zparams, shards
         self.group, self.ledger, self.transfer = group, ledger, transfer
         self.staging: torch.Tensor | None = None
-        device = local.device if device is None else device
-        self.full = torch.empty(bucket.numel, dtype=local.dtype, device=device)
+        self.reduced: set[int] = set()
+        start = buckets[0].start
+        for prev, b in pairwise(buckets):
+            assert b.start == prev.end, "a unit's buckets must be consecutive"
+        dtype = shards[0].dtype
+        device = shards[0].device if device is None else device
+        self.full = torch.empty(buckets[-1].end - start, dtype=dtype, device=device)
         self.nbytes = self.full.untyped_storage().nbytes()
-        self.views = [
-            self.full[zp.slot.start - bucket.start : zp.slot.end - bucket.start].view(zp.slot.shape)
-            for zp in zparams
-        ]
-        self.placeholder = torch.empty(0, dtype=local.dtype, device=device)
-        self.work = None
+        self.bucket_views = [self.full[b.start - start : b.end - start] for b in buckets]
+        self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in zparams]
+        self.placeholder = torch.empty(0, dtype=dtype, device=device)
+        self.works: list = []
         self.state = ParamState.UNSHARDED
         self.in_backward = False
         self.free()
@@ -77,19 +86,25 @@ class ParamUnit:
         if self.state is not ParamState.SHARDED:
             return
         self.allocator.resize(self.full, self.nbytes)
-        src = self.local
-        if self.transfer is not None:  # host shard -> transient device shard, then the gather
-            self.staging = src = torch.empty(self.local.numel(), dtype=self.local.dtype, device=self.full.device)
-            self.transfer.wait_event(self.transfer.copy(src, self.local, track=False))
-        self.work = C.all_gather(self.full, src, self.group, self.ledger, "param", async_op=True)
+        srcs = self.shards
+        if self.transfer is not None:  # host shards -> one transient device buffer, then the gathers
+            self.staging = torch.empty(sum(s.numel() for s in srcs), dtype=self.full.dtype, device=self.full.device)
+            srcs = list(self.staging.split([s.numel() for s in self.shards]))
+            event = None
+            for dst, src in zip(srcs, self.shards):
+                event = self.transfer.copy(dst, src, track=False)
+            self.transfer.wait_event(event)
+        self.works = [C.all_gather(out, src, self.group, self.ledger, "param", async_op=True)
+                      for out, src in zip(self.bucket_views, srcs)]
         self._set_state(ParamState.GATHERING)
 
     def finish_gather(self) -> None:
         self.start_gather()
         if self.state is ParamState.GATHERING:
-            if self.work is not None:
-                self.work.wait()
-            self.work = None
+            for work in self.works:
+                if work is not None:
+                    work.wait()
+            self.works = []
             self.staging = None
             for zp, view in zip(self.zparams, self.views):
                 zp.param.data = view
@@ -101,6 +116,7 @@ class ParamUnit:
         for zp in self.zparams:
             zp.param.data = self.placeholder
         self.allocator.resize(self.full, 0)
+        self.reduced.clear()
         self._set_state(ParamState.SHARDED)
 
 
@@ -117,7 +133,8 @@ class Stage3Scheduler:
         self.root, self.blocks, self.prefetch = root, blocks, prefetch
         self.modules = [model, *(u.module for u in blocks)]
         self.order: list[ParamUnit | None] = [root, *blocks]
-        self.by_bucket = {u.bucket.index: u for u in self.order if u is not None}
+        self.units = [u for u in self.order if u is not None]
+        self.by_bucket = {b.index: u for u in self.units for b in u.buckets}
         self.handles = []
         self.reading = False
         self.peak_gathered_bytes = 0
@@ -125,7 +142,7 @@ class Stage3Scheduler:
         for i, m in enumerate(self.modules):
             self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
             self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
-        unit_of = {id(zp.param): u for u in self.by_bucket.values() for zp in u.zparams}
+        unit_of = {id(zp.param): u for u in self.units for zp in u.zparams}
         for name, m in model.named_modules():
             units = list({id(u): u for p in m.parameters(recurse=False) if (u := unit_of.get(id(p)))}.values())
             if units:
@@ -135,14 +152,18 @@ class Stage3Scheduler:
     def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], shards: list[torch.Tensor],
               group: C.Group, ledger: CommLedger | None, device: torch.device, transfer, prefetch: bool,
               allocator: Allocator | None = None):
-        """One ``ParamUnit`` per layout bucket (unit 0 = the root, ``units[k - 1]`` = unit k), scheduled."""
+        """One ``ParamUnit`` per unit over its layout buckets (unit 0 = the root, ``units[k - 1]`` = unit k),
+        scheduled."""
         by_unit: dict[int, list[ZeroParam]] = {}
         for zp in zparams:
             by_unit.setdefault(layout.buckets[zp.slot.bucket].unit, []).append(zp)
+        buckets: dict[int, list] = {}
+        for b in layout.buckets:
+            buckets.setdefault(b.unit, []).append(b)
         built = {
-            b.unit: ParamUnit(model if b.unit == 0 else units[b.unit - 1], b, by_unit[b.unit],
-                              shards[b.index], group, ledger, device, transfer, allocator)
-            for b in layout.buckets
+            u: ParamUnit(model if u == 0 else units[u - 1], bs, by_unit[u], [shards[b.index] for b in bs],
+                         group, ledger, device, transfer, allocator)
+            for u, bs in buckets.items()
         }
         return cls(model, built.get(0), [built[u] for u in range(1, len(units) + 1)], prefetch)
 
@@ -155,7 +176,7 @@ class Stage3Scheduler:
                 self._note_gathered()
             return
         if i == 0:
-            for u in self.by_bucket.values():
+            for u in self.units:
                 u.in_backward = False
         if unit is not None:
             unit.finish_gather()
@@ -191,18 +212,22 @@ class Stage3Scheduler:
         self._note_gathered()
 
     def _note_gathered(self) -> None:
-        units = self.by_bucket.values()
+        units = self.units
         held = sum(u.full.untyped_storage().nbytes() for u in units)
         held += sum(u.staging.untyped_storage().nbytes() for u in units if u.staging is not None)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, held)
 
     def on_bucket_reduced(self, bucket: int) -> None:
-        """The unit's gradients were handed to the reduce-scatter: its parameters can go."""
-        self.by_bucket[bucket].free()
+        """A bucket's gradients were handed to the reduce-scatter; once all of its unit's are, the
+        unit's parameters can go."""
+        unit = self.by_bucket[bucket]
+        unit.reduced.add(bucket)
+        if len(unit.reduced) == len(unit.buckets):
+            unit.free()
 
     def reshard_all(self) -> None:
         """Free every unit (after an optimizer step: a gathered unit would hold pre-step values)."""
-        for u in self.by_bucket.values():
+        for u in self.units:
             if u.state is not ParamState.SHARDED:
                 u.free()
 
@@ -220,7 +245,7 @@ class Stage3Scheduler:
         )
 
     def gathered_tensors(self) -> list[torch.Tensor]:
-        units = self.by_bucket.values()
+        units = self.units
         out = [u.full for u in units if u.full.untyped_storage().nbytes()]
         return out + [u.staging for u in units if u.staging is not None]
 
@@ -230,9 +255,9 @@ class _Gathered:
         self.s = scheduler
 
     def __enter__(self) -> None:
-        for u in self.s.by_bucket.values():
+        for u in self.s.units:
             u.start_gather()
-        for u in self.s.by_bucket.values():
+        for u in self.s.units:
             u.finish_gather()
         self.s.reading = True
 

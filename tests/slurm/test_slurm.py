@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from zerobench.results import load
+from zerobench.train.faults import FAULT_ENV
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dist, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -141,5 +142,5 @@ def test_sbatch_launcher_runs_a_job_and_reports_how_it_ended(slurm_env, tmp_path
     bad = tmp_path / "bad"
     bad.mkdir()
     res = launcher.launch(LaunchRequest(to_train_config(RunSpec(dp=2, steps=4, warmup=0)), bad, "bad", 240,
-                                        bad / "run.log", fault="1:1"))
+                                        bad / "run.log", extra_env={FAULT_ENV: "1:1"}))
     assert not res.ok and res.status == "failed" and "FAILED" in res.reason, res

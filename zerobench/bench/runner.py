@@ -93,8 +93,8 @@ def _run_one(run, out: Path, suite: Suite, summary: SweepSummary, bar: Progress,
     bar.start(run.label, log)
     t0 = time.monotonic()
     cfg = run.config if tensorboard is None else dataclasses.replace(run.config, tensorboard_dir=tensorboard)
-    req = LaunchRequest(cfg, run_dir, run_id, run.spec.timeout, log, suite.name, fault=run.spec.fault,
-                        index=run.index, on_poll=bar.poll, cancel=cancel)
+    req = LaunchRequest(cfg, run_dir, run_id, run.spec.timeout, log, suite.name, index=run.index,
+                        on_poll=bar.poll, cancel=cancel, extra_env=run.spec.rank_env())
     res = get_launcher(launcher).launch(req)
     summary.ran.append(run.label)
     if not res.ok:

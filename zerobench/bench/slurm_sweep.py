@@ -32,7 +32,7 @@ def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bo
             run_id = attempt_id(out, run)
             run_dir = (out / run_id).resolve()
             run_dir.mkdir(parents=True, exist_ok=True)
-            job_id = submit(run.config, run_dir, run_id, run.spec.timeout, suite.name, fault=run.spec.fault)
+            job_id = submit(run.config, run_dir, run_id, run.spec.timeout, suite.name, env=run.spec.rank_env())
             jobs[job_id] = (run, run_id, time.monotonic())
         while jobs:
             listed = _run(["squeue", "-h", "-t", "all", "-j", ",".join(jobs), "-o", "%i|%T"]) if jobs else ""

@@ -102,7 +102,9 @@ class RunSpec:
     """Per-device memory budget (e.g. ``64MiB``): on CPU enforced by the live-tensor tracker, on GPU by
     ``torch.cuda.set_per_process_memory_fraction``. Exceeding it records the run as out of memory."""
     fault: str | None = None
-    """Fault injection for tests of failure handling: ``RANK:STEP`` makes that rank die at that step."""
+    """Test-only fault injection for tests of failure handling: ``RANK:STEP[:KIND]`` makes that rank fail at
+    that step (``zerobench/train/faults.py``). Not part of the config: it reaches the ranks as environment
+    (``rank_env``), which ``launch/worker.py`` alone reads."""
     # Informational keys carried by the paper's suites (kept in the resolved config, not interpreted).
     model_size: str | None = None
     """Paper model size name (informational)."""
@@ -112,6 +114,12 @@ class RunSpec:
     """Paper configuration name, e.g. C1 (informational)."""
     search: str | None = None
     """What the paper varied to find this row (informational)."""
+
+    def rank_env(self) -> dict[str, str]:
+        """Extra environment for this run's ranks (every launcher passes it through unchanged)."""
+        from zerobench.train.faults import FAULT_ENV
+
+        return {FAULT_ENV: self.fault} if self.fault else {}
 
 
 FIELDS = {f.name for f in dataclasses.fields(RunSpec)}

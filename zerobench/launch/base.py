@@ -64,8 +64,6 @@ class LaunchRequest:
     """Every rank's output."""
     suite: str | None = None
     """The suite the run belongs to (stored in rows)."""
-    fault: str | None = None
-    """Test-only planted fault (``RANK:STEP[:KIND]``), handed to the ranks' environment."""
     index: int = 0
     """The run's index in its sweep (a distinct rendezvous port per run under srun)."""
     on_poll: Callable[[], None] | None = None
@@ -73,7 +71,7 @@ class LaunchRequest:
     cancel: Cancellation | None = None
     """Stop the run when cancellation is requested."""
     extra_env: dict[str, str] = field(default_factory=dict)
-    """More environment for the ranks."""
+    """More environment for the ranks (A/B turns, test-only plantings: read by ``launch/worker.py``)."""
 
 
 class Launcher(Protocol):

@@ -10,7 +10,6 @@ import time
 from zerobench.config import ConfigError
 from zerobench.launch.base import Launcher, LaunchRequest, LaunchResult
 from zerobench.launch.local import launch_local
-from zerobench.train.faults import FAULT_ENV
 
 
 class LocalLauncher:
@@ -18,7 +17,7 @@ class LocalLauncher:
 
     def launch(self, req: LaunchRequest) -> LaunchResult:
         return launch_local(req.cfg, req.out_dir, req.run_id, timeout_s=req.timeout_s,
-                            extra_env={**({FAULT_ENV: req.fault} if req.fault else {}), **req.extra_env}, log_path=req.log_path,
+                            extra_env=req.extra_env, log_path=req.log_path,
                             suite=req.suite, on_poll=req.on_poll, cancel=req.cancel)
 
 
@@ -29,7 +28,7 @@ class SrunLauncher:
         from zerobench.launch.slurm import launch_srun
 
         return launch_srun(req.cfg, req.out_dir, req.run_id, req.timeout_s, req.log_path, req.suite,
-                           29500 + req.index, fault=req.fault)
+                           29500 + req.index, req.extra_env)
 
 
 class SbatchLauncher:
@@ -42,7 +41,7 @@ class SbatchLauncher:
         from zerobench.launch.slurm import FINAL, job_state, status_of, submit
 
         t0 = time.monotonic()
-        job = submit(req.cfg, req.out_dir, req.run_id, req.timeout_s, req.suite, fault=req.fault)
+        job = submit(req.cfg, req.out_dir, req.run_id, req.timeout_s, req.suite, env=req.extra_env)
         while True:
             state, code = job_state(job)
             if state in FINAL:

@@ -47,19 +47,21 @@ def master_address() -> str:
 
 
 def write_spec(path: Path, cfg: TrainConfig, run_id: str, out_dir: Path, suite: str | None,
-               fault: str | None = None) -> Path:
-    spec = {"config": to_dict(cfg), "run_id": run_id, "out": str(out_dir), "suite": suite, "fault": fault}
+               env: dict[str, str] | None = None) -> Path:
+    """The run as data for ``launch/task.py``: config, ids and extra environment for the ranks (JSON, so
+    no user string ever reaches a shell)."""
+    spec = {"config": to_dict(cfg), "run_id": run_id, "out": str(out_dir), "suite": suite, "env": env or {}}
     path.write_text(json.dumps(spec, indent=1))
     return path
 
 
 def launch_srun(cfg: TrainConfig, out_dir: Path, run_id: str, timeout_s: float, log_path: Path,
-                suite: str | None, port: int, fault: str | None = None) -> LaunchResult:
+                suite: str | None, port: int, env: dict[str, str] | None = None) -> LaunchResult:
     """One job step of ``cfg.world_size`` tasks inside the current allocation."""
     total = int(os.environ.get("SLURM_NTASKS", "0"))
     if cfg.world_size > total:
         return LaunchResult(False, f"needs {cfg.world_size} tasks, the allocation has {total}", "invalid", [], 0.0)
-    spec = write_spec(out_dir / "run.json", cfg, run_id, out_dir, suite, fault)
+    spec = write_spec(out_dir / "run.json", cfg, run_id, out_dir, suite, env)
     env = {**os.environ, "MASTER_ADDR": master_address(), "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
     cmd = ["srun", f"--ntasks={cfg.world_size}", "--kill-on-bad-exit=1", "--exact",
            "python", "-m", "zerobench.launch.task", str(spec)]
@@ -77,9 +79,9 @@ def launch_srun(cfg: TrainConfig, out_dir: Path, run_id: str, timeout_s: float, 
 
 
 def submit(cfg: TrainConfig, run_dir: Path, run_id: str, timeout_s: float, suite: str | None,
-           gpus_per_task: int = 0, fault: str | None = None) -> str:
+           gpus_per_task: int = 0, env: dict[str, str] | None = None) -> str:
     """sbatch one run (fixed script + JSON spec); returns the job id."""
-    spec = write_spec(run_dir / "run.json", cfg, run_id, run_dir, suite, fault)
+    spec = write_spec(run_dir / "run.json", cfg, run_id, run_dir, suite, env)
     minutes = max(1, int(timeout_s // 60) + 1)
     cmd = ["sbatch", "--parsable", f"--job-name=zb-{run_id}"[:64], f"--ntasks={cfg.world_size}",
            f"--time={minutes}", f"--output={run_dir / 'slurm-%j.out'}", f"--chdir={REPO}"]

@@ -7,14 +7,12 @@ import os
 import sys
 
 from zerobench.launch import worker
-from zerobench.train.faults import FAULT_ENV
 
 
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         spec = json.load(f)
-    if spec.get("fault"):  # test-only fault injection (zerobench.train.faults)
-        os.environ[FAULT_ENV] = spec["fault"]  # read by worker.rank_settings, as under the local launcher
+    os.environ.update(spec.get("env", {}))  # the launcher's extra environment, read by worker.rank_settings
     return worker.run(spec["config"], spec["run_id"], spec["out"], spec.get("suite"))
 
 

@@ -52,8 +52,11 @@ def test_projection_lists_assumptions_and_claims():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--model", "100B", "--tp", "3", "--gpus", "399"], "not divisible by MP 3"),
-    (["--model", "100B", "--tp", "16", "--gpus", "100"], "not divisible by MP 16"),
+    # the resolver's messages, as `zerobench train` and sweeps give them
+    (["--model", "100B", "--tp", "3", "--gpus", "399"], "attention heads 64 is not divisible by TP degree 3"),
+    (["--model", "100B", "--tp", "16", "--gpus", "100"], "gpus 100 is not divisible by tp 16"),
+    (["--model", "8B", "--stage", "5"], "stage"),
+    (["--model", "8B", "--stage", "0", "--offload-optimizer"], "offload"),
     (["--model", "999B"], "unknown model size"),
     (["--project", "paper/nope"], "not found"),
     (["--gpu-mem", "lots", "--model", "8B"], "cannot read memory size"),
@@ -61,3 +64,18 @@ def test_projection_lists_assumptions_and_claims():
 def test_invalid_plans_are_one_line(args, msg):
     r = zb("plan", *args)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_max_size_needs_no_layers_and_reports_the_solved_model():
+    """DP-only on 128 x 32 GB, stage 2, h 4096 (the paper's Fig 4 setting): the JSON's model and memory
+    breakdown are the solved size's, which fits, while one more layer does not."""
+    args = ["--hidden", "4096", "--heads", "32", "--gpus", "128", "--stage", "2", "--micro-batch", "2",
+            "--checkpoint-activations", "--md"]
+    r = zb("plan", *args, "--max-size", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["config"]["model"]["layers"] == d["max_layers"] > 1
+    assert d["params"] == d["max_params"] and d["fits"]
+    assert d["memory_bytes"]["total"] <= 32e9
+    over = json.loads(zb("plan", *args, "--layers", str(d["max_layers"] + 1), "--json").stdout)
+    assert not over["fits"] and over["memory_bytes"]["total"] > 32e9

@@ -20,16 +20,15 @@ import dataclasses
 import json
 
 from zerobench.config import ConfigError, parse_bytes, to_dict
-from zerobench.models.gpt import GPTConfig
-from zerobench.models.sizes import num_params, padded_vocab
+from zerobench.models.sizes import num_params
 from zerobench.plan.comm_model import comm_per_gpu
 from zerobench.plan.memory_model import PlanConfig, memory_per_gpu
 from zerobench.plan.sizes import PAPER_SIZES
-from zerobench.plan.suites import load_suite, plan_configs
+from zerobench.plan.suites import load_suite, plan_config, plan_configs
 
 
-def _model(args) -> GPTConfig:
-    mp = args.tp
+def _shape(args) -> dict:
+    """layers/hidden/heads from ``--model``, ``--params`` or the flags themselves."""
     if args.model:
         if args.model not in PAPER_SIZES:
             raise ConfigError(f"unknown model size {args.model!r}: choose one of {', '.join(PAPER_SIZES)}")
@@ -41,36 +40,26 @@ def _model(args) -> GPTConfig:
             layers = max(1, round((args.params - (args.vocab + args.seq) * hidden) / per_layer))
         elif args.layers:
             layers = args.layers
+        elif args.max_size:
+            layers = 1  # solved below
         else:
             raise ConfigError("give a model: --model NAME, --params N, or --layers/--hidden/--heads")
-    layers = args.layers or layers
-    hidden, heads = args.hidden or hidden, args.heads or heads
-    cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, vocab=padded_vocab(args.vocab, mp), seq=args.seq)
-    cfg.validate()
-    for what, n in (("attention heads", heads), ("hidden size", hidden)):
-        if n % mp:
-            raise ConfigError(f"{what} {n} is not divisible by MP {mp}: choose an MP degree dividing it")
-    return cfg
+    return {"layers": args.layers or layers, "hidden": args.hidden or hidden, "heads": args.heads or heads}
 
 
 def _plan_config(args) -> PlanConfig:
-    if args.tp < 1 or args.gpus < 1:
-        raise ConfigError("--gpus and --tp must be >= 1")
-    if args.gpus % args.tp:
-        raise ConfigError(f"GPUs {args.gpus} are not divisible by MP {args.tp}: choose a GPU count that MP divides")
-    if args.stage not in (0, 1, 2, 3):
-        raise ConfigError(f"unknown ZeRO stage {args.stage}: choose 0, 1, 2 or 3")
-    if args.offload_optimizer and args.stage == 0:
-        raise ConfigError("--offload-optimizer partitions the optimizer: use --stage 1, 2 or 3")
-    if args.offload_param and (args.stage != 3 or not args.offload_optimizer):
-        raise ConfigError("--offload-param needs --stage 3 and --offload-optimizer")
-    return PlanConfig(
-        model=_model(args), gpus=args.gpus, gpus_per_node=args.gpus_per_node, mp=args.tp,
-        gpu_mem_bytes=parse_bytes(args.gpu_mem), micro_batch=args.micro_batch, stage=args.stage,
-        checkpoint_activations=args.checkpoint_activations or args.pa or args.pa_cpu,
-        pa=args.pa, pa_cpu=args.pa_cpu, cb_elements=args.bucket_size, md=args.md, optim_bits=args.optim_bits,
-        offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
+    """The flags as the ``RunSpec`` a suite row would be, resolved by the one resolver (same rules and
+    errors as ``zerobench train`` and sweeps), then placed on the cluster the flags describe."""
+    from zerobench.bench.spec import RunSpec
+
+    spec = RunSpec(
+        **_shape(args), vocab=args.vocab, seq=args.seq, gpus=args.gpus, tp=args.tp, stage=args.stage,
+        precision="fp16", micro_batch=args.micro_batch, checkpoint_activations=args.checkpoint_activations,
+        pa=args.pa, pa_cpu=args.pa_cpu, bucket_size=args.bucket_size, md=args.md, optim_bits=args.optim_bits,
+        offload_optimizer="cpu" if args.offload_optimizer else "none",
+        offload_param="cpu" if args.offload_param else "none",
     )
+    return plan_config(spec, args.gpus_per_node, parse_bytes(args.gpu_mem))
 
 
 def _emit(obj, as_json: bool, text: str) -> None:
@@ -85,6 +74,13 @@ def run_plan(args) -> int:
     if args.project:
         return _project(args)
     p = _plan_config(args)
+    solved = None
+    if args.max_size:  # the breakdown below is the solved model's (its layers at --hidden/--heads)
+        from zerobench.plan.tables import max_size
+
+        solved = max_size(p)
+        if solved["max_layers"]:
+            p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=solved["max_layers"]))
     mem, comm = memory_per_gpu(p), comm_per_gpu(p)
     out = {
         "config": to_dict(p), "params": num_params(p.model), "params_per_mp_rank": mem["params_per_mp_rank"],
@@ -104,12 +100,10 @@ def run_plan(args) -> int:
     lines.append(f"  {'fits':<28} {'yes' if mem['fits'] else 'NO'}")
     lines.append("communication per GPU and step (elements): " + ", ".join(
         f"{k} {v:.3e}" for k, v in out["comm_elements_per_step"].items()))
-    if args.max_size:
-        from zerobench.plan.tables import max_size
-
-        ms = max_size(p)
-        out.update(ms)
-        lines.append(f"max size: {ms['max_layers']} layers = {ms['max_params'] / 1e9:.2f}B params fit")
+    if solved is not None:
+        out.update(solved)
+        lines.append(f"max size: {solved['max_layers']} layers = {solved['max_params'] / 1e9:.2f}B params fit "
+                     "(the model and memory above are at that size)")
     _emit(out, args.json, "\n".join(lines))
     return 0
 

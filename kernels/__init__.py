@@ -114,8 +114,9 @@ def fused_adamw_(
         _check_flat("out", out, n, dev)
     if step < 1:
         raise ValueError(f"step is 1-based, got {step}")
-    ops.adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, betas[0], betas[1], eps,
-               weight_decay, step, grad_scale)
+    eager = None if torch.compiler.is_compiling() else ops.EAGER_ADAMW.get(dev.type)
+    (eager or ops.adamw_)(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, betas[0], betas[1], eps,
+                          weight_decay, step, grad_scale)
 
 
 def nonfinite_(x: torch.Tensor, flag: torch.Tensor) -> None:

@@ -23,3 +23,14 @@ def test_checkpoint_dp4_resumes_at_dp2(stage, tmp_path):
         assert r["diff"] <= 1e-6, r
         assert r["step_after_load"] == 2
         assert r["single_vs_saved"] == 0.0, r
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_grads_are_views_of_the_bucket_buffer(stage):
+    from tests.helpers.workers_engine import grad_views
+
+    for res in run_distributed(grad_views, 2, stage):
+        assert res[False]["views"] == [True] * 3, "autograd must accumulate into the bucket buffer in place"
+        assert res[True]["views"] == [True] * 3, "a reset .grad is put back as the view"
+        for name, value in res[False]["params"].items():
+            assert (res[True]["params"][name] == value).all(), name

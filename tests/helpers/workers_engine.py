@@ -210,3 +210,27 @@ def stage3_bucket_sizes(rank, world, bucket_numels):
             "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
         }
     return out
+
+
+def grad_views(rank, world, stage):
+    """Stages 0-1: ``.grad`` is a view of the engine's gradient buffer (no per-step gradient tensors), and
+    a user who resets ``.grad`` (``model.zero_grad()``) between steps trains the same parameters."""
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    out = {}
+    for reset in (False, True):
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=30_000))
+        buf = engine.grads.full.data.untyped_storage().data_ptr()
+        views = []
+        for step in range(3):
+            x, y = data.micro_batch(step, rank, world, 0, 8 // world)
+            engine.backward(engine.module(x, y))
+            views.append(all(p.grad.untyped_storage().data_ptr() == buf for p in engine.module.parameters()))
+            engine.step()
+            engine.zero_grad()
+            if reset:
+                engine.module.zero_grad()  # set_to_none: autograd makes fresh tensors; the engine copies them in
+        out[reset] = {"views": views, "params": {n: p.detach().numpy().copy() for n, p in engine.module.named_parameters()}}
+    return out

@@ -140,3 +140,31 @@ def test_cpu_kernel_within_one_ulp_of_torch_adamw():
         assert ((p - ref.detach()).abs() <= 4 * ulp).all()
         assert (p != ref.detach()).float().mean() < 0.5  # most elements bit-equal
         assert torch.equal(m, opt.state[ref]["exp_avg"])
+
+
+def test_eager_call_and_the_dispatched_op_agree_bit_for_bit():
+    """``kernels.fused_adamw_`` calls the device body directly in eager mode; through the dispatcher
+    (``torch.ops.zerobench.adamw_``, and inside ``torch.compile``) the same body runs."""
+    if not kernels.available("cpu")[0]:
+        pytest.skip("the C++ CPU kernels are not built here")
+    blocks = kernels.adamw_blocks(N, RANGES, "cpu")
+    hp = dict(lr=HP["lr"], betas=HP["betas"], eps=HP["eps"], weight_decay=HP["weight_decay"], step=3, grad_scale=0.5)
+    g = make(N, torch.float32, 2)
+    runs = []
+    for how in ("eager", "op", "compiled"):
+        p, m, v = make(N, torch.float32, 1), make(N, torch.float32, 3).abs(), make(N, torch.float32, 4).abs()
+        out = torch.empty(N, dtype=torch.bfloat16)
+        if how == "eager":
+            kernels.fused_adamw_(p, g, m, v, blocks=blocks, out=out, **hp)
+        elif how == "op":
+            torch.ops.zerobench.adamw_(p, g, m, v, out, blocks, None, hp["lr"], *hp["betas"], hp["eps"],
+                                       hp["weight_decay"], hp["step"], hp["grad_scale"])
+        else:
+            def step(p, g, m, v, out):
+                kernels.fused_adamw_(p, g, m, v, blocks=blocks, out=out, **hp)
+
+            torch.compile(step, backend="aot_eager", fullgraph=True)(p, g, m, v, out)
+        runs.append((p, m, v, out))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)

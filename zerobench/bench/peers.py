@@ -1,7 +1,8 @@
 """``zerobench peers``: zerobench's stages and the peer systems trained side by side, measured alike.
 
 Every candidate trains the same GPT (same init, same synthetic data, same global batch, same AdamW) on the
-same number of local processes. Candidates are interleaved round by round (A B C ... A B C ...), each run a
+same number of local processes, as the same plain modules (zerobench's fused model kernels off, so the
+engines are what differs; each system keeps its own optimizer kernel: torch's fused AdamW, zerobench's). Candidates are interleaved round by round (A B C ... A B C ...), each run a
 fresh set of processes, so slow drift of the machine hits all of them alike; a candidate's speed is the
 median over rounds of (its median step time / torch-ddp's in the same round). Peak memory per rank comes
 from one extra run per candidate under the same live-tensor tracker (every tensor allocated through torch,
@@ -94,6 +95,7 @@ def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch
         model=model, zero=ZeroConfig(stage=stage, offload_optimizer=offload), preset=p.preset, dp=dp or p.dp,
         micro_batch=micro_batch or p.micro_batch, steps=p.steps, warmup_steps=p.warmup,
         system="zerobench" if system in ZEROBENCH else system, track_memory=track_memory,
+        kernels="reference",  # every system trains the same plain model: the comparison is of the engines
     )
     validate_run(cfg)
     return cfg

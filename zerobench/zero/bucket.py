@@ -13,8 +13,10 @@ without ``zero()`` adds to the reduced gradients of the first.
 
 The group's ``SyncMode`` says how gradients are kept and reduced (``SyncMode.for_stage``):
 
-- ``ALL_REDUCE`` (stage 0) and ``REDUCE_SCATTER_FULL`` (stage 1): a persistent full gradient buffer accumulates micro-batches; on the
-  micro-batch that synchronises, a bucket is all-reduced (stage 0) or reduce-scattered in place into this
+- ``ALL_REDUCE`` (stage 0) and ``REDUCE_SCATTER_FULL`` (stage 1): a persistent full gradient buffer accumulates
+  micro-batches. Each parameter's ``.grad`` *is* its view of that buffer (``attach_grad_views``; DDP's
+  ``gradient_as_bucket_view``), so autograd accumulates into the bucket in place and the hook only counts
+  (``grad_landed``); ``zero()`` zeroes the buffer. On the micro-batch that synchronises, a bucket is all-reduced (stage 0) or reduce-scattered in place into this
   rank's shard (stage 1). A new window on top of reduced gradients first keeps one copy of them (stage 0:
   rank 0's; stage 1: each rank's own shard) and zeros the rest, so the next reduction adds them once.
 - ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
@@ -98,6 +100,8 @@ class GradBucketGroup:
         """A persistent full gradient buffer accumulates micro-batches (stages 0-1)."""
         self.max_inflight = max_inflight
         self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device) if self.keep_full else None
+        self.views = [self.full.param_view(zp.slot.index) for zp in zparams] if self.keep_full else []
+        """Stages 0-1: each parameter's gradient view of the full buffer (its ``.grad``)."""
         self.sink = sink
         self.local: LocalBuffer | None = None if self.keep_full or sink else LocalBuffer(layout, grad_dtype, device)
         self.staging: dict[int, torch.Tensor] = {}
@@ -141,27 +145,43 @@ class GradBucketGroup:
                 self.full.data[b.start : lo].zero_()
                 self.full.data[hi : b.end].zero_()
 
+    def attach_grad_views(self) -> None:
+        """Stages 0-1: point every parameter's ``.grad`` at its view of the full gradient buffer."""
+        for zp, view in zip(self.zparams, self.views):
+            zp.param.grad = view
+
+    def grad_landed(self, zp: ZeroParam, param: torch.Tensor) -> None:
+        """Stages 0-1, from the post-accumulate-grad hook: autograd has accumulated into ``param.grad``,
+        normally the view itself. If ``.grad`` was replaced (the user set it to None, or ``create_graph``
+        accumulated out of place), its value goes into the view and the view is put back."""
+        view = self.views[zp.slot.index]
+        grad = param.grad
+        if grad is not view:
+            if zp.grad_state is GradState.NONE:
+                view.copy_(grad)
+            else:
+                view.add_(grad)
+            param.grad = view
+        self._landed(zp)
+
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
-        """Called from the parameter's post-accumulate-grad hook."""
+        """Stages 2-3, from the parameter's post-accumulate-grad hook: copy into the staging bucket."""
         slot = zp.slot
         b = self.layout.buckets[slot.bucket]
-        if self.keep_full:
-            dest = self.full.param_view(slot.index)
-            if zp.grad_state is GradState.NONE:
-                dest.copy_(grad)
-            else:
-                dest.add_(grad)
-        else:
-            staging = self.staging.get(b.index)
-            if staging is None:
-                staging = self.staging[b.index] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
-            staging[slot.start - b.start : slot.end - b.start].view(slot.shape).copy_(grad)
+        staging = self.staging.get(b.index)
+        if staging is None:
+            staging = self.staging[b.index] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
+        staging[slot.start - b.start : slot.end - b.start].view(slot.shape).copy_(grad)
+        self._landed(zp)
+
+    def _landed(self, zp: ZeroParam) -> None:
+        slot = zp.slot
         zp.grad_state = GradState.ACCUMULATED
         if not self.seen[slot.index]:
             self.seen[slot.index] = True
             self.seen_count += 1
-        self.pending[b.index] -= 1
-        if self.pending[b.index] == 0 and self.sync:
+        self.pending[slot.bucket] -= 1
+        if self.pending[slot.bucket] == 0 and self.sync:
             self._start_ready()
 
     def _start_ready(self) -> None:
@@ -219,21 +239,24 @@ class GradBucketGroup:
             self.state[head.bucket] = BucketState.DONE
             self.inflight.popleft()
 
-    def finish(self) -> None:
+    def finish(self, on_started: Callable[[list[int]], None] | None = None) -> None:
         """End of a micro-batch's backward: start the buckets still missing gradients (zeros for the
-        parameters unused on this rank), wait for every bucket, and record the window's unused ones."""
+        parameters unused on this rank), record the window's unused ones, call ``on_started(unused)`` (a
+        synchronised window: every bucket started, none waited for yet), and wait for every bucket."""
         if self.sync:
             for b in self.layout.buckets[self.next_start :]:
                 if self.pending[b.index]:
                     self._fill_missing(b.index)
                     self.pending[b.index] = 0
             self._start_ready()
-        self._finish_reduces(block=True)
-        if self.sync:
-            self.reduced = True
             self.unused = [] if self.seen_count == len(self.zparams) else [
                 i for i, seen in enumerate(self.seen) if not seen
             ]
+            if on_started is not None:
+                on_started(self.unused)
+        self._finish_reduces(block=True)
+        if self.sync:
+            self.reduced = True
 
     def _fill_missing(self, bucket: int) -> None:
         """Zeros where this bucket has no gradient yet (staging buckets start as zeros)."""
@@ -251,8 +274,10 @@ class GradBucketGroup:
         for zp in self.zparams:
             zp.grad_state = GradState.NONE
         self.reduced = False
-        # No zeroing needed: the first micro-batch overwrites (copy / reduce-scatter output), and a bucket
-        # missing gradients at the end of backward is filled with zeros first.
+        if self.keep_full:  # autograd accumulates into the views: they start the window at zero
+            self.full.data.zero_()
+        # Stages 2-3 need no zeroing: the first micro-batch's reduce-scatter overwrites the partition, and a
+        # staging bucket missing gradients at the end of backward starts as zeros.
 
     # -- views the optimizer needs -----------------------------------------------------------------
     def shard_views(self) -> list[torch.Tensor]:

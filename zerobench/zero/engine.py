@@ -37,7 +37,7 @@ from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement
 from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.storage import ParamStorage
-from zerobench.zero.unused import check_unused
+from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 
 
 def _decays(p: nn.Parameter) -> bool:
@@ -93,8 +93,11 @@ class ZeroEngine:
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
         self._hooks = [zp.param.register_post_accumulate_grad_hook(self._make_hook(zp)) for zp in self.zparams]
+        if self.grads.keep_full:
+            self.grads.attach_grad_views()
         self.scaler = DynamicLossScaler(config.loss_scale, enabled=config.precision.value == "fp16")
         self.micro_step = 0
+        self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.optimizer, config, self.placement,
@@ -136,11 +139,18 @@ class ZeroEngine:
                                      self.ledger, self.device, transfer, self.config.prefetch, self.allocator)
 
     def _make_hook(self, zp: ZeroParam):
-        def hook(p: torch.Tensor) -> None:
-            self.grads.add_grad(zp, p.grad)
+        grads = self.grads
+        if grads.keep_full:  # stages 0-1: .grad is a view of the bucket; the hook only counts
+            def landed(p: torch.Tensor) -> None:
+                grads.grad_landed(zp, p)
+
+            return landed
+
+        def staged(p: torch.Tensor) -> None:  # stages 2-3: into the staging bucket, then freed
+            grads.add_grad(zp, p.grad)
             p.grad = None
 
-        return hook
+        return staged
 
     # -- training API ----------------------------------------------------------------------------
     @property
@@ -154,7 +164,12 @@ class ZeroEngine:
         self.micro_step += 1
         self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first)
         (loss * (self.scaler.scale / accum)).backward()
-        self.grads.finish()
+        self.grads.finish(on_started=self._start_unused_check)
+
+    def _start_unused_check(self, unused: list[int]) -> None:
+        if self._unused_check is not None:  # an earlier window's, never stepped on: only the last one counts
+            self._unused_check.wait()
+        self._unused_check = start_unused_check(self, unused)
 
     @torch.no_grad()
     def step(self) -> bool:
@@ -168,7 +183,8 @@ class ZeroEngine:
             )
         if not self.grads.reduced:
             return False
-        check_unused(self)
+        pending, self._unused_check = self._unused_check, None
+        check_unused(self, pending)
         # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
         with self.allocator.host_region(self.placement.offloaded):
             stepped = self._step()

@@ -3,8 +3,10 @@
 The bucket group always keeps the ranks' collectives matched (a bucket missing gradients is filled with
 zeros and started in order), so a model whose unused parameters differ by rank cannot desynchronise the
 group. What remains is the decision: with ``find_unused_parameters=False`` (the default, as DDP's) the
-ranks agree on whether any of them saw an unused parameter, with one all-reduce of one integer per rank
-at ``step()``, and all of them raise the same error. With ``True`` nothing is checked and the ranks
+ranks agree on whether any of them saw an unused parameter, with one all-reduce of one integer per rank,
+and all of them raise the same error at ``step()``. The all-reduce is started at the end of backward,
+behind the last gradient buckets (``start_unused_check``), so it completes with them instead of costing
+``step()`` a round trip of its own. With ``True`` nothing is checked and the ranks
 that skipped a parameter contribute zeros to its gradient, which is single-process training's gradient
 on the global batch. A parameter unused on *every* rank then still takes an optimizer step with a zero
 gradient (its moments decay; weight decay applies), where ``torch.optim`` would skip it.
@@ -21,19 +23,35 @@ class UnusedParametersError(RuntimeError):
     """Some rank's forward left trained parameters without a gradient."""
 
 
-def check_unused(engine) -> None:
+class UnusedCheck:
+    """Every rank's count of parameters left unused in a window, being summed over the DP group."""
+
+    def __init__(self, engine, unused: list[int]):
+        """Starts the all-reduce (asynchronous; collectives of one group run in launch order)."""
+        group = engine.group
+        self.unused = unused
+        self.counts = torch.zeros(group.size, dtype=torch.int64, device=engine.device)
+        self.counts[group.rank] = len(unused)
+        self.work = C.all_reduce(self.counts, group, engine.ledger, "unused_check", async_op=True)
+
+    def wait(self) -> list[int]:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.counts.tolist()
+
+
+def start_unused_check(engine, unused: list[int]) -> UnusedCheck | None:
+    """At the end of a synchronised window's backward, once every bucket is started: the check's
+    collective (None with ``find_unused_parameters=True``: nothing is checked)."""
+    return None if engine.config.find_unused_parameters else UnusedCheck(engine, unused)
+
+
+def check_unused(engine, pending: UnusedCheck | None) -> None:
     """Raise ``UnusedParametersError`` on every DP rank if any rank's last window left a parameter unused."""
-    if engine.config.find_unused_parameters:
+    if pending is None:
         return
-    unused = engine.grads.unused
-    group = engine.group
-    if group.size == 1:
-        counts = [len(unused)]
-    else:
-        t = torch.zeros(group.size, dtype=torch.int64, device=engine.device)
-        t[group.rank] = len(unused)
-        C.all_reduce(t, group, engine.ledger, "unused_check")
-        counts = t.tolist()
+    counts, unused, group = pending.wait(), pending.unused, engine.group
     ranks = [r for r, n in enumerate(counts) if n]
     if not ranks:
         return

@@ -73,6 +73,11 @@ def test_layout_oracle(seed, shards, bucket, align, units):
             assert seg.local_start == lay.local_offset(seg.bucket) + seg.flat_start - lo
     assert set(seen) == {e for e, o in enumerate(owner) if o is not None}
 
+    # Oracle 4: each bucket's padding ranges are exactly its elements that belong to no parameter.
+    for b in lay.buckets:
+        pad = {b.start + e for lo, hi in lay.padding(b.index) for e in range(lo, hi)}
+        assert pad == {e for e in range(b.start, b.end) if owner[e] is None}
+
 
 def test_padding_is_small_for_large_models():
     specs = [ParamSpec(f"w{i}", (1024, 1024)) for i in range(8)] + [ParamSpec(f"b{i}", (1024,)) for i in range(8)]

@@ -41,6 +41,7 @@ from zerobench.metrics.comm import CommLedger
 from zerobench.zero.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.layout import PartitionLayout
 from zerobench.zero.param import GradState, ZeroParam
+from zerobench.zero.staging import StagingBuckets
 
 
 class SyncMode(enum.Enum):
@@ -104,7 +105,9 @@ class GradBucketGroup:
         """Stages 0-1: each parameter's gradient view of the full buffer (its ``.grad``)."""
         self.sink = sink
         self.local: LocalBuffer | None = None if self.keep_full or sink else LocalBuffer(layout, grad_dtype, device)
-        self.staging: dict[int, torch.Tensor] = {}
+        self.stage = StagingBuckets(layout, grad_dtype, device)
+        self.staging = self.stage.buffers
+        """Stages 2-3: the staging buckets in flight (``zero/staging.py``)."""
         self.inflight: deque[_Inflight] = deque()
         self.state = [BucketState.FILLING] * len(layout.buckets)
         self.pending = [len(b.params) for b in layout.buckets]
@@ -131,6 +134,8 @@ class GradBucketGroup:
         self.state = [BucketState.FILLING] * len(self.layout.buckets)
         self.pending = [len(b.params) for b in self.layout.buckets]
         self.next_start = 0
+        if not self.keep_full:
+            self.stage.begin_micro()
 
     def _keep_one_copy(self) -> None:
         """Before accumulating onto reduced gradients (stages 0-1), keep a single copy of them over the group."""
@@ -166,12 +171,7 @@ class GradBucketGroup:
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Stages 2-3, from the parameter's post-accumulate-grad hook: copy into the staging bucket."""
-        slot = zp.slot
-        b = self.layout.buckets[slot.bucket]
-        staging = self.staging.get(b.index)
-        if staging is None:
-            staging = self.staging[b.index] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
-        staging[slot.start - b.start : slot.end - b.start].view(slot.shape).copy_(grad)
+        self.stage.write(zp.slot, grad)
         self._landed(zp)
 
     def _landed(self, zp: ZeroParam) -> None:
@@ -203,7 +203,7 @@ class GradBucketGroup:
                 work = C.reduce_scatter(out, view, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
             self.inflight.append(_Inflight(bucket, work, None, None, None))
         else:
-            staging = self.staging.pop(bucket)
+            staging = self.stage.pop(bucket)
             if self.local is None:  # offload: a transient device shard, handed to the sink when reduced
                 shard = self.layout.buckets[bucket].shard_numel
                 out, acc = torch.empty(shard, dtype=self.grad_dtype, device=self.device), None
@@ -262,8 +262,7 @@ class GradBucketGroup:
         """Zeros where this bucket has no gradient yet (staging buckets start as zeros)."""
         b = self.layout.buckets[bucket]
         if not self.keep_full:
-            if bucket not in self.staging:
-                self.staging[bucket] = torch.zeros(b.numel, dtype=self.grad_dtype, device=self.device)
+            self.stage.fill_missing(bucket)
             return
         for i in b.params:
             if self.zparams[i].grad_state is GradState.NONE:
@@ -277,7 +276,7 @@ class GradBucketGroup:
         if self.keep_full:  # autograd accumulates into the views: they start the window at zero
             self.full.data.zero_()
         # Stages 2-3 need no zeroing: the first micro-batch's reduce-scatter overwrites the partition, and a
-        # staging bucket missing gradients at the end of backward starts as zeros.
+        # staging bucket's missing gradients are zero-filled at the end of backward (zero/staging.py).
 
     # -- views the optimizer needs -----------------------------------------------------------------
     def shard_views(self) -> list[torch.Tensor]:

@@ -116,6 +116,20 @@ class PartitionLayout:
         """Where bucket ``bucket``'s shard starts in the local shard buffer."""
         return sum(b.shard_numel for b in self.buckets[:bucket])
 
+    def padding(self, bucket: int) -> list[tuple[int, int]]:
+        """The ranges of bucket ``bucket`` (relative to its start) that hold no parameter: alignment gaps
+        and the tail padding. Buffers that are not zero-initialised must zero these before a reduction."""
+        b = self.buckets[bucket]
+        out, cursor = [], b.start
+        for i in b.params:
+            p = self.params[i]
+            if p.start > cursor:
+                out.append((cursor - b.start, p.start - b.start))
+            cursor = max(cursor, p.end)
+        if cursor < b.end:
+            out.append((cursor - b.start, b.end - b.start))
+        return out
+
     def segments(self, rank: int) -> list[Segment]:
         """Every (parameter ∩ rank's shard) piece, in flat-buffer order."""
         out: list[Segment] = []

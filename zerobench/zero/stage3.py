@@ -69,6 +69,8 @@ class ParamUnit:
         device = shards[0].device if device is None else device
         self.full = torch.empty(buckets[-1].end - start, dtype=dtype, device=device)
         self.nbytes = self.full.untyped_storage().nbytes()
+        self.held = 0
+        """Device bytes this unit holds now (its gathered buffer and any parameter-offload staging)."""
         self.bucket_views = [self.full[b.start - start : b.end - start] for b in buckets]
         self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in zparams]
         self.placeholder = torch.empty(0, dtype=dtype, device=device)
@@ -86,10 +88,12 @@ class ParamUnit:
         if self.state is not ParamState.SHARDED:
             return
         self.allocator.resize(self.full, self.nbytes)
+        self.held = self.nbytes
         srcs = self.shards
         if self.transfer is not None:  # host shards -> one transient device buffer, then the gathers
             self.staging = torch.empty(sum(s.numel() for s in srcs), dtype=self.full.dtype, device=self.full.device)
             srcs = list(self.staging.split([s.numel() for s in self.shards]))
+            self.held += self.staging.untyped_storage().nbytes()
             event = None
             for dst, src in zip(srcs, self.shards):
                 event = self.transfer.copy(dst, src, track=False)
@@ -106,6 +110,7 @@ class ParamUnit:
                     work.wait()
             self.works = []
             self.staging = None
+            self.held = self.nbytes
             for zp, view in zip(self.zparams, self.views):
                 zp.param.data = view
             self._set_state(ParamState.UNSHARDED)
@@ -116,6 +121,7 @@ class ParamUnit:
         for zp in self.zparams:
             zp.param.data = self.placeholder
         self.allocator.resize(self.full, 0)
+        self.held = 0
         self.reduced.clear()
         self._set_state(ParamState.SHARDED)
 
@@ -212,10 +218,9 @@ class Stage3Scheduler:
         self._note_gathered()
 
     def _note_gathered(self) -> None:
-        units = self.units
-        held = sum(u.full.untyped_storage().nbytes() for u in units)
-        held += sum(u.staging.untyped_storage().nbytes() for u in units if u.staging is not None)
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes, held)
+        held = sum(u.held for u in self.units)
+        if held > self.peak_gathered_bytes:
+            self.peak_gathered_bytes = held
 
     def on_bucket_reduced(self, bucket: int) -> None:
         """A bucket's gradients were handed to the reduce-scatter; once all of its unit's are, the

@@ -12,17 +12,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from zerobench.distributed.fake import init_fake_world
 from zerobench.models.gpt import GPT, GPTConfig
 from zerobench.plan.memory_model import params_per_mp_rank
 from zerobench.zero.config import Precision, ZeroConfig
-
-
-def init_fake_world(world_size: int, rank: int) -> None:
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
 def dry_run(model: GPTConfig, gpus: int, mp: int, stage: int, rank: int = 0,

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORE = ("zerobench.models", "zerobench.zero", "zerobench.parallel", "zerobench.distributed", "zerobench.metrics",
         "kernels")
 HARNESS = ("zerobench.train", "zerobench.baselines", "zerobench.peers", "zerobench.systems", "zerobench.launch",
-           "zerobench.bench", "zerobench.plan", "zerobench.report", "zerobench.results", "zerobench.cli",
+           "zerobench.bench", "zerobench.plan", "zerobench.sim", "zerobench.report", "zerobench.results", "zerobench.cli",
            "zerobench.demo")
 SMALL_FUNCTIONS = ("zerobench/zero", "zerobench/parallel", "zerobench/train")
 

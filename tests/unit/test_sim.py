@@ -1,0 +1,122 @@
+"""The performance simulator's pure parts: the event replay, profile curves and rows, the engine's real
+layout as the replay sees it, and what the replayed schedule must show per stage (issue 22)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zerobench.bench.spec import RunSpec, to_train_config
+from zerobench.sim.layout import HEAD, engine_buckets
+from zerobench.sim.profile import Curve, Linear, Profile, curve_key
+from zerobench.sim.replay import Timeline
+from zerobench.sim.simulate import simulate
+
+
+def test_replay_overlaps_streams_and_the_critical_path_sums_to_the_step():
+    tl = Timeline()
+    a = tl.add("bwd 1", "compute", 3.0, "compute")
+    c = tl.add("reduce 1", "dp", 2.0, "dp_comm", (a,))  # starts when its gradients exist
+    tl.add("bwd 2", "compute", 1.0, "compute")  # overlaps the reduce
+    c2 = tl.add("reduce 2", "dp", 2.0, "dp_comm", (tl.now("compute"),))  # waits for the dp stream (ends 5)
+    tl.wait("compute", (c, c2))
+    tl.add("step", "compute", 0.5, "optimizer")
+    assert tl.tasks[c2].start == 5.0 and tl.tasks[c2].end == 7.0
+    assert tl.makespan == 7.5
+    bd = tl.breakdown()
+    assert bd == {"compute": 3.0, "dp_comm": 4.0, "optimizer": 0.5}
+    assert math.isclose(sum(bd.values()), tl.makespan)
+
+
+def test_curve_interpolates_in_log_log_and_extrapolates_at_the_last_bandwidth():
+    c = Curve(((1e3, 1e-4), (1e6, 1e-3), (1e7, 1e-2)))
+    assert c.seconds(1e6) == pytest.approx(1e-3)
+    assert c.seconds(10) == pytest.approx(1e-4)  # the latency floor
+    assert 1e-4 < c.seconds(3e4) < 1e-3
+    assert c.seconds(1e8) == pytest.approx(1e-2 + 9e7 / (9e6 / 9e-3))
+
+
+def test_linear_fit_recovers_alpha_and_beta():
+    pts = [(n, 2e-5 + 3e-10 * n) for n in (1e3, 1e5, 1e6, 4e6)]
+    fit = Linear.fit(pts)
+    assert fit.alpha == pytest.approx(2e-5, rel=1e-6) and fit.beta == pytest.approx(3e-10, rel=1e-6)
+
+
+def test_profile_round_trips_through_rows():
+    p = Profile("cpu: test (2 cores)", cores=2, ops={"block_fwd|x": 1e-3},
+                curves={curve_key("all_reduce", 2, 2): Curve(((1024.0, 1e-4), (4096.0, 2e-4)))},
+                linear={"copy|r2": Linear(0.0, 1e-10)})
+    rows = [{**r, "status": "ok", "device": p.device, "cores": 2} for r in p.rows()]
+    q = Profile.from_rows(rows)
+    assert (q.ops, q.curves, q.linear, q.cores) == (p.ops, p.curves, p.linear, 2)
+    with pytest.raises(ValueError, match="zerobench profile"):
+        Profile.from_rows([])
+
+
+def _cfg(**kw):
+    return to_train_config(RunSpec(preset="tiny", precision="fp32", **kw))
+
+
+def test_layout_buckets_are_the_engines_and_say_where_they_complete():
+    cfg = _cfg(stage=3, dp=2, bucket_size=8192)
+    bs = engine_buckets(cfg)
+    assert sum(b.param_numel for b in bs) == 2 * (12 * 64 * 64 + 13 * 64) + 512 * 64 + 64 * 64 + 2 * 64
+    assert all(b.numel == 2 * b.shard_numel for b in bs)
+    # stage 3: the last block's unit first, the root (unit 0) last; every unit's buckets consecutive
+    assert [b.unit for b in bs] == sorted((b.unit for b in bs), key=lambda u: (u == 0, -u))
+    assert {b.lands for b in bs if b.unit == 2} == {1} and {b.lands for b in bs if b.unit == 0} == {2}
+    # stages 0-2: ln_f (head) and the last block fill bucket 0 first
+    assert engine_buckets(_cfg(stage=2, dp=2, bucket_size=8192))[0].lands in (HEAD, 1)
+
+
+def _profile(cfgs, block=1e-3, head=2e-3, coll=(1e-4, 1e-9)) -> Profile:
+    """A stated profile: every piece ``block`` s (head pieces ``head``), collectives alpha + bytes * beta."""
+    from zerobench.sim.measure import shape_key, shape_of
+
+    p = Profile("stated test device", cores=64)
+    for c in cfgs:
+        for op in ("embed_fwd", "block_fwd", "head_fwd", "head_bwd", "block_bwd", "embed_bwd"):
+            t = head if op.startswith("head") else (2 * block if op == "block_bwd" else block)
+            p.ops[shape_key(op, shape_of(c), c.world_size, max(1, 64 // c.world_size))] = t
+        for name in ("adamw", "copy", "add", "memset"):
+            p.linear[f"{name}|r{c.world_size}"] = Linear(0.0, 1e-12)
+        for g in {c.dp, c.tp}:
+            for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+                a, b = coll
+                p.curves[curve_key(op, g, c.world_size)] = Curve(((1.0, a + b), (1e9, a + 1e9 * b)))
+    return p
+
+
+def test_one_rank_is_its_compute_and_stage_3_gathers_every_unit_twice():
+    one = _cfg(stage=0, dp=1)
+    p = _profile([one])
+    r = simulate(one, p)
+    L = one.model.layers
+    assert r["breakdown_s"]["compute"] == pytest.approx(2 * 1e-3 + L * 3e-3 + 2 * 2e-3)
+    s3 = _cfg(stage=3, dp=2)
+    sim3 = simulate(s3, _profile([s3]))
+    units = len({b.unit for b in engine_buckets(s3)})
+    gathers = [t for t in sim3["timeline"].tasks if t.name.startswith("gather")]
+    assert len({t.name for t in gathers}) == units and len(gathers) == 2 * len(engine_buckets(s3))
+
+
+def test_slow_links_are_exposed_at_stage_3_and_prefetch_hides_them():
+    fast, slow = (1e-6, 1e-12), (1e-4, 4e-9)
+    s2, s3 = _cfg(stage=2, dp=2), _cfg(stage=3, dp=2)
+    for c in (s2, s3):
+        assert simulate(c, _profile([c], coll=fast))["step_time_s"] < simulate(c, _profile([c], coll=slow))["step_time_s"]
+    slow3 = simulate(s3, _profile([s3], coll=slow))
+    assert slow3["breakdown_s"]["dp_comm"] > simulate(s2, _profile([s2], coll=slow))["breakdown_s"]["dp_comm"]
+    import dataclasses
+
+    no_pre = dataclasses.replace(s3, zero=dataclasses.replace(s3.zero, prefetch=False))
+    assert simulate(no_pre, _profile([no_pre], coll=slow))["step_time_s"] > slow3["step_time_s"]
+
+
+def test_tp_collectives_sit_on_the_critical_path_four_per_block_six_with_recompute():
+    for ckpt, per_block in ((False, 4), (True, 6)):
+        c = _cfg(stage=0, dp=1, tp=2, checkpoint_activations=ckpt)
+        tasks = simulate(c, _profile([c]))["timeline"].tasks
+        n = sum(t.name == "tp all_reduce" for t in tasks)
+        assert n == c.model.layers * per_block + 1 + 3 + 1  # + embedding, cross-entropy (3), head backward

@@ -1,0 +1,40 @@
+"""``zerobench profile`` and ``zerobench simulate``: the performance simulator's commands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from zerobench.sim.command import run_profile
+
+    return run_profile(args)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from zerobench.sim.command import run_simulate
+
+    return run_simulate(args)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the ``zerobench`` parser."""
+    p = sub.add_parser("profile", help="measure this host's per-op and collective costs for a suite's shapes",
+                       description="Measure, with every rank of each configuration running at once on this host, "
+                                   "the compute pieces of a step at the suite's exact shapes, the engine's "
+                                   "per-element costs and the collectives from 1 KiB to 64 MiB; rows of kind "
+                                   "'profile' for `zerobench simulate`.")
+    p.add_argument("--suite", required=True, help="the configurations to profile for (e.g. cpu/sim_validation)")
+    p.add_argument("--out", required=True, help="directory for the profile's rows")
+    p.set_defaults(func=cmd_profile)
+    s = sub.add_parser("simulate", help="replay the engine's step on a profile; check predictions against runs",
+                       description="Predict step time, its critical path and TFLOPs of a suite's runs from a "
+                                   "profile (discrete-event replay of the engine's schedule), or compare the "
+                                   "predictions with measured runs (--validate).")
+    s.add_argument("--profile", required=True, help="a profile's rows (from `zerobench profile`)")
+    s.add_argument("--suite", help="predict every run of this suite")
+    s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows")
+    s.add_argument("--fit", action="store_true",
+                   help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_simulate)

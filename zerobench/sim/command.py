@@ -1,0 +1,112 @@
+"""``zerobench profile`` and ``zerobench simulate``: measure this device's costs, replay configurations on a
+profile, and check the predictions against measured runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from zerobench.config import ConfigError
+
+
+def _configs(suite: str) -> list:
+    from zerobench.bench.suite import load
+
+    s = load(suite)
+    bad = [r for r in s.runs if r.config is None]
+    if bad:
+        raise ConfigError(f"{s.path}: run {bad[0].label!r} is invalid: {bad[0].error}")
+    return [r.config for r in s.runs if r.config.system == "zerobench"]
+
+
+def _device(cores: int) -> str:
+    from zerobench.results.provenance import cpu_model
+
+    return f"cpu: {cpu_model()} ({cores} cores)"
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from zerobench.launch.local import usable_cpus
+    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.rows import RowWriter
+    from zerobench.sim.measure import jobs_for, profile_host
+    from zerobench.sim.profile import Profile
+
+    out = Path(args.out)
+    check_fresh_run_dir(out)
+    cores = usable_cpus()
+    configs = _configs(args.suite)
+    device = _device(cores)
+    prof = Profile(device=device, cores=cores)
+    jobs = jobs_for(configs, cores)
+    for i, job in enumerate(jobs, 1):
+        t0 = time.monotonic()
+        print(f"[{i}/{len(jobs)}] {job.ranks} process(es) x {job.threads} thread(s): {len(job.shapes)} shape(s), "
+              f"collectives on groups of {list(job.groups) or 'none'}", file=sys.stderr, flush=True)
+        prof.merge(profile_host(job, device, cores))
+        print(f"      done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    w = RowWriter(out, "profile", {"suite": args.suite, "device": device, "cores": cores})
+    for row in prof.rows():
+        metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
+        w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)
+    print(f"profile of {device}: {len(prof.ops)} ops, {len(prof.curves)} collective curves -> {out}")
+    return 0
+
+
+def _load_profile(path: str):
+    from zerobench.results.rows import read_rows
+    from zerobench.sim.profile import Profile
+
+    try:
+        return Profile.from_rows(read_rows(path))
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from zerobench.results.rows import read_rows
+    from zerobench.sim.simulate import simulate
+    from zerobench.sim.validate import fit_interference, summarize, validate
+
+    prof = _load_profile(args.profile)
+    if args.validate:
+        try:
+            rows = read_rows(args.validate)
+            if args.fit:
+                prof.interference = fit_interference(rows, prof)
+                print(f"fitted on the non-ZeRO runs (stage 0, more than one process): interference "
+                      f"{prof.interference:.2f}", file=sys.stderr)
+            recs = validate(rows, prof)
+        except KeyError as e:
+            raise ConfigError(str(e.args[0])) from None
+        summary = summarize(recs)
+        if args.json:
+            print(json.dumps({"profile": prof.device, "interference": prof.interference, "summary": summary,
+                              "runs": recs}, indent=1))
+            return 0
+        print(f"{'run':<28} {'predicted ms':>12} {'measured ms':>12} {'ratio':>6}  critical path (ms)")
+        for r in recs:
+            parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(r["breakdown_s"].items(), key=lambda kv: -kv[1]))
+            fit = "*" if r["in_fit"] and args.fit else " "
+            print(f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f} {r['measured_s'] * 1e3:12.2f} {r['ratio']:6.2f}  {parts}")
+        if summary["runs"]:
+            print(f"\n{summary['runs']} runs: median |predicted/measured - 1| = {summary['median_abs_error']:.1%}, "
+                  f"worst {summary['worst_abs_error']:.1%} ({summary['worst_run']})")
+            zero = summarize([r for r in recs if not r["in_fit"]])
+            if args.fit and zero["runs"]:
+                print(f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
+                      f"worst {zero['worst_abs_error']:.1%} ({zero['worst_run']})")
+        return 0
+    if not args.suite:
+        raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
+    for cfg in _configs(args.suite):
+        try:
+            r = simulate(cfg, prof)
+            r.pop("timeline")
+        except KeyError as e:
+            raise ConfigError(str(e.args[0])) from None
+        print(json.dumps({"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers, **r}))
+    return 0

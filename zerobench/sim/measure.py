@@ -1,0 +1,238 @@
+"""``zerobench profile`` on this host: every rank of a configuration measuring at once.
+
+For each process count a set of configurations needs, ``profile_host`` starts that many processes (as
+the local launcher would, with the same threads per process). Together they time
+
+1. each configuration's compute pieces at its TP-sharded shape (``measure_compute.time_compute``, on a
+   fake process group, all processes stepping in lockstep behind a barrier);
+2. the engine's per-element costs (optimizer step, copy, add, memset) and its own host work per step and
+   per block at each stage (``time_engine_overhead``, on a model too small to compute);
+3. the collectives zerobench issues (``zerobench.distributed.collectives``, so gloo's composed
+   reduce-scatter and all-gather are what is timed) from 1 KiB to 64 MiB, on groups of each size the
+   configurations use, every group of the host communicating at once, as TP groups and DP groups do;
+4. the synchronisation penalty: what a blocking collective costs beyond its isolated time when the ranks
+   arrive from computing apart (``sync|g|r``: α + β·T for T seconds of compute since the last one).
+
+Rank 0's figures become the profile. A process that dies or hangs fails the profile in one line.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import statistics
+import time
+from dataclasses import dataclass
+
+from zerobench.config import RunFailed
+from zerobench.sim.measure_compute import Shape, time_compute, time_engine_overhead, time_per_element
+from zerobench.sim.profile import Curve, Linear, Profile, curve_key, op_key
+
+SIZES = tuple(1 << k for k in range(10, 27, 2))
+"""Collective sizes in bytes: 1 KiB, 4 KiB, ..., 64 MiB."""
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+@dataclass(frozen=True)
+class HostJob:
+    """What one set of concurrent processes measures."""
+
+    ranks: int
+    threads: int
+    shapes: tuple[Shape, ...]
+    groups: tuple[int, ...]
+    """Collective group sizes (each dividing ``ranks``)."""
+    kernels: str = "auto"
+    sizes: tuple[int, ...] = SIZES
+
+
+def shape_key(op: str, s: Shape, ranks: int, threads: int) -> str:
+    m = s.model
+    return op_key(op, b=s.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=s.tp,
+                  dtype=s.precision, kernels=s.kernels, checkpoint=s.checkpoint, ranks=ranks, threads=threads)
+
+
+def _collective(op: str, full, part, grp, src: int):
+    """The call ``zerobench`` makes for ``op``: ``full`` the whole tensor, ``part`` this rank's piece."""
+    import torch.distributed as dist
+
+    from zerobench.distributed import collectives as C
+
+    return {
+        "all_reduce": lambda: C.all_reduce(full, grp),
+        "reduce_scatter": lambda: C.reduce_scatter(part, full, grp, inp_is_scratch=True),
+        "all_gather": lambda: C.all_gather(full, part, grp),
+        "broadcast": lambda: dist.broadcast(full, src=src, group=grp.pg),
+    }[op]
+
+
+def _collectives(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]]]:
+    import torch
+    import torch.distributed as dist
+
+    from zerobench.distributed import collectives as C
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    for g in job.groups:
+        pgs = [dist.new_group(list(range(lo, lo + g))) for lo in range(0, job.ranks, g)] if g < job.ranks else [None]
+        grp = C.Group.of(pgs[rank // g] if g < job.ranks else None, "profile")
+        src = dist.get_global_rank(grp.pg or dist.group.WORLD, 0)
+        for op in OPS:
+            pts = []
+            for nbytes in job.sizes:
+                n = -(-nbytes // (4 * g)) * g
+                fn = _collective(op, torch.ones(n), torch.ones(n // g), grp, src)
+                for _ in range(3):
+                    fn()
+                ts = []
+                for _ in range(8 if nbytes <= 1 << 20 else 3):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                pts.append((4.0 * n, statistics.median(ts)))
+            out[curve_key(op, g, job.ranks)] = _monotone(pts)
+    return out
+
+
+def _sync_penalty(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]]]:
+    """Extra seconds a small blocking all-reduce costs right after T seconds of compute on every rank,
+    over the same all-reduce issued in step (behind a barrier): the ranks' skew after computing apart
+    (their jitter, time-sharing), which every synchronisation of a step pays. T from 1 to 64 ms."""
+    import torch
+    import torch.distributed as dist
+
+    a, t = torch.randn(256, 256), torch.ones(1024)
+    one = _median_seconds(lambda: a @ a, 20)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for g in job.groups:
+        pgs = [dist.new_group(list(range(lo, lo + g))) for lo in range(0, job.ranks, g)] if g < job.ranks else [None]
+        pg = pgs[rank // g] if g < job.ranks else None
+        iso, pts = [], []
+        for _ in range(20):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=pg)
+            iso.append(time.perf_counter() - t0)
+        base = statistics.median(iso)
+        for target in (1e-3, 4e-3, 16e-3, 64e-3):
+            k = max(1, round(target / one))
+            comp, after = [], []
+            for _ in range(20 if target < 0.05 else 8):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    a @ a
+                t1 = time.perf_counter()
+                dist.all_reduce(t, group=pg)
+                comp.append(t1 - t0)
+                after.append(time.perf_counter() - t1)
+            pts.append((statistics.median(comp), max(statistics.median(after) - base, 1e-7)))
+        out[f"sync|g{g}|r{job.ranks}"] = pts
+    return out
+
+
+def _median_seconds(fn, reps: int) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _monotone(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """No size may cost more than a larger one (small-message medians carry scheduling noise)."""
+    out, best = [], float("inf")
+    for b, t in reversed(pts):
+        best = min(best, t)
+        out.append((b, best))
+    return out[::-1]
+
+
+def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from zerobench.distributed.fake import init_fake_world
+
+    try:
+        torch.set_num_threads(job.threads)
+        ops: dict[str, float] = {}
+        for s in job.shapes:
+            init_fake_world(s.tp, 0)
+            for name, t in time_compute(s, barrier=barrier.wait).items():
+                ops[shape_key(name, s, job.ranks, job.threads)] = t
+            dist.destroy_process_group()
+        linear = {f"{k}|r{job.ranks}": v for k, v in time_per_element(barrier.wait, job.kernels).items()}
+        init_fake_world(1, 0)
+        linear.update({f"{k}|r{job.ranks}": v for k, v in time_engine_overhead(barrier.wait, job.kernels).items()})
+        dist.destroy_process_group()
+        curves = {}
+        if job.ranks > 1 and job.groups:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=job.ranks)
+            curves = _collectives(job, rank)
+            linear.update({k: Linear.fit(v) for k, v in _sync_penalty(job, rank).items()})
+            dist.destroy_process_group()
+        if rank == 0:
+            results.put(("ok", ops, curves, linear))
+    except BaseException as e:
+        results.put(("error", f"profiling process {rank}: {type(e).__name__}: {e}", None, None))
+        raise
+
+
+def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0) -> Profile:
+    """Run ``job`` on ``job.ranks`` local processes; rank 0's measurements as a ``Profile``."""
+    from zerobench.launch.local import free_port
+
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(job.ranks, timeout=timeout_s), ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, job, port, barrier, results), daemon=True) for r in range(job.ranks)]
+    for p in procs:
+        p.start()
+    try:
+        status, ops, curves, linear = _wait(procs, results, timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(5)
+    if status != "ok":
+        raise RunFailed(ops)
+    prof = Profile(device=device, cores=cores, ops=ops, linear=linear)
+    prof.curves = {k: Curve(tuple(v)) for k, v in curves.items()}
+    return prof
+
+
+def _wait(procs, results, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=1.0)
+        except queue_mod.Empty:
+            dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                try:
+                    return results.get(timeout=2.0)
+                except queue_mod.Empty:
+                    return ("error", f"profiling process {dead[0]} exited with code {procs[dead[0]].exitcode}", None, None)
+    return ("error", f"profiling did not finish within {timeout_s:.0f} s", None, None)
+
+
+def shape_of(cfg) -> Shape:
+    """The compute shape of a ``TrainConfig``."""
+    return Shape(cfg.model, cfg.micro_batch, cfg.tp, cfg.zero.precision.value, cfg.kernels, cfg.activation.checkpoint)
+
+
+def jobs_for(configs, cores: int, sizes: tuple[int, ...] = SIZES) -> list[HostJob]:
+    """One ``HostJob`` per process count the configurations need: their shapes and group sizes."""
+    by_ranks: dict[int, tuple[dict, set]] = {}
+    for cfg in configs:
+        shapes, groups = by_ranks.setdefault(cfg.world_size, ({}, set()))
+        shapes[shape_of(cfg)] = None
+        groups.update(g for g in (cfg.dp, cfg.tp) if g > 1)
+    return [HostJob(ranks=n, threads=max(1, cores // n), shapes=tuple(shapes), groups=tuple(sorted(groups)),
+                    kernels=next(iter(shapes)).kernels, sizes=sizes)
+            for n, (shapes, groups) in sorted(by_ranks.items())]

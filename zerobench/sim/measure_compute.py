@@ -1,0 +1,203 @@
+"""In-process measurements of ``zerobench profile``: one TP rank's compute at a configuration's exact shape,
+and the engine's per-element costs (optimizer step, copy, memset).
+
+The model is the production one: ``GPT`` -> ``parallelize`` (TP, fused kernels, activation checkpointing;
+no ZeRO) on a ``fake`` process group of TP ranks, so TP's collectives cost nothing here (they are profiled
+as collectives) and the matmuls have the shapes of one TP rank. A step is split by timestamps taken in
+module hooks (forward) and tensor hooks (backward); on CPU autograd runs on the calling thread, so the
+stamps bound each piece exactly.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from zerobench.models.config import GPTConfig
+from zerobench.sim.profile import Linear
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One compute shape to profile (what ``op_key`` keys on, less the processes and threads)."""
+
+    model: GPTConfig
+    micro_batch: int
+    tp: int
+    precision: str
+    kernels: str
+    checkpoint: bool
+
+
+class _Stamps:
+    """Timestamps of one forward + backward, from hooks on the blocks and on their activations."""
+
+    def __init__(self, blocks: list[torch.nn.Module]):
+        self.phase = "idle"
+        self.fwd_pre: dict[int, float] = {}
+        self.fwd_post: dict[int, float] = {}
+        self.bwd_start: dict[int, float] = {}
+        self.bwd_end: dict[int, float] = {}
+        for i, blk in enumerate(blocks):
+            blk.register_forward_pre_hook(self._pre(i))
+            blk.register_forward_hook(self._post(i))
+
+    def _pre(self, i: int):
+        def hook(_mod, args):
+            if self.phase != "fwd":
+                return
+            self.fwd_pre[i] = time.perf_counter()
+            x = args[0]
+            if x.requires_grad:
+                x.register_hook(lambda g: self.bwd_end.__setitem__(i, time.perf_counter()))
+        return hook
+
+    def _post(self, i: int):
+        def hook(_mod, _args, out):
+            if self.phase != "fwd":
+                return
+            self.fwd_post[i] = time.perf_counter()
+            out.register_hook(lambda g: self.bwd_start.__setitem__(i, time.perf_counter()))
+        return hook
+
+
+def _one_step(model, stamps: _Stamps, x, y, last: int) -> dict[str, float]:
+    stamps.phase = "fwd"
+    t0 = time.perf_counter()
+    loss = model(x, y)
+    t1 = time.perf_counter()
+    stamps.phase = "bwd"
+    loss.backward()
+    t2 = time.perf_counter()
+    stamps.phase = "idle"
+    for p in model.parameters():
+        p.grad = None
+    L = last + 1
+    return {
+        "embed_fwd": stamps.fwd_pre[0] - t0,
+        "block_fwd": statistics.median(stamps.fwd_post[i] - stamps.fwd_pre[i] for i in range(L)),
+        "head_fwd": t1 - stamps.fwd_post[last],
+        "head_bwd": stamps.bwd_start[last] - t1,
+        "block_bwd": statistics.median(stamps.bwd_end[i] - stamps.bwd_start[i] for i in range(L)),
+        "embed_bwd": t2 - stamps.bwd_end[0],
+    }
+
+
+def time_compute(shape: Shape, reps: int = 15, warmup: int = 2, barrier=None) -> dict[str, float]:
+    """Median seconds of each piece of one forward + backward of ``shape`` (needs a default process group
+    of ``shape.tp`` ranks, e.g. ``init_fake_world(tp, 0)``). ``barrier()`` is called before every step so
+    that the host's concurrent profilers run their steps together."""
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.models.gpt import GPT
+    from zerobench.parallel.config import ActivationConfig
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
+
+    torch.manual_seed(0)
+    model = GPT(shape.model)
+    spec = ParallelSpec(zero=None, kernels=shape.kernels, activation=ActivationConfig(checkpoint=shape.checkpoint))
+    parallelize(model, build_mesh(shape.tp), spec)
+    model.to(DTYPES[shape.precision])
+    stamps = _Stamps(list(model.blocks))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, shape.model.vocab, (shape.micro_batch, shape.model.seq), generator=g)
+    y = torch.randint(0, shape.model.vocab, (shape.micro_batch, shape.model.seq), generator=g)
+    samples: dict[str, list[float]] = {}
+    for i in range(warmup + reps):
+        if barrier is not None:
+            barrier()
+        got = _one_step(model, stamps, x, y, len(model.blocks) - 1)
+        if i >= warmup:
+            for k, v in got.items():
+                samples.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _median_time(fn, reps: int, barrier=None) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        if barrier is not None:
+            barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _median_difference(a, b, reps: int, barrier=None) -> float:
+    """Median over interleaved pairs of (time of ``a`` - time of ``b``): drift cancels within a pair."""
+    a(), b()
+    diffs = []
+    for _ in range(reps):
+        if barrier is not None:
+            barrier()
+        t0 = time.perf_counter()
+        a()
+        t1 = time.perf_counter()
+        b()
+        diffs.append((t1 - t0) - (time.perf_counter() - t1))
+    return statistics.median(diffs)
+
+
+def time_per_element(barrier=None, kernels: str = "auto") -> dict[str, Linear]:
+    """The engine's per-element costs: ``adamw`` (its ``ShardedAdamW`` step, per fp32 partition element),
+    ``copy``, ``add`` (autograd accumulating into an existing ``.grad``) and ``memset``, per byte."""
+    from zerobench.zero.config import AdamWConfig
+    from zerobench.zero.optimizer import ShardedAdamW
+
+    out: dict[str, list[tuple[float, float]]] = {"adamw": [], "copy": [], "add": [], "memset": []}
+    for n in (1 << 14, 1 << 17, 1 << 20, 1 << 22):
+        master = torch.randn(n)
+        grad = torch.randn(n)
+        opt = ShardedAdamW(AdamWConfig(), [master], [[(0, n)]], kernel_mode=kernels)
+        reps = 3 if n >= 1 << 20 else 10
+        out["adamw"].append((n, _median_time(partial(opt.step, [grad], 1.0), reps, barrier)))
+        src, dst = torch.randn(n), torch.empty(n)
+        out["copy"].append((4 * n, _median_time(partial(dst.copy_, src), reps, barrier)))
+        out["add"].append((4 * n, _median_time(partial(dst.add_, src), reps, barrier)))
+        out["memset"].append((4 * n, _median_time(dst.zero_, reps, barrier)))
+    return {k: Linear.fit(v) for k, v in out.items()}
+
+
+def time_engine_overhead(barrier=None, kernels: str = "auto") -> dict[str, Linear]:
+    """The engine's own host work per step, per stage (``engine_s{stage}``: α per step + β per block): a GPT
+    too small to compute anything (hidden 8) at 2 and 8 blocks, trained with the engine and without it,
+    the difference fitted through both. It is the per-parameter hooks, stage 3's gather/free
+    bookkeeping and the step's checks; on one rank the collectives are copies (they are the collective
+    curves' cost). Needs a default process group of one rank (``init_fake_world(1, 0)``)."""
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.models.gpt import GPT
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
+    from zerobench.zero.config import ZeroConfig
+
+    x = torch.randint(0, 16, (2, 4))
+    out = {}
+    for stage in range(4):
+        over = []
+        for layers in (2, 8):
+            cfg = GPTConfig(layers=layers, hidden=8, heads=1, vocab=16, seq=4)
+            torch.manual_seed(0)
+            plain, model = GPT(cfg), GPT(cfg)
+            parallelize(plain, build_mesh(1), ParallelSpec(zero=None, kernels=kernels))
+            eng = parallelize(model, build_mesh(1), ParallelSpec(zero=ZeroConfig(stage=stage), kernels=kernels)).engine
+
+            def plain_step(plain=plain):
+                plain(x, x).backward()
+                for p in plain.parameters():
+                    p.grad = None
+
+            def engine_step(model=model, eng=eng):
+                eng.backward(model(x, x))
+                eng.step()
+                eng.zero_grad()
+
+            over.append(_median_difference(engine_step, plain_step, 60, barrier))
+        beta = max((over[1] - over[0]) / 6, 0.0)
+        out[f"engine_s{stage}"] = Linear(max(over[0] - 2 * beta, 0.0), beta)
+    return out

@@ -1,0 +1,175 @@
+"""A device profile: what the pieces of a training step cost on one kind of hardware, as data.
+
+Measured by ``zerobench profile`` on the device at hand (``zerobench.sim.measure``) or stated for hardware
+we cannot run (``zerobench.sim.stated``). Three kinds of entry:
+
+- ``ops``: seconds of one compute op at one exact shape (``op_key``): a block's forward, its backward
+  (with the recompute when checkpointing), the embedding's and the head's (LM head + loss) forward and
+  backward — measured with every rank of the configuration running at once on the host, so cores,
+  memory bandwidth and time-sharing are what the run sees;
+- ``curves``: seconds of a collective as a function of its bytes, per (op, group size, processes on the
+  host), interpolated piecewise-linearly in log-log between measured sizes and extrapolated at the
+  largest measured bandwidth above them;
+- ``linear``: α + β·n costs of the engine's own per-element work: the optimizer step per partition
+  element, a copy, an add and a memset per byte, per (name, processes on the host); and the
+  synchronisation penalty per group size (α + β·T for T seconds of compute since the ranks last met).
+
+Profiles are saved as result rows (kind ``profile``: one row per entry) and read back from them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+
+def op_key(op: str, *, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str, kernels: str,
+           checkpoint: bool, ranks: int, threads: int) -> str:
+    """The cache key of a compute op: everything its cost depends on."""
+    return (f"{op}|b{b}|s{s}|h{h}|a{heads}|v{vocab}|tp{tp}|{dtype}|{kernels}|ckpt{int(checkpoint)}"
+            f"|r{ranks}|t{threads}")
+
+
+def curve_key(op: str, group: int, ranks: int) -> str:
+    """A collective over groups of ``group`` processes, ``ranks`` processes on the host in all."""
+    return f"{op}|g{group}|r{ranks}"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds of a collective against its size in bytes (``points`` sorted by bytes)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def seconds(self, nbytes: float) -> float:
+        pts = self.points
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            (b0, t0), (b1, t1) = pts[-2], pts[-1]
+            bw = (b1 - b0) / max(t1 - t0, 1e-12)
+            return t1 + (nbytes - b1) / bw
+        i = bisect.bisect_left([p[0] for p in pts], nbytes)
+        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+        f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+        return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``alpha + beta * n`` seconds."""
+
+    alpha: float
+    beta: float
+
+    def seconds(self, n: float) -> float:
+        return self.alpha + self.beta * n if n > 0 else 0.0
+
+    @classmethod
+    def fit(cls, points: list[tuple[float, float]]) -> Linear:
+        """Least squares through (n, seconds), weighted towards relative error; alpha kept >= 0."""
+        w = [1.0 / max(t, 1e-9) for _, t in points]
+        sw = sum(w)
+        mx = sum(wi * n for wi, (n, _) in zip(w, points)) / sw
+        my = sum(wi * t for wi, (_, t) in zip(w, points)) / sw
+        sxx = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, points))
+        sxy = sum(wi * (n - mx) * (t - my) for wi, (n, t) in zip(w, points))
+        beta = sxy / sxx if sxx else 0.0
+        alpha = my - beta * mx
+        if alpha < 0:
+            alpha, beta = 0.0, sum(t for _, t in points) / sum(n for n, _ in points)
+        return cls(alpha, beta)
+
+
+@dataclass
+class Profile:
+    """Costs on one device (see the module docstring)."""
+
+    device: str
+    """What it was measured on (or stated for), e.g. ``cpu: AMD EPYC ... (2 cores)``."""
+    cores: int = 1
+    """Cores the host has (CPU profiles; the threads per rank follow from it)."""
+    ops: dict[str, float] = field(default_factory=dict)
+    """``op_key`` -> seconds."""
+    curves: dict[str, Curve] = field(default_factory=dict)
+    """``curve_key`` -> seconds against bytes."""
+    linear: dict[str, Linear] = field(default_factory=dict)
+    """``name|r{ranks}`` -> α + β·n (``adamw`` per element, ``copy`` and ``memset`` per byte)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where a stated figure comes from, per entry name."""
+    interference: float = 0.0
+    """Fraction of a data-parallel collective's time that also delays the compute running beside it: on a
+    CPU host gloo's threads share the cores the ranks compute on (on a GPU, NCCL's kernels take SMs:
+    near zero). The profile's one fitted factor, fitted on non-ZeRO runs only (``validate.fit_interference``)."""
+
+    def op(self, key: str) -> float:
+        if key not in self.ops:
+            raise KeyError(f"the profile of {self.device} has no op {key}: run `zerobench profile` for this shape")
+        return self.ops[key]
+
+    def collective(self, op: str, group: int, ranks: int, nbytes: float) -> float:
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        key = curve_key(op, group, ranks)
+        if key not in self.curves:
+            raise KeyError(f"the profile of {self.device} has no collective {key}: run `zerobench profile` "
+                           f"with {ranks} processes")
+        return self.curves[key].seconds(nbytes)
+
+    def cost(self, name: str, ranks: int, n: float) -> float:
+        key = f"{name}|r{ranks}"
+        if key not in self.linear:
+            raise KeyError(f"the profile of {self.device} has no {key}: run `zerobench profile` with {ranks} processes")
+        return self.linear[key].seconds(n)
+
+    def sync_penalty(self, group: int, ranks: int, compute_s: float) -> float:
+        """Extra seconds of a blocking collective over ``group`` ranks after ``compute_s`` of compute since
+        the last synchronisation (0 where the profile has no such measurement: stated profiles)."""
+        lin = self.linear.get(f"sync|g{group}|r{ranks}")
+        return lin.seconds(compute_s) if lin is not None and group > 1 else 0.0
+
+    def merge(self, other: Profile) -> None:
+        self.ops.update(other.ops)
+        self.curves.update(other.curves)
+        self.linear.update(other.linear)
+        self.sources.update(other.sources)
+        self.interference = other.interference or self.interference
+
+    # -- as rows -------------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        """One dict per entry (metric, value, unit and keys), for ``RowWriter.write``."""
+        out = [{"metric": "profile_op_seconds", "value": t, "unit": "s", "key": k} for k, t in sorted(self.ops.items())]
+        for k, c in sorted(self.curves.items()):
+            out += [{"metric": "profile_collective_seconds", "value": t, "unit": "s", "key": k, "bytes": b}
+                    for b, t in c.points]
+        for k, lin in sorted(self.linear.items()):
+            out.append({"metric": "profile_alpha_seconds", "value": lin.alpha, "unit": "s", "key": k})
+            out.append({"metric": "profile_beta_seconds", "value": lin.beta, "unit": "s per element or byte", "key": k})
+        if self.interference:
+            out.append({"metric": "profile_interference", "value": self.interference, "unit": "fraction",
+                        "key": "interference"})
+        return out
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> Profile:
+        """The profile in ``rows`` (later rows of the same key win, so re-profiling replaces)."""
+        prof = [r for r in rows if r.get("metric", "").startswith("profile_") and r.get("status") == "ok"]
+        if not prof:
+            raise ValueError("no profile rows: run `zerobench profile --out DIR` first")
+        p = cls(device=prof[-1].get("device", "unknown"), cores=int(prof[-1].get("cores", 1)))
+        points: dict[str, dict[float, float]] = {}
+        lin: dict[str, dict[str, float]] = {}
+        for r in prof:
+            m, k = r["metric"], r["key"]
+            if m == "profile_op_seconds":
+                p.ops[k] = r["value"]
+            elif m == "profile_interference":
+                p.interference = r["value"]
+            elif m == "profile_collective_seconds":
+                points.setdefault(k, {})[float(r["bytes"])] = r["value"]
+            else:
+                lin.setdefault(k, {})["alpha" if m == "profile_alpha_seconds" else "beta"] = r["value"]
+        p.curves = {k: Curve(tuple(sorted(v.items()))) for k, v in points.items()}
+        p.linear = {k: Linear(v["alpha"], v["beta"]) for k, v in lin.items()}
+        return p

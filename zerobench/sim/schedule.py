@@ -1,0 +1,148 @@
+"""The engine's step, replayed: what ``ZeroEngine`` issues on one rank, in its order, costed by a profile.
+
+Every point where the ranks meet (a TP collective, a wait on the DP stream that blocks) pays the
+profile's synchronisation penalty for the compute since they last met (their skew). Streams: ``compute`` (the model's forward and backward, TP's collectives on the critical path as in
+Megatron, the engine's copies and the optimizer step) and ``dp`` (the data-parallel collectives, one at a
+time in issue order, as a process group runs them). What the engine does, per stage:
+
+- stages 0-1: gradients land in the full buffer (autograd adds each into its ``.grad`` view); a bucket's all-reduce (0) or reduce-scatter (1) starts
+  when its last gradient lands, in bucket order, at most ``MAX_INFLIGHT`` outstanding before backward
+  waits for the oldest (``GradBucketGroup``); step() waits for all, steps (every element at stage 0, this
+  rank's shard at 1), stage 1 all-gathers every bucket; zero_grad() zeroes the full buffer;
+- stages 2-3: each landed gradient is copied into its staging bucket (``add_grad``), reduce-scattered per
+  bucket, every micro-batch; later micro-batches add the result into the partition;
+- stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its
+  backward, the next unit prefetched (``Stage3Scheduler``): the root at the start of forward and,
+  unprefetched, at the start of backward;
+- with activation checkpointing, a block's backward includes its recompute (profiled together), and
+  P_a adds the all-gather of the block input before it; offload copies the gradient partition to the
+  host and the updated parameters back, around the (host) step.
+"""
+
+from __future__ import annotations
+
+from zerobench.sim.layout import Bucket, engine_buckets
+from zerobench.sim.profile import Profile, op_key
+from zerobench.sim.replay import Timeline
+from zerobench.train.config import TrainConfig
+
+MAX_INFLIGHT = 2
+"""``GradBucketGroup.max_inflight``: collectives outstanding before backward waits for the oldest."""
+
+
+class StepReplay:
+    """Builds the timeline of one optimizer step of ``cfg`` on a host with ``ranks`` processes."""
+
+    def __init__(self, cfg: TrainConfig, prof: Profile, ranks: int | None = None):
+        self.cfg, self.prof = cfg, prof
+        self.ranks = ranks if ranks is not None else cfg.world_size
+        self.threads = max(1, prof.cores // self.ranks)
+        self.stage, self.dp, self.tp = cfg.zero.stage, cfg.dp, cfg.tp
+        self.buckets: tuple[Bucket, ...] = engine_buckets(cfg)
+        self.elem = cfg.zero.precision.param_dtype.itemsize
+        m = cfg.model
+        self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
+        self.tl = Timeline()
+        self.gathers: dict[int, int | None] = {}
+        self.last_sync = 0.0
+
+    # -- costs ---------------------------------------------------------------------------------
+    def piece(self, name: str) -> float:
+        c, m = self.cfg, self.cfg.model
+        return self.prof.op(op_key(name, b=c.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab,
+                                   tp=c.tp, dtype=c.zero.precision.value, kernels=c.kernels,
+                                   checkpoint=c.activation.checkpoint, ranks=self.ranks, threads=self.threads))
+
+    def compute(self, name: str, extra_tp_allreduces: int = 0, tp_bytes: float | None = None) -> None:
+        self.tl.add(name, "compute", self.piece(name), "compute")
+        nbytes = self.act_bytes if tp_bytes is None else tp_bytes
+        for _ in range(extra_tp_allreduces):
+            self.skew(self.tp)
+            self.tl.add("tp all_reduce", "compute", self.prof.collective("all_reduce", self.tp, self.ranks, nbytes), "mp_comm")
+            self.last_sync = self._compute_end()
+
+    def engine(self, per: str) -> None:
+        """The engine's own host work: ``alpha`` once per step, ``beta`` once per block (profiled per stage)."""
+        lin = self.prof.linear.get(f"engine_s{self.stage}|r{self.ranks}")
+        t = 0.0 if lin is None else (lin.alpha if per == "alpha" else lin.beta)
+        if t:
+            self.tl.add("engine host work", "compute", t, "engine")
+
+    def _compute_end(self) -> float:
+        i = self.tl.now("compute")
+        return self.tl.tasks[i].end if i is not None else 0.0
+
+    def skew(self, group: int) -> None:
+        """The ranks meet: pay the profile's synchronisation penalty for the compute since they last did."""
+        pen = self.prof.sync_penalty(group, self.ranks, self._compute_end() - self.last_sync)
+        if pen:
+            self.tl.add("rank skew", "compute", pen, "sync")
+
+    def wait_dp(self, deps: tuple[int | None, ...]) -> None:
+        """Compute waits for DP collectives; where it blocks, the ranks have met."""
+        before = self._compute_end()
+        w = self.tl.wait("compute", deps)
+        if self.tl.tasks[w].start > before:
+            self.skew(self.dp)
+            self.last_sync = self._compute_end()
+
+    def dp_collective(self, op: str, nbytes: float, name: str) -> int:
+        t = self.prof.collective(op, self.dp, self.ranks, nbytes)
+        idx = self.tl.add(name, "dp", t, "dp_comm", (self.tl.now("compute"),))
+        if self.prof.interference and t:  # the collective's threads share the cores the compute runs on
+            self.tl.add("collective on the compute's cores", "compute", self.prof.interference * t, "interference")
+        return idx
+
+    # -- stage 3 gathers -----------------------------------------------------------------------
+    def gather(self, unit: int) -> None:
+        if self.stage != 3 or self.dp == 1 or unit in self.gathers:
+            return
+        last = None
+        for b in self.buckets:
+            if b.unit == unit:
+                last = self.dp_collective("all_gather", b.numel * self.elem, f"gather unit {unit}")
+        self.gathers[unit] = last
+
+    def need(self, unit: int) -> None:
+        self.gather(unit)
+        self.wait_dp((self.gathers.get(unit),))
+
+    # -- gradients -----------------------------------------------------------------------------
+    def start_micro(self, sync: bool, first: bool) -> None:
+        self.sync, self.first = sync, first
+        self.pending = {b.index for b in self.buckets}
+        self.next_start, self.inflight = 0, []
+
+    def land(self, point: int) -> None:
+        for b in self.buckets:
+            if b.lands != point:
+                continue
+            nbytes = b.param_numel * self.elem
+            if self.stage >= 2:  # add_grad: the gradients are copied into the staging bucket
+                self.tl.add("staging copy", "compute", self.prof.cost("copy", self.ranks, nbytes), "copy")
+            else:  # .grad is a view of the bucket: autograd adds into it instead of taking the new tensor
+                self.tl.add("accumulate into bucket", "compute", self.prof.cost("add", self.ranks, nbytes), "copy")
+            self.pending.discard(b.index)
+        if not self.sync:
+            return
+        while self.next_start < len(self.buckets) and self.next_start not in self.pending:
+            self._reduce(self.buckets[self.next_start])
+            self.next_start += 1
+
+    def _reduce(self, b: Bucket) -> None:
+        op = "all_reduce" if self.stage == 0 else "reduce_scatter"
+        self.inflight.append(self.dp_collective(op, b.numel * self.elem, f"reduce bucket {b.index}"))
+        if self.stage == 3:
+            self.gathers.pop(b.unit, None)  # freed once handed over: the next use gathers again
+        if len(self.inflight) > MAX_INFLIGHT:
+            self.wait_dp((self.inflight.pop(0),))
+
+    def end_backward(self) -> None:
+        if not self.sync:
+            return
+        if self.dp > 1:  # the unused-parameter agreement, behind the last bucket
+            self.dp_collective("all_reduce", 4, "unused check")
+        self.wait_dp((self.tl.now("dp"),))
+        if self.stage >= 2 and not self.first:  # later micro-batches add into the partition
+            n = sum(b.shard_numel for b in self.buckets)
+            self.tl.add("accumulate", "compute", self.prof.cost("copy", self.ranks, n * self.elem), "copy")

@@ -1,0 +1,100 @@
+"""``simulate(cfg, profile)``: one training step of the engine replayed on a device profile.
+
+Drives ``StepReplay`` through the micro-batches' forward and backward and the optimizer step in the
+engine's order (see ``zerobench.sim.schedule``), and reports the predicted step time, its critical path
+by category (compute, exposed DP communication, MP communication, rank skew at synchronisations, the
+engine's host work, copies, optimizer, offload) and the
+throughput it implies, in both FLOP conventions (model FLOPs, and hardware FLOPs with the recompute), with
+the replayed ``Timeline`` itself.
+"""
+
+from __future__ import annotations
+
+from zerobench.models.sizes import flops_per_token
+from zerobench.sim.layout import HEAD
+from zerobench.sim.profile import Profile
+from zerobench.sim.schedule import StepReplay
+from zerobench.train.config import TrainConfig
+
+
+def _forward(r: StepReplay) -> None:
+    L, tp, pre = r.cfg.model.layers, r.tp > 1, r.cfg.zero.prefetch
+    r.need(0)
+    if pre:
+        r.gather(1)
+    r.compute("embed_fwd", 1 if tp else 0)
+    for i in range(L):
+        r.need(i + 1)
+        if pre and i + 1 < L:
+            r.gather(i + 2)
+        r.compute("block_fwd", 2 if tp else 0)
+        r.gathers.pop(i + 1, None)  # stage 3 frees a block after its forward
+    r.compute("head_fwd", 3 if tp else 0, tp_bytes=r.cfg.micro_batch * r.cfg.model.seq * 4)
+    r.gathers.pop(0, None)
+
+
+def _backward(r: StepReplay) -> None:
+    c = r.cfg
+    L, tp, pre, ckpt = c.model.layers, r.tp > 1, c.zero.prefetch, c.activation.checkpoint
+    r.need(0)
+    if pre:
+        r.gather(L)
+    r.compute("head_bwd", 1 if tp else 0)
+    r.land(HEAD)
+    for i in reversed(range(L)):
+        r.need(i + 1)
+        if pre and i >= 1:
+            r.gather(i)
+        if tp and ckpt and c.activation.partition:
+            r.skew(r.tp)
+            t = r.prof.collective("all_gather", r.tp, r.ranks, r.act_bytes)
+            r.tl.add("P_a all_gather", "compute", t, "mp_comm")
+            r.last_sync = r._compute_end()
+        r.compute("block_bwd", ((4 if ckpt else 2) if tp else 0))
+        r.engine("beta")
+        r.land(i)
+    r.compute("embed_bwd")
+    r.land(L)
+    r.end_backward()
+
+
+def _step(r: StepReplay) -> None:
+    r.engine("alpha")
+    n_local = sum(b.shard_numel for b in r.buckets)
+    offload = r.cfg.zero.offload_optimizer != "none"
+    if offload:  # the gradient partition goes to the host, the updated parameters come back
+        r.tl.add("grads to host", "compute", r.prof.cost("copy", r.ranks, n_local * r.elem), "offload")
+    r.tl.add("optimizer step", "compute", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
+    if offload:
+        r.tl.add("params to device", "compute", r.prof.cost("copy", r.ranks, n_local * r.elem), "offload")
+    if r.stage in (1, 2) and r.dp > 1:
+        for b in r.buckets:
+            r.dp_collective("all_gather", b.numel * r.elem, f"publish bucket {b.index}")
+        r.wait_dp((r.tl.now("dp"),))
+    if r.stage <= 1:  # zero_grad(): the full gradient buffer
+        r.tl.add("zero_grad", "compute", r.prof.cost("memset", r.ranks, sum(b.numel for b in r.buckets) * r.elem), "copy")
+
+
+def simulate(cfg: TrainConfig, prof: Profile, ranks: int | None = None) -> dict:
+    """Predicted step of ``cfg`` on ``prof``'s device (``ranks``: processes sharing the host; default the
+    configuration's world size, as local runs place them)."""
+    r = StepReplay(cfg, prof, ranks)
+    accum = cfg.zero.grad_accum_steps
+    for micro in range(accum):
+        r.start_micro(sync=micro == accum - 1 or r.stage >= 2, first=micro == 0)
+        _forward(r)
+        _backward(r)
+    _step(r)
+    step = r.tl.makespan
+    tokens = cfg.micro_batch * accum * cfg.model.seq / cfg.tp
+    model_fpt = flops_per_token(cfg.model)
+    hw_fpt = flops_per_token(cfg.model, recompute=cfg.activation.checkpoint)
+    return {
+        "step_time_s": step,
+        "breakdown_s": r.tl.breakdown(),
+        "busy_s": {s: r.tl.busy(s) for s in ("compute", "dp")},
+        "tflops_per_gpu": model_fpt * tokens / step / 1e12,
+        "hw_tflops_per_gpu": hw_fpt * tokens / step / 1e12,
+        "pflops_aggregate": model_fpt * tokens / step / 1e12 * cfg.world_size / 1e3,
+        "timeline": r.tl,
+    }

@@ -1,0 +1,80 @@
+"""The simulator checked against runs: predicted ÷ measured step time per run, from result rows.
+
+The runs' rows carry their resolved configuration (``TrainConfig``) and measured median step time; the
+simulator sees only the configuration and the profile. ``summarize`` gives the figures issue 22's
+acceptance bar names: the median and the worst |predicted ÷ measured − 1|.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from zerobench.config import from_dict
+from zerobench.sim.profile import Profile
+from zerobench.sim.simulate import simulate
+from zerobench.train.config import TrainConfig
+
+
+def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
+    """(run id, config, median step seconds) of every zerobench run with an ok step time."""
+    out = []
+    for r in rows:
+        if r.get("metric") != "step_time_s" or r.get("status") != "ok" or r.get("value") is None:
+            continue
+        cfg = from_dict(TrainConfig, r["config"], where=f"run {r['run_id']}")
+        if cfg.system == "zerobench":
+            out.append((r["run_id"], cfg, float(r["value"])))
+    return out
+
+
+def is_zero(cfg: TrainConfig) -> bool:
+    """Whether a run uses ZeRO's partitioning (stage >= 1): those stay out of any fit."""
+    return cfg.zero.stage >= 1
+
+
+def fit_interference(rows: list[dict], prof: Profile, grid: int = 41, top: float = 2.0) -> float:
+    """The ``Profile.interference`` that best predicts the measured *non-ZeRO* runs with more than one
+    process (stage 0: plain data parallelism, TP): the grid value minimising their median
+    |log(predicted / measured)|. No ZeRO run is looked at."""
+    runs = [(cfg, m) for _, cfg, m in measured_runs(rows) if not is_zero(cfg) and cfg.world_size > 1]
+    if not runs:
+        return 0.0
+    saved, best = prof.interference, (float("inf"), 0.0)
+    try:
+        for i in range(grid):
+            prof.interference = top * i / (grid - 1)
+            errs = [abs(math.log(_predict(cfg, prof) / m)) for cfg, m in runs]
+            best = min(best, (statistics.median(errs), prof.interference))
+    finally:
+        prof.interference = saved
+    return best[1]
+
+
+def _predict(cfg: TrainConfig, prof: Profile) -> float:
+    return simulate(cfg, prof)["step_time_s"]
+
+
+def validate(rows: list[dict], prof: Profile) -> list[dict]:
+    """One record per measured run: predicted and measured step time, their ratio, and the breakdown."""
+    out = []
+    for run_id, cfg, measured in measured_runs(rows):
+        sim = simulate(cfg, prof)
+        sim.pop("timeline")
+        out.append({
+            "run_id": run_id, "stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp,
+            "layers": cfg.model.layers, "hidden": cfg.model.hidden,
+            "predicted_s": sim["step_time_s"], "measured_s": measured,
+            "ratio": sim["step_time_s"] / measured, "breakdown_s": sim["breakdown_s"],
+            "in_fit": not is_zero(cfg) and cfg.world_size > 1,
+        })
+    return out
+
+
+def summarize(records: list[dict]) -> dict:
+    errs = [abs(r["ratio"] - 1) for r in records]
+    if not errs:
+        return {"runs": 0, "median_abs_error": None, "worst_abs_error": None}
+    worst = max(records, key=lambda r: abs(r["ratio"] - 1))
+    return {"runs": len(errs), "median_abs_error": statistics.median(errs), "worst_abs_error": max(errs),
+            "worst_run": worst["run_id"]}

@@ -156,6 +156,11 @@ def _dry_run(args) -> int:
     return 0
 
 
+MODEL_NOTE = ("the quick analytic projection (zerobench.plan.perf_model: FLOPs at an assumed efficiency plus "
+              "α-β communication, unvalidated); `zerobench simulate` replays the engine's schedule on a measured "
+              "profile instead")
+
+
 def _project(args) -> int:
     import csv
 
@@ -174,11 +179,12 @@ def _project(args) -> int:
                      "fits": mem["fits"], "memory_gb": mem["total"] / 1e9, **proj})
     with open(SUITES / "paper" / "claims.csv", newline="") as f:
         claims = list(csv.DictReader(f))
-    assumptions = {"hardware": hw.name, "efficiency": args.efficiency, "dp_overlap": args.dp_overlap,
+    assumptions = {"model": MODEL_NOTE, "hardware": hw.name, "efficiency": args.efficiency, "dp_overlap": args.dp_overlap,
                    "flops": "Megatron count with recompute (hardware FLOPs)", "dtype_bytes": 2}
     if args.json:
         print(json.dumps({"assumptions": assumptions, "rows": rows, "claims": claims}, indent=1, default=float))
         return 0
+    print(f"model: {MODEL_NOTE}")
     print(f"projection on {hw.name}: efficiency {args.efficiency} of {hw.peak_flops / 1e12:.0f} TFLOP/s peak, "
           f"{args.dp_overlap:.0%} of backward can hide DP traffic (assumptions, not fitted to the paper)")
     print(f"  {'run':<22} {'GPUs':>4} {'MP':>3} {'fits':>4} {'mem GB':>7} {'TFLOPs/GPU':>10} {'PFLOPs':>7} "

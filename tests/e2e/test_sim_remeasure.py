@@ -1,0 +1,79 @@
+"""The simulator re-measured (issue 22): a fresh profile of this host, then the same runs measured twice,
+then the predictions compared with the first measurement, as users run it (``zerobench profile``,
+``zerobench sweep``, ``zerobench simulate --validate``).
+
+The second measurement is the host's own noise floor: a prediction cannot be judged closer than the runs
+reproduce. The bar here is a guard against the replay drifting away from the engine (a missing
+collective, a wrong stage, a broken profile): every prediction within a factor 1.6 of its run, and the
+median error within 25 % plus twice the noise floor. The issue's tighter bar is checked on the recorded
+rows (``tests/unit/test_sim_validation.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from tests.e2e.test_cli_train import zb
+from zerobench.results.rows import read_rows
+from zerobench.sim.validate import measured_runs
+
+SUITE = """\
+name: sim_remeasure
+base: {preset: mini, precision: fp32, micro_batch: 2, steps: 10, warmup: 3, track_memory: false, timeout: 300}
+runs:
+  - {label: dp1-s0, dp: 1, stage: 0}
+  - {label: dp2-s0, dp: 2, stage: 0}
+  - {label: dp2-s1, dp: 2, stage: 1}
+  - {label: dp2-s2, dp: 2, stage: 2}
+  - {label: dp2-s3, dp: 2, stage: 3}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(1200)
+def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
+    suite = tmp_path / "sim_remeasure.yaml"
+    suite.write_text(SUITE)
+    r = zb("profile", "--suite", str(suite), "--out", str(tmp_path / "profile"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    for side in ("a", "b"):
+        r = zb("sweep", str(suite), "--out", str(tmp_path / side), "--no-progress", timeout=600)
+        assert r.returncode == 0, r.stderr
+    r = zb("simulate", "--profile", str(tmp_path / "profile"), "--validate", str(tmp_path / "a"), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    a = {k: m for k, _, m in measured_runs(read_rows(tmp_path / "a"))}
+    b = {k: m for k, _, m in measured_runs(read_rows(tmp_path / "b"))}
+    noise = statistics.median(abs(a[k] / b[k] - 1) for k in a)
+    ratios = {run["run_id"]: run["ratio"] for run in out["runs"]}
+    assert len(ratios) == 5
+    assert all(1 / 1.6 <= x <= 1.6 for x in ratios.values()), (ratios, noise)
+    assert out["summary"]["median_abs_error"] <= 0.25 + 2 * noise, (ratios, noise)
+
+
+REF = "results/reference/sim-validation-cpu-2core"
+
+
+def test_simulate_predicts_a_suite_from_the_recorded_profile():
+    r = zb("simulate", "--profile", f"{REF}/profile", "--suite", "cpu/sim_validation", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(out) == 34
+    for o in out:
+        assert o["step_time_s"] == pytest.approx(sum(o["breakdown_s"].values()))
+        assert o["tflops_per_gpu"] > 0 and o["hw_tflops_per_gpu"] >= o["tflops_per_gpu"]
+
+
+def test_bad_input_is_one_line():
+    r = zb("simulate", "--profile", "/nonexistent/profile", "--suite", "cpu/sim_validation")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no results at" in r.stderr
+    r = zb("simulate", "--profile", f"{REF}/profile")
+    assert r.returncode == 2 and "--suite" in r.stderr and r.stderr.count("\n") == 1
+    r = zb("simulate", "--profile", f"{REF}/runs", "--suite", "cpu/sim_validation")  # rows, but no profile
+    assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
+    r = zb("simulate", "--profile", f"{REF}/profile", "--suite", "cpu/quick")  # shapes never profiled
+    assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1

@@ -1,0 +1,63 @@
+"""The simulator against recorded runs (issue 22, CPU validation): the profile and the runs of
+``suites/cpu/sim_validation.yaml`` recorded on the 2-core VM (``results/reference/sim-validation-cpu-2core``).
+
+What is asserted is what the README's validation table states, recomputed from the rows: the profile
+alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
+runs only, and the errors are the ones the table reports. The issue's bar (median ≤ 10 %, worst ≤ 25 %)
+is a separate, strict expected failure until the predictions meet it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zerobench.results.rows import read_rows
+from zerobench.sim import validate as V
+from zerobench.sim.profile import Profile
+
+REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-validation-cpu-2core"
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    rows = read_rows(REF / "runs")
+    prof = Profile.from_rows(read_rows(REF / "profile"))
+    prof.interference = V.fit_interference(rows, prof)
+    return rows, prof, V.validate(rows, prof)
+
+
+def test_every_kind_of_run_is_predicted(recorded):
+    rows, _, recs = recorded
+    assert len(recs) >= 24
+    assert {r["stage"] for r in recs} == {0, 1, 2, 3} and {r["dp"] for r in recs} == {1, 2, 4}
+    assert len({r["hidden"] for r in recs}) == 3 and any(r["tp"] == 2 for r in recs)
+    assert any(c.zero.offload_optimizer != "none" for _, c, _ in V.measured_runs(rows))
+
+
+def test_the_fit_never_sees_a_zero_run(recorded, monkeypatch):
+    rows, prof, _ = recorded
+    seen = []
+    real = V.simulate
+    monkeypatch.setattr(V, "simulate", lambda cfg, p: seen.append(cfg) or real(cfg, p))
+    V.fit_interference(rows, prof)
+    assert seen and all(c.zero.stage == 0 and c.world_size > 1 for c in seen)
+
+
+def test_the_errors_are_the_ones_the_table_states(recorded):
+    _, prof, recs = recorded
+    table = json.loads((REF / "validation.json").read_text())
+    stated = table["summary"]
+    assert prof.interference == pytest.approx(table["interference"])
+    s = V.summarize(recs)
+    assert s["runs"] == stated["runs"]
+    assert s["median_abs_error"] == pytest.approx(stated["median_abs_error"], abs=1e-6)
+    assert s["worst_abs_error"] == pytest.approx(stated["worst_abs_error"], abs=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22's CPU bar is not met yet: see the README's validation table")
+def test_issue_22_cpu_bar(recorded):
+    s = V.summarize(recorded[2])
+    assert s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25

@@ -77,3 +77,19 @@ def test_bad_input_is_one_line():
     assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
     r = zb("simulate", "--profile", f"{REF}/profile", "--suite", "cpu/quick")  # shapes never profiled
     assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_validation_rows_become_a_report_section(tmp_path):
+    val = tmp_path / "validation"
+    r = zb("simulate", "--profile", f"{REF}/profile", "--validate", f"{REF}/runs", "--fit", "--out", str(val),
+           timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = read_rows(val)
+    assert {x["metric"] for x in rows} == {"sim_predicted_step_time_s", "sim_step_time_ratio"}
+    assert len(rows) == 2 * 34 and all(x["config"]["interference"] > 0 for x in rows)
+    r = zb("report", str(val), "--out", str(tmp_path / "report"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert "Simulator validation" in html and "sim_validation.png" in html
+    assert (tmp_path / "report" / "sim_validation.png").stat().st_size > 10_000
+    assert "Simulator validation" in (tmp_path / "report" / "summary.md").read_text()

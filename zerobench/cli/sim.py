@@ -36,5 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows")
     s.add_argument("--fit", action="store_true",
                    help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs")
+    s.add_argument("--out", help="with --validate: also write the comparison as rows here (the report draws them)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_simulate)

@@ -166,3 +166,19 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("peak_live_bytes", "peak_rss_bytes"):
         t[col.replace("_bytes", "_MiB")] = t.pop(col) / 2**20
     return t
+
+
+def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``zerobench simulate --validate --out`` rows: predicted vs measured step time per run."""
+    d = df[df["metric"] == "sim_step_time_ratio"] if "metric" in df else df.iloc[0:0]
+    if d.empty:
+        return pd.DataFrame()
+    pred = df[df["metric"] == "sim_predicted_step_time_s"].set_index(["run_id", "measured_run"])["value"]
+    t = pd.DataFrame({
+        "run": d["measured_run"].values, "stage": d["stage"].astype(int).values, "dp": d["dp"].astype(int).values,
+        "tp": d["tp"].astype(int).values, "hidden": d["hidden"].astype(int).values,
+        "predicted_ms": [1e3 * pred.get((a, b), float("nan")) for a, b in zip(d["run_id"], d["measured_run"])],
+        "measured_ms": 1e3 * d["measured_s"].values, "ratio": d["value"].values,
+        "in_fit": d["in_fit"].astype(bool).values, "device": d["profile_device"].values,
+    })
+    return t.sort_values(["device", "hidden", "dp", "tp", "stage"]).reset_index(drop=True)

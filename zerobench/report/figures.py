@@ -166,3 +166,28 @@ def peers(table: pd.DataFrame, out: Path):
     cap = (f"Candidates interleaved round by round in one comparison; grouped by the ZeRO stage whose sharding "
            f"they match. Hardware: {'; '.join(sorted({str(x) for x in d['device'].dropna()})) or 'unknown'}.")
     return _save(fig, out, "peers"), cap
+
+
+def sim_validation(table: pd.DataFrame, out: Path):
+    """The simulator's predicted step time against the measured one, per run (log-log, y = x and ±10%)."""
+    if table.empty:
+        return None
+    import statistics
+
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    d = table.assign(**{"model hidden size": [str(h) for h in table["hidden"]],
+                        "ZeRO stage": [str(s) for s in table["stage"]]})
+    sns.scatterplot(data=d, x="measured_ms", y="predicted_ms", hue="model hidden size", style="ZeRO stage", s=60, ax=ax)
+    lo, hi = 0.8 * min(d["measured_ms"].min(), d["predicted_ms"].min()), 1.25 * max(d["measured_ms"].max(), d["predicted_ms"].max())
+    ax.plot([lo, hi], [lo, hi], color="#333", lw=0.8)
+    ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="#999", alpha=0.2, label="±10%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.legend(fontsize=7)
+    errs = [abs(r - 1) for r in d["ratio"]]
+    cap = (f"{len(d)} runs, predicted from a profile of the host without looking at them: median |predicted / "
+           f"measured - 1| = {statistics.median(errs):.1%}, worst {max(errs):.1%}. Profile: "
+           f"{'; '.join(sorted(set(map(str, d['device']))))}.")
+    return _save(fig, out, "sim_validation"), cap

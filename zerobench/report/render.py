@@ -105,6 +105,10 @@ def render(results: list[str], out_dir: str) -> Path:
     res = figures.peers(peers, out)
     if res:
         figs.append({"path": res[0].name, "title": "zerobench vs peers", "caption": res[1]})
+    sim = aggregate.sim_validation_table(df)
+    res = figures.sim_validation(sim, out)
+    if res:
+        figs.append({"path": res[0].name, "title": "Simulator: predicted vs measured step time", "caption": res[1]})
     proj_figs, proj_table = _projections(out)
     figs += proj_figs
     comparison = aggregate.comparison_table(runs, maxsize)
@@ -123,6 +127,8 @@ def render(results: list[str], out_dir: str) -> Path:
         "peers_md": peers.to_markdown(index=False, floatfmt=".3g") if len(peers) else "",
         "offload_html": one_card.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-") if len(one_card) else "",
         "offload_md": one_card.astype(object).where(one_card.notna(), None).to_markdown(index=False, floatfmt=".3g", missingval="-") if len(one_card) else "",
+        "sim_html": sim.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t") if len(sim) else "",
+        "sim_md": sim.to_markdown(index=False, floatfmt=".3g") if len(sim) else "",
         "table1_html": t1.to_html(float_format=lambda x: f"{x:.2f}", classes="t"),
         "table2_html": t2.to_html(index=False, classes="t"),
         "table1_md": t1.to_markdown(floatfmt=".2f"),

@@ -80,6 +80,12 @@ def run_simulate(args: argparse.Namespace) -> int:
                 print(f"fitted on the non-ZeRO runs (stage 0, more than one process): interference "
                       f"{prof.interference:.2f}", file=sys.stderr)
             recs = validate(rows, prof)
+            if args.out:
+                from zerobench.results.outdir import check_fresh_run_dir
+                from zerobench.sim.validate import write_rows
+
+                check_fresh_run_dir(Path(args.out))
+                write_rows(args.out, recs, prof, args.validate)
         except KeyError as e:
             raise ConfigError(str(e.args[0])) from None
         summary = summarize(recs)

@@ -78,3 +78,19 @@ def summarize(records: list[dict]) -> dict:
     worst = max(records, key=lambda r: abs(r["ratio"] - 1))
     return {"runs": len(errs), "median_abs_error": statistics.median(errs), "worst_abs_error": max(errs),
             "worst_run": worst["run_id"]}
+
+
+def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> None:
+    """The validation as rows (run id ``sim-validation``): per measured run, the predicted step time
+    (``sim_predicted_step_time_s``) and predicted ÷ measured (``sim_step_time_ratio``), each with the run,
+    its axes and the profile's device; the report draws them."""
+    from zerobench.results.rows import RowWriter
+
+    w = RowWriter(out_dir, "sim-validation", {"profile_device": prof.device, "interference": prof.interference,
+                                               "measured": str(measured)})
+    for r in records:
+        keys = {"measured_run": r["run_id"], "stage": r["stage"], "dp": r["dp"], "tp": r["tp"], "layers": r["layers"],
+                "hidden": r["hidden"], "measured_s": r["measured_s"], "in_fit": r["in_fit"],
+                "profile_device": prof.device, "breakdown_s": r["breakdown_s"]}
+        w.write("sim_predicted_step_time_s", r["predicted_s"], "s", **keys)
+        w.write("sim_step_time_ratio", r["ratio"], "ratio", **keys)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from zerobench.config import RunFailed
-from zerobench.sim.measure_compute import Shape, time_compute, time_engine_overhead, time_per_element
+from zerobench.sim.measure_compute import Shape, median_time, time_compute, time_engine_overhead, time_per_element
 from zerobench.sim.profile import Curve, Linear, Profile, curve_key, op_key
 
 SIZES = tuple(1 << k for k in range(10, 27, 2))
@@ -66,17 +66,28 @@ def _collective(op: str, full, part, grp, src: int):
     }[op]
 
 
-def _collectives(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]]]:
+def _groups(job: HostJob, rank: int) -> dict:
+    """This rank's group of each size in ``job.groups``: consecutive ranks, every rank in one (``new_group`` is
+    collective, so every rank creates all of them, in the same order); None is the whole world."""
+    import torch.distributed as dist
+
+    out = {}
+    for g in job.groups:
+        pgs = [dist.new_group(list(range(lo, lo + g))) for lo in range(0, job.ranks, g)] if g < job.ranks else [None]
+        out[g] = pgs[rank // g] if g < job.ranks else None
+    return out
+
+
+def _collectives(job: HostJob, groups: dict) -> dict[str, list[tuple[float, float]]]:
     import torch
     import torch.distributed as dist
 
     from zerobench.distributed import collectives as C
 
     out: dict[str, list[tuple[float, float]]] = {}
-    for g in job.groups:
-        pgs = [dist.new_group(list(range(lo, lo + g))) for lo in range(0, job.ranks, g)] if g < job.ranks else [None]
-        grp = C.Group.of(pgs[rank // g] if g < job.ranks else None, "profile")
-        src = dist.get_global_rank(grp.pg or dist.group.WORLD, 0)
+    for g, pg in groups.items():
+        grp = C.Group.of(pg, "profile")
+        src = dist.get_global_rank(pg or dist.group.WORLD, 0)
         for op in OPS:
             pts = []
             for nbytes in job.sizes:
@@ -95,7 +106,7 @@ def _collectives(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]]
     return out
 
 
-def _sync_penalty(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]]]:
+def _sync_penalty(job: HostJob, groups: dict) -> dict[str, list[tuple[float, float]]]:
     """Extra seconds a small blocking all-reduce costs right after T seconds of compute on every rank,
     over the same all-reduce issued in step (behind a barrier): the ranks' skew after computing apart
     (their jitter, time-sharing), which every synchronisation of a step pays. T from 1 to 64 ms."""
@@ -103,11 +114,9 @@ def _sync_penalty(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]
     import torch.distributed as dist
 
     a, t = torch.randn(256, 256), torch.ones(1024)
-    one = _median_seconds(lambda: a @ a, 20)
+    one = median_time(lambda: a @ a, 20)
     out: dict[str, list[tuple[float, float]]] = {}
-    for g in job.groups:
-        pgs = [dist.new_group(list(range(lo, lo + g))) for lo in range(0, job.ranks, g)] if g < job.ranks else [None]
-        pg = pgs[rank // g] if g < job.ranks else None
+    for g, pg in groups.items():
         iso, pts = [], []
         for _ in range(20):
             dist.barrier()
@@ -130,16 +139,6 @@ def _sync_penalty(job: HostJob, rank: int) -> dict[str, list[tuple[float, float]
             pts.append((statistics.median(comp), max(statistics.median(after) - base, 1e-7)))
         out[f"sync|g{g}|r{job.ranks}"] = pts
     return out
-
-
-def _median_seconds(fn, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def _monotone(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -172,8 +171,9 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
         curves = {}
         if job.ranks > 1 and job.groups:
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=job.ranks)
-            curves = _collectives(job, rank)
-            linear.update({k: Linear.fit(v) for k, v in _sync_penalty(job, rank).items()})
+            groups = _groups(job, rank)
+            curves = _collectives(job, groups)
+            linear.update({k: Linear.fit(v) for k, v in _sync_penalty(job, groups).items()})
             dist.destroy_process_group()
         if rank == 0:
             results.put(("ok", ops, curves, linear))

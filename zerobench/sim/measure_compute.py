@@ -118,7 +118,8 @@ def time_compute(shape: Shape, reps: int = 15, warmup: int = 2, barrier=None) ->
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def _median_time(fn, reps: int, barrier=None) -> float:
+def median_time(fn, reps: int, barrier=None) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one warm-up (``barrier()`` before each)."""
     fn()
     ts = []
     for _ in range(reps):
@@ -157,11 +158,11 @@ def time_per_element(barrier=None, kernels: str = "auto") -> dict[str, Linear]:
         grad = torch.randn(n)
         opt = ShardedAdamW(AdamWConfig(), [master], [[(0, n)]], kernel_mode=kernels)
         reps = 3 if n >= 1 << 20 else 10
-        out["adamw"].append((n, _median_time(partial(opt.step, [grad], 1.0), reps, barrier)))
+        out["adamw"].append((n, median_time(partial(opt.step, [grad], 1.0), reps, barrier)))
         src, dst = torch.randn(n), torch.empty(n)
-        out["copy"].append((4 * n, _median_time(partial(dst.copy_, src), reps, barrier)))
-        out["add"].append((4 * n, _median_time(partial(dst.add_, src), reps, barrier)))
-        out["memset"].append((4 * n, _median_time(dst.zero_, reps, barrier)))
+        out["copy"].append((4 * n, median_time(partial(dst.copy_, src), reps, barrier)))
+        out["add"].append((4 * n, median_time(partial(dst.add_, src), reps, barrier)))
+        out["memset"].append((4 * n, median_time(dst.zero_, reps, barrier)))
     return {k: Linear.fit(v) for k, v in out.items()}
 
 

@@ -39,6 +39,11 @@ class StepReplay:
         self.threads = max(1, prof.cores // self.ranks)
         self.stage, self.dp, self.tp = cfg.zero.stage, cfg.dp, cfg.tp
         self.buckets: tuple[Bucket, ...] = engine_buckets(cfg)
+        self.by_unit: dict[int, list[Bucket]] = {}
+        self.by_point: dict[int, list[Bucket]] = {}
+        for b in self.buckets:
+            self.by_unit.setdefault(b.unit, []).append(b)
+            self.by_point.setdefault(b.lands, []).append(b)
         self.elem = cfg.zero.precision.param_dtype.itemsize
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
@@ -98,9 +103,8 @@ class StepReplay:
         if self.stage != 3 or self.dp == 1 or unit in self.gathers:
             return
         last = None
-        for b in self.buckets:
-            if b.unit == unit:
-                last = self.dp_collective("all_gather", b.numel * self.elem, f"gather unit {unit}")
+        for b in self.by_unit.get(unit, ()):
+            last = self.dp_collective("all_gather", b.numel * self.elem, f"gather unit {unit}")
         self.gathers[unit] = last
 
     def need(self, unit: int) -> None:
@@ -114,9 +118,7 @@ class StepReplay:
         self.next_start, self.inflight = 0, []
 
     def land(self, point: int) -> None:
-        for b in self.buckets:
-            if b.lands != point:
-                continue
+        for b in self.by_point.get(point, ()):
             nbytes = b.param_numel * self.elem
             if self.stage >= 2:  # add_grad: the gradients are copied into the staging bucket
                 self.tl.add("staging copy", "compute", self.prof.cost("copy", self.ranks, nbytes), "copy")

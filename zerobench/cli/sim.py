@@ -31,11 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Predict step time, its critical path and TFLOPs of a suite's runs from a "
                                    "profile (discrete-event replay of the engine's schedule), or compare the "
                                    "predictions with measured runs (--validate).")
-    s.add_argument("--profile", required=True, help="a profile's rows (from `zerobench profile`)")
+    s.add_argument("--profile", help="a profile's rows (from `zerobench profile`), or a stated device: v100-dgx2, "
+                                     "v100-dgx2h, a100-dgx, h100-dgx (zerobench/sim/stated.py)")
     s.add_argument("--suite", help="predict every run of this suite")
+    s.add_argument("--paper", action="store_true",
+                   help="predict the paper's figures (100B, 8B-100B, Fig 3, Fig 4) on the stated V100 DGX-2, one factor "
+                        "fitted on Megatron-LM's single-V100 figure, each next to the paper's number")
     s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows")
     s.add_argument("--fit", action="store_true",
                    help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs")
-    s.add_argument("--out", help="with --validate: also write the comparison as rows here (the report draws them)")
+    s.add_argument("--out", help="with --validate or --paper: also write the result as rows here (the report draws them)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_simulate)

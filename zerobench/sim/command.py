@@ -57,8 +57,16 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def _load_profile(path: str):
+    """A measured profile's rows, or a stated device by name (V100s with their fitted compute_scale)."""
     from zerobench.results.rows import read_rows
     from zerobench.sim.profile import Profile
+    from zerobench.sim.stated import DEVICES
+
+    if path in DEVICES:
+        from zerobench.sim.gpu_costs import StatedProfile
+        from zerobench.sim.paper import fitted_profile
+
+        return fitted_profile(path, "hardware")[0] if path.startswith("v100") else StatedProfile(DEVICES[path])
 
     try:
         return Profile.from_rows(read_rows(path))
@@ -71,6 +79,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     from zerobench.sim.simulate import simulate
     from zerobench.sim.validate import fit_interference, summarize, validate
 
+    if args.paper:
+        return _paper(args)
+    if not args.profile:
+        raise ConfigError("give --profile: a profile's rows (`zerobench profile --out DIR`) or a stated device "
+                          "(v100-dgx2, v100-dgx2h, a100-dgx, h100-dgx)")
     prof = _load_profile(args.profile)
     if args.validate:
         try:
@@ -115,4 +128,29 @@ def run_simulate(args: argparse.Namespace) -> int:
         except KeyError as e:
             raise ConfigError(str(e.args[0])) from None
         print(json.dumps({"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers, **r}))
+    return 0
+
+
+def _paper(args: argparse.Namespace) -> int:
+    from zerobench.sim.paper import predict_paper
+    from zerobench.sim.paper_text import format_paper, paper_rows
+    from zerobench.sim.stated import DEVICES
+
+    device = args.profile or "v100-dgx2"
+    if device not in DEVICES or not device.startswith("v100"):
+        raise ConfigError(f"--paper predicts the paper's V100 cluster: give --profile v100-dgx2 (or leave it out), "
+                          f"not {device!r}")
+    if args.out:
+        from zerobench.results.outdir import check_fresh_run_dir
+
+        check_fresh_run_dir(Path(args.out))
+    out = predict_paper(device, progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+    if args.out:
+        from zerobench.results.rows import RowWriter
+
+        w = RowWriter(args.out, "sim-paper", {"device": out["device"], "chosen_convention": out["chosen"]})
+        for row in paper_rows(out):
+            metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
+            w.write(metric, value, unit, **row)
+    print(json.dumps(out, indent=1, default=float) if args.json else format_paper(out))
     return 0

@@ -108,7 +108,14 @@ class Profile:
             raise KeyError(f"the profile of {self.device} has no op {key}: run `zerobench profile` for this shape")
         return self.ops[key]
 
-    def collective(self, op: str, group: int, ranks: int, nbytes: float) -> float:
+    def op_time(self, name: str, **shape) -> float:
+        """Seconds of compute op ``name`` at ``shape`` (the keywords of ``op_key``)."""
+        return self.op(op_key(name, **shape))
+
+    def collective(self, op: str, group: int, ranks: int, nbytes: float, dim: str = "dp", tp: int = 1) -> float:
+        """Seconds of ``op`` moving ``nbytes`` (the unsharded size) over a group of ``group`` ranks, ``ranks``
+        processes in all. ``dim`` (``dp`` or ``tp``) and ``tp`` place the group on a cluster (stated profiles);
+        a measured host profile already reflects its own placement."""
         if group <= 1 or nbytes <= 0:
             return 0.0
         key = curve_key(op, group, ranks)
@@ -122,6 +129,10 @@ class Profile:
         if key not in self.linear:
             raise KeyError(f"the profile of {self.device} has no {key}: run `zerobench profile` with {ranks} processes")
         return self.linear[key].seconds(n)
+
+    def transfer(self, ranks: int, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` between device and host memory (on a CPU host: a copy)."""
+        return self.cost("copy", ranks, nbytes)
 
     def sync_penalty(self, group: int, ranks: int, compute_s: float) -> float:
         """Extra seconds of a blocking collective over ``group`` ranks after ``compute_s`` of compute since

@@ -22,7 +22,7 @@ time in issue order, as a process group runs them). What the engine does, per st
 from __future__ import annotations
 
 from zerobench.sim.layout import Bucket, engine_buckets
-from zerobench.sim.profile import Profile, op_key
+from zerobench.sim.profile import Profile
 from zerobench.sim.replay import Timeline
 from zerobench.train.config import TrainConfig
 
@@ -54,16 +54,16 @@ class StepReplay:
     # -- costs ---------------------------------------------------------------------------------
     def piece(self, name: str) -> float:
         c, m = self.cfg, self.cfg.model
-        return self.prof.op(op_key(name, b=c.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab,
+        return self.prof.op_time(name, b=c.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab,
                                    tp=c.tp, dtype=c.zero.precision.value, kernels=c.kernels,
-                                   checkpoint=c.activation.checkpoint, ranks=self.ranks, threads=self.threads))
+                                   checkpoint=c.activation.checkpoint, ranks=self.ranks, threads=self.threads)
 
     def compute(self, name: str, extra_tp_allreduces: int = 0, tp_bytes: float | None = None) -> None:
         self.tl.add(name, "compute", self.piece(name), "compute")
         nbytes = self.act_bytes if tp_bytes is None else tp_bytes
         for _ in range(extra_tp_allreduces):
             self.skew(self.tp)
-            self.tl.add("tp all_reduce", "compute", self.prof.collective("all_reduce", self.tp, self.ranks, nbytes), "mp_comm")
+            self.tl.add("tp all_reduce", "compute", self.tp_collective("all_reduce", nbytes), "mp_comm")
             self.last_sync = self._compute_end()
 
     def engine(self, per: str) -> None:
@@ -91,8 +91,11 @@ class StepReplay:
             self.skew(self.dp)
             self.last_sync = self._compute_end()
 
+    def tp_collective(self, op: str, nbytes: float) -> float:
+        return self.prof.collective(op, self.tp, self.ranks, nbytes, dim="tp", tp=self.tp)
+
     def dp_collective(self, op: str, nbytes: float, name: str) -> int:
-        t = self.prof.collective(op, self.dp, self.ranks, nbytes)
+        t = self.prof.collective(op, self.dp, self.ranks, nbytes, dim="dp", tp=self.tp)
         idx = self.tl.add(name, "dp", t, "dp_comm", (self.tl.now("compute"),))
         if self.prof.interference and t:  # the collective's threads share the cores the compute runs on
             self.tl.add("collective on the compute's cores", "compute", self.prof.interference * t, "interference")

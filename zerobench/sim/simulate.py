@@ -28,6 +28,8 @@ def _forward(r: StepReplay) -> None:
         if pre and i + 1 < L:
             r.gather(i + 2)
         r.compute("block_fwd", 2 if tp else 0)
+        if r.cfg.activation.cpu_offload:  # P_a+cpu: the block's (partitioned) checkpoint goes to the host
+            r.tl.add("checkpoint to host", "compute", r.prof.transfer(r.ranks, r.act_bytes / r.tp), "offload")
         r.gathers.pop(i + 1, None)  # stage 3 frees a block after its forward
     r.compute("head_fwd", 3 if tp else 0, tp_bytes=r.cfg.micro_batch * r.cfg.model.seq * 4)
     r.gathers.pop(0, None)
@@ -45,9 +47,11 @@ def _backward(r: StepReplay) -> None:
         r.need(i + 1)
         if pre and i >= 1:
             r.gather(i)
+        if ckpt and c.activation.cpu_offload:
+            r.tl.add("checkpoint from host", "compute", r.prof.transfer(r.ranks, r.act_bytes / r.tp), "offload")
         if tp and ckpt and c.activation.partition:
             r.skew(r.tp)
-            t = r.prof.collective("all_gather", r.tp, r.ranks, r.act_bytes)
+            t = r.tp_collective("all_gather", r.act_bytes)
             r.tl.add("P_a all_gather", "compute", t, "mp_comm")
             r.last_sync = r._compute_end()
         r.compute("block_bwd", ((4 if ckpt else 2) if tp else 0))
@@ -63,10 +67,10 @@ def _step(r: StepReplay) -> None:
     n_local = sum(b.shard_numel for b in r.buckets)
     offload = r.cfg.zero.offload_optimizer != "none"
     if offload:  # the gradient partition goes to the host, the updated parameters come back
-        r.tl.add("grads to host", "compute", r.prof.cost("copy", r.ranks, n_local * r.elem), "offload")
+        r.tl.add("grads to host", "compute", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
     r.tl.add("optimizer step", "compute", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
     if offload:
-        r.tl.add("params to device", "compute", r.prof.cost("copy", r.ranks, n_local * r.elem), "offload")
+        r.tl.add("params to device", "compute", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
     if r.stage in (1, 2) and r.dp > 1:
         for b in r.buckets:
             r.dp_collective("all_gather", b.numel * r.elem, f"publish bucket {b.index}")
@@ -96,5 +100,6 @@ def simulate(cfg: TrainConfig, prof: Profile, ranks: int | None = None) -> dict:
         "tflops_per_gpu": model_fpt * tokens / step / 1e12,
         "hw_tflops_per_gpu": hw_fpt * tokens / step / 1e12,
         "pflops_aggregate": model_fpt * tokens / step / 1e12 * cfg.world_size / 1e3,
+        "hw_pflops_aggregate": hw_fpt * tokens / step / 1e12 * cfg.world_size / 1e3,
         "timeline": r.tl,
     }

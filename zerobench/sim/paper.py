@@ -1,0 +1,225 @@
+"""The paper's cluster figures predicted by the simulator on a stated V100 DGX-2 profile, next to the paper.
+
+One free factor, the device's ``compute_scale``, is fitted on one non-ZeRO anchor: Megatron-LM's single-V100
+baseline (1.2B parameters, 39 TFLOP/s; Shoeybi et al. 2019, arXiv 1909.08053). A second Megatron-LM figure
+(8.3B on 512 V100s, MP 8 x DP 64: 15.1 PFLOP/s) is predicted, not fitted. Every ZeRO figure is predicted:
+the 100B model at 400 GPUs, the 8B-100B average, Fig 3's 60B scaling from 64 to 400 GPUs (with the
+critical path that explains it, at the paper's batch and at the largest batch the memory planner fits) and
+Fig 4's DP-only points (throughput, and the largest model the planner fits, next to the paper's).
+
+FLOP convention: neither paper prints its formula. Megatron-LM's later count (Narayanan et al. 2021) includes
+the recompute pass (hardware FLOPs); DeepSpeed's reports follow Megatron-LM's. Both readings are computed,
+each with its own fit of the anchor read the same way, and the one under which the *predicted* Megatron-LM
+anchor comes out closer is named as the one the figures agree with (a choice made on non-ZeRO data only).
+The ZeRO figures are read in the same convention as Megatron-LM's (the paper builds on its code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from zerobench.sim.gpu_costs import StatedProfile
+from zerobench.sim.stated import DEVICES
+
+CONVENTIONS = {"hardware": ("hw_tflops_per_gpu", "hw_pflops_aggregate"),
+               "model": ("tflops_per_gpu", "pflops_aggregate")}
+"""Convention -> the simulation's (TFLOP/s per GPU, aggregate PFLOP/s) keys: with and without the recompute."""
+
+MEGATRON_SRC = "Shoeybi et al. 2019, Megatron-LM (arXiv 1909.08053), abstract and Table 1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """A published non-ZeRO figure on V100s."""
+
+    what: str
+    run: dict
+    """The run as suite keys (``bench.spec.RunSpec``)."""
+    device: str
+    kind: str
+    """``tflops`` (per GPU) or ``pflops`` (aggregate)."""
+    value: float
+    source: str
+    fitted: bool
+
+
+ANCHORS = (
+    Anchor("Megatron-LM 1.2B on one V100",
+           dict(layers=40, hidden=1536, heads=16, gpus=1, tp=1, micro_batch=8), "v100-dgx2h",
+           "tflops", 39.0, MEGATRON_SRC, True),
+    Anchor("Megatron-LM 8.3B on 512 V100 (MP 8 x DP 64)",
+           dict(layers=72, hidden=3072, heads=32, gpus=512, tp=8, micro_batch=8), "v100-dgx2h",
+           "pflops", 15.1, MEGATRON_SRC, False),
+)
+"""Both: seq 1024, GPT-2 vocabulary padded as Megatron-LM does, fp16, activation checkpointing, Megatron's
+data parallelism (one all-reduce of all gradients after backward)."""
+
+_MEGATRON_BASE = dict(seq=1024, vocab=50257, precision="fp16", checkpoint_activations=True, system="megatron",
+                      stage=0, bucket_size=None)
+
+
+def train_config(run: dict):
+    """A suite row (or anchor) resolved as a sweep resolves it (planner mode: the system not checked)."""
+    from zerobench.bench.spec import FIELDS, RunSpec, to_train_config
+
+    return to_train_config(RunSpec(**{k: v for k, v in run.items() if k in FIELDS}), check_system=False)
+
+
+def _sim(run: dict, prof: StatedProfile) -> dict:
+    from zerobench.sim.simulate import simulate
+
+    r = simulate(train_config(run), prof)
+    r.pop("timeline")
+    return r
+
+
+def fitted_profile(device: str, convention: str) -> tuple[StatedProfile, dict]:
+    """``device``'s stated profile with ``compute_scale`` fitted on the single-GPU anchor read in
+    ``convention``. One GPU has no collectives, so its step time is exactly proportional to the scale:
+    one simulation solves it."""
+    a = ANCHORS[0]
+    unit = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=1.0))
+    got = _value(_sim({**_MEGATRON_BASE, **a.run}, unit), a.kind, convention)
+    scale = got / a.value
+    return StatedProfile(dataclasses.replace(DEVICES[device], compute_scale=scale)), {
+        "factor": "compute_scale", "value": scale, "fitted_on": a.what, "anchor": a.value, "source": a.source,
+        "unfitted_prediction": got}
+
+
+def _value(sim: dict, kind: str, convention: str) -> float:
+    tflops, pflops = CONVENTIONS[convention]
+    return sim[tflops if kind == "tflops" else pflops]
+
+
+def _unit(kind: str, convention: str) -> str:
+    what = "TFLOP/s per GPU" if kind == "tflops" else "PFLOP/s in all"
+    return f"{what} ({convention} FLOPs)"
+
+
+def _claim(what: str, paper: float, bound: str, ours: float, unit: str, source: str, sim: dict | None = None,
+           fitted: bool = False) -> dict:
+    """One figure next to the paper's. ``bound``: how the paper states it ("" exact, ">"/"over" a floor,
+    "<"/"less than" a ceiling, "about", "up to")."""
+    holds = {">": ours > paper, "over": ours > paper, "<": ours < paper, "less than": ours < paper}.get(bound)
+    return {"what": what, "paper": paper, "bound": bound, "simulated": ours, "unit": unit, "error": ours / paper - 1,
+            "bound_holds": holds, "source": source, "fitted": fitted,
+            "breakdown_s": (sim or {}).get("breakdown_s"), "step_time_s": (sim or {}).get("step_time_s")}
+
+
+def _rows(suite: str) -> list[dict]:
+    from zerobench.plan.suites import load_suite
+
+    s = load_suite(suite)
+    return [{**s.get("base", {}), **r} for r in s["runs"]]
+
+
+def largest_batch(run: dict, mem_bytes: float) -> int:
+    """The largest micro-batch the memory planner fits for ``run`` (0 if none)."""
+    from zerobench.bench.search import largest_fitting
+    from zerobench.bench.spec import FIELDS, RunSpec
+    from zerobench.plan.memory_model import memory_per_gpu
+    from zerobench.plan.suites import plan_config
+
+    def fits(b: int) -> bool:
+        spec = RunSpec(**{k: v for k, v in {**run, "micro_batch": b}.items() if k in FIELDS})
+        return bool(memory_per_gpu(plan_config(spec, 16, mem_bytes))["fits"])
+
+    return largest_fitting(fits, 4096)
+
+
+def simulate_figures(prof: StatedProfile, mem_bytes: float, say) -> dict:
+    """The paper's runs replayed on ``prof``: Fig 2 and Fig 4 by label; Fig 3 at the paper's micro-batch and
+    at the largest the memory planner fits."""
+    figs: dict = {"fig2": {}, "fig3": [], "fig4": {}}
+    for fig in ("fig2", "fig4"):
+        for run in _rows(f"paper/{fig}"):
+            say(f"{fig} {run['label']}")
+            figs[fig][run["label"]] = _sim(run, prof)
+    for run in _rows("paper/fig3"):
+        say(f"fig3 60B on {run['gpus']} GPUs")
+        best = largest_batch(run, mem_bytes)
+        figs["fig3"].append({"gpus": run["gpus"], "micro_batch": run["micro_batch"], "at_paper_batch": _sim(run, prof),
+                             "planner_micro_batch": best,
+                             "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None})
+    return figs
+
+
+SIZES_8_100 = ("8B", "20B", "40B", "60B", "80B", "100B")
+FIG2_SIZES = ("1.5B", *SIZES_8_100, "120B", "140B", "170B")
+
+
+def claims(figs: dict, convention: str) -> list[dict]:
+    """The paper's throughput statements against the simulated runs, read in ``convention``."""
+    f2, f4, t = figs["fig2"], figs["fig4"], "tflops"
+    v = lambda sim, kind=t: _value(sim, kind, convention)  # noqa: E731
+    out = [_claim("ZeRO 100B on 400 V100", 38.0, ">", v(f2["100B ZeRO"]), _unit(t, convention), "paper §1 'Speed'",
+                  f2["100B ZeRO"]),
+           _claim("ZeRO 8B-100B on 400 V100, average aggregate", 15.0, "",
+                  statistics.mean(v(f2[f"{s} ZeRO"], "pflops") for s in SIZES_8_100), _unit("pflops", convention),
+                  "paper §10.2")]
+    speedup = {s: v(f2[f"{s} ZeRO"]) / v(f2[f"{s} Baseline"]) for s in FIG2_SIZES}
+    best = max(speedup, key=speedup.get)
+    out.append(_claim(f"speedup over Megatron-LM, the largest (at {best})", 10.0, "up to", speedup[best], "x",
+                      "paper §1, §10.2"))
+    out.append(_claim("Megatron-LM 40B across nodes (MP 32)", 5.0, "about", v(f2["40B Baseline"]), _unit(t, convention),
+                      "paper §1", f2["40B Baseline"]))
+    zero4 = [sim for label, sim in f4.items() if "ZeRO" in label]
+    out.append(_claim("Fig 4: ZeRO-DP 1.5B-13B on 128 GPUs, average", 40.0, "over",
+                      statistics.mean(v(s) for s in zero4), _unit(t, convention), "paper §10.4"))
+    out.append(_claim("Fig 4: the largest DDP baseline (1.38B) on 128 GPUs", 20.0, "less than",
+                      v(f4["1.38B Baseline(DDP)"]), _unit(t, convention), "paper §10.4", f4["1.38B Baseline(DDP)"]))
+    return out
+
+
+def max_size_claims(mem_bytes: float) -> list[dict]:
+    out = []
+    for what, run, paper in FIG4_MAX_SIZE:
+        got = max_size(run, mem_bytes)
+        out.append(_claim(what, paper, "", got["max_params"] / 1e9, "B parameters (memory planner)",
+                          "paper Fig 4 and its appendix table"))
+    return out
+
+
+def predict_paper(device: str = "v100-dgx2", progress=None) -> dict:
+    """Both conventions' fits, anchors, simulated figures and claims, and which convention the predicted
+    Megatron-LM anchor supports (``chosen``)."""
+    say = progress or (lambda msg: None)
+    mem = DEVICES[device].mem_bytes
+    out: dict = {"device": DEVICES[device].name, "conventions": {}, "max_size": max_size_claims(mem)}
+    for conv in CONVENTIONS:
+        prof, fit = fitted_profile(device, conv)
+        say(f"{conv} FLOPs: compute_scale {fit['value']:.3f} fitted on {fit['fitted_on']}")
+        anchors = []
+        for a in ANCHORS:
+            sim = _sim({**_MEGATRON_BASE, **a.run}, prof.__class__(dataclasses.replace(DEVICES[a.device],
+                                                                                      compute_scale=fit["value"])))
+            anchors.append(_claim(a.what, a.value, "", _value(sim, a.kind, conv), _unit(a.kind, conv), a.source, sim,
+                                  fitted=a.fitted))
+        figs = simulate_figures(prof, mem, say)
+        out["conventions"][conv] = {"fit": fit, "anchors": anchors, "claims": claims(figs, conv), "figures": figs}
+    err = {c: abs(r["anchors"][1]["error"]) for c, r in out["conventions"].items()}
+    out["chosen"] = min(err, key=err.get)
+    out["chosen_because"] = (f"the predicted anchor ({ANCHORS[1].what}) is off by {err[out['chosen']]:.0%} read as "
+                             f"{out['chosen']} FLOPs, {max(err.values()):.0%} the other way")
+    return out
+
+
+FIG4_MAX_SIZE = (
+    ("Fig 4: largest ZeRO (P_os+g) model, 128 GPUs, h 4096, micro-batch 2",
+     dict(gpus=128, tp=1, hidden=4096, heads=32, micro_batch=2, stage=2, bucket_size=500_000_000, md=True), 13.0),
+    ("Fig 4: largest DDP model, 128 GPUs, h 1536, micro-batch 1",
+     dict(gpus=128, tp=1, hidden=1536, heads=16, micro_batch=1, stage=0, bucket_size=None), 1.38),
+)
+"""The DP-only max-size points: the paper's largest trained model of each kind at its shape and batch."""
+
+
+def max_size(run: dict, mem_bytes: float) -> dict:
+    """The memory planner's largest model (by layers) for ``run`` on ``mem_bytes`` GPUs (seq 1024, GPT-2
+    vocabulary, fp16, checkpointing, as the paper's runs)."""
+    from zerobench.bench.spec import FIELDS, RunSpec
+    from zerobench.plan.suites import plan_config
+    from zerobench.plan.tables import max_size as solve
+
+    full = {"seq": 1024, "vocab": 50257, "precision": "fp16", "checkpoint_activations": True, "layers": 1, **run}
+    return solve(plan_config(RunSpec(**{k: v for k, v in full.items() if k in FIELDS}), 16, mem_bytes))

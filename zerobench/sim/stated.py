@@ -1,0 +1,132 @@
+"""Stated hardware: the figures a profile of a GPU cluster we cannot run is built from, each with its source.
+
+A ``StatedDevice`` is data: peaks and bandwidths from vendor data sheets, achieved fractions from published
+measurements (nccl-tests, GEMM benchmarks), and assumptions marked as such. ``stated_profile`` turns one
+into a ``Profile`` the replay can use (``zerobench.sim.gpu_costs``). The one free factor per device,
+``compute_scale`` (how much slower the framework's kernels run than the roofline of their FLOPs and bytes),
+is fitted on a non-ZeRO anchor in ``zerobench.sim.paper`` and printed with it; every ZeRO figure of the
+paper stays out of the fit.
+
+Sources (cited by address; figures are read from them, nothing is copied):
+- [v100-ds] NVIDIA Tesla V100 data sheet: 125 TFLOP/s fp16 tensor core (SXM3 32 GB, 130 in DGX-2H's
+  higher-clocked V100s, which is what Megatron-LM's "39 TFLOP/s = 30% of peak" implies), 15.7 TFLOP/s fp32,
+  900 GB/s HBM2.
+- [dgx2] NVIDIA DGX-2 data sheet and the ZeRO paper's §10.1: 16 GPUs on NVSwitch, 8 x 100 Gb/s EDR
+  InfiniBand per node; PCIe gen3 x16 to the host.
+- [a100-ds], [h100-ds] NVIDIA A100 (312 TFLOP/s bf16, 2.0 TB/s HBM2e, 80 GB) and H100 SXM (989 TFLOP/s
+  dense bf16, 3.35 TB/s HBM3, 80 GB) data sheets; DGX A100 (8 x 200 Gb/s HDR) and DGX H100 (8 x 400 Gb/s NDR).
+- [gemm-v100] A public V100 fp16 matmul benchmark: about 85 TFLOP/s at 8192^3
+  (https://raw.githubusercontent.com/yaroslavvb/stuff/master/matmul_benchmark_seq.py), i.e. 0.68 of peak;
+  NVIDIA's "Matrix Multiplication Background" guide
+  (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/) for why smaller
+  GEMMs fall below it (tile and wave quantisation, arithmetic intensity: the roofline used here).
+- [nccl-issue] Issue #22's stated figures: 8 x V100 NVLink all-reduce plateaus near 130 GB/s bus bandwidth
+  with ~60 us latency; 100 Gb/s IB gives about 12 GB/s per card.
+- [assumed] Assumptions with no measurement behind them here; each is named where used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StatedDevice:
+    """One GPU node type, as stated figures (SI units: FLOP/s, bytes/s, seconds)."""
+
+    name: str
+    """What the profile is for, e.g. ``V100-SXM3-32GB DGX-2 (stated)``."""
+    peak_flops: float
+    """Dense fp16/bf16 tensor-core peak per GPU."""
+    peak_flops_fp32: float
+    """fp32 (or TF32 where the framework uses it) peak per GPU."""
+    hbm_bw: float
+    """Device memory bandwidth per GPU."""
+    mem_bytes: float
+    """Device memory per GPU."""
+    gpus_per_node: int
+    """GPUs per node (one NVLink/NVSwitch domain)."""
+    gemm_eff: float
+    """Fraction of ``peak_flops`` a large GEMM reaches (the roofline's compute ceiling)."""
+    mem_eff: float
+    """Fraction of ``hbm_bw`` an elementwise kernel reaches (the roofline's memory ceiling)."""
+    kernel_floor_s: float
+    """Shortest time of any kernel (launch and tail)."""
+    intra_busbw: float
+    """All-reduce bus bandwidth inside a node (nccl-tests' busbw plateau)."""
+    intra_alpha_s: float
+    """Latency of a collective inside a node."""
+    nic_bw: float
+    """Achieved bandwidth of one network card."""
+    nics_per_node: int
+    """Network cards per node; every GPU of the node shares them."""
+    inter_alpha_s: float
+    """Latency of a collective that crosses nodes."""
+    host_bw: float
+    """Device <-> host copy bandwidth per GPU (pinned memory)."""
+    adam_bytes_per_element: float = 32.0
+    """Bytes one fused Adam step moves per parameter: fp32 master, momentum, variance read and written (24),
+    the 2-byte gradient read, the 2-byte parameter written, and the 4-byte fp32 gradient it works on
+    [assumed: apex FusedAdam-style kernel, memory bound]."""
+    compute_scale: float = 1.0
+    """The free factor: compute time = roofline time x this (fitted per device on a non-ZeRO anchor)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Field name -> where its value comes from."""
+
+    @property
+    def node_net_bw(self) -> float:
+        return self.nic_bw * self.nics_per_node
+
+
+_V100_SOURCES = {
+    "peak_flops": "[v100-ds] 125 TFLOP/s fp16 tensor core (SXM3)",
+    "peak_flops_fp32": "[v100-ds] 15.7 TFLOP/s fp32",
+    "hbm_bw": "[v100-ds] 900 GB/s HBM2",
+    "mem_bytes": "[v100-ds] 32 GB (the paper's GB = 1e9 bytes)",
+    "gpus_per_node": "[dgx2] 16 V100 on NVSwitch",
+    "gemm_eff": "[gemm-v100] ~85 TFLOP/s at 8192^3 fp16 = 0.68 of 125",
+    "mem_eff": "[assumed] elementwise kernels at 80% of HBM bandwidth",
+    "kernel_floor_s": "[assumed] 5 us per kernel (launch latency; PyTorch eager issues one per op)",
+    "intra_busbw": "[nccl-issue] ~130 GB/s all-reduce bus bandwidth over NVLink/NVSwitch",
+    "intra_alpha_s": "[nccl-issue] ~60 us all-reduce latency inside a node",
+    "nic_bw": "[nccl-issue] 100 Gb/s EDR IB gives about 12 GB/s per card",
+    "nics_per_node": "[dgx2] 8 x 100 Gb/s EDR per DGX-2",
+    "inter_alpha_s": "[assumed] twice the intra-node latency when a ring crosses nodes",
+    "host_bw": "[assumed] 12 GB/s pinned copies over PCIe gen3 x16 [dgx2]",
+}
+
+
+def _v100(name: str, peak: float, note: str) -> StatedDevice:
+    return StatedDevice(
+        name=name, peak_flops=peak, peak_flops_fp32=15.7e12, hbm_bw=900e9, mem_bytes=32e9, gpus_per_node=16,
+        gemm_eff=0.68, mem_eff=0.8, kernel_floor_s=5e-6, intra_busbw=130e9, intra_alpha_s=60e-6, nic_bw=12e9,
+        nics_per_node=8, inter_alpha_s=120e-6, host_bw=12e9,
+        sources={**_V100_SOURCES, "peak_flops": note})
+
+
+DEVICES: dict[str, StatedDevice] = {
+    # The ZeRO paper's cluster: 25 DGX-2 (V100-SXM3-32GB).
+    "v100-dgx2": _v100("V100-SXM3-32GB DGX-2 (stated)", 125e12, _V100_SOURCES["peak_flops"]),
+    # Megatron-LM's 2019 cluster: DGX-2H (the same node with 450 W, higher-clocked V100s).
+    "v100-dgx2h": _v100("V100-SXM3-32GB DGX-2H (stated)", 130e12,
+                        "[v100-ds] 130 TFLOP/s: Megatron-LM states 39 TFLOP/s is 30% of peak on its DGX-2H"),
+    "a100-dgx": StatedDevice(
+        name="A100-SXM4-80GB DGX A100 (stated, uncalibrated)", peak_flops=312e12, peak_flops_fp32=156e12,
+        hbm_bw=2.0e12, mem_bytes=80e9, gpus_per_node=8, gemm_eff=0.8, mem_eff=0.8, kernel_floor_s=4e-6,
+        intra_busbw=230e9, intra_alpha_s=30e-6, nic_bw=24e9, nics_per_node=8, inter_alpha_s=60e-6, host_bw=24e9,
+        sources={"peak_flops": "[a100-ds] 312 TFLOP/s bf16; 156 TF32", "hbm_bw": "[a100-ds] 2.0 TB/s",
+                 "gemm_eff": "[assumed] 0.8 of peak for large bf16 GEMMs",
+                 "intra_busbw": "[assumed] ~230 GB/s all-reduce bus bandwidth over NVLink3 (600 GB/s per GPU)",
+                 "nic_bw": "[a100-ds] 200 Gb/s HDR = 25 GB/s line rate; 24 GB/s achieved [assumed]",
+                 "host_bw": "[assumed] PCIe gen4 x16 pinned copies"}),
+    "h100-dgx": StatedDevice(
+        name="H100-SXM5-80GB DGX H100 (stated, uncalibrated)", peak_flops=989e12, peak_flops_fp32=495e12,
+        hbm_bw=3.35e12, mem_bytes=80e9, gpus_per_node=8, gemm_eff=0.7, mem_eff=0.8, kernel_floor_s=3e-6,
+        intra_busbw=450e9, intra_alpha_s=25e-6, nic_bw=48e9, nics_per_node=8, inter_alpha_s=50e-6, host_bw=50e9,
+        sources={"peak_flops": "[h100-ds] 989 TFLOP/s dense bf16; 495 TF32", "hbm_bw": "[h100-ds] 3.35 TB/s",
+                 "gemm_eff": "[assumed] 0.7 of peak for large bf16 GEMMs",
+                 "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",
+                 "nic_bw": "[h100-ds] 400 Gb/s NDR = 50 GB/s line rate; 48 GB/s achieved [assumed]",
+                 "host_bw": "[assumed] PCIe gen5 x16 pinned copies"}),
+}
+"""Stated devices by the name ``--profile`` takes (the ``cluster.hardware`` of the paper's suites)."""

@@ -34,7 +34,7 @@ def test_report_files(report):
     html = (report / "index.html").read_text()
     figs = re.findall(r'<img class="fig" src="([^"]+)"', html)
     assert {"memory_ledger.png", "comm_volume.png", "throughput.png", "loss_curves.png",
-            "proj_fig2.png", "proj_fig3.png", "proj_fig4.png",
+            "sim_fig2.png", "sim_fig3.png", "sim_fig4.png", "sim_fig8.png",
             "fig2_measured.png", "fig3_measured.png", "fig4_measured.png", "fig678_measured.png"} <= set(figs)
     for f in figs:
         assert (report / f).stat().st_size > 10_000
@@ -42,6 +42,9 @@ def test_report_files(report):
     md = (report / "summary.md").read_text()
     assert "Baseline DP vs ZeRO" in md and "vs_DP_memory" in md
     assert "Table 1" in md and "7.5B P_os" in md
+    # the paper's cluster figures come from the simulator (the recorded prediction), next to the paper's
+    assert "The paper's figures, simulated" in md and "ZeRO 100B on 400 V100" in md and "> 38" in md
+    assert "Fig 4: largest ZeRO (P_os+g) model" in md and "Fig 3 (simulated)" in html
     # the max-model-size column comes from the maxsize rows of the same configuration (tiny, bf16, DP 2):
     # stage 3 fits 1.80x the parameters of stage 0 within 4 MiB
     assert "max_model_M_params" in md and "vs_DP_max_model" in md

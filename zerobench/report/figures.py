@@ -121,32 +121,6 @@ def loss_curves(losses: pd.DataFrame, out: Path):
     return _save(fig, out, "loss_curves"), "Training loss per step for every run (same seed and data across stages)."
 
 
-def projection(rows: list[dict], claims: dict, out: Path, name: str, title: str, x: str):
-    d = pd.DataFrame(rows)
-    if d.empty:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 4))
-    if x == "gpus":
-        d = d.sort_values("gpus")
-        ax.plot(d["gpus"], d["aggregate_pflops"], "o-", label="projected aggregate PFLOPs")
-        ref = d.iloc[0]
-        ax.plot(d["gpus"], ref["aggregate_pflops"] * d["gpus"] / ref["gpus"], "k--", label="linear scaling")
-        ax.set_xlabel("GPUs")
-        ax.set_ylabel("PFLOP/s")
-    else:
-        d["size"] = [lbl.split()[0] for lbl in d["label"]]
-        d["system"] = ["ZeRO" if "ZeRO" in lbl else "baseline" for lbl in d["label"]]
-        sns.barplot(data=d, x="size", y="hw_tflops_per_gpu", hue="system", ax=ax)
-        ax.set_ylabel("TFLOP/s per GPU")
-        ax.set_xlabel("model size")
-    for label, (value, xpos) in claims.items():
-        ax.axhline(value, color="crimson", ls=":", lw=1)
-        ax.text(xpos, value, f" paper: {label}", color="crimson", fontsize=7, va="bottom")
-    ax.set_title(title + "\nprojection (model), not a measurement", fontsize=10)
-    ax.legend(fontsize=7)
-    return _save(fig, out, name), None
-
-
 def peers(table: pd.DataFrame, out: Path):
     """zerobench's stages next to the peers: step time relative to torch-ddp and peak live memory."""
     d = table[table["time_vs_torch_ddp"].notna()] if len(table) else table

@@ -1,14 +1,13 @@
 """``zerobench report``: rows -> figures -> one self-contained HTML page and a Markdown summary.
 
 Figures are PNG files next to ``index.html``; the Markdown summary (for a pull-request comment) holds
-the provenance, the DP-vs-ZeRO comparison and the paper's tables. The projection figures for the paper's
-Figs 2-4 come from ``zerobench.plan`` with its stated assumptions; they are labelled as projections, and
-the paper's stated numbers are drawn as labelled reference markers.
+the provenance, the DP-vs-ZeRO comparison and the paper's tables. The cluster-scale figures for the paper's
+Figs 2, 3, 4 and 8 come from the simulator on the stated V100 DGX-2 (``report.sim_figures``); they are
+labelled as simulated, and the paper's stated numbers are drawn as labelled reference markers.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import jinja2
 import pandas as pd
 
 from zerobench.config import ConfigError
-from zerobench.report import aggregate, figures, paper_figures
+from zerobench.report import aggregate, figures, paper_figures, sim_figures
 from zerobench.report.offload import offload_table
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
@@ -38,36 +37,6 @@ def _provenance(df: pd.DataFrame) -> dict:
         "runs": df["run_id"].nunique(),
         "rows": len(df),
     }
-
-
-def _projections(out: Path) -> tuple[list[dict], list[dict]]:
-    from zerobench.plan.memory_model import memory_per_gpu
-    from zerobench.plan.perf_model import HARDWARE, project
-    from zerobench.plan.suites import load_suite, plan_configs
-
-    hw = HARDWARE["v100-dgx2"]
-    figs, table = [], []
-    specs = [("paper/fig2", "proj_fig2", "Fig 2: throughput vs model size, 400 V100", "size",
-              {">38 TFLOPs/GPU at 100B": (38.0, 5.6)}),
-             ("paper/fig3", "proj_fig3", "Fig 3: 60B on 64-400 GPUs", "gpus", {}),
-             ("paper/fig4", "proj_fig4", "Fig 4: DP only, 128 GPUs", "size",
-              {">40 TFLOPs/GPU average (ZeRO)": (40.0, -0.4), "<20 TFLOPs/GPU, DDP 1.4B": (20.0, 8.6)})]
-    for suite, name, title, x, claims in specs:
-        rows = []
-        for r, suite_plan in plan_configs(load_suite(suite)):
-            p = dataclasses.replace(suite_plan, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
-            proj = project(p, hw)
-            rows.append({"label": r["label"], "gpus": p.gpus, "mp": p.mp, "fits": memory_per_gpu(p)["fits"], **proj})
-        res = figures.projection(rows, claims, out, name, title, x)
-        if res:
-            figs.append({"path": res[0].name, "title": title + " (projection)",
-                         "caption": "Projected by zerobench plan on the V100 DGX-2 profile: efficiency 0.5 of peak, "
-                                    "half of backward hides DP traffic, MP traffic exposed; red markers are the "
-                                    "paper's statements. Not fitted to the paper."})
-        table += [{"figure": suite.split("/")[1], **{k: row[k] for k in ("label", "gpus", "mp", "fits")},
-                   "TFLOPs/GPU": round(row["hw_tflops_per_gpu"], 1), "PFLOPs": round(row["aggregate_pflops"], 2)}
-                  for row in rows]
-    return figs, table
 
 
 def render(results: list[str], out_dir: str) -> Path:
@@ -109,8 +78,9 @@ def render(results: list[str], out_dir: str) -> Path:
     res = figures.sim_validation(sim, out)
     if res:
         figs.append({"path": res[0].name, "title": "Simulator: predicted vs measured step time", "caption": res[1]})
-    proj_figs, proj_table = _projections(out)
-    figs += proj_figs
+    predicted = sim_figures.prediction_rows(df)
+    figs += sim_figures.simulated_figures(predicted, out)
+    paper_claims = sim_figures.claims_table(predicted)
     comparison = aggregate.comparison_table(runs, maxsize)
     one_card = offload_table(df)
     t1 = pd.DataFrame(table1()).set_index("dp")
@@ -133,8 +103,8 @@ def render(results: list[str], out_dir: str) -> Path:
         "table2_html": t2.to_html(index=False, classes="t"),
         "table1_md": t1.to_markdown(floatfmt=".2f"),
         "table2_md": t2.to_markdown(index=False),
-        "projection_html": pd.DataFrame(proj_table).to_html(index=False, classes="t"),
-        "projection_md": pd.DataFrame(proj_table).to_markdown(index=False),
+        "paper_sim_html": paper_claims.to_html(index=False, classes="t") if len(paper_claims) else "",
+        "paper_sim_md": paper_claims.to_markdown(index=False) if len(paper_claims) else "",
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html"]))
     (out / "index.html").write_text(env.get_template("report.html.j2").render(**ctx))

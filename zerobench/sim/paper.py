@@ -129,9 +129,9 @@ def largest_batch(run: dict, mem_bytes: float) -> int:
 
 
 def simulate_figures(prof: StatedProfile, mem_bytes: float, say) -> dict:
-    """The paper's runs replayed on ``prof``: Fig 2 and Fig 4 by label; Fig 3 at the paper's micro-batch and
-    at the largest the memory planner fits."""
-    figs: dict = {"fig2": {}, "fig3": [], "fig4": {}}
+    """The paper's runs replayed on ``prof``: Fig 2 and Fig 4 by label; Fig 3 (60B, 64-400 GPUs) and Fig 8
+    (60B, C1-C5) at the paper's micro-batch and at the largest the memory planner fits."""
+    figs: dict = {"fig2": {}, "fig3": [], "fig4": {}, "fig8": []}
     for fig in ("fig2", "fig4"):
         for run in _rows(f"paper/{fig}"):
             say(f"{fig} {run['label']}")
@@ -142,7 +142,26 @@ def simulate_figures(prof: StatedProfile, mem_bytes: float, say) -> dict:
         figs["fig3"].append({"gpus": run["gpus"], "micro_batch": run["micro_batch"], "at_paper_batch": _sim(run, prof),
                              "planner_micro_batch": best,
                              "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None})
+    for c, b in zip(("C1", "C2", "C3", "C4", "C5"), FIG8_BATCHES):
+        run = {**_c_config(c), **FIG8_RUN, "micro_batch": b}
+        say(f"fig8 60B {c}")
+        best = largest_batch(run, mem_bytes)
+        figs["fig8"].append({"config": c, "micro_batch": b, "at_paper_batch": _sim(run, prof),
+                             "planner_micro_batch": best,
+                             "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None})
     return figs
+
+
+FIG8_RUN = dict(layers=75, hidden=8192, heads=64, gpus=128, tp=16)
+FIG8_BATCHES = (2, 4, 32, 32, 8)
+"""Fig 8's 60B on 128 GPUs (``shared/paper/fig7_fig8_configs.csv``): C1..C5's micro-batches, in that order."""
+
+
+def _c_config(name: str) -> dict:
+    """C1-C5's ZeRO and ZeRO-R settings (stage, P_a, P_a+cpu, C_B, M_D) from ``suites/paper/c1_c5.yaml``."""
+    keep = ("seq", "vocab", "precision", "checkpoint_activations", "md", "bucket_size", "system", "stage", "pa", "pa_cpu")
+    row = next(r for r in _rows("paper/c1_c5") if r.get("config") == name)
+    return {k: v for k, v in row.items() if k in keep}
 
 
 SIZES_8_100 = ("8B", "20B", "40B", "60B", "80B", "100B")

@@ -46,6 +46,14 @@ def format_paper(out: dict) -> str:
         prev = (f["gpus"], pf)
     lines.append("  where it is superlinear, the micro-batch grew: P_os+g over more DP ranks frees memory for it, and a "
                  "larger batch does the same DP traffic per step in more compute (dp_comm's share falls)")
+    lines.append(f"\nFig 8, 60B on 128 GPUs (MP 16), C1-C5 ({conv} FLOPs) at the paper's micro-batch and at the largest "
+                 "the memory planner fits:")
+    for f in r["figures"]["fig8"]:
+        key = "hw_tflops_per_gpu" if conv == "hardware" else "tflops_per_gpu"
+        best = f["at_planner_batch"]
+        lines.append(f"  {f['config']}  micro-batch {f['micro_batch']:>3}: {f['at_paper_batch'][key]:6.1f} TFLOP/s per GPU"
+                     f"   planner's {f['planner_micro_batch']:>3}: " + (f"{best[key]:6.1f}" if best else "  none fits")
+                     + f"   critical path at the paper's: {_path(f['at_paper_batch']['breakdown_s'])}")
     other = next(c for c in out["conventions"] if c != conv)
     o = out["conventions"][other]
     lines.append(f"\nread as {other} FLOPs instead (compute_scale {o['fit']['value']:.3f}):")
@@ -67,13 +75,23 @@ def paper_rows(out: dict) -> list[dict]:
         for label, sim in r["figures"]["fig4"].items():
             rows.append(_fig_row("fig4", label, sim, conv, out, r))
         for f in r["figures"]["fig3"]:
-            rows.append(_fig_row("fig3", f"60B {f['gpus']} GPUs", f["at_paper_batch"], conv, out, r, gpus=f["gpus"]))
+            for at in ("paper", "planner"):
+                if f[f"at_{at}_batch"]:
+                    rows.append(_fig_row("fig3", f"60B {f['gpus']} GPUs", f[f"at_{at}_batch"], conv, out, r,
+                                         gpus=f["gpus"], batch_from=at, micro_batch=f[f"{'' if at == 'paper' else 'planner_'}micro_batch"]))
+        for f in r["figures"]["fig8"]:
+            for at in ("paper", "planner"):
+                if f[f"at_{at}_batch"]:
+                    rows.append(_fig_row("fig8", f"60B {f['config']}", f[f"at_{at}_batch"], conv, out, r,
+                                         zero_r=f["config"], batch_from=at,
+                                         micro_batch=f[f"{'' if at == 'paper' else 'planner_'}micro_batch"]))
     return rows
 
 
 def _fig_row(fig: str, label: str, sim: dict, conv: str, out: dict, r: dict, **extra) -> dict:
     tf = sim["hw_tflops_per_gpu" if conv == "hardware" else "tflops_per_gpu"]
-    return {"metric": "sim_paper_tflops_per_gpu", "value": tf, "unit": f"TFLOP/s per GPU ({conv} FLOPs)",
+    pf = sim["hw_pflops_aggregate" if conv == "hardware" else "pflops_aggregate"]
+    return {"pflops_aggregate": pf, "metric": "sim_paper_tflops_per_gpu", "value": tf, "unit": f"TFLOP/s per GPU ({conv} FLOPs)",
             "figure": fig, "label": label, "convention": conv, "chosen": conv == out["chosen"],
             "step_time_s": sim["step_time_s"], "breakdown_s": sim["breakdown_s"],
             "compute_scale": r["fit"]["value"], "device": out["device"], **extra}

@@ -211,8 +211,8 @@ def predict_paper(device: str = "v100-dgx2", progress=None) -> dict:
         say(f"{conv} FLOPs: compute_scale {fit['value']:.3f} fitted on {fit['fitted_on']}")
         anchors = []
         for a in ANCHORS:
-            sim = _sim({**_MEGATRON_BASE, **a.run}, prof.__class__(dataclasses.replace(DEVICES[a.device],
-                                                                                      compute_scale=fit["value"])))
+            on = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]))
+            sim = _sim({**_MEGATRON_BASE, **a.run}, on)
             anchors.append(_claim(a.what, a.value, "", _value(sim, a.kind, conv), _unit(a.kind, conv), a.source, sim,
                                   fitted=a.fitted))
         figs = simulate_figures(prof, mem, say)

@@ -63,10 +63,9 @@ def _load_profile(path: str):
     from zerobench.sim.stated import DEVICES
 
     if path in DEVICES:
-        from zerobench.sim.gpu_costs import StatedProfile
-        from zerobench.sim.paper import fitted_profile
+        from zerobench.sim.paper import stated_profile
 
-        return fitted_profile(path, "hardware")[0] if path.startswith("v100") else StatedProfile(DEVICES[path])
+        return stated_profile(path)
 
     try:
         return Profile.from_rows(read_rows(path))
@@ -132,12 +131,11 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def _paper(args: argparse.Namespace) -> int:
-    from zerobench.sim.paper import predict_paper
+    from zerobench.sim.paper import CALIBRATED, predict_paper
     from zerobench.sim.paper_text import format_paper, paper_rows
-    from zerobench.sim.stated import DEVICES
 
     device = args.profile or "v100-dgx2"
-    if device not in DEVICES or not device.startswith("v100"):
+    if device not in CALIBRATED:
         raise ConfigError(f"--paper predicts the paper's V100 cluster: give --profile v100-dgx2 (or leave it out), "
                           f"not {device!r}")
     if args.out:

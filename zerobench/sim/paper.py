@@ -59,11 +59,27 @@ _MEGATRON_BASE = dict(seq=1024, vocab=50257, precision="fp16", checkpoint_activa
                       stage=0, bucket_size=None)
 
 
+def _spec(run: dict):
+    """A suite row (or anchor) as the ``RunSpec`` a sweep would run (informational keys dropped)."""
+    from zerobench.bench.spec import FIELDS, RunSpec
+
+    return RunSpec(**{k: v for k, v in run.items() if k in FIELDS})
+
+
 def train_config(run: dict):
     """A suite row (or anchor) resolved as a sweep resolves it (planner mode: the system not checked)."""
-    from zerobench.bench.spec import FIELDS, RunSpec, to_train_config
+    from zerobench.bench.spec import to_train_config
 
-    return to_train_config(RunSpec(**{k: v for k, v in run.items() if k in FIELDS}), check_system=False)
+    return to_train_config(_spec(run), check_system=False)
+
+
+CALIBRATED = ("v100-dgx2", "v100-dgx2h")
+"""Stated devices with the anchors' GPUs (V100-SXM3): the fitted ``compute_scale`` applies to them."""
+
+
+def stated_profile(device: str) -> StatedProfile:
+    """A stated device's profile: fitted where the anchors ran on the same GPUs, else as stated (scale 1)."""
+    return fitted_profile(device, "hardware")[0] if device in CALIBRATED else StatedProfile(DEVICES[device])
 
 
 def _sim(run: dict, prof: StatedProfile) -> dict:
@@ -117,13 +133,11 @@ def _rows(suite: str) -> list[dict]:
 def largest_batch(run: dict, mem_bytes: float) -> int:
     """The largest micro-batch the memory planner fits for ``run`` (0 if none)."""
     from zerobench.bench.search import largest_fitting
-    from zerobench.bench.spec import FIELDS, RunSpec
     from zerobench.plan.memory_model import memory_per_gpu
     from zerobench.plan.suites import plan_config
 
     def fits(b: int) -> bool:
-        spec = RunSpec(**{k: v for k, v in {**run, "micro_batch": b}.items() if k in FIELDS})
-        return bool(memory_per_gpu(plan_config(spec, 16, mem_bytes))["fits"])
+        return bool(memory_per_gpu(plan_config(_spec({**run, "micro_batch": b}), 16, mem_bytes))["fits"])
 
     return largest_fitting(fits, 4096)
 
@@ -236,9 +250,8 @@ FIG4_MAX_SIZE = (
 def max_size(run: dict, mem_bytes: float) -> dict:
     """The memory planner's largest model (by layers) for ``run`` on ``mem_bytes`` GPUs (seq 1024, GPT-2
     vocabulary, fp16, checkpointing, as the paper's runs)."""
-    from zerobench.bench.spec import FIELDS, RunSpec
     from zerobench.plan.suites import plan_config
     from zerobench.plan.tables import max_size as solve
 
     full = {"seq": 1024, "vocab": 50257, "precision": "fp16", "checkpoint_activations": True, "layers": 1, **run}
-    return solve(plan_config(RunSpec(**{k: v for k, v in full.items() if k in FIELDS}), 16, mem_bytes))
+    return solve(plan_config(_spec(full), 16, mem_bytes))

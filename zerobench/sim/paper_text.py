@@ -75,17 +75,17 @@ def paper_rows(out: dict) -> list[dict]:
         for label, sim in r["figures"]["fig4"].items():
             rows.append(_fig_row("fig4", label, sim, conv, out, r))
         for f in r["figures"]["fig3"]:
-            for at in ("paper", "planner"):
-                if f[f"at_{at}_batch"]:
-                    rows.append(_fig_row("fig3", f"60B {f['gpus']} GPUs", f[f"at_{at}_batch"], conv, out, r,
-                                         gpus=f["gpus"], batch_from=at, micro_batch=f[f"{'' if at == 'paper' else 'planner_'}micro_batch"]))
+            rows += _batch_rows("fig3", f"60B {f['gpus']} GPUs", f, conv, out, r, gpus=f["gpus"])
         for f in r["figures"]["fig8"]:
-            for at in ("paper", "planner"):
-                if f[f"at_{at}_batch"]:
-                    rows.append(_fig_row("fig8", f"60B {f['config']}", f[f"at_{at}_batch"], conv, out, r,
-                                         zero_r=f["config"], batch_from=at,
-                                         micro_batch=f[f"{'' if at == 'paper' else 'planner_'}micro_batch"]))
+            rows += _batch_rows("fig8", f"60B {f['config']}", f, conv, out, r, zero_r=f["config"])
     return rows
+
+
+def _batch_rows(fig: str, label: str, f: dict, conv: str, out: dict, r: dict, **extra) -> list[dict]:
+    """A point simulated at the paper's micro-batch and at the planner's largest: one row each."""
+    at = {"paper": (f["at_paper_batch"], f["micro_batch"]), "planner": (f["at_planner_batch"], f["planner_micro_batch"])}
+    return [_fig_row(fig, label, sim, conv, out, r, batch_from=k, micro_batch=b, **extra)
+            for k, (sim, b) in at.items() if sim]
 
 
 def _fig_row(fig: str, label: str, sim: dict, conv: str, out: dict, r: dict, **extra) -> dict:

@@ -3,10 +3,14 @@ then the predictions compared with the first measurement, as users run it (``zer
 ``zerobench sweep``, ``zerobench simulate --validate``).
 
 The second measurement is the host's own noise floor: a prediction cannot be judged closer than the runs
-reproduce. The bar here is a guard against the replay drifting away from the engine (a missing
-collective, a wrong stage, a broken profile): every prediction within a factor 1.6 of its run, and the
-median error within 25 % plus twice the noise floor. The issue's tighter bar is checked on the recorded
-rows (``tests/unit/test_sim_validation.py``).
+reproduce. On a shared CI host that floor is not small (one clean-clone run measured a median 28 %
+between two identical sweeps), and contention only ever adds time, so each run is judged by the faster
+of its two measurements (``timeit``'s rule: the minimum is the least disturbed). The bar is a guard
+against the replay drifting away from the engine (a missing collective, a wrong stage, a broken
+profile): every prediction within a factor 1.6 of its run, widened by that run's own irreproducibility,
+and the median error within 25 % plus twice the noise floor. A dropped collective or a wrong stage moves
+a prediction by more than that on a quiet host and a noisy one alike. The issue's tighter bar is checked
+on the recorded rows (``tests/unit/test_sim_validation.py``).
 """
 
 from __future__ import annotations
@@ -48,11 +52,13 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
     out = json.loads(r.stdout)
     a = {k: m for k, _, m in measured_runs(read_rows(tmp_path / "a"))}
     b = {k: m for k, _, m in measured_runs(read_rows(tmp_path / "b"))}
-    noise = statistics.median(abs(a[k] / b[k] - 1) for k in a)
-    ratios = {run["run_id"]: run["ratio"] for run in out["runs"]}
-    assert len(ratios) == 5
-    assert all(1 / 1.6 <= x <= 1.6 for x in ratios.values()), (ratios, noise)
-    assert out["summary"]["median_abs_error"] <= 0.25 + 2 * noise, (ratios, noise)
+    assert len(out["runs"]) == 5 and set(a) == set(b) == {run["run_id"] for run in out["runs"]}
+    spread = {k: max(a[k], b[k]) / min(a[k], b[k]) - 1 for k in a}
+    noise = statistics.median(spread.values())
+    ratios = {run["run_id"]: run["predicted_s"] / min(a[run["run_id"]], b[run["run_id"]]) for run in out["runs"]}
+    seen = (ratios, spread)
+    assert all(1 / (1.6 * (1 + spread[k])) <= x <= 1.6 * (1 + spread[k]) for k, x in ratios.items()), seen
+    assert statistics.median(abs(x - 1) for x in ratios.values()) <= 0.25 + 2 * noise, seen
 
 
 REF = "results/reference/sim-validation-cpu-2core"

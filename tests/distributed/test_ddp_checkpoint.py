@@ -25,6 +25,18 @@ def test_checkpoint_dp4_resumes_at_dp2(stage, tmp_path):
         assert r["single_vs_saved"] == 0.0, r
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_one_parameter_bucket_is_reduced_from_its_gradient(stage):
+    from tests.helpers.workers_engine import sole_buckets
+
+    for res in run_distributed(sole_buckets, 2, stage):
+        assert "wte.weight" in res[True]["sole"], res[True]["sole"]
+        assert res[True]["taken"] == sorted(res[True]["sole"]), "no copy into staging for a one-parameter bucket"
+        assert res[False]["taken"] == []
+        for name, value in res[False]["params"].items():
+            assert (res[True]["params"][name] == value).all(), name
+
+
 @pytest.mark.parametrize("stage", [0, 1])
 def test_grads_are_views_of_the_bucket_buffer(stage):
     from tests.helpers.workers_engine import grad_views

@@ -77,8 +77,9 @@ def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
         info = [{k: v for k, v in r.items() if k != "params"} for r in (cut, one)]
         assert one["buckets_per_unit"] == [1, 1, 1]  # root + 2 blocks
         assert min(cut["buckets_per_unit"][1:]) >= 3, cut["buckets_per_unit"]  # a bucket per 16k-element matrix
-        # The root's staging (LM head and embedding: tied, its gradient completes last) is held through
-        # backward; next to it, at most max_inflight (3) block buckets instead of a whole block.
+        # The root's small parameters (final LayerNorm, position embedding) are staged through backward;
+        # the tied embedding, whose gradient completes last, is a bucket of its own, reduced from its
+        # gradient; next to them, at most max_inflight (3) block buckets instead of a whole block.
         assert cut["peak_staging"] <= cut["root_bucket"] + 3 * cut["block_bucket"], info
         assert cut["peak_staging"] < one["peak_staging"], info
         assert cut["rs_calls"] > one["rs_calls"]

@@ -234,3 +234,34 @@ def grad_views(rank, world, stage):
                 engine.module.zero_grad()  # set_to_none: autograd makes fresh tensors; the engine copies them in
         out[reset] = {"views": views, "params": {n: p.detach().numpy().copy() for n, p in engine.module.named_parameters()}}
     return out
+
+
+def sole_buckets(rank, world, stage):
+    """Stages 2-3: a bucket that is one parameter exactly (the tied embedding) is reduced from the gradient
+    itself, never copied into a staging bucket; trained with and without that, the parameters are equal."""
+    from zerobench.zero.staging import StagingBuckets
+
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for as_is in (True, False):
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000))
+        stage_ = engine.grads.stage
+        assert isinstance(stage_, StagingBuckets)
+        if not as_is:
+            stage_._as_is = lambda grad: False
+        taken, write = [], stage_.write
+
+        def tracking(slot, grad, write=write, stage_=stage_, taken=taken):
+            write(slot, grad)
+            buf = stage_.buffers.get(slot.bucket)
+            taken.append((slot.name, buf is not None and buf.data_ptr() == grad.data_ptr()))
+
+        stage_.write = tracking
+        _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
+        sole = {engine.layout.params[b.params[0]].name for b in engine.layout.buckets
+                if engine.layout.sole_param(b.index) is not None}
+        out[as_is] = {"sole": sole, "taken": sorted({n for n, t in taken if t}),
+                      "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
+    return out

@@ -49,10 +49,15 @@ def test_layout_oracle(seed, shards, bucket, align, units):
             assert b.start <= lay.params[i].start and lay.params[i].end <= b.end
             assert specs[i].unit == b.unit
     assert pos == lay.numel
-    # a bucket closes only once it is big enough (or at a unit change / the end)
+    # a bucket closes only once it is big enough (or at a unit change, before a bucket-sized parameter,
+    # at the end); a parameter of a bucket's size or more is alone in its bucket
     for b, nxt in zip(lay.buckets, lay.buckets[1:]):
-        last = lay.params[b.params[-1]]
-        assert last.end - b.start >= bucket or specs[nxt.params[0]].unit != b.unit
+        last, first = lay.params[b.params[-1]], specs[nxt.params[0]]
+        assert last.end - b.start >= bucket or first.unit != b.unit or first.numel >= bucket
+    for b in lay.buckets:
+        assert all(specs[i].numel < bucket for i in b.params) or len(b.params) == 1
+        sole = lay.sole_param(b.index)
+        assert (sole is not None) == (len(b.params) == 1 and not lay.padding(b.index))
 
     # Oracle 3: concatenating every rank's segments, by local offset, covers each element exactly once.
     seen = {}
@@ -83,6 +88,19 @@ def test_padding_is_small_for_large_models():
     specs = [ParamSpec(f"w{i}", (1024, 1024)) for i in range(8)] + [ParamSpec(f"b{i}", (1024,)) for i in range(8)]
     lay = build_layout(specs, 64, 2_000_000, 16)
     assert (lay.numel - lay.unpadded_numel) / lay.unpadded_numel < 0.001
+
+
+def test_an_embedding_gets_its_own_bucket():
+    """GPT's tail in backward order: the first block's LayerNorm, the position and token embeddings. The
+    token embedding (tied to the head: its gradient is complete only at the very end) is its own bucket,
+    unpadded, so it is reduced from its gradient; the small ones before it close their own bucket."""
+    specs = [ParamSpec("blocks.0.ln_1.weight", (768,)), ParamSpec("wpe.weight", (64, 768)),
+             ParamSpec("wte.weight", (16384, 768))]
+    lay = build_layout(specs, 2, 6_250_000, 16)
+    assert [b.params for b in lay.buckets] == [(0, 1), (2,)]
+    assert lay.sole_param(1) == lay.params[2] and lay.sole_param(0) is None
+    odd = build_layout([ParamSpec("wte", (16383, 767))], 2, 6_250_000, 16)  # padded: copied, not reduced as is
+    assert odd.sole_param(0) is None
 
 
 def test_invalid_arguments():

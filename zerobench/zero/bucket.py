@@ -170,7 +170,7 @@ class GradBucketGroup:
         self._landed(zp)
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
-        """Stages 2-3, from the parameter's post-accumulate-grad hook: copy into the staging bucket."""
+        """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket (``zero/staging.py``)."""
         self.stage.write(zp.slot, grad)
         self._landed(zp)
 

@@ -4,7 +4,10 @@ Pure data, computed by a pure function and unit-tested without processes. Parame
 order given (callers pass reverse registration order, the order gradients arrive in backward), into one
 flat buffer. The buffer is cut into buckets: a bucket closes once it holds at least ``bucket_numel``
 elements, or where the parameter's *unit* changes (stage 3 gathers one unit, i.e. one module, at a time,
-so a unit never shares a bucket). Every parameter starts on a multiple of ``param_align`` elements; every
+so a unit never shares a bucket). A parameter of ``bucket_numel`` elements or more gets a bucket of its
+own (as Megatron gives the shared embedding its own): its bucket is then ready the moment its gradient
+is, and the small parameters before it (a position embedding, a LayerNorm) do not hold a bucket of its
+size waiting for it; an unpadded one-parameter bucket can also be reduced straight from the gradient. Every parameter starts on a multiple of ``param_align`` elements; every
 bucket is padded to a multiple of ``shards * param_align`` so that it splits into ``shards`` equal,
 aligned, contiguous shards. Rank ``r`` owns shard ``r`` of every bucket; its *local* buffers (fp32 master,
 Adam states, gradient partition) are those shards concatenated in bucket order.
@@ -116,6 +119,13 @@ class PartitionLayout:
         """Where bucket ``bucket``'s shard starts in the local shard buffer."""
         return sum(b.shard_numel for b in self.buckets[:bucket])
 
+    def sole_param(self, bucket: int) -> ParamSlot | None:
+        """The bucket's one parameter when it fills the bucket exactly (no padding), else None: its
+        gradient can then be reduced as it is, with no copy into a bucket."""
+        b = self.buckets[bucket]
+        slot = self.params[b.params[0]] if len(b.params) == 1 else None
+        return slot if slot is not None and (slot.start, slot.end) == (b.start, b.end) else None
+
     def padding(self, bucket: int) -> list[tuple[int, int]]:
         """The ranges of bucket ``bucket`` (relative to its start) that hold no parameter: alignment gaps
         and the tail padding. Buffers that are not zero-initialised must zero these before a reduction."""
@@ -170,7 +180,7 @@ def build_layout(
         members = []
 
     for i, spec in enumerate(specs):
-        if members and specs[members[-1]].unit != spec.unit:
+        if members and (specs[members[-1]].unit != spec.unit or spec.numel >= bucket_numel):
             close(specs[members[-1]].unit)
         start = _round_up(cursor, param_align)
         cursor = start + spec.numel

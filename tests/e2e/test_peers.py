@@ -31,6 +31,13 @@ def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
         # every system trains the same model on the same global batch as one process does
         assert by[(s, "peer_loss_max_abs_diff")] < 1e-4, s
     assert by[("torch-ddp", "peer_time_vs_torch_ddp")] == 1.0
+    # the memory run breaks its highest sampled RSS down: tensors at least the live peak's resident part,
+    # and the categories add up to no more than the VmHWM peak (a sample is taken between operators)
+    for s in systems:
+        cats = {c: by[(s, f"peer_rss_{c}_bytes")] for c in ("tensors", "libraries", "heap", "native", "other")}
+        assert cats["tensors"] > 0 and cats["libraries"] > 0, (s, cats)
+        assert sum(cats.values()) <= by[(s, "peer_peak_rss_bytes")] + (1 << 20), (s, cats)
+    assert "highest sampled RSS by category" in proc.stdout
     assert "zerobench-2 " in proc.stdout and "fastest peer" in proc.stdout
     rep = subprocess.run([sys.executable, "-m", "zerobench", "report", str(out), "--out", str(tmp_path / "rep")],
                          capture_output=True, text=True, timeout=300)

@@ -6,7 +6,9 @@ engines are what differs; each system keeps its own optimizer kernel: torch's fu
 fresh set of processes, so slow drift of the machine hits all of them alike; a candidate's speed is the
 median over rounds of (its median step time / torch-ddp's in the same round). Peak memory per rank comes
 from one extra run per candidate under the same live-tensor tracker (every tensor allocated through torch,
-whoever allocates it) and from VmHWM with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed memory returns to the OS.
+whoever allocates it) and from VmHWM with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed memory returns to the OS;
+the same run breaks its highest sampled RSS down by category (tensors, libraries, heap, native buffers;
+``metrics/rss.py``), which says where host memory beyond the tensors goes.
 Loss parity is against a single-process torch run of the same global batch. Everything becomes rows.
 """
 
@@ -21,6 +23,8 @@ from pathlib import Path
 from zerobench.bench.stats import median_ratio
 from zerobench.config import ConfigError
 from zerobench.launch.local import launch_local
+from zerobench.metrics.rss import CATEGORIES
+from zerobench.metrics.rss import ENV as RSS_ENV
 from zerobench.models.sizes import preset as get_preset
 from zerobench.peers.registry import (
     DEEPSPEED_PEERS,
@@ -35,7 +39,7 @@ from zerobench.zero.config import ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
 """zerobench's candidates; ``-offload`` ones keep the optimizer on the host (ZeRO-Offload)."""
-MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", RSS_ENV: "1"}
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
             rec["peak_live_bytes"] = max(live)
         if rss:
             rec["peak_rss_bytes"] = max(rss)
+        if by_rank := _rss_breakdowns(mem):  # the rank with the highest sampled RSS, whole
+            rec["rss_breakdown"] = max(by_rank.values(), key=lambda b: sum(b.values()))
         losses = [r["value"] for r in sorted(_metric(rows(f"r0-{c}"), "loss"), key=lambda r: r["step"])]
         if losses and ref_losses:
             rec["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
@@ -176,7 +182,18 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
                                   ("peer_loss_max_abs_diff", "loss_max_abs_diff", "nats")):
             if key in rec:
                 w.write(metric, rec[key], unit, **extra)
+        for cat, b in rec.get("rss_breakdown", {}).items():
+            w.write(f"peer_rss_{cat}_bytes", b, "bytes", **extra)
     return records
+
+
+def _rss_breakdowns(rows: list[dict]) -> dict[int, dict[str, int]]:
+    """Per rank: its peak RSS by category (``rss_<category>_bytes`` rows of a memory run)."""
+    out: dict[int, dict[str, int]] = {}
+    for cat in CATEGORIES:
+        for r in _metric(rows, f"rss_{cat}_bytes"):
+            out.setdefault(r.get("rank", 0), {})[cat] = r["value"]
+    return out
 
 
 def bar(records: list[dict]) -> list[dict]:

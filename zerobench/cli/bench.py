@@ -69,6 +69,12 @@ def cmd_peers(args: argparse.Namespace) -> int:
          for r in recs],
         headers=["system", "shards like stage", "time / torch-ddp", "step ms", "peak live MiB", "peak RSS MiB",
                  "max |Δloss| vs 1 process"]))
+    rss = [r for r in recs if r.get("rss_breakdown")]
+    if rss:
+        print("\nhighest sampled RSS by category, MiB (zerobench/metrics/rss.py):")
+        cats = list(rss[0]["rss_breakdown"])
+        print(tabulate([[r["candidate"], *(mib(r["rss_breakdown"][c]) for c in cats),
+                         mib(sum(r["rss_breakdown"].values()))] for r in rss], headers=["system", *cats, "sum"]))
     verdicts = bar(recs)
     if verdicts:
         print()

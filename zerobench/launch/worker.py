@@ -24,6 +24,7 @@ from zerobench.distributed.env import DistEnv, detect
 from zerobench.launch.base import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.launch.cancel import die_with_parent
 from zerobench.metrics.memory import TrackedOutOfMemory
+from zerobench.metrics.rss import ENV as RSS_BREAKDOWN_ENV
 from zerobench.results.rows import RowWriteError, RowWriter
 from zerobench.systems import validate_run
 from zerobench.train import faults, turnstile
@@ -49,7 +50,8 @@ def rank_settings(environ=None) -> RankSettings:
     plants = Plants(fault=env.get(faults.FAULT_ENV), delay=env.get(faults.DELAY_ENV),
                     buffer_bytes=int(env.get(faults.BUFFER_ENV, "0")))
     return RankSettings(plants, env.get(turnstile.ENV), float(env.get(turnstile.TIMEOUT_ENV, "600")),
-                        native_collectives=env.get("ZEROBENCH_GLOO_NATIVE") == "1")
+                        native_collectives=env.get("ZEROBENCH_GLOO_NATIVE") == "1",
+                        rss_breakdown=env.get(RSS_BREAKDOWN_ENV) == "1")
 
 
 def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> int:

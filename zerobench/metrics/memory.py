@@ -8,7 +8,8 @@
   registered with ``track``) and records current and peak live bytes — the CPU stand-in for
   ``torch.cuda.max_memory_allocated``. With ``budget_bytes`` it raises ``TrackedOutOfMemory`` when an
   allocation would exceed the budget, emulating a device of that size. ``untracked()`` pauses it around
-  host-memory work (offload), which a device budget does not cover.
+  host-memory work (offload), which a device budget does not cover. With ``rss=True`` it also keeps the
+  resident set's breakdown at its highest sample (``metrics/rss.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
+
+from zerobench.metrics.rss import RssPeak
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -90,13 +93,27 @@ class TrackedOutOfMemory(RuntimeError):
 class LiveTensorTracker(TorchDispatchMode):
     """Tracks live storage bytes of everything allocated while active."""
 
-    def __init__(self, budget_bytes: int | None = None):
+    def __init__(self, budget_bytes: int | None = None, rss: bool = False):
         super().__init__()
         self.budget_bytes = budget_bytes
         self.paused = False
         self.live: dict[int, tuple[weakref.ref, int]] = {}
         self.current = 0
         self.peak = 0
+        self.rss = RssPeak(self.live_ranges) if rss else None
+        """With ``rss``: the RSS sampled after every operator, broken down at its highest (``metrics/rss.py``)."""
+
+    def live_ranges(self) -> list[tuple[int, int]]:
+        """(address, bytes) of every live tracked storage."""
+        out = []
+        for ref, _ in list(self.live.values()):
+            st = ref()
+            try:  # a storage swapped out or resized by its owner (FSDP2) reads as it is now, or not at all
+                if st is not None and st.nbytes():
+                    out.append((st.data_ptr(), st.nbytes()))
+            except RuntimeError:
+                continue
+        return out
 
     def _key(self, st: torch.UntypedStorage) -> int:
         return id(st)
@@ -139,6 +156,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak = self.current
+        if self.rss is not None:
+            self.rss.reset()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -147,6 +166,8 @@ class LiveTensorTracker(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
+        if self.rss is not None:
+            self.rss.sample()
         return out
 
 

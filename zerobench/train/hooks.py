@@ -166,6 +166,9 @@ class RankSettings:
     """A turn not granted within this many seconds fails the run."""
     native_collectives: bool = False
     """Keep gloo's own reduce-scatter/all-gather (``ZEROBENCH_GLOO_NATIVE=1``; see distributed/collectives.py)."""
+    rss_breakdown: bool = False
+    """CPU runs that track memory: also break the peak RSS down by category (``ZEROBENCH_RSS_BREAKDOWN=1``;
+    ``metrics/rss.py``); a measuring run's setting, it reads /proc after every operator."""
 
 
 def build_hooks(cfg, settings: RankSettings, rank: int, say, run_id: str, barrier) -> LoopHooks:

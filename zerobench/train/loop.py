@@ -58,7 +58,7 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
     cfg.validate(denv.world_size)
     entry.validate(cfg)
     settings = settings or RankSettings()
-    run = _setup(cfg, denv, entry, settings.native_collectives)
+    run = _setup(cfg, denv, entry, settings.native_collectives, settings.rss_breakdown)
     rank = dist.get_rank()
     say = log if rank == 0 else (lambda *a, **k: None)
     say(f"zerobench train [{cfg.system}]: GPT {num_params(cfg.model) / 1e6:.2f}M params, {entry.describe(cfg)}, "
@@ -79,7 +79,7 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
     return summary
 
 
-def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectives: bool) -> _Run:
+def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectives: bool, rss: bool) -> _Run:
     device = init_distributed(denv, cfg.collective_timeout_s)
     mesh = build_mesh(cfg.tp, cfg.dp, timeout_s=cfg.collective_timeout_s, native_collectives=native_collectives)
     ledger = CommLedger()
@@ -88,7 +88,7 @@ def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectiv
     if budget is not None and not cpu:  # emulate a smaller card, e.g. a 32 GB V100 on an 80 GB H100
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
-    tracker = LiveTensorTracker(budget if cpu else None) if cpu and (cfg.track_memory or budget) else None
+    tracker = LiveTensorTracker(budget if cpu else None, rss) if cpu and (cfg.track_memory or budget) else None
     if tracker is not None:
         for t in system.tensors():
             tracker.track(t)
@@ -163,6 +163,7 @@ def _summarize(run: _Run, entry: SystemEntry, losses: list[float], series: dict[
         "comm_summary": ledger.summary(),
         "peak": peak,
         "peak_rss": peak_rss_bytes(),
+        "rss_breakdown": run.tracker.rss.breakdown if run.tracker is not None and run.tracker.rss else None,
         "reserved": None if run.cpu else torch.cuda.max_memory_reserved(device),
         # M_D on GPU: fragmentation as reserved - allocated at peak, and the caching allocator's retries
         "alloc_retries": None if run.cpu else torch.cuda.memory_stats(device).get("num_alloc_retries", 0),

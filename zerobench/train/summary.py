@@ -109,3 +109,7 @@ def write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None
                     definition="peak live bytes - model states - activation checkpoints: working activations "
                                "and transient buffers at the peak")
         w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)
+        for cat, b in (r.get("rss_breakdown") or {}).items():
+            w.write(f"rss_{cat}_bytes", b, "bytes", rank=rk,
+                    definition="resident bytes of this kind at the highest RSS sampled between operators "
+                               "(zerobench/metrics/rss.py)")

@@ -34,6 +34,25 @@ def test_tracker_follows_allocations_and_frees():
     assert tr.peak == 8000
 
 
+def test_tracker_sees_storage_resizes_made_by_anyone():
+    """FSDP1 frees its unsharded flat parameter with ``storage.resize_(0)`` and re-grows it later: no
+    operator reports either, yet the peak must not count a freed storage (nor miss a re-grown one)."""
+    real = torch.UntypedStorage.resize_
+    with LiveTensorTracker() as tr:
+        a = torch.empty(1000)
+        a.untyped_storage().resize_(0)  # as torch.distributed.utils._free_storage does
+        assert tr.current == 0
+        b = torch.empty(500)
+        assert tr.peak == 4000 and tr.current == 2000
+        a.untyped_storage().resize_(4000)  # _alloc_storage
+        assert tr.current == 6000 and tr.peak == 6000
+        with LiveTensorTracker() as inner:  # nested trackers both see it
+            a.untyped_storage().resize_(0)
+            assert inner.current == 0 and tr.current == 2000
+        assert b.numel() == 500
+    assert torch.UntypedStorage.resize_ is real  # restored when the last tracker exits
+
+
 def test_tracker_budget_raises():
     with LiveTensorTracker(budget_bytes=10_000) as tr:
         keep = torch.empty(2000)  # 8000 bytes

@@ -8,7 +8,9 @@
   registered with ``track``) and records current and peak live bytes — the CPU stand-in for
   ``torch.cuda.max_memory_allocated``. With ``budget_bytes`` it raises ``TrackedOutOfMemory`` when an
   allocation would exceed the budget, emulating a device of that size. ``untracked()`` pauses it around
-  host-memory work (offload), which a device budget does not cover. With ``rss=True`` it also keeps the
+  host-memory work (offload), which a device budget does not cover. Storages resized in place while it is
+  active (stage 3's gathers; FSDP's unsharded parameters, freed and re-grown) are followed by intercepting
+  ``UntypedStorage.resize_``, which no operator reports. With ``rss=True`` it also keeps the
   resident set's breakdown at its highest sample (``metrics/rss.py``).
 """
 
@@ -119,7 +121,9 @@ class LiveTensorTracker(TorchDispatchMode):
         return id(st)
 
     def track(self, t: torch.Tensor) -> None:
-        st = t.untyped_storage()
+        self._track_storage(t.untyped_storage())
+
+    def _track_storage(self, st: torch.UntypedStorage) -> None:
         key = self._key(st)
         if key in self.live or st.device.type == "meta":
             return
@@ -145,14 +149,33 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak = max(self.peak, self.current)
 
     def resized(self, st: torch.UntypedStorage, old: int, new: int) -> None:
+        """``st`` was resized in place from ``old`` to ``new`` bytes (a storage not followed yet that grows
+        is followed from now on)."""
         key = self._key(st)
-        if key in self.live:
-            ref, _ = self.live[key]
-            self.live[key] = (ref, new)
-            if new > old:
-                self._add(new - old)
-            else:
-                self.current -= old - new
+        if key not in self.live:
+            if new > old and not self.paused:
+                self._track_storage(st)
+            return
+        ref, _ = self.live[key]
+        self.live[key] = (ref, new)
+        if new > old:
+            self._add(new - old)
+        else:
+            self.current -= old - new
+
+    def __enter__(self):
+        _intercept_resizes(True)
+        try:
+            return super().__enter__()
+        except BaseException:
+            _intercept_resizes(False)
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            _intercept_resizes(False)
 
     def reset_peak(self) -> None:
         self.peak = self.current
@@ -186,15 +209,32 @@ def untracked(enabled: bool = True):
 
 
 def resize_storage(t: torch.Tensor, nbytes: int) -> None:
-    """Resize ``t``'s storage (stage 3 alloc/free), keeping any active ``LiveTensorTracker`` informed."""
+    """Resize ``t``'s storage (stage 3 alloc/free); an active ``LiveTensorTracker`` sees it, as it sees
+    every storage resize made while it is active, whoever makes it."""
     st = t.untyped_storage()
-    old = st.nbytes()
-    if old == nbytes:
-        return
-    st.resize_(nbytes)
-    for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, LiveTensorTracker):
-            mode.resized(st, old, nbytes)
+    if st.nbytes() != nbytes:
+        st.resize_(nbytes)
+
+
+_real_resize = torch.UntypedStorage.resize_
+_active = [0]  # trackers entered and not exited
+
+
+def _tracked_resize(self: torch.UntypedStorage, size: int):
+    """``UntypedStorage.resize_`` while a tracker is active: FSDP1 and FSDP2 free and re-grow their
+    unsharded parameters' storages in place, which no operator reports; every active tracker is told."""
+    old = self.nbytes()
+    out = _real_resize(self, size)
+    if self.nbytes() != old:
+        for mode in _get_current_dispatch_mode_stack():
+            if isinstance(mode, LiveTensorTracker):
+                mode.resized(self, old, self.nbytes())
+    return out
+
+
+def _intercept_resizes(on: bool) -> None:
+    _active[0] += 1 if on else -1
+    torch.UntypedStorage.resize_ = _tracked_resize if _active[0] > 0 else _real_resize
 
 
 def _proc_status_kib(field: str) -> int | None:

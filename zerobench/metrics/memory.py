@@ -265,7 +265,8 @@ def reset_peak_rss() -> None:
 
 class TrackedAllocator:
     """The engine's allocator (``zerobench.zero.allocator.Allocator``) when a ``LiveTensorTracker`` may be
-    counting: host work pauses the tracker, storage resizes keep it informed. Harmless with none active."""
+    counting: host work pauses the tracker. Its resize is the plain one: an active tracker follows every
+    storage resize itself. Harmless with none active."""
 
     def host_region(self, enabled: bool = True):
         return untracked(enabled)

@@ -7,7 +7,7 @@ live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s
 scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gradient read.
 
 Two paths: the fused kernel (``kernels.fused_adamw_``: one pass per chunk reading p, g, m, v and writing p,
-m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` over the chunks, then a
+m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` ops, a chunk at a time, then a
 separate copy-out). ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
 
 The moments are kept by a *store* in a *codec* (``zerobench.zero.states``): fp32 in memory (the default),
@@ -94,9 +94,11 @@ class ShardedAdamW:
         if not self.master:
             return
         if self.path != "fused" and self.resident_fp32 and on_chunk is None:
-            ms = [c["m"] for c in self.store.chunks]
-            vs = [c["v"] for c in self.store.chunks]
-            self._reference(self.master, grads, ms, vs, self.decay_ranges, grad_scale, out)
+            # One chunk at a time: the step's temporaries (scaled gradient, denominator) are one chunk's
+            # size, not the partition's.
+            for i, c in enumerate(self.store.chunks):
+                self._reference([self.master[i]], [grads[i]], [c["m"]], [c["v"]], [self.decay_ranges[i]],
+                                grad_scale, None if out is None else [out[i]])
             return
         for i, (p, g) in enumerate(zip(self.master, grads)):
             enc = self.store.acquire(i)

@@ -46,3 +46,21 @@ def test_grads_are_views_of_the_bucket_buffer(stage):
         assert res[True]["views"] == [True] * 3, "a reset .grad is put back as the view"
         for name, value in res[False]["params"].items():
             assert (res[True]["params"][name] == value).all(), name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_gradient_partition_is_held_from_backward_to_zero_grad(stage):
+    """As ``zero_grad(set_to_none=True)``: no gradient shard through forward; during backward each bucket's
+    shard appears as its reduce-scatter starts; all are released by ``zero_grad``. The ledger reports the
+    partition at its size while held."""
+    from tests.helpers.workers_engine import grad_partition_lifetime
+
+    for res in run_distributed(grad_partition_lifetime, 2, stage):
+        n = res["buckets"]
+        for step in range(2):
+            assert res[f"after_forward_{step}"] == 0, "forward holds no gradient shard"
+            assert res[f"held_at_take_{step}"] == list(range(n)), "one shard more per bucket reduced"
+            assert res[f"after_step_{step}"] == n
+            assert res[f"after_zero_{step}"] == 0
+        assert res["ledger_before"] == res["ledger_after"] == res["partition_bytes"]
+        assert res["grads_after_zero"] == 0.0

@@ -265,3 +265,39 @@ def sole_buckets(rank, world, stage):
         out[as_is] = {"sole": sole, "taken": sorted({n for n, t in taken if t}),
                       "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
     return out
+
+
+def grad_partition_lifetime(rank, world, stage):
+    """Stages 2-3: which gradient shards the engine holds through a step (after forward, as each bucket's
+    reduce-scatter starts, after the step, after ``zero_grad``), and the gradients ``full_gradients``
+    returns after ``zero_grad``."""
+    from zerobench.zero.state_dict import full_gradients
+
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    torch.manual_seed(0)
+    engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000))
+    data, shards = SyntheticTokens(cfg.vocab, cfg.seq), engine.grads.local
+    held_at_take, take = [], shards.take
+
+    def counting(bucket, take=take):
+        held_at_take.append(len(shards.held()))
+        return take(bucket)
+
+    shards.take = counting
+    out = {"buckets": len(engine.layout.buckets), "ledger_before": engine.memory_ledger()["grads"]}
+    for step in range(2):
+        x, y = data.micro_batch(step, group.rank, group.size, 0, 2)
+        loss = engine.module(x, y)
+        out[f"after_forward_{step}"] = len(shards.held())
+        held_at_take.clear()
+        engine.backward(loss)
+        out[f"held_at_take_{step}"] = list(held_at_take)
+        engine.step()
+        out[f"after_step_{step}"] = len(shards.held())
+        engine.zero_grad()
+        out[f"after_zero_{step}"] = len(shards.held())
+    out["ledger_after"] = engine.memory_ledger()["grads"]
+    out["partition_bytes"] = engine.layout.shard_numel * 4
+    out["grads_after_zero"] = max(g.abs().max().item() for g in full_gradients(engine).values())
+    return out

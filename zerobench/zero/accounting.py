@@ -39,16 +39,17 @@ class EngineAccounting:
     dp_size: int
 
     def memory_ledger(self) -> dict[str, int]:
-        """Bytes held by this rank's engine tensors, by category (measured from the tensors)."""
-        """Device categories (params, grads, master, optimizer_states, comm_buffers); under offload also
-        the host ones (host_*) and the NVMe tier's file bytes."""
+        """Bytes held by this rank's engine tensors, by category (measured from the tensors). Device
+        categories (params, grads, master, optimizer_states, comm_buffers); under offload also
+        the host ones (host_*) and the NVMe tier's file bytes. ``grads`` is the gradients' size while held:
+        at stages 2-3 the partition exists from backward until ``zero_grad()`` and is released between."""
         g = self.grads.tensors()
         comm = list(g["comm_buffers"])
         if self.scheduler is not None:
             comm += self.scheduler.gathered_tensors()
         led = {
             "params": storage_bytes(self.storage.device_params()),
-            "grads": storage_bytes(g["grads"]),
+            "grads": self.grads.grad_bytes(),
             "master": storage_bytes(self.storage.device_master()),
             "optimizer_states": storage_bytes(self.optimizer.tensors()) if self.storage.host is None else 0,
             "comm_buffers": storage_bytes(comm),
@@ -85,7 +86,7 @@ class EngineAccounting:
         return out
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every persistent *device* tensor the engine holds (for memory trackers; host ones excluded)."""
+        """Every *device* tensor the engine holds now (for memory trackers; host ones excluded)."""
         out = self.storage.device_params() + self.grads.tensors()["grads"]
         if self.storage.host is None:
             out += self.optimizer.tensors()

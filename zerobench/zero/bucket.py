@@ -1,30 +1,28 @@
 """Gradient buckets and the bucket group that owns their communication.
 
 Gradients arrive parameter by parameter during backward (post-accumulate-grad hooks). Each bucket counts
-the parameters still missing; once it is complete its collective starts, asynchronously, overlapping with
-the rest of backward. Buckets start strictly in index order (as DDP's reducer does), so every rank issues
-the same sequence of collectives even when the ranks' graphs differ. At the end of backward a bucket
-still missing gradients (parameters unused in this forward, on this rank) gets zeros for them and starts
-too, so the collectives always match; which parameters were unused in the window is recorded for the
-engine, which refuses them on every rank unless unused parameters are allowed.
-
+the parameters still missing; once complete, its collective starts asynchronously, overlapping the rest
+of backward. Buckets start strictly in index order (as DDP's reducer does), so every rank issues the
+same collectives even when the ranks' graphs differ. At the end of backward a bucket still missing
+gradients (parameters unused on this rank) gets zeros for them and starts too; which parameters were
+unused in the window is recorded for the engine, which refuses them unless unused parameters are allowed.
 Gradients accumulate until ``zero()``, as ``torch.optim`` sees ``.grad``: a second backward window
-without ``zero()`` adds to the reduced gradients of the first.
+without ``zero()`` adds to the reduced gradients of the first. ``SyncMode.for_stage`` says how:
 
-The group's ``SyncMode`` says how gradients are kept and reduced (``SyncMode.for_stage``):
-
-- ``ALL_REDUCE`` (stage 0) and ``REDUCE_SCATTER_FULL`` (stage 1): a persistent full gradient buffer accumulates
-  micro-batches. Each parameter's ``.grad`` *is* its view of that buffer (``attach_grad_views``; DDP's
-  ``gradient_as_bucket_view``), so autograd accumulates into the bucket in place and the hook only counts
-  (``grad_landed``); ``zero()`` zeroes the buffer. On the micro-batch that synchronises, a bucket is all-reduced (stage 0) or reduce-scattered in place into this
-  rank's shard (stage 1). A new window on top of reduced gradients first keeps one copy of them (stage 0:
-  rank 0's; stage 1: each rank's own shard) and zeros the rest, so the next reduction adds them once.
-- ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket
-  that is reduce-scattered into this rank's persistent gradient partition and freed as soon as the
-  collective completes; at most ``max_inflight`` staging buckets exist at once (constant-size buffers).
+- ``ALL_REDUCE`` (stage 0), ``REDUCE_SCATTER_FULL`` (stage 1): a persistent full gradient buffer accumulates
+  micro-batches. Each parameter's ``.grad`` *is* its view of it (``attach_grad_views``; DDP's
+  ``gradient_as_bucket_view``): autograd accumulates in place, the hook only counts (``grad_landed``),
+  ``zero()`` zeroes the buffer. On the synchronising micro-batch a bucket is all-reduced (stage 0) or
+  reduce-scattered in place into this rank's shard (stage 1). A new window on top of reduced gradients
+  first keeps one copy of them (stage 0: rank 0's; stage 1: each rank's shard) and zeros the rest.
+- ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket,
+  reduce-scattered into this rank's gradient partition and freed once the collective is seen complete
+  (checked whenever a gradient lands); at most ``max_inflight`` are being reduced at once. The partition
+  is held per bucket (``BucketShards``): a shard from its first reduce-scatter in the window until
+  ``zero()``, which releases them all.
 
 With a ``sink`` (optimizer offload) every reduced shard is handed to it once final — at stages 2-3 into a
-transient device shard instead of a persistent device partition, since the partition lives on the host.
+transient device shard instead of a device partition, since the partition lives on the host.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import torch
 
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
-from zerobench.zero.buffer import FullBuffer, LocalBuffer
+from zerobench.zero.buffer import BucketShards, FullBuffer
 from zerobench.zero.layout import PartitionLayout
 from zerobench.zero.param import GradState, ZeroParam
 from zerobench.zero.staging import StagingBuckets
@@ -104,7 +102,7 @@ class GradBucketGroup:
         self.views = [self.full.param_view(zp.slot.index) for zp in zparams] if self.keep_full else []
         """Stages 0-1: each parameter's gradient view of the full buffer (its ``.grad``)."""
         self.sink = sink
-        self.local: LocalBuffer | None = None if self.keep_full or sink else LocalBuffer(layout, grad_dtype, device)
+        self.local: BucketShards | None = None if self.keep_full or sink else BucketShards(layout, grad_dtype, device)
         self.stage = StagingBuckets(layout, grad_dtype, device)
         self.staging = self.stage.buffers
         """Stages 2-3: the staging buckets in flight (``zero/staging.py``)."""
@@ -171,6 +169,8 @@ class GradBucketGroup:
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket (``zero/staging.py``)."""
+        if self.inflight:  # free the staging buffers of collectives already finished
+            self._finish_reduces(block=False)
         self.stage.write(zp.slot, grad)
         self._landed(zp)
 
@@ -208,10 +208,10 @@ class GradBucketGroup:
                 shard = self.layout.buckets[bucket].shard_numel
                 out, acc = torch.empty(shard, dtype=self.grad_dtype, device=self.device), None
             elif self.first_micro:
-                out, acc = self.local.bucket_view(bucket), None
+                out, acc = self.local.take(bucket), None
             else:
-                out = torch.empty_like(self.local.bucket_view(bucket))
-                acc = self.local.bucket_view(bucket)
+                acc = self.local.get(bucket)
+                out = torch.empty_like(acc)
             work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
             self.inflight.append(_Inflight(bucket, work, staging, out, acc, self.first_micro))
         if self.on_bucket_reduced is not None:
@@ -275,8 +275,8 @@ class GradBucketGroup:
         self.reduced = False
         if self.keep_full:  # autograd accumulates into the views: they start the window at zero
             self.full.data.zero_()
-        # Stages 2-3 need no zeroing: the first micro-batch's reduce-scatter overwrites the partition, and a
-        # staging bucket's missing gradients are zero-filled at the end of backward (zero/staging.py).
+        elif self.local is not None:  # stages 2-3: released; the next window's reduce-scatters write anew
+            self.local.release()
 
     # -- views the optimizer needs -----------------------------------------------------------------
     def shard_views(self) -> list[torch.Tensor]:
@@ -286,9 +286,15 @@ class GradBucketGroup:
                     for b in self.layout.buckets]
         if self.local is None:
             raise RuntimeError("gradient shards live on the host under optimizer offload: use the engine's grad_chunks()")
-        return self.local.bucket_views()
+        return self.local.views()
 
     def tensors(self) -> dict[str, list[torch.Tensor]]:
-        """Persistent gradient tensors and transient staging buffers, for the memory ledger."""
-        persistent = [b.data for b in (self.full, self.local) if b is not None]
-        return {"grads": persistent, "comm_buffers": list(self.staging.values())}
+        """The gradient tensors held now and the transient staging buffers."""
+        held = [self.full.data] if self.full is not None else self.local.held() if self.local is not None else []
+        return {"grads": held, "comm_buffers": list(self.staging.values())}
+
+    def grad_bytes(self) -> int:
+        """Device bytes of the gradients while held (stages 2-3: from backward until ``zero()``)."""
+        if self.full is not None:
+            return self.full.data.untyped_storage().nbytes()
+        return self.local.nbytes() if self.local is not None else 0

@@ -1,8 +1,9 @@
 """Flat buffers laid out by a ``PartitionLayout``, and the views the engine takes of them.
 
 A *full* buffer spans the whole padded flat layout (stage 0-2 parameters, stage 0-1 gradients); a
-*local* buffer is one rank's shards of every bucket, concatenated (fp32 master, Adam states, stage 2-3
-gradient partitions, stage 3 parameter partitions).
+*local* buffer is one rank's shards of every bucket, concatenated (fp32 master, Adam states, stage 3
+parameter partitions); *bucket shards* are one rank's shards as separate tensors, each allocated when
+first needed and all released together (stage 2-3 gradient partitions).
 """
 
 from __future__ import annotations
@@ -47,3 +48,45 @@ class LocalBuffer:
 
     def bucket_views(self) -> list[torch.Tensor]:
         return [self.bucket_view(b.index) for b in self.layout.buckets]
+
+
+class BucketShards:
+    """One rank's shard of every bucket, each its own tensor: allocated when the bucket is first reduced
+    in a window (``take``), all dropped by ``release()``. The stage 2-3 gradient partition lives here
+    from a window's first reduce-scatter until ``zero_grad()``, as ``torch.optim`` drops ``.grad`` with
+    ``set_to_none``: forward holds none of it, and backward only the buckets reduced so far."""
+
+    def __init__(self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device):
+        self.layout, self.dtype, self.device = layout, dtype, device
+        self.shards: list[torch.Tensor | None] = [None] * len(layout.buckets)
+
+    def take(self, bucket: int) -> torch.Tensor:
+        """The bucket's shard, allocated uninitialised if not held: the caller overwrites it."""
+        t = self.shards[bucket]
+        if t is None:
+            t = self.shards[bucket] = torch.empty(self.layout.buckets[bucket].shard_numel, dtype=self.dtype,
+                                                  device=self.device)
+        return t
+
+    def get(self, bucket: int) -> torch.Tensor:
+        t = self.shards[bucket]
+        if t is None:
+            raise RuntimeError(f"bucket {bucket}'s gradient shard is not held (released by zero_grad())")
+        return t
+
+    def views(self) -> list[torch.Tensor]:
+        """Every bucket's shard; zeros for one not held (no gradient since ``release()``)."""
+        for b in self.layout.buckets:
+            if self.shards[b.index] is None:
+                self.take(b.index).zero_()
+        return list(self.shards)
+
+    def held(self) -> list[torch.Tensor]:
+        return [t for t in self.shards if t is not None]
+
+    def nbytes(self) -> int:
+        """Bytes of every shard together: what the partition takes while it is held."""
+        return self.layout.shard_numel * torch.empty((), dtype=self.dtype).element_size()
+
+    def release(self) -> None:
+        self.shards = [None] * len(self.shards)

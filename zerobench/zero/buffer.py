@@ -86,7 +86,7 @@ class BucketShards:
 
     def nbytes(self) -> int:
         """Bytes of every shard together: what the partition takes while it is held."""
-        return self.layout.shard_numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.layout.shard_numel * self.dtype.itemsize
 
     def release(self) -> None:
         self.shards = [None] * len(self.shards)

@@ -7,8 +7,9 @@ live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s
 scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gradient read.
 
 Two paths: the fused kernel (``kernels.fused_adamw_``: one pass per chunk reading p, g, m, v and writing p,
-m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` ops, a chunk at a time, then a
-separate copy-out). ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
+m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` ops, then a
+separate copy-out). Both go a chunk at a time, so the reference's temporaries (scaled gradient,
+denominator) are one chunk's size, not the partition's. ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
 
 The moments are kept by a *store* in a *codec* (``zerobench.zero.states``): fp32 in memory (the default),
 blockwise 8-bit, and/or swapped to NVMe; the step acquires, decodes, updates, encodes and releases one
@@ -23,7 +24,7 @@ import torch
 
 import kernels
 from zerobench.zero.config import AdamWConfig
-from zerobench.zero.states import Fp32Codec, MemoryStore, make_codec
+from zerobench.zero.states import MemoryStore, make_codec
 
 
 class ShardedAdamW:
@@ -47,8 +48,6 @@ class ShardedAdamW:
         self.codec = make_codec(state_bits)
         sizes = [m.numel() for m in master]
         self.store = store_factory(self.codec, sizes) if store_factory else MemoryStore(self.codec, sizes, device)
-        # The plain layout (fp32, resident): the step can run over every chunk at once.
-        self.resident_fp32 = isinstance(self.store, MemoryStore) and isinstance(self.codec, Fp32Codec)
         self.step_count = 0
         self.path = kernels.resolve(kernel_mode, device)
         self.blocks = (
@@ -92,13 +91,6 @@ class ShardedAdamW:
         ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile)."""
         self.step_count += 1
         if not self.master:
-            return
-        if self.path != "fused" and self.resident_fp32 and on_chunk is None:
-            # One chunk at a time: the step's temporaries (scaled gradient, denominator) are one chunk's
-            # size, not the partition's.
-            for i, c in enumerate(self.store.chunks):
-                self._reference([self.master[i]], [grads[i]], [c["m"]], [c["v"]], [self.decay_ranges[i]],
-                                grad_scale, None if out is None else [out[i]])
             return
         for i, (p, g) in enumerate(zip(self.master, grads)):
             enc = self.store.acquire(i)

@@ -27,7 +27,7 @@ def test_checkpoint_dp4_resumes_at_dp2(stage, tmp_path):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_one_parameter_bucket_is_reduced_from_its_gradient(stage):
-    from tests.helpers.workers_engine import sole_buckets
+    from tests.helpers.workers_buckets import sole_buckets
 
     for res in run_distributed(sole_buckets, 2, stage):
         assert "wte.weight" in res[True]["sole"], res[True]["sole"]
@@ -39,7 +39,7 @@ def test_a_one_parameter_bucket_is_reduced_from_its_gradient(stage):
 
 @pytest.mark.parametrize("stage", [0, 1])
 def test_grads_are_views_of_the_bucket_buffer(stage):
-    from tests.helpers.workers_engine import grad_views
+    from tests.helpers.workers_buckets import grad_views
 
     for res in run_distributed(grad_views, 2, stage):
         assert res[False]["views"] == [True] * 3, "autograd must accumulate into the bucket buffer in place"
@@ -53,7 +53,7 @@ def test_the_gradient_partition_is_held_from_backward_to_zero_grad(stage):
     """As ``zero_grad(set_to_none=True)``: no gradient shard through forward; during backward each bucket's
     shard appears as its reduce-scatter starts; all are released by ``zero_grad``. The ledger reports the
     partition at its size while held."""
-    from tests.helpers.workers_engine import grad_partition_lifetime
+    from tests.helpers.workers_buckets import grad_partition_lifetime
 
     for res in run_distributed(grad_partition_lifetime, 2, stage):
         n = res["buckets"]

@@ -68,7 +68,7 @@ def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
     """Stage 3 honours ``bucket_numel``: a tiny block (50k parameters) becomes several buckets, gathered
     together but reduce-scattered one by one, so staging stays within the bucket size; the traffic and the
     trained parameters are those of one bucket per unit (fp32 sums of two ranks are exact)."""
-    from tests.helpers.workers_engine import stage3_bucket_sizes
+    from tests.helpers.workers_buckets import stage3_bucket_sizes
     from zerobench.zero.config import NO_BUCKET_LIMIT
 
     small, whole = 8_000, NO_BUCKET_LIMIT

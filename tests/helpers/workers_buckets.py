@@ -1,0 +1,141 @@
+"""Workers (run inside spawned ranks) about the engine's gradient buckets: stage 3 bucket sizes, stage
+0-1 gradients as bucket views, one-parameter buckets reduced from the gradient, and how long the stage 2-3
+gradient partition is held."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.helpers.scenarios import ADAM, dp_groups
+from tests.helpers.workers_engine import _train
+from zerobench.models.gpt import GPT
+from zerobench.models.sizes import PRESETS
+from zerobench.train.data import SyntheticTokens
+from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.state_dict import full_parameters
+
+
+def stage3_bucket_sizes(rank, world, bucket_numels):
+    """Stage 3 at DP ``world`` with each bucket size: buckets per unit, the most staging bytes held at once
+    during backward, reduce-scatter calls and volume, and the trained full parameters."""
+    from zerobench.zero.bucket import GradBucketGroup
+
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for numel in bucket_numels:
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=3, optimizer=ADAM, bucket_numel=numel))
+        peak = [0]
+        add_grad = GradBucketGroup.add_grad
+
+        def tracking(self, zp, grad, add_grad=add_grad, peak=peak):
+            add_grad(self, zp, grad)
+            peak[0] = max(peak[0], sum(t.numel() for t in self.staging.values()))
+
+        engine.grads.add_grad = tracking.__get__(engine.grads)
+        engine.ledger.reset()
+        _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 2, 0, 2 * world)
+        units = engine.scheduler.units
+        rs = [r for r in engine.ledger.summary() if r["op"] == "reduce_scatter"]
+        out[numel] = {
+            "buckets_per_unit": [len(u.buckets) for u in units],
+            "root_bucket": max(b.numel for b in engine.layout.buckets if b.unit == 0),
+            "block_bucket": max(b.numel for b in engine.layout.buckets if b.unit != 0),
+            "peak_staging": peak[0],
+            "rs_calls": sum(r["calls"] for r in rs),
+            "rs_volume": sum(r["volume_elements"] for r in rs),
+            "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
+        }
+    return out
+
+
+def grad_views(rank, world, stage):
+    """Stages 0-1: ``.grad`` is a view of the engine's gradient buffer (no per-step gradient tensors), and
+    a user who resets ``.grad`` (``model.zero_grad()``) between steps trains the same parameters."""
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    data = SyntheticTokens(cfg.vocab, cfg.seq)
+    out = {}
+    for reset in (False, True):
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=30_000))
+        buf = engine.grads.full.data.untyped_storage().data_ptr()
+        views = []
+        for step in range(3):
+            x, y = data.micro_batch(step, rank, world, 0, 8 // world)
+            engine.backward(engine.module(x, y))
+            views.append(all(p.grad.untyped_storage().data_ptr() == buf for p in engine.module.parameters()))
+            engine.step()
+            engine.zero_grad()
+            if reset:
+                engine.module.zero_grad()  # set_to_none: autograd makes fresh tensors; the engine copies them in
+        out[reset] = {"views": views, "params": {n: p.detach().numpy().copy() for n, p in engine.module.named_parameters()}}
+    return out
+
+
+def sole_buckets(rank, world, stage):
+    """Stages 2-3: a bucket that is one parameter exactly (the tied embedding) is reduced from the gradient
+    itself, never copied into a staging bucket; trained with and without that, the parameters are equal."""
+    from zerobench.zero.staging import StagingBuckets
+
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for as_is in (True, False):
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000))
+        stage_ = engine.grads.stage
+        assert isinstance(stage_, StagingBuckets)
+        if not as_is:
+            stage_._as_is = lambda grad: False
+        taken, write = [], stage_.write
+
+        def tracking(slot, grad, write=write, stage_=stage_, taken=taken):
+            write(slot, grad)
+            buf = stage_.buffers.get(slot.bucket)
+            taken.append((slot.name, buf is not None and buf.data_ptr() == grad.data_ptr()))
+
+        stage_.write = tracking
+        _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
+        sole = {engine.layout.params[b.params[0]].name for b in engine.layout.buckets
+                if engine.layout.sole_param(b.index) is not None}
+        out[as_is] = {"sole": sole, "taken": sorted({n for n, t in taken if t}),
+                      "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
+    return out
+
+
+def grad_partition_lifetime(rank, world, stage):
+    """Stages 2-3: which gradient shards the engine holds through a step (after forward, as each bucket's
+    reduce-scatter starts, after the step, after ``zero_grad``), and the gradients ``full_gradients``
+    returns after ``zero_grad``."""
+    from zerobench.zero.state_dict import full_gradients
+
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    torch.manual_seed(0)
+    engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000))
+    data, shards = SyntheticTokens(cfg.vocab, cfg.seq), engine.grads.local
+    held_at_take, take = [], shards.take
+
+    def counting(bucket, take=take):
+        held_at_take.append(len(shards.held()))
+        return take(bucket)
+
+    shards.take = counting
+    out = {"buckets": len(engine.layout.buckets), "ledger_before": engine.memory_ledger()["grads"]}
+    for step in range(2):
+        x, y = data.micro_batch(step, group.rank, group.size, 0, 2)
+        loss = engine.module(x, y)
+        out[f"after_forward_{step}"] = len(shards.held())
+        held_at_take.clear()
+        engine.backward(loss)
+        out[f"held_at_take_{step}"] = list(held_at_take)
+        engine.step()
+        out[f"after_step_{step}"] = len(shards.held())
+        engine.zero_grad()
+        out[f"after_zero_{step}"] = len(shards.held())
+    out["ledger_after"] = engine.memory_ledger()["grads"]
+    out["partition_bytes"] = engine.layout.shard_numel * 4
+    out["grads_after_zero"] = max(g.abs().max().item() for g in full_gradients(engine).values())
+    return out

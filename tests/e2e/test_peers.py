@@ -15,7 +15,7 @@ pytestmark = pytest.mark.dist
 @pytest.mark.slow
 def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
     systems = ["zerobench-0", "zerobench-2", "zerobench-3", "torch-ddp", "torch-zero1", "fsdp1-shard-grad-op",
-               "fsdp2"] + (["deepspeed-2"] if deepspeed_available() else [])
+               "fsdp2"] + ([f"deepspeed-{s}" for s in range(4)] if deepspeed_available() else [])
     out = tmp_path / "peers"
     proc = subprocess.run(
         [sys.executable, "-m", "zerobench", "peers", "--systems", *systems, "--dp", "2", "--rounds", "1",
@@ -47,6 +47,7 @@ def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
     assert (tmp_path / "rep" / "peers.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # DeepSpeed builds its CPU Adam (C++) on first use: about a minute on 2 cores
 @pytest.mark.skipif(not deepspeed_available(), reason="DeepSpeed is not installed (optional peer)")
 def test_deepspeed_offload_peer_trains_bf16_with_checkpointing_like_zerobench(tmp_path):
     """The setup of the one-card offload comparison (bf16, activation checkpointing, optimizer offload),
@@ -66,6 +67,7 @@ def test_deepspeed_offload_peer_trains_bf16_with_checkpointing_like_zerobench(tm
     assert max(abs(a - b) for a, b in zip(losses["deepspeed"], losses["zerobench"], strict=True)) < 1e-2, losses
 
 
+@pytest.mark.slow  # the CPU Adam build, as above
 @pytest.mark.skipif(not deepspeed_available(), reason="DeepSpeed is not installed (optional peer)")
 def test_deepspeed_peer_trains_in_one_process_without_a_launcher(tmp_path):
     """``zerobench train --system deepspeed-*`` in one process (the one-card comparison's setup): no

@@ -1,12 +1,13 @@
 """DeepSpeed ZeRO stages 0-3 (and 2/3 with optimizer offload to the CPU Adam) as a peer.
 
-Optional: ``pip install deepspeed`` (on CPU-only machines ``DS_BUILD_OPS=0 pip install --no-build-isolation
-deepspeed``); zerobench never requires it. Configured as its documentation recommends, with settings that
-keep the comparison fair: ``gradient_clipping`` set explicitly (DeepSpeed otherwise clips at 1.0 and trains
-differently without a word), torch's fused AdamW as the client optimizer (``DeepSpeedCPUAdam`` with
-offload, as DeepSpeed requires), fp32 (or bf16 through DeepSpeed's ``bf16`` section, with plain activation
-checkpointing: the one-card offload comparison), the same bucket size as zerobench (``ZeroConfig.bucket_numel``). DeepSpeed picks
-gloo on CPU and joins the already initialised process group.
+Optional: ``pip install 'zerobench[deepspeed]'`` (the pinned release, part of the test extra; its C++ ops are
+built just in time on first use); zerobench never requires it. Configured as its documentation recommends,
+with settings that keep the comparison fair: ``gradient_clipping`` set explicitly (DeepSpeed otherwise clips
+at 1.0 and trains differently without a word), torch's fused AdamW as the client optimizer
+(``DeepSpeedCPUAdam`` with offload, as DeepSpeed requires), fp32 (or bf16 through DeepSpeed's ``bf16``
+section, with plain activation checkpointing: the one-card offload comparison), the same bucket size as
+zerobench (``ZeroConfig.bucket_numel``). DeepSpeed picks gloo on CPU and joins the already initialised
+process group.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class DeepSpeedSystem(PeerBase):
             import deepspeed
         except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
             raise ConfigError(f"{name} needs DeepSpeed ({type(e).__name__}: {e}); "
-                              "pip install deepspeed (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed)") from None
+                              "pip install 'zerobench[deepspeed]'") from None
         model = build_model(cfg, device)
         # The same block-level recompute zerobench uses (plain checkpointing, no P_a/M_D), applied to the
         # plain module before DeepSpeed wraps it, as a DeepSpeed user checkpoints their own model.

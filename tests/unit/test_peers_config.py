@@ -74,6 +74,19 @@ def test_bar_compares_each_stage_with_the_fastest_and_leanest_peer_of_the_same_s
     assert 3 not in v  # no zerobench-3 candidate: no verdict
 
 
+def test_bar_takes_the_median_of_same_round_ratios_not_a_ratio_of_ratios():
+    """Measured at tiny DP 2: through torch-ddp's noisy rounds zerobench-3 read 2.128 / 2.002 = 1.06x fsdp2,
+    but in each round side by side it took 1.17x, 0.76x and 0.61x fsdp2's time: the verdict is 0.76x. The
+    fastest peer is the one the ratio is highest against, round by round."""
+    zb3 = {**_rec("zerobench-3", 2.128, 10), "round_step_time_s": [29.8, 18.6, 18.3]}
+    fsdp2 = {**_rec("fsdp2", 2.002, 10), "round_step_time_s": [25.5, 24.4, 30.0]}
+    full = {**_rec("fsdp1-full-shard", 2.792, 10), "round_step_time_s": [40.0, 34.0, None]}
+    (v,) = bar([zb3, fsdp2, full])
+    assert v["time_vs_fastest"] == pytest.approx(18.6 / 24.4) and v["fastest_peer"] == "fsdp2" and v["speed_ok"]
+    # a round a peer has no time for is left out of that pair's median, not of the others'
+    assert bar([zb3, full])[0]["time_vs_fastest"] == pytest.approx((29.8 / 40.0 + 18.6 / 34.0) / 2)
+
+
 def test_a_used_output_directory_is_refused(tmp_path):
     from zerobench.bench.peers import PeersConfig, run_peers
     from zerobench.config import ConfigError

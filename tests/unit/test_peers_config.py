@@ -94,3 +94,23 @@ def test_a_used_output_directory_is_refused(tmp_path):
     (tmp_path / "reference").mkdir()
     with pytest.raises(ConfigError, match="already holds rows"):
         run_peers(PeersConfig(systems=("torch-ddp",)), tmp_path, say=lambda m: None)
+
+
+def test_only_the_memory_runs_set_the_malloc_threshold(tmp_path, monkeypatch):
+    """Timing rounds run under the allocator users get; ``MALLOC_MMAP_THRESHOLD_`` (freed memory back to
+    the OS, so VmHWM follows live memory) would make every large allocation a fresh mmap that page-faults,
+    taxing systems that allocate per step, so only the memory run sets it."""
+    from zerobench.bench import peers
+    from zerobench.launch.base import LaunchResult
+
+    envs = {}
+
+    def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None):
+        envs[run_id] = extra_env or {}
+        return LaunchResult(ok=True, reason="", status="ok", returncodes=[0], elapsed_s=0.0)
+
+    monkeypatch.setattr(peers, "launch_local", fake_launch)
+    p = PeersConfig(systems=("torch-ddp", "zerobench-3"), rounds=2)
+    peers.run_peers(p, tmp_path, say=lambda m: None)
+    assert {k for k, v in envs.items() if "MALLOC_MMAP_THRESHOLD_" in v} == {"mem-torch-ddp", "mem-zerobench-3"}
+    assert {"r0-torch-ddp", "r1-zerobench-3", "reference"} <= set(envs)

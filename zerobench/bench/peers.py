@@ -8,7 +8,10 @@ median over rounds of (its median step time / torch-ddp's in the same round). Pe
 from one extra run per candidate under the same live-tensor tracker (every tensor allocated through torch,
 whoever allocates it) and from VmHWM with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed memory returns to the OS;
 the same run breaks its highest sampled RSS down by category (tensors, libraries, heap, native buffers;
-``metrics/rss.py``), which says where host memory beyond the tensors goes.
+``metrics/rss.py``), which says where host memory beyond the tensors goes. Only that run sets the malloc
+threshold: timing runs keep the allocator users get, since with every block over 64 KiB a fresh ``mmap``
+each allocation page-faults, which taxes systems that allocate per step (small4 DP 2: DDP 754 vs 653 ms,
+stage 3 1261 vs 814 ms) and would time the setting instead of the engines.
 Loss parity is against a single-process torch run of the same global batch. Everything becomes rows.
 """
 
@@ -129,7 +132,8 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
         if cand in failed and run_id != "reference":
             continue
         say(f"[{i + 1}/{len(runs)}] {run_id}")
-        res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s, extra_env=MEMORY_ENV,
+        res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s,
+                           extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
                            log_path=out / f"{run_id}.log")
         if not res.ok:
             failed[cand] = res.reason

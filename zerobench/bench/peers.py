@@ -70,7 +70,8 @@ class PeersConfig:
     rounds: int = 3
     """Interleaved timing rounds."""
     memory_run: bool = True
-    """One extra run per candidate under the live-tensor tracker (peak live bytes)."""
+    """One extra run per candidate under the live-tensor tracker (peak live bytes) and ``MEMORY_ENV`` (peak RSS
+    and its breakdown); without it peak RSS comes from round 0, under the default allocator."""
     timeout_s: float = 1800.0
     """Per run."""
 

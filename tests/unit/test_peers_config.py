@@ -105,7 +105,7 @@ def test_only_the_memory_runs_set_the_malloc_threshold(tmp_path, monkeypatch):
 
     envs = {}
 
-    def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None):
+    def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None, cancel=None):
         envs[run_id] = extra_env or {}
         return LaunchResult(ok=True, reason="", status="ok", returncodes=[0], elapsed_s=0.0)
 
@@ -114,3 +114,24 @@ def test_only_the_memory_runs_set_the_malloc_threshold(tmp_path, monkeypatch):
     peers.run_peers(p, tmp_path, say=lambda m: None)
     assert {k for k, v in envs.items() if "MALLOC_MMAP_THRESHOLD_" in v} == {"mem-torch-ddp", "mem-zerobench-3"}
     assert {"r0-torch-ddp", "r1-zerobench-3", "reference"} <= set(envs)
+
+
+def test_a_signal_stops_the_whole_comparison_not_only_the_run_in_progress(tmp_path, monkeypatch):
+    """SIGTERM/SIGINT during one run used to cancel that run and go on with the next: the comparison now
+    stops there (the CLI exits 143), keeping the rows written so far."""
+    from zerobench.bench import peers
+    from zerobench.launch.base import LaunchResult
+    from zerobench.launch.cancel import Cancelled
+
+    started = []
+
+    def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None, cancel=None):
+        started.append(run_id)
+        cancel.requested = "SIGTERM"  # as the handler would, while the run's ranks are up
+        return LaunchResult(ok=False, reason="cancelled (SIGTERM)", status="cancelled", returncodes=[143],
+                            elapsed_s=0.0)
+
+    monkeypatch.setattr(peers, "launch_local", fake_launch)
+    with pytest.raises(Cancelled, match="during r0-torch-ddp"):
+        peers.run_peers(PeersConfig(systems=("torch-ddp", "zerobench-3"), rounds=2), tmp_path, say=lambda m: None)
+    assert started == ["r0-torch-ddp"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from zerobench.bench.stats import median_ratio
 from zerobench.config import ConfigError
+from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
 from zerobench.metrics.rss import CATEGORIES
 from zerobench.metrics.rss import ENV as RSS_ENV
@@ -129,16 +130,19 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
         raise ConfigError(f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
                           "(a comparison never mixes its rows with an earlier one's)")
     failed: dict[str, str] = {}
-    for i, (run_id, cand, cfg) in enumerate(runs):
-        if cand in failed and run_id != "reference":
-            continue
-        say(f"[{i + 1}/{len(runs)}] {run_id}")
-        res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s,
-                           extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
-                           log_path=out / f"{run_id}.log")
-        if not res.ok:
-            failed[cand] = res.reason
-            say(f"  failed: {res.reason}")
+    with Cancellation() as cancel:  # SIGTERM/SIGINT stop the comparison, not only the run in progress
+        for i, (run_id, cand, cfg) in enumerate(runs):
+            if cand in failed and run_id != "reference":
+                continue
+            say(f"[{i + 1}/{len(runs)}] {run_id}")
+            res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s,
+                               extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
+                               log_path=out / f"{run_id}.log", cancel=cancel)
+            if cancel.requested:
+                raise Cancelled(f"cancelled ({cancel.requested}) during {run_id}; the runs so far are under {out}")
+            if not res.ok:
+                failed[cand] = res.reason
+                say(f"  failed: {res.reason}")
     return summarize(p, out, cands, failed)
 
 

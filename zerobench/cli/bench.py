@@ -54,13 +54,18 @@ def cmd_peers(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from zerobench.bench.peers import PeersConfig, bar, run_peers
+    from zerobench.launch.cancel import EXIT_CANCELLED, Cancelled
 
     p = PeersConfig(systems=tuple(args.systems or ()), dp=args.dp, preset=args.preset, layers=args.layers,
                     hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
                     rounds=args.rounds, memory_run=not args.no_memory_run)
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    recs = run_peers(p, out, say=lambda m: print(m, file=sys.stderr))
+    try:
+        recs = run_peers(p, out, say=lambda m: print(m, file=sys.stderr))
+    except Cancelled as e:
+        print(f"zerobench: error: peers stopped: {e}", file=sys.stderr)
+        return EXIT_CANCELLED
     mib = lambda b: f"{b / 2**20:.1f}" if b is not None else "-"  # noqa: E731
     print(tabulate(
         [[r["candidate"], r["sharding_stage"], f"{r['time_vs_torch_ddp']:.3f}" if "time_vs_torch_ddp" in r else r["status"],

@@ -20,6 +20,10 @@ EXIT_CANCELLED = 143
 """128 + SIGTERM, what a process killed by SIGTERM reports to Slurm."""
 
 
+class Cancelled(Exception):
+    """A multi-run command (``zerobench peers``) stopped on SIGTERM/SIGINT; the runs so far keep their rows."""
+
+
 class Cancellation:
     """Context manager: SIGTERM/SIGINT set ``requested`` (main thread only; elsewhere it does nothing)."""
 

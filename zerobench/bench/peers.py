@@ -152,22 +152,16 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         return read_rows(path) if path.exists() else []
 
     ref_losses = [r["value"] for r in sorted(_metric(rows("reference"), "loss"), key=lambda r: r["step"])]
-    per_round = {c: [] for c in cands}
-    round_times: dict[str, list[float | None]] = {c: [] for c in cands}
-    for r in range(p.rounds):
-        t = {c: (_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for c in cands}
-        for c in cands:
-            round_times[c].append(t[c])
-            if t[c] is not None and t.get("torch-ddp"):
-                per_round[c].append((t[c], t["torch-ddp"]))
+    round_times = {c: [(_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"]
+                       for r in range(p.rounds)] for c in cands}
     records = []
     for c in cands:
         rec: dict = {"candidate": c, "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH else SHARDING[c],
                      "status": "failed" if c in failed else "ok", "reason": failed.get(c, "")}
-        if per_round[c]:
-            rec["step_time_s"] = statistics.median(t for t, _ in per_round[c])
+        if pairs := _same_rounds(round_times[c], round_times.get("torch-ddp", [])):
+            rec["step_time_s"] = statistics.median(t for t, _ in pairs)
             rec["round_step_time_s"] = round_times[c]
-            rec["time_vs_torch_ddp"] = median_ratio(*zip(*per_round[c]))  # per-round ratios, then the median
+            rec["time_vs_torch_ddp"] = median_ratio(*zip(*pairs))  # per-round ratios, then the median
         mem = rows(f"mem-{c}")
         live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
         rss = [r["value"] for r in _metric(mem or rows(f"r0-{c}"), "peak_rss_bytes") if r["value"] is not None]
@@ -211,12 +205,15 @@ def _rss_breakdowns(rows: list[dict]) -> dict[int, dict[str, int]]:
     return out
 
 
+def _same_rounds(xs: list[float | None], refs: list[float | None]) -> list[tuple[float, float]]:
+    """(x, ref) of every round in which both have a time."""
+    return [(x, r) for x, r in zip(xs, refs) if x is not None and r]
+
+
 def _time_ratio(zb: dict, peer: dict) -> float:
     """zerobench's step time / the peer's: the median over rounds of the two times taken in the same round
     (side by side, as every comparison here); records without per-round times go through torch-ddp."""
-    pairs = [(a, b) for a, b in zip(zb.get("round_step_time_s", []), peer.get("round_step_time_s", []))
-             if a is not None and b is not None]
-    if pairs:
+    if pairs := _same_rounds(zb.get("round_step_time_s", []), peer.get("round_step_time_s", [])):
         return median_ratio(*zip(*pairs))
     return zb["time_vs_torch_ddp"] / peer["time_vs_torch_ddp"]
 

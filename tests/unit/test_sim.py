@@ -54,6 +54,19 @@ def test_profile_round_trips_through_rows():
         Profile.from_rows([])
 
 
+def test_a_profile_measured_several_times_is_the_median_of_its_measurements():
+    def prof(t_op, t_curve, beta):
+        p = Profile("cpu: test (2 cores)", cores=2, ops={"block_fwd|x": t_op},
+                    curves={curve_key("all_reduce", 2, 2): Curve(((1024.0, t_curve), (4096.0, 2 * t_curve)))},
+                    linear={"copy|r2": Linear(0.0, beta)})
+        return [{**r, "status": "ok", "device": p.device, "cores": 2} for r in p.rows()]
+
+    q = Profile.from_rows(prof(2e-3, 3e-4, 4e-10) + prof(1e-3, 2e-4, 2e-10) + prof(9e-3, 1e-4, 1e-10))
+    assert q.ops == {"block_fwd|x": 2e-3}  # the median, not the last profile read
+    assert q.curves[curve_key("all_reduce", 2, 2)].points == ((1024.0, 2e-4), (4096.0, 4e-4))
+    assert q.linear["copy|r2"].beta == 2e-10
+
+
 def _cfg(**kw):
     return to_train_config(RunSpec(preset="tiny", precision="fp32", **kw))
 

@@ -61,3 +61,19 @@ def test_the_errors_are_the_ones_the_table_states(recorded):
 def test_issue_22_cpu_bar(recorded):
     s = V.summarize(recorded[2])
     assert s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25
+
+
+def _step_row(run_id: str, value: float, config: dict, config_hash: str) -> dict:
+    return {"metric": "step_time_s", "status": "ok", "value": value, "run_id": run_id, "config": config,
+            "config_hash": config_hash}
+
+
+def test_a_run_measured_in_several_rounds_is_its_median():
+    rows = read_rows(REF / "runs")
+    one = next(r for r in rows if r["metric"] == "step_time_s" and r["status"] == "ok")
+    cfg, h = one["config"], one["config_hash"]
+    rounds = [_step_row("000-x", t, cfg, h) for t in (0.3, 0.1, 0.2)] + [_step_row("001-y", 0.5, cfg, h)]
+    got = [(rid, t) for rid, _, t in V.measured_runs(rounds)]
+    assert got == [("000-x", 0.2), ("001-y", 0.5)]
+    with pytest.raises(ValueError, match="two different configurations"):
+        V.measured_runs([*rounds, _step_row("000-x", 0.2, {**cfg, "seed": cfg.get("seed", 0) + 1}, "other")])

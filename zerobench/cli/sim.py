@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--paper", action="store_true",
                    help="predict the paper's figures (100B, 8B-100B, Fig 3, Fig 4) on the stated V100 DGX-2, one factor "
                         "fitted on Megatron-LM's single-V100 figure, each next to the paper's number")
-    s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows")
+    s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows (a directory holding several "
+                   "sweeps of one suite: each run's median over them)")
     s.add_argument("--fit", action="store_true",
                    help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs")
     s.add_argument("--out", help="with --validate or --paper: also write the result as rows here (the report draws them)")

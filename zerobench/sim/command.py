@@ -98,7 +98,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
                 check_fresh_run_dir(Path(args.out))
                 write_rows(args.out, recs, prof, args.validate)
-        except KeyError as e:
+        except (KeyError, ValueError) as e:
             raise ConfigError(str(e.args[0])) from None
         summary = summarize(recs)
         if args.json:

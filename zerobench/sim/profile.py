@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from dataclasses import dataclass, field
 
 
@@ -164,23 +165,30 @@ class Profile:
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> Profile:
-        """The profile in ``rows`` (later rows of the same key win, so re-profiling replaces)."""
+        """The profile in ``rows``. An entry measured more than once (several profiles of one host read
+        together, e.g. one taken before each round of a sweep) is the median of its measurements."""
         prof = [r for r in rows if r.get("metric", "").startswith("profile_") and r.get("status") == "ok"]
         if not prof:
             raise ValueError("no profile rows: run `zerobench profile --out DIR` first")
         p = cls(device=prof[-1].get("device", "unknown"), cores=int(prof[-1].get("cores", 1)))
-        points: dict[str, dict[float, float]] = {}
-        lin: dict[str, dict[str, float]] = {}
+        ops: dict[str, list[float]] = {}
+        fitted: list[float] = []
+        points: dict[str, dict[float, list[float]]] = {}
+        lin: dict[str, dict[str, list[float]]] = {}
         for r in prof:
             m, k = r["metric"], r["key"]
             if m == "profile_op_seconds":
-                p.ops[k] = r["value"]
+                ops.setdefault(k, []).append(r["value"])
             elif m == "profile_interference":
-                p.interference = r["value"]
+                fitted.append(r["value"])
             elif m == "profile_collective_seconds":
-                points.setdefault(k, {})[float(r["bytes"])] = r["value"]
+                points.setdefault(k, {}).setdefault(float(r["bytes"]), []).append(r["value"])
             else:
-                lin.setdefault(k, {})["alpha" if m == "profile_alpha_seconds" else "beta"] = r["value"]
-        p.curves = {k: Curve(tuple(sorted(v.items()))) for k, v in points.items()}
-        p.linear = {k: Linear(v["alpha"], v["beta"]) for k, v in lin.items()}
+                which = "alpha" if m == "profile_alpha_seconds" else "beta"
+                lin.setdefault(k, {}).setdefault(which, []).append(r["value"])
+        med = statistics.median
+        p.ops = {k: med(v) for k, v in ops.items()}
+        p.interference = med(fitted) if fitted else 0.0
+        p.curves = {k: Curve(tuple(sorted((b, med(ts)) for b, ts in v.items()))) for k, v in points.items()}
+        p.linear = {k: Linear(med(v["alpha"]), med(v["beta"])) for k, v in lin.items()}
         return p

@@ -17,15 +17,26 @@ from zerobench.train.config import TrainConfig
 
 
 def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
-    """(run id, config, median step seconds) of every zerobench run with an ok step time."""
-    out = []
+    """(run id, config, median step seconds) of every zerobench run with an ok step time. A run measured
+    more than once (the same run id and configuration in several sweeps, e.g. ``--validate`` given a
+    directory of rounds) is one run: the median of its measurements, in the order first seen."""
+    found: dict[tuple[str, str], tuple[TrainConfig, list[float]]] = {}
     for r in rows:
         if r.get("metric") != "step_time_s" or r.get("status") != "ok" or r.get("value") is None:
             continue
-        cfg = from_dict(TrainConfig, r["config"], where=f"run {r['run_id']}")
-        if cfg.system == "zerobench":
-            out.append((r["run_id"], cfg, float(r["value"])))
-    return out
+        key = (r["run_id"], r.get("config_hash", ""))
+        if key not in found:
+            cfg = from_dict(TrainConfig, r["config"], where=f"run {r['run_id']}")
+            if cfg.system != "zerobench":
+                continue
+            found[key] = (cfg, [])
+        found[key][1].append(float(r["value"]))
+    ids = [rid for rid, _ in found]
+    if len(set(ids)) != len(ids):
+        dup = next(rid for rid in ids if ids.count(rid) > 1)
+        raise ValueError(f"run {dup!r} appears with two different configurations: validate one suite's rounds "
+                         f"at a time")
+    return [(rid, cfg, statistics.median(ts)) for (rid, _), (cfg, ts) in found.items()]
 
 
 def is_zero(cfg: TrainConfig) -> bool:

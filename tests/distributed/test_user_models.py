@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.user_models import UserCase, run_api_checks, run_user_cases
+from tests.helpers.usage_patterns import run_api_and_usage
+from tests.helpers.user_models import UserCase, run_user_cases
 
 pytestmark = pytest.mark.dist
 
 STAGES = (0, 1, 2, 3)
 WORLDS = (2, pytest.param(3, marks=pytest.mark.slow))  # world 3 (uneven shards) in the full tier
-VARIANTS = ("mlp", "frozen", "tied_far", "tied_adjacent", "tied_root", "paramfree_unit", "all_in_blocks", "user_ckpt")
+VARIANTS = ("mlp", "frozen", "tied_far", "tied_adjacent", "tied_root", "paramfree_unit", "all_in_blocks", "user_ckpt",
+            "reused")
 # fp32. At world 1 every parameter matches to 1e-6. At world 2-3 the gradient is summed over ranks in
 # another order, and Adam's first steps move an element by ~lr whatever its gradient's size, so an element
 # whose gradient is ~0 can step differently (measured: up to 3e-5 at lr 1e-2). The bound is on the whole
@@ -47,7 +49,7 @@ def test_user_model_parity(user_grid, variant, stage):
                                         for w in (2, 3) for s in STAGES])
 def api(request):
     world, stage = request.param
-    return world, stage, run_distributed(run_api_checks, world, stage, timeout=300)
+    return world, stage, run_distributed(run_api_and_usage, world, stage, timeout=300)
 
 
 def test_step_without_gradient_is_a_no_op(api):
@@ -92,3 +94,21 @@ def test_reading_parameters_outside_forward(api):
         else:  # replicated parameters: everything reads as in plain PyTorch
             assert r["deepcopy_params"] > 0 and r["state_dict_error"] is None
             assert r["after_gather_numel"] == 300 * 24
+
+
+def test_evaluation_between_steps(api):
+    """``eval()`` + a ``no_grad`` forward after each step leaves training on the reference's path; the
+    evaluated losses are finite cross-entropies (ln 40 ≈ 3.7 at the start), and at stage 3 the units are
+    freed again after the forward that no backward follows."""
+    _, stage, ranks = api
+    for r in ranks:
+        assert r["eval_between_steps"]["max_update"] > 1e-3
+        assert close(r["eval_between_steps"]), r["eval_between_steps"]
+        assert len(r["eval_losses"]) == 3 and all(0 < v < 10 for v in r["eval_losses"])
+        assert r["eval_after_numel"] == (0 if stage == 3 else 300 * 24)
+
+
+def test_two_forwards_then_one_backward(api):
+    for r in api[2]:
+        assert r["two_forwards"]["max_update"] > 1e-3
+        assert close(r["two_forwards"]), r["two_forwards"]

@@ -112,3 +112,15 @@ def test_two_forwards_then_one_backward(api):
     for r in api[2]:
         assert r["two_forwards"]["max_update"] > 1e-3
         assert close(r["two_forwards"]), r["two_forwards"]
+
+
+def test_stage3_gathers_a_reused_block_once_more_per_extra_call(api):
+    """A block called twice in one forward: freed after its first call, gathered again for the second (one
+    all-gather per bucket of its unit), and gathered once for the backward of both calls."""
+    _, stage, ranks = api
+    if stage != 3:
+        pytest.skip("only stage 3 gathers parameters")
+    for r in ranks:
+        g = r["gathers"]
+        assert g["reused"]["unit_buckets"] >= 2  # a unit cut into several buckets: each is gathered
+        assert g["reused"]["all_gather"] - g["mlp"]["all_gather"] == g["reused"]["unit_buckets"], g

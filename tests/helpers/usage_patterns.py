@@ -4,11 +4,13 @@ compared with single-process ``torch.optim.AdamW`` training (``tests/helpers/use
 - evaluation between steps: ``eval()`` and a forward under ``torch.no_grad()`` after every step (at stage 3
   a forward with no backward to follow: its units are gathered and freed again), then training goes on;
 - two forwards before one backward (two halves of the batch, the mean of their losses): one backward pass
-  through two graphs of the same parameters, as contrastive or multi-view losses do.
+  through two graphs of the same parameters, as contrastive or multi-view losses do;
+- stage 3's all-gathers per step for a block called twice in one forward, counted in the comm ledger.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 
 import torch
@@ -23,6 +25,7 @@ from tests.helpers.user_models import (
     slice_of,
 )
 from zerobench.distributed.collectives import Group
+from zerobench.metrics.comm import CommLedger
 
 
 def run_api_and_usage(rank: int, world: int, stage: int) -> dict:
@@ -58,4 +61,21 @@ def run_usage_patterns(rank: int, world: int, stage: int) -> dict:
         engine.step()
         engine.zero_grad()
     out["two_forwards"] = compare(engine, model, reference_params(model, data, world))
+    if stage == 3:
+        out["gathers"] = {v: _gathers_per_step(rank, world, v, group) for v in ("mlp", "reused")}
     return out
+
+
+def _gathers_per_step(rank: int, world: int, variant: str, group: Group) -> dict:
+    """All-gathers of one step (the second: no first-step set-up in it) and the buckets of the reused block's unit."""
+    ledger = CommLedger()
+    engine = engine_for(copy.deepcopy(make_model(variant)), group, 3, ledger=ledger)
+    x, y = (slice_of(t, rank, world) for t in batches(1, 2 * world)[0])
+    for _ in range(2):
+        ledger.reset()
+        engine.backward(engine.module(x, y))
+        engine.step()
+        engine.zero_grad()
+    ops = collections.Counter(r.op for r in ledger.records)
+    unit = next(u for u in engine.scheduler.units if u.module is engine.module.blocks[1])
+    return {"all_gather": ops["all_gather"], "unit_buckets": len(unit.buckets)}

@@ -156,9 +156,9 @@ class UserCase:
         return f"{self.variant}-s{self.stage}"
 
 
-def engine_for(model, group: Group, stage: int, bucket_numel: int = 5000, **kw):
+def engine_for(model, group: Group, stage: int, bucket_numel: int = 5000, ledger=None, **kw):
     cfg = ZeroConfig(stage=stage, bucket_numel=bucket_numel, optimizer=ADAM, **kw)
-    return apply_zero(model, group, cfg)
+    return apply_zero(model, group, cfg, ledger=ledger)
 
 
 def compare(engine, model_before, ref: dict[str, torch.Tensor]) -> dict:

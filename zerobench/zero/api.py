@@ -32,7 +32,9 @@ def apply_zero(
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
     Apply it last, after tensor parallelism and activation checkpointing: ZeRO partitions whatever
-    parameters the model holds at that point. Every rank must pass identically initialised models.
+    parameters the model holds at that point. Every DP rank must pass the same model and config (checked at
+    construction: a rank that differs fails with one line on every rank); DP rank 0's parameter and buffer
+    values are broadcast to the others, as DDP does, so the ranks need not seed their initialisation alike.
     With tensor parallelism, ``dp_group`` is this TP rank's DP group; pass the TP group and the names of the
     parameters TP shards (``TPInfo.sharded``): gradient norms and overflow checks then span both groups,
     counting sharded parameters once per TP rank and replicated ones once. ``zerobench.parallel.parallelize``

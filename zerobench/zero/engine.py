@@ -35,6 +35,7 @@ from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement
+from zerobench.zero.replicas import sync_replicas
 from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.storage import ParamStorage
 from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
@@ -66,6 +67,7 @@ class ZeroEngine:
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
         ordered = order_params(model, units, self.stage)
         self.device = device = ordered.named[0][1].device
+        sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
         self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel,
                                    config.param_align)
         wd = config.optimizer.weight_decay

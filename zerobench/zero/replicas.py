@@ -1,0 +1,104 @@
+"""Every DP rank starts from the same model: its structure checked across the group, its values DP rank 0's.
+
+ZeRO's collectives assume that every rank of the DP group built the same layout: the same parameters and
+buffers in the same order, shapes and dtypes, and the same stage, bucket size, alignment, precision,
+unused-parameter check and stage-3 prefetch. A rank that did not would issue collectives of other sizes
+or in another order, which fails deep inside the backend or hangs. ``sync_replicas`` compares a
+fingerprint of all that with one all-reduce and, where ranks differ, fails on every rank with one line
+naming the first difference (DDP checks parameter shapes across ranks at construction the same way). It
+then broadcasts DP rank 0's parameters and buffers to the group, as DDP and DeepSpeed do at construction,
+so ranks that seeded their initialisation differently still train one model instead of drifting apart.
+
+Nothing is done on a group of one, on the ``fake`` backend (dry runs of large worlds) or for parameters
+on the meta device. The broadcast is set-up, not a training step: it is not recorded in the comm ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.distributed.collectives import Group
+from zerobench.zero.config import ZeroConfig
+
+BROADCAST_BYTES = 64 << 20
+"""Tensors are broadcast in flat chunks of at most this many bytes (one per dtype and device)."""
+
+
+def describe(model: nn.Module, trained: list[str], config: ZeroConfig) -> list[str]:
+    """What must agree across DP ranks, one entry per line: the configuration that shapes the collectives,
+    the trained parameters in layout order, then every parameter and buffer (broadcast in this order)."""
+    c = config
+    head = (f"ZeroConfig(stage={c.stage}, precision={c.precision.value}, bucket_numel={c.bucket_numel}, "
+            f"param_align={c.param_align}, find_unused_parameters={c.find_unused_parameters}, prefetch={c.prefetch})")
+    out = [head]
+    out += [f"trained parameter {name!r}" for name in trained]
+    out += [f"parameter {n!r} {tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}" for n, p in model.named_parameters()]
+    out += [f"buffer {n!r} {tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}" for n, b in model.named_buffers()]
+    return out
+
+
+def first_difference(ref: list[str], other: list[str], rank: int) -> str:
+    """Where rank ``rank``'s description first parts from DP rank 0's, in words."""
+    for a, b in zip(ref, other):
+        if a != b:
+            return f"rank 0 has {a} where rank {rank} has {b}"
+    n = min(len(ref), len(other))
+    if len(ref) > n:
+        return f"rank 0 has {ref[n]} where rank {rank} has nothing ({len(ref) - n} entries fewer)"
+    return f"rank {rank} has {other[n]} where rank 0 has nothing ({len(other) - n} entries more)"
+
+
+def _skip(model: nn.Module, group: Group) -> bool:
+    if group.size == 1 or not dist.is_initialized():
+        return True
+    if dist.get_backend(group.pg) == "fake":
+        return True
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, group: Group,
+                  device: torch.device) -> None:
+    """Check that every DP rank holds the same model and configuration (``ConfigError`` on every rank if
+    not), then give every rank DP rank 0's parameter and buffer values."""
+    if _skip(model, group):
+        return
+    desc = describe(model, trained, config)
+    h = int.from_bytes(hashlib.blake2b("\n".join(desc).encode(), digest_size=7).digest(), "little")
+    probe = torch.tensor([h, -h], dtype=torch.int64, device=device)
+    dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group.pg)
+    if probe[0].item() != -probe[1].item():  # the largest and the smallest fingerprint differ
+        every: list = [None] * group.size
+        dist.all_gather_object(every, desc, group=group.pg)
+        rank = next(r for r, d in enumerate(every) if d != every[0])
+        raise ConfigError(f"DP rank {rank} was given another model or ZeRO config than DP rank 0 "
+                          f"({first_difference(every[0], every[rank], rank)}): build the same model and "
+                          f"ZeroConfig on every rank")
+    _broadcast(list(model.parameters()) + list(model.buffers()), group)
+
+
+@torch.no_grad()
+def _broadcast(tensors: list[torch.Tensor], group: Group) -> None:
+    src = dist.get_global_rank(group.pg, 0) if group.pg is not None else 0
+    chunks: dict[tuple, list[list[torch.Tensor]]] = {}
+    filled: dict[tuple, int] = {}
+    for t in tensors:
+        key = (t.dtype, t.device)
+        runs = chunks.setdefault(key, [[]])
+        if runs[-1] and filled[key] + t.nbytes > BROADCAST_BYTES:
+            runs.append([])
+            filled[key] = 0
+        runs[-1].append(t)
+        filled[key] = filled.get(key, 0) + t.nbytes
+    for runs in chunks.values():
+        for run in runs:
+            flat = torch.cat([t.detach().reshape(-1) for t in run])
+            dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group.pg)
+            offset = 0
+            for t in run:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()

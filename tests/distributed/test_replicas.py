@@ -55,32 +55,44 @@ def test_ranks_seeded_differently_train_rank_0s_model():
             assert t["max_update"] > 1e-3 and t["update_rel_err"] <= 1e-4 and t["max_diff"] <= 2e-4, (stage, t)
 
 
-def _mismatched(rank: int, world: int, what: str) -> str | None:
+CASES = ("shape", "missing", "bucket")
+
+
+def _mismatched(rank: int, world: int) -> dict[str, str | None]:
+    """Each case in turn on the same ranks (a refused construction leaves the group usable)."""
     group = Group.of(None, "dp")
-    model, kw = make_model("mlp"), {}
-    if rank == 1 and what == "shape":
-        model.blocks[2].fc1 = torch.nn.Linear(24, 200)
-        model.blocks[2].fc2 = torch.nn.Linear(200, 24)
-    elif rank == 1 and what == "missing":
-        del model.blocks[2]
-    elif rank == 1 and what == "bucket":
-        kw = {"bucket_numel": 4000}
-    try:
-        engine_for(model, group, 2, **kw)
-    except ConfigError as e:
-        return str(e)
-    return None
+    out: dict[str, str | None] = {}
+    for what in CASES:
+        model, kw = make_model("mlp"), {}
+        if rank == 1 and what == "shape":
+            model.blocks[2].fc1 = torch.nn.Linear(24, 200)
+            model.blocks[2].fc2 = torch.nn.Linear(200, 24)
+        elif rank == 1 and what == "missing":
+            del model.blocks[2]
+        elif rank == 1 and what == "bucket":
+            kw = {"bucket_numel": 4000}
+        out[what] = None
+        try:
+            engine_for(model, group, 2, **kw)
+        except ConfigError as e:
+            out[what] = str(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mismatched():
+    return run_distributed(_mismatched, 2, timeout=120, coll_timeout=30)
 
 
 @pytest.mark.parametrize(("what", "says"), [
     ("shape", ("rank 0 has parameter 'blocks.2.fc1.weight' (300, 24) float32 where rank 1 has parameter "
-              "'blocks.2.fc1.weight' (200, 24) float32")),
+               "'blocks.2.fc1.weight' (200, 24) float32")),
     ("missing", "rank 0 has trained parameter 'blocks.2.fc2.bias' where rank 1 has"),
     ("bucket", "bucket_numel=5000"),
 ])
-def test_a_rank_with_another_model_or_config_fails_on_every_rank(what, says):
-    errors = run_distributed(_mismatched, 2, what, timeout=120, coll_timeout=30)
-    for e in errors:
+def test_a_rank_with_another_model_or_config_fails_on_every_rank(mismatched, what, says):
+    for ranks in mismatched:
+        e = ranks[what]
         assert e is not None and e.startswith("DP rank 1 was given another model or ZeRO config than DP rank 0"), e
         assert says in e and "build the same model and ZeroConfig on every rank" in e and "\n" not in e, e
 

@@ -5,9 +5,9 @@ The models cover what plain PyTorch code does that a GPT does not: an embedding 
 frozen layers, weights tied across stage-3 units (adjacent and far apart), a unit without parameters,
 every parameter inside ``blocks`` (a root without parameters), checkpointing called by the model itself
 (``torch.utils.checkpoint``, non-reentrant), one block called twice in a forward (weights shared across
-depth: at stage 3 its unit is gathered, freed and re-gathered within one pass), and parameters of very different sizes (a 0-dim scale, a
-2-element vector, a 7200-element matrix). Each rank trains on its slice of the global batch; the reference
-takes the mean of the per-slice losses, which is the same objective.
+depth: at stage 3 its unit is gathered, freed and re-gathered within one pass), and parameters of very
+different sizes (a 0-dim scale, a 2-element vector, a 7200-element matrix). Each rank trains on its slice
+of the global batch; the reference takes the mean of the per-slice losses, which is the same objective.
 """
 
 from __future__ import annotations

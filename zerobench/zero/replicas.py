@@ -71,7 +71,8 @@ def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, grou
     h = int.from_bytes(hashlib.blake2b("\n".join(desc).encode(), digest_size=7).digest(), "little")
     probe = torch.tensor([h, -h], dtype=torch.int64, device=device)
     dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group.pg)
-    if probe[0].item() != -probe[1].item():  # the largest and the smallest fingerprint differ
+    largest, neg_smallest = probe.tolist()
+    if largest != -neg_smallest:
         every: list = [None] * group.size
         dist.all_gather_object(every, desc, group=group.pg)
         rank = next(r for r, d in enumerate(every) if d != every[0])
@@ -81,24 +82,32 @@ def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, grou
     _broadcast(list(model.parameters()) + list(model.buffers()), group)
 
 
+def _runs(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The tensors split into runs of one dtype and device, each at most ``BROADCAST_BYTES`` (or one tensor)."""
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    runs = []
+    for same in by_kind.values():
+        run, size = [], 0
+        for t in same:
+            if run and size + t.nbytes > BROADCAST_BYTES:
+                runs.append(run)
+                run, size = [], 0
+            run.append(t)
+            size += t.nbytes
+        runs.append(run)
+    return runs
+
+
 @torch.no_grad()
 def _broadcast(tensors: list[torch.Tensor], group: Group) -> None:
-    src = dist.get_global_rank(group.pg, 0) if group.pg is not None else 0
-    chunks: dict[tuple, list[list[torch.Tensor]]] = {}
-    filled: dict[tuple, int] = {}
-    for t in tensors:
-        key = (t.dtype, t.device)
-        runs = chunks.setdefault(key, [[]])
-        if runs[-1] and filled[key] + t.nbytes > BROADCAST_BYTES:
-            runs.append([])
-            filled[key] = 0
-        runs[-1].append(t)
-        filled[key] = filled.get(key, 0) + t.nbytes
-    for runs in chunks.values():
-        for run in runs:
-            flat = torch.cat([t.detach().reshape(-1) for t in run])
-            dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group.pg)
-            offset = 0
-            for t in run:
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+    pg = group.pg or dist.group.WORLD
+    for run in _runs(tensors):
+        flat = torch.cat([t.reshape(-1) for t in run])
+        dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat,
+                       src=dist.get_global_rank(pg, 0), group=pg)
+        offset = 0
+        for t in run:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()

@@ -103,7 +103,7 @@ def checkpoint_resume(rank, world, stage, ckpt_dir, extra=None):
     bg = groups[4] if same else groups[2]
     b = apply_zero(GPT(cfg), bg, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000 if same else 7_000, **extra))
     load_checkpoint(b, ckpt_dir)
-    step_after_load = b.optimizer.step_count
+    step_after_load = b.adamw.step_count
     _train(b, data, bg, 2, 2, 8)
     resumed = full_parameters(b)
 

@@ -24,7 +24,7 @@ def test_same_model_round_trips(tmp_path):
     with torch.no_grad():
         for p in a.module.parameters():
             p.add_(1.0)
-        a.optimizer.master[0].copy_(a.storage.replica.data)  # fp32: the parameters are the master
+        a.adamw.master[0].copy_(a.storage.replica.data)  # fp32: the parameters are the master
     save_checkpoint(a, tmp_path)
     b = engine(8)
     load_checkpoint(b, tmp_path)

@@ -55,7 +55,7 @@ def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list
     for seg in segments:
         base = layout.local_offset(seg.bucket)
         rng = (seg.local_start - base, seg.local_start - base + seg.numel)
-        if zparams[seg.param].weight_decay:
+        if zparams[seg.param].decays:
             decay[seg.bucket].append(rng)
         if zparams[seg.param].name not in tp_sharded:
             replicated[seg.bucket].append(rng)

@@ -29,7 +29,7 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
-from zerobench.zero.config import ZeroConfig
+from zerobench.zero.config import AdamWConfig, ZeroConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
@@ -38,6 +38,7 @@ from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
 from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.storage import ParamStorage
+from zerobench.zero.torch_optimizer import ZeroOptimizer
 from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 
 
@@ -70,8 +71,7 @@ class ZeroEngine:
         sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
         self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel,
                                    config.param_align)
-        wd = config.optimizer.weight_decay
-        self.zparams = [ZeroParam(p, slot, wd if _decays(p) else 0.0)
+        self.zparams = [ZeroParam(p, slot, _decays(p))
                         for (_, p), slot in zip(ordered.named, self.layout.params)]
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
@@ -84,7 +84,8 @@ class ZeroEngine:
         self.scheduler = self._attach_params(model, ordered.units)
         # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
         decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
-        self.optimizer = build_optimizer(config, self.placement, st.master, decay, group, self.allocator)
+        self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator)
+        self.optimizer = ZeroOptimizer(self, [zp.param for zp in self.zparams], config.optimizer)
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(
@@ -102,7 +103,7 @@ class ZeroEngine:
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.numel = self.layout.unpadded_numel
-        self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.optimizer, config, self.placement,
+        self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
 
     # -- memory figures (zero/accounting.py) -----------------------------------------------------
@@ -173,11 +174,20 @@ class ZeroEngine:
             self._unused_check.wait()
         self._unused_check = start_unused_check(self, unused)
 
-    @torch.no_grad()
     def step(self) -> bool:
-        """Apply the optimizer to this rank's partition. Returns False when nothing was applied: no
-        gradient since ``zero_grad()`` (as ``torch.optim`` skips parameters without one), or an fp16
-        overflow skipped the step."""
+        """Apply the optimizer to this rank's partition, with ``self.optimizer.param_groups``' current
+        hyperparameters (``engine.optimizer.step()`` is the same call). Returns False when nothing was
+        applied: no gradient since ``zero_grad()`` (as ``torch.optim`` skips parameters without one), or an
+        fp16 overflow skipped the step."""
+        self.optimizer.step()
+        return self.optimizer.applied
+
+    def get_lr(self) -> list[float]:
+        """The learning rate of each param group (one), as DeepSpeed's ``engine.get_lr()``."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    @torch.no_grad()
+    def _optimizer_step(self, hyper: AdamWConfig) -> bool:
         if self.micro_step % self.config.grad_accum_steps:
             raise RuntimeError(
                 f"step() after {self.micro_step % self.config.grad_accum_steps} of "
@@ -189,7 +199,7 @@ class ZeroEngine:
         check_unused(self, pending)
         # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
         with self.allocator.host_region(self.placement.offloaded):
-            stepped = self._step()
+            stepped = self._step(hyper)
         if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
             self.scheduler.reshard_all()
         if stepped:
@@ -203,7 +213,7 @@ class ZeroEngine:
         full parameters anyway."""
         return self.scheduler.gathered() if self.scheduler is not None else contextlib.nullcontext()
 
-    def _step(self) -> bool:
+    def _step(self, hyper: AdamWConfig) -> bool:
         if self.storage.host is not None:
             self.storage.host.finish_grad_copies()
         grads = self.grad_chunks()
@@ -222,7 +232,7 @@ class ZeroEngine:
         # Mixed precision: the step writes the low-precision shard in the same pass (fused kernel).
         # Under offload the step runs on the host and each finished chunk streams up while the next updates.
         out, on_chunk = self.storage.step_output()
-        self.optimizer.step(grads, scale, out=out, on_chunk=on_chunk)
+        self.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper)
         self.storage.finish_step()
         self.scaler.update(overflow=False)
         return True

@@ -14,7 +14,7 @@ from zerobench.distributed import collectives as C
 def found_nonfinite(engine, grads: list[torch.Tensor], sharded: bool) -> bool:
     """Whether any rank's gradient partition holds an inf or NaN (fp16 overflow)."""
     found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else engine.device)
-    engine.optimizer.flag_nonfinite(grads, found)
+    engine.adamw.flag_nonfinite(grads, found)
     found = found.to(engine.device)
     if sharded:
         C.all_reduce(found, engine.group, engine.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)

@@ -2,7 +2,8 @@
 
 The optimizer sees a list of *chunks* (this rank's shard of each bucket; the whole bucket at stage 0):
 fp32 master chunks, gradient chunks (any dtype; summed over ranks), and the weight-decay ranges inside
-each chunk (parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do). Moments
+each chunk (parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do; the
+ranges are fixed, the rate is each step's, so a schedule may start it from 0). Moments
 live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s, with the gradient
 scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gradient read.
 
@@ -86,32 +87,32 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], grad_scale: float, out: list[torch.Tensor] | None = None,
-             on_chunk=None) -> None:
+             on_chunk=None, hyper: AdamWConfig | None = None) -> None:
         """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy);
-        ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile)."""
+        ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile);
+        ``hyper``: this step's hyperparameters (a learning-rate schedule's), the construction's if None."""
         self.step_count += 1
         if not self.master:
             return
+        cfg = hyper if hyper is not None else self.cfg
         for i, (p, g) in enumerate(zip(self.master, grads)):
             enc = self.store.acquire(i)
             m, v = self.codec.decode(enc)
             o = out[i] if out is not None else None
             if self.path == "fused":
-                cfg = self.cfg
                 kernels.fused_adamw_(
                     p, g, m, v, blocks=self.blocks[i], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                     weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale, out=o,
                 )
             else:
-                self._reference([p], [g], [m], [v], [self.decay_ranges[i]], grad_scale, None if o is None else [o])
+                self._reference(cfg, [p], [g], [m], [v], [self.decay_ranges[i]], grad_scale, None if o is None else [o])
             self.codec.encode(m, v, enc)
             self.store.release(i, enc)
             if on_chunk is not None:
                 on_chunk(i)
         self.store.flush()
 
-    def _reference(self, ps, grads, ms, vs, decay_ranges, grad_scale, out) -> None:
-        cfg = self.cfg
+    def _reference(self, cfg: AdamWConfig, ps, grads, ms, vs, decay_ranges, grad_scale, out) -> None:
         b1, b2 = cfg.betas
         g32 = [g.to(torch.float32) if g.dtype != torch.float32 else g for g in grads]
         g32 = torch._foreach_mul(g32, grad_scale)

@@ -1,7 +1,7 @@
 """Per-parameter engine state: a wrapper around each ``nn.Parameter`` with explicit state enums.
 
 The engine never sticks attributes on ``nn.Parameter``; everything it knows about a parameter (where it
-lives in the layout, its weight decay, whether its storage is resident, whether it has a gradient in the
+lives in the layout, whether it decays, whether its storage is resident, whether it has a gradient in the
 current accumulation window) lives here.
 """
 
@@ -41,7 +41,9 @@ class ZeroParam:
 
     param: nn.Parameter
     slot: ParamSlot
-    weight_decay: float
+    decays: bool
+    """Whether weight decay applies (2+ dims: matrices and embeddings, not biases or norms); the rate is the
+    optimizer's param group's, per step."""
     state: ParamState = ParamState.REPLICATED
     grad_state: GradState = GradState.NONE
 

@@ -1,8 +1,9 @@
 """Sharded checkpoints of a ``ZeroEngine``: save on N ranks, load on M ranks or into one process.
 
 Each rank saves the pieces of parameters it owns as (name, start, end) segments of the flattened
-parameter with their fp32 master values and Adam moments, so a checkpoint does not depend on bucket
-sizes, padding or the number of ranks that wrote it. Loading copies, for every local segment, the
+parameter with their fp32 master values and Adam moments (and the step count, the loss scale and the
+param group's hyperparameters: a schedule's current learning rate resumes with them), so a checkpoint
+does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every local segment, the
 overlapping parts of every saved segment (one file in memory at a time). Files hold only tensors and
 plain data and are loaded with ``weights_only=True``.
 """
@@ -24,17 +25,18 @@ FORMAT = "zerobench-zero-shard/1"
 def shard_state_dict(engine) -> dict:
     """This rank's shard: segments with master/exp_avg/exp_avg_sq values and engine counters."""
     segs = engine.layout.segments(engine.rank_in_shards)
-    opt = engine.optimizer
+    opt = engine.adamw
     ms, vs = opt.moments()
     empty = torch.empty(0, dtype=torch.float32)
-    master = torch.cat([empty] + [_local(opt.master, engine, s).float().cpu() for s in segs])
-    m = torch.cat([empty] + [_local(ms, engine, s).cpu() for s in segs])
-    v = torch.cat([empty] + [_local(vs, engine, s).cpu() for s in segs])
+    master = torch.cat([empty] + [segment_view(opt.master, engine.layout, s).float().cpu() for s in segs])
+    m = torch.cat([empty] + [segment_view(ms, engine.layout, s).cpu() for s in segs])
+    v = torch.cat([empty] + [segment_view(vs, engine.layout, s).cpu() for s in segs])
     return {
         "format": FORMAT,
         "shard": engine.rank_in_shards,
         "num_shards": engine.layout.shards,
         "step": opt.step_count,
+        "hyper": _hyper(engine),
         "scaler": engine.scaler.state_dict(),
         "params": {zp.name: list(zp.slot.shape) for zp in engine.zparams},
         "aliases": _aliases(engine),
@@ -43,6 +45,13 @@ def shard_state_dict(engine) -> dict:
         "exp_avg": m.cpu(),
         "exp_avg_sq": v.cpu(),
     }
+
+
+def _hyper(engine) -> dict:
+    """The param group's hyperparameters as plain data (a schedule's current lr, its ``initial_lr``, ...)."""
+    group = engine.optimizer.param_groups[0]
+    return {k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
+            for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))}
 
 
 def _aliases(engine) -> dict[str, str]:
@@ -55,8 +64,9 @@ def _aliases(engine) -> dict[str, str]:
     }
 
 
-def _local(chunks: list[torch.Tensor], engine, seg) -> torch.Tensor:
-    base = engine.layout.local_offset(seg.bucket)
+def segment_view(chunks: list[torch.Tensor], layout, seg) -> torch.Tensor:
+    """Segment ``seg``'s elements in this rank's per-bucket ``chunks`` (master, moments, shards)."""
+    base = layout.local_offset(seg.bucket)
     lo = seg.local_start - base
     return chunks[seg.bucket][lo : lo + seg.numel]
 
@@ -69,7 +79,7 @@ def load_shard_state_dicts(engine, shards) -> None:
     for s in segs:
         by_name.setdefault(engine.zparams[s.param].name, []).append(s)
     filled = 0
-    opt = engine.optimizer
+    opt = engine.adamw
     ms, vs = opt.moments()
     meta = None
     expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
@@ -86,7 +96,7 @@ def load_shard_state_dicts(engine, shards) -> None:
                 if lo < hi:
                     src = slice(off + lo - start, off + hi - start)
                     for chunks, key in ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq")):
-                        dst = _local(chunks, engine, s)[lo - s.param_start : hi - s.param_start]
+                        dst = segment_view(chunks, engine.layout, s)[lo - s.param_start : hi - s.param_start]
                         dst.copy_(sd[key][src])
                     filled += hi - lo
             off += end - start
@@ -95,6 +105,9 @@ def load_shard_state_dicts(engine, shards) -> None:
         raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
     opt.load_moments(ms, vs)
     opt.step_count = int(meta["step"])
+    if "hyper" in meta:  # as torch.optim's load_state_dict restores lr and the rest (older shards lack it)
+        group = engine.optimizer.param_groups[0]
+        group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in meta["hyper"].items()})
     engine.scaler.load_state_dict(meta["scaler"])
     engine.params_from_master()
 
@@ -202,7 +215,7 @@ def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> di
 @torch.no_grad()
 def full_parameters(engine) -> dict[str, torch.Tensor]:
     """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
-    return _gather_chunks(engine, engine.optimizer.master)
+    return _gather_chunks(engine, engine.adamw.master)
 
 
 @torch.no_grad()

@@ -1,0 +1,81 @@
+"""``ZeroOptimizer``'s param-group handling without processes: what a schedule may write, and the one-line
+refusals (the engine's side is in ``tests/distributed/test_optimizer_api.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, OneCycleLR, SequentialLR
+
+from zerobench.config import ConfigError
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.torch_optimizer import ZeroOptimizer
+
+CFG = AdamWConfig(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def optimizer() -> ZeroOptimizer:
+    return ZeroOptimizer(None, [torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))], CFG)
+
+
+def test_one_group_with_the_config_as_defaults():
+    opt = optimizer()
+    (group,) = opt.param_groups
+    assert len(group["params"]) == 2
+    assert opt.hyper() == CFG
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of")  # no engine here to step
+def test_a_schedule_writes_what_the_next_step_reads():
+    """torch's warm-up + cosine schedules (tensor-free) set lr in place; a tensor lr reads as its value."""
+    opt = optimizer()
+    warm = LinearLR(opt, start_factor=0.01, total_iters=10)
+    sched = SequentialLR(opt, [warm, CosineAnnealingLR(opt, T_max=90, eta_min=0.0)], milestones=[10])
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.hyper().lr)
+        sched.step()
+    assert lrs[0] == pytest.approx(3e-6) and max(lrs) == pytest.approx(3e-4)
+    assert lrs[-1] < 1e-6 and all(lr >= 0 for lr in lrs)
+    opt.param_groups[0]["lr"] = torch.tensor(1e-4)
+    assert opt.hyper().lr == pytest.approx(1e-4)
+
+
+def test_one_cycle_momentum_schedules_write_betas():
+    """OneCycleLR cycles beta1 through ``betas``: the step reads both."""
+    opt = optimizer()
+    OneCycleLR(opt, max_lr=1e-3, total_steps=10)
+    h = opt.hyper()
+    assert h.betas[0] == pytest.approx(0.95) and h.betas[1] == 0.95 and h.lr == pytest.approx(4e-5)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("lr", -1.0, "param_groups[0]['lr'] must be a finite number >= 0, got -1.0"),
+    ("lr", float("inf"), "param_groups[0]['lr'] must be a finite number >= 0, got inf"),
+    ("weight_decay", -0.1, "param_groups[0]['weight_decay'] must be a finite number >= 0, got -0.1"),
+    ("eps", 0.0, "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 0.0, betas (0.9, 0.95)"),
+    ("betas", (0.9, 1.0), "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 1e-08, betas (0.9, 1.0)"),
+    ("lr", "fast", "param_groups[0] needs numbers for lr, betas, eps, weight_decay (betas a pair): ValueError"),
+])
+def test_bad_values_are_one_line(key, value, message):
+    opt = optimizer()
+    opt.param_groups[0][key] = value
+    with pytest.raises(ConfigError) as e:
+        opt.hyper()
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_more_groups_are_refused():
+    opt = optimizer()
+    with pytest.raises(ValueError, match="one param group"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))], "lr": 1.0})
+    opt.param_groups.append(dict(opt.param_groups[0]))
+    with pytest.raises(ConfigError, match="one param group, found 2"):
+        opt.hyper()
+
+
+def test_a_plain_torch_state_dict_is_refused():
+    opt = optimizer()
+    plain = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))]).state_dict()
+    with pytest.raises(ValueError, match="not a ZeRO optimizer state dict"):
+        opt.load_state_dict(plain)

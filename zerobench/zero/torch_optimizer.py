@@ -1,0 +1,98 @@
+"""``engine.optimizer``: the ZeRO engine's optimizer step behind the ``torch.optim.Optimizer`` interface.
+
+Training code written for plain PyTorch drives an optimizer object: learning-rate schedulers
+(``torch.optim.lr_scheduler.*``, Megatron's or Hugging Face's) write ``param_groups[i]["lr"]`` before each
+step, step hooks are registered on it, its ``state_dict()`` is saved next to the model's. ``ZeroOptimizer``
+is that object for a ``ZeroEngine``, as DeepSpeed's engine exposes its ZeRO optimizer. It holds no state
+of its own: the fp32 master and the Adam moments stay in the engine's flat partitions.
+
+- One param group over the trained parameters. Its ``lr``, ``betas``, ``eps`` and ``weight_decay`` are read
+  at every step (validated then), so a schedule's changes take effect at the next ``step()``. Which
+  parameters decay is the engine's rule (2+ dims), fixed at construction; more groups are refused.
+- ``step(closure=None)`` is ``engine.step()`` (either may be called; both run the step hooks and count as
+  the optimizer step for a scheduler's order check); ``applied`` says whether it updated anything.
+- ``state_dict()`` holds the group's hyperparameters and *this rank's* shard of the master and moments
+  (``zero_shard``); ``load_state_dict`` restores both on a model with the same partitioning (the same DP
+  size), on every DP rank. To change the number of ranks, use ``zerobench.zero.state_dict.save_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zerobench.config import ConfigError
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.state_dict import load_shard_state_dicts, shard_state_dict
+
+HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """The engine's optimizer as a ``torch.optim.Optimizer``; see the module docstring."""
+
+    def __init__(self, engine, params: list[torch.nn.Parameter], cfg: AdamWConfig):
+        self._engine = engine
+        self._ready = False
+        super().__init__(params, {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps,
+                                  "weight_decay": cfg.weight_decay})
+        self._ready = True
+        self.applied = False
+        """Whether the last ``step()`` updated the parameters (False: no gradient, or an fp16 overflow)."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._ready:
+            raise ValueError("the ZeRO engine trains the parameters given to apply_zero as one param group "
+                             "(weight decay on 2+-dim parameters only): change its hyperparameters in "
+                             "param_groups[0] instead of adding a group")
+        super().add_param_group(param_group)
+
+    def hyper(self) -> AdamWConfig:
+        """This step's hyperparameters from ``param_groups``; one line naming a bad value."""
+        if len(self.param_groups) != 1:
+            raise ConfigError(f"the ZeRO optimizer has one param group, found {len(self.param_groups)}: set "
+                              f"hyperparameters in param_groups[0]")
+        g = self.param_groups[0]
+        try:
+            lr, wd, eps = float(g["lr"]), float(g["weight_decay"]), float(g["eps"])
+            b1, b2 = (float(b) for b in g["betas"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"param_groups[0] needs numbers for {', '.join(HYPER_KEYS)} "
+                              f"(betas a pair): {type(e).__name__}: {e}") from None
+        if not (math.isfinite(lr) and lr >= 0):
+            raise ConfigError(f"param_groups[0]['lr'] must be a finite number >= 0, got {g['lr']}")
+        if not (math.isfinite(wd) and wd >= 0):
+            raise ConfigError(f"param_groups[0]['weight_decay'] must be a finite number >= 0, got {g['weight_decay']}")
+        if not (math.isfinite(eps) and eps > 0) or not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ConfigError(f"param_groups[0] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, "
+                              f"betas {g['betas']}")
+        return AdamWConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+
+    def step(self, closure=None):
+        """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.applied = self._engine._optimizer_step(self.hyper())
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``engine.zero_grad()``: the gradient buckets are cleared and kept (``set_to_none`` has no effect)."""
+        self._engine.zero_grad()
+
+    def state_dict(self) -> dict:
+        """torch's format (``param_groups`` with parameter indices, an empty per-parameter ``state``) plus
+        ``zero_shard``: this rank's master and moments (collective at no stage; plain tensors and data)."""
+        sd = super().state_dict()
+        sd["zero_shard"] = shard_state_dict(self._engine)
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore hyperparameters and this rank's shard (on every DP rank: stages 1-2 re-gather parameters)."""
+        if "zero_shard" not in state_dict:
+            raise ValueError("not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
+                             "engine.optimizer.state_dict() on every rank")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "zero_shard"})
+        load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])

@@ -33,6 +33,7 @@ from zerobench.zero.config import AdamWConfig, ZeroConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
+from zerobench.zero.module_state import install_load_hooks
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
@@ -86,6 +87,7 @@ class ZeroEngine:
         decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
         self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator)
         self.optimizer = ZeroOptimizer(self, [zp.param for zp in self.zparams], config.optimizer)
+        self._load_hooks = install_load_hooks(self)  # model.load_state_dict(sd) reaches the master and shards
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self.grads = GradBucketGroup(

@@ -43,6 +43,19 @@ def test_weight_decay_set_in_param_groups_with_closure_and_hooks(api):
         assert r["hook_calls"] == ["pre", "post"] * 5
 
 
+def test_clip_grad_norm_matches_torch(api):
+    """``engine.clip_grad_norm_(0.05)`` clips the global gradient as ``torch.nn.utils.clip_grad_norm_`` does on one
+    process (which on a rank would see summed or no ``.grad``), and returns the same total norm."""
+    world, stage, ranks = api
+    for r in ranks:
+        norms, ref_norms = r["clip_norms"]
+        assert min(ref_norms) > 0.05  # every step clipped
+        assert norms == pytest.approx(ref_norms, rel=1e-5)
+        assert close(r["clip"]), (world, stage, r["clip"])
+        assert r["clip_early"] == ("RuntimeError: clip_grad_norm_() before this window's gradients are reduced: "
+                                   "call it after the last backward() of the window, before step()")
+
+
 def test_state_dict_resumes_mid_schedule_bit_identically(api):
     """Optimizer and scheduler state dicts after 3 of 5 steps, through ``torch.save``/``torch.load(weights_only=True)``,
     loaded into an engine built from another initialisation: the last 2 steps land exactly where

@@ -4,6 +4,7 @@ against single-process ``torch.optim.AdamW`` driven the same way (``tests/helper
 - a ``LambdaLR`` schedule (warm-up from lr 0, then decay) stepped after ``engine.step()``, and a weight decay
   switched on through ``param_groups`` by an engine built with none;
 - ``optimizer.step(closure)`` and step hooks, under ZeRO-Offload too;
+- ``engine.clip_grad_norm_`` (FSDP's spelling) against ``torch.nn.utils.clip_grad_norm_`` on one process;
 - ``state_dict()`` through ``torch.save``/``torch.load(weights_only=True)`` into a fresh engine and scheduler
   mid-schedule, then training on: bit-identical to training straight through;
 - ``save_checkpoint``/``load_checkpoint`` restoring the schedule's current learning rate;
@@ -102,9 +103,30 @@ def run_optimizer_api(rank: int, world: int, stage: int) -> dict:
     out["closure_decay_offload"] = compare(engine, model, ref)
     out["hook_calls"] = calls
 
+    out.update(_clip(rank, world, stage, model, data, group))
     out.update(_resume(rank, world, stage, model, data, group))
     out.update(_bad_groups(rank, world, stage, model, data, group))
     return out
+
+
+def _clip(rank, world, stage, model, data, group) -> dict:
+    """``engine.clip_grad_norm_(max_norm)`` each step against ``torch.nn.utils.clip_grad_norm_`` on one process
+    (max_norm below every step's norm, so every step clips); then a call before any backward."""
+    ref = copy.deepcopy(model)
+    opt = make_adamw(ref.parameters(), ADAM)
+    engine = engine_for(copy.deepcopy(model), group, stage)
+    norms, ref_norms = [], []
+    for x, y in data:
+        engine.backward(engine.module(slice_of(x, rank, world), slice_of(y, rank, world)))
+        norms.append(engine.clip_grad_norm_(0.05).item())
+        engine.step()
+        engine.zero_grad()
+        reference_loss(ref, x, y, world).backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05).item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"clip": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
+            "clip_norms": (norms, ref_norms), "clip_early": _one_line_error(lambda: engine.clip_grad_norm_(1.0))}
 
 
 def _resume(rank, world, stage, model, data, group) -> dict:

@@ -19,10 +19,12 @@ the CPU; with parameter offload the stage-3 parameter partition does too.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import nn
 
+from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
@@ -104,6 +106,7 @@ class ZeroEngine:
         self.micro_step = 0
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
+        self._clip = 1.0  # this window's coefficient from clip_grad_norm_()
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
@@ -167,6 +170,8 @@ class ZeroEngine:
         accum = self.config.grad_accum_steps
         first = self.micro_step % accum == 0
         self.micro_step += 1
+        if first:
+            self._clip = 1.0
         self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first)
         (loss * (self.scaler.scale / accum)).backward()
         self.grads.finish(on_started=self._start_unused_check)
@@ -224,7 +229,7 @@ class ZeroEngine:
             self.scaler.update(overflow=True)
             self.last_grad_norm = float("inf")
             return False
-        scale = 1.0 / (self.group.size * self.scaler.scale)
+        scale, self._clip = self._clip / (self.group.size * self.scaler.scale), 1.0
         if self.config.clip_grad_norm is not None:
             norm = global_grad_norm(self, grads, sharded) * scale
             self.last_grad_norm = norm
@@ -246,6 +251,28 @@ class ZeroEngine:
 
     def zero_grad(self) -> None:
         self.grads.zero()
+        self._clip = 1.0
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip this window's gradient to a global L2 norm of ``max_norm`` (over every DP and TP partition),
+        as FSDP's ``clip_grad_norm_``: ``torch.nn.utils.clip_grad_norm_`` would see only this rank's ``.grad``
+        (stages 0-1: summed over ranks; 2-3: None). Call it on every DP rank after the window's last
+        ``backward()``, before ``step()``. Returns the total norm of the averaged gradient before clipping;
+        the coefficient is folded into the step's scale (``.grad`` is left as it is)."""
+        if not (math.isfinite(max_norm) and max_norm > 0):
+            raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
+        if self.micro_step % self.config.grad_accum_steps or not self.grads.reduced:
+            raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
+                               "last backward() of the window, before step()")
+        if self.storage.host is not None:
+            self.storage.host.finish_grad_copies()
+        sharded = self.stage >= 1 and self.group.size > 1
+        norm = global_grad_norm(self, self.grad_chunks(), sharded) * self._clip / (self.group.size * self.scaler.scale)
+        self.last_grad_norm = norm
+        if math.isfinite(norm):  # (an fp16 overflow: the step will be skipped anyway)
+            self._clip *= min(1.0, max_norm / (norm + 1e-6))
+        return torch.tensor(norm)
 
     def grad_chunks(self) -> list[torch.Tensor]:
         """This rank's reduced gradient chunks (summed over ranks) as the optimizer reads them."""

@@ -40,6 +40,13 @@ def test_a_submodule_loads_its_own_state_dict(ranks, case):
         assert loaded == 0.0 and untouched == 0.0
 
 
+@pytest.mark.parametrize("case", KEYS)
+def test_loading_into_a_deepcopy_leaves_the_engine_alone(ranks, case):
+    """``copy.deepcopy(model)`` carries the load hooks along; they only act on the engine's own parameters."""
+    for r in ranks:
+        assert r[case]["deepcopy_untouched"] == 0.0
+
+
 @pytest.mark.parametrize("stage", (0, 1, 2, 3))
 def test_bad_state_dicts_read_as_plain_torch(ranks, stage):
     """At stage 3 the parameters are placeholders, yet a wrong shape names the real one, and strict=False

@@ -78,6 +78,10 @@ def run_module_load(rank: int, world: int) -> dict:
         full = full_parameters(part)
         res["submodule"] = (_max_diff({n: full[n] for n in full if n.startswith("blocks.0.")}, dict(target.named_parameters())),
                             _max_diff({n: full[n] for n in full if not n.startswith("blocks.0.")}, dict(start.named_parameters())))
+        copied = copy.deepcopy(part.module)  # e.g. an EMA copy: loading into it must leave the engine alone
+        before = full_parameters(part)
+        _load(copied, target.state_dict())
+        res["deepcopy_untouched"] = _max_diff(full_parameters(part), before)
         out[key] = res
     for stage in (0, 1, 2, 3):
         out[f"s{stage}-errors"] = _errors(group, stage, start)

@@ -49,7 +49,9 @@ def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
             if not isinstance(value, torch.Tensor):
                 continue
             zp = engine.zparams[i]
-            placeholder = module._parameters[name].shape != zp.slot.shape
+            if module._parameters.get(name) is not zp.param:  # a deepcopy of the model (its hooks came along)
+                continue
+            placeholder = zp.param.shape != zp.slot.shape
             if value.shape != zp.slot.shape:
                 if placeholder:  # torch would compare against the placeholder's shape: say it with the real one
                     error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "

@@ -23,7 +23,16 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from tests.helpers.reference import make_adamw
-from tests.helpers.user_models import ADAM, batches, compare, engine_for, make_model, reference_loss, slice_of
+from tests.helpers.user_models import (
+    ADAM,
+    batches,
+    compare,
+    engine_for,
+    error_line,
+    make_model,
+    reference_loss,
+    slice_of,
+)
 from zerobench.distributed.collectives import Group
 from zerobench.zero.state_dict import full_parameters, load_checkpoint, save_checkpoint
 
@@ -64,14 +73,6 @@ def _train(engine, sched, data, rank, world, via_closure=False) -> list[float]:
         sched.step()
         engine.optimizer.zero_grad()
     return lrs
-
-
-def _one_line_error(fn) -> str | None:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the test asserts on the message every rank saw
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def run_optimizer_api(rank: int, world: int, stage: int) -> dict:
@@ -126,7 +127,7 @@ def _clip(rank, world, stage, model, data, group) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {"clip": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
-            "clip_norms": (norms, ref_norms), "clip_early": _one_line_error(lambda: engine.clip_grad_norm_(1.0))}
+            "clip_norms": (norms, ref_norms), "clip_early": error_line(lambda: engine.clip_grad_norm_(1.0))}
 
 
 def _resume(rank, world, stage, model, data, group) -> dict:
@@ -174,13 +175,13 @@ def _bad_groups(rank, world, stage, model, data, group) -> dict:
     engine.backward(engine.module(xs, ys))
     out = {}
     engine.optimizer.param_groups[0]["lr"] = -1.0
-    out["negative_lr"] = _one_line_error(engine.step)
+    out["negative_lr"] = error_line(engine.step)
     engine.optimizer.param_groups[0]["lr"] = float("nan")
-    out["nan_lr"] = _one_line_error(engine.optimizer.step)
+    out["nan_lr"] = error_line(engine.optimizer.step)
     engine.optimizer.param_groups[0]["lr"] = ADAM.lr
     engine.optimizer.param_groups[0]["betas"] = (0.9, 1.5)
-    out["bad_betas"] = _one_line_error(engine.step)
+    out["bad_betas"] = error_line(engine.step)
     engine.optimizer.param_groups[0]["betas"] = ADAM.betas
-    out["add_group"] = _one_line_error(lambda: engine.optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]}))
+    out["add_group"] = error_line(lambda: engine.optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]}))
     out["after_errors_stepped"] = engine.step()  # the refused steps left the window intact
     return out

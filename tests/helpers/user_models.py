@@ -198,7 +198,8 @@ def run_user_cases(rank: int, world: int, cases: list[UserCase]) -> dict[str, di
     return out
 
 
-def _errors_on_every_rank(fn) -> str | None:
+def error_line(fn) -> str | None:
+    """``fn()``'s exception as ``Type: message`` (what the tests compare across ranks), None if it returned."""
     try:
         fn()
     except Exception as e:  # noqa: BLE001 - the test asserts on the message every rank saw
@@ -242,7 +243,7 @@ def run_api_checks(rank: int, world: int, stage: int) -> dict:
         engine.backward(engine.module(x, y, 1 if rank == 0 else None))
         engine.step()
 
-    out["unused_error"] = _errors_on_every_rank(unused_step)
+    out["unused_error"] = error_line(unused_step)
     # ...and with find_unused_parameters=True, the skipping rank contributes a zero gradient.
     engine = engine_for(copy.deepcopy(model), group, stage, bucket_numel=2000, find_unused_parameters=True)
     for xs, ys in data:
@@ -265,7 +266,7 @@ def _read_params(rank: int, world: int, stage: int, model, data) -> dict:
     w = engine.module.blocks[0].fc1.weight
     out = {"repr": repr(w)[:40], "sum_shape": tuple(w.detach().sum(0).shape)}
     out["deepcopy_params"] = sum(p.numel() for p in copy.deepcopy(engine.module).parameters())
-    out["state_dict_error"] = _errors_on_every_rank(engine.module.state_dict)
+    out["state_dict_error"] = error_line(engine.module.state_dict)
     master = full_parameters(engine)
     with engine.gathered_params():
         sd = {k: v.clone() for k, v in engine.module.state_dict().items()}

@@ -106,7 +106,8 @@ class ZeroEngine:
         self.micro_step = 0
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
-        self._clip = 1.0  # this window's coefficient from clip_grad_norm_()
+        self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
+        self._grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
@@ -224,14 +225,13 @@ class ZeroEngine:
         if self.storage.host is not None:
             self.storage.host.finish_grad_copies()
         grads = self.grad_chunks()
-        sharded = self.stage >= 1 and self.group.size > 1
-        if self.scaler.enabled and found_nonfinite(self, grads, sharded):
+        if self.scaler.enabled and found_nonfinite(self, grads, self._grads_sharded):
             self.scaler.update(overflow=True)
             self.last_grad_norm = float("inf")
             return False
         scale, self._clip = self._clip / (self.group.size * self.scaler.scale), 1.0
         if self.config.clip_grad_norm is not None:
-            norm = global_grad_norm(self, grads, sharded) * scale
+            norm = global_grad_norm(self, grads, self._grads_sharded) * scale
             self.last_grad_norm = norm
             coef = self.config.clip_grad_norm / (norm + 1e-6)
             if coef < 1.0:
@@ -251,7 +251,6 @@ class ZeroEngine:
 
     def zero_grad(self) -> None:
         self.grads.zero()
-        self._clip = 1.0
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -267,8 +266,8 @@ class ZeroEngine:
                                "last backward() of the window, before step()")
         if self.storage.host is not None:
             self.storage.host.finish_grad_copies()
-        sharded = self.stage >= 1 and self.group.size > 1
-        norm = global_grad_norm(self, self.grad_chunks(), sharded) * self._clip / (self.group.size * self.scaler.scale)
+        norm = global_grad_norm(self, self.grad_chunks(), self._grads_sharded)
+        norm *= self._clip / (self.group.size * self.scaler.scale)
         self.last_grad_norm = norm
         if math.isfinite(norm):  # (an fp16 overflow: the step will be skipped anyway)
             self._clip *= min(1.0, max_norm / (norm + 1e-6))

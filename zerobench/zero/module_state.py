@@ -31,7 +31,8 @@ def install_load_hooks(engine) -> list:
         segments.setdefault(seg.param, []).append(seg)
     handles = []
     for module in engine.module.modules():
-        owned = {name: index[id(p)] for name, p in module._parameters.items() if p is not None and id(p) in index}
+        owned = {name: index[id(p)] for name, p in module.named_parameters(recurse=False, remove_duplicate=False)
+                 if id(p) in index}
         if owned:
             handles.append(module.register_load_state_dict_pre_hook(_pre_hook(engine, owned, segments)))
     return handles
@@ -49,16 +50,14 @@ def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
             if not isinstance(value, torch.Tensor):
                 continue
             zp = engine.zparams[i]
-            if module._parameters.get(name) is not zp.param:  # a deepcopy of the model (its hooks came along)
+            if getattr(module, name, None) is not zp.param:  # a deepcopy of the model (its hooks came along)
                 continue
             placeholder = zp.param.shape != zp.slot.shape
-            if value.shape != zp.slot.shape:
-                if placeholder:  # torch would compare against the placeholder's shape: say it with the real one
-                    error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
-                                      f"checkpoint, the shape in current model is {torch.Size(zp.slot.shape)}.")
-                    state_dict[key] = torch.empty(0, dtype=zp.param.dtype)
-                continue
-            _write(engine, segments.get(i, ()), value)
+            if value.shape == zp.slot.shape:
+                _write(engine, segments.get(i, ()), value)
+            elif placeholder:  # torch would compare against the placeholder's shape: say it with the real one
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
+                                  f"checkpoint, the shape in current model is {torch.Size(zp.slot.shape)}.")
             if placeholder:
                 state_dict[key] = torch.empty(0, dtype=zp.param.dtype)
 

@@ -3,9 +3,9 @@
 Each rank saves the pieces of parameters it owns as (name, start, end) segments of the flattened
 parameter with their fp32 master values and Adam moments (and the step count, the loss scale and the
 param group's hyperparameters: a schedule's current learning rate resumes with them), so a checkpoint
-does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every local segment, the
-overlapping parts of every saved segment (one file in memory at a time). Files hold only tensors and
-plain data and are loaded with ``weights_only=True``.
+does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
+local segment, the overlapping parts of every saved segment (one file in memory at a time). Files hold
+only tensors and plain data and are loaded with ``weights_only=True``.
 """
 
 from __future__ import annotations

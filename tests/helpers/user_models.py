@@ -4,7 +4,7 @@ single-process ``torch.optim.AdamW`` training on the same global batch.
 The models cover what plain PyTorch code does that a GPT does not: an embedding into an MLP stack,
 frozen layers, weights tied across stage-3 units (adjacent and far apart), a unit without parameters,
 every parameter inside ``blocks`` (a root without parameters), checkpointing called by the model itself
-(``torch.utils.checkpoint``, non-reentrant), one block called twice in a forward (weights shared across
+(``torch.utils.checkpoint``, non-reentrant and re-entrant), one block called twice in a forward (weights shared across
 depth: at stage 3 its unit is gathered, freed and re-gathered within one pass), and parameters of very
 different sizes (a 0-dim scale, a 2-element vector, a 7200-element matrix). Each rank trains on its slice
 of the global batch; the reference takes the mean of the per-slice losses, which is the same objective.
@@ -73,7 +73,10 @@ class MLP(nn.Module):
             if i == skip:  # the block runs, its fc2 does not (stage 3 needs every rank to run every unit)
                 h = b(h, skip_fc2=True)
                 continue
-            h = checkpoint(b, h, use_reentrant=False) if self.variant == "user_ckpt" else b(h)
+            if self.variant in ("user_ckpt", "user_ckpt_reentrant"):
+                h = checkpoint(b, h, use_reentrant=self.variant == "user_ckpt_reentrant")
+            else:
+                h = b(h)
             if self.variant == "reused" and i == 1:
                 h = b(h)
         logits = self.head(h * self.pair[0] + self.pair[1]) * self.scale

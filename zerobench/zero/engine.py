@@ -29,6 +29,7 @@ from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
+from zerobench.zero.backward_pass import BackwardPasses, PassState
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
 from zerobench.zero.config import AdamWConfig, ZeroConfig
@@ -99,10 +100,11 @@ class ZeroEngine:
         )
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
+        self.scaler = DynamicLossScaler(config.loss_scale, enabled=config.precision.value == "fp16")
+        self.passes = BackwardPasses(model, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
         self._hooks = [zp.param.register_post_accumulate_grad_hook(self._make_hook(zp)) for zp in self.zparams]
         if self.grads.keep_full:
             self.grads.attach_grad_views()
-        self.scaler = DynamicLossScaler(config.loss_scale, enabled=config.precision.value == "fp16")
         self.micro_step = 0
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
@@ -148,14 +150,18 @@ class ZeroEngine:
                                      self.ledger, self.device, transfer, self.config.prefetch, self.allocator)
 
     def _make_hook(self, zp: ZeroParam):
-        grads = self.grads
+        grads, passes, idle = self.grads, self.passes, PassState.IDLE
         if grads.keep_full:  # stages 0-1: .grad is a view of the bucket; the hook only counts
             def landed(p: torch.Tensor) -> None:
+                if passes.state is idle:  # a plain loss.backward() not through the root's output
+                    passes.ensure_open()
                 grads.grad_landed(zp, p)
 
             return landed
 
         def staged(p: torch.Tensor) -> None:  # stages 2-3: into the staging bucket, then freed
+            if passes.state is idle:
+                passes.ensure_open()
             grads.add_grad(zp, p.grad)
             p.grad = None
 
@@ -167,14 +173,20 @@ class ZeroEngine:
         return self.scaler.scale
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of one micro-batch; reduces gradients (overlapped) when the window completes."""
+        """Backward of one micro-batch of ``loss`` × loss scale / ``grad_accum_steps``; reduces gradients
+        (overlapped) when the window completes. A plain ``loss.backward()`` works too, unscaled, as under DDP
+        (``zero/backward_pass.py``)."""
+        self.passes.run(loss * (self.scaler.scale / self.config.grad_accum_steps))
+
+    def _begin_micro(self) -> None:
         accum = self.config.grad_accum_steps
         first = self.micro_step % accum == 0
         self.micro_step += 1
         if first:
             self._clip = 1.0
         self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first)
-        (loss * (self.scaler.scale / accum)).backward()
+
+    def _end_micro(self) -> None:
         self.grads.finish(on_started=self._start_unused_check)
 
     def _start_unused_check(self, unused: list[int]) -> None:

@@ -1,0 +1,50 @@
+"""DDP/FSDP-style loops (``loss.backward()``, ``optimizer.step()``) against the engine, stages 0-3 at world 2
+(world 3 in the full tier), compared with single-process ``torch.optim.AdamW`` (``tests/helpers/plain_backward.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.test_user_models import close
+from tests.helpers.dist import run_distributed
+from tests.helpers.plain_backward import run_plain_backward
+from zerobench.zero.backward_pass import FP16_PLAIN_BACKWARD
+
+pytestmark = pytest.mark.dist
+
+CASES = ("plain", "accum", "reentrant", "mixed", "no_root_hooks")
+
+
+@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
+                                        for w in (2, 3) for s in (0, 1, 2, 3)])
+def ranks(request):
+    world, stage = request.param
+    return stage, run_distributed(run_plain_backward, world, stage, timeout=300)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_plain_loss_backward_trains_as_torch_does(ranks, case):
+    stage, results = ranks
+    if case == "no_root_hooks" and stage == 3:
+        pytest.skip("stage 3 gathers the root's parameters in its forward hooks: call the module, not .forward")
+    for r in results:
+        got = r[case]
+        assert got["max_update"] > 1e-3, "parameters did not move: the comparison would be vacuous"
+        assert got["missing"] == [] and close(got), got
+        assert got["state"] == "idle"  # every pass closed by autograd's callback
+
+
+def test_an_aborted_backward_leaves_nothing_open(ranks):
+    _, results = ranks
+    for r in results:
+        a = r["aborted"]
+        assert a["error"] == "ValueError: user hook failed"
+        assert a["state_after_error"] == "plain"  # its close never ran: the next forward drops it
+        assert a["max_update"] > 1e-3 and close(a), a
+
+
+def test_fp16_plain_backward_is_refused_in_one_line(ranks):
+    _, results = ranks
+    for r in results:
+        assert r["fp16_error"] == f"RuntimeError: {FP16_PLAIN_BACKWARD}"
+        assert r["fp16_state"] == "idle"

@@ -1,0 +1,99 @@
+"""Backward passes: each one micro-batch, started by ``engine.backward(loss)`` or by a plain ``loss.backward()``.
+
+DeepSpeed's training loops call ``engine.backward(loss)``; DDP's and FSDP's call ``loss.backward()`` and let
+the wrapper's hooks do the rest. Both drive the engine:
+
+- ``engine.backward(loss)`` (``run``) opens the pass (the micro-batch is counted and the bucket group told
+  whether it synchronises), scales the loss (1 / ``grad_accum_steps``, and fp16's loss scale), runs
+  autograd and closes the pass (the bucket group's ``finish``: the remaining buckets started, all waited for).
+- A plain ``loss.backward()`` is opened by its first hook: a hook on the gradient of the root module's forward
+  output, so it runs in the outermost autograd graph task, before any parameter gradient lands (a re-entrant
+  checkpoint's inner backward is a nested task; its end is not the pass's end), or, for a backward that does
+  not reach the root's output (a submodule called on its own), the first parameter gradient that lands. The
+  close is queued on autograd's engine (``queue_callback``), which runs it when that backward ends, as FSDP
+  finalises its post-backward. The loss is not scaled: as under DDP, the gradient is autograd's (divide the
+  loss by the number of micro-batches yourself when accumulating). Under fp16 the pass is refused: the dynamic
+  loss scale is applied by ``engine.backward``, and stepping on unscaled gradients would be silently wrong.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+FP16_PLAIN_BACKWARD = (
+    "fp16 training needs engine.backward(loss), which multiplies the loss by the dynamic loss scale: a plain "
+    "loss.backward() would step on unscaled gradients"
+)
+
+
+class PassState(enum.Enum):
+    """IDLE -> EXPLICIT (``engine.backward``) or PLAIN (``loss.backward()``, closed by autograd's callback) -> IDLE."""
+
+    IDLE = "idle"
+    EXPLICIT = "explicit"
+    PLAIN = "plain"
+
+
+class BackwardPasses:
+    """Opens and closes the engine's backward passes; see the module docstring."""
+
+    def __init__(self, root: nn.Module, begin: Callable[[], None], end: Callable[[], None], scaled: bool):
+        """``begin``/``end``: the engine's start and finish of a micro-batch. ``scaled``: the loss needs a scale
+        only ``engine.backward`` applies (fp16), so plain backward passes are refused."""
+        self.state = PassState.IDLE
+        self._begin, self._end, self._scaled = begin, end, scaled
+        self.handle = root.register_forward_hook(self._on_root_output)
+
+    def run(self, loss: torch.Tensor) -> None:
+        """``engine.backward``: open, ``loss.backward()``, close (``loss`` already scaled by the caller)."""
+        self._drop_unfinished()
+        if self.state is not PassState.IDLE:
+            raise RuntimeError(f"engine.backward() inside another backward pass ({self.state.value}): call it once "
+                               f"per micro-batch, outside autograd")
+        self._begin()
+        self.state = PassState.EXPLICIT
+        try:
+            loss.backward()
+        finally:
+            self.state = PassState.IDLE
+        self._end()
+
+    def ensure_open(self) -> None:
+        """From any of the engine's backward hooks: open a plain ``loss.backward()`` if nothing has yet."""
+        if self.state is PassState.IDLE:
+            self._open_plain()
+
+    def _open_plain(self) -> None:
+        if self._scaled:
+            raise RuntimeError(FP16_PLAIN_BACKWARD)
+        self._begin()
+        self.state = PassState.PLAIN
+        torch.autograd.Variable._execution_engine.queue_callback(self._close_plain)
+
+    def _close_plain(self) -> None:
+        self.state = PassState.IDLE
+        self._end()
+
+    def _drop_unfinished(self) -> None:
+        """Outside autograd, a plain pass still open is one whose backward raised before its end (its callback
+        never ran): forget it, or every later pass would be taken as part of it and never reduced."""
+        if self.state is PassState.PLAIN and torch._C._current_graph_task_id() == -1:
+            self.state = PassState.IDLE
+
+    def _on_root_output(self, module, args, output) -> None:
+        if torch._C._current_graph_task_id() != -1:  # a recompute inside backward
+            return
+        self._drop_unfinished()
+        if not torch.is_grad_enabled():
+            return
+        for t in tree_flatten(output)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
+                t.register_hook(self._on_output_grad)
+
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        self.ensure_open()

@@ -12,7 +12,8 @@ from zerobench.zero.backward_pass import FP16_PLAIN_BACKWARD
 
 pytestmark = pytest.mark.dist
 
-CASES = ("plain", "accum", "reentrant", "mixed", "no_root_hooks")
+CASES = ("plain", "accum", "reentrant", "mixed", "no_root_hooks", "two_windows", "module_zero_grad",
+         "module_zero_grad_keep", "grad_none_by_hand")
 
 
 @pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
@@ -27,11 +28,13 @@ def test_plain_loss_backward_trains_as_torch_does(ranks, case):
     stage, results = ranks
     if case == "no_root_hooks" and stage == 3:
         pytest.skip("stage 3 gathers the root's parameters in its forward hooks: call the module, not .forward")
+    if case == "grad_none_by_hand" and stage >= 2:
+        pytest.skip("at stages 2-3 .grad is None already: clear with model.zero_grad() or the engine's")
     for r in results:
         got = r[case]
         assert got["max_update"] > 1e-3, "parameters did not move: the comparison would be vacuous"
         assert got["missing"] == [] and close(got), got
-        assert got["state"] == "idle"  # every pass closed by autograd's callback
+        assert got.get("state", "idle") == "idle"  # every pass closed by autograd's callback
 
 
 def test_an_aborted_backward_leaves_nothing_open(ranks):
@@ -48,3 +51,33 @@ def test_fp16_plain_backward_is_refused_in_one_line(ranks):
     for r in results:
         assert r["fp16_error"] == f"RuntimeError: {FP16_PLAIN_BACKWARD}"
         assert r["fp16_state"] == "idle"
+
+
+def test_a_window_mixing_both_backwards_is_refused_in_one_line(ranks):
+    _, results = ranks
+    for r in results:
+        assert r["mixed_window_error"] == ("RuntimeError: one accumulation window mixes engine.backward(loss) and plain "
+                                           "loss.backward(): use one of them for all grad_accum_steps micro-batches "
+                                           "of a window")
+
+
+@pytest.mark.parametrize("path", ("engine", "plain"))
+def test_gradients_are_ddps_mean_over_ranks(ranks, path):
+    """What DDP users read after backward: the gradient averaged over ranks (``p.grad`` at stage 0, where it is
+    the whole gradient; ``full_gradients`` at every stage), and torch's ``clip_grad_norm_`` on ``p.grad``."""
+    stage, results = ranks
+    for r in results:
+        assert r["ddp_grad_max"] > 1e-2
+        assert r[f"{path}_full_diff"] <= 1e-6 * r["ddp_grad_max"] * 10, r
+        assert r[f"{path}_engine_clip_norm"] == pytest.approx(r["ddp_clip_norm"], rel=1e-5)
+        if stage == 0:
+            assert r[f"{path}_pgrad_diff"] <= 1e-6 * r["ddp_grad_max"] * 10, r
+            assert r[f"{path}_torch_clip_norm"] == pytest.approx(r["ddp_clip_norm"], rel=1e-5)
+
+
+def test_the_model_keeps_its_class_and_copies_are_plain(ranks):
+    _, results = ranks
+    for r in results:
+        assert r["class_name"] == "MLP" and r["isinstance"]
+        assert r["copy_class"]
+        assert r["reduced_after_copy_cleared"] is True

@@ -6,16 +6,25 @@ trained nothing, silently: the gradients were never reduced and every step was s
 Cases (each a fresh engine on the MLP): the DDP loop; accumulation over two micro-batches with the loss divided
 by hand (as under DDP) and ``grad_accum_steps=2``; the model's own re-entrant checkpointing; a backward that
 does not go through the root module's hooks (``model.forward`` called directly: stages 0-2); the two loops
-mixed step by step; a backward aborted by an exception, then training on; fp16, refused in one line.
+mixed step by step, and two windows accumulated without ``zero_grad()``; a backward aborted by an exception,
+then training on; fp16, refused in one line; a window mixing the two, refused in one line. Gradients cleared
+as PyTorch code clears them: ``model.zero_grad()`` (either ``set_to_none``), and ``p.grad = None`` by hand at
+stages 0-1 (at stages 2-3 ``.grad`` is None already); the model's class after that routing. And what DDP's
+users read: at stage 0 ``p.grad`` after either backward, and ``torch.nn.utils.clip_grad_norm_``'s norm, equal
+torch DDP's in the same ranks (the mean over ranks); at every stage ``full_gradients`` does.
 """
 
 from __future__ import annotations
 
 import copy
 
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
 from tests.helpers.user_models import batches, compare, engine_for, error_line, make_model, reference_params, slice_of
 from zerobench.distributed.collectives import Group
 from zerobench.zero.config import Precision
+from zerobench.zero.state_dict import full_gradients
 
 
 def run_plain_backward(rank: int, world: int, stage: int) -> dict:
@@ -24,14 +33,15 @@ def run_plain_backward(rank: int, world: int, stage: int) -> dict:
     mine = [(slice_of(x, rank, world), slice_of(y, rank, world)) for x, y in data]
     out: dict = {}
 
-    def ddp_loop(variant: str, call, **kw) -> dict:
+    def ddp_loop(variant: str, call, steps_itself: bool = False, **kw) -> dict:
         model = make_model(variant)
         engine = engine_for(copy.deepcopy(model), group, stage, **kw)
         opt = engine.optimizer
         for i, (x, y) in enumerate(mine):
             call(engine, i, x, y)
-            opt.step()
-            opt.zero_grad()
+            if not steps_itself:
+                opt.step()
+                opt.zero_grad()
         return {**compare(engine, model, reference_params(model, data, world)), "state": engine.passes.state.value}
 
     def plain(engine, i, x, y):
@@ -51,7 +61,29 @@ def run_plain_backward(rank: int, world: int, stage: int) -> dict:
     out["mixed"] = ddp_loop("mlp", mixed)
     if stage < 3:  # at stage 3 the root's parameters are gathered by its forward hooks, which this bypasses
         out["no_root_hooks"] = ddp_loop("mlp", lambda engine, i, x, y: engine.module.forward(x, y).backward())
+    out["two_windows"] = _two_windows(group, stage, data, mine, world)
+
+    def zero_by(clear):
+        def call(engine, i, x, y):
+            if i:  # the optimizer's own zero_grad() left out: the model's (or a hand-written one) instead
+                clear(engine.module)
+            engine.module(x, y).backward()
+            engine.step()
+        return call
+
+    out["module_zero_grad"] = ddp_loop("mlp", zero_by(lambda m: m.zero_grad()), True)
+    out["module_zero_grad_keep"] = ddp_loop("mlp", zero_by(lambda m: m.zero_grad(set_to_none=False)), True)
+    if stage < 2:
+        out["grad_none_by_hand"] = ddp_loop("mlp", zero_by(lambda m: [setattr(p, "grad", None) for p in m.parameters()]),
+                                            True)
+    out.update(_model_class(group, stage, mine[0]))
     out["aborted"] = _aborted_then_trained(group, stage, data, mine, world)
+    out.update(_against_ddp(group, stage, mine[0]))
+
+    engine = engine_for(make_model("mlp"), group, stage, grad_accum_steps=2)
+    x, y = mine[0]
+    engine.backward(engine.module(x, y))
+    out["mixed_window_error"] = error_line(lambda: engine.module(x, y).backward())
 
     engine = engine_for(make_model("mlp"), group, stage, precision=Precision.FP16)
     x, y = mine[0]
@@ -79,3 +111,56 @@ def _aborted_then_trained(group: Group, stage: int, data, mine, world: int) -> d
         engine.step()
         engine.zero_grad()
     return {**out, **compare(engine, model, reference_params(model, data, world))}
+
+
+def _two_windows(group: Group, stage: int, data, mine, world: int) -> dict:
+    """Two plain backward passes per step without ``zero_grad()`` between them: two windows, accumulated."""
+    model = make_model("mlp")
+    engine = engine_for(copy.deepcopy(model), group, stage)
+    for x, y in mine:
+        for _ in range(2):
+            engine.module(x, y).backward()
+        engine.step()
+        engine.zero_grad()
+    return compare(engine, model, reference_params(model, data, world, windows=2))
+
+
+def _against_ddp(group: Group, stage: int, batch) -> dict:
+    """The largest difference from torch DDP's ``.grad`` (same model, same slice, gloo): of ``p.grad`` at stage 0
+    and of ``full_gradients`` at every stage, after ``engine.backward`` and after a plain ``loss.backward()``;
+    and of ``clip_grad_norm_``'s total norm (torch's on ``p.grad`` at stage 0, the engine's at every stage)."""
+    x, y = batch
+    model = make_model("mlp")
+    ddp = DistributedDataParallel(copy.deepcopy(model))
+    ddp(x, y).backward()
+    want = {n: p.grad.clone() for n, p in ddp.module.named_parameters()}
+    want_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1e9).item()
+    out = {"ddp_grad_max": max(g.abs().max().item() for g in want.values())}
+    for path in ("engine", "plain"):
+        engine = engine_for(copy.deepcopy(model), group, stage)
+        loss = engine.module(x, y)
+        engine.backward(loss) if path == "engine" else loss.backward()
+        full = full_gradients(engine)
+        out[f"{path}_full_diff"] = max((full[n] - want[n]).abs().max().item() for n in want)
+        if stage == 0:
+            grads = dict(engine.module.named_parameters())
+            out[f"{path}_pgrad_diff"] = max((grads[n].grad - want[n]).abs().max().item() for n in want)
+            out[f"{path}_torch_clip_norm"] = torch.nn.utils.clip_grad_norm_(engine.module.parameters(), 1e9).item()
+        out[f"{path}_engine_clip_norm"] = engine.clip_grad_norm_(1e9).item()
+    out["ddp_clip_norm"] = want_norm
+    return out
+
+
+def _model_class(group: Group, stage: int, batch) -> dict:
+    """After ``apply_zero`` the model keeps its class name and ``isinstance``; a deepcopy (an EMA copy) is of the
+    model's own class, and clearing the copy's gradients leaves the engine's alone."""
+    from tests.helpers.user_models import MLP
+
+    engine = engine_for(make_model("mlp"), group, stage)
+    m = engine.module
+    x, y = batch
+    m(x, y).backward()
+    ema = copy.deepcopy(m)
+    ema.zero_grad()
+    return {"class_name": type(m).__name__, "isinstance": isinstance(m, MLP), "copy_class": type(ema) is MLP,
+            "reduced_after_copy_cleared": engine.grads.reduced}

@@ -91,8 +91,8 @@ def sole_buckets(rank, world, stage):
             stage_._as_is = lambda grad: False
         taken, write = [], stage_.write
 
-        def tracking(slot, grad, write=write, stage_=stage_, taken=taken):
-            write(slot, grad)
+        def tracking(slot, grad, scale=None, write=write, stage_=stage_, taken=taken):
+            write(slot, grad, scale)
             buf = stage_.buffers.get(slot.bucket)
             taken.append((slot.name, buf is not None and buf.data_ptr() == grad.data_ptr()))
 

@@ -11,19 +11,24 @@ the wrapper's hooks do the rest. Both drive the engine:
   checkpoint's inner backward is a nested task; its end is not the pass's end), or, for a backward that does
   not reach the root's output (a submodule called on its own), the first parameter gradient that lands. The
   close is queued on autograd's engine (``queue_callback``), which runs it when that backward ends, as FSDP
-  finalises its post-backward. The loss is not scaled: as under DDP, the gradient is autograd's (divide the
-  loss by the number of micro-batches yourself when accumulating). Under fp16 the pass is refused: the dynamic
+  finalises its post-backward. The loss is not scaled: as under DDP, each rank's gradient is autograd's,
+  multiplied by 1/N before its collective, so the reduced one is the mean over ranks (divide the loss by the
+  number of micro-batches yourself when accumulating). Under fp16 the pass is refused: the dynamic
   loss scale is applied by ``engine.backward``, and stepping on unscaled gradients would be silently wrong.
 """
 
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
+
+from zerobench.zero.bucket import GradBucketGroup
+from zerobench.zero.param import ZeroParam
 
 FP16_PLAIN_BACKWARD = (
     "fp16 training needs engine.backward(loss), which multiplies the loss by the dynamic loss scale: a plain "
@@ -42,12 +47,18 @@ class PassState(enum.Enum):
 class BackwardPasses:
     """Opens and closes the engine's backward passes; see the module docstring."""
 
-    def __init__(self, root: nn.Module, begin: Callable[[], None], end: Callable[[], None], scaled: bool):
-        """``begin``/``end``: the engine's start and finish of a micro-batch. ``scaled``: the loss needs a scale
+    def __init__(self, root: nn.Module, begin: Callable[[bool], None], end: Callable[[], None], scaled: bool):
+        """``begin(plain)``/``end()``: the engine's start and finish of a micro-batch. ``scaled``: the loss needs a scale
         only ``engine.backward`` applies (fp16), so plain backward passes are refused."""
         self.state = PassState.IDLE
         self._begin, self._end, self._scaled = begin, end, scaled
-        self.handle = root.register_forward_hook(self._on_root_output)
+        root_ref = weakref.ref(root)
+
+        def on_output(module, args, output) -> None:  # a function: copy.deepcopy(model) shares it, not the engine
+            if module is root_ref():  # (a copy's forward is not this engine's)
+                self._on_root_output(output)
+
+        self.handle = root.register_forward_hook(on_output)
 
     def run(self, loss: torch.Tensor) -> None:
         """``engine.backward``: open, ``loss.backward()``, close (``loss`` already scaled by the caller)."""
@@ -55,13 +66,34 @@ class BackwardPasses:
         if self.state is not PassState.IDLE:
             raise RuntimeError(f"engine.backward() inside another backward pass ({self.state.value}): call it once "
                                f"per micro-batch, outside autograd")
-        self._begin()
+        self._begin(False)
         self.state = PassState.EXPLICIT
         try:
             loss.backward()
         finally:
             self.state = PassState.IDLE
         self._end()
+
+    def grad_hook(self, zp: ZeroParam, grads: GradBucketGroup) -> Callable[[torch.Tensor], None]:
+        """The post-accumulate-grad hook of one trained parameter: opens a plain pass if none is open (a backward
+        that did not go through the root's output), then hands the gradient to the bucket group."""
+        idle = PassState.IDLE
+        if grads.keep_full:  # stages 0-1: .grad is a view of the bucket; the hook only counts
+
+            def landed(p: torch.Tensor) -> None:
+                if self.state is idle:
+                    self.ensure_open()
+                grads.grad_landed(zp, p)
+
+            return landed
+
+        def staged(p: torch.Tensor) -> None:  # stages 2-3: into the staging bucket, then freed
+            if self.state is idle:
+                self.ensure_open()
+            grads.add_grad(zp, p.grad)
+            p.grad = None
+
+        return staged
 
     def ensure_open(self) -> None:
         """From any of the engine's backward hooks: open a plain ``loss.backward()`` if nothing has yet."""
@@ -71,7 +103,7 @@ class BackwardPasses:
     def _open_plain(self) -> None:
         if self._scaled:
             raise RuntimeError(FP16_PLAIN_BACKWARD)
-        self._begin()
+        self._begin(True)
         self.state = PassState.PLAIN
         torch.autograd.Variable._execution_engine.queue_callback(self._close_plain)
 
@@ -85,7 +117,7 @@ class BackwardPasses:
         if self.state is PassState.PLAIN and torch._C._current_graph_task_id() == -1:
             self.state = PassState.IDLE
 
-    def _on_root_output(self, module, args, output) -> None:
+    def _on_root_output(self, output) -> None:
         if torch._C._current_graph_task_id() != -1:  # a recompute inside backward
             return
         self._drop_unfinished()

@@ -112,6 +112,8 @@ class GradBucketGroup:
         self.next_start = 0
         self.sync = True
         self.first_micro = True
+        self.pre_scale: float | None = None
+        """1/N when this micro-batch's gradients are averaged before their collective (a plain backward)."""
         self.reduced = False
         """Whether the buffers hold reduced gradients since the last ``zero()``."""
         self.seen = [False] * len(zparams)
@@ -121,32 +123,23 @@ class GradBucketGroup:
         self.on_bucket_reduced: Callable[[int], None] | None = None
 
     # -- micro-batch lifecycle -------------------------------------------------------------------
-    def begin_micro(self, sync: bool, first_in_window: bool) -> None:
+    def begin_micro(self, sync: bool, first_in_window: bool, prescaled: bool = True) -> None:
+        """``prescaled``: the loss was multiplied by 1/N (``engine.backward``); otherwise (a plain
+        ``loss.backward()``) this micro-batch's gradients are multiplied by 1/N before their collective."""
         self.sync = sync or not self.keep_full  # partitioned grads are reduced every micro-batch
+        self.pre_scale = None if prescaled or self.group.size == 1 else 1.0 / self.group.size
         if first_in_window:
             self.seen = [False] * len(self.zparams)
             self.seen_count = 0
-            if self.keep_full and self.reduced:
-                self._keep_one_copy()
+            if self.keep_full and self.reduced:  # new gradients summed onto reduced ones: keep one copy of those
+                self.full.keep_one_copy(self.group.rank, self.mode is SyncMode.ALL_REDUCE,
+                                        1 if self.pre_scale is None else self.group.size)
         self.first_micro = not self.reduced  # partitions: overwrite until something was reduced into them
         self.state = [BucketState.FILLING] * len(self.layout.buckets)
         self.pending = [len(b.params) for b in self.layout.buckets]
         self.next_start = 0
         if not self.keep_full:
             self.stage.begin_micro()
-
-    def _keep_one_copy(self) -> None:
-        """Before accumulating onto reduced gradients (stages 0-1), keep a single copy of them over the group."""
-        g = self.group
-        for b in self.layout.buckets:
-            view = self.full.bucket_view(b.index)
-            if self.mode is SyncMode.ALL_REDUCE:
-                if g.rank != 0:
-                    view.zero_()
-            else:
-                lo, hi = b.shard(g.rank)
-                self.full.data[b.start : lo].zero_()
-                self.full.data[hi : b.end].zero_()
 
     def attach_grad_views(self) -> None:
         """Stages 0-1: point every parameter's ``.grad`` at its view of the full gradient buffer."""
@@ -155,15 +148,13 @@ class GradBucketGroup:
 
     def grad_landed(self, zp: ZeroParam, param: torch.Tensor) -> None:
         """Stages 0-1, from the post-accumulate-grad hook: autograd has accumulated into ``param.grad``,
-        normally the view itself. If ``.grad`` was replaced (the user set it to None, or ``create_graph``
-        accumulated out of place), its value goes into the view and the view is put back."""
+        normally the view itself. If ``.grad`` was replaced, it holds the parameter's whole gradient as torch
+        defines it (the user set it to None: the new one alone; to another tensor, or ``create_graph``
+        accumulated out of place: that sum), so its value replaces the view's and the view is put back."""
         view = self.views[zp.slot.index]
         grad = param.grad
         if grad is not view:
-            if zp.grad_state is GradState.NONE:
-                view.copy_(grad)
-            else:
-                view.add_(grad)
+            view.copy_(grad)
             param.grad = view
         self._landed(zp)
 
@@ -171,7 +162,7 @@ class GradBucketGroup:
         """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket (``zero/staging.py``)."""
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
-        self.stage.write(zp.slot, grad)
+        self.stage.write(zp.slot, grad, self.pre_scale)
         self._landed(zp)
 
     def _landed(self, zp: ZeroParam) -> None:
@@ -196,6 +187,8 @@ class GradBucketGroup:
         g = self.group
         if self.keep_full:
             view = self.full.bucket_view(bucket)
+            if self.pre_scale is not None:
+                view.mul_(self.pre_scale)
             if self.mode is SyncMode.ALL_REDUCE:
                 work = C.all_reduce(view, g, self.ledger, "grad", async_op=True)
             else:
@@ -280,7 +273,7 @@ class GradBucketGroup:
 
     # -- views the optimizer needs -----------------------------------------------------------------
     def shard_views(self) -> list[torch.Tensor]:
-        """This rank's reduced gradient shard of every bucket (summed over ranks, not averaged)."""
+        """This rank's reduced gradient shard of every bucket (averaged over ranks)."""
         if self.keep_full:
             return [self.full.shard_view(b.index, self.group.rank if self.layout.shards > 1 else 0)
                     for b in self.layout.buckets]

@@ -32,6 +32,19 @@ class FullBuffer:
         lo, hi = self.layout.buckets[bucket].shard(rank)
         return self.data[lo:hi]
 
+    def keep_one_copy(self, rank: int, whole_on_rank0: bool, times: int = 1) -> None:
+        """Before summing new gradients over the group onto reduced ones, keep a single copy of the reduced
+        ones (times ``times``): rank 0's whole buffer (``whole_on_rank0``: an all-reduce follows), else each
+        rank's own shard of every bucket (a reduce-scatter follows); the rest is zeroed."""
+        for b in self.layout.buckets:
+            lo, hi = (b.start, b.end) if whole_on_rank0 else b.shard(rank)
+            if whole_on_rank0 and rank != 0:
+                lo = hi = b.end
+            self.data[b.start : lo].zero_()
+            self.data[hi : b.end].zero_()
+            if times != 1 and hi > lo:
+                self.data[lo:hi].mul_(times)
+
 
 class LocalBuffer:
     """One rank's shard of every bucket, concatenated in bucket order."""

@@ -8,8 +8,10 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
         engine.backward(model(x, y))
     engine.step(); engine.zero_grad()
 
-Gradients are *summed* over ranks by the collectives; the 1/N average, the 1/loss-scale and the clip
-coefficient are folded into one scale applied inside the optimizer step.
+Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
+``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
+collectives sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the
+optimizer step.
 
 With optimizer offload (``zerobench.zero.offload``) the master partition, the moments (in memory, 8-bit
 or on NVMe: ``zerobench.zero.states``) and the gradient partition live on the host, and the step runs on
@@ -19,7 +21,6 @@ the CPU; with parameter offload the stage-3 parameter partition does too.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 from torch import nn
@@ -29,14 +30,15 @@ from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
-from zerobench.zero.backward_pass import BackwardPasses, PassState
+from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
 from zerobench.zero.config import AdamWConfig, ZeroConfig
-from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
+from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.module_state import install_load_hooks
+from zerobench.zero.module_zero_grad import route_zero_grad
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
@@ -93,21 +95,11 @@ class ZeroEngine:
         self._load_hooks = install_load_hooks(self)  # model.load_state_dict(sd) reaches the master and shards
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
-        self.grads = GradBucketGroup(
-            self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
-            SyncMode.for_stage(self.stage),
-            sink=st.host.grad_ready if st.host is not None else None,
-        )
-        if self.scheduler is not None:
-            self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
-        self.scaler = DynamicLossScaler(config.loss_scale, enabled=config.precision.value == "fp16")
-        self.passes = BackwardPasses(model, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
-        self._hooks = [zp.param.register_post_accumulate_grad_hook(self._make_hook(zp)) for zp in self.zparams]
-        if self.grads.keep_full:
-            self.grads.attach_grad_views()
+        self._wire_backward(model, st, group, device)
         self.micro_step = 0
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
+        self._window_plain = False  # this window's micro-batches came from plain loss.backward() calls
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self._grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.numel = self.layout.unpadded_numel
@@ -149,23 +141,23 @@ class ZeroEngine:
         return Stage3Scheduler.build(model, units, self.layout, self.zparams, st.shards, self.group,
                                      self.ledger, self.device, transfer, self.config.prefetch, self.allocator)
 
-    def _make_hook(self, zp: ZeroParam):
-        grads, passes, idle = self.grads, self.passes, PassState.IDLE
-        if grads.keep_full:  # stages 0-1: .grad is a view of the bucket; the hook only counts
-            def landed(p: torch.Tensor) -> None:
-                if passes.state is idle:  # a plain loss.backward() not through the root's output
-                    passes.ensure_open()
-                grads.grad_landed(zp, p)
-
-            return landed
-
-        def staged(p: torch.Tensor) -> None:  # stages 2-3: into the staging bucket, then freed
-            if passes.state is idle:
-                passes.ensure_open()
-            grads.add_grad(zp, p.grad)
-            p.grad = None
-
-        return staged
+    def _wire_backward(self, model: nn.Module, st: ParamStorage, group: C.Group, device: torch.device) -> None:
+        """The gradient buckets, the loss scaler, the backward passes (``zero/backward_pass.py``), a hook per
+        parameter, and ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
+        self.grads = GradBucketGroup(
+            self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
+            SyncMode.for_stage(self.stage),
+            sink=st.host.grad_ready if st.host is not None else None,
+        )
+        if self.scheduler is not None:
+            self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
+        self.scaler = DynamicLossScaler(self.config.loss_scale, enabled=self.config.precision.value == "fp16")
+        self.passes = BackwardPasses(model, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
+        self._hooks = [zp.param.register_post_accumulate_grad_hook(self.passes.grad_hook(zp, self.grads))
+                       for zp in self.zparams]
+        if self.grads.keep_full:
+            self.grads.attach_grad_views()
+        route_zero_grad(model, self)
 
     # -- training API ----------------------------------------------------------------------------
     @property
@@ -173,18 +165,22 @@ class ZeroEngine:
         return self.scaler.scale
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of one micro-batch of ``loss`` × loss scale / ``grad_accum_steps``; reduces gradients
+        """Backward of one micro-batch of ``loss`` × loss scale / (``grad_accum_steps`` × N); reduces gradients
         (overlapped) when the window completes. A plain ``loss.backward()`` works too, unscaled, as under DDP
         (``zero/backward_pass.py``)."""
-        self.passes.run(loss * (self.scaler.scale / self.config.grad_accum_steps))
+        self.passes.run(loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size)))
 
-    def _begin_micro(self) -> None:
+    def _begin_micro(self, plain: bool) -> None:
         accum = self.config.grad_accum_steps
         first = self.micro_step % accum == 0
+        if not first and plain != self._window_plain:
+            raise RuntimeError("one accumulation window mixes engine.backward(loss) and plain loss.backward(): use "
+                               "one of them for all grad_accum_steps micro-batches of a window")
+        self._window_plain = plain
         self.micro_step += 1
         if first:
             self._clip = 1.0
-        self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first)
+        self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first, prescaled=not plain)
 
     def _end_micro(self) -> None:
         self.grads.finish(on_started=self._start_unused_check)
@@ -241,7 +237,7 @@ class ZeroEngine:
             self.scaler.update(overflow=True)
             self.last_grad_norm = float("inf")
             return False
-        scale, self._clip = self._clip / (self.group.size * self.scaler.scale), 1.0
+        scale, self._clip = self._clip / self.scaler.scale, 1.0
         if self.config.clip_grad_norm is not None:
             norm = global_grad_norm(self, grads, self._grads_sharded) * scale
             self.last_grad_norm = norm
@@ -266,27 +262,24 @@ class ZeroEngine:
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip this window's gradient to a global L2 norm of ``max_norm`` (over every DP and TP partition),
-        as FSDP's ``clip_grad_norm_``: ``torch.nn.utils.clip_grad_norm_`` would see only this rank's ``.grad``
-        (stages 0-1: summed over ranks; 2-3: None). Call it on every DP rank after the window's last
-        ``backward()``, before ``step()``. Returns the total norm of the averaged gradient before clipping;
-        the coefficient is folded into the step's scale (``.grad`` is left as it is)."""
-        if not (math.isfinite(max_norm) and max_norm > 0):
+        """Clip this window's gradient to a global L2 norm of ``max_norm`` (every DP and TP partition), as FSDP's
+        ``clip_grad_norm_`` (``zero/grad_stats.py``), on every DP rank between the window's last ``backward()``
+        and ``step()``. Returns the norm of the averaged gradient; the coefficient goes into the step's scale."""
+        if not 0 < max_norm < float("inf"):
             raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
         if self.micro_step % self.config.grad_accum_steps or not self.grads.reduced:
             raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
                                "last backward() of the window, before step()")
         if self.storage.host is not None:
             self.storage.host.finish_grad_copies()
-        norm = global_grad_norm(self, self.grad_chunks(), self._grads_sharded)
-        norm *= self._clip / (self.group.size * self.scaler.scale)
+        norm = global_grad_norm(self, self.grad_chunks(), self._grads_sharded) * self._clip / self.scaler.scale
         self.last_grad_norm = norm
-        if math.isfinite(norm):  # (an fp16 overflow: the step will be skipped anyway)
-            self._clip *= min(1.0, max_norm / (norm + 1e-6))
+        self._clip *= clip_coefficient(norm, max_norm)
         return torch.tensor(norm)
 
     def grad_chunks(self) -> list[torch.Tensor]:
-        """This rank's reduced gradient chunks (summed over ranks) as the optimizer reads them."""
+        """This rank's reduced gradient chunks (averaged over ranks; times the loss scale under fp16) as the
+        optimizer reads them."""
         host = self.storage.host
         return host.chunks(host.grads) if host is not None else self.grads.shard_views()
 

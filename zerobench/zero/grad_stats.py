@@ -1,5 +1,5 @@
 """Global statistics of the reduced gradient, over every partition: its L2 norm (for clipping) and the
-fp16 overflow flag. Each rank holds a partition of the DP-summed gradient (under TP, of its TP shard),
+fp16 overflow flag. Each rank holds a partition of the DP-averaged gradient (under TP, of its TP shard),
 so both are local sums combined by small all-reduces; TP-replicated parameters count once."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def found_nonfinite(engine, grads: list[torch.Tensor], sharded: bool) -> bool:
 
 
 def global_grad_norm(engine, grads: list[torch.Tensor], sharded: bool) -> float:
-    """L2 norm of the (unscaled, summed) gradient over every partition, DP and TP."""
+    """L2 norm of the (reduced, still loss-scaled) gradient over every partition, DP and TP."""
     sq = torch.zeros(2, dtype=torch.float32, device=grads[0].device if grads else engine.device)  # [all, TP-replicated]
     for g, repl in zip(grads, engine.replicated_ranges):
         sq[0] += g.float().pow(2).sum()
@@ -39,3 +39,10 @@ def global_grad_norm(engine, grads: list[torch.Tensor], sharded: bool) -> float:
     tp_part = (sq[0] - sq[1]).reshape(1)
     C.all_reduce(tp_part, engine.tp_group, engine.ledger, "grad_norm")
     return math.sqrt(tp_part.item() + sq[1].item())
+
+
+def clip_coefficient(norm: float, max_norm: float) -> float:
+    """The factor ``clip_grad_norm_(max_norm)`` scales a gradient of total ``norm`` by (1 when it is within, or
+    not finite: an fp16 overflow, whose step is skipped anyway). ``torch.nn.utils.clip_grad_norm_`` on a rank
+    sees only that rank's ``.grad`` (stage 1: its shard; stages 2-3: None), hence the engine's method."""
+    return min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0

@@ -1,7 +1,7 @@
 """AdamW over flat fp32 partitions: the optimizer step of every ZeRO stage.
 
 The optimizer sees a list of *chunks* (this rank's shard of each bucket; the whole bucket at stage 0):
-fp32 master chunks, gradient chunks (any dtype; summed over ranks), and the weight-decay ranges inside
+fp32 master chunks, gradient chunks (any dtype; averaged over ranks), and the weight-decay ranges inside
 each chunk (parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do; the
 ranges are fixed, the rate is each step's, so a schedule may start it from 0). Moments
 live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s, with the gradient

@@ -27,20 +27,24 @@ class StagingBuckets:
     def begin_micro(self) -> None:
         self.landed = [False] * len(self.layout.params)
 
-    def write(self, slot: ParamSlot, grad: torch.Tensor) -> None:
-        """Copy ``grad`` into its bucket, or take it as the bucket when it is the bucket's sole parameter
-        (the caller hands it over: nothing else may read or write it afterwards)."""
+    def write(self, slot: ParamSlot, grad: torch.Tensor, scale: float | None = None) -> None:
+        """Copy ``grad`` (times ``scale``, in the same pass) into its bucket, or take it as the bucket when it is
+        the bucket's sole parameter (the caller hands it over: nothing else may read or write it afterwards)."""
         b = self.layout.buckets[slot.bucket]
         buf = self.buffers.get(b.index)
         if buf is None and self.sole[b.index] and self._as_is(grad):
-            self.buffers[b.index] = grad.view(-1)
+            self.buffers[b.index] = grad.view(-1) if scale is None else grad.view(-1).mul_(scale)
             self.landed[slot.index] = True
             return
         if buf is None:
             buf = self.buffers[b.index] = torch.empty(b.numel, dtype=self.dtype, device=self.device)
             for lo, hi in self.padding[b.index]:
                 buf[lo:hi].zero_()
-        buf[slot.start - b.start : slot.end - b.start].view(slot.shape).copy_(grad)
+        dst = buf[slot.start - b.start : slot.end - b.start].view(slot.shape)
+        if scale is None:
+            dst.copy_(grad)
+        else:
+            torch.mul(grad, scale, out=dst)
         self.landed[slot.index] = True
 
     def _as_is(self, grad: torch.Tensor) -> bool:

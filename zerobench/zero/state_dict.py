@@ -222,4 +222,4 @@ def full_parameters(engine) -> dict[str, torch.Tensor]:
 def full_gradients(engine) -> dict[str, torch.Tensor]:
     """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
     rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
-    return _gather_chunks(engine, engine.grad_chunks(), 1.0 / (engine.group.size * engine.scaler.scale))
+    return _gather_chunks(engine, engine.grad_chunks(), 1.0 / engine.scaler.scale)

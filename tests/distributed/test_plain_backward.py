@@ -81,3 +81,19 @@ def test_the_model_keeps_its_class_and_copies_are_plain(ranks):
         assert r["class_name"] == "MLP" and r["isinstance"]
         assert r["copy_class"]
         assert r["reduced_after_copy_cleared"] is True
+
+
+def test_no_sync_accumulates_without_traffic_at_stages_0_1(ranks):
+    """DDP's ``no_sync()`` loop trains as the reference at every stage; at stages 0-1 the gradients of the pass
+    under it are not communicated (half the traffic of two synchronised passes), at stages 2-3 they are
+    reduce-scattered into the partition as usual (the same traffic)."""
+    stage, results = ranks
+    for r in results:
+        for use in (True, False):
+            got = r[f"no_sync_{use}"]
+            assert got["max_update"] > 1e-3 and close(got), (use, got)
+        ratio = r["grad_volume_True"] / r["grad_volume_False"]
+        assert ratio == (0.5 if stage < 2 else 1.0), r
+        assert r["no_sync_step_error"] == ("RuntimeError: step() after 1 backward pass(es) under no_sync() and none "
+                                           "outside it: the window's last backward must run outside no_sync() (it "
+                                           "synchronises)")

@@ -9,13 +9,16 @@ does not go through the root module's hooks (``model.forward`` called directly: 
 mixed step by step, and two windows accumulated without ``zero_grad()``; a backward aborted by an exception,
 then training on; fp16, refused in one line; a window mixing the two, refused in one line. Gradients cleared
 as PyTorch code clears them: ``model.zero_grad()`` (either ``set_to_none``), and ``p.grad = None`` by hand at
-stages 0-1 (at stages 2-3 ``.grad`` is None already); the model's class after that routing. And what DDP's
+stages 0-1 (at stages 2-3 ``.grad`` is None already); the model's class after that routing. DDP's accumulation
+loop under ``engine.no_sync()``, with its gradient traffic per step, and ``step()`` after only unsynchronised
+passes, refused in one line. And what DDP's
 users read: at stage 0 ``p.grad`` after either backward, and ``torch.nn.utils.clip_grad_norm_``'s norm, equal
 torch DDP's in the same ranks (the mean over ranks); at every stage ``full_gradients`` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -23,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tests.helpers.user_models import batches, compare, engine_for, error_line, make_model, reference_params, slice_of
 from zerobench.distributed.collectives import Group
+from zerobench.metrics.comm import CommLedger
 from zerobench.zero.config import Precision
 from zerobench.zero.state_dict import full_gradients
 
@@ -77,6 +81,7 @@ def run_plain_backward(rank: int, world: int, stage: int) -> dict:
         out["grad_none_by_hand"] = ddp_loop("mlp", zero_by(lambda m: [setattr(p, "grad", None) for p in m.parameters()]),
                                             True)
     out.update(_model_class(group, stage, mine[0]))
+    out.update(_no_sync(group, stage, data, mine, world))
     out["aborted"] = _aborted_then_trained(group, stage, data, mine, world)
     out.update(_against_ddp(group, stage, mine[0]))
 
@@ -164,3 +169,29 @@ def _model_class(group: Group, stage: int, batch) -> dict:
     ema.zero_grad()
     return {"class_name": type(m).__name__, "isinstance": isinstance(m, MLP), "copy_class": type(ema) is MLP,
             "reduced_after_copy_cleared": engine.grads.reduced}
+
+
+def _no_sync(group: Group, stage: int, data, mine, world: int) -> dict:
+    """DDP's accumulation loop: the first half of each rank's batch under ``no_sync()``, the second outside it,
+    each loss divided by 2; against the reference, and its gradient traffic per step (DP elements) next to
+    the same loop without ``no_sync()``. Then ``step()`` after a backward under ``no_sync()`` only."""
+    out: dict = {}
+    model = make_model("mlp")
+    for use in (True, False):
+        ledger = CommLedger()
+        engine = engine_for(copy.deepcopy(model), group, stage, ledger=ledger)
+        m = engine.module
+        for x, y in mine:
+            ledger.reset()
+            with engine.no_sync() if use else contextlib.nullcontext():
+                (m(x[:2], y[:2]) / 2).backward()
+            (m(x[2:], y[2:]) / 2).backward()
+            out[f"grad_volume_{use}"] = ledger.volume_elements(tag="grad")
+            engine.optimizer.step()
+            engine.optimizer.zero_grad()
+        out[f"no_sync_{use}"] = compare(engine, model, reference_params(model, data, world))
+    engine = engine_for(copy.deepcopy(model), group, stage)
+    with engine.no_sync():
+        engine.module(*mine[0]).backward()
+    out["no_sync_step_error"] = error_line(engine.step)
+    return out

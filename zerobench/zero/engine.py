@@ -8,6 +8,9 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
         engine.backward(model(x, y))
     engine.step(); engine.zero_grad()
 
+or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
+``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``).
+
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
 ``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
 collectives sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the
@@ -46,6 +49,7 @@ from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.storage import ParamStorage
 from zerobench.zero.torch_optimizer import ZeroOptimizer
 from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
+from zerobench.zero.window import AccumulationWindow
 
 
 def _decays(p: nn.Parameter) -> bool:
@@ -96,10 +100,9 @@ class ZeroEngine:
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self._wire_backward(model, st, group, device)
-        self.micro_step = 0
+        self.window = AccumulationWindow(config.grad_accum_steps)
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
-        self._window_plain = False  # this window's micro-batches came from plain loss.backward() calls
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self._grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.numel = self.layout.unpadded_numel
@@ -170,17 +173,16 @@ class ZeroEngine:
         (``zero/backward_pass.py``)."""
         self.passes.run(loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size)))
 
+    def no_sync(self):
+        """Context manager, as DDP's and DeepSpeed's: backward passes inside it accumulate without synchronising;
+        the next one outside synchronises them all (``zero/window.py``). Use it with ``grad_accum_steps=1``."""
+        return self.window.no_sync()
+
     def _begin_micro(self, plain: bool) -> None:
-        accum = self.config.grad_accum_steps
-        first = self.micro_step % accum == 0
-        if not first and plain != self._window_plain:
-            raise RuntimeError("one accumulation window mixes engine.backward(loss) and plain loss.backward(): use "
-                               "one of them for all grad_accum_steps micro-batches of a window")
-        self._window_plain = plain
-        self.micro_step += 1
-        if first:
+        mb = self.window.begin(plain)
+        if mb.first:
             self._clip = 1.0
-        self.grads.begin_micro(sync=self.micro_step % accum == 0, first_in_window=first, prescaled=not plain)
+        self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, prescaled=not plain)
 
     def _end_micro(self) -> None:
         self.grads.finish(on_started=self._start_unused_check)
@@ -204,11 +206,7 @@ class ZeroEngine:
 
     @torch.no_grad()
     def _optimizer_step(self, hyper: AdamWConfig) -> bool:
-        if self.micro_step % self.config.grad_accum_steps:
-            raise RuntimeError(
-                f"step() after {self.micro_step % self.config.grad_accum_steps} of "
-                f"{self.config.grad_accum_steps} micro-batches: call backward() for every micro-batch first"
-            )
+        self.window.check_step()
         if not self.grads.reduced:
             return False
         pending, self._unused_check = self._unused_check, None
@@ -267,7 +265,7 @@ class ZeroEngine:
         and ``step()``. Returns the norm of the averaged gradient; the coefficient goes into the step's scale."""
         if not 0 < max_norm < float("inf"):
             raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
-        if self.micro_step % self.config.grad_accum_steps or not self.grads.reduced:
+        if self.window.open or not self.grads.reduced:
             raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
                                "last backward() of the window, before step()")
         if self.storage.host is not None:

@@ -50,7 +50,7 @@ def test_step_after_only_unsynchronised_passes_is_refused():
 def test_a_window_mixing_the_two_backwards_is_refused_and_windows_may_differ():
     w = AccumulationWindow(2)
     run(w, "e")
-    with pytest.raises(RuntimeError, match="mixes engine.backward"):
+    with pytest.raises(RuntimeError, match=r"mixes engine\.backward"):
         w.begin(plain=True)
     run(w, "e")
     assert run(w, "pp") == [(False, True), (True, False)]  # the next window may be plain

@@ -83,6 +83,13 @@ def test_the_model_keeps_its_class_and_copies_are_plain(ranks):
         assert r["reduced_after_copy_cleared"] is True
 
 
+def test_zero_grad_leaves_grad_as_torch_optim_does(ranks):
+    stage, results = ranks
+    for r in results:
+        assert r["grad_none_after_zero_grad"] is True
+        assert r["grad_zeros_after_zero_grad_keep"] is (True if stage < 2 else None)
+
+
 def test_no_sync_accumulates_without_traffic_at_stages_0_1(ranks):
     """DDP's ``no_sync()`` loop trains as the reference at every stage; at stages 0-1 the gradients of the pass
     under it are not communicated (half the traffic of two synchronised passes), at stages 2-3 they are

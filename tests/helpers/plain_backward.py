@@ -158,7 +158,8 @@ def _against_ddp(group: Group, stage: int, batch) -> dict:
 
 def _model_class(group: Group, stage: int, batch) -> dict:
     """After ``apply_zero`` the model keeps its class name and ``isinstance``; a deepcopy (an EMA copy) is of the
-    model's own class, and clearing the copy's gradients leaves the engine's alone."""
+    model's own class, and clearing the copy's gradients leaves the engine's alone. ``optimizer.zero_grad()``
+    leaves ``.grad`` None, as torch's does (every stage); with ``set_to_none=False``, zeros (stages 0-1)."""
     from tests.helpers.user_models import MLP
 
     engine = engine_for(make_model("mlp"), group, stage)
@@ -167,8 +168,16 @@ def _model_class(group: Group, stage: int, batch) -> dict:
     m(x, y).backward()
     ema = copy.deepcopy(m)
     ema.zero_grad()
-    return {"class_name": type(m).__name__, "isinstance": isinstance(m, MLP), "copy_class": type(ema) is MLP,
-            "reduced_after_copy_cleared": engine.grads.reduced}
+    reduced = engine.grads.reduced
+    engine.step()
+    engine.optimizer.zero_grad()  # torch's default: set_to_none
+    none_after = all(p.grad is None for p in m.parameters())
+    m(x, y).backward()
+    engine.optimizer.zero_grad(set_to_none=False)
+    zeros_after = all(p.grad is not None and not p.grad.any() for p in m.parameters()) if stage < 2 else None
+    return {"grad_none_after_zero_grad": none_after, "grad_zeros_after_zero_grad_keep": zeros_after,
+            "class_name": type(m).__name__, "isinstance": isinstance(m, MLP), "copy_class": type(ema) is MLP,
+            "reduced_after_copy_cleared": reduced}
 
 
 def _no_sync(group: Group, stage: int, data, mine, world: int) -> dict:

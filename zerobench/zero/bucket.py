@@ -11,8 +11,9 @@ without ``zero()`` adds to the reduced gradients of the first. ``SyncMode.for_st
 
 - ``ALL_REDUCE`` (stage 0), ``REDUCE_SCATTER_FULL`` (stage 1): a persistent full gradient buffer accumulates
   micro-batches. Each parameter's ``.grad`` *is* its view of it (``attach_grad_views``; DDP's
-  ``gradient_as_bucket_view``): autograd accumulates in place, the hook only counts (``grad_landed``),
-  ``zero()`` zeroes the buffer. On the synchronising micro-batch a bucket is all-reduced (stage 0) or
+  ``gradient_as_bucket_view``): autograd accumulates in place, the hook only counts (``grad_landed``).
+  ``zero()`` sets ``.grad`` to None (the next gradient is copied into its view, put back) or zeroes the
+  buffer. On the synchronising micro-batch a bucket is all-reduced (stage 0) or
   reduce-scattered in place into this rank's shard (stage 1). A new window on top of reduced gradients
   first keeps one copy of them (stage 0: rank 0's; stage 1: each rank's shard) and zeros the rest.
 - ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket,
@@ -258,16 +259,21 @@ class GradBucketGroup:
             self.stage.fill_missing(bucket)
             return
         for i in b.params:
-            if self.zparams[i].grad_state is GradState.NONE:
-                self.full.param_view(i).zero_()
+            if (zp := self.zparams[i]).grad_state is GradState.NONE:
+                zp.param.grad = self.views[i].zero_()
 
-    def zero(self) -> None:
-        """Start a new accumulation window."""
+    def zero(self, set_to_none: bool = True) -> None:
+        """Start a new window. Stages 0-1, as ``torch.optim``: ``.grad`` None (no memset; the next gradient is
+        copied into its view instead of added to zeros), or the buffer zeroed (``set_to_none=False``)."""
         for zp in self.zparams:
             zp.grad_state = GradState.NONE
         self.reduced = False
-        if self.keep_full:  # autograd accumulates into the views: they start the window at zero
+        if self.keep_full and set_to_none:
+            for zp in self.zparams:
+                zp.param.grad = None
+        elif self.keep_full:
             self.full.data.zero_()
+            self.attach_grad_views()
         elif self.local is not None:  # stages 2-3: released; the next window's reduce-scatters write anew
             self.local.release()
 

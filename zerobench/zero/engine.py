@@ -255,8 +255,9 @@ class ZeroEngine:
         if self.stage in (1, 2) and self.group.size > 1:
             self.storage.publish(self.group, self.ledger)
 
-    def zero_grad(self) -> None:
-        self.grads.zero()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""
+        self.grads.zero(set_to_none)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:

@@ -31,7 +31,7 @@ class EngineZeroGrad:
         if engine is None:
             super().zero_grad(set_to_none)
             return
-        engine.zero_grad()
+        engine.zero_grad(set_to_none)
         owned = {id(zp.param) for zp in engine.zparams}
         for p in self.parameters():
             if p.grad is None or id(p) in owned:

@@ -79,8 +79,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """``engine.zero_grad()``: the gradient buckets are cleared and kept (``set_to_none`` has no effect)."""
-        self._engine.zero_grad()
+        """``engine.zero_grad(set_to_none)``: stages 0-1 set ``.grad`` to None or zero it, as ``torch.optim``."""
+        self._engine.zero_grad(set_to_none)
 
     def state_dict(self) -> dict:
         """torch's format (``param_groups`` with parameter indices, an empty per-parameter ``state``) plus

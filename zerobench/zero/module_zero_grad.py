@@ -5,7 +5,7 @@ at stages 0-1 it is a view of the gradient buffer. Before this, ``nn.Module.zero
 at stages 2-3 and at stages 0-1 dropped the views while the buffer kept its values: either way the next
 window's gradients were added to the last one's (measured: the update 36% off after three steps, every stage).
 
-``route_zero_grad`` gives the model a class of its own deriving from the model's, as FSDP2's ``fully_shard``
+``route_zero_grad`` gives the model a class made for it, deriving from the model's, as FSDP2's ``fully_shard``
 does, whose ``zero_grad`` calls the engine's ``zero_grad()`` and clears any other parameter's ``.grad`` as
 ``nn.Module.zero_grad`` does. The class keeps the model's name and ``isinstance`` answers; ``copy.deepcopy``
 gives back an object of the model's own class without the link (a copy, e.g. an EMA model, is not trained
@@ -22,47 +22,48 @@ from torch import nn
 _LINK = "_zero_engine"
 
 
-class EngineZeroGrad:
-    """Mixin placed before the model's own class; see the module docstring."""
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        ref = self.__dict__.get(_LINK)
-        engine = ref() if ref is not None else None
-        if engine is None:
-            super().zero_grad(set_to_none)
-            return
-        engine.zero_grad(set_to_none)
-        owned = {id(zp.param) for zp in engine.zparams}
-        for p in self.parameters():
-            if p.grad is None or id(p) in owned:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_() if p.grad.grad_fn is not None else p.grad.requires_grad_(False)
-                p.grad.zero_()
-
-    def __reduce_ex__(self, protocol):
-        state = self.__getstate__()
-        state.pop(_LINK, None)
-        return copyreg.__newobj__, (_model_class(type(self)),), state
+def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
+    """The routed class's ``zero_grad``: the engine's, then every other parameter's as ``nn.Module``'s."""
+    ref = self.__dict__.get(_LINK)
+    engine = ref() if ref is not None else None
+    if engine is None:
+        _model_class(type(self)).zero_grad(self, set_to_none)
+        return
+    engine.zero_grad(set_to_none)
+    owned = {id(zp.param) for zp in engine.zparams}
+    for p in self.parameters():
+        if p.grad is None or id(p) in owned:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            p.grad.detach_() if p.grad.grad_fn is not None else p.grad.requires_grad_(False)
+            p.grad.zero_()
 
 
+def _reduce_ex(self: nn.Module, protocol: int):
+    """``copy.deepcopy`` (and pickling) rebuild the model's own class, without the link to the engine."""
+    state = self.__getstate__()
+    state.pop(_LINK, None)
+    return copyreg.__newobj__, (_model_class(type(self)),), state
+
+
+_ROUTED_FROM = "_zero_grad_routed_from"
 _CLASSES: dict[type, type] = {}
 """The routed class made for each model class (made once: every instance of a class shares it)."""
 
 
 def _model_class(cls: type) -> type:
-    return next(c for c in cls.__mro__ if issubclass(c, nn.Module) and not issubclass(c, EngineZeroGrad))
+    return cls.__dict__.get(_ROUTED_FROM, cls)
 
 
 def route_zero_grad(model: nn.Module, engine) -> None:
     """Make ``model.zero_grad()`` clear ``engine``'s gradients (the engine is held by a weak reference)."""
-    if not isinstance(model, EngineZeroGrad):
-        cls = type(model)
-        routed = _CLASSES.get(cls)
-        if routed is None:
-            routed = _CLASSES[cls] = type(cls.__name__, (EngineZeroGrad, cls), {"__module__": cls.__module__})
-        model.__class__ = routed
+    cls = _model_class(type(model))
+    routed = _CLASSES.get(cls)
+    if routed is None:
+        routed = _CLASSES[cls] = type(cls.__name__, (cls,), {
+            "zero_grad": _zero_grad, "__reduce_ex__": _reduce_ex, _ROUTED_FROM: cls, "__module__": cls.__module__,
+        })
+    model.__class__ = routed
     model.__dict__[_LINK] = weakref.ref(engine)
-

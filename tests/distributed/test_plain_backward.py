@@ -13,7 +13,7 @@ from zerobench.zero.backward_pass import FP16_PLAIN_BACKWARD
 pytestmark = pytest.mark.dist
 
 CASES = ("plain", "accum", "reentrant", "mixed", "no_root_hooks", "two_windows", "module_zero_grad",
-         "module_zero_grad_keep", "grad_none_by_hand")
+         "module_zero_grad_keep", "grad_none_by_hand", "ds_loop", "ds_loop_accum")
 
 
 @pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
@@ -104,3 +104,12 @@ def test_no_sync_accumulates_without_traffic_at_stages_0_1(ranks):
         assert r["no_sync_step_error"] == ("RuntimeError: step() after 1 backward pass(es) under no_sync() and none "
                                            "outside it: the window's last backward must run outside no_sync() (it "
                                            "synchronises)")
+
+
+def test_deepspeed_loop_steps_at_window_ends_only(ranks):
+    """``engine.step()`` after every micro-batch, as DeepSpeed's loop calls it: a no-op inside a window, the step
+    (then ``zero_grad``) at its end."""
+    _, results = ranks
+    for r in results:
+        assert r["ds_applied_1"] == [True] * 3
+        assert r["ds_applied_2"] == [False, True] * 3

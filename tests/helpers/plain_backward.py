@@ -6,7 +6,8 @@ trained nothing, silently: the gradients were never reduced and every step was s
 Cases (each a fresh engine on the MLP): the DDP loop; accumulation over two micro-batches with the loss divided
 by hand (as under DDP) and ``grad_accum_steps=2``; the model's own re-entrant checkpointing; a backward that
 does not go through the root module's hooks (``model.forward`` called directly: stages 0-2); the two loops
-mixed step by step, and two windows accumulated without ``zero_grad()``; a backward aborted by an exception,
+mixed step by step, and two windows accumulated without ``zero_grad()``; DeepSpeed's loop (``engine.backward``
+and ``engine.step()`` after every micro-batch, no ``zero_grad()``), with and without accumulation; a backward aborted by an exception,
 then training on; fp16, refused in one line; a window mixing the two, refused in one line. Gradients cleared
 as PyTorch code clears them: ``model.zero_grad()`` (either ``set_to_none``), and ``p.grad = None`` by hand at
 stages 0-1 (at stages 2-3 ``.grad`` is None already); the model's class after that routing. DDP's accumulation
@@ -66,6 +67,15 @@ def run_plain_backward(rank: int, world: int, stage: int) -> dict:
     if stage < 3:  # at stage 3 the root's parameters are gathered by its forward hooks, which this bypasses
         out["no_root_hooks"] = ddp_loop("mlp", lambda engine, i, x, y: engine.module.forward(x, y).backward())
     out["two_windows"] = _two_windows(group, stage, data, mine, world)
+
+    def deepspeed(engine, i, x, y):  # DeepSpeed's loop: backward and step per micro-batch, never zero_grad()
+        for lo in (0, 2) if engine.config.grad_accum_steps == 2 else (0,):
+            hi = lo + 2 if engine.config.grad_accum_steps == 2 else 4
+            engine.backward(engine.module(x[lo:hi], y[lo:hi]))
+            out.setdefault(f"ds_applied_{engine.config.grad_accum_steps}", []).append(engine.step())
+
+    out["ds_loop"] = ddp_loop("mlp", deepspeed, True)
+    out["ds_loop_accum"] = ddp_loop("mlp", deepspeed, True, grad_accum_steps=2)
 
     def zero_by(clear):
         def call(engine, i, x, y):

@@ -131,7 +131,7 @@ def grad_partition_lifetime(rank, world, stage):
         held_at_take.clear()
         engine.backward(loss)
         out[f"held_at_take_{step}"] = list(held_at_take)
-        engine.step()
+        engine.optimizer.step()  # torch's step: the gradients stay until zero_grad() (engine.step() zeroes them)
         out[f"after_step_{step}"] = len(shards.held())
         engine.zero_grad()
         out[f"after_zero_{step}"] = len(shards.held())

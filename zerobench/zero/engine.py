@@ -4,9 +4,9 @@ Construction moves every parameter into the engine's flat buffers (``p.data`` be
 parameters stay tied), builds this rank's fp32 master partition and Adam states, and installs gradient
 hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 
-    for micro_batch in window:           # grad_accum_steps micro-batches
+    for x, y in micro_batches:           # as DeepSpeed's: step() acts at each window's end, then zeroes
         engine.backward(model(x, y))
-    engine.step(); engine.zero_grad()
+        engine.step()
 
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
 ``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``).
@@ -193,11 +193,16 @@ class ZeroEngine:
         self._unused_check = start_unused_check(self, unused)
 
     def step(self) -> bool:
-        """Apply the optimizer to this rank's partition, with ``self.optimizer.param_groups``' current
-        hyperparameters (``engine.optimizer.step()`` is the same call). Returns False when nothing was
-        applied: no gradient since ``zero_grad()`` (as ``torch.optim`` skips parameters without one), or an
-        fp16 overflow skipped the step."""
+        """DeepSpeed's ``engine.step()``, for its loop (``engine.backward(loss); engine.step()`` per micro-batch,
+        no ``zero_grad``): at a window's end, the optimizer step with ``optimizer.param_groups``' current
+        hyperparameters, then ``zero_grad()``, as DeepSpeed's engine zeroes after stepping; before it, nothing.
+        ``engine.optimizer.step()`` is torch's: gradients kept until ``zero_grad()``, an incomplete window refused.
+        Returns whether parameters were updated (not when no gradient came since ``zero_grad()``, as
+        ``torch.optim`` skips parameters without one, nor on an fp16 overflow)."""
+        if self.window.open and not self.window.unsynced:
+            return False
         self.optimizer.step()
+        self.zero_grad()
         return self.optimizer.applied
 
     def get_lr(self) -> list[float]:

@@ -12,7 +12,7 @@ next backward outside it synchronises them all, so DDP's accumulation loop runs 
 
 At stages 0-1 gradients then accumulate locally and are reduced once; at stages 2-3 each micro-batch's
 gradients are reduce-scattered into the partition as usual (the partition is what accumulates, as it must
-be with sharded gradients), so ``no_sync()`` changes no result, only saves nothing there. A window's
+be with sharded gradients): ``no_sync()`` changes neither the result nor the traffic there. A window's
 micro-batches come either all from ``engine.backward(loss)`` or all from a plain ``loss.backward()``: the
 two scale the loss differently (``zero/backward_pass.py``).
 """

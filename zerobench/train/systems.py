@@ -55,8 +55,9 @@ class ZeroSystem:
         self.engine.backward(loss)
         return loss.detach()
 
-    def step(self) -> bool:
-        return self.engine.step()
+    def step(self) -> bool:  # the loop zeroes next (zero_grad): torch's step, not engine.step()'s step-and-zero
+        self.engine.optimizer.step()
+        return self.engine.optimizer.applied
 
     def zero_grad(self) -> None:
         self.engine.zero_grad()

@@ -9,8 +9,10 @@ of its own: the fp32 master and the Adam moments stay in the engine's flat parti
 - One param group over the trained parameters. Its ``lr``, ``betas``, ``eps`` and ``weight_decay`` are read
   at every step (validated then), so a schedule's changes take effect at the next ``step()``. Which
   parameters decay is the engine's rule (2+ dims), fixed at construction; more groups are refused.
-- ``step(closure=None)`` is ``engine.step()`` (either may be called; both run the step hooks and count as
-  the optimizer step for a scheduler's order check); ``applied`` says whether it updated anything.
+- ``step(closure=None)`` is torch's step: the gradients stay until ``zero_grad()``, an incomplete window is
+  refused. ``engine.step()`` (DeepSpeed's) calls it at a window's end and then zeroes; either runs the step
+  hooks and counts as the optimizer step for a scheduler's order check. ``applied`` says whether it updated
+  anything.
 - ``state_dict()`` holds the group's hyperparameters and *this rank's* shard of the master and moments
   (``zero_shard``); ``load_state_dict`` restores both on a model with the same partitioning (the same DP
   size), on every DP rank. To change the number of ranks, use ``zerobench.zero.state_dict.save_checkpoint``.

@@ -1,5 +1,6 @@
 """The simulator against recorded runs (issue 22, CPU validation): the profile and the runs of
-``suites/cpu/sim_validation.yaml`` recorded on the 2-core VM (``results/reference/sim-validation-cpu-2core``).
+``suites/cpu/sim_validation.yaml`` recorded on two 2-core VMs, an AMD EPYC
+(``results/reference/sim-validation-cpu-2core``) and an Intel Xeon (``...-cpu-2core-xeon``).
 
 What is asserted is what the README's validation table states, recomputed from the rows: the profile
 alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
@@ -18,19 +19,22 @@ from zerobench.results.rows import read_rows
 from zerobench.sim import validate as V
 from zerobench.sim.profile import Profile
 
-REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-validation-cpu-2core"
+REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
+REF = REFS / "sim-validation-cpu-2core"
+HOSTS = ("sim-validation-cpu-2core", "sim-validation-cpu-2core-xeon")
 
 
-@pytest.fixture(scope="module")
-def recorded():
-    rows = read_rows(REF / "runs")
-    prof = Profile.from_rows(read_rows(REF / "profile"))
+@pytest.fixture(scope="module", params=HOSTS)
+def recorded(request):
+    ref = REFS / request.param
+    rows = read_rows(ref / "runs")
+    prof = Profile.from_rows(read_rows(ref / "profile"))
     prof.interference = V.fit_interference(rows, prof)
-    return rows, prof, V.validate(rows, prof)
+    return rows, prof, V.validate(rows, prof), ref
 
 
 def test_every_kind_of_run_is_predicted(recorded):
-    rows, _, recs = recorded
+    rows, _, recs, _ = recorded
     assert len(recs) >= 24
     assert {r["stage"] for r in recs} == {0, 1, 2, 3} and {r["dp"] for r in recs} == {1, 2, 4}
     assert len({r["hidden"] for r in recs}) == 3 and any(r["tp"] == 2 for r in recs)
@@ -38,7 +42,7 @@ def test_every_kind_of_run_is_predicted(recorded):
 
 
 def test_the_fit_never_sees_a_zero_run(recorded, monkeypatch):
-    rows, prof, _ = recorded
+    rows, prof, _, _ = recorded
     seen = []
     real = V.simulate
     monkeypatch.setattr(V, "simulate", lambda cfg, p: seen.append(cfg) or real(cfg, p))
@@ -47,8 +51,8 @@ def test_the_fit_never_sees_a_zero_run(recorded, monkeypatch):
 
 
 def test_the_errors_are_the_ones_the_table_states(recorded):
-    _, prof, recs = recorded
-    table = json.loads((REF / "validation.json").read_text())
+    _, prof, recs, ref = recorded
+    table = json.loads((ref / "validation.json").read_text())
     stated = table["summary"]
     assert prof.interference == pytest.approx(table["interference"])
     s = V.summarize(recs)

@@ -5,10 +5,11 @@ profile's synchronisation penalty for the compute since they last met (their ske
 Megatron, the engine's copies and the optimizer step) and ``dp`` (the data-parallel collectives, one at a
 time in issue order, as a process group runs them). What the engine does, per stage:
 
-- stages 0-1: gradients land in the full buffer (autograd adds each into its ``.grad`` view); a bucket's all-reduce (0) or reduce-scatter (1) starts
+- stages 0-1: gradients land in the full buffer (the window's first micro-batch copies each into its ``.grad``
+  view, which ``zero_grad()`` set to None; later ones are added into it by autograd); a bucket's all-reduce (0) or reduce-scatter (1) starts
   when its last gradient lands, in bucket order, at most ``MAX_INFLIGHT`` outstanding before backward
   waits for the oldest (``GradBucketGroup``); step() waits for all, steps (every element at stage 0, this
-  rank's shard at 1), stage 1 all-gathers every bucket; zero_grad() zeroes the full buffer;
+  rank's shard at 1), stage 1 all-gathers every bucket; zero_grad() sets ``.grad`` to None (no pass over the buffer);
 - stages 2-3: each landed gradient is copied into its staging bucket (``add_grad``), reduce-scattered per
   bucket, every micro-batch; later micro-batches add the result into the partition;
 - stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its
@@ -125,7 +126,9 @@ class StepReplay:
             nbytes = b.param_numel * self.elem
             if self.stage >= 2:  # add_grad: the gradients are copied into the staging bucket
                 self.tl.add("staging copy", "compute", self.prof.cost("copy", self.ranks, nbytes), "copy")
-            else:  # .grad is a view of the bucket: autograd adds into it instead of taking the new tensor
+            elif self.first:  # zero_grad() left .grad None: autograd's new gradient is copied into its view
+                self.tl.add("copy into bucket", "compute", self.prof.cost("copy", self.ranks, nbytes), "copy")
+            else:  # later micro-batches: .grad is the bucket's view, autograd adds into it
                 self.tl.add("accumulate into bucket", "compute", self.prof.cost("add", self.ranks, nbytes), "copy")
             self.pending.discard(b.index)
         if not self.sync:

@@ -164,9 +164,9 @@ def offload_ledgers(rank, world, preset):
         m = {
             "ledger": engine.memory_ledger(),
             "analytic": engine.model_state_bytes_analytic(),
-            "host_analytic": engine.host_state_bytes_analytic() if engine.placement.offloaded else {},
+            "host_analytic": engine.accounting.host_state_bytes_analytic() if engine.placement.offloaded else {},
             "device": engine.model_state_bytes(),
-            "host": engine.host_model_state_bytes(),
+            "host": engine.accounting.host_model_state_bytes(),
         }
         if engine.scheduler is not None:
             units = engine.scheduler.order

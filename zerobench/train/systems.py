@@ -81,5 +81,5 @@ class ZeroSystem:
         """Offloaded model states: measured host bytes and the analytic figure (None without offload)."""
         if not self.engine.placement.offloaded:
             return None
-        return {"measured": self.engine.host_model_state_bytes(),
-                "analytic": sum(self.engine.host_state_bytes_analytic().values())}
+        return {"measured": self.engine.accounting.host_model_state_bytes(),
+                "analytic": sum(self.engine.accounting.host_state_bytes_analytic().values())}

@@ -9,16 +9,16 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
         engine.step()
 
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
-``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``).
+``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
+``train()``/``eval()`` and tagged ``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) work too.
 
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
 ``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
 collectives sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the
 optimizer step.
 
-With optimizer offload (``zerobench.zero.offload``) the master partition, the moments (in memory, 8-bit
-or on NVMe: ``zerobench.zero.states``) and the gradient partition live on the host, and the step runs on
-the CPU; with parameter offload the stage-3 parameter partition does too.
+Under optimizer offload (``zero/offload.py``) the master, moments (``zero/states.py``: in memory, 8-bit or on
+NVMe) and gradient partition live on the host and the step runs there; parameter offload adds stage 3's shards.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import contextlib
 import torch
 from torch import nn
 
-from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
@@ -36,8 +35,9 @@ from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
+from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import AdamWConfig, ZeroConfig
-from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm
+from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.module_state import install_load_hooks
@@ -109,7 +109,7 @@ class ZeroEngine:
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
 
-    # -- memory figures (zero/accounting.py) -----------------------------------------------------
+    # -- memory figures (zero/accounting.py; host figures under offload: self.accounting) -------------
     def memory_ledger(self) -> dict[str, int]:
         """Bytes held by this rank's engine tensors, by category (device; host_* and NVMe under offload)."""
         return self.accounting.memory_ledger()
@@ -117,14 +117,8 @@ class ZeroEngine:
     def model_state_bytes(self) -> int:
         return self.accounting.model_state_bytes()
 
-    def host_model_state_bytes(self) -> int:
-        return self.accounting.host_model_state_bytes()
-
     def model_state_bytes_analytic(self) -> dict[str, float]:
         return self.accounting.model_state_bytes_analytic()
-
-    def host_state_bytes_analytic(self) -> dict[str, float]:
-        return self.accounting.host_state_bytes_analytic()
 
     def tensors(self) -> list[torch.Tensor]:
         """Every persistent device tensor the engine holds (for memory trackers)."""
@@ -209,6 +203,27 @@ class ZeroEngine:
         """The learning rate of each param group (one), as DeepSpeed's ``engine.get_lr()``."""
         return [g["lr"] for g in self.optimizer.param_groups]
 
+    # -- DeepSpeed's engine surface -----------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        """``engine(batch)``: the model's forward, as DeepSpeed's engine."""
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ZeroEngine:
+        """``model.train(mode)``; returns the engine (``eval()`` is ``train(False)``), as DeepSpeed's."""
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> ZeroEngine:
+        return self.train(False)
+
+    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None):
+        """On every rank: ``save_dir/<tag>`` and ``save_dir/latest``, as DeepSpeed's (``zero/checkpoint_dir.py``)."""
+        return save_tagged(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir, tag: str | None = None):
+        """On every rank: (the checkpoint's path, its client state); (None, None) when there is no ``latest``."""
+        return load_tagged(self, load_dir, tag)
+
     @torch.no_grad()
     def _optimizer_step(self, hyper: AdamWConfig) -> bool:
         self.window.check_step()
@@ -221,8 +236,8 @@ class ZeroEngine:
             stepped = self._step(hyper)
         if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
             self.scheduler.reshard_all()
-        if stepped:
-            self._publish_params()
+        if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)
+            self.storage.publish(self.group, self.ledger)
         return stepped
 
     def gathered_params(self):
@@ -255,28 +270,15 @@ class ZeroEngine:
         self.scaler.update(overflow=False)
         return True
 
-    def _publish_params(self) -> None:
-        """Stages 1-2 all-gather the updated shards (already written by the step) to every rank."""
-        if self.stage in (1, 2) and self.group.size > 1:
-            self.storage.publish(self.group, self.ledger)
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""
         self.grads.zero(set_to_none)
 
-    @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip this window's gradient to a global L2 norm of ``max_norm`` (every DP and TP partition), as FSDP's
         ``clip_grad_norm_`` (``zero/grad_stats.py``), on every DP rank between the window's last ``backward()``
         and ``step()``. Returns the norm of the averaged gradient; the coefficient goes into the step's scale."""
-        if not 0 < max_norm < float("inf"):
-            raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
-        if self.window.open or not self.grads.reduced:
-            raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
-                               "last backward() of the window, before step()")
-        if self.storage.host is not None:
-            self.storage.host.finish_grad_copies()
-        norm = global_grad_norm(self, self.grad_chunks(), self._grads_sharded) * self._clip / self.scaler.scale
+        norm = window_grad_norm(self, max_norm, self._grads_sharded) * self._clip
         self.last_grad_norm = norm
         self._clip *= clip_coefficient(norm, max_norm)
         return torch.tensor(norm)
@@ -291,4 +293,4 @@ class ZeroEngine:
     def params_from_master(self) -> None:
         """Refresh the parameters from the fp32 master (after loading a checkpoint)."""
         self.storage.refresh_from_master()
-        self._publish_params()
+        self.storage.publish(self.group, self.ledger)

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 
 
@@ -46,3 +47,18 @@ def clip_coefficient(norm: float, max_norm: float) -> float:
     not finite: an fp16 overflow, whose step is skipped anyway). ``torch.nn.utils.clip_grad_norm_`` on a rank
     sees only that rank's ``.grad`` (stage 1: its shard; stages 2-3: None), hence the engine's method."""
     return min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
+
+
+
+@torch.no_grad()
+def window_grad_norm(engine, max_norm: float, sharded: bool) -> float:
+    """For ``engine.clip_grad_norm_(max_norm)``: the norm of this window's reduced gradient, loss scale removed,
+    once the window is reduced; one line for a bad ``max_norm`` or a window still open."""
+    if not 0 < max_norm < float("inf"):
+        raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
+    if engine.window.open or not engine.grads.reduced:
+        raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
+                           "last backward() of the window, before step()")
+    if engine.storage.host is not None:
+        engine.storage.host.finish_grad_copies()
+    return global_grad_norm(engine, engine.grad_chunks(), sharded) / engine.scaler.scale

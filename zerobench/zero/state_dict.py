@@ -5,7 +5,9 @@ parameter with their fp32 master values and Adam moments (and the step count, th
 param group's hyperparameters: a schedule's current learning rate resumes with them), so a checkpoint
 does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
 local segment, the overlapping parts of every saved segment (one file in memory at a time). Files hold
-only tensors and plain data and are loaded with ``weights_only=True``.
+only tensors and plain data and are loaded with ``weights_only=True``. Under tensor parallelism each TP rank
+writes its own directory ``tp-XX`` (Megatron's ``mp_rank_XX``): TP ranks hold different slices of a parameter
+under the same name and shape, so in one directory they would overwrite each other's shards.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _aliases(engine) -> dict[str, str]:
     return {
         n: canonical[id(p)]
         for n, p in engine.module.named_parameters(remove_duplicate=False)
-        if canonical[id(p)] != n
+        if id(p) in canonical and canonical[id(p)] != n  # frozen parameters are not the engine's
     }
 
 
@@ -140,9 +142,30 @@ def check_compatible(sd: dict, expected: dict[str, list[int]]) -> None:
                                      f"its segments {total}")
 
 
-def save_checkpoint(engine, path: str | os.PathLike) -> None:
-    """Write this rank's shard to ``path/shard-XXXXX.pt`` (stage 0: DP rank 0 only)."""
+def _tp(engine) -> tuple[int, int]:
+    """(TP size, this rank's TP rank); (1, 0) without tensor parallelism."""
+    tp = engine.tp_group
+    return (1, 0) if tp is None else (tp.size, tp.rank)
+
+
+def rank_dir(engine, path: str | os.PathLike) -> Path:
+    """The directory this rank's shard goes to: ``path``, or its TP rank's ``path/tp-XX``."""
+    size, rank = _tp(engine)
+    return Path(path) if size == 1 else Path(path) / f"tp-{rank:02d}"
+
+
+def saved_tp(path: str | os.PathLike) -> int:
+    """The TP degree a checkpoint at ``path`` was saved with."""
     path = Path(path)
+    for meta in (path / "meta.json", path / "tp-00" / "meta.json"):
+        if meta.exists():
+            return int(json.loads(meta.read_text()).get("tp", 1))
+    raise FileNotFoundError(f"no zerobench checkpoint at {path} (meta.json missing)")
+
+
+def save_checkpoint(engine, path: str | os.PathLike) -> None:
+    """Write this rank's shard to ``path/shard-XXXXX.pt`` (``path/tp-XX/`` under TP; stage 0: DP rank 0 only)."""
+    path = rank_dir(engine, path)
     path.mkdir(parents=True, exist_ok=True)
     if engine.layout.shards == 1 and engine.group.rank != 0:
         return
@@ -152,7 +175,7 @@ def save_checkpoint(engine, path: str | os.PathLike) -> None:
     os.replace(tmp, path / f"shard-{sd['shard']:05d}.pt")
     if sd["shard"] == 0:
         meta = {
-            "format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"],
+            "format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"], "tp": _tp(engine)[0],
             "params": sd["params"], "aliases": sd["aliases"],
         }
         (path / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -175,14 +198,24 @@ def iter_shards(path: str | os.PathLike):
 
 
 def load_checkpoint(engine, path: str | os.PathLike) -> None:
-    load_shard_state_dicts(engine, iter_shards(path))
+    """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with)."""
+    saved, size = saved_tp(path), _tp(engine)[0]
+    if saved != size:
+        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
+                                 f"with the TP degree it was saved with (DP may differ)")
+    load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)))
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Full fp32 parameters ``{name: tensor}`` from a checkpoint, for ``model.load_state_dict``.
 
-    Tied parameters appear under every name the model registers them by.
+    Tied parameters appear under every name the model registers them by. A checkpoint saved under TP holds
+    one TP rank's slices per ``tp-XX`` directory: consolidate that directory for that rank's parameters.
     """
+    tp = saved_tp(path)
+    if not (Path(path) / "meta.json").exists():
+        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {tp}: each of its tp-XX directories holds one "
+                                 f"TP rank's slices of the parameters; consolidate one of them (e.g. {path}/tp-00)")
     meta = json.loads((Path(path) / "meta.json").read_text())
     out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in meta["params"].items()}
     for sd in iter_shards(path):

@@ -108,7 +108,10 @@ class ParamStorage:
             torch._foreach_copy_(self.shards, self.master)
 
     def publish(self, group: C.Group, ledger: CommLedger) -> None:
-        """Stages 1-2: all-gather every bucket's updated shard into the replica."""
+        """Stages 1-2: all-gather every bucket's updated shard into the replica (nothing to do with one shard, or
+        at stage 3, which gathers per unit)."""
+        if self.replica is None or self.layout.shards == 1:
+            return
         works = [C.all_gather(self.replica.bucket_view(b.index), shard, group, ledger, "param", async_op=True)
                  for b, shard in zip(self.layout.buckets, self.shards)]
         for w in works:

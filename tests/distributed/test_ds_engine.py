@@ -1,0 +1,54 @@
+"""DeepSpeed's engine surface on the ZeRO engine, and checkpoints under tensor parallelism.
+
+DeepSpeed's loop (``loss = engine(batch); engine.backward(loss); engine.step()``), ``train()``/``eval()``, and
+``save_checkpoint(dir, tag, client_state)`` / ``load_checkpoint(dir)`` resuming exactly: model buffers and frozen
+parameters included, the ``latest`` tag, the client state back. Under TP every TP rank keeps its own slices
+(before, TP ranks wrote the same shard file and a resumed run loaded one rank's slices on every rank)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp_resume
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_loop_and_checkpoint_resume_exactly(stage, tmp_path):
+    for r in run_distributed(ds_resume, 2, stage, str(tmp_path / "ckpt")):
+        assert r["tag"] == "global_step3" and r["latest"] == "global_step3"
+        assert r["loaded_path"] == r["saved_path"]
+        assert r["client"]["epoch"] == 3 and r["client"]["lr_history"] == [1e-2, 5e-3]
+        assert r["client"]["t"] == [0, 1, 2]  # a tensor in the client state, back as one
+        assert r["lr"] == [5e-3] and r["step"] == 3
+        assert r["eval_mode"] == (False, False)
+        assert r["state_diff"] == 0.0, "BatchNorm statistics or the frozen layer did not come back"
+        assert r["moved"] > 1e-4, "training after the checkpoint changed nothing: vacuous comparison"
+        assert r["param_diff"] == 0.0 and r["loss_diff"] == 0.0, r
+
+
+def test_deepspeed_checkpoint_bad_input_is_one_line(tmp_path):
+    for r in run_distributed(ds_bad_input, 2, str(tmp_path / "ckpt")):
+        assert r["client"].startswith("ConfigError: client_state must hold only tensors and plain Python data")
+        assert "\n" not in r["client"] and "BNNet" in r["client"], r["client"]
+        assert r["tag"].startswith("FileNotFoundError: no checkpoint 'nope' in"), r["tag"]
+        assert r["none"] == (None, None) and any("does not exist" in w for w in r["warned"])
+
+
+@pytest.mark.parametrize("dp,stage", [(1, 0), pytest.param(2, 2, marks=pytest.mark.slow), (2, 3)])
+def test_tp_checkpoint_keeps_each_tp_ranks_slices(dp, stage, tmp_path):
+    world = 2 * dp
+    res = run_distributed(tp_resume, world, dp, stage, str(tmp_path / "ckpt"))
+    assert len({round(r["checksum"], 6) for r in res}) > 1, "TP ranks hold the same values: vacuous test"
+    assert sorted((tmp_path / "ckpt" / "mid").iterdir())[-2:] == [tmp_path / "ckpt" / "mid" / d for d in ("tp-00", "tp-01")]
+    for r in res:
+        assert r["load_diff"] == 0.0, r
+        assert r["moved"] > 1e-4
+        assert r["resume_diff"] == 0.0, r
+
+
+def test_a_tp_checkpoint_refuses_another_tp_degree(tmp_path):
+    for msg in run_distributed(tp_mismatch, 2, str(tmp_path / "ckpt")):
+        assert msg.startswith("CheckpointMismatch: checkpoint ") and "was saved with TP 2, this engine has TP 1" in msg

@@ -1,0 +1,173 @@
+"""Rank workers for DeepSpeed's engine surface (``engine(x)``, ``train()``/``eval()``, tagged
+``save_checkpoint``/``load_checkpoint``) and for checkpoints under tensor parallelism.
+
+Each worker trains, saves, trains on (the uninterrupted run), then builds a second engine from a
+*different* initialisation, loads and trains the same steps: the resumed run must equal the uninterrupted
+one exactly, which holds only if everything the step depends on came back (master, moments, step count,
+learning rate, buffers, frozen parameters, and under TP each TP rank's own slices).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.helpers.scenarios import dp_groups
+from zerobench.distributed.mesh import build_mesh
+from zerobench.models.gpt import GPT
+from zerobench.models.sizes import PRESETS
+from zerobench.parallel.parallelize import ParallelSpec, parallelize
+from zerobench.train.data import SyntheticTokens
+from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.state_dict import full_parameters
+
+ADAM = AdamWConfig(lr=1e-2, weight_decay=0.1)
+
+
+class BNNet(nn.Module):
+    """A model with state outside the engine: BatchNorm's running statistics and a frozen projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.out(self.frozen(torch.relu(self.bn(self.inp(x))))).pow(2).mean()
+
+
+def _bn_state(model: BNNet) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items() if not k.startswith(("inp.", "out."))}
+
+
+def _bn_train(engine, rank: int, steps: range) -> list[float]:
+    losses = []
+    for s in steps:
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(100 * s + rank))
+        loss = engine(x)  # DeepSpeed's engine(batch)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
+    """DeepSpeed's loop and checkpoint calls on a model with buffers and a frozen layer."""
+    group = dp_groups(rank, world, [world])[world]
+    torch.manual_seed(0)
+    a = apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
+    a.train()
+    _bn_train(a, rank, range(3))
+    sched_state = {"lr_history": [1e-2, 5e-3], "epoch": 3, "t": torch.arange(3)}
+    a.optimizer.param_groups[0]["lr"] = 5e-3
+    path = a.save_checkpoint(save_dir, client_state=sched_state)
+    at_save = full_parameters(a)
+    with a.gathered_params():
+        saved = [_bn_state(a.module)]
+    # DP rank 0's module state is the checkpoint's, as DeepSpeed's (BatchNorm statistics evolve per rank)
+    dist.broadcast_object_list(saved, src=dist.get_global_rank(group.pg, 0), group=group.pg)
+    saved_state = saved[0]
+    after = _bn_train(a, rank, range(3, 5))
+    uninterrupted = full_parameters(a)
+    a.eval()
+    eval_mode = (a.module.training, a.module.bn.training)
+
+    torch.manual_seed(1)  # another init and other buffers: everything must come from the checkpoint
+    b = apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
+    b.module.bn.running_mean.fill_(7.0)
+    loaded_path, client = b.load_checkpoint(save_dir)
+    step_after_load = b.adamw.step_count
+    with b.gathered_params():
+        loaded_state = _bn_state(b.module)
+    resumed_losses = _bn_train(b.train(), rank, range(3, 5))
+    resumed = full_parameters(b)
+    return {
+        "tag": path.name, "latest": (path.parent / "latest").read_text(), "loaded_path": loaded_path,
+        "saved_path": str(path), "client": {**client, "t": client["t"].tolist()}, "lr": b.get_lr(),
+        "step": step_after_load,
+        "eval_mode": eval_mode,
+        "state_diff": max((saved_state[k].float() - loaded_state[k].float()).abs().max().item() for k in saved_state),
+        "loss_diff": max(abs(x - y) for x, y in zip(after, resumed_losses)),
+        "param_diff": max((uninterrupted[n] - resumed[n]).abs().max().item() for n in resumed),
+        "moved": max((uninterrupted[n] - at_save[n]).abs().max().item() for n in resumed),
+    }
+
+
+def ds_bad_input(rank: int, world: int, save_dir: str) -> dict:
+    """What DeepSpeed's callers get wrong: a client state that would not load back, a missing tag, no ``latest``."""
+    group = dp_groups(rank, world, [world])[world]
+    engine = apply_zero(BNNet(), group, ZeroConfig(stage=2, optimizer=ADAM))
+    out = {}
+    try:
+        engine.save_checkpoint(save_dir, tag="t1", client_state={"fn": BNNet()})
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        out["client"] = f"{type(e).__name__}: {e}"
+    try:
+        engine.load_checkpoint(save_dir, tag="nope")
+    except Exception as e:  # noqa: BLE001
+        out["tag"] = f"{type(e).__name__}: {e}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["none"] = engine.load_checkpoint(save_dir + "-empty")
+    out["warned"] = [str(w.message) for w in caught]
+    return out
+
+
+def _tp_train(engine, data, dp_rank: int, dp: int, steps: range) -> None:
+    for s in steps:
+        x, y = data.micro_batch(s, dp_rank, dp, 0, 2)
+        engine.backward(engine(x, y))
+        engine.step()
+
+
+def tp_resume(rank: int, world: int, dp: int, stage: int, save_dir: str) -> dict:
+    """DP x TP: save, train on; a fresh engine (another init) loads and trains the same steps."""
+    cfg = PRESETS["tiny"]
+    data = SyntheticTokens(cfg.vocab, cfg.seq, seed=5)
+    mesh = build_mesh(world // dp, dp)
+    spec = ParallelSpec(zero=ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=5_000))
+    torch.manual_seed(0)
+    a = parallelize(GPT(cfg), mesh, spec).engine
+    _tp_train(a, data, mesh.dp.rank, dp, range(2))
+    a.save_checkpoint(save_dir, tag="mid")
+    at_save = full_parameters(a)
+    _tp_train(a, data, mesh.dp.rank, dp, range(2, 4))
+    uninterrupted = full_parameters(a)
+    torch.manual_seed(1)
+    b = parallelize(GPT(cfg), mesh, spec).engine
+    b.load_checkpoint(save_dir)
+    loaded = full_parameters(b)
+    _tp_train(b, data, mesh.dp.rank, dp, range(2, 4))
+    resumed = full_parameters(b)
+    tp_rank = mesh.tp.rank
+    dist.barrier()
+    return {
+        "tp_rank": tp_rank,
+        "load_diff": max((loaded[n] - at_save[n]).abs().max().item() for n in at_save),
+        "resume_diff": max((uninterrupted[n] - resumed[n]).abs().max().item() for n in resumed),
+        "moved": max((uninterrupted[n] - at_save[n]).abs().max().item() for n in at_save),
+        "checksum": sum(float(t.double().sum()) for t in at_save.values()),
+    }
+
+
+def tp_mismatch(rank: int, world: int, save_dir: str) -> str:
+    """A TP 2 checkpoint loaded by an engine without TP: one line, not another rank's slices."""
+    cfg = PRESETS["tiny"]
+    mesh = build_mesh(2, world // 2)
+    torch.manual_seed(0)
+    a = parallelize(GPT(cfg), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
+    a.save_checkpoint(save_dir, tag="tp2")
+    group = dp_groups(rank, world, [world])[world]
+    b = apply_zero(GPT(cfg), group, ZeroConfig(stage=1, optimizer=ADAM))
+    try:
+        b.load_checkpoint(save_dir)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return "loaded"

@@ -15,7 +15,7 @@ from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp
 pytestmark = pytest.mark.dist
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2)), 3])
 def test_deepspeed_loop_and_checkpoint_resume_exactly(stage, tmp_path):
     for r in run_distributed(ds_resume, 2, stage, str(tmp_path / "ckpt")):
         assert r["tag"] == "global_step3" and r["latest"] == "global_step3"
@@ -37,7 +37,7 @@ def test_deepspeed_checkpoint_bad_input_is_one_line(tmp_path):
         assert r["none"] == (None, None) and any("does not exist" in w for w in r["warned"])
 
 
-@pytest.mark.parametrize("dp,stage", [(1, 0), pytest.param(2, 2, marks=pytest.mark.slow), (2, 3)])
+@pytest.mark.parametrize("dp,stage", [(1, 0), *(pytest.param(2, s, marks=pytest.mark.slow) for s in (2, 3))])
 def test_tp_checkpoint_keeps_each_tp_ranks_slices(dp, stage, tmp_path):
     world = 2 * dp
     res = run_distributed(tp_resume, world, dp, stage, str(tmp_path / "ckpt"))

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 REQUIRED = {"loss", "step_time_s", "tflops_per_gpu", "model_state_bytes", "model_state_bytes_analytic",
             "comm_volume_elements_per_step", "peak_memory_bytes"}
@@ -48,6 +49,7 @@ def test_train_writes_rows(tmp_path, stage, precision):
     for x in rs:
         assert {"metric", "value", "unit", "config", "config_hash", "provenance", "status"} <= set(x)
         assert x["config"]["zero"]["stage"] == stage and x["config"]["zero"]["precision"] == precision
+        assert x["config"]["backend"] == "auto"
         assert x["provenance"]["torch_version"] and x["provenance"]["hardware"]["kind"] == "cpu"
     per_rank = [x for x in rs if x["metric"] == "model_state_bytes"]
     assert sorted(x["rank"] for x in per_rank) == [0, 1]
@@ -64,6 +66,8 @@ def test_train_writes_rows(tmp_path, stage, precision):
     (["--precision", "fp8"], "unknown precision"),
     (["--preset", "huge"], "unknown model preset"),
     (["--micro-batch", "0"], "--micro-batch"),
+    pytest.param(["--backend", "nccl"], "--backend nccl needs CUDA devices and this process has none",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL is there to use")),
 ])
 def test_bad_input_is_one_line(args, msg):
     r = zb("train", *args)

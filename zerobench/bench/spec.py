@@ -94,6 +94,8 @@ class RunSpec:
     """Wall-clock limit of the run in seconds; past it the run is killed and recorded as timed out."""
     collective_timeout: float = 300.0
     """A collective waiting longer than this many seconds fails the run (a dead or stuck rank)."""
+    backend: str = "auto"
+    """Process-group backend: auto, nccl or gloo (gloo runs several ranks on one GPU)."""
     track_memory: bool = True
     """On CPU, track live tensor bytes (the peak memory figure)."""
     tensorboard: str | None = None
@@ -174,6 +176,7 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
         preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,
         warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
         memory_budget_bytes=budget, kernels=spec.kernels, collective_timeout_s=spec.collective_timeout,
+        backend=spec.backend,
         track_memory=spec.track_memory, tensorboard_dir=spec.tensorboard,
     )
     if check_system:

@@ -71,6 +71,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=number(above=0), default=3600.0, help="wall-clock limit of a local launch (s)")
     g.add_argument("--collective-timeout", type=number(above=0), default=300.0, metavar="SECONDS",
                    help="a collective waiting longer fails the run, naming the stuck rank (default 300)")
+    g.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"],
+                   help="process-group backend: auto = NCCL where each rank has a GPU of its own, gloo on CPU or "
+                        "where ranks share a GPU (gloo runs several ranks on one card)")
 
 
 def _add_offload_args(p: argparse.ArgumentParser) -> None:
@@ -116,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay, clip=args.clip,
         bucket_size=args.bucket_size, checkpoint_activations=args.checkpoint_activations, pa=args.pa,
         pa_cpu=args.pa_cpu, md=args.md, seed=args.seed, memory_budget=args.memory_budget,
-        collective_timeout=args.collective_timeout, track_memory=not args.no_track_memory,
+        collective_timeout=args.collective_timeout, backend=args.backend, track_memory=not args.no_track_memory,
         tensorboard=args.tensorboard, **_offload_kwargs(args),
     )
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)

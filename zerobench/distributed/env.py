@@ -2,8 +2,10 @@
 
 Read from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``) or, under ``srun``, from Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
-first host of ``SLURM_JOB_NODELIST``). ``init_distributed`` picks NCCL when CUDA is present and gloo
-otherwise, always with a collective timeout so that a dead rank fails the run instead of hanging it.
+first host of ``SLURM_JOB_NODELIST``). ``init_distributed`` initialises the backend ``choose_backend`` picks:
+NCCL when every rank on a node has a GPU of its own, gloo on CPU and where ranks share a GPU (NCCL refuses
+two ranks on one device; gloo moves CUDA tensors for the all-reduce and broadcast zerobench's gloo path is
+built from), always with a collective timeout so that a dead rank fails the run instead of hanging it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class DistEnv:
     """Rendezvous TCP port on ``master_addr``."""
     source: str
     """``torchrun``, ``slurm`` or ``single``."""
+    local_world_size: int | None = None
+    """Processes on this node (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node); None: not known."""
 
 
 def first_host(nodelist: str) -> str:
@@ -49,6 +53,12 @@ def first_host(nodelist: str) -> str:
     if ranges is None:
         return prefix
     return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def tasks_per_node(value: str) -> int | None:
+    """Slurm's tasks per node when every node has the same number (``4``, ``4(x2)``); else None (``2,1``)."""
+    counts = {int(m.group(1)) for m in re.finditer(r"(\d+)(?:\(x\d+\))?", value)}
+    return counts.pop() if len(counts) == 1 and re.fullmatch(r"[\d(x),]+", value) else None
 
 
 def _int(env: Mapping[str, str], key: str) -> int:
@@ -87,6 +97,7 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             env.get("MASTER_ADDR", "127.0.0.1"),
             _int(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT,
             "torchrun",
+            _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else None,
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
@@ -114,8 +125,29 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             addr,
             port,
             "slurm",
+            tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))),
         )
-    return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single")
+    return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single", 1)
+
+
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def choose_backend(requested: str, device: torch.device, local_world_size: int | None, gpus: int) -> str:
+    """The process-group backend for ``requested`` (auto, nccl or gloo): gloo on CPU; on CUDA, NCCL unless the
+    ranks of a node outnumber its ``gpus`` (they then share devices, which NCCL refuses). Every rank of a job
+    decides alike from the same facts; one line for a request that cannot work."""
+    if requested not in BACKENDS:
+        raise ConfigError(f"unknown backend {requested!r}: choose {', '.join(BACKENDS)}")
+    sharing = local_world_size is not None and local_world_size > gpus
+    if device.type != "cuda":
+        if requested == "nccl":
+            raise ConfigError("--backend nccl needs CUDA devices and this process has none: use --backend gloo or auto")
+        return "gloo"
+    if requested == "nccl" and sharing:
+        raise ConfigError(f"--backend nccl needs one GPU per rank: {local_world_size} ranks on this node share "
+                          f"{gpus} GPU(s); use --backend gloo (or auto), which runs several ranks on one GPU")
+    return "gloo" if requested == "gloo" or sharing else "nccl"
 
 
 def default_device(local_rank: int) -> torch.device:
@@ -124,14 +156,17 @@ def default_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(denv: DistEnv, timeout_s: float = 300.0) -> torch.device:
-    """Initialise the default process group (NCCL on CUDA, gloo otherwise); return this rank's device."""
+def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "auto") -> torch.device:
+    """Initialise the default process group (``choose_backend``); return this rank's device (ranks beyond a
+    node's GPU count share them round-robin)."""
     device = default_device(denv.local_rank)
+    chosen = choose_backend(backend, device, denv.local_world_size,
+                            torch.cuda.device_count() if device.type == "cuda" else 0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
+            chosen,
             init_method=f"tcp://{denv.master_addr}:{denv.master_port}",
             rank=denv.rank,
             world_size=denv.world_size,

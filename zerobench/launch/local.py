@@ -71,7 +71,7 @@ def launch_local(
         for rank in range(n):
             env = {
                 **os.environ, **(extra_env or {}),
-                "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+                "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                 "ZEROBENCH_LAUNCHER_PID": str(os.getpid()),

@@ -48,6 +48,9 @@ class TrainConfig:
     """Per-device memory budget; exceeding it fails the run as out of memory (CPU: tracked live bytes)."""
     collective_timeout_s: float = 300.0
     """A collective waiting longer than this fails the run (a dead or stuck rank)."""
+    backend: str = "auto"
+    """Process-group backend: auto (NCCL where each rank has a GPU of its own, else gloo), nccl or gloo (several
+    ranks on one GPU; ``distributed/env.py``)."""
     kernels: str = "auto"
     """Fused model kernels (LayerNorm, bias+GeLU): auto (where the device has them), fused, reference.
     The optimizer's kernels are ``zero.kernels``; the CLI sets both."""
@@ -80,6 +83,8 @@ class TrainConfig:
                 f"DP degree {self.dp} x TP degree {self.tp} does not match the world size {world_size}: "
                 f"pass --dp {world_size // self.tp} or launch {self.world_size} processes"
             )
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ConfigError(f"unknown backend {self.backend!r}: choose auto, nccl or gloo")
         if self.kernels not in ("auto", "fused", "reference"):
             raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
         if self.micro_batch < 1:

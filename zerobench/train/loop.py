@@ -80,7 +80,7 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
 
 
 def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectives: bool, rss: bool) -> _Run:
-    device = init_distributed(denv, cfg.collective_timeout_s)
+    device = init_distributed(denv, cfg.collective_timeout_s, cfg.backend)
     mesh = build_mesh(cfg.tp, cfg.dp, timeout_s=cfg.collective_timeout_s, native_collectives=native_collectives)
     ledger = CommLedger()
     system = entry.build(cfg, mesh, ledger, device)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
 # Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
-#   sections: env | kernels | bench | train | offload | deepspeed-offload  (default: env kernels bench train)
+#   sections: env | kernels | bench | train | multirank | offload | deepspeed-offload  (default: env kernels bench train)
 # deepspeed-offload (layer counts: DS2_LAYERS, DS3_LAYERS) needs DeepSpeed importable by $PY; the machine has no network, so make the wheels here
 # (scripts/fetch_gpu_wheels.sh writes .whl/), carry `.whl`, and start the device command with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -27,6 +27,13 @@ for s in $sections; do
         timeout 120 "$PY" -m zerobench train --preset small --seq 1024 --micro-batch 8 --steps 8 --warmup 3 --stage $st \
           --precision $prec --out "$OUT/train" --run-id "s$st-$prec" 2>&1 | tee -a "$OUT/train.log" | grep -E "^step +8|median|Error|error" ;
       done; done ;;
+    multirank)  # issue 23: two ranks on one card (auto backend: gloo), the parity section, then under the real torchrun
+      timeout 1800 "$PY" -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
+      for st in 0 3; do
+        timeout 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m zerobench train --preset mini \
+          --stage $st --precision bf16 --steps 8 --warmup 3 --out "$OUT/torchrun" --run-id "torchrun-s$st" 2>&1 |
+          tee -a "$OUT/torchrun.log" | grep -E "^step +8|median|Error|error" ;
+      done ;;
     offload)  # one card emulated as 8 GiB: the largest GPT with and without ZeRO-Offload (bf16, h=2048)
       common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
               --checkpoint-activations --precision bf16 --steps 3 --warmup 1 --memory-budget 8GiB --out $OUT/offload"

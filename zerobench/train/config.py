@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from zerobench.config import ConfigError
+from zerobench.distributed.env import BACKENDS
 from zerobench.models.config import GPTConfig
 from zerobench.parallel.config import ActivationConfig
 from zerobench.zero.config import ZeroConfig
@@ -83,8 +84,8 @@ class TrainConfig:
                 f"DP degree {self.dp} x TP degree {self.tp} does not match the world size {world_size}: "
                 f"pass --dp {world_size // self.tp} or launch {self.world_size} processes"
             )
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ConfigError(f"unknown backend {self.backend!r}: choose auto, nccl or gloo")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}: choose {', '.join(BACKENDS)}")
         if self.kernels not in ("auto", "fused", "reference"):
             raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
         if self.micro_batch < 1:

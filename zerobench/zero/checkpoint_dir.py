@@ -78,8 +78,7 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
     path = Path(save_dir) / tag
     save_checkpoint(engine, path)
     first_tp = engine.tp_group is None or engine.tp_group.rank == 0
-    if _first(engine):
-        rank_dir(engine, path).mkdir(parents=True, exist_ok=True)
+    if _first(engine):  # save_checkpoint made rank_dir
         torch.save(module_extra(engine), rank_dir(engine, path) / "module_extra.pt")
         if first_tp:
             (path / "client_state.pt").write_bytes(blob)

@@ -49,7 +49,6 @@ def clip_coefficient(norm: float, max_norm: float) -> float:
     return min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
 
 
-
 @torch.no_grad()
 def window_grad_norm(engine, max_norm: float, sharded: bool) -> float:
     """For ``engine.clip_grad_norm_(max_norm)``: the norm of this window's reduced gradient, loss scale removed,

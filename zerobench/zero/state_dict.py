@@ -212,9 +212,8 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     Tied parameters appear under every name the model registers them by. A checkpoint saved under TP holds
     one TP rank's slices per ``tp-XX`` directory: consolidate that directory for that rank's parameters.
     """
-    tp = saved_tp(path)
-    if not (Path(path) / "meta.json").exists():
-        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {tp}: each of its tp-XX directories holds one "
+    if not (Path(path) / "meta.json").exists():  # saved_tp raises where there is no checkpoint at all
+        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved_tp(path)}: each of its tp-XX directories holds one "
                                  f"TP rank's slices of the parameters; consolidate one of them (e.g. {path}/tp-00)")
     meta = json.loads((Path(path) / "meta.json").read_text())
     out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in meta["params"].items()}

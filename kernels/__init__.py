@@ -78,11 +78,13 @@ def resolve(mode: str, device: torch.device | str) -> str:
     return "reference"
 
 
-def adamw_blocks(numel: int, decay_ranges: list[tuple[int, int]], device: torch.device | str) -> torch.Tensor:
-    """The block table for ``fused_adamw_`` on ``device`` (block size matched to the implementation)."""
+def adamw_blocks(numel: int, decay_ranges: list[tuple[int, int]], device: torch.device | str,
+                 spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    """The block table for ``fused_adamw_`` on ``device`` (block size matched to the implementation); with
+    ``spans``, over those ranges only (the kernel then updates nothing else)."""
     dev = torch.device(device)
     block = TRITON_ADAMW_BLOCK if dev.type == "cuda" else CPU_ADAMW_BLOCK
-    return tables.adamw_blocks(numel, decay_ranges, block).to(dev)
+    return tables.adamw_blocks(numel, decay_ranges, block, spans).to(dev)
 
 
 def _check_flat(name: str, t: torch.Tensor, numel: int, device: torch.device) -> None:

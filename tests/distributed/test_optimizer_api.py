@@ -75,6 +75,7 @@ def test_bad_param_groups_fail_in_one_line_on_every_rank(api):
         assert r["negative_lr"] == "ConfigError: param_groups[0]['lr'] must be a finite number >= 0, got -1.0"
         assert r["nan_lr"] == "ConfigError: param_groups[0]['lr'] must be a finite number >= 0, got nan"
         assert r["bad_betas"].startswith("ConfigError: param_groups[0] needs eps > 0 and betas in [0, 1)")
-        assert r["add_group"].startswith("ValueError: the ZeRO engine trains the parameters given to apply_zero")
+        assert r["add_group"].startswith("ValueError: the ZeRO engine lays out its param groups in the partition at "
+                                        "construction: pass every group to apply_zero(param_groups=...)")
         assert all("\n" not in r[k] for k in ("negative_lr", "nan_lr", "bad_betas", "add_group"))
         assert r["after_errors_stepped"] is True

@@ -48,6 +48,27 @@ def test_tp_fp32_parity(tp_fp32, dp, tp, stage, clip):
         assert r["loss_diff"] <= 1e-5, r
 
 
+@pytest.fixture(scope="module")
+def tp_groups():
+    return run_distributed(run_scenarios, 4, _grid("fp32", groups="three"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dp,tp", MESHES)
+@pytest.mark.parametrize("stage", STAGES)
+def test_tp_param_groups_parity(tp_groups, dp, tp, stage):
+    """Three param groups with their own lr, betas, eps and weight decay (``scenarios.three_groups``: the
+    vocab-parallel embedding tied to the head in one), given to ``parallelize`` as a callable because TP
+    replaces the parameters it shards: the same bounds as ``test_tp_fp32_parity`` against torch's AdamW over
+    the same groups."""
+    for rank_res in tp_groups:
+        r = rank_res[Scenario(dp, stage, tp=tp, groups="three").key]
+        assert r["max_update"] > 1e-4
+        assert r["grad_rel_err"] <= 1e-5, r
+        assert r["max_diff"] <= 5e-5, r
+        assert r["loss_diff"] <= 1e-5, r
+
+
 SP_CASES = [(dp, tp, s, ckpt) for dp, tp in MESHES for s in STAGES for ckpt in (False, True)]
 
 

@@ -41,6 +41,8 @@ class Scenario:
     offload: str = "none"
     offload_param: str = "none"
     optim_bits: int = 32
+    groups: str = "default"
+    """``"default"`` (one group, the engine's rule) or a name in ``GROUPINGS`` (passed to ``parallelize``)."""
 
     @property
     def key(self) -> str:
@@ -50,11 +52,24 @@ class Scenario:
         kern = "" if self.kernels == "auto" else f"-{self.kernels}"
         off = "" if self.offload == "none" else f"-off{self.offload}{self.offload_param}"
         bits = "" if self.optim_bits == 32 else f"-adam{self.optim_bits}"
+        groups = "" if self.groups == "default" else f"-groups{self.groups}"
         return (f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
-                f"{ac}{kern}{off}{bits}")
+                f"{ac}{kern}{off}{bits}{groups}")
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def three_groups(named) -> list[dict]:
+    """Over ``(name, parameter)`` pairs: the token embedding (tied to the head) at a lower lr with other betas
+    and decay; other matrices at the config's values; vectors without decay, at a higher lr and eps."""
+    return [{"params": [p for n, p in named if p.dim() >= 2 and n != "wte.weight"]},
+            {"params": [p for n, p in named if n == "wte.weight"], "lr": 3e-4, "betas": (0.8, 0.99),
+             "weight_decay": 0.05},
+            {"params": [p for _, p in named if p.dim() < 2], "lr": 2e-3, "eps": 1e-6, "weight_decay": 0.0}]
+
+
+GROUPINGS = {"three": three_groups}
 
 
 def dp_groups(rank: int, world: int, dps) -> dict[int, Group]:
@@ -128,7 +143,9 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
         work = copy.deepcopy(model)
         mesh = Mesh(dp=group, tp=tp_group, world=group)  # world: unused by parallelize
         spec = ParallelSpec(zero=zcfg, sequence_parallel=sc.sp, kernels=sc.kernels, activation=sc.ac)
-        built = parallelize(work, mesh, spec)  # the production composition (train/systems.py)
+        grouping = GROUPINGS.get(sc.groups)
+        param_groups = None if grouping is None else (lambda m, g=grouping: g(list(m.named_parameters())))
+        built = parallelize(work, mesh, spec, param_groups=param_groups)  # the production composition
         store, engine = built.store, built.engine
         mb = sc.global_batch // (sc.dp * sc.accum)
         losses, stepped = [], []
@@ -147,14 +164,15 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
             stepped.append(engine.step())
             engine.zero_grad()
         full = full_parameters(engine)
-        key = (sc.precision, sc.clip, sc.loss_scale, sc.steps, sc.global_batch, sc.preset, sc.kernels)
+        key = (sc.precision, sc.clip, sc.loss_scale, sc.steps, sc.global_batch, sc.preset, sc.kernels, sc.groups)
         if key not in ref_cache:
             # The reference is the same model (same fused model kernels) trained in one process with
             # torch.optim.AdamW: the difference is the parallelism and ZeRO's optimizer step alone.
             ref_model = copy.deepcopy(model)
             apply_fused_kernels(ref_model, sc.kernels)
             batches = [data.samples(t, 0, sc.global_batch) for t in range(sc.steps)]
-            ref_cache[key] = reference_train(ref_model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale)
+            ref_cache[key] = reference_train(ref_model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale,
+                                             GROUPINGS.get(sc.groups))
         ref_losses, ref_params, ref_stepped = ref_cache[key]
         ref_params = {n: tp_local(n, t, tp_group) for n, t in ref_params.items()}
         init = {n: tp_local(n, p.detach(), tp_group) for n, p in model.named_parameters()}

@@ -36,7 +36,30 @@ def test_adamw_blocks_cover_partition_with_exact_decay_flags(seed):
     assert pos == numel and flags == _oracle(numel, ranges)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_adamw_blocks_over_spans_cover_exactly_the_spans(seed):
+    """One param group's table: rows over its spans only, in order, with the decay flags of the full table."""
+    rnd = random.Random(seed)
+    numel = rnd.randint(1, 2000)
+    cuts = sorted(rnd.sample(range(numel + 1), k=min(numel + 1, 2 * rnd.randint(1, 8))))
+    pieces = [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    spans = [r for r in pieces if rnd.random() < 0.5]
+    ranges = [r for r in pieces if rnd.random() < 0.5]
+    block = rnd.choice([1, 5, 64])
+    t = tables.adamw_blocks(numel, ranges, block, spans=list(reversed(spans)))
+    covered = [i for lo, hi in spans for i in range(lo, hi)]
+    got, flags = [], []
+    for s, e, d in t.tolist():
+        assert 0 < e - s <= block
+        got += list(range(s, e))
+        flags += [d] * (e - s)
+    oracle = _oracle(numel, ranges)
+    assert got == covered and flags == [oracle[i] for i in covered]
+
+
 def test_adamw_blocks_reject_overlap_and_outside():
+    with pytest.raises(ValueError, match="span range"):
+        tables.adamw_blocks(10, [], 4, spans=[(0, 5), (3, 6)])
     with pytest.raises(ValueError, match="overlaps"):
         tables.adamw_blocks(10, [(0, 5), (4, 8)], 4)
     with pytest.raises(ValueError, match="outside"):

@@ -22,7 +22,22 @@ def test_one_group_with_the_config_as_defaults():
     opt = optimizer()
     (group,) = opt.param_groups
     assert len(group["params"]) == 2
-    assert opt.hyper() == CFG
+    assert opt.hyper() == [CFG]
+
+
+def test_groups_step_with_their_own_hyperparameters_and_the_config_fills_the_rest():
+    a, b = torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))
+    opt = ZeroOptimizer(None, [{"params": [a], "lr": 1e-3}, {"params": [b], "weight_decay": 0.0, "betas": [0.8, 0.9]}], CFG)
+    assert opt.hyper() == [AdamWConfig(lr=1e-3, betas=CFG.betas, eps=CFG.eps, weight_decay=CFG.weight_decay),
+                           AdamWConfig(lr=CFG.lr, betas=(0.8, 0.9), eps=CFG.eps, weight_decay=0.0)]
+    opt.param_groups[1]["lr"] = 2.0
+    assert [h.lr for h in opt.hyper()] == [1e-3, 2.0]
+
+
+def test_a_bad_group_fails_at_construction_naming_it():
+    a, b = torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(ConfigError, match=r"param_groups\[1\]\['lr'\] must be a finite number >= 0, got -1"):
+        ZeroOptimizer(None, [{"params": [a]}, {"params": [b], "lr": -1.0}], CFG)
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of")  # no engine here to step
@@ -33,19 +48,19 @@ def test_a_schedule_writes_what_the_next_step_reads():
     sched = SequentialLR(opt, [warm, CosineAnnealingLR(opt, T_max=90, eta_min=0.0)], milestones=[10])
     lrs = []
     for _ in range(100):
-        lrs.append(opt.hyper().lr)
+        lrs.append(opt.hyper()[0].lr)
         sched.step()
     assert lrs[0] == pytest.approx(3e-6) and max(lrs) == pytest.approx(3e-4)
     assert lrs[-1] < 1e-6 and all(lr >= 0 for lr in lrs)
     opt.param_groups[0]["lr"] = torch.tensor(1e-4)
-    assert opt.hyper().lr == pytest.approx(1e-4)
+    assert opt.hyper()[0].lr == pytest.approx(1e-4)
 
 
 def test_one_cycle_momentum_schedules_write_betas():
     """OneCycleLR cycles beta1 through ``betas``: the step reads both."""
     opt = optimizer()
     OneCycleLR(opt, max_lr=1e-3, total_steps=10)
-    h = opt.hyper()
+    (h,) = opt.hyper()
     assert h.betas[0] == pytest.approx(0.95) and h.betas[1] == 0.95 and h.lr == pytest.approx(4e-5)
 
 
@@ -65,12 +80,12 @@ def test_bad_values_are_one_line(key, value, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_more_groups_are_refused():
+def test_groups_added_after_construction_are_refused():
     opt = optimizer()
-    with pytest.raises(ValueError, match="one param group"):
+    with pytest.raises(ValueError, match=r"lays out its param groups .* apply_zero\(param_groups=...\)"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))], "lr": 1.0})
     opt.param_groups.append(dict(opt.param_groups[0]))
-    with pytest.raises(ConfigError, match="one param group, found 2"):
+    with pytest.raises(ConfigError, match=r"has 1 param group\(s\), fixed at construction, found 2"):
         opt.hyper()
 
 

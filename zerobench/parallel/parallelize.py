@@ -60,11 +60,13 @@ class Parallelized:
 
 
 def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLedger | None = None,
-                units: list[nn.Module] | None = None, allocator: Allocator | None = None) -> Parallelized:
+                units: list[nn.Module] | None = None, allocator: Allocator | None = None,
+                param_groups=None) -> Parallelized:
     """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
 
     Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
-    every block of ``model.blocks``); ``allocator``: passed to ``apply_zero``.
+    every block of ``model.blocks``); ``allocator`` and ``param_groups`` are passed to ``apply_zero`` (TP
+    replaces the parameters it shards, so give the groups as a callable ``param_groups(model)``).
     """
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel)
     apply_fused_kernels(model, spec.kernels)
@@ -72,5 +74,5 @@ def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLe
     engine = None
     if spec.zero is not None:
         engine = apply_zero(model, mesh.dp, spec.zero, ledger, units,
-                            tp_group=mesh.tp, tp_sharded=tp.sharded, allocator=allocator)
+                            tp_group=mesh.tp, tp_sharded=tp.sharded, allocator=allocator, param_groups=param_groups)
     return Parallelized(model, tp, store, engine)

@@ -28,6 +28,7 @@ def apply_zero(
     tp_group: Group | None = None,
     tp_sharded: Collection[str] = frozenset(),
     allocator: Allocator | None = None,
+    param_groups=None,
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
@@ -40,6 +41,11 @@ def apply_zero(
     counting sharded parameters once per TP rank and replicated ones once. ``zerobench.parallel.parallelize``
     applies TP, fused kernels, checkpointing and this in their one order. ``allocator``: how host work
     and stage-3 resizes are accounted (default ``PlainAllocator``; see ``zero/allocator.py``).
+    ``param_groups``: the optimizer's groups as ``torch.optim`` takes them (a list of dicts with ``params``
+    and any of ``lr``, ``betas``, ``eps``, ``weight_decay``; each group's weight decay applies to all its
+    parameters); default one group of every trained parameter, with weight decay on 2+-dim ones only
+    (``zero/param_groups.py``); or a callable ``param_groups(model)`` that returns them from the model as
+    ZeRO receives it (after TP has replaced its parameters).
     """
     return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger,
-                      tp_group, frozenset(tp_sharded), allocator)
+                      tp_group, frozenset(tp_sharded), allocator, param_groups)

@@ -48,25 +48,29 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
 
 
 def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list[ZeroParam], tp_sharded: frozenset[str]):
-    """Per bucket chunk: the ranges under weight decay, and those of TP-replicated parameters (counted
-    once, not per TP rank, in the gradient norm)."""
+    """Per bucket chunk: the ranges under weight decay, those of TP-replicated parameters (counted once, not
+    per TP rank, in the gradient norm), and each param group's ranges (``{group: ranges}``)."""
     decay: list[list[tuple[int, int]]] = [[] for _ in layout.buckets]
     replicated: list[list[tuple[int, int]]] = [[] for _ in layout.buckets]
+    spans: list[dict[int, list[tuple[int, int]]]] = [{} for _ in layout.buckets]
     for seg in segments:
         base = layout.local_offset(seg.bucket)
         rng = (seg.local_start - base, seg.local_start - base + seg.numel)
-        if zparams[seg.param].decays:
+        zp = zparams[seg.param]
+        if zp.decays:
             decay[seg.bucket].append(rng)
-        if zparams[seg.param].name not in tp_sharded:
+        if zp.name not in tp_sharded:
             replicated[seg.bucket].append(rng)
-    return decay, replicated
+        spans[seg.bucket].setdefault(zp.group, []).append(rng)
+    return decay, replicated, spans
 
 
 def build_optimizer(config: ZeroConfig, placement: Placement, master: list[torch.Tensor], decay, group: C.Group,
-                    allocator: Allocator) -> ShardedAdamW:
+                    allocator: Allocator, spans=None) -> ShardedAdamW:
+    """The step over this rank's chunks; ``spans``: each chunk's ranges per param group (None: one group)."""
     nvme = None
     if placement.states is Tier.NVME:
         def nvme(codec, sizes):
             return NvmeStore(codec, sizes, config.nvme_path, group.rank)
     with allocator.host_region(placement.offloaded):
-        return ShardedAdamW(config.optimizer, master, decay, config.kernels, config.optim_bits, nvme)
+        return ShardedAdamW(config.optimizer, master, decay, config.kernels, config.optim_bits, nvme, spans)

@@ -43,6 +43,7 @@ from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.module_state import install_load_hooks
 from zerobench.zero.module_zero_grad import route_zero_grad
 from zerobench.zero.param import ParamState, ZeroParam
+from zerobench.zero.param_groups import resolve_param_groups
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
 from zerobench.zero.stage3 import Stage3Scheduler
@@ -50,10 +51,6 @@ from zerobench.zero.storage import ParamStorage
 from zerobench.zero.torch_optimizer import ZeroOptimizer
 from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 from zerobench.zero.window import AccumulationWindow
-
-
-def _decays(p: nn.Parameter) -> bool:
-    return p.dim() >= 2
 
 
 class ZeroEngine:
@@ -69,6 +66,7 @@ class ZeroEngine:
         tp_group: C.Group | None = None,
         tp_sharded: frozenset[str] = frozenset(),
         allocator: Allocator | None = None,
+        param_groups=None,
     ):
         config.validate()
         self.allocator = allocator if allocator is not None else PlainAllocator()
@@ -77,11 +75,12 @@ class ZeroEngine:
         self.ledger, self.param_dtype = ledger if ledger is not None else CommLedger(), config.precision.param_dtype
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
         ordered = order_params(model, units, self.stage)
+        groups = resolve_param_groups(ordered.named, param_groups, config.optimizer, model)  # before any collective
         self.device = device = ordered.named[0][1].device
         sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
         self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel,
                                    config.param_align)
-        self.zparams = [ZeroParam(p, slot, _decays(p))
+        self.zparams = [ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
                         for (_, p), slot in zip(ordered.named, self.layout.params)]
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
@@ -92,10 +91,11 @@ class ZeroEngine:
         st.fill(self.zparams, segments)
         # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
         self.scheduler = self._attach_params(model, ordered.units)
-        # 4. Optimizer over this rank's chunks, with weight-decay ranges per chunk.
-        decay, self.replicated_ranges = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
-        self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator)
-        self.optimizer = ZeroOptimizer(self, [zp.param for zp in self.zparams], config.optimizer)
+        # 4. Optimizer over this rank's chunks, with weight-decay and param-group ranges per chunk.
+        decay, self.replicated_ranges, spans = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
+        self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator,
+                                     spans if groups.explicit else None)
+        self.optimizer = ZeroOptimizer(self, groups.groups, config.optimizer)
         self._load_hooks = install_load_hooks(self)  # model.load_state_dict(sd) reaches the master and shards
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
@@ -200,7 +200,7 @@ class ZeroEngine:
         return self.optimizer.applied
 
     def get_lr(self) -> list[float]:
-        """The learning rate of each param group (one), as DeepSpeed's ``engine.get_lr()``."""
+        """The learning rate of each param group, as DeepSpeed's ``engine.get_lr()``."""
         return [g["lr"] for g in self.optimizer.param_groups]
 
     # -- DeepSpeed's engine surface -----------------------------------------------------------------
@@ -225,7 +225,7 @@ class ZeroEngine:
         return load_tagged(self, load_dir, tag)
 
     @torch.no_grad()
-    def _optimizer_step(self, hyper: AdamWConfig) -> bool:
+    def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:
         self.window.check_step()
         if not self.grads.reduced:
             return False
@@ -247,7 +247,7 @@ class ZeroEngine:
         full parameters anyway."""
         return self.scheduler.gathered() if self.scheduler is not None else contextlib.nullcontext()
 
-    def _step(self, hyper: AdamWConfig) -> bool:
+    def _step(self, hyper: list[AdamWConfig]) -> bool:
         if self.storage.host is not None:
             self.storage.host.finish_grad_copies()
         grads = self.grad_chunks()

@@ -2,8 +2,10 @@
 
 The optimizer sees a list of *chunks* (this rank's shard of each bucket; the whole bucket at stage 0):
 fp32 master chunks, gradient chunks (any dtype; averaged over ranks), and the weight-decay ranges inside
-each chunk (parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do; the
-ranges are fixed, the rate is each step's, so a schedule may start it from 0). Moments
+each chunk (by default parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do;
+the ranges are fixed, the rate is each step's, so a schedule may start it from 0). With several param
+groups, each chunk also knows each group's ranges, and the step runs once per group present in the chunk,
+with that group's hyperparameters, over its ranges only (``zero/param_groups.py``). Moments
 live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s, with the gradient
 scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gradient read.
 
@@ -20,12 +22,25 @@ chunk at a time. Under ZeRO-Offload all of this lives in host memory and runs on
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 import kernels
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.states import MemoryStore, make_codec
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One param group's share of a chunk; the step updates it with that group's hyperparameters."""
+
+    group: int
+    spans: list[tuple[int, int]] | None
+    """Its ranges in the chunk; None: the whole chunk (one group)."""
+    decay: list[tuple[int, int]]
+    blocks: torch.Tensor | None
+    """The fused kernel's table over ``spans`` (None on the reference path)."""
 
 
 class ShardedAdamW:
@@ -39,22 +54,33 @@ class ShardedAdamW:
         kernel_mode: str = "auto",
         state_bits: int = 32,
         store_factory=None,
+        group_spans: list[dict[int, list[tuple[int, int]]]] | None = None,
     ):
         """``store_factory(codec, sizes)`` builds the state store (default: in memory on the master's
-        device); ``state_bits`` 32 or 8 picks the codec."""
+        device); ``state_bits`` 32 or 8 picks the codec; ``group_spans``: per chunk, each param group's
+        ranges (None: one group over every chunk)."""
         self.cfg = cfg
         self.master = master
-        self.decay_ranges = decay_ranges
         device = master[0].device if master else torch.device("cpu")
         self.codec = make_codec(state_bits)
         sizes = [m.numel() for m in master]
         self.store = store_factory(self.codec, sizes) if store_factory else MemoryStore(self.codec, sizes, device)
         self.step_count = 0
         self.path = kernels.resolve(kernel_mode, device)
-        self.blocks = (
-            [kernels.adamw_blocks(m.numel(), r, device) for m, r in zip(master, decay_ranges)]
-            if self.path == "fused" else None
-        )
+        self.parts = [self._parts(m.numel(), decay_ranges[i], None if group_spans is None else group_spans[i], device)
+                      for i, m in enumerate(master)]
+
+    def _parts(self, numel: int, decay, spans_by_group, device) -> list[_Part]:
+        fused = self.path == "fused"
+        if spans_by_group is None:
+            return [_Part(0, None, decay, kernels.adamw_blocks(numel, decay, device) if fused else None)]
+        parts = []
+        for group, ranges in sorted(spans_by_group.items()):
+            spans = sorted(ranges)
+            mine = set(spans)
+            dec = [r for r in decay if r in mine]
+            parts.append(_Part(group, spans, dec, kernels.adamw_blocks(numel, dec, device, spans) if fused else None))
+        return parts
 
     # -- moments as fp32 chunks (checkpoints, tests) ---------------------------------------------
     def moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -87,30 +113,42 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], grad_scale: float, out: list[torch.Tensor] | None = None,
-             on_chunk=None, hyper: AdamWConfig | None = None) -> None:
+             on_chunk=None, hyper: AdamWConfig | list[AdamWConfig] | None = None) -> None:
         """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy);
         ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile);
-        ``hyper``: this step's hyperparameters (a learning-rate schedule's), the construction's if None."""
+        ``hyper``: this step's hyperparameters per param group (a learning-rate schedule's; one config for
+        one group), the construction's if None."""
         self.step_count += 1
         if not self.master:
             return
-        cfg = hyper if hyper is not None else self.cfg
+        hypers = [self.cfg] if hyper is None else [hyper] if isinstance(hyper, AdamWConfig) else hyper
         for i, (p, g) in enumerate(zip(self.master, grads)):
             enc = self.store.acquire(i)
             m, v = self.codec.decode(enc)
             o = out[i] if out is not None else None
-            if self.path == "fused":
-                kernels.fused_adamw_(
-                    p, g, m, v, blocks=self.blocks[i], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale, out=o,
-                )
-            else:
-                self._reference(cfg, [p], [g], [m], [v], [self.decay_ranges[i]], grad_scale, None if o is None else [o])
+            for part in self.parts[i]:
+                self._update(part, hypers[part.group], p, g, m, v, o, grad_scale)
             self.codec.encode(m, v, enc)
             self.store.release(i, enc)
             if on_chunk is not None:
                 on_chunk(i)
         self.store.flush()
+
+    def _update(self, part: _Part, cfg: AdamWConfig, p, g, m, v, o, grad_scale: float) -> None:
+        """One group's share of one chunk."""
+        if self.path == "fused":
+            kernels.fused_adamw_(
+                p, g, m, v, blocks=part.blocks, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale, out=o,
+            )
+        elif part.spans is None:
+            self._reference(cfg, [p], [g], [m], [v], [part.decay], grad_scale, None if o is None else [o])
+        else:
+            views = [[t[lo:hi] for lo, hi in part.spans] for t in (p, g, m, v)]
+            decays = set(part.decay)
+            dec = [[(0, hi - lo)] if (lo, hi) in decays else [] for lo, hi in part.spans]
+            outs = None if o is None else [o[lo:hi] for lo, hi in part.spans]
+            self._reference(cfg, *views, dec, grad_scale, outs)
 
     def _reference(self, cfg: AdamWConfig, ps, grads, ms, vs, decay_ranges, grad_scale, out) -> None:
         b1, b2 = cfg.betas

@@ -1,7 +1,7 @@
 """Per-parameter engine state: a wrapper around each ``nn.Parameter`` with explicit state enums.
 
 The engine never sticks attributes on ``nn.Parameter``; everything it knows about a parameter (where it
-lives in the layout, whether it decays, whether its storage is resident, whether it has a gradient in the
+lives in the layout, its param group, whether it decays, whether its storage is resident, whether it has a gradient in the
 current accumulation window) lives here.
 """
 
@@ -42,8 +42,10 @@ class ZeroParam:
     param: nn.Parameter
     slot: ParamSlot
     decays: bool
-    """Whether weight decay applies (2+ dims: matrices and embeddings, not biases or norms); the rate is the
-    optimizer's param group's, per step."""
+    """Whether weight decay applies (by default 2+ dims: matrices and embeddings, not biases or norms; every
+    parameter of a user's group); the rate is its param group's, per step."""
+    group: int = 0
+    """Index of its param group in ``engine.optimizer.param_groups`` (``zero/param_groups.py``)."""
     state: ParamState = ParamState.REPLICATED
     grad_state: GradState = GradState.NONE
 

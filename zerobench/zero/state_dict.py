@@ -2,7 +2,7 @@
 
 Each rank saves the pieces of parameters it owns as (name, start, end) segments of the flattened
 parameter with their fp32 master values and Adam moments (and the step count, the loss scale and the
-param group's hyperparameters: a schedule's current learning rate resumes with them), so a checkpoint
+param groups' hyperparameters and members: a schedule's current learning rate resumes with them), so a checkpoint
 does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
 local segment, the overlapping parts of every saved segment (one file in memory at a time). Files hold
 only tensors and plain data and are loaded with ``weights_only=True``. Under tensor parallelism each TP rank
@@ -38,7 +38,7 @@ def shard_state_dict(engine) -> dict:
         "shard": engine.rank_in_shards,
         "num_shards": engine.layout.shards,
         "step": opt.step_count,
-        "hyper": _hyper(engine),
+        "groups": _groups(engine),
         "scaler": engine.scaler.state_dict(),
         "params": {zp.name: list(zp.slot.shape) for zp in engine.zparams},
         "aliases": _aliases(engine),
@@ -49,11 +49,31 @@ def shard_state_dict(engine) -> dict:
     }
 
 
-def _hyper(engine) -> dict:
-    """The param group's hyperparameters as plain data (a schedule's current lr, its ``initial_lr``, ...)."""
-    group = engine.optimizer.param_groups[0]
-    return {k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
-            for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))}
+def _groups(engine) -> list[dict]:
+    """Each param group's hyperparameters as plain data (a schedule's current lr, its ``initial_lr``, ...) and
+    the names of its parameters."""
+    return [{"hyper": {k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
+                       for k, v in group.items()
+                       if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))},
+             "params": sorted(zp.name for zp in engine.zparams if zp.group == i)}
+            for i, group in enumerate(engine.optimizer.param_groups)]
+
+
+def _restore_groups(engine, meta: dict) -> None:
+    """Put the saved hyperparameters back into ``param_groups``, as ``torch.optim``'s ``load_state_dict``;
+    groups other than the saved ones are refused (shards before param groups hold one group's ``hyper``)."""
+    saved = meta.get("groups") or ([{"hyper": meta["hyper"], "params": None}] if "hyper" in meta else [])
+    groups = engine.optimizer.param_groups
+    if saved and len(saved) != len(groups):
+        raise CheckpointMismatch(f"checkpoint has {len(saved)} param group(s), this engine {len(groups)}: "
+                                 f"build the engine with the same param_groups")
+    for i, (s, group) in enumerate(zip(saved, groups)):
+        names = sorted(zp.name for zp in engine.zparams if zp.group == i)
+        if s["params"] is not None and s["params"] != names:
+            raise CheckpointMismatch(f"param_groups[{i}] holds other parameters than the checkpoint's (saved "
+                                     f"{len(s['params'])}, here {len(names)}): build the engine with the same "
+                                     f"param_groups")
+        group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in s["hyper"].items()})
 
 
 def _aliases(engine) -> dict[str, str]:
@@ -90,6 +110,7 @@ def load_shard_state_dicts(engine, shards) -> None:
             raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
         if meta is None:
             check_compatible(sd, expected)
+            _restore_groups(engine, sd)
         meta = sd
         off = 0
         for name, start, end in sd["segments"]:
@@ -107,9 +128,6 @@ def load_shard_state_dicts(engine, shards) -> None:
         raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
     opt.load_moments(ms, vs)
     opt.step_count = int(meta["step"])
-    if "hyper" in meta:  # as torch.optim's load_state_dict restores lr and the rest (older shards lack it)
-        group = engine.optimizer.param_groups[0]
-        group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in meta["hyper"].items()})
     engine.scaler.load_state_dict(meta["scaler"])
     engine.params_from_master()
 

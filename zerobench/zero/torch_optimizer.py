@@ -6,9 +6,10 @@ step, step hooks are registered on it, its ``state_dict()`` is saved next to the
 is that object for a ``ZeroEngine``, as DeepSpeed's engine exposes its ZeRO optimizer. It holds no state
 of its own: the fp32 master and the Adam moments stay in the engine's flat partitions.
 
-- One param group over the trained parameters. Its ``lr``, ``betas``, ``eps`` and ``weight_decay`` are read
-  at every step (validated then), so a schedule's changes take effect at the next ``step()``. Which
-  parameters decay is the engine's rule (2+ dims), fixed at construction; more groups are refused.
+- The param groups given to ``apply_zero(param_groups=...)`` (default: one over the trained parameters,
+  weight decay on 2+-dim ones; ``zero/param_groups.py``). Each group's ``lr``, ``betas``, ``eps`` and
+  ``weight_decay`` are read at every step (validated then), so a schedule's changes take effect at the next
+  ``step()``. The groups are laid out in the partition at construction: adding one later is refused.
 - ``step(closure=None)`` is torch's step: the gradients stay until ``zero_grad()``, an incomplete window is
   refused. ``engine.step()`` (DeepSpeed's) calls it at a window's end and then zeroes; either runs the step
   hooks and counts as the optimizer step for a scheduler's order check. ``applied`` says whether it updated
@@ -34,42 +35,30 @@ HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 class ZeroOptimizer(torch.optim.Optimizer):
     """The engine's optimizer as a ``torch.optim.Optimizer``; see the module docstring."""
 
-    def __init__(self, engine, params: list[torch.nn.Parameter], cfg: AdamWConfig):
+    def __init__(self, engine, params: list, cfg: AdamWConfig):
+        """``params``: parameters or torch-style groups (hyperparameters missing from a group are ``cfg``'s)."""
         self._engine = engine
         self._ready = False
         super().__init__(params, {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps,
                                   "weight_decay": cfg.weight_decay})
         self._ready = True
+        self._groups = len(self.param_groups)
+        self.hyper()  # a bad value in a group fails at construction, not at the first step
         self.applied = False
         """Whether the last ``step()`` updated the parameters (False: no gradient, or an fp16 overflow)."""
 
     def add_param_group(self, param_group: dict) -> None:
         if self._ready:
-            raise ValueError("the ZeRO engine trains the parameters given to apply_zero as one param group "
-                             "(weight decay on 2+-dim parameters only): change its hyperparameters in "
-                             "param_groups[0] instead of adding a group")
+            raise ValueError("the ZeRO engine lays out its param groups in the partition at construction: pass "
+                             "every group to apply_zero(param_groups=...) instead of adding one later")
         super().add_param_group(param_group)
 
-    def hyper(self) -> AdamWConfig:
-        """This step's hyperparameters from ``param_groups``; one line naming a bad value."""
-        if len(self.param_groups) != 1:
-            raise ConfigError(f"the ZeRO optimizer has one param group, found {len(self.param_groups)}: set "
-                              f"hyperparameters in param_groups[0]")
-        g = self.param_groups[0]
-        try:
-            lr, wd, eps = float(g["lr"]), float(g["weight_decay"]), float(g["eps"])
-            b1, b2 = (float(b) for b in g["betas"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"param_groups[0] needs numbers for {', '.join(HYPER_KEYS)} "
-                              f"(betas a pair): {type(e).__name__}: {e}") from None
-        if not (math.isfinite(lr) and lr >= 0):
-            raise ConfigError(f"param_groups[0]['lr'] must be a finite number >= 0, got {g['lr']}")
-        if not (math.isfinite(wd) and wd >= 0):
-            raise ConfigError(f"param_groups[0]['weight_decay'] must be a finite number >= 0, got {g['weight_decay']}")
-        if not (math.isfinite(eps) and eps > 0) or not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ConfigError(f"param_groups[0] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, "
-                              f"betas {g['betas']}")
-        return AdamWConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    def hyper(self) -> list[AdamWConfig]:
+        """This step's hyperparameters from ``param_groups``, one per group; one line naming a bad value."""
+        if len(self.param_groups) != self._groups:
+            raise ConfigError(f"the ZeRO optimizer has {self._groups} param group(s), fixed at construction, "
+                              f"found {len(self.param_groups)}: pass every group to apply_zero(param_groups=...)")
+        return [_hyper(i, g) for i, g in enumerate(self.param_groups)]
 
     def step(self, closure=None):
         """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one."""
@@ -98,3 +87,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
                              "engine.optimizer.state_dict() on every rank")
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "zero_shard"})
         load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])
+
+
+def _hyper(i: int, g: dict) -> AdamWConfig:
+    """Group ``i``'s hyperparameters, checked."""
+    try:
+        lr, wd, eps = float(g["lr"]), float(g["weight_decay"]), float(g["eps"])
+        b1, b2 = (float(b) for b in g["betas"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"param_groups[{i}] needs numbers for {', '.join(HYPER_KEYS)} "
+                          f"(betas a pair): {type(e).__name__}: {e}") from None
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ConfigError(f"param_groups[{i}]['lr'] must be a finite number >= 0, got {g['lr']}")
+    if not (math.isfinite(wd) and wd >= 0):
+        raise ConfigError(f"param_groups[{i}]['weight_decay'] must be a finite number >= 0, got {g['weight_decay']}")
+    if not (math.isfinite(eps) and eps > 0) or not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ConfigError(f"param_groups[{i}] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, "
+                          f"betas {g['betas']}")
+    return AdamWConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)

@@ -1,6 +1,7 @@
 """The construction steps of ``ZeroEngine``, one function each: which parameters are trained and in what
-order (pure), the optimizer's per-chunk ranges (pure), and the optimizer over this rank's chunks. Where the
-parameters and the master live is ``zero/storage.py``. ``ZeroEngine.__init__`` calls them in order.
+order (pure), the model's parameters pointed at the engine's storage, the optimizer's per-chunk ranges
+(pure), and the optimizer over this rank's chunks. Where the parameters and the master live is
+``zero/storage.py``. ``ZeroEngine.__init__`` calls them in order.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
+from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.layout import ParamSpec, PartitionLayout, Segment
 from zerobench.zero.nvme import NvmeStore
 from zerobench.zero.optimizer import ShardedAdamW
-from zerobench.zero.param import ZeroParam
+from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement, Tier
+from zerobench.zero.stage3 import Stage3Scheduler
+from zerobench.zero.storage import ParamStorage
 from zerobench.zero.units import assign_units
 
 
@@ -45,6 +49,21 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
         named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
     specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if stage == 3 else 0) for n, p in named]
     return Ordered(named, units, unit_of, specs)
+
+
+def attach_params(model: nn.Module, units: list[nn.Module], st: ParamStorage, layout: PartitionLayout,
+                  zparams: list[ZeroParam], group: C.Group, ledger: CommLedger, config: ZeroConfig,
+                  allocator: Allocator, device: torch.device) -> Stage3Scheduler | None:
+    """Stages 0-2: every parameter becomes a view of the full buffer (None). Stage 3: the scheduler that
+    gathers and frees each unit's parameters."""
+    if st.replica is not None:
+        for zp in zparams:
+            zp.param.data = st.replica.param_view(zp.slot.index)
+            zp.state = ParamState.REPLICATED
+        return None
+    transfer = st.host.transfer if st.shards_on_host else None
+    return Stage3Scheduler.build(model, units, layout, zparams, st.shards, group, ledger, device, transfer,
+                                 config.prefetch, allocator)
 
 
 def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list[ZeroParam], tp_sharded: frozenset[str]):

@@ -34,7 +34,7 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
-from zerobench.zero.build import build_optimizer, chunk_ranges, order_params
+from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
@@ -42,11 +42,10 @@ from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.module_state import install_load_hooks
 from zerobench.zero.module_zero_grad import route_zero_grad
-from zerobench.zero.param import ParamState, ZeroParam
+from zerobench.zero.param import ZeroParam
 from zerobench.zero.param_groups import resolve_param_groups
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
-from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.storage import ParamStorage
 from zerobench.zero.torch_optimizer import ZeroOptimizer
 from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
@@ -90,7 +89,8 @@ class ZeroEngine:
                                          self.rank_in_shards)
         st.fill(self.zparams, segments)
         # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
-        self.scheduler = self._attach_params(model, ordered.units)
+        self.scheduler = attach_params(model, ordered.units, st, self.layout, self.zparams, group, self.ledger, config,
+                                       self.allocator, device)
         # 4. Optimizer over this rank's chunks, with weight-decay and param-group ranges per chunk.
         decay, self.replicated_ranges, spans = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
         self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator,
@@ -103,6 +103,7 @@ class ZeroEngine:
         self.window = AccumulationWindow(config.grad_accum_steps)
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
+        self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self._grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.numel = self.layout.unpadded_numel
@@ -125,19 +126,6 @@ class ZeroEngine:
         return self.accounting.tensors()
 
     # -- construction helpers ------------------------------------------------------------------
-    def _attach_params(self, model: nn.Module, units: list[nn.Module]) -> Stage3Scheduler | None:
-        """Stages 0-2: every parameter becomes a view of the full buffer. Stage 3: the scheduler that
-        gathers and frees each unit's parameters."""
-        st = self.storage
-        if st.replica is not None:
-            for zp in self.zparams:
-                zp.param.data = st.replica.param_view(zp.slot.index)
-                zp.state = ParamState.REPLICATED
-            return None
-        transfer = st.host.transfer if st.shards_on_host else None
-        return Stage3Scheduler.build(model, units, self.layout, self.zparams, st.shards, self.group,
-                                     self.ledger, self.device, transfer, self.config.prefetch, self.allocator)
-
     def _wire_backward(self, model: nn.Module, st: ParamStorage, group: C.Group, device: torch.device) -> None:
         """The gradient buckets, the loss scaler, the backward passes (``zero/backward_pass.py``), a hook per
         parameter, and ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
@@ -187,13 +175,12 @@ class ZeroEngine:
         self._unused_check = start_unused_check(self, unused)
 
     def step(self) -> bool:
-        """DeepSpeed's ``engine.step()``, for its loop (``engine.backward(loss); engine.step()`` per micro-batch,
-        no ``zero_grad``): at a window's end, the optimizer step with ``optimizer.param_groups``' current
-        hyperparameters, then ``zero_grad()``, as DeepSpeed's engine zeroes after stepping; before it, nothing.
-        ``engine.optimizer.step()`` is torch's: gradients kept until ``zero_grad()``, an incomplete window refused.
-        Returns whether parameters were updated (not when no gradient came since ``zero_grad()``, as
-        ``torch.optim`` skips parameters without one, nor on an fp16 overflow)."""
+        """DeepSpeed's ``engine.step()``, once per micro-batch: at a window's end the optimizer step, then
+        ``zero_grad()``; before it, nothing. Returns whether parameters were updated (not when no gradient came
+        since ``zero_grad()``, nor on an fp16 overflow). ``engine.optimizer.step()`` is torch's (no zeroing)."""
+        self.micro_steps += 1
         if self.window.open and not self.window.unsynced:
+            self.optimizer.applied = False
             return False
         self.optimizer.step()
         self.zero_grad()
@@ -203,7 +190,25 @@ class ZeroEngine:
         """The learning rate of each param group, as DeepSpeed's ``engine.get_lr()``."""
         return [g["lr"] for g in self.optimizer.param_groups]
 
-    # -- DeepSpeed's engine surface -----------------------------------------------------------------
+    # -- DeepSpeed's engine surface (counters: ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps)
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the current micro-batch ends a window, counted in ``step()`` calls, as DeepSpeed's."""
+        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.grad_accum_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def was_step_applied(self) -> bool:
+        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
+        return self.optimizer.applied
+
+    def get_global_grad_norm(self) -> float | None:
+        """The latest step's global gradient norm; None unless clipping computed one (DeepSpeed's: every step)."""
+        return self.last_grad_norm
+
     def __call__(self, *args, **kwargs):
         """``engine(batch)``: the model's forward, as DeepSpeed's engine."""
         return self.module(*args, **kwargs)
@@ -227,6 +232,7 @@ class ZeroEngine:
     @torch.no_grad()
     def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:
         self.window.check_step()
+        self.global_steps += 1
         if not self.grads.reduced:
             return False
         pending, self._unused_check = self._unused_check, None
@@ -241,10 +247,8 @@ class ZeroEngine:
         return stepped
 
     def gathered_params(self):
-        """Context manager: inside it, ``self.module``'s parameters hold their full values (stage 3
-        gathers every unit, a collective over the DP group: enter it on every rank). For reading
-        (``state_dict()``, inspection); changes made inside are discarded at stage 3. Stages 0-2 hold
-        full parameters anyway."""
+        """Context manager: inside it the module's parameters hold their full values, for reading (stage 3 gathers
+        every unit, a DP collective: enter it on every rank; changes inside are discarded)."""
         return self.scheduler.gathered() if self.scheduler is not None else contextlib.nullcontext()
 
     def _step(self, hyper: list[AdamWConfig]) -> bool:

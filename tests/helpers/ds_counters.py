@@ -1,0 +1,73 @@
+"""DeepSpeed's loop queries on the ZeRO engine, side by side with DeepSpeed's own engine (when installed) in the
+same ranks: the same model, batches, accumulation and clipping, driven by the same loop, recording what a
+DeepSpeed training script reads each micro-batch (``is_gradient_accumulation_boundary()`` before forward and
+after backward, ``was_step_applied()``, ``global_steps``, ``get_global_grad_norm()`` at the boundaries) and the
+parameters after training."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from tests.helpers.reference import make_adamw
+from tests.helpers.user_models import ADAM, batches, make_model, slice_of
+from zerobench.distributed.collectives import Group
+from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.state_dict import full_parameters
+
+ACCUM, MICRO_BATCHES, CLIP = 2, 6, 0.5
+
+
+def _loop(engine, data, rank: int, world: int) -> list[dict]:
+    seen = []
+    for x, y in data:
+        before = engine.is_gradient_accumulation_boundary()
+        engine.backward(engine(slice_of(x, rank, world), slice_of(y, rank, world)))
+        after = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        norm = engine.get_global_grad_norm() if after else None
+        seen.append({"boundary_before_forward": before, "boundary_after_backward": after,
+                     "applied": engine.was_step_applied(), "global_steps": engine.global_steps,
+                     "norm": None if norm is None else float(norm)})
+    return seen
+
+
+def _deepspeed(model, stage: int, micro: int):
+    import deepspeed
+
+    os.environ.setdefault("LOCAL_RANK", "0")
+    config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": ACCUM,
+              "gradient_clipping": CLIP, "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
+              "steps_per_print": 10**9}
+    opt = make_adamw(model.parameters(), ADAM)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
+    return engine
+
+
+def ds_counters(rank: int, world: int, stage: int, with_deepspeed: bool) -> dict:
+    group = Group.of(None, "dp")
+    model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
+    data = batches(MICRO_BATCHES, 2 * world)
+    cfg = ZeroConfig(stage=stage, bucket_numel=5000, optimizer=ADAM, grad_accum_steps=ACCUM, clip_grad_norm=CLIP)
+    ours = apply_zero(copy.deepcopy(model), group, cfg)
+    out = {"ours": _loop(ours, data, rank, world), "queries": (ours.gradient_accumulation_steps(),
+                                                              ours.zero_optimization_stage())}
+    if with_deepspeed:
+        ds = _deepspeed(copy.deepcopy(model), stage, 2)
+        out["deepspeed"] = _loop(ds, data, rank, world)
+        out["queries_deepspeed"] = (ds.gradient_accumulation_steps(), ds.zero_optimization_stage())
+        mine = full_parameters(ours)
+        with _gathered(ds, stage):
+            out["param_diff"] = max((mine[n] - p.detach()).abs().max().item() for n, p in ds.module.named_parameters())
+        out["moved"] = max((mine[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
+    return out
+
+
+def _gathered(ds, stage: int):
+    import contextlib
+
+    if stage < 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(ds.module.parameters()))

@@ -12,7 +12,7 @@ from tests.helpers.param_groups import run_param_groups
 pytestmark = pytest.mark.dist
 
 
-@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 or s in (1, 2) else [],
+@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 or s < 3 else [],
                                                      id=f"w{w}-s{s}") for w in (2, 3) for s in (0, 1, 2, 3)])
 def groups(request):
     world, stage = request.param

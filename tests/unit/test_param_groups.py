@@ -95,7 +95,8 @@ def _paths():
 def test_the_sharded_step_follows_torch_adamw_per_group(path):
     """Seven parameters of three groups, flattened with padding and cut into three chunks across parameter
     boundaries (as a rank's shards are): three steps with a gradient scale, each group with its own lr, betas,
-    eps and weight decay, match ``torch.optim.AdamW``; the padding is left alone."""
+    eps and weight decay, match ``torch.optim.AdamW``; the padding is left alone, and the bf16 parameter copy
+    the step writes is the master rounded."""
     torch.manual_seed(1)
     sizes, group_of = [5, 3, 8, 1, 6, 4, 2], [0, 1, 2, 0, 1, 2, 0]
     params = [torch.randn(n) for n in sizes]
@@ -125,7 +126,8 @@ def test_the_sharded_step_follows_torch_adamw_per_group(path):
         gflat = torch.zeros(pos)
         for gr, o in zip(grads, offsets):
             gflat[o : o + gr.numel()] = gr * 2.0
-        opt.step([gflat[a:b].clone() for a, b in itertools.pairwise(cuts)], 0.5, hyper=GROUP_HYPERS)
+        out = [torch.zeros(m.numel(), dtype=torch.bfloat16) for m in master]
+        opt.step([gflat[a:b].clone() for a, b in itertools.pairwise(cuts)], 0.5, out=out, hyper=GROUP_HYPERS)
         for p, gr in zip(ref_params, grads):
             p.grad = gr
         ref.step()
@@ -134,3 +136,6 @@ def test_the_sharded_step_follows_torch_adamw_per_group(path):
         torch.testing.assert_close(got[o : o + p.numel()], p.detach(), rtol=1e-5, atol=1e-6)
     pad = [o + n for n, o in zip(sizes, offsets)]
     assert got[pad].abs().max().item() == 0.0
+    low = torch.cat(out)
+    for p, o in zip(ref_params, offsets):
+        assert torch.equal(low[o : o + p.numel()], got[o : o + p.numel()].to(torch.bfloat16))

@@ -36,6 +36,24 @@ def test_reference_is_torch_adamw_in_fp64():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_a_table_over_spans_updates_only_them(impl):
+    """One param group's launch (``adamw_blocks(..., spans)``): inside the spans exactly the full launch's
+    values, outside them p, m, v and the parameter copy untouched."""
+    spans = [(100, 5_000), (12_000, 12_016), (20_000, 33_333)]
+    inside = _mask(N, spans)
+    full = [make(N, seed=1), torch.zeros(N), torch.zeros(N), torch.zeros(N, dtype=torch.bfloat16)]
+    part = [t.clone() for t in full]
+    g = make(N, torch.float32, seed=5, scale=3.0)
+    for spans_arg, (p, m, v, out) in ((None, full), (spans, part)):
+        adamw(impl, p, g, m, v, RANGES, out=out, step=1, grad_scale=0.5, spans=spans_arg, **HP)
+    start = make(N, seed=1)
+    for f, q, before in zip(full, part, (start, torch.zeros(N), torch.zeros(N), torch.zeros(N, dtype=torch.bfloat16))):
+        assert torch.equal(q[inside], f[inside])
+        assert torch.equal(q[~inside], before[~inside])
+    assert not torch.equal(full[0][~inside], start[~inside])  # the full launch did move the rest
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16])
 def test_fused_adamw_matches_fp64_reference(impl, grad_dtype, out_dtype):

@@ -34,12 +34,16 @@ def test_each_group_steps_with_its_own_hyperparameters_and_schedule(groups):
 
 def test_a_checkpoint_carries_every_group_and_refuses_other_groups(groups):
     """Each group's lr after two steps comes back from a sharded checkpoint; two more steps then equal four
-    straight; an engine with the default single group refuses the checkpoint."""
+    straight; an engine with the default single group, or with groups 1 and 2 swapped, refuses
+    the checkpoint and keeps its own hyperparameters."""
     for r in groups[2]:
         assert r["resumed_lrs"] == r["saved_lrs"] and len(set(r["saved_lrs"])) == 3
         assert r["resume_diff"] == 0.0
         assert r["other_groups"] == ("CheckpointMismatch: checkpoint has 3 param group(s), this engine 1: build the "
                                      "engine with the same param_groups")
+        assert r["other_members"].startswith("CheckpointMismatch: param_groups[1] holds other parameters than the "
+                                             "checkpoint's")
+        assert r["other_members_kept"], "a refused checkpoint changed the engine's hyperparameters"
 
 
 def test_a_trained_parameter_in_no_group_fails_in_one_line_on_every_rank(groups):

@@ -6,6 +6,7 @@ parameters after training."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -64,8 +65,6 @@ def ds_counters(rank: int, world: int, stage: int, with_deepspeed: bool) -> dict
 
 
 def _gathered(ds, stage: int):
-    import contextlib
-
     if stage < 3:
         return contextlib.nullcontext()
     import deepspeed

@@ -57,6 +57,10 @@ def engine(model, group: Group, stage: int, groups=user_groups, **kw):
     return apply_zero(copy.deepcopy(model), group, cfg, param_groups=groups)
 
 
+def _hypers(eng) -> list[dict]:
+    return [{k: v for k, v in g.items() if k != "params"} for g in eng.optimizer.param_groups]
+
+
 def train(eng, sched, data, rank: int, world: int) -> list[list[float]]:
     lrs = []
     for x, y in data:
@@ -110,5 +114,9 @@ def _resume(rank, world, stage, model, data, group) -> dict:
         out["resume_diff"] = max((a[n] - b[n]).abs().max().item() for n in a)
         other = engine(model, group, stage, groups=None)
         out["other_groups"] = error_line(lambda: load_checkpoint(other, path[0]))
+        swapped = engine(model, group, stage, groups=lambda m: [user_groups(m)[i] for i in (0, 2, 1)])
+        before = _hypers(swapped)
+        out["other_members"] = error_line(lambda: load_checkpoint(swapped, path[0]))
+        out["other_members_kept"] = _hypers(swapped) == before  # group 0 matches: nothing may be restored
         torch.distributed.barrier()
     return out

@@ -49,30 +49,37 @@ def shard_state_dict(engine) -> dict:
     }
 
 
+def _members(engine, i: int) -> list[str]:
+    """The names of param group ``i``'s parameters, sorted."""
+    return sorted(zp.name for zp in engine.zparams if zp.group == i)
+
+
 def _groups(engine) -> list[dict]:
     """Each param group's hyperparameters as plain data (a schedule's current lr, its ``initial_lr``, ...) and
     the names of its parameters."""
     return [{"hyper": {k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
                        for k, v in group.items()
                        if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))},
-             "params": sorted(zp.name for zp in engine.zparams if zp.group == i)}
+             "params": _members(engine, i)}
             for i, group in enumerate(engine.optimizer.param_groups)]
 
 
 def _restore_groups(engine, meta: dict) -> None:
     """Put the saved hyperparameters back into ``param_groups``, as ``torch.optim``'s ``load_state_dict``;
-    groups other than the saved ones are refused (shards before param groups hold one group's ``hyper``)."""
+    groups other than the saved ones are refused before any is changed (shards before param groups hold one
+    group's ``hyper``)."""
     saved = meta.get("groups") or ([{"hyper": meta["hyper"], "params": None}] if "hyper" in meta else [])
     groups = engine.optimizer.param_groups
     if saved and len(saved) != len(groups):
         raise CheckpointMismatch(f"checkpoint has {len(saved)} param group(s), this engine {len(groups)}: "
                                  f"build the engine with the same param_groups")
-    for i, (s, group) in enumerate(zip(saved, groups)):
-        names = sorted(zp.name for zp in engine.zparams if zp.group == i)
+    for i, s in enumerate(saved):
+        names = _members(engine, i)
         if s["params"] is not None and s["params"] != names:
             raise CheckpointMismatch(f"param_groups[{i}] holds other parameters than the checkpoint's (saved "
                                      f"{len(s['params'])}, here {len(names)}): build the engine with the same "
                                      f"param_groups")
+    for s, group in zip(saved, groups):
         group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in s["hyper"].items()})
 
 

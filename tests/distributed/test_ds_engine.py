@@ -23,6 +23,7 @@ def test_deepspeed_loop_and_checkpoint_resume_exactly(stage, tmp_path):
         assert r["client"]["epoch"] == 3 and r["client"]["lr_history"] == [1e-2, 5e-3]
         assert r["client"]["t"] == [0, 1, 2]  # a tensor in the client state, back as one
         assert r["lr"] == [5e-3] and r["step"] == 3
+        assert r["global_steps"] == (3, 5, 5), "global_steps must resume from the checkpoint, as DeepSpeed's"
         assert r["eval_mode"] == (False, False)
         assert r["state_diff"] == 0.0, "BatchNorm statistics or the frozen layer did not come back"
         assert r["moved"] > 1e-4, "training after the checkpoint changed nothing: vacuous comparison"

@@ -1,7 +1,7 @@
 """Sharded checkpoints of a ``ZeroEngine``: save on N ranks, load on M ranks or into one process.
 
 Each rank saves the pieces of parameters it owns as (name, start, end) segments of the flattened
-parameter with their fp32 master values and Adam moments (and the step count, the loss scale and the
+parameter with their fp32 master values and Adam moments (and the step counts, the loss scale and the
 param groups' hyperparameters and members: a schedule's current learning rate resumes with them), so a checkpoint
 does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
 local segment, the overlapping parts of every saved segment (one file in memory at a time). Files hold
@@ -38,6 +38,7 @@ def shard_state_dict(engine) -> dict:
         "shard": engine.rank_in_shards,
         "num_shards": engine.layout.shards,
         "step": opt.step_count,
+        "global_steps": engine.global_steps,
         "groups": _groups(engine),
         "scaler": engine.scaler.state_dict(),
         "params": {zp.name: list(zp.slot.shape) for zp in engine.zparams},
@@ -135,6 +136,8 @@ def load_shard_state_dicts(engine, shards) -> None:
         raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
     opt.load_moments(ms, vs)
     opt.step_count = int(meta["step"])
+    # DeepSpeed's counter (optimizer steps, overflow-skipped ones included); older shards have only the step
+    engine.global_steps = int(meta.get("global_steps", meta["step"]))
     engine.scaler.load_state_dict(meta["scaler"])
     engine.params_from_master()
 

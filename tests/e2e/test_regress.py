@@ -99,6 +99,7 @@ def test_hardware_class_mismatch(tmp_path, sweeps):
     assert r.returncode == 2 and "baseline is for nvidia-h100" in r.stderr
 
 
+@pytest.mark.slow  # trains the whole cpu/ci suite (~45 s on 2 cores)
 @pytest.mark.skipif((os.cpu_count() or 0) != 2, reason="the committed CPU baseline is for 2-core machines (cpu-2core)")
 def test_ci_suite_against_the_committed_baseline(tmp_path):
     out = tmp_path / "ci"

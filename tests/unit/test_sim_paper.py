@@ -35,6 +35,7 @@ def test_the_fit_reproduces_its_anchor_and_nothing_else_is_fitted(convention):
     assert prof.dev.compute_scale == fit["value"] and 0.5 < fit["value"] < 2
 
 
+@pytest.mark.slow  # the fixture simulates every paper point (~17 s on 2 cores)
 def test_recorded_predictions_are_what_the_code_computes(predicted):
     from zerobench.sim.paper_text import paper_rows
 
@@ -48,6 +49,7 @@ def test_recorded_predictions_are_what_the_code_computes(predicted):
         assert now[k] == pytest.approx(v, rel=1e-9), k
 
 
+@pytest.mark.slow  # the fixture simulates every paper point (~17 s on 2 cores)
 def test_what_the_predictions_say(predicted):
     assert predicted["chosen"] == "hardware"
     hw = predicted["conventions"]["hardware"]
@@ -65,6 +67,7 @@ def test_what_the_predictions_say(predicted):
     assert share[1] < share[0] / 2 and fig3[1]["micro_batch"] > fig3[0]["micro_batch"]
 
 
+@pytest.mark.slow  # the fixture simulates every paper point (~17 s on 2 cores)
 def test_max_size_points_come_from_the_planner(predicted):
     got = {c["what"]: c for c in predicted["max_size"]}
     assert len(got) == 2 and all(c["simulated"] > 0 for c in got.values())

@@ -113,7 +113,9 @@ def loss_curves(losses: pd.DataFrame, out: Path):
     if losses.empty:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    sns.lineplot(data=losses, x="step", y="value", hue="run_id", ax=ax, legend=len(losses["run_id"].unique()) <= 12)
+    # a run measured in several rounds: the band is the rounds' range (a bootstrap CI would cost seconds per run)
+    sns.lineplot(data=losses, x="step", y="value", hue="run_id", errorbar=("pi", 100), ax=ax,
+                 legend=len(losses["run_id"].unique()) <= 12)
     ax.set_ylabel("loss")
     ax.set_title("Loss curves")
     if ax.get_legend():

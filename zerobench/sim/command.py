@@ -33,6 +33,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from zerobench.results.outdir import check_fresh_run_dir
     from zerobench.results.rows import RowWriter
     from zerobench.sim.measure import jobs_for, profile_host
+    from zerobench.sim.measure_compute import STATISTIC
     from zerobench.sim.profile import Profile
 
     out = Path(args.out)
@@ -48,7 +49,7 @@ def run_profile(args: argparse.Namespace) -> int:
               f"collectives on groups of {list(job.groups) or 'none'}", file=sys.stderr, flush=True)
         prof.merge(profile_host(job, device, cores))
         print(f"      done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    w = RowWriter(out, "profile", {"suite": args.suite, "device": device, "cores": cores})
+    w = RowWriter(out, "profile", {"suite": args.suite, "device": device, "cores": cores, "statistic": STATISTIC})
     for row in prof.rows():
         metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
         w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)

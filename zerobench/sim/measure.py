@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_mod
-import statistics
 import time
 from dataclasses import dataclass
 
 from zerobench.config import RunFailed
-from zerobench.sim.measure_compute import Shape, median_time, time_compute, time_engine_overhead, time_per_element
+from zerobench.sim.measure_compute import (
+    Shape,
+    expected,
+    mean_time,
+    time_compute,
+    time_engine_overhead,
+    time_per_element,
+)
 from zerobench.sim.profile import Curve, Linear, Profile, curve_key, op_key
 
 SIZES = tuple(1 << k for k in range(10, 27, 2))
@@ -96,12 +102,12 @@ def _collectives(job: HostJob, groups: dict) -> dict[str, list[tuple[float, floa
                 for _ in range(3):
                     fn()
                 ts = []
-                for _ in range(8 if nbytes <= 1 << 20 else 3):
+                for _ in range(24 if nbytes <= 1 << 20 else 5):
                     dist.barrier()
                     t0 = time.perf_counter()
                     fn()
                     ts.append(time.perf_counter() - t0)
-                pts.append((4.0 * n, statistics.median(ts)))
+                pts.append((4.0 * n, expected(ts)))
             out[curve_key(op, g, job.ranks)] = _monotone(pts)
     return out
 
@@ -114,7 +120,7 @@ def _sync_penalty(job: HostJob, groups: dict) -> dict[str, list[tuple[float, flo
     import torch.distributed as dist
 
     a, t = torch.randn(256, 256), torch.ones(1024)
-    one = median_time(lambda: a @ a, 20)
+    one = mean_time(lambda: a @ a, 20)
     out: dict[str, list[tuple[float, float]]] = {}
     for g, pg in groups.items():
         iso, pts = [], []
@@ -123,7 +129,7 @@ def _sync_penalty(job: HostJob, groups: dict) -> dict[str, list[tuple[float, flo
             t0 = time.perf_counter()
             dist.all_reduce(t, group=pg)
             iso.append(time.perf_counter() - t0)
-        base = statistics.median(iso)
+        base = expected(iso)
         for target in (1e-3, 4e-3, 16e-3, 64e-3):
             k = max(1, round(target / one))
             comp, after = [], []
@@ -136,13 +142,13 @@ def _sync_penalty(job: HostJob, groups: dict) -> dict[str, list[tuple[float, flo
                 dist.all_reduce(t, group=pg)
                 comp.append(t1 - t0)
                 after.append(time.perf_counter() - t1)
-            pts.append((statistics.median(comp), max(statistics.median(after) - base, 1e-7)))
+            pts.append((expected(comp), max(expected(after) - base, 1e-7)))
         out[f"sync|g{g}|r{job.ranks}"] = pts
     return out
 
 
 def _monotone(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """No size may cost more than a larger one (small-message medians carry scheduling noise)."""
+    """No size may cost more than a larger one (small messages' timings carry scheduling noise)."""
     out, best = [], float("inf")
     for b, t in reversed(pts):
         best = min(best, t)

@@ -22,6 +22,15 @@ from zerobench.sim.profile import Linear
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+STATISTIC = "mean"
+"""What a profile entry is of its samples. A step is the sum of many pieces (blocks, collectives,
+synchronisations), and the median over steps of such a sum sits near the sum of the pieces' *means*, not of
+their medians, when the pieces have heavy tails, as scheduling hiccups on a shared host give them: in a TP 2
+mini run on the 2-core Xeon VM a 128 KiB all-reduce took, once both ranks had arrived, 0.61 ms at the median
+and 1.13 ms on average, and the ranks arrived 0.33 ms apart at the median, 0.68 ms on average. Profiles
+recorded before this (rows without ``statistic``) hold medians."""
+expected = statistics.fmean
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -81,16 +90,16 @@ def _one_step(model, stamps: _Stamps, x, y, last: int) -> dict[str, float]:
     L = last + 1
     return {
         "embed_fwd": stamps.fwd_pre[0] - t0,
-        "block_fwd": statistics.median(stamps.fwd_post[i] - stamps.fwd_pre[i] for i in range(L)),
+        "block_fwd": expected(stamps.fwd_post[i] - stamps.fwd_pre[i] for i in range(L)),
         "head_fwd": t1 - stamps.fwd_post[last],
         "head_bwd": stamps.bwd_start[last] - t1,
-        "block_bwd": statistics.median(stamps.bwd_end[i] - stamps.bwd_start[i] for i in range(L)),
+        "block_bwd": expected(stamps.bwd_end[i] - stamps.bwd_start[i] for i in range(L)),
         "embed_bwd": t2 - stamps.bwd_end[0],
     }
 
 
 def time_compute(shape: Shape, reps: int = 15, warmup: int = 2, barrier=None) -> dict[str, float]:
-    """Median seconds of each piece of one forward + backward of ``shape`` (needs a default process group
+    """Mean seconds (``STATISTIC``) of each piece of one forward + backward of ``shape`` (needs a default process group
     of ``shape.tp`` ranks, e.g. ``init_fake_world(tp, 0)``). ``barrier()`` is called before every step so
     that the host's concurrent profilers run their steps together."""
     from zerobench.distributed.mesh import build_mesh
@@ -115,11 +124,11 @@ def time_compute(shape: Shape, reps: int = 15, warmup: int = 2, barrier=None) ->
         if i >= warmup:
             for k, v in got.items():
                 samples.setdefault(k, []).append(v)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: expected(v) for k, v in samples.items()}
 
 
-def median_time(fn, reps: int, barrier=None) -> float:
-    """Median seconds of ``fn()`` over ``reps`` calls after one warm-up (``barrier()`` before each)."""
+def mean_time(fn, reps: int, barrier=None) -> float:
+    """Mean seconds (``STATISTIC``) of ``fn()`` over ``reps`` calls after one warm-up (``barrier()`` before each)."""
     fn()
     ts = []
     for _ in range(reps):
@@ -128,11 +137,12 @@ def median_time(fn, reps: int, barrier=None) -> float:
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return expected(ts)
 
 
 def _median_difference(a, b, reps: int, barrier=None) -> float:
-    """Median over interleaved pairs of (time of ``a`` - time of ``b``): drift cancels within a pair."""
+    """Median over interleaved pairs of (time of ``a`` - time of ``b``): drift cancels within a pair (the median,
+    not ``STATISTIC``: a difference's tails are both sides' noise, not the work measured)."""
     a(), b()
     diffs = []
     for _ in range(reps):
@@ -158,11 +168,11 @@ def time_per_element(barrier=None, kernels: str = "auto") -> dict[str, Linear]:
         grad = torch.randn(n)
         opt = ShardedAdamW(AdamWConfig(), [master], [[(0, n)]], kernel_mode=kernels)
         reps = 3 if n >= 1 << 20 else 10
-        out["adamw"].append((n, median_time(partial(opt.step, [grad], 1.0), reps, barrier)))
+        out["adamw"].append((n, mean_time(partial(opt.step, [grad], 1.0), reps, barrier)))
         src, dst = torch.randn(n), torch.empty(n)
-        out["copy"].append((4 * n, median_time(partial(dst.copy_, src), reps, barrier)))
-        out["add"].append((4 * n, median_time(partial(dst.add_, src), reps, barrier)))
-        out["memset"].append((4 * n, median_time(dst.zero_, reps, barrier)))
+        out["copy"].append((4 * n, mean_time(partial(dst.copy_, src), reps, barrier)))
+        out["add"].append((4 * n, mean_time(partial(dst.add_, src), reps, barrier)))
+        out["memset"].append((4 * n, mean_time(dst.zero_, reps, barrier)))
     return {k: Linear.fit(v) for k, v in out.items()}
 
 

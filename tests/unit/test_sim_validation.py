@@ -1,6 +1,8 @@
 """The simulator against recorded runs (issue 22, CPU validation): the profile and the runs of
 ``suites/cpu/sim_validation.yaml`` recorded on two 2-core VMs, an AMD EPYC
-(``results/reference/sim-validation-cpu-2core``) and an Intel Xeon (``...-cpu-2core-xeon``).
+(``results/reference/sim-validation-cpu-2core``) and an Intel Xeon (``...-cpu-2core-xeon``), whose
+profiles hold each piece's median, and on the Xeon again with profiles of each piece's mean
+(``...-cpu-2core-xeon-mean``, ``measure_compute.STATISTIC``).
 
 What is asserted is what the README's validation table states, recomputed from the rows: the profile
 alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
@@ -21,7 +23,7 @@ from zerobench.sim.profile import Profile
 
 REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
 REF = REFS / "sim-validation-cpu-2core"
-HOSTS = ("sim-validation-cpu-2core", "sim-validation-cpu-2core-xeon")
+HOSTS = ("sim-validation-cpu-2core", "sim-validation-cpu-2core-xeon", "sim-validation-cpu-2core-xeon-mean")
 
 
 @pytest.fixture(scope="module", params=HOSTS)
@@ -48,6 +50,12 @@ def test_the_fit_never_sees_a_zero_run(recorded, monkeypatch):
     monkeypatch.setattr(V, "simulate", lambda cfg, p: seen.append(cfg) or real(cfg, p))
     V.fit_interference(rows, prof)
     assert seen and all(c.zero.stage == 0 and c.world_size > 1 for c in seen)
+
+
+def test_profiles_say_which_statistic_they_hold():
+    for host in HOSTS:
+        stats = {r["config"].get("statistic", "median") for r in read_rows(REFS / host / "profile")}
+        assert stats == ({"mean"} if host.endswith("-mean") else {"median"}), (host, stats)
 
 
 def test_the_errors_are_the_ones_the_table_states(recorded):

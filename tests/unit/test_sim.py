@@ -133,3 +133,20 @@ def test_tp_collectives_sit_on_the_critical_path_four_per_block_six_with_recompu
         tasks = simulate(c, _profile([c]))["timeline"].tasks
         n = sum(t.name == "tp all_reduce" for t in tasks)
         assert n == c.model.layers * per_block + 1 + 3 + 1  # + embedding, cross-entropy (3), head backward
+
+
+def test_a_profile_entry_keeps_its_pieces_tail():
+    """One call in eight stalls for 40 ms: a step that sums such pieces pays the stall on average, so the
+    profile's entry is the mean (at least 5 ms here), where the median (well under 1 ms) would drop it."""
+    import time
+
+    from zerobench.sim.measure_compute import STATISTIC, mean_time
+
+    calls = iter(range(100))
+
+    def piece():
+        if next(calls) % 8 == 0:
+            time.sleep(0.04)
+
+    assert STATISTIC == "mean"
+    assert mean_time(piece, 16) >= 2 * 0.04 / 16

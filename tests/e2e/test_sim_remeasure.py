@@ -70,6 +70,7 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
 REF = "results/reference/sim-validation-cpu-2core"
 
 
+@pytest.mark.slow  # the CLI end to end (the replay itself is unit-tested in tests/unit/test_sim*.py)
 def test_simulate_predicts_a_suite_from_the_recorded_profile():
     r = zb("simulate", "--profile", f"{REF}/profile", "--suite", "cpu/sim_validation", timeout=120)
     assert r.returncode == 0, r.stderr
@@ -91,6 +92,7 @@ def test_bad_input_is_one_line():
     assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
 
 
+@pytest.mark.slow  # the CLI and the report end to end (~10 s)
 def test_validation_rows_become_a_report_section(tmp_path):
     val = tmp_path / "validation"
     r = zb("simulate", "--profile", f"{REF}/profile", "--validate", f"{REF}/runs", "--fit", "--out", str(val),

@@ -34,6 +34,7 @@ runs:
   - {label: dp2-s1, dp: 2, stage: 1}
   - {label: dp2-s2, dp: 2, stage: 2}
   - {label: dp2-s3, dp: 2, stage: 3}
+  - {label: tp2-s0, dp: 1, tp: 2, stage: 0}
 """
 
 
@@ -51,6 +52,8 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
         assert r.returncode == 0, r.stderr
     r = zb("profile", "--suite", str(suite), "--out", str(tmp_path / "profiles" / "2"), timeout=600)
     assert r.returncode == 0, r.stderr
+    in_situ = {r["key"].split("|")[0] for r in read_rows(tmp_path / "profiles") if "+tp|" in r.get("key", "")}
+    assert in_situ == {f"{p}+tp" for p in ("embed_fwd", "block_fwd", "head_fwd", "head_bwd", "block_bwd", "embed_bwd")}
     # Both profiles as one measurement (each entry their median, as `zerobench simulate` reads a directory of
     # rounds): one clean-clone CI run had its only profile taken during a slow spell of the host, and every
     # DP 2 prediction came out 1.8-2.2x while the two sweeps agreed within 18%.
@@ -59,7 +62,7 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
     out = json.loads(r.stdout)
     a = {k: m for k, _, m in measured_runs(read_rows(tmp_path / "a"))}
     b = {k: m for k, _, m in measured_runs(read_rows(tmp_path / "b"))}
-    assert len(out["runs"]) == 5 and set(a) == set(b) == {run["run_id"] for run in out["runs"]}
+    assert len(out["runs"]) == 6 and set(a) == set(b) == {run["run_id"] for run in out["runs"]}
     spread = {k: max(a[k], b[k]) / min(a[k], b[k]) - 1 for k in a}
     noise = statistics.median(spread.values())
     ratios = {run["run_id"]: run["predicted_s"] / min(a[run["run_id"]], b[run["run_id"]]) for run in out["runs"]}

@@ -150,3 +150,25 @@ def test_a_profile_entry_keeps_its_pieces_tail():
 
     assert STATISTIC == "mean"
     assert mean_time(piece, 16) >= 2 * 0.04 / 16
+
+
+def test_tp_pieces_measured_in_situ_charge_their_collectives_as_measured():
+    """Where the profile has a TP piece measured with its collectives on the real groups (``+tp``), the
+    replay charges that piece's TP collectives as the difference from the piece alone (never negative),
+    in place of the isolated collectives and the rank-skew penalty; other profiles keep the old path."""
+    from zerobench.sim.measure import shape_key, shape_of
+    from zerobench.sim.profile import IN_SITU
+
+    c = _cfg(stage=0, dp=1, tp=2)
+    p = _profile([c])
+    plain = simulate(c, p)
+    assert any(t.name == "tp all_reduce" for t in plain["timeline"].tasks)
+    extra = {"embed_fwd": 1e-4, "block_fwd": 3e-4, "head_fwd": 5e-4, "head_bwd": 2e-4, "block_bwd": -4e-4}
+    for op, e in extra.items():
+        p.ops[shape_key(op + IN_SITU, shape_of(c), 2, 32)] = p.ops[shape_key(op, shape_of(c), 2, 32)] + e
+    r = simulate(c, p)
+    L = c.model.layers
+    assert r["breakdown_s"]["mp_comm"] == pytest.approx(1e-4 + 5e-4 + 2e-4 + L * 3e-4)  # block_bwd: 0, not < 0
+    assert r["breakdown_s"]["compute"] == pytest.approx(plain["breakdown_s"]["compute"])
+    assert "sync" not in r["breakdown_s"]
+    assert not any(t.name == "tp all_reduce" for t in r["timeline"].tasks)

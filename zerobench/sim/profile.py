@@ -6,7 +6,8 @@ we cannot run (``zerobench.sim.stated``). Three kinds of entry:
 - ``ops``: seconds of one compute op at one exact shape (``op_key``): a block's forward, its backward
   (with the recompute when checkpointing), the embedding's and the head's (LM head + loss) forward and
   backward — measured with every rank of the configuration running at once on the host, so cores,
-  memory bandwidth and time-sharing are what the run sees;
+  memory bandwidth and time-sharing are what the run sees; a TP shape's pieces also with their TP
+  collectives on the real groups (``IN_SITU``), what those collectives cost on the critical path;
 - ``curves``: seconds of a collective as a function of its bytes, per (op, group size, processes on the
   host), interpolated piecewise-linearly in log-log between measured sizes and extrapolated at the
   largest measured bandwidth above them;
@@ -23,6 +24,9 @@ import bisect
 import math
 import statistics
 from dataclasses import dataclass, field
+
+IN_SITU = "+tp"
+"""Suffix of a compute piece measured with its TP collectives on the real groups (``measure._tp_in_situ``)."""
 
 
 def op_key(op: str, *, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str, kernels: str,
@@ -108,6 +112,9 @@ class Profile:
         if key not in self.ops:
             raise KeyError(f"the profile of {self.device} has no op {key}: run `zerobench profile` for this shape")
         return self.ops[key]
+
+    def has_op(self, name: str, **shape) -> bool:
+        return op_key(name, **shape) in self.ops
 
     def op_time(self, name: str, **shape) -> float:
         """Seconds of compute op ``name`` at ``shape`` (the keywords of ``op_key``)."""

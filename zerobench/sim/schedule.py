@@ -15,6 +15,8 @@ time in issue order, as a process group runs them). What the engine does, per st
 - stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its
   backward, the next unit prefetched (``Stage3Scheduler``): the root at the start of forward and,
   unprefetched, at the start of backward;
+- TP's collectives: where the profile measured a piece with them on the real groups (``IN_SITU``), the
+  difference from the piece alone; else the isolated collective plus the rank-skew penalty;
 - with activation checkpointing, a block's backward includes its recompute (profiled together), and
   P_a adds the all-gather of the block input before it; offload copies the gradient partition to the
   host and the updated parameters back, around the (host) step.
@@ -23,7 +25,7 @@ time in issue order, as a process group runs them). What the engine does, per st
 from __future__ import annotations
 
 from zerobench.sim.layout import Bucket, engine_buckets
-from zerobench.sim.profile import Profile
+from zerobench.sim.profile import IN_SITU, Profile
 from zerobench.sim.replay import Timeline
 from zerobench.train.config import TrainConfig
 
@@ -53,14 +55,23 @@ class StepReplay:
         self.last_sync = 0.0
 
     # -- costs ---------------------------------------------------------------------------------
-    def piece(self, name: str) -> float:
+    def _shape(self) -> dict:
         c, m = self.cfg, self.cfg.model
-        return self.prof.op_time(name, b=c.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab,
-                                   tp=c.tp, dtype=c.zero.precision.value, kernels=c.kernels,
-                                   checkpoint=c.activation.checkpoint, ranks=self.ranks, threads=self.threads)
+        return dict(b=c.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=c.tp,
+                    dtype=c.zero.precision.value, kernels=c.kernels, checkpoint=c.activation.checkpoint,
+                    ranks=self.ranks, threads=self.threads)
+
+    def piece(self, name: str) -> float:
+        return self.prof.op_time(name, **self._shape())
 
     def compute(self, name: str, extra_tp_allreduces: int = 0, tp_bytes: float | None = None) -> None:
-        self.tl.add(name, "compute", self.piece(name), "compute")
+        t = self.piece(name)
+        self.tl.add(name, "compute", t, "compute")
+        if extra_tp_allreduces and self.prof.has_op(name + IN_SITU, **self._shape()):
+            # measured with its TP collectives on the real groups: the difference is what they cost here
+            self.tl.add("tp collectives, in situ", "compute", max(self.piece(name + IN_SITU) - t, 0.0), "mp_comm")
+            self.last_sync = self._compute_end()
+            return
         nbytes = self.act_bytes if tp_bytes is None else tp_bytes
         for _ in range(extra_tp_allreduces):
             self.skew(self.tp)

@@ -2,7 +2,8 @@
 ``suites/cpu/sim_validation.yaml`` recorded on two 2-core VMs, an AMD EPYC
 (``results/reference/sim-validation-cpu-2core``) and an Intel Xeon (``...-cpu-2core-xeon``), whose
 profiles hold each piece's median, and on the Xeon again with profiles of each piece's mean
-(``...-cpu-2core-xeon-mean``, ``measure_compute.STATISTIC``).
+(``...-cpu-2core-xeon-mean``, ``measure_compute.STATISTIC``); then on a third Xeon VM with the TP pieces
+measured in situ, the samples made before the step clock and 20 steps a run (``...-cpu-2core-xeon-insitu``).
 
 What is asserted is what the README's validation table states, recomputed from the rows: the profile
 alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
@@ -23,7 +24,10 @@ from zerobench.sim.profile import Profile
 
 REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
 REF = REFS / "sim-validation-cpu-2core"
-HOSTS = ("sim-validation-cpu-2core", "sim-validation-cpu-2core-xeon", "sim-validation-cpu-2core-xeon-mean")
+STATISTIC = {"sim-validation-cpu-2core": "median", "sim-validation-cpu-2core-xeon": "median",
+             "sim-validation-cpu-2core-xeon-mean": "mean", "sim-validation-cpu-2core-xeon-insitu": "mean"}
+"""Each recording and what its profile's entries are of their samples."""
+HOSTS = tuple(STATISTIC)
 
 
 @pytest.fixture(scope="module", params=HOSTS)
@@ -55,7 +59,7 @@ def test_the_fit_never_sees_a_zero_run(recorded, monkeypatch):
 def test_profiles_say_which_statistic_they_hold():
     for host in HOSTS:
         stats = {r["config"].get("statistic", "median") for r in read_rows(REFS / host / "profile")}
-        assert stats == ({"mean"} if host.endswith("-mean") else {"median"}), (host, stats)
+        assert stats == {STATISTIC[host]}, (host, stats)
 
 
 def test_the_errors_are_the_ones_the_table_states(recorded):
@@ -73,6 +77,17 @@ def test_the_errors_are_the_ones_the_table_states(recorded):
 def test_issue_22_cpu_bar(recorded):
     s = V.summarize(recorded[2])
     assert s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25
+
+
+def test_issue_22_median_bar_is_met_on_the_in_situ_recording():
+    """The median half of the bar holds on the recording of the current profiler and loop; the worst run
+    (mini, TP 2 x DP 2, stage 2: 0.75, its three rounds within 1%) keeps the whole bar an expected failure."""
+    ref = REFS / "sim-validation-cpu-2core-xeon-insitu"
+    rows = read_rows(ref / "runs")
+    prof = Profile.from_rows(read_rows(ref / "profile"))
+    prof.interference = V.fit_interference(rows, prof)
+    s = V.summarize(V.validate(rows, prof))
+    assert s["runs"] == 34 and s["median_abs_error"] <= 0.10
 
 
 def _step_row(run_id: str, value: float, config: dict, config_hash: str) -> dict:

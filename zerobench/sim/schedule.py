@@ -50,24 +50,22 @@ class StepReplay:
         self.elem = cfg.zero.precision.param_dtype.itemsize
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
+        self.shape = dict(b=cfg.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=cfg.tp,
+                          dtype=cfg.zero.precision.value, kernels=cfg.kernels, checkpoint=cfg.activation.checkpoint,
+                          ranks=self.ranks, threads=self.threads)
+        """The compute pieces' ``op_key`` fields (the configuration's, fixed for the replay)."""
         self.tl = Timeline()
         self.gathers: dict[int, int | None] = {}
         self.last_sync = 0.0
 
     # -- costs ---------------------------------------------------------------------------------
-    def _shape(self) -> dict:
-        c, m = self.cfg, self.cfg.model
-        return dict(b=c.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=c.tp,
-                    dtype=c.zero.precision.value, kernels=c.kernels, checkpoint=c.activation.checkpoint,
-                    ranks=self.ranks, threads=self.threads)
-
     def piece(self, name: str) -> float:
-        return self.prof.op_time(name, **self._shape())
+        return self.prof.op_time(name, **self.shape)
 
     def compute(self, name: str, extra_tp_allreduces: int = 0, tp_bytes: float | None = None) -> None:
         t = self.piece(name)
         self.tl.add(name, "compute", t, "compute")
-        if extra_tp_allreduces and self.prof.has_op(name + IN_SITU, **self._shape()):
+        if extra_tp_allreduces and self.prof.has_op(name + IN_SITU, **self.shape):
             # measured with its TP collectives on the real groups: the difference is what they cost here
             self.tl.add("tp collectives, in situ", "compute", max(self.piece(name + IN_SITU) - t, 0.0), "mp_comm")
             self.last_sync = self._compute_end()

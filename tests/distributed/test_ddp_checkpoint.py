@@ -64,3 +64,22 @@ def test_the_gradient_partition_is_held_from_backward_to_zero_grad(stage):
             assert res[f"after_zero_{step}"] == 0
         assert res["ledger_before"] == res["ledger_after"] == res["partition_bytes"]
         assert res["grads_after_zero"] == 0.0
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_overlap_comm_off_waits_for_each_bucket(stage):
+    """``overlap_comm`` on: up to two bucket collectives run on while backward goes on (with a network
+    too slow to finish any before it is waited for). Off: backward waits for each as it starts, so at
+    stages 2-3 no staging buffer is being reduced while the next fills, and the peak live bytes are lower.
+    The trained parameters are the same."""
+    from tests.helpers.workers_buckets import overlap_comm
+
+    for res in run_distributed(overlap_comm, 2, stage):
+        on, off = res[True], res[False]
+        assert on["buckets"] >= 3
+        assert on["outstanding"] == 2, on["outstanding"]
+        assert off["outstanding"] == 0, off["outstanding"]
+        if stage >= 2:
+            assert off["peak"] < on["peak"], (on["peak"], off["peak"])
+        for name, value in on["params"].items():
+            assert (off["params"][name] == value).all(), name

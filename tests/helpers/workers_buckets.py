@@ -4,6 +4,8 @@ gradient partition is held."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tests.helpers.scenarios import ADAM, dp_groups
@@ -138,4 +140,55 @@ def grad_partition_lifetime(rank, world, stage):
     out["ledger_after"] = engine.memory_ledger()["grads"]
     out["partition_bytes"] = engine.layout.shard_numel * 4
     out["grads_after_zero"] = max(g.abs().max().item() for g in full_gradients(engine).values())
+    return out
+
+
+class _NeverSeenDone:
+    """A collective's work that never reports itself complete until waited for (a slow network)."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def is_completed(self) -> bool:
+        return False
+
+    def wait(self):
+        return self.work.wait()
+
+
+def overlap_comm(rank, world, stage):
+    """With ``overlap_comm`` on and off, and collectives never seen complete before they are waited for:
+    the most bucket collectives outstanding once backward goes on after starting one, the peak live bytes
+    of training (``LiveTensorTracker``), and the trained full parameters."""
+    from zerobench.distributed import collectives as C
+    from zerobench.metrics.memory import LiveTensorTracker
+    from zerobench.zero.bucket import GradBucketGroup
+
+    # Small vocabulary and sequence: the blocks' gradient buckets, not the embedding or activations, set the peak.
+    cfg = dataclasses.replace(PRESETS["tiny"], layers=3, vocab=64, seq=16)
+    group = dp_groups(rank, world, [world])[world]
+    originals = {name: getattr(C, name) for name in ("all_reduce", "reduce_scatter")}
+    start = GradBucketGroup._start_reduce
+    out = {}
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000,
+                                                        overlap_comm=overlap))
+        grads, seen = engine.grads, {"outstanding": 0}
+
+        def starting(bucket, grads=grads, seen=seen):
+            start(grads, bucket)
+            seen["outstanding"] = max(seen["outstanding"], len(grads.inflight))
+
+        grads._start_reduce = starting
+        for name, fn in originals.items():
+            setattr(C, name, lambda *a, fn=fn, **k: _NeverSeenDone(fn(*a, **k)) if k.get("async_op") else fn(*a, **k))
+        try:
+            with LiveTensorTracker() as tracker:
+                _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
+        finally:
+            for name, fn in originals.items():
+                setattr(C, name, fn)
+        out[overlap] = {**seen, "peak": tracker.peak, "buckets": len(engine.layout.buckets),
+                        "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
     return out

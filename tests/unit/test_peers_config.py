@@ -26,6 +26,19 @@ def test_peer_configs_match_zerobench_except_the_system():
     assert ref.global_batch == ddp.global_batch
 
 
+def test_the_no_overlap_candidates_are_zerobench_with_overlap_comm_off_and_judged_like_their_stage():
+    p = PeersConfig(systems=("torch-ddp", "zerobench-3", "zerobench-3-no-overlap"))
+    p.validate()
+    on, off = train_config(p, "zerobench-3"), train_config(p, "zerobench-3-no-overlap")
+    assert (on.system, off.system, on.zero.stage, off.zero.stage) == ("zerobench", "zerobench", 3, 3)
+    assert on.zero.overlap_comm and not off.zero.overlap_comm
+    assert "zerobench-3-no-overlap" not in PeersConfig().candidates()  # named in --systems only
+    v = {x["candidate"]: x for x in bar([_rec("zerobench-3", 0.9, 110), _rec("zerobench-3-no-overlap", 1.0, 95),
+                                          _rec("fsdp1-full-shard", 1.2, 100)])}
+    assert v["zerobench-3-no-overlap"]["leanest_peer"] == "fsdp1-full-shard", "zerobench is never its own peer"
+    assert v["zerobench-3-no-overlap"]["memory_ok"] and not v["zerobench-3"]["memory_ok"]
+
+
 def test_peers_reject_what_they_are_not_wired_for():
     from zerobench.systems import validate_run
     from zerobench.train.config import TrainConfig

@@ -127,6 +127,17 @@ def test_slow_links_are_exposed_at_stage_3_and_prefetch_hides_them():
     assert simulate(no_pre, _profile([no_pre], coll=slow))["step_time_s"] > slow3["step_time_s"]
 
 
+def test_without_overlap_comm_backward_waits_for_every_bucket():
+    import dataclasses
+
+    for stage in (0, 2, 3):
+        c = _cfg(stage=stage, dp=2, bucket_size=8192)
+        off = dataclasses.replace(c, zero=dataclasses.replace(c.zero, overlap_comm=False))
+        prof = _profile([c], coll=(1e-4, 4e-9))
+        on_s, off_s = simulate(c, prof)["step_time_s"], simulate(off, prof)["step_time_s"]
+        assert off_s > on_s, (stage, on_s, off_s)
+
+
 def test_tp_collectives_sit_on_the_critical_path_four_per_block_six_with_recompute():
     for ckpt, per_block in ((False, 4), (True, 6)):
         c = _cfg(stage=0, dp=1, tp=2, checkpoint_activations=ckpt)

@@ -42,7 +42,10 @@ from zerobench.train.config import TrainConfig
 from zerobench.zero.config import ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
-"""zerobench's candidates; ``-offload`` ones keep the optimizer on the host (ZeRO-Offload)."""
+"""zerobench's default candidates; ``-offload`` ones keep the optimizer on the host (ZeRO-Offload)."""
+ZEROBENCH_OPTIONAL = ("zerobench-2-no-overlap", "zerobench-3-no-overlap")
+"""zerobench candidates run only when named in ``--systems``: ``overlap_comm`` off (``ZeroConfig``)."""
+ZEROBENCH_ALL = ZEROBENCH + ZEROBENCH_OPTIONAL
 MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", RSS_ENV: "1"}
 
 
@@ -83,10 +86,10 @@ class PeersConfig:
         return ZEROBENCH + TORCH_PEERS + ds
 
     def validate(self) -> None:
-        known = set(ZEROBENCH) | set(SHARDING)
+        known = set(ZEROBENCH_ALL) | set(SHARDING)
         for s in self.candidates():
             if s not in known:
-                raise ConfigError(f"unknown system {s!r}: choose from {', '.join(ZEROBENCH + tuple(SHARDING))}")
+                raise ConfigError(f"unknown system {s!r}: choose from {', '.join(ZEROBENCH_ALL + tuple(SHARDING))}")
         if "torch-ddp" not in self.candidates():
             raise ConfigError("the comparison is relative to torch-ddp: include it in --systems")
         if self.dp < 1 or self.rounds < 1 or self.steps <= self.warmup:
@@ -98,12 +101,14 @@ def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch
     model = get_preset(p.preset)
     over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq)) if v}
     model = dataclasses.replace(model, **over)
-    stage = int(system.split("-")[1]) if system in ZEROBENCH else 0
-    offload = "cpu" if system in ZEROBENCH and system.endswith("-offload") else "none"
+    ours = system in ZEROBENCH_ALL
+    stage = int(system.split("-")[1]) if ours else 0
+    offload = "cpu" if ours and system.endswith("-offload") else "none"
+    zero = ZeroConfig(stage=stage, offload_optimizer=offload, overlap_comm=not system.endswith("-no-overlap"))
     cfg = TrainConfig(
-        model=model, zero=ZeroConfig(stage=stage, offload_optimizer=offload), preset=p.preset, dp=dp or p.dp,
+        model=model, zero=zero, preset=p.preset, dp=dp or p.dp,
         micro_batch=micro_batch or p.micro_batch, steps=p.steps, warmup_steps=p.warmup,
-        system="zerobench" if system in ZEROBENCH else system, track_memory=track_memory,
+        system="zerobench" if ours else system, track_memory=track_memory,
         kernels="reference",  # every system trains the same plain model: the comparison is of the engines
     )
     validate_run(cfg)
@@ -156,7 +161,7 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
                        for r in range(p.rounds)] for c in cands}
     records = []
     for c in cands:
-        rec: dict = {"candidate": c, "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH else SHARDING[c],
+        rec: dict = {"candidate": c, "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH_ALL else SHARDING[c],
                      "status": "failed" if c in failed else "ok", "reason": failed.get(c, "")}
         if pairs := _same_rounds(round_times[c], round_times.get("torch-ddp", [])):
             rec["step_time_s"] = statistics.median(t for t, _ in pairs)
@@ -225,10 +230,10 @@ def bar(records: list[dict]) -> list[dict]:
     the live-tensor tracker cannot tell DeepSpeed's host states from its device ones."""
     ok = {r["candidate"]: r for r in records if r["status"] == "ok" and "time_vs_torch_ddp" in r}
     out = []
-    for name in ZEROBENCH:
+    for name in ZEROBENCH_ALL:
         s, off = int(name.split("-")[1]), name.endswith("-offload")
         zb = ok.get(name)
-        peers = [r for c, r in ok.items() if c not in ZEROBENCH and SHARDING[c] == s and c.endswith("-offload") == off]
+        peers = [r for c, r in ok.items() if c not in ZEROBENCH_ALL and SHARDING[c] == s and c.endswith("-offload") == off]
         if zb is None or not peers:
             continue
         mem_key = "peak_rss_bytes" if off else "peak_live_bytes"

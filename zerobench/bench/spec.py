@@ -80,6 +80,9 @@ class RunSpec:
     """Gradient-norm clip."""
     bucket_size: int | None = 6_250_000
     """C_B: gradient/parameter bucket size in elements; null: no C_B (one bucket as large as the model)."""
+    overlap_comm: bool = True
+    """Gradient buckets' collectives run on while backward goes on; false: backward waits for each
+    (``ZeroConfig.overlap_comm``)."""
     checkpoint_activations: bool = False
     """Activation checkpointing per block."""
     pa: bool = False
@@ -170,7 +173,7 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
                         grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
                         optimizer=AdamWConfig(lr=spec.lr, weight_decay=spec.weight_decay), kernels=spec.kernels,
                         offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
-                        nvme_path=spec.nvme_path, optim_bits=spec.optim_bits),
+                        nvme_path=spec.nvme_path, optim_bits=spec.optim_bits, overlap_comm=spec.overlap_comm),
         activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
                                     partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
         preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,

@@ -168,7 +168,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "by round; reports step time relative to torch-ddp (median of per-round "
                                     "ratios), peak memory per rank and loss parity, as rows and a table.")
     pe.add_argument("--systems", nargs="+", default=None,
-                    help="candidates (default: zerobench-0..3, the torch peers, DeepSpeed 0-3 + offload if installed)")
+                    help="candidates (default: zerobench-0..3 and -2/-3-offload, the torch peers, DeepSpeed 0-3 + offload if "
+                         "installed; also zerobench-2-no-overlap, zerobench-3-no-overlap)")
     pe.add_argument("--dp", type=count(1), default=2, help="processes")
     pe.add_argument("--preset", default="tiny", help="model preset")
     pe.add_argument("--layers", type=count(1), default=None, help="override the preset's layers")

@@ -50,6 +50,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
     g.add_argument("--bucket-size", type=count(1), default=6_250_000, metavar="ELEMENTS",
                    help="gradient/parameter bucket size in elements (C_B)")
+    g.add_argument("--no-overlap-comm", dest="overlap_comm", action="store_false",
+                   help="wait for each gradient bucket's collective before backward goes on (DeepSpeed's "
+                        "overlap_comm off): stages 2-3 then hold one staging bucket at a time")
     _add_offload_args(p)
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch", type=count(1), default=2, help="sequences per micro-batch per rank")
@@ -117,8 +120,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         vocab=args.vocab, seq=args.seq, stage=args.stage, dp=dp, tp=args.tp, sp=args.sp, kernels=args.kernels,
         precision=args.precision, micro_batch=args.micro_batch, grad_accum=args.grad_accum, steps=args.steps,
         warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay, clip=args.clip,
-        bucket_size=args.bucket_size, checkpoint_activations=args.checkpoint_activations, pa=args.pa,
-        pa_cpu=args.pa_cpu, md=args.md, seed=args.seed, memory_budget=args.memory_budget,
+        bucket_size=args.bucket_size, overlap_comm=args.overlap_comm, checkpoint_activations=args.checkpoint_activations,
+        pa=args.pa, pa_cpu=args.pa_cpu, md=args.md, seed=args.seed, memory_budget=args.memory_budget,
         collective_timeout=args.collective_timeout, backend=args.backend, track_memory=not args.no_track_memory,
         tensorboard=args.tensorboard, **_offload_kwargs(args),
     )

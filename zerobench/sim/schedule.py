@@ -8,7 +8,7 @@ time in issue order, as a process group runs them). What the engine does, per st
 - stages 0-1: gradients land in the full buffer (the window's first micro-batch copies each into its ``.grad``
   view, which ``zero_grad()`` set to None; later ones are added into it by autograd); a bucket's all-reduce (0) or reduce-scatter (1) starts
   when its last gradient lands, in bucket order, at most ``MAX_INFLIGHT`` outstanding before backward
-  waits for the oldest (``GradBucketGroup``); step() waits for all, steps (every element at stage 0, this
+  waits for the oldest (``GradBucketGroup``; none with ``overlap_comm`` off: backward waits for each); step() waits for all, steps (every element at stage 0, this
   rank's shard at 1), stage 1 all-gathers every bucket; zero_grad() sets ``.grad`` to None (no pass over the buffer);
 - stages 2-3: each landed gradient is copied into its staging bucket (``add_grad``), reduce-scattered per
   bucket, every micro-batch; later micro-batches add the result into the partition;
@@ -47,6 +47,7 @@ class StepReplay:
         for b in self.buckets:
             self.by_unit.setdefault(b.unit, []).append(b)
             self.by_point.setdefault(b.lands, []).append(b)
+        self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm else 0
         self.elem = cfg.zero.precision.param_dtype.itemsize
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
@@ -151,7 +152,7 @@ class StepReplay:
         self.inflight.append(self.dp_collective(op, b.numel * self.elem, f"reduce bucket {b.index}"))
         if self.stage == 3:
             self.gathers.pop(b.unit, None)  # freed once handed over: the next use gathers again
-        if len(self.inflight) > MAX_INFLIGHT:
+        if len(self.inflight) > self.max_inflight:
             self.wait_dp((self.inflight.pop(0),))
 
     def end_backward(self) -> None:

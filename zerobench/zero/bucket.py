@@ -18,7 +18,8 @@ without ``zero()`` adds to the reduced gradients of the first. ``SyncMode.for_st
   first keeps one copy of them (stage 0: rank 0's; stage 1: each rank's shard) and zeros the rest.
 - ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket,
   reduce-scattered into this rank's gradient partition and freed once the collective is seen complete
-  (checked whenever a gradient lands); at most ``max_inflight`` are being reduced at once. The partition
+  (checked whenever a gradient lands); at most ``max_inflight`` are being reduced at once (0: each is waited
+  for as it starts, ``ZeroConfig.overlap_comm`` off). The partition
   is held per bucket (``BucketShards``): a shard from its first reduce-scatter in the window until
   ``zero()``, which releases them all.
 

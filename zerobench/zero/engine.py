@@ -131,7 +131,7 @@ class ZeroEngine:
         parameter, and ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
-            SyncMode.for_stage(self.stage),
+            SyncMode.for_stage(self.stage), max_inflight=2 if self.config.overlap_comm else 0,
             sink=st.host.grad_ready if st.host is not None else None,
         )
         if self.scheduler is not None:

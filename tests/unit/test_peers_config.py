@@ -40,11 +40,21 @@ def test_the_no_overlap_candidates_are_zerobench_with_overlap_comm_off_and_judge
 
 
 def test_peers_reject_what_they_are_not_wired_for():
+    from zerobench.peers.deepspeed_peer import ds_config
     from zerobench.systems import validate_run
     from zerobench.train.config import TrainConfig
+    from zerobench.zero.config import ZeroConfig
 
     with pytest.raises(ConfigError, match="drop --tp"):
         validate_run(TrainConfig(system="fsdp2", tp=2, dp=1))
+    no_overlap = ZeroConfig(overlap_comm=False)
+    for system in ("torch-ddp", "fsdp1-full-shard", "megatron"):
+        with pytest.raises(ConfigError, match="drop --no-overlap-comm"):
+            validate_run(TrainConfig(system=system, dp=1, zero=no_overlap))
+    cfg = TrainConfig(system="deepspeed-3", dp=1, zero=no_overlap)
+    validate_run(cfg)
+    assert ds_config("deepspeed-3", cfg)["zero_optimization"]["overlap_comm"] is False
+    assert "overlap_comm" not in ds_config("deepspeed-3", TrainConfig(system="deepspeed-3", dp=1))["zero_optimization"]
 
 
 def test_only_deepspeed_peers_take_bf16_and_checkpointing():

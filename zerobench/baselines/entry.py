@@ -8,6 +8,9 @@ from zerobench.train.entry import SystemEntry
 
 def validate(cfg) -> None:
     """Megatron-LM's DDP baseline: stage 0, fp32/bf16, plain activation checkpointing."""
+    if not cfg.zero.overlap_comm:
+        raise ConfigError("the megatron baseline always overlaps its gradient all-reduce with backward: "
+                          "drop --no-overlap-comm")
     if cfg.sequence_parallel:
         raise ConfigError("--sp is zerobench's sequence parallelism: drop it for the megatron baseline")
     if cfg.zero.stage != 0:

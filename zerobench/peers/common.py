@@ -22,6 +22,9 @@ def check_supported(name: str, cfg: TrainConfig) -> None:
     if cfg.zero.precision.value != "fp32" and not (deepspeed and cfg.zero.precision.value == "bf16"):
         raise ConfigError(f"{name} runs fp32 in the peer comparison (DeepSpeed peers: fp32 or bf16): "
                           "use --precision fp32")
+    if not cfg.zero.overlap_comm and not deepspeed:
+        raise ConfigError(f"{name} always overlaps its gradient collectives with backward: drop --no-overlap-comm "
+                          "(it is wired for zerobench and the DeepSpeed peers)")
     act = cfg.activation
     if act.checkpoint and not deepspeed:
         raise ConfigError(f"{name}: activation checkpointing is wired for the DeepSpeed peers only; drop it")

@@ -32,6 +32,8 @@ def ds_config(name: str, cfg) -> dict:
     stage = int(name.split("-")[1])
     zero: dict = {"stage": stage, "reduce_bucket_size": cfg.zero.bucket_numel,
                   "allgather_bucket_size": cfg.zero.bucket_numel, "contiguous_gradients": True}
+    if not cfg.zero.overlap_comm:  # on, DeepSpeed keeps its own default (on at stage 3, off at 1-2)
+        zero["overlap_comm"] = False
     if name.endswith("offload"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if stage == 3:

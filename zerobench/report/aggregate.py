@@ -147,15 +147,35 @@ PEER_METRICS = {"peer_time_vs_torch_ddp": "time_vs_torch_ddp", "peer_step_time_s
                 "peer_loss_max_abs_diff": "loss_max_abs_diff"}
 
 
+def _comparison(row: pd.Series) -> str:
+    """A comparison's model and world, from its summary rows' ``config.peers``: ``small, 4 layers, seq 64, DP 2``."""
+    def get(key):
+        v = row.get(f"config.peers.{key}")
+        return None if _missing(v) else v
+
+    parts = [str(get("preset") or "?")]
+    parts += [f"{int(get(k))} {name}" for k, name in (("layers", "layers"), ("hidden", "hidden")) if get(k)]
+    parts += [f"seq {int(get('seq'))}"] if get("seq") else []
+    parts += [f"DP {int(get('dp'))}"] if get("dp") else []
+    commit, when = row.get("provenance.commit"), row.get("provenance.timestamp")
+    tail = " ".join(str(x) for x in (None if _missing(commit) else str(commit)[:7],
+                                      None if _missing(when) else str(when)[:16].replace("T", " ")) if x)
+    return ", ".join(parts) + (f" @ {tail}" if tail else "")
+
+
 def peers_table(df: pd.DataFrame) -> pd.DataFrame:
-    """``zerobench peers`` summary rows: one row per (comparison, candidate), failed candidates kept."""
+    """``zerobench peers`` summary rows: one row per (comparison, candidate), failed candidates kept. Several
+    comparisons in one results directory (their summaries share a run id) stay apart by config hash and by
+    the time their summary was written."""
     d = df[df["metric"].isin(list(PEER_METRICS))]
     if d.empty:
         return pd.DataFrame()
+    keys = [k for k in ("run_id", "config_hash", "provenance.timestamp") if k in d] + ["candidate"]
     out = []
-    for (_run, cand), g in d.groupby(["run_id", "candidate"], sort=False):
+    for key, g in d.groupby(keys, sort=False):
+        cand = key[-1]
         first = g.iloc[0]
-        rec = {"candidate": cand, "shards_like_stage": int(first["sharding_stage"]),
+        rec = {"comparison": _comparison(first), "candidate": cand, "shards_like_stage": int(first["sharding_stage"]),
                "processes": first.get("config.peers.dp"), "params_M": None,
                "device": first.get("provenance.hardware.device"), "status": first.get("status") or "ok"}
         for metric, col in PEER_METRICS.items():

@@ -128,8 +128,11 @@ def peers(table: pd.DataFrame, out: Path):
     d = table[table["time_vs_torch_ddp"].notna()] if len(table) else table
     if d.empty:
         return None
-    d = d.sort_values(["shards_like_stage", "candidate"])
+    several = "comparison" in d and d["comparison"].nunique() > 1
+    d = d.sort_values((["comparison"] if several else []) + ["shards_like_stage", "candidate"])
     d = d.assign(family=["zerobench" if c.startswith("zerobench") else "peer" for c in d["candidate"]])
+    if several:  # one bar per candidate of each comparison
+        d = d.assign(candidate=[f"{c} ({m})" for c, m in zip(d["candidate"], d["comparison"])])
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.35 * len(d) + 1.6), sharey=True)
     sns.barplot(data=d, y="candidate", x="time_vs_torch_ddp", hue="family", dodge=False, ax=axes[0])
     axes[0].axvline(1.0, color="#555", lw=0.8)
@@ -139,8 +142,8 @@ def peers(table: pd.DataFrame, out: Path):
         sns.barplot(data=d, y="candidate", x="peak_live_MiB", hue="family", dodge=False, ax=axes[1], legend=False)
     axes[1].set_xlabel("peak live MiB per rank")
     fig.suptitle("zerobench vs peers, same model, batch and processes")
-    cap = (f"Candidates interleaved round by round in one comparison; grouped by the ZeRO stage whose sharding "
-           f"they match. Hardware: {'; '.join(sorted({str(x) for x in d['device'].dropna()})) or 'unknown'}.")
+    cap = (f"Candidates interleaved round by round within each comparison; grouped by the ZeRO stage whose "
+           f"sharding they match. Hardware: {'; '.join(sorted({str(x) for x in d['device'].dropna()})) or 'unknown'}.")
     return _save(fig, out, "peers"), cap
 
 

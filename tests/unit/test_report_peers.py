@@ -1,0 +1,29 @@
+"""The report's peers table from rows: comparisons that share a results directory stay apart."""
+
+import pandas as pd
+
+from zerobench.report.aggregate import peers_table
+
+
+def row(cand, metric, value, *, dp, layers, when, commit="9b2b8af0"):
+    peers = {"preset": "small", "layers": layers, "hidden": None, "seq": 64, "dp": dp}
+    return {"run_id": "peers-summary", "candidate": cand, "sharding_stage": 3, "metric": metric, "value": value,
+            "status": "ok", "config": {"candidates": [cand, "torch-ddp"], "peers": peers},
+            "config_hash": f"h-{dp}-{layers}", "provenance": {"commit": commit, "timestamp": when,
+                                                               "hardware": {"device": "cpu-x"}}}
+
+
+def test_two_comparisons_in_one_directory_are_two_rows_each_with_its_own_figures():
+    rows = [row("zerobench-3", "peer_peak_live_bytes", 913 * 2**20, dp=2, layers=None, when="2026-11-25T14:16:12"),
+            row("zerobench-3", "peer_time_vs_torch_ddp", 1.17, dp=2, layers=None, when="2026-11-25T14:16:12"),
+            row("zerobench-3", "peer_peak_live_bytes", 553 * 2**20, dp=4, layers=None, when="2026-11-25T14:23:30"),
+            row("zerobench-3", "peer_time_vs_torch_ddp", 1.16, dp=4, layers=None, when="2026-11-25T14:23:30"),
+            # the same command again later: another comparison, though its config hash is the same
+            row("zerobench-3", "peer_peak_live_bytes", 926 * 2**20, dp=2, layers=None, when="2026-11-26T09:00:00")]
+    t = peers_table(pd.json_normalize(rows, sep="."))
+    assert len(t) == 3
+    assert list(t["peak_live_MiB"]) == [913, 553, 926]
+    assert list(t["processes"]) == [2, 4, 2]
+    assert t["comparison"].iloc[0] == "small, seq 64, DP 2 @ 9b2b8af 2026-11-25 14:16"
+    assert t["comparison"].nunique() == 3
+    assert t["time_vs_torch_ddp"].iloc[2] is None or pd.isna(t["time_vs_torch_ddp"].iloc[2])

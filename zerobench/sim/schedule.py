@@ -28,9 +28,7 @@ from zerobench.sim.layout import Bucket, engine_buckets
 from zerobench.sim.profile import IN_SITU, Profile
 from zerobench.sim.replay import Timeline
 from zerobench.train.config import TrainConfig
-
-MAX_INFLIGHT = 2
-"""``GradBucketGroup.max_inflight``: collectives outstanding before backward waits for the oldest."""
+from zerobench.zero.config import MAX_INFLIGHT
 
 
 class StepReplay:

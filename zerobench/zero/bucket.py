@@ -19,9 +19,8 @@ without ``zero()`` adds to the reduced gradients of the first. ``SyncMode.for_st
 - ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket,
   reduce-scattered into this rank's gradient partition and freed once the collective is seen complete
   (checked whenever a gradient lands); at most ``max_inflight`` are being reduced at once (0: each is waited
-  for as it starts, ``ZeroConfig.overlap_comm`` off). The partition
-  is held per bucket (``BucketShards``): a shard from its first reduce-scatter in the window until
-  ``zero()``, which releases them all.
+  for as it starts, ``ZeroConfig.overlap_comm`` off). The partition is held per bucket (``BucketShards``):
+  a shard from its first reduce-scatter in the window until ``zero()``, which releases them all.
 
 With a ``sink`` (optimizer offload) every reduced shard is handed to it once final — at stages 2-3 into a
 transient device shard instead of a device partition, since the partition lives on the host.
@@ -39,6 +38,7 @@ import torch
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.buffer import BucketShards, FullBuffer
+from zerobench.zero.config import MAX_INFLIGHT
 from zerobench.zero.layout import PartitionLayout
 from zerobench.zero.param import GradState, ZeroParam
 from zerobench.zero.staging import StagingBuckets
@@ -90,7 +90,7 @@ class GradBucketGroup:
         grad_dtype: torch.dtype,
         device: torch.device,
         mode: SyncMode,
-        max_inflight: int = 2,
+        max_inflight: int = MAX_INFLIGHT,
         sink: Callable[[int, torch.Tensor, bool], None] | None = None,
     ):
         """``sink(bucket, shard, accumulate)`` receives every final reduced shard (optimizer offload)."""

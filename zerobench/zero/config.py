@@ -70,6 +70,10 @@ NO_BUCKET_LIMIT = 2**62
 ``bucket_size: null``, no C_B)."""
 
 
+MAX_INFLIGHT = 2
+"""Gradient bucket collectives outstanding while backward goes on (``overlap_comm``) before it waits for the oldest."""
+
+
 @dataclass(frozen=True)
 class ZeroConfig:
     """Configuration of ``apply_zero``."""

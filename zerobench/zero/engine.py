@@ -36,7 +36,7 @@ from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
-from zerobench.zero.config import AdamWConfig, ZeroConfig
+from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
@@ -131,7 +131,7 @@ class ZeroEngine:
         parameter, and ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
-            SyncMode.for_stage(self.stage), max_inflight=2 if self.config.overlap_comm else 0,
+            SyncMode.for_stage(self.stage), max_inflight=MAX_INFLIGHT if self.config.overlap_comm else 0,
             sink=st.host.grad_ready if st.host is not None else None,
         )
         if self.scheduler is not None:

@@ -42,6 +42,32 @@ class Group:
     def of(cls, pg: dist.ProcessGroup | None, name: str, native: bool = False) -> Group:
         return cls(pg, name, dist.get_world_size(pg), dist.get_rank(pg), native)
 
+    @classmethod
+    def coerce(cls, group, name: str, what: str = "group") -> Group:
+        """``group`` as a ``Group``, from what torch's own APIs take for a process group: a ``Group``; a
+        ``torch.distributed.ProcessGroup`` (``dist.group.WORLD``, ``dist.new_group(...)``); ``None`` for the
+        default (world) group, as DDP's and FSDP's ``process_group=None``; or a one-dimensional ``DeviceMesh``.
+        Anything else, or ``None`` before ``init_process_group``, is a one-line ``ConfigError``."""
+        from zerobench.config import ConfigError
+
+        if isinstance(group, Group):
+            return group
+        if group is None or isinstance(group, dist.ProcessGroup):
+            if not dist.is_available() or not dist.is_initialized():
+                raise ConfigError(f"{what}: torch.distributed is not initialised: call "
+                                  "torch.distributed.init_process_group (gloo on CPU, nccl on GPUs) or run under "
+                                  "torchrun before building the engine")
+            return cls.of(group, name)
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if isinstance(group, DeviceMesh):
+            if group.ndim != 1:
+                raise ConfigError(f"{what}: a {group.ndim}-D DeviceMesh names no single group: pass its "
+                                  f"data-parallel dimension (mesh['dp']) or that dimension's process group")
+            return cls.of(group.get_group(), name)
+        raise ConfigError(f"{what}: expected a torch.distributed ProcessGroup, a 1-D DeviceMesh, "
+                          f"zerobench's Group or None (the default group), got {type(group).__name__}")
+
 
 def _record(ledger: CommLedger | None, op: str, group: Group, full: torch.Tensor, tag: str) -> None:
     if ledger is not None:

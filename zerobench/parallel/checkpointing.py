@@ -148,9 +148,12 @@ class _CheckpointFn(torch.autograd.Function):
 
 
 def apply_activation_checkpointing(
-    model: nn.Module, cfg: ActivationConfig, tp: Group, ledger: CommLedger | None = None, rng=None
+    model: nn.Module, cfg: ActivationConfig, tp: Group | None = None, ledger: CommLedger | None = None, rng=None
 ) -> CheckpointStore | None:
     """Checkpoint every block of ``model.blocks``; returns the store (None when checkpointing is off).
+
+    ``tp``: the TP group P_a partitions the checkpoints over (a ``Group``, a ``torch.distributed.ProcessGroup``
+    or a 1-D ``DeviceMesh``); ``None`` is no TP, so the checkpoints stay whole.
 
     ``rng``: the ``TPRngTracker`` from ``apply_tp`` (``TPInfo.rng``), so recompute replays dropout exactly.
     """
@@ -158,6 +161,7 @@ def apply_activation_checkpointing(
     if not cfg.checkpoint:
         return None
     blocks = model.blocks
+    tp = Group(None, "tp", 1, 0) if tp is None else Group.coerce(tp, "tp", "apply_activation_checkpointing's tp")
     store = CheckpointStore(cfg, len(blocks), tp, ledger, rng)
     for i, block in enumerate(blocks):
         inner = block.forward  # the bound original forward

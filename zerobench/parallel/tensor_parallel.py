@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
@@ -39,7 +40,7 @@ class TPInfo:
     """The RNG of sharded regions (attention); checkpoint recompute replays it."""
 
 
-def apply_tp(model: GPT, group: Group, ledger: CommLedger | None = None, seed: int = 0,
+def apply_tp(model: GPT, group: Group | dist.ProcessGroup | None, ledger: CommLedger | None = None, seed: int = 0,
              sequence_parallel: bool = False) -> TPInfo:
     """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import torch.distributed as dist
 from torch import nn
 
 from zerobench.distributed.collectives import Group
@@ -21,16 +22,20 @@ def default_units(model: nn.Module) -> list[nn.Module]:
 
 def apply_zero(
     model: nn.Module,
-    dp_group: Group,
+    dp_group: Group | dist.ProcessGroup | None,
     config: ZeroConfig,
     ledger: CommLedger | None = None,
     units: list[nn.Module] | None = None,
-    tp_group: Group | None = None,
+    tp_group: Group | dist.ProcessGroup | None = None,
     tp_sharded: Collection[str] = frozenset(),
     allocator: Allocator | None = None,
     param_groups=None,
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
+
+    ``dp_group`` is the data-parallel process group: a ``torch.distributed.ProcessGroup``, ``None`` for the
+    default (world) group as DDP's ``process_group=None``, a 1-D ``DeviceMesh`` or a
+    ``zerobench.distributed.collectives.Group`` (``tp_group`` likewise, but ``None`` there means no TP).
 
     Apply it last, after tensor parallelism and activation checkpointing: ZeRO partitions whatever
     parameters the model holds at that point. Every DP rank must pass the same model and config (checked at
@@ -47,5 +52,7 @@ def apply_zero(
     (``zero/param_groups.py``); or a callable ``param_groups(model)`` that returns them from the model as
     ZeRO receives it (after TP has replaced its parameters).
     """
+    dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
+    tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
     return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger,
                       tp_group, frozenset(tp_sharded), allocator, param_groups)

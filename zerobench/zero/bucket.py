@@ -95,8 +95,7 @@ class GradBucketGroup:
     ):
         """``sink(bucket, shard, accumulate)`` receives every final reduced shard (optimizer offload)."""
         self.layout, self.zparams, self.group, self.ledger = layout, zparams, group, ledger
-        self.grad_dtype, self.device = grad_dtype, device
-        self.mode = mode
+        self.grad_dtype, self.device, self.mode = grad_dtype, device, mode
         self.keep_full = mode is not SyncMode.REDUCE_SCATTER_STAGED
         """A persistent full gradient buffer accumulates micro-batches (stages 0-1)."""
         self.max_inflight = max_inflight
@@ -118,8 +117,7 @@ class GradBucketGroup:
         """1/N when this micro-batch's gradients are averaged before their collective (a plain backward)."""
         self.reduced = False
         """Whether the buffers hold reduced gradients since the last ``zero()``."""
-        self.seen = [False] * len(zparams)
-        self.seen_count = 0
+        self.seen, self.seen_count = [False] * len(zparams), 0
         self.unused: list[int] = []
         """Parameters (indices) that got no gradient in the last synchronised window on this rank."""
         self.on_bucket_reduced: Callable[[int], None] | None = None
@@ -156,12 +154,14 @@ class GradBucketGroup:
         view = self.views[zp.slot.index]
         grad = param.grad
         if grad is not view:
+            zp.check_dense(grad)
             view.copy_(grad)
             param.grad = view
         self._landed(zp)
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket (``zero/staging.py``)."""
+        zp.check_dense(grad)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
         self.stage.write(zp.slot, grad, self.pre_scale)

@@ -43,12 +43,39 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
     named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
     if not named:
         raise ConfigError("the model has no parameter that requires a gradient: nothing to train")
+    refuse_unsupported(model, named)
     named.reverse()
     if stage == 3:
         key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
         named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
     specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if stage == 3 else 0) for n, p in named]
     return Ordered(named, units, unit_of, specs)
+
+
+TRAINABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> None:
+    """One-line ``ConfigError`` for trained parameters the flat buffers cannot hold: sparse gradients
+    (``nn.Embedding(sparse=True)``, as FSDP refuses them), dtypes other than fp32/bf16/fp16 (float64 would be
+    cast down silently), and parameters on several devices. (The meta device is fine: dry runs and the
+    simulator build the engine there.)"""
+    trained = {id(p): n for n, p in named}
+    for mname, mod in model.named_modules():
+        if getattr(mod, "sparse", False) is True and id(getattr(mod, "weight", None)) in trained:
+            raise ConfigError(f"module {mname or type(mod).__name__!r} ({type(mod).__name__}) has sparse=True: ZeRO "
+                              "keeps gradients in dense flat buffers; build it with sparse=False")
+    devices = {}
+    for n, p in named:
+        if p.dtype not in TRAINABLE_DTYPES:
+            raise ConfigError(f"parameter {n!r} is {str(p.dtype).removeprefix('torch.')}: the engine trains "
+                              "float32, bfloat16 or float16 parameters (ZeroConfig.precision picks the training "
+                              "dtype); convert the model first, e.g. model.float()")
+        devices.setdefault(p.device, n)
+    if len(devices) > 1:
+        (d0, n0), (d1, n1) = list(devices.items())[:2]
+        raise ConfigError(f"the trained parameters are on several devices ({n0!r} on {d0}, {n1!r} on {d1}): "
+                          "move the model to one device before apply_zero")
 
 
 def attach_params(model: nn.Module, units: list[nn.Module], st: ParamStorage, layout: PartitionLayout,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from zerobench.zero.layout import ParamSlot
@@ -52,3 +53,9 @@ class ZeroParam:
     @property
     def name(self) -> str:
         return self.slot.name
+
+    def check_dense(self, grad: torch.Tensor) -> None:
+        """Refuse a sparse gradient (``F.embedding(..., sparse=True)``) in one line: the buffers are dense."""
+        if grad.layout is not torch.strided:
+            raise RuntimeError(f"parameter {self.name!r} got a {grad.layout} gradient: ZeRO keeps gradients in "
+                               "dense flat buffers; compute it densely (e.g. F.embedding(..., sparse=False))")

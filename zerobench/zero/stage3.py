@@ -153,6 +153,8 @@ class Stage3Scheduler:
             units = list({id(u): u for p in m.parameters(recurse=False) if (u := unit_of.get(id(p)))}.values())
             if units:
                 self.handles.append(m.register_state_dict_pre_hook(partial(self._check_readable, name, units)))
+            if root is not None and root in units and m is not model:  # called on its own: gather the root
+                self.handles.append(m.register_forward_pre_hook(self._root_on_demand))
 
     @classmethod
     def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], shards: list[torch.Tensor],
@@ -185,6 +187,7 @@ class Stage3Scheduler:
             for u in self.units:
                 u.in_backward = False
         if unit is not None:
+            unit.in_backward = False  # a unit called on its own, outside the model's forward, starts a pass too
             unit.finish_gather()
         if self.prefetch and i + 1 < len(self.order):
             self.order[i + 1].start_gather()
@@ -204,6 +207,14 @@ class Stage3Scheduler:
             for t in tree_flatten(output)[0]:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(partial(self._pre_backward, i))
+
+    def _root_on_demand(self, module, args) -> None:
+        """A module holding root parameters called outside the model's forward (``model.encoder(x)``, as
+        DeepSpeed allows): gather the root unit. It stays gathered through that pass's backward and goes
+        once its gradients are handed to their reduce-scatters, or at the next ``step()``."""
+        if self.root.state is not ParamState.UNSHARDED:
+            self.root.finish_gather()
+            self._note_gathered()
 
     def _pre_backward(self, i: int, grad: torch.Tensor) -> None:
         unit = self.order[i]

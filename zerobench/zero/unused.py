@@ -56,6 +56,11 @@ def check_unused(engine, pending: UnusedCheck | None) -> None:
     if not ranks:
         return
     names = [engine.zparams[i].name for i in unused]
+    frozen = [engine.zparams[i].name for i in unused if not engine.zparams[i].param.requires_grad]
+    if frozen:
+        raise UnusedParametersError(
+            f"parameter(s) {frozen[:4]}{' ...' if len(frozen) > 4 else ''} were frozen (requires_grad=False) after "
+            "apply_zero: the engine's partition is fixed when it is built; freeze them before apply_zero")
     here = f"here (rank {group.rank}): {names[:4]}{' ...' if len(names) > 4 else ''}; " if names else ""
     raise UnusedParametersError(
         f"{sum(counts)} trained parameter(s) got no gradient on rank(s) {ranks}: unused in forward; {here}"

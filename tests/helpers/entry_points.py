@@ -1,0 +1,167 @@
+"""Workers for ``tests/distributed/test_entry_points.py``: the engine built from torch's own spellings of a
+process group, models it must refuse in one line, and stage 3 driven through submodules instead of the model.
+
+Each case trains against single-process ``torch.optim.AdamW`` on the global batch (weight decay 0, so the
+engine's "decay 2+-dim parameters only" default and torch's agree) and returns the largest parameter
+difference after three steps, or the error's type and message.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zerobench.zero import ZeroConfig
+from zerobench.zero.api import apply_zero
+from zerobench.zero.config import AdamWConfig
+
+STEPS = 3
+
+
+def _config(stage: int) -> ZeroConfig:
+    return ZeroConfig(stage=stage, optimizer=AdamWConfig(lr=1e-2, weight_decay=0.0))
+
+
+def _two_nets() -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    return (nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)),
+            nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+
+
+def _train(rank: int, world: int, engines, net: nn.Module, ref_net: nn.Module) -> float:
+    """``STEPS`` of a PyTorch loop (``loss.backward()``, every engine's optimizer) on ``net``, whose modules the
+    engines were applied to, against ``ref_net`` in one process."""
+    cfg = _config(0).optimizer
+    ref_params = list(ref_net.parameters())
+    ref = torch.optim.AdamW(ref_params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    per = 2
+    for _ in range(STEPS):
+        x = torch.randn(per * world, 4, generator=g)
+        net(x[rank * per:(rank + 1) * per]).pow(2).mean().backward()
+        for e in engines:
+            e.optimizer.step()
+            e.optimizer.zero_grad()
+        ref.zero_grad()
+        ref_net(x).pow(2).mean().backward()
+        ref.step()
+    with _gathered(engines):
+        return max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref_params))
+
+
+class _gathered:
+    def __init__(self, engines):
+        self.ctx = [e.gathered_params() for e in engines]
+
+    def __enter__(self):
+        for c in self.ctx:
+            c.__enter__()
+
+    def __exit__(self, *exc):
+        for c in reversed(self.ctx):
+            c.__exit__(*exc)
+
+
+def group_spellings(rank: int, world: int, stage: int) -> dict:
+    """The same two-model training with the DP group given as None, ``dist.group.WORLD`` and a 1-D DeviceMesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    out = {}
+    mesh = init_device_mesh("cpu", (world,))
+    for name, group in (("none", None), ("world", dist.group.WORLD), ("mesh", mesh)):
+        a, b = _two_nets()
+        ra, rb = copy.deepcopy(a), copy.deepcopy(b)
+        ea, eb = apply_zero(a, group, _config(stage)), apply_zero(b, group, _config(stage))
+        out[name] = _train(rank, world, [ea, eb], nn.Sequential(a, b), nn.Sequential(ra, rb))
+        out[name + "_size"] = (ea.group.size, ea.group.rank)
+    return out
+
+
+def submodules_called(rank: int, world: int, stage: int) -> dict:
+    """One engine over ``Sequential(a, b)``, trained by calling ``b(a(x))``: the model's own forward never runs.
+    With the default units everything is the root's; with ``units=[a, b]`` both are units and the root has none."""
+    out = {}
+    for name in ("root", "units"):
+        a, b = _two_nets()
+        ra, rb = copy.deepcopy(a), copy.deepcopy(b)
+        model = nn.Sequential(a, b)
+        engine = apply_zero(model, None, _config(stage), units=[a, b] if name == "units" else None)
+        out[name] = _train(rank, world, [engine], _Calls(a, b), nn.Sequential(ra, rb))
+        if name == "root":  # and the model's own forward afterwards, as usual
+            before = {k: v.clone() for k, v in _state(engine, model).items()}
+            model(torch.ones(2, 4)).sum().backward()
+            engine.optimizer.step()
+            out["root_then_model_moved"] = max((_state(engine, model)[k] - v).abs().max().item()
+                                               for k, v in before.items())
+    return out
+
+
+class _Calls(nn.Module):
+    """``b(a(x))`` by a plain call of each, not through the engine's model."""
+
+    def __init__(self, a: nn.Module, b: nn.Module):
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def _state(engine, model) -> dict:
+    with engine.gathered_params():
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _error(fn) -> tuple[str, str] | None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the message is what is tested
+        return type(e).__name__, str(e)
+    return None
+
+
+def refusals(rank: int, world: int, stage: int) -> dict:
+    """Models the flat buffers cannot hold, and a parameter frozen after the engine was built."""
+    cfg = _config(stage)
+
+    def sparse():
+        apply_zero(nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1)), None, cfg)
+
+    def float64():
+        apply_zero(nn.Linear(4, 1).double(), None, cfg)
+
+    def sparse_functional():
+        class Lookup(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.table = nn.Parameter(torch.randn(10, 4))
+
+            def forward(self, idx):
+                return nn.functional.embedding(idx, self.table, sparse=True).sum()
+
+        m = Lookup()
+        e = apply_zero(m, None, cfg)
+        for _ in range(2):  # the second window starts from .grad None at stages 0-1
+            e.backward(m(torch.tensor([1, 2])))
+            e.step()
+
+    def frozen_after():
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = apply_zero(m, None, cfg)
+        m[0].weight.requires_grad_(False)
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
+    def wrong_group():
+        apply_zero(nn.Linear(4, 1), "dp", cfg)
+
+    cases = {"sparse": sparse, "float64": float64, "sparse_functional": sparse_functional,
+             "frozen_after": frozen_after, "wrong_group": wrong_group}
+    out = {}
+    for name, fn in cases.items():
+        out[name] = _error(fn)
+        dist.barrier()
+    return out

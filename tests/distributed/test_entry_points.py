@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.entry_points import group_spellings, refusals, submodules_called
+from tests.helpers.entry_points import group_spellings, refusals, submodules_called, units_by_class
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 
@@ -68,3 +68,17 @@ def test_group_coerce_without_torch_distributed():
         Group.coerce(3, "dp")
     g = Group(None, "dp", 1, 0)
     assert Group.coerce(g, "other") is g
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_units_given_as_a_layer_class(stage):
+    """FSDP's ``ModuleWrapPolicy`` spelling: every ``_Layer`` is a stage-3 unit; a model with a layer list but
+    no ``blocks`` and no ``units`` is warned about at stage 3, naming the list to pass."""
+    for r in run_distributed(units_by_class, 2, stage, timeout=180):
+        assert r["diff"] <= TOL, r
+        assert r["units"] == (3 if stage == 3 else None)
+        if stage == 3:
+            assert len(r["warnings"]) == 1 and "units=list(model.layers)" in r["warnings"][0], r["warnings"]
+        else:
+            assert r["warnings"] == []
+        assert r["bad_class"][0] == "ConfigError" and "no submodule of that class" in r["bad_class"][1]

@@ -165,3 +165,44 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         out[name] = _error(fn)
         dist.barrier()
     return out
+
+
+class _Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(4, 4), nn.LayerNorm(4)
+
+    def forward(self, x):
+        return self.norm(torch.tanh(self.fc(x)))
+
+
+class _Stack(nn.Module):
+    """Layers in a ModuleList named ``layers``, not ``blocks`` (as most models name theirs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer() for _ in range(3))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def units_by_class(rank: int, world: int, stage: int) -> dict:
+    """``units=_Layer`` (a class) against one process; and the warning when stage 3 gets no units."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = _Stack()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = apply_zero(model, None, _config(stage), units=_Layer)
+        apply_zero(_Stack(), None, _config(stage))
+    out = {"units": len(engine.scheduler.blocks) if engine.scheduler is not None else None,
+           "warnings": [str(w.message) for w in caught if "ZeRO stage 3" in str(w.message)]}
+    out["diff"] = _train(rank, world, [engine], model, ref)
+    out["bad_class"] = _error(lambda: apply_zero(_Stack(), None, _config(stage), units=nn.Conv2d))
+    return out

@@ -60,12 +60,12 @@ class Parallelized:
 
 
 def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLedger | None = None,
-                units: list[nn.Module] | None = None, allocator: Allocator | None = None,
+                units: list[nn.Module] | type | None = None, allocator: Allocator | None = None,
                 param_groups=None) -> Parallelized:
     """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
 
     Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
-    every block of ``model.blocks``); ``allocator`` and ``param_groups`` are passed to ``apply_zero`` (TP
+    every block of ``model.blocks``; or a layer class, ``zero/api.resolve_units``); ``allocator`` and ``param_groups`` are passed to ``apply_zero`` (TP
     replaces the parameters it shards, so give the groups as a callable ``param_groups(model)``).
     """
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection
 
 import torch.distributed as dist
 from torch import nn
 
+from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator
@@ -20,12 +22,45 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     return list(blocks) if isinstance(blocks, nn.ModuleList) else []
 
 
+def resolve_units(model: nn.Module, units) -> list[nn.Module]:
+    """``units`` as modules: None (``default_units``), a list of submodules, or a module class or tuple of
+    classes (every outermost submodule of that class, in registration order, as FSDP's ``ModuleWrapPolicy``).
+    """
+    if units is None:
+        return default_units(model)
+    if isinstance(units, type) or (isinstance(units, tuple) and units and all(isinstance(c, type) for c in units)):
+        found, inside = [], set()
+        for m in model.modules():
+            if m is not model and isinstance(m, units) and id(m) not in inside:
+                found.append(m)
+                inside.update(id(s) for s in m.modules())
+        if not found:
+            raise ConfigError(f"units={units!r}: the model has no submodule of that class")
+        return found
+    return list(units)
+
+
+def warn_if_one_unit(model: nn.Module, units, stage: int) -> None:
+    """Stage 3, ``units`` not given and no ``model.blocks``, but a list of layers there: warn that every
+    forward gathers the whole model, naming the list (the largest ``ModuleList`` by parameters)."""
+    if stage != 3 or units is not None or default_units(model):
+        return
+    size = {n: sum(p.numel() for p in m.parameters()) for n, m in model.named_modules()
+            if isinstance(m, nn.ModuleList) and len(m) > 1}
+    if not size or max(size.values()) == 0:
+        return
+    name = max(size, key=size.get)
+    warnings.warn(f"ZeRO stage 3 with no units: {type(model).__name__} has no `blocks` ModuleList, so its whole model "
+                  f"is gathered for every forward and backward; pass its layers, e.g. apply_zero(..., "
+                  f"units=list(model.{name})) or units=<their class>", stacklevel=3)
+
+
 def apply_zero(
     model: nn.Module,
     dp_group: Group | dist.ProcessGroup | None,
     config: ZeroConfig,
     ledger: CommLedger | None = None,
-    units: list[nn.Module] | None = None,
+    units: list[nn.Module] | type | tuple[type, ...] | None = None,
     tp_group: Group | dist.ProcessGroup | None = None,
     tp_sharded: Collection[str] = frozenset(),
     allocator: Allocator | None = None,
@@ -50,9 +85,12 @@ def apply_zero(
     and any of ``lr``, ``betas``, ``eps``, ``weight_decay``; each group's weight decay applies to all its
     parameters); default one group of every trained parameter, with weight decay on 2+-dim ones only
     (``zero/param_groups.py``); or a callable ``param_groups(model)`` that returns them from the model as
-    ZeRO receives it (after TP has replaced its parameters).
+    ZeRO receives it (after TP has replaced its parameters). ``units``: stage 3's gather units, as modules
+    or as a layer class (``resolve_units``); default ``model.blocks``.
     """
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
-    return ZeroEngine(model, dp_group, config, default_units(model) if units is None else units, ledger,
+    warn_if_one_unit(model, units, config.stage)
+    units = resolve_units(model, units)
+    return ZeroEngine(model, dp_group, config, units, ledger,
                       tp_group, frozenset(tp_sharded), allocator, param_groups)

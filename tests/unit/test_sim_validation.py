@@ -3,7 +3,8 @@
 (``results/reference/sim-validation-cpu-2core``) and an Intel Xeon (``...-cpu-2core-xeon``), whose
 profiles hold each piece's median, and on the Xeon again with profiles of each piece's mean
 (``...-cpu-2core-xeon-mean``, ``measure_compute.STATISTIC``); then on a third Xeon VM with the TP pieces
-measured in situ, the samples made before the step clock and 20 steps a run (``...-cpu-2core-xeon-insitu``).
+measured in situ, the samples made before the step clock and 20 steps a run (``...-cpu-2core-xeon-insitu``);
+and the same profiler and loop once more on a fourth Xeon VM (``...-cpu-2core-xeon-4``).
 
 What is asserted is what the README's validation table states, recomputed from the rows: the profile
 alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
@@ -25,7 +26,8 @@ from zerobench.sim.profile import Profile
 REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
 REF = REFS / "sim-validation-cpu-2core"
 STATISTIC = {"sim-validation-cpu-2core": "median", "sim-validation-cpu-2core-xeon": "median",
-             "sim-validation-cpu-2core-xeon-mean": "mean", "sim-validation-cpu-2core-xeon-insitu": "mean"}
+             "sim-validation-cpu-2core-xeon-mean": "mean", "sim-validation-cpu-2core-xeon-insitu": "mean",
+             "sim-validation-cpu-2core-xeon-4": "mean"}
 """Each recording and what its profile's entries are of their samples."""
 HOSTS = tuple(STATISTIC)
 

@@ -36,6 +36,18 @@ def test_no_groups_is_one_group_with_decay_on_matrices_only():
     assert [g.decays(p) for p in m.parameters()] == [True, False, False, True, False]
 
 
+def test_named_parameters_are_taken_as_torch_optim_takes_them():
+    """``model.named_parameters()`` (torch.optim accepts ``(name, param)`` pairs since 2.5), bare or in a group;
+    before, ``param_groups[0] holds a tuple, not a parameter``."""
+    m = _model()
+    bare = resolve_param_groups(_named(m), m.named_parameters(), CFG)
+    assert bare.groups[0]["params"] == list(m.parameters()) and bare.explicit
+    first, rest = list(m.named_parameters())[:2], list(m.named_parameters())[2:]
+    two = resolve_param_groups(_named(m), [{"params": first, "lr": 0.5}, {"params": rest}], CFG)
+    assert [g["params"] for g in two.groups] == [[p for _, p in first], [p for _, p in rest]]
+    assert two.groups[0]["lr"] == 0.5
+
+
 def test_user_groups_are_torch_groups():
     """Missing hyperparameters come from the config, extra keys stay, and decay reaches every parameter of
     a group (its rate may be 0); a plain iterable of parameters is one such group."""

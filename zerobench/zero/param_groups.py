@@ -60,7 +60,10 @@ def _params_of(i: int, group: dict) -> list:
     if "params" not in group:
         raise ConfigError(f"param_groups[{i}] has no 'params': give each group its list of parameters")
     ps = group["params"]
-    return [ps] if isinstance(ps, torch.Tensor) else list(ps) if isinstance(ps, Iterable) else [ps]
+    ps = [ps] if isinstance(ps, torch.Tensor) else list(ps) if isinstance(ps, Iterable) else [ps]
+    if ps and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in ps):
+        return [p for _, p in ps]  # model.named_parameters(), as torch.optim takes it since 2.5
+    return ps
 
 
 def resolve_param_groups(named: list[tuple[str, nn.Parameter]], given, cfg: AdamWConfig,

@@ -48,6 +48,7 @@ def refused(request):
     ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
     ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
     ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),
+    ("applied_twice", "ConfigError", "the model is already trained by a ZeRO engine"),
 ])
 def test_refused_in_one_line(refused, case, kind, words):
     _, ranks = refused

@@ -155,11 +155,19 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
+    def applied_twice():
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = apply_zero(m, None, cfg)
+        try:
+            apply_zero(m, None, cfg)
+        finally:
+            del e
+
     def wrong_group():
         apply_zero(nn.Linear(4, 1), "dp", cfg)
 
     cases = {"sparse": sparse, "float64": float64, "sparse_functional": sparse_functional,
-             "frozen_after": frozen_after, "wrong_group": wrong_group}
+             "frozen_after": frozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice}
     out = {}
     for name, fn in cases.items():
         out[name] = _error(fn)

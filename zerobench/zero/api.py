@@ -14,6 +14,7 @@ from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
+from zerobench.zero.module_zero_grad import engine_of
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:
@@ -90,6 +91,10 @@ def apply_zero(
     """
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
+    for name, m in model.named_modules():  # a second engine would hook the same parameters: twice the reduction
+        if engine_of(m) is not None:
+            raise ConfigError(f"{'the model' if not name else f'its submodule {name!r}'} is already trained by a ZeRO "
+                              "engine (apply_zero was called on it before): apply it once, or build a fresh model")
     warn_if_one_unit(model, units, config.stage)
     units = resolve_units(model, units)
     return ZeroEngine(model, dp_group, config, units, ledger,

@@ -67,3 +67,9 @@ def route_zero_grad(model: nn.Module, engine) -> None:
         })
     model.__class__ = routed
     model.__dict__[_LINK] = weakref.ref(engine)
+
+
+def engine_of(model: nn.Module):
+    """The live engine ``route_zero_grad`` linked ``model`` to, or None."""
+    ref = model.__dict__.get(_LINK)
+    return ref() if ref is not None else None

@@ -65,8 +65,9 @@ def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLe
     """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
 
     Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
-    every block of ``model.blocks``; or a layer class, ``zero/api.resolve_units``); ``allocator`` and ``param_groups`` are passed to ``apply_zero`` (TP
-    replaces the parameters it shards, so give the groups as a callable ``param_groups(model)``).
+    every block of ``model.blocks``; or a layer class, ``zero/api.resolve_units``); ``allocator`` and
+    ``param_groups`` are passed to ``apply_zero`` (TP replaces the parameters it shards, so give the groups
+    as a callable ``param_groups(model)``).
     """
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel)
     apply_fused_kernels(model, spec.kernels)

@@ -8,6 +8,7 @@ difference after three steps, or the error's type and message.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -52,17 +53,11 @@ def _train(rank: int, world: int, engines, net: nn.Module, ref_net: nn.Module) -
         return max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref_params))
 
 
-class _gathered:
-    def __init__(self, engines):
-        self.ctx = [e.gathered_params() for e in engines]
-
-    def __enter__(self):
-        for c in self.ctx:
-            c.__enter__()
-
-    def __exit__(self, *exc):
-        for c in reversed(self.ctx):
-            c.__exit__(*exc)
+def _gathered(engines) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for e in engines:
+        stack.enter_context(e.gathered_params())
+    return stack
 
 
 def group_spellings(rank: int, world: int, stage: int) -> dict:

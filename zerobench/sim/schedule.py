@@ -8,8 +8,9 @@ time in issue order, as a process group runs them). What the engine does, per st
 - stages 0-1: gradients land in the full buffer (the window's first micro-batch copies each into its ``.grad``
   view, which ``zero_grad()`` set to None; later ones are added into it by autograd); a bucket's all-reduce (0) or reduce-scatter (1) starts
   when its last gradient lands, in bucket order, at most ``MAX_INFLIGHT`` outstanding before backward
-  waits for the oldest (``GradBucketGroup``; none with ``overlap_comm`` off: backward waits for each); step() waits for all, steps (every element at stage 0, this
-  rank's shard at 1), stage 1 all-gathers every bucket; zero_grad() sets ``.grad`` to None (no pass over the buffer);
+  waits for the oldest (``GradBucketGroup``; none with ``overlap_comm`` off: backward waits for each);
+  step() waits for all, steps (every element at stage 0, this rank's shard at 1), stage 1 all-gathers every
+  bucket; zero_grad() sets ``.grad`` to None (no pass over the buffer);
 - stages 2-3: each landed gradient is copied into its staging bucket (``add_grad``), reduce-scattered per
   bucket, every micro-batch; later micro-batches add the result into the partition;
 - stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its

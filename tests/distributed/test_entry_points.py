@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.entry_points import group_spellings, refusals, submodules_called, units_by_class
+from tests.helpers.entry_points import (
+    bf16_fp32_inputs,
+    conversions,
+    group_spellings,
+    refusals,
+    submodules_called,
+    units_by_class,
+)
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 
@@ -49,6 +56,9 @@ def refused(request):
     ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
     ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),
     ("applied_twice", "ConfigError", "the model is already trained by a ZeRO engine"),
+    ("converted_after", "ConfigError", "would detach its parameters from the engine's buffers"),
+    ("to_empty_after", "ConfigError", "would detach its parameters from the engine's buffers"),
+    ("submodule_converted", "RuntimeError", "parameter 'fc."),
 ])
 def test_refused_in_one_line(refused, case, kind, words):
     _, ranks = refused
@@ -56,6 +66,32 @@ def test_refused_in_one_line(refused, case, kind, words):
         got = r[case]
         assert got is not None, f"{case} was accepted"
         assert got[0] == kind and words in got[1] and "\n" not in got[1], got
+
+
+def test_submodule_converted_names_the_conversion(refused):
+    """A submodule's ``.half()`` after ``apply_zero`` is found where it bites: its gradient's dtype at stages 0-2,
+    its gather at stage 3 (before, stages 0-2 trained buffers the module no longer read, stage 3 undid it)."""
+    stage, ranks = refused
+    for r in ranks:
+        _, msg = r["submodule_converted"]
+        assert "converted after apply_zero" in msg and "torch.float16" in msg and "torch.float32" in msg, msg
+        assert ("is torch.float16" if stage == 3 else "got a torch.float16 gradient") in msg, msg
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_conversions_that_change_nothing_still_train(stage):
+    """``model.float()``, ``.cpu()``, ``.to("cpu")`` of an fp32 CPU model after ``apply_zero``: torch gives back the same
+    tensors, so they go through, and training matches one process."""
+    for r in run_distributed(conversions, 2, stage, timeout=180):
+        assert r["diff"] <= TOL, r
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_bf16_engine_casts_fp32_inputs(stage):
+    """fp32 tensors in the forward's arguments (positional, keyword, inside a dict) reach a bf16 model as bf16;
+    integer ids pass as they are. Before: ``mat1 and mat2 must have the same dtype`` inside ``F.linear``."""
+    for r in run_distributed(bf16_fp32_inputs, 2, stage, timeout=180):
+        assert r["diff"] == 0.0 and r["dtype"] == "torch.bfloat16", r
 
 
 def test_group_coerce_without_torch_distributed():

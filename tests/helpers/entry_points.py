@@ -161,13 +161,91 @@ def refusals(rank: int, world: int, stage: int) -> dict:
     def wrong_group():
         apply_zero(nn.Linear(4, 1), "dp", cfg)
 
+    def converted_after():
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        apply_zero(m, None, cfg)
+        m.half()
+
+    def to_empty_after():
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        apply_zero(m, None, cfg)
+        m.to_empty(device="cpu")
+
+    def submodule_converted():
+        m = _CastsItsInput()
+        e = apply_zero(m, None, cfg)
+        m.fc.half()
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
     cases = {"sparse": sparse, "float64": float64, "sparse_functional": sparse_functional,
-             "frozen_after": frozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice}
+             "frozen_after": frozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice,
+             "converted_after": converted_after, "to_empty_after": to_empty_after,
+             "submodule_converted": submodule_converted}
     out = {}
     for name, fn in cases.items():
         out[name] = _error(fn)
         dist.barrier()
     return out
+
+
+class _CastsItsInput(nn.Module):
+    """A layer that follows its own weight's dtype, so a converted submodule computes without a dtype error."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(self.fc(x.to(self.fc.weight.dtype)).float())
+
+
+def conversions(rank: int, world: int, stage: int) -> dict:
+    """Conversions after ``apply_zero`` that change nothing (torch returns the same tensors) train as one process."""
+    a, b = _two_nets()
+    ra, rb = copy.deepcopy(a), copy.deepcopy(b)
+    model = nn.Sequential(a, b)
+    engine = apply_zero(model, None, _config(stage))
+    model.float()
+    model.cpu()
+    model.to("cpu")
+    model.to(torch.float32)
+    return {"diff": _train(rank, world, [engine], model, nn.Sequential(ra, rb))}
+
+
+class _Features(nn.Module):
+    """fp32 features in a dict beside integer ids, as a user's batch holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.fc = nn.Embedding(10, 4), nn.Linear(8, 1)
+
+    def forward(self, batch, *, scale):
+        h = torch.cat([batch["x"], self.table(batch["ids"])], dim=-1) * scale
+        return self.fc(h).float().pow(2).mean()
+
+
+def bf16_fp32_inputs(rank: int, world: int, stage: int) -> dict:
+    """A bf16 engine fed fp32 inputs (cast by the engine, as FSDP's mixed precision does) against the same engine
+    fed bf16 inputs by hand: the same parameters, bit for bit, after ``STEPS`` steps."""
+    from zerobench.zero import Precision
+
+    cfg = ZeroConfig(stage=stage, precision=Precision.BF16, optimizer=AdamWConfig(lr=1e-2, weight_decay=0.0))
+    torch.manual_seed(0)
+    ours, by_hand = _Features(), _Features()
+    by_hand.load_state_dict(ours.state_dict())
+    e1, e2 = apply_zero(ours, None, cfg), apply_zero(by_hand, None, cfg)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(STEPS):
+        x, ids = torch.randn(2, 4, generator=g), torch.randint(0, 10, (2,), generator=g)
+        e1.backward(ours({"x": x, "ids": ids}, scale=torch.tensor(0.5)))
+        e2.backward(by_hand({"x": x.bfloat16(), "ids": ids}, scale=torch.tensor(0.5, dtype=torch.bfloat16)))
+        e1.step()
+        e2.step()
+    with _gathered([e1, e2]):
+        return {"diff": max((p.float() - q.float()).abs().max().item()
+                            for p, q in zip(ours.parameters(), by_hand.parameters())),
+                "dtype": str(next(ours.parameters()).dtype)}
 
 
 class _Layer(nn.Module):

@@ -149,19 +149,19 @@ class GradBucketGroup:
     def grad_landed(self, zp: ZeroParam, param: torch.Tensor) -> None:
         """Stages 0-1, from the post-accumulate-grad hook: autograd has accumulated into ``param.grad``,
         normally the view itself. If ``.grad`` was replaced, it holds the parameter's whole gradient as torch
-        defines it (the user set it to None: the new one alone; to another tensor, or ``create_graph``
-        accumulated out of place: that sum), so its value replaces the view's and the view is put back."""
+        defines it (set to None: the new one alone; to another tensor, or ``create_graph``: that sum), so its
+        value replaces the view's and the view is put back; another dtype (a module's ``.half()``) is refused."""
         view = self.views[zp.slot.index]
         grad = param.grad
-        if grad is not view:
-            zp.check_dense(grad)
+        if grad is not view or grad.dtype is not self.grad_dtype:
+            zp.check_grad(grad, self.grad_dtype)
             view.copy_(grad)
             param.grad = view
         self._landed(zp)
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket (``zero/staging.py``)."""
-        zp.check_dense(grad)
+        zp.check_grad(grad, self.grad_dtype)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
         self.stage.write(zp.slot, grad, self.pre_scale)

@@ -37,6 +37,7 @@ from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
+from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
@@ -96,7 +97,7 @@ class ZeroEngine:
         self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator,
                                      spans if groups.explicit else None)
         self.optimizer = ZeroOptimizer(self, groups.groups, config.optimizer)
-        self._load_hooks = install_load_hooks(self)  # model.load_state_dict(sd) reaches the master and shards
+        self._model_hooks = (install_load_hooks(self), cast_forward_inputs(model, self.param_dtype))
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self._wire_backward(model, st, group, device)
@@ -266,8 +267,7 @@ class ZeroEngine:
             coef = self.config.clip_grad_norm / (norm + 1e-6)
             if coef < 1.0:
                 scale *= coef
-        # Mixed precision: the step writes the low-precision shard in the same pass (fused kernel).
-        # Under offload the step runs on the host and each finished chunk streams up while the next updates.
+        # The step writes the low-precision shard in the same pass; under offload each chunk streams up as the next steps.
         out, on_chunk = self.storage.step_output()
         self.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper)
         self.storage.finish_step()

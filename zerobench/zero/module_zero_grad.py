@@ -1,4 +1,5 @@
-"""``model.zero_grad()`` on a model the engine trains clears the engine's gradients, as on a DDP or FSDP model.
+"""The class a model gets once the engine trains it: ``model.zero_grad()`` clears the engine's gradients, as on a
+DDP or FSDP model, and ``model.half()``/``.to(...)``, which would detach its parameters from the engine, are refused.
 
 At stages 2-3 a trained parameter's ``.grad`` is always None (its gradient lives in this rank's partition), and
 at stages 0-1 it is a view of the gradient buffer. Before this, ``nn.Module.zero_grad`` found nothing to clear
@@ -10,6 +11,12 @@ does, whose ``zero_grad`` calls the engine's ``zero_grad()`` and clears any othe
 ``nn.Module.zero_grad`` does. The class keeps the model's name and ``isinstance`` answers; ``copy.deepcopy``
 gives back an object of the model's own class without the link (a copy, e.g. an EMA model, is not trained
 by the engine). A submodule's own ``zero_grad()`` is not routed: call the model's or the engine's.
+
+The class's ``_apply`` (what ``.to()``, ``.half()``, ``.cuda()``, ``.to_empty()`` and the like are made of) refuses,
+in one line, a conversion that would give the parameters new tensors: they are views of the engine's buffers (or
+stage 3's placeholders), so before this a ``model.half()`` left the engine training buffers the model no longer
+read (stages 0-2), or was undone at the next gather (stage 3). A conversion that changes nothing
+(``model.float()`` of an fp32 model, ``model.to(its device)``) goes through, as torch returns the same tensors.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ from __future__ import annotations
 import copyreg
 import weakref
 
+import torch
 from torch import nn
+
+from zerobench.config import ConfigError
 
 _LINK = "_zero_engine"
 
@@ -39,6 +49,23 @@ def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
         else:
             p.grad.detach_() if p.grad.grad_fn is not None else p.grad.requires_grad_(False)
             p.grad.zero_()
+
+
+def _apply(self: nn.Module, fn, recurse: bool = True):
+    """The routed class's ``_apply``: torch's, unless ``fn`` would replace the engine's parameters (see above)."""
+    ref = self.__dict__.get(_LINK)
+    engine = ref() if ref is not None else None
+    if engine is not None:
+        kinds = {(zp.param.dtype, zp.param.device) for zp in engine.zparams}
+        for dtype, device in kinds:
+            probe = torch.empty(0, dtype=dtype, device=device)
+            out = fn(probe)
+            if out is not probe:
+                raise ConfigError(
+                    f"converting a model the ZeRO engine trains (to {out.dtype} on {out.device}; its parameters are "
+                    f"{dtype} on {device}) would detach its parameters from the engine's buffers: convert the model "
+                    "before apply_zero (ZeroConfig.precision picks the training dtype)")
+    return _model_class(type(self))._apply(self, fn, recurse)
 
 
 def _reduce_ex(self: nn.Module, protocol: int):
@@ -63,7 +90,8 @@ def route_zero_grad(model: nn.Module, engine) -> None:
     routed = _CLASSES.get(cls)
     if routed is None:
         routed = _CLASSES[cls] = type(cls.__name__, (cls,), {
-            "zero_grad": _zero_grad, "__reduce_ex__": _reduce_ex, _ROUTED_FROM: cls, "__module__": cls.__module__,
+            "zero_grad": _zero_grad, "_apply": _apply, "__reduce_ex__": _reduce_ex, _ROUTED_FROM: cls,
+            "__module__": cls.__module__,
         })
     model.__class__ = routed
     model.__dict__[_LINK] = weakref.ref(engine)

@@ -112,6 +112,8 @@ class ParamUnit:
             self.staging = None
             self.held = self.nbytes
             for zp, view in zip(self.zparams, self.views):
+                if zp.param.dtype is not view.dtype:  # a submodule's .half() after apply_zero: refused, not undone
+                    raise zp.converted(f"is {zp.param.dtype}", view.dtype)
                 zp.param.data = view
             self._set_state(ParamState.UNSHARDED)
 

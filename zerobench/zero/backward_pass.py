@@ -47,10 +47,13 @@ class PassState(enum.Enum):
 class BackwardPasses:
     """Opens and closes the engine's backward passes; see the module docstring."""
 
-    def __init__(self, root: nn.Module, begin: Callable[[bool], None], end: Callable[[], None], scaled: bool):
-        """``begin(plain)``/``end()``: the engine's start and finish of a micro-batch. ``scaled``: the loss needs a scale
-        only ``engine.backward`` applies (fp16), so plain backward passes are refused."""
+    def __init__(self, root: nn.Module, zparams: list[ZeroParam], begin: Callable[[bool], None],
+                 end: Callable[[], None], scaled: bool):
+        """``zparams``: the trained parameters. ``begin(plain)``/``end()``: the engine's start and finish of a
+        micro-batch. ``scaled``: the loss needs a scale only ``engine.backward`` applies (fp16), so plain backward
+        passes are refused."""
         self.state = PassState.IDLE
+        self._params = [zp.param for zp in zparams]
         self._begin, self._end, self._scaled = begin, end, scaled
         root_ref = weakref.ref(root)
 
@@ -128,4 +131,17 @@ class BackwardPasses:
                 t.register_hook(self._on_output_grad)
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
-        self.ensure_open()
+        if self.state is PassState.IDLE and self._accumulates():
+            self._open_plain()
+
+    def _accumulates(self) -> bool:
+        """Whether the running backward accumulates into some trained parameter's ``.grad`` (``loss.backward()``),
+        not only reads the graph (``torch.autograd.grad(out, x)``: a gradient penalty, saliency), which is no
+        micro-batch: before, it opened one, so a window counted it (with accumulation: refused as mixing the two
+        loops) and reduced zeros, and at stage 3 its close freed the units a ``create_graph`` backward needed."""
+        for p in self._params:
+            with torch.enable_grad():
+                acc = p.view_as(p).grad_fn.next_functions[0][0]  # the parameter's AccumulateGrad node
+            if torch._C._will_engine_execute_node(acc):
+                return True
+        return False

@@ -138,7 +138,7 @@ class ZeroEngine:
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
         self.scaler = DynamicLossScaler(self.config.loss_scale, enabled=self.config.precision.value == "fp16")
-        self.passes = BackwardPasses(model, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
+        self.passes = BackwardPasses(model, self.zparams, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
         self._hooks = [zp.param.register_post_accumulate_grad_hook(self.passes.grad_hook(zp, self.grads))
                        for zp in self.zparams]
         if self.grads.keep_full:

@@ -54,6 +54,7 @@ def refused(request):
     ("float64", "ConfigError", "is float64"),
     ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
     ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
+    ("unfrozen_after", "RuntimeError", "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero"),
     ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),
     ("applied_twice", "ConfigError", "the model is already trained by a ZeRO engine"),
     ("converted_after", "ConfigError", "would detach its parameters from the engine's buffers"),

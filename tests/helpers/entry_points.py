@@ -150,6 +150,14 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
+    def unfrozen_after():
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        m[0].requires_grad_(False)
+        e = apply_zero(m, None, cfg)
+        m[0].requires_grad_(True)
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
     def applied_twice():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
         e = apply_zero(m, None, cfg)
@@ -179,7 +187,7 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.step()
 
     cases = {"sparse": sparse, "float64": float64, "sparse_functional": sparse_functional,
-             "frozen_after": frozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice,
+             "frozen_after": frozen_after, "unfrozen_after": unfrozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice,
              "converted_after": converted_after, "to_empty_after": to_empty_after,
              "submodule_converted": submodule_converted}
     out = {}

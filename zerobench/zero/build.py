@@ -34,6 +34,8 @@ class Ordered:
     units: list[nn.Module]
     unit_of: dict[int, int]
     specs: list[ParamSpec]
+    frozen: list[tuple[str, nn.Parameter]]
+    """The model's parameters not trained (``requires_grad=False`` when the engine was built)."""
 
 
 def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordered:
@@ -49,7 +51,9 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
         key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
         named.sort(key=lambda np_: key[unit_of.get(id(np_[1]), 0)])
     specs = [ParamSpec(n, tuple(p.shape), unit_of.get(id(p), 0) if stage == 3 else 0) for n, p in named]
-    return Ordered(named, units, unit_of, specs)
+    trained = {id(p) for _, p in named}
+    frozen = [(n, p) for n, p in model.named_parameters() if id(p) not in trained]
+    return Ordered(named, units, unit_of, specs, frozen)
 
 
 TRAINABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -82,6 +82,7 @@ class ZeroEngine:
                                    config.param_align)
         self.zparams = [ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
                         for (_, p), slot in zip(ordered.named, self.layout.params)]
+        self.frozen = ordered.frozen  # not trained; refused at step() if unfrozen since (zero/unused.py)
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
@@ -288,8 +289,7 @@ class ZeroEngine:
         return torch.tensor(norm)
 
     def grad_chunks(self) -> list[torch.Tensor]:
-        """This rank's reduced gradient chunks (averaged over ranks; times the loss scale under fp16) as the
-        optimizer reads them."""
+        """This rank's reduced gradient chunks as the optimizer reads them (averaged; times fp16's loss scale)."""
         host = self.storage.host
         return host.chunks(host.grads) if host is not None else self.grads.shard_views()
 

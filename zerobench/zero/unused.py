@@ -23,6 +23,18 @@ class UnusedParametersError(RuntimeError):
     """Some rank's forward left trained parameters without a gradient."""
 
 
+def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """Refuse, in one line, parameters frozen when the engine was built and unfrozen since (``requires_grad_(True)``):
+    autograd gives them a ``.grad`` that no rank synchronises and no optimizer step applies (before: silently never
+    trained, as a ``torch.optim`` optimizer built over the trainable parameters would leave them)."""
+    thawed = [n for n, p in frozen if p.requires_grad]
+    if thawed:
+        raise RuntimeError(
+            f"parameter(s) {thawed[:4]}{' ...' if len(thawed) > 4 else ''} were unfrozen (requires_grad=True) after "
+            "apply_zero: the engine trains the parameters that required a gradient when it was built; unfreeze "
+            "them before apply_zero (or build a new engine)")
+
+
 class UnusedCheck:
     """Every rank's count of parameters left unused in a window, being summed over the DP group."""
 
@@ -48,7 +60,9 @@ def start_unused_check(engine, unused: list[int]) -> UnusedCheck | None:
 
 
 def check_unused(engine, pending: UnusedCheck | None) -> None:
-    """Raise ``UnusedParametersError`` on every DP rank if any rank's last window left a parameter unused."""
+    """Raise ``UnusedParametersError`` on every DP rank if any rank's last window left a parameter unused; and
+    refuse parameters unfrozen after ``apply_zero`` (``check_unfrozen``)."""
+    check_unfrozen(engine.frozen)
     if pending is None:
         return
     counts, unused, group = pending.wait(), pending.unused, engine.group

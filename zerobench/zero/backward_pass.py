@@ -63,7 +63,7 @@ class BackwardPasses:
 
         self.handle = root.register_forward_hook(on_output)
 
-    def run(self, loss: torch.Tensor) -> None:
+    def run(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """``engine.backward``: open, ``loss.backward()``, close (``loss`` already scaled by the caller)."""
         self._drop_unfinished()
         if self.state is not PassState.IDLE:
@@ -72,7 +72,7 @@ class BackwardPasses:
         self._begin(False)
         self.state = PassState.EXPLICIT
         try:
-            loss.backward()
+            loss.backward(retain_graph=retain_graph)
         finally:
             self.state = PassState.IDLE
         self._end()

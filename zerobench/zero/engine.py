@@ -151,11 +151,11 @@ class ZeroEngine:
     def loss_scale(self) -> float:
         return self.scaler.scale
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """Backward of one micro-batch of ``loss`` × loss scale / (``grad_accum_steps`` × N); reduces gradients
-        (overlapped) when the window completes. A plain ``loss.backward()`` works too, unscaled, as under DDP
-        (``zero/backward_pass.py``)."""
-        self.passes.run(loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size)))
+        (overlapped) when the window completes; ``retain_graph`` as DeepSpeed's (a second loss's backward next).
+        A plain ``loss.backward()`` works too, unscaled, as under DDP (``zero/backward_pass.py``)."""
+        self.passes.run(loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size)), retain_graph)
 
     def no_sync(self):
         """Context manager, as DDP's and DeepSpeed's: backward passes inside it accumulate without synchronising;

@@ -76,7 +76,9 @@ class ParamUnit:
         self.placeholder = torch.empty(0, dtype=dtype, device=device)
         self.works: list = []
         self.state = ParamState.UNSHARDED
-        self.in_backward = False
+        self.backward_task: int | None = None
+        """The autograd graph task this unit was gathered for in backward (None since its last forward): a second
+        backward through a retained graph (``retain_graph=True``, two losses) is a new task and gathers again."""
         self.free()
 
     def _set_state(self, state: ParamState) -> None:
@@ -181,15 +183,15 @@ class Stage3Scheduler:
         unit = self.order[i]
         if _in_backward():  # a recompute: gather (its backward comes next), prefetch and free nothing
             if unit is not None:
-                unit.in_backward = True
+                unit.backward_task = torch._C._current_graph_task_id()
                 unit.finish_gather()
                 self._note_gathered()
             return
         if i == 0:
             for u in self.units:
-                u.in_backward = False
+                u.backward_task = None
         if unit is not None:
-            unit.in_backward = False  # a unit called on its own, outside the model's forward, starts a pass too
+            unit.backward_task = None  # a unit called on its own, outside the model's forward, starts a pass too
             unit.finish_gather()
         if self.prefetch and i + 1 < len(self.order):
             self.order[i + 1].start_gather()
@@ -220,9 +222,10 @@ class Stage3Scheduler:
 
     def _pre_backward(self, i: int, grad: torch.Tensor) -> None:
         unit = self.order[i]
-        if unit is None or unit.in_backward:
+        task = torch._C._current_graph_task_id()
+        if unit is None or unit.backward_task == task:
             return
-        unit.in_backward = True
+        unit.backward_task = task
         unit.finish_gather()
         # Backward runs root (LM head) first, then blocks last to first.
         nxt = len(self.blocks) if i == 0 else i - 1

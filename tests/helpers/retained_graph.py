@@ -1,0 +1,85 @@
+"""Workers for ``tests/distributed/test_retained_graph.py``: two losses of one forward, each with its own backward
+(``retain_graph=True`` on the first), trained by the engine against single-process ``torch.optim.AdamW``.
+
+Loops (DeepSpeed's test of the pattern, ``test_zero_user_backward``, has the first two shapes):
+- ``plain``: ``l1.backward(retain_graph=True); l2.backward()``, then torch's optimizer calls: l1 + l2's gradient
+  (two windows without ``zero_grad()`` accumulate);
+- ``zero_between``: ``engine.backward(l1, retain_graph=True); engine.zero_grad(); engine.backward(l2)``: l2's alone;
+- ``accum``: the two losses as the two micro-batches of one window (``grad_accum_steps=2``, ``engine.step()``
+  after each): (l1 + l2) / 2.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from zerobench.zero import ZeroConfig
+from zerobench.zero.api import apply_zero
+from zerobench.zero.config import AdamWConfig
+
+STEPS, PER_RANK = 3, 2
+ADAMW = AdamWConfig(lr=1e-2, weight_decay=0.0)
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.tanh(b(x))
+        return self.head(x)
+
+
+def _losses(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return out[:, 0].pow(2).mean(), out[:, 1].abs().mean()
+
+
+def _engine_window(engine, out: torch.Tensor, loop: str) -> None:
+    l1, l2 = _losses(out)
+    if loop == "plain":
+        l1.backward(retain_graph=True)
+        l2.backward()
+        engine.optimizer.step()
+        engine.optimizer.zero_grad()
+    elif loop == "zero_between":
+        engine.backward(l1, retain_graph=True)
+        engine.zero_grad()
+        engine.backward(l2)
+        engine.optimizer.step()
+        engine.zero_grad()
+    else:
+        engine.backward(l1, retain_graph=True)
+        engine.step()
+        engine.backward(l2)
+        engine.step()
+
+
+def _reference_loss(out: torch.Tensor, loop: str) -> torch.Tensor:
+    l1, l2 = _losses(out)
+    return {"plain": l1 + l2, "zero_between": l2, "accum": (l1 + l2) / 2}[loop]
+
+
+def two_losses(rank: int, world: int, stage: int, loop: str) -> dict:
+    """Largest parameter difference from one process after ``STEPS`` steps."""
+    torch.manual_seed(0)
+    net = _Net()
+    ref = copy.deepcopy(net)
+    cfg = ZeroConfig(stage=stage, grad_accum_steps=2 if loop == "accum" else 1, optimizer=ADAMW)
+    engine = apply_zero(net, None, cfg)
+    opt = torch.optim.AdamW(ref.parameters(), lr=ADAMW.lr, betas=ADAMW.betas, eps=ADAMW.eps, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    lo = rank * PER_RANK
+    for _ in range(STEPS):
+        x = torch.randn(PER_RANK * world, 4, generator=g)
+        _engine_window(engine, net(x[lo:lo + PER_RANK]), loop)
+        opt.zero_grad()
+        _reference_loss(ref(x), loop).backward()
+        opt.step()
+    with engine.gathered_params():
+        return {"diff": max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref.parameters()))}

@@ -1,5 +1,5 @@
-"""Two losses of one forward, each with its own backward (``retain_graph=True`` on the first), train as one process at
-every stage, in the three loops of ``helpers/retained_graph.py``.
+"""The arguments of DeepSpeed's ``engine.backward`` (``retain_graph``, ``scale_wrt_gas``), and two losses of one forward
+each with its own backward, in the loops of ``helpers/backward_args.py``: as one process at every stage.
 
 Before, stage 3 failed on the second backward with ``setStorage: ... out of bounds for storage of size 0`` from inside
 torch: its units were gathered once per forward, and the first backward had freed them. Now a unit is gathered once
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.backward_args import two_losses, unscaled_accumulation
 from tests.helpers.dist import run_distributed
-from tests.helpers.retained_graph import two_losses
 
 pytestmark = pytest.mark.dist
 
@@ -22,4 +22,11 @@ TOL = 1e-6  # fp32, 3 AdamW steps at lr 1e-2: measured 1.5e-8
 @pytest.mark.parametrize("loop", ("plain", "zero_between", "accum"))
 def test_two_losses_with_separate_backwards(stage, loop):
     for r in run_distributed(two_losses, 2, stage, loop, timeout=180):
+        assert r["diff"] <= TOL, r
+
+
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_scale_wrt_gas_false_leaves_the_division_to_the_loop(stage):
+    """DeepSpeed's ``engine.backward(loss, scale_wrt_gas=False)``: the loss is not divided by ``grad_accum_steps``."""
+    for r in run_distributed(unscaled_accumulation, 2, stage, timeout=180):
         assert r["diff"] <= TOL, r

@@ -1,12 +1,15 @@
-"""Workers for ``tests/distributed/test_retained_graph.py``: two losses of one forward, each with its own backward
-(``retain_graph=True`` on the first), trained by the engine against single-process ``torch.optim.AdamW``.
+"""Workers for ``tests/distributed/test_backward_args.py``: the arguments of DeepSpeed's ``engine.backward``, trained by
+the engine against single-process ``torch.optim.AdamW``.
 
+``two_losses``: two losses of one forward, each with its own backward (``retain_graph=True`` on the first).
 Loops (DeepSpeed's test of the pattern, ``test_zero_user_backward``, has the first two shapes):
 - ``plain``: ``l1.backward(retain_graph=True); l2.backward()``, then torch's optimizer calls: l1 + l2's gradient
   (two windows without ``zero_grad()`` accumulate);
 - ``zero_between``: ``engine.backward(l1, retain_graph=True); engine.zero_grad(); engine.backward(l2)``: l2's alone;
 - ``accum``: the two losses as the two micro-batches of one window (``grad_accum_steps=2``, ``engine.step()``
   after each): (l1 + l2) / 2.
+
+``unscaled_accumulation``: ``engine.backward(loss / 2, scale_wrt_gas=False)`` over a window of two micro-batches.
 """
 
 from __future__ import annotations
@@ -80,6 +83,29 @@ def two_losses(rank: int, world: int, stage: int, loop: str) -> dict:
         _engine_window(engine, net(x[lo:lo + PER_RANK]), loop)
         opt.zero_grad()
         _reference_loss(ref(x), loop).backward()
+        opt.step()
+    with engine.gathered_params():
+        return {"diff": max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref.parameters()))}
+
+
+def unscaled_accumulation(rank: int, world: int, stage: int) -> dict:
+    """``grad_accum_steps=2`` with each micro-batch's loss divided by hand and ``scale_wrt_gas=False``: the mean over the
+    window's four micro-batches of the two ranks, as one process on the global batch."""
+    torch.manual_seed(0)
+    net = _Net()
+    ref = copy.deepcopy(net)
+    engine = apply_zero(net, None, ZeroConfig(stage=stage, grad_accum_steps=2, optimizer=ADAMW))
+    opt = torch.optim.AdamW(ref.parameters(), lr=ADAMW.lr, betas=ADAMW.betas, eps=ADAMW.eps, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    lo = rank * PER_RANK
+    for _ in range(STEPS):
+        xs = [torch.randn(PER_RANK * world, 4, generator=g) for _ in range(2)]
+        for x in xs:
+            engine.backward(_reference_loss(net(x[lo:lo + PER_RANK]), "plain") / 2, scale_wrt_gas=False)
+            engine.step()
+        opt.zero_grad()
+        for x in xs:
+            (_reference_loss(ref(x), "plain") / 2).backward()
         opt.step()
     with engine.gathered_params():
         return {"diff": max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref.parameters()))}

@@ -2,7 +2,8 @@
 same ranks: the same model, batches, accumulation and clipping, driven by the same loop, recording what a
 DeepSpeed training script reads each micro-batch (``is_gradient_accumulation_boundary()`` before forward and
 after backward, ``was_step_applied()``, ``global_steps``, ``get_global_grad_norm()`` at the boundaries) and the
-parameters after training."""
+parameters after training. The loop calls ``engine.backward(loss)``, or ``loss.backward()`` (DeepSpeed divides that
+gradient by ``gradient_accumulation_steps`` too)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from zerobench.zero.state_dict import full_parameters
 ACCUM, MICRO_BATCHES, CLIP = 2, 6, 0.5
 
 
-def _loop(engine, data, rank: int, world: int) -> list[dict]:
+def _loop(engine, data, rank: int, world: int, plain: bool) -> list[dict]:
+    """DeepSpeed's loop: ``engine.backward(loss)``, or (``plain``) ``loss.backward()``, then ``engine.step()``."""
     seen = []
     for x, y in data:
         before = engine.is_gradient_accumulation_boundary()
-        engine.backward(engine(slice_of(x, rank, world), slice_of(y, rank, world)))
+        loss = engine(slice_of(x, rank, world), slice_of(y, rank, world))
+        loss.backward() if plain else engine.backward(loss)
         after = engine.is_gradient_accumulation_boundary()
         engine.step()
         norm = engine.get_global_grad_norm() if after else None
@@ -45,17 +48,17 @@ def _deepspeed(model, stage: int, micro: int):
     return engine
 
 
-def ds_counters(rank: int, world: int, stage: int, with_deepspeed: bool) -> dict:
+def ds_counters(rank: int, world: int, stage: int, with_deepspeed: bool, plain: bool = False) -> dict:
     group = Group.of(None, "dp")
     model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
     data = batches(MICRO_BATCHES, 2 * world)
     cfg = ZeroConfig(stage=stage, bucket_numel=5000, optimizer=ADAM, grad_accum_steps=ACCUM, clip_grad_norm=CLIP)
     ours = apply_zero(copy.deepcopy(model), group, cfg)
-    out = {"ours": _loop(ours, data, rank, world), "queries": (ours.gradient_accumulation_steps(),
+    out = {"ours": _loop(ours, data, rank, world, plain), "queries": (ours.gradient_accumulation_steps(),
                                                               ours.zero_optimization_stage())}
-    if with_deepspeed:
+    if with_deepspeed and not (plain and stage == 0):  # DeepSpeed 0.19.8 refuses loss.backward() at stage 0
         ds = _deepspeed(copy.deepcopy(model), stage, 2)
-        out["deepspeed"] = _loop(ds, data, rank, world)
+        out["deepspeed"] = _loop(ds, data, rank, world, plain)
         out["queries_deepspeed"] = (ds.gradient_accumulation_steps(), ds.zero_optimization_stage())
         mine = full_parameters(ours)
         with _gathered(ds, stage):

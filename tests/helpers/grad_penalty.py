@@ -37,8 +37,8 @@ def _window(engine, model, xs, loop: str, penalty: bool) -> None:
         if loop == "engine":  # DeepSpeed's: the engine divides by the window's micro-batches and steps at its end
             engine.backward(_loss(model, x, penalty))
             engine.step()
-        else:  # DDP's: the loss divided by hand, torch's optimizer calls at the window's end
-            (_loss(model, x, penalty) / accum).backward()
+        else:  # a plain backward (the engine divides by grad_accum_steps, as DeepSpeed's), torch's optimizer calls
+            _loss(model, x, penalty).backward()
     if loop == "plain":
         engine.optimizer.step()
         engine.optimizer.zero_grad()

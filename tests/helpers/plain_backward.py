@@ -3,8 +3,8 @@
 ``torch.optim.AdamW`` training (``tests/helpers/user_models.py``). Before ``zero/backward_pass.py`` such a loop
 trained nothing, silently: the gradients were never reduced and every step was skipped.
 
-Cases (each a fresh engine on the MLP): the DDP loop; accumulation over two micro-batches with the loss divided
-by hand (as under DDP) and ``grad_accum_steps=2``; the model's own re-entrant checkpointing; a backward that
+Cases (each a fresh engine on the MLP): the DDP loop; accumulation over two micro-batches with
+``grad_accum_steps=2`` and each loss as it is (the engine divides, as DeepSpeed's plain backward does); the model's own re-entrant checkpointing; a backward that
 does not go through the root module's hooks (``model.forward`` called directly: stages 0-2); the two loops
 mixed step by step, and two windows accumulated without ``zero_grad()``; DeepSpeed's loop (``engine.backward``
 and ``engine.step()`` after every micro-batch, no ``zero_grad()``), with and without accumulation; a backward aborted by an exception,
@@ -52,9 +52,9 @@ def run_plain_backward(rank: int, world: int, stage: int) -> dict:
     def plain(engine, i, x, y):
         engine.module(x, y).backward()
 
-    def halves(engine, i, x, y):  # accumulation as under DDP: each micro-batch's loss divided by their number
+    def halves(engine, i, x, y):  # grad_accum_steps=2: the engine divides each micro-batch's gradient by 2
         for lo in (0, 2):
-            (engine.module(x[lo : lo + 2], y[lo : lo + 2]) / 2).backward()
+            engine.module(x[lo : lo + 2], y[lo : lo + 2]).backward()
 
     def mixed(engine, i, x, y):
         loss = engine.module(x, y)

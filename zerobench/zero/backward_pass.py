@@ -11,10 +11,11 @@ the wrapper's hooks do the rest. Both drive the engine:
   checkpoint's inner backward is a nested task; its end is not the pass's end), or, for a backward that does
   not reach the root's output (a submodule called on its own), the first parameter gradient that lands. The
   close is queued on autograd's engine (``queue_callback``), which runs it when that backward ends, as FSDP
-  finalises its post-backward. The loss is not scaled: as under DDP, each rank's gradient is autograd's,
-  multiplied by 1/N before its collective, so the reduced one is the mean over ranks (divide the loss by the
-  number of micro-batches yourself when accumulating). Under fp16 the pass is refused: the dynamic
-  loss scale is applied by ``engine.backward``, and stepping on unscaled gradients would be silently wrong.
+  finalises its post-backward. Each rank's gradient is autograd's, multiplied before its collective by 1/N, so the
+  reduced one is the mean over ranks (DDP's), and by 1 / ``grad_accum_steps`` (DeepSpeed's plain backward; 1
+  under DDP's loop, which accumulates with ``no_sync()``), so it equals ``engine.backward``'s. Under fp16 the pass
+  is refused: the dynamic loss scale is applied by ``engine.backward``, and stepping on unscaled gradients would be
+  silently wrong.
 """
 
 from __future__ import annotations

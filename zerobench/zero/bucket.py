@@ -114,7 +114,7 @@ class GradBucketGroup:
         self.sync = True
         self.first_micro = True
         self.pre_scale: float | None = None
-        """1/N when this micro-batch's gradients are averaged before their collective (a plain backward)."""
+        """What a plain backward's gradients are multiplied by before their collective (None: already scaled)."""
         self.reduced = False
         """Whether the buffers hold reduced gradients since the last ``zero()``."""
         self.seen, self.seen_count = [False] * len(zparams), 0
@@ -123,17 +123,17 @@ class GradBucketGroup:
         self.on_bucket_reduced: Callable[[int], None] | None = None
 
     # -- micro-batch lifecycle -------------------------------------------------------------------
-    def begin_micro(self, sync: bool, first_in_window: bool, prescaled: bool = True) -> None:
-        """``prescaled``: the loss was multiplied by 1/N (``engine.backward``); otherwise (a plain
-        ``loss.backward()``) this micro-batch's gradients are multiplied by 1/N before their collective."""
+    def begin_micro(self, sync: bool, first_in_window: bool, pre_scale: float | None = None) -> None:
+        """``pre_scale``: for a plain ``loss.backward()``, what this micro-batch's gradients are multiplied by before
+        their collective (the engine's 1 / (N x ``grad_accum_steps``)); None when ``engine.backward`` scaled it."""
         self.sync = sync or not self.keep_full  # partitioned grads are reduced every micro-batch
-        self.pre_scale = None if prescaled or self.group.size == 1 else 1.0 / self.group.size
+        self.pre_scale = pre_scale
         if first_in_window:
             self.seen = [False] * len(self.zparams)
             self.seen_count = 0
             if self.keep_full and self.reduced:  # new gradients summed onto reduced ones: keep one copy of those
                 self.full.keep_one_copy(self.group.rank, self.mode is SyncMode.ALL_REDUCE,
-                                        1 if self.pre_scale is None else self.group.size)
+                                        1.0 if self.pre_scale is None else 1.0 / self.pre_scale)
         self.first_micro = not self.reduced  # partitions: overwrite until something was reduced into them
         self.state = [BucketState.FILLING] * len(self.layout.buckets)
         self.pending = [len(b.params) for b in self.layout.buckets]

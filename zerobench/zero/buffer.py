@@ -32,7 +32,7 @@ class FullBuffer:
         lo, hi = self.layout.buckets[bucket].shard(rank)
         return self.data[lo:hi]
 
-    def keep_one_copy(self, rank: int, whole_on_rank0: bool, times: int = 1) -> None:
+    def keep_one_copy(self, rank: int, whole_on_rank0: bool, times: float = 1.0) -> None:
         """Before summing new gradients over the group onto reduced ones, keep a single copy of the reduced
         ones (times ``times``): rank 0's whole buffer (``whole_on_rank0``: an all-reduce follows), else each
         rank's own shard of every bucket (a reduce-scatter follows); the rest is zeroed."""

@@ -155,7 +155,7 @@ class ZeroEngine(DeepSpeedSurface):
         """Backward of one micro-batch of ``loss`` × loss scale / (``grad_accum_steps`` × N); reduces gradients
         (overlapped) when the window completes. As DeepSpeed's: ``retain_graph`` (a second loss's backward next);
         ``scale_wrt_gas=False`` leaves out the 1 / ``grad_accum_steps`` (you divide the loss yourself). A plain
-        ``loss.backward()`` works too, unscaled, as under DDP (``zero/backward_pass.py``)."""
+        ``loss.backward()`` works too, scaled the same way by hooks (``zero/backward_pass.py``)."""
         gas = self.config.grad_accum_steps if scale_wrt_gas else 1
         self.passes.run(loss * (self.scaler.scale / (gas * self.group.size)), retain_graph)
 
@@ -168,7 +168,9 @@ class ZeroEngine(DeepSpeedSurface):
         mb = self.window.begin(plain)
         if mb.first:
             self._clip = 1.0
-        self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, prescaled=not plain)
+        divisor = self.group.size * self.config.grad_accum_steps  # a plain pass: loss / gas, as DeepSpeed's
+        pre_scale = 1.0 / divisor if plain and divisor > 1 else None
+        self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, pre_scale=pre_scale)
 
     def _end_micro(self) -> None:
         self.grads.finish(on_started=self._start_unused_check)

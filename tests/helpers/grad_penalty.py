@@ -32,7 +32,6 @@ def _loss(model: nn.Module, x: torch.Tensor, penalty: bool) -> torch.Tensor:
 
 
 def _window(engine, model, xs, loop: str, penalty: bool) -> None:
-    accum = len(xs)
     for x in xs:
         if loop == "engine":  # DeepSpeed's: the engine divides by the window's micro-batches and steps at its end
             engine.backward(_loss(model, x, penalty))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.backward_args import two_losses, unscaled_accumulation
+from tests.helpers.backward_args import scaled_plain, two_losses, unscaled_accumulation
 from tests.helpers.dist import run_distributed
 
 pytestmark = pytest.mark.dist
@@ -30,3 +30,15 @@ def test_scale_wrt_gas_false_leaves_the_division_to_the_loop(stage):
     """DeepSpeed's ``engine.backward(loss, scale_wrt_gas=False)``: the loss is not divided by ``grad_accum_steps``."""
     for r in run_distributed(unscaled_accumulation, 2, stage, timeout=180):
         assert r["diff"] <= TOL, r
+
+
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("precision", ("fp32", "fp16"))
+def test_engine_scale_then_plain_backward(stage, precision):
+    """DeepSpeed's ``engine.scale(loss).backward()`` gives ``engine.backward(loss)``'s training bit for bit (the same
+    scaling, applied at the same point); under fp16 it is how a plain backward is allowed (the bare loss's is still
+    refused: it would step on unscaled gradients)."""
+    for r in run_distributed(scaled_plain, 2, stage, precision, timeout=180):
+        assert r["diff"] == 0.0, r
+        if precision == "fp16":
+            assert r["bare_error"] is not None and "engine.scale(loss).backward()" in r["bare_error"], r

@@ -56,9 +56,9 @@ def test_fp16_plain_backward_is_refused_in_one_line(ranks):
 def test_a_window_mixing_both_backwards_is_refused_in_one_line(ranks):
     _, results = ranks
     for r in results:
-        assert r["mixed_window_error"] == ("RuntimeError: one accumulation window mixes engine.backward(loss) and plain "
-                                           "loss.backward(): use one of them for all grad_accum_steps micro-batches "
-                                           "of a window")
+        assert r["mixed_window_error"] == ("RuntimeError: one accumulation window mixes engine.backward(loss) (or "
+                                           "engine.scale(loss).backward()) and plain loss.backward(): use one of them "
+                                           "for all grad_accum_steps micro-batches of a window")
 
 
 @pytest.mark.parametrize("path", ("engine", "plain"))

@@ -109,3 +109,32 @@ def unscaled_accumulation(rank: int, world: int, stage: int) -> dict:
         opt.step()
     with engine.gathered_params():
         return {"diff": max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref.parameters()))}
+
+
+def scaled_plain(rank: int, world: int, stage: int, precision: str) -> dict:
+    """DeepSpeed's ``engine.scale(loss).backward()`` in DeepSpeed's loop (``engine.step()`` after each of a window's two
+    micro-batches) against the same engine driven by ``engine.backward(loss)``: the largest parameter difference
+    after ``STEPS`` windows; and, under fp16, what a plain backward of the unscaled loss raises."""
+    from zerobench.zero import Precision
+
+    cfg = ZeroConfig(stage=stage, grad_accum_steps=2, precision=Precision(precision), optimizer=ADAMW)
+    torch.manual_seed(0)
+    a, b = _Net(), _Net()
+    b.load_state_dict(a.state_dict())
+    ea, eb = apply_zero(a, None, cfg), apply_zero(b, None, cfg)
+    g = torch.Generator().manual_seed(1 + rank)
+    for _ in range(STEPS * 2):
+        x = torch.randn(PER_RANK, 4, generator=g)
+        ea.backward(_reference_loss(a(x), "plain"))
+        ea.step()
+        eb.scale(_reference_loss(b(x), "plain")).backward()
+        eb.step()
+    with ea.gathered_params(), eb.gathered_params():
+        out = {"diff": max((p.float() - q.float()).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))}
+    out["bare_error"] = None
+    if precision == "fp16":
+        try:
+            _reference_loss(b(torch.randn(PER_RANK, 4, generator=g)), "plain").backward()
+        except RuntimeError as e:
+            out["bare_error"] = str(e)
+    return out

@@ -190,7 +190,7 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
             "ref_stepped": ref_stepped,
             "loss_scale": engine.loss_scale,
             "ckpt_peak": dict(store.peak) if store is not None else None,
-            "ledger": engine.memory_ledger(),
+            "ledger": engine.accounting.memory_ledger(),
         }
         if keep_params:
             res["params"] = {n: t.detach().cpu().numpy().copy() for n, t in full.items()}  # picklable across processes

@@ -125,7 +125,7 @@ def grad_partition_lifetime(rank, world, stage):
         return take(bucket)
 
     shards.take = counting
-    out = {"buckets": len(engine.layout.buckets), "ledger_before": engine.memory_ledger()["grads"]}
+    out = {"buckets": len(engine.layout.buckets), "ledger_before": engine.accounting.memory_ledger()["grads"]}
     for step in range(2):
         x, y = data.micro_batch(step, group.rank, group.size, 0, 2)
         loss = engine.module(x, y)
@@ -137,7 +137,7 @@ def grad_partition_lifetime(rank, world, stage):
         out[f"after_step_{step}"] = len(shards.held())
         engine.zero_grad()
         out[f"after_zero_{step}"] = len(shards.held())
-    out["ledger_after"] = engine.memory_ledger()["grads"]
+    out["ledger_after"] = engine.accounting.memory_ledger()["grads"]
     out["partition_bytes"] = engine.layout.shard_numel * 4
     out["grads_after_zero"] = max(g.abs().max().item() for g in full_gradients(engine).values())
     return out

@@ -43,9 +43,9 @@ def ledgers(rank, world, preset, precisions, stages, dps):
                 engine.ledger.reset()
                 _train(engine, data, groups[dp], 1, 1, 2 * dp)
                 out[(prec, dp, stage)] = {
-                    "ledger": engine.memory_ledger(),
-                    "model_state_bytes": engine.model_state_bytes(),
-                    "analytic": engine.model_state_bytes_analytic(),
+                    "ledger": engine.accounting.memory_ledger(),
+                    "model_state_bytes": engine.accounting.model_state_bytes(),
+                    "analytic": engine.accounting.model_state_bytes_analytic(),
                     "volume": engine.ledger.volume_elements(group="dp"),
                     "summary": engine.ledger.summary(),
                     "psi": num_params(cfg),
@@ -137,7 +137,7 @@ def adam_bits_losses(rank, world, steps, bits_list, offload="none", preset="mini
             t = loss.detach().clone()
             dist.all_reduce(t, group=group.pg)
             losses.append(t.item() / group.size)
-        out[bits] = {"losses": losses, "ledger": engine.memory_ledger(), "numel": engine.numel}
+        out[bits] = {"losses": losses, "ledger": engine.accounting.memory_ledger(), "numel": engine.numel}
     return out
 
 
@@ -162,10 +162,10 @@ def offload_ledgers(rank, world, preset):
         engine = apply_zero(GPT(cfg), group, ZeroConfig(precision=Precision.BF16, bucket_numel=300_000, **kw))
         _train(engine, data, group, 2, 0, 2 * world)
         m = {
-            "ledger": engine.memory_ledger(),
-            "analytic": engine.model_state_bytes_analytic(),
+            "ledger": engine.accounting.memory_ledger(),
+            "analytic": engine.accounting.model_state_bytes_analytic(),
             "host_analytic": engine.accounting.host_state_bytes_analytic() if engine.placement.offloaded else {},
-            "device": engine.model_state_bytes(),
+            "device": engine.accounting.model_state_bytes(),
             "host": engine.accounting.host_model_state_bytes(),
         }
         if engine.scheduler is not None:

@@ -33,8 +33,8 @@ def dry_run(model: GPTConfig, gpus: int, mp: int, stage: int, rank: int = 0,
         zero = ZeroConfig(stage=stage, precision=Precision(precision), bucket_numel=bucket_numel)
         # The production composition; fused kernels would only swap modules (reference on meta).
         engine = parallelize(gpt, mesh, ParallelSpec(zero=zero, kernels="reference")).engine
-        ledger = engine.memory_ledger()
-        measured = engine.model_state_bytes()
+        ledger = engine.accounting.memory_ledger()
+        measured = engine.accounting.model_state_bytes()
         psi = params_per_mp_rank(model, mp)
         assert psi == engine.numel, (psi, engine.numel)
         return {

@@ -63,19 +63,19 @@ class ZeroSystem:
         self.engine.zero_grad()
 
     def memory_ledger(self) -> dict[str, int]:
-        led = self.engine.memory_ledger()
+        led = self.engine.accounting.memory_ledger()
         if self.store is not None:
             led.update(self.store.peak)
         return led
 
     def model_state_bytes(self) -> int:
-        return self.engine.model_state_bytes()
+        return self.engine.accounting.model_state_bytes()
 
     def model_state_bytes_analytic(self) -> float:
-        return sum(self.engine.model_state_bytes_analytic().values())
+        return sum(self.engine.accounting.model_state_bytes_analytic().values())
 
     def tensors(self) -> list[torch.Tensor]:
-        return self.engine.tensors()
+        return self.engine.accounting.tensors()
 
     def host_state_bytes(self) -> dict | None:
         """Offloaded model states: measured host bytes and the analytic figure (None without offload)."""

@@ -32,8 +32,8 @@ from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.param import ZeroParam
 
 FP16_PLAIN_BACKWARD = (
-    "fp16 training needs engine.backward(loss), which multiplies the loss by the dynamic loss scale: a plain "
-    "loss.backward() would step on unscaled gradients"
+    "fp16 training needs the dynamic loss scale on the loss: call engine.backward(loss), or "
+    "engine.scale(loss).backward() as DeepSpeed's; a plain loss.backward() would step on unscaled gradients"
 )
 
 
@@ -54,6 +54,8 @@ class BackwardPasses:
         micro-batch. ``scaled``: the loss needs a scale only ``engine.backward`` applies (fp16), so plain backward
         passes are refused."""
         self.state = PassState.IDLE
+        self._scaled_task: int | None = None
+        """The autograd graph task whose root is a loss ``mark_scaled`` saw (``engine.scale(loss)``)."""
         self._params = [zp.param for zp in zparams]
         self._begin, self._end, self._scaled = begin, end, scaled
         root_ref = weakref.ref(root)
@@ -104,10 +106,21 @@ class BackwardPasses:
         if self.state is PassState.IDLE:
             self._open_plain()
 
+    def mark_scaled(self, loss: torch.Tensor) -> None:
+        """``loss`` carries ``engine.backward``'s scaling (``engine.scale``): a plain backward from it is a pass of that
+        kind (not scaled again; allowed under fp16). Its gradient hook fires first there (it is the root) and records
+        the graph task."""
+        if loss.requires_grad:
+            loss.register_hook(self._note_scaled_task)
+
+    def _note_scaled_task(self, grad: torch.Tensor) -> None:
+        self._scaled_task = torch._C._current_graph_task_id()
+
     def _open_plain(self) -> None:
-        if self._scaled:
+        from_scale = self._scaled_task == torch._C._current_graph_task_id()  # carries engine.backward's scaling
+        if self._scaled and not from_scale:
             raise RuntimeError(FP16_PLAIN_BACKWARD)
-        self._begin(True)
+        self._begin(not from_scale)
         self.state = PassState.PLAIN
         torch.autograd.Variable._execution_engine.queue_callback(self._close_plain)
 

@@ -10,7 +10,8 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
 ``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
-``train()``/``eval()``, counters and tagged checkpoints come from ``zero/ds_surface.py``.
+``train()``/``eval()``, counters and tagged ``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) work
+too. Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
 
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
 ``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
@@ -35,8 +36,8 @@ from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params
+from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
-from zerobench.zero.ds_surface import DeepSpeedSurface
 from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
 from zerobench.zero.layout import build_layout
@@ -53,7 +54,7 @@ from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 from zerobench.zero.window import AccumulationWindow
 
 
-class ZeroEngine(DeepSpeedSurface):
+class ZeroEngine:
     """Created by ``apply_zero``; see the module docstring."""
 
     def __init__(
@@ -112,21 +113,6 @@ class ZeroEngine(DeepSpeedSurface):
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
 
-    # -- memory figures (zero/accounting.py; host figures under offload: self.accounting) -------------
-    def memory_ledger(self) -> dict[str, int]:
-        """Bytes held by this rank's engine tensors, by category (device; host_* and NVMe under offload)."""
-        return self.accounting.memory_ledger()
-
-    def model_state_bytes(self) -> int:
-        return self.accounting.model_state_bytes()
-
-    def model_state_bytes_analytic(self) -> dict[str, float]:
-        return self.accounting.model_state_bytes_analytic()
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every persistent device tensor the engine holds (for memory trackers)."""
-        return self.accounting.tensors()
-
     # -- construction helpers ------------------------------------------------------------------
     def _wire_backward(self, model: nn.Module, st: ParamStorage, group: C.Group, device: torch.device) -> None:
         """The gradient buckets, the loss scaler, the backward passes (``zero/backward_pass.py``), a hook per
@@ -158,6 +144,14 @@ class ZeroEngine(DeepSpeedSurface):
         ``loss.backward()`` works too, scaled the same way by hooks (``zero/backward_pass.py``)."""
         gas = self.config.grad_accum_steps if scale_wrt_gas else 1
         self.passes.run(loss * (self.scaler.scale / (gas * self.group.size)), retain_graph)
+
+    def scale(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+        """DeepSpeed's ``engine.scale(loss)``: ``loss`` times what ``engine.backward`` multiplies it by (the loss scale,
+        1 / (``grad_accum_steps`` x N)), for a plain ``.backward()`` that then trains as ``engine.backward(loss)``, under
+        fp16 too. ``retain_graph`` is DeepSpeed's argument; a retained graph needs nothing more here."""
+        scaled = loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size))
+        self.passes.mark_scaled(scaled)
+        return scaled
 
     def no_sync(self):
         """Context manager, as DDP's and DeepSpeed's: backward passes inside it accumulate without synchronising;
@@ -191,6 +185,49 @@ class ZeroEngine(DeepSpeedSurface):
         self.optimizer.step()
         self.zero_grad()
         return self.optimizer.applied
+
+    # -- DeepSpeed's engine surface (counters: ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps)
+    def get_lr(self) -> list[float]:
+        """The learning rate of each param group, as DeepSpeed's ``engine.get_lr()``."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the current micro-batch ends a window, counted in ``step()`` calls, as DeepSpeed's."""
+        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.grad_accum_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def was_step_applied(self) -> bool:
+        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
+        return self.optimizer.applied
+
+    def get_global_grad_norm(self) -> float | None:
+        """The latest step's global gradient norm; None unless clipping computed one (DeepSpeed's: every step)."""
+        return self.last_grad_norm
+
+    def __call__(self, *args, **kwargs):
+        """``engine(batch)``: the model's forward, as DeepSpeed's engine."""
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ZeroEngine:
+        """``model.train(mode)``; returns the engine (``eval()`` is ``train(False)``), as DeepSpeed's."""
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> ZeroEngine:
+        return self.train(False)
+
+    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None):
+        """On every rank: ``save_dir/<tag>`` and ``save_dir/latest``, as DeepSpeed's (``zero/checkpoint_dir.py``)."""
+        return save_tagged(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir, tag: str | None = None):
+        """On every rank: (the checkpoint's path, its client state); (None, None) when there is no ``latest``."""
+        return load_tagged(self, load_dir, tag)
 
     @torch.no_grad()
     def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:

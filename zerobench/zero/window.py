@@ -57,8 +57,9 @@ class AccumulationWindow:
     def begin(self, plain: bool) -> MicroBatch:
         first = self.counted % self.accum == 0 and not self.unsynced
         if not first and plain != self.plain:
-            raise RuntimeError("one accumulation window mixes engine.backward(loss) and plain loss.backward(): use "
-                               "one of them for all grad_accum_steps micro-batches of a window")
+            raise RuntimeError("one accumulation window mixes engine.backward(loss) (or engine.scale(loss).backward()) "
+                               "and plain loss.backward(): use one of them for all grad_accum_steps micro-batches "
+                               "of a window")
         self.plain = plain
         if self.suspended:
             self.unsynced += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.backward_args import scaled_plain, two_losses, unscaled_accumulation
+from tests.helpers.backward_args import all_cases
 from tests.helpers.dist import run_distributed
 
 pytestmark = pytest.mark.dist
@@ -18,27 +18,31 @@ pytestmark = pytest.mark.dist
 TOL = 1e-6  # fp32, 3 AdamW steps at lr 1e-2: measured 1.5e-8
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.fixture(scope="module", params=(0, 1, 2, 3))
+def ran(request):
+    """Every case at one stage, run once (one spawn of the two ranks per stage)."""
+    return request.param, run_distributed(all_cases, 2, request.param, timeout=300)
+
+
 @pytest.mark.parametrize("loop", ("plain", "zero_between", "accum"))
-def test_two_losses_with_separate_backwards(stage, loop):
-    for r in run_distributed(two_losses, 2, stage, loop, timeout=180):
-        assert r["diff"] <= TOL, r
+def test_two_losses_with_separate_backwards(ran, loop):
+    for r in ran[1]:
+        assert r["two_losses"][loop]["diff"] <= TOL, r["two_losses"]
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
-def test_scale_wrt_gas_false_leaves_the_division_to_the_loop(stage):
+def test_scale_wrt_gas_false_leaves_the_division_to_the_loop(ran):
     """DeepSpeed's ``engine.backward(loss, scale_wrt_gas=False)``: the loss is not divided by ``grad_accum_steps``."""
-    for r in run_distributed(unscaled_accumulation, 2, stage, timeout=180):
-        assert r["diff"] <= TOL, r
+    for r in ran[1]:
+        assert r["unscaled"]["diff"] <= TOL, r["unscaled"]
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
 @pytest.mark.parametrize("precision", ("fp32", "fp16"))
-def test_engine_scale_then_plain_backward(stage, precision):
+def test_engine_scale_then_plain_backward(ran, precision):
     """DeepSpeed's ``engine.scale(loss).backward()`` gives ``engine.backward(loss)``'s training bit for bit (the same
     scaling, applied at the same point); under fp16 it is how a plain backward is allowed (the bare loss's is still
     refused: it would step on unscaled gradients)."""
-    for r in run_distributed(scaled_plain, 2, stage, precision, timeout=180):
-        assert r["diff"] == 0.0, r
+    for r in ran[1]:
+        got = r["scaled"][precision]
+        assert got["diff"] == 0.0, got
         if precision == "fp16":
-            assert r["bare_error"] is not None and "engine.scale(loss).backward()" in r["bare_error"], r
+            assert got["bare_error"] is not None and "engine.scale(loss).backward()" in got["bare_error"], got

@@ -12,17 +12,23 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.grad_penalty import penalty_training
+from tests.helpers.grad_penalty import LOOPS, penalty_all
 
 pytestmark = pytest.mark.dist
 
 TOL = 1e-6  # fp32, 3 AdamW steps at lr 1e-2: measured 3e-8
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
-@pytest.mark.parametrize("loop, accum", [("engine", 1), ("engine", 2), ("plain", 2)])
-def test_gradient_penalty_trains_as_one_process(stage, loop, accum):
-    for r in run_distributed(penalty_training, 2, stage, accum, loop, timeout=180):
+@pytest.fixture(scope="module", params=(0, 1, 2, 3))
+def ran(request):
+    """Every loop at one stage, run once (one spawn of the two ranks per stage)."""
+    return run_distributed(penalty_all, 2, request.param, timeout=300)
+
+
+@pytest.mark.parametrize("loop, accum", LOOPS)
+def test_gradient_penalty_trains_as_one_process(ran, loop, accum):
+    for ranks in ran:
+        r = ranks[f"{loop}-{accum}"]
         assert r["diff"] <= TOL, r
         for with_penalty, without in r["volumes"]:
             assert with_penalty == without > 0, r["volumes"]

@@ -138,3 +138,10 @@ def scaled_plain(rank: int, world: int, stage: int, precision: str) -> dict:
         except RuntimeError as e:
             out["bare_error"] = str(e)
     return out
+
+
+def all_cases(rank: int, world: int, stage: int) -> dict:
+    """Every case of this file at one stage, in one spawn of the ranks (the fast tier pays the start-up once)."""
+    return {"two_losses": {loop: two_losses(rank, world, stage, loop) for loop in ("plain", "zero_between", "accum")},
+            "unscaled": unscaled_accumulation(rank, world, stage),
+            "scaled": {p: scaled_plain(rank, world, stage, p) for p in ("fp32", "fp16")}}

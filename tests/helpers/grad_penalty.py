@@ -71,3 +71,11 @@ def penalty_training(rank: int, world: int, stage: int, accum: int, loop: str) -
     with engine.gathered_params():
         diff = max((p - q).abs().max().item() for p, q in zip(net.parameters(), ref.parameters()))
     return {"diff": diff, "volumes": volumes}
+
+
+LOOPS = (("engine", 1), ("engine", 2), ("plain", 2))
+
+
+def penalty_all(rank: int, world: int, stage: int) -> dict:
+    """``penalty_training`` for every loop of ``LOOPS`` at one stage, in one spawn of the ranks."""
+    return {f"{loop}-{accum}": penalty_training(rank, world, stage, accum, loop) for loop, accum in LOOPS}

@@ -13,9 +13,10 @@ the wrapper's hooks do the rest. Both drive the engine:
   close is queued on autograd's engine (``queue_callback``), which runs it when that backward ends, as FSDP
   finalises its post-backward. Each rank's gradient is autograd's, multiplied before its collective by 1/N, so the
   reduced one is the mean over ranks (DDP's), and by 1 / ``grad_accum_steps`` (DeepSpeed's plain backward; 1
-  under DDP's loop, which accumulates with ``no_sync()``), so it equals ``engine.backward``'s. Under fp16 the pass
-  is refused: the dynamic loss scale is applied by ``engine.backward``, and stepping on unscaled gradients would be
-  silently wrong.
+  under DDP's loop, which accumulates with ``no_sync()``), so it equals ``engine.backward``'s. A backward from
+  ``engine.scale(loss)`` (DeepSpeed's) carries that scaling already and counts as ``engine.backward``'s kind. Under
+  fp16 a plain backward of the bare loss is refused: stepping on gradients without the loss scale would be silently
+  wrong.
 """
 
 from __future__ import annotations

@@ -12,20 +12,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 
 def cast_floats(value, dtype: torch.dtype):
-    """``value`` with every floating-point tensor in it (through tuples, lists and dicts) cast to ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() and value.dtype is not dtype else value
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(cast_floats(v, dtype) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(cast_floats(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, cast_floats(v, dtype)) for k, v in value.items())
-    return value
+    """``value`` with every floating-point tensor in it (through tuples, lists, dicts: a pytree) cast to ``dtype``."""
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, value)
 
 
 def cast_forward_inputs(model: nn.Module, dtype: torch.dtype) -> RemovableHandle | None:

@@ -34,8 +34,7 @@ _LINK = "_zero_engine"
 
 def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
     """The routed class's ``zero_grad``: the engine's, then every other parameter's as ``nn.Module``'s."""
-    ref = self.__dict__.get(_LINK)
-    engine = ref() if ref is not None else None
+    engine = engine_of(self)
     if engine is None:
         _model_class(type(self)).zero_grad(self, set_to_none)
         return
@@ -53,8 +52,7 @@ def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
 
 def _apply(self: nn.Module, fn, recurse: bool = True):
     """The routed class's ``_apply``: torch's, unless ``fn`` would replace the engine's parameters (see above)."""
-    ref = self.__dict__.get(_LINK)
-    engine = ref() if ref is not None else None
+    engine = engine_of(self)
     if engine is not None:
         kinds = {(zp.param.dtype, zp.param.device) for zp in engine.zparams}
         for dtype, device in kinds:

@@ -52,6 +52,8 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
         assert r.returncode == 0, r.stderr
     r = zb("profile", "--suite", str(suite), "--out", str(tmp_path / "profiles" / "2"), timeout=600)
     assert r.returncode == 0, r.stderr
+    rs = [r for r in read_rows(tmp_path / "profiles") if r.get("key", "").startswith("reduce_scatter|")]
+    assert rs and all(r["composed_of"] == "all_reduce|" + r["key"].split("|", 1)[1] for r in rs)  # gloo's
     in_situ = {r["key"].split("|")[0] for r in read_rows(tmp_path / "profiles") if "+tp|" in r.get("key", "")}
     assert in_situ == {f"{p}+tp" for p in ("embed_fwd", "block_fwd", "head_fwd", "head_bwd", "block_bwd", "embed_bwd")}
     # Both profiles as one measurement (each entry their median, as `zerobench simulate` reads a directory of

@@ -67,6 +67,35 @@ def test_a_profile_measured_several_times_is_the_median_of_its_measurements():
     assert q.linear["copy|r2"].beta == 2e-10
 
 
+def _gloo_profile(device: str, composed: bool) -> list[dict]:
+    ar, rs = curve_key("all_reduce", 2, 2), curve_key("reduce_scatter", 2, 2)
+    p = Profile(device, cores=2, curves={ar: Curve(((1024.0, 4e-4), (4096.0, 8e-4))),
+                                         rs: Curve(((1024.0, 2e-4), (4096.0, 6e-4)))},
+                composed={rs: ar} if composed else {})
+    return [{**r, "status": "ok", "device": p.device, "cores": 2} for r in p.rows()]
+
+
+def test_a_collective_built_from_another_is_read_with_it_as_one_measurement():
+    """On gloo zerobench's reduce-scatter is an all-reduce: the profile times that one operation twice, and
+    both lookups read the mean of the two curves; a native reduce-scatter keeps its own."""
+    q = Profile.from_rows(_gloo_profile("cpu: test (2 cores)", composed=True))
+    assert q.composed == {curve_key("reduce_scatter", 2, 2): curve_key("all_reduce", 2, 2)}
+    for op in ("all_reduce", "reduce_scatter"):
+        assert q.collective(op, 2, 2, 1024) == pytest.approx(3e-4)
+        assert q.collective(op, 2, 2, 4096) == pytest.approx(7e-4)
+    assert q.curves[curve_key("all_reduce", 2, 2)].seconds(1024) == 4e-4  # the rows' own curves are kept
+    native = Profile.from_rows(_gloo_profile("gpu: test", composed=False))
+    assert not native.composed
+    assert native.collective("reduce_scatter", 2, 2, 1024) == pytest.approx(2e-4)
+    assert native.collective("all_reduce", 2, 2, 1024) == pytest.approx(4e-4)
+
+
+def test_cpu_profiles_from_before_curves_named_their_composition_are_read_as_gloo():
+    old = [{k: v for k, v in r.items() if k != "composed_of"} for r in _gloo_profile("cpu: x (2 cores)", True)]
+    assert Profile.from_rows(old).composed == {curve_key("reduce_scatter", 2, 2): curve_key("all_reduce", 2, 2)}
+    assert not Profile.from_rows(_gloo_profile("cpu: x (2 cores)", composed=False)).composed  # said: none
+
+
 def _cfg(**kw):
     return to_train_config(RunSpec(preset="tiny", precision="fp32", **kw))
 

@@ -4,12 +4,12 @@
 profiles hold each piece's median, and on the Xeon again with profiles of each piece's mean
 (``...-cpu-2core-xeon-mean``, ``measure_compute.STATISTIC``); then on a third Xeon VM with the TP pieces
 measured in situ, the samples made before the step clock and 20 steps a run (``...-cpu-2core-xeon-insitu``);
-and the same profiler and loop once more on a fourth Xeon VM (``...-cpu-2core-xeon-4``).
+and the same profiler and loop once more on a fourth and a fifth Xeon VM (``...-cpu-2core-xeon-4``, ``-5``).
 
 What is asserted is what the README's validation table states, recomputed from the rows: the profile
 alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
 runs only, and the errors are the ones the table reports. The issue's bar (median ≤ 10 %, worst ≤ 25 %)
-is a separate, strict expected failure until the predictions meet it.
+holds on the fifth Xeon recording and is a strict expected failure on the others.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
 REF = REFS / "sim-validation-cpu-2core"
 STATISTIC = {"sim-validation-cpu-2core": "median", "sim-validation-cpu-2core-xeon": "median",
              "sim-validation-cpu-2core-xeon-mean": "mean", "sim-validation-cpu-2core-xeon-insitu": "mean",
-             "sim-validation-cpu-2core-xeon-4": "mean"}
+             "sim-validation-cpu-2core-xeon-4": "mean", "sim-validation-cpu-2core-xeon-5": "mean"}
 """Each recording and what its profile's entries are of their samples."""
 HOSTS = tuple(STATISTIC)
 
@@ -75,16 +75,24 @@ def test_the_errors_are_the_ones_the_table_states(recorded):
     assert s["worst_abs_error"] == pytest.approx(stated["worst_abs_error"], abs=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's CPU bar is not met yet: see the README's validation table")
+MEETS_BAR = ("sim-validation-cpu-2core-xeon-5",)
+"""The recordings on which issue 22's whole CPU bar holds."""
+CURRENT = ("sim-validation-cpu-2core-xeon-insitu", "sim-validation-cpu-2core-xeon-4", "sim-validation-cpu-2core-xeon-5")
+"""The recordings of the current profiler and loop (TP pieces in situ, 20 steps a run)."""
+_MISSED = pytest.mark.xfail(strict=True, reason="issue 22's CPU bar is missed on this recording: see the README")
+
+
+@pytest.mark.parametrize("recorded", [h if h in MEETS_BAR else pytest.param(h, marks=_MISSED) for h in HOSTS],
+                         indirect=True)
 def test_issue_22_cpu_bar(recorded):
     s = V.summarize(recorded[2])
-    assert s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25
+    assert s["runs"] >= 24 and s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25
 
 
-@pytest.mark.parametrize("recorded", ["sim-validation-cpu-2core-xeon-insitu"], indirect=True)
-def test_issue_22_median_bar_is_met_on_the_in_situ_recording(recorded):
-    """The median half of the bar holds on the recording of the current profiler and loop; the worst run
-    (mini, TP 2 x DP 2, stage 2: 0.75, its three rounds within 1%) keeps the whole bar an expected failure."""
+@pytest.mark.parametrize("recorded", CURRENT, indirect=True)
+def test_issue_22_median_bar_is_met_on_every_recording_of_the_current_profiler(recorded):
+    """The median half of the bar holds on all three recordings of the current profiler and loop; the worst
+    run keeps the whole bar missed on two of them (0.74 and 0.73: 25.6 % and 26.7 %)."""
     s = V.summarize(recorded[2])
     assert s["runs"] == 34 and s["median_abs_error"] <= 0.10
 

@@ -113,6 +113,11 @@ def _composed(group: Group, *tensors: torch.Tensor) -> bool:
     return dist.get_backend(group.pg) == "gloo"
 
 
+def reduce_scatter_is_all_reduce(group: Group) -> bool:
+    """Whether ``reduce_scatter`` over ``group`` (contiguous tensors) runs as an all-reduce of the whole tensor."""
+    return group.size > 1 and not group.native and dist.get_backend(group.pg) == "gloo"
+
+
 def _finish(work, then: Callable[[], None] | None, async_op: bool):
     handle = _Works([work] if not isinstance(work, list) else work, then)
     if async_op:

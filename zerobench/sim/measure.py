@@ -86,15 +86,20 @@ def _groups(job: HostJob, rank: int) -> dict:
     return out
 
 
-def _collectives(job: HostJob, groups: dict) -> dict[str, list[tuple[float, float]]]:
+def _collectives(job: HostJob, groups: dict) -> tuple[dict[str, list[tuple[float, float]]], dict[str, str]]:
+    """Each op's curve per group size, and which curves time another op over the same bytes
+    (``Profile.composed``)."""
     import torch
     import torch.distributed as dist
 
     from zerobench.distributed import collectives as C
 
     out: dict[str, list[tuple[float, float]]] = {}
+    composed: dict[str, str] = {}
     for g, pg in groups.items():
         grp = C.Group.of(pg, "profile")
+        if C.reduce_scatter_is_all_reduce(grp):
+            composed[curve_key("reduce_scatter", g, job.ranks)] = curve_key("all_reduce", g, job.ranks)
         src = dist.get_global_rank(pg or dist.group.WORLD, 0)
         for op in OPS:
             pts = []
@@ -111,7 +116,7 @@ def _collectives(job: HostJob, groups: dict) -> dict[str, list[tuple[float, floa
                     ts.append(time.perf_counter() - t0)
                 pts.append((4.0 * n, expected(ts)))
             out[curve_key(op, g, job.ranks)] = _monotone(pts)
-    return out
+    return out, composed
 
 
 def _sync_penalty(job: HostJob, groups: dict) -> dict[str, list[tuple[float, float]]]:
@@ -190,16 +195,16 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
         init_fake_world(1, 0)
         linear.update({f"{k}|r{job.ranks}": v for k, v in time_engine_overhead(barrier.wait, job.kernels).items()})
         dist.destroy_process_group()
-        curves = {}
+        curves, composed = {}, {}
         if job.ranks > 1 and job.groups:
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=job.ranks)
             groups = _groups(job, rank)
-            curves = _collectives(job, groups)
+            curves, composed = _collectives(job, groups)
             linear.update({k: Linear.fit(v) for k, v in _sync_penalty(job, groups).items()})
             ops.update(_tp_in_situ(job, barrier))
             dist.destroy_process_group()
         if rank == 0:
-            results.put(("ok", ops, curves, linear))
+            results.put(("ok", ops, (curves, composed), linear))
     except BaseException as e:
         results.put(("error", f"profiling process {rank}: {type(e).__name__}: {e}", None, None))
         raise
@@ -224,7 +229,8 @@ def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0
             p.join(5)
     if status != "ok":
         raise RunFailed(ops)
-    prof = Profile(device=device, cores=cores, ops=ops, linear=linear)
+    curves, composed = curves
+    prof = Profile(device=device, cores=cores, ops=ops, linear=linear, composed=composed)
     prof.curves = {k: Curve(tuple(v)) for k, v in curves.items()}
     return prof
 

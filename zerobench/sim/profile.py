@@ -10,7 +10,9 @@ we cannot run (``zerobench.sim.stated``). Three kinds of entry:
   collectives on the real groups (``IN_SITU``), what those collectives cost on the critical path;
 - ``curves``: seconds of a collective as a function of its bytes, per (op, group size, processes on the
   host), interpolated piecewise-linearly in log-log between measured sizes and extrapolated at the
-  largest measured bandwidth above them;
+  largest measured bandwidth above them; where one collective is built from another over the same bytes
+  (on gloo zerobench's reduce-scatter is an all-reduce, ``composed``), the two curves time one operation
+  twice and are read as one measurement, their pointwise mean;
 - ``linear``: α + β·n costs of the engine's own per-element work: the optimizer step per partition
   element, a copy, an add and a memset per byte, per (name, processes on the host); and the
   synchronisation penalty per group size (α + β·T for T seconds of compute since the ranks last met).
@@ -103,6 +105,12 @@ class Profile:
     """``name|r{ranks}`` -> α + β·n (``adamw`` per element, ``copy`` and ``memset`` per byte)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where a stated figure comes from, per entry name."""
+    composed: dict[str, str] = field(default_factory=dict)
+    """``curve_key`` of a collective that runs as another over the same bytes -> that one's key. On gloo
+    zerobench's reduce-scatter is an all-reduce of the whole tensor that keeps this rank's chunk
+    (``collectives.reduce_scatter``); the profiler times both, and each of them alone carries the host's
+    noise (on a 2-core Xeon VM, over three profiles, a 1 MiB all-reduce took 2.4 ms in one curve and 1.5 ms
+    in the other). ``collective`` reads such a pair as one measurement: their pointwise mean."""
     interference: float = 0.0
     """Fraction of a data-parallel collective's time that also delays the compute running beside it: on a
     CPU host gloo's threads share the cores the ranks compute on (on a GPU, NCCL's kernels take SMs:
@@ -130,7 +138,17 @@ class Profile:
         if key not in self.curves:
             raise KeyError(f"the profile of {self.device} has no collective {key}: run `zerobench profile` "
                            f"with {ranks} processes")
-        return self.curves[key].seconds(nbytes)
+        return self.pooled(key).seconds(nbytes)
+
+    def pooled(self, key: str) -> Curve:
+        """The curve of ``key`` read together with every curve timing the same operation (``composed``): the
+        pointwise mean over their common sizes (each curve's own interpolation elsewhere)."""
+        base = self.composed.get(key, key)
+        same = [k for k in (base, *sorted(k for k, b in self.composed.items() if b == base)) if k in self.curves]
+        if len(same) < 2:
+            return self.curves[key]
+        sizes = sorted({b for k in same for b, _ in self.curves[k].points})
+        return Curve(tuple((b, sum(self.curves[k].seconds(b) for k in same) / len(same)) for b in sizes))
 
     def cost(self, name: str, ranks: int, n: float) -> float:
         key = f"{name}|r{ranks}"
@@ -152,6 +170,7 @@ class Profile:
         self.ops.update(other.ops)
         self.curves.update(other.curves)
         self.linear.update(other.linear)
+        self.composed.update(other.composed)
         self.sources.update(other.sources)
         self.interference = other.interference or self.interference
 
@@ -160,8 +179,8 @@ class Profile:
         """One dict per entry (metric, value, unit and keys), for ``RowWriter.write``."""
         out = [{"metric": "profile_op_seconds", "value": t, "unit": "s", "key": k} for k, t in sorted(self.ops.items())]
         for k, c in sorted(self.curves.items()):
-            out += [{"metric": "profile_collective_seconds", "value": t, "unit": "s", "key": k, "bytes": b}
-                    for b, t in c.points]
+            out += [{"metric": "profile_collective_seconds", "value": t, "unit": "s", "key": k, "bytes": b,
+                     "composed_of": self.composed.get(k)} for b, t in c.points]
         for k, lin in sorted(self.linear.items()):
             out.append({"metric": "profile_alpha_seconds", "value": lin.alpha, "unit": "s", "key": k})
             out.append({"metric": "profile_beta_seconds", "value": lin.beta, "unit": "s per element or byte", "key": k})
@@ -182,6 +201,7 @@ class Profile:
         fitted: list[float] = []
         points: dict[str, dict[float, list[float]]] = {}
         lin: dict[str, dict[str, list[float]]] = {}
+        composed: dict[str, str | None] = {}
         for r in prof:
             m, k = r["metric"], r["key"]
             if m == "profile_op_seconds":
@@ -190,6 +210,8 @@ class Profile:
                 fitted.append(r["value"])
             elif m == "profile_collective_seconds":
                 points.setdefault(k, {}).setdefault(float(r["bytes"]), []).append(r["value"])
+                if "composed_of" in r:
+                    composed[k] = r["composed_of"]
             else:
                 which = "alpha" if m == "profile_alpha_seconds" else "beta"
                 lin.setdefault(k, {}).setdefault(which, []).append(r["value"])
@@ -198,4 +220,8 @@ class Profile:
         p.interference = med(fitted) if fitted else 0.0
         p.curves = {k: Curve(tuple(sorted((b, med(ts)) for b, ts in v.items()))) for k, v in points.items()}
         p.linear = {k: Linear(med(v["alpha"]), med(v["beta"])) for k, v in lin.items()}
+        if points and not composed and p.device.startswith("cpu:"):
+            # rows from before curves said what they are composed of: every CPU profile was taken on gloo
+            composed = {k: "all_reduce|" + k.split("|", 1)[1] for k in points if k.startswith("reduce_scatter|")}
+        p.composed = {k: b for k, b in composed.items() if b}
         return p

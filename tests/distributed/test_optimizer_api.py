@@ -56,6 +56,19 @@ def test_clip_grad_norm_matches_torch(api):
                                    "call it after the last backward() of the window, before step()")
 
 
+def test_the_models_own_clip_grad_norm_in_fsdp1s_loop(api):
+    """FSDP1's loop (``loss.backward()``, ``model.clip_grad_norm_(0.05)``, ``optimizer.step()``): the model's method
+    is the engine's, so it trains and returns norms as the engine's does, which torch's function on the rank's
+    ``.grad`` would not at stages 1-3; another ``norm_type`` is refused in one line."""
+    world, stage, ranks = api
+    for r in ranks:
+        _, ref_norms = r["clip_norms"]
+        assert r["model_clip_norms"] == pytest.approx(ref_norms, rel=1e-5)
+        assert close(r["model_clip"]), (world, stage, r["model_clip"])
+        assert r["clip_inf"] == ("ConfigError: clip_grad_norm_(norm_type=inf): the ZeRO engine clips by the global L2 "
+                                 "norm only: pass norm_type=2")
+
+
 def test_state_dict_resumes_mid_schedule_bit_identically(api):
     """Optimizer and scheduler state dicts after 3 of 5 steps, through ``torch.save``/``torch.load(weights_only=True)``,
     loaded into an engine built from another initialisation: the last 2 steps land exactly where

@@ -126,8 +126,20 @@ def _clip(rank, world, stage, model, data, group) -> dict:
         ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05).item())
         opt.step()
         opt.zero_grad(set_to_none=True)
+    # FSDP1's loop: a plain backward, then the model's own clip_grad_norm_ and the optimizer
+    fsdp_like = engine_for(copy.deepcopy(model), group, stage)
+    m, model_norms = fsdp_like.module, []
+    for x, y in data:
+        m(slice_of(x, rank, world), slice_of(y, rank, world)).backward()
+        model_norms.append(m.clip_grad_norm_(0.05).item())
+        fsdp_like.optimizer.step()
+        fsdp_like.optimizer.zero_grad()
+    m(slice_of(data[0][0], rank, world), slice_of(data[0][1], rank, world)).backward()
     return {"clip": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
-            "clip_norms": (norms, ref_norms), "clip_early": error_line(lambda: engine.clip_grad_norm_(1.0))}
+            "clip_norms": (norms, ref_norms), "clip_early": error_line(lambda: engine.clip_grad_norm_(1.0)),
+            "model_clip": compare(fsdp_like, model, {n: p.detach() for n, p in ref.named_parameters()}),
+            "model_clip_norms": model_norms,
+            "clip_inf": error_line(lambda: m.clip_grad_norm_(1.0, norm_type=float("inf")))}
 
 
 def _resume(rank, world, stage, model, data, group) -> dict:

@@ -277,11 +277,11 @@ class ZeroEngine:
         """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""
         self.grads.zero(set_to_none)
 
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip this window's gradient to a global L2 norm of ``max_norm`` (every DP and TP partition), as FSDP's
         ``clip_grad_norm_`` (``zero/grad_stats.py``), on every DP rank between the window's last ``backward()``
         and ``step()``. Returns the norm of the averaged gradient; the coefficient goes into the step's scale."""
-        norm = window_grad_norm(self, max_norm, self._grads_sharded) * self._clip
+        norm = window_grad_norm(self, max_norm, self._grads_sharded, norm_type) * self._clip
         self.last_grad_norm = norm
         self._clip *= clip_coefficient(norm, max_norm)
         return torch.tensor(norm)

@@ -50,11 +50,14 @@ def clip_coefficient(norm: float, max_norm: float) -> float:
 
 
 @torch.no_grad()
-def window_grad_norm(engine, max_norm: float, sharded: bool) -> float:
+def window_grad_norm(engine, max_norm: float, sharded: bool, norm_type: float = 2.0) -> float:
     """For ``engine.clip_grad_norm_(max_norm)``: the norm of this window's reduced gradient, loss scale removed,
-    once the window is reduced; one line for a bad ``max_norm`` or a window still open."""
+    once the window is reduced; one line for a bad ``max_norm`` or ``norm_type``, or a window still open."""
     if not 0 < max_norm < float("inf"):
         raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
+    if float(norm_type) != 2.0:
+        raise ConfigError(f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by the global L2 norm "
+                          "only: pass norm_type=2")
     if engine.window.open or not engine.grads.reduced:
         raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
                            "last backward() of the window, before step()")

@@ -1,5 +1,6 @@
 """The class a model gets once the engine trains it: ``model.zero_grad()`` clears the engine's gradients, as on a
-DDP or FSDP model, and ``model.half()``/``.to(...)``, which would detach its parameters from the engine, are refused.
+DDP or FSDP model, ``model.clip_grad_norm_(max_norm)`` clips the global gradient as on an FSDP1 model, and
+``model.half()``/``.to(...)``, which would detach its parameters from the engine, are refused.
 
 At stages 2-3 a trained parameter's ``.grad`` is always None (its gradient lives in this rank's partition), and
 at stages 0-1 it is a view of the gradient buffer. Before this, ``nn.Module.zero_grad`` found nothing to clear
@@ -50,6 +51,16 @@ def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
             p.grad.zero_()
 
 
+def _clip_grad_norm_(self: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """The routed class's ``clip_grad_norm_``, FSDP1's spelling on the model: the engine's (the global L2 norm of
+    the averaged gradient over every partition). ``torch.nn.utils.clip_grad_norm_`` on a rank would see only
+    this rank's ``.grad``: its shard at stage 1, None at stages 2-3."""
+    engine = engine_of(self)
+    if engine is None:
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
+    return engine.clip_grad_norm_(max_norm, norm_type)
+
+
 def _apply(self: nn.Module, fn, recurse: bool = True):
     """The routed class's ``_apply``: torch's, unless ``fn`` would replace the engine's parameters (see above)."""
     engine = engine_of(self)
@@ -87,10 +98,11 @@ def route_zero_grad(model: nn.Module, engine) -> None:
     cls = _model_class(type(model))
     routed = _CLASSES.get(cls)
     if routed is None:
-        routed = _CLASSES[cls] = type(cls.__name__, (cls,), {
-            "zero_grad": _zero_grad, "_apply": _apply, "__reduce_ex__": _reduce_ex, _ROUTED_FROM: cls,
-            "__module__": cls.__module__,
-        })
+        methods = {"zero_grad": _zero_grad, "_apply": _apply, "__reduce_ex__": _reduce_ex, _ROUTED_FROM: cls,
+                   "__module__": cls.__module__}
+        if not hasattr(cls, "clip_grad_norm_"):  # a model's own method of that name is left as it is
+            methods["clip_grad_norm_"] = _clip_grad_norm_
+        routed = _CLASSES[cls] = type(cls.__name__, (cls,), methods)
     model.__class__ = routed
     model.__dict__[_LINK] = weakref.ref(engine)
 

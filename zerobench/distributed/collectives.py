@@ -106,16 +106,14 @@ class _Works:
         return True
 
 
+def composes(group: Group) -> bool:
+    """Whether reduce-scatter/all-gather over ``group`` (contiguous tensors) are built from gloo's all-reduce/broadcast
+    (see module docstring): a reduce-scatter is then an all-reduce of the whole tensor."""
+    return not group.native and dist.get_backend(group.pg) == "gloo"
+
+
 def _composed(group: Group, *tensors: torch.Tensor) -> bool:
-    """Whether to build reduce-scatter/all-gather from gloo's all-reduce/broadcast (see module docstring)."""
-    if group.native or not all(t.is_contiguous() for t in tensors):
-        return False
-    return dist.get_backend(group.pg) == "gloo"
-
-
-def reduce_scatter_is_all_reduce(group: Group) -> bool:
-    """Whether ``reduce_scatter`` over ``group`` (contiguous tensors) runs as an all-reduce of the whole tensor."""
-    return group.size > 1 and not group.native and dist.get_backend(group.pg) == "gloo"
+    return all(t.is_contiguous() for t in tensors) and composes(group)
 
 
 def _finish(work, then: Callable[[], None] | None, async_op: bool):

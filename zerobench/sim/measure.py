@@ -98,7 +98,7 @@ def _collectives(job: HostJob, groups: dict) -> tuple[dict[str, list[tuple[float
     composed: dict[str, str] = {}
     for g, pg in groups.items():
         grp = C.Group.of(pg, "profile")
-        if C.reduce_scatter_is_all_reduce(grp):
+        if C.composes(grp):
             composed[curve_key("reduce_scatter", g, job.ranks)] = curve_key("all_reduce", g, job.ranks)
         src = dist.get_global_rank(pg or dist.group.WORLD, 0)
         for op in OPS:
@@ -204,7 +204,7 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
             ops.update(_tp_in_situ(job, barrier))
             dist.destroy_process_group()
         if rank == 0:
-            results.put(("ok", ops, (curves, composed), linear))
+            results.put(("ok", ops, {"curves": curves, "composed": composed}, linear))
     except BaseException as e:
         results.put(("error", f"profiling process {rank}: {type(e).__name__}: {e}", None, None))
         raise
@@ -221,7 +221,7 @@ def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0
     for p in procs:
         p.start()
     try:
-        status, ops, curves, linear = _wait(procs, results, timeout_s)
+        status, ops, collectives, linear = _wait(procs, results, timeout_s)
     finally:
         for p in procs:
             if p.is_alive():
@@ -229,9 +229,8 @@ def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0
             p.join(5)
     if status != "ok":
         raise RunFailed(ops)
-    curves, composed = curves
-    prof = Profile(device=device, cores=cores, ops=ops, linear=linear, composed=composed)
-    prof.curves = {k: Curve(tuple(v)) for k, v in curves.items()}
+    prof = Profile(device=device, cores=cores, ops=ops, linear=linear, composed=collectives["composed"])
+    prof.curves = {k: Curve(tuple(v)) for k, v in collectives["curves"].items()}
     return prof
 
 

@@ -11,6 +11,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to report")
     g.add_argument("--table", type=int, choices=[1, 2], help="print the paper's Table 1 or Table 2, computed")
     g.add_argument("--max-size", action="store_true", help="solve for the largest --layers that fits")
+    g.add_argument("--profile", help="with --max-size: plan memory from a GPU profile's measured terms (`zerobench "
+                                     "profile --device cuda`) instead of the paper's formulas and allowance; give the "
+                                     "profiled shape (--hidden --heads --vocab --seq --micro-batch --precision --gpus 1)")
     g.add_argument("--dry-run", action="store_true",
                    help="build the real engine for one rank on the fake backend and compare its bytes")
     g.add_argument("--suite", help="with --dry-run: every zerobench row of a suite (e.g. paper/fig2)")
@@ -35,6 +38,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mp", action=Renamed, new="--tp", help=argparse.SUPPRESS)
     g.add_argument("--gpu-mem", type=byte_size, default="32GB", help="memory per GPU, e.g. 32GB (1e9 bytes) or 80GiB")
     g.add_argument("--micro-batch", type=count(1), default=1, help="sequences per DP replica per micro-batch")
+    g.add_argument("--precision", choices=("fp16", "bf16", "fp32"), default="fp16",
+                   help="training precision (the paper's fp16; with --profile, the profile's)")
     g.add_argument("--stage", type=int, default=2, help="ZeRO-DP stage 0-3")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--pa", action="store_true", help="P_a")
@@ -48,6 +53,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.profile:
+        from zerobench.sim.command import run_measured_max_size
+
+        return run_measured_max_size(args)
     from zerobench.plan.command import run_plan
 
     return run_plan(args)

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "'profile' for `zerobench simulate`.")
     p.add_argument("--suite", required=True, help="the configurations to profile for (e.g. cpu/sim_validation)")
     p.add_argument("--out", required=True, help="directory for the profile's rows")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="what to profile: the first GPU where there is one (auto), or the CPU processes; on a GPU "
+                        "the suite's runs must be one card each (dp 1, tp 1)")
     p.set_defaults(func=cmd_profile)
     s = sub.add_parser("simulate", help="replay the engine's step on a profile; check predictions against runs",
                        description="Predict step time, its critical path and TFLOPs of a suite's runs from a "

@@ -47,19 +47,24 @@ def _shape(args) -> dict:
     return {"layers": args.layers or layers, "hidden": args.hidden or hidden, "heads": args.heads or heads}
 
 
-def _plan_config(args) -> PlanConfig:
-    """The flags as the ``RunSpec`` a suite row would be, resolved by the one resolver (same rules and
-    errors as ``zerobench train`` and sweeps), then placed on the cluster the flags describe."""
+def plan_run_spec(args):
+    """The flags as the ``RunSpec`` a suite row would be (``zerobench.bench.spec``)."""
     from zerobench.bench.spec import RunSpec
 
-    spec = RunSpec(
+    return RunSpec(
         **_shape(args), vocab=args.vocab, seq=args.seq, gpus=args.gpus, tp=args.tp, stage=args.stage,
-        precision="fp16", micro_batch=args.micro_batch, checkpoint_activations=args.checkpoint_activations,
-        pa=args.pa, pa_cpu=args.pa_cpu, bucket_size=args.bucket_size, md=args.md, optim_bits=args.optim_bits,
+        precision=getattr(args, "precision", "fp16"), micro_batch=args.micro_batch,
+        checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
+        bucket_size=args.bucket_size, md=args.md, optim_bits=args.optim_bits,
         offload_optimizer="cpu" if args.offload_optimizer else "none",
         offload_param="cpu" if args.offload_param else "none",
     )
-    return plan_config(spec, args.gpus_per_node, parse_bytes(args.gpu_mem))
+
+
+def _plan_config(args) -> PlanConfig:
+    """The flags as the ``RunSpec`` a suite row would be, resolved by the one resolver (same rules and
+    errors as ``zerobench train`` and sweeps), then placed on the cluster the flags describe."""
+    return plan_config(plan_run_spec(args), args.gpus_per_node, parse_bytes(args.gpu_mem))
 
 
 def _emit(obj, as_json: bool, text: str) -> None:

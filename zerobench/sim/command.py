@@ -22,10 +22,25 @@ def _configs(suite: str) -> list:
     return [r.config for r in s.runs if r.config.system == "zerobench"]
 
 
-def _device(cores: int) -> str:
+def _device(kind: str, cores: int) -> str:
+    """What the profile is of: ``cpu: MODEL (N cores)`` or ``cuda: GPU NAME (N host cores)``."""
+    import torch
+
     from zerobench.results.provenance import cpu_model
 
+    if kind == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(0)} ({cores} host cores)"
     return f"cpu: {cpu_model()} ({cores} cores)"
+
+
+def _device_kind(asked: str) -> str:
+    import torch
+
+    if asked == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if asked == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this machine has no CUDA device; use --device cpu (or auto)")
+    return asked
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -40,9 +55,10 @@ def run_profile(args: argparse.Namespace) -> int:
     check_fresh_run_dir(out)
     cores = usable_cpus()
     configs = _configs(args.suite)
-    device = _device(cores)
+    kind = _device_kind(getattr(args, "device", "cpu"))
+    device = _device(kind, cores)
     prof = Profile(device=device, cores=cores)
-    jobs = jobs_for(configs, cores)
+    jobs = jobs_for(configs, cores, device=kind)
     for i, job in enumerate(jobs, 1):
         t0 = time.monotonic()
         print(f"[{i}/{len(jobs)}] {job.ranks} process(es) x {job.threads} thread(s): {len(job.shapes)} shape(s), "
@@ -53,7 +69,8 @@ def run_profile(args: argparse.Namespace) -> int:
     for row in prof.rows():
         metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
         w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)
-    print(f"profile of {device}: {len(prof.ops)} ops, {len(prof.curves)} collective curves -> {out}")
+    print(f"profile of {device}: {len(prof.ops)} ops, {len(prof.curves)} collective curves, "
+          f"{len(prof.memory)} memory entries -> {out}")
     return 0
 
 
@@ -101,19 +118,25 @@ def run_simulate(args: argparse.Namespace) -> int:
                 write_rows(args.out, recs, prof, args.validate)
         except (KeyError, ValueError) as e:
             raise ConfigError(str(e.args[0])) from None
-        summary = summarize(recs)
+        summary, memory = summarize(recs), summarize(recs, "memory_ratio")
         if args.json:
             print(json.dumps({"profile": prof.device, "interference": prof.interference, "summary": summary,
-                              "runs": recs}, indent=1))
+                              "memory_summary": memory, "runs": recs}, indent=1))
             return 0
         print(f"{'run':<28} {'predicted ms':>12} {'measured ms':>12} {'ratio':>6}  critical path (ms)")
         for r in recs:
             parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(r["breakdown_s"].items(), key=lambda kv: -kv[1]))
             fit = "*" if r["in_fit"] and args.fit else " "
-            print(f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f} {r['measured_s'] * 1e3:12.2f} {r['ratio']:6.2f}  {parts}")
+            mem = (f"  memory {r['predicted_peak_bytes'] / 2**20:.0f} / {r['measured_peak_bytes'] / 2**20:.0f} MiB = "
+                   f"{r['memory_ratio']:.3f}") if "memory_ratio" in r else ""
+            print(f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f} {r['measured_s'] * 1e3:12.2f} {r['ratio']:6.2f}  "
+                  f"{parts}{mem}")
         if summary["runs"]:
             print(f"\n{summary['runs']} runs: median |predicted/measured - 1| = {summary['median_abs_error']:.1%}, "
                   f"worst {summary['worst_abs_error']:.1%} ({summary['worst_run']})")
+            if memory["runs"]:
+                print(f"{memory['runs']} runs' peak memory (max_memory_allocated): median |predicted/measured - 1| = "
+                      f"{memory['median_abs_error']:.1%}, worst {memory['worst_abs_error']:.1%} ({memory['worst_run']})")
             zero = summarize([r for r in recs if not r["in_fit"]])
             if args.fit and zero["runs"]:
                 print(f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
@@ -152,4 +175,49 @@ def _paper(args: argparse.Namespace) -> int:
             metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
             w.write(metric, value, unit, **row)
     print(json.dumps(out, indent=1, default=float) if args.json else format_paper(out))
+    return 0
+
+
+def run_measured_max_size(args: argparse.Namespace) -> int:
+    """``zerobench plan --max-size --profile P``: the largest model of the flags' shape whose peak, as the
+    measured memory planner predicts it (``zerobench.sim.memory``), fits ``--gpu-mem``; the breakdown at it."""
+    import dataclasses
+
+    from zerobench.bench.spec import to_train_config
+    from zerobench.config import parse_bytes
+    from zerobench.models.sizes import num_params
+    from zerobench.plan.command import plan_run_spec
+    from zerobench.sim.memory import max_layers, predict_memory
+
+    if not args.max_size:
+        raise ConfigError("--profile plans from measured memory terms for --max-size: add --max-size")
+    prof = _load_profile(args.profile)
+    if not prof.memory:
+        raise ConfigError(f"{args.profile}: the profile has no memory entries: take one on a GPU "
+                          f"(`zerobench profile --device cuda`)")
+    cfg = to_train_config(plan_run_spec(args), check_system=False)
+    budget = parse_bytes(args.gpu_mem)
+    try:
+        layers = max_layers(cfg, prof, budget)
+        solved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=max(layers, 1)))
+        mem = predict_memory(solved, prof)
+    except KeyError as e:
+        raise ConfigError(str(e.args[0])) from None
+    out = {"memory_model": f"measured: {prof.device} ({args.profile})", "budget_bytes": budget,
+           "max_layers": layers, "max_params": num_params(solved.model) if layers else 0,
+           "memory_bytes": mem if layers else {}}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    m = cfg.model
+    print(f"memory model: {out['memory_model']}")
+    print(f"shape: hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, micro-batch {cfg.micro_batch}, "
+          f"{cfg.zero.precision.value}, stage {cfg.zero.stage}, dp {cfg.dp} x tp {cfg.tp}")
+    if not layers:
+        print(f"max size: not even one layer fits {budget / 2**30:.2f} GiB")
+        return 0
+    print(f"max size: {layers} layers = {out['max_params'] / 1e9:.3f}B params fit {budget / 2**30:.2f} GiB; "
+          "predicted peak there (max_memory_allocated), GiB:")
+    for k, v in mem.items():
+        print(f"  {k:<26} {v / 2**30:10.3f}")
     return 0

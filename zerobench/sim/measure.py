@@ -25,7 +25,7 @@ import queue as queue_mod
 import time
 from dataclasses import dataclass
 
-from zerobench.config import RunFailed
+from zerobench.config import ConfigError, RunFailed
 from zerobench.sim.measure_compute import (
     Shape,
     expected,
@@ -34,6 +34,7 @@ from zerobench.sim.measure_compute import (
     time_engine_overhead,
     time_per_element,
 )
+from zerobench.sim.measure_memory import step_memory
 from zerobench.sim.profile import IN_SITU, Curve, Linear, Profile, curve_key, op_key
 
 SIZES = tuple(1 << k for k in range(10, 27, 2))
@@ -52,6 +53,9 @@ class HostJob:
     """Collective group sizes (each dividing ``ranks``)."""
     kernels: str = "auto"
     sizes: tuple[int, ...] = SIZES
+    device: str = "cpu"
+    """Where the ranks compute: ``cpu``, or ``cuda`` (one rank on the first GPU; the pieces on its stream and
+    as the host's cost to issue them, and each shape's step memory)."""
 
 
 def shape_key(op: str, s: Shape, ranks: int, threads: int) -> str:
@@ -185,15 +189,22 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
 
     try:
         torch.set_num_threads(job.threads)
+        device = torch.device(job.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(0)
         ops: dict[str, float] = {}
+        memory: dict[str, float] = {}
         for s in job.shapes:
             init_fake_world(s.tp, 0)
-            for name, t in time_compute(s, barrier=barrier.wait).items():
+            for name, t in time_compute(s, barrier=barrier.wait, device=device).items():
                 ops[shape_key(name, s, job.ranks, job.threads)] = t
+            if device.type == "cuda":
+                memory.update({shape_key(k, s, job.ranks, job.threads): b for k, b in step_memory(s, device).items()})
             dist.destroy_process_group()
-        linear = {f"{k}|r{job.ranks}": v for k, v in time_per_element(barrier.wait, job.kernels).items()}
+        linear = {f"{k}|r{job.ranks}": v for k, v in time_per_element(barrier.wait, job.kernels, device).items()}
         init_fake_world(1, 0)
-        linear.update({f"{k}|r{job.ranks}": v for k, v in time_engine_overhead(barrier.wait, job.kernels).items()})
+        linear.update({f"{k}|r{job.ranks}": v
+                       for k, v in time_engine_overhead(barrier.wait, job.kernels, device).items()})
         dist.destroy_process_group()
         curves, composed = {}, {}
         if job.ranks > 1 and job.groups:
@@ -204,7 +215,7 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
             ops.update(_tp_in_situ(job, barrier))
             dist.destroy_process_group()
         if rank == 0:
-            results.put(("ok", ops, {"curves": curves, "composed": composed}, linear))
+            results.put(("ok", ops, {"curves": curves, "composed": composed, "memory": memory}, linear))
     except BaseException as e:
         results.put(("error", f"profiling process {rank}: {type(e).__name__}: {e}", None, None))
         raise
@@ -229,7 +240,8 @@ def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0
             p.join(5)
     if status != "ok":
         raise RunFailed(ops)
-    prof = Profile(device=device, cores=cores, ops=ops, linear=linear, composed=collectives["composed"])
+    prof = Profile(device=device, cores=cores, ops=ops, linear=linear, composed=collectives["composed"],
+                   memory=collectives["memory"])
     prof.curves = {k: Curve(tuple(v)) for k, v in collectives["curves"].items()}
     return prof
 
@@ -254,13 +266,20 @@ def shape_of(cfg) -> Shape:
     return Shape(cfg.model, cfg.micro_batch, cfg.tp, cfg.zero.precision.value, cfg.kernels, cfg.activation.checkpoint)
 
 
-def jobs_for(configs, cores: int, sizes: tuple[int, ...] = SIZES) -> list[HostJob]:
-    """One ``HostJob`` per process count the configurations need: their shapes and group sizes."""
+def jobs_for(configs, cores: int, sizes: tuple[int, ...] = SIZES, device: str = "cpu") -> list[HostJob]:
+    """One ``HostJob`` per process count the configurations need: their shapes and group sizes. On a GPU
+    (``device="cuda"``) one-card configurations only: world 1, every stage."""
+    if device != "cpu":
+        many = [c for c in configs if c.world_size > 1]
+        if many:
+            raise ConfigError(f"zerobench profile on {device} measures one-card configurations (world 1); the "
+                              f"suite has a world of {many[0].world_size} (dp {many[0].dp} x tp {many[0].tp}): "
+                              f"profile it on CPU processes, or give a suite of dp 1, tp 1 runs")
     by_ranks: dict[int, tuple[dict, set]] = {}
     for cfg in configs:
         shapes, groups = by_ranks.setdefault(cfg.world_size, ({}, set()))
         shapes[shape_of(cfg)] = None
         groups.update(g for g in (cfg.dp, cfg.tp) if g > 1)
     return [HostJob(ranks=n, threads=max(1, cores // n), shapes=tuple(shapes), groups=tuple(sorted(groups)),
-                    kernels=next(iter(shapes)).kernels, sizes=sizes)
+                    kernels=next(iter(shapes)).kernels, sizes=sizes, device=device)
             for n, (shapes, groups) in sorted(by_ranks.items())]

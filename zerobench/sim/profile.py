@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 IN_SITU = "+tp"
 """Suffix of a compute piece measured with its TP collectives on the real groups (``measure._tp_in_situ``)."""
+LAUNCH = "@launch"
+"""Suffix of a compute piece's host cost to issue it, on a device the host runs ahead of (a GPU)."""
 
 
 def op_key(op: str, *, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str, kernels: str,
@@ -111,10 +113,19 @@ class Profile:
     (``collectives.reduce_scatter``); the profiler times both, and each of them alone carries the host's
     noise (on a 2-core Xeon VM, over three profiles, a 1 MiB all-reduce took 2.4 ms in one curve and 1.5 ms
     in the other). ``collective`` reads such a pair as one measurement: their pointwise mean."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """``op_key`` of ``activations`` / ``step_peak`` -> bytes a step of that shape holds beyond its
+    parameters (``measure_compute.step_memory``; GPU profiles)."""
     interference: float = 0.0
     """Fraction of a data-parallel collective's time that also delays the compute running beside it: on a
     CPU host gloo's threads share the cores the ranks compute on (on a GPU, NCCL's kernels take SMs:
     near zero). The profile's one fitted factor, fitted on non-ZeRO runs only (``validate.fit_interference``)."""
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the host issues work that the device runs later (a GPU): the replay then keeps a host stream
+        beside the device's, and the host waits for the device only where the engine synchronises."""
+        return self.device.startswith("cuda")
 
     def op(self, key: str) -> float:
         if key not in self.ops:
@@ -171,6 +182,7 @@ class Profile:
         self.curves.update(other.curves)
         self.linear.update(other.linear)
         self.composed.update(other.composed)
+        self.memory.update(other.memory)
         self.sources.update(other.sources)
         self.interference = other.interference or self.interference
 
@@ -178,6 +190,8 @@ class Profile:
     def rows(self) -> list[dict]:
         """One dict per entry (metric, value, unit and keys), for ``RowWriter.write``."""
         out = [{"metric": "profile_op_seconds", "value": t, "unit": "s", "key": k} for k, t in sorted(self.ops.items())]
+        out += [{"metric": "profile_memory_bytes", "value": b, "unit": "bytes", "key": k}
+                for k, b in sorted(self.memory.items())]
         for k, c in sorted(self.curves.items()):
             out += [{"metric": "profile_collective_seconds", "value": t, "unit": "s", "key": k, "bytes": b,
                      "composed_of": self.composed.get(k)} for b, t in c.points]
@@ -198,6 +212,7 @@ class Profile:
             raise ValueError("no profile rows: run `zerobench profile --out DIR` first")
         p = cls(device=prof[-1].get("device", "unknown"), cores=int(prof[-1].get("cores", 1)))
         ops: dict[str, list[float]] = {}
+        memory: dict[str, list[float]] = {}
         fitted: list[float] = []
         points: dict[str, dict[float, list[float]]] = {}
         lin: dict[str, dict[str, list[float]]] = {}
@@ -206,6 +221,8 @@ class Profile:
             m, k = r["metric"], r["key"]
             if m == "profile_op_seconds":
                 ops.setdefault(k, []).append(r["value"])
+            elif m == "profile_memory_bytes":
+                memory.setdefault(k, []).append(r["value"])
             elif m == "profile_interference":
                 fitted.append(r["value"])
             elif m == "profile_collective_seconds":
@@ -217,6 +234,7 @@ class Profile:
                 lin.setdefault(k, {}).setdefault(which, []).append(r["value"])
         med = statistics.median
         p.ops = {k: med(v) for k, v in ops.items()}
+        p.memory = {k: med(v) for k, v in memory.items()}
         p.interference = med(fitted) if fitted else 0.0
         p.curves = {k: Curve(tuple(sorted((b, med(ts)) for b, ts in v.items()))) for k, v in points.items()}
         p.linear = {k: Linear(med(v["alpha"]), med(v["beta"])) for k, v in lin.items()}

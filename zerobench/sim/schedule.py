@@ -20,13 +20,18 @@ time in issue order, as a process group runs them). What the engine does, per st
   difference from the piece alone; else the isolated collective plus the rank-skew penalty;
 - with activation checkpointing, a block's backward includes its recompute (profiled together), and
   P_a adds the all-gather of the block input before it; offload copies the gradient partition to the
-  host and the updated parameters back, around the (host) step.
+  host and the updated parameters back, around the (host) step;
+- on a device the host runs ahead of (a GPU profile, ``Profile.asynchronous``), a ``host`` stream issues
+  the work: each compute piece costs the host its launch (``LAUNCH``) and starts on the device once issued,
+  the engine's host work runs there too, and the host waits for the device where the engine synchronises
+  (``step()`` reads the unused-parameter check back before it steps). A step is then device-bound or
+  host-bound, whichever its pieces make it, and the critical path says which.
 """
 
 from __future__ import annotations
 
 from zerobench.sim.layout import Bucket, engine_buckets
-from zerobench.sim.profile import IN_SITU, Profile
+from zerobench.sim.profile import IN_SITU, LAUNCH, Profile
 from zerobench.sim.replay import Timeline
 from zerobench.train.config import TrainConfig
 from zerobench.zero.config import MAX_INFLIGHT
@@ -54,6 +59,7 @@ class StepReplay:
                           dtype=cfg.zero.precision.value, kernels=cfg.kernels, checkpoint=cfg.activation.checkpoint,
                           ranks=self.ranks, threads=self.threads)
         """The compute pieces' ``op_key`` fields (the configuration's, fixed for the replay)."""
+        self.asynchronous = prof.asynchronous
         self.tl = Timeline()
         self.gathers: dict[int, int | None] = {}
         self.last_sync = 0.0
@@ -62,25 +68,38 @@ class StepReplay:
     def piece(self, name: str) -> float:
         return self.prof.op_time(name, **self.shape)
 
+    def dev(self, name: str, seconds: float, category: str, deps: tuple[int | None, ...] = ()) -> int:
+        """Work on the device's (compute) stream; where the host runs ahead, it starts once the host has issued it."""
+        if self.asynchronous:
+            deps = (*deps, self.tl.now("host"))
+        return self.tl.add(name, "compute", seconds, category, deps)
+
     def compute(self, name: str, extra_tp_allreduces: int = 0, tp_bytes: float | None = None) -> None:
         t = self.piece(name)
-        self.tl.add(name, "compute", t, "compute")
+        if self.asynchronous:
+            launch = self.piece(name + LAUNCH) if self.prof.has_op(name + LAUNCH, **self.shape) else 0.0
+            self.tl.add(f"issue {name}", "host", launch, "host")
+        self.dev(name, t, "compute")
         if extra_tp_allreduces and self.prof.has_op(name + IN_SITU, **self.shape):
             # measured with its TP collectives on the real groups: the difference is what they cost here
-            self.tl.add("tp collectives, in situ", "compute", max(self.piece(name + IN_SITU) - t, 0.0), "mp_comm")
+            self.dev("tp collectives, in situ", max(self.piece(name + IN_SITU) - t, 0.0), "mp_comm")
             self.last_sync = self._compute_end()
             return
         nbytes = self.act_bytes if tp_bytes is None else tp_bytes
         for _ in range(extra_tp_allreduces):
             self.skew(self.tp)
-            self.tl.add("tp all_reduce", "compute", self.tp_collective("all_reduce", nbytes), "mp_comm")
+            self.dev("tp all_reduce", self.tp_collective("all_reduce", nbytes), "mp_comm")
             self.last_sync = self._compute_end()
 
     def engine(self, per: str) -> None:
         """The engine's own host work: ``alpha`` once per step, ``beta`` once per block (profiled per stage)."""
         lin = self.prof.linear.get(f"engine_s{self.stage}|r{self.ranks}")
         t = 0.0 if lin is None else (lin.alpha if per == "alpha" else lin.beta)
-        if t:
+        if not t:
+            return
+        if self.asynchronous:  # the step's part waits for the device first (step() reads a result back)
+            self.tl.add("engine host work", "host", t, "engine", (self.tl.now("compute"),) if per == "alpha" else ())
+        else:
             self.tl.add("engine host work", "compute", t, "engine")
 
     def _compute_end(self) -> float:
@@ -91,7 +110,7 @@ class StepReplay:
         """The ranks meet: pay the profile's synchronisation penalty for the compute since they last did."""
         pen = self.prof.sync_penalty(group, self.ranks, self._compute_end() - self.last_sync)
         if pen:
-            self.tl.add("rank skew", "compute", pen, "sync")
+            self.dev("rank skew", pen, "sync")
 
     def wait_dp(self, deps: tuple[int | None, ...]) -> None:
         """Compute waits for DP collectives; where it blocks, the ranks have met."""
@@ -104,16 +123,20 @@ class StepReplay:
     def tp_collective(self, op: str, nbytes: float) -> float:
         return self.prof.collective(op, self.tp, self.ranks, nbytes, dim="tp", tp=self.tp)
 
-    def dp_collective(self, op: str, nbytes: float, name: str) -> int:
+    def dp_collective(self, op: str, nbytes: float, name: str) -> int | None:
+        if self.dp == 1:  # a group of one: a copy between distinct buffers, where the engine has them, or nothing
+            if (op == "reduce_scatter" and self.stage >= 2) or (op == "all_gather" and self.stage == 3):
+                return self.dev(f"{name} (copy: a group of one)", self.prof.cost("copy", self.ranks, nbytes), "copy")
+            return None
         t = self.prof.collective(op, self.dp, self.ranks, nbytes, dim="dp", tp=self.tp)
         idx = self.tl.add(name, "dp", t, "dp_comm", (self.tl.now("compute"),))
         if self.prof.interference and t:  # the collective's threads share the cores the compute runs on
-            self.tl.add("collective on the compute's cores", "compute", self.prof.interference * t, "interference")
+            self.dev("collective on the compute's cores", self.prof.interference * t, "interference")
         return idx
 
     # -- stage 3 gathers -----------------------------------------------------------------------
     def gather(self, unit: int) -> None:
-        if self.stage != 3 or self.dp == 1 or unit in self.gathers:
+        if self.stage != 3 or unit in self.gathers:
             return
         last = None
         for b in self.by_unit.get(unit, ()):
@@ -134,11 +157,11 @@ class StepReplay:
         for b in self.by_point.get(point, ()):
             nbytes = b.param_numel * self.elem
             if self.stage >= 2:  # add_grad: the gradients are copied into the staging bucket
-                self.tl.add("staging copy", "compute", self.prof.cost("copy", self.ranks, nbytes), "copy")
+                self.dev("staging copy", self.prof.cost("copy", self.ranks, nbytes), "copy")
             elif self.first:  # zero_grad() left .grad None: autograd's new gradient is copied into its view
-                self.tl.add("copy into bucket", "compute", self.prof.cost("copy", self.ranks, nbytes), "copy")
+                self.dev("copy into bucket", self.prof.cost("copy", self.ranks, nbytes), "copy")
             else:  # later micro-batches: .grad is the bucket's view, autograd adds into it
-                self.tl.add("accumulate into bucket", "compute", self.prof.cost("add", self.ranks, nbytes), "copy")
+                self.dev("accumulate into bucket", self.prof.cost("add", self.ranks, nbytes), "copy")
             self.pending.discard(b.index)
         if not self.sync:
             return
@@ -162,4 +185,4 @@ class StepReplay:
         self.wait_dp((self.tl.now("dp"),))
         if self.stage >= 2 and not self.first:  # later micro-batches add into the partition
             n = sum(b.shard_numel for b in self.buckets)
-            self.tl.add("accumulate", "compute", self.prof.cost("copy", self.ranks, n * self.elem), "copy")
+            self.dev("accumulate", self.prof.cost("copy", self.ranks, n * self.elem), "copy")

@@ -29,7 +29,7 @@ def _forward(r: StepReplay) -> None:
             r.gather(i + 2)
         r.compute("block_fwd", 2 if tp else 0)
         if r.cfg.activation.cpu_offload:  # P_a+cpu: the block's (partitioned) checkpoint goes to the host
-            r.tl.add("checkpoint to host", "compute", r.prof.transfer(r.ranks, r.act_bytes / r.tp), "offload")
+            r.dev("checkpoint to host", r.prof.transfer(r.ranks, r.act_bytes / r.tp), "offload")
         r.gathers.pop(i + 1, None)  # stage 3 frees a block after its forward
     r.compute("head_fwd", 3 if tp else 0, tp_bytes=r.cfg.micro_batch * r.cfg.model.seq * 4)
     r.gathers.pop(0, None)
@@ -48,11 +48,11 @@ def _backward(r: StepReplay) -> None:
         if pre and i >= 1:
             r.gather(i)
         if ckpt and c.activation.cpu_offload:
-            r.tl.add("checkpoint from host", "compute", r.prof.transfer(r.ranks, r.act_bytes / r.tp), "offload")
+            r.dev("checkpoint from host", r.prof.transfer(r.ranks, r.act_bytes / r.tp), "offload")
         if tp and ckpt and c.activation.partition:
             r.skew(r.tp)
             t = r.tp_collective("all_gather", r.act_bytes)
-            r.tl.add("P_a all_gather", "compute", t, "mp_comm")
+            r.dev("P_a all_gather", t, "mp_comm")
             r.last_sync = r._compute_end()
         r.compute("block_bwd", ((4 if ckpt else 2) if tp else 0))
         r.engine("beta")
@@ -67,10 +67,10 @@ def _step(r: StepReplay) -> None:
     n_local = sum(b.shard_numel for b in r.buckets)
     offload = r.cfg.zero.offload_optimizer != "none"
     if offload:  # the gradient partition goes to the host, the updated parameters come back
-        r.tl.add("grads to host", "compute", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
-    r.tl.add("optimizer step", "compute", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
+        r.dev("grads to host", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
+    r.dev("optimizer step", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
     if offload:
-        r.tl.add("params to device", "compute", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
+        r.dev("params to device", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
     if r.stage in (1, 2) and r.dp > 1:
         for b in r.buckets:
             r.dp_collective("all_gather", b.numel * r.elem, f"publish bucket {b.index}")

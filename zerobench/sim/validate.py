@@ -66,27 +66,61 @@ def _predict(cfg: TrainConfig, prof: Profile) -> float:
     return simulate(cfg, prof)["step_time_s"]
 
 
+def measured_peaks(rows: list[dict]) -> dict[str, float]:
+    """Run id -> peak device bytes (``peak_memory_bytes``, the largest over its ranks; the median over rounds)."""
+    per: dict[tuple[str, int], float] = {}
+    for r in rows:
+        if r.get("metric") == "peak_memory_bytes" and r.get("status") == "ok" and r.get("value") is not None:
+            key = (r["run_id"], (r.get("provenance") or {}).get("timestamp", ""))  # one measurement: one run's write
+            per[key] = max(per.get(key, 0.0), float(r["value"]))
+    out: dict[str, list[float]] = {}
+    for (rid, _), v in per.items():
+        out.setdefault(rid, []).append(v)
+    return {rid: statistics.median(v) for rid, v in out.items()}
+
+
 def validate(rows: list[dict], prof: Profile) -> list[dict]:
-    """One record per measured run: predicted and measured step time, their ratio, and the breakdown."""
+    """One record per measured run: predicted and measured step time, their ratio, and the breakdown; where
+    the profile measured memory (a GPU's), the predicted and measured peak bytes and their ratio too."""
+    peaks = measured_peaks(rows) if prof.memory else {}
     out = []
     for run_id, cfg, measured in measured_runs(rows):
         sim = simulate(cfg, prof)
         sim.pop("timeline")
-        out.append({
+        rec = {
             "run_id": run_id, "stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp,
             "layers": cfg.model.layers, "hidden": cfg.model.hidden,
             "predicted_s": sim["step_time_s"], "measured_s": measured,
             "ratio": sim["step_time_s"] / measured, "breakdown_s": sim["breakdown_s"],
             "in_fit": not is_zero(cfg) and cfg.world_size > 1,
-        })
+        }
+        mem = _memory(cfg, prof) if run_id in peaks else None
+        if mem is not None:
+            rec.update(predicted_peak_bytes=mem["total"], measured_peak_bytes=peaks[run_id],
+                       memory_ratio=mem["total"] / peaks[run_id], memory_breakdown_bytes=mem)
+        out.append(rec)
     return out
 
 
-def summarize(records: list[dict]) -> dict:
-    errs = [abs(r["ratio"] - 1) for r in records]
+def _memory(cfg: TrainConfig, prof: Profile) -> dict | None:
+    """The predicted peak, or None where the profile has no memory entry for the run's shape (a CPU profile, or a
+    GPU one from before the entries were measured per block)."""
+    from zerobench.sim.memory import predict_memory
+
+    try:
+        return predict_memory(cfg, prof)
+    except KeyError:
+        return None
+
+
+def summarize(records: list[dict], ratio: str = "ratio") -> dict:
+    """Median and worst |predicted ÷ measured − 1| of ``ratio`` (``ratio``: step time; ``memory_ratio``: peak
+    memory) over the records that have it."""
+    records = [r for r in records if ratio in r]
+    errs = [abs(r[ratio] - 1) for r in records]
     if not errs:
         return {"runs": 0, "median_abs_error": None, "worst_abs_error": None}
-    worst = max(records, key=lambda r: abs(r["ratio"] - 1))
+    worst = max(records, key=lambda r: abs(r[ratio] - 1))
     return {"runs": len(errs), "median_abs_error": statistics.median(errs), "worst_abs_error": max(errs),
             "worst_run": worst["run_id"]}
 
@@ -105,3 +139,7 @@ def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> No
                 "profile_device": prof.device, "breakdown_s": r["breakdown_s"]}
         w.write("sim_predicted_step_time_s", r["predicted_s"], "s", **keys)
         w.write("sim_step_time_ratio", r["ratio"], "ratio", **keys)
+        if "memory_ratio" in r:
+            mem = {"measured_peak_bytes": r["measured_peak_bytes"], "memory_breakdown_bytes": r["memory_breakdown_bytes"]}
+            w.write("sim_predicted_peak_bytes", r["predicted_peak_bytes"], "bytes", **keys, **mem)
+            w.write("sim_peak_memory_ratio", r["memory_ratio"], "ratio", **keys, **mem)

@@ -1,0 +1,91 @@
+"""The memory planner from measurement: a configuration's peak device bytes on a profiled GPU, and the most
+layers that fit a budget.
+
+The peak (``torch.cuda.max_memory_allocated``, reached in backward's first pieces, when every block's
+activations are still held and the head's gradient is being made) is the sum of
+
+- the model states the engine holds by then, counted from the configuration and the real layout
+  (``model_state_bytes_analytic`` on the engine's padded element count): parameters, gradient buffer,
+  fp32 master and Adam moments, less what offload puts on the host. At stages 2-3 a bucket's gradient
+  shard is allocated when the bucket is first reduced (``zero/buffer.py``), after the peak: with one
+  micro-batch per step the gradient partition is not yet there; with accumulation it is;
+- the step's activations and transients beyond the parameters, *measured* on the device at the
+  configuration's shape at one and at two blocks (``measure_memory.step_memory``): a fixed part
+  (embedding, head, loss, and with checkpointing one block's recompute) plus a part per block (bytes
+  depend on the shape, not on how many processes share the host: one entry serves every world size);
+- stage 3's gathered units at the peak: the root (embeddings, final norm; the head's tied weight) and one
+  block (the prefetched next one), each a full unit beside its shard.
+
+What is left out is stated, not allowed for: the caching allocator's reserve above what is allocated
+(``peak_reserved_bytes - peak_memory_bytes`` in a run's rows) and the CUDA context, neither of which
+``max_memory_allocated`` counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from zerobench.metrics.memory import model_state_bytes_analytic
+from zerobench.sim.layout import engine_buckets
+from zerobench.sim.profile import Profile, op_key
+from zerobench.train.config import TrainConfig
+from zerobench.zero.states import make_codec
+
+
+def _shape(cfg: TrainConfig, prof: Profile) -> dict:
+    m = cfg.model
+    return dict(b=cfg.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=cfg.tp,
+                dtype=cfg.zero.precision.value, kernels=cfg.kernels, checkpoint=cfg.activation.checkpoint,
+                ranks=cfg.world_size, threads=max(1, prof.cores // cfg.world_size))
+
+
+def _without_processes(key: str) -> str:
+    """``op_key`` less its processes and threads fields: bytes, unlike seconds, do not depend on them."""
+    return "|".join(f for f in key.split("|") if not (f[:1] in "rt" and f[1:].isdigit()))
+
+
+def _measured(prof: Profile, name: str, shape: dict) -> float:
+    key = _without_processes(op_key(name, **shape))
+    for k, v in prof.memory.items():
+        if _without_processes(k) == key:
+            return v
+    raise KeyError(f"the profile of {prof.device} has no memory entry {key}: run `zerobench profile` on a GPU "
+                   f"for this shape")
+
+
+def predict_memory(cfg: TrainConfig, prof: Profile) -> dict[str, float]:
+    """Peak device bytes of one rank of ``cfg`` by term, and their ``total``."""
+    z = cfg.zero
+    buckets = engine_buckets(cfg)
+    elem = z.precision.param_dtype.itemsize
+    states = model_state_bytes_analytic(
+        sum(b.numel for b in buckets), cfg.dp, z.stage, elem, elem, 4 if z.precision.has_master else 0,
+        make_codec(z.optim_bits).bytes_per_element(), offload_optimizer=z.offload_optimizer != "none",
+        offload_param=z.offload_param != "none")
+    if z.stage >= 2 and z.grad_accum_steps == 1:
+        states["grads"] = 0.0  # not allocated until its buckets are first reduced, after the peak
+    shape = _shape(cfg, prof)
+    L = cfg.model.layers
+    out = {f"states_{k}": v for k, v in states.items()}
+    out["activations"] = _measured(prof, "step_peak_fixed", shape) + L * _measured(prof, "step_peak_block", shape)
+    gathered = 0.0
+    if z.stage == 3:
+        unit_bytes: dict[int, float] = {}
+        for b in buckets:
+            unit_bytes[b.unit] = unit_bytes.get(b.unit, 0.0) + b.numel * elem
+        blocks = [v for u, v in unit_bytes.items() if u != 0]
+        gathered = unit_bytes.get(0, 0.0) + (max(blocks) if blocks else 0.0)
+    out["stage3_gathered"] = gathered
+    out["total"] = sum(out.values())
+    return out
+
+
+def max_layers(cfg: TrainConfig, prof: Profile, budget_bytes: float, limit: int = 4096) -> int:
+    """The most layers of ``cfg``'s shape whose predicted peak fits ``budget_bytes`` (0 if none)."""
+    from zerobench.bench.search import largest_fitting
+
+    def fits(layers: int) -> bool:
+        deeper = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=layers))
+        return predict_memory(deeper, prof)["total"] <= budget_bytes
+
+    return largest_fitting(fits, limit)

@@ -3,7 +3,12 @@
 Each probe is a fresh run of a few steps (fresh processes, so nothing leaks between probes) with the
 budget enforced — on CPU by the live-tensor tracker, on GPU by a real CUDA OOM under
 ``set_per_process_memory_fraction``. Memory grows with layers, so the search doubles until a probe runs
-out of memory, then bisects. This is the paper's Fig 4 / Fig 6 experiment at small scale.
+out of memory, then bisects; from a guess (``start``, e.g. the memory planner's answer) it steps away from the
+guess instead, so a right guess costs two probes. This is the paper's Fig 4 / Fig 6 experiment at small scale.
+
+A probe trains ``PROBE_STEPS`` steps, not one: a size must train on, not only take its first step (on a GPU
+the first step runs on a fresh caching allocator; later ones carry its cached, split blocks). Each probe's
+rows (its status, peak allocated and reserved bytes) are kept beside its log (``zerobench maxsize --probes``).
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ class MaxSizeResult:
     """layers -> status of each probe (ok / oom)."""
 
 
-def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int = 1,
-                      work_dir: Path | None = None, on_probe=None) -> MaxSizeResult:
+PROBE_STEPS = 3
+"""Steps each probe trains (see the module docstring)."""
+
+
+def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int = PROBE_STEPS,
+                      work_dir: Path | None = None, on_probe=None, start: int = 1) -> MaxSizeResult:
     probes: dict[int, str] = {}
     tmp = None
     if work_dir is None:
@@ -40,7 +49,8 @@ def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int =
         cfg = to_train_config(dataclasses.replace(spec, layers=layers, steps=steps, warmup=0, memory_budget=budget))
         d = work_dir / f"probe-{layers}"
         d.mkdir(parents=True, exist_ok=True)
-        res = launch_local(cfg, None, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log")
+        # each probe's rows (status, peak allocated and reserved bytes) stay beside its log
+        res = launch_local(cfg, d, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log")
         if res.status not in ("ok", "oom"):
             raise ConfigError(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")
         probes[layers] = res.status
@@ -49,7 +59,7 @@ def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int =
         return res.ok
 
     try:
-        lo = largest_fitting(fits, limit)
+        lo = largest_fitting(fits, limit, start)
         if lo == 0:
             return MaxSizeResult(0, 0, probes)
         model = dataclasses.replace(to_train_config(spec).model, layers=lo)

@@ -154,6 +154,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_maxsize(args: argparse.Namespace) -> int:
     import dataclasses
     import json
+    from pathlib import Path
 
     from zerobench.bench.maxsize import search_max_layers
     from zerobench.bench.spec import RunSpec
@@ -165,7 +166,8 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     results = {}
     for stage in args.stage:
         spec = dataclasses.replace(base, stage=stage)
-        res = search_max_layers(spec, args.budget, limit=args.max_layers,
+        work = Path(args.probes) / f"stage{stage}" if args.probes else None
+        res = search_max_layers(spec, args.budget, limit=args.max_layers, start=args.start_layers, work_dir=work,
                                 on_probe=lambda L, st, s=stage: print(f"  stage {s}: {L:4d} layers -> {st}", flush=True))
         results[stage] = res
         print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within {args.budget}")
@@ -219,6 +221,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="gradient/parameter bucket size in elements (C_B)")
     _add_offload_args(ms)
     ms.add_argument("--max-layers", type=count(1), default=256, help="search limit")
+    ms.add_argument("--start-layers", type=count(1), default=1,
+                    help="start the search here, e.g. at `zerobench plan --max-size --profile`'s answer: a right "
+                         "guess costs two probes (default 1: double from one layer)")
     ms.add_argument("--timeout", type=number(above=0), default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")
+    ms.add_argument("--probes", metavar="DIR", help="keep every probe's log and rows (status, peak allocated and "
+                                                    "reserved bytes) under DIR/stageN/probe-L (default: discarded)")
     ms.set_defaults(func=cmd_maxsize)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from zerobench.cli import main
 from zerobench.config import ConfigError, parse_bytes
+
+CPU_PROFILE = Path(__file__).resolve().parents[2] / "results/reference/sim-validation-cpu-2core-xeon-5/profile"
 
 
 def run(argv, capsys) -> tuple[int, str]:
@@ -52,6 +56,12 @@ CASES = [
     (["maxsize", "--budget", "8MiB", "--dp", "0"], "--dp: must be >= 1"),
     (["maxsize", "--budget", "8MiB", "--max-layers", "-3"], "--max-layers: must be >= 1"),
     (["maxsize"], "the following arguments are required: --budget"),
+    (["maxsize", "--budget", "8MiB", "--start-layers", "0"], "--start-layers: must be >= 1"),
+    (["profile", "--suite", "gpu/sim_validation", "--out", "/nonexistent/p", "--device", "cuda"],
+     "this machine has no CUDA device"),
+    (["profile", "--suite", "cpu/sim_validation", "--out", "/nonexistent/p", "--device", "tpu"], "invalid choice"),
+    (["plan", "--max-size", "--profile", str(CPU_PROFILE), "--gpus", "1"],
+     "the profile has no memory entries"),
     (["plan", "--gpu-mem", "1.2.3GB"], "cannot read memory size"),
     (["plan", "--efficiency", "0"], "--efficiency: must be > 0"),
     (["plan", "--efficiency", "nan"], "must be a finite number"),

@@ -1,0 +1,182 @@
+"""The simulator's GPU path without a GPU (issue 22, items 3b and 4): the replay of a device the host runs
+ahead of, a world of one's copies, the memory planner from measured terms, the profiler's one-card rule,
+and the recorded H200 rounds (``results/reference/gpu-h200-2026-11-26``) reproduced from their rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerobench.bench.spec import RunSpec, to_train_config
+from zerobench.config import ConfigError
+from zerobench.sim.layout import engine_buckets
+from zerobench.sim.measure import jobs_for, shape_key, shape_of
+from zerobench.sim.memory import max_layers, predict_memory
+from zerobench.sim.profile import LAUNCH, Linear, Profile
+from zerobench.sim.simulate import simulate
+
+GPU_REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu-h200-2026-11-26"
+PIECES = ("embed_fwd", "block_fwd", "head_fwd", "head_bwd", "block_bwd", "embed_bwd")
+
+
+def _cfg(**kw):
+    return to_train_config(RunSpec(preset="tiny", precision="bf16", **kw))
+
+
+def _gpu_profile(cfgs, device_s=1e-3, launch_s=1e-4, engine=(0.0, 0.0), block_bytes=1000.0, fixed_bytes=5000.0):
+    """A GPU profile: every piece ``device_s`` on the stream and ``launch_s`` to issue; copies and the step free."""
+    p = Profile("cuda: test card", cores=16)
+    for c in cfgs:
+        s, r, t = shape_of(c), c.world_size, max(1, 16 // c.world_size)
+        for op in PIECES:
+            p.ops[shape_key(op, s, r, t)] = device_s
+            p.ops[shape_key(op + LAUNCH, s, r, t)] = launch_s
+        p.memory[shape_key("step_peak_fixed", s, r, t)] = fixed_bytes
+        p.memory[shape_key("step_peak_block", s, r, t)] = block_bytes
+        for name in ("adamw", "copy", "add", "memset"):
+            p.linear[f"{name}|r{r}"] = Linear(0.0, 0.0)
+        for stage in range(4):
+            p.linear[f"engine_s{stage}|r{r}"] = Linear(*engine)
+    return p
+
+
+def test_a_gpu_step_is_device_bound_or_host_bound_whichever_its_pieces_make_it():
+    c = _cfg(stage=0)
+    n = 2 * c.model.layers + 4  # pieces issued in one step
+    fast_host = simulate(c, _gpu_profile([c], device_s=1e-3, launch_s=1e-4))
+    assert fast_host["step_time_s"] == pytest.approx(1e-4 + n * 1e-3)  # one launch, then the device's work
+    assert fast_host["breakdown_s"]["compute"] == pytest.approx(n * 1e-3)
+    slow_host = simulate(c, _gpu_profile([c], device_s=1e-4, launch_s=1e-3))
+    assert slow_host["step_time_s"] == pytest.approx(n * 1e-3 + 1e-4)  # every launch, then the last piece
+    assert slow_host["breakdown_s"]["host"] == pytest.approx(n * 1e-3)
+
+
+def test_the_engines_host_work_hides_behind_the_device_until_step_reads_a_result_back():
+    c = _cfg(stage=3)
+    base = simulate(c, _gpu_profile([c]))["step_time_s"]
+    per_block = simulate(c, _gpu_profile([c], engine=(0.0, 2e-4)))["step_time_s"]  # host work beside backward
+    assert per_block == pytest.approx(base)
+    per_step = simulate(c, _gpu_profile([c], engine=(5e-3, 0.0)))  # after the sync: the device waits for it
+    assert per_step["step_time_s"] == pytest.approx(base + 5e-3)
+    assert per_step["breakdown_s"]["engine"] == pytest.approx(5e-3)
+
+
+def test_a_group_of_one_copies_where_the_engine_has_two_buffers():
+    """At DP 1 stage 2 reduce-scatters each bucket into its own gradient shard, stage 3 also gathers every unit
+    into a full buffer before forward and before backward; stages 0-1 move nothing (``collectives.py``)."""
+    def copies(stage):
+        c = _cfg(stage=stage)
+        tasks = simulate(c, _gpu_profile([c]))["timeline"].tasks
+        return [t.name for t in tasks if "a group of one" in t.name]
+
+    assert copies(0) == [] and copies(1) == []
+    n = len(engine_buckets(_cfg(stage=2)))
+    assert len(copies(2)) == n
+    assert len(copies(3)) == 3 * len(engine_buckets(_cfg(stage=3)))  # two gathers and a reduce per bucket
+
+
+def test_memory_is_the_engines_states_plus_the_measured_step():
+    c0 = _cfg(stage=0)
+    p = _gpu_profile([c0, _cfg(stage=2), _cfg(stage=3)])
+    numel = sum(b.numel for b in engine_buckets(c0))
+    m0 = predict_memory(c0, p)
+    assert m0["states_params"] == m0["states_grads"] == 2 * numel
+    assert m0["states_master"] == 4 * numel and m0["states_optimizer_states"] == 8 * numel
+    assert m0["activations"] == 5000 + c0.model.layers * 1000
+    assert m0["total"] == pytest.approx(16 * numel + m0["activations"])
+    m2 = predict_memory(_cfg(stage=2), p)
+    assert m2["states_grads"] == 0 and m2["total"] == pytest.approx(m0["total"] - 2 * numel)
+    accum = _cfg(stage=2, grad_accum=2)
+    assert predict_memory(accum, _gpu_profile([accum]))["states_grads"] == 2 * numel  # held between micro-batches
+    c3 = _cfg(stage=3)
+    units: dict[int, int] = {}
+    for b in engine_buckets(c3):
+        units[b.unit] = units.get(b.unit, 0) + b.numel
+    m3 = predict_memory(c3, p)
+    assert m3["stage3_gathered"] == 2 * (units[0] + max(v for u, v in units.items() if u))
+
+
+def test_memory_entries_serve_every_world_size_and_the_planner_solves_layers():
+    one, four = _cfg(stage=2), _cfg(stage=2, dp=4)
+    p = _gpu_profile([one])  # measured with one process
+    assert predict_memory(four, p)["states_master"] == pytest.approx(predict_memory(one, p)["states_master"] / 4)
+    budget = predict_memory(dataclasses.replace(one, model=dataclasses.replace(one.model, layers=7)), p)["total"]
+    assert max_layers(one, p, budget) == 7 and max_layers(one, p, budget - 1) == 6
+    assert max_layers(four, p, budget) > 7
+
+
+def test_profile_rows_keep_the_memory_entries():
+    c = _cfg(stage=0)
+    p = _gpu_profile([c])
+    rows = [dict(r, status="ok", device=p.device, cores=p.cores) for r in p.rows()]
+    back = Profile.from_rows(rows)
+    assert back.memory == p.memory and back.asynchronous
+
+
+def test_a_gpu_profile_is_of_one_card_configurations():
+    jobs_for([_cfg(stage=3)], 16, device="cuda")
+    with pytest.raises(ConfigError, match="one-card configurations"):
+        jobs_for([_cfg(stage=3, dp=2)], 16, device="cuda")
+
+
+def test_search_from_a_guess_brackets_then_bisects():
+    from zerobench.bench.search import largest_fitting
+
+    for limit in (1, 2, 5, 17):
+        for answer in range(limit + 1):
+            for start in range(1, limit + 2):
+                seen: list[int] = []
+                got = largest_fitting(lambda n, a=answer, s=seen: s.append(n) or n <= a, limit, start)
+                assert got == answer and len(seen) == len(set(seen)) and all(1 <= n <= limit for n in seen)
+    seen = []
+    assert largest_fitting(lambda n: seen.append(n) or n <= 15, 256, 15) == 15 and seen == [15, 16]
+
+
+# -- the recorded H200 rounds ---------------------------------------------------------------------
+def _round(i):
+    from zerobench.results.rows import read_rows
+    from zerobench.sim import validate as V
+
+    prof = Profile.from_rows(read_rows(GPU_REF / f"profile-{i}"))
+    return {r["run_id"]: r for r in V.validate(read_rows(GPU_REF / "sim-validation" / f"round-{i}"), prof)}
+
+
+@pytest.mark.parametrize("i", [2, 3])
+def test_recorded_h200_memory_is_predicted_within_one_percent(i):
+    recs = _round(i)
+    assert len(recs) >= 8 and all(abs(r["memory_ratio"] - 1) < 0.01 for r in recs.values())
+
+
+@pytest.mark.parametrize("i", [2, 3])
+def test_recorded_h200_device_bound_runs_meet_the_step_time_bar(i):
+    """Every stage of the 1.3B GPT (device-bound) within 10% in every round; the 125M one is host-bound at
+    micro-batch 8 on these hosts, and the README reports its misses (the host's speed drifted between runs)."""
+    big = {k: r for k, r in _round(i).items() if "1.3b" in k}
+    assert {r["stage"] for r in big.values()} == {0, 1, 2, 3}
+    assert all(abs(r["ratio"] - 1) <= 0.10 for r in big.values()), {k: round(r["ratio"], 3) for k, r in big.items()}
+    small = [r for k, r in _round(i).items() if "125m" in k]
+    assert small and any(r["breakdown_s"].get("host", 0) > 0 for r in small)
+
+
+def test_the_first_round_was_profiled_before_warm_up_and_stream_timed_copies():
+    """Round 1's profile predates the card's warm-up before timing and the per-element costs timed on the stream
+    (each copy then paid a synchronisation): the 1.3B runs read 1.04-1.10, the checkpointed one just over the bar,
+    as the README's table says."""
+    big = {k: round(r["ratio"], 2) for k, r in _round(1).items() if "1.3b" in k}
+    assert max(big.values()) == 1.10 and big["008-1.3b-s3-ckpt"] == 1.10 and min(big.values()) == 1.04
+
+
+def test_the_planner_solves_max_size_from_a_recorded_profile():
+    args = [sys.executable, "-m", "zerobench", "plan", "--max-size", "--profile", str(GPU_REF / "profile-3"),
+            "--hidden", "2048", "--heads", "16", "--vocab", "50304", "--seq", "1024", "--micro-batch", "8",
+            "--precision", "bf16", "--stage", "2", "--gpu-mem", "24GiB", "--bucket-size", "6250000"]
+    out = subprocess.run([*args, "--gpus", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "max size: 15 layers" in out.stdout, out.stderr
+    out = subprocess.run([*args, "--gpus", "4"], capture_output=True, text=True, timeout=120)
+    assert "max size: 25 layers" in out.stdout, out.stderr
+    bad = subprocess.run([a for a in args if a != "--max-size"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "add --max-size" in bad.stderr and "Traceback" not in bad.stderr

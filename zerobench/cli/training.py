@@ -170,7 +170,9 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
         res = search_max_layers(spec, args.budget, limit=args.max_layers, start=args.start_layers, work_dir=work,
                                 on_probe=lambda L, st, s=stage: print(f"  stage {s}: {L:4d} layers -> {st}", flush=True))
         results[stage] = res
-        print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within {args.budget}")
+        world = f"dp {base.dp} x tp {base.tp or 1}: {base.dp * (base.tp or 1)} process(es) on this host"
+        print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within {args.budget} "
+              f"per process ({world})")
     if len(results) > 1:
         first = results[args.stage[0]]
         for stage, r in results.items():
@@ -209,7 +211,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ms.add_argument("--preset", default="tiny")
     for name in ("hidden", "heads", "vocab", "seq"):
         ms.add_argument(f"--{name}", type=count(1))
-    ms.add_argument("--dp", type=count(1), default=4)
+    ms.add_argument("--dp", type=count(1), default=4, help="data-parallel ranks, each with the budget (default 4; "
+                                                            "on one GPU they share the card: give --dp 1 for one)")
     ms.add_argument("--tp", type=count(1), default=1)
     ms.add_argument("--precision", default="fp32")
     ms.add_argument("--micro-batch", type=count(1), default=1)

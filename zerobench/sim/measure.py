@@ -15,7 +15,9 @@ the local launcher would, with the same threads per process). Together they time
 5. each TP shape's pieces once more on the real groups (``{piece}+tp``): the pieces with their TP
    collectives, as the critical path pays them.
 
-Rank 0's figures become the profile. A process that dies or hangs fails the profile in one line.
+Rank 0's figures become the profile. A process that dies or hangs fails the profile in one line. On a GPU
+(``HostJob.device``, one-card configurations) the one process times 1-2 on the card and adds each shape's
+step memory (``measure_memory.step_memory``); there are no collectives to time.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ The model is the production one: ``GPT`` -> ``parallelize`` (TP, fused kernels, 
 no ZeRO) on a ``fake`` process group of TP ranks, so TP's collectives cost nothing here (they are profiled
 as collectives) and the matmuls have the shapes of one TP rank. A step is split by timestamps taken in
 module hooks (forward) and tensor hooks (backward); on CPU autograd runs on the calling thread, so the
-stamps bound each piece exactly.
+stamps bound each piece exactly. On a GPU the stamps are CUDA events on the stream and, in a second
+pass, the host's cost to issue each piece (``zerobench.sim.clocks``).
 """
 
 from __future__ import annotations

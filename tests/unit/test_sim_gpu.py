@@ -109,6 +109,12 @@ def test_memory_entries_serve_every_world_size_and_the_planner_solves_layers():
     assert max_layers(four, p, budget) > 7
 
 
+def test_a_gpu_profile_refuses_offload_rather_than_costing_it_as_a_device_copy():
+    c = _cfg(stage=2, offload_optimizer="cpu")
+    with pytest.raises(KeyError, match="does not predict offload"):
+        simulate(c, _gpu_profile([c]))
+
+
 def test_profile_rows_keep_the_memory_entries():
     c = _cfg(stage=0)
     p = _gpu_profile([c])

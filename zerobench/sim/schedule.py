@@ -60,6 +60,10 @@ class StepReplay:
                           ranks=self.ranks, threads=self.threads)
         """The compute pieces' ``op_key`` fields (the configuration's, fixed for the replay)."""
         self.asynchronous = prof.asynchronous
+        z = cfg.zero
+        if self.asynchronous and (z.offload_optimizer != "none" or z.offload_param != "none" or cfg.activation.cpu_offload):
+            raise KeyError(f"the profile of {prof.device} has no host transfers and no host optimizer step: a GPU "
+                           f"profile does not predict offload yet (predict offload runs on a CPU profile)")
         self.tl = Timeline()
         self.gathers: dict[int, int | None] = {}
         self.last_sync = 0.0

@@ -5,8 +5,6 @@ and the recorded H200 rounds (``results/reference/gpu-h200-2026-11-26``) reprodu
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -176,13 +174,16 @@ def test_the_first_round_was_profiled_before_warm_up_and_stream_timed_copies():
     assert max(big.values()) == 1.10 and big["008-1.3b-s3-ckpt"] == 1.10 and min(big.values()) == 1.04
 
 
-def test_the_planner_solves_max_size_from_a_recorded_profile():
-    args = [sys.executable, "-m", "zerobench", "plan", "--max-size", "--profile", str(GPU_REF / "profile-3"),
-            "--hidden", "2048", "--heads", "16", "--vocab", "50304", "--seq", "1024", "--micro-batch", "8",
-            "--precision", "bf16", "--stage", "2", "--gpu-mem", "24GiB", "--bucket-size", "6250000"]
-    out = subprocess.run([*args, "--gpus", "1"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "max size: 15 layers" in out.stdout, out.stderr
-    out = subprocess.run([*args, "--gpus", "4"], capture_output=True, text=True, timeout=120)
-    assert "max size: 25 layers" in out.stdout, out.stderr
-    bad = subprocess.run([a for a in args if a != "--max-size"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "add --max-size" in bad.stderr and "Traceback" not in bad.stderr
+def test_the_planner_solves_max_size_from_a_recorded_profile(capsys):
+    from zerobench.cli import main
+
+    args = ["plan", "--max-size", "--profile", str(GPU_REF / "profile-3"), "--hidden", "2048", "--heads", "16",
+            "--vocab", "50304", "--seq", "1024", "--micro-batch", "8", "--precision", "bf16", "--stage", "2",
+            "--gpu-mem", "24GiB", "--bucket-size", "6250000"]
+    assert main([*args, "--gpus", "1"]) == 0
+    assert "max size: 15 layers" in capsys.readouterr().out
+    assert main([*args, "--gpus", "4"]) == 0
+    assert "max size: 25 layers" in capsys.readouterr().out
+    assert main([a for a in args if a != "--max-size"]) == 2
+    err = capsys.readouterr().err
+    assert "add --max-size" in err and "Traceback" not in err

@@ -187,3 +187,17 @@ def test_the_planner_solves_max_size_from_a_recorded_profile(capsys):
     assert main([a for a in args if a != "--max-size"]) == 2
     err = capsys.readouterr().err
     assert "add --max-size" in err and "Traceback" not in err
+
+
+def test_the_reports_validation_table_carries_the_memory_columns(tmp_path):
+    from zerobench.report.aggregate import sim_validation_table
+    from zerobench.results import load
+    from zerobench.results.rows import read_rows
+    from zerobench.sim import validate as V
+
+    prof = Profile.from_rows(read_rows(GPU_REF / "profile-3"))
+    recs = V.validate(read_rows(GPU_REF / "sim-validation" / "round-3"), prof)
+    V.write_rows(tmp_path, recs, prof, "round-3")
+    t = sim_validation_table(load(tmp_path)).set_index("run")
+    assert len(t) == 10 and t.loc["004-1.3b-s0", "measured_peak_MiB"] == 37226
+    assert t["memory_ratio"].between(0.99, 1.0).all() and t.loc["004-1.3b-s0", "ratio"] == pytest.approx(1.023, abs=1e-3)

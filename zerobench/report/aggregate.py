@@ -189,7 +189,8 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
-    """``zerobench simulate --validate --out`` rows: predicted vs measured step time per run."""
+    """``zerobench simulate --validate --out`` rows: predicted vs measured step time per run, and peak memory where
+    the profile had memory entries (a GPU's)."""
     d = df[df["metric"] == "sim_step_time_ratio"] if "metric" in df else df.iloc[0:0]
     if d.empty:
         return pd.DataFrame()
@@ -201,4 +202,14 @@ def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
         "measured_ms": 1e3 * d["measured_s"].values, "ratio": d["value"].values,
         "in_fit": d["in_fit"].astype(bool).values, "device": d["profile_device"].values,
     })
+    mem = df[df["metric"] == "sim_peak_memory_ratio"]
+    if not mem.empty:  # a GPU profile's memory planner: predicted vs max_memory_allocated
+        ratio = mem.set_index(["run_id", "measured_run"])
+        keys = list(zip(d["run_id"], d["measured_run"]))
+        got = [k in ratio.index for k in keys]
+        t["predicted_peak_MiB"] = [round(ratio.loc[k, "value"] * ratio.loc[k, "measured_peak_bytes"] / 2**20) if g
+                                   else float("nan") for k, g in zip(keys, got)]
+        t["measured_peak_MiB"] = [round(ratio.loc[k, "measured_peak_bytes"] / 2**20) if g else float("nan")
+                                  for k, g in zip(keys, got)]
+        t["memory_ratio"] = [ratio.loc[k, "value"] if g else float("nan") for k, g in zip(keys, got)]
     return t.sort_values(["device", "hidden", "dp", "tp", "stage"]).reset_index(drop=True)

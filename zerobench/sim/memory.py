@@ -27,16 +27,10 @@ import dataclasses
 
 from zerobench.metrics.memory import model_state_bytes_analytic
 from zerobench.sim.layout import engine_buckets
-from zerobench.sim.profile import Profile, op_key
+from zerobench.sim.measure import shape_key, shape_of
+from zerobench.sim.profile import Profile
 from zerobench.train.config import TrainConfig
 from zerobench.zero.states import make_codec
-
-
-def _shape(cfg: TrainConfig, prof: Profile) -> dict:
-    m = cfg.model
-    return dict(b=cfg.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=cfg.tp,
-                dtype=cfg.zero.precision.value, kernels=cfg.kernels, checkpoint=cfg.activation.checkpoint,
-                ranks=cfg.world_size, threads=max(1, prof.cores // cfg.world_size))
 
 
 def _without_processes(key: str) -> str:
@@ -44,8 +38,8 @@ def _without_processes(key: str) -> str:
     return "|".join(f for f in key.split("|") if not (f[:1] in "rt" and f[1:].isdigit()))
 
 
-def _measured(prof: Profile, name: str, shape: dict) -> float:
-    key = _without_processes(op_key(name, **shape))
+def _measured(prof: Profile, name: str, cfg: TrainConfig) -> float:
+    key = _without_processes(shape_key(name, shape_of(cfg), 1, 1))
     for k, v in prof.memory.items():
         if _without_processes(k) == key:
             return v
@@ -64,10 +58,9 @@ def predict_memory(cfg: TrainConfig, prof: Profile) -> dict[str, float]:
         offload_param=z.offload_param != "none")
     if z.stage >= 2 and z.grad_accum_steps == 1:
         states["grads"] = 0.0  # not allocated until its buckets are first reduced, after the peak
-    shape = _shape(cfg, prof)
     L = cfg.model.layers
     out = {f"states_{k}": v for k, v in states.items()}
-    out["activations"] = _measured(prof, "step_peak_fixed", shape) + L * _measured(prof, "step_peak_block", shape)
+    out["activations"] = _measured(prof, "step_peak_fixed", cfg) + L * _measured(prof, "step_peak_block", cfg)
     gathered = 0.0
     if z.stage == 3:
         unit_bytes: dict[int, float] = {}

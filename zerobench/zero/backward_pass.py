@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from zerobench.zero.bucket import GradBucketGroup
+from zerobench.zero.containers import tensors_in
 from zerobench.zero.param import ZeroParam
 
 FP16_PLAIN_BACKWARD = (
@@ -141,8 +141,8 @@ class BackwardPasses:
         self._drop_unfinished()
         if not torch.is_grad_enabled():
             return
-        for t in tree_flatten(output)[0]:
-            if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
+        for t in tensors_in(output):
+            if t.requires_grad and t.grad_fn is not None:
                 t.register_hook(self._on_output_grad)
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:

@@ -59,6 +59,17 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
 TRAINABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@torch.no_grad()
+def cast_frozen(frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype) -> list[tuple[str, nn.Parameter]]:
+    """Frozen fp32/bf16/fp16 parameters in the training dtype, as the trained ones are (DeepSpeed converts the
+    whole module, FSDP's ``param_dtype`` every parameter): under bf16 an fp32 frozen layer met bf16 activations
+    (``mat1 and mat2 must have the same dtype``). Other dtypes (float64, integer) are left as they are."""
+    for _, p in frozen:
+        if p.dtype in TRAINABLE_DTYPES and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return frozen
+
+
 def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> None:
     """One-line ``ConfigError`` for trained parameters the flat buffers cannot hold: sparse gradients
     (``nn.Embedding(sparse=True)``, as FSDP refuses them), dtypes other than fp32/bf16/fp16 (float64 would be

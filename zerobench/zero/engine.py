@@ -24,8 +24,6 @@ NVMe) and gradient partition live on the host and the step runs there; parameter
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
@@ -35,10 +33,11 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
-from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params
+from zerobench.zero.build import attach_params, build_optimizer, cast_frozen, chunk_ranges, order_params
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
 from zerobench.zero.forward_inputs import cast_forward_inputs
+from zerobench.zero.gathered import GatheredParams
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
@@ -83,7 +82,7 @@ class ZeroEngine:
                                    config.param_align)
         self.zparams = [ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
                         for (_, p), slot in zip(ordered.named, self.layout.params)]
-        self.frozen = ordered.frozen  # not trained; refused at step() if unfrozen since (zero/unused.py)
+        self.frozen = cast_frozen(ordered.frozen, self.param_dtype)  # not trained; refused at step() if unfrozen since
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
@@ -246,10 +245,11 @@ class ZeroEngine:
             self.storage.publish(self.group, self.ledger)
         return stepped
 
-    def gathered_params(self):
-        """Context manager: inside it the module's parameters hold their full values, for reading (stage 3 gathers
-        every unit, a DP collective: enter it on every rank; changes inside are discarded)."""
-        return self.scheduler.gathered() if self.scheduler is not None else contextlib.nullcontext()
+    def gathered_params(self, writeback: bool = True, modifier_rank: int | None = None) -> GatheredParams:
+        """Context manager: inside it the module's parameters hold their full values (stage 3 gathers every unit, a
+        DP collective: enter it on every rank). Changes made inside are kept, as FSDP's ``summon_full_params``;
+        ``modifier_rank=r`` keeps DP rank r's (DeepSpeed's); ``writeback=False`` discards them (``zero/gathered.py``)."""
+        return GatheredParams(self, writeback, modifier_rank)
 
     def _step(self, hyper: list[AdamWConfig]) -> bool:
         if self.storage.host is not None:

@@ -79,7 +79,7 @@ def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, grou
         raise ConfigError(f"DP rank {rank} was given another model or ZeRO config than DP rank 0 "
                           f"({first_difference(every[0], every[rank], rank)}): build the same model and "
                           f"ZeroConfig on every rank")
-    _broadcast(list(model.parameters()) + list(model.buffers()), group)
+    broadcast_tensors(list(model.parameters()) + list(model.buffers()), group)
 
 
 def _runs(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -101,12 +101,13 @@ def _runs(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 @torch.no_grad()
-def _broadcast(tensors: list[torch.Tensor], group: Group) -> None:
+def broadcast_tensors(tensors: list[torch.Tensor], group: Group, src: int = 0) -> None:
+    """Give every rank of ``group`` DP rank ``src``'s values of ``tensors`` (in place, in flat runs)."""
     pg = group.pg or dist.group.WORLD
     for run in _runs(tensors):
         flat = torch.cat([t.reshape(-1) for t in run])
         dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat,
-                       src=dist.get_global_rank(pg, 0), group=pg)
+                       src=dist.get_global_rank(pg, src), group=pg)
         offset = 0
         for t in run:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))

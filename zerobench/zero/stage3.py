@@ -8,8 +8,8 @@ full-size buffer, and freed once all of its buckets' gradients are handed to the
 unit is gathered its parameters are views of that buffer;
 otherwise that buffer's storage is resized to 0 (views autograd saved stay valid and see the values
 again once re-gathered) and each parameter's ``.data`` is a 0-element placeholder, so reading a
-parameter outside forward shows an empty tensor instead of touching freed memory. ``gathered()``
-gathers every unit for reading (``ZeroEngine.gathered_params``); ``state_dict()`` on a sharded module
+parameter outside forward shows an empty tensor instead of touching freed memory. ``ZeroEngine.gathered_params``
+(``zero/gathered.py``) gathers every unit for reading; ``state_dict()`` on a sharded module
 is refused with a one-line error that says so. The scheduler gathers a unit before its forward and again before its backward (a hook on
 the unit's output gradient), prefetching the next unit in execution order; it frees a unit after its
 forward and as soon as its gradients have been handed to the reduce-scatter. A forward that runs inside
@@ -31,11 +31,11 @@ from itertools import pairwise
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator, PlainAllocator
+from zerobench.zero.containers import tensors_in
 from zerobench.zero.layout import BucketSlot
 from zerobench.zero.param import ParamState, ZeroParam
 
@@ -208,8 +208,8 @@ class Stage3Scheduler:
                 if u.state is not ParamState.SHARDED:
                     u.free()
         if torch.is_grad_enabled():
-            for t in tree_flatten(output)[0]:
-                if isinstance(t, torch.Tensor) and t.requires_grad:
+            for t in tensors_in(output):
+                if t.requires_grad:
                     t.register_hook(partial(self._pre_backward, i))
 
     def _root_on_demand(self, module, args) -> None:
@@ -252,10 +252,6 @@ class Stage3Scheduler:
             if u.state is not ParamState.SHARDED:
                 u.free()
 
-    def gathered(self):
-        """Context: every unit gathered (collective over the DP group), freed again on exit."""
-        return _Gathered(self)
-
     def _check_readable(self, name: str, units: list[ParamUnit], module, prefix, keep_vars) -> None:
         if self.reading or all(u.state is ParamState.UNSHARDED for u in units):
             return
@@ -270,18 +266,3 @@ class Stage3Scheduler:
         out = [u.full for u in units if u.full.untyped_storage().nbytes()]
         return out + [u.staging for u in units if u.staging is not None]
 
-
-class _Gathered:
-    def __init__(self, scheduler: Stage3Scheduler):
-        self.s = scheduler
-
-    def __enter__(self) -> None:
-        for u in self.s.units:
-            u.start_gather()
-        for u in self.s.units:
-            u.finish_gather()
-        self.s.reading = True
-
-    def __exit__(self, *exc) -> None:
-        self.s.reading = False
-        self.s.reshard_all()

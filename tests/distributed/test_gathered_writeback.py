@@ -1,0 +1,81 @@
+"""Changes made inside ``engine.gathered_params()`` at stages 0-3, fp32 and bf16, ZeRO-Offload included
+(``zerobench/zero/gathered.py``): kept by default (FSDP's ``summon_full_params(writeback=True)``), DP rank r's
+kept under ``modifier_rank=r`` (DeepSpeed's ``GatheredParameters``), discarded under ``writeback=False``;
+what was written before an exception is treated as on a normal exit. Before, every change made there was lost: at stage 3 on exit, at stages 0-2 under
+bf16 at the next step, which recomputed the parameters from the untouched master."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.gathered_writeback import run_gathered_writeback
+from tests.helpers.module_load import CASES
+
+pytestmark = pytest.mark.dist
+KEYS = [key for key, _, _ in CASES]
+SAME = ("master", "params", "trained_master", "trained_params")
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_distributed(run_gathered_writeback, 2, timeout=300)
+
+
+@pytest.mark.parametrize("case", KEYS)
+def test_changes_inside_are_kept(ranks, case):
+    """Copying another model's weights in gives exactly the engine built from that model, and its training."""
+    for r in ranks:
+        res = r[case]["kept"]
+        assert all(res[k] == 0.0 for k in SAME), (case, res)
+
+
+@pytest.mark.parametrize("case", KEYS)
+def test_untouched_parameters_keep_their_full_precision_master(ranks, case):
+    """Only changed elements are written: under bf16 the others keep their fp32 master, not its rounding."""
+    for r in ranks:
+        zeroed, others = r[case]["one_changed"]
+        assert zeroed == 0.0 and others == 0.0, (case, zeroed, others)
+
+
+@pytest.mark.parametrize("case", KEYS)
+def test_writeback_false_discards(ranks, case):
+    for r in ranks:
+        res = r[case]["discarded"]
+        assert all(res[k] == 0.0 for k in SAME), (case, res)
+
+
+@pytest.mark.parametrize("writeback", (True, False))
+@pytest.mark.parametrize("case", KEYS)
+def test_an_exception_inside_leaves_parameters_and_master_agreeing(ranks, case, writeback):
+    """The exception propagates; what was written before it is kept (writeback) or discarded, as on a normal exit:
+    never parameters that the next step would silently replace from an untouched master."""
+    for r in ranks:
+        assert "user code failed" in r[case][f"raised-{writeback}"]
+        res = r[case][f"after_exception-{writeback}"]
+        assert all(res[k] == 0.0 for k in SAME), (case, res)
+
+
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("precision", ("fp32", "bf16"))
+def test_modifier_rank_values_win(ranks, stage, precision):
+    """Rank 1 writes the other weights, rank 0 zeroes everything: both end with rank 1's, frozen ones too."""
+    for r in ranks:
+        res = r[f"modifier-s{stage}-{precision}"]
+        assert all(res[k] == 0.0 for k in (*SAME, "frozen")), (stage, precision, res)
+
+
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_a_bad_modifier_rank_is_one_line(ranks, stage):
+    for r in ranks:
+        msg = r[f"modifier-s{stage}-bad"]
+        assert msg == ("ConfigError: gathered_params(modifier_rank=2): expected a DP rank, an int in [0, 2), "
+                       "or None (each rank keeps its own changes)"), msg
+
+
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_modifier_rank_with_writeback_false_is_one_line(ranks, stage):
+    for r in ranks:
+        msg = r[f"modifier-s{stage}-discard"]
+        assert msg == ("ConfigError: gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that "
+                       "rank's changes, writeback=False discards them: pass one of the two"), msg

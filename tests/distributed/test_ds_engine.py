@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp_resume
+from tests.helpers.ds_checkpoint_options import ds_load_options
 
 pytestmark = pytest.mark.dist
 
@@ -53,3 +54,45 @@ def test_tp_checkpoint_keeps_each_tp_ranks_slices(dp, stage, tmp_path):
 def test_a_tp_checkpoint_refuses_another_tp_degree(tmp_path):
     for msg in run_distributed(tp_mismatch, 2, str(tmp_path / "ckpt")):
         assert msg.startswith("CheckpointMismatch: checkpoint ") and "was saved with TP 2, this engine has TP 1" in msg
+
+
+@pytest.fixture(scope="module", params=[0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
+def load_options(request, tmp_path_factory):
+    stage = request.param
+    return stage, run_distributed(ds_load_options, 2, stage, str(tmp_path_factory.mktemp("ckpt")))
+
+
+def test_load_optimizer_states_false_loads_weights_and_counters(load_options):
+    """DeepSpeed's ``load_optimizer_states=False``: the saved weights (fp32 master, buffers, frozen layer) and
+    ``global_steps``; this engine's own moments, step count and learning rate stay."""
+    _, ranks = load_options
+    for r in ranks:
+        res = r["no_optimizer"]
+        assert res["master"] == 0.0 and res["module"] == 0.0, res
+        assert res["moments_kept"] and res["step"] == (1, 1) and res["lr"] == ([2e-3], [2e-3]), res
+        assert res["global"] == (3, 1), "global_steps comes back with the weights, as DeepSpeed's"
+        assert res["path"] == "full" and res["client"] == {}
+
+
+def test_load_module_only_loads_the_weights_alone(load_options):
+    _, ranks = load_options
+    for r in ranks:
+        res = r["module_only"]
+        assert res["master"] == 0.0 and res["module"] == 0.0, res
+        assert res["moments_kept"] and res["step"] == (1, 1) and res["global"] == (1, 1), res
+        assert res["lr"] == ([2e-3], [2e-3]), res
+
+
+def test_exclude_frozen_parameters_and_load_module_strict(load_options):
+    """``save_checkpoint(..., exclude_frozen_parameters=True, save_latest=False)``: ``latest`` stays at the previous
+    tag; a strict load names what is missing in one line, ``load_module_strict=False`` keeps this model's frozen
+    layer and loads the rest."""
+    _, ranks = load_options
+    for r in ranks:
+        assert r["latest"] == "full"
+        msg = r["strict_error"]
+        assert msg is not None and msg.startswith("ValueError: checkpoint ") and "\n" not in msg, msg
+        assert "lacks ['frozen.bias', 'frozen.weight']" in msg and "load_module_strict=False" in msg, msg
+        res = r["not_strict"]
+        assert res["master"] == 0.0 and res["buffers"] == 0.0 and res["frozen_kept"] == 0.0, res
+        assert res["step"] == 3 and res["lr"] == [5e-3], "a full load otherwise: moments, step and lr are the saved"

@@ -27,20 +27,25 @@ from zerobench.zero.state_dict import load_checkpoint, rank_dir, save_checkpoint
 LATEST = "latest"
 
 
-def module_extra(engine) -> dict[str, torch.Tensor]:
-    """The model's persistent buffers and frozen parameters, by ``state_dict`` name (what the engine does not
-    hold; at stage 3 frozen parameters stay whole on every rank)."""
+def _extras(engine, frozen: bool = True) -> dict[str, torch.Tensor]:
+    """The model's persistent buffers and (unless ``frozen=False``) frozen parameters, by ``state_dict`` name:
+    what the engine does not hold (at stage 3 frozen parameters stay whole on every rank)."""
     trained = {id(zp.param) for zp in engine.zparams}
     out = {}
     for prefix, mod in engine.module.named_modules():
         dot = f"{prefix}." if prefix else ""
         for name, b in mod._buffers.items():
             if b is not None and name not in mod._non_persistent_buffers_set:
-                out[dot + name] = b.detach().cpu().clone()
+                out[dot + name] = b
         for name, p in mod._parameters.items():
-            if p is not None and id(p) not in trained:
-                out[dot + name] = p.detach().cpu().clone()
+            if frozen and p is not None and id(p) not in trained:
+                out[dot + name] = p
     return out
+
+
+def module_extra(engine, frozen: bool = True) -> dict[str, torch.Tensor]:
+    """``_extras`` copied to the host, as saved in ``module_extra.pt``."""
+    return {n: t.detach().cpu().clone() for n, t in _extras(engine, frozen).items()}
 
 
 def _plain(client_state: dict) -> bytes:
@@ -68,9 +73,11 @@ def _barrier(engine) -> None:
             dist.barrier(group=g.pg)
 
 
-def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None) -> Path:
+def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None,
+                save_latest: bool = True, exclude_frozen_parameters: bool = False) -> Path:
     """Save into ``save_dir/<tag>`` (default tag ``global_step<N>``, N the optimizer steps taken) and point
-    ``save_dir/latest`` at it; returns the tag's directory."""
+    ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory. As DeepSpeed's,
+    ``exclude_frozen_parameters=True`` leaves the frozen parameters out (load it with ``load_module_strict=False``)."""
     tag = str(tag) if tag is not None else f"global_step{engine.adamw.step_count}"
     if not tag or "/" in tag or tag in (".", ".."):
         raise ConfigError(f"checkpoint tag {tag!r} must be one directory name (no '/')")
@@ -79,11 +86,11 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
     save_checkpoint(engine, path)
     first_tp = engine.tp_group is None or engine.tp_group.rank == 0
     if _first(engine):  # save_checkpoint made rank_dir
-        torch.save(module_extra(engine), rank_dir(engine, path) / "module_extra.pt")
+        torch.save(module_extra(engine, not exclude_frozen_parameters), rank_dir(engine, path) / "module_extra.pt")
         if first_tp:
             (path / "client_state.pt").write_bytes(blob)
     _barrier(engine)
-    if _first(engine) and first_tp:
+    if save_latest and _first(engine) and first_tp:
         tmp = Path(save_dir) / f".{LATEST}.tmp"
         tmp.write_text(tag)
         os.replace(tmp, Path(save_dir) / LATEST)
@@ -92,9 +99,17 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
 
 
 @torch.no_grad()
-def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None) -> tuple[str | None, dict | None]:
+def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
+                load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                load_module_only: bool = False) -> tuple[str | None, dict | None]:
     """Load ``load_dir/<tag>`` (default: the tag ``load_dir/latest`` names); returns (its path, the client
-    state). With no tag given and no ``latest``, warns and returns (None, None), as DeepSpeed does."""
+    state). With no tag given and no ``latest``, warns and returns (None, None), as DeepSpeed does. DeepSpeed's
+    options: ``load_optimizer_states=False`` loads the weights and the counters, and keeps this engine's moments,
+    step count, loss scale and learning rates; ``load_module_only=True`` loads the weights alone;
+    ``load_module_strict=False`` skips the buffers and frozen parameters that the checkpoint or the model lacks.
+    ``load_lr_scheduler_states`` is accepted for DeepSpeed's callers: the engine holds no scheduler (keep its
+    ``state_dict()`` in the client state)."""
+    del load_lr_scheduler_states
     load_dir = Path(load_dir)
     if tag is None:
         if not (load_dir / LATEST).exists():
@@ -104,16 +119,27 @@ def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None) -> 
     path = load_dir / str(tag)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint {tag!r} in {load_dir}")
-    load_checkpoint(engine, path)
-    extra = torch.load(rank_dir(engine, path) / "module_extra.pt", map_location="cpu", weights_only=True)
-    mod = engine.module
-    for name, value in extra.items():
-        owner, _, leaf = name.rpartition(".")
-        sub = mod.get_submodule(owner)
-        target = sub._parameters.get(leaf) if leaf in sub._parameters else sub._buffers.get(leaf)
-        if target is None or target.shape != value.shape:
-            raise ValueError(f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model "
-                             f"{'lacks' if target is None else f'has as {tuple(target.shape)}'}")
-        target.copy_(value)
+    counters = load_checkpoint(engine, path, optimizer_states=load_optimizer_states and not load_module_only)
+    if not load_module_only:
+        engine.global_steps = counters["global_steps"]
+    _load_extras(engine, path, load_module_strict)
     client = torch.load(path / "client_state.pt", map_location="cpu", weights_only=True)
     return str(path), client
+
+
+def _load_extras(engine, path: Path, strict: bool) -> None:
+    """The saved buffers and frozen parameters into the model; under ``strict`` the names must match both ways."""
+    extra = torch.load(rank_dir(engine, path) / "module_extra.pt", map_location="cpu", weights_only=True)
+    here = _extras(engine)
+    missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
+    if strict and (missing or unexpected):
+        what = (f"lacks {missing[:4]} of this model's buffers and frozen parameters" if missing else
+                f"holds {unexpected[:4]}, which this model lacks")
+        raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
+    for name, value in extra.items():
+        target = here.get(name)
+        if target is not None and target.shape != value.shape:
+            raise ValueError(f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model has as "
+                             f"{tuple(target.shape)}")
+        if target is not None:
+            target.copy_(value)

@@ -220,13 +220,15 @@ class ZeroEngine:
     def eval(self) -> ZeroEngine:
         return self.train(False)
 
-    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None):
-        """On every rank: ``save_dir/<tag>`` and ``save_dir/latest``, as DeepSpeed's (``zero/checkpoint_dir.py``)."""
-        return save_tagged(self, save_dir, tag, client_state)
+    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
+        """On every rank: ``save_dir/<tag>`` and ``save_dir/latest``, as DeepSpeed's, with its ``save_latest`` and
+        ``exclude_frozen_parameters`` (``zero/checkpoint_dir.py``)."""
+        return save_tagged(self, save_dir, tag, client_state, **options)
 
-    def load_checkpoint(self, load_dir, tag: str | None = None):
-        """On every rank: (the checkpoint's path, its client state); (None, None) when there is no ``latest``."""
-        return load_tagged(self, load_dir, tag)
+    def load_checkpoint(self, load_dir, tag: str | None = None, **options):
+        """On every rank: (the checkpoint's path, its client state); (None, None) when there is no ``latest``.
+        DeepSpeed's options: ``load_module_strict``, ``load_optimizer_states``, ``load_module_only``, ...."""
+        return load_tagged(self, load_dir, tag, **options)
 
     @torch.no_grad()
     def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:

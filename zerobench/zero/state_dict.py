@@ -102,15 +102,18 @@ def segment_view(chunks: list[torch.Tensor], layout, seg) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_shard_state_dicts(engine, shards) -> None:
-    """Fill this rank's partition from saved shards (any number, any order, any source world size)."""
+def load_shard_state_dicts(engine, shards, optimizer_states: bool = True) -> dict:
+    """Fill this rank's partition from saved shards (any number, any order, any source world size); returns the
+    last shard's counters. ``optimizer_states=False``: the fp32 master only (moments, step count, loss scale and
+    param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``)."""
     segs = engine.layout.segments(engine.rank_in_shards)
     by_name: dict[str, list] = {}
     for s in segs:
         by_name.setdefault(engine.zparams[s.param].name, []).append(s)
     filled = 0
     opt = engine.adamw
-    ms, vs = opt.moments()
+    ms, vs = opt.moments() if optimizer_states else ([], [])
+    keys = ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq"))[: 3 if optimizer_states else 1]
     meta = None
     expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
     for sd in shards:
@@ -118,7 +121,8 @@ def load_shard_state_dicts(engine, shards) -> None:
             raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
         if meta is None:
             check_compatible(sd, expected)
-            _restore_groups(engine, sd)
+            if optimizer_states:
+                _restore_groups(engine, sd)
         meta = sd
         off = 0
         for name, start, end in sd["segments"]:
@@ -126,7 +130,7 @@ def load_shard_state_dicts(engine, shards) -> None:
                 lo, hi = max(start, s.param_start), min(end, s.param_end)
                 if lo < hi:
                     src = slice(off + lo - start, off + hi - start)
-                    for chunks, key in ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq")):
+                    for chunks, key in keys:
                         dst = segment_view(chunks, engine.layout, s)[lo - s.param_start : hi - s.param_start]
                         dst.copy_(sd[key][src])
                     filled += hi - lo
@@ -134,12 +138,14 @@ def load_shard_state_dicts(engine, shards) -> None:
     needed = sum(s.numel for s in segs)
     if meta is None or filled != needed:
         raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
-    opt.load_moments(ms, vs)
-    opt.step_count = int(meta["step"])
-    # DeepSpeed's counter (optimizer steps, overflow-skipped ones included); older shards have only the step
-    engine.global_steps = int(meta.get("global_steps", meta["step"]))
-    engine.scaler.load_state_dict(meta["scaler"])
+    if optimizer_states:
+        opt.load_moments(ms, vs)
+        opt.step_count = int(meta["step"])
+        # DeepSpeed's counter (optimizer steps, overflow-skipped ones included); older shards have only the step
+        engine.global_steps = int(meta.get("global_steps", meta["step"]))
+        engine.scaler.load_state_dict(meta["scaler"])
     engine.params_from_master()
+    return {"step": int(meta["step"]), "global_steps": int(meta.get("global_steps", meta["step"]))}
 
 
 class CheckpointMismatch(ValueError):
@@ -225,13 +231,14 @@ def iter_shards(path: str | os.PathLike):
         yield torch.load(f, map_location="cpu", weights_only=True)
 
 
-def load_checkpoint(engine, path: str | os.PathLike) -> None:
-    """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with)."""
+def load_checkpoint(engine, path: str | os.PathLike, optimizer_states: bool = True) -> dict:
+    """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with);
+    returns its counters. ``optimizer_states=False`` loads the fp32 master only (``load_shard_state_dicts``)."""
     saved, size = saved_tp(path), _tp(engine)[0]
     if saved != size:
         raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
                                  f"with the TP degree it was saved with (DP may differ)")
-    load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)))
+    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states)
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:

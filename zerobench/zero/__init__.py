@@ -6,7 +6,7 @@ or planning does not pay for importing torch.
 
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
 
-__all__ = ["AdamWConfig", "LossScaleConfig", "Precision", "ZeroConfig", "ZeroEngine", "apply_zero"]
+__all__ = ["AdamWConfig", "LossScaleConfig", "Precision", "ShardedGradScaler", "ZeroConfig", "ZeroEngine", "apply_zero"]
 
 
 def __getattr__(name: str):
@@ -14,6 +14,10 @@ def __getattr__(name: str):
         from zerobench.zero.api import apply_zero
 
         return apply_zero
+    if name == "ShardedGradScaler":
+        from zerobench.zero.amp import ShardedGradScaler
+
+        return ShardedGradScaler
     if name == "ZeroEngine":
         from zerobench.zero.engine import ZeroEngine
 

@@ -26,6 +26,7 @@ import math
 import torch
 
 from zerobench.config import ConfigError
+from zerobench.zero.amp import amp_unscale
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.state_dict import load_shard_state_dicts, shard_state_dict
 
@@ -60,12 +61,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
                               f"found {len(self.param_groups)}: pass every group to apply_zero(param_groups=...)")
         return [_hyper(i, g) for i, g in enumerate(self.param_groups)]
 
+    _step_supports_amp_scaling = True
+    """A ``torch.amp`` GradScaler hands ``step()`` its scale and overflow flag (``zero/amp.py``)."""
+
     def step(self, closure=None):
-        """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one."""
+        """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one. Driven by a
+        GradScaler (``zero/amp.py``) it is skipped on an overflow, and folds the scaler's 1/scale into its own."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        unscale = amp_unscale(self)
+        if unscale is None:
+            self.applied = False
+            return loss
+        self._engine._clip *= unscale  # the step multiplies the gradients by _clip / loss scale
         self.applied = self._engine._optimizer_step(self.hyper())
         return loss
 

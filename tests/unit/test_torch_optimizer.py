@@ -71,6 +71,12 @@ def test_one_cycle_momentum_schedules_write_betas():
     ("eps", 0.0, "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 0.0, betas (0.9, 0.95)"),
     ("betas", (0.9, 1.0), "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 1e-08, betas (0.9, 1.0)"),
     ("lr", "fast", "param_groups[0] needs numbers for lr, betas, eps, weight_decay (betas a pair): ValueError"),
+    # torch.optim.AdamW's switches that would change the update were silently ignored before
+    ("amsgrad", True, ("param_groups[0]['amsgrad']=True: the ZeRO engine's AdamW has no amsgrad variant "
+                      "(torch.optim.AdamW's default amsgrad=False); drop the key")),
+    ("maximize", True, "param_groups[0]['maximize']=True: the ZeRO engine's AdamW has no maximize variant"),
+    ("decoupled_weight_decay", False, ("param_groups[0]['decoupled_weight_decay']=False: the ZeRO engine's AdamW has "
+                                      "no decoupled_weight_decay variant")),
 ])
 def test_bad_values_are_one_line(key, value, message):
     opt = optimizer()
@@ -94,3 +100,10 @@ def test_a_plain_torch_state_dict_is_refused():
     plain = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))]).state_dict()
     with pytest.raises(ValueError, match="not a ZeRO optimizer state dict"):
         opt.load_state_dict(plain)
+
+
+def test_adamw_switches_at_their_defaults_are_accepted():
+    """A group copied from torch.optim.AdamW's (``amsgrad=False``, ``maximize=False``, ``foreach``...) steps as before."""
+    opt = optimizer()
+    opt.param_groups[0].update(amsgrad=False, maximize=False, decoupled_weight_decay=True, foreach=None, fused=None)
+    assert opt.hyper() == [CFG]

@@ -31,6 +31,8 @@ from zerobench.zero.config import AdamWConfig
 from zerobench.zero.state_dict import load_shard_state_dicts, shard_state_dict
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
+UNSUPPORTED = {"amsgrad": False, "maximize": False, "decoupled_weight_decay": True}
+"""``torch.optim.AdamW`` group keys the engine's step does not implement, with the value it does (refused otherwise)."""
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -111,6 +113,10 @@ def _hyper(i: int, g: dict) -> AdamWConfig:
         raise ConfigError(f"param_groups[{i}]['lr'] must be a finite number >= 0, got {g['lr']}")
     if not (math.isfinite(wd) and wd >= 0):
         raise ConfigError(f"param_groups[{i}]['weight_decay'] must be a finite number >= 0, got {g['weight_decay']}")
+    for key, plain in UNSUPPORTED.items():  # torch.optim.AdamW's switches that change the update: never ignored
+        if key in g and bool(g[key]) != plain:
+            raise ConfigError(f"param_groups[{i}][{key!r}]={g[key]!r}: the ZeRO engine's AdamW has no {key} variant "
+                              f"(torch.optim.AdamW's default {key}={plain}); drop the key")
     if not (math.isfinite(eps) and eps > 0) or not (0 <= b1 < 1 and 0 <= b2 < 1):
         raise ConfigError(f"param_groups[{i}] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, "
                           f"betas {g['betas']}")

@@ -93,16 +93,9 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """GPT-2 init: N(0, std) weights, zero biases, residual projections scaled by 1/sqrt(2L)."""
-        std = self.config.init_std
+        """GPT-2 init (``init_parameter``), parameter by parameter in ``named_parameters`` order."""
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                p.zero_()
-            elif "ln" in name:
-                p.fill_(1.0)
-            else:
-                scale = 1.0 / math.sqrt(2 * self.config.layers) if name.endswith("proj.weight") else 1.0
-                p.normal_(0.0, std * scale, generator=generator)
+            init_parameter(name, p, self.config, generator)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Return logits ``[b, s, V]``, or the mean cross-entropy loss when ``targets`` is given."""
@@ -117,3 +110,17 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         return self.loss(logits, targets)
+
+
+@torch.no_grad()
+def init_parameter(name: str, p: torch.Tensor, cfg: GPTConfig, generator: torch.Generator | None = None) -> None:
+    """GPT-2 init of the parameter ``name`` in place: N(0, std) weights, zero biases, LayerNorm weights 1, residual
+    projections scaled by 1/sqrt(2L). Called in ``named_parameters`` order it draws what ``reset_parameters`` draws
+    (the sharded initialisation of a model built on the meta device relies on it: ``parallel/init.py``)."""
+    if name.endswith("bias"):
+        p.zero_()
+    elif "ln" in name:
+        p.fill_(1.0)
+    else:
+        scale = 1.0 / math.sqrt(2 * cfg.layers) if name.endswith("proj.weight") else 1.0
+        p.normal_(0.0, cfg.init_std * scale, generator=generator)

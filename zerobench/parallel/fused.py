@@ -41,14 +41,16 @@ class FusedMLP(nn.Module):
         return self.proj(kernels.bias_gelu(h, self.fc.bias, "none", mode="fused"))
 
 
-def apply_fused_kernels(model: GPT, mode: str = "auto", softmax_attention: bool = False) -> str:
+def apply_fused_kernels(model: GPT, mode: str = "auto", softmax_attention: bool = False,
+                        device: torch.device | None = None) -> str:
     """Swap in the fused kernels; return the path taken ("fused", or "reference" when ``mode`` resolves so,
     in which case the model is left as it is).
 
     ``softmax_attention`` replaces SDPA by explicit attention with the fused causal softmax (Megatron's
-    non-flash path); leave it off where SDPA has flash/memory-efficient kernels (GPUs).
+    non-flash path); leave it off where SDPA has flash/memory-efficient kernels (GPUs). ``device``: where the model
+    will run, for a model built on the meta device (default: its parameters').
     """
-    path = kernels.resolve(mode, next(model.parameters()).device)
+    path = kernels.resolve(mode, device if device is not None else next(model.parameters()).device)
     if path == "reference":
         return path
     for parent in list(model.modules()):

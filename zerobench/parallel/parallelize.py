@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from zerobench.distributed.mesh import Mesh
@@ -61,19 +62,21 @@ class Parallelized:
 
 def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLedger | None = None,
                 units: list[nn.Module] | type | None = None, allocator: Allocator | None = None,
-                param_groups=None) -> Parallelized:
+                param_groups=None, device: torch.device | None = None) -> Parallelized:
     """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
 
     Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
     every block of ``model.blocks``; or a layer class, ``zero/api.resolve_units``); ``allocator`` and
     ``param_groups`` are passed to ``apply_zero`` (TP replaces the parameters it shards, so give the groups
-    as a callable ``param_groups(model)``).
+    as a callable ``param_groups(model)``). ``device``: where a model built on the meta device will run: the TP RNG,
+    the kernel choice and the engine's storage go there (then ``zerobench.parallel.init.init_gpt`` fills it).
     """
-    tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel)
-    apply_fused_kernels(model, spec.kernels)
+    tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel, device=device)
+    apply_fused_kernels(model, spec.kernels, device=device)
     store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)
     engine = None
     if spec.zero is not None:
         engine = apply_zero(model, mesh.dp, spec.zero, ledger, units,
-                            tp_group=mesh.tp, tp_sharded=tp.sharded, allocator=allocator, param_groups=param_groups)
+                            tp_group=mesh.tp, tp_sharded=tp.sharded, allocator=allocator, param_groups=param_groups,
+                            device=device)
     return Parallelized(model, tp, store, engine)

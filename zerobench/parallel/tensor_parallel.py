@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -26,6 +27,8 @@ from zerobench.parallel.layers import (
     ParallelLMHead,
     RowParallelLinear,
     VocabParallelEmbedding,
+    shard_cols,
+    shard_rows,
 )
 from zerobench.parallel.random import TPRngTracker
 
@@ -41,13 +44,14 @@ class TPInfo:
 
 
 def apply_tp(model: GPT, group: Group | dist.ProcessGroup | None, ledger: CommLedger | None = None, seed: int = 0,
-             sequence_parallel: bool = False) -> TPInfo:
+             sequence_parallel: bool = False, device: torch.device | None = None) -> TPInfo:
     """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model.
 
     Attention (heads split over TP ranks) draws dropout from a per-TP-rank RNG (``seed`` + rank);
     everything else from the default RNG, identical on every TP rank — except with
     ``sequence_parallel``, where the regions between the matmuls hold different sequence positions on each
-    TP rank, so their dropout draws from the per-rank RNG too.
+    TP rank, so their dropout draws from the per-rank RNG too. ``device``: where the model will run, for a
+    model built on the meta device (default: its parameters').
     """
     validate_tp(model.config, group.size)
     if sequence_parallel and model.config.seq % group.size:
@@ -56,7 +60,7 @@ def apply_tp(model: GPT, group: Group | dist.ProcessGroup | None, ledger: CommLe
     if group.size == 1:
         return TPInfo(group, frozenset())
     sp = sequence_parallel
-    rng = TPRngTracker(seed, group.rank, next(model.parameters()).device)
+    rng = TPRngTracker(seed, group.rank, device if device is not None else next(model.parameters()).device)
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
         attn.qkv = ColumnParallelLinear(attn.qkv, group, ledger, strided=3, sequence_parallel=sp)
@@ -94,6 +98,22 @@ def _sequence_parallel_extras(model: GPT, group: Group, ledger: CommLedger | Non
     for p in partial:
         if p is not None:
             sum_grad_over_tp(p, group, ledger)
+
+
+def shard_parameter(name: str, full: torch.Tensor, group: Group) -> torch.Tensor:
+    """This TP rank's piece of the plain GPT's parameter ``name`` (full value ``full``), as ``apply_tp``'s layers
+    cut it: QKV rows by head blocks, MLP-in rows, attention-out and MLP-out weight columns, vocabulary rows; the
+    rest whole. ``parallel/init.py`` initialises a meta-built model with it (tested equal to ``apply_tp``'s)."""
+    if group.size == 1:
+        return full
+    layer, _, kind = name.rpartition(".")
+    if layer.endswith("attn.qkv"):
+        return shard_rows(full, group, strided=3)
+    if layer.endswith("mlp.fc") or name == "wte.weight":
+        return shard_rows(full, group)
+    if layer.endswith(("attn.proj", "mlp.proj")) and kind == "weight":
+        return shard_cols(full, group)
+    return full
 
 
 def _in_region(fn, rng: TPRngTracker):

@@ -16,6 +16,7 @@ from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import TrackedAllocator
 from zerobench.models.gpt import GPT
+from zerobench.parallel.init import init_gpt
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.config import TrainConfig
 
@@ -44,9 +45,11 @@ class ZeroSystem:
 
     def __init__(self, cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device):
         torch.manual_seed(cfg.seed)
-        model = GPT(cfg.model).to(device)
+        with torch.device("meta"):  # no rank holds the whole model: each initialises its own part (parallel/init.py)
+            model = GPT(cfg.model)
         # The CPU memory-budget emulation (live-tensor tracker) sees host work and stage-3 resizes.
-        built = parallelize(model, mesh, parallel_spec(cfg), ledger, allocator=TrackedAllocator())
+        built = parallelize(model, mesh, parallel_spec(cfg), ledger, allocator=TrackedAllocator(), device=device)
+        init_gpt(built.engine, cfg.model, built.tp)
         self.store, self.engine = built.store, built.engine
         self.module, self.ledger = model, ledger
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Collection
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -66,6 +67,7 @@ def apply_zero(
     tp_sharded: Collection[str] = frozenset(),
     allocator: Allocator | None = None,
     param_groups=None,
+    device=None,
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
@@ -87,7 +89,9 @@ def apply_zero(
     parameters); default one group of every trained parameter, with weight decay on 2+-dim ones only
     (``zero/param_groups.py``); or a callable ``param_groups(model)`` that returns them from the model as
     ZeRO receives it (after TP has replaced its parameters). ``units``: stage 3's gather units, as modules
-    or as a layer class (``resolve_units``); default ``model.blocks``.
+    or as a layer class (``resolve_units``); default ``model.blocks``. ``device``: where the engine's storage
+    lives, for a model built on the meta device (default: the parameters' device); its values are then zero until
+    initialised (``zerobench.parallel.init`` for the GPT; ``engine.gathered_params()`` or ``load_state_dict``).
     """
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
@@ -97,5 +101,6 @@ def apply_zero(
                               "engine (apply_zero was called on it before): apply it once, or build a fresh model")
     warn_if_one_unit(model, units, config.stage)
     units = resolve_units(model, units)
+    device = None if device is None else torch.device(device)
     return ZeroEngine(model, dp_group, config, units, ledger,
-                      tp_group, frozenset(tp_sharded), allocator, param_groups)
+                      tp_group, frozenset(tp_sharded), allocator, param_groups, device)

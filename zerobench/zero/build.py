@@ -59,14 +59,34 @@ def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordere
 TRAINABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def materialize(p: nn.Parameter, value: torch.Tensor) -> None:
+    """Give a parameter on the meta device the tensor ``value`` (another device), keeping the parameter object
+    (ties, the model's references) and the gradient hooks registered on it (sequence parallelism's): torch
+    refuses ``p.data = value`` across the meta device, so the two are swapped and the hooks registered again."""
+    hooks = p._backward_hooks
+    torch.utils.swap_tensors(p, nn.Parameter(value, requires_grad=p.requires_grad))
+    if hooks:
+        p._backward_hooks = hooks
+
+
 @torch.no_grad()
-def cast_frozen(frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype) -> list[tuple[str, nn.Parameter]]:
-    """Frozen fp32/bf16/fp16 parameters in the training dtype, as the trained ones are (DeepSpeed converts the
-    whole module, FSDP's ``param_dtype`` every parameter): under bf16 an fp32 frozen layer met bf16 activations
-    (``mat1 and mat2 must have the same dtype``). Other dtypes (float64, integer) are left as they are."""
+def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype,
+                  device: torch.device) -> list[tuple[str, nn.Parameter]]:
+    """What the engine does not hold, made ready to run: frozen fp32/bf16/fp16 parameters in the training dtype, as
+    the trained ones are (DeepSpeed converts the whole module, FSDP's ``param_dtype`` every parameter; under bf16
+    an fp32 frozen layer met bf16 activations: ``mat1 and mat2 must have the same dtype``; other dtypes are left
+    as they are). A model built on the meta device gets its frozen parameters and buffers on ``device``, zeroed
+    (to be initialised as the trained parameters are: ``engine.gathered_params()``, ``load_state_dict``)."""
+    real = device.type != "meta"
     for _, p in frozen:
+        if p.is_meta and real:
+            materialize(p, torch.zeros_like(p, device=device))
         if p.dtype in TRAINABLE_DTYPES and p.dtype != dtype:
             p.data = p.data.to(dtype)
+    for mod in model.modules():
+        for name, b in mod._buffers.items():
+            if b is not None and b.is_meta and real:
+                mod._buffers[name] = torch.zeros_like(b, device=device)
     return frozen
 
 
@@ -98,6 +118,9 @@ def attach_params(model: nn.Module, units: list[nn.Module], st: ParamStorage, la
                   allocator: Allocator, device: torch.device) -> Stage3Scheduler | None:
     """Stages 0-2: every parameter becomes a view of the full buffer (None). Stage 3: the scheduler that
     gathers and frees each unit's parameters."""
+    for zp in zparams:  # a model built on the meta device, for storage on a real one
+        if zp.param.is_meta and device.type != "meta":
+            materialize(zp.param, torch.empty(0, dtype=zp.param.dtype, device=device))
     if st.replica is not None:
         for zp in zparams:
             zp.param.data = st.replica.param_view(zp.slot.index)

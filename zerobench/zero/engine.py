@@ -33,7 +33,7 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
-from zerobench.zero.build import attach_params, build_optimizer, cast_frozen, chunk_ranges, order_params
+from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
 from zerobench.zero.forward_inputs import cast_forward_inputs
@@ -66,7 +66,7 @@ class ZeroEngine:
         tp_group: C.Group | None = None,
         tp_sharded: frozenset[str] = frozenset(),
         allocator: Allocator | None = None,
-        param_groups=None,
+        param_groups=None, device: torch.device | None = None,
     ):
         config.validate()
         self.allocator = allocator if allocator is not None else PlainAllocator()
@@ -76,13 +76,13 @@ class ZeroEngine:
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
         ordered = order_params(model, units, self.stage)
         groups = resolve_param_groups(ordered.named, param_groups, config.optimizer, model)  # before any collective
-        self.device = device = ordered.named[0][1].device
+        self.device = device = device if device is not None else ordered.named[0][1].device  # meta-built: given
         sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
         self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel,
                                    config.param_align)
         self.zparams = [ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
                         for (_, p), slot in zip(ordered.named, self.layout.params)]
-        self.frozen = cast_frozen(ordered.frozen, self.param_dtype)  # not trained; refused at step() if unfrozen since
+        self.frozen = settle_frozen(model, ordered.frozen, self.param_dtype, device)  # refused at step() if unfrozen
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.

@@ -54,7 +54,7 @@ def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
                 continue
             placeholder = zp.param.shape != zp.slot.shape
             if value.shape == zp.slot.shape:
-                _write(engine, segments.get(i, ()), value)
+                write_segments(engine, segments.get(i, ()), value)
             elif placeholder:  # torch would compare against the placeholder's shape: say it with the real one
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
                                   f"checkpoint, the shape in current model is {torch.Size(zp.slot.shape)}.")
@@ -65,7 +65,8 @@ def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
 
 
 @torch.no_grad()
-def _write(engine, segs, value: torch.Tensor) -> None:
+def write_segments(engine, segs, value: torch.Tensor) -> None:
+    """Write this rank's segments ``segs`` of one parameter's full value into the fp32 master and the shards."""
     flat = value.detach().reshape(-1)
     storage, layout = engine.storage, engine.layout
     for seg in segs:

@@ -9,8 +9,8 @@ naming the first difference (DDP checks parameter shapes across ranks at constru
 then broadcasts DP rank 0's parameters and buffers to the group, as DDP and DeepSpeed do at construction,
 so ranks that seeded their initialisation differently still train one model instead of drifting apart.
 
-Nothing is done on a group of one, on the ``fake`` backend (dry runs of large worlds) or for parameters
-on the meta device. The broadcast is set-up, not a training step: it is not recorded in the comm ledger.
+Nothing is done on a group of one, on the ``fake`` backend (dry runs of large worlds) or for an engine on the
+meta device; a model built on the meta device for a real one is checked, and initialised later on every rank. The broadcast is set-up, not a training step: it is not recorded in the comm ledger.
 """
 
 from __future__ import annotations
@@ -53,19 +53,17 @@ def first_difference(ref: list[str], other: list[str], rank: int) -> str:
     return f"rank {rank} has {other[n]} where rank 0 has nothing ({len(other) - n} entries more)"
 
 
-def _skip(model: nn.Module, group: Group) -> bool:
-    if group.size == 1 or not dist.is_initialized():
+def _skip(group: Group, device: torch.device) -> bool:
+    if group.size == 1 or not dist.is_initialized() or device.type == "meta":
         return True
-    if dist.get_backend(group.pg) == "fake":
-        return True
-    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    return dist.get_backend(group.pg) == "fake"
 
 
 def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, group: Group,
                   device: torch.device) -> None:
     """Check that every DP rank holds the same model and configuration (``ConfigError`` on every rank if
     not), then give every rank DP rank 0's parameter and buffer values."""
-    if _skip(model, group):
+    if _skip(group, device):
         return
     desc = describe(model, trained, config)
     h = int.from_bytes(hashlib.blake2b("\n".join(desc).encode(), digest_size=7).digest(), "little")
@@ -79,7 +77,9 @@ def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, grou
         raise ConfigError(f"DP rank {rank} was given another model or ZeRO config than DP rank 0 "
                           f"({first_difference(every[0], every[rank], rank)}): build the same model and "
                           f"ZeroConfig on every rank")
-    broadcast_tensors(list(model.parameters()) + list(model.buffers()), group)
+    tensors = list(model.parameters()) + list(model.buffers())
+    if not any(t.is_meta for t in tensors):  # a meta-built model is initialised alike on every rank later
+        broadcast_tensors(tensors, group)
 
 
 def _runs(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -68,7 +68,10 @@ class ParamStorage:
 
     @torch.no_grad()
     def fill(self, zparams: list[ZeroParam], segments: list[Segment]) -> None:
-        """Copy the model's initial values into the replica or the shards, and into the master."""
+        """Copy the model's initial values into the replica or the shards, and into the master (a model built on
+        the meta device has none: its storage stays zero until it is initialised, ``parallel/init.py``)."""
+        if any(zp.param.is_meta for zp in zparams):
+            return
         init = [zp.param.detach().float().reshape(-1) for zp in zparams]
         if self.replica is not None:
             for zp, src in zip(zparams, init):

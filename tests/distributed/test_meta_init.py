@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.meta_init import CASES, run_meta_init
+from tests.helpers.meta_init import CASES, run_meta_init, run_user_meta
 
 pytestmark = pytest.mark.dist
 FAST = [k for k in CASES if k.startswith("tp1") or k.endswith("fp32") or "ckpt" in k]
@@ -31,3 +31,18 @@ def test_meta_built_gpt_equals_the_materialised_one(grid, key):
         assert abs(res["checksum"]) > 0, "nothing initialised: vacuous comparison"
         assert res["master"] == 0.0 and res["params"] == 0.0, (world, key, res)
         assert res["losses"][0] == res["losses"][1] and res["trained_master"] == 0.0, (world, key, res)
+
+
+@pytest.fixture(scope="module")
+def user_meta():
+    return run_distributed(run_user_meta, 2, timeout=300)
+
+
+@pytest.mark.parametrize("precision", ("fp32", "bf16"))
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_a_users_meta_built_model_initialised_inside_gathered_params(user_meta, stage, precision):
+    """Zero until initialised; then exactly the engine built from the materialised weights, and its training."""
+    for r in user_meta:
+        res = r[f"s{stage}-{precision}"]
+        assert res["zero_before"] == 0.0, res
+        assert all(res[k] == 0.0 for k in ("master", "params", "trained_master", "trained_params")), res

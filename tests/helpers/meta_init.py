@@ -87,3 +87,30 @@ def run_meta_init(rank: int, world: int, keys: list[str]) -> dict:
         res["trained_master"] = _diff(full_parameters(meta.engine), full_parameters(whole.engine))
         out[key] = res
     return out
+
+
+def run_user_meta(rank: int, world: int) -> dict:
+    """A user's model built under ``torch.device("meta")``, ``apply_zero(..., device=cpu)``, then initialised inside
+    ``engine.gathered_params()``: exactly the engine built from the materialised model, and the same training."""
+    from tests.helpers.gathered_writeback import _copy_in, _same_as, target_model
+    from tests.helpers.user_models import ADAM, MLP, engine_for
+    from zerobench.distributed.collectives import Group
+    from zerobench.zero import apply_zero
+
+    group = Group.of(None, "dp")
+    target = target_model()
+    values = {n: p.detach().clone() for n, p in target.named_parameters()}
+    out = {}
+    for stage in (0, 1, 2, 3):
+        for prec in (Precision.FP32, Precision.BF16):
+            with torch.device("meta"):
+                model = MLP()
+            cfg = ZeroConfig(stage=stage, bucket_numel=5000, optimizer=ADAM, precision=prec)
+            engine = apply_zero(model, group, cfg, device="cpu")
+            before = {n: float(v.abs().sum()) for n, v in full_parameters(engine).items()}
+            with engine.gathered_params():
+                _copy_in(engine, values)
+            built = engine_for(target_model(), group, stage, precision=prec)
+            out[f"s{stage}-{prec.value}"] = {"zero_before": max(before.values()),
+                                            **_same_as(engine, built, rank, world)}
+    return out

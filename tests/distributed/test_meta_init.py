@@ -46,3 +46,9 @@ def test_a_users_meta_built_model_initialised_inside_gathered_params(user_meta, 
         res = r[f"s{stage}-{precision}"]
         assert res["zero_before"] == 0.0, res
         assert all(res[k] == 0.0 for k in ("master", "params", "trained_master", "trained_params")), res
+
+
+def test_device_is_refused_for_a_model_already_placed(user_meta):
+    for r in user_meta:
+        assert r["placed"] == ("ConfigError: apply_zero(device=meta) is for a model built on the meta device; this one "
+                               "has parameters on cpu: move the model there first (model.to(device))"), r["placed"]

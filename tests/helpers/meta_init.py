@@ -113,4 +113,9 @@ def run_user_meta(rank: int, world: int) -> dict:
             built = engine_for(target_model(), group, stage, precision=prec)
             out[f"s{stage}-{prec.value}"] = {"zero_before": max(before.values()),
                                             **_same_as(engine, built, rank, world)}
+    try:
+        apply_zero(MLP(), group, ZeroConfig(stage=3), device="meta")
+        out["placed"] = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        out["placed"] = f"{type(e).__name__}: {e}"
     return out

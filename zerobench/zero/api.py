@@ -102,5 +102,9 @@ def apply_zero(
     warn_if_one_unit(model, units, config.stage)
     units = resolve_units(model, units)
     device = None if device is None else torch.device(device)
+    placed = {p.device for p in model.parameters() if not p.is_meta}
+    if device is not None and any(d != device and (device.index is not None or d.type != device.type) for d in placed):
+        raise ConfigError(f"apply_zero(device={device}) is for a model built on the meta device; this one has parameters "
+                          f"on {', '.join(sorted(map(str, placed)))}: move the model there first (model.to(device))")
     return ZeroEngine(model, dp_group, config, units, ledger,
                       tp_group, frozenset(tp_sharded), allocator, param_groups, device)

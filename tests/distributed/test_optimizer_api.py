@@ -59,14 +59,27 @@ def test_clip_grad_norm_matches_torch(api):
 def test_the_models_own_clip_grad_norm_in_fsdp1s_loop(api):
     """FSDP1's loop (``loss.backward()``, ``model.clip_grad_norm_(0.05)``, ``optimizer.step()``): the model's method
     is the engine's, so it trains and returns norms as the engine's does, which torch's function on the rank's
-    ``.grad`` would not at stages 1-3; another ``norm_type`` is refused in one line."""
+    ``.grad`` would not at stages 1-3; a norm_type that is no p-norm is refused in one line."""
     world, stage, ranks = api
     for r in ranks:
         _, ref_norms = r["clip_norms"]
         assert r["model_clip_norms"] == pytest.approx(ref_norms, rel=1e-5)
         assert close(r["model_clip"]), (world, stage, r["model_clip"])
-        assert r["clip_inf"] == ("ConfigError: clip_grad_norm_(norm_type=inf): the ZeRO engine clips by the global L2 "
-                                 "norm only: pass norm_type=2")
+        assert r["clip_bad_norm"] == ("ConfigError: clip_grad_norm_(norm_type=0): the ZeRO engine clips by a global "
+                                      "p-norm, p > 0 or inf (2 by default)")
+
+
+@pytest.mark.parametrize("p", ("1.0", "3.0", "inf"))
+def test_clip_grad_norm_with_another_norm_type(api, p):
+    """``norm_type`` 1, 3 and inf, as FSDP's and torch's ``clip_grad_norm_`` take it: the same norms and parameters as
+    torch's function on one process, every step clipped (before: refused, L2 only)."""
+    world, stage, ranks = api
+    for r in ranks:
+        res = r[f"clip_p{p}"]
+        norms, ref_norms = res["norms"]
+        assert min(ref_norms) > res["max_norm"], "no step clipped: a vacuous comparison"
+        assert norms == pytest.approx(ref_norms, rel=1e-5), (stage, norms, ref_norms)
+        assert close(res["compare"]), (world, stage, res["compare"])
 
 
 def test_state_dict_resumes_mid_schedule_bit_identically(api):

@@ -139,7 +139,28 @@ def _clip(rank, world, stage, model, data, group) -> dict:
             "clip_norms": (norms, ref_norms), "clip_early": error_line(lambda: engine.clip_grad_norm_(1.0)),
             "model_clip": compare(fsdp_like, model, {n: p.detach() for n, p in ref.named_parameters()}),
             "model_clip_norms": model_norms,
-            "clip_inf": error_line(lambda: m.clip_grad_norm_(1.0, norm_type=float("inf")))}
+            "clip_bad_norm": error_line(lambda: m.clip_grad_norm_(1.0, norm_type=0)),
+            **{f"clip_p{p}": _clip_p(rank, world, stage, model, data, group, p, max_norm)
+               for p, max_norm in ((1.0, 0.5), (3.0, 0.01), (float("inf"), 0.002))}}
+
+
+def _clip_p(rank, world, stage, model, data, group, p: float, max_norm: float) -> dict:
+    """FSDP1's loop with ``model.clip_grad_norm_(max_norm, norm_type=p)`` against torch's function on one process."""
+    ref = copy.deepcopy(model)
+    opt = make_adamw(ref.parameters(), ADAM)
+    engine = engine_for(copy.deepcopy(model), group, stage)
+    norms, ref_norms = [], []
+    for x, y in data:
+        engine.module(slice_of(x, rank, world), slice_of(y, rank, world)).backward()
+        norms.append(engine.module.clip_grad_norm_(max_norm, norm_type=p).item())
+        engine.optimizer.step()
+        engine.optimizer.zero_grad()
+        reference_loss(ref, x, y, world).backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm, norm_type=p).item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"compare": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
+            "norms": (norms, ref_norms), "max_norm": max_norm}
 
 
 def _resume(rank, world, stage, model, data, group) -> dict:

@@ -280,9 +280,9 @@ class ZeroEngine:
         self.grads.zero(set_to_none)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip this window's gradient to a global L2 norm of ``max_norm`` (every DP and TP partition), as FSDP's
-        ``clip_grad_norm_`` (``zero/grad_stats.py``), on every DP rank between the window's last ``backward()``
-        and ``step()``. Returns the norm of the averaged gradient; the coefficient goes into the step's scale."""
+        """Clip this window's gradient to a global ``norm_type``-norm (L2; p > 0 or inf) of ``max_norm``, as FSDP's
+        ``clip_grad_norm_`` over every DP and TP partition (``zero/grad_stats.py``), on every DP rank after its last
+        ``backward()``, before ``step()``. Returns the averaged gradient's norm; the step's scale takes the coefficient."""
         norm = window_grad_norm(self, max_norm, self._grads_sharded, norm_type) * self._clip
         self.last_grad_norm = norm
         self._clip *= clip_coefficient(norm, max_norm)

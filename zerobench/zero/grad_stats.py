@@ -24,22 +24,43 @@ def found_nonfinite(engine, grads: list[torch.Tensor], sharded: bool) -> bool:
     return bool(found.item())
 
 
-def global_grad_norm(engine, grads: list[torch.Tensor], sharded: bool) -> float:
-    """L2 norm of the (reduced, still loss-scaled) gradient over every partition, DP and TP."""
+def _power_sum(g: torch.Tensor, p: float) -> torch.Tensor:
+    return g.float().pow(2).sum() if p == 2.0 else g.float().abs().pow(p).sum()
+
+
+def global_grad_norm(engine, grads: list[torch.Tensor], sharded: bool, norm_type: float = 2.0) -> float:
+    """The ``norm_type``-norm (default L2; any p > 0, or inf) of the (reduced, still loss-scaled) gradient over
+    every partition, DP and TP, as ``torch.nn.utils.clip_grad_norm_`` computes it over one process's gradients."""
+    p = float(norm_type)
+    if math.isinf(p):
+        return _max_abs(engine, grads, sharded)
     sq = torch.zeros(2, dtype=torch.float32, device=grads[0].device if grads else engine.device)  # [all, TP-replicated]
     for g, repl in zip(grads, engine.replicated_ranges):
-        sq[0] += g.float().pow(2).sum()
+        sq[0] += _power_sum(g, p)
         if engine.tp_group is not None:
             for lo, hi in repl:
-                sq[1] += g[lo:hi].float().pow(2).sum()
+                sq[1] += _power_sum(g[lo:hi], p)
     sq = sq.to(engine.device)  # collectives run on the device (grads may be host chunks under offload)
     if sharded:
         C.all_reduce(sq, engine.group, engine.ledger, "grad_norm")
+    root = math.sqrt if p == 2.0 else (lambda x: x ** (1.0 / p))
     if engine.tp_group is None:
-        return math.sqrt(sq[0].item())
+        return root(sq[0].item())
     tp_part = (sq[0] - sq[1]).reshape(1)
     C.all_reduce(tp_part, engine.tp_group, engine.ledger, "grad_norm")
-    return math.sqrt(tp_part.item() + sq[1].item())
+    return root(tp_part.item() + sq[1].item())
+
+
+def _max_abs(engine, grads: list[torch.Tensor], sharded: bool) -> float:
+    """The inf-norm: the largest |element| of any partition (a TP-replicated element counts alike on every rank)."""
+    top = torch.zeros(1, dtype=torch.float32, device=engine.device)
+    for g in grads:
+        if g.numel():
+            top = torch.maximum(top, g.float().abs().max().to(engine.device).reshape(1))
+    for group, on in ((engine.group, sharded), (engine.tp_group, engine.tp_group is not None)):
+        if on:
+            C.all_reduce(top, group, engine.ledger, "grad_norm", op=torch.distributed.ReduceOp.MAX)
+    return top.item()
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
@@ -55,12 +76,12 @@ def window_grad_norm(engine, max_norm: float, sharded: bool, norm_type: float = 
     once the window is reduced; one line for a bad ``max_norm`` or ``norm_type``, or a window still open."""
     if not 0 < max_norm < float("inf"):
         raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
-    if float(norm_type) != 2.0:
-        raise ConfigError(f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by the global L2 norm "
-                          "only: pass norm_type=2")
+    if not (float(norm_type) > 0):
+        raise ConfigError(f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by a global p-norm, "
+                          "p > 0 or inf (2 by default)")
     if engine.window.open or not engine.grads.reduced:
         raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
                            "last backward() of the window, before step()")
     if engine.storage.host is not None:
         engine.storage.host.finish_grad_copies()
-    return global_grad_norm(engine, engine.grad_chunks(), sharded) / engine.scaler.scale
+    return global_grad_norm(engine, engine.grad_chunks(), sharded, norm_type) / engine.scaler.scale

@@ -52,8 +52,8 @@ def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
 
 
 def _clip_grad_norm_(self: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """The routed class's ``clip_grad_norm_``, FSDP1's spelling on the model: the engine's (the global L2 norm of
-    the averaged gradient over every partition). ``torch.nn.utils.clip_grad_norm_`` on a rank would see only
+    """The routed class's ``clip_grad_norm_``, FSDP1's spelling on the model: the engine's (the global p-norm of
+    the averaged gradient over every partition, L2 by default). ``torch.nn.utils.clip_grad_norm_`` on a rank would see only
     this rank's ``.grad``: its shard at stage 1, None at stages 2-3."""
     engine = engine_of(self)
     if engine is None:

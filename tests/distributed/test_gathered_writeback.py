@@ -79,3 +79,13 @@ def test_modifier_rank_with_writeback_false_is_one_line(ranks, stage):
         msg = r[f"modifier-s{stage}-discard"]
         assert msg == ("ConfigError: gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that "
                        "rank's changes, writeback=False discards them: pass one of the two"), msg
+
+
+@pytest.mark.parametrize("case", KEYS)
+def test_contexts_nest(ranks, case):
+    """An inner ``gathered_params()`` leaves the outer one gathered (before, its exit freed every stage-3 unit under
+    the outer block); an inner discard undoes its own change only; the outer block's writes are kept."""
+    for r in ranks:
+        res = r[case]["nested"]
+        assert res["full_after_inner"] and res["head_back"], res
+        assert all(res[k] == 0.0 for k in SAME), (case, res)

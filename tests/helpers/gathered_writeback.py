@@ -89,6 +89,7 @@ def run_gathered_writeback(rank: int, world: int) -> dict:
                 res[f"raised-{writeback}"] = str(e)
             built = engine_for(copy.deepcopy(target if writeback else start), group, stage, **kw)
             res[f"after_exception-{writeback}"] = _same_as(engine, built, rank, world)
+        res["nested"] = _nested(group, stage, kw, start, values, rank, world)
         out[key] = res
     out.update(_modifier_cases(rank, world, group))
     return out
@@ -125,3 +126,19 @@ def _modifier_cases(rank: int, world: int, group: Group) -> dict:
         except Exception as e:  # noqa: BLE001 - the message is the result
             out[f"modifier-s{stage}-discard"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def _nested(group, stage: int, kw: dict, start, values: dict, rank: int, world: int) -> dict:
+    """An inner context (a helper that reads, or discards its own trial change) inside the user's own: the outer one
+    stays gathered, the inner discard undoes only the inner change, and the outer writes what it wrote after it."""
+    engine = engine_for(copy.deepcopy(start), group, stage, **kw)
+    with engine.gathered_params():
+        with engine.gathered_params(writeback=False), torch.no_grad():
+            engine.module.head.weight.zero_()  # discarded on the inner exit
+        full_after_inner = all(p.numel() > 0 for p in engine.module.parameters())
+        head_back = engine.module.head.weight.abs().sum().item() > 0
+        with engine.gathered_params():  # a helper that only reads
+            pass
+        _copy_in(engine, values)  # after both inner exits: still gathered, and kept on the outer exit
+    res = _same_as(engine, engine_for(copy.deepcopy(target_model()), group, stage, **kw), rank, world)
+    return {**res, "full_after_inner": full_after_inner, "head_back": head_back}

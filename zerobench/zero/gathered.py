@@ -17,7 +17,8 @@ as FSDP's ``summon_full_params(writeback=True)`` keeps them:
   parameters are the replica itself, the replica (and the frozen parameters) are copied on entry and put back
   on exit.
 
-An exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so
+Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
+exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so
 the parameters and the master never disagree. Without the context an in-place change is not safe: at stage 3
 the parameters are 0-element placeholders outside forward, and under bf16/fp16 the next step recomputes the
 parameters from the master.
@@ -46,14 +47,16 @@ class GatheredParams:
                               "changes, writeback=False discards them: pass one of the two")
         self.engine, self.writeback, self.modifier_rank = engine, writeback, modifier_rank
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._nested = False
 
     def __enter__(self) -> None:
-        e = self.engine
+        e, s = self.engine, self.engine.scheduler
+        self._nested = s is not None and s.reading  # inside another one: gathered already, and left so on exit
         if not self.writeback:  # what a discard puts back (stage 3's trained parameters come back from the shards)
-            kept = [p.data for _, p in e.frozen] + ([] if e.scheduler is not None else [e.storage.replica.data])
+            kept = [p.data for _, p in e.frozen]
+            kept += [e.storage.replica.data] if s is None else [u.full for u in s.units] if self._nested else []
             self._saved = [(t, t.clone()) for t in kept]
-        s = e.scheduler
-        if s is not None:
+        if s is not None and not self._nested:
             for u in s.units:
                 u.start_gather()
             for u in s.units:
@@ -74,7 +77,7 @@ class GatheredParams:
         finally:
             self._saved = []
             s = e.scheduler
-            if s is not None:
+            if s is not None and not self._nested:
                 s.reading = False
                 s.reshard_all()
 

@@ -72,16 +72,16 @@ def materialize(p: nn.Parameter, value: torch.Tensor) -> None:
 @torch.no_grad()
 def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype,
                   device: torch.device) -> list[tuple[str, nn.Parameter]]:
-    """What the engine does not hold, made ready to run: frozen fp32/bf16/fp16 parameters in the training dtype, as
-    the trained ones are (DeepSpeed converts the whole module, FSDP's ``param_dtype`` every parameter; under bf16
-    an fp32 frozen layer met bf16 activations: ``mat1 and mat2 must have the same dtype``; other dtypes are left
-    as they are). A model built on the meta device gets its frozen parameters and buffers on ``device``, zeroed
+    """What the engine does not hold, made ready to run: under bf16/fp16, frozen fp32/bf16/fp16 parameters in the
+    training dtype, as the trained ones are (DeepSpeed converts the whole module, FSDP's ``param_dtype`` every
+    parameter; an fp32 frozen layer met bf16 activations: ``mat1 and mat2 must have the same dtype``); fp32 training
+    leaves them, and other dtypes, as they are. A model built on the meta device gets its frozen parameters and buffers on ``device``, zeroed
     (to be initialised as the trained parameters are: ``engine.gathered_params()``, ``load_state_dict``)."""
     real = device.type != "meta"
     for _, p in frozen:
         if p.is_meta and real:
             materialize(p, torch.zeros_like(p, device=device))
-        if p.dtype in TRAINABLE_DTYPES and p.dtype != dtype:
+        if dtype != torch.float32 and p.dtype in TRAINABLE_DTYPES and p.dtype != dtype:
             p.data = p.data.to(dtype)
     for mod in model.modules():
         for name, b in mod._buffers.items():

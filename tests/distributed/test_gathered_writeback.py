@@ -65,20 +65,20 @@ def test_modifier_rank_values_win(ranks, stage, precision):
         assert all(res[k] == 0.0 for k in (*SAME, "frozen")), (stage, precision, res)
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
-def test_a_bad_modifier_rank_is_one_line(ranks, stage):
-    for r in ranks:
-        msg = r[f"modifier-s{stage}-bad"]
-        assert msg == ("ConfigError: gathered_params(modifier_rank=2): expected a DP rank, an int in [0, 2), "
-                       "or None (each rank keeps its own changes)"), msg
+BAD_MODIFIER = {
+    "bad": ("ConfigError: gathered_params(modifier_rank=2): expected a DP rank, an int in [0, 2), or None (each rank "
+            "keeps its own changes)"),
+    "discard": ("ConfigError: gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that rank's "
+                "changes, writeback=False discards them: pass one of the two"),
+}
 
 
+@pytest.mark.parametrize("call", BAD_MODIFIER)
 @pytest.mark.parametrize("stage", (0, 1, 2, 3))
-def test_modifier_rank_with_writeback_false_is_one_line(ranks, stage):
+def test_a_bad_modifier_rank_is_one_line(ranks, stage, call):
+    """A rank outside the group, or ``modifier_rank`` with ``writeback=False``."""
     for r in ranks:
-        msg = r[f"modifier-s{stage}-discard"]
-        assert msg == ("ConfigError: gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that "
-                       "rank's changes, writeback=False discards them: pass one of the two"), msg
+        assert r[f"modifier-s{stage}-{call}"] == BAD_MODIFIER[call]
 
 
 @pytest.mark.parametrize("case", KEYS)

@@ -23,7 +23,7 @@ from zerobench.models.config import GPTConfig
 from zerobench.models.gpt import GPT, init_parameter
 from zerobench.parallel.tensor_parallel import TPInfo, shard_parameter
 from zerobench.zero.engine import ZeroEngine
-from zerobench.zero.module_state import write_segments
+from zerobench.zero.module_state import segments_by_param, write_segments
 
 
 @torch.no_grad()
@@ -33,10 +33,7 @@ def init_gpt(engine: ZeroEngine, cfg: GPTConfig, tp: TPInfo, generator: torch.Ge
     with torch.device("meta"):
         plain = GPT(cfg)  # names and shapes, in the order reset_parameters draws them
     _replay_construction(plain)
-    index = {zp.name: i for i, zp in enumerate(engine.zparams)}
-    segments: dict[int, list] = {}
-    for seg in engine.layout.segments(engine.rank_in_shards):
-        segments.setdefault(seg.param, []).append(seg)
+    index, segments = {zp.name: i for i, zp in enumerate(engine.zparams)}, segments_by_param(engine)
     for name, p in plain.named_parameters():
         full = torch.empty(p.shape, dtype=torch.float32)
         init_parameter(name, full, cfg, generator)

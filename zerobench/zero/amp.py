@@ -17,13 +17,10 @@ gradient, and is refused in one line at stages 1-3; an fp16 engine scales its lo
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
-import torch.distributed as dist
 
 from zerobench.config import ConfigError
-from zerobench.distributed import collectives as C
+from zerobench.zero.grad_stats import agree_max, reduced_grads
 
 
 class ShardedGradScaler(torch.amp.GradScaler):
@@ -43,24 +40,12 @@ def unscale_partition(engine, inv_scale: torch.Tensor, found_inf: torch.Tensor) 
     """Multiply this rank's reduced gradient partition by ``inv_scale`` in place and set ``found_inf`` to 1 if any
     rank of the DP and TP groups holds a non-finite element; returns ``found_inf``."""
     check_amp(engine)
-    if engine.window.open or not engine.grads.reduced:
-        raise RuntimeError("the GradScaler unscaled this window's gradients before they were reduced: call "
-                           "scaler.unscale_/scaler.step after the last backward() of the window")
-    if engine.storage.host is not None:
-        engine.storage.host.finish_grad_copies()
-    by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-    for chunk in engine.grad_chunks():
-        if chunk.numel():
-            by_device[chunk.device].append(chunk)
-    flag = torch.zeros((), dtype=torch.float32, device=engine.device)
-    for device, chunks in by_device.items():
-        local = torch.zeros((), dtype=torch.float32, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(chunks, local, inv_scale.to(device))
-        flag = torch.maximum(flag, local.to(flag.device))
-    for group in (engine.group, engine.tp_group):
-        if group is not None and group.size > 1:
-            C.all_reduce(flag, group, op=dist.ReduceOp.MAX)
-    found_inf.copy_(flag.to(found_inf.device))
+    chunks = [c for c in reduced_grads(engine, "scaler.unscale_()/scaler.step()") if c.numel()]
+    flag = torch.zeros(1, dtype=torch.float32, device=chunks[0].device if chunks else engine.device)
+    if chunks:  # one storage: the device's gradient partition, or the host's under offload
+        torch._amp_foreach_non_finite_check_and_unscale_(chunks, flag, inv_scale.to(flag.device))
+    flag = agree_max(engine, flag.to(engine.device), engine._grads_sharded, "found_inf")
+    found_inf.copy_(flag.reshape(()).to(found_inf.device))
     return found_inf
 
 

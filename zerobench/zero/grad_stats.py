@@ -16,12 +16,28 @@ def found_nonfinite(engine, grads: list[torch.Tensor], sharded: bool) -> bool:
     """Whether any rank's gradient partition holds an inf or NaN (fp16 overflow)."""
     found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else engine.device)
     engine.adamw.flag_nonfinite(grads, found)
-    found = found.to(engine.device)
+    return bool(agree_max(engine, found.to(engine.device), sharded, "found_inf").item())
+
+
+def agree_max(engine, t: torch.Tensor, sharded: bool, tag: str) -> torch.Tensor:
+    """``t`` (on the engine's device) made the maximum over the DP group (when the gradient is partitioned there)
+    and the TP group, in place: the same answer on every rank."""
     if sharded:
-        C.all_reduce(found, engine.group, engine.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
+        C.all_reduce(t, engine.group, engine.ledger, tag, op=torch.distributed.ReduceOp.MAX)
     if engine.tp_group is not None:
-        C.all_reduce(found, engine.tp_group, engine.ledger, "found_inf", op=torch.distributed.ReduceOp.MAX)
-    return bool(found.item())
+        C.all_reduce(t, engine.tp_group, engine.ledger, tag, op=torch.distributed.ReduceOp.MAX)
+    return t
+
+
+def reduced_grads(engine, caller: str) -> list[torch.Tensor]:
+    """This rank's reduced gradient chunks for ``caller`` (host copies finished), or one line if the window is
+    not reduced yet."""
+    if engine.window.open or not engine.grads.reduced:
+        raise RuntimeError(f"{caller} before this window's gradients are reduced: call it after the last backward() "
+                           "of the window, before step()")
+    if engine.storage.host is not None:
+        engine.storage.host.finish_grad_copies()
+    return engine.grad_chunks()
 
 
 def _power_sum(g: torch.Tensor, p: float) -> torch.Tensor:
@@ -57,10 +73,7 @@ def _max_abs(engine, grads: list[torch.Tensor], sharded: bool) -> float:
     for g in grads:
         if g.numel():
             top = torch.maximum(top, g.float().abs().max().to(engine.device).reshape(1))
-    for group, on in ((engine.group, sharded), (engine.tp_group, engine.tp_group is not None)):
-        if on:
-            C.all_reduce(top, group, engine.ledger, "grad_norm", op=torch.distributed.ReduceOp.MAX)
-    return top.item()
+    return agree_max(engine, top, sharded, "grad_norm").item()
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
@@ -79,9 +92,4 @@ def window_grad_norm(engine, max_norm: float, sharded: bool, norm_type: float = 
     if not (float(norm_type) > 0):
         raise ConfigError(f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by a global p-norm, "
                           "p > 0 or inf (2 by default)")
-    if engine.window.open or not engine.grads.reduced:
-        raise RuntimeError("clip_grad_norm_() before this window's gradients are reduced: call it after the "
-                           "last backward() of the window, before step()")
-    if engine.storage.host is not None:
-        engine.storage.host.finish_grad_copies()
-    return global_grad_norm(engine, engine.grad_chunks(), sharded, norm_type) / engine.scaler.scale
+    return global_grad_norm(engine, reduced_grads(engine, "clip_grad_norm_()"), sharded, norm_type) / engine.scaler.scale

@@ -26,9 +26,7 @@ from zerobench.zero.state_dict import segment_view
 def install_load_hooks(engine) -> list:
     """Register the pre-hook on each module owning a trained parameter; returns the handles."""
     index = {id(zp.param): i for i, zp in enumerate(engine.zparams)}
-    segments: dict[int, list] = {}
-    for seg in engine.layout.segments(engine.rank_in_shards):
-        segments.setdefault(seg.param, []).append(seg)
+    segments = segments_by_param(engine)
     handles = []
     for module in engine.module.modules():
         owned = {name: index[id(p)] for name, p in module.named_parameters(recurse=False, remove_duplicate=False)
@@ -62,6 +60,14 @@ def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
                 state_dict[key] = torch.empty(0, dtype=zp.param.dtype)
 
     return hook
+
+
+def segments_by_param(engine) -> dict[int, list]:
+    """This rank's layout segments, by the index of the parameter they belong to."""
+    out: dict[int, list] = {}
+    for seg in engine.layout.segments(engine.rank_in_shards):
+        out.setdefault(seg.param, []).append(seg)
+    return out
 
 
 @torch.no_grad()

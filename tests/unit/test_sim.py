@@ -9,6 +9,7 @@ import pytest
 
 from zerobench.bench.spec import RunSpec, to_train_config
 from zerobench.sim.layout import HEAD, engine_buckets
+from zerobench.sim.measure_compute import skew_mean
 from zerobench.sim.profile import Curve, Linear, Profile, curve_key
 from zerobench.sim.replay import Timeline
 from zerobench.sim.simulate import simulate
@@ -41,6 +42,18 @@ def test_linear_fit_recovers_alpha_and_beta():
     pts = [(n, 2e-5 + 3e-10 * n) for n in (1e3, 1e5, 1e6, 4e6)]
     fit = Linear.fit(pts)
     assert fit.alpha == pytest.approx(2e-5, rel=1e-6) and fit.beta == pytest.approx(3e-10, rel=1e-6)
+
+
+def test_the_skew_penalty_drops_a_rare_stall_and_keeps_a_skew_most_samples_show():
+    ms = 1e-3
+    stall = [1 * ms] * 15 + [800 * ms]  # one host stall in 16 samples: the median step never sees it
+    assert skew_mean(stall) == pytest.approx(1 * ms)
+    # Each point of the line is such a mean: the stall alone made the slope ~0.8 s per s of compute.
+    pts = [(t, skew_mean([0.5 * ms + 0.05 * t] * 15 + [0.8])) for t in (1 * ms, 4 * ms, 16 * ms, 64 * ms)]
+    assert Linear.fit(pts).beta == pytest.approx(0.05, rel=1e-6)
+    skewed = [2 * ms] * 12 + [9 * ms] * 4  # a quarter of the samples: a cost the median step pays in part
+    assert skew_mean(skewed) == pytest.approx((12 * 2 + 2 * 9) * ms / 14)
+    assert skew_mean([3 * ms] * 7) == pytest.approx(3 * ms)  # fewer than eight samples: nothing dropped
 
 
 def test_profile_round_trips_through_rows():

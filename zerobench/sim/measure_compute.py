@@ -32,6 +32,13 @@ mini run on the 2-core Xeon VM a 128 KiB all-reduce took, once both ranks had ar
 and 1.13 ms on average, and the ranks arrived 0.33 ms apart at the median, 0.68 ms on average. Profiles
 recorded before this (rows without ``statistic``) hold medians."""
 expected = statistics.fmean
+
+
+def skew_mean(samples: list[float], cut: int = 8) -> float:
+    """The mean of ``samples`` less their largest ``1/cut`` (rounded down): an event rarer than one sample in
+    ``cut`` is a stall the median step escapes, not a cost every step pays (``measure._sync_penalty``)."""
+    kept = sorted(samples)[: len(samples) - len(samples) // cut]
+    return statistics.fmean(kept)
 WARM_S = 2.0
 """Seconds of steps a GPU runs before a shape is timed: an idle card starts at a fraction of its clock (an H200
 read 345 MHz idle, 1980 MHz under load), and the first steps compile and autotune kernels."""

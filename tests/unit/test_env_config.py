@@ -75,10 +75,21 @@ def test_bad_env_value_is_one_line():
     ({"bucket_numel": 0}, "bucket size"),
     ({"grad_accum_steps": 0}, "accumulation"),
     ({"clip_grad_norm": -1.0}, "clip norm"),
+    ({"precision": "fp8"}, "unknown precision 'fp8': choose fp32, bf16 or fp16"),
 ])
 def test_zero_config_validation(kwargs, msg):
     with pytest.raises(ConfigError, match=msg):
         ZeroConfig(**kwargs).validate()
+
+
+def test_precision_by_its_name_is_the_recipe():
+    """``ZeroConfig(precision="bf16")`` as the suites and the CLI spell it; before: ``unknown precision 'bf16':
+    choose fp32, bf16 or fp16``, which named the value it refused as one of the choices."""
+    for name in ("fp32", "bf16", "FP16"):
+        cfg = ZeroConfig(precision=name)
+        cfg.validate()
+        assert cfg.precision is Precision(name.lower()) and config_hash(cfg) == config_hash(
+            ZeroConfig(precision=Precision(name.lower())))
 
 
 def test_config_hash_is_stable_and_sensitive():

@@ -124,6 +124,13 @@ class ZeroConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     """fp16 dynamic loss scaling."""
 
+    def __post_init__(self) -> None:
+        """``precision="bf16"`` is ``Precision.BF16`` (an unknown name is left for ``validate`` to name)."""
+        if isinstance(self.precision, str) and not isinstance(self.precision, Precision):
+            match = [p for p in Precision if p.value == self.precision.lower()]
+            if match:
+                object.__setattr__(self, "precision", match[0])
+
     def validate(self) -> None:
         if self.stage not in (0, 1, 2, 3):
             raise ConfigError(f"unknown ZeRO stage {self.stage!r}: choose 0, 1, 2 or 3")

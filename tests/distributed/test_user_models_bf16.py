@@ -1,6 +1,8 @@
 """Users' own models under bf16 at stages 0-3, world 2 (and 3 in the full tier), against one process running
 the same bf16 recipe (``tests/helpers/user_models_bf16.py``): a frozen fp32 layer is converted with the rest of
-the model, as DeepSpeed and FSDP's ``param_dtype`` convert it (before: a dtype error inside ``F.linear``)."""
+the model, as DeepSpeed and FSDP's ``param_dtype`` convert it (before: a dtype error inside ``F.linear``), and so
+are BatchNorm's running statistics, as DeepSpeed's ``module.bfloat16()`` converts them (before: a dtype error
+inside ``F.batch_norm``)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def test_bf16_user_model_parity(grid, variant, stage):
         assert res["max_update"] > 1e-2, "parameters did not move: the comparison would be vacuous"
         assert res["update_rel_err"] <= BF16_UPDATE_RTOL, (world, res)
         assert res["frozen_dtypes"] == (["torch.bfloat16"] if variant == "frozen" else []), res
+        assert res["buffer_dtypes"] == (["torch.bfloat16"] if variant == "batchnorm" else []), res
 
 
 @pytest.fixture(scope="module")

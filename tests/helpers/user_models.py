@@ -57,6 +57,7 @@ class MLP(nn.Module):
         self.scale = nn.Parameter(torch.tensor(1.5))
         self.pair = nn.Parameter(torch.tensor([0.3, -0.2]))
         self.head = nn.Linear(WIDTH, VOCAB)
+        self.norm = nn.BatchNorm1d(WIDTH) if variant == "batchnorm" else None  # running statistics: buffers
         if variant == "frozen":
             self.blocks[1].requires_grad_(False)
             self.pair.requires_grad_(False)
@@ -69,6 +70,8 @@ class MLP(nn.Module):
 
     def forward(self, x, y, skip: int | None = None):
         h = self.emb(x)
+        if self.norm is not None:
+            h = self.norm(h.reshape(-1, WIDTH)).view_as(h)
         for i, b in enumerate(self.blocks):
             if i == skip:  # the block runs, its fc2 does not (stage 3 needs every rank to run every unit)
                 h = b(h, skip_fc2=True)

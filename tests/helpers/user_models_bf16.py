@@ -3,7 +3,9 @@ the model in bf16 (frozen layers too, as DeepSpeed converts the whole module), f
 parameters updated by ``torch.optim.AdamW`` from the bf16 gradients of the mean over DP slices.
 
 Before, a frozen fp32 layer met the bf16 activations of the layer before it, inside ``F.linear``
-(``mat1 and mat2 must have the same dtype``): the engine cast only the parameters it trains.
+(``mat1 and mat2 must have the same dtype``): the engine cast only the parameters it trains. And BatchNorm's
+fp32 running statistics met its bf16 weight inside ``F.batch_norm`` (``expected scalar type BFloat16 but found
+Float``): floating-point buffers are now converted too, as ``model.bfloat16()`` converts them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from tests.helpers.user_models import ADAM, batches, compare, engine_for, make_m
 from zerobench.distributed.collectives import Group
 from zerobench.zero import Precision
 
-VARIANTS = ("mlp", "frozen", "tied_root", "user_ckpt")
+VARIANTS = ("mlp", "frozen", "tied_root", "user_ckpt", "batchnorm")
 
 
 def reference_bf16(model, data, world: int) -> dict[str, torch.Tensor]:
@@ -56,5 +58,6 @@ def run_bf16_user_cases(rank: int, world: int) -> dict[str, dict]:
                 engine.step()
             res = compare(engine, model, ref)
             res["frozen_dtypes"] = sorted({str(p.dtype) for p in engine.module.parameters() if not p.requires_grad})
+            res["buffer_dtypes"] = sorted({str(b.dtype) for b in engine.module.buffers() if b.is_floating_point()})
             out[f"{variant}-s{stage}"] = res
     return out

@@ -75,8 +75,11 @@ def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtyp
     """What the engine does not hold, made ready to run: under bf16/fp16, frozen fp32/bf16/fp16 parameters in the
     training dtype, as the trained ones are (DeepSpeed converts the whole module, FSDP's ``param_dtype`` every
     parameter; an fp32 frozen layer met bf16 activations: ``mat1 and mat2 must have the same dtype``); fp32 training
-    leaves them, and other dtypes, as they are. A model built on the meta device gets its frozen parameters and buffers on ``device``, zeroed
-    (to be initialised as the trained parameters are: ``engine.gathered_params()``, ``load_state_dict``)."""
+    leaves them, and other dtypes, as they are. Floating-point buffers likewise, as DeepSpeed's ``module.bfloat16()``
+    converts them (BatchNorm's running statistics beside its bf16 weight: ``expected scalar type BFloat16 but found
+    Float`` inside ``F.batch_norm``). A model built on the meta device gets its frozen parameters and buffers on
+    ``device``, zeroed (to be initialised as the trained parameters are: ``engine.gathered_params()``,
+    ``load_state_dict``)."""
     real = device.type != "meta"
     for _, p in frozen:
         if p.is_meta and real:
@@ -84,9 +87,12 @@ def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtyp
         if dtype != torch.float32 and p.dtype in TRAINABLE_DTYPES and p.dtype != dtype:
             p.data = p.data.to(dtype)
     for mod in model.modules():
-        for name, b in mod._buffers.items():
-            if b is not None and b.is_meta and real:
-                mod._buffers[name] = torch.zeros_like(b, device=device)
+        for name in list(mod._buffers):
+            if mod._buffers[name] is not None and mod._buffers[name].is_meta and real:
+                mod._buffers[name] = torch.zeros_like(mod._buffers[name], device=device)
+            b = mod._buffers[name]
+            if b is not None and dtype != torch.float32 and b.dtype in TRAINABLE_DTYPES and b.dtype != dtype:
+                mod._buffers[name] = b.to(dtype)
     return frozen
 
 

@@ -4,7 +4,8 @@ and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpee
 ``save_dir/<tag>/`` holds the engine's sharded checkpoint (``zero/state_dict.py``: parameters, fp32 master,
 moments, step count, loss scale, the param group's hyperparameters; any DP size can load it), plus, from the
 first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
-BatchNorm's running statistics, and frozen parameters; under TP one file per TP rank) and ``client_state.pt``
+BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
+and ``client_state.pt``
 (the caller's dict). ``save_dir/latest`` names the newest tag and is written after every rank has finished
 its files, so it never points at a half-written checkpoint. Every file loads with ``weights_only=True``:
 ``client_state`` must hold tensors and plain Python data, which is checked when saving.
@@ -13,6 +14,7 @@ its files, so it never points at a half-written checkpoint. Every file loads wit
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import warnings
@@ -25,6 +27,8 @@ from zerobench.config import ConfigError
 from zerobench.zero.state_dict import load_checkpoint, rank_dir, save_checkpoint
 
 LATEST = "latest"
+FROZEN = "frozen.json"
+"""Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
 
 
 def _extras(engine, frozen: bool = True) -> dict[str, torch.Tensor]:
@@ -86,7 +90,9 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
     save_checkpoint(engine, path)
     first_tp = engine.tp_group is None or engine.tp_group.rank == 0
     if _first(engine):  # save_checkpoint made rank_dir
-        torch.save(module_extra(engine, not exclude_frozen_parameters), rank_dir(engine, path) / "module_extra.pt")
+        extra = module_extra(engine, not exclude_frozen_parameters)
+        torch.save(extra, rank_dir(engine, path) / "module_extra.pt")
+        (rank_dir(engine, path) / FROZEN).write_text(json.dumps(sorted(set(extra) - set(_extras(engine, False)))))
         if first_tp:
             (path / "client_state.pt").write_bytes(blob)
     _barrier(engine)

@@ -11,7 +11,7 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
 ``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
 ``train()``/``eval()``, counters and tagged ``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) work
-too. Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
+too, and ``save_16bit_model`` (``zero/export.py``). Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
 
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
 ``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
@@ -34,8 +34,8 @@ from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
-from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
+from zerobench.zero.ds_files import DeepSpeedFiles
 from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.gathered import GatheredParams
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
@@ -48,12 +48,13 @@ from zerobench.zero.param_groups import resolve_param_groups
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
 from zerobench.zero.storage import ParamStorage
+from zerobench.zero.tensor_fragment import register
 from zerobench.zero.torch_optimizer import ZeroOptimizer
 from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 from zerobench.zero.window import AccumulationWindow
 
 
-class ZeroEngine:
+class ZeroEngine(DeepSpeedFiles):
     """Created by ``apply_zero``; see the module docstring."""
 
     def __init__(
@@ -111,6 +112,7 @@ class ZeroEngine:
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
+        register(self)  # safe_get_full_fp32_param(p) and the rest find the engine by the parameter
 
     # -- construction helpers ------------------------------------------------------------------
     def _wire_backward(self, model: nn.Module, st: ParamStorage, group: C.Group, device: torch.device) -> None:
@@ -219,16 +221,6 @@ class ZeroEngine:
 
     def eval(self) -> ZeroEngine:
         return self.train(False)
-
-    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
-        """On every rank: ``save_dir/<tag>`` and ``save_dir/latest``, as DeepSpeed's, with its ``save_latest`` and
-        ``exclude_frozen_parameters`` (``zero/checkpoint_dir.py``)."""
-        return save_tagged(self, save_dir, tag, client_state, **options)
-
-    def load_checkpoint(self, load_dir, tag: str | None = None, **options):
-        """On every rank: (the checkpoint's path, its client state); (None, None) when there is no ``latest``.
-        DeepSpeed's options: ``load_module_strict``, ``load_optimizer_states``, ``load_module_only``, ...."""
-        return load_tagged(self, load_dir, tag, **options)
 
     @torch.no_grad()
     def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:

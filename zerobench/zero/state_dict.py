@@ -263,10 +263,10 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return full
 
 
-def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> dict[str, torch.Tensor]:
-    """All-gather this rank's per-bucket chunks into full fp32 parameters ``{name: tensor}``."""
+def iter_full(engine, chunks: list[torch.Tensor]):
+    """(parameter index, its full fp32 value) from this rank's per-bucket ``chunks``, one bucket all-gathered at a
+    time (collective over the DP group; the values are views of that bucket's buffer)."""
     layout = engine.layout
-    out = {}
     for b, chunk in zip(layout.buckets, chunks):
         full = torch.empty(b.numel, dtype=torch.float32, device=engine.device)
         if layout.shards == 1:
@@ -275,8 +275,12 @@ def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> di
             C.all_gather(full, chunk.float().to(engine.device).contiguous(), engine.group)
         for i in b.params:
             s = layout.params[i]
-            out[s.name] = full[s.start - b.start : s.end - b.start].view(s.shape) * scale
-    return out
+            yield i, full[s.start - b.start : s.end - b.start].view(s.shape)
+
+
+def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """All-gather this rank's per-bucket chunks into full fp32 parameters ``{name: tensor}``."""
+    return {engine.layout.params[i].name: full * scale for i, full in iter_full(engine, chunks)}
 
 
 @torch.no_grad()

@@ -1,0 +1,42 @@
+"""The trained model taken out of the engine as DeepSpeed's users take it (``zerobench/zero/export.py``,
+``zerobench/zero/tensor_fragment.py``): ``engine.save_16bit_model`` (a plain ``state_dict`` file a model without
+ZeRO loads strictly and computes the engine's forward with), DeepSpeed's ``zero_to_fp32`` functions on a
+``save_checkpoint`` directory, and ``safe_get_full_fp32_param`` / ``safe_get_full_grad`` /
+``safe_get_full_optimizer_state`` / ``safe_set_full_*`` per parameter, at stages 0-3, fp32 and bf16, world 2.
+Before, none of these existed: ``full_parameters`` and ``consolidate`` gave the parameters only (no buffers, no frozen
+layers) under other names."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.ds_export import ds_export, tp_export
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
+    for rank, res in enumerate(run_distributed(ds_export, 2, precision, str(tmp_path), timeout=240)):
+        for stage, r in res.items():
+            where = (precision, stage, rank, r)
+            assert r["export_files"] == ["model.bin", "nofrozen.bin"], where  # DP rank 0 wrote; no temporary left
+            assert r["fp32"] and r["frozen_none"] and r["moments"], where
+            assert r["no_grad_after_step"] and r["grads"] and r["grad_nonzero"], where
+            assert r["set_read_back"] and r["set_then_trained"], where
+            assert r["moment_read_back"] and r["other_moment_kept"], where
+            assert "momentum_buffer" in r["bad_key"] and "exp_avg" in r["bad_key"], where
+            if rank:
+                continue
+            assert r["keys"] == (True, []), where  # model.state_dict()'s keys, in its order, the tied head too
+            assert r["dtypes"] and r["params_exact"] and r["tied_exact"] and r["state_exact"], where
+            assert r["forward"] == 0.0, where  # the plain model in the training dtype computes the engine's loss
+            assert r["nofrozen"] == ["frozen.bias", "frozen.weight"], where
+            assert r["fp32_mismatch"] == [] and r["loaded_exact"] and r["converted"], where
+            assert r["fp32_nofrozen"] == ["frozen.bias", "frozen.weight"], where
+
+
+def test_a_tp_model_has_no_one_state_dict(tmp_path):
+    for msg in run_distributed(tp_export, 2):
+        assert msg.startswith("ConfigError: a TP-sharded model has no one state dict") and "\n" not in msg, msg

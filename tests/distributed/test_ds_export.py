@@ -21,6 +21,7 @@ def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
     for rank, res in enumerate(run_distributed(ds_export, 2, precision, str(tmp_path), timeout=240)):
         for stage, r in res.items():
             where = (precision, stage, rank, r)
+            assert r["surface"] == (2, 1, rank, 2, False, precision == "bf16"), where  # DeepSpeed's queries
             assert r["export_files"] == ["model.bin", "nofrozen.bin"], where  # DP rank 0 wrote; no temporary left
             assert r["fp32"] and r["frozen_none"] and r["moments"], where
             assert r["no_grad_after_step"] and r["grads"] and r["grad_nonzero"], where
@@ -38,5 +39,6 @@ def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
 
 
 def test_a_tp_model_has_no_one_state_dict(tmp_path):
-    for msg in run_distributed(tp_export, 2):
+    for sizes, msg in run_distributed(tp_export, 2):
+        assert sizes == (1, 2)  # engine.dp_world_size, engine.mp_world_size
         assert msg.startswith("ConfigError: a TP-sharded model has no one state dict") and "\n" not in msg, msg

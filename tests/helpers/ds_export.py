@@ -187,19 +187,22 @@ def ds_export(rank: int, world: int, precision: str, save_dir: str) -> dict:
     for stage in range(4):
         engine = _engine(group, stage, precision)
         _train(engine, rank, range(2))
-        out[stage] = {**_files(engine, rank, stage, precision, f"{save_dir}/s{stage}"),
+        surface = (engine.dp_world_size, engine.mp_world_size, engine.global_rank, engine.world_size,
+                   engine.fp16_enabled(), engine.bfloat16_enabled())
+        out[stage] = {"surface": surface, **_files(engine, rank, stage, precision, f"{save_dir}/s{stage}"),
                       **_per_param(engine, group, rank, stage, precision, f"{save_dir}/s{stage}")}
     return out
 
 
-def tp_export(rank: int, world: int) -> str:
+def tp_export(rank: int, world: int) -> tuple:
     """Under TP a state dict of the whole model is one line, not one TP rank's slices under the full names."""
     mesh = build_mesh(2, world // 2)
     torch.manual_seed(0)
     engine = parallelize(GPT(PRESETS["tiny"]), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
+    sizes = (engine.dp_world_size, engine.mp_world_size)
     try:
         full_state_dict(engine)
     except Exception as e:  # noqa: BLE001 - the message is what is checked
-        return f"{type(e).__name__}: {e}"
-    return "exported"
+        return sizes, f"{type(e).__name__}: {e}"
+    return sizes, "exported"
 

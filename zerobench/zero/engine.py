@@ -10,7 +10,7 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
 ``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
-``train()``/``eval()``, counters and tagged ``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) work
+``train()``/``eval()``, counters, ranks and files (``zero/ds_engine.py``: tagged ``save_checkpoint``/``load_checkpoint``) work
 too, and ``save_16bit_model`` (``zero/export.py``). Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
 
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
@@ -35,7 +35,7 @@ from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
-from zerobench.zero.ds_files import DeepSpeedFiles
+from zerobench.zero.ds_engine import DeepSpeedSurface
 from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.gathered import GatheredParams
 from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
@@ -54,7 +54,7 @@ from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 from zerobench.zero.window import AccumulationWindow
 
 
-class ZeroEngine(DeepSpeedFiles):
+class ZeroEngine(DeepSpeedSurface):
     """Created by ``apply_zero``; see the module docstring."""
 
     def __init__(
@@ -186,41 +186,6 @@ class ZeroEngine(DeepSpeedFiles):
         self.optimizer.step()
         self.zero_grad()
         return self.optimizer.applied
-
-    # -- DeepSpeed's engine surface (counters: ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps)
-    def get_lr(self) -> list[float]:
-        """The learning rate of each param group, as DeepSpeed's ``engine.get_lr()``."""
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        """Whether the current micro-batch ends a window, counted in ``step()`` calls, as DeepSpeed's."""
-        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.grad_accum_steps
-
-    def zero_optimization_stage(self) -> int:
-        return self.stage
-
-    def was_step_applied(self) -> bool:
-        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
-        return self.optimizer.applied
-
-    def get_global_grad_norm(self) -> float | None:
-        """The latest step's global gradient norm; None unless clipping computed one (DeepSpeed's: every step)."""
-        return self.last_grad_norm
-
-    def __call__(self, *args, **kwargs):
-        """``engine(batch)``: the model's forward, as DeepSpeed's engine."""
-        return self.module(*args, **kwargs)
-
-    def train(self, mode: bool = True) -> ZeroEngine:
-        """``model.train(mode)``; returns the engine (``eval()`` is ``train(False)``), as DeepSpeed's."""
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> ZeroEngine:
-        return self.train(False)
 
     @torch.no_grad()
     def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:

@@ -206,3 +206,12 @@ def tp_export(rank: int, world: int) -> tuple:
         return sizes, f"{type(e).__name__}: {e}"
     return sizes, "exported"
 
+
+
+def saved_checkpoint(rank: int, world: int, save_dir: str) -> dict[str, float]:
+    """A stage-3 bf16 engine's ``save_checkpoint`` (tag ``t``), for ``zerobench zero-to-fp32``; its master sums."""
+    group = dp_groups(rank, world, [world])[world]
+    engine = _engine(group, 3, "bf16")
+    _train(engine, rank, range(2))
+    engine.save_checkpoint(save_dir, tag="t")
+    return {n: float(v.double().sum()) for n, v in full_parameters(engine).items()}

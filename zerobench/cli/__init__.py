@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zerobench.cli import bench, gate, plan, sim, training
+from zerobench.cli import bench, export, gate, plan, sim, training
 from zerobench.cli.types import OneLineParser
 from zerobench.config import ConfigError, RunFailed
 
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="ZeRO (stages 0-3) training and the harness that reproduces the ZeRO paper's results.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (training, bench, gate, plan, sim):
+    for module in (training, bench, gate, plan, sim, export):
         module.register(sub)
     return p
 

@@ -79,9 +79,11 @@ def save_16bit_model(engine, save_dir: str | os.PathLike, save_filename: str = "
 
 def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
     root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory {root}")
     if tag is None:
         if not (root / LATEST).exists():
-            raise FileNotFoundError(f"no {LATEST} file in {root}: pass the checkpoint's tag (e.g. tag='global_step10')")
+            raise FileNotFoundError(f"no {LATEST} file in {root}: name the checkpoint's tag (e.g. global_step10)")
         tag = (root / LATEST).read_text().strip()
     path = root / str(tag)
     if not path.is_dir():

@@ -1,0 +1,34 @@
+"""``zerobench zero-to-fp32``: a checkpoint directory written by ``engine.save_checkpoint`` as one fp32 state dict,
+as DeepSpeed's ``zero_to_fp32.py`` script (``zerobench/zero/export.py`` does the work)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
+    from zerobench.config import ConfigError
+    from zerobench.zero.export import convert_zero_checkpoint_to_fp32_state_dict
+    from zerobench.zero.state_dict import CheckpointMismatch
+
+    try:
+        path = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, tag=args.tag,
+                                                          exclude_frozen_parameters=args.exclude_frozen_parameters)
+    except (FileNotFoundError, CheckpointMismatch) as e:
+        raise ConfigError(str(e)) from None
+    print(f"wrote {path}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommand to the ``zerobench`` parser."""
+    p = sub.add_parser("zero-to-fp32", help="a save_checkpoint directory as one fp32 state dict (DeepSpeed's zero_to_fp32)",
+                       description="Consolidate the shards of a checkpoint written by engine.save_checkpoint (any number "
+                                   "of DP ranks) into OUTPUT_DIR/pytorch_model.bin: the model's parameters in fp32, a "
+                                   "tied one under each name, with its buffers and frozen parameters, for "
+                                   "model.load_state_dict without ZeRO. One process, no GPU.")
+    p.add_argument("checkpoint_dir", help="the directory given to save_checkpoint (holding 'latest' and the tags)")
+    p.add_argument("output_dir", help="where pytorch_model.bin goes (created if missing)")
+    p.add_argument("--tag", help="which checkpoint (default: the one 'latest' names), e.g. global_step100")
+    p.add_argument("--exclude-frozen-parameters", action="store_true", help="leave the frozen parameters out")
+    p.set_defaults(func=cmd_zero_to_fp32)

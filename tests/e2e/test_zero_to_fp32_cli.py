@@ -25,6 +25,11 @@ def test_a_checkpoint_becomes_one_state_dict(tmp_path):
     assert r.returncode == 0, r.stderr
     assert set(sd) - set(torch.load(tmp_path / "out2" / "pytorch_model.bin", weights_only=True)) == {
         "frozen.weight", "frozen.bias"}
+    shard = tmp_path / "ckpt" / "t" / "shard-00001.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])  # a copy cut short
+    r = zb("zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "out3"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"checkpoint file {shard} is damaged: " in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("argv,msg", [

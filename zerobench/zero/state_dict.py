@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -228,7 +229,12 @@ def _shard_files(path: Path) -> list[Path]:
 
 def iter_shards(path: str | os.PathLike):
     for f in _shard_files(Path(path)):
-        yield torch.load(f, map_location="cpu", weights_only=True)
+        try:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # truncated, overwritten, or not torch.save's
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointMismatch(f"checkpoint file {f} is damaged: {first}") from None
+        yield sd
 
 
 def load_checkpoint(engine, path: str | os.PathLike, optimizer_states: bool = True) -> dict:
@@ -278,19 +284,15 @@ def iter_full(engine, chunks: list[torch.Tensor]):
             yield i, full[s.start - b.start : s.end - b.start].view(s.shape)
 
 
-def _gather_chunks(engine, chunks: list[torch.Tensor], scale: float = 1.0) -> dict[str, torch.Tensor]:
-    """All-gather this rank's per-bucket chunks into full fp32 parameters ``{name: tensor}``."""
-    return {engine.layout.params[i].name: full * scale for i, full in iter_full(engine, chunks)}
-
-
 @torch.no_grad()
 def full_parameters(engine) -> dict[str, torch.Tensor]:
     """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
-    return _gather_chunks(engine, engine.adamw.master)
+    return {engine.layout.params[i].name: full.clone() for i, full in iter_full(engine, engine.adamw.master)}
 
 
 @torch.no_grad()
 def full_gradients(engine) -> dict[str, torch.Tensor]:
     """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
     rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
-    return _gather_chunks(engine, engine.grad_chunks(), 1.0 / engine.scaler.scale)
+    unscale = 1.0 / engine.scaler.scale
+    return {engine.layout.params[i].name: full * unscale for i, full in iter_full(engine, engine.grad_chunks())}

@@ -44,7 +44,7 @@ def unscale_partition(engine, inv_scale: torch.Tensor, found_inf: torch.Tensor) 
     flag = torch.zeros(1, dtype=torch.float32, device=chunks[0].device if chunks else engine.device)
     if chunks:  # one storage: the device's gradient partition, or the host's under offload
         torch._amp_foreach_non_finite_check_and_unscale_(chunks, flag, inv_scale.to(flag.device))
-    flag = agree_max(engine, flag.to(engine.device), engine._grads_sharded, "found_inf")
+    flag = agree_max(engine, flag.to(engine.device), engine.grads_sharded, "found_inf")
     found_inf.copy_(flag.reshape(()).to(found_inf.device))
     return found_inf
 

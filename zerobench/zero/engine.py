@@ -10,8 +10,8 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
 ``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
-``train()``/``eval()``, counters, ranks and files (``zero/ds_engine.py``: tagged ``save_checkpoint``/``load_checkpoint``) work
-too, and ``save_16bit_model`` (``zero/export.py``). Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
+``train()``/``eval()``, counters, ranks, tagged ``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) and
+``save_16bit_model`` (``zero/export.py``) work too. Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
 
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
 ``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
@@ -25,6 +25,7 @@ NVMe) and gradient partition live on the host and the step runs there; parameter
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from zerobench.distributed import collectives as C
@@ -34,11 +35,12 @@ from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
+from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
-from zerobench.zero.ds_engine import DeepSpeedSurface
+from zerobench.zero.export import save_16bit_model
 from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.gathered import GatheredParams
-from zerobench.zero.grad_stats import clip_coefficient, found_nonfinite, global_grad_norm, window_grad_norm
+from zerobench.zero.grad_stats import clip_coefficient, window_grad_norm
 from zerobench.zero.layout import build_layout
 from zerobench.zero.loss_scale import DynamicLossScaler
 from zerobench.zero.module_state import install_load_hooks
@@ -47,6 +49,7 @@ from zerobench.zero.param import ZeroParam
 from zerobench.zero.param_groups import resolve_param_groups
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
+from zerobench.zero.step import fused_step
 from zerobench.zero.storage import ParamStorage
 from zerobench.zero.tensor_fragment import register
 from zerobench.zero.torch_optimizer import ZeroOptimizer
@@ -54,7 +57,7 @@ from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
 from zerobench.zero.window import AccumulationWindow
 
 
-class ZeroEngine(DeepSpeedSurface):
+class ZeroEngine:
     """Created by ``apply_zero``; see the module docstring."""
 
     def __init__(
@@ -108,7 +111,9 @@ class ZeroEngine(DeepSpeedSurface):
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
-        self._grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
+        self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
+        self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
+        self.global_rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
                                            self.numel, group.size)
@@ -187,6 +192,59 @@ class ZeroEngine(DeepSpeedSurface):
         self.zero_grad()
         return self.optimizer.applied
 
+    # -- DeepSpeed's engine surface: its queries, ``engine(batch)``, ``train()``/``eval()`` and files (counters:
+    # ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps; ``dp_world_size``, ``mp_world_size``,
+    # ``global_rank`` and ``world_size`` are set at construction)
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the current micro-batch ends a window, counted in ``step()`` calls."""
+        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.grad_accum_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def fp16_enabled(self) -> bool:
+        return self.param_dtype == torch.float16
+
+    def bfloat16_enabled(self) -> bool:
+        return self.param_dtype == torch.bfloat16
+
+    def was_step_applied(self) -> bool:
+        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
+        return self.optimizer.applied
+
+    def get_global_grad_norm(self) -> float | None:
+        """The latest step's global gradient norm; None unless clipping computed one (DeepSpeed's: every step)."""
+        return self.last_grad_norm
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ZeroEngine:
+        """``model.train(mode)``; returns the engine (``eval()`` is ``train(False)``)."""
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> ZeroEngine:
+        return self.train(False)
+
+    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
+        """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``zero/checkpoint_dir.py``)."""
+        return save_tagged(self, save_dir, tag, client_state, **options)
+
+    def load_checkpoint(self, load_dir, tag: str | None = None, **options):
+        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``zero/checkpoint_dir.py``)."""
+        return load_tagged(self, load_dir, tag, **options)
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False):
+        """The model's state dict, written by DP rank 0 for a model without ZeRO (``zero/export.py``); True."""
+        return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
     @torch.no_grad()
     def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:
         self.window.check_step()
@@ -211,26 +269,10 @@ class ZeroEngine(DeepSpeedSurface):
         return GatheredParams(self, writeback, modifier_rank)
 
     def _step(self, hyper: list[AdamWConfig]) -> bool:
-        if self.storage.host is not None:
-            self.storage.host.finish_grad_copies()
-        grads = self.grad_chunks()
-        if self.scaler.enabled and found_nonfinite(self, grads, self._grads_sharded):
-            self.scaler.update(overflow=True)
-            self.last_grad_norm = float("inf")
-            return False
-        scale, self._clip = self._clip / self.scaler.scale, 1.0
-        if self.config.clip_grad_norm is not None:
-            norm = global_grad_norm(self, grads, self._grads_sharded) * scale
-            self.last_grad_norm = norm
-            coef = self.config.clip_grad_norm / (norm + 1e-6)
-            if coef < 1.0:
-                scale *= coef
-        # The step writes the low-precision shard in the same pass; under offload each chunk streams up as the next steps.
-        out, on_chunk = self.storage.step_output()
-        self.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper)
-        self.storage.finish_step()
-        self.scaler.update(overflow=False)
-        return True
+        clip, self._clip = self._clip, 1.0
+        stepped, norm = fused_step(self, hyper, clip)  # zero/step.py
+        self.last_grad_norm = norm if norm is not None else self.last_grad_norm
+        return stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""
@@ -240,7 +282,7 @@ class ZeroEngine(DeepSpeedSurface):
         """Clip this window's gradient to a global ``norm_type``-norm (L2; p > 0 or inf) of ``max_norm``, as FSDP's
         ``clip_grad_norm_`` over every DP and TP partition (``zero/grad_stats.py``), on every DP rank after its last
         ``backward()``, before ``step()``. Returns the averaged gradient's norm; the step's scale takes the coefficient."""
-        norm = window_grad_norm(self, max_norm, self._grads_sharded, norm_type) * self._clip
+        norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
         self.last_grad_norm = norm
         self._clip *= clip_coefficient(norm, max_norm)
         return torch.tensor(norm)

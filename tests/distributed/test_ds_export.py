@@ -23,7 +23,7 @@ def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
             where = (precision, stage, rank, r)
             assert r["surface"] == (2, 1, rank, 2, False, precision == "bf16"), where  # DeepSpeed's queries
             assert r["export_files"] == ["model.bin", "nofrozen.bin"], where  # DP rank 0 wrote; no temporary left
-            assert r["fp32"] and r["frozen_none"] and r["moments"], where
+            assert r["visible_on_return"] and r["fp32"] and r["frozen_none"] and r["moments"], where
             assert r["no_grad_after_step"] and r["grads"] and r["grad_nonzero"], where
             assert r["set_read_back"] and r["set_then_trained"], where
             assert r["moment_read_back"] and r["other_moment_kept"], where

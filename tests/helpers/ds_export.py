@@ -96,6 +96,7 @@ def _files(engine, rank: int, stage: int, precision: str, save_dir: str) -> dict
     out: dict = {}
     dtype = DTYPES[precision]
     assert engine.save_16bit_model(f"{save_dir}/export", "model.bin") is True
+    out["visible_on_return"] = Path(f"{save_dir}/export/model.bin").exists()  # on every rank, as a barrier ensures
     assert engine.save_16bit_model(f"{save_dir}/export", "nofrozen.bin", exclude_frozen_parameters=True)
     engine.save_checkpoint(f"{save_dir}/ckpt")
     master = full_parameters(engine)

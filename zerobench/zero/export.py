@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
@@ -65,7 +66,8 @@ def full_state_dict(engine, dtype: torch.dtype | None = None, exclude_frozen_par
 def save_16bit_model(engine, save_dir: str | os.PathLike, save_filename: str = "pytorch_model.bin",
                      exclude_frozen_parameters: bool = False) -> bool:
     """DeepSpeed's ``engine.save_16bit_model``: ``full_state_dict`` written by DP rank 0 to ``save_dir/save_filename``
-    (through a temporary file, so a reader never sees half of it). Call it on every rank; returns True."""
+    (through a temporary file, so a reader never sees half of it). Call it on every rank; it returns True once the
+    file is written."""
     if not save_filename or Path(save_filename).name != save_filename:
         raise ConfigError(f"save_filename {save_filename!r} must be one file name (no directory)")
     sd = full_state_dict(engine, exclude_frozen_parameters=exclude_frozen_parameters)
@@ -74,6 +76,8 @@ def save_16bit_model(engine, save_dir: str | os.PathLike, save_filename: str = "
         tmp = Path(save_dir) / f".{save_filename}.tmp"
         torch.save(sd, tmp)
         os.replace(tmp, Path(save_dir) / save_filename)
+    if engine.group.size > 1:  # on return the file is there for every rank to read
+        dist.barrier(group=engine.group.pg)
     return True
 
 

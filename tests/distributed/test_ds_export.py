@@ -40,5 +40,7 @@ def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
 
 def test_a_tp_model_has_no_one_state_dict(tmp_path):
     for sizes, msg in run_distributed(tp_export, 2):
-        assert sizes == (1, 2)  # engine.dp_world_size, engine.mp_world_size
+        dp, mp, slices, wte = sizes
+        assert (dp, mp) == (1, 2)  # engine.dp_world_size, engine.mp_world_size
+        assert slices and wte == (256, 64), sizes  # tiny: half of the 512 vocabulary rows on each TP rank
         assert msg.startswith("ConfigError: a TP-sharded model has no one state dict") and "\n" not in msg, msg

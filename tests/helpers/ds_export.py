@@ -200,7 +200,10 @@ def tp_export(rank: int, world: int) -> tuple:
     mesh = build_mesh(2, world // 2)
     torch.manual_seed(0)
     engine = parallelize(GPT(PRESETS["tiny"]), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
-    sizes = (engine.dp_world_size, engine.mp_world_size)
+    master = full_parameters(engine)  # this TP rank's slices
+    slices = all(torch.equal(safe_get_full_fp32_param(p), master[n])
+                 for n, p in engine.module.named_parameters() if p.requires_grad)
+    sizes = (engine.dp_world_size, engine.mp_world_size, slices, tuple(master["wte.weight"].shape))
     try:
         full_state_dict(engine)
     except Exception as e:  # noqa: BLE001 - the message is what is checked

@@ -2,7 +2,7 @@
 ``zerobench/zero/tensor_fragment.py``): ``engine.save_16bit_model`` (a plain ``state_dict`` file a model without
 ZeRO loads strictly and computes the engine's forward with), DeepSpeed's ``zero_to_fp32`` functions on a
 ``save_checkpoint`` directory, and ``safe_get_full_fp32_param`` / ``safe_get_full_grad`` /
-``safe_get_full_optimizer_state`` / ``safe_set_full_*`` per parameter, at stages 0-3, fp32 and bf16, world 2.
+``safe_get_full_optimizer_state`` / ``safe_set_full_*`` per parameter, at stages 0-3, fp32, bf16 and fp16, world 2.
 Before, none of these existed: ``full_parameters`` and ``consolidate`` gave the parameters only (no buffers, no frozen
 layers) under other names."""
 
@@ -16,16 +16,16 @@ from tests.helpers.ds_export import ds_export, tp_export
 pytestmark = pytest.mark.dist
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
     for rank, res in enumerate(run_distributed(ds_export, 2, precision, str(tmp_path), timeout=240)):
         for stage, r in res.items():
             where = (precision, stage, rank, r)
-            assert r["surface"] == (2, 1, rank, 2, False, precision == "bf16"), where  # DeepSpeed's queries
+            assert r["surface"] == (2, 1, rank, 2, precision == "fp16", precision == "bf16"), where  # DeepSpeed's queries
             assert r["export_files"] == ["model.bin", "nofrozen.bin"], where  # DP rank 0 wrote; no temporary left
             assert r["visible_on_return"] and r["fp32"] and r["frozen_none"] and r["moments"], where
             assert r["no_grad_after_step"] and r["grads"] and r["grad_nonzero"], where
-            assert r["set_read_back"] and r["set_then_trained"], where
+            assert r["set_read_back"] and r["set_then_trained"] and r["trained_moved"] > 1e-4, where
             assert r["moment_read_back"] and r["other_moment_kept"], where
             assert "momentum_buffer" in r["bad_key"] and "exp_avg" in r["bad_key"], where
             if rank:

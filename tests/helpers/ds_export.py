@@ -37,7 +37,7 @@ from zerobench.zero.tensor_fragment import (
     safe_set_full_optimizer_state,
 )
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TiedNet(nn.Module):
@@ -170,6 +170,7 @@ def _per_param(engine, group, rank: int, stage: int, precision: str, save_dir: s
     _train(built, rank, range(2))
     a, b = full_parameters(fresh), full_parameters(built)
     out["set_then_trained"] = all(torch.equal(a[n], b[n]) for n in a)
+    out["trained_moved"] = (a["mid.weight"] - value).abs().max().item()  # the two steps were taken
     m = torch.full((24, 16), 0.25)
     safe_set_full_optimizer_state(fresh.module.emb.weight, m, "exp_avg")
     out["moment_read_back"] = torch.equal(safe_get_full_optimizer_state(fresh.module.emb.weight, "exp_avg"), m)

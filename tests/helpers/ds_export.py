@@ -193,6 +193,13 @@ def ds_export(rank: int, world: int, precision: str, save_dir: str) -> dict:
                    engine.fp16_enabled(), engine.bfloat16_enabled())
         out[stage] = {"surface": surface, **_files(engine, rank, stage, precision, f"{save_dir}/s{stage}"),
                       **_per_param(engine, group, rank, stage, precision, f"{save_dir}/s{stage}")}
+    torch.manual_seed(0)
+    window = apply_zero(TiedNet(), group, ZeroConfig(stage=2, precision=precision, optimizer=ADAM, grad_accum_steps=2))
+    window.backward(window(_batch(0, rank)))  # the first of two micro-batches: nothing reduced yet
+    try:
+        safe_get_full_grad(window.module.mid.weight)
+    except RuntimeError as e:
+        out["mid_window"] = str(e)
     return out
 
 

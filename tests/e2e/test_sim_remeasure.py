@@ -8,7 +8,8 @@ clean-clone runs, each with its bar already widened for the last: a fixed 1.6 ba
 between identical sweeps), then one profile taken in a slow spell, then, with two profiles read as one, every
 DP 2 prediction still 1.8-1.95x of runs that agreed within 6 % between sweeps. The deterministic guards of
 the replay against the engine (its bucket layout, its collectives per stage, the recorded validation rows)
-are unit tests in the fast tier (``tests/unit/test_sim*.py``).
+are unit tests in the fast tier (``tests/unit/test_sim*.py``), and a fresh profile's entries are checked in the
+full tier without judging time (``test_a_fresh_profile_holds_every_entry_the_replay_reads``).
 
 The second measurement is the host's own noise floor: a prediction cannot be judged closer than the runs
 reproduce, and contention only ever adds time, so each run is judged by the faster of its two measurements
@@ -79,6 +80,32 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
                      + ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in run["breakdown_s"].items()) for run in out["runs"])
     assert all(1 / (1.6 * (1 + spread[k])) <= x <= 1.6 * (1 + spread[k]) for k, x in ratios.items()), seen
     assert statistics.median(abs(x - 1) for x in ratios.values()) <= 0.25 + 2 * noise, seen
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(900)
+def test_a_fresh_profile_holds_every_entry_the_replay_reads(tmp_path):
+    """What the timing test above checks of the profile itself, with no judgement of time (so CI keeps it): gloo's
+    reduce-scatter named as the all-reduce it runs as, the TP pieces measured in situ, the skew penalty's line, and a
+    prediction of every run of the suite from this profile alone."""
+    suite = tmp_path / "sim_remeasure.yaml"
+    suite.write_text(SUITE)
+    r = zb("profile", "--suite", str(suite), "--out", str(tmp_path / "profile"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = read_rows(tmp_path / "profile")
+    rs = [r for r in rows if r.get("key", "").startswith("reduce_scatter|")]
+    assert rs and all(r["composed_of"] == "all_reduce|" + r["key"].split("|", 1)[1] for r in rs)
+    in_situ = {r["key"].split("|")[0] for r in rows if "+tp|" in r.get("key", "")}
+    assert in_situ == {f"{p}+tp" for p in ("embed_fwd", "block_fwd", "head_fwd", "head_bwd", "block_bwd", "embed_bwd")}
+    sync = [r["value"] for r in rows if r.get("key") == "sync|g2|r2"]
+    assert len(sync) == 2 and all(v >= 0 for v in sync), sync  # alpha, beta
+    r = zb("simulate", "--profile", str(tmp_path / "profile"), "--suite", str(suite), timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(out) == 6
+    for o in out:
+        assert o["step_time_s"] > 0 and o["step_time_s"] == pytest.approx(sum(o["breakdown_s"].values()))
+
 
 REF = "results/reference/sim-validation-cpu-2core"
 

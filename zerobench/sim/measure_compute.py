@@ -39,6 +39,8 @@ def skew_mean(samples: list[float], cut: int = 8) -> float:
     ``cut`` is a stall the median step escapes, not a cost every step pays (``measure._sync_penalty``)."""
     kept = sorted(samples)[: len(samples) - len(samples) // cut]
     return statistics.fmean(kept)
+
+
 WARM_S = 2.0
 """Seconds of steps a GPU runs before a shape is timed: an idle card starts at a fraction of its clock (an H200
 read 345 MHz idle, 1980 MHz under load), and the first steps compile and autotune kernels."""

@@ -81,18 +81,23 @@ def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtyp
     ``device``, zeroed (to be initialised as the trained parameters are: ``engine.gathered_params()``,
     ``load_state_dict``)."""
     real = device.type != "meta"
+
+    def converts(t: torch.Tensor) -> bool:
+        return dtype != torch.float32 and t.dtype in TRAINABLE_DTYPES and t.dtype != dtype
+
+    def settled(b: torch.Tensor) -> torch.Tensor:
+        b = torch.zeros_like(b, device=device) if b.is_meta and real else b
+        return b.to(dtype) if converts(b) else b
+
     for _, p in frozen:
         if p.is_meta and real:
             materialize(p, torch.zeros_like(p, device=device))
-        if dtype != torch.float32 and p.dtype in TRAINABLE_DTYPES and p.dtype != dtype:
+        if converts(p):
             p.data = p.data.to(dtype)
     for mod in model.modules():
-        for name in list(mod._buffers):
-            if mod._buffers[name] is not None and mod._buffers[name].is_meta and real:
-                mod._buffers[name] = torch.zeros_like(mod._buffers[name], device=device)
-            b = mod._buffers[name]
-            if b is not None and dtype != torch.float32 and b.dtype in TRAINABLE_DTYPES and b.dtype != dtype:
-                mod._buffers[name] = b.to(dtype)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = settled(b)
     return frozen
 
 

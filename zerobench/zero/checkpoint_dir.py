@@ -5,8 +5,7 @@ and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpee
 moments, step count, loss scale, the param group's hyperparameters; any DP size can load it), plus, from the
 first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
 BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
-and ``client_state.pt``
-(the caller's dict). ``save_dir/latest`` names the newest tag and is written after every rank has finished
+and ``client_state.pt`` (the caller's dict). ``save_dir/latest`` names the newest tag and is written after every rank has finished
 its files, so it never points at a half-written checkpoint. Every file loads with ``weights_only=True``:
 ``client_state`` must hold tensors and plain Python data, which is checked when saving.
 """
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.zero.state_dict import load_checkpoint, rank_dir, save_checkpoint
@@ -31,25 +31,27 @@ FROZEN = "frozen.json"
 """Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
 
 
+def state_entries(model: nn.Module, trained: set[int], frozen: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """(``state_dict`` key, the tensor registered there) in ``model.state_dict()``'s order: each module's parameters
+    (those in ``trained``, and the frozen ones unless ``frozen=False``), then its persistent buffers; a shared
+    module under each of its names."""
+    out = []
+    for prefix, mod in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, p in mod._parameters.items():
+            if p is not None and (frozen or id(p) in trained):
+                out.append((dot + name, p))
+        for name, b in mod._buffers.items():
+            if b is not None and name not in mod._non_persistent_buffers_set:
+                out.append((dot + name, b))
+    return out
+
+
 def _extras(engine, frozen: bool = True) -> dict[str, torch.Tensor]:
     """The model's persistent buffers and (unless ``frozen=False``) frozen parameters, by ``state_dict`` name:
     what the engine does not hold (at stage 3 frozen parameters stay whole on every rank)."""
     trained = {id(zp.param) for zp in engine.zparams}
-    out = {}
-    for prefix, mod in engine.module.named_modules():
-        dot = f"{prefix}." if prefix else ""
-        for name, b in mod._buffers.items():
-            if b is not None and name not in mod._non_persistent_buffers_set:
-                out[dot + name] = b
-        for name, p in mod._parameters.items():
-            if frozen and p is not None and id(p) not in trained:
-                out[dot + name] = p
-    return out
-
-
-def module_extra(engine, frozen: bool = True) -> dict[str, torch.Tensor]:
-    """``_extras`` copied to the host, as saved in ``module_extra.pt``."""
-    return {n: t.detach().cpu().clone() for n, t in _extras(engine, frozen).items()}
+    return {k: t for k, t in state_entries(engine.module, trained, frozen) if id(t) not in trained}
 
 
 def _plain(client_state: dict) -> bytes:
@@ -90,9 +92,10 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
     save_checkpoint(engine, path)
     first_tp = engine.tp_group is None or engine.tp_group.rank == 0
     if _first(engine):  # save_checkpoint made rank_dir
-        extra = module_extra(engine, not exclude_frozen_parameters)
-        torch.save(extra, rank_dir(engine, path) / "module_extra.pt")
-        (rank_dir(engine, path) / FROZEN).write_text(json.dumps(sorted(set(extra) - set(_extras(engine, False)))))
+        extra = _extras(engine, not exclude_frozen_parameters)
+        torch.save({n: t.detach().cpu().clone() for n, t in extra.items()}, rank_dir(engine, path) / "module_extra.pt")
+        (rank_dir(engine, path) / FROZEN).write_text(json.dumps(sorted(n for n, t in extra.items()
+                                                                       if isinstance(t, nn.Parameter))))
         if first_tp:
             (path / "client_state.pt").write_bytes(blob)
     _barrier(engine)
@@ -101,6 +104,20 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
         tmp.write_text(tag)
         os.replace(tmp, Path(save_dir) / LATEST)
     _barrier(engine)
+    return path
+
+
+def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
+    """``root/<tag>`` (default: the tag ``root/latest`` names); None when no tag is given and there is no
+    ``latest``; a tag with no directory is one line."""
+    root = Path(root)
+    if tag is None:
+        if not (root / LATEST).exists():
+            return None
+        tag = (root / LATEST).read_text().strip()
+    path = root / str(tag)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint {tag!r} in {root}")
     return path
 
 
@@ -116,15 +133,10 @@ def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None, loa
     ``load_lr_scheduler_states`` is accepted for DeepSpeed's callers: the engine holds no scheduler (keep its
     ``state_dict()`` in the client state)."""
     del load_lr_scheduler_states
-    load_dir = Path(load_dir)
-    if tag is None:
-        if not (load_dir / LATEST).exists():
-            warnings.warn(f"no checkpoint to load: {load_dir / LATEST} does not exist", stacklevel=3)
-            return None, None
-        tag = (load_dir / LATEST).read_text().strip()
-    path = load_dir / str(tag)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no checkpoint {tag!r} in {load_dir}")
+    path = tagged_path(load_dir, tag)
+    if path is None:
+        warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)
+        return None, None
     counters = load_checkpoint(engine, path, optimizer_states=load_optimizer_states and not load_module_only)
     if not load_module_only:
         engine.global_steps = counters["global_steps"]

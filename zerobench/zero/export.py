@@ -26,22 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
-from zerobench.zero.checkpoint_dir import FROZEN, LATEST
+from zerobench.zero.checkpoint_dir import FROZEN, LATEST, state_entries, tagged_path
 from zerobench.zero.state_dict import consolidate, iter_full
-
-
-def _keys(model: nn.Module, exclude_frozen: bool, trained: set[int]) -> list[tuple[str, torch.Tensor]]:
-    """(``state_dict`` key, the tensor registered there) in ``model.state_dict()``'s order."""
-    out = []
-    for prefix, mod in model.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        for name, p in mod._parameters.items():
-            if p is not None and (id(p) in trained or not exclude_frozen):
-                out.append((dot + name, p))
-        for name, b in mod._buffers.items():
-            if b is not None and name not in mod._non_persistent_buffers_set:
-                out.append((dot + name, b))
-    return out
 
 
 def full_state_dict(engine, dtype: torch.dtype | None = None, exclude_frozen_parameters: bool = False,
@@ -59,7 +45,7 @@ def full_state_dict(engine, dtype: torch.dtype | None = None, exclude_frozen_par
             full[id(engine.zparams[i].param)] = value.to(device="cpu", dtype=dtype, copy=True)
     if not keep:
         return {}
-    named = _keys(engine.module, exclude_frozen_parameters, {id(zp.param) for zp in engine.zparams})
+    named = state_entries(engine.module, {id(zp.param) for zp in engine.zparams}, not exclude_frozen_parameters)
     return {k: full[id(t)] if id(t) in full else t.detach().to("cpu", copy=True) for k, t in named}
 
 
@@ -72,27 +58,27 @@ def save_16bit_model(engine, save_dir: str | os.PathLike, save_filename: str = "
         raise ConfigError(f"save_filename {save_filename!r} must be one file name (no directory)")
     sd = full_state_dict(engine, exclude_frozen_parameters=exclude_frozen_parameters)
     if engine.group.rank == 0:
-        Path(save_dir).mkdir(parents=True, exist_ok=True)
-        tmp = Path(save_dir) / f".{save_filename}.tmp"
-        torch.save(sd, tmp)
-        os.replace(tmp, Path(save_dir) / save_filename)
+        _save_whole(sd, Path(save_dir) / save_filename)
     if engine.group.size > 1:  # on return the file is there for every rank to read
         dist.barrier(group=engine.group.pg)
     return True
 
 
 def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"no checkpoint directory {root}")
-    if tag is None:
-        if not (root / LATEST).exists():
-            raise FileNotFoundError(f"no {LATEST} file in {root}: name the checkpoint's tag (e.g. global_step10)")
-        tag = (root / LATEST).read_text().strip()
-    path = root / str(tag)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no checkpoint {tag!r} in {root}")
+    if not Path(checkpoint_dir).is_dir():
+        raise FileNotFoundError(f"no checkpoint directory {checkpoint_dir}")
+    path = tagged_path(checkpoint_dir, tag)
+    if path is None:
+        raise FileNotFoundError(f"no {LATEST} file in {checkpoint_dir}: name the checkpoint's tag (e.g. global_step10)")
     return path
+
+
+def _save_whole(obj, path: Path) -> None:
+    """``torch.save`` through a temporary file beside ``path``: a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
@@ -129,9 +115,5 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
     """DeepSpeed's: ``get_fp32_state_dict_from_zero_checkpoint`` saved as ``output_dir/pytorch_model.bin``
     (one file); returns its path."""
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{filename}.tmp"
-    torch.save(sd, tmp)
-    os.replace(tmp, out / filename)
-    return out / filename
+    _save_whole(sd, Path(output_dir) / filename)
+    return Path(output_dir) / filename

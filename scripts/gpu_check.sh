@@ -43,16 +43,17 @@ for s in $sections; do
       run --stage 2 --layers 56 --offload-optimizer cpu --run-id off-L56
       run --stage 2 --layers 64 --offload-optimizer cpu --run-id off-L64
       run --stage 3 --layers 96 --offload-optimizer cpu --offload-param cpu --run-id offp-L96 ;;
-    simulate)  # issue 22 on one card: profile, the runs, predicted / measured step time and memory, max size vs the planner
-      timeout 200 "$PY" -m zerobench profile --device cuda --suite gpu/sim_validation --out "$OUT/profile" 2>&1 | tail -3
-      timeout 300 "$PY" -m zerobench sweep gpu/sim_validation --out "$OUT/runs" --no-progress --allow-failures > "$OUT/sweep.log" 2>&1
-      "$PY" -m zerobench simulate --profile "$OUT/profile" --validate "$OUT/runs" 2>&1 | tail -14
+    simulate)  # issue 22 on one card: profile, max size vs the planner, the runs (SIM_SUITE, default gpu/sim_validation)
+      suite=${SIM_SUITE:-gpu/sim_validation}  # gpu/sim_device_bound: the step-time bar's two device-bound sizes
+      timeout 200 "$PY" -m zerobench profile --device cuda --suite "$suite" --out "$OUT/profile" 2>&1 | tail -3
       shape=(--hidden 2048 --heads 16 --vocab 50304 --seq 1024 --micro-batch 8 --precision bf16 --stage 2 --bucket-size 6250000)
       planned=$("$PY" -m zerobench plan --max-size --profile "$OUT/profile" --gpus 1 --gpu-mem 24GiB "${shape[@]}" --json |
                 "$PY" -c 'import json, sys; print(json.load(sys.stdin)["max_layers"])')
       echo "planner (measured terms): $planned layers fit 24 GiB"
       timeout 240 "$PY" -m zerobench maxsize --budget 24GiB --dp 1 --preset small "${shape[@]}" --start-layers "$planned" \
-        --out "$OUT/maxsize" --probes "$OUT/maxsize-probes" 2>&1 | tail -4 ;;
+        --timeout 120 --out "$OUT/maxsize" --probes "$OUT/maxsize-probes" 2>&1 | tail -4
+      timeout 300 "$PY" -m zerobench sweep "$suite" --out "$OUT/runs" --no-progress --allow-failures > "$OUT/sweep.log" 2>&1
+      "$PY" -m zerobench simulate --profile "$OUT/profile" --validate "$OUT/runs" 2>&1 | tail -14 ;;
     deepspeed-offload)  # DeepSpeed's ZeRO-Offload and zerobench's, side by side on the same emulated 8 GiB card and model
       "$PY" -c 'import deepspeed' || { echo "DeepSpeed is not importable: see the header"; continue; }
       common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2

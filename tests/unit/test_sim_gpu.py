@@ -1,6 +1,7 @@
 """The simulator's GPU path without a GPU (issue 22, items 3b and 4): the replay of a device the host runs
 ahead of, a world of one's copies, the memory planner from measured terms, the profiler's one-card rule,
-and the recorded H200 rounds (``results/reference/gpu-h200-2026-11-26``) reproduced from their rows."""
+the recorded H200 rounds (``results/reference/gpu-h200-2026-11-26``) and H100 rounds
+(``results/reference/gpu-h100-2026-11-26``) reproduced from their rows."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from zerobench.sim.profile import LAUNCH, Linear, Profile
 from zerobench.sim.simulate import simulate
 
 GPU_REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu-h200-2026-11-26"
+H100_REF = GPU_REF.parent / "gpu-h100-2026-11-26"
 PIECES = ("embed_fwd", "block_fwd", "head_fwd", "head_bwd", "block_bwd", "embed_bwd")
 
 
@@ -141,12 +143,12 @@ def test_search_from_a_guess_brackets_then_bisects():
 
 
 # -- the recorded H200 rounds ---------------------------------------------------------------------
-def _round(i):
+def _round(i, ref=GPU_REF):
     from zerobench.results.rows import read_rows
     from zerobench.sim import validate as V
 
-    prof = Profile.from_rows(read_rows(GPU_REF / f"profile-{i}"))
-    return {r["run_id"]: r for r in V.validate(read_rows(GPU_REF / "sim-validation" / f"round-{i}"), prof)}
+    prof = Profile.from_rows(read_rows(ref / f"profile-{i}"))
+    return {r["run_id"]: r for r in V.validate(read_rows(ref / "sim-validation" / f"round-{i}"), prof)}
 
 
 @pytest.mark.parametrize("i", [2, 3])
@@ -201,3 +203,47 @@ def test_the_reports_validation_table_carries_the_memory_columns(tmp_path):
     t = sim_validation_table(load(tmp_path)).set_index("run")
     assert len(t) == 10 and t.loc["004-1.3b-s0", "measured_peak_MiB"] == 37226
     assert t["memory_ratio"].between(0.99, 1.0).all() and t.loc["004-1.3b-s0", "ratio"] == pytest.approx(1.023, abs=1e-3)
+
+
+# -- the recorded H100 rounds: both sizes device-bound (suites/gpu/sim_device_bound.yaml) --------------------
+@pytest.mark.parametrize("i", [1, 2])
+def test_recorded_h100_rounds_meet_the_step_time_bar_at_two_sizes(i):
+    """Issue 22's GPU bar: every stage within 10% at two model sizes (125M at micro-batch 32, 1.3B at 8), from a
+    profile of the same card taken before the runs; round 2 adds checkpointing and accumulation."""
+    recs = _round(i, H100_REF)
+    for size in ("125m", "1.3b"):
+        assert {r["stage"] for k, r in recs.items() if size in k} == {0, 1, 2, 3}, size
+    assert all(abs(r["ratio"] - 1) <= 0.10 for r in recs.values()), {k: round(r["ratio"], 3) for k, r in recs.items()}
+    assert all(r["breakdown_s"].get("host", 0) < 0.02 * r["predicted_s"] for r in recs.values())  # device-bound
+    assert all(abs(r["memory_ratio"] - 1) < 0.01 for r in recs.values())
+    assert len(recs) == {1: 8, 2: 10}[i]
+
+
+@pytest.mark.parametrize("i", [1, 2])
+def test_the_recorded_h100_validation_tables_are_what_the_rows_give(i):
+    import json
+
+    from zerobench.sim import validate as V
+
+    stated = json.loads((H100_REF / "sim-validation" / f"validation-round-{i}.json").read_text())
+    s = V.summarize(list(_round(i, H100_REF).values()))
+    assert s["median_abs_error"] == pytest.approx(stated["summary"]["median_abs_error"], abs=1e-9)
+    assert s["worst_abs_error"] == pytest.approx(stated["summary"]["worst_abs_error"], abs=1e-9)
+
+
+def test_maxsize_on_the_h100_agrees_with_the_planner_from_its_profile():
+    """Item 4: `zerobench maxsize --dp 1` on the card (24 GiB emulated) and `plan --max-size --profile` from the
+    same card's profile give the same largest model; the last size that fit peaked where the planner said."""
+    from zerobench.results.rows import read_rows
+
+    rows = {r["metric"]: r for r in read_rows(H100_REF / "maxsize")}
+    probe = {r["metric"]: r["value"] for r in read_rows(H100_REF / "maxsize" / "probes" / "probe-15")}
+    layers = rows["max_layers"]["value"]
+    cfg = to_train_config(RunSpec(preset="small", hidden=2048, heads=16, vocab=50304, seq=1024, micro_batch=8,
+                                  precision="bf16", stage=2, bucket_size=6_250_000, layers=layers))
+    prof = Profile.from_rows(read_rows(H100_REF / "profile-1"))
+    assert max_layers(cfg, prof, 24 * 2**30) == layers == 15
+    assert rows["max_params"]["value"] == probe["num_params"] == 860_497_920
+    assert predict_memory(cfg, prof)["total"] / probe["peak_memory_bytes"] == pytest.approx(1, abs=0.01)
+    assert not list((H100_REF / "maxsize" / "probes" / "probe-16").glob("rows.jsonl"))  # 16 layers: out of memory
+    assert "out of memory" in (H100_REF / "maxsize" / "probes" / "probe-16" / "run.log").read_text()

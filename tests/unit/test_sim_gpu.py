@@ -123,10 +123,41 @@ def test_profile_rows_keep_the_memory_entries():
     assert back.memory == p.memory and back.asynchronous
 
 
-def test_a_gpu_profile_is_of_one_card_configurations():
-    jobs_for([_cfg(stage=3)], 16, device="cuda")
-    with pytest.raises(ConfigError, match="one-card configurations"):
-        jobs_for([_cfg(stage=3, dp=2)], 16, device="cuda")
+def test_a_gpu_profile_puts_each_rank_on_a_gpu_of_its_own():
+    """On GPUs rank r profiles on card r and the collectives are timed over NCCL up to 1 GiB: a world needs as
+    many cards as ranks, and a host with fewer says so in one line (on CPU processes, up to 64 MiB)."""
+    from zerobench.sim.measure_comm import GPU_SIZES, SIZES
+
+    (one,) = jobs_for([_cfg(stage=3)], 16, device="cuda", gpus=1)
+    assert one.ranks == 1 and one.groups == () and one.sizes == GPU_SIZES and GPU_SIZES[-1] == 1 << 30
+    with pytest.raises(ConfigError, match=r"world of 2 \(dp 2 x tp 1\) and this host has 1 GPU\(s\)") as e:
+        jobs_for([_cfg(stage=3), _cfg(stage=3, dp=2)], 16, device="cuda", gpus=1)
+    assert "\n" not in str(e.value)
+    jobs = jobs_for([_cfg(stage=3), _cfg(stage=2, dp=2, tp=2)], 16, device="cuda", gpus=8)
+    assert [(j.ranks, j.groups, j.threads) for j in jobs] == [(1, (), 16), (4, (2,), 4)]
+    assert all(j.device == "cuda" and j.sizes == GPU_SIZES for j in jobs)
+    (cpu,) = jobs_for([_cfg(stage=2, dp=2)], 2)
+    assert cpu.device == "cpu" and cpu.sizes == SIZES and SIZES[-1] == 64 << 20
+
+
+def test_a_gpu_node_profile_replays_dp_collectives_beside_the_cards_compute():
+    """A profile of a node's GPUs (NCCL curves, no skew line) predicts DP runs: each bucket's reduce-scatter on
+    the DP stream once its gradients land, hidden behind the backward that follows it, exposed after the last."""
+    from zerobench.sim.profile import Curve, curve_key
+
+    c = _cfg(stage=2, dp=2, bucket_size=20_000)
+    p = _gpu_profile([c], device_s=1e-3, launch_s=1e-5)
+    for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        p.curves[curve_key(op, 2, 2)] = Curve(((1024.0, 2e-5), (1 << 30, 0.1)))
+    out = simulate(c, p)
+    n = len(engine_buckets(c))
+    dp = [t for t in out["timeline"].tasks if t.stream == "dp"]
+    assert n > 2 and [t.name.split(" ")[0] for t in dp] == ["reduce"] * n + ["unused"] + ["publish"] * n
+    backward_end = max(t.end for t in out["timeline"].tasks if t.category == "compute")
+    assert dp[0].end < backward_end  # the first buckets' reduce-scatters run beside the backward
+    assert "sync" not in out["breakdown_s"] and out["breakdown_s"]["dp_comm"] > 0
+    alone = simulate(dataclasses.replace(c, dp=1), _gpu_profile([dataclasses.replace(c, dp=1)], 1e-3, 1e-5))
+    assert alone["step_time_s"] < out["step_time_s"] < alone["step_time_s"] + sum(t.seconds for t in dp)
 
 
 def test_search_from_a_guess_brackets_then_bisects():

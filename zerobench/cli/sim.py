@@ -22,13 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure this host's per-op and collective costs for a suite's shapes",
                        description="Measure, with every rank of each configuration running at once on this host, "
                                    "the compute pieces of a step at the suite's exact shapes, the engine's "
-                                   "per-element costs and the collectives from 1 KiB to 64 MiB; rows of kind "
+                                   "per-element costs and the collectives from 1 KiB to 64 MiB (1 GiB on GPUs); rows of kind "
                                    "'profile' for `zerobench simulate`.")
     p.add_argument("--suite", required=True, help="the configurations to profile for (e.g. cpu/sim_validation)")
     p.add_argument("--out", required=True, help="directory for the profile's rows")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="what to profile: the first GPU where there is one (auto), or the CPU processes; on a GPU "
-                        "the suite's runs must be one card each (dp 1, tp 1)")
+                   help="what to profile: this node's GPUs where it has them (auto), or the CPU processes; on "
+                        "GPUs each rank of a run has a card of its own (NCCL), so a world of N needs N of them")
     p.set_defaults(func=cmd_profile)
     s = sub.add_parser("simulate", help="replay the engine's step on a profile; check predictions against runs",
                        description="Predict step time, its critical path and TFLOPs of a suite's runs from a "

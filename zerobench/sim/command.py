@@ -29,7 +29,8 @@ def _device(kind: str, cores: int) -> str:
     from zerobench.results.provenance import cpu_model
 
     if kind == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(0)} ({cores} host cores)"
+        n = torch.cuda.device_count()
+        return f"cuda: {f'{n} x ' if n > 1 else ''}{torch.cuda.get_device_name(0)} ({cores} host cores)"
     return f"cpu: {cpu_model()} ({cores} cores)"
 
 
@@ -44,6 +45,8 @@ def _device_kind(asked: str) -> str:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    import torch
+
     from zerobench.launch.local import usable_cpus
     from zerobench.results.outdir import check_fresh_run_dir
     from zerobench.results.rows import RowWriter
@@ -58,7 +61,7 @@ def run_profile(args: argparse.Namespace) -> int:
     kind = _device_kind(getattr(args, "device", "cpu"))
     device = _device(kind, cores)
     prof = Profile(device=device, cores=cores)
-    jobs = jobs_for(configs, cores, device=kind)
+    jobs = jobs_for(configs, cores, device=kind, gpus=torch.cuda.device_count() if kind == "cuda" else 0)
     for i, job in enumerate(jobs, 1):
         t0 = time.monotonic()
         print(f"[{i}/{len(jobs)}] {job.ranks} process(es) x {job.threads} thread(s): {len(job.shapes)} shape(s), "

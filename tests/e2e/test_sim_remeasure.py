@@ -45,6 +45,7 @@ runs:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 @pytest.mark.dist
 @pytest.mark.timeout(1200)

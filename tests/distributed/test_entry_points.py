@@ -1,6 +1,6 @@
 """How users reach the engine, beyond the GPT and ``build_mesh``: the DP group spelled as torch's APIs spell it
 (``None``, ``dist.group.WORLD``, a 1-D ``DeviceMesh``), two engines in one backward, stage 3 driven through
-submodules (the model's own forward never called), and the models the flat buffers cannot hold, refused in
+submodules (the model's own forward never called), DeepSpeed's ``empty_partition_cache``, and the models the flat buffers cannot hold, refused in
 one line. Parity is against single-process ``torch.optim.AdamW`` on the global batch (``helpers/entry_points.py``).
 """
 
@@ -42,6 +42,40 @@ def test_submodules_called_without_the_models_forward(stage):
     for r in run_distributed(submodules_called, 2, stage, timeout=180):
         assert r["root"] <= TOL and r["units"] <= TOL, r
         assert r["root_then_model_moved"] > 1e-4  # the model's own forward still trains afterwards
+
+
+def partition_cache(rank: int, world: int, stage: int):
+    """An evaluation through a submodule (stage 3 gathers the root on demand and keeps it), then
+    ``empty_partition_cache()``, then training: (gathered bytes before, after, parity)."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from tests.helpers.entry_points import _config, _train, _two_nets
+    from zerobench.zero.api import apply_zero
+
+    a, b = _two_nets()
+    ref = nn.Sequential(copy.deepcopy(a), copy.deepcopy(b))
+    model = nn.Sequential(a, b)
+    engine = apply_zero(model, None, _config(stage))
+    with torch.no_grad():
+        a(torch.ones(2, 4))
+
+    def held() -> int:
+        s = engine.scheduler
+        return sum(t.untyped_storage().nbytes() for t in s.gathered_tensors()) if s is not None else 0
+
+    before = held()
+    engine.empty_partition_cache()
+    return before, held(), _train(rank, world, [engine], model, ref)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_empty_partition_cache_frees_what_an_evaluation_gathered(stage):
+    for before, after, diff in run_distributed(partition_cache, 2, stage, timeout=180):
+        assert (before > 0) == (stage == 3) and after == 0, (before, after)
+        assert diff <= TOL
 
 
 @pytest.fixture(scope="module", params=STAGES)

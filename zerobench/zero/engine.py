@@ -255,7 +255,9 @@ class ZeroEngine:
         check_unused(self, pending)
         # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
         with self.allocator.host_region(self.placement.offloaded):
-            stepped = self._step(hyper)
+            clip, self._clip = self._clip, 1.0
+            stepped, norm = fused_step(self, hyper, clip)  # zero/step.py
+        self.last_grad_norm = norm if norm is not None else self.last_grad_norm
         if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
             self.scheduler.reshard_all()
         if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)
@@ -268,11 +270,10 @@ class ZeroEngine:
         ``modifier_rank=r`` keeps DP rank r's (DeepSpeed's); ``writeback=False`` discards them (``zero/gathered.py``)."""
         return GatheredParams(self, writeback, modifier_rank)
 
-    def _step(self, hyper: list[AdamWConfig]) -> bool:
-        clip, self._clip = self._clip, 1.0
-        stepped, norm = fused_step(self, hyper, clip)  # zero/step.py
-        self.last_grad_norm = norm if norm is not None else self.last_grad_norm
-        return stepped
+    def empty_partition_cache(self) -> None:
+        """Stage 3, between steps: free every gathered unit (DeepSpeed's name), e.g. a root gathered on demand."""
+        if self.scheduler is not None:
+            self.scheduler.reshard_all()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zerobench.config import ConfigError
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import (
     LiveTensorTracker,
@@ -14,7 +15,7 @@ from zerobench.metrics.memory import (
     resize_storage,
     storage_bytes,
 )
-from zerobench.zero.config import LossScaleConfig
+from zerobench.zero.config import LossScaleConfig, ZeroConfig
 from zerobench.zero.loss_scale import DynamicLossScaler
 
 
@@ -102,3 +103,23 @@ def test_loss_scaler_policy():
     off = DynamicLossScaler(LossScaleConfig(), enabled=False)
     off.update(True)
     assert off.scale == 1.0
+
+
+def test_loss_scaler_hysteresis_as_deepspeed():
+    """DeepSpeed's ``hysteresis`` 2: the first overflow since the scale last grew only skips, later ones back off;
+    growing the scale restores it. Every overflowing step is skipped."""
+    s = DynamicLossScaler(LossScaleConfig(init_scale=1024, growth_interval=2, hysteresis=2), enabled=True)
+    s.update(True)
+    assert (s.scale, s.skipped_steps) == (1024, 1)
+    s.update(True)
+    s.update(True)
+    assert (s.scale, s.skipped_steps) == (256, 3)
+    s.update(False)
+    s.update(False)
+    assert s.scale == 512 and s.hysteresis_left == 2
+    back = DynamicLossScaler(LossScaleConfig(hysteresis=2), enabled=True)
+    s.update(True)
+    back.load_state_dict(s.state_dict())
+    assert (back.scale, back.hysteresis_left) == (512, 1)
+    with pytest.raises(ConfigError, match="hysteresis must be >= 1"):
+        ZeroConfig(loss_scale=LossScaleConfig(hysteresis=0)).validate()

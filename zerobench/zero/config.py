@@ -63,6 +63,9 @@ class LossScaleConfig:
     """Overflow-free steps before the scale grows."""
     min_scale: float = 1.0
     """The scale never drops below this."""
+    hysteresis: int = 1
+    """Overflowing steps tolerated before the scale backs off (DeepSpeed's ``hysteresis``, restored when the scale
+    grows); 1: back off at every overflow, as ``torch.amp.GradScaler``. An overflowing step is skipped either way."""
 
 
 NO_BUCKET_LIMIT = 2**62
@@ -163,5 +166,7 @@ class ZeroConfig:
             raise ConfigError(f"AdamW needs eps > 0 and betas in [0, 1), got eps {o.eps}, betas {o.betas}")
         if self.clip_grad_norm is not None and not (math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0):
             raise ConfigError(f"clip norm must be a positive finite number (or unset), got {self.clip_grad_norm}")
+        if self.loss_scale.hysteresis < 1:
+            raise ConfigError(f"loss-scale hysteresis must be >= 1 (1: back off at every overflow), got {self.loss_scale.hysteresis}")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

@@ -6,7 +6,8 @@ or planning does not pay for importing torch.
 
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
 
-__all__ = ["AdamWConfig", "LossScaleConfig", "Precision", "ShardedGradScaler", "ZeroConfig", "ZeroEngine", "apply_zero"]
+__all__ = ["AdamWConfig", "LossScaleConfig", "Precision", "ShardedGradScaler", "ZeroConfig", "ZeroEngine", "apply_zero",
+           "initialize"]
 
 
 def __getattr__(name: str):
@@ -14,6 +15,10 @@ def __getattr__(name: str):
         from zerobench.zero.api import apply_zero
 
         return apply_zero
+    if name == "initialize":  # deepspeed.initialize's counterpart, from a DeepSpeed config
+        from zerobench.zero.ds_initialize import initialize
+
+        return initialize
     if name == "ShardedGradScaler":
         from zerobench.zero.amp import ShardedGradScaler
 

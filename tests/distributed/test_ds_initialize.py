@@ -1,0 +1,118 @@
+"""``zerobench.zero.initialize`` driven as DeepSpeed's ``deepspeed.initialize`` is: a DeepSpeed config, the
+model's parameters as the optimizer's group, a dataset turned into this rank's loader of micro-batches, an LR
+scheduler built on the engine's optimizer, and DeepSpeed's loop (``engine(x)``, ``engine.backward``,
+``engine.step``), against single-process ``torch.optim.AdamW`` over the same global batches (stages 0-3,
+fp32, world 2); and ``python train.py`` with no launcher (a world of one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers.dist import run_distributed
+
+pytestmark = pytest.mark.dist
+
+MICRO, ACCUM, WORLD, SAMPLES = 2, 2, 2, 32
+LR, WD, CLIP = 1e-2, 0.01, 0.5
+
+
+def _config(stage: int) -> dict:
+    return {"train_batch_size": MICRO * ACCUM * WORLD, "train_micro_batch_size_per_gpu": MICRO,
+            "gradient_clipping": CLIP, "steps_per_print": 100,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": WD}},
+            "zero_optimization": {"stage": stage, "contiguous_gradients": True}}
+
+
+def _data():
+    import torch
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(3)
+    return TensorDataset(torch.randn(SAMPLES, 4, generator=g), torch.randn(SAMPLES, 1, generator=g))
+
+
+def _model():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def _schedule(opt):
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+
+def _deepspeed_loop(rank: int, world: int, stage: int):
+    import torch.nn.functional as F
+
+    from zerobench.zero import initialize
+
+    model = _model()
+    engine, optimizer, loader, scheduler = initialize(model, config=_config(stage), model_parameters=model.parameters(),
+                                                      training_data=_data(), lr_scheduler=_schedule)
+    assert optimizer is engine.optimizer and scheduler.optimizer is optimizer
+    for x, y in loader:
+        loss = F.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+    with engine.gathered_params():
+        params = [p.detach().tolist() for p in model.parameters()]  # plain data across the process boundary
+    return params, engine.global_steps, engine.get_lr(), len(loader)
+
+
+def _reference():
+    """The same steps in one process: each step's global batch is every rank's micro-batches of the window."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DistributedSampler
+
+    data, model = _data(), _model()
+    order = [list(DistributedSampler(data, num_replicas=WORLD, rank=r)) for r in range(WORLD)]
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.99), weight_decay=WD)
+    sched = _schedule(opt)
+    per_step = MICRO * ACCUM
+    for k in range(len(order[0]) // per_step):
+        idx = [i for r in range(WORLD) for i in order[r][k * per_step:(k + 1) * per_step]]
+        x, y = data[idx]
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        sched.step()
+    return [p.detach() for p in model.parameters()], k + 1, sched.get_last_lr()
+
+
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage):
+    ref, steps, lr = _reference()
+    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, timeout=180):
+        assert batches == SAMPLES // WORLD // MICRO and got_steps == steps == 4
+        assert got_lr == pytest.approx(lr)  # the scheduler was stepped once per optimizer step
+        assert max((torch.tensor(p) - q).abs().max().item() for p, q in zip(params, ref)) < 1e-5
+
+
+SCRIPT = """
+import torch, torch.distributed as dist
+from zerobench.zero import initialize
+model = torch.nn.Linear(4, 1)
+engine, opt, _, _ = initialize(model, config={"train_batch_size": 2, "optimizer": {"type": "AdamW"},
+                                              "zero_optimization": {"stage": 2}})
+engine.backward(engine(torch.ones(2, 4)).sum())
+engine.step()
+print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage())
+"""
+
+
+def test_a_plain_python_process_is_a_world_of_one():
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM")}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["1", "1", "2"]

@@ -1,0 +1,139 @@
+"""DeepSpeed's configuration read into zerobench's (``zerobench/zero/ds_config.py``): what each key becomes, the
+batch triple resolved as DeepSpeed resolves it, and every key zerobench cannot honour refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zerobench.config import ConfigError
+from zerobench.zero.config import Precision
+from zerobench.zero.ds_config import batch_sizes, from_deepspeed
+
+ZERO2_BF16 = {
+    "train_batch_size": 64,
+    "train_micro_batch_size_per_gpu": 4,
+    "steps_per_print": 10,
+    "wall_clock_breakdown": False,
+    "gradient_clipping": 1.0,
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 2, "overlap_comm": True, "contiguous_gradients": True,
+                          "reduce_bucket_size": 50_000_000, "allgather_bucket_size": 5e8},
+}
+
+
+def test_a_zero2_bf16_config():
+    ds = from_deepspeed(ZERO2_BF16, dp=8)
+    z = ds.zero
+    assert (z.stage, z.precision, z.bucket_numel, z.overlap_comm, z.clip_grad_norm) == (2, Precision.BF16,
+                                                                                       50_000_000, True, 1.0)
+    assert (ds.micro_batch, z.grad_accum_steps, ds.train_batch) == (4, 2, 64)
+    assert (z.optimizer.lr, z.optimizer.betas, z.optimizer.weight_decay) == (3e-4, (0.9, 0.95), 0.1)
+    assert z.find_unused_parameters  # DeepSpeed's ignore_unused_parameters defaults to true
+    assert set(ds.ignored) == {"steps_per_print", "wall_clock_breakdown", "zero_optimization.contiguous_gradients",
+                               "zero_optimization.allgather_bucket_size"}
+
+
+def test_deepspeeds_defaults():
+    """Adam's betas (0.9, 0.999) and weight decay 0; overlap_comm on at stage 3 only; no clipping; fp32."""
+    base = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+    z2 = from_deepspeed({**base, "zero_optimization": {"stage": 2}}, dp=2).zero
+    z3 = from_deepspeed({**base, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}}, dp=2).zero
+    assert (z2.optimizer.betas, z2.optimizer.weight_decay, z2.clip_grad_norm) == ((0.9, 0.999), 0.0, None)
+    assert (z2.overlap_comm, z3.overlap_comm, z2.precision, z3.prefetch) == (False, True, Precision.FP32, False)
+    assert from_deepspeed(base, dp=1).zero.stage == 0
+
+
+def test_fp16_loss_scaling():
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"},
+           "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+                    "hysteresis": 2, "min_loss_scale": 1}}
+    z = from_deepspeed(cfg, dp=1).zero
+    ls = z.loss_scale
+    assert (z.precision, ls.init_scale, ls.growth_interval, ls.hysteresis, ls.min_scale) == (Precision.FP16, 4096.0,
+                                                                                             500, 2, 1.0)
+
+
+def test_offload():
+    base = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
+    z = from_deepspeed({**base, "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": True},
+        "offload_param": {"device": "cpu"}}}, dp=1).zero
+    assert (z.offload_optimizer, z.nvme_path, z.offload_param) == ("nvme", "/nvme", "cpu")
+    legacy = from_deepspeed({**base, "zero_optimization": {"stage": 2, "cpu_offload": True}}, dp=1).zero
+    assert legacy.offload_optimizer == "cpu"
+
+
+@pytest.mark.parametrize("given, dp, want", [
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (4, 2, 32)),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 4}, 4, (2, 4, 32)),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 2, (4, 3, 24)),
+    ({"train_batch_size": 16}, 4, (4, 1, 16)),
+    ({"train_micro_batch_size_per_gpu": 5}, 3, (5, 1, 15)),
+    ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 4}, 2, (3, 4, 24)),
+])
+def test_the_batch_triple_as_deepspeed_resolves_it(given, dp, want):
+    assert batch_sizes(given, dp) == want
+
+
+@pytest.mark.parametrize("cfg, words", [
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
+     "train_batch_size 30 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x 2 DP ranks (16)"),
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, "not a multiple of train_micro_batch_size_per_gpu"),
+    ({"gradient_accumulation_steps": 2}, "give train_batch_size or train_micro_batch_size_per_gpu"),
+    ({"train_micro_batch_size_per_gpu": "auto"}, "'auto' is filled in by Hugging Face's Trainer"),
+    ({"train_micro_batch_size_per_gpu": 0}, "must be a positive integer, got 0"),
+])
+def test_a_batch_that_does_not_add_up_is_one_line(cfg, words):
+    with pytest.raises(ConfigError) as e:
+        batch_sizes(cfg, 2)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"scheduler": {"type": "WarmupLR"}}, "holds no LR scheduler"),
+    ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb'"),
+    ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
+    ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a number"),
+    ({"fp16": {"enabled": True, "loss_scale": 128}}, "a static loss scale is not supported"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enables both bf16 and fp16"),
+    ({"zero_optimization": {"stage": 4}}, "unknown ZeRO stage 4"),
+    ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "quantized weight communication"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 1}}, "zero_optimization.reduce_bucket_sise: unknown"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "offload_param.device 'nvme'"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}, "partial offload"),
+    ({"gradient_acumulation_steps": 2}, "unknown key 'gradient_acumulation_steps'"),
+    ({"communication_data_type": "fp32"}, "reduced in the training dtype"),
+    ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor"),
+])
+def test_what_zerobench_cannot_honour_is_refused_in_one_line(extra, words):
+    with pytest.raises(ConfigError) as e:
+        from_deepspeed({**OK, **extra}, dp=1)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_activation_checkpointing_and_logging_sections_change_nothing():
+    ds = from_deepspeed({**OK, "activation_checkpointing": {"partition_activations": False}, "tensorboard": {}}, dp=1)
+    assert set(ds.ignored) == {"activation_checkpointing", "tensorboard"}
+
+
+def test_a_json_file_and_its_faults(tmp_path):
+    good = tmp_path / "ds_config.json"
+    good.write_text(json.dumps(ZERO2_BF16))
+    assert from_deepspeed(str(good), dp=8).zero.stage == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"train_batch_size": 8,')
+    for path, words in ((bad, "is not valid JSON"), (tmp_path / "none.json", "no such file")):
+        with pytest.raises(ConfigError, match=words) as e:
+            from_deepspeed(path, dp=1)
+        assert "\n" not in str(e.value)
+    listed = tmp_path / "list.json"
+    listed.write_text("[1]")
+    with pytest.raises(ConfigError, match="must hold a JSON object"):
+        from_deepspeed(listed, dp=1)

@@ -1,0 +1,251 @@
+"""DeepSpeed's configuration (a ``ds_config.json`` or its dict) read into zerobench's typed configs, for
+``zerobench.zero.initialize`` (``deepspeed.initialize``'s counterpart). Pure: no processes.
+
+What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
+``gradient_accumulation_steps`` x DP ranks; any two, or either size alone, as DeepSpeed resolves it),
+``zero_optimization`` (stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and parameter offload,
+``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16`` (dynamic
+loss scaling: ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``), an
+``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9, 0.999), weight
+decay 0) and ``gradient_clipping``. Keys that only tune DeepSpeed's own buffers, logging or profilers are
+read and listed in ``DeepSpeedConfig.ignored``. A key that would train something zerobench does not (another
+optimizer, a scheduler or activation checkpointing in the config, a static loss scale, 16-bit master
+weights) is refused in one line naming it, and so is an unknown key: a typo must not train silently with a
+default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerobench.config import ConfigError
+from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
+
+_NO_EFFECT = {"steps_per_print", "wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
+              "csv_monitor", "comet", "comms_logger", "memory_breakdown", "zero_allow_untested_optimizer",
+              "zero_force_ds_cpu_optimizer", "checkpoint", "timers", "monitor_config", "activation_checkpointing"}
+"""Top-level keys without effect on training here: logging and profilers, and ``activation_checkpointing``, which
+configures only ``deepspeed.checkpointing`` (apply zerobench.parallel's ``apply_activation_checkpointing``)."""
+_REFUSED = {
+    "scheduler": "zerobench's engine holds no LR scheduler: drop 'scheduler' and pass initialize(lr_scheduler=fn), "
+                 "fn(optimizer) -> a torch.optim.lr_scheduler, or step one on the returned optimizer",
+    "amp": "NVIDIA Apex AMP is not used: give 'bf16' or 'fp16'",
+    "pipeline": "zerobench has no pipeline parallelism",
+    "sparse_attention": "zerobench has no sparse attention",
+    "compression_training": "zerobench has no compression training",
+    "curriculum_learning": "zerobench has no curriculum learning",
+    "data_efficiency": "zerobench has no data-efficiency library",
+    "elasticity": "zerobench has no elastic batch sizes",
+}
+_ZERO_TUNING = {"allgather_bucket_size", "allgather_partitions", "reduce_scatter", "contiguous_gradients",
+                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
+                "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory",
+                "log_trace_cache_warnings", "stage3_model_persistence_threshold"}
+_ZERO_REFUSED = {"zero_quantized_weights": "quantized weight communication (ZeRO++)",
+                 "zero_quantized_gradients": "quantized gradient communication (ZeRO++)",
+                 "zero_hpz_partition_size": "hierarchical partitioning (ZeRO++)", "mics_shard_size": "MiCS"}
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """A DeepSpeed configuration as zerobench trains it."""
+
+    zero: ZeroConfig
+    """The engine's configuration."""
+    micro_batch: int
+    """``train_micro_batch_size_per_gpu``: samples per DP rank in one micro-batch."""
+    train_batch: int
+    """``train_batch_size``: samples per optimizer step over the DP group."""
+    ignored: tuple[str, ...] = ()
+    """Keys read that change nothing here (DeepSpeed's own buffer sizes, logging, profilers), as dotted paths."""
+
+
+def load(config) -> dict:
+    """``config`` as a dict: a mapping as given, or a path to a JSON file."""
+    if isinstance(config, dict):
+        return dict(config)
+    if isinstance(config, (str, Path)):
+        p = Path(config)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"DeepSpeed config {p}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
+        return data
+    raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(sec: dict, key: str, default, kind: type, where: str):
+    """``sec[key]`` as ``kind`` (``default`` when absent); anything but a number is one line naming the key."""
+    v = sec.get(key, default)
+    if not _is_num(v) or (kind is int and float(v) != int(v)):
+        hint = " ('auto' is filled in by Hugging Face's Trainer; give a number)" if v == "auto" else ""
+        raise ConfigError(f"DeepSpeed config {where + '.' if where else ''}{key}: must be "
+                          f"{'an integer' if kind is int else 'a number'}, got {v!r}{hint}")
+    return kind(v)
+
+
+def _positive_int(cfg: dict, key: str) -> int | None:
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if not _is_num(v) or float(v) != int(v) or v < 1:
+        hint = " ('auto' is filled in by Hugging Face's Trainer; give a number)" if v == "auto" else ""
+        raise ConfigError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}{hint}")
+    return int(v)
+
+
+def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:
+    """(micro-batch, accumulation steps, train batch) from whichever of the three are given, as DeepSpeed."""
+    tbs, mbs = _positive_int(cfg, "train_batch_size"), _positive_int(cfg, "train_micro_batch_size_per_gpu")
+    gas = _positive_int(cfg, "gradient_accumulation_steps")
+    if tbs is None and mbs is None:
+        raise ConfigError("DeepSpeed config: give train_batch_size or train_micro_batch_size_per_gpu")
+    if tbs is None:
+        gas = gas or 1
+        return mbs, gas, mbs * gas * dp
+    if mbs is None or gas is None:
+        known = mbs if mbs is not None else gas if gas is not None else 1
+        if tbs % (known * dp):
+            raise ConfigError(f"DeepSpeed config: train_batch_size {tbs} is not a multiple of "
+                              f"{'train_micro_batch_size_per_gpu' if mbs is not None else 'gradient_accumulation_steps'} "
+                              f"{known} x {dp} DP ranks")
+        other = tbs // (known * dp)
+        mbs, gas = (mbs, other) if mbs is not None else (other, known)
+    if mbs * gas * dp != tbs:
+        raise ConfigError(f"DeepSpeed config: train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} x "
+                          f"gradient_accumulation_steps {gas} x {dp} DP ranks ({mbs * gas * dp})")
+    return mbs, gas, tbs
+
+
+def _section(cfg: dict, key: str) -> dict:
+    v = cfg.get(key) or {}
+    if not isinstance(v, dict):
+        raise ConfigError(f"DeepSpeed config {key}: must be an object, got {v!r}")
+    return v
+
+
+def _offload(zo: dict, key: str, allowed: tuple[str, ...]) -> tuple[str, str | None]:
+    sec = _section(zo, key)
+    device = str(sec.get("device", "none")).lower()
+    if device not in allowed:
+        raise ConfigError(f"DeepSpeed config zero_optimization.{key}.device {device!r}: zerobench offers "
+                          f"{', '.join(allowed)}")
+    if sec.get("ratio", 1.0) != 1.0:
+        raise ConfigError(f"DeepSpeed config zero_optimization.{key}.ratio: partial offload is not supported (use 1)")
+    return device, sec.get("nvme_path")
+
+
+def _zero(cfg: dict, ignored: list[str]) -> dict:
+    zo = _section(cfg, "zero_optimization")
+    known = {"stage", "reduce_bucket_size", "overlap_comm", "offload_optimizer", "offload_param", "cpu_offload",
+             "cpu_offload_params", "stage3_prefetch_bucket_size", "ignore_unused_parameters"}
+    for k, v in zo.items():
+        if k in _ZERO_REFUSED and v:
+            raise ConfigError(f"DeepSpeed config zero_optimization.{k}: {_ZERO_REFUSED[k]} is not supported")
+        if k not in known | _ZERO_TUNING | set(_ZERO_REFUSED):
+            raise ConfigError(f"DeepSpeed config zero_optimization.{k}: unknown key (zerobench reads "
+                              f"{', '.join(sorted(known))})")
+    ignored += [f"zero_optimization.{k}" for k in zo if k in _ZERO_TUNING]
+    opt, nvme = _offload(zo, "offload_optimizer", ("none", "cpu", "nvme"))
+    par, _ = _offload(zo, "offload_param", ("none", "cpu"))
+    if zo.get("cpu_offload"):  # the pre-0.3.16 spelling
+        opt = "cpu"
+    if zo.get("cpu_offload_params"):
+        par = "cpu"
+    stage = _num(zo, "stage", 0, int, "zero_optimization")
+    out = {"stage": stage, "overlap_comm": bool(zo.get("overlap_comm", stage == 3)),  # DeepSpeed's defaults
+           "offload_optimizer": opt, "offload_param": par, "nvme_path": nvme,
+           "prefetch": _num(zo, "stage3_prefetch_bucket_size", 1, float, "zero_optimization") != 0,
+           "find_unused_parameters": bool(zo.get("ignore_unused_parameters", True))}
+    if "reduce_bucket_size" in zo:
+        out["bucket_numel"] = _num(zo, "reduce_bucket_size", 0, int, "zero_optimization")
+    return out
+
+
+def _precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfig]:
+    bf16 = _section(cfg, "bf16") or _section(cfg, "bfloat16")
+    fp16 = _section(cfg, "fp16")
+    if bf16.get("enabled") and fp16.get("enabled"):
+        raise ConfigError("DeepSpeed config enables both bf16 and fp16: choose one")
+    if not fp16.get("enabled"):
+        ignored += [f"bf16.{k}" for k in bf16 if k != "enabled"]
+        return (Precision.BF16 if bf16.get("enabled") else Precision.FP32), LossScaleConfig()
+    if fp16.get("loss_scale", 0):
+        raise ConfigError(f"DeepSpeed config fp16.loss_scale {fp16['loss_scale']}: a static loss scale is not "
+                          "supported; give 0 (dynamic; initial_scale_power sets where it starts)")
+    for k in ("fp16_master_weights_and_grads", "consecutive_hysteresis"):
+        if fp16.get(k):
+            raise ConfigError(f"DeepSpeed config fp16.{k}: not supported (zerobench keeps fp32 master weights and "
+                              "restores hysteresis when the scale grows)")
+    ignored += [f"fp16.{k}" for k in fp16 if k == "auto_cast"]
+    return Precision.FP16, LossScaleConfig(
+        init_scale=2.0 ** _num(fp16, "initial_scale_power", 16, int, "fp16"),
+        growth_interval=_num(fp16, "loss_scale_window", 1000, int, "fp16"),
+        hysteresis=_num(fp16, "hysteresis", 2, int, "fp16"), min_scale=_num(fp16, "min_loss_scale", 1.0, float, "fp16"))
+
+
+def _optimizer(cfg: dict) -> AdamWConfig:
+    opt = _section(cfg, "optimizer")
+    kind = str(opt.get("type", "")).lower()
+    if kind not in ("adam", "adamw", "fusedadam"):
+        raise ConfigError(f"DeepSpeed config optimizer.type {opt.get('type')!r}: zerobench's engine trains with "
+                          "AdamW; give {\"type\": \"AdamW\", \"params\": {...}}")
+    p = dict(opt.get("params") or {})
+    if not p.pop("adam_w_mode", True) or p.pop("amsgrad", False) or not p.pop("bias_correction", True):
+        raise ConfigError("DeepSpeed config optimizer.params: only decoupled weight decay with bias correction and "
+                          "without amsgrad (AdamW) is supported")
+    p.pop("torch_adam", None)
+    extra = set(p) - {"lr", "betas", "eps", "weight_decay"}
+    if extra:
+        raise ConfigError(f"DeepSpeed config optimizer.params: unknown {', '.join(sorted(extra))}")
+    betas = p.get("betas", (0.9, 0.999))
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(_is_num(b) for b in betas):
+        raise ConfigError(f"DeepSpeed config optimizer.params.betas: two numbers, got {betas!r}")
+    where = "optimizer.params"
+    return AdamWConfig(lr=_num(p, "lr", 1e-3, float, where), betas=(float(betas[0]), float(betas[1])),
+                       eps=_num(p, "eps", 1e-8, float, where), weight_decay=_num(p, "weight_decay", 0.0, float, where))
+
+
+def _check_top(cfg: dict, ignored: list[str]) -> None:
+    known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+             "bf16", "bfloat16", "fp16", "optimizer", "gradient_clipping", "prescale_gradients",
+             "gradient_predivide_factor", "communication_data_type", "sparse_gradients"}
+    for k, v in cfg.items():
+        if k in _REFUSED and v not in (None, {}, False) and not (isinstance(v, dict) and v.get("enabled") is False):
+            raise ConfigError(f"DeepSpeed config {k}: {_REFUSED[k]}")
+        if k not in known | _NO_EFFECT | set(_REFUSED):
+            raise ConfigError(f"DeepSpeed config: unknown key {k!r} (zerobench reads {', '.join(sorted(known))}; "
+                              "logging keys are accepted)")
+    if cfg.get("prescale_gradients") or cfg.get("gradient_predivide_factor", 1.0) != 1.0 or cfg.get("sparse_gradients"):
+        raise ConfigError("DeepSpeed config: prescale_gradients, gradient_predivide_factor and sparse_gradients are not "
+                          "supported (gradients are averaged over DP ranks as DDP does)")
+    if cfg.get("communication_data_type") is not None:
+        raise ConfigError("DeepSpeed config communication_data_type: gradients are reduced in the training dtype; "
+                          "remove the key")
+    ignored += sorted(k for k in cfg if k in _NO_EFFECT)
+
+
+def from_deepspeed(config, dp: int) -> DeepSpeedConfig:
+    """``config`` (a dict or a JSON file's path) for ``dp`` data-parallel ranks, as zerobench's configs."""
+    cfg = load(config)
+    ignored: list[str] = []
+    _check_top(cfg, ignored)
+    micro, gas, train = batch_sizes(cfg, dp)
+    precision, loss_scale = _precision(cfg, ignored)
+    clip = _num(cfg, "gradient_clipping", 0.0, float, "") or None
+    zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=None if clip is None else float(clip),
+                      optimizer=_optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
+    zero.validate()
+    return DeepSpeedConfig(zero, micro, train, tuple(ignored))

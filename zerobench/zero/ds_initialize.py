@@ -1,0 +1,92 @@
+"""``zerobench.zero.initialize``: DeepSpeed's ``deepspeed.initialize`` for users who bring a DeepSpeed
+configuration, on zerobench's engine.
+
+It reads the config (``zero/ds_config.py``), applies ZeRO to the model with ``apply_zero`` and returns what
+DeepSpeed returns: ``(engine, optimizer, training_dataloader, lr_scheduler)``. The loop is DeepSpeed's::
+
+    engine, optimizer, loader, _ = zerobench.zero.initialize(model=model, config="ds_config.json",
+                                                             model_parameters=model.parameters(),
+                                                             training_data=dataset)
+    for x, y in loader:
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+
+As DeepSpeed, ``model_parameters`` are the optimizer's groups (the config's weight decay on every parameter
+given); without them every trained parameter is one group with weight decay on 2+-dim parameters
+(zerobench's default). The default process group is initialised from torchrun's or Slurm's environment where
+nothing has initialised it (``zerobench.distributed.env``; a world of one without either), as
+``deepspeed.init_distributed``; the engine uses the group passed as ``dp_group`` (default: the whole world). A
+model on the CPU goes to this rank's GPU where there is one, as DeepSpeed moves it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.zero.ds_config import DeepSpeedConfig, from_deepspeed
+
+
+def _init_distributed() -> torch.device:
+    """The default process group from torchrun's or Slurm's environment where nothing has initialised it (a world
+    of one on an in-memory store without either: no port to collide on); this rank's device."""
+    from zerobench.distributed.env import default_device, detect, init_distributed
+
+    denv = detect()
+    if denv.source == "single" and not dist.is_initialized():  # a plain `python train.py`
+        device = default_device(0)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+        return device
+    return init_distributed(denv)
+
+
+def _loader(data, cfg: DeepSpeedConfig, group: dist.ProcessGroup | None, collate_fn):
+    """DeepSpeed's training loader: micro-batches of this DP rank's share of ``data``, reshuffled per epoch
+    through ``loader.sampler.set_epoch``."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    sampler = DistributedSampler(data, num_replicas=dist.get_world_size(group), rank=dist.get_rank(group))
+    return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=True)
+
+
+def initialize(model: nn.Module, config=None, model_parameters=None, *, optimizer=None, lr_scheduler=None,
+               training_data=None, collate_fn=None, config_params=None, dp_group=None, units=None):
+    """Apply ZeRO to ``model`` as the DeepSpeed ``config`` (a dict or a JSON file's path; ``config_params`` is
+    DeepSpeed's older name) says; returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+
+    ``optimizer``: not taken; the engine builds AdamW from the config's ``optimizer`` (a client optimizer is one
+    line). ``lr_scheduler``: None, or a callable ``fn(optimizer)`` returning a scheduler over the engine's
+    optimizer, as DeepSpeed accepts (an already built scheduler is bound to another optimizer: one line); as
+    DeepSpeed's, it is stepped after every optimizer step that was applied (do not step it yourself).
+    ``training_data``: a dataset, returned as a loader of micro-batches of this rank's share (else None).
+    ``units``: stage 3's gather units (``apply_zero``'s)."""
+    from zerobench.zero.api import apply_zero
+
+    if config is None:
+        config = config_params
+    if config is None:
+        raise ConfigError("initialize: give config= (a DeepSpeed config dict or a JSON file's path)")
+    if optimizer is not None:
+        raise ConfigError("initialize: a client optimizer is not taken; zerobench's engine builds AdamW from the "
+                          "config's 'optimizer' section (remove optimizer=)")
+    if lr_scheduler is not None and (not callable(lr_scheduler) or hasattr(lr_scheduler, "step")):
+        raise ConfigError("initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler (one built on "
+                          "another optimizer would not move the engine's learning rate)")
+    device = _init_distributed()
+    group = dp_group if dp_group is not None else dist.group.WORLD
+    cfg = from_deepspeed(config, dist.get_world_size(group))
+    if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
+        model.to(device)
+    groups = None if model_parameters is None else list(model_parameters)
+    engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups)
+    loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
+    scheduler = None
+    if lr_scheduler is not None:  # stepped by the engine after every applied optimizer step, as DeepSpeed does
+        scheduler = lr_scheduler(engine.optimizer)
+        opt = engine.optimizer
+        opt.register_step_post_hook(lambda *_: scheduler.step() if opt.applied else None)
+    return engine, engine.optimizer, loader, scheduler

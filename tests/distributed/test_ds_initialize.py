@@ -49,14 +49,16 @@ def _schedule(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
 
 
-def _deepspeed_loop(rank: int, world: int, stage: int):
+def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False):
     import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
 
     from zerobench.zero import initialize
 
     model = _model()
+    group = init_device_mesh("cpu", (world,)) if mesh else None
     engine, optimizer, loader, scheduler = initialize(model, config=_config(stage), model_parameters=model.parameters(),
-                                                      training_data=_data(), lr_scheduler=_schedule)
+                                                      training_data=_data(), lr_scheduler=_schedule, dp_group=group)
     assert optimizer is engine.optimizer and scheduler.optimizer is optimizer
     for x, y in loader:
         loss = F.mse_loss(engine(x), y)
@@ -89,10 +91,11 @@ def _reference():
     return [p.detach() for p in model.parameters()], k + 1, sched.get_last_lr()
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
-def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage):
+@pytest.mark.parametrize("stage, mesh", [(0, False), (1, False), (2, False), (3, False), (3, True)])
+def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh):
+    """``mesh``: the DP group given as a 1-D DeviceMesh, as apply_zero takes it."""
     ref, steps, lr = _reference()
-    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, timeout=180):
+    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, mesh, timeout=180):
         assert batches == SAMPLES // WORLD // MICRO and got_steps == steps == 4
         assert got_lr == pytest.approx(lr)  # the scheduler was stepped once per optimizer step
         assert max((torch.tensor(p) - q).abs().max().item() for p, q in zip(params, ref)) < 1e-5
@@ -116,3 +119,22 @@ def test_a_plain_python_process_is_a_world_of_one():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["1", "1", "2"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"optimizer": "client"}, "a client optimizer is not taken"),
+    ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer)"),
+    ({"config": None}, "give config="),
+])
+def test_what_initialize_does_not_take_is_one_line(kwargs, words):
+    from zerobench.config import ConfigError
+    from zerobench.zero import initialize
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    given = {"config": _config(2)}
+    given.update({k: {"client": opt, "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)}.get(v, v)
+                  for k, v in kwargs.items()})
+    with pytest.raises(ConfigError) as e:
+        initialize(model, **given)
+    assert words in str(e.value) and "\n" not in str(e.value)

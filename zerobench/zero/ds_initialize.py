@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
+from zerobench.distributed.collectives import Group
 from zerobench.zero.ds_config import DeepSpeedConfig, from_deepspeed
 
 
@@ -44,12 +45,12 @@ def _init_distributed() -> torch.device:
     return init_distributed(denv)
 
 
-def _loader(data, cfg: DeepSpeedConfig, group: dist.ProcessGroup | None, collate_fn):
+def _loader(data, cfg: DeepSpeedConfig, group: Group, collate_fn):
     """DeepSpeed's training loader: micro-batches of this DP rank's share of ``data``, reshuffled per epoch
     through ``loader.sampler.set_epoch``."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    sampler = DistributedSampler(data, num_replicas=dist.get_world_size(group), rank=dist.get_rank(group))
+    sampler = DistributedSampler(data, num_replicas=group.size, rank=group.rank)
     return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=True)
 
 
@@ -77,8 +78,8 @@ def initialize(model: nn.Module, config=None, model_parameters=None, *, optimize
         raise ConfigError("initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler (one built on "
                           "another optimizer would not move the engine's learning rate)")
     device = _init_distributed()
-    group = dp_group if dp_group is not None else dist.group.WORLD
-    cfg = from_deepspeed(config, dist.get_world_size(group))
+    group = Group.coerce(dp_group, "dp", "initialize's dp_group")
+    cfg = from_deepspeed(config, group.size)
     if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
         model.to(device)
     groups = None if model_parameters is None else list(model_parameters)

@@ -109,6 +109,11 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "offload_param.device 'nvme'"),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}, "partial offload"),
     ({"gradient_acumulation_steps": 2}, "unknown key 'gradient_acumulation_steps'"),
+    ({"fp16": {"enabled": True, "loss_scale_windw": 100}}, "fp16: unknown loss_scale_windw"),
+    ({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}, "bf16 master weights"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": True}}},
+     "zero_optimization.offload_optimizer: unknown pin_memroy"),
+    ({"optimizer": {"type": "AdamW", "param": {"lr": 0.1}}}, "optimizer: unknown param"),
     ({"communication_data_type": "fp32"}, "reduced in the training dtype"),
     ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor"),
 ])

@@ -136,8 +136,24 @@ def _section(cfg: dict, key: str) -> dict:
     return v
 
 
+_OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio",
+                 "pipeline", "pipeline_read", "pipeline_write"}
+_FP16_KEYS = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+              "min_loss_scale", "fp16_master_weights_and_grads", "auto_cast"}
+_BF16_KEYS = {"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+              "bf16_optimizer_states"}
+
+
+def _known(sec: dict, keys: set[str], where: str) -> None:
+    """An unknown key of a section is one line: a misspelt key must not leave its default in force silently."""
+    extra = sorted(set(sec) - keys)
+    if extra:
+        raise ConfigError(f"DeepSpeed config {where}: unknown {', '.join(extra)} (known: {', '.join(sorted(keys))})")
+
+
 def _offload(zo: dict, key: str, allowed: tuple[str, ...]) -> tuple[str, str | None]:
     sec = _section(zo, key)
+    _known(sec, _OFFLOAD_KEYS, f"zero_optimization.{key}")
     device = str(sec.get("device", "none")).lower()
     if device not in allowed:
         raise ConfigError(f"DeepSpeed config zero_optimization.{key}.device {device!r}: zerobench offers "
@@ -177,6 +193,11 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
 def _precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfig]:
     bf16 = _section(cfg, "bf16") or _section(cfg, "bfloat16")
     fp16 = _section(cfg, "fp16")
+    _known(bf16, _BF16_KEYS, "bf16")
+    _known(fp16, _FP16_KEYS, "fp16")
+    if bf16.get("bf16_master_weights_and_grads") or bf16.get("bf16_optimizer_states"):
+        raise ConfigError("DeepSpeed config bf16: bf16 master weights or optimizer states are not supported "
+                          "(zerobench keeps them in fp32)")
     if bf16.get("enabled") and fp16.get("enabled"):
         raise ConfigError("DeepSpeed config enables both bf16 and fp16: choose one")
     if not fp16.get("enabled"):
@@ -198,6 +219,7 @@ def _precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfi
 
 def _optimizer(cfg: dict) -> AdamWConfig:
     opt = _section(cfg, "optimizer")
+    _known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
     kind = str(opt.get("type", "")).lower()
     if kind not in ("adam", "adamw", "fusedadam"):
         raise ConfigError(f"DeepSpeed config optimizer.type {opt.get('type')!r}: zerobench's engine trains with "

@@ -278,3 +278,14 @@ def test_maxsize_on_the_h100_agrees_with_the_planner_from_its_profile():
     assert predict_memory(cfg, prof)["total"] / probe["peak_memory_bytes"] == pytest.approx(1, abs=0.01)
     assert not list((H100_REF / "maxsize" / "probes" / "probe-16").glob("rows.jsonl"))  # 16 layers: out of memory
     assert "out of memory" in (H100_REF / "maxsize" / "probes" / "probe-16" / "run.log").read_text()
+
+
+def test_two_validations_in_one_results_directory_stay_apart():
+    """Each ``simulate --validate --out`` is one config hash; the H100 directory holds two (before, their rows were
+    matched by run id alone and the report's figure failed on the duplicates)."""
+    from zerobench.report.aggregate import sim_validation_table
+    from zerobench.results import load
+
+    t = sim_validation_table(load(H100_REF / "sim-validation"))
+    assert len(t) == 18 and t["predicted_ms"].notna().all() and t["memory_ratio"].between(0.99, 1.0).all()
+    assert sorted(t["run"]).count("007-1.3b-s3") == 2

@@ -194,18 +194,20 @@ def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
     d = df[df["metric"] == "sim_step_time_ratio"] if "metric" in df else df.iloc[0:0]
     if d.empty:
         return pd.DataFrame()
-    pred = df[df["metric"] == "sim_predicted_step_time_s"].set_index(["run_id", "measured_run"])["value"]
+    # one validation is one config hash (its profile and measured runs): several in one report stay apart
+    key = ["config_hash", "measured_run"]
+    pred = df[df["metric"] == "sim_predicted_step_time_s"].set_index(key)["value"]
+    keys = list(zip(d["config_hash"], d["measured_run"]))
     t = pd.DataFrame({
         "run": d["measured_run"].values, "stage": d["stage"].astype(int).values, "dp": d["dp"].astype(int).values,
         "tp": d["tp"].astype(int).values, "hidden": d["hidden"].astype(int).values,
-        "predicted_ms": [1e3 * pred.get((a, b), float("nan")) for a, b in zip(d["run_id"], d["measured_run"])],
+        "predicted_ms": [1e3 * pred.get(k, float("nan")) for k in keys],
         "measured_ms": 1e3 * d["measured_s"].values, "ratio": d["value"].values,
         "in_fit": d["in_fit"].astype(bool).values, "device": d["profile_device"].values,
     })
     mem = df[df["metric"] == "sim_peak_memory_ratio"]
     if not mem.empty:  # a GPU profile's memory planner: predicted vs max_memory_allocated
-        ratio = mem.set_index(["run_id", "measured_run"])
-        keys = list(zip(d["run_id"], d["measured_run"]))
+        ratio = mem.set_index(key)
         got = [k in ratio.index for k in keys]
         t["predicted_peak_MiB"] = [round(ratio.loc[k, "value"] * ratio.loc[k, "measured_peak_bytes"] / 2**20) if g
                                    else float("nan") for k, g in zip(keys, got)]

@@ -44,6 +44,7 @@ def test_deepspeeds_defaults():
     assert (z2.optimizer.betas, z2.optimizer.weight_decay, z2.clip_grad_norm) == ((0.9, 0.999), 0.0, None)
     assert (z2.overlap_comm, z3.overlap_comm, z2.precision, z3.prefetch) == (False, True, Precision.FP32, False)
     assert from_deepspeed(base, dp=1).zero.stage == 0
+    assert not from_deepspeed(base, dp=1).drop_last and from_deepspeed({**base, "dataloader_drop_last": True}, 1).drop_last
 
 
 def test_fp16_loss_scaling():

@@ -60,6 +60,8 @@ class DeepSpeedConfig:
     """``train_micro_batch_size_per_gpu``: samples per DP rank in one micro-batch."""
     train_batch: int
     """``train_batch_size``: samples per optimizer step over the DP group."""
+    drop_last: bool = False
+    """``dataloader_drop_last``: the training loader leaves out a last, partial micro-batch."""
     ignored: tuple[str, ...] = ()
     """Keys read that change nothing here (DeepSpeed's own buffer sizes, logging, profilers), as dotted paths."""
 
@@ -243,7 +245,7 @@ def _optimizer(cfg: dict) -> AdamWConfig:
 def _check_top(cfg: dict, ignored: list[str]) -> None:
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
              "bf16", "bfloat16", "fp16", "optimizer", "gradient_clipping", "prescale_gradients",
-             "gradient_predivide_factor", "communication_data_type", "sparse_gradients"}
+             "gradient_predivide_factor", "communication_data_type", "sparse_gradients", "dataloader_drop_last"}
     for k, v in cfg.items():
         if k in _REFUSED and v not in (None, {}, False) and not (isinstance(v, dict) and v.get("enabled") is False):
             raise ConfigError(f"DeepSpeed config {k}: {_REFUSED[k]}")
@@ -270,4 +272,4 @@ def from_deepspeed(config, dp: int) -> DeepSpeedConfig:
     zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=None if clip is None else float(clip),
                       optimizer=_optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
     zero.validate()
-    return DeepSpeedConfig(zero, micro, train, tuple(ignored))
+    return DeepSpeedConfig(zero, micro, train, bool(cfg.get("dataloader_drop_last", False)), tuple(ignored))

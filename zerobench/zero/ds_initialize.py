@@ -51,7 +51,7 @@ def _loader(data, cfg: DeepSpeedConfig, group: Group, collate_fn):
     from torch.utils.data import DataLoader, DistributedSampler
 
     sampler = DistributedSampler(data, num_replicas=group.size, rank=group.rank)
-    return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=True)
+    return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=cfg.drop_last)
 
 
 def initialize(model: nn.Module, config=None, model_parameters=None, *, optimizer=None, lr_scheduler=None,

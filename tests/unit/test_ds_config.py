@@ -124,6 +124,15 @@ def test_what_zerobench_cannot_honour_is_refused_in_one_line(extra, words):
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+def test_zero_plus_plus_keys_at_deepspeeds_defaults_are_accepted():
+    off = {"zero_quantized_weights": False, "zero_quantized_gradients": False, "zero_hpz_partition_size": 1,
+           "mics_shard_size": -1}
+    assert from_deepspeed({**OK, "zero_optimization": {"stage": 3, **off}}, dp=1).zero.stage == 3
+    for key, on in (("zero_hpz_partition_size", 8), ("mics_shard_size", 8)):
+        with pytest.raises(ConfigError, match=f"zero_optimization.{key}: .* is not supported"):
+            from_deepspeed({**OK, "zero_optimization": {"stage": 3, **off, key: on}}, dp=1)
+
+
 def test_activation_checkpointing_and_logging_sections_change_nothing():
     ds = from_deepspeed({**OK, "activation_checkpointing": {"partition_activations": False}, "tensorboard": {}}, dp=1)
     assert set(ds.ignored) == {"activation_checkpointing", "tensorboard"}

@@ -45,9 +45,11 @@ _ZERO_TUNING = {"allgather_bucket_size", "allgather_partitions", "reduce_scatter
                 "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
                 "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory",
                 "log_trace_cache_warnings", "stage3_model_persistence_threshold"}
-_ZERO_REFUSED = {"zero_quantized_weights": "quantized weight communication (ZeRO++)",
-                 "zero_quantized_gradients": "quantized gradient communication (ZeRO++)",
-                 "zero_hpz_partition_size": "hierarchical partitioning (ZeRO++)", "mics_shard_size": "MiCS"}
+_ZERO_REFUSED = {"zero_quantized_weights": ("quantized weight communication (ZeRO++)", bool),
+                 "zero_quantized_gradients": ("quantized gradient communication (ZeRO++)", bool),
+                 "zero_hpz_partition_size": ("hierarchical partitioning (ZeRO++)", lambda v: v != 1),
+                 "mics_shard_size": ("MiCS", lambda v: not _is_num(v) or v > 0)}
+"""ZeRO features zerobench does not have, with when a value asks for one (DeepSpeed's defaults: off, 1, -1)."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +172,8 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
     known = {"stage", "reduce_bucket_size", "overlap_comm", "offload_optimizer", "offload_param", "cpu_offload",
              "cpu_offload_params", "stage3_prefetch_bucket_size", "ignore_unused_parameters"}
     for k, v in zo.items():
-        if k in _ZERO_REFUSED and v:
-            raise ConfigError(f"DeepSpeed config zero_optimization.{k}: {_ZERO_REFUSED[k]} is not supported")
+        if k in _ZERO_REFUSED and _ZERO_REFUSED[k][1](v):
+            raise ConfigError(f"DeepSpeed config zero_optimization.{k}: {_ZERO_REFUSED[k][0]} is not supported")
         if k not in known | _ZERO_TUNING | set(_ZERO_REFUSED):
             raise ConfigError(f"DeepSpeed config zero_optimization.{k}: unknown key (zerobench reads "
                               f"{', '.join(sorted(known))})")

@@ -78,6 +78,7 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
     import torch
     import torch.distributed as dist
 
+    from zerobench.distributed.env import choose_backend
     from zerobench.distributed.fake import init_fake_world
 
     try:
@@ -102,8 +103,10 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
         dist.destroy_process_group()
         curves, composed = {}, {}
         if job.ranks > 1 and job.groups:
-            gpu = {"backend": "nccl", "device_id": device} if device.type == "cuda" else {"backend": "gloo"}
-            dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=job.ranks, **gpu)
+            gpus = torch.cuda.device_count() if device.type == "cuda" else 0  # jobs_for gave each rank a card
+            gpu = {"device_id": device} if device.type == "cuda" else {}
+            dist.init_process_group(choose_backend("auto", device, job.ranks, gpus),
+                                    init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=job.ranks, **gpu)
             groups = groups_of(job.groups, job.ranks, rank)
             curves, composed = time_collectives(groups, job.ranks, job.sizes, device)
             if device.type == "cpu":

@@ -101,13 +101,12 @@ def _num(sec: dict, key: str, default, kind: type, where: str):
 
 
 def _positive_int(cfg: dict, key: str) -> int | None:
-    v = cfg.get(key)
-    if v is None:
+    if cfg.get(key) is None:
         return None
-    if not _is_num(v) or float(v) != int(v) or v < 1:
-        hint = " ('auto' is filled in by Hugging Face's Trainer; give a number)" if v == "auto" else ""
-        raise ConfigError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}{hint}")
-    return int(v)
+    v = _num(cfg, key, None, int, "")
+    if v < 1:
+        raise ConfigError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}")
+    return v
 
 
 def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:

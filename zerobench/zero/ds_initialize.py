@@ -34,13 +34,13 @@ from zerobench.zero.ds_config import DeepSpeedConfig, from_deepspeed
 def _init_distributed() -> torch.device:
     """The default process group from torchrun's or Slurm's environment where nothing has initialised it (a world
     of one on an in-memory store without either: no port to collide on); this rank's device."""
-    from zerobench.distributed.env import default_device, detect, init_distributed
+    from zerobench.distributed.env import choose_backend, default_device, detect, init_distributed
 
     denv = detect()
     if denv.source == "single" and not dist.is_initialized():  # a plain `python train.py`
         device = default_device(0)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1)
+        dist.init_process_group(choose_backend("auto", device, 1, torch.cuda.device_count()), store=dist.HashStore(),
+                                rank=0, world_size=1)
         return device
     return init_distributed(denv)
 

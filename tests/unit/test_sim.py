@@ -44,6 +44,14 @@ def test_linear_fit_recovers_alpha_and_beta():
     assert fit.alpha == pytest.approx(2e-5, rel=1e-6) and fit.beta == pytest.approx(3e-10, rel=1e-6)
 
 
+def test_a_falling_line_is_fitted_flat():
+    """A fresh profile's skew line once came out at -0.0097 s per s of compute on CI's VM (noise between its four
+    points); a negative slope would charge a long step negative time."""
+    pts = [(1e-3, 3e-4), (4e-3, 2.9e-4), (16e-3, 2.6e-4), (64e-3, 2.0e-4)]
+    fit = Linear.fit(pts)
+    assert fit.beta == 0.0 and 2.0e-4 < fit.alpha < 3e-4 and fit.seconds(10.0) == fit.alpha
+
+
 def test_the_skew_penalty_drops_a_rare_stall_and_keeps_a_skew_most_samples_show():
     ms = 1e-3
     stall = [1 * ms] * 15 + [800 * ms]  # one host stall in 16 samples: the median step never sees it

@@ -77,14 +77,16 @@ class Linear:
 
     @classmethod
     def fit(cls, points: list[tuple[float, float]]) -> Linear:
-        """Least squares through (n, seconds), weighted towards relative error; alpha kept >= 0."""
+        """Least squares through (n, seconds), weighted towards relative error; alpha and beta kept >= 0: every
+        cost fitted so (per element, per block, the ranks' skew per second of compute) grows with ``n`` or stays,
+        so a falling line is noise, read as the flat one (a negative slope would charge a long step negative time)."""
         w = [1.0 / max(t, 1e-9) for _, t in points]
         sw = sum(w)
         mx = sum(wi * n for wi, (n, _) in zip(w, points)) / sw
         my = sum(wi * t for wi, (_, t) in zip(w, points)) / sw
         sxx = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, points))
         sxy = sum(wi * (n - mx) * (t - my) for wi, (n, t) in zip(w, points))
-        beta = sxy / sxx if sxx else 0.0
+        beta = max(sxy / sxx, 0.0) if sxx else 0.0
         alpha = my - beta * mx
         if alpha < 0:
             alpha, beta = 0.0, sum(t for _, t in points) / sum(n for n, _ in points)

@@ -49,6 +49,7 @@ def ledgers(rank, world, preset, precisions, stages, dps):
                     "volume": engine.ledger.volume_elements(group="dp"),
                     "summary": engine.ledger.summary(),
                     "psi": num_params(cfg),
+                    "flat_numel": engine.layout.numel,
                 }
     return out
 

@@ -43,3 +43,23 @@ def test_nbytes_is_the_whole_partition_held_or_not(layout):
     assert shards.nbytes() == flat.data.untyped_storage().nbytes() == 2 * layout.shard_numel
     shards.views()
     assert sum(t.untyped_storage().nbytes() for t in shards.held()) == shards.nbytes()
+
+
+def test_stage0_flags_ride_after_the_last_bucket(layout):
+    """``FullBuffer``'s tail (stage 0's unused-parameter flags) lies right after the last bucket, outside every
+    bucket and parameter view; ``with_flag`` is one contiguous tensor for the last bucket's all-reduce, the tail
+    zero but this rank's flag (so summing the ranks' gives every rank's)."""
+    from zerobench.zero.buffer import FullBuffer
+
+    full = FullBuffer(layout, torch.bfloat16, torch.device("cpu"), tail=4)
+    assert full.data.numel() == layout.numel and full.tail.numel() == 4
+    full.data.fill_(2.0)
+    full.tail.fill_(7.0)  # stale flags of an earlier window
+    last = layout.buckets[-1]
+    carried = full.with_flag(2, True)
+    assert carried.numel() == last.numel + 4 and carried.data_ptr() == full.bucket_view(last.index).data_ptr()
+    assert full.tail.tolist() == [0, 0, 1, 0] and carried[-4:].tolist() == [0, 0, 1, 0]
+    assert full.data.eq(2.0).all(), "the flags touch no gradient"
+    full.with_flag(1, False)
+    assert full.tail.tolist() == [0, 0, 0, 0]
+    assert FullBuffer(layout, torch.float32, torch.device("cpu")).tail.numel() == 0, "no tail unless asked"

@@ -233,3 +233,22 @@ def test_tp_pieces_measured_in_situ_charge_their_collectives_as_measured():
     assert r["breakdown_s"]["compute"] == pytest.approx(plain["breakdown_s"]["compute"])
     assert "sync" not in r["breakdown_s"]
     assert not any(t.name == "tp all_reduce" for t in r["timeline"].tasks)
+
+
+def test_the_unused_check_is_its_own_collective_but_at_stage_0_and_in_runs_recorded_before_it_rode():
+    """The engine's unused-parameter agreement: an all-reduce behind the last bucket at stages 1-3; at stage 0 its
+    flags ride in the last bucket's all-reduce (none of its own), except in runs recorded before that change,
+    which ``validate`` replays as they ran (by their rows' timestamps)."""
+    from zerobench.sim.validate import FLAGS_RIDE_SINCE, recorded_before_flags_rode
+
+    def checks(cfg, **kw):
+        return [t for t in simulate(cfg, _profile([cfg]), **kw)["timeline"].tasks if t.name == "unused check"]
+
+    s0, s1 = _cfg(stage=0, dp=2), _cfg(stage=1, dp=2)
+    assert checks(s0) == [] and len(checks(s0, own_check_at_stage0=True)) == 1 and len(checks(s1)) == 1
+    assert checks(_cfg(stage=1, dp=1)) == []
+    stamp = FLAGS_RIDE_SINCE.isoformat()
+    rows = [{"metric": "step_time_s", "run_id": "old", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}},
+            {"metric": "step_time_s", "run_id": "new", "provenance": {"timestamp": stamp}},
+            {"metric": "loss", "run_id": "loss-only", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}}]
+    assert recorded_before_flags_rode(rows) == {"old"}

@@ -53,7 +53,7 @@ def test_the_fit_never_sees_a_zero_run(recorded, monkeypatch):
     rows, prof, _, _ = recorded
     seen = []
     real = V.simulate
-    monkeypatch.setattr(V, "simulate", lambda cfg, p: seen.append(cfg) or real(cfg, p))
+    monkeypatch.setattr(V, "simulate", lambda cfg, p, **kw: seen.append(cfg) or real(cfg, p, **kw))
     V.fit_interference(rows, prof)
     assert seen and all(c.zero.stage == 0 and c.world_size > 1 for c in seen)
 

@@ -40,8 +40,10 @@ from zerobench.zero.config import MAX_INFLIGHT
 class StepReplay:
     """Builds the timeline of one optimizer step of ``cfg`` on a host with ``ranks`` processes."""
 
-    def __init__(self, cfg: TrainConfig, prof: Profile, ranks: int | None = None):
+    def __init__(self, cfg: TrainConfig, prof: Profile, ranks: int | None = None, own_check_at_stage0: bool = False):
         self.cfg, self.prof = cfg, prof
+        self.own_check = cfg.dp > 1 and (cfg.zero.stage >= 1 or own_check_at_stage0)
+        """The unused-parameter agreement is an all-reduce of its own (stage 0: its flags ride in the last bucket's)."""
         self.ranks = ranks if ranks is not None else cfg.world_size
         self.threads = max(1, prof.cores // self.ranks)
         self.stage, self.dp, self.tp = cfg.zero.stage, cfg.dp, cfg.tp
@@ -184,7 +186,7 @@ class StepReplay:
     def end_backward(self) -> None:
         if not self.sync:
             return
-        if self.dp > 1:  # the unused-parameter agreement, behind the last bucket
+        if self.own_check:  # the unused-parameter agreement, behind the last bucket
             self.dp_collective("all_reduce", 4, "unused check")
         self.wait_dp((self.tl.now("dp"),))
         if self.stage >= 2 and not self.first:  # later micro-batches add into the partition

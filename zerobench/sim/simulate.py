@@ -78,10 +78,11 @@ def _step(r: StepReplay) -> None:
     # zero_grad() costs nothing to replay: stages 0-1 set .grad to None, stages 2-3 drop the partition
 
 
-def simulate(cfg: TrainConfig, prof: Profile, ranks: int | None = None) -> dict:
+def simulate(cfg: TrainConfig, prof: Profile, ranks: int | None = None, own_check_at_stage0: bool = False) -> dict:
     """Predicted step of ``cfg`` on ``prof``'s device (``ranks``: processes sharing the host; default the
-    configuration's world size, as local runs place them)."""
-    r = StepReplay(cfg, prof, ranks)
+    configuration's world size, as local runs place them). ``own_check_at_stage0``: replay the engine from before
+    stage 0's unused-parameter flags rode in its last gradient all-reduce (a run recorded then, ``validate.py``)."""
+    r = StepReplay(cfg, prof, ranks, own_check_at_stage0)
     accum = cfg.zero.grad_accum_steps
     for micro in range(accum):
         r.start_micro(sync=micro == accum - 1 or r.stage >= 2, first=micro == 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from datetime import datetime
 
 from zerobench.config import from_dict
 from zerobench.sim.profile import Profile
@@ -39,6 +40,22 @@ def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
     return [(rid, cfg, statistics.median(ts)) for (rid, _), (cfg, ts) in found.items()]
 
 
+FLAGS_RIDE_SINCE = datetime.fromisoformat("2026-11-26T14:40:00+00:00")
+"""Since then stage 0's unused-parameter flags ride in its last gradient all-reduce (``zero/unused.py``); a run
+whose rows were recorded before is replayed with the check as an all-reduce of its own, as the engine that ran it
+started one."""
+
+
+def recorded_before_flags_rode(rows: list[dict]) -> set[str]:
+    """Run ids whose step times were recorded before ``FLAGS_RIDE_SINCE`` (by their rows' provenance timestamp)."""
+    out = set()
+    for r in rows:
+        stamp = (r.get("provenance") or {}).get("timestamp")
+        if r.get("metric") == "step_time_s" and stamp and datetime.fromisoformat(stamp) < FLAGS_RIDE_SINCE:
+            out.add(r["run_id"])
+    return out
+
+
 def is_zero(cfg: TrainConfig) -> bool:
     """Whether a run uses ZeRO's partitioning (stage >= 1): those stay out of any fit."""
     return cfg.zero.stage >= 1
@@ -48,22 +65,19 @@ def fit_interference(rows: list[dict], prof: Profile, grid: int = 41, top: float
     """The ``Profile.interference`` that best predicts the measured *non-ZeRO* runs with more than one
     process (stage 0: plain data parallelism, TP): the grid value minimising their median
     |log(predicted / measured)|. No ZeRO run is looked at."""
-    runs = [(cfg, m) for _, cfg, m in measured_runs(rows) if not is_zero(cfg) and cfg.world_size > 1]
+    old = recorded_before_flags_rode(rows)
+    runs = [(cfg, m, rid in old) for rid, cfg, m in measured_runs(rows) if not is_zero(cfg) and cfg.world_size > 1]
     if not runs:
         return 0.0
     saved, best = prof.interference, (float("inf"), 0.0)
     try:
         for i in range(grid):
             prof.interference = top * i / (grid - 1)
-            errs = [abs(math.log(_predict(cfg, prof) / m)) for cfg, m in runs]
+            errs = [abs(math.log(simulate(cfg, prof, own_check_at_stage0=o)["step_time_s"] / m)) for cfg, m, o in runs]
             best = min(best, (statistics.median(errs), prof.interference))
     finally:
         prof.interference = saved
     return best[1]
-
-
-def _predict(cfg: TrainConfig, prof: Profile) -> float:
-    return simulate(cfg, prof)["step_time_s"]
 
 
 def measured_peaks(rows: list[dict]) -> dict[str, float]:
@@ -83,9 +97,10 @@ def validate(rows: list[dict], prof: Profile) -> list[dict]:
     """One record per measured run: predicted and measured step time, their ratio, and the breakdown; where
     the profile measured memory (a GPU's), the predicted and measured peak bytes and their ratio too."""
     peaks = measured_peaks(rows) if prof.memory else {}
+    old = recorded_before_flags_rode(rows)
     out = []
     for run_id, cfg, measured in measured_runs(rows):
-        sim = simulate(cfg, prof)
+        sim = simulate(cfg, prof, own_check_at_stage0=run_id in old)
         sim.pop("timeline")
         rec = {
             "run_id": run_id, "stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp,

@@ -28,10 +28,8 @@ transient device shard instead of a device partition, since the partition lives 
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -42,40 +40,7 @@ from zerobench.zero.config import MAX_INFLIGHT
 from zerobench.zero.layout import PartitionLayout
 from zerobench.zero.param import GradState, ZeroParam
 from zerobench.zero.staging import StagingBuckets
-
-
-class SyncMode(enum.Enum):
-    """How a bucket group keeps and reduces gradients."""
-
-    ALL_REDUCE = "all_reduce"
-    """Stage 0: a full gradient buffer, each bucket all-reduced."""
-    REDUCE_SCATTER_FULL = "reduce_scatter_full"
-    """Stage 1: a full gradient buffer, each bucket reduce-scattered in place into this rank's shard."""
-    REDUCE_SCATTER_STAGED = "reduce_scatter_staged"
-    """Stages 2-3: transient staging buckets reduce-scattered into this rank's gradient partition."""
-
-    @classmethod
-    def for_stage(cls, stage: int) -> SyncMode:
-        return cls.ALL_REDUCE if stage == 0 else cls.REDUCE_SCATTER_FULL if stage == 1 else cls.REDUCE_SCATTER_STAGED
-
-
-class BucketState(enum.Enum):
-    """FILLING -> REDUCING (collective started) -> DONE (collective finished); FILLING again at ``zero()``
-    or at the next synchronising micro-batch."""
-
-    FILLING = "filling"
-    REDUCING = "reducing"
-    DONE = "done"
-
-
-@dataclass
-class _Inflight:
-    bucket: int
-    work: object
-    staging: torch.Tensor | None
-    out: torch.Tensor | None
-    accumulate_into: torch.Tensor | None
-    first: bool = True
+from zerobench.zero.sync import BucketState, Inflight, SyncMode
 
 
 class GradBucketGroup:
@@ -92,14 +57,17 @@ class GradBucketGroup:
         mode: SyncMode,
         max_inflight: int = MAX_INFLIGHT,
         sink: Callable[[int, torch.Tensor, bool], None] | None = None,
+        unused_flags: bool = False,
     ):
-        """``sink(bucket, shard, accumulate)`` receives every final reduced shard (optimizer offload)."""
+        """``sink(bucket, shard, accumulate)`` receives every final reduced shard (optimizer offload). ``unused_flags``:
+        stage 0's last all-reduce carries every rank's flag "a parameter got no gradient" (``self.full.tail``)."""
         self.layout, self.zparams, self.group, self.ledger = layout, zparams, group, ledger
         self.grad_dtype, self.device, self.mode = grad_dtype, device, mode
         self.keep_full = mode is not SyncMode.REDUCE_SCATTER_STAGED
         """A persistent full gradient buffer accumulates micro-batches (stages 0-1)."""
         self.max_inflight = max_inflight
-        self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device) if self.keep_full else None
+        tail = group.size if unused_flags and mode is SyncMode.ALL_REDUCE and layout.buckets else 0
+        self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device, tail) if self.keep_full else None
         self.views = [self.full.param_view(zp.slot.index) for zp in zparams] if self.keep_full else []
         """Stages 0-1: each parameter's gradient view of the full buffer (its ``.grad``)."""
         self.sink = sink
@@ -107,7 +75,7 @@ class GradBucketGroup:
         self.stage = StagingBuckets(layout, grad_dtype, device)
         self.staging = self.stage.buffers
         """Stages 2-3: the staging buckets in flight (``zero/staging.py``)."""
-        self.inflight: deque[_Inflight] = deque()
+        self.inflight: deque[Inflight] = deque()
         self.state = [BucketState.FILLING] * len(layout.buckets)
         self.pending = [len(b.params) for b in layout.buckets]
         self.next_start = 0
@@ -192,11 +160,13 @@ class GradBucketGroup:
             if self.pre_scale is not None:
                 view.mul_(self.pre_scale)
             if self.mode is SyncMode.ALL_REDUCE:
+                if bucket == len(self.layout.buckets) - 1 and self.full.tail.numel():  # all started: flags known
+                    view = self.full.with_flag(g.rank, self.seen_count < len(self.zparams))
                 work = C.all_reduce(view, g, self.ledger, "grad", async_op=True)
             else:
                 out = self.full.shard_view(bucket, g.rank)
                 work = C.reduce_scatter(out, view, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
-            self.inflight.append(_Inflight(bucket, work, None, None, None))
+            self.inflight.append(Inflight(bucket, work, None, None, None))
         else:
             staging = self.stage.pop(bucket)
             if self.local is None:  # offload: a transient device shard, handed to the sink when reduced
@@ -208,7 +178,7 @@ class GradBucketGroup:
                 acc = self.local.get(bucket)
                 out = torch.empty_like(acc)
             work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
-            self.inflight.append(_Inflight(bucket, work, staging, out, acc, self.first_micro))
+            self.inflight.append(Inflight(bucket, work, staging, out, acc, self.first_micro))
         if self.on_bucket_reduced is not None:
             self.on_bucket_reduced(bucket)
         self._finish_reduces(block=False)

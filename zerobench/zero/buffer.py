@@ -14,11 +14,20 @@ from zerobench.zero.layout import PartitionLayout
 
 
 class FullBuffer:
-    """The whole flat layout in one tensor."""
+    """The whole flat layout in one tensor, and ``tail`` elements more right after it (stage 0's unused-parameter
+    flags, carried by the last bucket's all-reduce: ``zero/unused.py``)."""
 
-    def __init__(self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device):
+    def __init__(self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device, tail: int = 0):
         self.layout = layout
-        self.data = torch.zeros(layout.numel, dtype=dtype, device=device)
+        self.storage = torch.zeros(layout.numel + tail, dtype=dtype, device=device)
+        self.data = self.storage[: layout.numel]
+        self.tail = self.storage[layout.numel :]
+
+    def with_flag(self, rank: int, flag: bool) -> torch.Tensor:
+        """The last bucket and the tail after it, one tensor for one all-reduce; the tail is zero but this rank's
+        ``flag`` (1 or 0), so the sum holds every rank's."""
+        self.tail.zero_()[rank] = float(flag)
+        return self.storage[self.layout.buckets[-1].start :]
 
     def param_view(self, index: int) -> torch.Tensor:
         s = self.layout.params[index]

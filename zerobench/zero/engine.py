@@ -126,8 +126,7 @@ class ZeroEngine:
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
             SyncMode.for_stage(self.stage), max_inflight=MAX_INFLIGHT if self.config.overlap_comm else 0,
-            sink=st.host.grad_ready if st.host is not None else None,
-        )
+            sink=st.host.grad_ready if st.host is not None else None, unused_flags=not self.config.find_unused_parameters)
         if self.scheduler is not None:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
         self.scaler = DynamicLossScaler(self.config.loss_scale, enabled=self.config.precision.value == "fp16")

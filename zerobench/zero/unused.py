@@ -3,10 +3,13 @@
 The bucket group always keeps the ranks' collectives matched (a bucket missing gradients is filled with
 zeros and started in order), so a model whose unused parameters differ by rank cannot desynchronise the
 group. What remains is the decision: with ``find_unused_parameters=False`` (the default, as DDP's) the
-ranks agree on whether any of them saw an unused parameter, with one all-reduce of one integer per rank,
-and all of them raise the same error at ``step()``. The all-reduce is started at the end of backward,
-behind the last gradient buckets (``start_unused_check``), so it completes with them instead of costing
-``step()`` a round trip of its own. With ``True`` nothing is checked and the ranks
+ranks agree on whether any of them saw an unused parameter, from one flag per rank summed over the group,
+and all of them raise the same error at ``step()``. At stage 0 the flags ride in the last gradient bucket's
+all-reduce (one element per rank after the flat gradient buffer: by the time the last bucket starts, every
+bucket before it has, so the rank knows), which costs no collective of its own; at stages 1-3, whose
+gradient collectives are reduce-scatters, they are one all-reduce of one integer per rank, started at the
+end of backward behind the last gradient buckets (``start_unused_check``), so it completes with them
+instead of costing ``step()`` a round trip of its own. With ``True`` nothing is checked and the ranks
 that skipped a parameter contribute zeros to its gradient, which is single-process training's gradient
 on the global batch. A parameter unused on *every* rank then still takes an optimizer step with a zero
 gradient (its moments decay; weight decay applies), where ``torch.optim`` would skip it.
@@ -36,21 +39,26 @@ def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
 
 
 class UnusedCheck:
-    """Every rank's count of parameters left unused in a window, being summed over the DP group."""
+    """Whether each rank left a parameter unused in a window (1 or 0 per rank), being summed over the DP group."""
 
     def __init__(self, engine, unused: list[int]):
-        """Starts the all-reduce (asynchronous; collectives of one group run in launch order)."""
-        group = engine.group
-        self.unused = unused
-        self.counts = torch.zeros(group.size, dtype=torch.int64, device=engine.device)
-        self.counts[group.rank] = len(unused)
-        self.work = C.all_reduce(self.counts, group, engine.ledger, "unused_check", async_op=True)
+        """Stage 0: the flags rode in the last gradient bucket's all-reduce (``GradBucketGroup.full.tail``; the
+        bucket group has waited for it). Else starts their own all-reduce (asynchronous; collectives of one group
+        run in launch order)."""
+        group, full = engine.group, engine.grads.full
+        self.unused, self.work = unused, None
+        if full is not None and full.tail.numel():
+            self.flags = full.tail
+            return
+        self.flags = torch.zeros(group.size, dtype=torch.int64, device=engine.device)
+        self.flags[group.rank] = int(bool(unused))
+        self.work = C.all_reduce(self.flags, group, engine.ledger, "unused_check", async_op=True)
 
     def wait(self) -> list[int]:
         if self.work is not None:
             self.work.wait()
             self.work = None
-        return self.counts.tolist()
+        return [round(f) for f in self.flags.tolist()]
 
 
 def start_unused_check(engine, unused: list[int]) -> UnusedCheck | None:
@@ -65,8 +73,8 @@ def check_unused(engine, pending: UnusedCheck | None) -> None:
     check_unfrozen(engine.frozen)
     if pending is None:
         return
-    counts, unused, group = pending.wait(), pending.unused, engine.group
-    ranks = [r for r, n in enumerate(counts) if n]
+    flags, unused, group = pending.wait(), pending.unused, engine.group
+    ranks = [r for r, n in enumerate(flags) if n]
     if not ranks:
         return
     names = [engine.zparams[i].name for i in unused]
@@ -75,9 +83,9 @@ def check_unused(engine, pending: UnusedCheck | None) -> None:
         raise UnusedParametersError(
             f"parameter(s) {frozen[:4]}{' ...' if len(frozen) > 4 else ''} were frozen (requires_grad=False) after "
             "apply_zero: the engine's partition is fixed when it is built; freeze them before apply_zero")
-    here = f"here (rank {group.rank}): {names[:4]}{' ...' if len(names) > 4 else ''}; " if names else ""
+    here = f"here (rank {group.rank}, {len(names)}): {names[:4]}{' ...' if len(names) > 4 else ''}; " if names else ""
     raise UnusedParametersError(
-        f"{sum(counts)} trained parameter(s) got no gradient on rank(s) {ranks}: unused in forward; {here}"
+        f"trained parameter(s) got no gradient on rank(s) {ranks}: unused in forward; {here}"
         "pass ZeroConfig(find_unused_parameters=True) (--find-unused-parameters) to treat their gradient as "
         "zero where they are skipped, or freeze them (requires_grad=False)"
     )

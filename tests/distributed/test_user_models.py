@@ -77,6 +77,7 @@ def test_rank_dependent_unused_parameters(api):
         if rank == 0:
             assert "blocks.1.fc2.weight" in err, err
         assert close(r["unused_supported"]), (world, stage, r["unused_supported"])
+        assert r["skipped_in_one_micro"] is None and r["skipped_in_one_micro_applied"], r["skipped_in_one_micro"]
 
 
 def test_reading_parameters_outside_forward(api):

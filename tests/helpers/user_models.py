@@ -250,6 +250,18 @@ def run_api_checks(rank: int, world: int, stage: int) -> dict:
         engine.step()
 
     out["unused_error"] = error_line(unused_step)
+    # A parameter skipped in one micro-batch of a window but used in the other is not unused (the flags are the
+    # window's); the step is applied.
+    engine = engine_for(copy.deepcopy(model), group, stage, bucket_numel=2000, grad_accum_steps=2)
+
+    def window_step():
+        for skip in (1 if rank == 0 else None, None):
+            engine.backward(engine.module(x, y, skip))
+            applied = engine.step()
+        return applied
+
+    out["skipped_in_one_micro"] = error_line(window_step)
+    out["skipped_in_one_micro_applied"] = engine.global_steps == 1 and engine.was_step_applied()
     # ...and with find_unused_parameters=True, the skipping rank contributes a zero gradient.
     engine = engine_for(copy.deepcopy(model), group, stage, bucket_numel=2000, find_unused_parameters=True)
     for xs, ys in data:

@@ -99,7 +99,8 @@ class ZeroConfig:
     find_unused_parameters: bool = False
     """Allow trained parameters that get no gradient in a step on some rank (a branch not taken, a
     layer skipped): their gradient is zero there. Off (as DDP's default), such a step fails on every
-    rank with an error naming them. Costs nothing when on; off, one small all-reduce per step."""
+    rank with an error naming them. Costs nothing when on; off, one flag per rank a step (carried by stage 0's
+    last gradient all-reduce; one small all-reduce of its own at stages 1-3)."""
     prefetch: bool = True
     """Stage 3: all-gather the next module's parameters while the current one computes."""
     overlap_comm: bool = True

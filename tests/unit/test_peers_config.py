@@ -158,3 +158,25 @@ def test_a_signal_stops_the_whole_comparison_not_only_the_run_in_progress(tmp_pa
     with pytest.raises(Cancelled, match="during r0-torch-ddp"):
         peers.run_peers(PeersConfig(systems=("torch-ddp", "zerobench-3"), rounds=2), tmp_path, say=lambda m: None)
     assert started == ["r0-torch-ddp"]
+
+
+def test_bar_says_when_the_rounds_spread_too_much_to_place_the_ratio_against_it():
+    """Two standard errors of the median per-round ratio (against the fastest peer): tiny DP 4's recorded rounds
+    (0.946-1.136 against DDP) cannot place 0.988 against 0.95; tight rounds can; one round decides nothing."""
+    import math
+
+    from zerobench.bench.stats import median_standard_error
+
+    ddp = [24.1, 18.8, 19.9, 20.4, 19.9, 19.1, 19.4, 17.7, 19.4]
+    ratios = [0.946, 1.102, 0.983, 0.978, 1.072, 0.988, 0.948, 1.136, 0.994]
+    zb0 = {**_rec("zerobench-0", 1.0, 10), "round_step_time_s": [d * r for d, r in zip(ddp, ratios)]}
+    (v,) = bar([zb0, {**_rec("torch-ddp", 1.0, 10), "round_step_time_s": ddp}])
+    assert v["time_vs_fastest"] == pytest.approx(0.988) and not v["speed_ok"]
+    assert v["time_noise"] == pytest.approx(2 * median_standard_error(ratios)) and v["time_noise"] > 0.988 - 0.95
+    assert not v["speed_decided"]
+    tight = {**zb0, "round_step_time_s": [d * 0.90 * (1 + 0.002 * k) for k, d in enumerate(ddp)]}
+    (v,) = bar([tight, {**_rec("torch-ddp", 1.0, 10), "round_step_time_s": ddp}])
+    assert v["speed_ok"] and v["speed_decided"] and v["time_noise"] < 0.01
+    one = {**zb0, "round_step_time_s": ddp[:1]}
+    (v,) = bar([one, {**_rec("torch-ddp", 1.0, 10), "round_step_time_s": ddp[:1]}])
+    assert math.isinf(v["time_noise"]) and not v["speed_decided"]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zerobench.bench.stats import median_ratio
+from zerobench.bench.stats import median_ratio, median_standard_error
 from zerobench.config import ConfigError
 from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
@@ -223,10 +223,18 @@ def _time_ratio(zb: dict, peer: dict) -> float:
     return zb["time_vs_torch_ddp"] / peer["time_vs_torch_ddp"]
 
 
+def _time_noise(zb: dict, peer: dict) -> float:
+    """Two standard errors of ``_time_ratio`` from the spread of its per-round ratios (infinite with fewer than two
+    rounds side by side): a bar nearer the ratio than this is not decided by these rounds."""
+    pairs = _same_rounds(zb.get("round_step_time_s", []), peer.get("round_step_time_s", []))
+    return 2 * median_standard_error([x / r for x, r in pairs])
+
+
 def bar(records: list[dict]) -> list[dict]:
     """The issue's bar per zerobench candidate: time <= 0.95x the fastest peer doing the same sharding (and
     offloading alike), and peak memory <= every such peer's. The fastest peer is the one zerobench's
-    per-round time ratio is highest against. Offloaded candidates compare peak RSS: on a CPU-only machine
+    per-round time ratio is highest against; ``time_noise`` is two standard errors of that ratio, and
+    ``speed_decided`` whether the bar lies further from it than that. Offloaded candidates compare peak RSS: on a CPU-only machine
     the live-tensor tracker cannot tell DeepSpeed's host states from its device ones."""
     ok = {r["candidate"]: r for r in records if r["status"] == "ok" and "time_vs_torch_ddp" in r}
     out = []
@@ -238,9 +246,11 @@ def bar(records: list[dict]) -> list[dict]:
             continue
         mem_key = "peak_rss_bytes" if off else "peak_live_bytes"
         speed, fastest = max((_time_ratio(zb, r), r["candidate"]) for r in peers)
+        noise = _time_noise(zb, next(r for r in peers if r["candidate"] == fastest))
         leanest = min((r for r in peers if r.get(mem_key)), key=lambda r: r[mem_key], default=None)
         mem = zb.get(mem_key, 0) / leanest[mem_key] if leanest and zb.get(mem_key) else None
         out.append({"stage": s, "candidate": name, "memory_metric": mem_key, "fastest_peer": fastest, "time_vs_fastest": speed,
-                    "speed_ok": speed <= 0.95, "leanest_peer": leanest["candidate"] if leanest else None,
+                    "speed_ok": speed <= 0.95, "time_noise": noise, "speed_decided": abs(speed - 0.95) >= noise,
+                    "leanest_peer": leanest["candidate"] if leanest else None,
                     "memory_vs_leanest": mem, "memory_ok": mem is not None and mem <= 1.0})
     return out

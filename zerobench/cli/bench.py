@@ -83,13 +83,19 @@ def cmd_peers(args: argparse.Namespace) -> int:
     verdicts = bar(recs)
     if verdicts:
         print()
-        print(tabulate([[v["candidate"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", "yes" if v["speed_ok"] else "NO",
+        print(tabulate([[v["candidate"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", _speed_verdict(v),
                          v["leanest_peer"] or "-", f"{v['memory_vs_leanest']:.3f}" if v["memory_vs_leanest"] else "-",
                          "yes" if v["memory_ok"] else "NO"] for v in verdicts],
                        headers=["zerobench", "fastest peer", "time / it", "<= 0.95", "leanest peer",
                                 "peak / it (offload: RSS)", "<= 1"]))
     print(f"rows: {out}")
     return 0 if all(r["status"] == "ok" for r in recs) else 1
+
+
+def _speed_verdict(v: dict) -> str:
+    """yes/NO against the time bar, and where the rounds' spread cannot place the ratio against it, by how much."""
+    verdict = "yes" if v["speed_ok"] else "NO"
+    return verdict if v["speed_decided"] else f"{verdict}, within noise (±{v['time_noise']:.3f})"
 
 
 def cmd_bench_kernels(args: argparse.Namespace) -> int:

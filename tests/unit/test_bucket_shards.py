@@ -1,5 +1,6 @@
 """``BucketShards`` (the stage 2-3 gradient partition): each bucket's shard is allocated when taken, all
-are released together, and what the partition takes while held is known without holding it."""
+are released together, and what the partition takes while held is known without holding it. And
+``FullBuffer``'s tail, where stage 0's unused-parameter flags ride after the last bucket."""
 
 from __future__ import annotations
 

@@ -248,6 +248,12 @@ class GradBucketGroup:
         elif self.local is not None:  # stages 2-3: released; the next window's reduce-scatters write anew
             self.local.release()
 
+    @property
+    def unused_flags(self) -> torch.Tensor | None:
+        """Stage 0: every rank's unused flag, summed by the last bucket's all-reduce (read once it has finished);
+        None where the flags do not ride (stages 1-3, or ``unused_flags`` off)."""
+        return self.full.tail if self.full is not None and self.full.tail.numel() else None
+
     # -- views the optimizer needs -----------------------------------------------------------------
     def shard_views(self) -> list[torch.Tensor]:
         """This rank's reduced gradient shard of every bucket (averaged over ranks)."""

@@ -42,13 +42,13 @@ class UnusedCheck:
     """Whether each rank left a parameter unused in a window (1 or 0 per rank), being summed over the DP group."""
 
     def __init__(self, engine, unused: list[int]):
-        """Stage 0: the flags rode in the last gradient bucket's all-reduce (``GradBucketGroup.full.tail``; the
+        """Stage 0: the flags rode in the last gradient bucket's all-reduce (``GradBucketGroup.unused_flags``; the
         bucket group has waited for it). Else starts their own all-reduce (asynchronous; collectives of one group
         run in launch order)."""
-        group, full = engine.group, engine.grads.full
+        group, riding = engine.group, engine.grads.unused_flags
         self.unused, self.work = unused, None
-        if full is not None and full.tail.numel():
-            self.flags = full.tail
+        if riding is not None:
+            self.flags = riding
             return
         self.flags = torch.zeros(group.size, dtype=torch.int64, device=engine.device)
         self.flags[group.rank] = int(bool(unused))

@@ -215,19 +215,23 @@ def _same_rounds(xs: list[float | None], refs: list[float | None]) -> list[tuple
     return [(x, r) for x, r in zip(xs, refs) if x is not None and r]
 
 
+def _round_ratios(zb: dict, peer: dict) -> list[float]:
+    """zerobench's step time / the peer's in every round both were timed in (side by side)."""
+    return [x / r for x, r in _same_rounds(zb.get("round_step_time_s", []), peer.get("round_step_time_s", []))]
+
+
 def _time_ratio(zb: dict, peer: dict) -> float:
     """zerobench's step time / the peer's: the median over rounds of the two times taken in the same round
     (side by side, as every comparison here); records without per-round times go through torch-ddp."""
-    if pairs := _same_rounds(zb.get("round_step_time_s", []), peer.get("round_step_time_s", [])):
-        return median_ratio(*zip(*pairs))
+    if ratios := _round_ratios(zb, peer):
+        return statistics.median(ratios)
     return zb["time_vs_torch_ddp"] / peer["time_vs_torch_ddp"]
 
 
 def _time_noise(zb: dict, peer: dict) -> float:
     """Two standard errors of ``_time_ratio`` from the spread of its per-round ratios (infinite with fewer than two
     rounds side by side): a bar nearer the ratio than this is not decided by these rounds."""
-    pairs = _same_rounds(zb.get("round_step_time_s", []), peer.get("round_step_time_s", []))
-    return 2 * median_standard_error([x / r for x, r in pairs])
+    return 2 * median_standard_error(_round_ratios(zb, peer))
 
 
 def bar(records: list[dict]) -> list[dict]:

@@ -97,7 +97,15 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
 
 
 @pytest.mark.parametrize("extra, words", [
-    ({"scheduler": {"type": "WarmupLR"}}, "holds no LR scheduler"),
+    ({"scheduler": {"type": "WarmupCosine"}}, "scheduler.type 'WarmupCosine': unknown"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}}}, "params for WarmupLR: unknown warmup_steps"),
+    ({"scheduler": {"type": "WarmupDecayLR", "params": {}}}, "params for WarmupDecayLR: missing total_num_steps"),
+    ({"scheduler": {"type": "StepLR", "params": {"gamma": 0.5}}}, "params for StepLR: missing step_size"),
+    ({"scheduler": {"type": "LambdaLR", "params": {}}}, "'LambdaLR' takes a function: build it in code"),
+    ({"scheduler": {"type": "ReduceLROnPlateau"}}, "steps on a metric"),
+    ({"scheduler": {"params": {"warmup_num_steps": 10}}}, "scheduler: give its type"),
+    ({"scheduler": {"type": "WarmupLR", "param": {}}}, "scheduler: unknown param"),
+    ({"scheduler": "WarmupLR"}, "scheduler: must be an object"),
     ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb'"),
     ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
     ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
@@ -152,3 +160,14 @@ def test_a_json_file_and_its_faults(tmp_path):
     listed.write_text("[1]")
     with pytest.raises(ConfigError, match="must hold a JSON object"):
         from_deepspeed(listed, dp=1)
+
+
+@pytest.mark.parametrize("section", [
+    {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_max_lr": 1e-3, "warmup_num_steps": 10}},
+    {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2}},
+    {"type": "CosineAnnealingLR", "params": {"T_max": 50}},  # not DeepSpeed's: torch.optim.lr_scheduler's, as DeepSpeed
+])
+def test_a_scheduler_section_is_read_as_its_type_and_arguments(section):
+    spec = from_deepspeed({**OK, "scheduler": section}, dp=2).scheduler
+    assert (spec.type, spec.params) == (section["type"], section["params"])
+    assert from_deepspeed(OK, dp=2).scheduler is None

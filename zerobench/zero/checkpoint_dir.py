@@ -5,7 +5,8 @@ and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpee
 moments, step count, loss scale, the param group's hyperparameters; any DP size can load it), plus, from the
 first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
 BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
-and ``client_state.pt`` (the caller's dict). ``save_dir/latest`` names the newest tag and is written after every rank has finished
+and ``client_state.pt`` (the caller's dict), and ``lr_scheduler.pt`` (``engine.lr_scheduler``'s state, where the engine
+has one). ``save_dir/latest`` names the newest tag and is written after every rank has finished
 its files, so it never points at a half-written checkpoint. Every file loads with ``weights_only=True``:
 ``client_state`` must hold tensors and plain Python data, which is checked when saving.
 """
@@ -27,6 +28,7 @@ from zerobench.config import ConfigError
 from zerobench.zero.state_dict import load_checkpoint, rank_dir, save_checkpoint
 
 LATEST = "latest"
+SCHEDULER = "lr_scheduler.pt"
 FROZEN = "frozen.json"
 """Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
 
@@ -54,16 +56,16 @@ def _extras(engine, frozen: bool = True) -> dict[str, torch.Tensor]:
     return {k: t for k, t in state_entries(engine.module, trained, frozen) if id(t) not in trained}
 
 
-def _plain(client_state: dict) -> bytes:
-    """``client_state`` serialised, or one line saying why it would not load back with ``weights_only=True``."""
+def _plain(state: dict, what: str = "client_state") -> bytes:
+    """``state`` serialised, or one line saying why it would not load back with ``weights_only=True``."""
     buf = io.BytesIO()
     try:
-        torch.save(client_state, buf)
+        torch.save(state, buf)
         torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
     except (pickle.PickleError, TypeError, AttributeError) as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
         first = next((ln for ln in lines if "Unsupported global" in ln), lines[0])
-        raise ConfigError(f"client_state must hold only tensors and plain Python data (checkpoints load with "
+        raise ConfigError(f"{what} must hold only tensors and plain Python data (checkpoints load with "
                           f"weights_only=True): {first}") from None
     return buf.getvalue()
 
@@ -88,6 +90,7 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
     if not tag or "/" in tag or tag in (".", ".."):
         raise ConfigError(f"checkpoint tag {tag!r} must be one directory name (no '/')")
     blob = _plain(dict(client_state or {}))
+    sched = None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     path = Path(save_dir) / tag
     save_checkpoint(engine, path)
     first_tp = engine.tp_group is None or engine.tp_group.rank == 0
@@ -98,6 +101,8 @@ def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, cli
                                                                        if isinstance(t, nn.Parameter))))
         if first_tp:
             (path / "client_state.pt").write_bytes(blob)
+            if sched is not None:
+                (path / SCHEDULER).write_bytes(sched)
     _barrier(engine)
     if save_latest and _first(engine) and first_tp:
         tmp = Path(save_dir) / f".{LATEST}.tmp"
@@ -129,10 +134,9 @@ def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None, loa
     state). With no tag given and no ``latest``, warns and returns (None, None), as DeepSpeed does. DeepSpeed's
     options: ``load_optimizer_states=False`` loads the weights and the counters, and keeps this engine's moments,
     step count, loss scale and learning rates; ``load_module_only=True`` loads the weights alone;
-    ``load_module_strict=False`` skips the buffers and frozen parameters that the checkpoint or the model lacks.
-    ``load_lr_scheduler_states`` is accepted for DeepSpeed's callers: the engine holds no scheduler (keep its
-    ``state_dict()`` in the client state)."""
-    del load_lr_scheduler_states
+    ``load_module_strict=False`` skips the buffers and frozen parameters that the checkpoint or the model lacks;
+    ``load_lr_scheduler_states=False`` leaves ``engine.lr_scheduler`` where it is (it loads otherwise, unless
+    ``load_module_only``; a checkpoint saved without one warns that the schedule starts from its beginning)."""
     path = tagged_path(load_dir, tag)
     if path is None:
         warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)
@@ -141,6 +145,8 @@ def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None, loa
     if not load_module_only:
         engine.global_steps = counters["global_steps"]
     _load_extras(engine, path, load_module_strict)
+    if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
+        _load_scheduler(engine.lr_scheduler, path)
     client = torch.load(path / "client_state.pt", map_location="cpu", weights_only=True)
     return str(path), client
 
@@ -161,3 +167,12 @@ def _load_extras(engine, path: Path, strict: bool) -> None:
                              f"{tuple(target.shape)}")
         if target is not None:
             target.copy_(value)
+
+
+def _load_scheduler(scheduler, path: Path) -> None:
+    """The saved schedule state into ``scheduler``; a checkpoint without one warns (DeepSpeed's would fail)."""
+    if not (path / SCHEDULER).exists():
+        warnings.warn(f"checkpoint {path} holds no learning-rate scheduler state (saved by an engine without one): "
+                      "the scheduler starts from its beginning", stacklevel=4)
+        return
+    scheduler.load_state_dict(torch.load(path / SCHEDULER, map_location="cpu", weights_only=True))

@@ -7,11 +7,11 @@ What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_
 ``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16`` (dynamic
 loss scaling: ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``), an
 ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9, 0.999), weight
-decay 0) and ``gradient_clipping``. Keys that only tune DeepSpeed's own buffers, logging or profilers are
+decay 0), ``gradient_clipping`` and a ``scheduler`` (DeepSpeed's five schedules or a ``torch.optim.lr_scheduler``
+class, checked by ``zero/ds_scheduler.py``). Keys that only tune DeepSpeed's own buffers, logging or profilers are
 read and listed in ``DeepSpeedConfig.ignored``. A key that would train something zerobench does not (another
-optimizer, a scheduler or activation checkpointing in the config, a static loss scale, 16-bit master
-weights) is refused in one line naming it, and so is an unknown key: a typo must not train silently with a
-default.
+optimizer, activation checkpointing in the config, a static loss scale, 16-bit master weights) is refused in one
+line naming it, and so is an unknown key: a typo must not train silently with a default.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
+from zerobench.zero.ds_scheduler import SchedulerSpec, parse
 
 _NO_EFFECT = {"steps_per_print", "wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
               "csv_monitor", "comet", "comms_logger", "memory_breakdown", "zero_allow_untested_optimizer",
@@ -29,8 +30,6 @@ _NO_EFFECT = {"steps_per_print", "wall_clock_breakdown", "dump_state", "flops_pr
 """Top-level keys without effect on training here: logging and profilers, and ``activation_checkpointing``, which
 configures only ``deepspeed.checkpointing`` (apply zerobench.parallel's ``apply_activation_checkpointing``)."""
 _REFUSED = {
-    "scheduler": "zerobench's engine holds no LR scheduler: drop 'scheduler' and pass initialize(lr_scheduler=fn), "
-                 "fn(optimizer) -> a torch.optim.lr_scheduler, or step one on the returned optimizer",
     "amp": "NVIDIA Apex AMP is not used: give 'bf16' or 'fp16'",
     "pipeline": "zerobench has no pipeline parallelism",
     "sparse_attention": "zerobench has no sparse attention",
@@ -66,6 +65,8 @@ class DeepSpeedConfig:
     """``dataloader_drop_last``: the training loader leaves out a last, partial micro-batch."""
     ignored: tuple[str, ...] = ()
     """Keys read that change nothing here (DeepSpeed's own buffer sizes, logging, profilers), as dotted paths."""
+    scheduler: SchedulerSpec | None = None
+    """``scheduler``: the learning-rate schedule ``initialize`` builds on the engine's optimizer (None: none)."""
 
 
 def load(config) -> dict:
@@ -246,7 +247,8 @@ def _optimizer(cfg: dict) -> AdamWConfig:
 def _check_top(cfg: dict, ignored: list[str]) -> None:
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
              "bf16", "bfloat16", "fp16", "optimizer", "gradient_clipping", "prescale_gradients",
-             "gradient_predivide_factor", "communication_data_type", "sparse_gradients", "dataloader_drop_last"}
+             "gradient_predivide_factor", "communication_data_type", "sparse_gradients", "dataloader_drop_last",
+             "scheduler"}
     for k, v in cfg.items():
         if k in _REFUSED and v not in (None, {}, False) and not (isinstance(v, dict) and v.get("enabled") is False):
             raise ConfigError(f"DeepSpeed config {k}: {_REFUSED[k]}")
@@ -273,4 +275,5 @@ def from_deepspeed(config, dp: int) -> DeepSpeedConfig:
     zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=None if clip is None else float(clip),
                       optimizer=_optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
     zero.validate()
-    return DeepSpeedConfig(zero, micro, train, bool(cfg.get("dataloader_drop_last", False)), tuple(ignored))
+    return DeepSpeedConfig(zero, micro, train, bool(cfg.get("dataloader_drop_last", False)), tuple(ignored),
+                           parse(cfg.get("scheduler")))

@@ -29,6 +29,7 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.zero.ds_config import DeepSpeedConfig, from_deepspeed
+from zerobench.zero.ds_scheduler import attach, build
 
 
 def _init_distributed() -> torch.device:
@@ -60,9 +61,11 @@ def initialize(model: nn.Module, config=None, model_parameters=None, *, optimize
     DeepSpeed's older name) says; returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
 
     ``optimizer``: not taken; the engine builds AdamW from the config's ``optimizer`` (a client optimizer is one
-    line). ``lr_scheduler``: None, or a callable ``fn(optimizer)`` returning a scheduler over the engine's
-    optimizer, as DeepSpeed accepts (an already built scheduler is bound to another optimizer: one line); as
-    DeepSpeed's, it is stepped after every optimizer step that was applied (do not step it yourself).
+    line). ``lr_scheduler``: None (the config's ``scheduler`` section, if any), or a callable ``fn(optimizer)``
+    returning a scheduler over the engine's optimizer, as DeepSpeed accepts, which takes precedence over the config's
+    (an already built scheduler is bound to another optimizer: one line). As DeepSpeed's, either is
+    ``engine.lr_scheduler``: stepped after every optimizer step that was applied (do not step it yourself), its
+    state saved and loaded with the engine's checkpoints.
     ``training_data``: a dataset, returned as a loader of micro-batches of this rank's share (else None).
     ``units``: stage 3's gather units (``apply_zero``'s)."""
     from zerobench.zero.api import apply_zero
@@ -86,8 +89,10 @@ def initialize(model: nn.Module, config=None, model_parameters=None, *, optimize
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups)
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     scheduler = None
-    if lr_scheduler is not None:  # stepped by the engine after every applied optimizer step, as DeepSpeed does
+    if lr_scheduler is not None:  # the caller's first, as DeepSpeed's; else the config's
         scheduler = lr_scheduler(engine.optimizer)
-        opt = engine.optimizer
-        opt.register_step_post_hook(lambda *_: scheduler.step() if opt.applied else None)
+    elif cfg.scheduler is not None:
+        scheduler = build(cfg.scheduler, engine.optimizer)
+    if scheduler is not None:
+        attach(engine, scheduler)  # stepped after every applied optimizer step; checkpoints hold its state
     return engine, engine.optimizer, loader, scheduler

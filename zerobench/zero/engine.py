@@ -110,6 +110,7 @@ class ZeroEngine:
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
+        self.lr_scheduler = None  # DeepSpeed's: set by initialize() (zero/ds_scheduler.py); checkpoints hold its state
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
@@ -192,8 +193,7 @@ class ZeroEngine:
         return self.optimizer.applied
 
     # -- DeepSpeed's engine surface: its queries, ``engine(batch)``, ``train()``/``eval()`` and files (counters:
-    # ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps; ``dp_world_size``, ``mp_world_size``,
-    # ``global_rank`` and ``world_size`` are set at construction)
+    # ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps; the rest are set at construction)
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 

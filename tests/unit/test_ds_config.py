@@ -10,6 +10,7 @@ import pytest
 from zerobench.config import ConfigError
 from zerobench.zero.config import Precision
 from zerobench.zero.ds_config import batch_sizes, from_deepspeed
+from zerobench.zero.loss_scale import DynamicLossScaler
 
 ZERO2_BF16 = {
     "train_batch_size": 64,
@@ -55,6 +56,18 @@ def test_fp16_loss_scaling():
     ls = z.loss_scale
     assert (z.precision, ls.init_scale, ls.growth_interval, ls.hysteresis, ls.min_scale) == (Precision.FP16, 4096.0,
                                                                                              500, 2, 1.0)
+
+
+def test_a_static_fp16_loss_scale_skips_overflowing_steps_and_never_moves():
+    """DeepSpeed's ``fp16.loss_scale`` > 0: a fixed scale. Its ZeRO optimizers still skip an overflowing step."""
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"},
+           "fp16": {"enabled": True, "loss_scale": 128, "initial_scale_power": 12, "hysteresis": 2}}
+    ds = from_deepspeed(cfg, dp=1)
+    assert ds.zero.loss_scale.init_scale == 128.0 and set(ds.ignored) == {"fp16.initial_scale_power", "fp16.hysteresis"}
+    scaler = DynamicLossScaler(ds.zero.loss_scale, enabled=True)
+    for overflow in [True, False, True, True] + [False] * 2000:
+        scaler.update(overflow)
+    assert (scaler.scale, scaler.skipped_steps) == (128.0, 3)
 
 
 def test_offload():
@@ -110,7 +123,8 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
     ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
     ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
     ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a number"),
-    ({"fp16": {"enabled": True, "loss_scale": 128}}, "a static loss scale is not supported"),
+    ({"fp16": {"enabled": True, "loss_scale": -1}}, "give 0 (dynamic) or a positive static scale"),
+    ({"fp16": {"enabled": True, "loss_scale": "dynamic"}}, "fp16.loss_scale: must be a number"),
     ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enables both bf16 and fp16"),
     ({"zero_optimization": {"stage": 4}}, "unknown ZeRO stage 4"),
     ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "quantized weight communication"),

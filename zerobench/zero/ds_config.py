@@ -5,13 +5,13 @@ What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_
 ``gradient_accumulation_steps`` x DP ranks; any two, or either size alone, as DeepSpeed resolves it),
 ``zero_optimization`` (stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and parameter offload,
 ``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16`` (dynamic
-loss scaling: ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``), an
-``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9, 0.999), weight
-decay 0), ``gradient_clipping`` and a ``scheduler`` (DeepSpeed's five schedules or a ``torch.optim.lr_scheduler``
-class, checked by ``zero/ds_scheduler.py``). Keys that only tune DeepSpeed's own buffers, logging or profilers are
-read and listed in ``DeepSpeedConfig.ignored``. A key that would train something zerobench does not (another
-optimizer, activation checkpointing in the config, a static loss scale, 16-bit master weights) is refused in one
-line naming it, and so is an unknown key: a typo must not train silently with a default.
+loss scaling: ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``; or a static
+``loss_scale``), an ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9,
+0.999), weight decay 0), ``gradient_clipping`` and a ``scheduler`` (DeepSpeed's five schedules or a
+``torch.optim.lr_scheduler`` class, checked by ``zero/ds_scheduler.py``). Keys that only tune DeepSpeed's own
+buffers, logging or profilers are read and listed in ``DeepSpeedConfig.ignored``. A key that would train something
+zerobench does not (another optimizer, activation checkpointing in the config, 16-bit master weights) is refused in
+one line naming it, and so is an unknown key: a typo must not train silently with a default.
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ _OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_si
                  "pipeline", "pipeline_read", "pipeline_write"}
 _FP16_KEYS = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
               "min_loss_scale", "fp16_master_weights_and_grads", "auto_cast"}
+_DYNAMIC_KEYS = {"initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"}
+"""fp16 keys that tune only the dynamic scale (read and ignored under a static ``loss_scale``)."""
 _BF16_KEYS = {"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
               "bf16_optimizer_states"}
 
@@ -207,13 +209,16 @@ def _precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfi
     if not fp16.get("enabled"):
         ignored += [f"bf16.{k}" for k in bf16 if k != "enabled"]
         return (Precision.BF16 if bf16.get("enabled") else Precision.FP32), LossScaleConfig()
-    if fp16.get("loss_scale", 0):
-        raise ConfigError(f"DeepSpeed config fp16.loss_scale {fp16['loss_scale']}: a static loss scale is not "
-                          "supported; give 0 (dynamic; initial_scale_power sets where it starts)")
+    static = _num(fp16, "loss_scale", 0, float, "fp16")
+    if static < 0:
+        raise ConfigError(f"DeepSpeed config fp16.loss_scale {static}: give 0 (dynamic) or a positive static scale")
     for k in ("fp16_master_weights_and_grads", "consecutive_hysteresis"):
         if fp16.get(k):
             raise ConfigError(f"DeepSpeed config fp16.{k}: not supported (zerobench keeps fp32 master weights and "
                               "restores hysteresis when the scale grows)")
+    if static:  # as DeepSpeed's ZeRO optimizers: an overflowing step is still skipped; the scale never moves
+        ignored += [f"fp16.{k}" for k in fp16 if k in _DYNAMIC_KEYS | {"auto_cast"}]
+        return Precision.FP16, LossScaleConfig(init_scale=static, growth_factor=1.0, backoff_factor=1.0)
     ignored += [f"fp16.{k}" for k in fp16 if k == "auto_cast"]
     return Precision.FP16, LossScaleConfig(
         init_scale=2.0 ** _num(fp16, "initial_scale_power", 16, int, "fp16"),

@@ -61,7 +61,14 @@ def _config_schedule(opt):
     return DEEPSPEED[SCHEDULER["type"]](opt, **SCHEDULER["params"])
 
 
-def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False, from_config: bool = False):
+def _client_adamw(params):
+    return torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.99), weight_decay=WD)
+
+
+def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False, source: str = "callable"):
+    """``source`` of the optimizer and scheduler: ``callable`` (the config's optimizer, ``lr_scheduler=fn``),
+    ``config`` (the config's optimizer and scheduler), ``client`` (a built AdamW and a scheduler built on it, as
+    Hugging Face Accelerate hands them; no optimizer section), ``client_fn`` (``optimizer=fn(params)``)."""
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -69,9 +76,14 @@ def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False, from_
 
     model = _model()
     group = init_device_mesh("cpu", (world,)) if mesh else None
-    engine, optimizer, loader, scheduler = initialize(model, config=_config(stage, from_config),
-                                                      model_parameters=model.parameters(), training_data=_data(),
-                                                      lr_scheduler=None if from_config else _schedule, dp_group=group)
+    config, client, sched = _config(stage, source == "config"), None, None if source == "config" else _schedule
+    if source.startswith("client"):
+        del config["optimizer"]
+        client = _client_adamw(model.parameters()) if source == "client" else _client_adamw
+        sched = _schedule(client) if source == "client" else _schedule
+    engine, optimizer, loader, scheduler = initialize(model, config=config, model_parameters=model.parameters(),
+                                                      optimizer=client, training_data=_data(), lr_scheduler=sched,
+                                                      dp_group=group)
     assert optimizer is engine.optimizer and scheduler.optimizer is optimizer and engine.lr_scheduler is scheduler
     for x, y in loader:
         loss = F.mse_loss(engine(x), y)
@@ -104,14 +116,15 @@ def _reference(schedule=_schedule):
     return [p.detach() for p in model.parameters()], k + 1, sched.get_last_lr()
 
 
-@pytest.mark.parametrize("stage, mesh, from_config", [(0, False, False), (1, False, False), (2, False, False),
-                                                       (3, False, False), (3, True, False), (1, False, True),
-                                                       (3, False, True)])
-def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh, from_config):
-    """``mesh``: the DP group given as a 1-D DeviceMesh, as apply_zero takes it. ``from_config``: the scheduler is
-    the config's ``scheduler`` section (DeepSpeed's WarmupDecayLR) instead of the caller's callable."""
-    ref, steps, lr = _reference(_config_schedule if from_config else _schedule)
-    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, mesh, from_config,
+@pytest.mark.parametrize("stage, mesh, source", [(0, False, "callable"), (1, False, "callable"), (2, False, "callable"),
+                                                  (3, False, "callable"), (3, True, "callable"), (1, False, "config"),
+                                                  (3, False, "config"), (0, False, "client"), (3, False, "client"),
+                                                  (2, False, "client_fn")])
+def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh, source):
+    """``mesh``: the DP group given as a 1-D DeviceMesh, as apply_zero takes it. ``source``: where the optimizer
+    and the scheduler come from (``_deepspeed_loop``); the config's is DeepSpeed's WarmupDecayLR."""
+    ref, steps, lr = _reference(_config_schedule if source == "config" else _schedule)
+    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, mesh, source,
                                                               timeout=180):
         assert batches == SAMPLES // WORLD // MICRO and got_steps == steps == 4
         assert got_lr == pytest.approx(lr)  # the scheduler was stepped once per optimizer step
@@ -138,23 +151,76 @@ def test_a_plain_python_process_is_a_world_of_one():
     assert r.stdout.split() == ["1", "1", "2"]
 
 
+CLIENT_SCRIPT = """
+import torch
+from zerobench.zero import initialize
+model = torch.nn.Linear(4, 1)
+client = torch.optim.AdamW(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.LambdaLR(client, lambda s: 1 / (1 + s))
+engine, opt, _, got = initialize(model, config={"train_batch_size": 2, "zero_optimization": {"stage": 2}},
+                                 optimizer=client, lr_scheduler=sched)
+for _ in range(3):
+    engine.backward(engine(torch.ones(2, 4)).sum())
+    engine.step()
+print(got is sched, opt is engine.optimizer, engine.get_lr()[0], sched.get_last_lr()[0])
+"""
+
+
+def test_a_scheduler_built_on_the_client_optimizer_moves_the_engines_without_a_warning():
+    """Rebound to the engine's optimizer, torch's scheduler sees its step-order check pass: no UserWarning (an
+    error here) that ``optimizer.step()`` was overridden or not called first."""
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM")}
+    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", CLIENT_SCRIPT], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True", "0.025", "0.025"]  # 0.1 / (1 + 3) after three steps
+
+
 @pytest.mark.parametrize("kwargs, words", [
-    ({"optimizer": "client"}, "a client optimizer is not taken"),
-    ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer)"),
+    ({"optimizer": "sgd"}, "a client SGD cannot be taken: the ZeRO engine's update is AdamW's"),
+    ({"optimizer": "adam_l2"}, "adds weight_decay 0.1 to the gradient (L2)"),
+    ({"optimizer": "stepped"}, "the client optimizer has already stepped"),
+    ({"optimizer": "sgd_fn"}, "a client SGD cannot be taken"),
+    ({"optimizer": 3}, "optimizer= must be a torch.optim.AdamW or a callable"),
+    ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the"),
+    ({"optimizer": "adamw", "lr_scheduler": "built"}, "or one built on the optimizer passed as optimizer="),
     ({"config": None}, "give config="),
 ])
 def test_what_initialize_does_not_take_is_one_line(kwargs, words):
+    """Each is refused before any process group is touched."""
     from zerobench.config import ConfigError
     from zerobench.zero import initialize
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stepped = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    stepped.step()
+    model.zero_grad()
+    clients = {"sgd": opt, "adam_l2": torch.optim.Adam(model.parameters(), weight_decay=0.1), "stepped": stepped,
+               "sgd_fn": lambda ps: torch.optim.SGD(ps, lr=0.1), "adamw": torch.optim.AdamW(model.parameters()),
+               "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)}
     given = {"config": _config(2)}
-    given.update({k: {"client": opt, "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)}.get(v, v)
-                  for k, v in kwargs.items()})
+    given.update({k: clients.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()})
     with pytest.raises(ConfigError) as e:
         initialize(model, **given)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_client_adam_without_weight_decay_is_adamws_groups():
+    """A plain ``torch.optim.Adam`` with no weight decay is AdamW's update; its groups keep their hyperparameters."""
+    from zerobench.zero.ds_client import client_groups
+
+    model = _model()
+    first, second = list(model.parameters())[:2], list(model.parameters())[2:]
+    client = torch.optim.Adam([{"params": first, "lr": 0.5}, {"params": second}], lr=0.25, betas=(0.8, 0.9),
+                              fused=False)
+    got, groups = client_groups(client, model, None)
+    assert got is client and [g["params"] for g in groups] == [first, second]
+    assert [(g["lr"], g["betas"], g["weight_decay"], g["decoupled_weight_decay"]) for g in groups] == [
+        (0.5, (0.8, 0.9), 0, True), (0.25, (0.8, 0.9), 0, True)]
+    assert not any(k in g for g in groups for k in ("fused", "foreach", "capturable", "differentiable"))
 
 
 def _resume(rank: int, world: int, stage: int, root: str):

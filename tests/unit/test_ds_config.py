@@ -185,3 +185,12 @@ def test_a_scheduler_section_is_read_as_its_type_and_arguments(section):
     spec = from_deepspeed({**OK, "scheduler": section}, dp=2).scheduler
     assert (spec.type, spec.params) == (section["type"], section["params"])
     assert from_deepspeed(OK, dp=2).scheduler is None
+
+
+def test_with_a_client_optimizer_the_optimizer_section_is_optional_and_ignored():
+    """``initialize(optimizer=...)``: the client's groups carry the hyperparameters, as DeepSpeed lets them."""
+    assert from_deepspeed({"train_batch_size": 2}, dp=1, client_optimizer=True).ignored == ()
+    ds = from_deepspeed({"train_batch_size": 2, "optimizer": {"type": "Lamb"}}, dp=1, client_optimizer=True)
+    assert ds.ignored == ("optimizer",)
+    with pytest.raises(ConfigError, match=r"optimizer\.type None"):
+        from_deepspeed({"train_batch_size": 2}, dp=1)

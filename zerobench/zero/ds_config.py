@@ -269,16 +269,18 @@ def _check_top(cfg: dict, ignored: list[str]) -> None:
     ignored += sorted(k for k in cfg if k in _NO_EFFECT)
 
 
-def from_deepspeed(config, dp: int) -> DeepSpeedConfig:
-    """``config`` (a dict or a JSON file's path) for ``dp`` data-parallel ranks, as zerobench's configs."""
+def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeedConfig:
+    """``config`` (a dict or a JSON file's path) for ``dp`` data-parallel ranks, as zerobench's configs. With a
+    ``client_optimizer`` (``initialize(optimizer=...)``) its groups carry the hyperparameters: the config's
+    ``optimizer`` section, if any, is listed as ignored, as DeepSpeed lets the client's take precedence."""
     cfg = load(config)
-    ignored: list[str] = []
+    ignored: list[str] = ["optimizer"] if client_optimizer and "optimizer" in cfg else []
     _check_top(cfg, ignored)
     micro, gas, train = batch_sizes(cfg, dp)
     precision, loss_scale = _precision(cfg, ignored)
     clip = _num(cfg, "gradient_clipping", 0.0, float, "") or None
     zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=None if clip is None else float(clip),
-                      optimizer=_optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
+                      optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
     zero.validate()
     return DeepSpeedConfig(zero, micro, train, bool(cfg.get("dataloader_drop_last", False)), tuple(ignored),
                            parse(cfg.get("scheduler")))

@@ -28,6 +28,7 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
+from zerobench.zero.ds_client import client_groups, rebind
 from zerobench.zero.ds_config import DeepSpeedConfig, from_deepspeed
 from zerobench.zero.ds_scheduler import attach, build
 
@@ -60,10 +61,12 @@ def initialize(model: nn.Module, config=None, model_parameters=None, *, optimize
     """Apply ZeRO to ``model`` as the DeepSpeed ``config`` (a dict or a JSON file's path; ``config_params`` is
     DeepSpeed's older name) says; returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
 
-    ``optimizer``: not taken; the engine builds AdamW from the config's ``optimizer`` (a client optimizer is one
-    line). ``lr_scheduler``: None (the config's ``scheduler`` section, if any), or a callable ``fn(optimizer)``
-    returning a scheduler over the engine's optimizer, as DeepSpeed accepts, which takes precedence over the config's
-    (an already built scheduler is bound to another optimizer: one line). As DeepSpeed's, either is
+    ``optimizer``: None (the engine builds AdamW from the config's ``optimizer`` section), or the client's: a fresh
+    ``torch.optim.AdamW`` or a callable building one from ``model_parameters``, whose param groups the engine trains
+    (``zero/ds_client.py``; the returned optimizer is the engine's). ``lr_scheduler``: None (the config's
+    ``scheduler`` section, if any), a callable ``fn(optimizer)`` returning a scheduler over the engine's optimizer,
+    or a scheduler built on the client optimizer (rebound to the engine's); the caller's takes precedence over the
+    config's, as DeepSpeed's. As DeepSpeed's, either is
     ``engine.lr_scheduler``: stepped after every optimizer step that was applied (do not step it yourself), its
     state saved and loaded with the engine's checkpoints.
     ``training_data``: a dataset, returned as a loader of micro-batches of this rank's share (else None).
@@ -74,22 +77,23 @@ def initialize(model: nn.Module, config=None, model_parameters=None, *, optimize
         config = config_params
     if config is None:
         raise ConfigError("initialize: give config= (a DeepSpeed config dict or a JSON file's path)")
+    client, groups = None, None if model_parameters is None else list(model_parameters)
     if optimizer is not None:
-        raise ConfigError("initialize: a client optimizer is not taken; zerobench's engine builds AdamW from the "
-                          "config's 'optimizer' section (remove optimizer=)")
-    if lr_scheduler is not None and (not callable(lr_scheduler) or hasattr(lr_scheduler, "step")):
-        raise ConfigError("initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler (one built on "
-                          "another optimizer would not move the engine's learning rate)")
+        client, groups = client_groups(optimizer, model, groups)
+    built = lr_scheduler is not None and hasattr(lr_scheduler, "step")
+    if lr_scheduler is not None and (built or not callable(lr_scheduler)):
+        rebind(lr_scheduler, client, client)  # checks it is bound to the client optimizer, before any collective
     device = _init_distributed()
     group = Group.coerce(dp_group, "dp", "initialize's dp_group")
-    cfg = from_deepspeed(config, group.size)
+    cfg = from_deepspeed(config, group.size, client_optimizer=client is not None)
     if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
         model.to(device)
-    groups = None if model_parameters is None else list(model_parameters)
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups)
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     scheduler = None
-    if lr_scheduler is not None:  # the caller's first, as DeepSpeed's; else the config's
+    if built:
+        scheduler = rebind(lr_scheduler, client, engine.optimizer)
+    elif lr_scheduler is not None:  # the caller's first, as DeepSpeed's; else the config's
         scheduler = lr_scheduler(engine.optimizer)
     elif cfg.scheduler is not None:
         scheduler = build(cfg.scheduler, engine.optimizer)

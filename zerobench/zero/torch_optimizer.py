@@ -69,6 +69,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one. Driven by a
         GradScaler (``zero/amp.py``) it is skipped on an overflow, and folds the scaler's 1/scale into its own."""
+        self._opt_called = True  # what torch's schedulers check before their first step (see ``_wrapped_by_lr_sched``)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -80,6 +81,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._engine._clip *= unscale  # the step multiplies the gradients by _clip / loss scale
         self.applied = self._engine._optimizer_step(self.hyper())
         return loss
+
+    step._wrapped_by_lr_sched = True
+    """``step`` records its calls itself, as torch's schedulers wrap an optimizer's ``step`` to: a scheduler rebound
+    to this optimizer (``zero/ds_client.py``) checks the order of its first step against it without a false warning."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``engine.zero_grad(set_to_none)``: stages 0-1 set ``.grad`` to None or zero it, as ``torch.optim``."""

@@ -1,0 +1,61 @@
+"""A client optimizer and scheduler handed to ``zerobench.zero.initialize``, as DeepSpeed's callers hand them
+(Hugging Face Accelerate among them: ``initialize(model, optimizer=AdamW(...), lr_scheduler=get_scheduler(...))``).
+
+``optimizer=`` is a fresh ``torch.optim.AdamW``, or an ``Adam`` without weight decay (the same update), or a
+callable building one from ``model_parameters``. Its param groups, with every hyperparameter, become the engine's
+(``apply_zero(param_groups=...)``); the engine's own optimizer takes its place, as DeepSpeed's ZeRO optimizer wraps
+the client's. ``lr_scheduler=`` may then be a scheduler already built on that client optimizer: it is rebound to
+the engine's optimizer, whose groups start from the rates the scheduler has written. Anything else is one line:
+another optimizer class (the engine's update is AdamW's), an Adam whose weight decay is added to the gradient, a
+client optimizer that has already stepped (the engine's moments start at zero), a scheduler built on another
+optimizer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zerobench.config import ConfigError
+
+_HOW_TORCH_RUNS_IT = {"foreach", "capturable", "differentiable", "fused"}
+"""torch.optim group keys that choose an implementation, not the update: dropped."""
+
+
+def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.optim.Optimizer, list[dict]]:
+    """(the client optimizer, built if a callable; its param groups as the engine takes them)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if not callable(optimizer):
+            raise ConfigError(f"initialize: optimizer= must be a torch.optim.AdamW or a callable fn(params) returning "
+                              f"one, not {type(optimizer).__name__}")
+        params = list(model_parameters) if model_parameters is not None else \
+            [p for p in model.parameters() if p.requires_grad]
+        optimizer = optimizer(params)
+    if not isinstance(optimizer, torch.optim.Adam):  # torch.optim.AdamW is an Adam
+        raise ConfigError(f"initialize: a client {type(optimizer).__name__} cannot be taken: the ZeRO engine's update "
+                          "is AdamW's; pass a torch.optim.AdamW, or give the config an 'optimizer' section")
+    if optimizer.state:
+        raise ConfigError("initialize: the client optimizer has already stepped (it holds state) and the engine's "
+                          "moments start at zero: pass a fresh one, and load a checkpoint to resume")
+    groups = []
+    for i, group in enumerate(optimizer.param_groups):
+        g = {k: v for k, v in group.items() if k not in _HOW_TORCH_RUNS_IT}
+        if not (isinstance(optimizer, torch.optim.AdamW) or g.get("decoupled_weight_decay", False)):
+            if g["weight_decay"]:
+                raise ConfigError(f"initialize: the client Adam's param_groups[{i}] adds weight_decay "
+                                  f"{g['weight_decay']} to the gradient (L2), and the engine's AdamW decays the weights "
+                                  "instead: pass torch.optim.AdamW")
+            g["decoupled_weight_decay"] = True  # without weight decay the two are one update
+        groups.append(g)
+    return optimizer, groups
+
+
+def rebind(scheduler, client: torch.optim.Optimizer | None, engine_optimizer: torch.optim.Optimizer):
+    """``scheduler`` (built on ``client``) now moves ``engine_optimizer``'s learning rates; returns it."""
+    bound = getattr(scheduler, "optimizer", None)
+    if client is None or bound is not client:
+        raise ConfigError("initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the "
+                          "optimizer passed as optimizer= (one built on another optimizer would not move the engine's "
+                          "learning rate)")
+    scheduler.optimizer = engine_optimizer
+    return scheduler

@@ -132,21 +132,32 @@ def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh
 
 
 SCRIPT = """
-import torch, torch.distributed as dist
+import argparse, json, sys, torch, torch.distributed as dist
 from zerobench.zero import initialize
 model = torch.nn.Linear(4, 1)
-engine, opt, _, _ = initialize(model, config={"train_batch_size": 2, "optimizer": {"type": "AdamW"},
-                                              "zero_optimization": {"stage": 2}})
+config = {"train_batch_size": 2, "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}
+if sys.argv[1] == "zerobench":  # zerobench's order
+    engine, opt, _, _ = initialize(model, config)
+elif sys.argv[1] == "args":  # DeepSpeed's tutorials: deepspeed.add_config_arguments(parser) -> args.deepspeed_config
+    open(sys.argv[2], "w").write(json.dumps(config))
+    args = argparse.Namespace(deepspeed=True, deepspeed_config=sys.argv[2], local_rank=-1)
+    engine, opt, _, _ = initialize(args=args, model=model, model_parameters=model.parameters())
+else:  # deepspeed.initialize's positional order: args, model, optimizer, model_parameters
+    engine, opt, _, _ = initialize(None, model, None, model.parameters(), config=config)
 engine.backward(engine(torch.ones(2, 4)).sum())
 engine.step()
 print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage())
 """
 
 
-def test_a_plain_python_process_is_a_world_of_one():
+@pytest.mark.parametrize("call", ["zerobench", "args", "deepspeed_positional"])
+def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
+    """And each way of calling it: zerobench's ``initialize(model, config)``, DeepSpeed's ``args.deepspeed_config``
+    and DeepSpeed's positional order."""
     env = {k: v for k, v in __import__("os").environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM")}
-    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, call, str(tmp_path / "ds.json")], capture_output=True, text=True,
+                       timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["1", "1", "2"]
 
@@ -186,6 +197,9 @@ def test_a_scheduler_built_on_the_client_optimizer_moves_the_engines_without_a_w
     ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the"),
     ({"optimizer": "adamw", "lr_scheduler": "built"}, "or one built on the optimizer passed as optimizer="),
     ({"config": None}, "give config="),
+    ({"mpu": object()}, "mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken"),
+    ({"args": "ds_args"}, "came both in args.deepspeed_config and as config="),
+    ({"dist_init_required": False}, "dist_init_required=False but no process group exists"),
 ])
 def test_what_initialize_does_not_take_is_one_line(kwargs, words):
     """Each is refused before any process group is touched."""
@@ -201,10 +215,11 @@ def test_what_initialize_does_not_take_is_one_line(kwargs, words):
     clients = {"sgd": opt, "adam_l2": torch.optim.Adam(model.parameters(), weight_decay=0.1), "stepped": stepped,
                "sgd_fn": lambda ps: torch.optim.SGD(ps, lr=0.1), "adamw": torch.optim.AdamW(model.parameters()),
                "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)}
+    clients["ds_args"] = __import__("argparse").Namespace(deepspeed_config="ds.json")
     given = {"config": _config(2)}
     given.update({k: clients.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()})
     with pytest.raises(ConfigError) as e:
-        initialize(model, **given)
+        initialize(model=model, **given)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 

@@ -22,6 +22,8 @@ model on the CPU goes to this rank's GPU where there is one, as DeepSpeed moves 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -56,10 +58,31 @@ def _loader(data, cfg: DeepSpeedConfig, group: Group, collate_fn):
     return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=cfg.drop_last)
 
 
-def initialize(model: nn.Module, config=None, model_parameters=None, *, optimizer=None, lr_scheduler=None,
-               training_data=None, collate_fn=None, config_params=None, dp_group=None, units=None):
+def _config_of(args, model, config):
+    """(model, config) from DeepSpeed's arguments: ``args.deepspeed_config`` (``deepspeed.add_config_arguments``'
+    flag) or ``config``; zerobench's own order ``initialize(model, config)`` is read too."""
+    if isinstance(args, nn.Module):  # initialize(model) or initialize(model, config)
+        args, model, second = None, args, model
+        if second is not None and not isinstance(second, (dict, str, Path)):
+            raise ConfigError(f"initialize(model, config): the second argument is a {type(second).__name__}, not a "
+                              "DeepSpeed config (a dict or a JSON file's path)")
+        if second is not None and config is not None:
+            raise ConfigError("initialize: the config came twice (as the second argument and as config=): give one")
+        config = second if second is not None else config
+    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if from_args is not None and config is not None:
+        raise ConfigError("initialize: a DeepSpeed config came both in args.deepspeed_config and as config=: give one")
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"initialize: model= must be a torch.nn.Module, not {type(model).__name__}")
+    return model, config if config is not None else from_args
+
+
+def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
+               config=None, mesh_param=None, config_params=None, *, dp_group=None, units=None):
     """Apply ZeRO to ``model`` as the DeepSpeed ``config`` (a dict or a JSON file's path; ``config_params`` is
-    DeepSpeed's older name) says; returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+    DeepSpeed's older name; or ``args.deepspeed_config``) says; returns ``(engine, optimizer, training_dataloader,
+    lr_scheduler)``. The arguments are ``deepspeed.initialize``'s, in its order.
 
     ``optimizer``: None (the engine builds AdamW from the config's ``optimizer`` section), or the client's: a fresh
     ``torch.optim.AdamW`` or a callable building one from ``model_parameters``, whose param groups the engine trains
@@ -70,13 +93,22 @@ def initialize(model: nn.Module, config=None, model_parameters=None, *, optimize
     ``engine.lr_scheduler``: stepped after every optimizer step that was applied (do not step it yourself), its
     state saved and loaded with the engine's checkpoints.
     ``training_data``: a dataset, returned as a loader of micro-batches of this rank's share (else None).
-    ``units``: stage 3's gather units (``apply_zero``'s)."""
+    ``units``: stage 3's gather units (``apply_zero``'s). ``dist_init_required=False``: a process group must exist.
+    ``distributed_port`` is DeepSpeed's default port's override and is unused (torchrun's or Slurm's variables say
+    where to meet); ``mpu`` and ``mesh_param`` (DeepSpeed's model-parallel groups) are one line: pass the DP group as
+    ``dp_group`` and apply tensor parallelism with ``zerobench.parallel`` first."""
     from zerobench.zero.api import apply_zero
 
-    if config is None:
-        config = config_params
+    del distributed_port
+    model, config = _config_of(args, model, config if config is not None else config_params)
     if config is None:
         raise ConfigError("initialize: give config= (a DeepSpeed config dict or a JSON file's path)")
+    if mpu is not None or mesh_param is not None:
+        raise ConfigError("initialize: mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken: pass "
+                          "the data-parallel group as dp_group= and apply tensor parallelism with zerobench.parallel")
+    if dist_init_required is False and not dist.is_initialized():
+        raise ConfigError("initialize: dist_init_required=False but no process group exists: initialise one first "
+                          "(torch.distributed.init_process_group) or leave dist_init_required unset")
     client, groups = None, None if model_parameters is None else list(model_parameters)
     if optimizer is not None:
         client, groups = client_groups(optimizer, model, groups)

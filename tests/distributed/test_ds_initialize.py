@@ -116,10 +116,14 @@ def _reference(schedule=_schedule):
     return [p.detach() for p in model.parameters()], k + 1, sched.get_last_lr()
 
 
+SLOW = pytest.mark.slow  # the same wiring at more stages: the full tier
+
+
 @pytest.mark.parametrize("stage, mesh, source", [(0, False, "callable"), (1, False, "callable"), (2, False, "callable"),
-                                                  (3, False, "callable"), (3, True, "callable"), (1, False, "config"),
-                                                  (3, False, "config"), (0, False, "client"), (3, False, "client"),
-                                                  (2, False, "client_fn")])
+                                                  (3, False, "callable"), (3, True, "callable"),
+                                                  pytest.param(1, False, "config", marks=SLOW), (3, False, "config"),
+                                                  pytest.param(0, False, "client", marks=SLOW), (3, False, "client"),
+                                                  pytest.param(2, False, "client_fn", marks=SLOW)])
 def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh, source):
     """``mesh``: the DP group given as a 1-D DeviceMesh, as apply_zero takes it. ``source``: where the optimizer
     and the scheduler come from (``_deepspeed_loop``); the config's is DeepSpeed's WarmupDecayLR."""
@@ -150,7 +154,8 @@ print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage
 """
 
 
-@pytest.mark.parametrize("call", ["zerobench", "args", "deepspeed_positional"])
+@pytest.mark.parametrize("call", ["zerobench", pytest.param("args", marks=SLOW),
+                                  pytest.param("deepspeed_positional", marks=SLOW)])
 def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
     """And each way of calling it: zerobench's ``initialize(model, config)``, DeepSpeed's ``args.deepspeed_config``
     and DeepSpeed's positional order."""
@@ -281,7 +286,7 @@ def _resume(rank: int, world: int, stage: int, root: str):
             "diff": diff, "warned": [str(w.message) for w in caught]}
 
 
-@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), pytest.param(2, marks=SLOW), 3])
 def test_a_checkpoint_carries_the_schedulers_state(stage, tmp_path):
     """As DeepSpeed's: ``save_checkpoint`` saves ``engine.lr_scheduler``'s state, ``load_checkpoint`` restores it
     (not with ``load_lr_scheduler_states=False``), and training resumed from it is the uninterrupted run's."""

@@ -151,6 +151,12 @@ else:  # deepspeed.initialize's positional order: args, model, optimizer, model_
 engine.backward(engine(torch.ones(2, 4)).sum())
 engine.step()
 print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage())
+print(engine.train_micro_batch_size_per_gpu(), engine.train_batch_size(), engine.skipped_steps, engine.get_mom())
+from zerobench.zero import ZeroConfig, apply_zero
+try:
+    apply_zero(torch.nn.Linear(2, 2), None, ZeroConfig(stage=1)).train_batch_size()
+except Exception as e:
+    print(type(e).__name__, "|", e)
 """
 
 
@@ -164,7 +170,10 @@ def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
     r = subprocess.run([sys.executable, "-c", SCRIPT, call, str(tmp_path / "ds.json")], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["1", "1", "2"]
+    counters, batch, error = r.stdout.splitlines()
+    assert counters.split() == ["1", "1", "2"]
+    assert batch == "2 2 0 [(0.9, 0.999)]"  # DeepSpeed's batch queries, skipped steps and betas
+    assert error == "ConfigError | train_micro_batch_size_per_gpu(): apply_zero takes no batch size (initialize() does)"
 
 
 CLIENT_SCRIPT = """

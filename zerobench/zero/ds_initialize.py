@@ -121,6 +121,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
         model.to(device)
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups)
+    engine.micro_batch = cfg.micro_batch
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     scheduler = None
     if built:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
@@ -36,7 +37,7 @@ from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
-from zerobench.zero.config import MAX_INFLIGHT, AdamWConfig, ZeroConfig
+from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.export import save_16bit_model
 from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.gathered import GatheredParams
@@ -49,11 +50,10 @@ from zerobench.zero.param import ZeroParam
 from zerobench.zero.param_groups import resolve_param_groups
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
-from zerobench.zero.step import fused_step
 from zerobench.zero.storage import ParamStorage
 from zerobench.zero.tensor_fragment import register
 from zerobench.zero.torch_optimizer import ZeroOptimizer
-from zerobench.zero.unused import UnusedCheck, check_unused, start_unused_check
+from zerobench.zero.unused import UnusedCheck, start_unused_check
 from zerobench.zero.window import AccumulationWindow
 
 
@@ -111,6 +111,7 @@ class ZeroEngine:
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
         self.lr_scheduler = None  # DeepSpeed's: set by initialize() (zero/ds_scheduler.py); checkpoints hold its state
+        self.micro_batch: int | None = None  # DeepSpeed's train_micro_batch_size_per_gpu: set by initialize()
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
@@ -192,10 +193,29 @@ class ZeroEngine:
         self.zero_grad()
         return self.optimizer.applied
 
-    # -- DeepSpeed's engine surface: its queries, ``engine(batch)``, ``train()``/``eval()`` and files (counters:
-    # ``micro_steps`` by ``step()``, ``global_steps`` by optimizer steps; the rest are set at construction)
+    # -- DeepSpeed's engine surface: queries, ``engine(batch)``, ``train()``/``eval()``, files (counters: ``micro_steps``
+    # by ``step()``, ``global_steps`` by optimizer steps, ``skipped_steps`` by fp16 overflows; the rest set at construction)
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_mom(self) -> list[tuple[float, float]]:
+        """Each param group's Adam betas (DeepSpeed's name: a schedule such as OneCycle moves beta1)."""
+        return [tuple(g["betas"]) for g in self.optimizer.param_groups]
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        """Samples per DP rank in one micro-batch, from the DeepSpeed config ``initialize`` read."""
+        if self.micro_batch is None:
+            raise ConfigError("train_micro_batch_size_per_gpu(): apply_zero takes no batch size (initialize() does)")
+        return self.micro_batch
+
+    def train_batch_size(self) -> int:
+        """Samples per optimizer step over the DP group: micro-batch x accumulation steps x DP ranks."""
+        return self.train_micro_batch_size_per_gpu() * self.config.grad_accum_steps * self.group.size
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped on an fp16 overflow (DeepSpeed's counter)."""
+        return self.scaler.skipped_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the current micro-batch ends a window, counted in ``step()`` calls."""
@@ -243,25 +263,6 @@ class ZeroEngine:
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False):
         """The model's state dict, written by DP rank 0 for a model without ZeRO (``zero/export.py``); True."""
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
-
-    @torch.no_grad()
-    def _optimizer_step(self, hyper: list[AdamWConfig]) -> bool:
-        self.window.check_step()
-        self.global_steps += 1
-        if not self.grads.reduced:
-            return False
-        pending, self._unused_check = self._unused_check, None
-        check_unused(self, pending)
-        # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
-        with self.allocator.host_region(self.placement.offloaded):
-            clip, self._clip = self._clip, 1.0
-            stepped, norm = fused_step(self, hyper, clip)  # zero/step.py
-        self.last_grad_norm = norm if norm is not None else self.last_grad_norm
-        if self.scheduler is not None:  # no unit may carry pre-step values into the next forward
-            self.scheduler.reshard_all()
-        if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)
-            self.storage.publish(self.group, self.ledger)
-        return stepped
 
     def gathered_params(self, writeback: bool = True, modifier_rank: int | None = None) -> GatheredParams:
         """Context manager: inside it the module's parameters hold their full values (stage 3 gathers every unit, a

@@ -1,12 +1,37 @@
 """The optimizer step at a window's end, on this rank's reduced gradient partition: fp16's overflow check (agreed
 over DP and TP: every rank skips alike), the clip coefficient from the global norm, then the fused AdamW, which
 writes the low-precision parameter shard in the same pass (under offload each chunk streams up as the next steps).
-The 1/loss-scale and the clip coefficient are one scale applied inside the step."""
+The 1/loss-scale and the clip coefficient are one scale applied inside the step. ``optimizer_step`` is what
+``engine.optimizer.step()`` runs around it: the window's checks, the counters, the parameters published after."""
 
 from __future__ import annotations
 
+import torch
+
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
+from zerobench.zero.unused import check_unused
+
+
+@torch.no_grad()
+def optimizer_step(engine, hyper: list[AdamWConfig]) -> bool:
+    """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
+    engine.window.check_step()
+    engine.global_steps += 1
+    if not engine.grads.reduced:
+        return False
+    pending, engine._unused_check = engine._unused_check, None
+    check_unused(engine, pending)
+    # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
+    with engine.allocator.host_region(engine.placement.offloaded):
+        clip, engine._clip = engine._clip, 1.0
+        stepped, norm = fused_step(engine, hyper, clip)
+    engine.last_grad_norm = norm if norm is not None else engine.last_grad_norm
+    if engine.scheduler is not None:  # no unit may carry pre-step values into the next forward
+        engine.scheduler.reshard_all()
+    if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)
+        engine.storage.publish(engine.group, engine.ledger)
+    return stepped
 
 
 def fused_step(engine, hyper: list[AdamWConfig], clip: float) -> tuple[bool, float | None]:

@@ -29,6 +29,7 @@ from zerobench.config import ConfigError
 from zerobench.zero.amp import amp_unscale
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.state_dict import load_shard_state_dicts, shard_state_dict
+from zerobench.zero.step import optimizer_step
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 UNSUPPORTED = {"amsgrad": False, "maximize": False, "decoupled_weight_decay": True}
@@ -79,7 +80,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self.applied = False
             return loss
         self._engine._clip *= unscale  # the step multiplies the gradients by _clip / loss scale
-        self.applied = self._engine._optimizer_step(self.hyper())
+        self.applied = optimizer_step(self._engine, self.hyper())  # zero/step.py
         return loss
 
     step._wrapped_by_lr_sched = True

@@ -6,8 +6,8 @@ or planning does not pay for importing torch.
 
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
 
-__all__ = ["AdamWConfig", "LossScaleConfig", "Precision", "ShardedGradScaler", "ZeroConfig", "ZeroEngine", "apply_zero",
-           "initialize"]
+__all__ = ["AdamWConfig", "GatheredParameters", "LossScaleConfig", "Precision", "ShardedGradScaler", "ZeroConfig",
+           "ZeroEngine", "apply_zero", "initialize"]
 
 
 def __getattr__(name: str):
@@ -19,6 +19,10 @@ def __getattr__(name: str):
         from zerobench.zero.ds_initialize import initialize
 
         return initialize
+    if name == "GatheredParameters":  # deepspeed.zero.GatheredParameters's counterpart
+        from zerobench.zero.gathered import GatheredParameters
+
+        return GatheredParameters
     if name == "ShardedGradScaler":
         from zerobench.zero.amp import ShardedGradScaler
 

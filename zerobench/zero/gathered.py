@@ -17,6 +17,12 @@ as FSDP's ``summon_full_params(writeback=True)`` keeps them:
   parameters are the replica itself, the replica (and the frozen parameters) are copied on entry and put back
   on exit.
 
+``GatheredParameters(params, modifier_rank=None)`` is DeepSpeed's module-level form (``zerobench.zero.GatheredParameters``,
+as ``deepspeed.zero.GatheredParameters``): it enters ``gathered_params`` of every engine training one of ``params``
+(found by the parameter, ``zero/tensor_fragment.py``), which gathers that engine's whole model. As DeepSpeed's,
+without ``modifier_rank`` changes made inside are discarded, with it DP rank ``modifier_rank``'s are kept
+everywhere; parameters no engine trains are left as they are, and ``enabled=False`` does nothing.
+
 Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
 exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so
 the parameters and the master never disagree. Without the context an in-place change is not safe: at stage 3
@@ -26,11 +32,14 @@ parameters from the master.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import torch
 
 from zerobench.config import ConfigError
 from zerobench.zero.replicas import broadcast_tensors
 from zerobench.zero.state_dict import segment_view
+from zerobench.zero.tensor_fragment import engine_of
 
 
 class GatheredParams:
@@ -108,3 +117,25 @@ def write_back(engine) -> None:
         master.copy_(torch.where(value != before, value.to(master.dtype), master))
         if stage3:
             shard.copy_(new)
+
+
+class GatheredParameters:
+    """DeepSpeed's ``GatheredParameters`` (see the module docstring). ``fwd_module`` is DeepSpeed's hook for parameters
+    used outside their module's forward; the engine gathers whole units, so it is accepted and not needed."""
+
+    def __init__(self, params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
+        del fwd_module
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        engines = list({id(e): e for e in map(engine_of, params) if e is not None}.values()) if enabled else []
+        self._contexts = [GatheredParams(e, writeback=modifier_rank is not None, modifier_rank=modifier_rank)
+                          for e in engines]
+        self._stack = ExitStack()
+
+    def __enter__(self) -> None:
+        with ExitStack() as stack:
+            for ctx in self._contexts:
+                stack.enter_context(ctx)
+            self._stack = stack.pop_all()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return self._stack.__exit__(exc_type, exc, tb)

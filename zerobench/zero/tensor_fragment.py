@@ -35,6 +35,11 @@ def register(engine) -> None:
         _OWNER[zp.param] = (ref, i)
 
 
+def engine_of(param: torch.Tensor):
+    """The engine training ``param`` (None: frozen, or never given to ``apply_zero``)."""
+    return _owner(param)[0]
+
+
 def _owner(param: torch.Tensor):
     found = _OWNER.get(param)
     engine = found[0]() if found is not None else None

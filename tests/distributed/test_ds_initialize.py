@@ -148,7 +148,8 @@ elif sys.argv[1] == "args":  # DeepSpeed's tutorials: deepspeed.add_config_argum
     engine, opt, _, _ = initialize(args=args, model=model, model_parameters=model.parameters())
 else:  # deepspeed.initialize's positional order: args, model, optimizer, model_parameters
     engine, opt, _, _ = initialize(None, model, None, model.parameters(), config=config)
-engine.backward(engine(torch.ones(2, 4)).sum())
+loss = engine(torch.ones(2, 4)).sum()
+assert engine.backward(loss) is loss  # as DeepSpeed's
 engine.step()
 print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage())
 print(engine.train_micro_batch_size_per_gpu(), engine.train_batch_size(), engine.skipped_steps, engine.get_mom())

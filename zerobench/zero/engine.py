@@ -18,8 +18,8 @@ Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies th
 collectives sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the
 optimizer step.
 
-Under optimizer offload (``zero/offload.py``) the master, moments (``zero/states.py``: in memory, 8-bit or on
-NVMe) and gradient partition live on the host and the step runs there; parameter offload adds stage 3's shards.
+Under optimizer offload (``zero/offload.py``) the master, moments (``zero/states.py``: in memory, 8-bit or on NVMe)
+and gradient partition live on the host and the step (``zero/step.py``) runs there; parameter offload adds stage 3's.
 """
 
 from __future__ import annotations
@@ -110,8 +110,7 @@ class ZeroEngine:
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
-        self.lr_scheduler = None  # DeepSpeed's: set by initialize() (zero/ds_scheduler.py); checkpoints hold its state
-        self.micro_batch: int | None = None  # DeepSpeed's train_micro_batch_size_per_gpu: set by initialize()
+        self.lr_scheduler, self.micro_batch = None, None  # DeepSpeed's, from initialize(); the scheduler is checkpointed
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
@@ -144,13 +143,14 @@ class ZeroEngine:
     def loss_scale(self) -> float:
         return self.scaler.scale
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> None:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward of one micro-batch of ``loss`` × loss scale / (``grad_accum_steps`` × N); reduces gradients
         (overlapped) when the window completes. As DeepSpeed's: ``retain_graph`` (a second loss's backward next);
         ``scale_wrt_gas=False`` leaves out the 1 / ``grad_accum_steps`` (you divide the loss yourself). A plain
-        ``loss.backward()`` works too, scaled the same way by hooks (``zero/backward_pass.py``)."""
+        ``loss.backward()`` works too, scaled the same way by hooks (``zero/backward_pass.py``). Returns ``loss``."""
         gas = self.config.grad_accum_steps if scale_wrt_gas else 1
         self.passes.run(loss * (self.scaler.scale / (gas * self.group.size)), retain_graph)
+        return loss
 
     def scale(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """DeepSpeed's ``engine.scale(loss)``: ``loss`` times what ``engine.backward`` multiplies it by (the loss scale,

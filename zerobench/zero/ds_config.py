@@ -101,6 +101,15 @@ def _num(sec: dict, key: str, default, kind: type, where: str):
     return kind(v)
 
 
+def _flag(sec: dict, key: str, default: bool, where: str) -> bool:
+    """``sec[key]`` as a switch (``default`` when absent); anything but true/false is one line naming the key."""
+    v = sec.get(key, default)
+    if not isinstance(v, bool):
+        hint = " ('auto' is filled in by Hugging Face's Trainer; give true or false)" if v == "auto" else ""
+        raise ConfigError(f"DeepSpeed config {where + '.' if where else ''}{key}: must be true or false, got {v!r}{hint}")
+    return v
+
+
 def _positive_int(cfg: dict, key: str) -> int | None:
     if cfg.get(key) is None:
         return None
@@ -182,15 +191,15 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
     ignored += [f"zero_optimization.{k}" for k in zo if k in _ZERO_TUNING]
     opt, nvme = _offload(zo, "offload_optimizer", ("none", "cpu", "nvme"))
     par, _ = _offload(zo, "offload_param", ("none", "cpu"))
-    if zo.get("cpu_offload"):  # the pre-0.3.16 spelling
+    if _flag(zo, "cpu_offload", False, "zero_optimization"):  # the pre-0.3.16 spelling
         opt = "cpu"
-    if zo.get("cpu_offload_params"):
+    if _flag(zo, "cpu_offload_params", False, "zero_optimization"):
         par = "cpu"
     stage = _num(zo, "stage", 0, int, "zero_optimization")
-    out = {"stage": stage, "overlap_comm": bool(zo.get("overlap_comm", stage == 3)),  # DeepSpeed's defaults
+    out = {"stage": stage, "overlap_comm": _flag(zo, "overlap_comm", stage == 3, "zero_optimization"),  # DeepSpeed's
            "offload_optimizer": opt, "offload_param": par, "nvme_path": nvme,
            "prefetch": _num(zo, "stage3_prefetch_bucket_size", 1, float, "zero_optimization") != 0,
-           "find_unused_parameters": bool(zo.get("ignore_unused_parameters", True))}
+           "find_unused_parameters": _flag(zo, "ignore_unused_parameters", True, "zero_optimization")}
     if "reduce_bucket_size" in zo:
         out["bucket_numel"] = _num(zo, "reduce_bucket_size", 0, int, "zero_optimization")
     return out
@@ -204,11 +213,12 @@ def _precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfi
     if bf16.get("bf16_master_weights_and_grads") or bf16.get("bf16_optimizer_states"):
         raise ConfigError("DeepSpeed config bf16: bf16 master weights or optimizer states are not supported "
                           "(zerobench keeps them in fp32)")
-    if bf16.get("enabled") and fp16.get("enabled"):
+    bf16_on, fp16_on = _flag(bf16, "enabled", False, "bf16"), _flag(fp16, "enabled", False, "fp16")
+    if bf16_on and fp16_on:
         raise ConfigError("DeepSpeed config enables both bf16 and fp16: choose one")
-    if not fp16.get("enabled"):
+    if not fp16_on:
         ignored += [f"bf16.{k}" for k in bf16 if k != "enabled"]
-        return (Precision.BF16 if bf16.get("enabled") else Precision.FP32), LossScaleConfig()
+        return (Precision.BF16 if bf16_on else Precision.FP32), LossScaleConfig()
     static = _num(fp16, "loss_scale", 0, float, "fp16")
     if static < 0:
         raise ConfigError(f"DeepSpeed config fp16.loss_scale {static}: give 0 (dynamic) or a positive static scale")
@@ -282,5 +292,5 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=None if clip is None else float(clip),
                       optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
     zero.validate()
-    return DeepSpeedConfig(zero, micro, train, bool(cfg.get("dataloader_drop_last", False)), tuple(ignored),
+    return DeepSpeedConfig(zero, micro, train, _flag(cfg, "dataloader_drop_last", False, ""), tuple(ignored),
                            parse(cfg.get("scheduler")))

@@ -119,6 +119,8 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
     ({"scheduler": {"params": {"warmup_num_steps": 10}}}, "scheduler: give its type"),
     ({"scheduler": {"type": "WarmupLR", "param": {}}}, "scheduler: unknown param"),
     ({"scheduler": "WarmupLR"}, "scheduler: must be an object"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
+     "scheduler.params.warmup_num_steps: 'auto' is filled in by Hugging Face's Trainer"),
     ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb'"),
     ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
     ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),

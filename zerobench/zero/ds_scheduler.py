@@ -79,6 +79,10 @@ def parse(section) -> SchedulerSpec | None:
         what = f"unknown {', '.join(unknown)}" if unknown else f"missing {', '.join(missing)}"
         raise ConfigError(f"DeepSpeed config scheduler.params for {section['type']}: {what} "
                           f"(its arguments: {', '.join(args)})")
+    auto = sorted(k for k, v in params.items() if v == "auto")
+    if auto:
+        raise ConfigError(f"DeepSpeed config scheduler.params.{auto[0]}: 'auto' is filled in by Hugging Face's Trainer; "
+                          "give a value")
     return SchedulerSpec(str(section["type"]), dict(params))
 
 

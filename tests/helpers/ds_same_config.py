@@ -1,6 +1,7 @@
 """One DeepSpeed config, with an ``optimizer`` and a ``scheduler`` section, given to DeepSpeed's own
 ``deepspeed.initialize`` and to ``zerobench.zero.initialize`` in the same ranks: the same model, batches and
-loop. Records each engine's learning rates after every ``step()`` and the parameters at the end."""
+loop; or, as Hugging Face Accelerate hands them, a client AdamW with two param groups and a scheduler built on it.
+Records each engine's learning rates after every ``step()`` and the parameters at the end."""
 
 from __future__ import annotations
 
@@ -31,7 +32,25 @@ def _loop(engine, data, rank: int, world: int) -> list[list[float]]:
     return lrs
 
 
-def same_config(rank: int, world: int, stage: int) -> dict:
+def _client(model):
+    """The client form (Hugging Face Accelerate's): an AdamW with two groups and a scheduler built on it."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+
+def _initialize(init, model, config: dict, client: bool, **kw):
+    if not client:
+        return init(model=model, config=config, model_parameters=model.parameters(), **kw)[0]
+    opt, sched = _client(model)
+    return init(model=model, config={k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
+                optimizer=opt, lr_scheduler=sched, **kw)[0]
+
+
+def same_config(rank: int, world: int, stage: int, client: bool = False) -> dict:
+    """``client``: the optimizer and scheduler are built by the caller and handed over, not config sections."""
     import deepspeed
 
     from zerobench.zero import initialize
@@ -41,11 +60,9 @@ def same_config(rank: int, world: int, stage: int) -> dict:
     model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
     data = batches(STEPS * ACCUM, MICRO * world)
     config = {**CONFIG, "zero_optimization": {"stage": stage}}
-    mine = copy.deepcopy(model)
-    ours, *_ = initialize(model=mine, config=copy.deepcopy(config), model_parameters=mine.parameters())
-    theirs_model = copy.deepcopy(model)
-    theirs, *_ = deepspeed.initialize(model=theirs_model, config=copy.deepcopy(config),
-                                      model_parameters=theirs_model.parameters(), dist_init_required=False)
+    ours = _initialize(initialize, copy.deepcopy(model), copy.deepcopy(config), client)
+    theirs = _initialize(deepspeed.initialize, copy.deepcopy(model), {**config, "zero_allow_untested_optimizer": True},
+                         client, dist_init_required=False)
     out = {"ours": _loop(ours, data, rank, world), "theirs": _loop(theirs, data, rank, world)}
     full = full_parameters(ours)
     ctx = deepspeed.zero.GatheredParameters(list(theirs.module.parameters())) if stage == 3 else torch.no_grad()

@@ -49,8 +49,11 @@ def _initialize(init, model, config: dict, client: bool, **kw):
                 optimizer=opt, lr_scheduler=sched, **kw)[0]
 
 
-def same_config(rank: int, world: int, stage: int, client: bool = False) -> dict:
-    """``client``: the optimizer and scheduler are built by the caller and handed over, not config sections."""
+def same_config(rank: int, world: int, stage: int, client: bool = False, bf16: bool = False) -> dict:
+    """``client``: the optimizer and scheduler are built by the caller and handed over, not config sections.
+    ``bf16``: DeepSpeed's ``bf16`` section. DeepSpeed casts the module to bf16 and builds its fp32 master from that,
+    where zerobench keeps the model's fp32 values, so the model starts from bf16-representable values here: the
+    two masters then start equal (otherwise they differ by bf16's rounding from the first step)."""
     import deepspeed
 
     from zerobench.zero import initialize
@@ -59,15 +62,35 @@ def same_config(rank: int, world: int, stage: int, client: bool = False) -> dict
     os.environ.setdefault("LOCAL_RANK", str(rank))
     model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
     data = batches(STEPS * ACCUM, MICRO * world)
-    config = {**CONFIG, "zero_optimization": {"stage": stage}}
+    config = {**CONFIG, "zero_optimization": {"stage": stage}, **({"bf16": {"enabled": True}} if bf16 else {})}
+    if bf16:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
     ours = _initialize(initialize, copy.deepcopy(model), copy.deepcopy(config), client)
     theirs = _initialize(deepspeed.initialize, copy.deepcopy(model), {**config, "zero_allow_untested_optimizer": True},
                          client, dist_init_required=False)
     out = {"ours": _loop(ours, data, rank, world), "theirs": _loop(theirs, data, rank, world)}
     full = full_parameters(ours)
-    ctx = deepspeed.zero.GatheredParameters(list(theirs.module.parameters())) if stage == 3 else torch.no_grad()
-    with ctx:
-        out["param_diff"] = max((full[n] - p.detach().float()).abs().max().item()
-                                for n, p in theirs.module.named_parameters())
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    flat = {}  # stage 0 under bf16: DeepSpeed's FP16_Optimizer keeps one flat fp32 master per param group
+    for params, master_flat in zip(getattr(theirs.optimizer, "fp16_groups", []),
+                                   getattr(theirs.optimizer, "fp32_groups_flat", [])):
+        offset = 0
+        for q in params:
+            flat[id(q)] = master_flat[offset:offset + q.numel()].view(q.shape)
+            offset += q.numel()
+
+    def master(p):  # DeepSpeed's fp32 master; fp32 at stage 0 has none: the module's parameter is it
+        full = flat[id(p)] if id(p) in flat else safe_get_full_fp32_param(p)
+        return (p if full is None else full).detach().float().clone()
+
+    theirs_params = {n: master(p) for n, p in theirs.module.named_parameters()}
+    out["param_diff"] = max((full[n] - p).abs().max().item() for n, p in theirs_params.items())
     out["moved"] = max((full[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
+    init = dict(model.named_parameters())
+    num = sum((full[n] - p).pow(2).sum().item() for n, p in theirs_params.items())
+    den = sum((full[n] - init[n].detach()).pow(2).sum().item() for n in theirs_params)
+    out["update_rel_err"] = (num / den) ** 0.5  # the whole update's relative L2 difference
     return out

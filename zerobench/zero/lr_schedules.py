@@ -44,6 +44,11 @@ def _warmup_type(value: str) -> str:
     return value
 
 
+def _warmup_fraction(batch: int, steps: int, kind: str) -> float:
+    """How far through a warm-up of ``steps`` (at least 2) batches index ``batch`` is: log(i + 1) / log(n) or i / n."""
+    return (1.0 / math.log(steps)) * math.log(batch + 1) if kind == "log" else batch / steps
+
+
 class BatchSchedule:
     """What DeepSpeed's schedules share: the index of the last batch (-1 before the first), ``step()`` to the next
     (or to ``last_batch_iteration``) writing every group's ``lr`` (``_write``), ``get_last_lr()`` and the state."""
@@ -95,14 +100,11 @@ class WarmupLR(BatchSchedule):
         self.delta_lrs = [hi - lo for hi, lo in zip(self.max_lrs, self.min_lrs)]
         self.warmup_num_steps = max(2, warmup_num_steps)
         self.warmup_type = _warmup_type(warmup_type)
-        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
         if last_batch_iteration == -1:
             self._write()
 
     def _warmup_gamma(self) -> float:
-        if self.warmup_type == "log":
-            return self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
-        return self.last_batch_iteration / self.warmup_num_steps
+        return _warmup_fraction(self.last_batch_iteration, self.warmup_num_steps, self.warmup_type)
 
     def _gamma(self) -> float:
         return self._warmup_gamma() if self.last_batch_iteration < self.warmup_num_steps else 1.0
@@ -129,23 +131,28 @@ class WarmupDecayLR(WarmupLR):
         return max(0.0, left / float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
 
 
-class WarmupCosineLR(WarmupLR):
+class WarmupCosineLR(BatchSchedule):
     """Each group's lr times a ratio: from ``warmup_min_ratio`` to 1 over ``warmup_num_steps`` batches, then a cosine
     down to ``cos_min_ratio`` at ``total_num_steps``, where it stays."""
 
     def __init__(self, optimizer: Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
                  warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = "log",
                  last_batch_iteration: int = -1):
+        super().__init__(optimizer, last_batch_iteration)
         self.total_num_steps = _positive_int(total_num_steps, "total_num_steps")
+        self.warmup_num_steps = max(2, _positive_int(warmup_num_steps, "warmup_num_steps"))
+        self.warmup_type = _warmup_type(warmup_type)
         self.warmup_min_ratio, self.cos_min_ratio = warmup_min_ratio, cos_min_ratio
         self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
-        super().__init__(optimizer, 0.0, 0.0, warmup_num_steps, warmup_type, last_batch_iteration)
+        if last_batch_iteration == -1:
+            self._write()
 
     def ratio(self) -> float:
         if self.last_batch_iteration < 0:
             return 0.0
         if self.last_batch_iteration < self.warmup_num_steps:
-            return self.warmup_min_ratio + self._warmup_gamma() * (1.0 - self.warmup_min_ratio)
+            warmed = _warmup_fraction(self.last_batch_iteration, self.warmup_num_steps, self.warmup_type)
+            return self.warmup_min_ratio + warmed * (1.0 - self.warmup_min_ratio)
         done = self.last_batch_iteration - self.warmup_num_steps + 1
         progress = min(1.0, done / max(1, self.total_num_steps - self.warmup_num_steps))
         cosine = (1 + math.cos(math.pi * progress)) / 2

@@ -50,12 +50,18 @@ def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.
     return optimizer, groups
 
 
-def rebind(scheduler, client: torch.optim.Optimizer | None, engine_optimizer: torch.optim.Optimizer):
-    """``scheduler`` (built on ``client``) now moves ``engine_optimizer``'s learning rates; returns it."""
-    bound = getattr(scheduler, "optimizer", None)
-    if client is None or bound is not client:
+def check_scheduler(scheduler, client: torch.optim.Optimizer | None) -> bool:
+    """Whether ``scheduler`` (not None) is one already built, which must be on ``client``; a callable is not (one
+    line for anything else)."""
+    built = hasattr(scheduler, "step")
+    if (built or not callable(scheduler)) and (client is None or getattr(scheduler, "optimizer", None) is not client):
         raise ConfigError("initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the "
                           "optimizer passed as optimizer= (one built on another optimizer would not move the engine's "
                           "learning rate)")
+    return built
+
+
+def rebind(scheduler, engine_optimizer: torch.optim.Optimizer):
+    """``scheduler`` (built on the client optimizer) now moves ``engine_optimizer``'s learning rates; returns it."""
     scheduler.optimizer = engine_optimizer
     return scheduler

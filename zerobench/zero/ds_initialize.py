@@ -30,7 +30,7 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
-from zerobench.zero.ds_client import client_groups, rebind
+from zerobench.zero.ds_client import check_scheduler, client_groups, rebind
 from zerobench.zero.ds_config import DeepSpeedConfig, from_deepspeed
 from zerobench.zero.ds_scheduler import attach, build
 
@@ -112,9 +112,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     client, groups = None, None if model_parameters is None else list(model_parameters)
     if optimizer is not None:
         client, groups = client_groups(optimizer, model, groups)
-    built = lr_scheduler is not None and hasattr(lr_scheduler, "step")
-    if lr_scheduler is not None and (built or not callable(lr_scheduler)):
-        rebind(lr_scheduler, client, client)  # checks it is bound to the client optimizer, before any collective
+    built = lr_scheduler is not None and check_scheduler(lr_scheduler, client)  # before any collective
     device = _init_distributed()
     group = Group.coerce(dp_group, "dp", "initialize's dp_group")
     cfg = from_deepspeed(config, group.size, client_optimizer=client is not None)
@@ -125,7 +123,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     scheduler = None
     if built:
-        scheduler = rebind(lr_scheduler, client, engine.optimizer)
+        scheduler = rebind(lr_scheduler, engine.optimizer)
     elif lr_scheduler is not None:  # the caller's first, as DeepSpeed's; else the config's
         scheduler = lr_scheduler(engine.optimizer)
     elif cfg.scheduler is not None:

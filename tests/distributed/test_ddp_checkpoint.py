@@ -68,18 +68,21 @@ def test_the_gradient_partition_is_held_from_backward_to_zero_grad(stage):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_overlap_comm_off_waits_for_each_bucket(stage):
-    """``overlap_comm`` on: up to two bucket collectives run on while backward goes on (with a network
-    too slow to finish any before it is waited for). Off: backward waits for each as it starts, so at
-    stages 2-3 no staging buffer is being reduced while the next fills, and the peak live bytes are lower.
-    The trained parameters are the same."""
+    """``overlap_comm`` on, with a network too slow to finish any collective before it is waited for: at
+    stages 0-1 up to two bucket collectives run on while backward goes on; at stages 2-3 one, and the next
+    bucket's gradients are held back as autograd made them instead of filling a second staging buffer (at
+    most one large one is alive). Off: backward waits for each as it starts, so at stages 2-3 nothing is held
+    next to the bucket filling, and the peak live bytes are lower. The trained parameters are the same."""
     from tests.helpers.workers_buckets import overlap_comm
 
     for res in run_distributed(overlap_comm, 2, stage):
         on, off = res[True], res[False]
         assert on["buckets"] >= 3
-        assert on["outstanding"] == 2, on["outstanding"]
+        assert on["outstanding"] == 2 if stage < 2 else on["outstanding"] >= 1, on["outstanding"]
         assert off["outstanding"] == 0, off["outstanding"]
         if stage >= 2:
-            assert off["peak"] < on["peak"], (on["peak"], off["peak"])
+            assert on["staged_beside"] == 0 and on["held"] > 0, on
+            assert off["held"] == 0, off
+            assert on["peak"] <= off["peak"] + on["largest_bytes"], (on["peak"], off["peak"])
         for name, value in on["params"].items():
             assert (off["params"][name] == value).all(), name

@@ -83,7 +83,8 @@ def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
         assert min(cut["buckets_per_unit"][1:]) >= 3, cut["buckets_per_unit"]  # a bucket per 16k-element matrix
         # The root's small parameters (final LayerNorm, position embedding) are staged through backward;
         # the tied embedding, whose gradient completes last, is a bucket of its own, reduced from its
-        # gradient; next to them, at most max_inflight (3) block buckets instead of a whole block.
+        # gradient; next to them, block buckets (one large one staged at a time while another is reduced,
+        # ``StagingBuckets.hold``) instead of a whole block.
         assert cut["peak_staging"] <= cut["root_bucket"] + 3 * cut["block_bucket"], info
         assert cut["peak_staging"] < one["peak_staging"], info
         assert cut["rs_calls"] > one["rs_calls"]

@@ -158,8 +158,10 @@ class _NeverSeenDone:
 
 def overlap_comm(rank, world, stage):
     """With ``overlap_comm`` on and off, and collectives never seen complete before they are waited for:
-    the most bucket collectives outstanding once backward goes on after starting one, the peak live bytes
-    of training (``LiveTensorTracker``), and the trained full parameters."""
+    the most bucket collectives outstanding once backward goes on after starting one, how often a large staging
+    buffer was allocated while another bucket was reduced and the most gradients held back at once (stages
+    2-3), the peak live bytes of training
+    (``LiveTensorTracker``), and the trained full parameters."""
     from zerobench.distributed import collectives as C
     from zerobench.metrics.memory import LiveTensorTracker
     from zerobench.zero.bucket import GradBucketGroup
@@ -174,13 +176,23 @@ def overlap_comm(rank, world, stage):
         torch.manual_seed(0)
         engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000,
                                                         overlap_comm=overlap))
-        grads, seen = engine.grads, {"outstanding": 0}
+        grads, seen = engine.grads, {"outstanding": 0, "staged_beside": 0, "held": 0}
+        write = grads.stage.write
 
         def starting(bucket, grads=grads, seen=seen):
             start(grads, bucket)
             seen["outstanding"] = max(seen["outstanding"], len(grads.inflight))
 
-        grads._start_reduce = starting
+        def writing(slot, grad, scale=None, grads=grads, seen=seen, write=write):
+            if grads.inflight and grads.stage.large[slot.bucket] and slot.bucket not in grads.staging:
+                seen["staged_beside"] += 1  # a large staging buffer allocated while another is being reduced
+            write(slot, grad, scale)
+
+        def holding(slot, grad, scale=None, grads=grads, seen=seen, hold=grads.stage.hold):
+            hold(slot, grad, scale)
+            seen["held"] = max(seen["held"], len(grads.stage.held_tensors()))
+
+        grads._start_reduce, grads.stage.write, grads.stage.hold = starting, writing, holding
         for name, fn in originals.items():
             setattr(C, name, lambda *a, fn=fn, **k: _NeverSeenDone(fn(*a, **k)) if k.get("async_op") else fn(*a, **k))
         try:
@@ -190,5 +202,6 @@ def overlap_comm(rank, world, stage):
             for name, fn in originals.items():
                 setattr(C, name, fn)
         out[overlap] = {**seen, "peak": tracker.peak, "buckets": len(engine.layout.buckets),
+                        "largest_bytes": 4 * max(b.numel for b in engine.layout.buckets),
                         "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
     return out

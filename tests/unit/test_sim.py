@@ -252,3 +252,29 @@ def test_the_unused_check_is_its_own_collective_but_at_stage_0_and_in_runs_recor
             {"metric": "step_time_s", "run_id": "new", "provenance": {"timestamp": stamp}},
             {"metric": "loss", "run_id": "loss-only", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}}]
     assert recorded_before_flags_rode(rows) == {"old"}
+
+
+def test_at_stages_2_3_a_large_buckets_copy_waits_for_the_reduce_scatter_in_flight():
+    """``overlap_comm`` on: a large bucket's gradients that land while another bucket's reduce-scatter runs
+    wait as autograd made them (``StagingBuckets.hold``): on a network slower than a block's backward, each
+    large bucket's staging copy starts once the previous bucket's reduce-scatter has ended. The step is still
+    faster than with ``overlap_comm`` off, which waits for each as it starts."""
+    import dataclasses
+
+    from zerobench.sim.schedule import StepReplay
+
+    for stage in (2, 3):
+        c = _cfg(stage=stage, dp=2, bucket_size=8192)
+        prof = _profile([c], coll=(1e-4, 4e-8))
+        tasks = simulate(c, prof)["timeline"].tasks
+        buckets = StepReplay(c, prof).buckets
+        reduces = {t.name: t for t in tasks if t.name.startswith("reduce bucket")}
+        copies = [t for t in tasks if t.name == "staging copy"]  # one per bucket, in bucket order
+        assert len(copies) == len(buckets) == len(reduces)
+        assert max(r.seconds for r in reduces.values()) > 2e-3, "a reduce-scatter outlasts a block's backward"
+        large = [b.index for b in buckets[1:] if StepReplay(c, prof).large(b)]
+        assert large
+        for i in large:
+            assert copies[i].start >= reduces[f"reduce bucket {i - 1}"].end, (stage, i)
+        off = dataclasses.replace(c, zero=dataclasses.replace(c.zero, overlap_comm=False))
+        assert simulate(c, prof)["step_time_s"] < simulate(off, prof)["step_time_s"]

@@ -12,7 +12,9 @@ time in issue order, as a process group runs them). What the engine does, per st
   step() waits for all, steps (every element at stage 0, this rank's shard at 1), stage 1 all-gathers every
   bucket; zero_grad() sets ``.grad`` to None (no pass over the buffer);
 - stages 2-3: each landed gradient is copied into its staging bucket (``add_grad``), reduce-scattered per
-  bucket, every micro-batch; later micro-batches add the result into the partition;
+  bucket, every micro-batch; later micro-batches add the result into the partition; a large bucket whose
+  gradients land while a collective is in flight is copied once that has finished (``StagingBuckets.hold``),
+  so backward waits for it there;
 - stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its
   backward, the next unit prefetched (``Stage3Scheduler``): the root at the start of forward and,
   unprefetched, at the start of backward;
@@ -35,6 +37,7 @@ from zerobench.sim.profile import IN_SITU, LAUNCH, Profile
 from zerobench.sim.replay import Timeline
 from zerobench.train.config import TrainConfig
 from zerobench.zero.config import MAX_INFLIGHT
+from zerobench.zero.staging import SMALL_STAGING
 
 
 class StepReplay:
@@ -54,6 +57,7 @@ class StepReplay:
             self.by_unit.setdefault(b.unit, []).append(b)
             self.by_point.setdefault(b.lands, []).append(b)
         self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm else 0
+        self.largest = max((b.numel for b in self.buckets), default=0)
         self.elem = cfg.zero.precision.param_dtype.itemsize
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
@@ -162,6 +166,11 @@ class StepReplay:
     def land(self, point: int) -> None:
         for b in self.by_point.get(point, ()):
             nbytes = b.param_numel * self.elem
+            if self.stage >= 2 and self.sync:  # the buckets completed before this one are being reduced
+                self._start_ready()
+                if self.inflight and self.large(b):  # its gradients are held until those collectives end
+                    self.wait_dp(tuple(self.inflight))
+                    self.inflight = []
             if self.stage >= 2:  # add_grad: the gradients are copied into the staging bucket
                 self.dev("staging copy", self.prof.cost("copy", self.ranks, nbytes), "copy")
             elif self.first:  # zero_grad() left .grad None: autograd's new gradient is copied into its view
@@ -169,11 +178,17 @@ class StepReplay:
             else:  # later micro-batches: .grad is the bucket's view, autograd adds into it
                 self.dev("accumulate into bucket", self.prof.cost("add", self.ranks, nbytes), "copy")
             self.pending.discard(b.index)
-        if not self.sync:
-            return
+        if self.sync:
+            self._start_ready()
+
+    def _start_ready(self) -> None:
         while self.next_start < len(self.buckets) and self.next_start not in self.pending:
             self._reduce(self.buckets[self.next_start])
             self.next_start += 1
+
+    def large(self, b: Bucket) -> bool:
+        """Stages 2-3: a bucket whose gradients wait for the staging bucket in flight (``StagingBuckets.hold``)."""
+        return b.numel * SMALL_STAGING > self.largest
 
     def _reduce(self, b: Bucket) -> None:
         op = "all_reduce" if self.stage == 0 else "reduce_scatter"

@@ -19,8 +19,10 @@ without ``zero()`` adds to the reduced gradients of the first. ``SyncMode.for_st
 - ``REDUCE_SCATTER_STAGED`` (stages 2, 3): each micro-batch's gradients go into a transient *staging* bucket,
   reduce-scattered into this rank's gradient partition and freed once the collective is seen complete
   (checked whenever a gradient lands); at most ``max_inflight`` are being reduced at once (0: each is waited
-  for as it starts, ``ZeroConfig.overlap_comm`` off). The partition is held per bucket (``BucketShards``):
-  a shard from its first reduce-scatter in the window until ``zero()``, which releases them all.
+  for as it starts, ``ZeroConfig.overlap_comm`` off), and one large staging buffer: while it is reduced, the
+  next large bucket's gradients are kept as autograd made them (``zero/staging.py``). The partition is held
+  per bucket (``BucketShards``): a shard from its first reduce-scatter in the window until ``zero()``, which
+  releases them all.
 
 With a ``sink`` (optimizer offload) every reduced shard is handed to it once final — at stages 2-3 into a
 transient device shard instead of a device partition, since the partition lives on the host.
@@ -132,7 +134,11 @@ class GradBucketGroup:
         zp.check_grad(grad, self.grad_dtype)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
-        self.stage.write(zp.slot, grad, self.pre_scale)
+        if self.inflight:  # one still running: a large bucket's gradients wait for it (``StagingBuckets.hold``)
+            self.stage.hold(zp.slot, grad, self.pre_scale)
+        else:
+            self.stage.flush()
+            self.stage.write(zp.slot, grad, self.pre_scale)
         self._landed(zp)
 
     def _landed(self, zp: ZeroParam) -> None:
@@ -168,6 +174,8 @@ class GradBucketGroup:
                 work = C.reduce_scatter(out, view, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
             self.inflight.append(Inflight(bucket, work, None, None, None))
         else:
+            if self.stage.must_wait(bucket):  # its gradients were held: the collective in flight finishes first
+                self._finish_reduces(block=True)
             staging = self.stage.pop(bucket)
             if self.local is None:  # offload: a transient device shard, handed to the sink when reduced
                 shard = self.layout.buckets[bucket].shard_numel
@@ -267,7 +275,7 @@ class GradBucketGroup:
     def tensors(self) -> dict[str, list[torch.Tensor]]:
         """The gradient tensors held now and the transient staging buffers."""
         held = [self.full.data] if self.full is not None else self.local.held() if self.local is not None else []
-        return {"grads": held, "comm_buffers": list(self.staging.values())}
+        return {"grads": held, "comm_buffers": list(self.staging.values()) + self.stage.held_tensors()}
 
     def grad_bytes(self) -> int:
         """Device bytes of the gradients while held (stages 2-3: from backward until ``zero()``)."""

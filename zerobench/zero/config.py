@@ -87,7 +87,7 @@ class ZeroConfig:
     """Precision recipe (see ``Precision``)."""
     bucket_numel: int = 6_250_000
     """Elements per gradient/parameter bucket (constant-size buffers, C_B); 25 MB of fp32, torch DDP's
-    default. Stages 2-3 hold at most three staging buckets at a time (one with ``overlap_comm`` off). At
+    default. Stages 2-3 hold one staging bucket of this size at a time (``zero/staging.py``). At
     stage 3 a bucket never spans two gather units; a unit larger than this is cut into several buckets
     (gathered together, reduce-scattered one by one as backward fills them)."""
     param_align: int = 16
@@ -105,10 +105,10 @@ class ZeroConfig:
     """Stage 3: all-gather the next module's parameters while the current one computes."""
     overlap_comm: bool = True
     """Start each gradient bucket's collective as soon as the bucket is complete and let backward run on
-    (up to ``MAX_INFLIGHT`` outstanding), as DeepSpeed's ``overlap_comm``. Off, backward waits for each bucket's
-    collective before it goes on: slower where communication is not free, and at stages 2-3 a rank then
-    holds one staging bucket at a time instead of the one being reduced next to the one filling (FSDP1
-    on CPU reduces that way). The README gives both sides' figures."""
+    (up to ``MAX_INFLIGHT`` outstanding), as DeepSpeed's ``overlap_comm``. At stages 2-3 the next large bucket's
+    gradients stay as autograd made them while one is reduced, and wait for it once complete, as FSDP2's one
+    reduce-scatter input in flight. Off, backward waits for each bucket's collective before it goes on: slower
+    where communication is not free (FSDP1 on CPU reduces that way). The README gives both sides' figures."""
     kernels: str = "auto"
     """Optimizer kernels: "auto" (fused where the device has them), "fused" (required), "reference"."""
     offload_optimizer: str = "none"

@@ -5,6 +5,14 @@ gradient, or zeroed at the end of backward when none came (``fill_missing``) —
 A bucket that is one parameter exactly (``PartitionLayout.sole_param``: an embedding, any parameter of
 a bucket's size or more) is not copied at all: its gradient, which the engine's hook drops from ``.grad``,
 is itself the bucket the reduce-scatter reads.
+
+While a bucket's collective is in flight (``overlap_comm``), a gradient of a large bucket that has no staging
+buffer yet is kept as autograd made it (``hold``) and copied in once that collective has finished
+(``flush``); a bucket completed first waits for it (``must_wait``). So one large staging buffer is reduced at
+a time and the next bucket's gradients are never in two places, as FSDP2 keeps one reduce-scatter input in
+flight (``reduce_scatter_max_input_buffers``, 1 by default). A bucket under ``1 / SMALL_STAGING`` of the largest
+(a unit's remainder, the final norm) is staged at once: holding it would save little and could make backward
+wait.
 """
 
 from __future__ import annotations
@@ -12,6 +20,9 @@ from __future__ import annotations
 import torch
 
 from zerobench.zero.layout import ParamSlot, PartitionLayout
+
+SMALL_STAGING = 8
+"""A bucket of at most 1/8 of the layout's largest is staged at once, even while another bucket's collective runs."""
 
 
 class StagingBuckets:
@@ -23,9 +34,37 @@ class StagingBuckets:
         self.padding = [layout.padding(b.index) for b in layout.buckets]
         self.sole = [layout.sole_param(b.index) is not None for b in layout.buckets]
         self.landed = [False] * len(layout.params)
+        largest = max((b.numel for b in layout.buckets), default=0)
+        self.large = [b.numel * SMALL_STAGING > largest for b in layout.buckets]
+        self.held: dict[int, list[tuple[ParamSlot, torch.Tensor, float | None]]] = {}
+        """Gradients kept as autograd made them, by bucket, until their staging buffer may be allocated."""
 
     def begin_micro(self) -> None:
         self.landed = [False] * len(self.layout.params)
+        self.held.clear()  # a backward that raised midway leaves gradients no later micro-batch may take
+
+    def hold(self, slot: ParamSlot, grad: torch.Tensor, scale: float | None = None) -> None:
+        """Another bucket's collective is in flight: keep ``grad`` (handed over, as to ``write``) until ``flush``
+        if its bucket is large and has no staging buffer yet; else write it now."""
+        if not self.large[slot.bucket] or slot.bucket in self.buffers:
+            self.write(slot, grad, scale)
+            return
+        self.held.setdefault(slot.bucket, []).append((slot, grad, scale))
+        self.landed[slot.index] = True
+
+    def flush(self, bucket: int | None = None) -> None:
+        """Copy the held gradients (of ``bucket``, or all) into their staging buffers, allocating them."""
+        for b in [bucket] if bucket is not None else list(self.held):
+            for slot, grad, scale in self.held.pop(b, ()):
+                self.write(slot, grad, scale)
+
+    def must_wait(self, bucket: int) -> bool:
+        """Whether starting ``bucket`` needs a new staging buffer for held gradients (so the collective in flight
+        is to finish first); not for a sole parameter reduced as it is."""
+        held = self.held.get(bucket)
+        if not held or bucket in self.buffers:
+            return False
+        return not (self.sole[bucket] and len(held) == 1 and self._as_is(held[0][1]))
 
     def write(self, slot: ParamSlot, grad: torch.Tensor, scale: float | None = None) -> None:
         """Copy ``grad`` (times ``scale``, in the same pass) into its bucket, or take it as the bucket when it is
@@ -52,6 +91,7 @@ class StagingBuckets:
 
     def fill_missing(self, bucket: int) -> None:
         """Zeros for every parameter of ``bucket`` without a gradient in this micro-batch."""
+        self.flush(bucket)
         b = self.layout.buckets[bucket]
         buf = self.buffers.get(bucket)
         if buf is None:
@@ -63,4 +103,8 @@ class StagingBuckets:
                 buf[p.start - b.start : p.end - b.start].zero_()
 
     def pop(self, bucket: int) -> torch.Tensor:
+        self.flush(bucket)
         return self.buffers.pop(bucket)
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return [grad for items in self.held.values() for _, grad, _ in items]

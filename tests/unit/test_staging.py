@@ -70,3 +70,13 @@ def test_a_new_micro_batch_drops_what_an_aborted_backward_held(stage):
     assert stage.held == {} and stage.landed == [False] * 4
     stage.fill_missing(0)
     assert torch.count_nonzero(stage.pop(0)) == 0, "zeros, not the aborted pass's gradient"
+
+
+def test_a_vocabulary_sized_sole_parameter_does_not_make_the_other_buckets_small():
+    """The tied embedding is reduced as it is, never staged: the blocks' buckets are large next to the largest
+    bucket that is staged, whatever the vocabulary, so their gradients are still held back."""
+    specs = [ParamSpec("a", (3000,), 0), ParamSpec("b", (3000,), 0), ParamSpec("wte", (1000, 128), 1)]
+    stage = StagingBuckets(build_layout(specs, 2, 6000, 8), torch.float32, torch.device("cpu"))
+    assert stage.sole == [False, True] and stage.large[0]
+    stage.hold(_slot(stage, "a"), torch.randn(3000))
+    assert stage.buffers == {} and stage.must_wait(0)

@@ -57,7 +57,9 @@ class StepReplay:
             self.by_unit.setdefault(b.unit, []).append(b)
             self.by_point.setdefault(b.lands, []).append(b)
         self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm else 0
-        self.largest = max((b.numel for b in self.buckets), default=0)
+        self.largest = max((b.numel for b in self.buckets if not (b.params == 1 and b.numel == b.param_numel)),
+                           default=0)
+        """The largest bucket that is staged (a sole unpadded parameter is reduced as it is)."""
         self.elem = cfg.zero.precision.param_dtype.itemsize
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem

@@ -10,9 +10,9 @@ While a bucket's collective is in flight (``overlap_comm``), a gradient of a lar
 buffer yet is kept as autograd made it (``hold``) and copied in once that collective has finished
 (``flush``); a bucket completed first waits for it (``must_wait``). So one large staging buffer is reduced at
 a time and the next bucket's gradients are never in two places, as FSDP2 keeps one reduce-scatter input in
-flight (``reduce_scatter_max_input_buffers``, 1 by default). A bucket under ``1 / SMALL_STAGING`` of the largest
-(a unit's remainder, the final norm) is staged at once: holding it would save little and could make backward
-wait.
+flight (``reduce_scatter_max_input_buffers``, 1 by default). A bucket under ``1 / SMALL_STAGING`` of the
+largest staged one (a unit's remainder, the final norm) is staged at once: holding it would save little and
+could make backward wait.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 from zerobench.zero.layout import ParamSlot, PartitionLayout
 
 SMALL_STAGING = 8
-"""A bucket of at most 1/8 of the layout's largest is staged at once, even while another bucket's collective runs."""
+"""A bucket of at most 1/8 of the layout's largest staged one (a sole parameter is never staged: a vocabulary-sized
+embedding does not count) is staged at once, even while another bucket's collective runs."""
 
 
 class StagingBuckets:
@@ -34,7 +35,7 @@ class StagingBuckets:
         self.padding = [layout.padding(b.index) for b in layout.buckets]
         self.sole = [layout.sole_param(b.index) is not None for b in layout.buckets]
         self.landed = [False] * len(layout.params)
-        largest = max((b.numel for b in layout.buckets), default=0)
+        largest = max((b.numel for b in layout.buckets if not self.sole[b.index]), default=0)  # sole: never staged
         self.large = [b.numel * SMALL_STAGING > largest for b in layout.buckets]
         self.held: dict[int, list[tuple[ParamSlot, torch.Tensor, float | None]]] = {}
         """Gradients kept as autograd made them, by bucket, until their staging buffer may be allocated."""

@@ -272,7 +272,7 @@ def test_at_stages_2_3_a_large_buckets_copy_waits_for_the_reduce_scatter_in_flig
         copies = [t for t in tasks if t.name == "staging copy"]  # one per bucket, in bucket order
         assert len(copies) == len(buckets) == len(reduces)
         assert max(r.seconds for r in reduces.values()) > 2e-3, "a reduce-scatter outlasts a block's backward"
-        large = [b.index for b in buckets[1:] if StepReplay(c, prof).large(b)]
+        large = [b.index for b in buckets[1:] if b.held_back]
         assert large
         for i in large:
             assert copies[i].start >= reduces[f"reduce bucket {i - 1}"].end, (stage, i)

@@ -33,6 +33,8 @@ class Bucket:
     """Elements of parameters (unpadded)."""
     lands: int
     """Backward point after which it is complete: ``HEAD``, block index, or ``layers`` (the embedding)."""
+    held_back: bool = False
+    """Stages 2-3: its gradients wait while another bucket is reduced (``zero/staging.py``'s ``held_back``)."""
 
 
 def _landing(name: str, layers: int) -> int:
@@ -58,6 +60,7 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
     from zerobench.distributed.mesh import build_mesh
     from zerobench.models.gpt import GPT
     from zerobench.parallel.parallelize import ParallelSpec, parallelize
+    from zerobench.zero.staging import held_back
 
     if dist.is_initialized() and dist.get_backend() != "fake":
         raise RuntimeError("engine_buckets builds the engine on a fake process group: call it in a process "
@@ -71,12 +74,13 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
                                    kernels="reference")
         engine = parallelize(gpt, build_mesh(cfg.tp), ParallelSpec(zero=zero, kernels="reference")).engine
         layout, L = engine.layout, cfg.model.layers
+        held = held_back(layout)
         out = []
         for b in layout.buckets:
             slots = [layout.params[i] for i in b.params]
             lands = max((_landing(s.name, L) for s in slots), key=lambda p: _backward_order(p, L))
             out.append(Bucket(b.index, b.numel, b.shard_numel, b.unit, len(slots),
-                              sum(s.end - s.start for s in slots), lands))
+                              sum(s.end - s.start for s in slots), lands, held[b.index]))
         return tuple(out)
     finally:
         dist.destroy_process_group()

@@ -37,7 +37,6 @@ from zerobench.sim.profile import IN_SITU, LAUNCH, Profile
 from zerobench.sim.replay import Timeline
 from zerobench.train.config import TrainConfig
 from zerobench.zero.config import MAX_INFLIGHT
-from zerobench.zero.staging import SMALL_STAGING
 
 
 class StepReplay:
@@ -57,9 +56,6 @@ class StepReplay:
             self.by_unit.setdefault(b.unit, []).append(b)
             self.by_point.setdefault(b.lands, []).append(b)
         self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm else 0
-        self.largest = max((b.numel for b in self.buckets if not (b.params == 1 and b.numel == b.param_numel)),
-                           default=0)
-        """The largest bucket that is staged (a sole unpadded parameter is reduced as it is)."""
         self.elem = cfg.zero.precision.param_dtype.itemsize
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
@@ -170,7 +166,7 @@ class StepReplay:
             nbytes = b.param_numel * self.elem
             if self.stage >= 2 and self.sync:  # the buckets completed before this one are being reduced
                 self._start_ready()
-                if self.inflight and self.large(b):  # its gradients are held until those collectives end
+                if self.inflight and b.held_back:  # its gradients are held until those collectives end
                     self.wait_dp(tuple(self.inflight))
                     self.inflight = []
             if self.stage >= 2:  # add_grad: the gradients are copied into the staging bucket
@@ -187,10 +183,6 @@ class StepReplay:
         while self.next_start < len(self.buckets) and self.next_start not in self.pending:
             self._reduce(self.buckets[self.next_start])
             self.next_start += 1
-
-    def large(self, b: Bucket) -> bool:
-        """Stages 2-3: a bucket whose gradients wait for the staging bucket in flight (``StagingBuckets.hold``)."""
-        return b.numel * SMALL_STAGING > self.largest
 
     def _reduce(self, b: Bucket) -> None:
         op = "all_reduce" if self.stage == 0 else "reduce_scatter"

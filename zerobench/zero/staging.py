@@ -26,6 +26,14 @@ SMALL_STAGING = 8
 embedding does not count) is staged at once, even while another bucket's collective runs."""
 
 
+def held_back(layout: PartitionLayout) -> list[bool]:
+    """Per bucket: whether its gradients are held while another bucket's collective is in flight (``hold``); the
+    simulator's replay reads the same list."""
+    sole = [layout.sole_param(b.index) is not None for b in layout.buckets]
+    largest = max((b.numel for b, s in zip(layout.buckets, sole) if not s), default=0)
+    return [b.numel * SMALL_STAGING > largest for b in layout.buckets]
+
+
 class StagingBuckets:
     """The staging buffers in flight, by bucket index, and which parameters this micro-batch wrote."""
 
@@ -35,8 +43,7 @@ class StagingBuckets:
         self.padding = [layout.padding(b.index) for b in layout.buckets]
         self.sole = [layout.sole_param(b.index) is not None for b in layout.buckets]
         self.landed = [False] * len(layout.params)
-        largest = max((b.numel for b in layout.buckets if not self.sole[b.index]), default=0)  # sole: never staged
-        self.large = [b.numel * SMALL_STAGING > largest for b in layout.buckets]
+        self.large = held_back(layout)
         self.held: dict[int, list[tuple[ParamSlot, torch.Tensor, float | None]]] = {}
         """Gradients kept as autograd made them, by bucket, until their staging buffer may be allocated."""
 
@@ -55,6 +62,8 @@ class StagingBuckets:
 
     def flush(self, bucket: int | None = None) -> None:
         """Copy the held gradients (of ``bucket``, or all) into their staging buffers, allocating them."""
+        if not self.held:  # every gradient that lands with no collective in flight comes through here
+            return
         for b in [bucket] if bucket is not None else list(self.held):
             for slot, grad, scale in self.held.pop(b, ()):
                 self.write(slot, grad, scale)

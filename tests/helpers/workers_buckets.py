@@ -205,3 +205,46 @@ def overlap_comm(rank, world, stage):
                         "largest_bytes": 4 * max(b.numel for b in engine.layout.buckets),
                         "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
     return out
+
+
+def tied_wait(rank, world, stage):
+    """Stages 2-3, ``overlap_comm`` on, collectives never seen complete before they are waited for, a GPT whose
+    tied embedding is its own bucket and the largest tensor: trained with the wait before the tied parameter's
+    second gradient (``zero/tied_grads.py``) and without it (the hooks not installed), how many collectives were in
+    flight as the token lookup's backward began, the peak live bytes, and the trained full parameters."""
+    from zerobench.distributed import collectives as C
+    from zerobench.metrics.memory import LiveTensorTracker
+    from zerobench.zero import backward_pass
+
+    cfg = dataclasses.replace(PRESETS["tiny"], layers=3, vocab=16384, seq=16)
+    group = dp_groups(rank, world, [world])[world]
+    originals = {name: getattr(C, name) for name in ("all_reduce", "reduce_scatter")}
+    installed = backward_pass.wait_before_tied_grads
+    out = {}
+    for wait in (True, False):
+        torch.manual_seed(0)
+        if not wait:
+            backward_pass.wait_before_tied_grads = lambda *a: []
+        try:
+            engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=60_000))
+        finally:
+            backward_pass.wait_before_tied_grads = installed
+        inflight: list[int] = []
+
+        def record(module, args, output, grads=engine.grads, inflight=inflight):  # after the engine's own hook
+            output.register_hook(lambda g: inflight.append(len(grads.inflight)))
+
+        engine.module.wte.register_forward_hook(record)
+        for name, fn in originals.items():
+            setattr(C, name, lambda *a, fn=fn, **k: _NeverSeenDone(fn(*a, **k)) if k.get("async_op") else fn(*a, **k))
+        try:
+            with LiveTensorTracker() as tracker:
+                _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
+        finally:
+            for name, fn in originals.items():
+                setattr(C, name, fn)
+        sole = [engine.layout.params[b.params[0]].name for b in engine.layout.buckets
+                if engine.layout.sole_param(b.index) is not None]
+        out[wait] = {"inflight": inflight, "peak": tracker.peak, "sole": sole,
+                     "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
+    return out

@@ -27,10 +27,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.param import ZeroParam
+from zerobench.zero.tied_grads import wait_before_tied_grads
 
 FP16_PLAIN_BACKWARD = (
     "fp16 training needs the dynamic loss scale on the loss: call engine.backward(loss), or "
@@ -57,7 +59,7 @@ class BackwardPasses:
         self.state = PassState.IDLE
         self._scaled_task: int | None = None
         """The autograd graph task whose root is a loss ``mark_scaled`` saw (``engine.scale(loss)``)."""
-        self._params = [zp.param for zp in zparams]
+        self._zparams, self._params = zparams, [zp.param for zp in zparams]
         self._begin, self._end, self._scaled = begin, end, scaled
         root_ref = weakref.ref(root)
 
@@ -80,6 +82,12 @@ class BackwardPasses:
         finally:
             self.state = PassState.IDLE
         self._end()
+
+    def install_hooks(self, model: nn.Module, grads: GradBucketGroup) -> list[RemovableHandle]:
+        """The engine's backward hooks: one post-accumulate-grad hook per trained parameter (``grad_hook``), and the
+        wait before a large tied parameter's second gradient (``zero/tied_grads.py``)."""
+        return [zp.param.register_post_accumulate_grad_hook(self.grad_hook(zp, grads))
+                for zp in self._zparams] + wait_before_tied_grads(model, self._zparams, grads)
 
     def grad_hook(self, zp: ZeroParam, grads: GradBucketGroup) -> Callable[[torch.Tensor], None]:
         """The post-accumulate-grad hook of one trained parameter: opens a plain pass if none is open (a backward

@@ -212,6 +212,12 @@ class GradBucketGroup:
             self.state[head.bucket] = BucketState.DONE
             self.inflight.popleft()
 
+    def wait_inflight(self) -> None:
+        """Finish every collective in flight now (stages 2-3: before autograd allocates a large tied parameter's
+        second gradient, ``zero/tied_grads.py``)."""
+        if self.inflight:
+            self._finish_reduces(block=True)
+
     def finish(self, on_started: Callable[[list[int]], None] | None = None) -> None:
         """End of a micro-batch's backward: start the buckets still missing gradients (zeros for the
         parameters unused on this rank), record the window's unused ones, call ``on_started(unused)`` (a

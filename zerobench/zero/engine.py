@@ -122,8 +122,8 @@ class ZeroEngine:
 
     # -- construction helpers ------------------------------------------------------------------
     def _wire_backward(self, model: nn.Module, st: ParamStorage, group: C.Group, device: torch.device) -> None:
-        """The gradient buckets, the loss scaler, the backward passes (``zero/backward_pass.py``), a hook per
-        parameter, and ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
+        """The gradient buckets, the loss scaler, the backward passes and their hooks (``zero/backward_pass.py``), and
+        ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
         self.grads = GradBucketGroup(
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
             SyncMode.for_stage(self.stage), max_inflight=MAX_INFLIGHT if self.config.overlap_comm else 0,
@@ -132,8 +132,7 @@ class ZeroEngine:
             self.grads.on_bucket_reduced = self.scheduler.on_bucket_reduced
         self.scaler = DynamicLossScaler(self.config.loss_scale, enabled=self.config.precision.value == "fp16")
         self.passes = BackwardPasses(model, self.zparams, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
-        self._hooks = [zp.param.register_post_accumulate_grad_hook(self.passes.grad_hook(zp, self.grads))
-                       for zp in self.zparams]
+        self._hooks = self.passes.install_hooks(model, self.grads)
         if self.grads.keep_full:
             self.grads.attach_grad_views()
         route_zero_grad(model, self)

@@ -12,7 +12,8 @@ buffer yet is kept as autograd made it (``hold``) and copied in once that collec
 a time and the next bucket's gradients are never in two places, as FSDP2 keeps one reduce-scatter input in
 flight (``reduce_scatter_max_input_buffers``, 1 by default). A bucket under ``1 / SMALL_STAGING`` of the
 largest staged one (a unit's remainder, the final norm) is staged at once: holding it would save little and
-could make backward wait.
+could make backward wait. A large tied parameter's second gradient, which autograd allocates, waits likewise
+(``zero/tied_grads.py``).
 """
 
 from __future__ import annotations

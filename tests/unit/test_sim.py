@@ -278,3 +278,22 @@ def test_at_stages_2_3_a_large_buckets_copy_waits_for_the_reduce_scatter_in_flig
             assert copies[i].start >= reduces[f"reduce bucket {i - 1}"].end, (stage, i)
         off = dataclasses.replace(c, zero=dataclasses.replace(c.zero, overlap_comm=False))
         assert simulate(c, prof)["step_time_s"] < simulate(off, prof)["step_time_s"]
+
+
+def test_at_stages_2_3_the_embeddings_backward_waits_for_the_reduce_scatters_in_flight():
+    """The tied word embedding (its own held-back bucket) gets its second gradient in the embedding's backward,
+    which starts once every reduce-scatter issued before it has ended (``zero/tied_grads.py``); at stages 0-1
+    (no staging) and with ``overlap_comm`` off there is no such wait."""
+    import dataclasses
+
+    for stage in (0, 1, 2, 3):
+        c = _cfg(stage=stage, dp=2, bucket_size=8192)
+        assert [b.tied for b in engine_buckets(c)].count(True) == 1
+        for overlap in (True, False):
+            cfg = dataclasses.replace(c, zero=dataclasses.replace(c.zero, overlap_comm=overlap))
+            tasks = simulate(cfg, _profile([cfg], coll=(1e-4, 4e-8)))["timeline"].tasks
+            embed = next(t for t in tasks if t.name == "embed_bwd")
+            before = [t for t in tasks if t.name.startswith("reduce bucket") and t.start <= embed.start]
+            assert before, (stage, overlap)
+            waited = all(t.end <= embed.start for t in before)
+            assert waited is (stage >= 2 or not overlap), (stage, overlap, embed.start, [t.end for t in before])

@@ -35,6 +35,9 @@ class Bucket:
     """Backward point after which it is complete: ``HEAD``, block index, or ``layers`` (the embedding)."""
     held_back: bool = False
     """Stages 2-3: its gradients wait while another bucket is reduced (``zero/staging.py``'s ``held_back``)."""
+    tied: bool = False
+    """Holds a parameter two modules own (the word embedding, tied to the LM head): held back, its second gradient
+    waits for the collectives in flight (``zero/tied_grads.py``)."""
 
 
 def _landing(name: str, layers: int) -> int:
@@ -61,6 +64,7 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
     from zerobench.models.gpt import GPT
     from zerobench.parallel.parallelize import ParallelSpec, parallelize
     from zerobench.zero.staging import held_back
+    from zerobench.zero.tied_grads import tied_owners
 
     if dist.is_initialized() and dist.get_backend() != "fake":
         raise RuntimeError("engine_buckets builds the engine on a fake process group: call it in a process "
@@ -75,12 +79,14 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
         engine = parallelize(gpt, build_mesh(cfg.tp), ParallelSpec(zero=zero, kernels="reference")).engine
         layout, L = engine.layout, cfg.model.layers
         held = held_back(layout)
+        tied = {engine.zparams[i].slot.bucket for i in tied_owners(gpt, engine.zparams)}
         out = []
         for b in layout.buckets:
             slots = [layout.params[i] for i in b.params]
             lands = max((_landing(s.name, L) for s in slots), key=lambda p: _backward_order(p, L))
             out.append(Bucket(b.index, b.numel, b.shard_numel, b.unit, len(slots),
-                              sum(s.end - s.start for s in slots), lands, held[b.index]))
+                              sum(s.end - s.start for s in slots), lands, held[b.index],
+                              b.index in tied))
         return tuple(out)
     finally:
         dist.destroy_process_group()

@@ -14,7 +14,8 @@ time in issue order, as a process group runs them). What the engine does, per st
 - stages 2-3: each landed gradient is copied into its staging bucket (``add_grad``), reduce-scattered per
   bucket, every micro-batch; later micro-batches add the result into the partition; a large bucket whose
   gradients land while a collective is in flight is copied once that has finished (``StagingBuckets.hold``),
-  so backward waits for it there;
+  so backward waits for it there, and so does the embedding's backward, for the tied weight's second gradient
+  (``zero/tied_grads.py``);
 - stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its
   backward, the next unit prefetched (``Stage3Scheduler``): the root at the start of forward and,
   unprefetched, at the start of backward;
@@ -178,6 +179,14 @@ class StepReplay:
             self.pending.discard(b.index)
         if self.sync:
             self._start_ready()
+
+    def before_tied_grad(self) -> None:
+        """Stages 2-3 with overlap: the embedding's backward (the tied weight's second gradient) waits for the
+        collectives in flight when that weight's bucket is held back (``zero/tied_grads.py``)."""
+        if self.stage >= 2 and self.sync and self.max_inflight and self.inflight and any(
+                b.tied and b.held_back for b in self.buckets):
+            self.wait_dp(tuple(self.inflight))
+            self.inflight = []
 
     def _start_ready(self) -> None:
         while self.next_start < len(self.buckets) and self.next_start not in self.pending:

@@ -57,6 +57,7 @@ def _backward(r: StepReplay) -> None:
         r.compute("block_bwd", ((4 if ckpt else 2) if tp else 0))
         r.engine("beta")
         r.land(i)
+    r.before_tied_grad()
     r.compute("embed_bwd")
     r.land(L)
     r.end_backward()

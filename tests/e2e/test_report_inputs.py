@@ -11,13 +11,21 @@ from zerobench.report.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = sorted(p for p in (REPO / "results" / "reference").iterdir() if p.is_dir())
+SAME_FORMAT = "sim-validation-cpu-2core"
+"""The simulator's validation recordings share one format: the fast tier renders the latest, the full tier every
+one (5 s each)."""
+
+
+def _tiered(p: Path):
+    slow = p.name.startswith(SAME_FORMAT) and p.name != f"{SAME_FORMAT}-xeon-5"
+    return pytest.param(p, marks=pytest.mark.slow, id=p.name) if slow else pytest.param(p, id=p.name)
 
 
 def test_there_are_committed_results():
     assert len(COMMITTED) >= 7
 
 
-@pytest.mark.parametrize("results", COMMITTED + sorted((REPO / "results" / "baselines").glob("*.jsonl")), ids=lambda p: p.name)
+@pytest.mark.parametrize("results", [_tiered(p) for p in COMMITTED + sorted((REPO / "results" / "baselines").glob("*.jsonl"))])
 def test_every_committed_results_directory_renders(results, tmp_path):
     html = render([str(results)], tmp_path / "report")
     assert html.exists() and html.stat().st_size > 1000

@@ -143,6 +143,23 @@ def grad_partition_lifetime(rank, world, stage):
     return out
 
 
+def _train_on_a_slow_network(engine, cfg, group, world) -> int:
+    """Three steps with every async collective never seen complete before it is waited for; the peak live bytes."""
+    from zerobench.distributed import collectives as C
+    from zerobench.metrics.memory import LiveTensorTracker
+
+    originals = {name: getattr(C, name) for name in ("all_reduce", "reduce_scatter")}
+    for name, fn in originals.items():
+        setattr(C, name, lambda *a, fn=fn, **k: _NeverSeenDone(fn(*a, **k)) if k.get("async_op") else fn(*a, **k))
+    try:
+        with LiveTensorTracker() as tracker:
+            _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
+    finally:
+        for name, fn in originals.items():
+            setattr(C, name, fn)
+    return tracker.peak
+
+
 class _NeverSeenDone:
     """A collective's work that never reports itself complete until waited for (a slow network)."""
 
@@ -162,14 +179,11 @@ def overlap_comm(rank, world, stage):
     buffer was allocated while another bucket was reduced and the most gradients held back at once (stages
     2-3), the peak live bytes of training
     (``LiveTensorTracker``), and the trained full parameters."""
-    from zerobench.distributed import collectives as C
-    from zerobench.metrics.memory import LiveTensorTracker
     from zerobench.zero.bucket import GradBucketGroup
 
     # Small vocabulary and sequence: the blocks' gradient buckets, not the embedding or activations, set the peak.
     cfg = dataclasses.replace(PRESETS["tiny"], layers=3, vocab=64, seq=16)
     group = dp_groups(rank, world, [world])[world]
-    originals = {name: getattr(C, name) for name in ("all_reduce", "reduce_scatter")}
     start = GradBucketGroup._start_reduce
     out = {}
     for overlap in (True, False):
@@ -193,15 +207,8 @@ def overlap_comm(rank, world, stage):
             seen["held"] = max(seen["held"], len(grads.stage.held_tensors()))
 
         grads._start_reduce, grads.stage.write, grads.stage.hold = starting, writing, holding
-        for name, fn in originals.items():
-            setattr(C, name, lambda *a, fn=fn, **k: _NeverSeenDone(fn(*a, **k)) if k.get("async_op") else fn(*a, **k))
-        try:
-            with LiveTensorTracker() as tracker:
-                _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
-        finally:
-            for name, fn in originals.items():
-                setattr(C, name, fn)
-        out[overlap] = {**seen, "peak": tracker.peak, "buckets": len(engine.layout.buckets),
+        peak = _train_on_a_slow_network(engine, cfg, group, world)
+        out[overlap] = {**seen, "peak": peak, "buckets": len(engine.layout.buckets),
                         "largest_bytes": 4 * max(b.numel for b in engine.layout.buckets),
                         "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
     return out
@@ -212,13 +219,10 @@ def tied_wait(rank, world, stage):
     tied embedding is its own bucket and the largest tensor: trained with the wait before the tied parameter's
     second gradient (``zero/tied_grads.py``) and without it (the hooks not installed), how many collectives were in
     flight as the token lookup's backward began, the peak live bytes, and the trained full parameters."""
-    from zerobench.distributed import collectives as C
-    from zerobench.metrics.memory import LiveTensorTracker
     from zerobench.zero import backward_pass
 
     cfg = dataclasses.replace(PRESETS["tiny"], layers=3, vocab=16384, seq=16)
     group = dp_groups(rank, world, [world])[world]
-    originals = {name: getattr(C, name) for name in ("all_reduce", "reduce_scatter")}
     installed = backward_pass.wait_before_tied_grads
     out = {}
     for wait in (True, False):
@@ -235,16 +239,9 @@ def tied_wait(rank, world, stage):
             output.register_hook(lambda g: inflight.append(len(grads.inflight)))
 
         engine.module.wte.register_forward_hook(record)
-        for name, fn in originals.items():
-            setattr(C, name, lambda *a, fn=fn, **k: _NeverSeenDone(fn(*a, **k)) if k.get("async_op") else fn(*a, **k))
-        try:
-            with LiveTensorTracker() as tracker:
-                _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
-        finally:
-            for name, fn in originals.items():
-                setattr(C, name, fn)
+        peak = _train_on_a_slow_network(engine, cfg, group, world)
         sole = [engine.layout.params[b.params[0]].name for b in engine.layout.buckets
                 if engine.layout.sole_param(b.index) is not None]
-        out[wait] = {"inflight": inflight, "peak": tracker.peak, "sole": sole,
+        out[wait] = {"inflight": inflight, "peak": peak, "sole": sole,
                      "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
     return out

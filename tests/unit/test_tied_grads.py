@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from zerobench.zero.layout import ParamSlot, ParamSpec, build_layout
+from zerobench.zero.staging import held_back
 from zerobench.zero.tied_grads import tied_owners, wait_before_tied_grads
 
 
@@ -34,6 +35,7 @@ def _setup(bucket_numel: int, keep_full: bool = False, max_inflight: int = 2):
     zparams = [SimpleNamespace(param=p, slot=slots[n]) for n, p in named.items()]
     events: list[str] = []
     grads = SimpleNamespace(keep_full=keep_full, max_inflight=max_inflight, layout=layout,
+                            stage=SimpleNamespace(large=held_back(layout)),
                             wait_inflight=lambda: events.append("wait"))
     model.wte.weight.register_post_accumulate_grad_hook(lambda p: events.append("landed"))
     return model, zparams, grads, events

@@ -9,7 +9,7 @@ gradient, the lookup's and that bucket are alive at once: the step's peak (4-lay
 live tensors with overlap on, 512 with it off). So before the backward of each module owning such a parameter,
 the collectives in flight finish first: ``zero/staging.py``'s policy (one large buffer reduced at a time, as
 FSDP2's ``reduce_scatter_max_input_buffers``) applied to the buffer autograd allocates. Only parameters of held
-back buckets (``staging.held_back``) get it; the first owner's wait, at the start of backward, finds nothing in
+back buckets (``staging.held_back``, kept as ``StagingBuckets.large``) get it; the first owner's wait, at the start of backward, finds nothing in
 flight. A module reused in two places (its parameters owned once, used twice) is not seen here.
 """
 
@@ -24,7 +24,6 @@ from torch.utils.hooks import RemovableHandle
 from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.param import ZeroParam
-from zerobench.zero.staging import held_back
 
 
 def tied_owners(model: nn.Module, zparams: list[ZeroParam]) -> dict[int, list[nn.Module]]:
@@ -41,7 +40,7 @@ def wait_before_tied_grads(model: nn.Module, zparams: list[ZeroParam], grads: Gr
     in flight before that module's backward. None at stages 0-1 (no staging) or with ``overlap_comm`` off."""
     if grads.keep_full or grads.max_inflight == 0:
         return []
-    large = held_back(grads.layout)
+    large = grads.stage.large
     owners = weakref.WeakSet(m for i, ms in tied_owners(model, zparams).items() if large[zparams[i].slot.bucket]
                              for m in ms)
 

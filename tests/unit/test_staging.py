@@ -1,7 +1,8 @@
 """``StagingBuckets`` (stages 2-3): while another bucket's collective is in flight, a large bucket's gradients
 are held as autograd made them, not copied into a second staging buffer; they are copied, scaled, when flushed
 or when their bucket is taken; a small bucket is staged at once; a sole parameter is reduced as it is; and a
-backward that raised midway leaves nothing held for the next micro-batch. No processes."""
+backward that raised midway leaves nothing held for the next micro-batch; a staging buffer is freed once its
+collective was waited for. No processes."""
 
 from __future__ import annotations
 
@@ -80,3 +81,20 @@ def test_a_vocabulary_sized_sole_parameter_does_not_make_the_other_buckets_small
     assert stage.sole == [False, True] and stage.large[0]
     stage.hold(_slot(stage, "a"), torch.randn(3000))
     assert stage.buffers == {} and stage.must_wait(0)
+
+
+def test_a_released_staging_buffer_is_freed_though_another_reference_holds_it(stage):
+    """Once its collective was waited for, a staging buffer allocated here is freed at once, though the communication
+    library may still hold the tensor (gloo's worker thread, NCCL's watchdog); a sole parameter's gradient reduced as
+    it is was handed over, not allocated here, and is left to whoever holds it."""
+    stage.write(_slot(stage, "a"), torch.randn(3000))
+    staged = stage.pop(0)
+    held_elsewhere = staged  # as a collective's work object holds its input
+    stage.release(0, staged)
+    assert held_elsewhere.untyped_storage().nbytes() == 0
+    grad = torch.randn(6000)
+    stage.write(_slot(stage, "d"), grad)
+    sole = stage.pop(2)
+    assert sole.data_ptr() == grad.data_ptr()
+    stage.release(2, sole)
+    assert grad.untyped_storage().nbytes() == 6000 * 4 and torch.isfinite(grad).all()

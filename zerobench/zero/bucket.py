@@ -201,6 +201,8 @@ class GradBucketGroup:
                 return
             if head.work is not None:
                 head.work.wait()
+            if head.staging is not None:
+                self.stage.release(head.bucket, head.staging)
             if head.accumulate_into is not None:
                 head.accumulate_into.add_(head.out)
             if self.sink is not None:

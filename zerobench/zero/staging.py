@@ -117,5 +117,13 @@ class StagingBuckets:
         self.flush(bucket)
         return self.buffers.pop(bucket)
 
+    def release(self, bucket: int, buf: torch.Tensor) -> None:
+        """``bucket``'s collective was waited for: free the staging buffer allocated for it now (``resize_(0)``, as
+        FSDP1 frees its unsharded parameters), not when the last reference drops, which the communication library
+        may hold a while longer (gloo's worker thread, NCCL's watchdog). A sole parameter's gradient reduced as it
+        is was handed over, not allocated here: it goes when its reference does."""
+        if not self.sole[bucket]:
+            buf.untyped_storage().resize_(0)
+
     def held_tensors(self) -> list[torch.Tensor]:
         return [grad for items in self.held.values() for _, grad, _ in items]

@@ -71,7 +71,8 @@ def test_comm_volume_per_step(measured, stage, dp):
 def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
     """Stage 3 honours ``bucket_numel``: a tiny block (50k parameters) becomes several buckets, gathered
     together but reduce-scattered one by one, so staging stays within the bucket size; the traffic and the
-    trained parameters are those of one bucket per unit (fp32 sums of two ranks are exact)."""
+    trained parameters are those of one bucket per unit (fp32 sums of two ranks are exact). A unit's parameters
+    are freed once its last bucket's gradients have all landed, before they are staged, and not before."""
     from tests.helpers.workers_buckets import stage3_bucket_sizes
     from zerobench.zero.config import NO_BUCKET_LIMIT
 
@@ -91,3 +92,12 @@ def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
         assert cut["rs_volume"] == pytest.approx(one["rs_volume"], rel=0.02)  # padding differs
         for name, t in one["params"].items():
             assert (cut["params"][name] == t).all(), name
+        for r in (cut, one):  # a unit's buckets are staged one after another, the unit freed before the last
+            runs, staged = [], r["staged"]
+            while staged:
+                unit, n, _ = staged[0]
+                runs.append([state for _, _, state in staged[:n]])
+                assert [u for u, _, _ in staged[:n]] == [unit] * n, staged[:n]
+                staged = staged[n:]
+            assert len(runs) == 2 * 3, len(runs)  # 2 steps x (root + 2 blocks)
+            assert all(states == ["unsharded"] * (len(states) - 1) + ["sharded"] for states in runs), runs

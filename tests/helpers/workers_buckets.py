@@ -19,8 +19,10 @@ from zerobench.zero.state_dict import full_parameters
 
 def stage3_bucket_sizes(rank, world, bucket_numels):
     """Stage 3 at DP ``world`` with each bucket size: buckets per unit, the most staging bytes held at once
-    during backward, reduce-scatter calls and volume, and the trained full parameters."""
+    during backward, reduce-scatter calls and volume, the trained full parameters, and for every bucket staged
+    (``StagingBuckets.pop``) its unit, that unit's bucket count and state then."""
     from zerobench.zero.bucket import GradBucketGroup
+    from zerobench.zero.staging import StagingBuckets
 
     cfg = PRESETS["tiny"]
     group = dp_groups(rank, world, [world])[world]
@@ -36,9 +38,17 @@ def stage3_bucket_sizes(rank, world, bucket_numels):
             peak[0] = max(peak[0], sum(t.numel() for t in self.staging.values()))
 
         engine.grads.add_grad = tracking.__get__(engine.grads)
+        units = engine.scheduler.units
+        staged: list[tuple[int, int, str]] = []
+
+        def popping(bucket, stage=engine.grads.stage, by_bucket=engine.scheduler.by_bucket, staged=staged, units=units):
+            unit = by_bucket[bucket]
+            staged.append((units.index(unit), len(unit.buckets), unit.state.value))
+            return StagingBuckets.pop(stage, bucket)
+
+        engine.grads.stage.pop = popping
         engine.ledger.reset()
         _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 2, 0, 2 * world)
-        units = engine.scheduler.units
         rs = [r for r in engine.ledger.summary() if r["op"] == "reduce_scatter"]
         out[numel] = {
             "buckets_per_unit": [len(u.buckets) for u in units],
@@ -47,6 +57,7 @@ def stage3_bucket_sizes(rank, world, bucket_numels):
             "peak_staging": peak[0],
             "rs_calls": sum(r["calls"] for r in rs),
             "rs_volume": sum(r["volume_elements"] for r in rs),
+            "staged": staged,
             "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
         }
     return out

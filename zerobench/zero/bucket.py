@@ -90,7 +90,8 @@ class GradBucketGroup:
         self.seen, self.seen_count = [False] * len(zparams), 0
         self.unused: list[int] = []
         """Parameters (indices) that got no gradient in the last synchronised window on this rank."""
-        self.on_bucket_reduced: Callable[[int], None] | None = None
+        self.on_bucket_complete: Callable[[int], None] | None = None
+        """Called with a bucket whose gradients have all landed, before they are staged (stage 3 frees the unit)."""
 
     # -- micro-batch lifecycle -------------------------------------------------------------------
     def begin_micro(self, sync: bool, first_in_window: bool, pre_scale: float | None = None) -> None:
@@ -160,6 +161,8 @@ class GradBucketGroup:
     def _start_reduce(self, bucket: int) -> None:
         assert self.state[bucket] is BucketState.FILLING, f"bucket {bucket} started twice ({self.state[bucket]})"
         self.state[bucket] = BucketState.REDUCING
+        if self.on_bucket_complete is not None:  # first: what it frees is not held beside the staging copy
+            self.on_bucket_complete(bucket)
         g = self.group
         if self.keep_full:
             view = self.full.bucket_view(bucket)
@@ -187,8 +190,6 @@ class GradBucketGroup:
                 out = torch.empty_like(acc)
             work = C.reduce_scatter(out, staging, g, self.ledger, "grad", async_op=True, inp_is_scratch=True)
             self.inflight.append(Inflight(bucket, work, staging, out, acc, self.first_micro))
-        if self.on_bucket_reduced is not None:
-            self.on_bucket_reduced(bucket)
         self._finish_reduces(block=False)
 
     def _finish_reduces(self, block: bool) -> None:

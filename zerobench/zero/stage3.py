@@ -4,7 +4,8 @@ Each *unit* (every transformer block, plus the root module for the embeddings an
 more consecutive buckets of the layout (a unit larger than ``bucket_numel`` is cut into several, so its
 gradients are reduce-scattered in bucket-sized pieces as backward produces them, and no staging buffer
 exceeds the bucket size). The unit is gathered as a whole, one all-gather per bucket into one flat
-full-size buffer, and freed once all of its buckets' gradients are handed to the reduce-scatter. While a
+full-size buffer, and freed once all of its buckets' gradients have landed, before they are staged and
+reduce-scattered (as FSDP1 reshards before it reduces). While a
 unit is gathered its parameters are views of that buffer;
 otherwise that buffer's storage is resized to 0 (views autograd saved stay valid and see the values
 again once re-gathered) and each parameter's ``.data`` is a 0-element placeholder, so reading a
@@ -12,7 +13,7 @@ parameter outside forward shows an empty tensor instead of touching freed memory
 (``zero/gathered.py``) gathers every unit for reading; ``state_dict()`` on a sharded module
 is refused with a one-line error that says so. The scheduler gathers a unit before its forward and again before its backward (a hook on
 the unit's output gradient), prefetching the next unit in execution order; it frees a unit after its
-forward and as soon as its gradients have been handed to the reduce-scatter. A forward that runs inside
+forward and as soon as its gradients have all landed. A forward that runs inside
 backward is a recompute (the model's own ``torch.utils.checkpoint``): the unit is gathered for it and
 nothing is prefetched or freed, and after every optimizer step all units are freed, so no unit carries
 pre-step values into the next forward. The root stays gathered for
@@ -238,9 +239,9 @@ class Stage3Scheduler:
         if held > self.peak_gathered_bytes:
             self.peak_gathered_bytes = held
 
-    def on_bucket_reduced(self, bucket: int) -> None:
-        """A bucket's gradients were handed to the reduce-scatter; once all of its unit's are, the
-        unit's parameters can go."""
+    def on_bucket_complete(self, bucket: int) -> None:
+        """Every gradient of ``bucket`` has landed; once all of its unit's buckets are complete, no node of this
+        backward reads the unit's parameters again, and they go before the gradients are staged."""
         unit = self.by_bucket[bucket]
         unit.reduced.add(bucket)
         if len(unit.reduced) == len(unit.buckets):

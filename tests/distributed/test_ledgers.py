@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.workers_engine import ledgers
-from zerobench.metrics.memory import paper_model_state_bytes
+from zerobench.metrics.analytic import paper_model_state_bytes
 
 pytestmark = pytest.mark.dist
 

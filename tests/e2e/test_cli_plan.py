@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -79,3 +81,18 @@ def test_max_size_needs_no_layers_and_reports_the_solved_model():
     assert d["memory_bytes"]["total"] <= 32e9
     over = json.loads(zb("plan", *args, "--layers", str(d["max_layers"] + 1), "--json").stdout)
     assert not over["fits"] and over["memory_bytes"]["total"] > 32e9
+
+
+def test_planning_does_not_import_torch():
+    """Plans, tables, projections and their one-line errors are arithmetic: none of them imports torch (seconds
+    on this VM), so a plan answers at once. A dry run, which builds the real engine, and an 8-bit optimizer's
+    bytes (the quantizer's block) do."""
+    plans = [["--table", "1"], ["--table", "2"], ["--model", "100B", "--tp", "16", "--max-size", "--json"],
+             ["--project", "paper/fig2"], ["--model", "100B", "--tp", "16", "--gpus", "100"]]
+    code = ("import contextlib, io, sys\nfrom zerobench.cli import main\n"
+            f"for args in {plans!r}:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n            main(['plan', *args])\n        except SystemExit:\n            pass\n"
+            "print('torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr

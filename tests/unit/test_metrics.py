@@ -6,15 +6,9 @@ import pytest
 import torch
 
 from zerobench.config import ConfigError
+from zerobench.metrics.analytic import model_state_bytes_analytic, paper_model_state_bytes
 from zerobench.metrics.comm import CommLedger
-from zerobench.metrics.memory import (
-    LiveTensorTracker,
-    TrackedOutOfMemory,
-    model_state_bytes_analytic,
-    paper_model_state_bytes,
-    resize_storage,
-    storage_bytes,
-)
+from zerobench.metrics.memory import LiveTensorTracker, TrackedOutOfMemory, resize_storage, storage_bytes
 from zerobench.zero.config import LossScaleConfig, ZeroConfig
 from zerobench.zero.loss_scale import DynamicLossScaler
 

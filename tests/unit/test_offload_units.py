@@ -10,12 +10,8 @@ import pytest
 import torch
 
 from zerobench.config import ConfigError
-from zerobench.metrics.memory import (
-    LiveTensorTracker,
-    host_state_bytes_analytic,
-    model_state_bytes_analytic,
-    untracked,
-)
+from zerobench.metrics.analytic import host_state_bytes_analytic, model_state_bytes_analytic
+from zerobench.metrics.memory import LiveTensorTracker, untracked
 from zerobench.zero import ZeroConfig, quant8
 from zerobench.zero.layout import ParamSpec, build_layout
 from zerobench.zero.nvme import NvmeStore

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from zerobench.config import parse_bytes
-from zerobench.metrics.memory import paper_model_state_bytes
+from zerobench.metrics.analytic import paper_model_state_bytes
 from zerobench.models.gpt import GPTConfig
 from zerobench.models.sizes import num_params, padded_vocab
 from zerobench.plan.comm_model import comm_per_gpu

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench.config import ConfigError
+from zerobench.distributed.backends import BACKENDS
 
 DEFAULT_PORT = 29500
 
@@ -129,8 +130,6 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
         )
     return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single", 1)
 
-
-BACKENDS = ("auto", "nccl", "gloo")
 
 
 def choose_backend(requested: str, device: torch.device, local_world_size: int | None, gpus: int) -> str:

@@ -1,9 +1,6 @@
-"""Memory measurement: storage accounting, the paper's analytic model-state formulas, a live-tensor tracker.
+"""Memory measurement: storage accounting and a live-tensor tracker (what ``metrics/analytic.py`` predicts, measured).
 
 - ``storage_bytes``: bytes of distinct storages behind a set of tensors (views count once).
-- ``model_state_bytes_analytic``: per-rank model-state bytes of a ZeRO stage for any precision recipe;
-  with 2-byte params/grads, a 4-byte master and 8 bytes of Adam states it is exactly the paper's
-  2Ψ+2Ψ+KΨ (K=12), 4Ψ+KΨ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d.
 - ``LiveTensorTracker``: a dispatch mode that follows every storage allocated under it (plus those
   registered with ``track``) and records current and peak live bytes — the CPU stand-in for
   ``torch.cuda.max_memory_allocated``. With ``budget_bytes`` it raises ``TrackedOutOfMemory`` when an
@@ -34,58 +31,6 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
         if st.nbytes():
             seen[st._cdata] = st.nbytes()  # the StorageImpl: also distinct for meta tensors
     return sum(seen.values())
-
-
-def model_state_bytes_analytic(
-    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, master_bytes: int, optim_bytes: float = 8,
-    offload_optimizer: bool = False, offload_param: bool = False,
-) -> dict[str, float]:
-    """Per-rank *device* bytes by category for ``numel`` parameters over ``dp`` ranks at a ZeRO stage.
-
-    ``optim_bytes``: 8 for fp32 Adam moments, 2 + 8/2048 for 8-bit ones. Under optimizer offload the
-    master, the moments and (stages 2-3) the gradient partition are on the host; under parameter offload
-    (stage 3) the parameter partition is too (``host_state_bytes_analytic``)."""
-    shard = 1.0 / dp
-    out = {
-        "params": numel * param_bytes * (shard if stage >= 3 else 1.0),
-        "grads": numel * grad_bytes * (shard if stage >= 2 else 1.0),
-        "master": numel * master_bytes * (shard if stage >= 1 else 1.0),
-        "optimizer_states": numel * optim_bytes * (shard if stage >= 1 else 1.0),
-    }
-    if offload_optimizer:
-        out["master"] = out["optimizer_states"] = 0.0
-        if stage >= 2:
-            out["grads"] = 0.0
-    if offload_param:
-        out["params"] = 0.0
-    return out
-
-
-def host_state_bytes_analytic(
-    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, optim_bytes: float = 8,
-    offload_param: bool = False,
-) -> dict[str, float]:
-    """Per-rank host bytes under optimizer offload (stages 1-3): the fp32 master, the moments, the gradient
-    partition and the low-precision parameter partition (copy-out, or the partition itself under
-    parameter offload). fp32 training streams the master itself, so it has no separate copy-out."""
-    part = numel / dp
-    fp32 = param_bytes == 4
-    return {
-        "host_params": part * param_bytes if (offload_param or not fp32) else 0.0,
-        "host_grads": part * grad_bytes,
-        "host_master": 0.0 if (fp32 and offload_param) else part * 4,
-        "host_optimizer_states": part * optim_bytes,
-    }
-
-
-def paper_model_state_bytes(psi: float, nd: int, stage: int, k: int = 12) -> float:
-    """The paper's mixed-precision formulas (§5): 16Ψ, 4Ψ+KΨ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d."""
-    return {
-        0: (2 + 2 + k) * psi,
-        1: 4 * psi + k * psi / nd,
-        2: 2 * psi + (2 + k) * psi / nd,
-        3: (2 + 2 + k) * psi / nd,
-    }[stage]
 
 
 class TrackedOutOfMemory(RuntimeError):

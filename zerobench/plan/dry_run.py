@@ -22,7 +22,7 @@ def dry_run(model: GPTConfig, gpus: int, mp: int, stage: int, rank: int = 0,
             precision: str = "fp16", bucket_numel: int = 500_000_000) -> dict:
     """Engine-measured vs analytic model-state bytes on ``rank`` of a ``gpus``-rank world."""
     from zerobench.distributed.mesh import build_mesh
-    from zerobench.metrics.memory import paper_model_state_bytes
+    from zerobench.metrics.analytic import paper_model_state_bytes
     from zerobench.parallel.parallelize import ParallelSpec, parallelize
 
     init_fake_world(gpus, rank)

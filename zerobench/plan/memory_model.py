@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench.metrics.memory import host_state_bytes_analytic, model_state_bytes_analytic
-from zerobench.models.gpt import GPTConfig
-from zerobench.zero import quant8
+from zerobench.metrics.analytic import host_state_bytes_analytic, model_state_bytes_analytic
+from zerobench.models.config import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,11 @@ class PlanConfig:
     @property
     def k(self) -> float:
         """Bytes of optimizer state per parameter (the paper's K)."""
-        return 4 + (8 if self.optim_bits == 32 else quant8.state_bytes_per_element())
+        if self.optim_bits == 32:
+            return 4 + 8
+        from zerobench.zero import quant8  # imports torch: only an 8-bit plan pays for it
+
+        return 4 + quant8.state_bytes_per_element()
 
     @property
     def dp(self) -> int:

@@ -6,7 +6,7 @@ pads the vocabulary to a multiple of 128 x MP so the embedding splits evenly; so
 
 from __future__ import annotations
 
-from zerobench.models.gpt import GPTConfig
+from zerobench.models.config import GPTConfig
 from zerobench.models.sizes import padded_vocab
 
 GPT2_VOCAB = 50257

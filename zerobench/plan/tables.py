@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from zerobench.metrics.memory import paper_model_state_bytes
+from zerobench.metrics.analytic import paper_model_state_bytes
 from zerobench.plan.memory_model import PlanConfig, memory_per_gpu, params_per_mp_rank
 
 TABLE1_PSI = {"7.5B": 7.5e9, "128B": 128e9, "1T": 1e12}

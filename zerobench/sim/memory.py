@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from zerobench.metrics.memory import model_state_bytes_analytic
+from zerobench.metrics.analytic import model_state_bytes_analytic
 from zerobench.sim.layout import engine_buckets
 from zerobench.sim.measure import shape_key, shape_of
 from zerobench.sim.profile import Profile

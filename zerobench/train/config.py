@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from zerobench.config import ConfigError
-from zerobench.distributed.env import BACKENDS
+from zerobench.distributed.backends import BACKENDS
 from zerobench.models.config import GPTConfig
 from zerobench.parallel.config import ActivationConfig
 from zerobench.zero.config import ZeroConfig

@@ -10,11 +10,8 @@ from typing import Any
 
 import torch
 
-from zerobench.metrics.memory import (
-    host_state_bytes_analytic,
-    model_state_bytes_analytic,
-    storage_bytes,
-)
+from zerobench.metrics.analytic import host_state_bytes_analytic, model_state_bytes_analytic
+from zerobench.metrics.memory import storage_bytes
 from zerobench.zero.placement import Placement, Tier
 
 

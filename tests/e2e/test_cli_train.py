@@ -23,6 +23,19 @@ def zb(*args, env=None, timeout=180):
     )
 
 
+def imports_torch(commands: list[list[str]]) -> bool:
+    """Whether running each of ``commands`` (``zerobench`` arguments) in one fresh process imported torch; their
+    output and exit are discarded."""
+    code = ("import contextlib, io, sys\nfrom zerobench.cli import main\n"
+            f"for args in {commands!r}:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n            main(args)\n        except SystemExit:\n            pass\n"
+            "print('torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() in ("True", "False"), r.stdout + r.stderr
+    return r.stdout.strip() == "True"
+
+
 def rows(path):
     return [json.loads(line) for line in (path / "rows.jsonl").read_text().splitlines()]
 
@@ -74,6 +87,14 @@ def test_bad_input_is_one_line(args, msg):
     assert r.returncode == 2
     assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_refused_run_does_not_import_torch():
+    """A flag the resolver refuses is answered before torch is imported (seconds on this VM): only a valid run
+    pays for it."""
+    bad = [["--stage", "5"], ["--hidden", "60", "--heads", "7"], ["--precision", "fp8"], ["--preset", "huge"],
+           ["--dp", "3", "--tp", "2", "--heads", "3"]]
+    assert not imports_torch([["train", *args] for args in bad])
 
 
 def test_dp_not_matching_world(tmp_path):

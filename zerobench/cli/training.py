@@ -101,12 +101,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.distributed.env import DistEnv, detect
-    from zerobench.launch.base import EXIT_OOM
-    from zerobench.launch.cancel import EXIT_CANCELLED
-    from zerobench.launch.local import free_port, launch_local
-    from zerobench.launch.worker import run_rank
-    from zerobench.results.outdir import check_fresh_run_dir
-    from zerobench.results.rows import RowWriter
 
     if args.paper_config:
         for k, v in PAPER_CONFIGS[args.paper_config][1].items():
@@ -128,6 +122,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
+    # Only a valid run pays for importing torch: a bad flag was refused above in a fraction of a second.
+    from zerobench.launch.base import EXIT_OOM
+    from zerobench.launch.cancel import EXIT_CANCELLED
+    from zerobench.launch.local import free_port, launch_local
+    from zerobench.launch.worker import run_rank
+    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.rows import RowWriter
+
     check_fresh_run_dir(out)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
         return run_rank(cfg, denv, out, run_id)

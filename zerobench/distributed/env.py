@@ -15,12 +15,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from zerobench.config import ConfigError
 from zerobench.distributed.backends import BACKENDS
+
+if TYPE_CHECKING:  # torch loads where a device or a process group is made: reading the layout needs none of it
+    import torch
 
 DEFAULT_PORT = 29500
 
@@ -150,6 +151,8 @@ def choose_backend(requested: str, device: torch.device, local_world_size: int |
 
 
 def default_device(local_rank: int) -> torch.device:
+    import torch
+
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
@@ -158,6 +161,9 @@ def default_device(local_rank: int) -> torch.device:
 def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "auto") -> torch.device:
     """Initialise the default process group (``choose_backend``); return this rank's device (ranks beyond a
     node's GPU count share them round-robin)."""
+    import torch
+    import torch.distributed as dist
+
     device = default_device(denv.local_rank)
     chosen = choose_backend(backend, device, denv.local_world_size,
                             torch.cuda.device_count() if device.type == "cuda" else 0)

@@ -132,7 +132,6 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
     return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single", 1)
 
 
-
 def choose_backend(requested: str, device: torch.device, local_world_size: int | None, gpus: int) -> str:
     """The process-group backend for ``requested`` (auto, nccl or gloo): gloo on CPU; on CUDA, NCCL unless the
     ranks of a node outnumber its ``gpus`` (they then share devices, which NCCL refuses). Every rank of a job

@@ -5,7 +5,7 @@ more consecutive buckets of the layout (a unit larger than ``bucket_numel`` is c
 gradients are reduce-scattered in bucket-sized pieces as backward produces them, and no staging buffer
 exceeds the bucket size). The unit is gathered as a whole, one all-gather per bucket into one flat
 full-size buffer, and freed once all of its buckets' gradients have landed, before they are staged and
-reduce-scattered (as FSDP1 reshards before it reduces). While a
+reduce-scattered (as FSDP2 reshards before it reduce-scatters). While a
 unit is gathered its parameters are views of that buffer;
 otherwise that buffer's storage is resized to 0 (views autograd saved stay valid and see the values
 again once re-gathered) and each parameter's ``.data`` is a 0-element placeholder, so reading a
@@ -62,7 +62,7 @@ class ParamUnit:
         self.module, self.buckets, self.zparams, self.shards = module, buckets, zparams, shards
         self.group, self.ledger, self.transfer = group, ledger, transfer
         self.staging: torch.Tensor | None = None
-        self.reduced: set[int] = set()
+        self.complete: set[int] = set()
         start = buckets[0].start
         for prev, b in pairwise(buckets):
             assert b.start == prev.end, "a unit's buckets must be consecutive"
@@ -127,7 +127,7 @@ class ParamUnit:
             zp.param.data = self.placeholder
         self.allocator.resize(self.full, 0)
         self.held = 0
-        self.reduced.clear()
+        self.complete.clear()
         self._set_state(ParamState.SHARDED)
 
 
@@ -243,8 +243,8 @@ class Stage3Scheduler:
         """Every gradient of ``bucket`` has landed; once all of its unit's buckets are complete, no node of this
         backward reads the unit's parameters again, and they go before the gradients are staged."""
         unit = self.by_bucket[bucket]
-        unit.reduced.add(bucket)
-        if len(unit.reduced) == len(unit.buckets):
+        unit.complete.add(bucket)
+        if len(unit.complete) == len(unit.buckets):
             unit.free()
 
     def reshard_all(self) -> None:

@@ -9,8 +9,9 @@ gradient, the lookup's and that bucket are alive at once: the step's peak (4-lay
 live tensors with overlap on, 512 with it off). So before the backward of each module owning such a parameter,
 the collectives in flight finish first: ``zero/staging.py``'s policy (one large buffer reduced at a time, as
 FSDP2's ``reduce_scatter_max_input_buffers``) applied to the buffer autograd allocates. Only parameters of held
-back buckets (``staging.held_back``, kept as ``StagingBuckets.large``) get it; the first owner's wait, at the start of backward, finds nothing in
-flight. A module reused in two places (its parameters owned once, used twice) is not seen here.
+back buckets (``staging.held_back``, kept as ``StagingBuckets.large``) get it; the first owner's wait, at the
+start of backward, finds nothing in flight. A module reused in two places (its parameters owned once, used
+twice) is not seen here.
 """
 
 from __future__ import annotations

@@ -101,3 +101,4 @@ def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
                 staged = staged[n:]
             assert len(runs) == 2 * 3, len(runs)  # 2 steps x (root + 2 blocks)
             assert all(states == ["unsharded"] * (len(states) - 1) + ["sharded"] for states in runs), runs
+            assert r["deferred"] == r["unit_ends"], "a unit's last bucket is staged when it starts"

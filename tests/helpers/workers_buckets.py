@@ -58,6 +58,8 @@ def stage3_bucket_sizes(rank, world, bucket_numels):
             "rs_calls": sum(r["calls"] for r in rs),
             "rs_volume": sum(r["volume_elements"] for r in rs),
             "staged": staged,
+            "deferred": sorted(engine.grads.stage.deferred),
+            "unit_ends": sorted({b.unit: b.index for b in engine.layout.buckets}.values()),  # each unit's last
             "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
         }
     return out

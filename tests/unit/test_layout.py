@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from zerobench.zero.layout import ParamSpec, build_layout
+from zerobench.zero.layout import RUNT, ParamSpec, build_layout
 
 
 def random_specs(rng: random.Random, n: int, units: bool) -> list[ParamSpec]:
@@ -54,6 +54,10 @@ def test_layout_oracle(seed, shards, bucket, align, units):
     for b, nxt in zip(lay.buckets, lay.buckets[1:]):
         last, first = lay.params[b.params[-1]], specs[nxt.params[0]]
         assert last.end - b.start >= bucket or first.unit != b.unit or first.numel >= bucket
+        # ... and not before a runt: what is left of the unit, with no bucket-sized parameter in it
+        tail = [j for j in range(b.params[-1] + 1, len(specs)) if specs[j].unit == b.unit]
+        small = all(specs[j].numel < bucket for j in tail) and specs[b.params[-1]].numel < bucket
+        assert not (tail and small and sum(specs[j].numel for j in tail) * RUNT < bucket)
     for b in lay.buckets:
         assert all(specs[i].numel < bucket for i in b.params) or len(b.params) == 1
         sole = lay.sole_param(b.index)
@@ -101,6 +105,26 @@ def test_an_embedding_gets_its_own_bucket():
     assert lay.sole_param(1) == lay.params[2] and lay.sole_param(0) is None
     odd = build_layout([ParamSpec("wte", (16383, 767))], 2, 6_250_000, 16)  # padded: copied, not reduced as is
     assert odd.sole_param(0) is None
+
+
+def test_a_blocks_first_layernorm_is_not_a_bucket_of_its_own():
+    """A GPT-2 small block in backward order (7.09M elements) over a 6.25M-element bucket: the first
+    LayerNorm, last in backward, stays in the block's bucket, so the bucket is ready when the block's backward
+    ends and a stage 3 unit is one bucket. A remainder of an eighth of a bucket or more is still cut off."""
+    block = [("mlp.fc2.bias", (768,)), ("mlp.fc2.weight", (768, 3072)), ("mlp.fc1.bias", (3072,)),
+             ("mlp.fc1.weight", (3072, 768)), ("ln_2.bias", (768,)), ("ln_2.weight", (768,)),
+             ("attn.proj.bias", (768,)), ("attn.proj.weight", (768, 768)), ("attn.qkv.bias", (2304,)),
+             ("attn.qkv.weight", (2304, 768)), ("ln_1.bias", (768,)), ("ln_1.weight", (768,))]
+    for units in (False, True):
+        specs = [ParamSpec(f"blocks.{k}.{n}", s, k if units else 0) for k in (1, 0) for n, s in block]
+        lay = build_layout(specs, 2, 6_250_000, 16)
+        cut = [b.params[-1] for b in lay.buckets]
+        assert cut == ([11, 23] if units else [9, 23])  # without units a LayerNorm opens the next bucket
+    full = [ParamSpec("a", (600,)), ParamSpec("b", (400,))]
+    assert [b.params for b in build_layout([*full, ParamSpec("rest", (125,))], 1, 1000).buckets] == [(0, 1), (2,)]
+    assert [b.params for b in build_layout([*full, ParamSpec("rest", (124,))], 1, 1000).buckets] == [(0, 1, 2)]
+    sole = [ParamSpec("w", (1000,)), ParamSpec("rest", (1,))]  # a bucket-sized parameter stays alone
+    assert [b.params for b in build_layout(sole, 1, 1000).buckets] == [(0,), (1,)]
 
 
 def test_invalid_arguments():

@@ -2,7 +2,7 @@
 are held as autograd made them, not copied into a second staging buffer; they are copied, scaled, when flushed
 or when their bucket is taken; a small bucket is staged at once; a sole parameter is reduced as it is; and a
 backward that raised midway leaves nothing held for the next micro-batch; a staging buffer is freed once its
-collective was waited for. No processes."""
+collective was waited for; a deferred bucket's gradients stay held until it starts. No processes."""
 
 from __future__ import annotations
 
@@ -44,6 +44,23 @@ def test_taking_a_bucket_copies_what_was_held(stage):
     stage.hold(_slot(stage, "b"), b)
     got = stage.pop(0)
     assert torch.equal(got[:6000], torch.cat([a, b])) and stage.held == {}
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_deferred_buckets_gradients_stay_held_until_it_starts(stage, deferred):
+    """Once the collective in flight has finished, held gradients are staged at the next landing, unless their
+    bucket is deferred (stage 3: a unit's last bucket, whose start frees the unit's parameters): then they, and
+    the gradients landing after them, are staged when the bucket is taken, as one copy."""
+    stage.deferred = frozenset({0} if deferred else ())
+    a, b, c = torch.randn(3000), torch.randn(3000), torch.randn(40)
+    stage.land(_slot(stage, "a"), a, None, busy=True)
+    stage.land(_slot(stage, "c"), c, None, busy=False)  # another bucket's gradient, with nothing in flight
+    assert 1 in stage.buffers
+    assert (0 in stage.buffers) is not deferred and (0 in stage.held) is deferred
+    stage.land(_slot(stage, "b"), b, None, busy=False)
+    if deferred:
+        assert stage.buffers.keys() == {1} and [t is g for t, g in zip(stage.held_tensors(), (a, b))] == [True] * 2
+    assert torch.equal(stage.pop(0)[:6000], torch.cat([a, b])) and stage.held == {}
 
 
 def test_a_small_bucket_or_one_already_staged_is_written_at_once(stage):

@@ -93,6 +93,11 @@ class GradBucketGroup:
         self.on_bucket_complete: Callable[[int], None] | None = None
         """Called with a bucket whose gradients have all landed, before they are staged (stage 3 frees the unit)."""
 
+    def free_on_complete(self, callback: Callable[[int], None], buckets: frozenset[int]) -> None:
+        """Stage 3: ``callback`` frees a unit's parameters when its last bucket, one of ``buckets``, completes; those
+        buckets' held gradients are staged only then (``StagingBuckets.deferred``)."""
+        self.on_bucket_complete, self.stage.deferred = callback, buckets
+
     # -- micro-batch lifecycle -------------------------------------------------------------------
     def begin_micro(self, sync: bool, first_in_window: bool, pre_scale: float | None = None) -> None:
         """``pre_scale``: for a plain ``loss.backward()``, what this micro-batch's gradients are multiplied by before
@@ -135,11 +140,8 @@ class GradBucketGroup:
         zp.check_grad(grad, self.grad_dtype)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
-        if self.inflight:  # one still running: a large bucket's gradients wait for it (``StagingBuckets.hold``)
-            self.stage.hold(zp.slot, grad, self.pre_scale)
-        else:
-            self.stage.flush()
-            self.stage.write(zp.slot, grad, self.pre_scale)
+        # one still running: a large bucket's gradients wait for it (``StagingBuckets.land``)
+        self.stage.land(zp.slot, grad, self.pre_scale, busy=bool(self.inflight))
         self._landed(zp)
 
     def _landed(self, zp: ZeroParam) -> None:

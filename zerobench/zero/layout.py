@@ -7,7 +7,11 @@ elements, or where the parameter's *unit* changes (stage 3 gathers one unit, i.e
 so a unit never shares a bucket). A parameter of ``bucket_numel`` elements or more gets a bucket of its
 own (as Megatron gives the shared embedding its own): its bucket is then ready the moment its gradient
 is, and the small parameters before it (a position embedding, a LayerNorm) do not hold a bucket of its
-size waiting for it; an unpadded one-parameter bucket can also be reduced straight from the gradient. Every parameter starts on a multiple of ``param_align`` elements; every
+size waiting for it; an unpadded one-parameter bucket can also be reduced straight from the gradient. A bucket
+does not close when what is left of its unit is a runt, under ``1 / RUNT`` of ``bucket_numel`` (a block's
+first LayerNorm, last in backward): the runt joins it. Cut off, it would make the block's large bucket ready
+before the block's backward ends, with the block's activation gradients alive, and keep a stage 3 unit's
+parameters gathered through that bucket's staging copy. Every parameter starts on a multiple of ``param_align`` elements; every
 bucket is padded to a multiple of ``shards * param_align`` so that it splits into ``shards`` equal,
 aligned, contiguous shards. Rank ``r`` owns shard ``r`` of every bucket; its *local* buffers (fp32 master,
 Adam states, gradient partition) are those shards concatenated in bucket order.
@@ -154,6 +158,23 @@ class PartitionLayout:
         return out
 
 
+RUNT = 8
+"""What is left of a unit after a full bucket joins that bucket when it is under ``bucket_numel / RUNT`` elements."""
+
+
+def _unit_rest(specs: Sequence[ParamSpec], bucket_numel: int) -> list[int | None]:
+    """Per parameter: the elements after it in its unit, or None where a parameter of ``bucket_numel`` or more (a
+    bucket of its own) comes first."""
+    rest: list[int | None] = [0] * len(specs)
+    for i in range(len(specs) - 2, -1, -1):
+        nxt, after = specs[i + 1], rest[i + 1]
+        if nxt.unit != specs[i].unit:
+            rest[i] = 0
+        else:
+            rest[i] = None if after is None or nxt.numel >= bucket_numel else after + nxt.numel
+    return rest
+
+
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
@@ -171,6 +192,7 @@ def build_layout(
     pad_to = shards * param_align
     bucket_start = cursor = 0
     members: list[int] = []
+    rest = _unit_rest(specs, bucket_numel)
 
     def close(unit: int) -> None:
         nonlocal bucket_start, cursor, members
@@ -186,7 +208,8 @@ def build_layout(
         cursor = start + spec.numel
         slots.append(ParamSlot(i, spec.name, tuple(spec.shape), start, cursor, len(buckets)))
         members.append(i)
-        if cursor - bucket_start >= bucket_numel:
+        runt = spec.numel < bucket_numel and rest[i] is not None and 0 < rest[i] * RUNT < bucket_numel
+        if cursor - bucket_start >= bucket_numel and not runt:
             close(spec.unit)
     if members:
         close(specs[members[-1]].unit)

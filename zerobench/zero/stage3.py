@@ -247,6 +247,10 @@ class Stage3Scheduler:
         if len(unit.complete) == len(unit.buckets):
             unit.free()
 
+    def last_buckets(self) -> frozenset[int]:
+        """Each unit's last bucket in backward: the one whose completion normally frees it."""
+        return frozenset(max(b.index for b in u.buckets) for u in self.units if u.buckets)
+
     def reshard_all(self) -> None:
         """Free every unit (after an optimizer step: a gathered unit would hold pre-step values)."""
         for u in self.units:

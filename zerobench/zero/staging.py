@@ -14,6 +14,11 @@ flight (``reduce_scatter_max_input_buffers``, 1 by default). A bucket under ``1 
 largest staged one (a unit's remainder, the final norm) is staged at once: holding it would save little and
 could make backward wait. A large tied parameter's second gradient, which autograd allocates, waits likewise
 (``zero/tied_grads.py``).
+
+A bucket whose start frees memory (a stage 3 unit's last: its parameters go before its staging copy) is
+``deferred``: its held gradients stay held when the collective in flight finishes, and later ones join them, so
+the staging buffer is allocated when the bucket starts, after the unit is freed, not beside its parameters in
+the middle of its backward.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class StagingBuckets:
         self.large = held_back(layout)
         self.held: dict[int, list[tuple[ParamSlot, torch.Tensor, float | None]]] = {}
         """Gradients kept as autograd made them, by bucket, until their staging buffer may be allocated."""
+        self.deferred: frozenset[int] = frozenset()
+        """Buckets whose held gradients are staged only when the bucket starts (set by stage 3: a unit's last)."""
 
     def begin_micro(self) -> None:
         self.landed = [False] * len(self.layout.params)
@@ -61,10 +68,24 @@ class StagingBuckets:
         self.held.setdefault(slot.bucket, []).append((slot, grad, scale))
         self.landed[slot.index] = True
 
+    def land(self, slot: ParamSlot, grad: torch.Tensor, scale: float | None, busy: bool) -> None:
+        """A gradient landed (handed over, as to ``write``); ``busy``: another bucket's collective is in flight.
+        Free of it, the held gradients of buckets not ``deferred`` are staged and ``grad`` is written, unless its
+        bucket is deferred with gradients held: then it joins them."""
+        if busy:
+            self.hold(slot, grad, scale)
+            return
+        if self.held:
+            for b in [b for b in self.held if b not in self.deferred]:
+                self.flush(b)
+            if slot.bucket in self.held:
+                self.held[slot.bucket].append((slot, grad, scale))
+                self.landed[slot.index] = True
+                return
+        self.write(slot, grad, scale)
+
     def flush(self, bucket: int | None = None) -> None:
         """Copy the held gradients (of ``bucket``, or all) into their staging buffers, allocating them."""
-        if not self.held:  # every gradient that lands with no collective in flight comes through here
-            return
         for b in [bucket] if bucket is not None else list(self.held):
             for slot, grad, scale in self.held.pop(b, ()):
                 self.write(slot, grad, scale)

@@ -28,7 +28,7 @@ import statistics
 
 import pytest
 
-from tests.e2e.test_cli_train import zb
+from tests.e2e.test_cli_train import imports_torch, zb
 from zerobench.results.rows import read_rows
 from zerobench.sim.validate import measured_runs
 
@@ -131,6 +131,17 @@ def test_bad_input_is_one_line():
     assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
     r = zb("simulate", "--profile", f"{REF}/profile", "--suite", "cpu/quick")  # shapes never profiled
     assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_refusals_and_the_regression_gate_do_not_import_torch():
+    """Reading rows does not load torch (provenance imports it only to write one), so the simulator's refusals
+    and a whole regression gate answer in a fraction of a second; replaying a suite builds its models with it."""
+    base = "results/baselines/cpu-2core.jsonl"
+    assert not imports_torch([["simulate", "--profile", "/nonexistent/profile", "--suite", "cpu/sim_validation"],
+                              ["simulate", "--profile", f"{REF}/profile"],
+                              ["simulate", "--profile", f"{REF}/runs", "--suite", "cpu/sim_validation"],
+                              ["regress", "--baseline", base, "--candidate", base]])
+    assert imports_torch([["simulate", "--profile", f"{REF}/profile", "--suite", "cpu/quick"]])
 
 
 @pytest.mark.slow  # the CLI and the report end to end (~10 s)

@@ -1,4 +1,5 @@
-"""Provenance stored with every result row: code version, hardware, software versions, time."""
+"""Provenance stored with every result row: code version, hardware, software versions, time. torch is imported
+only when a row is written, so reading rows (reports, gates, the simulator's refusals) does not load it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import platform
 import socket
 import subprocess
 from pathlib import Path
-
-import torch
 
 import zerobench
 
@@ -37,6 +36,8 @@ def cpu_model() -> str:
 @functools.lru_cache(maxsize=1)
 def hardware() -> dict:
     """Accelerator (name and count) or CPU model, with a short class used to key baselines."""
+    import torch
+
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         return {"kind": "gpu", "device": name, "count": torch.cuda.device_count(), "class": name.replace(" ", "-").lower()}
@@ -48,6 +49,8 @@ def hardware() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _static() -> dict:
+    import torch
+
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {

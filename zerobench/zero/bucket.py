@@ -140,7 +140,7 @@ class GradBucketGroup:
         zp.check_grad(grad, self.grad_dtype)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
-        # one still running: a large bucket's gradients wait for it (``StagingBuckets.land``)
+        # with one still running, a large bucket's gradients are held (``StagingBuckets.land``)
         self.stage.land(zp.slot, grad, self.pre_scale, busy=bool(self.inflight))
         self._landed(zp)
 

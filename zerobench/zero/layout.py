@@ -11,10 +11,10 @@ size waiting for it; an unpadded one-parameter bucket can also be reduced straig
 does not close when what is left of its unit is a runt, under ``1 / RUNT`` of ``bucket_numel`` (a block's
 first LayerNorm, last in backward): the runt joins it. Cut off, it would make the block's large bucket ready
 before the block's backward ends, with the block's activation gradients alive, and keep a stage 3 unit's
-parameters gathered through that bucket's staging copy. Every parameter starts on a multiple of ``param_align`` elements; every
-bucket is padded to a multiple of ``shards * param_align`` so that it splits into ``shards`` equal,
-aligned, contiguous shards. Rank ``r`` owns shard ``r`` of every bucket; its *local* buffers (fp32 master,
-Adam states, gradient partition) are those shards concatenated in bucket order.
+parameters gathered through that bucket's staging copy. Every parameter starts on a multiple of
+``param_align`` elements; every bucket is padded to a multiple of ``shards * param_align`` so that it splits
+into ``shards`` equal, aligned, contiguous shards. Rank ``r`` owns shard ``r`` of every bucket; its *local*
+buffers (fp32 master, Adam states, gradient partition) are those shards concatenated in bucket order.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ def refused(request):
 @pytest.mark.parametrize("case, kind, words", [
     ("sparse", "ConfigError", "has sparse=True"),
     ("float64", "ConfigError", "is float64"),
+    ("mixed_dtypes", "ConfigError", "the trained parameters mix dtypes ('0.weight' is float32, '1.weight' bfloat16)"),
     ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
     ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
     ("unfrozen_after", "RuntimeError", "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero"),

@@ -128,6 +128,9 @@ def refusals(rank: int, world: int, stage: int) -> dict:
     def float64():
         apply_zero(nn.Linear(4, 1).double(), None, cfg)
 
+    def mixed_dtypes():  # a bf16 layer in fp32 training: it would become fp32 under its forward
+        apply_zero(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1).bfloat16()), None, cfg)
+
     def sparse_functional():
         class Lookup(nn.Module):
             def __init__(self):
@@ -186,7 +189,7 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
-    cases = {"sparse": sparse, "float64": float64, "sparse_functional": sparse_functional,
+    cases = {"sparse": sparse, "float64": float64, "mixed_dtypes": mixed_dtypes, "sparse_functional": sparse_functional,
              "frozen_after": frozen_after, "unfrozen_after": unfrozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice,
              "converted_after": converted_after, "to_empty_after": to_empty_after,
              "submodule_converted": submodule_converted}

@@ -38,14 +38,15 @@ class Ordered:
     """The model's parameters not trained (``requires_grad=False`` when the engine was built)."""
 
 
-def order_params(model: nn.Module, units: list[nn.Module], stage: int) -> Ordered:
+def order_params(model: nn.Module, units: list[nn.Module], stage: int, dtype: torch.dtype = torch.float32) -> Ordered:
     """Reverse registration order (the order backward produces gradients), so buckets fill in sequence;
-    stage 3 groups them by unit (last unit first, the root unit last), each unit's in that order."""
+    stage 3 groups them by unit (last unit first, the root unit last), each unit's in that order. ``dtype``: the
+    training dtype (``Precision.param_dtype``)."""
     assigned = assign_units(model, units)
     named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
     if not named:
         raise ConfigError("the model has no parameter that requires a gradient: nothing to train")
-    refuse_unsupported(model, named)
+    refuse_unsupported(model, named, dtype)
     named.reverse()
     if stage == 3:
         key = {u: i for i, u in enumerate([*range(len(units), 0, -1), 0])}
@@ -101,23 +102,31 @@ def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtyp
     return frozen
 
 
-def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> None:
+def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]], dtype: torch.dtype) -> None:
     """One-line ``ConfigError`` for trained parameters the flat buffers cannot hold: sparse gradients
     (``nn.Embedding(sparse=True)``, as FSDP refuses them), dtypes other than fp32/bf16/fp16 (float64 would be
-    cast down silently), and parameters on several devices. (The meta device is fine: dry runs and the
-    simulator build the engine there.)"""
+    cast down silently), parameters on several devices, and, in fp32 training, a model that mixes dtypes: its
+    bf16/fp16 layers would silently become fp32 and meet the activations its forward casts for them (bf16/fp16
+    training casts every parameter, as DeepSpeed's ``module.bfloat16()``). (The meta device is fine: dry runs and
+    the simulator build the engine there.)"""
     trained = {id(p): n for n, p in named}
     for mname, mod in model.named_modules():
         if getattr(mod, "sparse", False) is True and id(getattr(mod, "weight", None)) in trained:
             raise ConfigError(f"module {mname or type(mod).__name__!r} ({type(mod).__name__}) has sparse=True: ZeRO "
                               "keeps gradients in dense flat buffers; build it with sparse=False")
-    devices = {}
+    devices, dtypes = {}, {}
     for n, p in named:
         if p.dtype not in TRAINABLE_DTYPES:
             raise ConfigError(f"parameter {n!r} is {str(p.dtype).removeprefix('torch.')}: the engine trains "
                               "float32, bfloat16 or float16 parameters (ZeroConfig.precision picks the training "
                               "dtype); convert the model first, e.g. model.float()")
         devices.setdefault(p.device, n)
+        dtypes.setdefault(p.dtype, n)
+    if dtype == torch.float32 and len(dtypes) > 1:
+        (t0, n0), (t1, n1) = sorted(dtypes.items(), key=lambda tn: tn[0] != torch.float32)[:2]
+        raise ConfigError(f"the trained parameters mix dtypes ({n0!r} is {str(t0)[6:]}, {n1!r} {str(t1)[6:]}) in "
+                          f"fp32 training, which would make {n1!r} float32 under your forward: convert the model to one "
+                          "dtype (model.float()) or train in bf16/fp16 (ZeroConfig.precision), which casts every parameter")
     if len(devices) > 1:
         (d0, n0), (d1, n1) = list(devices.items())[:2]
         raise ConfigError(f"the trained parameters are on several devices ({n0!r} on {d0}, {n1!r} on {d1}): "

@@ -78,7 +78,7 @@ class ZeroEngine:
         self.module, self.group, self.config, self.stage = model, group, config, config.stage
         self.ledger, self.param_dtype = ledger if ledger is not None else CommLedger(), config.precision.param_dtype
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
-        ordered = order_params(model, units, self.stage)
+        ordered = order_params(model, units, self.stage, self.param_dtype)
         groups = resolve_param_groups(ordered.named, param_groups, config.optimizer, model)  # before any collective
         self.device = device = device if device is not None else ordered.named[0][1].device  # meta-built: given
         sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere

@@ -16,6 +16,7 @@ from zerobench.zero.allocator import Allocator
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.module_zero_grad import engine_of
+from zerobench.zero.units import UnitPlan, resolve_external
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:
@@ -68,6 +69,7 @@ def apply_zero(
     allocator: Allocator | None = None,
     param_groups=None,
     device=None,
+    external_params=None,
 ) -> ZeroEngine:
     """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
 
@@ -89,7 +91,11 @@ def apply_zero(
     parameters); default one group of every trained parameter, with weight decay on 2+-dim ones only
     (``zero/param_groups.py``); or a callable ``param_groups(model)`` that returns them from the model as
     ZeRO receives it (after TP has replaced its parameters). ``units``: stage 3's gather units, as modules
-    or as a layer class (``resolve_units``); default ``model.blocks``. ``device``: where the engine's storage
+    or as a layer class (``resolve_units``); default ``model.blocks``. ``external_params``: parameters (or
+    their names) read outside the forward of the stage-3 unit that holds them: a parent's forward using a child
+    unit's weight, a unit called through another method than ``forward``, a unit returning its own parameter
+    (DeepSpeed's ``register_external_parameter``); the root unit owns them, gathered for the whole forward and
+    backward, as a weight shared between units. Without it such a read finds the freed (empty) parameter. ``device``: where the engine's storage
     lives, for a model built on the meta device (default: the parameters' device); its values are then zero until
     initialised (``zerobench.parallel.init`` for the GPT; ``engine.gathered_params()`` or ``load_state_dict``).
     """
@@ -100,11 +106,11 @@ def apply_zero(
             raise ConfigError(f"{'the model' if not name else f'its submodule {name!r}'} is already trained by a ZeRO "
                               "engine (apply_zero was called on it before): apply it once, or build a fresh model")
     warn_if_one_unit(model, units, config.stage)
-    units = resolve_units(model, units)
+    plan = UnitPlan(resolve_units(model, units), resolve_external(model, external_params))
     device = None if device is None else torch.device(device)
     placed = {p.device for p in model.parameters() if not p.is_meta}
     if device is not None and any(d != device and (device.index is not None or d.type != device.type) for d in placed):
         raise ConfigError(f"apply_zero(device={device}) is for a model built on the meta device; this one has parameters "
                           f"on {', '.join(sorted(map(str, placed)))}: move the model there first (model.to(device))")
-    return ZeroEngine(model, dp_group, config, units, ledger,
+    return ZeroEngine(model, dp_group, config, plan, ledger,
                       tp_group, frozenset(tp_sharded), allocator, param_groups, device)

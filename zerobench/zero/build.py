@@ -23,7 +23,7 @@ from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.placement import Placement, Tier
 from zerobench.zero.stage3 import Stage3Scheduler
 from zerobench.zero.storage import ParamStorage
-from zerobench.zero.units import assign_units
+from zerobench.zero.units import UnitPlan, assign_units
 
 
 @dataclass
@@ -38,11 +38,11 @@ class Ordered:
     """The model's parameters not trained (``requires_grad=False`` when the engine was built)."""
 
 
-def order_params(model: nn.Module, units: list[nn.Module], stage: int, dtype: torch.dtype = torch.float32) -> Ordered:
+def order_params(model: nn.Module, plan: UnitPlan, stage: int, dtype: torch.dtype = torch.float32) -> Ordered:
     """Reverse registration order (the order backward produces gradients), so buckets fill in sequence;
     stage 3 groups them by unit (last unit first, the root unit last), each unit's in that order. ``dtype``: the
     training dtype (``Precision.param_dtype``)."""
-    assigned = assign_units(model, units)
+    assigned = assign_units(model, plan.modules, plan.external)
     named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
     if not named:
         raise ConfigError("the model has no parameter that requires a gradient: nothing to train")

@@ -79,7 +79,7 @@ def _config_of(args, model, config):
 
 def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, mesh_param=None, config_params=None, *, dp_group=None, units=None):
+               config=None, mesh_param=None, config_params=None, *, dp_group=None, units=None, external_params=None):
     """Apply ZeRO to ``model`` as the DeepSpeed ``config`` (a dict or a JSON file's path; ``config_params`` is
     DeepSpeed's older name; or ``args.deepspeed_config``) says; returns ``(engine, optimizer, training_dataloader,
     lr_scheduler)``. The arguments are ``deepspeed.initialize``'s, in its order.
@@ -93,7 +93,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     ``engine.lr_scheduler``: stepped after every optimizer step that was applied (do not step it yourself), its
     state saved and loaded with the engine's checkpoints.
     ``training_data``: a dataset, returned as a loader of micro-batches of this rank's share (else None).
-    ``units``: stage 3's gather units (``apply_zero``'s). ``dist_init_required=False``: a process group must exist.
+    ``units``, ``external_params``: stage 3's gather units, and the parameters read outside theirs (``apply_zero``'s). ``dist_init_required=False``: a process group must exist.
     ``distributed_port`` is DeepSpeed's default port's override and is unused (torchrun's or Slurm's variables say
     where to meet); ``mpu`` and ``mesh_param`` (DeepSpeed's model-parallel groups) are one line: pass the DP group as
     ``dp_group`` and apply tensor parallelism with ``zerobench.parallel`` first."""
@@ -118,7 +118,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     cfg = from_deepspeed(config, group.size, client_optimizer=client is not None)
     if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
         model.to(device)
-    engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups)
+    engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
     engine.micro_batch = cfg.micro_batch
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     scheduler = None

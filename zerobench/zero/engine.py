@@ -35,7 +35,7 @@ from zerobench.zero.accounting import EngineAccounting
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.backward_pass import BackwardPasses
 from zerobench.zero.bucket import GradBucketGroup, SyncMode
-from zerobench.zero.build import attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
+from zerobench.zero.build import UnitPlan, attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.export import save_16bit_model
@@ -65,7 +65,7 @@ class ZeroEngine:
         model: nn.Module,
         group: C.Group,
         config: ZeroConfig,
-        units: list[nn.Module],
+        units: UnitPlan,
         ledger: CommLedger | None = None,
         tp_group: C.Group | None = None,
         tp_sharded: frozenset[str] = frozenset(),

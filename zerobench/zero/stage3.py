@@ -33,6 +33,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator, PlainAllocator
@@ -75,6 +76,7 @@ class ParamUnit:
         self.bucket_views = [self.full[b.start - start : b.end - start] for b in buckets]
         self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in zparams]
         self.placeholder = torch.empty(0, dtype=dtype, device=device)
+        self.param_ids = frozenset(id(zp.param) for zp in zparams)
         self.works: list = []
         self.state = ParamState.UNSHARDED
         self.backward_task: int | None = None
@@ -203,6 +205,8 @@ class Stage3Scheduler:
         if _in_backward() or self.reading:
             return
         if unit is not None:
+            if i and not isinstance(output, torch.Tensor):
+                self._refuse_returned(unit, output)
             unit.free()
         if i == 0:  # end of forward: a unit prefetched but not run (skipped on this rank) goes too
             for u in self.blocks:
@@ -212,6 +216,16 @@ class Stage3Scheduler:
             for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(partial(self._pre_backward, i))
+
+    def _refuse_returned(self, unit: ParamUnit, output) -> None:
+        """A unit that returns one of its own parameters (a linear layer's bias for its caller to add, as Megatron's
+        ``skip_bias_add``): the caller would read it freed. One line naming it and the fix."""
+        for t in tensors_in(output):
+            if id(t) in unit.param_ids:
+                name = next(zp.name for zp in unit.zparams if zp.param is t)
+                raise ConfigError(f"ZeRO stage 3: unit {type(unit.module).__name__} returned its own parameter {name!r}, "
+                                  "which is freed when the unit's forward ends: pass it to apply_zero(..., "
+                                  f"external_params=[{name!r}]) so that the root keeps it gathered")
 
     def _root_on_demand(self, module, args) -> None:
         """A module holding root parameters called outside the model's forward (``model.encoder(x)``, as

@@ -7,6 +7,9 @@ model's modules: no tensors are touched.
   shared between blocks) or from none (embeddings, final norm, a tied head) belongs to the *root* unit,
   which stays gathered across the whole forward and the whole backward, so every use of a shared
   weight sees it gathered.
+- A parameter given as *external* (``apply_zero(..., external_params=...)``: read outside the forward of the unit
+  that holds it, by a parent's forward, a unit called through another method than ``forward``, or a unit that
+  returns it, as DeepSpeed's ``register_external_parameter``) belongs to the root too.
 - Units that own no parameter (``nn.GELU()`` in a block list, a block whose weights are all shared or
   frozen) need no gathering and are dropped.
 """
@@ -18,6 +21,16 @@ from dataclasses import dataclass
 from torch import nn
 
 from zerobench.config import ConfigError
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """Stage 3's gather units as ``apply_zero`` resolved them, and the parameters the root owns whatever module
+    holds them."""
+
+    modules: list[nn.Module]
+    external: frozenset[int] = frozenset()
+    """``id(param)`` of each parameter given as ``external_params``."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +48,11 @@ def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def assign_units(model: nn.Module, units: list[nn.Module]) -> UnitAssignment:
+def assign_units(model: nn.Module, units: list[nn.Module], external: frozenset[int] = frozenset()) -> UnitAssignment:
     """Assign every trained parameter to a unit (see the module docstring)."""
     _check_disjoint(model, units)
     named = trainable_parameters(model)
-    trained = {id(p) for _, p in named}
+    trained = {id(p) for _, p in named} - external
     owners: dict[int, set[int]] = {}
     for u, m in enumerate(units):
         for p in m.parameters():
@@ -69,3 +82,27 @@ def _check_disjoint(model: nn.Module, units: list[nn.Module]) -> None:
                     f"stage-3 units must not nest: {name_of[id(sub)]!r} is inside {name_of[id(m)]!r}; "
                     "list one of them"
                 )
+
+
+def resolve_external(model: nn.Module, params) -> frozenset[int]:
+    """``external_params`` (parameters of ``model`` or their names, as ``named_parameters`` spells them) as ids;
+    anything else is one line."""
+    if params is None:
+        return frozenset()
+    if isinstance(params, (str, nn.Parameter)):
+        params = [params]
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    trained = {id(p) for _, p in trainable_parameters(model)}
+    ids, out = {id(v) for v in by_name.values()}, set()
+    for p in params:
+        q = by_name.get(p) if isinstance(p, str) else p
+        if not isinstance(q, nn.Parameter) or id(q) not in ids:
+            what = repr(p) if isinstance(p, str) else f"a {type(p).__name__} of shape {tuple(getattr(p, 'shape', ()))}"
+            raise ConfigError(f"external_params: {what} is not a parameter of the model: give its parameters or "
+                              "their names, as model.named_parameters() spells them")
+        if id(q) not in trained:
+            name = next(n for n, v in by_name.items() if v is q)
+            raise ConfigError(f"external_params: {name!r} is frozen (requires_grad=False): a frozen parameter is "
+                              "never sharded, so leave it out")
+        out.add(id(q))
+    return frozenset(out)

@@ -11,7 +11,9 @@ Runs are matched by their resolved-config hash. Rules, per metric:
 | ``step_time_ratio`` | lower | the run's median step time / the stage-0 run's with the same model, DP, TP and precision *in the same sweep*; absolute times drift across machines, ratios measured side by side do not. Tolerance max(``timing_tolerance``, 3 x the ratio's standard error from the per-step spread), symmetric in ratio: slower than x(1+tol) regresses, faster than /(1+tol) improves. |
 
 A change beyond tolerance in the bad direction is a regression (exit 1); in the good direction it is
-flagged ("update the baseline?"). Either way a proposed new baseline is written. With ``timing="report"``
+flagged ("update the baseline?"). A candidate value that is not finite (a diverged run's NaN loss, a NaN or
+infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline has but the candidate's
+run lacks fails as missing: neither is ever compared away as "ok". Either way a proposed new baseline is written. With ``timing="report"``
 step-time changes are shown ("SLOWER") but do not fail the gate: for baselines recorded in another session
 or on another machine of a noisy class (2-core CPUs: step-time ratios of tiny runs moved 80-90% between
 sessions here), where only same-session timing comparisons mean anything.
@@ -63,6 +65,10 @@ def _rows(path: str | Path) -> list[dict]:
     return rows
 
 
+def _nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 def summarize(rows: list[dict]) -> dict[str, dict]:
     """Per run (config hash): the gated metrics, a label and what the timing ratio needs."""
     runs: dict[str, dict] = {}
@@ -76,11 +82,12 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             d["label"] = r.get("label") or d["label"]
             d["ok"] = r.get("status") == "ok"
         elif m in EXACT or m == "peak_memory_bytes":
-            if v is not None:
-                d[m] = max(d.get(m, v), v)
-        elif m == "loss":
-            if r.get("step", 0) >= d.get("_loss_step", -1):
-                d["_loss_step"], d["final_loss"] = r.get("step", 0), v
+            if v is not None:  # max over ranks; a NaN on any rank stays NaN, whatever the rows' order
+                d[m] = v if m not in d or v > d[m] or _nan(v) else d[m]
+        elif m == "loss":  # the last step's; a NaN on any rank at that step stays
+            step, last = r.get("step", 0), d.get("_loss_step", -1)
+            if step > last or (step == last and not _nan(d.get("final_loss"))):
+                d["_loss_step"], d["final_loss"] = step, v
         elif m == "step_time_s":
             d["step_time_s"], d["mad"], d["n"] = v, r.get("mad") or 0.0, r.get("n") or 1
     # timing as a ratio to the stage-0 run of the same shape in the same results
@@ -113,9 +120,15 @@ def compare(baseline: list[dict], candidate: list[dict], timing_tolerance: float
             missing.append(bd["label"])
             continue
         for m in GATED:
-            if m not in bd or m not in cd or bd[m] is None or cd[m] is None:
+            if m not in bd or bd[m] is None:
                 continue
             if m == "final_loss" and bd["config"].get("zero", {}).get("precision") != "fp32":
+                continue
+            if cd.get(m) is None:
+                missing.append(f"{cd['label'] or bd['label']}: {m}")
+                continue
+            if not (math.isfinite(cd[m]) and math.isfinite(bd[m])):
+                out.append(Comparison(key, cd["label"] or bd["label"], m, bd[m], cd[m], 0.0, "not finite"))
                 continue
             if m in EXACT:
                 tol = 0.0
@@ -168,14 +181,14 @@ def run_gate(baseline: str, candidate: str, timing_tolerance: float, propose: st
     comps, missing = compare(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate")
     if not comps:
         raise ConfigError(f"no run of {candidate} matches a run of the baseline {baseline} (different configs?)")
-    regressions = [x for x in comps if x.verdict == "regression"]
+    regressions = [x for x in comps if x.verdict in ("regression", "not finite")]
     improved = [x for x in comps if x.verdict in ("improved", "slower")]
     print(f"regression gate: {len(comps)} comparisons over {len({x.key for x in comps})} runs; "
           f"{len(regressions)} regressions, {len(improved)} improvements")
     print(format_table(comps, only_moved=bool(regressions or improved)) if (regressions or improved) else
           format_table(comps))
     for label in missing:
-        print(f"  missing: {label} (in the baseline, not completed in the candidate)")
+        print(f"  missing: {label} (in the baseline, not completed in the candidate)")  # a run, or a run's metric
     proposal = Path(propose) if propose else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
     n = write_baseline(cand_rows, proposal)
     if improved:

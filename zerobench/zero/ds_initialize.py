@@ -93,7 +93,8 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     ``engine.lr_scheduler``: stepped after every optimizer step that was applied (do not step it yourself), its
     state saved and loaded with the engine's checkpoints.
     ``training_data``: a dataset, returned as a loader of micro-batches of this rank's share (else None).
-    ``units``, ``external_params``: stage 3's gather units, and the parameters read outside theirs (``apply_zero``'s). ``dist_init_required=False``: a process group must exist.
+    ``units``, ``external_params``: stage 3's gather units, and the parameters read outside theirs (``apply_zero``'s).
+    ``dist_init_required=False``: a process group must exist.
     ``distributed_port`` is DeepSpeed's default port's override and is unused (torchrun's or Slurm's variables say
     where to meet); ``mpu`` and ``mesh_param`` (DeepSpeed's model-parallel groups) are one line: pass the DP group as
     ``dp_group`` and apply tensor parallelism with ``zerobench.parallel`` first."""

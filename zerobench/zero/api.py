@@ -96,8 +96,9 @@ def apply_zero(
     unit's weight, a unit called through another method than ``forward``, a unit returning its own parameter
     (DeepSpeed's ``register_external_parameter``); the root unit owns them, gathered for the whole forward and
     backward, as a weight shared between units. Without it such a read finds the freed (empty) parameter.
-    ``device``: where the engine's storage lives, for a model built on the meta device (default: the parameters' device); its values are then zero until
-    initialised (``zerobench.parallel.init`` for the GPT; ``engine.gathered_params()`` or ``load_state_dict``).
+    ``device``: where the engine's storage lives, for a model built on the meta device (default: the parameters'
+    device); its values are then zero until initialised (``zerobench.parallel.init`` for the GPT;
+    ``engine.gathered_params()`` or ``load_state_dict``).
     """
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")

@@ -5,10 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _text(v) -> str | None:
+    return v if isinstance(v, str) else None  # a column other runs' rows have: NaN on this one's
+
+
+def _scaled(v, k: float) -> float | None:
+    return None if v is None else float(v) * k
+
+
 def summarize(path: str | Path):
     """A per-run summary DataFrame: status, configuration and the headline metrics (rank 0)."""
     import pandas as pd
 
+    return pd.DataFrame(_runs(path))
+
+
+def _runs(path: str | Path) -> list[dict]:
     from zerobench.results import load
 
     df = load(path)
@@ -30,16 +42,28 @@ def summarize(path: str | Path):
             "stage": first.get("config.zero.stage"),
             "dp": first.get("config.dp"), "tp": first.get("config.tp"),
             "precision": first.get("config.zero.precision"),
-            "step_ms": (metric("step_time_s") or float("nan")) * 1e3,
+            "step_ms": _scaled(metric("step_time_s"), 1e3),
             "tflops_gpu": metric("tflops_per_gpu"),
-            "model_state_MiB": (metric("model_state_bytes") or float("nan")) / 2**20,
-            "peak_MiB": (metric("peak_memory_bytes") or float("nan")) / 2**20,
+            "model_state_MiB": _scaled(metric("model_state_bytes"), 2**-20),
+            "peak_MiB": _scaled(metric("peak_memory_bytes"), 2**-20),
             "final_loss": loss["value"].iloc[-1] if len(loss) else None,
-            "reason": status["reason"].iloc[-1] if len(status) and "reason" in status else None,
+            "reason": _text(status["reason"].iloc[-1]) if len(status) and "reason" in status else None,
         })
-    return pd.DataFrame(runs)
+    return runs
+
+
+def _cell(v):
+    """What a run's line shows: ``-`` where a run has no such row (a failed run's step time, a completed run's
+    reason), a number to 4 significant figures, ``nan`` only where a row holds NaN (a diverged loss)."""
+    if v is None or (isinstance(v, str) and not v):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return v
 
 
 def show(path: str | Path) -> str:
-    df = summarize(path)
-    return df.to_string(index=False, max_cols=None, max_colwidth=70, float_format=lambda x: f"{x:.4g}")
+    import pandas as pd
+
+    df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in _runs(path)], dtype=object)
+    return df.to_string(index=False, max_cols=None, max_colwidth=70)

@@ -45,8 +45,8 @@ def _save(fig, out: Path, name: str) -> Path:
 
 def memory_ledger(runs: pd.DataFrame, out: Path):
     d = runs[runs.get("model_state_bytes").notna()] if "model_state_bytes" in runs else runs.iloc[0:0]
-    if d.empty:
-        return None
+    if d.empty or not any(col in d and d[col].notna().any() for col, _ in CATS):  # rows without the ledger (a
+        return None  # baseline file keeps only the gated metrics): no bars to draw
     d = d.sort_values(["hardware", "dp", "tp", "stage"])
     groups = _by_hardware(d)
     fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 0.55 * max(len(g) for _, g in groups)), 4 * len(groups)),

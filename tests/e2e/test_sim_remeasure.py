@@ -133,14 +133,16 @@ def test_bad_input_is_one_line():
     assert r.returncode == 2 and "zerobench profile" in r.stderr and r.stderr.count("\n") == 1
 
 
-def test_refusals_and_the_regression_gate_do_not_import_torch():
+def test_refusals_and_the_regression_gate_do_not_import_torch(tmp_path):
     """Reading rows does not load torch (provenance imports it only to write one), so the simulator's refusals
-    and a whole regression gate answer in a fraction of a second; replaying a suite builds its models with it."""
+    and a whole regression gate answer in a fraction of a second; replaying a suite builds its models with it.
+    (The gate's proposed baseline goes to ``tmp_path``: by default it lands beside the candidate, in the repo.)"""
     base = "results/baselines/cpu-2core.jsonl"
     assert not imports_torch([["simulate", "--profile", "/nonexistent/profile", "--suite", "cpu/sim_validation"],
                               ["simulate", "--profile", f"{REF}/profile"],
                               ["simulate", "--profile", f"{REF}/runs", "--suite", "cpu/sim_validation"],
-                              ["regress", "--baseline", base, "--candidate", base]])
+                              ["regress", "--baseline", base, "--candidate", base, "--propose",
+                               str(tmp_path / "proposed.jsonl")]])
     assert imports_torch([["simulate", "--profile", f"{REF}/profile", "--suite", "cpu/quick"]])
 
 

@@ -1,12 +1,46 @@
-"""Session-wide test setup: Triton kernels run under the interpreter when there is no CUDA device.
+"""Session-wide test setup: Triton kernels run under the interpreter when there is no CUDA device, and a test
+session that leaves new or changed files in the repository fails.
 
 ``TRITON_INTERPRET`` must be set before triton is first imported, hence here (the root conftest is
-imported before any test module).
+imported before any test module). The repository check compares ``git status`` before and after the session: a
+test writes under ``tmp_path``, never beside a committed file (a regression gate's proposed baseline once landed in
+``results/baselines/`` and was committed).
 """
 
 import os
+import subprocess
+from pathlib import Path
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _worktree() -> set[str] | None:
+    """``git status`` lines of the repository (untracked files included), None outside a git checkout."""
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(r.stdout.splitlines()) if r.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config.stash_worktree = _worktree()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before, after = getattr(session.config, "stash_worktree", None), _worktree()
+    if before is None or after is None or not (new := sorted(after - before)):
+        return
+    say = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = say.write_line if say is not None else print
+    say("")
+    say(f"the test session left {len(new)} new or changed files in the repository (write under tmp_path):")
+    for line in new[:20]:
+        say(f"  {line}")
+    session.exitstatus = 1

@@ -45,3 +45,13 @@ def test_undeclared_or_wrongly_declared_is_one_line(refused, case, words):
     assert all(r["via_initialize"] is None for r in refused), refused[0]["via_initialize"]
     for r in refused:
         assert r[case] is not None and r[case].startswith(words) and "\n" not in r[case], r[case]
+
+
+@pytest.mark.parametrize("case, names", [("read_parent", "'a.weight'"), ("read_method", "'a.weight', 'a.bias'")])
+def test_an_undeclared_read_is_named_in_a_note(refused, case, names):
+    """A parent reading a child unit's weight, a unit called through another method: the op fails inside torch (it
+    cannot be refused), and a note under its message names what was read and the fix."""
+    for r in refused:
+        assert r[case] is not None, "the forward did not fail"
+        assert len(r[case]) == 1 and f"reads {names} outside the forward" in r[case][0], r[case]
+        assert f"external_params=[{names}]" in r[case][0], r[case]

@@ -118,7 +118,17 @@ def refusals(rank: int, world: int) -> dict:
         engine.backward(engine(slice_of(x, rank, world), slice_of(y, rank, world)))
         engine.step()
 
-    out = {"undeclared": _line(undeclared), "via_initialize": _line(via_initialize), "unknown_name": _line(lambda: _engine(Net("method"), group, 3, "a.wieght")),
+    def undeclared_read(variant):  # a read the engine cannot refuse: the op fails, a note names the parameter
+        model = Net(variant)
+        x, y = batches(1, 2 * world)[0]
+        try:
+            _engine(model, group, 3, None)(slice_of(x, rank, world), slice_of(y, rank, world))
+        except RuntimeError as e:
+            return getattr(e, "__notes__", [])
+        return None
+
+    out = {"undeclared": _line(undeclared), "read_parent": undeclared_read("parent_reads"),
+           "read_method": undeclared_read("method"), "via_initialize": _line(via_initialize), "unknown_name": _line(lambda: _engine(Net("method"), group, 3, "a.wieght")),
            "foreign": _line(lambda: _engine(Net("method"), group, 3, [nn.Linear(2, 2).weight])),
            "frozen": _line(frozen)}
     torch.distributed.barrier()

@@ -38,6 +38,7 @@ from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.containers import tensors_in
+from zerobench.zero.escaped import note_escaped_reads
 from zerobench.zero.layout import BucketSlot
 from zerobench.zero.param import ParamState, ZeroParam
 
@@ -155,6 +156,7 @@ class Stage3Scheduler:
         for i, m in enumerate(self.modules):
             self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
             self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
+        self.handles.append(model.register_forward_hook(note_escaped_reads(self._freed), always_call=True))
         unit_of = {id(zp.param): u for u in self.units for zp in u.zparams}
         for name, m in model.named_modules():
             units = list({id(u): u for p in m.parameters(recurse=False) if (u := unit_of.get(id(p)))}.values())
@@ -226,6 +228,10 @@ class Stage3Scheduler:
                 raise ConfigError(f"ZeRO stage 3: unit {type(unit.module).__name__} returned its own parameter {name!r}, "
                                   "which is freed when the unit's forward ends: pass it to apply_zero(..., "
                                   f"external_params=[{name!r}]) so that the root keeps it gathered")
+
+    def _freed(self) -> dict[int, str]:
+        """The parameters that are empty now (their unit not gathered), ``id -> name``."""
+        return {id(zp.param): zp.name for u in self.units if u.state is not ParamState.UNSHARDED for zp in u.zparams}
 
     def _root_on_demand(self, module, args) -> None:
         """A module holding root parameters called outside the model's forward (``model.encoder(x)``, as

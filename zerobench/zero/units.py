@@ -97,7 +97,8 @@ def resolve_external(model: nn.Module, params) -> frozenset[int]:
     for p in params:
         q = by_name.get(p) if isinstance(p, str) else p
         if not isinstance(q, nn.Parameter) or id(q) not in ids:
-            what = repr(p) if isinstance(p, str) else f"a {type(p).__name__} of shape {tuple(getattr(p, 'shape', ()))}"
+            what = (repr(p) if isinstance(p, str) else f"a {type(p).__name__} of shape {tuple(p.shape)}"
+                    if hasattr(p, "shape") else f"{p!r} of type {type(p).__name__}")
             raise ConfigError(f"external_params: {what} is not a parameter of the model: give its parameters or "
                               "their names, as model.named_parameters() spells them")
         if id(q) not in trained:

@@ -1,0 +1,50 @@
+"""Stage-3 unit assignment (``zero/units.py``), pure bookkeeping tested without processes: a parameter belongs to
+the one unit holding it, to the root when shared between units, not held by any or given as external; a unit left
+with no parameter is dropped; ``external_params`` must name trained parameters of the model."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.zero.units import assign_units, resolve_external
+
+
+def _net() -> nn.Module:
+    m = nn.Module()
+    m.a, m.b, m.head = nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2)
+    m.c = nn.Linear(2, 2)
+    m.c.weight = m.a.weight  # shared between units a and c
+    return m
+
+
+def test_owners_shared_and_external():
+    m = _net()
+    got = assign_units(m, [m.a, m.b, m.c], resolve_external(m, ["b.weight", m.b.bias]))
+    owner = {n: got.unit_of.get(id(p), 0) for n, p in got.named}
+    assert got.units == [m.a, m.c]  # b holds only external parameters: dropped
+    assert owner == {"a.weight": 0, "a.bias": 1, "b.weight": 0, "b.bias": 0, "head.weight": 0, "head.bias": 0,
+                     "c.bias": 2}
+    plain = assign_units(m, [m.a, m.b, m.c])
+    assert plain.units == [m.a, m.b, m.c] and plain.unit_of[id(m.b.weight)] == 2
+
+
+@pytest.mark.parametrize("given, words", [
+    ("b.wieght", "'b.wieght' is not a parameter of the model"),
+    (nn.Parameter(nn.Linear(2, 2).weight.detach()), "a Parameter of shape (2, 2) is not a parameter of the model"),
+    (3, "3 of type int is not a parameter of the model"),
+    ("b.bias", "'b.bias' is frozen (requires_grad=False)"),
+])
+def test_bad_external_params_are_one_line(given, words):
+    m = _net()
+    m.b.bias.requires_grad_(False)
+    with pytest.raises(ConfigError) as e:
+        resolve_external(m, [given])
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_external_params_as_one_name_or_none():
+    m = _net()
+    assert resolve_external(m, None) == frozenset()
+    assert resolve_external(m, "c.weight") == frozenset({id(m.a.weight)})  # a tied parameter, by its other name

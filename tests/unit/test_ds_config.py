@@ -198,5 +198,12 @@ def test_with_a_client_optimizer_the_optimizer_section_is_optional_and_ignored()
     assert from_deepspeed({"train_batch_size": 2}, dp=1, client_optimizer=True).ignored == ()
     ds = from_deepspeed({"train_batch_size": 2, "optimizer": {"type": "Lamb"}}, dp=1, client_optimizer=True)
     assert ds.ignored == ("optimizer",)
-    with pytest.raises(ConfigError, match=r"optimizer\.type None"):
+    with pytest.raises(ConfigError, match=r"DeepSpeed config has no optimizer: add .* or pass initialize\(optimizer="):
         from_deepspeed({"train_batch_size": 2}, dp=1)
+
+
+def test_a_config_without_an_optimizer_says_how_to_give_one():
+    for cfg in ({"train_micro_batch_size_per_gpu": 1}, {"train_micro_batch_size_per_gpu": 1, "optimizer": {}}):
+        with pytest.raises(ConfigError) as e:
+            from_deepspeed(cfg, dp=1)
+        assert str(e.value).startswith("DeepSpeed config has no optimizer: add {\"optimizer\"") and "\n" not in str(e.value)

@@ -240,6 +240,9 @@ def _optimizer(cfg: dict) -> AdamWConfig:
     opt = _section(cfg, "optimizer")
     _known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
     kind = str(opt.get("type", "")).lower()
+    if "type" not in opt:
+        raise ConfigError("DeepSpeed config has no optimizer: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                          "{\"lr\": ...}}}, or pass initialize(optimizer=torch.optim.AdamW(...))")
     if kind not in ("adam", "adamw", "fusedadam"):
         raise ConfigError(f"DeepSpeed config optimizer.type {opt.get('type')!r}: zerobench's engine trains with "
                           "AdamW; give {\"type\": \"AdamW\", \"params\": {...}}")

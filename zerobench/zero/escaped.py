@@ -1,4 +1,5 @@
-"""Stage 3: name the parameter when a forward fails because it read one outside its unit's forward.
+"""Stage 3: parameters that escape the forward of the unit holding them. A unit that returns its own parameter is
+refused in one line (``refuse_returned``); a forward that fails because it read one elsewhere gets a note naming it.
 
 There a freed parameter is an empty tensor, and the op that reads it fails deep inside torch (``size mismatch,
 got input (2), mat (2x8), vec (0)``). Nothing marks which op read what, so the engine does not try to catch the
@@ -17,6 +18,9 @@ import sys
 from collections.abc import Callable
 
 from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.zero.containers import tensors_in
 
 _CHAIN = re.compile(r"\b([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*)+)")
 
@@ -65,3 +69,14 @@ def note_escaped_reads(freed: Callable[[], dict[int, str]]):
                          f"[{listed}]) so that the root keeps {it} gathered")
 
     return hook
+
+
+def refuse_returned(param_ids: frozenset[int], zparams, unit: str, output) -> None:
+    """A unit that returns one of its own parameters (a linear layer's bias for its caller to add, as Megatron's
+    ``skip_bias_add``): the caller would read it freed. One line naming it and the fix."""
+    for t in tensors_in(output):
+        if id(t) in param_ids:
+            name = next(zp.name for zp in zparams if zp.param is t)
+            raise ConfigError(f"ZeRO stage 3: unit {unit} returned its own parameter {name!r}, which is freed when the "
+                              f"unit's forward ends: pass it to apply_zero(..., external_params=[{name!r}]) so that the "
+                              "root keeps it gathered")

@@ -33,12 +33,11 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator, PlainAllocator
 from zerobench.zero.containers import tensors_in
-from zerobench.zero.escaped import note_escaped_reads
+from zerobench.zero.escaped import note_escaped_reads, refuse_returned
 from zerobench.zero.layout import BucketSlot
 from zerobench.zero.param import ParamState, ZeroParam
 
@@ -208,7 +207,7 @@ class Stage3Scheduler:
             return
         if unit is not None:
             if i and not isinstance(output, torch.Tensor):
-                self._refuse_returned(unit, output)
+                refuse_returned(unit.param_ids, unit.zparams, type(unit.module).__name__, output)
             unit.free()
         if i == 0:  # end of forward: a unit prefetched but not run (skipped on this rank) goes too
             for u in self.blocks:
@@ -218,16 +217,6 @@ class Stage3Scheduler:
             for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(partial(self._pre_backward, i))
-
-    def _refuse_returned(self, unit: ParamUnit, output) -> None:
-        """A unit that returns one of its own parameters (a linear layer's bias for its caller to add, as Megatron's
-        ``skip_bias_add``): the caller would read it freed. One line naming it and the fix."""
-        for t in tensors_in(output):
-            if id(t) in unit.param_ids:
-                name = next(zp.name for zp in unit.zparams if zp.param is t)
-                raise ConfigError(f"ZeRO stage 3: unit {type(unit.module).__name__} returned its own parameter {name!r}, "
-                                  "which is freed when the unit's forward ends: pass it to apply_zero(..., "
-                                  f"external_params=[{name!r}]) so that the root keeps it gathered")
 
     def _freed(self) -> dict[int, str]:
         """The parameters that are empty now (their unit not gathered), ``id -> name``."""

@@ -27,3 +27,12 @@ def test_two_comparisons_in_one_directory_are_two_rows_each_with_its_own_figures
     assert t["comparison"].iloc[0] == "small, seq 64, DP 2 @ 9b2b8af 2026-11-25 14:16"
     assert t["comparison"].nunique() == 3
     assert t["time_vs_torch_ddp"].iloc[2] is None or pd.isna(t["time_vs_torch_ddp"].iloc[2])
+
+
+def test_the_speed_verdict_says_when_one_round_cannot_place_it():
+    from zerobench.cli.bench import _speed_verdict
+
+    assert _speed_verdict({"speed_ok": True, "speed_decided": False, "time_noise": float("inf")}) == \
+        "yes, one round: spread unknown"  # was "yes, within noise (±inf)" at 0.62 of the peer's time
+    assert _speed_verdict({"speed_ok": False, "speed_decided": False, "time_noise": 0.058}) == "NO, within noise (±0.058)"
+    assert _speed_verdict({"speed_ok": True, "speed_decided": True, "time_noise": 0.01}) == "yes"

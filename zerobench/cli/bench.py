@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import sys
 
 from zerobench.cli.types import count
@@ -95,7 +96,11 @@ def cmd_peers(args: argparse.Namespace) -> int:
 def _speed_verdict(v: dict) -> str:
     """yes/NO against the time bar, and where the rounds' spread cannot place the ratio against it, by how much."""
     verdict = "yes" if v["speed_ok"] else "NO"
-    return verdict if v["speed_decided"] else f"{verdict}, within noise (±{v['time_noise']:.3f})"
+    if v["speed_decided"]:
+        return verdict
+    if math.isinf(v["time_noise"]):  # one round side by side: no spread to place the ratio against the bar by
+        return f"{verdict}, one round: spread unknown"
+    return f"{verdict}, within noise (±{v['time_noise']:.3f})"
 
 
 def cmd_bench_kernels(args: argparse.Namespace) -> int:

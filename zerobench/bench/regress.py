@@ -14,9 +14,10 @@ A change beyond tolerance in the bad direction is a regression (exit 1); in the 
 flagged ("update the baseline?"). A candidate value that is not finite (a diverged run's NaN loss, a NaN or
 infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline
 has but the candidate's run lacks fails as missing: neither is ever compared away as "ok". Either way a
-proposed new baseline is written. With ``timing="report"`` step-time changes are shown ("SLOWER") but do not fail the gate: for baselines recorded in another session
-or on another machine of a noisy class (2-core CPUs: step-time ratios of tiny runs moved 80-90% between
-sessions here), where only same-session timing comparisons mean anything.
+proposed new baseline is written. With ``timing="report"`` step-time changes are shown ("SLOWER") but do not
+fail the gate: for baselines recorded in another session or on another machine of a noisy class (2-core CPUs:
+step-time ratios of tiny runs moved 80-90% between sessions here), where only same-session timing comparisons
+mean anything.
 """
 
 from __future__ import annotations

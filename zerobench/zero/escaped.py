@@ -1,13 +1,13 @@
 """Stage 3: parameters that escape the forward of the unit holding them. A unit that returns its own parameter is
 refused in one line (``refuse_returned``); a forward that fails because it read one elsewhere gets a note naming it.
 
-There a freed parameter is an empty tensor, and the op that reads it fails deep inside torch (``size mismatch,
-got input (2), mat (2x8), vec (0)``). Nothing marks which op read what, so the engine does not try to catch the
-read; when the model's forward raises, an ``always_call`` forward hook on the model looks at the failing frames
-instead: a local variable that is a freed parameter, or an attribute chain on the failing line (``self.a.weight``)
-that resolves, through modules and parameters only, to one. Each such parameter is named in a note on the exception (PEP 678:
-printed under its message), with the fix: ``apply_zero(..., external_params=[...])``. A forward that succeeds pays
-one function call.
+There a freed parameter is an empty tensor, and the op that reads it fails deep inside torch (``size mismatch, got
+input (2), mat (2x8), vec (0)``). Nothing marks which op read what, so the engine does not try to catch the read;
+when the model's forward raises, an ``always_call`` forward hook on the model looks at the failing frames instead: a
+local variable that is a freed parameter, or an attribute chain on the failing line (``self.a.weight``) that
+resolves, through modules and parameters only, to one. Each such parameter is named in a note on the exception (PEP
+678: printed under its message), with the fix: ``apply_zero(..., external_params=[...])``. A forward that succeeds
+pays one function call.
 """
 
 from __future__ import annotations

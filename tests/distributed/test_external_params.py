@@ -7,7 +7,7 @@ import pytest
 
 from tests.distributed.test_user_models import close
 from tests.helpers.dist import run_distributed
-from tests.helpers.external_params import EXTERNAL, refusals, train_declared
+from tests.helpers.external_params import EXTERNAL, engine_from_a_list, refusals, train_declared
 
 pytestmark = pytest.mark.dist
 
@@ -59,3 +59,7 @@ def test_an_undeclared_read_is_named_in_a_note(refused, case, names):
         assert r[case] is not None, "the forward did not fail"
         assert len(r[case]) == 1 and f"reads {names} outside the forward" in r[case][0], r[case]
         assert f"external_params=[{names}]" in r[case][0], r[case]
+
+
+def test_an_engine_built_directly_still_takes_a_list_of_units():
+    assert run_distributed(engine_from_a_list, 2, timeout=120) == [2, 2]

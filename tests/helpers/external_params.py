@@ -133,3 +133,16 @@ def refusals(rank: int, world: int) -> dict:
            "frozen": _line(frozen)}
     torch.distributed.barrier()
     return out
+
+
+def engine_from_a_list(rank: int, world: int) -> int:
+    """``ZeroEngine`` built directly with a list of units, as before ``UnitPlan``: it trains, one unit per module."""
+    from zerobench.zero import ZeroEngine
+
+    model = Net("parent_reads")
+    group = Group.of(torch.distributed.new_group(backend="gloo"), "dp")
+    engine = ZeroEngine(model, group, ZeroConfig(stage=3, optimizer=ADAM), [model.b, model.head])
+    x, y = batches(1, 2 * world)[0]
+    engine.backward(model(slice_of(x, rank, world), slice_of(y, rank, world)))  # a stays in the root: read anywhere
+    engine.step()
+    return len(engine.scheduler.blocks)

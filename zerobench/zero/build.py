@@ -42,6 +42,7 @@ def order_params(model: nn.Module, plan: UnitPlan, stage: int, dtype: torch.dtyp
     """Reverse registration order (the order backward produces gradients), so buckets fill in sequence;
     stage 3 groups them by unit (last unit first, the root unit last), each unit's in that order. ``dtype``: the
     training dtype (``Precision.param_dtype``)."""
+    plan = plan if isinstance(plan, UnitPlan) else UnitPlan(list(plan))  # ZeroEngine built directly: a list of units
     assigned = assign_units(model, plan.modules, plan.external)
     named, units, unit_of = list(assigned.named), assigned.units, assigned.unit_of
     if not named:

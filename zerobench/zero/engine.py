@@ -65,7 +65,7 @@ class ZeroEngine:
         model: nn.Module,
         group: C.Group,
         config: ZeroConfig,
-        units: UnitPlan,
+        units: UnitPlan | list[nn.Module],
         ledger: CommLedger | None = None,
         tp_group: C.Group | None = None,
         tp_sharded: frozenset[str] = frozenset(),

@@ -125,7 +125,7 @@ def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]], 
         dtypes.setdefault(p.dtype, n)
     if dtype == torch.float32 and len(dtypes) > 1:
         (t0, n0), (t1, n1) = sorted(dtypes.items(), key=lambda tn: tn[0] != torch.float32)[:2]
-        raise ConfigError(f"the trained parameters mix dtypes ({n0!r} is {str(t0)[6:]}, {n1!r} {str(t1)[6:]}) in "
+        raise ConfigError(f"the trained parameters mix dtypes ({n0!r} is {str(t0).removeprefix('torch.')}, {n1!r} {str(t1).removeprefix('torch.')}) in "
                           f"fp32 training, which would make {n1!r} float32 under your forward: convert the model to one "
                           "dtype (model.float()) or train in bf16/fp16 (ZeroConfig.precision), which casts every parameter")
     if len(devices) > 1:

@@ -78,9 +78,8 @@ class StagingBuckets:
         if self.held:
             for b in [b for b in self.held if b not in self.deferred]:
                 self.flush(b)
-            if slot.bucket in self.held:
-                self.held[slot.bucket].append((slot, grad, scale))
-                self.landed[slot.index] = True
+            if slot.bucket in self.held:  # deferred: it joins them, as under a collective in flight
+                self.hold(slot, grad, scale)
                 return
         self.write(slot, grad, scale)
 

@@ -110,6 +110,10 @@ class BackwardPasses:
 
         return staged
 
+    def is_open(self) -> bool:
+        """Whether a backward pass (a micro-batch) is open now."""
+        return self.state is not PassState.IDLE
+
     def ensure_open(self) -> None:
         """From any of the engine's backward hooks: open a plain ``loss.backward()`` if nothing has yet."""
         if self.state is PassState.IDLE:

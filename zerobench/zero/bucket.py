@@ -228,11 +228,7 @@ class GradBucketGroup:
         parameters unused on this rank), record the window's unused ones, call ``on_started(unused)`` (a
         synchronised window: every bucket started, none waited for yet), and wait for every bucket."""
         if self.sync:
-            for b in self.layout.buckets[self.next_start :]:
-                if self.pending[b.index]:
-                    self._fill_missing(b.index)
-                    self.pending[b.index] = 0
-            self._start_ready()
+            self.complete(range(self.next_start, len(self.pending)))
             self.unused = [] if self.seen_count == len(self.zparams) else [
                 i for i, seen in enumerate(self.seen) if not seen
             ]
@@ -241,6 +237,15 @@ class GradBucketGroup:
         self._finish_reduces(block=True)
         if self.sync:
             self.reduced = True
+
+    def complete(self, buckets) -> None:
+        """Zeros for the gradients ``buckets`` still miss (parameters unused on this rank: at the end of backward, or a
+        stage-3 unit this rank skipped, ``zero/skipped_units.py``); complete buckets then start in index order."""
+        for b in buckets:
+            if self.pending[b]:
+                self._fill_missing(b)
+                self.pending[b] = 0
+        self._start_ready()
 
     def _fill_missing(self, bucket: int) -> None:
         """Zeros where this bucket has no gradient yet (staging buckets start as zeros)."""

@@ -128,10 +128,10 @@ class ZeroEngine:
             self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
             SyncMode.for_stage(self.stage), max_inflight=MAX_INFLIGHT if self.config.overlap_comm else 0,
             sink=st.host.grad_ready if st.host is not None else None, unused_flags=not self.config.find_unused_parameters)
-        if self.scheduler is not None:
-            self.grads.free_on_complete(self.scheduler.on_bucket_complete, self.scheduler.last_buckets())
         self.scaler = DynamicLossScaler(self.config.loss_scale, enabled=self.config.precision.value == "fp16")
         self.passes = BackwardPasses(model, self.zparams, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
+        if self.scheduler is not None:
+            self.scheduler.attach(self.grads, self.passes)
         self._hooks = self.passes.install_hooks(model, self.grads)
         if self.grads.keep_full:
             self.grads.attach_grad_views()

@@ -3,134 +3,37 @@
 Each *unit* (every transformer block, plus the root module for the embeddings and final norm) owns one or
 more consecutive buckets of the layout (a unit larger than ``bucket_numel`` is cut into several, so its
 gradients are reduce-scattered in bucket-sized pieces as backward produces them, and no staging buffer
-exceeds the bucket size). The unit is gathered as a whole, one all-gather per bucket into one flat
-full-size buffer, and freed once all of its buckets' gradients have landed, before they are staged and
-reduce-scattered (as FSDP2 reshards before it reduce-scatters). While a
-unit is gathered its parameters are views of that buffer;
-otherwise that buffer's storage is resized to 0 (views autograd saved stay valid and see the values
-again once re-gathered) and each parameter's ``.data`` is a 0-element placeholder, so reading a
-parameter outside forward shows an empty tensor instead of touching freed memory. ``ZeroEngine.gathered_params``
-(``zero/gathered.py``) gathers every unit for reading; ``state_dict()`` on a sharded module
-is refused with a one-line error that says so. The scheduler gathers a unit before its forward and again before its backward (a hook on
-the unit's output gradient), prefetching the next unit in execution order; it frees a unit after its
-forward and as soon as its gradients have all landed. A forward that runs inside
-backward is a recompute (the model's own ``torch.utils.checkpoint``): the unit is gathered for it and
-nothing is prefetched or freed, and after every optimizer step all units are freed, so no unit carries
-pre-step values into the next forward. The root stays gathered for
-the whole forward (the tied LM head reuses the embedding) and again for the whole backward, so every
-parameter is gathered twice per step: with the reduce-scatter, 3Ψ of traffic, as the paper counts.
+exceeds the bucket size). A unit is gathered as a whole and freed as a whole (``zero/param_unit.py``), once all
+of its buckets' gradients have landed, before they are staged and reduce-scattered (as FSDP2 reshards before it
+reduce-scatters). ``ZeroEngine.gathered_params`` (``zero/gathered.py``) gathers every unit for reading;
+``state_dict()`` on a sharded module is refused with a one-line error that says so.
 
-Under parameter offload a unit's shard lives in host memory: a gather first copies it to a transient
-device shard (on the offload side stream, ordered before the all-gather by an event), so a prefetch
-overlaps both the copy and the all-gather with the current unit's compute.
+The scheduler gathers a unit before its forward and again before its backward (a hook on the unit's output
+gradient), prefetching the next unit in registration order (its reverse in backward); it frees a unit after its
+forward and as soon as its gradients have all landed. A forward that runs inside backward is a recompute (the
+model's own ``torch.utils.checkpoint``): the unit is gathered for it and nothing is prefetched or freed, and after
+every optimizer step all units are freed, so no unit carries pre-step values into the next forward. A unit this
+rank's forward skipped while others ran it (LayerDrop) is replayed where it would have run, so every rank issues
+the same collectives (``zero/skipped_units.py``). The root stays gathered for the whole forward (the tied LM head
+reuses the embedding) and again for the whole backward, so every parameter is gathered twice per step: with the
+reduce-scatter, 3Ψ of traffic, as the paper counts.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from itertools import pairwise
 
 import torch
 from torch import nn
 
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
-from zerobench.zero.allocator import Allocator, PlainAllocator
+from zerobench.zero.allocator import Allocator
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.escaped import note_escaped_reads, refuse_returned
-from zerobench.zero.layout import BucketSlot
 from zerobench.zero.param import ParamState, ZeroParam
-
-
-class ParamUnit:
-    """The parameters of one module, gathered and freed together."""
-
-    def __init__(
-        self,
-        module: nn.Module,
-        buckets: list[BucketSlot],
-        zparams: list[ZeroParam],
-        shards: list[torch.Tensor],
-        group: C.Group,
-        ledger: CommLedger | None,
-        device: torch.device | None = None,
-        transfer=None,
-        allocator: Allocator | None = None,
-    ):
-        """``buckets``: consecutive layout buckets; ``shards``: this rank's shard of each. ``transfer`` (an
-        ``offload.Transfer``) marks the shards as host memory (parameter offload)."""
-        self.allocator = allocator if allocator is not None else PlainAllocator()
-        self.module, self.buckets, self.zparams, self.shards = module, buckets, zparams, shards
-        self.group, self.ledger, self.transfer = group, ledger, transfer
-        self.staging: torch.Tensor | None = None
-        self.complete: set[int] = set()
-        start = buckets[0].start
-        for prev, b in pairwise(buckets):
-            assert b.start == prev.end, "a unit's buckets must be consecutive"
-        dtype = shards[0].dtype
-        device = shards[0].device if device is None else device
-        self.full = torch.empty(buckets[-1].end - start, dtype=dtype, device=device)
-        self.nbytes = self.full.untyped_storage().nbytes()
-        self.held = 0
-        """Device bytes this unit holds now (its gathered buffer and any parameter-offload staging)."""
-        self.bucket_views = [self.full[b.start - start : b.end - start] for b in buckets]
-        self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in zparams]
-        self.placeholder = torch.empty(0, dtype=dtype, device=device)
-        self.param_ids = frozenset(id(zp.param) for zp in zparams)
-        self.works: list = []
-        self.state = ParamState.UNSHARDED
-        self.backward_task: int | None = None
-        """The autograd graph task this unit was gathered for in backward (None since its last forward): a second
-        backward through a retained graph (``retain_graph=True``, two losses) is a new task and gathers again."""
-        self.free()
-
-    def _set_state(self, state: ParamState) -> None:
-        self.state = state
-        for zp in self.zparams:
-            zp.state = state
-
-    def start_gather(self) -> None:
-        if self.state is not ParamState.SHARDED:
-            return
-        self.allocator.resize(self.full, self.nbytes)
-        self.held = self.nbytes
-        srcs = self.shards
-        if self.transfer is not None:  # host shards -> one transient device buffer, then the gathers
-            self.staging = torch.empty(sum(s.numel() for s in srcs), dtype=self.full.dtype, device=self.full.device)
-            srcs = list(self.staging.split([s.numel() for s in self.shards]))
-            self.held += self.staging.untyped_storage().nbytes()
-            event = None
-            for dst, src in zip(srcs, self.shards):
-                event = self.transfer.copy(dst, src, track=False)
-            self.transfer.wait_event(event)
-        self.works = [C.all_gather(out, src, self.group, self.ledger, "param", async_op=True)
-                      for out, src in zip(self.bucket_views, srcs)]
-        self._set_state(ParamState.GATHERING)
-
-    def finish_gather(self) -> None:
-        self.start_gather()
-        if self.state is ParamState.GATHERING:
-            for work in self.works:
-                if work is not None:
-                    work.wait()
-            self.works = []
-            self.staging = None
-            self.held = self.nbytes
-            for zp, view in zip(self.zparams, self.views):
-                if zp.param.dtype is not view.dtype:  # a submodule's .half() after apply_zero: refused, not undone
-                    raise zp.converted(f"is {zp.param.dtype}", view.dtype)
-                zp.param.data = view
-            self._set_state(ParamState.UNSHARDED)
-
-    def free(self) -> None:
-        if self.state is ParamState.GATHERING:
-            self.finish_gather()
-        for zp in self.zparams:
-            zp.param.data = self.placeholder
-        self.allocator.resize(self.full, 0)
-        self.held = 0
-        self.complete.clear()
-        self._set_state(ParamState.SHARDED)
+from zerobench.zero.param_unit import ParamUnit
+from zerobench.zero.skipped_units import SkipTracker
 
 
 def _in_backward() -> bool:
@@ -152,6 +55,9 @@ class Stage3Scheduler:
         self.reading = False
         self.peak_gathered_bytes = 0
         """Most device bytes of gathered parameters (and parameter-offload staging) held at once."""
+        self.skips = SkipTracker(len(blocks))
+        self._root_task: int | None = None
+        self._complete = None
         for i, m in enumerate(self.modules):
             self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
             self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
@@ -194,6 +100,11 @@ class Stage3Scheduler:
         if i == 0:
             for u in self.units:
                 u.backward_task = None
+            if not self.reading:
+                self.skips.begin_forward()
+        elif not self.reading:  # units this rank's forward skipped: their collectives first (``zero/skipped_units.py``)
+            for j in self.skips.forward_unit(i):
+                self._replay_forward(j)
         if unit is not None:
             unit.backward_task = None  # a unit called on its own, outside the model's forward, starts a pass too
             unit.finish_gather()
@@ -209,7 +120,9 @@ class Stage3Scheduler:
             if i and not isinstance(output, torch.Tensor):
                 refuse_returned(unit.param_ids, unit.zparams, type(unit.module).__name__, output)
             unit.free()
-        if i == 0:  # end of forward: a unit prefetched but not run (skipped on this rank) goes too
+        if i == 0:  # end of forward: the units skipped after the last one run are replayed; any still gathered goes
+            for j in self.skips.end_forward():
+                self._replay_forward(j)
             for u in self.blocks:
                 if u.state is not ParamState.SHARDED:
                     u.free()
@@ -217,6 +130,13 @@ class Stage3Scheduler:
             for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(partial(self._pre_backward, i))
+
+    def _replay_forward(self, j: int) -> None:
+        """Unit ``j``, which this rank's forward skipped: the gather and prefetch its forward issues, then its free."""
+        self.order[j].finish_gather()
+        if self.prefetch and j + 1 < len(self.order):
+            self.order[j + 1].start_gather()
+        self.order[j].free()
 
     def _freed(self) -> dict[int, str]:
         """The parameters that are empty now (their unit not gathered), ``id -> name``."""
@@ -233,8 +153,19 @@ class Stage3Scheduler:
     def _pre_backward(self, i: int, grad: torch.Tensor) -> None:
         unit = self.order[i]
         task = torch._C._current_graph_task_id()
-        if unit is None or unit.backward_task == task:
+        if i == 0:  # the model's backward begins: what it skipped is replayed as it goes, the rest at its end
+            if self._root_task == task:
+                return
+            self._root_task = task
+            self.skips.begin_backward(task)
+            torch.autograd.Variable._execution_engine.queue_callback(partial(self._end_backward, task))
+            if unit is None:
+                return
+        elif unit.backward_task == task:
             return
+        else:
+            for j in self.skips.backward_unit(i, task):
+                self._replay_backward(j, task)
         unit.backward_task = task
         unit.finish_gather()
         # Backward runs root (LM head) first, then blocks last to first.
@@ -242,6 +173,34 @@ class Stage3Scheduler:
         if self.prefetch and nxt >= 1:
             self.order[nxt].start_gather()
         self._note_gathered()
+
+    def _replay_backward(self, j: int, task: int) -> None:
+        """Unit ``j``, which this rank's forward skipped: the gather and prefetch its backward issues and, in a backward
+        pass (not ``torch.autograd.grad``), its buckets' reduce-scatters with zero gradients; then its free."""
+        unit = self.order[j]
+        unit.backward_task = task
+        unit.finish_gather()
+        if self.prefetch and j > 1:
+            self.order[j - 1].start_gather()
+        if self._complete is not None:
+            self._complete([b.index for b in unit.buckets])
+        unit.free()
+
+    def _end_backward(self, task: int) -> None:
+        """Autograd's callback at the end of the model's backward (queued before the pass's close)."""
+        for j in self.skips.end_backward(task):
+            self._replay_backward(j, task)
+
+    def attach(self, grads, passes) -> None:
+        """Drive the bucket group ``grads``: a unit is freed once its gradients have landed, and a skipped unit's
+        buckets are completed while ``passes`` (``BackwardPasses``) has a backward pass open."""
+        grads.free_on_complete(self.on_bucket_complete, self.last_buckets())
+
+        def complete(buckets: list[int]) -> None:  # a function: copy.deepcopy(model) (an EMA copy) shares it, as
+            if passes.is_open():  # the engine's other hooks, instead of copying the bucket group and its work in flight
+                grads.complete(buckets)
+
+        self._complete = complete
 
     def _note_gathered(self) -> None:
         held = sum(u.held for u in self.units)

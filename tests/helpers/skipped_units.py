@@ -1,0 +1,126 @@
+"""Rank-dependent unit skipping (LayerDrop, a rank-dependent branch) inside spawned ranks, against single-process
+``torch.optim.AdamW`` training on the same global batch with the same skips.
+
+Each case gives, per step and rank, the blocks that rank's forward skips; the reference runs every rank's slice with
+that rank's skips and averages the losses. Each rank records the collectives it issued (op and size, in order), so
+the test can tell a matched schedule from one that only happened not to hang.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tests.helpers.reference import make_adamw
+from tests.helpers.user_models import ADAM, SEQ, VOCAB, WIDTH, Block, compare, engine_for, error_line, slice_of
+from zerobench.distributed.collectives import Group
+from zerobench.metrics.comm import CommLedger
+
+BLOCKS, STEPS = 5, 3
+
+
+class LayerDrop(nn.Module):
+    """Embedding -> five residual blocks, each skipped where ``skip`` names it -> head."""
+
+    def __init__(self, ckpt: bool = False):
+        super().__init__()
+        self.ckpt = ckpt
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList([Block() for _ in range(BLOCKS)])
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, x, y, skip=frozenset()):
+        h = self.emb(x)
+        for i, b in enumerate(self.blocks):
+            if i not in skip:
+                h = checkpoint(b, h, use_reentrant=False) if self.ckpt else b(h)
+        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), y.reshape(-1))
+
+
+def skips_for(pattern: str, world: int) -> list[list[frozenset[int]]]:
+    """``[step][rank]`` -> the blocks that rank skips at that step."""
+    fixed = {
+        "last": [{BLOCKS - 1}],
+        "first": [{0}],
+        "middle_runs": [{1, 2}, {3}, {0, 4}],  # rank r takes entry r; different units skipped on different ranks
+        "all_blocks": [set(range(BLOCKS))],  # rank 0 runs none of them
+        "none": [set()],
+    }
+    if pattern in fixed:
+        per_rank = [frozenset(fixed[pattern][r]) if r < len(fixed[pattern]) else frozenset() for r in range(world)]
+        return [per_rank for _ in range(STEPS)]
+    rng = random.Random(7)  # "random": each block dropped with p 0.4, but every block runs on some rank each step
+    out = []
+    for step in range(STEPS):
+        per_rank = [frozenset(i for i in range(BLOCKS) if rng.random() < 0.4) for _ in range(world)]
+        keeper = step % world
+        out.append([s if r != keeper else frozenset(set(s) - set.intersection(*map(set, per_rank))) for r, s in
+                    enumerate(per_rank)])
+    return out
+
+
+@dataclass(frozen=True)
+class SkipCase:
+    pattern: str
+    stage: int = 3
+    prefetch: bool = True
+    plain_backward: bool = False
+    """``loss.backward()`` (DDP's loop) instead of ``engine.backward(loss)``."""
+    ckpt: bool = False
+    """The model checkpoints each block itself (``torch.utils.checkpoint``, non-reentrant)."""
+    find_unused: bool = True
+
+    @property
+    def key(self) -> str:
+        return "-".join([self.pattern, f"s{self.stage}", *(k for k, on in (
+            ("nopf", not self.prefetch), ("plain", self.plain_backward), ("ckpt", self.ckpt),
+            ("strict", not self.find_unused)) if on)])
+
+
+def batches(world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randint(0, VOCAB, (2 * world, SEQ), generator=g), torch.randint(0, VOCAB, (2 * world, SEQ), generator=g))
+            for _ in range(STEPS)]
+
+
+def reference(model: nn.Module, data, skips, world: int) -> dict[str, torch.Tensor]:
+    ref = copy.deepcopy(model)
+    opt = make_adamw(list(ref.parameters()), ADAM)
+    for (x, y), per_rank in zip(data, skips):
+        torch.stack([ref(slice_of(x, r, world), slice_of(y, r, world), per_rank[r]) for r in range(world)]).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for n, p in ref.named_parameters()}
+
+
+def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, dict]:
+    group = Group.of(torch.distributed.new_group(backend="gloo"), "dp")
+    out = {}
+    for case in cases:
+        torch.manual_seed(0)
+        model = LayerDrop(case.ckpt)
+        data, skips = batches(world), skips_for(case.pattern, world)
+        ledger = CommLedger()
+        engine = engine_for(copy.deepcopy(model), group, case.stage, bucket_numel=2000, ledger=ledger,
+                            prefetch=case.prefetch, find_unused_parameters=case.find_unused)
+
+        res = {"error": error_line(lambda: _train(engine, case, data, skips, rank, world))}  # noqa: B023
+        res["collectives"] = [(r.op, r.numel, r.tag) for r in ledger.records]
+        if res["error"] is None:
+            res.update(compare(engine, model, reference(model, data, skips, world)))
+        out[case.key] = res
+    return out
+
+
+def _train(engine, case: SkipCase, data, skips, rank: int, world: int) -> None:
+    for (x, y), per_rank in zip(data, skips):
+        loss = engine.module(slice_of(x, rank, world), slice_of(y, rank, world), per_rank[rank])
+        loss.backward() if case.plain_backward else engine.backward(loss)
+        engine.step()
+        engine.zero_grad()

@@ -16,8 +16,10 @@ CASES = [
     *(SkipCase(p) for p in ("last", "first", "middle_runs", "all_blocks", "random", "none")),
     *(SkipCase(p, prefetch=False) for p in ("last", "middle_runs", "random")),
     SkipCase("random", plain_backward=True),
+    SkipCase("random", eval_between=True),
     SkipCase("random", ckpt=True),
     *(SkipCase("random", stage=s) for s in (0, 1, 2)),
+    SkipCase("none", reverse=True),
     SkipCase("middle_runs", find_unused=False),
     SkipCase("last", prefetch=False, find_unused=False),
 ]
@@ -41,6 +43,15 @@ def test_skipped_units_train_as_one_process(grid, case):
         assert r["update_rel_err"] <= UPDATE_RTOL and r["max_diff"] <= MAX_TOL, (world, r)
     assert all(r["collectives"] == results[0]["collectives"] for r in results), "ranks issued different collectives"
     assert any(op == "all_gather" for op, _, _ in results[0]["collectives"]) or case.stage < 3
+    # A forward out of the units' order is told once, and replays nothing after it sees that.
+    assert [len(r["warnings"]) for r in results] == [1 if case.reverse else 0] * world, results[0]["warnings"]
+
+
+def test_a_forward_out_of_the_units_order_is_told_which_units_and_how_to_fix_it(grid):
+    _, ranks = grid
+    (warning,) = ranks[0][SkipCase("none", reverse=True).key]["warnings"]
+    assert warning.startswith("ZeRO stage 3: the forward ran unit 'blocks.3' after 'blocks.4', out of the units' order")
+    assert "apply_zero(units=[...])" in warning
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.find_unused], ids=lambda c: c.key)

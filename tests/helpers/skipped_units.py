@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -28,16 +29,16 @@ BLOCKS, STEPS = 5, 3
 class LayerDrop(nn.Module):
     """Embedding -> five residual blocks, each skipped where ``skip`` names it -> head."""
 
-    def __init__(self, ckpt: bool = False):
+    def __init__(self, ckpt: bool = False, reverse: bool = False):
         super().__init__()
-        self.ckpt = ckpt
+        self.ckpt, self.reverse = ckpt, reverse
         self.emb = nn.Embedding(VOCAB, WIDTH)
         self.blocks = nn.ModuleList([Block() for _ in range(BLOCKS)])
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, x, y, skip=frozenset()):
         h = self.emb(x)
-        for i, b in enumerate(self.blocks):
+        for i, b in reversed(list(enumerate(self.blocks))) if self.reverse else enumerate(self.blocks):
             if i not in skip:
                 h = checkpoint(b, h, use_reentrant=False) if self.ckpt else b(h)
         return F.cross_entropy(self.head(h).reshape(-1, VOCAB), y.reshape(-1))
@@ -75,12 +76,16 @@ class SkipCase:
     ckpt: bool = False
     """The model checkpoints each block itself (``torch.utils.checkpoint``, non-reentrant)."""
     find_unused: bool = True
+    reverse: bool = False
+    eval_between: bool = False
+    """A forward under ``torch.no_grad()`` (evaluation, no skips) after every step."""
+    """The forward runs the blocks last to first, out of the units' (registration) order."""
 
     @property
     def key(self) -> str:
         return "-".join([self.pattern, f"s{self.stage}", *(k for k, on in (
             ("nopf", not self.prefetch), ("plain", self.plain_backward), ("ckpt", self.ckpt),
-            ("strict", not self.find_unused)) if on)])
+            ("strict", not self.find_unused), ("reverse", self.reverse), ("eval", self.eval_between)) if on)])
 
 
 def batches(world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -104,13 +109,16 @@ def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, di
     out = {}
     for case in cases:
         torch.manual_seed(0)
-        model = LayerDrop(case.ckpt)
+        model = LayerDrop(case.ckpt, case.reverse)
         data, skips = batches(world), skips_for(case.pattern, world)
         ledger = CommLedger()
         engine = engine_for(copy.deepcopy(model), group, case.stage, bucket_numel=2000, ledger=ledger,
                             prefetch=case.prefetch, find_unused_parameters=case.find_unused)
 
-        res = {"error": error_line(lambda: _train(engine, case, data, skips, rank, world))}  # noqa: B023
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = {"error": error_line(lambda: _train(engine, case, data, skips, rank, world))}  # noqa: B023
+        res["warnings"] = [str(w.message) for w in caught if "out of the units' order" in str(w.message)]
         res["collectives"] = [(r.op, r.numel, r.tag) for r in ledger.records]
         if res["error"] is None:
             res.update(compare(engine, model, reference(model, data, skips, world)))
@@ -124,3 +132,6 @@ def _train(engine, case: SkipCase, data, skips, rank: int, world: int) -> None:
         loss.backward() if case.plain_backward else engine.backward(loss)
         engine.step()
         engine.zero_grad()
+        if case.eval_between:
+            with torch.no_grad():
+                engine.module(slice_of(x, rank, world), slice_of(y, rank, world))

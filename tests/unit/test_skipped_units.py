@@ -68,3 +68,25 @@ def test_a_backward_that_does_not_start_at_the_root_replays_nothing():
     t = SkipTracker(3)
     forward(t, [3])
     assert t.backward_unit(3, task=9) == [] and t.end_backward(9) == [] and t.end_backward(10) == []
+
+
+def test_a_forward_out_of_the_units_order_stops_replaying_for_good():
+    """Units registered [1, 2, 3] and run 3, 2, 1: at unit 3 units 1-2 look skipped and are replayed; when unit 2 then
+    runs, the order is known to be another, and nothing is replayed again, in forward or backward."""
+    t = SkipTracker(3)
+    assert forward(t, [3, 2, 1]) == [(3, [1, 2]), (2, []), (1, []), (0, [])]
+    assert t.out_of_order == (2, 3)
+    assert forward(t, [3, 1]) == [(3, []), (1, []), (0, [])]
+    t.begin_backward(task=1)
+    assert t.backward_unit(3, 1) == [] and t.backward_unit(1, 1) == [] and t.end_backward(1) == []
+
+
+def test_an_evaluation_forward_leaves_no_gradients_to_wait_for():
+    """Train forward skipping unit 2, an evaluation forward (no graph) running all, then the train backward: unit 2
+    is still replayed there; before ``graph``, the evaluation's units counted and the ranks desynchronised."""
+    t = SkipTracker(3)
+    forward(t, [1, 3])
+    t.begin_forward()
+    assert [t.forward_unit(i, graph=False) for i in (1, 2, 3)] == [[], [], []] and t.end_forward() == []
+    t.begin_backward(task=1)
+    assert t.backward_unit(3, 1) == [] and t.backward_unit(1, 1) == [2]

@@ -15,10 +15,13 @@ the skipping rank *replays* the unit at the point where it would have run:
   parameter unused within a unit (``find_unused_parameters=True``; without it every rank refuses the step, as
   at stages 0-2).
 
-Units are expected in registration order in forward and in its reverse in backward (the order the prefetch assumes
-too). A unit called again, or out of that order, is gathered where it is called, as before, and replays nothing. A
-backward replays only units that ran in no forward since the last backward, so one never replays a unit whose
-gradients are still to come. ``SkipTracker`` is that bookkeeping alone, without tensors or processes; the scheduler
+Units are expected in the order ``apply_zero`` was given them (registration order by default) in forward and in its
+reverse in backward, the order the prefetch assumes too. A unit called again, or out of that order, is gathered where
+it is called, as before, and replays nothing. A model whose forward runs its units in another order (a decoder
+registered before the encoder it follows) would have its early units replayed and then run: the first time a
+replayed unit runs in the same forward, which every rank sees in the same forward, replaying stops for good
+(``out_of_order`` names the two units, for the scheduler's warning). A backward replays only units that ran in no
+forward since the last backward, so one never replays a unit whose gradients are still to come. ``SkipTracker`` is that bookkeeping alone, without tensors or processes; the scheduler
 (``zero/stage3.py``) does the replays.
 """
 
@@ -31,7 +34,8 @@ class SkipTracker:
     def __init__(self, n_units: int):
         self.n = n_units
         self.window: set[int] = set()
-        """Units run in a forward since the last backward (what a backward may find gradients for)."""
+        """Units run in a forward with autograd recording since the last backward (what a backward may find gradients
+        for; an evaluation forward under ``torch.no_grad()`` leaves none)."""
         self._stale = False
         """A backward ran since ``window`` was last started: the next forward starts it anew."""
         self._fwd_next: int | None = None
@@ -41,25 +45,36 @@ class SkipTracker:
         """The next unit due in the backward of autograd task ``_bwd_task`` (descending)."""
         self._from_root = False
         """That backward began at the root's output (the model's whole backward)."""
+        self._replayed: set[int] = set()
+        """Units replayed in the forward now running."""
+        self._last_run = 0
+        self.out_of_order: tuple[int, int] | None = None
+        """(a unit replayed and then run in the same forward, the unit run before it): replaying is off."""
 
     def begin_forward(self) -> None:
         """The model's (root's) forward begins."""
         if self._stale:
             self.window, self._stale = set(), False
-        self._fwd_next = 1
+        self._fwd_next, self._replayed, self._last_run = 1, set(), 0
 
-    def forward_unit(self, i: int) -> list[int]:
-        """Unit ``i``'s forward begins: the units this forward skipped before it, to replay first (ascending)."""
-        self.window.add(i)
+    def forward_unit(self, i: int, graph: bool = True) -> list[int]:
+        """Unit ``i``'s forward begins: the units this forward skipped before it, to replay first (ascending).
+        ``graph``: autograd records it (not under ``torch.no_grad()``), so its gradients may come."""
+        if graph:
+            self.window.add(i)
+        last, self._last_run = self._last_run, i
         if self._fwd_next is None or i < self._fwd_next:  # outside the model's forward, called again or out of order
+            if i in self._replayed and self.out_of_order is None:
+                self.out_of_order = (i, last)
             return []
-        skipped = list(range(self._fwd_next, i))
+        skipped = [] if self.out_of_order else list(range(self._fwd_next, i))
+        self._replayed.update(skipped)
         self._fwd_next = i + 1
         return skipped
 
     def end_forward(self) -> list[int]:
         """The model's forward ends: the units it skipped after the last one it ran, to replay (ascending)."""
-        skipped = [] if self._fwd_next is None else list(range(self._fwd_next, self.n + 1))
+        skipped = [] if self._fwd_next is None or self.out_of_order else list(range(self._fwd_next, self.n + 1))
         self._fwd_next = None
         return skipped
 
@@ -73,7 +88,7 @@ class SkipTracker:
         self._stale = True
         if task != self._bwd_task:  # a backward that did not start at the root's output: nothing to match
             self._bwd_task, self._from_root = task, False
-        if not self._from_root:
+        if not self._from_root or self.out_of_order:
             return []
         skipped = [j for j in range(self._bwd_next, i, -1) if j not in self.window]
         self._bwd_next = min(self._bwd_next, i - 1)
@@ -81,7 +96,7 @@ class SkipTracker:
 
     def end_backward(self, task: int) -> list[int]:
         """Task ``task``'s backward ends: the units below the last one it reached that it skipped (descending)."""
-        if task != self._bwd_task or not self._from_root:
+        if task != self._bwd_task or not self._from_root or self.out_of_order:
             return []
         skipped = [j for j in range(self._bwd_next, 0, -1) if j not in self.window]
         self._bwd_task = None

@@ -21,6 +21,7 @@ reduce-scatter, 3Ψ of traffic, as the paper counts.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import torch
@@ -58,6 +59,7 @@ class Stage3Scheduler:
         self.skips = SkipTracker(len(blocks))
         self._root_task: int | None = None
         self._complete = None
+        self._warned = False
         for i, m in enumerate(self.modules):
             self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
             self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
@@ -103,8 +105,10 @@ class Stage3Scheduler:
             if not self.reading:
                 self.skips.begin_forward()
         elif not self.reading:  # units this rank's forward skipped: their collectives first (``zero/skipped_units.py``)
-            for j in self.skips.forward_unit(i):
+            for j in self.skips.forward_unit(i, torch.is_grad_enabled()):
                 self._replay_forward(j)
+            if self.skips.out_of_order and not self._warned:
+                self._warn_out_of_order(*self.skips.out_of_order)
         if unit is not None:
             unit.backward_task = None  # a unit called on its own, outside the model's forward, starts a pass too
             unit.finish_gather()
@@ -130,6 +134,15 @@ class Stage3Scheduler:
             for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(partial(self._pre_backward, i))
+
+    def _warn_out_of_order(self, late: int, before: int) -> None:
+        self._warned = True
+        name = {id(m): n for n, m in self.modules[0].named_modules()}
+        warnings.warn(
+            f"ZeRO stage 3: the forward ran unit {name[id(self.modules[late])]!r} after {name[id(self.modules[before])]!r}, "
+            "out of the units' order (apply_zero's units, default registration order): the prefetch gathers the "
+            "wrong unit next, and a unit skipped on some ranks only cannot be replayed; pass apply_zero(units=[...]) "
+            "in the order forward runs them", stacklevel=2)
 
     def _replay_forward(self, j: int) -> None:
         """Unit ``j``, which this rank's forward skipped: the gather and prefetch its forward issues, then its free."""

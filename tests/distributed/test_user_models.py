@@ -125,3 +125,8 @@ def test_stage3_gathers_a_reused_block_once_more_per_extra_call(api):
         g = r["gathers"]
         assert g["reused"]["unit_buckets"] >= 2  # a unit cut into several buckets: each is gathered
         assert g["reused"]["all_gather"] - g["mlp"]["all_gather"] == g["reused"]["unit_buckets"], g
+
+
+def test_a_users_forward_hooks_on_a_unit_see_its_full_weight(api):
+    for r in api[2]:
+        assert r["hook_norms"] == pytest.approx([r["true_norm"]] * 2, rel=1e-6), r["hook_norms"]

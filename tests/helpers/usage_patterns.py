@@ -5,7 +5,8 @@ compared with single-process ``torch.optim.AdamW`` training (``tests/helpers/use
   a forward with no backward to follow: its units are gathered and freed again), then training goes on;
 - two forwards before one backward (two halves of the batch, the mean of their losses): one backward pass
   through two graphs of the same parameters, as contrastive or multi-view losses do;
-- stage 3's all-gathers per step for a block called twice in one forward, counted in the comm ledger.
+- stage 3's all-gathers per step for a block called twice in one forward, counted in the comm ledger;
+- a user's forward hooks on a unit see its full weight.
 """
 
 from __future__ import annotations
@@ -63,7 +64,21 @@ def run_usage_patterns(rank: int, world: int, stage: int) -> dict:
     out["two_forwards"] = compare(engine, model, reference_params(model, data, world))
     if stage == 3:
         out["gathers"] = {v: _gathers_per_step(rank, world, v, group) for v in ("mlp", "reused")}
+    out["hook_norms"], out["true_norm"] = _user_hooks(rank, world, stage, model, data[0], group)
     return out
+
+
+def _user_hooks(rank: int, world: int, stage: int, model, batch, group: Group) -> tuple[list[float], float]:
+    """A user's forward pre- and post-hook on a unit, registered before ``apply_zero``: the norm of its weight each saw
+    (FSDP2 gathers before the module's own pre-hooks too; before, stage 3's pre-hook ran after them: an empty weight,
+    norm 0)."""
+    m, seen = copy.deepcopy(model), []
+    m.blocks[1].register_forward_pre_hook(lambda mod, args: seen.append(mod.fc1.weight.detach().norm().item()))
+    m.blocks[1].register_forward_hook(lambda mod, args, out: seen.append(mod.fc1.weight.detach().norm().item()))
+    engine = engine_for(m, group, stage)
+    with torch.no_grad():
+        engine.module(slice_of(batch[0], rank, world), slice_of(batch[1], rank, world))
+    return seen, model.blocks[1].fc1.weight.detach().norm().item()
 
 
 def _gathers_per_step(rank: int, world: int, variant: str, group: Group) -> dict:

@@ -61,7 +61,7 @@ class Stage3Scheduler:
         self._complete = None
         self._warned = False
         for i, m in enumerate(self.modules):
-            self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i)))
+            self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i), prepend=True))
             self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
         self.handles.append(model.register_forward_hook(note_escaped_reads(self._freed), always_call=True))
         unit_of = {id(zp.param): u for u in self.units for zp in u.zparams}
@@ -70,7 +70,7 @@ class Stage3Scheduler:
             if units:
                 self.handles.append(m.register_state_dict_pre_hook(partial(self._check_readable, name, units)))
             if root is not None and root in units and m is not model:  # called on its own: gather the root
-                self.handles.append(m.register_forward_pre_hook(self._root_on_demand))
+                self.handles.append(m.register_forward_pre_hook(self._root_on_demand, prepend=True))
 
     @classmethod
     def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], shards: list[torch.Tensor],

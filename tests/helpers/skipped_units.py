@@ -44,8 +44,8 @@ class LayerDrop(nn.Module):
         return F.cross_entropy(self.head(h).reshape(-1, VOCAB), y.reshape(-1))
 
 
-def skips_for(pattern: str, world: int) -> list[list[frozenset[int]]]:
-    """``[step][rank]`` -> the blocks that rank skips at that step."""
+def skips_for(pattern: str, world: int, micro_batches: int = STEPS) -> list[list[frozenset[int]]]:
+    """``[micro-batch][rank]`` -> the blocks that rank skips in that micro-batch."""
     fixed = {
         "last": [{BLOCKS - 1}],
         "first": [{0}],
@@ -55,10 +55,10 @@ def skips_for(pattern: str, world: int) -> list[list[frozenset[int]]]:
     }
     if pattern in fixed:
         per_rank = [frozenset(fixed[pattern][r]) if r < len(fixed[pattern]) else frozenset() for r in range(world)]
-        return [per_rank for _ in range(STEPS)]
+        return [per_rank for _ in range(micro_batches)]
     rng = random.Random(7)  # "random": each block dropped with p 0.4, but every block runs on some rank each step
     out = []
-    for step in range(STEPS):
+    for step in range(micro_batches):
         per_rank = [frozenset(i for i in range(BLOCKS) if rng.random() < 0.4) for _ in range(world)]
         keeper = step % world
         out.append([s if r != keeper else frozenset(set(s) - set.intersection(*map(set, per_rank))) for r, s in
@@ -79,28 +79,33 @@ class SkipCase:
     reverse: bool = False
     eval_between: bool = False
     """A forward under ``torch.no_grad()`` (evaluation, no skips) after every step."""
+    config: tuple[tuple[str, object], ...] = ()
+    """More ``ZeroConfig`` fields (parameter offload, overlap off)."""
     """The forward runs the blocks last to first, out of the units' (registration) order."""
 
     @property
     def key(self) -> str:
         return "-".join([self.pattern, f"s{self.stage}", *(k for k, on in (
             ("nopf", not self.prefetch), ("plain", self.plain_backward), ("ckpt", self.ckpt),
-            ("strict", not self.find_unused), ("reverse", self.reverse), ("eval", self.eval_between)) if on)])
+            ("strict", not self.find_unused), ("reverse", self.reverse), ("eval", self.eval_between)) if on), *(f"{k}={v}" for k, v in self.config)])
 
 
-def batches(world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(world: int, micro_batches: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
     return [(torch.randint(0, VOCAB, (2 * world, SEQ), generator=g), torch.randint(0, VOCAB, (2 * world, SEQ), generator=g))
-            for _ in range(STEPS)]
+            for _ in range(micro_batches)]
 
 
-def reference(model: nn.Module, data, skips, world: int) -> dict[str, torch.Tensor]:
+def reference(model: nn.Module, data, skips, world: int, accum: int = 1) -> dict[str, torch.Tensor]:
+    """One AdamW step per ``accum`` micro-batches, on the mean of their losses (each the mean over ranks' slices)."""
     ref = copy.deepcopy(model)
     opt = make_adamw(list(ref.parameters()), ADAM)
-    for (x, y), per_rank in zip(data, skips):
-        torch.stack([ref(slice_of(x, r, world), slice_of(y, r, world), per_rank[r]) for r in range(world)]).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    for k, ((x, y), per_rank) in enumerate(zip(data, skips)):
+        losses = [ref(slice_of(x, r, world), slice_of(y, r, world), per_rank[r]) for r in range(world)]
+        (torch.stack(losses).mean() / accum).backward()
+        if (k + 1) % accum == 0:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     return {n: p.detach().clone() for n, p in ref.named_parameters()}
 
 
@@ -110,10 +115,11 @@ def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, di
     for case in cases:
         torch.manual_seed(0)
         model = LayerDrop(case.ckpt, case.reverse)
-        data, skips = batches(world), skips_for(case.pattern, world)
+        accum = dict(case.config).get("grad_accum_steps", 1)
+        data, skips = batches(world, STEPS * accum), skips_for(case.pattern, world, STEPS * accum)
         ledger = CommLedger()
         engine = engine_for(copy.deepcopy(model), group, case.stage, bucket_numel=2000, ledger=ledger,
-                            prefetch=case.prefetch, find_unused_parameters=case.find_unused)
+                            prefetch=case.prefetch, find_unused_parameters=case.find_unused, **dict(case.config))
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -121,7 +127,7 @@ def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, di
         res["warnings"] = [str(w.message) for w in caught if "out of the units' order" in str(w.message)]
         res["collectives"] = [(r.op, r.numel, r.tag) for r in ledger.records]
         if res["error"] is None:
-            res.update(compare(engine, model, reference(model, data, skips, world)))
+            res.update(compare(engine, model, reference(model, data, skips, world, accum)))
         out[case.key] = res
     return out
 
@@ -130,8 +136,7 @@ def _train(engine, case: SkipCase, data, skips, rank: int, world: int) -> None:
     for (x, y), per_rank in zip(data, skips):
         loss = engine.module(slice_of(x, rank, world), slice_of(y, rank, world), per_rank[rank])
         loss.backward() if case.plain_backward else engine.backward(loss)
-        engine.step()
-        engine.zero_grad()
+        engine.step()  # at a window's end: the optimizer step, then zero_grad()
         if case.eval_between:
             with torch.no_grad():
                 engine.module(slice_of(x, rank, world), slice_of(y, rank, world))

@@ -21,8 +21,12 @@ it is called, as before, and replays nothing. A model whose forward runs its uni
 registered before the encoder it follows) would have its early units replayed and then run: the first time a
 replayed unit runs in the same forward, which every rank sees in the same forward, replaying stops for good
 (``out_of_order`` names the two units, for the scheduler's warning). A backward replays only units that ran in no
-forward since the last backward, so one never replays a unit whose gradients are still to come. ``SkipTracker`` is that bookkeeping alone, without tensors or processes; the scheduler
-(``zero/stage3.py``) does the replays.
+forward since the last backward, so one never replays a unit whose gradients are still to come.
+
+Still unmatched: a unit *called* a different number of times on different ranks (each extra call is an all-gather
+the others do not issue), and a unit run on every rank whose output reaches the loss on some ranks only.
+``SkipTracker`` is the bookkeeping alone, without tensors or processes; the scheduler (``zero/stage3.py``) does the
+replays.
 """
 
 from __future__ import annotations

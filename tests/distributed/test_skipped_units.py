@@ -23,6 +23,7 @@ CASES = [
     SkipCase("random", ckpt=True),
     *(SkipCase("random", stage=s) for s in (0, 1, 2)),
     SkipCase("none", reverse=True),
+    SkipCase("moe"),
     SkipCase("middle_runs", find_unused=False),
     SkipCase("last", prefetch=False, find_unused=False),
 ]
@@ -67,3 +68,10 @@ def test_skipped_units_without_find_unused_are_refused_on_every_rank(grid, case)
     assert "blocks." in errors[0] and "find_unused_parameters=True" in errors[0]
     collectives = [r[case.key]["collectives"] for r in ranks]
     assert all(c == collectives[0] for c in collectives)
+
+
+def test_moe_experts_as_units_differ_by_rank_and_train_as_one_process(grid):
+    """The MoE case is not vacuous: some step routed no token to an expert on one rank and some on another."""
+    _, ranks = grid
+    per_rank = [r[SkipCase("moe").key]["experts_skipped"] for r in ranks]
+    assert any(len(set(step)) > 1 for step in zip(*per_rank)), per_rank

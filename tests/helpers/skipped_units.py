@@ -19,9 +19,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from tests.helpers.reference import make_adamw
-from tests.helpers.user_models import ADAM, SEQ, VOCAB, WIDTH, Block, compare, engine_for, error_line, slice_of
+from tests.helpers.user_models import ADAM, SEQ, VOCAB, WIDTH, Block, compare, error_line, slice_of
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
+from zerobench.zero import ZeroConfig, apply_zero
 
 BLOCKS, STEPS = 5, 3
 
@@ -44,6 +45,44 @@ class LayerDrop(nn.Module):
         return F.cross_entropy(self.head(h).reshape(-1, VOCAB), y.reshape(-1))
 
 
+class Expert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(WIDTH, 48), nn.Linear(48, WIDTH)
+
+    def forward(self, h):
+        return self.fc2(F.gelu(self.fc1(h)))
+
+
+class MoE(nn.Module):
+    """Embedding -> a top-1 mixture of four experts -> head. Each expert is a stage-3 unit, and an expert that no token
+    of this rank's batch is routed to is not called (the loop of Mixtral-style MoE layers): which experts run differs
+    by rank and step, the case DeepSpeed answers with leaf modules (``set_z3_leaf_modules``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.gate = nn.Linear(WIDTH, 4)
+        self.experts = nn.ModuleList([Expert() for _ in range(4)])
+        self.head = nn.Linear(WIDTH, VOCAB)
+        self.skipped: list[frozenset[int]] = []
+        """The experts each forward skipped."""
+
+    def forward(self, x, y, skip=frozenset()):
+        flat = self.emb(x).reshape(-1, WIDTH)
+        probs = F.softmax(self.gate(flat), -1)
+        choice = probs.argmax(-1)
+        out, skipped = torch.zeros_like(flat), set()
+        for e, expert in enumerate(self.experts):
+            idx = (choice == e).nonzero().squeeze(-1)
+            if idx.numel() == 0:
+                skipped.add(e)
+                continue
+            out = out.index_add(0, idx, expert(flat[idx]) * probs[idx, e, None])
+        self.skipped.append(frozenset(skipped))
+        return F.cross_entropy(self.head(flat + out), y.reshape(-1))
+
+
 def skips_for(pattern: str, world: int, micro_batches: int = STEPS) -> list[list[frozenset[int]]]:
     """``[micro-batch][rank]`` -> the blocks that rank skips in that micro-batch."""
     fixed = {
@@ -52,6 +91,7 @@ def skips_for(pattern: str, world: int, micro_batches: int = STEPS) -> list[list
         "middle_runs": [{1, 2}, {3}, {0, 4}],  # rank r takes entry r; different units skipped on different ranks
         "all_blocks": [set(range(BLOCKS))],  # rank 0 runs none of them
         "none": [set()],
+        "moe": [set()],  # the MoE model's routing decides
     }
     if pattern in fixed:
         per_rank = [frozenset(fixed[pattern][r]) if r < len(fixed[pattern]) else frozenset() for r in range(world)]
@@ -104,6 +144,9 @@ def reference(model: nn.Module, data, skips, world: int, accum: int = 1) -> dict
         losses = [ref(slice_of(x, r, world), slice_of(y, r, world), per_rank[r]) for r in range(world)]
         (torch.stack(losses).mean() / accum).backward()
         if (k + 1) % accum == 0:
+            for p in ref.parameters():  # unused on every rank: the engine steps on a zero gradient (zero/unused.py)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             opt.step()
             opt.zero_grad(set_to_none=True)
     return {n: p.detach().clone() for n, p in ref.named_parameters()}
@@ -114,18 +157,21 @@ def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, di
     out = {}
     for case in cases:
         torch.manual_seed(0)
-        model = LayerDrop(case.ckpt, case.reverse)
+        model = MoE() if case.pattern == "moe" else LayerDrop(case.ckpt, case.reverse)
         accum = dict(case.config).get("grad_accum_steps", 1)
         data, skips = batches(world, STEPS * accum), skips_for(case.pattern, world, STEPS * accum)
         ledger = CommLedger()
-        engine = engine_for(copy.deepcopy(model), group, case.stage, bucket_numel=2000, ledger=ledger,
-                            prefetch=case.prefetch, find_unused_parameters=case.find_unused, **dict(case.config))
+        cfg = ZeroConfig(stage=case.stage, bucket_numel=2000, optimizer=ADAM, prefetch=case.prefetch,
+                         find_unused_parameters=case.find_unused, **dict(case.config))
+        mine = copy.deepcopy(model)
+        engine = apply_zero(mine, group, cfg, ledger=ledger, units=list(mine.experts) if case.pattern == "moe" else None)
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             res = {"error": error_line(lambda: _train(engine, case, data, skips, rank, world))}  # noqa: B023
         res["warnings"] = [str(w.message) for w in caught if "out of the units' order" in str(w.message)]
         res["collectives"] = [(r.op, r.numel, r.tag) for r in ledger.records]
+        res["experts_skipped"] = getattr(engine.module, "skipped", [])
         if res["error"] is None:
             res.update(compare(engine, model, reference(model, data, skips, world, accum)))
         out[case.key] = res

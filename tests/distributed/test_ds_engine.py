@@ -37,6 +37,9 @@ def test_deepspeed_checkpoint_bad_input_is_one_line(tmp_path):
         assert "\n" not in r["client"] and "BNNet" in r["client"], r["client"]
         assert r["tag"].startswith("FileNotFoundError: no checkpoint 'nope' in"), r["tag"]
         assert r["none"] == (None, None) and any("does not exist" in w for w in r["warned"])
+        for name in ("client_state.pt", "module_extra.pt"):  # before: torch's zip reader, naming no file
+            assert r[name].startswith("CheckpointMismatch: checkpoint file ") and f"{name} is damaged: " in r[name], r
+            assert "\n" not in r[name]
 
 
 @pytest.mark.parametrize("dp,stage", [(1, 0), *(pytest.param(2, s, marks=pytest.mark.slow) for s in (2, 3))])

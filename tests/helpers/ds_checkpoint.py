@@ -118,6 +118,17 @@ def ds_bad_input(rank: int, world: int, save_dir: str) -> dict:
         warnings.simplefilter("always")
         out["none"] = engine.load_checkpoint(save_dir + "-empty")
     out["warned"] = [str(w.message) for w in caught]
+    # A file beside the shards cut short (a job killed while saving, a full disk): one line naming it, on every rank.
+    for name in ("client_state.pt", "module_extra.pt"):
+        path = engine.save_checkpoint(save_dir, tag=f"cut-{name}", client_state={"epoch": 3})
+        if rank == 0:
+            f = next(path.rglob(name))
+            f.write_bytes(f.read_bytes()[:100])
+        torch.distributed.barrier()
+        try:
+            engine.load_checkpoint(save_dir, tag=f"cut-{name}")
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"{type(e).__name__}: {e}"
     return out
 
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
+from zerobench.zero.checkpoint_files import load_file
 from zerobench.zero.state_dict import load_checkpoint, rank_dir, save_checkpoint
 
 LATEST = "latest"
@@ -147,13 +148,13 @@ def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None, loa
     _load_extras(engine, path, load_module_strict)
     if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
         _load_scheduler(engine.lr_scheduler, path)
-    client = torch.load(path / "client_state.pt", map_location="cpu", weights_only=True)
+    client = load_file(path / "client_state.pt")
     return str(path), client
 
 
 def _load_extras(engine, path: Path, strict: bool) -> None:
     """The saved buffers and frozen parameters into the model; under ``strict`` the names must match both ways."""
-    extra = torch.load(rank_dir(engine, path) / "module_extra.pt", map_location="cpu", weights_only=True)
+    extra = load_file(rank_dir(engine, path) / "module_extra.pt")
     here = _extras(engine)
     missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
     if strict and (missing or unexpected):
@@ -175,4 +176,4 @@ def _load_scheduler(scheduler, path: Path) -> None:
         warnings.warn(f"checkpoint {path} holds no learning-rate scheduler state (saved by an engine without one): "
                       "the scheduler starts from its beginning", stacklevel=4)
         return
-    scheduler.load_state_dict(torch.load(path / SCHEDULER, map_location="cpu", weights_only=True))
+    scheduler.load_state_dict(load_file(path / SCHEDULER))

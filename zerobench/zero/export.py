@@ -27,6 +27,7 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.zero.checkpoint_dir import FROZEN, LATEST, state_entries, tagged_path
+from zerobench.zero.checkpoint_files import load_file
 from zerobench.zero.state_dict import consolidate, iter_full
 
 
@@ -89,7 +90,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     ``weights_only=True``."""
     path = _tag_dir(checkpoint_dir, tag)
     out = dict(consolidate(path))  # one line naming tp-XX for a TP checkpoint
-    extra = torch.load(path / "module_extra.pt", map_location="cpu", weights_only=True)
+    extra = load_file(path / "module_extra.pt")
     if exclude_frozen_parameters:
         if not (path / FROZEN).exists():
             raise FileNotFoundError(f"checkpoint {path} does not say which saved tensors are frozen parameters (no "

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 from pathlib import Path
 
 import torch
 
 from zerobench.distributed import collectives as C
+from zerobench.zero.checkpoint_files import CheckpointMismatch, load_file
 
 FORMAT = "zerobench-zero-shard/1"
 
@@ -149,10 +149,6 @@ def load_shard_state_dicts(engine, shards, optimizer_states: bool = True) -> dic
     return {"step": int(meta["step"]), "global_steps": int(meta.get("global_steps", meta["step"]))}
 
 
-class CheckpointMismatch(ValueError):
-    """A checkpoint of another model (names, shapes) or a damaged shard."""
-
-
 def check_compatible(sd: dict, expected: dict[str, list[int]]) -> None:
     """The checkpoint holds exactly this model's parameters with the same shapes, and its segments and
     tensors agree with each other; else one line naming the first difference."""
@@ -229,12 +225,7 @@ def _shard_files(path: Path) -> list[Path]:
 
 def iter_shards(path: str | os.PathLike):
     for f in _shard_files(Path(path)):
-        try:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # truncated, overwritten, or not torch.save's
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise CheckpointMismatch(f"checkpoint file {f} is damaged: {first}") from None
-        yield sd
+        yield load_file(f)
 
 
 def load_checkpoint(engine, path: str | os.PathLike, optimizer_states: bool = True) -> dict:

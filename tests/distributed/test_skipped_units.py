@@ -1,5 +1,6 @@
-"""Stage 3 with blocks that some ranks skip and others run (LayerDrop): every rank issues the same collectives in
-the same order, and training matches one process running each rank's slice with that rank's skips."""
+"""Stage 3 with units that some ranks skip and others run (LayerDrop; a mixture of experts whose unrouted experts are
+not called): every rank issues the same collectives in the same order, and training matches one process running each
+rank's slice with that rank's skips."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from tests.helpers.skipped_units import SkipCase, run_skip_cases, skips_for
 
 pytestmark = pytest.mark.dist
 
-# Before ``zero/skipped_units.py``: "last" hung until gloo's timeout, every case with prefetch off crashed inside gloo
-# (``op.preamble.length <= op.nbytes``), and "middle_runs" desynchronised the ranks' all-gathers.
+# Before ``zero/skipped_units.py`` skipping the last block hung until gloo's timeout, a skip with prefetch off crashed
+# inside gloo (``op.preamble.length <= op.nbytes``), and this grid hung as a whole (its timeout caught it), MoE alone too.
 CASES = [
     *(SkipCase(p) for p in ("last", "first", "middle_runs", "all_blocks", "random", "none")),
     *(SkipCase(p, prefetch=False) for p in ("last", "middle_runs", "random")),

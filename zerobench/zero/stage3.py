@@ -111,9 +111,7 @@ class Stage3Scheduler:
                 self._warn_out_of_order(*self.skips.out_of_order)
         if unit is not None:
             unit.backward_task = None  # a unit called on its own, outside the model's forward, starts a pass too
-            unit.finish_gather()
-        if self.prefetch and i + 1 < len(self.order):
-            self.order[i + 1].start_gather()
+        self._gather(unit, i + 1)
         self._note_gathered()
 
     def _post_forward(self, i: int, module, args, output) -> None:
@@ -144,11 +142,18 @@ class Stage3Scheduler:
             "wrong unit next, and a unit skipped on some ranks only cannot be replayed; pass apply_zero(units=[...]) "
             "in the order forward runs them", stacklevel=2)
 
+    def _gather(self, unit: ParamUnit | None, nxt: int) -> None:
+        """``unit`` gathered (None: the root holds no parameter) and, when prefetching, unit ``nxt`` of ``order`` started
+        (the next in forward, or in backward): what a unit's forward or backward issues, replayed alike for a skipped
+        one."""
+        if unit is not None:
+            unit.finish_gather()
+        if self.prefetch and 1 <= nxt < len(self.order):
+            self.order[nxt].start_gather()
+
     def _replay_forward(self, j: int) -> None:
         """Unit ``j``, which this rank's forward skipped: the gather and prefetch its forward issues, then its free."""
-        self.order[j].finish_gather()
-        if self.prefetch and j + 1 < len(self.order):
-            self.order[j + 1].start_gather()
+        self._gather(self.order[j], j + 1)
         self.order[j].free()
 
     def _freed(self) -> dict[int, str]:
@@ -180,11 +185,8 @@ class Stage3Scheduler:
             for j in self.skips.backward_unit(i, task):
                 self._replay_backward(j, task)
         unit.backward_task = task
-        unit.finish_gather()
         # Backward runs root (LM head) first, then blocks last to first.
-        nxt = len(self.blocks) if i == 0 else i - 1
-        if self.prefetch and nxt >= 1:
-            self.order[nxt].start_gather()
+        self._gather(unit, len(self.blocks) if i == 0 else i - 1)
         self._note_gathered()
 
     def _replay_backward(self, j: int, task: int) -> None:
@@ -192,9 +194,7 @@ class Stage3Scheduler:
         pass (not ``torch.autograd.grad``), its buckets' reduce-scatters with zero gradients; then its free."""
         unit = self.order[j]
         unit.backward_task = task
-        unit.finish_gather()
-        if self.prefetch and j > 1:
-            self.order[j - 1].start_gather()
+        self._gather(unit, j - 1)
         if self._complete is not None:
             self._complete([b.index for b in unit.buckets])
         unit.free()

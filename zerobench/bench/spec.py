@@ -18,7 +18,7 @@ from zerobench.config import ConfigError
 from zerobench.models.sizes import preset as get_preset
 from zerobench.parallel.config import ActivationConfig
 from zerobench.systems import validate_run
-from zerobench.train.config import TrainConfig
+from zerobench.train.config import ProfileConfig, TrainConfig
 from zerobench.zero.config import NO_BUCKET_LIMIT, AdamWConfig, Precision, ZeroConfig
 
 
@@ -103,6 +103,11 @@ class RunSpec:
     """On CPU, track live tensor bytes (the peak memory figure)."""
     tensorboard: str | None = None
     """Rank 0 also writes per-step scalars for TensorBoard under this directory."""
+    profile: str | None = None
+    """Trace the run's last ``profile_steps`` steps with torch.profiler: a trace and an operator table per rank
+    under this directory (``train/profiling.py``); those steps are left out of the timing medians."""
+    profile_steps: int = 2
+    """Steps ``profile`` traces."""
     memory_budget: str | None = None
     """Per-device memory budget (e.g. ``64MiB``): on CPU enforced by the live-tensor tracker, on GPU by
     ``torch.cuda.set_per_process_memory_fraction``. Exceeding it records the run as out of memory."""
@@ -141,7 +146,8 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
 
     tp = spec.tp if spec.tp is not None else 1
     for key, value in (("tp", tp), ("dp", spec.dp), ("gpus", spec.gpus), ("micro_batch", spec.micro_batch),
-                       ("grad_accum", spec.grad_accum), ("steps", spec.steps), ("bucket_size", spec.bucket_size)):
+                       ("grad_accum", spec.grad_accum), ("steps", spec.steps), ("bucket_size", spec.bucket_size),
+                       ("profile_steps", spec.profile_steps)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     for key in ("lr", "timeout", "collective_timeout"):
@@ -181,6 +187,7 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
         memory_budget_bytes=budget, kernels=spec.kernels, collective_timeout_s=spec.collective_timeout,
         backend=spec.backend,
         track_memory=spec.track_memory, tensorboard_dir=spec.tensorboard,
+        profile=ProfileConfig(spec.profile, spec.profile_steps) if spec.profile else None,
     )
     if check_system:
         validate_run(cfg, world_size)

@@ -7,6 +7,7 @@ import datetime
 import sys
 
 from zerobench.cli.types import byte_size, count, number, seed
+from zerobench.config import ConfigError
 
 # The paper's Table 3 (C_B is --bucket-size, on in every configuration; all use checkpointing).
 PAPER_CONFIGS = {
@@ -68,6 +69,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
     g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
     g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
+    g.add_argument("--profile", metavar="DIR",
+                   help="trace the last steps with torch.profiler: DIR/<run id>/rank<r>.trace.json (Perfetto) and "
+                        "rank<r>.ops.txt (operators by self time) per rank; the traced steps are left out of the medians")
+    g.add_argument("--profile-steps", type=count(1), metavar="N", help="steps --profile traces (default 2)")
     g.add_argument("--memory-budget", metavar="BYTES", type=byte_size,
                    help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
                         "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM")
@@ -106,6 +111,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         for k, v in PAPER_CONFIGS[args.paper_config][1].items():
             setattr(args, k, v)
         args.checkpoint_activations = True
+    if args.profile_steps is not None and not args.profile:
+        raise ConfigError("--profile-steps needs --profile DIR (where the traces go)")
     denv = detect()
     dp = args.dp if args.dp is not None else max(1, denv.world_size // args.tp)
     # The same RunSpec a suite row is, resolved by the same to_train_config (bench/spec.py).
@@ -117,7 +124,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         bucket_size=args.bucket_size, overlap_comm=args.overlap_comm, checkpoint_activations=args.checkpoint_activations,
         pa=args.pa, pa_cpu=args.pa_cpu, md=args.md, seed=args.seed, memory_budget=args.memory_budget,
         collective_timeout=args.collective_timeout, backend=args.backend, track_memory=not args.no_track_memory,
-        tensorboard=args.tensorboard, **_offload_kwargs(args),
+        tensorboard=args.tensorboard, profile=args.profile, profile_steps=args.profile_steps or 2,
+        **_offload_kwargs(args),
     )
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

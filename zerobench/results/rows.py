@@ -20,8 +20,10 @@ from zerobench.config import ConfigError, RunFailed, config_hash, to_dict
 from zerobench.results.provenance import provenance
 
 ROWS_FILE = "rows.jsonl"
-OUTPUT_ONLY_KEYS = ("tensorboard_dir",)
-"""Config fields that say where output goes, not what runs: kept in rows, left out of the hash."""
+OUTPUT_ONLY_KEYS = ("tensorboard_dir", "profile")
+"""Config fields that say where output goes, not what runs: kept in rows, left out of the hash. A profiled run's
+traced steps are left out of its timing medians, so its step times are those of the run unprofiled (its peak RSS
+includes the profiler's host buffers)."""
 
 
 def run_hash(config: Any) -> str:

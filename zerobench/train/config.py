@@ -13,6 +13,19 @@ from zerobench.zero.config import ZeroConfig
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """torch.profiler traces of a run's last steps (``train/profiling.py``)."""
+
+    dir: str
+    """Rank r writes ``<dir>/<run id>/rank<r>.trace.json`` (Perfetto, chrome://tracing) and ``rank<r>.ops.txt``
+    (operators by self time, CUDA time first on a GPU)."""
+    steps: int = 2
+    """Steps traced: the run's last ones. They run slower under the profiler, so the timing medians leave them
+    out; peak RSS includes the profiler's host buffers. On CPU, ``track_memory`` off keeps the live-tensor
+    tracker's dispatch (``PythonDispatchMode``) out of the trace."""
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """One training run."""
 
@@ -45,6 +58,8 @@ class TrainConfig:
     """On CPU, track live tensor bytes (peak memory); costs some Python overhead per op."""
     tensorboard_dir: str | None = None
     """Rank 0 also writes per-step loss, step time and TFLOPs as TensorBoard scalars here."""
+    profile: ProfileConfig | None = None
+    """Trace the last steps with torch.profiler; ``None``: no profiler."""
     memory_budget_bytes: int | None = None
     """Per-device memory budget; exceeding it fails the run as out of memory (CPU: tracked live bytes)."""
     collective_timeout_s: float = 300.0
@@ -55,6 +70,11 @@ class TrainConfig:
     kernels: str = "auto"
     """Fused model kernels (LayerNorm, bias+GeLU): auto (where the device has them), fused, reference.
     The optimizer's kernels are ``zero.kernels``; the CLI sets both."""
+
+    @property
+    def timed_steps(self) -> int:
+        """Steps the timing medians come from: those after warm-up, less the profiler's."""
+        return self.steps - self.warmup_steps - (self.profile.steps if self.profile else 0)
 
     @property
     def world_size(self) -> int:
@@ -94,6 +114,13 @@ class TrainConfig:
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
         if not self.warmup_steps >= 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup_steps}")
+        if self.profile is not None and self.profile.steps < 1:
+            raise ConfigError(f"--profile-steps must be >= 1, got {self.profile.steps}")
+        if self.profile is not None and self.timed_steps < 1:
+            need = self.warmup_steps + self.profile.steps + 1
+            raise ConfigError(f"--profile-steps {self.profile.steps} leaves no timed step of {self.steps} after "
+                              f"{self.warmup_steps} warm-up (the traced steps are left out of the medians): "
+                              f"give --steps {need} or more")
         if not 0 <= self.seed <= 2**63 - 1:
             raise ConfigError(f"--seed must be in [0, 2**63-1], got {self.seed}")
         if not (math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0):

@@ -4,7 +4,8 @@
   buffer) — parsed once by the launcher's rank entry point (``launch/worker.py``), never read from the
   environment here;
 - ``LockstepHook``: interleaved A/B turns (``train/turnstile.py``) around the timed region;
-- ``ConsoleHook``: rank 0's per-step line; ``TensorBoardHook``: per-step scalars.
+- ``ConsoleHook``: rank 0's per-step line; ``TensorBoardHook``: per-step scalars;
+- ``ProfilerHook`` (``train/profiling.py``): torch.profiler traces of the last steps.
 
 ``LoopHooks`` holds them in the order they run; ``before_step`` runs before the clock starts,
 ``after_compute`` inside the timed region, ``after_step`` once the step's figures are known.
@@ -171,8 +172,9 @@ class RankSettings:
     ``metrics/rss.py``); a measuring run's setting, it reads /proc after every operator."""
 
 
-def build_hooks(cfg, settings: RankSettings, rank: int, say, run_id: str, barrier) -> LoopHooks:
-    """The hooks of one run on this rank: plants, lockstep turns, console (rank 0), TensorBoard (rank 0)."""
+def build_hooks(cfg, settings: RankSettings, rank: int, say, run_id: str, barrier, device=None) -> LoopHooks:
+    """The hooks of one run on this rank: plants, lockstep turns, console (rank 0), TensorBoard (rank 0), the
+    profiler (``cfg.profile``; ``device`` is the rank's, default CPU)."""
     hooks: list[StepHook] = [PlantHook(settings.plants, rank, cfg.zero.stage)]
     if settings.turnstile:
         turn = from_spec(settings.turnstile, settings.turnstile_timeout_s) if rank == 0 else None
@@ -181,4 +183,10 @@ def build_hooks(cfg, settings: RankSettings, rank: int, say, run_id: str, barrie
         hooks.append(ConsoleHook(say, cfg.steps))
         if cfg.tensorboard_dir:
             hooks.append(TensorBoardHook(cfg.tensorboard_dir, run_id))
+    if cfg.profile is not None:
+        import torch
+
+        from zerobench.train.profiling import ProfilerHook
+
+        hooks.append(ProfilerHook(cfg.profile, cfg.steps, run_id, rank, device or torch.device("cpu"), say))
     return LoopHooks(hooks, settings.plants.buffer_bytes)

@@ -65,7 +65,7 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
         f"dp {cfg.dp}, tp {cfg.tp}, {cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} "
         f"tokens, device {run.device.type}")
     barrier = dist.barrier if dist.get_world_size() > 1 else (lambda: None)
-    hooks = build_hooks(cfg, settings, rank, say, run_id, barrier)
+    hooks = build_hooks(cfg, settings, rank, say, run_id, barrier, run.device)
     with contextlib.ExitStack() as stack:
         stack.callback(hooks.close)
         losses, series = _steps(run, hooks, stack)
@@ -152,7 +152,8 @@ def _reset_peaks(run: _Run) -> None:
 def _summarize(run: _Run, entry: SystemEntry, losses: list[float], series: dict[str, list[float]]) -> dict:
     """This rank's figures gathered from every rank, with the run's medians and FLOP rates."""
     cfg, device, system, ledger = run.cfg, run.device, run.system, run.ledger
-    timing = {name: robust(xs, cfg.warmup_steps) for name, xs in series.items()}
+    traced = cfg.profile.steps if cfg.profile else 0  # the profiler's steps ran slower: left out
+    timing = {name: robust(xs[:len(xs) - traced], cfg.warmup_steps) for name, xs in series.items()}
     step_time = timing["step_time_s"]["median"]
     peak = (run.tracker.peak if run.tracker is not None else None) if run.cpu else torch.cuda.max_memory_allocated(device)
     mine = {

@@ -68,6 +68,8 @@ def write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None
     for i, loss in enumerate(s["losses"]):
         w.write("loss", loss, "nats", step=i + 1)
     agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
+    if cfg.profile:
+        agg += f", the last {cfg.profile.steps} (traced by the profiler) left out"
     for metric, unit, definition in _TIMINGS:
         t = s["timing"][metric]
         # samples: the measured steps in order, so an A/B comparison can pair step k of one side with step k

@@ -32,6 +32,7 @@ from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.escaped import note_escaped_reads, refuse_returned
+from zerobench.zero.labels import labelled
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.param_unit import ParamUnit
 from zerobench.zero.skipped_units import SkipTracker
@@ -91,6 +92,7 @@ class Stage3Scheduler:
         }
         return cls(model, built.get(0), [built[u] for u in range(1, len(units) + 1)], prefetch)
 
+    @labelled("zerobench::pre_forward")
     def _pre_forward(self, i: int, module, args) -> None:
         unit = self.order[i]
         if _in_backward():  # a recompute: gather (its backward comes next), prefetch and free nothing
@@ -114,6 +116,7 @@ class Stage3Scheduler:
         self._gather(unit, i + 1)
         self._note_gathered()
 
+    @labelled("zerobench::post_forward")
     def _post_forward(self, i: int, module, args, output) -> None:
         unit = self.order[i]
         if _in_backward() or self.reading:
@@ -168,6 +171,7 @@ class Stage3Scheduler:
             self.root.finish_gather()
             self._note_gathered()
 
+    @labelled("zerobench::pre_backward")
     def _pre_backward(self, i: int, grad: torch.Tensor) -> None:
         unit = self.order[i]
         task = torch._C._current_graph_task_id()

@@ -1,0 +1,61 @@
+"""``zerobench train --profile DIR``: torch.profiler traces of a run's last steps, one trace per rank.
+
+The profiler starts with the run and records nothing until the steps it traces: a schedule of waiting steps,
+one warm-up step (the profiler's own, which it discards), then ``ProfileConfig.steps`` active ones, the run's
+last. When they end each rank writes its trace (CPU operators, and CUDA kernels on a GPU) and a table of
+operators by self time (``key_averages``), which is where the step's time goes that is neither compute nor
+communication: hooks, bookkeeping, copies into and out of staging buffers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from zerobench.train.config import ProfileConfig
+
+TABLE_ROWS = 40
+"""Operators in each rank's table."""
+
+
+class ProfilerHook:
+    """A loop hook (``train/hooks.py``): starts the profiler, steps its schedule after every step, writes the files."""
+
+    def __init__(self, cfg: ProfileConfig, total_steps: int, run_id: str, rank: int, device: torch.device, say):
+        self.dir, self.rank, self.say = Path(cfg.dir) / run_id, rank, say
+        self.cuda = device.type == "cuda"
+        self.first = total_steps - cfg.steps  # 0-based index of the first traced step (>= 1: validated)
+        self.steps = cfg.steps
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=self.first - 1, warmup=1, active=cfg.steps, repeat=1),
+            on_trace_ready=self._write)
+        self.prof.start()
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_compute(self, step: int, seconds: float) -> None:
+        pass
+
+    def after_step(self, rec) -> None:
+        self.prof.step()
+
+    def close(self) -> None:
+        self.prof.stop()
+
+    def _write(self, prof: torch.profiler.profile) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        trace = self.dir / f"rank{self.rank}.trace.json"
+        prof.export_chrome_trace(str(trace))
+        by = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=by, row_limit=TABLE_ROWS)
+        head = (f"zerobench train: steps {self.first + 1}-{self.first + self.steps} traced on rank {self.rank} "
+                f"(operators by {by.replace('_', ' ')})\n")
+        (self.dir / f"rank{self.rank}.ops.txt").write_text(head + table + "\n")
+        self.say(f"profile of steps {self.first + 1}-{self.first + self.steps}: {trace} (Perfetto or "
+                 f"chrome://tracing) and {trace.with_name(f'rank{self.rank}.ops.txt').name} beside it")

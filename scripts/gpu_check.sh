@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
 # Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
-#   sections: env | kernels | bench | train | multirank | offload | deepspeed-offload | simulate  (default: env kernels bench train)
+#   sections: env | kernels | bench | train | multirank | offload | deepspeed-offload | simulate | overheads
+#   (default: env kernels bench train)
 # deepspeed-offload (layer counts: DS2_LAYERS, DS3_LAYERS) needs DeepSpeed importable by $PY; the machine has no network, so make the wheels here
 # (scripts/fetch_gpu_wheels.sh writes .whl/), carry `.whl`, and start the device command with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -54,6 +55,19 @@ for s in $sections; do
         --timeout 120 --out "$OUT/maxsize" --probes "$OUT/maxsize-probes" 2>&1 | tail -4
       timeout 300 "$PY" -m zerobench sweep "$suite" --out "$OUT/runs" --no-progress --allow-failures > "$OUT/sweep.log" 2>&1
       "$PY" -m zerobench simulate --profile "$OUT/profile" --validate "$OUT/runs" 2>&1 | tail -14 ;;
+    overheads)  # issue 24 on one card: each stage next to torch's systems at a world of 1 (NCCL; no communication,
+      # so what differs is each engine's own work), then stage 3, FSDP1 and FSDP2 traced (zerobench train --profile)
+      timeout "${PEERS_TIMEOUT:-400}" "$PY" -m zerobench peers --dp 1 --preset small --micro-batch 8 --steps 10 \
+        --warmup 3 --rounds "${ROUNDS:-2}" --out "$OUT/peers" --systems zerobench-0 zerobench-1 zerobench-2 zerobench-3 \
+        torch-ddp torch-zero1 fsdp1-shard-grad-op fsdp2-no-reshard fsdp1-full-shard fsdp2 2>&1 | tee "$OUT/peers.log" |
+        grep -v "^\[" | tail -40
+      for sys in zerobench fsdp1-full-shard fsdp2; do
+        stage=(); [ $sys = zerobench ] && stage=(--stage 3)
+        timeout 120 "$PY" -m zerobench train --system $sys "${stage[@]}" --preset small --micro-batch 8 --steps 8 \
+          --warmup 3 --kernels reference --profile "$OUT/profile" --profile-steps 2 --run-id "prof-$sys" \
+          --out "$OUT/profile-rows/$sys" 2>&1 | grep -E "median|profile of|Error|error"
+        head -25 "$OUT/profile/prof-$sys/rank0.ops.txt" | cut -c1-160
+      done ;;
     deepspeed-offload)  # DeepSpeed's ZeRO-Offload and zerobench's, side by side on the same emulated 8 GiB card and model
       "$PY" -c 'import deepspeed' || { echo "DeepSpeed is not importable: see the header"; continue; }
       common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2

@@ -180,7 +180,10 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         if losses and ref_losses:
             rec["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
         records.append(rec)
-    w = RowWriter(out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)})
+    measured = [r for c in cands for r in rows(f"r0-{c}")[:1]]  # the summary says where the runs ran, not where it is made
+    hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
+    w = RowWriter(out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)},
+                  hardware=hardware)
     for rec in records:
         extra = {"candidate": rec["candidate"], "sharding_stage": rec["sharding_stage"]}
         if rec["status"] != "ok":

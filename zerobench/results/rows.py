@@ -37,16 +37,22 @@ def run_hash(config: Any) -> str:
 class RowWriter:
     """Writes rows for one run into ``out_dir/rows.jsonl``."""
 
-    def __init__(self, out_dir: str | os.PathLike, run_id: str, config: Any, suite: str | None = None):
+    def __init__(self, out_dir: str | os.PathLike, run_id: str, config: Any, suite: str | None = None,
+                 hardware: dict | None = None):
+        """``hardware``: where the figures were measured, when that is not where this process runs (a summary
+        computed from another machine's rows); by default this machine's."""
         self.path = Path(out_dir) / ROWS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         cfg = to_dict(config)
+        prov = provenance()
+        if hardware is not None:
+            prov = {**prov, "hardware": hardware}
         self.base = {
             "suite": suite,
             "run_id": run_id,
             "config": cfg,
             "config_hash": run_hash(cfg),
-            "provenance": provenance(),
+            "provenance": prov,
         }
 
     def write(self, metric: str, value: float | None, unit: str, status: str = "ok", **extra: Any) -> None:

@@ -33,6 +33,7 @@ from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.param import ZeroParam
 from zerobench.zero.tied_grads import wait_before_tied_grads
+from zerobench.zero.tooling import eager
 
 FP16_PLAIN_BACKWARD = (
     "fp16 training needs the dynamic loss scale on the loss: call engine.backward(loss), or "
@@ -67,7 +68,7 @@ class BackwardPasses:
             if module is root_ref():  # (a copy's forward is not this engine's)
                 self._on_root_output(output)
 
-        self.handle = root.register_forward_hook(on_output)
+        self.handle = root.register_forward_hook(eager(on_output))
 
     def run(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """``engine.backward``: open, ``loss.backward()``, close (``loss`` already scaled by the caller)."""

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from zerobench.zero.containers import map_tensors
+from zerobench.zero.tooling import eager
 
 
 def cast_floats(value, dtype: torch.dtype):
@@ -30,4 +31,4 @@ def cast_forward_inputs(model: nn.Module, dtype: torch.dtype) -> RemovableHandle
     def hook(_module, args, kwargs):
         return cast_floats(args, dtype), cast_floats(kwargs, dtype)
 
-    return model.register_forward_pre_hook(hook, with_kwargs=True)
+    return model.register_forward_pre_hook(eager(hook), with_kwargs=True)

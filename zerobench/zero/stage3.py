@@ -32,10 +32,10 @@ from zerobench.metrics.comm import CommLedger
 from zerobench.zero.allocator import Allocator
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.escaped import note_escaped_reads, refuse_returned
-from zerobench.zero.labels import labelled
 from zerobench.zero.param import ParamState, ZeroParam
 from zerobench.zero.param_unit import ParamUnit
 from zerobench.zero.skipped_units import SkipTracker
+from zerobench.zero.tooling import eager, labelled
 
 
 def _in_backward() -> bool:
@@ -62,16 +62,16 @@ class Stage3Scheduler:
         self._complete = None
         self._warned = False
         for i, m in enumerate(self.modules):
-            self.handles.append(m.register_forward_pre_hook(partial(self._pre_forward, i), prepend=True))
-            self.handles.append(m.register_forward_hook(partial(self._post_forward, i)))
-        self.handles.append(model.register_forward_hook(note_escaped_reads(self._freed), always_call=True))
+            self.handles.append(m.register_forward_pre_hook(eager(partial(self._pre_forward, i)), prepend=True))
+            self.handles.append(m.register_forward_hook(eager(partial(self._post_forward, i))))
+        self.handles.append(model.register_forward_hook(eager(note_escaped_reads(self._freed)), always_call=True))
         unit_of = {id(zp.param): u for u in self.units for zp in u.zparams}
         for name, m in model.named_modules():
             units = list({id(u): u for p in m.parameters(recurse=False) if (u := unit_of.get(id(p)))}.values())
             if units:
                 self.handles.append(m.register_state_dict_pre_hook(partial(self._check_readable, name, units)))
             if root is not None and root in units and m is not model:  # called on its own: gather the root
-                self.handles.append(m.register_forward_pre_hook(self._root_on_demand, prepend=True))
+                self.handles.append(m.register_forward_pre_hook(eager(self._root_on_demand), prepend=True))
 
     @classmethod
     def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], shards: list[torch.Tensor],

@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from zerobench.zero.bucket import GradBucketGroup
 from zerobench.zero.containers import tensors_in
 from zerobench.zero.param import ZeroParam
+from zerobench.zero.tooling import eager
 
 
 def tied_owners(model: nn.Module, zparams: list[ZeroParam]) -> dict[int, list[nn.Module]]:
@@ -54,4 +55,4 @@ def wait_before_tied_grads(model: nn.Module, zparams: list[ZeroParam], grads: Gr
                 if t.requires_grad:
                     t.register_hook(wait)
 
-    return [m.register_forward_hook(on_output) for m in owners]
+    return [m.register_forward_hook(eager(on_output)) for m in owners]

@@ -18,6 +18,7 @@ Loss parity is against a single-process torch run of the same global batch. Ever
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ ZEROBENCH_OPTIONAL = ("zerobench-2-no-overlap", "zerobench-3-no-overlap")
 """zerobench candidates run only when named in ``--systems``: ``overlap_comm`` off (``ZeroConfig``)."""
 ZEROBENCH_ALL = ZEROBENCH + ZEROBENCH_OPTIONAL
 MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", RSS_ENV: "1"}
+COMPARISON_FILE = "comparison.json"
+"""The comparison's settings, written before its first run (``bench/peers_stopped.py`` reads them back)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
     if taken:
         raise ConfigError(f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
                           "(a comparison never mixes its rows with an earlier one's)")
+    (out / COMPARISON_FILE).write_text(json.dumps({"peers": dataclasses.asdict(p), "candidates": list(cands)}, indent=1))
     failed: dict[str, str] = {}
     with Cancellation() as cancel:  # SIGTERM/SIGINT stop the comparison, not only the run in progress
         for i, (run_id, cand, cfg) in enumerate(runs):
@@ -144,7 +148,8 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
                                extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
                                log_path=out / f"{run_id}.log", cancel=cancel)
             if cancel.requested:
-                raise Cancelled(f"cancelled ({cancel.requested}) during {run_id}; the runs so far are under {out}")
+                raise Cancelled(f"cancelled ({cancel.requested}) during {run_id}; the runs so far are under {out} "
+                                f"(zerobench peers --summarize {out} tables them)")
             if not res.ok:
                 failed[cand] = res.reason
                 say(f"  failed: {res.reason}")

@@ -52,11 +52,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_peers(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tabulate import tabulate
-
     from zerobench.bench.peers import PeersConfig, bar, run_peers
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancelled
 
+    if args.summarize:
+        from zerobench.bench.peers_stopped import summarize_stopped
+
+        out = Path(args.summarize)
+        recs = summarize_stopped(out)
+        return _print_peers(recs, bar(recs), out)
     p = PeersConfig(systems=tuple(args.systems or ()), dp=args.dp, preset=args.preset, layers=args.layers,
                     hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
                     rounds=args.rounds, memory_run=not args.no_memory_run)
@@ -67,6 +71,13 @@ def cmd_peers(args: argparse.Namespace) -> int:
     except Cancelled as e:
         print(f"zerobench: error: peers stopped: {e}", file=sys.stderr)
         return EXIT_CANCELLED
+    return _print_peers(recs, bar(recs), out)
+
+
+def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
+    """The comparison's tables: every candidate, the RSS breakdown, the issue's bar; exit 1 if a candidate failed."""
+    from tabulate import tabulate
+
     mib = lambda b: f"{b / 2**20:.1f}" if b is not None else "-"  # noqa: E731
     print(tabulate(
         [[r["candidate"], r["sharding_stage"], f"{r['time_vs_torch_ddp']:.3f}" if "time_vs_torch_ddp" in r else r["status"],
@@ -81,7 +92,6 @@ def cmd_peers(args: argparse.Namespace) -> int:
         cats = list(rss[0]["rss_breakdown"])
         print(tabulate([[r["candidate"], *(mib(r["rss_breakdown"][c]) for c in cats),
                          mib(sum(r["rss_breakdown"].values()))] for r in rss], headers=["system", *cats, "sum"]))
-    verdicts = bar(recs)
     if verdicts:
         print()
         print(tabulate([[v["candidate"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", _speed_verdict(v),
@@ -192,6 +202,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     pe.add_argument("--rounds", type=count(1), default=3, help="interleaved timing rounds")
     pe.add_argument("--no-memory-run", action="store_true", help="skip the per-candidate live-tensor run")
     pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
+    pe.add_argument("--summarize", metavar="DIR", default=None,
+                    help="table a comparison that stopped before its summary (time limit, cancel) from the runs it "
+                         "finished under DIR, instead of running one")
     pe.set_defaults(func=cmd_peers)
     bk = sub.add_parser("bench-kernels", help="the fused kernels side by side with torch (and DeepSpeed): rows + table",
                         description="AdamW over one flat fp32 partition by every candidate, interleaved round by "

@@ -61,6 +61,7 @@ for s in $sections; do
         --warmup 3 --rounds "${ROUNDS:-2}" --out "$OUT/peers" --systems zerobench-0 zerobench-1 zerobench-2 zerobench-3 \
         torch-ddp torch-zero1 fsdp1-shard-grad-op fsdp2-no-reshard fsdp1-full-shard fsdp2 2>&1 | tee "$OUT/peers.log" |
         grep -v "^\[" | tail -40
+      [ -d "$OUT/peers/summary" ] || "$PY" -m zerobench peers --summarize "$OUT/peers" | tail -40  # cut by the limit
       for sys in zerobench fsdp1-full-shard fsdp2; do
         stage=(); [ $sys = zerobench ] && stage=(--stage 3)
         timeout 120 "$PY" -m zerobench train --system $sys "${stage[@]}" --preset small --micro-batch 8 --steps 8 \

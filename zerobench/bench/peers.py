@@ -18,6 +18,7 @@ Loss parity is against a single-process torch run of the same global batch. Ever
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 from collections.abc import Callable
@@ -157,6 +158,7 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
 
 
 def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[str, str]) -> list[dict]:
+    @functools.cache  # a run's rows are read once, however many figures come from them
     def rows(run_id):
         path = out / run_id
         return read_rows(path) if path.exists() else []

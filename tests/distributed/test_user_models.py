@@ -91,6 +91,7 @@ def test_reading_parameters_outside_forward(api):
             assert r["deepcopy_params"] == 0
             err = r["state_dict_error"]
             assert err is not None and "gathered_params()" in err and "\n" not in err, err
+            assert "shard of the model's parameters" in err, err  # not a quoted "'the model''s"
             assert r["after_gather_numel"] == 0  # freed again outside the context
         else:  # replicated parameters: everything reads as in plain PyTorch
             assert r["deepcopy_params"] > 0 and r["state_dict_error"] is None

@@ -246,7 +246,7 @@ class Stage3Scheduler:
         if self.reading or all(u.state is ParamState.UNSHARDED for u in units):
             return
         raise RuntimeError(
-            f"ZeRO stage 3 holds only this rank's shard of {name or 'the model'!r}'s parameters outside "
+            f"ZeRO stage 3 holds only this rank's shard of {repr(name) if name else 'the model'}'s parameters outside "
             "forward: read them inside `with engine.gathered_params():` (on every DP rank), or save with "
             "zerobench.zero.state_dict.save_checkpoint"
         )

@@ -1,5 +1,6 @@
-"""Issue 24's grid cell 4-layer small at DP 4 (``results/reference/peers-engine-cpu-2core/small4-dp4*``): the
-README's bar figures recomputed from the committed summary rows with ``zerobench peers``' own ``bar``."""
+"""Issue 24's grid cells measured against every peer with a memory run (``results/reference/peers-engine-cpu-2core``:
+``small4-dp4*``, ``tiny-dp2-all-peers``, ``tiny-dp4-all-peers``): the README's bar figures recomputed from the
+committed summary rows with ``zerobench peers``' own ``bar``."""
 
 from __future__ import annotations
 
@@ -29,9 +30,13 @@ def _records(name: str) -> dict[str, dict]:
     return recs
 
 
+def _verdicts(name: str) -> dict[str, dict]:
+    return {v["candidate"]: v for v in bar(list(_records(name).values()))}
+
+
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict]:
-    return {v["candidate"]: v for v in bar(list(_records("small4-dp4").values()))}
+    return _verdicts("small4-dp4")
 
 
 def test_time_against_the_fastest_peer_of_the_same_sharding(verdicts):
@@ -58,3 +63,24 @@ def test_stage3_and_ddp_and_overlap_off():
     live = {c: round(r["peak_live_bytes"] / MiB, 1) for c, r in off.items() if "peak_live_bytes" in r}
     assert live["zerobench-3-no-overlap"] == 336.8 and live["fsdp1-full-shard"] == 341.8  # 0.985: the bar met
     assert live["zerobench-2-no-overlap"] == 405.9 == round(recs["zerobench-2"]["peak_live_bytes"] / MiB, 1)
+
+
+@pytest.mark.parametrize("name, time", [
+    ("tiny-dp2-all-peers", {"zerobench-0": ("torch-ddp", 0.666), "zerobench-1": ("deepspeed-1", 0.591),
+                            "zerobench-2": ("deepspeed-2", 0.707), "zerobench-3": ("fsdp2", 0.894)}),
+    ("tiny-dp4-all-peers", {"zerobench-0": ("deepspeed-0", 1.049), "zerobench-1": ("deepspeed-1", 0.75),
+                            "zerobench-2": ("deepspeed-2", 0.711), "zerobench-3": ("fsdp1-full-shard", 0.921)}),
+])
+def test_tiny_against_every_peer(name, time):
+    v = _verdicts(name)
+    assert {c: (v[c]["fastest_peer"], round(v[c]["time_vs_fastest"], 3)) for c in time} == time
+    if name.startswith("tiny-dp4"):  # over the bar by less than the rounds' spread: the README says within noise
+        assert not v["zerobench-0"]["speed_ok"] and not v["zerobench-0"]["speed_decided"]
+    mem = {c: (v[c]["leanest_peer"], round(v[c]["memory_vs_leanest"], 3)) for c in time}
+    # stage 0 holds a persistent gradient bucket, as DDP: under its peak, over DeepSpeed-0's (the README says why)
+    assert mem["zerobench-0"] == ("deepspeed-0", 1.143)
+    recs = _records(name)
+    assert recs["zerobench-0"]["peak_live_bytes"] <= recs["torch-ddp"]["peak_live_bytes"] == 4365952
+    assert mem["zerobench-1"][0] == "torch-zero1" and mem["zerobench-1"][1] <= 1.0
+    assert mem["zerobench-2"][0] == "fsdp1-shard-grad-op" and mem["zerobench-2"][1] <= 1.0
+    assert recs["zerobench-3"]["peak_live_bytes"] < recs["fsdp1-full-shard"]["peak_live_bytes"]

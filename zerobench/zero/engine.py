@@ -10,8 +10,9 @@ hooks (and, at stage 3, the gather/free scheduler). The training loop is::
 
 or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
 ``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
-``train()``/``eval()``, counters, ranks, tagged ``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) and
-``save_16bit_model`` (``zero/export.py``) work too. Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
+``train()``/``eval()``, counters, ranks and the module's attributes by name (``zero/ds_surface.py``), tagged
+``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) and ``save_16bit_model`` (``zero/export.py``)
+work too. Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
 
 Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
 ``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
@@ -28,7 +29,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
@@ -38,6 +38,7 @@ from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import UnitPlan, attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
 from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
+from zerobench.zero.ds_surface import DeepSpeedSurface, engine_attribute
 from zerobench.zero.export import save_16bit_model
 from zerobench.zero.forward_inputs import cast_forward_inputs
 from zerobench.zero.gathered import GatheredParams
@@ -73,6 +74,7 @@ class ZeroEngine:
         param_groups=None, device: torch.device | None = None,
     ):
         config.validate()
+        self._surface = DeepSpeedSurface(self)  # DeepSpeed's queries by name (``__getattr__``)
         self.allocator = allocator if allocator is not None else PlainAllocator()
         self.tp_group = tp_group if tp_group is not None and tp_group.size > 1 else None
         self.module, self.group, self.config, self.stage = model, group, config, config.stage
@@ -192,64 +194,14 @@ class ZeroEngine:
         self.zero_grad()
         return self.optimizer.applied
 
-    # -- DeepSpeed's engine surface: queries, ``engine(batch)``, ``train()``/``eval()``, files (counters: ``micro_steps``
-    # by ``step()``, ``global_steps`` by optimizer steps, ``skipped_steps`` by fp16 overflows; the rest set at construction)
-    def get_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def get_mom(self) -> list[tuple[float, float]]:
-        """Each param group's Adam betas (DeepSpeed's name: a schedule such as OneCycle moves beta1)."""
-        return [tuple(g["betas"]) for g in self.optimizer.param_groups]
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        """Samples per DP rank in one micro-batch, from the DeepSpeed config ``initialize`` read."""
-        if self.micro_batch is None:
-            raise ConfigError("train_micro_batch_size_per_gpu(): apply_zero takes no batch size (initialize() does)")
-        return self.micro_batch
-
-    def train_batch_size(self) -> int:
-        """Samples per optimizer step over the DP group: micro-batch x accumulation steps x DP ranks."""
-        return self.train_micro_batch_size_per_gpu() * self.config.grad_accum_steps * self.group.size
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped on an fp16 overflow (DeepSpeed's counter)."""
-        return self.scaler.skipped_steps
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        """Whether the current micro-batch ends a window, counted in ``step()`` calls."""
-        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.grad_accum_steps
-
-    def zero_optimization_stage(self) -> int:
-        return self.stage
-
-    def fp16_enabled(self) -> bool:
-        return self.param_dtype == torch.float16
-
-    def bfloat16_enabled(self) -> bool:
-        return self.param_dtype == torch.bfloat16
-
-    def was_step_applied(self) -> bool:
-        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
-        return self.optimizer.applied
-
-    def get_global_grad_norm(self) -> float | None:
-        """The latest step's global gradient norm; None unless clipping computed one (DeepSpeed's: every step)."""
-        return self.last_grad_norm
-
+    # -- DeepSpeed's engine surface: ``engine(batch)``, the rest by name (``zero/ds_surface.py``), files
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def train(self, mode: bool = True) -> ZeroEngine:
-        """``model.train(mode)``; returns the engine (``eval()`` is ``train(False)``)."""
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> ZeroEngine:
-        return self.train(False)
+    def __getattr__(self, name: str):
+        """A name the engine lacks: DeepSpeed's queries and counters (``get_lr()``, ``train_batch_size()``, ``train()``,
+        ...), then the module's attributes, as DeepSpeed's engine passes them through (``zero/ds_surface.py``)."""
+        return engine_attribute(self.__dict__, name)
 
     def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
         """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``zero/checkpoint_dir.py``)."""

@@ -52,6 +52,7 @@ from zerobench.zero.param_groups import resolve_param_groups
 from zerobench.zero.placement import Placement
 from zerobench.zero.replicas import sync_replicas
 from zerobench.zero.storage import ParamStorage
+from zerobench.zero.teardown import check_live, destroy_engine
 from zerobench.zero.tensor_fragment import register
 from zerobench.zero.torch_optimizer import ZeroOptimizer
 from zerobench.zero.unused import UnusedCheck, start_unused_check
@@ -74,7 +75,7 @@ class ZeroEngine:
         param_groups=None, device: torch.device | None = None,
     ):
         config.validate()
-        self._surface = DeepSpeedSurface(self)  # DeepSpeed's queries by name (``__getattr__``)
+        self._surface, self.destroyed = DeepSpeedSurface(self), False  # DeepSpeed's queries by name; by destroy()
         self.allocator = allocator if allocator is not None else PlainAllocator()
         self.tp_group = tp_group if tp_group is not None and tp_group.size > 1 else None
         self.module, self.group, self.config, self.stage = model, group, config, config.stage
@@ -149,6 +150,7 @@ class ZeroEngine:
         (overlapped) when the window completes. As DeepSpeed's: ``retain_graph`` (a second loss's backward next);
         ``scale_wrt_gas=False`` leaves out the 1 / ``grad_accum_steps`` (you divide the loss yourself). A plain
         ``loss.backward()`` works too, scaled the same way by hooks (``zero/backward_pass.py``). Returns ``loss``."""
+        check_live(self, "backward()")
         gas = self.config.grad_accum_steps if scale_wrt_gas else 1
         self.passes.run(loss * (self.scaler.scale / (gas * self.group.size)), retain_graph)
         return loss
@@ -157,6 +159,7 @@ class ZeroEngine:
         """DeepSpeed's ``engine.scale(loss)``: ``loss`` times what ``engine.backward`` multiplies it by (the loss scale,
         1 / (``grad_accum_steps`` x N)), for a plain ``.backward()`` that then trains as ``engine.backward(loss)``, under
         fp16 too. ``retain_graph`` is DeepSpeed's argument; a retained graph needs nothing more here."""
+        check_live(self, "scale()")
         scaled = loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size))
         self.passes.mark_scaled(scaled)
         return scaled
@@ -202,6 +205,11 @@ class ZeroEngine:
         """A name the engine lacks: DeepSpeed's queries and counters (``get_lr()``, ``train_batch_size()``, ``train()``,
         ...), then the module's attributes, as DeepSpeed's engine passes them through (``zero/ds_surface.py``)."""
         return engine_attribute(self.__dict__, name)
+
+    def destroy(self) -> None:
+        """DeepSpeed's: remove every hook the engine installed and hand the model back as a plain module, its
+        parameters holding their trained values (stage 3 gathers them: call it on every DP rank); ``zero/teardown.py``."""
+        destroy_engine(self)
 
     def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
         """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``zero/checkpoint_dir.py``)."""

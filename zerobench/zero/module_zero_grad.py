@@ -107,6 +107,12 @@ def route_zero_grad(model: nn.Module, engine) -> None:
     model.__dict__[_LINK] = weakref.ref(engine)
 
 
+def unroute_zero_grad(model: nn.Module) -> None:
+    """Undo ``route_zero_grad``: the model's own class and ``zero_grad`` again, without the link to an engine."""
+    model.__class__ = _model_class(type(model))
+    model.__dict__.pop(_LINK, None)
+
+
 def engine_of(model: nn.Module):
     """The live engine ``route_zero_grad`` linked ``model`` to, or None."""
     ref = model.__dict__.get(_LINK)

@@ -10,12 +10,14 @@ import torch
 
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.grad_stats import found_nonfinite, global_grad_norm
+from zerobench.zero.teardown import check_live
 from zerobench.zero.unused import check_unused
 
 
 @torch.no_grad()
 def optimizer_step(engine, hyper: list[AdamWConfig]) -> bool:
     """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
+    check_live(engine, "step()")
     engine.window.check_step()
     engine.global_steps += 1
     if not engine.grads.reduced:

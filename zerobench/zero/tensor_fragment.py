@@ -35,6 +35,12 @@ def register(engine) -> None:
         _OWNER[zp.param] = (ref, i)
 
 
+def unregister(engine) -> None:
+    """``engine``'s parameters belong to no engine any more (``engine.destroy()``)."""
+    for zp in engine.zparams:
+        _OWNER.pop(zp.param, None)
+
+
 def engine_of(param: torch.Tensor):
     """The engine training ``param`` (None: frozen, or never given to ``apply_zero``)."""
     return _owner(param)[0]

@@ -57,13 +57,16 @@ def _destroy(rank: int, world: int, stage: int) -> dict:
            "values": max((p.detach() - trained[n]).abs().max().item() for n, p in model.named_parameters()),
            "plain_forward": list(model(torch.ones(2, 6)).shape)}
     errors = []
-    for call in (engine.step, lambda: engine.backward(model(torch.ones(2, 6)).sum())):
+    calls = (engine.step, lambda: engine.backward(model(torch.ones(2, 6)).sum()), engine.gathered_params,
+             engine.zero_grad, engine.empty_partition_cache, lambda: engine.save_checkpoint("unused"))
+    for call in calls:
         try:
             call()
             errors.append(None)
         except DestroyedEngineError as e:
             errors.append(str(e))
     out["errors"] = errors
+    out["values_after_refusals"] = max((p.detach() - trained[n]).abs().max().item() for n, p in model.named_parameters())
     # wrapped again: trains exactly as a fresh model given the trained values
     again = wrap(model)
     _train(again, model, rank, 2, seed=1)
@@ -82,7 +85,9 @@ def test_destroy_hands_the_model_back(stage):
     for r in run_distributed(_destroy, 2, stage):
         assert r["cls"] and r["zero_grad_is_torchs"] and r["hooks"] == (0, 0), r
         assert all(r["grads"]) and r["values"] == 0.0 and r["plain_forward"] == [2, 3]
-        assert len(r["errors"]) == 2 and all(e is not None and "\n" not in e for e in r["errors"]), r["errors"]
-        assert r["errors"][0].startswith("step() on an engine after destroy()")
-        assert r["errors"][1].startswith("backward() on an engine after destroy()")
+        assert len(r["errors"]) == 6 and all(e is not None and "\n" not in e for e in r["errors"]), r["errors"]
+        for e, call in zip(r["errors"], ("step()", "backward()", "gathered_params()", "zero_grad()",
+                                         "empty_partition_cache()", "save_checkpoint()")):
+            assert e.startswith(f"{call} on an engine after destroy()"), e
+        assert r["values_after_refusals"] == 0.0  # stage 3's units were not resharded under the plain model
         assert r["rewrapped"] == 0.0 and r["moved"] > 1e-4, r

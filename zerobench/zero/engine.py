@@ -189,6 +189,7 @@ class ZeroEngine:
         """DeepSpeed's ``engine.step()``, once per micro-batch: at a window's end the optimizer step, then
         ``zero_grad()``; before it, nothing. Returns whether parameters were updated (not when no gradient came
         since ``zero_grad()``, nor on an fp16 overflow). ``engine.optimizer.step()`` is torch's (no zeroing)."""
+        check_live(self, "step()")
         self.micro_steps += 1
         if self.window.open and not self.window.unsynced:
             self.optimizer.applied = False
@@ -213,35 +214,42 @@ class ZeroEngine:
 
     def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
         """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``zero/checkpoint_dir.py``)."""
+        check_live(self, "save_checkpoint()")
         return save_tagged(self, save_dir, tag, client_state, **options)
 
     def load_checkpoint(self, load_dir, tag: str | None = None, **options):
         """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``zero/checkpoint_dir.py``)."""
+        check_live(self, "load_checkpoint()")
         return load_tagged(self, load_dir, tag, **options)
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False):
         """The model's state dict, written by DP rank 0 for a model without ZeRO (``zero/export.py``); True."""
+        check_live(self, "save_16bit_model()")
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
 
     def gathered_params(self, writeback: bool = True, modifier_rank: int | None = None) -> GatheredParams:
         """Context manager: inside it the module's parameters hold their full values (stage 3 gathers every unit, a
         DP collective: enter it on every rank). Changes made inside are kept, as FSDP's ``summon_full_params``;
         ``modifier_rank=r`` keeps DP rank r's (DeepSpeed's); ``writeback=False`` discards them (``zero/gathered.py``)."""
+        check_live(self, "gathered_params()")
         return GatheredParams(self, writeback, modifier_rank)
 
     def empty_partition_cache(self) -> None:
         """Stage 3, between steps: free every gathered unit (DeepSpeed's name), e.g. a root gathered on demand."""
+        check_live(self, "empty_partition_cache()")
         if self.scheduler is not None:
             self.scheduler.reshard_all()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""
+        check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip this window's gradient to a global ``norm_type``-norm (L2; p > 0 or inf) of ``max_norm``, as FSDP's
         ``clip_grad_norm_`` over every DP and TP partition (``zero/grad_stats.py``), on every DP rank after its last
         ``backward()``, before ``step()``. Returns the averaged gradient's norm; the step's scale takes the coefficient."""
+        check_live(self, "clip_grad_norm_()")
         norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
         self.last_grad_norm = norm
         self._clip *= clip_coefficient(norm, max_norm)

@@ -97,14 +97,17 @@ class DeepSpeedSurface:
         return self.train(False)
 
 
+_MISSING = object()
+
+
 def engine_attribute(state: dict[str, Any], name: str) -> Any:
     """``name`` for an engine whose own attributes are ``state`` (its ``__dict__``) and lack it: DeepSpeed's surface,
     then the module's (as DeepSpeed's engine passes names through to its module); else ``AttributeError``."""
     surface, module = state.get("_surface"), state.get("module")
     if not name.startswith("_"):
-        if surface is not None and hasattr(DeepSpeedSurface, name):
+        if surface is not None and hasattr(DeepSpeedSurface, name):  # the class: nothing evaluated yet
             return getattr(surface, name)
-        if module is not None and hasattr(module, name):
-            return getattr(module, name)
+        if (found := getattr(module, name, _MISSING)) is not _MISSING:  # evaluated once (a property may gather)
+            return found
     where = f" nor has its module ({type(module).__name__})" if module is not None else ""
     raise AttributeError(f"'ZeroEngine' object has no attribute {name!r}{where}")

@@ -22,13 +22,14 @@ from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.checkpoint import iter_shards
 from zerobench.zero.export import (
     convert_zero_checkpoint_to_fp32_state_dict,
     full_state_dict,
     get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint,
 )
-from zerobench.zero.state_dict import full_gradients, full_parameters, iter_shards
+from zerobench.zero.state_dict import full_gradients, full_parameters
 from zerobench.zero.tensor_fragment import (
     safe_get_full_fp32_param,
     safe_get_full_grad,

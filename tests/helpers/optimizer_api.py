@@ -34,7 +34,8 @@ from tests.helpers.user_models import (
     slice_of,
 )
 from zerobench.distributed.collectives import Group
-from zerobench.zero.state_dict import full_parameters, load_checkpoint, save_checkpoint
+from zerobench.zero.checkpoint import load_checkpoint, save_checkpoint
+from zerobench.zero.state_dict import full_parameters
 
 
 def schedule(step: int) -> float:

@@ -20,7 +20,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from tests.helpers.user_models import ADAM, batches, compare, error_line, make_model, reference_loss, slice_of
 from zerobench.distributed.collectives import Group
 from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.state_dict import full_parameters, load_checkpoint, save_checkpoint
+from zerobench.zero.checkpoint import load_checkpoint, save_checkpoint
+from zerobench.zero.state_dict import full_parameters
 
 STEPS = 4
 LAMBDAS = [lambda s: min(1.0, (s + 1) / 2), lambda s: 1.0, lambda s: 0.5**s]

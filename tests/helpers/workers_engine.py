@@ -14,7 +14,8 @@ from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS, num_params
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import Precision, ZeroConfig, apply_zero
-from zerobench.zero.state_dict import consolidate, full_parameters, load_checkpoint, save_checkpoint
+from zerobench.zero.checkpoint import consolidate, load_checkpoint, save_checkpoint
+from zerobench.zero.state_dict import full_parameters
 
 
 def _train(engine, data, group, steps, start, global_batch):

@@ -8,7 +8,9 @@ from torch import nn
 
 from zerobench.distributed.collectives import Group
 from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.state_dict import CheckpointMismatch, full_parameters, load_checkpoint, save_checkpoint
+from zerobench.zero.checkpoint import load_checkpoint, save_checkpoint
+from zerobench.zero.checkpoint_files import CheckpointMismatch
+from zerobench.zero.state_dict import full_parameters
 
 ONE = Group(None, "dp", 1, 0)
 

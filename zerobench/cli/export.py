@@ -8,8 +8,8 @@ import argparse
 
 def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
     from zerobench.config import ConfigError
+    from zerobench.zero.checkpoint_files import CheckpointMismatch
     from zerobench.zero.export import convert_zero_checkpoint_to_fp32_state_dict
-    from zerobench.zero.state_dict import CheckpointMismatch
 
     try:
         path = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, tag=args.tag,

@@ -1,32 +1,40 @@
 """DeepSpeed's checkpoint directory on a ``ZeroEngine``: ``engine.save_checkpoint(save_dir, tag, client_state)``
 and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpeed's.
 
-``save_dir/<tag>/`` holds the engine's sharded checkpoint (``zero/state_dict.py``: parameters, fp32 master,
+``save_dir/<tag>/`` holds the engine's sharded checkpoint (``zero/checkpoint.py``: parameters, fp32 master,
 moments, step count, loss scale, the param group's hyperparameters; any DP size can load it), plus, from the
 first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
 BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
 and ``client_state.pt`` (the caller's dict), and ``lr_scheduler.pt`` (``engine.lr_scheduler``'s state, where the engine
-has one). ``save_dir/latest`` names the newest tag and is written after every rank has finished
-its files, so it never points at a half-written checkpoint. Every file loads with ``weights_only=True``:
-``client_state`` must hold tensors and plain Python data, which is checked when saving.
+has one). The tag's directory is written as one transaction (``zero/checkpoint_files.py``): every rank stages its
+files, all agree, and the directory appears, or replaces an earlier one under the same tag, whole; only then does
+``save_dir/latest`` move to it, so it never names a half-written or torn checkpoint. The default tag counts the
+optimizer steps taken, skipped ones included (``global_step<engine.global_steps>``), as DeepSpeed's. Every file
+loads with ``weights_only=True``: ``client_state`` must hold tensors and plain Python data, checked when saving.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
-from zerobench.zero.checkpoint_files import load_file
-from zerobench.zero.state_dict import load_checkpoint, rank_dir, save_checkpoint
+from zerobench.zero.checkpoint import load_checkpoint, rank_dir, write_shard
+from zerobench.zero.checkpoint_files import (
+    CheckpointMismatch,
+    load_file,
+    replace_small,
+    replaced_copy,
+    transaction,
+    write_file,
+    write_json,
+)
 
 LATEST = "latest"
 SCHEDULER = "lr_scheduler.pt"
@@ -71,46 +79,43 @@ def _plain(state: dict, what: str = "client_state") -> bytes:
     return buf.getvalue()
 
 
-def _first(engine) -> bool:
-    return engine.group.rank == 0
-
-
-def _barrier(engine) -> None:
-    """Every rank of the engine's DP group, then of its TP group, is past this point."""
-    for g in (engine.group, engine.tp_group):
-        if g is not None and g.size > 1:
-            dist.barrier(group=g.pg)
+def check_tag(tag: str) -> str:
+    """``tag`` if it can name a checkpoint's directory under ``save_dir``, else one line before anything is written."""
+    if not tag or tag in (LATEST, ".", "..") or tag.startswith(".") or "/" in tag or "\\" in tag or "\0" in tag:
+        raise ConfigError(f"checkpoint tag {tag!r} must be one directory name, not {LATEST!r} and not starting with "
+                          "'.' (e.g. global_step100)")
+    return tag
 
 
 def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None,
                 save_latest: bool = True, exclude_frozen_parameters: bool = False) -> Path:
-    """Save into ``save_dir/<tag>`` (default tag ``global_step<N>``, N the optimizer steps taken) and point
-    ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory. As DeepSpeed's,
-    ``exclude_frozen_parameters=True`` leaves the frozen parameters out (load it with ``load_module_strict=False``)."""
-    tag = str(tag) if tag is not None else f"global_step{engine.adamw.step_count}"
-    if not tag or "/" in tag or tag in (".", ".."):
-        raise ConfigError(f"checkpoint tag {tag!r} must be one directory name (no '/')")
+    """Save into ``save_dir/<tag>`` (default tag ``global_step<N>``, N the optimizer steps taken, skipped ones
+    included) and point ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory.
+    Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
+    parameters out (load it with ``load_module_strict=False``)."""
+    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
     blob = _plain(dict(client_state or {}))
     sched = None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     path = Path(save_dir) / tag
-    save_checkpoint(engine, path)
-    first_tp = engine.tp_group is None or engine.tp_group.rank == 0
-    if _first(engine):  # save_checkpoint made rank_dir
-        extra = _extras(engine, not exclude_frozen_parameters)
-        torch.save({n: t.detach().cpu().clone() for n, t in extra.items()}, rank_dir(engine, path) / "module_extra.pt")
-        (rank_dir(engine, path) / FROZEN).write_text(json.dumps(sorted(n for n, t in extra.items()
-                                                                       if isinstance(t, nn.Parameter))))
-        if first_tp:
-            (path / "client_state.pt").write_bytes(blob)
-            if sched is not None:
-                (path / SCHEDULER).write_bytes(sched)
-    _barrier(engine)
-    if save_latest and _first(engine) and first_tp:
-        tmp = Path(save_dir) / f".{LATEST}.tmp"
-        tmp.write_text(tag)
-        os.replace(tmp, Path(save_dir) / LATEST)
-    _barrier(engine)
+    point = (lambda: replace_small(Path(save_dir) / LATEST, tag)) if save_latest else None
+    with transaction(engine, path, after_commit=point) as staged:
+        write_shard(engine, staged.dir, staged.save_id)
+        if engine.group.rank == 0:
+            _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters)
     return path
+
+
+def _write_extras(engine, root: Path, blob: bytes, sched: bytes | None, exclude_frozen: bool) -> None:
+    """DP rank 0's files beside the shards: the buffers and frozen parameters (per TP rank), the client state and
+    the scheduler's (once)."""
+    extra = _extras(engine, not exclude_frozen)
+    d = rank_dir(engine, root)
+    write_file(d / "module_extra.pt", lambda f: torch.save({n: t.detach().cpu().clone() for n, t in extra.items()}, f))
+    write_json(d / FROZEN, sorted(n for n, t in extra.items() if isinstance(t, nn.Parameter)))
+    if engine.tp_group is None or engine.tp_group.rank == 0:
+        write_file(root / "client_state.pt", blob)
+        if sched is not None:
+            write_file(root / SCHEDULER, sched)
 
 
 def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
@@ -121,8 +126,12 @@ def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
         if not (root / LATEST).exists():
             return None
         tag = (root / LATEST).read_text().strip()
-    path = root / str(tag)
+    path = root / check_tag(str(tag))
     if not path.is_dir():
+        aside = replaced_copy(path)
+        if aside is not None:
+            raise CheckpointMismatch(f"checkpoint {tag!r} in {root} was being replaced when its save stopped: the "
+                                     f"previous one is whole in {aside}; rename it to {path} to load it")
         raise FileNotFoundError(f"no checkpoint {tag!r} in {root}")
     return path
 

@@ -12,7 +12,7 @@ value (a tied one under each name it is registered by), the persistent buffers (
 saves them) and the frozen parameters (unless ``exclude_frozen_parameters``). Trained values come from the
 fp32 master: in the training dtype from the engine (DeepSpeed's 16-bit weights; fp32 for an fp32 engine), in
 fp32 from a checkpoint. Under tensor parallelism each TP rank holds its own slices: these refuse in one line
-(consolidate one ``tp-XX`` directory of a checkpoint with ``state_dict.consolidate`` for that rank's slices).
+(consolidate one ``tp-XX`` directory of a checkpoint with ``checkpoint.consolidate`` for that rank's slices).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
+from zerobench.zero.checkpoint import consolidate
 from zerobench.zero.checkpoint_dir import FROZEN, LATEST, state_entries, tagged_path
 from zerobench.zero.checkpoint_files import load_file
-from zerobench.zero.state_dict import consolidate, iter_full
+from zerobench.zero.state_dict import iter_full
 
 
 def full_state_dict(engine, dtype: torch.dtype | None = None, exclude_frozen_parameters: bool = False,

@@ -248,7 +248,7 @@ class Stage3Scheduler:
         raise RuntimeError(
             f"ZeRO stage 3 holds only this rank's shard of {repr(name) if name else 'the model'}'s parameters outside "
             "forward: read them inside `with engine.gathered_params():` (on every DP rank), or save with "
-            "zerobench.zero.state_dict.save_checkpoint"
+            "zerobench.zero.checkpoint.save_checkpoint"
         )
 
     def gathered_tensors(self) -> list[torch.Tensor]:

@@ -1,26 +1,21 @@
-"""Sharded checkpoints of a ``ZeroEngine``: save on N ranks, load on M ranks or into one process.
+"""A ``ZeroEngine``'s state as shards, and shards back into any engine (``zero/checkpoint.py`` writes them to disk).
 
-Each rank saves the pieces of parameters it owns as (name, start, end) segments of the flattened
+Each rank's shard holds the pieces of parameters it owns as (name, start, end) segments of the flattened
 parameter with their fp32 master values and Adam moments (and the step counts, the loss scale and the
 param groups' hyperparameters and members: a schedule's current learning rate resumes with them), so a checkpoint
 does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
-local segment, the overlapping parts of every saved segment (one file in memory at a time). Files hold
-only tensors and plain data and are loaded with ``weights_only=True``. Under tensor parallelism each TP rank
-writes its own directory ``tp-XX`` (Megatron's ``mp_rank_XX``): TP ranks hold different slices of a parameter
-under the same name and shape, so in one directory they would overwrite each other's shards.
+local segment, the overlapping parts of every saved segment (one shard in memory at a time), and refuses shards
+that leave an element of this rank's partition unwritten. Shards hold only tensors and plain data.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 
 import torch
 
 from zerobench.distributed import collectives as C
-from zerobench.zero.checkpoint_files import CheckpointMismatch, load_file
+from zerobench.zero.checkpoint_files import CheckpointMismatch
 
 FORMAT = "zerobench-zero-shard/1"
 
@@ -109,9 +104,9 @@ def load_shard_state_dicts(engine, shards, optimizer_states: bool = True) -> dic
     param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``)."""
     segs = engine.layout.segments(engine.rank_in_shards)
     by_name: dict[str, list] = {}
-    for s in segs:
-        by_name.setdefault(engine.zparams[s.param].name, []).append(s)
-    filled = 0
+    for k, s in enumerate(segs):
+        by_name.setdefault(engine.zparams[s.param].name, []).append((k, s))
+    covered: list[list[tuple[int, int]]] = [[] for _ in segs]
     opt = engine.adamw
     ms, vs = opt.moments() if optimizer_states else ([], [])
     keys = ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq"))[: 3 if optimizer_states else 1]
@@ -124,21 +119,23 @@ def load_shard_state_dicts(engine, shards, optimizer_states: bool = True) -> dic
             check_compatible(sd, expected)
             if optimizer_states:
                 _restore_groups(engine, sd)
+        else:
+            check_compatible(sd, expected, check_params=False)
         meta = sd
         off = 0
         for name, start, end in sd["segments"]:
-            for s in by_name.get(name, ()):
+            for k, s in by_name.get(name, ()):
                 lo, hi = max(start, s.param_start), min(end, s.param_end)
                 if lo < hi:
                     src = slice(off + lo - start, off + hi - start)
                     for chunks, key in keys:
                         dst = segment_view(chunks, engine.layout, s)[lo - s.param_start : hi - s.param_start]
                         dst.copy_(sd[key][src])
-                    filled += hi - lo
+                    covered[k].append((lo, hi))
             off += end - start
-    needed = sum(s.numel for s in segs)
+    filled, needed = sum(union_length(c) for c in covered), sum(s.numel for s in segs)
     if meta is None or filled != needed:
-        raise ValueError(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+        raise CheckpointMismatch(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
     if optimizer_states:
         opt.load_moments(ms, vs)
         opt.step_count = int(meta["step"])
@@ -149,20 +146,33 @@ def load_shard_state_dicts(engine, shards, optimizer_states: bool = True) -> dic
     return {"step": int(meta["step"]), "global_steps": int(meta.get("global_steps", meta["step"]))}
 
 
-def check_compatible(sd: dict, expected: dict[str, list[int]]) -> None:
+def union_length(intervals: list[tuple[int, int]]) -> int:
+    """How many elements the half-open ``intervals`` cover together (an element covered twice counts once)."""
+    total, reach = 0, None
+    for lo, hi in sorted(intervals):
+        start = lo if reach is None else max(lo, reach)
+        if hi > start:
+            total += hi - start
+            reach = hi
+    return total
+
+
+def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: bool = True) -> None:
     """The checkpoint holds exactly this model's parameters with the same shapes, and its segments and
     tensors agree with each other; else one line naming the first difference."""
     saved = {n: list(shape) for n, shape in sd["params"].items()}
     missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    if missing or extra:
+    if check_params and (missing or extra):
         what = f"lacks {missing[:3]}" if missing else f"has parameters this model does not: {extra[:3]}"
         raise CheckpointMismatch(f"checkpoint is of another model: it {what}")
-    for name, shape in expected.items():
+    for name, shape in expected.items() if check_params else ():
         if saved[name] != shape:
             raise CheckpointMismatch(f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
                                      f"{tuple(shape)}: it was saved from another model size")
     total = 0
     for name, start, end in sd["segments"]:
+        if name not in saved:
+            raise CheckpointMismatch(f"damaged shard {sd.get('shard')}: a segment of {name!r}, which it does not list")
         numel = math.prod(saved[name])
         if not 0 <= start < end <= numel:
             raise CheckpointMismatch(f"damaged shard: segment [{start}, {end}) of {name!r} outside its {numel} elements")
@@ -171,93 +181,6 @@ def check_compatible(sd: dict, expected: dict[str, list[int]]) -> None:
         if sd[key].numel() != total:
             raise CheckpointMismatch(f"damaged shard {sd.get('shard')}: {key} holds {sd[key].numel()} elements, "
                                      f"its segments {total}")
-
-
-def _tp(engine) -> tuple[int, int]:
-    """(TP size, this rank's TP rank); (1, 0) without tensor parallelism."""
-    tp = engine.tp_group
-    return (1, 0) if tp is None else (tp.size, tp.rank)
-
-
-def rank_dir(engine, path: str | os.PathLike) -> Path:
-    """The directory this rank's shard goes to: ``path``, or its TP rank's ``path/tp-XX``."""
-    size, rank = _tp(engine)
-    return Path(path) if size == 1 else Path(path) / f"tp-{rank:02d}"
-
-
-def saved_tp(path: str | os.PathLike) -> int:
-    """The TP degree a checkpoint at ``path`` was saved with."""
-    path = Path(path)
-    for meta in (path / "meta.json", path / "tp-00" / "meta.json"):
-        if meta.exists():
-            return int(json.loads(meta.read_text()).get("tp", 1))
-    raise FileNotFoundError(f"no zerobench checkpoint at {path} (meta.json missing)")
-
-
-def save_checkpoint(engine, path: str | os.PathLike) -> None:
-    """Write this rank's shard to ``path/shard-XXXXX.pt`` (``path/tp-XX/`` under TP; stage 0: DP rank 0 only)."""
-    path = rank_dir(engine, path)
-    path.mkdir(parents=True, exist_ok=True)
-    if engine.layout.shards == 1 and engine.group.rank != 0:
-        return
-    sd = shard_state_dict(engine)
-    tmp = path / f".shard-{sd['shard']:05d}.pt.tmp"
-    torch.save(sd, tmp)
-    os.replace(tmp, path / f"shard-{sd['shard']:05d}.pt")
-    if sd["shard"] == 0:
-        meta = {
-            "format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"], "tp": _tp(engine)[0],
-            "params": sd["params"], "aliases": sd["aliases"],
-        }
-        (path / "meta.json").write_text(json.dumps(meta, indent=1))
-
-
-def _shard_files(path: Path) -> list[Path]:
-    if not (path / "meta.json").exists():
-        raise FileNotFoundError(f"no zerobench checkpoint at {path} (meta.json missing)")
-    n = json.loads((path / "meta.json").read_text())["num_shards"]
-    files = [path / f"shard-{i:05d}.pt" for i in range(n)]
-    missing = [f.name for f in files if not f.exists()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
-    return files
-
-
-def iter_shards(path: str | os.PathLike):
-    for f in _shard_files(Path(path)):
-        yield load_file(f)
-
-
-def load_checkpoint(engine, path: str | os.PathLike, optimizer_states: bool = True) -> dict:
-    """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with);
-    returns its counters. ``optimizer_states=False`` loads the fp32 master only (``load_shard_state_dicts``)."""
-    saved, size = saved_tp(path), _tp(engine)[0]
-    if saved != size:
-        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
-                                 f"with the TP degree it was saved with (DP may differ)")
-    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states)
-
-
-def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Full fp32 parameters ``{name: tensor}`` from a checkpoint, for ``model.load_state_dict``.
-
-    Tied parameters appear under every name the model registers them by. A checkpoint saved under TP holds
-    one TP rank's slices per ``tp-XX`` directory: consolidate that directory for that rank's parameters.
-    """
-    if not (Path(path) / "meta.json").exists():  # saved_tp raises where there is no checkpoint at all
-        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved_tp(path)}: each of its tp-XX directories holds one "
-                                 f"TP rank's slices of the parameters; consolidate one of them (e.g. {path}/tp-00)")
-    meta = json.loads((Path(path) / "meta.json").read_text())
-    out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in meta["params"].items()}
-    for sd in iter_shards(path):
-        off = 0
-        for name, start, end in sd["segments"]:
-            out[name][start:end] = sd["master"][off : off + end - start]
-            off += end - start
-    full = {n: t.view(meta["params"][n]) for n, t in out.items()}
-    for alias, name in meta.get("aliases", {}).items():
-        full[alias] = full[name]
-    return full
 
 
 def iter_full(engine, chunks: list[torch.Tensor]):

@@ -16,7 +16,7 @@ of its own: the fp32 master and the Adam moments stay in the engine's flat parti
   anything.
 - ``state_dict()`` holds the group's hyperparameters and *this rank's* shard of the master and moments
   (``zero_shard``); ``load_state_dict`` restores both on a model with the same partitioning (the same DP
-  size), on every DP rank. To change the number of ranks, use ``zerobench.zero.state_dict.save_checkpoint``.
+  size), on every DP rank. To change the number of ranks, use ``zerobench.zero.checkpoint.save_checkpoint``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""What a checkpoint directory refuses, in one process: not a whole save, a damaged or torn one, a bad tag, a
+target that holds other files; and the default tag that counts skipped steps, so no save overwrites another."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.distributed.collectives import Group
+from zerobench.zero import LossScaleConfig, ZeroConfig, apply_zero
+from zerobench.zero.checkpoint import consolidate, load_checkpoint, save_checkpoint
+from zerobench.zero.checkpoint_files import MANIFEST, CheckpointMismatch
+from zerobench.zero.export import get_fp32_state_dict_from_zero_checkpoint
+from zerobench.zero.state_dict import full_parameters, union_length
+
+ONE = Group(None, "dp", 1, 0)
+
+
+def engine(stage: int = 2, **cfg):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    return apply_zero(model, ONE, ZeroConfig(stage=stage, bucket_numel=40, **cfg))
+
+
+def step(e, scale: float = 1.0) -> None:
+    e.backward(e(torch.ones(4, 8)).sum() * scale)
+    e.step()
+
+
+@pytest.mark.parametrize("intervals, n", [
+    ([], 0), ([(0, 4)], 4), ([(0, 4), (4, 6)], 6), ([(0, 4), (2, 6)], 6), ([(2, 6), (0, 4), (0, 4)], 6),
+    ([(0, 10), (2, 3)], 10), ([(0, 2), (5, 7)], 4),
+])
+def test_coverage_counts_each_element_once(intervals, n):
+    assert union_length(intervals) == n
+
+
+def test_a_resave_replaces_the_checkpoint_whole(tmp_path):
+    a = engine()
+    save_checkpoint(a, tmp_path / "c")
+    step(a)
+    save_checkpoint(a, tmp_path / "c")
+    b = engine()
+    load_checkpoint(b, tmp_path / "c")
+    assert all(torch.equal(x, full_parameters(a)[k]) for k, x in full_parameters(b).items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # nothing staged is left beside it
+
+
+def test_a_directory_of_other_files_is_not_overwritten(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files that are not a checkpoint"):
+        save_checkpoint(engine(), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_save_that_never_committed_is_refused(tmp_path):
+    save_checkpoint(engine(), tmp_path / "c")
+    (tmp_path / "c" / MANIFEST).unlink()
+    with pytest.raises(CheckpointMismatch, match="its save never finished"):
+        load_checkpoint(engine(), tmp_path / "c")
+    with pytest.raises(CheckpointMismatch, match="its save never finished"):
+        consolidate(tmp_path / "c")
+
+
+def _legacy(path, step_of=None):
+    """The checkpoint at ``path`` as a release before manifests wrote it (optionally one shard's step changed)."""
+    (path / MANIFEST).unlink()
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["save_id"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    for f in sorted(path.glob("shard-*.pt")):
+        sd = torch.load(f, weights_only=True)
+        del sd["save_id"]
+        if step_of == f.name:
+            sd["step"] += 2
+        torch.save(sd, f)
+
+
+def test_a_checkpoint_from_before_manifests_loads_and_a_torn_one_is_refused(tmp_path):
+    a = engine(stage=0)
+    step(a)
+    save_checkpoint(a, tmp_path / "c")
+    _legacy(tmp_path / "c")
+    b = engine(stage=0)
+    load_checkpoint(b, tmp_path / "c")
+    assert all(torch.equal(x, full_parameters(a)[k]) for k, x in full_parameters(b).items())
+
+
+def test_shards_of_two_saves_are_refused(tmp_path):
+    a = engine()
+    save_checkpoint(a, tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    shard = torch.load(tmp_path / "c" / "shard-00000.pt", weights_only=True)
+    # a second shard written by another save: a legacy checkpoint would show it by its step, a new one by its id
+    other = dict(shard, save_id="0" * 16, shard=1, segments=[], master=torch.empty(0), exp_avg=torch.empty(0),
+                 exp_avg_sq=torch.empty(0))
+    torch.save(other, tmp_path / "c" / "shard-00001.pt")
+    meta["num_shards"] = 2
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
+    man = json.loads((tmp_path / "c" / MANIFEST).read_text())
+    man["dirs"]["."].append("shard-00001.pt")
+    (tmp_path / "c" / MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(CheckpointMismatch, match=r"is torn: shard-00001\.pt is from another save"):
+        consolidate(tmp_path / "c")
+
+
+@pytest.mark.dist
+def test_a_legacy_checkpoint_with_shards_of_two_steps_is_refused(tmp_path):
+    from tests.helpers.dist import run_distributed
+
+    run_distributed(_two_shards, 2, str(tmp_path / "c"))
+    _legacy(tmp_path / "c", step_of="shard-00001.pt")
+    with pytest.raises(CheckpointMismatch, match=r"is torn: shard-00001\.pt is from another save than shard-00000\.pt"):
+        consolidate(tmp_path / "c")
+
+
+def _two_shards(rank: int, world: int, path: str) -> None:
+    from tests.helpers.scenarios import dp_groups
+
+    group = dp_groups(rank, world, [world])[world]
+    torch.manual_seed(0)
+    e = apply_zero(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)), group, ZeroConfig(stage=2, bucket_numel=40))
+    save_checkpoint(e, path)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda m: m.write_text('{"format": "zerobench-zero-shard/1", "num_'), "meta.json is damaged"),
+    (lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": 10**12})), "is torn: meta.json names"),
+    (lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": "x"})), "num_shards 'x'"),
+])
+def test_a_damaged_meta_json_is_one_line_at_once(tmp_path, damage, words):
+    save_checkpoint(engine(), tmp_path / "c")
+    damage(tmp_path / "c" / "meta.json")
+    t0 = time.monotonic()
+    for load in (lambda: load_checkpoint(engine(), tmp_path / "c"), lambda: consolidate(tmp_path / "c")):
+        with pytest.raises((CheckpointMismatch, FileNotFoundError)) as e:
+            load()
+        assert words in str(e.value) and "\n" not in str(e.value)
+    assert time.monotonic() - t0 < 30  # not a list of 10**12 file names
+
+
+def test_a_huge_shard_count_without_a_manifest_is_refused_without_listing_it(tmp_path):
+    save_checkpoint(engine(), tmp_path / "c")
+    _legacy(tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    (tmp_path / "c" / "meta.json").write_text(json.dumps({**meta, "num_shards": 10**12}))
+    with pytest.raises(FileNotFoundError, match=r"meta\.json names 1000000000000 shards, the directory holds 1"):
+        consolidate(tmp_path / "c")
+
+
+@pytest.mark.parametrize("tag", ["latest", "", ".", "..", ".hidden", "a/b", "../up"])
+def test_a_tag_that_cannot_name_a_checkpoint_is_refused_before_writing(tmp_path, tag):
+    with pytest.raises(ConfigError, match="must be one directory name"):
+        engine().save_checkpoint(tmp_path / "ckpt", tag=tag)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_the_default_tag_counts_skipped_steps(tmp_path):
+    """fp16 steps skipped on overflow still count (DeepSpeed's ``global_steps``): each save gets its own tag."""
+    e = engine(precision="fp16", loss_scale=LossScaleConfig(init_scale=2.0**8))
+    paths = []
+    for scale in (float("inf"), float("inf"), 1.0):
+        step(e, scale)
+        paths.append(e.save_checkpoint(tmp_path / "ckpt").name)
+    assert paths == ["global_step1", "global_step2", "global_step3"] and e.adamw.step_count == 1
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step3"
+    assert sorted(get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt", "global_step1")) == sorted(
+        get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt"))

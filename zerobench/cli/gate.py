@@ -18,6 +18,9 @@ def cmd_regress(args: argparse.Namespace) -> int:
     if not args.candidate:
         raise ConfigError("give --candidate RESULTS (or --ab SUITE for an interleaved A/B comparison)")
     if args.write_baseline:
+        from zerobench.results.outdir import check_writable_file
+
+        check_writable_file(args.write_baseline, "--write-baseline", "baseline")
         n = write_baseline(_rows(args.candidate), args.write_baseline)
         print(f"baseline written: {args.write_baseline} ({n} rows)")
         return 0

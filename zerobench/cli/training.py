@@ -135,10 +135,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.launch.local import free_port, launch_local
     from zerobench.launch.worker import run_rank
-    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.outdir import check_fresh_run_dir, check_writable_dir
     from zerobench.results.rows import RowWriter
 
     check_fresh_run_dir(out)
+    for flag, where, what in (("--tensorboard", args.tensorboard, "TensorBoard scalars"),
+                              ("--profile", args.profile, "profiler traces")):
+        if where:
+            check_writable_dir(where, flag, what)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
         return run_rank(cfg, denv, out, run_id)
     if cfg.world_size == 1:
@@ -168,11 +172,15 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
 
     from zerobench.bench.maxsize import search_max_layers
     from zerobench.bench.spec import RunSpec
+    from zerobench.results.outdir import check_writable_dir
 
     base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
                    dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
                    checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
                    md=args.md, timeout=args.timeout, bucket_size=args.bucket_size, **_offload_kwargs(args))
+    for flag, where, what in (("--out", args.out, "max-size rows"), ("--probes", args.probes, "probe logs")):
+        if where:
+            check_writable_dir(where, flag, what)
     results = {}
     for stage in args.stage:
         spec = dataclasses.replace(base, stage=stage)

@@ -96,6 +96,10 @@ DIR_CASES = {
                                 ("zerobench.zero.export", "convert_zero_checkpoint_to_fp32_state_dict")),
     "train --tensorboard": (["train", "--dp", "1", "--out", "{tmp}/o", "--tensorboard", "{out}"], "--tensorboard",
                             ("zerobench.launch.worker", "run_rank")),
+    "demo --out": (["demo", "--out", "{out}"], "--out", ("zerobench.demo", "run_sweep")),
+    "peers --out": (["peers", "--dp", "1", "--out", "{out}"], "--out", ("zerobench.bench.peers", "run_peers")),
+    "regress --ab --out": (["regress", "--ab", "cpu/quick", "--baseline-tree", "{tmp}", "--out", "{out}"], "--out",
+                           ("zerobench.bench.ab", "run_ab")),
     "train --profile": (["train", "--dp", "1", "--steps", "4", "--warmup", "0", "--out", "{tmp}/o", "--profile",
                          "{out}"], "--profile", ("zerobench.launch.worker", "run_rank")),
 }

@@ -58,6 +58,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
     from zerobench.bench.peers import PeersConfig, bar, run_peers
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancelled
+    from zerobench.results.outdir import check_writable_dir
 
     if args.summarize:
         from zerobench.bench.peers_stopped import summarize_stopped
@@ -70,6 +71,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
                     rounds=args.rounds, memory_run=not args.no_memory_run)
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    check_writable_dir(out)
     try:
         recs = run_peers(p, out, say=lambda m: print(m, file=sys.stderr))
     except Cancelled as e:

@@ -13,11 +13,13 @@ from pathlib import Path
 
 from zerobench.bench import suite as suites
 from zerobench.bench.runner import run_sweep
+from zerobench.results.outdir import check_writable_dir
 from zerobench.results.show import show
 
 
 def run_demo(out: Path | None) -> int:
     out = out or Path("runs") / ("demo-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    check_writable_dir(out)
     s = suites.load("cpu/quick")
     print(f"zerobench demo: {s.description}\n{len(s.runs)} runs -> {out}")
     summary = run_sweep(s, out)

@@ -12,14 +12,17 @@ Each probe's rows (its status, peak allocated and reserved bytes) are kept besid
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from zerobench.bench.search import largest_fitting
 from zerobench.bench.spec import RunSpec, to_train_config
-from zerobench.config import ConfigError
+from zerobench.config import RunFailed
+from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
 from zerobench.models.sizes import num_params
 
@@ -39,32 +42,48 @@ nothing measured showed a size that took its first step failing a later one."""
 
 
 def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int = PROBE_STEPS,
-                      work_dir: Path | None = None, on_probe=None, start: int = 1) -> MaxSizeResult:
+                      work_dir: Path | None = None, on_probe=None, start: int = 1,
+                      cancel: Cancellation | None = None) -> MaxSizeResult:
+    """The most layers of ``spec`` that train within ``budget``, one fresh run per probe (module docstring).
+
+    Probes run under ``work_dir`` (default a temporary directory, removed at the end unless a probe failed:
+    its log is kept and named in the error). Raises ``RunFailed`` when a probe fails other than by running
+    out of memory, and ``Cancelled`` on SIGTERM/SIGINT (``cancel``, default one held for this search): the
+    probe's ranks are stopped and the search ends at once, where a cancelled probe would else read as a
+    failure."""
     probes: dict[int, str] = {}
-    tmp = None
-    if work_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="zerobench-maxsize-")
-        work_dir = Path(tmp.name)
+    tmp = work_dir is None
+    work_dir = Path(tempfile.mkdtemp(prefix="zerobench-maxsize-")) if tmp else work_dir
+    keep = not tmp
 
     def fits(layers: int) -> bool:
+        nonlocal keep
+        if cancel.requested:  # a signal between two probes
+            raise Cancelled(f"cancelled ({cancel.requested}) before the probe with {layers} layers")
         cfg = to_train_config(dataclasses.replace(spec, layers=layers, steps=steps, warmup=0, memory_budget=budget))
         d = work_dir / f"probe-{layers}"
         d.mkdir(parents=True, exist_ok=True)
         # each probe's rows (status, peak allocated and reserved bytes) stay beside its log
-        res = launch_local(cfg, d, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log")
+        res = launch_local(cfg, d, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log", cancel=cancel)
+        if res.status == "cancelled":
+            raise Cancelled(f"cancelled ({cancel.requested}) during the probe with {layers} layers"
+                            + (f" (its log: {d / 'run.log'})" if keep else ""))
         if res.status not in ("ok", "oom"):
-            raise ConfigError(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")
+            keep = True
+            raise RunFailed(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")
         probes[layers] = res.status
         if on_probe is not None:
             on_probe(layers, res.status)
         return res.ok
 
     try:
-        lo = largest_fitting(fits, limit, start)
+        with contextlib.ExitStack() as stack:
+            cancel = cancel if cancel is not None else stack.enter_context(Cancellation())
+            lo = largest_fitting(fits, limit, start)
         if lo == 0:
             return MaxSizeResult(0, 0, probes)
         model = dataclasses.replace(to_train_config(spec).model, layers=lo)
         return MaxSizeResult(lo, num_params(model), probes)
     finally:
-        if tmp is not None:
-            tmp.cleanup()
+        if not keep:
+            shutil.rmtree(work_dir, ignore_errors=True)

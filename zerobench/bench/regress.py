@@ -29,6 +29,7 @@ from pathlib import Path
 
 from zerobench.bench.stats import relative_se_from_mad
 from zerobench.config import ConfigError
+from zerobench.results.outdir import check_writable_file
 from zerobench.results.rows import read_rows
 
 EXACT = ("model_state_bytes", "comm_volume_elements_per_step")
@@ -178,6 +179,12 @@ def write_baseline(candidate_rows: list[dict], path: str | Path) -> int:
 
 def run_gate(baseline: str, candidate: str, timing_tolerance: float, propose: str | None,
              timing: str = "gate") -> int:
+    for p in (baseline, candidate):
+        if not Path(p).exists():
+            raise ConfigError(f"no results at {p}")
+    proposal = Path(propose) if propose else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
+    check_writable_file(proposal, "--propose" if propose else None, "proposed baseline",
+                        "choose a writable path" if propose else "give --propose FILE")
     base_rows, cand_rows = _rows(baseline), _rows(candidate)
     comps, missing = compare(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate")
     if not comps:
@@ -190,7 +197,6 @@ def run_gate(baseline: str, candidate: str, timing_tolerance: float, propose: st
           format_table(comps))
     for label in missing:
         print(f"  missing: {label} (in the baseline, not completed in the candidate)")  # a run, or a run's metric
-    proposal = Path(propose) if propose else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
     n = write_baseline(cand_rows, proposal)
     if improved:
         print(f"improvements beyond tolerance: update the baseline? proposed: {proposal} ({n} rows)")

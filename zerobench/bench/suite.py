@@ -59,12 +59,17 @@ class Suite:
 
 
 def find_suite(name: str | Path) -> Path:
+    """The suite file ``name`` names: a path, or a name under ``SUITES_DIR``; a directory is refused, with
+    the suites in it."""
     p = Path(name)
-    if p.exists():
-        return p
-    for cand in (SUITES_DIR / name, SUITES_DIR / f"{name}.yaml"):
-        if cand.exists():
+    cands = (p, SUITES_DIR / name, SUITES_DIR / f"{name}.yaml")
+    for cand in cands:
+        if cand.exists() and not cand.is_dir():  # a file, or a pipe (``sweep <(generate-suite)``)
             return cand
+    folder = next((c for c in cands if c.is_dir()), None)
+    if folder is not None:
+        inside = ", ".join(str(f) for f in sorted(folder.glob("*.yaml"))[:3]) or "none"
+        raise ConfigError(f"suite {str(name)!r} is a directory: give one suite YAML file (in it: {inside})")
     raise ConfigError(f"suite {str(name)!r} not found: give a YAML file or a name under {SUITES_DIR} (e.g. cpu/quick)")
 
 

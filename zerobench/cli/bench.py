@@ -17,6 +17,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from zerobench.bench import suite as suites
     from zerobench.bench.runner import check_local, run_sweep
     from zerobench.launch.cancel import EXIT_CANCELLED
+    from zerobench.results.outdir import check_writable_dir
     from zerobench.results.show import show
 
     s = suites.load(args.suite)
@@ -30,6 +31,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{s.path}: {len(s.runs)} runs, all valid")
         return 0
     out = Path(args.out) if args.out else Path("runs") / s.name
+    check_writable_dir(out)
+    if args.tensorboard:
+        check_writable_dir(args.tensorboard, "--tensorboard", "TensorBoard scalars")
     only = {}
     for item in args.only or []:
         key, eq, value = item.partition("=")
@@ -54,6 +58,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
     from zerobench.bench.peers import PeersConfig, bar, run_peers
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancelled
+    from zerobench.results.outdir import check_writable_dir
 
     if args.summarize:
         from zerobench.bench.peers_stopped import summarize_stopped
@@ -66,6 +71,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
                     rounds=args.rounds, memory_run=not args.no_memory_run)
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    check_writable_dir(out)
     try:
         recs = run_peers(p, out, say=lambda m: print(m, file=sys.stderr))
     except Cancelled as e:
@@ -121,6 +127,7 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from zerobench.bench import kernels as kb
+    from zerobench.results.outdir import check_writable_dir
 
     cfg = kb.KernelBenchConfig(numel=args.numel, rounds=args.rounds, device=args.device,
                                deepspeed=not args.no_deepspeed)
@@ -130,6 +137,7 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
         raise ConfigError(f"--device {cfg.device!r}: choose cpu, or cuda on a machine with a GPU")
     run_id = "bench-kernels-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
+    check_writable_dir(out)
     total = cfg.warmup + cfg.rounds
     print(f"AdamW over {cfg.numel:,} fp32 elements on {cfg.device}, {cfg.rounds} interleaved rounds", file=sys.stderr)
     recs = kb.run_adamw_bench(cfg, progress=lambda r: print(f"  round {r + 1}/{total}", file=sys.stderr))
@@ -150,7 +158,9 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from zerobench.report.render import render
+    from zerobench.results.outdir import check_writable_dir
 
+    check_writable_dir(args.out, what="the report")
     html = render(args.results, args.out)
     print(f"report: {html}")
     print(f"summary: {html.parent / 'summary.md'}")

@@ -7,10 +7,15 @@ import argparse
 
 
 def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from zerobench.config import ConfigError
+    from zerobench.results.outdir import check_writable_dir
     from zerobench.zero.checkpoint_files import CheckpointMismatch
     from zerobench.zero.export import convert_zero_checkpoint_to_fp32_state_dict
 
+    if Path(args.checkpoint_dir).is_dir():  # else the missing checkpoint is the error, and nothing is created
+        check_writable_dir(args.output_dir, "OUTPUT_DIR", "the state dict")  # before the shards are read
     try:
         path = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, tag=args.tag,
                                                           exclude_frozen_parameters=args.exclude_frozen_parameters)

@@ -18,6 +18,9 @@ def cmd_regress(args: argparse.Namespace) -> int:
     if not args.candidate:
         raise ConfigError("give --candidate RESULTS (or --ab SUITE for an interleaved A/B comparison)")
     if args.write_baseline:
+        from zerobench.results.outdir import check_writable_file
+
+        check_writable_file(args.write_baseline, "--write-baseline", "baseline")
         n = write_baseline(_rows(args.candidate), args.write_baseline)
         print(f"baseline written: {args.write_baseline} ({n} rows)")
         return 0
@@ -33,11 +36,13 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from zerobench.bench.ab import ABConfig, parse_cpus, run_ab, worktree
+    from zerobench.results.outdir import check_writable_dir
 
     if bool(args.baseline_ref) == bool(args.baseline_tree):
         raise ConfigError("--ab needs exactly one of --baseline-ref REF or --baseline-tree DIR")
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    check_writable_dir(out)  # before a baseline worktree is checked out
     tol = args.timing_tolerance
     ctx = worktree(args.baseline_ref, here) if args.baseline_ref else contextlib.nullcontext(args.baseline_tree)
     with ctx as base:

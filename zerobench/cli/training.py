@@ -135,10 +135,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.launch.local import free_port, launch_local
     from zerobench.launch.worker import run_rank
-    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.outdir import check_fresh_run_dir, check_writable_dir
     from zerobench.results.rows import RowWriter
 
     check_fresh_run_dir(out)
+    for flag, where, what in (("--tensorboard", args.tensorboard, "TensorBoard scalars"),
+                              ("--profile", args.profile, "profiler traces")):
+        if where:
+            check_writable_dir(where, flag, what)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
         return run_rank(cfg, denv, out, run_id)
     if cfg.world_size == 1:
@@ -163,42 +167,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_maxsize(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
     from pathlib import Path
 
     from zerobench.bench.maxsize import search_max_layers
     from zerobench.bench.spec import RunSpec
+    from zerobench.launch.cancel import EXIT_CANCELLED, Cancellation, Cancelled
+    from zerobench.results.outdir import check_writable_dir
 
     base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
                    dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
                    checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
                    md=args.md, timeout=args.timeout, bucket_size=args.bucket_size, **_offload_kwargs(args))
+    for flag, where, what in (("--out", args.out, "max-size rows"), ("--probes", args.probes, "probe logs")):
+        if where:
+            check_writable_dir(where, flag, what)
     results = {}
-    for stage in args.stage:
-        spec = dataclasses.replace(base, stage=stage)
-        work = Path(args.probes) / f"stage{stage}" if args.probes else None
-        res = search_max_layers(spec, args.budget, limit=args.max_layers, start=args.start_layers, work_dir=work,
-                                on_probe=lambda L, st, s=stage: print(f"  stage {s}: {L:4d} layers -> {st}", flush=True))
-        results[stage] = res
-        world = f"dp {base.dp} x tp {base.tp or 1}: {base.dp * (base.tp or 1)} process(es) on this host"
-        print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within {args.budget} "
-              f"per process ({world})")
+    with Cancellation() as cancel:  # SIGTERM/SIGINT stop the search, not only the probe in progress
+        for stage in args.stage:
+            spec = dataclasses.replace(base, stage=stage)
+            work = Path(args.probes) / f"stage{stage}" if args.probes else None
+            try:
+                res = search_max_layers(spec, args.budget, limit=args.max_layers, start=args.start_layers,
+                                        work_dir=work, cancel=cancel, on_probe=lambda L, st, s=stage: print(
+                                            f"  stage {s}: {L:4d} layers -> {st}", flush=True))
+            except Cancelled as e:
+                done = f"; the rows of stage(s) {', '.join(map(str, results))} are in {args.out}" if (
+                    results and args.out) else ""
+                print(f"zerobench: error: maxsize stopped at stage {stage}: {e}{done}", file=sys.stderr)
+                return EXIT_CANCELLED
+            results[stage] = res
+            world = f"dp {base.dp} x tp {base.tp or 1}: {base.dp * (base.tp or 1)} process(es) on this host"
+            print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within "
+                  f"{args.budget} per process ({world})")
+            if args.out:  # each stage's rows as soon as it is found: a cancel later loses none
+                _write_maxsize_rows(args, dataclasses.replace(base, stage=stage), res)
     if len(results) > 1:
         first = results[args.stage[0]]
         for stage, r in results.items():
             if first.max_params:
                 print(f"  stage {stage} / stage {args.stage[0]}: {r.max_params / first.max_params:.2f}x parameters")
-    if args.out:
-        from zerobench.results.rows import RowWriter
-
-        off = "" if args.offload_optimizer == "none" else f"-offload-{args.offload_optimizer}" + (
-            "-param" if args.offload_param != "none" else "")
-        off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
-        for stage, r in results.items():
-            w = RowWriter(args.out, f"maxsize-stage{stage}{off}", {**dataclasses.asdict(base), "stage": stage, "budget": args.budget})
-            w.write("max_layers", r.max_layers, "layers")
-            w.write("max_params", r.max_params, "params", probes=json.dumps(r.probes))
     return 0
+
+
+def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:
+    """A stage's max_layers and max_params rows in ``--out`` (the run id names the stage and any offload)."""
+    import dataclasses
+    import json
+
+    from zerobench.results.rows import RowWriter
+
+    off = "" if args.offload_optimizer == "none" else f"-offload-{args.offload_optimizer}" + (
+        "-param" if args.offload_param != "none" else "")
+    off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
+    w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", {**dataclasses.asdict(spec), "budget": args.budget})
+    w.write("max_layers", res.max_layers, "layers")
+    w.write("max_params", res.max_params, "params", probes=json.dumps(res.probes))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -142,7 +142,7 @@ def _dry_run(args) -> int:
     from zerobench.plan.dry_run import dry_run
 
     if args.suite:
-        todo = [(r["label"], p) for r, p in plan_configs(load_suite(args.suite)) if r.get("system") == "zerobench"]
+        todo = [(r["label"], p) for r, p in plan_configs(load_suite(args.suite), args.suite) if r.get("system") == "zerobench"]
     else:
         todo = [("config", _plan_config(args))]
     rows = []
@@ -176,7 +176,7 @@ def _project(args) -> int:
         raise ConfigError(f"unknown hardware {args.hardware!r}: choose one of {', '.join(HARDWARE)}")
     hw = HARDWARE[args.hardware]
     rows = []
-    for r, suite_plan in plan_configs(load_suite(args.project)):
+    for r, suite_plan in plan_configs(load_suite(args.project), args.project):
         p = dataclasses.replace(suite_plan, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
         proj = project(p, hw, efficiency=args.efficiency, dp_overlap=args.dp_overlap)
         mem = memory_per_gpu(p)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from zerobench.config import ConfigError, parse_bytes
+from zerobench.config import ConfigError, from_dict, parse_bytes
 from zerobench.plan.memory_model import PlanConfig
 
 
@@ -38,23 +38,38 @@ def plan_config(spec, gpus_per_node: int, gpu_mem_bytes: float) -> PlanConfig:
     )
 
 
-def plan_configs(suite: dict) -> list[tuple[dict, PlanConfig]]:
+def plan_configs(suite: dict, where: str = "suite") -> list[tuple[dict, PlanConfig]]:
     """(row, PlanConfig) for every run of a paper suite that has a layer count: each row read as the
-    ``RunSpec`` a sweep would run (renamed keys refused) and placed on the suite's ``cluster``."""
-    from zerobench.bench.spec import FIELDS, RunSpec
+    ``RunSpec`` a sweep would run (renamed keys refused, values type-checked) and placed on the suite's
+    ``cluster``. A suite of another shape is one ``ConfigError`` line that starts with ``where`` (its file)."""
+    from zerobench.bench.spec import RunSpec
     from zerobench.bench.suite import check_keys
 
-    base, cluster = suite.get("base", {}), suite.get("cluster", {})
-    per_node, mem = int(cluster.get("gpus_per_node", 16)), parse_bytes(cluster.get("gpu_mem", "32GB"))
+    if not isinstance(suite, dict) or not isinstance(suite.get("runs"), list):
+        raise ConfigError(f"{where}: a suite to plan is a mapping with a 'runs' list (and optional 'base' and "
+                          "'cluster' mappings), as suites/paper/fig2.yaml")
+    base, cluster = suite.get("base") or {}, suite.get("cluster") or {}
+    if not isinstance(base, dict) or not isinstance(cluster, dict):
+        raise ConfigError(f"{where}: a suite's 'base' and 'cluster' must be mappings")
+    try:
+        per_node = int(cluster.get("gpus_per_node", 16))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: cluster: gpus_per_node must be an integer, got {cluster['gpus_per_node']!r}") from None
+    try:
+        mem = parse_bytes(cluster.get("gpu_mem", "32GB"))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: cluster: gpu_mem: {e}") from None
     out = []
     for i, run in enumerate(suite["runs"]):
-        r = {**base, **run}
-        check_keys(f"runs[{i}]", r)
+        if not isinstance(run, dict):
+            raise ConfigError(f"{where}: runs[{i}] must be a mapping of run keys, got {run!r}")
+        r = {"label": f"runs[{i}]", **base, **run}  # the plan's tables name every run
+        check_keys(f"{where}: runs[{i}]", r)
         if "layers" not in r:
             continue
-        spec = RunSpec(**{k: v for k, v in r.items() if k in FIELDS})
+        spec = from_dict(RunSpec, r, where=f"{where}: runs[{i}]")
         try:
             out.append((r, plan_config(spec, per_node, mem)))
         except ConfigError as e:
-            raise ConfigError(f"runs[{i}] ({r.get('label', 'unlabelled')}): {e}") from None
+            raise ConfigError(f"{where}: runs[{i}] ({r['label']}): {e}") from None
     return out

@@ -1,8 +1,11 @@
-"""Where a run's rows go, checked before anything runs: a directory that can be written and holds no
-other run's rows (two runs in one ``rows.jsonl`` would read as one run in ``results show`` and reports)."""
+"""Where a command's output goes, checked before anything runs: a directory that can be written (for a run's
+rows, one that holds no other run's rows: two runs in one ``rows.jsonl`` would read as one run in ``results
+show`` and reports), or a file whose directory can be written. A bad location is one ``ConfigError`` line
+before any work, not a traceback after it."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -11,17 +14,45 @@ from zerobench.config import ConfigError
 from zerobench.results.rows import ROWS_FILE
 
 
-def check_writable_dir(path: Path, flag: str = "--out") -> None:
-    """Create ``path`` if needed and prove a file can be written there, or raise a one-line ConfigError."""
+def _prove_writable(directory: Path) -> None:
+    """Create ``directory`` if needed and write (then remove) a file in it; raises ``OSError`` otherwise."""
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".zerobench-probe-", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_writable_dir(path: str | os.PathLike, flag: str = "--out", what: str = "results") -> None:
+    """Create ``path`` if needed and prove a file can be written there, or raise a one-line ConfigError.
+
+    ``flag`` names the option the path came from and ``what`` the output, both for the message."""
+    path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {path} is a file: give a directory for the results")
+        raise ConfigError(f"{flag} {path} is a file: give a directory for {what}")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".zerobench-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        _prove_writable(path)
     except OSError as e:
-        raise ConfigError(f"cannot write results to {flag} {path}: {e.strerror}: choose a writable directory") from None
+        raise ConfigError(
+            f"cannot write {what} to {flag} {path}: {e.strerror or e}: choose a writable directory") from None
+
+
+def check_writable_file(path: str | os.PathLike, flag: str | None, what: str,
+                        fix: str = "choose a writable path") -> None:
+    """Prove the file ``path`` can be written (its directory created if needed; an existing file is opened
+    for appending, not changed), or raise a one-line ConfigError naming ``flag`` (None: a default path,
+    which ``fix`` then says how to move)."""
+    path = Path(path)
+    where = f"{flag} {path}" if flag else str(path)
+    if path.is_dir():
+        raise ConfigError(f"{where} is a directory: give a file path for the {what}")
+    try:
+        _prove_writable(path.parent)
+        if path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as e:
+        raise ConfigError(f"cannot write the {what} to {where}: {e.strerror or e}: {fix}") from None
 
 
 def check_fresh_run_dir(path: Path, flag: str = "--out") -> None:

@@ -94,7 +94,10 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     files = sorted(p.rglob(ROWS_FILE)) if p.is_dir() else [p]
     rows = []
     for f in files:
-        text = f.read_text(errors="replace")
+        try:
+            text = f.read_text(errors="replace")
+        except OSError as e:  # a directory named rows.jsonl, an unreadable file
+            raise ConfigError(f"{f}: cannot read result rows: {e.strerror or e}") from None
         lines = text.splitlines()
         for n, line in enumerate(lines, 1):
             if not line.strip():
@@ -109,5 +112,28 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                 raise ConfigError(f"{f}:{n}: not a JSON row ({e.msg})") from None
             if not (isinstance(row, dict) and "metric" in row and "run_id" in row):
                 raise ConfigError(f"{f}:{n}: not a zerobench result row (a JSON object with 'metric' and 'run_id')")
+            _check_types(row, f"{f}:{n}")
             rows.append(row)
     return rows
+
+
+_NUMBER = (int, float)
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "metric": ((str,), "a string"), "run_id": ((str,), "a string"), "unit": ((str,), "a string"),
+    "status": ((str,), "a string"), "config_hash": ((str,), "a string"),
+    "value": ((*_NUMBER, type(None)), "a number or null"),
+    "step": ((int, type(None)), "an integer or null"), "rank": ((int, type(None)), "an integer or null"),
+    "config": ((dict,), "an object"), "provenance": ((dict,), "an object"),
+    "suite": ((str, type(None)), "a string or null"), "label": ((str, type(None)), "a string or null"),
+    "reason": ((str, type(None)), "a string or null"),
+}
+"""The fields every reader relies on, with the JSON types a writer gives them (``RowWriter``)."""
+
+
+def _check_types(row: dict, where: str) -> None:
+    """Refuse a row whose known fields have other types (a hand-edited or foreign file), naming the line:
+    readers compare, sort and sum these fields, and a string among numbers fails there, far from its line."""
+    for key, (types, expected) in FIELD_TYPES.items():
+        v = row.get(key)
+        if key in row and (not isinstance(v, types) or (isinstance(v, bool) and key in ("step", "rank"))):
+            raise ConfigError(f"{where}: not a zerobench result row: {key!r} must be {expected}, got {v!r:.40}")

@@ -7,6 +7,10 @@ background thread — updates it, and releases it, which queues its write. At mo
 writes are in flight, so host memory holds a few chunks of state, not the partition. Reads and writes go
 through ``os.preadv``/``os.pwritev`` on a thread pool (the GIL is released during the I/O); the page cache
 is not bypassed: correctness over speed.
+
+A write that fails (a full disk, a quota, an I/O error) is a ``RunFailed`` in one line naming the NVMe path,
+the space the states need and the space free there; a store that fails while writing its initial state
+removes its file first.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from zerobench.config import ConfigError
+from zerobench.config import ConfigError, RunFailed
 from zerobench.zero.states import State
 
 
@@ -36,6 +40,19 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
+def _size(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    return f"{n / 2**30:.3g} GiB ({n} bytes)" if n >= 2**30 else f"{n / 2**20:.3g} MiB ({n} bytes)"
+
+
+def _free(directory: str) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
 def _cleanup(fd: int, directory: str, pool: ThreadPoolExecutor) -> None:
     pool.shutdown(wait=True)
     os.close(fd)
@@ -48,6 +65,7 @@ class NvmeStore:
     def __init__(self, codec, sizes: list[int], directory: str, rank: int = 0):
         self.codec = codec
         self.sizes = sizes
+        self.root = directory
         try:
             os.makedirs(directory, exist_ok=True)
             self.dir = tempfile.mkdtemp(prefix=f"zerobench-states-rank{rank}-", dir=directory)
@@ -58,14 +76,16 @@ class NvmeStore:
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerobench-nvme")
         self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool)
         self.offsets: list[int] = []
-        off = 0
-        for n in sizes:  # write every chunk's initial (zero) state
-            self.offsets.append(off)
-            enc = codec.alloc(n, torch.device("cpu"))
-            for t in enc.values():
-                _io(os.pwritev, self.fd, _bytes(t), off)
-                off += t.numel() * t.element_size()
-        self.total = off
+        self.total = 0
+        for n in sizes:  # each chunk's place in the file: its encoded tensors back to back
+            self.offsets.append(self.total)
+            self.total += sum(t.numel() * t.element_size() for t in codec.alloc(n, torch.device("meta")).values())
+        try:
+            for i, n in enumerate(sizes):  # write every chunk's initial (zero) state
+                self._write(i, codec.alloc(n, torch.device("cpu")))
+        except RunFailed:
+            self._finalizer()  # the file and its directory go: a failed engine leaves no partial state behind
+            raise
         self.reads: dict[int, Future] = {}
         self.writes: dict[int, Future] = {}
 
@@ -79,9 +99,14 @@ class NvmeStore:
 
     def _write(self, i: int, enc: State) -> None:
         off = self.offsets[i]
-        for t in enc.values():
-            _io(os.pwritev, self.fd, _bytes(t.contiguous()), off)
-            off += t.numel() * t.element_size()
+        try:
+            for t in enc.values():
+                _io(os.pwritev, self.fd, _bytes(t.contiguous()), off)
+                off += t.numel() * t.element_size()
+        except OSError as e:  # ENOSPC, EIO, a quota: one line that says how much room the states need
+            raise RunFailed(f"cannot write optimizer states under NVMe path {self.root!r}: {e.strerror or e}: they "
+                            f"need {_size(self.total)} there, {_size(_free(self.root))} is free: give a path on a "
+                            "disk with room for them") from None
 
     def _start_read(self, i: int) -> None:
         if i < len(self.sizes) and i not in self.reads:

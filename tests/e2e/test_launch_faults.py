@@ -1,0 +1,50 @@
+"""Rendezvous and launch faults, end to end: a port held by another process. Each ends in one line that
+names the cause, and no rank is left running."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.test_faults import TINY, one_line
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture
+def held_port():
+    """A port another process serves: it accepts connections and never answers (not a zerobench store)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_port):
+    # Two ranks started by hand with torchrun's variables, MASTER_PORT taken by another process.
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(held_port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "2", "--collective-timeout", "1",
+             "--out", str(tmp_path / f"rank{rank}")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errs = []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=120)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    where = f"127.0.0.1:{held_port}"
+    line0, line1 = one_line(errs[0]), one_line(errs[1])
+    assert [p.returncode for p in procs] == [1, 1], errs
+    assert f"rank 0 cannot listen on {where}" in line0 and "choose another MASTER_PORT" in line0, line0
+    assert f"rank 1 could not reach rank 0 at {where} within 1 s" in line1 and "MASTER_PORT" in line1, line1

@@ -1,5 +1,5 @@
 """Rendezvous and launch faults, end to end: a port held by another process. Each ends in one line that
-names the cause, and no rank is left running."""
+names the cause, a ``failed`` status row (where a launcher records one) and no rank left running."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.e2e.test_faults import TINY, one_line
+from tests.e2e.test_faults import TINY, one_line, ranks_running, status_rows
 
 pytestmark = pytest.mark.dist
 
@@ -48,3 +48,21 @@ def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_p
     assert [p.returncode for p in procs] == [1, 1], errs
     assert f"rank 0 cannot listen on {where}" in line0 and "choose another MASTER_PORT" in line0, line0
     assert f"rank 1 could not reach rank 0 at {where} within 1 s" in line1 and "MASTER_PORT" in line1, line1
+
+
+def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held_port):
+    # The window between the launcher picking a port and rank 0 listening on it, forced open.
+    out = tmp_path / "run"
+    code = ("import contextlib, sys\nimport zerobench.launch.local as local\n"
+            f"local.free_port = lambda: {held_port}\n"
+            f"local.reserved_port = lambda: contextlib.nullcontext({held_port})\n"
+            "from zerobench.cli import main\n"
+            f"sys.exit(main(['train', *{TINY!r}, '--dp', '2', '--steps', '2', '--collective-timeout', '5', "
+            f"'--out', {str(out)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert f"rank 0 cannot listen on 127.0.0.1:{held_port}" in line and "EADDRINUSE" in line, line
+    rows = status_rows(out)
+    assert [x["status"] for x in rows] == ["failed"] and "EADDRINUSE" in rows[0]["reason"]
+    assert not ranks_running(str(out))

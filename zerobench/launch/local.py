@@ -1,13 +1,13 @@
 """Local launcher: start a run's N processes on this host (no torchrun needed) and watch them.
 
 Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``) and an even share of the cores. The launcher fails the run as soon as any rank exits
-non-zero (and stops the others, which would otherwise wait on a collective until their timeout), and
-kills everything past the run's wall-clock timeout. A rank that timed out waiting on a collective exits
-with ``EXIT_PEER_TIMEOUT``: the reason then names the ranks it waited for (still running, or stopped),
-not the healthy rank that noticed. SIGTERM/SIGINT to the launcher stops the ranks (``cancelled``).
-The ranks' output goes to the run's log file; with ``echo`` rank 0's standard output (the progress
-lines) is shown too, and a failure prints one line, not every rank's traceback.
+``MASTER_PORT``: a port held free for the launch, ``reserved_port``) and an even share of the cores. The
+launcher fails the run as soon as any rank exits non-zero (and stops the others, which would otherwise wait
+on a collective until their timeout), and kills everything past the run's wall-clock timeout. A rank that
+timed out waiting on a collective exits with ``EXIT_PEER_TIMEOUT``: the reason then names the ranks it
+waited for (still running, or stopped), not the healthy rank that noticed. SIGTERM/SIGINT to the launcher
+stops the ranks (``cancelled``). The ranks' output goes to the run's log file; with ``echo`` rank 0's
+standard output (the progress lines) is shown too, and a failure prints one line, not every rank's traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def reserved_port():
+    """A free port, held for the block: bound with ``SO_REUSEADDR`` but not listening, so that no other
+    process is given it (the kernel skips a bound port when it picks one for a bind or a connect) while rank
+    0's store, which binds with ``SO_REUSEADDR`` too, can still listen on it. ``free_port`` alone leaves a
+    window between choosing the port and rank 0 binding it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
 def allowed_cpus() -> set[int]:
     """The CPU ids this process may run on: its affinity mask (taskset, Slurm's cpuset), else all of them."""
     try:
@@ -58,10 +70,10 @@ def launch_local(
     standard output also goes to the terminal. ``cancel``: stop when it is requested (else SIGTERM/SIGINT
     to this process are watched for the launch's duration)."""
     n = cfg.world_size
-    port = free_port()
     threads = max(1, usable_cpus() // n)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerobench-launch-"))
+        port = stack.enter_context(reserved_port())
         log_path = Path(log_path) if log_path is not None else Path(tmp) / "run.log"
         log = stack.enter_context(open(log_path, "ab"))
         cancel = cancel if cancel is not None else stack.enter_context(Cancellation())

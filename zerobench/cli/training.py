@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.launch.local import free_port, launch_local
     from zerobench.launch.worker import run_rank
     from zerobench.results.outdir import check_fresh_run_dir, check_writable_dir
-    from zerobench.results.rows import RowWriter
+    from zerobench.results.rows import RowWriteError, RowWriter
 
     check_fresh_run_dir(out)
     for flag, where, what in (("--tensorboard", args.tensorboard, "TensorBoard scalars"),
@@ -150,9 +150,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     log = out / "run.log"
     res = launch_local(cfg, out, run_id, timeout_s=args.timeout, log_path=log, echo=True)
     if not res.ok:
-        RowWriter(out, run_id, cfg).write("run_status", 0, "bool", status=res.status, reason=res.reason,
-                                          elapsed_s=round(res.elapsed_s, 3))
-        print(f"zerobench: error: run failed: {res.reason} (every rank's output: {log})", file=sys.stderr)
+        unrecorded = ""
+        try:
+            RowWriter(out, run_id, cfg).write("run_status", 0, "bool", status=res.status, reason=res.reason,
+                                              elapsed_s=round(res.elapsed_s, 3))
+        except RowWriteError as e:  # the disk that failed the run: its cause still reaches the one line
+            unrecorded = f"; its status row could not be written either ({e})"
+        print(f"zerobench: error: run failed: {res.reason} (every rank's output: {log}){unrecorded}", file=sys.stderr)
         return {"oom": EXIT_OOM, "cancelled": EXIT_CANCELLED}.get(res.status, 1)
     return 0
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from zerobench.config import ConfigError
 from zerobench.distributed.backends import BACKENDS
+from zerobench.distributed.rendezvous import connect_store
 
 if TYPE_CHECKING:  # torch loads where a device or a process group is made: reading the layout needs none of it
     import torch
@@ -159,7 +160,8 @@ def default_device(local_rank: int) -> torch.device:
 
 def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "auto") -> torch.device:
     """Initialise the default process group (``choose_backend``); return this rank's device (ranks beyond a
-    node's GPU count share them round-robin)."""
+    node's GPU count share them round-robin). The rendezvous is bounded by ``timeout_s`` and a failed one is
+    a one-line ``RendezvousError`` (``distributed/rendezvous.py``)."""
     import torch
     import torch.distributed as dist
 
@@ -169,11 +171,7 @@ def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "au
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(
-            chosen,
-            init_method=f"tcp://{denv.master_addr}:{denv.master_port}",
-            rank=denv.rank,
-            world_size=denv.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        store = connect_store(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s)
+        dist.init_process_group(chosen, store=store, rank=denv.rank, world_size=denv.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
     return device

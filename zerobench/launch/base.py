@@ -17,7 +17,8 @@ EXIT_CONFIG = 2
 EXIT_OOM = 75
 """A rank ran out of (budgeted) memory."""
 EXIT_IO = 74
-"""A rank could not write its results (disk full)."""
+"""A rank could not write its results or other output: the disk or the quota is full, or a file reached its
+size limit (ENOSPC, EDQUOT, EFBIG). A sweep stops on it: the next runs would fail alike."""
 EXIT_PEER_TIMEOUT = 76
 """A rank timed out in a collective: a peer is stuck or dead."""
 

@@ -1,13 +1,15 @@
 """Local launcher: start a run's N processes on this host (no torchrun needed) and watch them.
 
 Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``) and an even share of the cores. The launcher fails the run as soon as any rank exits
-non-zero (and stops the others, which would otherwise wait on a collective until their timeout), and
-kills everything past the run's wall-clock timeout. A rank that timed out waiting on a collective exits
-with ``EXIT_PEER_TIMEOUT``: the reason then names the ranks it waited for (still running, or stopped),
-not the healthy rank that noticed. SIGTERM/SIGINT to the launcher stops the ranks (``cancelled``).
-The ranks' output goes to the run's log file; with ``echo`` rank 0's standard output (the progress
-lines) is shown too, and a failure prints one line, not every rank's traceback.
+``MASTER_PORT``: a port held free for the launch, ``reserved_port``), an even share of the cores, and a
+pipe on which it says, as it ends, that it finished or why not (``channel.py``). The launcher fails the run
+as soon as any rank exits non-zero or exits 0 before finishing (and stops the others, which would otherwise
+wait on a collective until their timeout), and kills everything past the run's wall-clock timeout. A rank
+that timed out waiting on a collective exits with ``EXIT_PEER_TIMEOUT``: the reason then names the ranks it
+waited for (still running, or stopped), not the healthy rank that noticed. SIGTERM/SIGINT to the launcher
+stops the ranks (``cancelled``). The ranks' output goes to the run's log file; with ``echo`` rank 0's
+standard output (the progress lines) is shown too. A failure is one line, not every rank's traceback: the
+line the blamed rank sent on its pipe, which arrives even when the log cannot be written.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 from zerobench.config import to_dict
 from zerobench.launch.base import EXIT_PEER_TIMEOUT, LaunchResult, describe_exit
 from zerobench.launch.cancel import Cancellation
+from zerobench.launch.channel import ENV as REPORT_ENV
+from zerobench.launch.channel import LauncherEnds
 from zerobench.train.config import TrainConfig
 
 
@@ -33,6 +37,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def reserved_port():
+    """A free port, held for the block: bound with ``SO_REUSEADDR`` but not listening, so that no other
+    process is given it (the kernel skips a bound port when it picks one for a bind or a connect) while rank
+    0's store, which binds with ``SO_REUSEADDR`` too, can still listen on it. ``free_port`` alone leaves a
+    window between choosing the port and rank 0 binding it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 def allowed_cpus() -> set[int]:
@@ -54,27 +70,30 @@ def launch_local(
     suite: str | None = None, on_poll=None, echo: bool = False, cancel: Cancellation | None = None,
 ) -> LaunchResult:
     """Run ``cfg`` on ``cfg.world_size`` local processes, their output into ``log_path`` (a temporary
-    file if None); a failure's reason quotes the first ``zerobench:`` line there. ``echo``: rank 0's
-    standard output also goes to the terminal. ``cancel``: stop when it is requested (else SIGTERM/SIGINT
-    to this process are watched for the launch's duration)."""
+    file if None); a failure's reason quotes the blamed rank's own line (else the log's first ``zerobench:``
+    line). ``echo``: rank 0's standard output also goes to the terminal. ``cancel``: stop when it is
+    requested (else SIGTERM/SIGINT to this process are watched for the launch's duration)."""
     n = cfg.world_size
-    port = free_port()
     threads = max(1, usable_cpus() // n)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerobench-launch-"))
+        port = stack.enter_context(reserved_port())
         log_path = Path(log_path) if log_path is not None else Path(tmp) / "run.log"
         log = stack.enter_context(open(log_path, "ab"))
         cancel = cancel if cancel is not None else stack.enter_context(Cancellation())
+        ends = LauncherEnds()
+        stack.callback(ends.close)
         cfg_path = Path(tmp) / "config.json"
         cfg_path.write_text(json.dumps(to_dict(cfg)))
         procs = []
         for rank in range(n):
+            w = ends.open_for(rank)
             env = {
                 **os.environ, **(extra_env or {}),
                 "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-                "ZEROBENCH_LAUNCHER_PID": str(os.getpid()),
+                "ZEROBENCH_LAUNCHER_PID": str(os.getpid()), REPORT_ENV: str(w),
             }
             cmd = [sys.executable, "-m", "zerobench.launch.worker", str(cfg_path), run_id]
             if out_dir is not None:
@@ -82,27 +101,50 @@ def launch_local(
                 if suite is not None:
                     cmd.append(suite)
             stdout = None if echo and rank == 0 else log
-            procs.append(subprocess.Popen(cmd, env=env, stdout=stdout, stderr=log))
+            try:
+                procs.append(subprocess.Popen(cmd, env=env, stdout=stdout, stderr=log, pass_fds=(w,)))
+            finally:
+                os.close(w)
         t0 = time.monotonic()
-        status, reason = _watch(procs, timeout_s, cancel, on_poll)
-        log.flush()
-        detail = _first_error(log_path) if status not in ("ok", "cancelled") else None
+        status, reason, blamed = _watch(procs, ends, timeout_s, cancel, on_poll)
+        with contextlib.suppress(OSError):
+            log.flush()
+        detail = None
+        if blamed is not None:
+            detail = ends.report(blamed).error
+            if detail is None and procs[blamed].returncode:  # it crashed or was killed: it said nothing
+                detail = _first_error(log_path)
+            elif detail is not None:
+                detail = detail.removeprefix(f"rank {blamed}: ")
+        elif status not in ("ok", "cancelled"):
+            detail = _first_error(log_path)
     if detail:  # an OOM's own line names the rank that ran out, which may not be the first to exit
         reason = detail if status == "oom" and detail.startswith("rank ") else f"{reason}: {detail}"
     return LaunchResult(status == "ok", reason if status != "ok" else "", status,
                         [p.returncode for p in procs], time.monotonic() - t0)
 
 
-def _watch(procs: list[subprocess.Popen], timeout_s: float, cancel: Cancellation, on_poll) -> tuple[str, str]:
-    """Poll the ranks until all succeed, one fails, the timeout passes or a stop is requested; stop the rest."""
+def _watch(procs: list[subprocess.Popen], ends: LauncherEnds, timeout_s: float, cancel: Cancellation,
+           on_poll) -> tuple[str, str, int | None]:
+    """Poll the ranks until all finish, one fails, the timeout passes or a stop is requested; stop the rest.
+    Returns (status, reason, the rank blamed or None). A rank that exits 0 without having said it finished
+    (``channel.py``) stopped early: it is the cause, before any rank that then failed for want of it."""
     t0 = time.monotonic()
-    status, reason = "ok", ""
+    status, reason, blamed = "ok", "", None
     try:
         while True:
             codes = [p.poll() for p in procs]
+            early = [r for r, c in enumerate(codes) if c == 0 and not ends.report(r).done]
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if early:
+                blamed = early[0]
+                status, reason = "failed", f"rank {blamed} exited (code 0) before the run finished"
+                if bad:
+                    reason += f"; then {describe_exit(f'rank {bad[0][0]}', bad[0][1])[1]}"
+                break
             if bad:
-                status, reason = describe_exit(f"rank {bad[0][0]}", bad[0][1])
+                blamed = bad[0][0]
+                status, reason = describe_exit(f"rank {blamed}", bad[0][1])
                 if bad[0][1] == EXIT_PEER_TIMEOUT:
                     reason = _stuck(procs, reason)
                 break
@@ -118,18 +160,23 @@ def _watch(procs: list[subprocess.Popen], timeout_s: float, cancel: Cancellation
                 on_poll()
             time.sleep(0.1)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.send_signal(signal.SIGCONT)  # a stopped rank acts on the SIGTERM only once continued
-        deadline = time.monotonic() + 10
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    return status, reason
+        _stop(procs)
+    return status, reason, blamed
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every rank still running, SIGKILL any that has not exited 10 s later."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            p.send_signal(signal.SIGCONT)  # a stopped rank acts on the SIGTERM only once continued
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _stuck(procs: list[subprocess.Popen], reason: str) -> str:
@@ -149,7 +196,15 @@ def _process_state(pid: int) -> str | None:
 
 
 def _first_error(path: Path) -> str | None:
-    for line in path.read_text(errors="replace").splitlines():
+    """The first ``zerobench:`` line of the log, for a rank that sent none of its own (it crashed or was
+    killed); None where the log cannot be read (a device or a missing file is not searched)."""
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
         if line.startswith("zerobench: "):
             return line.split(": ", 1)[1].strip().removeprefix("error: ")
     return None

@@ -4,12 +4,18 @@ The composition root of a rank: it resolves the run's system from ``zerobench.sy
 entry to the training loop.
 
 ``run_rank`` is also how ``zerobench train`` trains in its own process (one process, or one rank under
-torchrun / srun): a bad configuration or running out of memory ends in one line and an exit code the
-launcher understands, never a traceback, and the process group is torn down on every path.
+torchrun / srun): a bad configuration, a failed rendezvous, a full disk (any ``OSError``) or running out of
+memory ends in one line and an exit code the launcher understands, never a traceback, and the process group
+is torn down on every path. Under the local launcher the rank also says on its pipe (``launch/channel.py``)
+that it finished, or gives its one line there: the launcher then tells an early exit 0 from a finished run,
+and hears the cause even when the rank's log cannot be written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import json
 import os
 import sys
@@ -21,6 +27,7 @@ import torch.distributed as dist
 
 from zerobench.config import ConfigError, RunFailed, from_dict
 from zerobench.distributed.env import DistEnv, detect
+from zerobench.launch import channel
 from zerobench.launch.base import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.launch.cancel import die_with_parent
 from zerobench.metrics.memory import TrackedOutOfMemory
@@ -37,10 +44,19 @@ from zerobench.train.turnstile import TurnstileError
 def main(argv: list[str]) -> int:
     launcher = os.environ.get("ZEROBENCH_LAUNCHER_PID")
     die_with_parent(int(launcher) if launcher else None)
-    cfg_path, run_id = argv[0], argv[1]
-    with open(cfg_path) as f:
-        data = json.load(f)
-    return run(data, run_id, argv[2] if len(argv) > 2 else None, argv[3] if len(argv) > 3 else None)
+    fd = os.environ.get(channel.ENV)
+    to_launcher = channel.RankChannel(int(fd) if fd else None)
+    try:
+        cfg_path, run_id = argv[0], argv[1]
+        with open(cfg_path) as f:
+            data = json.load(f)
+        code = run(data, run_id, argv[2] if len(argv) > 2 else None, argv[3] if len(argv) > 3 else None, to_launcher)
+    except Exception as e:  # the traceback goes to stderr (the log); the launcher gets its last line
+        to_launcher.error(f"{type(e).__name__}: {_first_line(e)}")
+        raise
+    if code == 0:
+        to_launcher.done()
+    return code
 
 
 def rank_settings(environ=None) -> RankSettings:
@@ -54,49 +70,76 @@ def rank_settings(environ=None) -> RankSettings:
                         rss_breakdown=env.get(RSS_BREAKDOWN_ENV) == "1")
 
 
-def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> int:
+def run(config: dict, run_id: str, out_dir: str | None, suite: str | None,
+        to_launcher: channel.RankChannel | None = None) -> int:
     """Train one rank of the run described by ``config`` (a resolved ``TrainConfig`` as plain data).
 
-    The launcher that started this rank records the run's status from the exit code."""
-    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_failure=False)
+    The launcher that started this rank records the run's status from the exit code (and from what the
+    rank sent on ``to_launcher``)."""
+    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_failure=False,
+                    to_launcher=to_launcher)
 
 
 def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str,
-             suite: str | None = None, record_failure: bool = True) -> int:
-    """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written),
-    ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure).
+             suite: str | None = None, record_failure: bool = True,
+             to_launcher: channel.RankChannel | None = None) -> int:
+    """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written, or the disk
+    full), ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure: a failed
+    rendezvous, any other OSError).
 
-    With ``record_failure`` (no launcher above this process to do it) an out-of-memory end is also
-    written to the run's rows as a ``run_status`` row with status ``oom``, so a probe that did not fit is
-    a result, not a missing run."""
+    Each failure is one line on stderr and, when a launcher listens (``to_launcher``), on the rank's pipe too:
+    stderr may be a log on the very disk that filled. With ``record_failure`` (no launcher above this process
+    to do it) an out-of-memory end is also written to the run's rows as a ``run_status`` row with status
+    ``oom``, so a probe that did not fit is a result, not a missing run."""
     t0 = time.monotonic()
+    say = functools.partial(_say, to_launcher or channel.RankChannel(None))
     try:
         system = validate_run(cfg, denv.world_size)
         train(cfg, denv, system, out_dir, run_id, suite=suite, settings=rank_settings())
     except ConfigError as e:
-        print(f"zerobench: error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return say(f"error: {e}", EXIT_CONFIG)
     except RowWriteError as e:
-        print(f"zerobench: error: {e}", file=sys.stderr)
-        return EXIT_IO
+        return say(f"error: {e}", EXIT_IO)
     except (TurnstileError, RunFailed) as e:
-        print(f"zerobench: error: {e}", file=sys.stderr)
-        return 1
+        return say(f"error: {e}", 1)
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
-        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0, say)
+    except OSError as e:
+        return say(f"error: rank {denv.rank}: {describe_os_error(e)}", EXIT_IO if e.errno in _FULL else 1)
     except (RuntimeError, MemoryError) as e:
         kind = classify(e)
         if kind is None:
             raise
         if kind == "timeout":
-            print(f"zerobench: error: rank {denv.rank} timed out in a collective after "
-                  f"{cfg.collective_timeout_s:.0f}s: a peer rank is stuck or dead ({_first_line(e)})", file=sys.stderr)
-            return EXIT_PEER_TIMEOUT
-        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
+            return say(f"error: rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: "
+                       f"a peer rank is stuck or dead ({_first_line(e)})", EXIT_PEER_TIMEOUT)
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0, say)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""The storage is exhausted (disk, quota, file-size limit): the next run would fail alike (``EXIT_IO``)."""
+
+
+def describe_os_error(e: OSError) -> str:
+    """``No space left on device writing /path``: the error's text and the file it names (if it names one)."""
+    text = e.strerror or str(e) or type(e).__name__
+    if e.filename is None:
+        return text
+    verb = "writing" if e.errno in _FULL else "at"
+    return f"{text} {verb} {e.filename}"
+
+
+def _say(to_launcher: channel.RankChannel, line: str, code: int) -> int:
+    """``line`` on stderr (the rank's log) and to the launcher; ``code`` back. A stderr that cannot be written
+    (the log's disk is full) does not stop the launcher from hearing it."""
+    to_launcher.error(line.removeprefix("error: "))
+    with contextlib.suppress(OSError):
+        print(f"zerobench: {line}", file=sys.stderr, flush=True)
+    return code
 
 
 _OOM_TEXT = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory", "Cannot allocate memory")
@@ -120,11 +163,11 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else type(e).__name__
 
 
-def _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0) -> int:
+def _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0, say) -> int:
     """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_failure`` an
     ``oom`` status row too."""
     reason = f"rank {denv.rank} ran out of memory: {_first_line(e)}"
-    print(f"zerobench: {reason}", file=sys.stderr)
+    say(reason, EXIT_OOM)
     if record_failure and out_dir is not None:
         RowWriter(out_dir, run_id, cfg, suite=suite).write(
             "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,

@@ -7,7 +7,9 @@ the one place that does; the variable names below are the interface tests and th
   (default) exits abruptly (``os._exit(17)``), as a crashed or OOM-killed process would; ``raise``
   raises an exception (a traceback); ``oom`` asks the host allocator for more than any machine has (a
   real allocation failure); ``stop`` stops itself with SIGSTOP (a hung rank); ``enospc`` fails to write
-  its results as on a full disk.
+  its results as on a full disk; ``nospace`` raises the ``OSError`` (ENOSPC) a write raises when the disk
+  fills, naming the file it was writing; ``exit0`` exits with code 0 in mid-run (``os._exit(0)``), as a
+  stray ``sys.exit(0)`` in a script or a library would.
 - ``ZEROBENCH_PLANT_DELAY`` / ``ZEROBENCH_PLANT_BUFFER``: an exact slowdown or an extra buffer, so tests
   can check that the regression gate catches them.
 """
@@ -46,7 +48,13 @@ def maybe_fail(spec: str | None, rank: int, step: int) -> None:
         from zerobench.results.rows import RowWriteError
 
         raise RowWriteError(f"cannot write results: {os.strerror(errno.ENOSPC)} (planted)")
-    os._exit(EXIT_CODE)
+    if kind == "nospace":
+        import errno
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"zerobench-planted-rank{rank}-step{step}.bin")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    os._exit(0 if kind == "exit0" else EXIT_CODE)
 
 
 def planted_delay(spec: str | None, stage: int, step_seconds: float) -> float:

@@ -66,7 +66,7 @@ class Plants:
     """Test-only plantings; the defaults plant nothing."""
 
     fault: str | None = None
-    """``RANK:STEP[:exit|raise|oom|stop|enospc]``: that rank fails at the start of that step."""
+    """``RANK:STEP[:exit|raise|oom|stop|enospc|nospace|exit0]``: that rank fails at the start of that step."""
     delay: str | None = None
     """``FRACTION[:STAGE]``: spend FRACTION x each step's time (only at ZeRO stage STAGE when given)."""
     buffer_bytes: int = 0

@@ -1,0 +1,124 @@
+"""Rendezvous and launch faults, end to end: a port held by another process, a rank that exits 0 in mid-run,
+and a rank whose disk fills. Each ends in one line that names the cause, a ``failed`` status row (where a
+launcher records one) and no rank left running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_cli_train import zb
+from tests.e2e.test_faults import TINY, one_line, ranks_running, status_rows
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture
+def held_port():
+    """A port another process serves: it accepts connections and never answers (not a zerobench store)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_port):
+    # Two ranks started by hand with torchrun's variables, MASTER_PORT taken by another process.
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(held_port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "2", "--collective-timeout", "1",
+             "--out", str(tmp_path / f"rank{rank}")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errs = []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=120)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    where = f"127.0.0.1:{held_port}"
+    line0, line1 = one_line(errs[0]), one_line(errs[1])
+    assert [p.returncode for p in procs] == [1, 1], errs
+    assert f"rank 0 cannot listen on {where}" in line0 and "choose another MASTER_PORT" in line0, line0
+    assert f"rank 1 could not reach rank 0 at {where} within 1 s" in line1 and "MASTER_PORT" in line1, line1
+
+
+def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held_port):
+    # The window between the launcher picking a port and rank 0 listening on it, forced open.
+    out = tmp_path / "run"
+    code = ("import contextlib, sys\nimport zerobench.launch.local as local\n"
+            f"local.free_port = lambda: {held_port}\n"
+            f"local.reserved_port = lambda: contextlib.nullcontext({held_port})\n"
+            "from zerobench.cli import main\n"
+            f"sys.exit(main(['train', *{TINY!r}, '--dp', '2', '--steps', '2', '--collective-timeout', '5', "
+            f"'--out', {str(out)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert f"rank 0 cannot listen on 127.0.0.1:{held_port}" in line and "EADDRINUSE" in line, line
+    rows = status_rows(out)
+    assert [x["status"] for x in rows] == ["failed"] and "EADDRINUSE" in rows[0]["reason"]
+    assert not ranks_running(str(out))
+
+
+def test_a_rank_that_exits_0_early_is_named_as_the_cause(tmp_path):
+    out = tmp_path / "run"
+    r = zb("train", *TINY, "--dp", "2", "--steps", "20", "--collective-timeout", "30", "--out", str(out),
+           env={"ZEROBENCH_FAULT": "1:2:exit0"}, timeout=180)
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert "rank 1 exited (code 0) before the run finished" in line, line
+    rows = status_rows(out)
+    assert [x["status"] for x in rows] == ["failed"]
+    assert rows[0]["reason"].startswith("rank 1 exited (code 0) before the run finished"), rows[0]["reason"]
+    assert not ranks_running(str(out))
+
+
+def test_a_rank_out_of_disk_space_is_named_in_the_line_the_status_and_the_log(tmp_path):
+    out = tmp_path / "run"
+    r = zb("train", *TINY, "--dp", "2", "--steps", "20", "--out", str(out), env={"ZEROBENCH_FAULT": "1:2:nospace"})
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert "rank 1" in line and "No space left on device writing" in line and "planted-rank1-step2" in line, line
+    rows = status_rows(out)
+    assert [x["status"] for x in rows] == ["failed"] and "No space left on device" in rows[0]["reason"]
+    assert "No space left on device" in (out / "run.log").read_text()
+    assert not ranks_running(str(out))
+
+
+LIMIT = 16 * 1024
+
+
+def _limit_file_size():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_reaches_the_one_line_when_neither_log_nor_status_can_be_written(tmp_path):
+    # A real OSError from the kernel (EFBIG): every file of the run stops at LIMIT bytes, and run.log is
+    # already there, so neither the ranks' output nor the status row can be written.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.log").write_bytes(b"#" * LIMIT)
+    with contextlib.suppress(FileNotFoundError):
+        Path(out / "rows.jsonl").unlink()
+    r = subprocess.run([sys.executable, "-m", "zerobench", "train", *TINY, "--dp", "2", "--steps", "3",
+                        "--out", str(out)], capture_output=True, text=True, timeout=180, preexec_fn=_limit_file_size)
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert "rank 0 could not write its results" in line and "File too large" in line, line
+    assert "status row could not be written" in line, line
+    assert (out / "run.log").stat().st_size == LIMIT  # nothing reached the log
+    assert not ranks_running(str(out))

@@ -1,0 +1,92 @@
+"""What a rank tells its local launcher as it ends, on a pipe of its own: that it finished the run, or the one
+line that says why it did not.
+
+An exit code alone cannot carry either. A rank that exits 0 in the middle of the run (a stray ``sys.exit(0)``, a
+library's ``os._exit(0)``) looks like one that finished, and leaves its peers waiting in a collective; and the
+line that names a failure, printed to the rank's stderr, is lost when that stderr is a log on a full disk. The
+pipe needs no disk: the launcher reads it after the rank has exited (what was written stays in the pipe).
+
+Messages are lines: ``done`` or ``error <text>``. A rank started by anything else (torchrun, srun) has no pipe
+and sends nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+ENV = "ZEROBENCH_REPORT_FD"
+"""The rank's end of its pipe (a file descriptor number), set by the local launcher."""
+MAX_LINE = 1000
+"""Characters of an error line sent (the pipe's buffer holds many times more: the rank never blocks)."""
+
+
+class RankChannel:
+    """A rank's end: ``done()`` once the run finished, ``error(line)`` for the line that ends it otherwise.
+    With no pipe (``fd`` None) both do nothing; a launcher gone away is not the rank's failure."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def done(self) -> None:
+        self._send("done")
+
+    def error(self, line: str) -> None:
+        self._send("error " + " ".join(line.split())[:MAX_LINE])
+
+    def _send(self, message: str) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.fd, (message + "\n").encode(errors="replace"))
+
+
+@dataclass
+class RankReport:
+    """What one rank said before it exited."""
+
+    done: bool = False
+    """It finished its run (a rank that exits 0 without saying so stopped early)."""
+    error: str | None = None
+    """The last line it gave for failing."""
+
+
+@dataclass
+class LauncherEnds:
+    """The launcher's ends of every rank's pipe: ``open_for`` before starting rank r, ``report(r)`` once it
+    has exited, ``close()`` at the end."""
+
+    reads: dict[int, int] = field(default_factory=dict)
+    reports: dict[int, RankReport] = field(default_factory=dict)
+
+    def open_for(self, rank: int) -> int:
+        """A new pipe for ``rank``; returns the write end to hand to the rank (``pass_fds``; close it here
+        once the rank is started)."""
+        r, w = os.pipe()
+        os.set_blocking(r, False)  # a rank's child that inherited the write end must not block the launcher
+        self.reads[rank] = r
+        return w
+
+    def report(self, rank: int) -> RankReport:
+        """What ``rank`` has sent so far (call once it has exited: then nothing more comes)."""
+        rep = self.reports.setdefault(rank, RankReport())
+        fd = self.reads.get(rank)
+        if fd is None:
+            return rep
+        chunks = []
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        for line in b"".join(chunks).decode(errors="replace").splitlines():
+            if line == "done":
+                rep.done = True
+            elif line.startswith("error "):
+                rep.error = line.removeprefix("error ")
+        return rep
+
+    def close(self) -> None:
+        for fd in self.reads.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.reads.clear()

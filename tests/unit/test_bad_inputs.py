@@ -49,6 +49,8 @@ CASES = [
     (["train", "--clip", "-1"], "--clip: must be > 0"),
     (["train", "--collective-timeout", "inf"], "must be a finite number"),
     (["train", "--collective-timeout", "1e308"], "collective_timeout must be at most 1e+09 seconds"),
+    (["train", "--run-id", "../../escaped"], "--run-id '../../escaped' is a path"),
+    (["train", "--run-id", ".."], "--run-id '..' starts with '.'"),
     (["train", "--stage", "x"], "--stage: invalid int value"),
     (["train", "--stage", "5"], "unknown ZeRO stage 5"),
     (["train", "--heads", "5"], "not divisible by heads 5"),

@@ -1,6 +1,6 @@
 """An output directory belongs to one writer at a time: sweeps, train and maxsize hold its lock for their whole
-life; a second writer is one line naming the holder; the kernel frees the lock of a killed holder; names never
-lead outside runs/."""
+life; a second writer is one line naming the holder; the kernel frees the lock of a killed holder; a resume
+takes only its own suite's directory; names never lead outside runs/."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from tests.e2e.test_cli_train import zb
 from zerobench.results.lock import LOCK_FILE, claim
+from zerobench.results.rows import RowWriter
 
 pytestmark = pytest.mark.dist
 TINY_SUITE = "name: {name}\nbase: {{preset: tiny, steps: 2, warmup: 0, dp: 1}}\nruns: [{{label: a}}]\n"
@@ -107,6 +108,21 @@ def test_train_under_torchrun_locks_once_for_all_its_ranks(tmp_path):
     assert [code for *_, code in results] == [0, 0], results
     assert {r.get("rank") for r in rows_under(out)} >= {0, 1}  # both ranks wrote their rows
     assert not (out / LOCK_FILE).exists()
+
+
+def test_resume_with_another_suite_is_refused(tmp_path):
+    out = tmp_path / "out"
+    RowWriter(out / "000-a", "000-a", {"a": 1}, suite="first").write("run_status", 1, "bool", label="a")
+    r = zb("sweep", str(suite_file(tmp_path, "second")), "--out", str(out), "--resume", "--no-progress", timeout=120)
+    line = one_line(r.stderr)
+    assert r.returncode == 2, r.stderr
+    assert f"--out {out} holds the rows of suite 'first', not of suite 'second'" in line, line
+    assert len(rows_under(out)) == 1 and not (out / "000-a-r2").exists()
+    train_out = tmp_path / "train-out"
+    RowWriter(train_out, "t", {"a": 1}).write("loss", 1.0, "nats")  # a zerobench train run's rows
+    r = zb("sweep", str(suite_file(tmp_path, "second")), "--out", str(train_out), "--resume", "--no-progress",
+           timeout=120)
+    assert r.returncode == 2 and "holds the rows of a run of no suite (zerobench train)" in one_line(r.stderr)
 
 
 def test_names_that_would_leave_runs_are_refused(tmp_path):

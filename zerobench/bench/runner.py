@@ -5,9 +5,10 @@ ranks' output (``run.log``) and one ``run_status`` row written here: ``ok``, or 
 ``failed`` / ``timeout`` / ``cancelled`` with the reason. A failing run never stops the sweep or touches
 other runs' rows. ``resume`` skips runs (label and config hash) that already have an ``ok`` status row
 under ``OUT`` and retries the others as new attempts (``bench.sweep_state``); without it ``OUT`` must hold
-no rows. ``OUT`` is the sweep's alone while it runs (``results/lock.py``): a second sweep, train or maxsize
-into it is refused, naming this one's pid. SIGTERM/SIGINT (Slurm's time limit, ``scancel``) stop the current
-run's ranks, record it as ``cancelled`` and end the sweep; so does a full disk, after recording what it can.
+no rows, and with it only this suite's. ``OUT`` is the sweep's alone while it runs (``results/lock.py``): a
+second sweep, train or maxsize into it is refused, naming this one's pid. SIGTERM/SIGINT (Slurm's time limit,
+``scancel``) stop the current run's ranks, record it as ``cancelled`` and end the sweep; so does a full disk,
+after recording what it can.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
         raise ConfigError("--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit")
     with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
-        check_out(out, resume)
+        check_out(out, resume, suite.name)
         if launcher == "slurm":
             from zerobench.bench.slurm_sweep import run_sweep_sbatch
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import re
@@ -78,7 +79,7 @@ def from_dict(cls: type, data: Any, where: str = "config") -> Any:
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-            hints = typing.get_type_hints(tp)
+            hints = _type_hints(tp)
             names = {f.name for f in dataclasses.fields(tp)}
             unknown = sorted(set(value) - names)
             if unknown:
@@ -100,3 +101,12 @@ def from_dict(cls: type, data: Any, where: str = "config") -> Any:
         return value
 
     return build(cls, data, where)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, evaluated once per class (it compiles every annotation string: a suite of
+    thousands of runs builds thousands of specs)."""
+    import typing
+
+    return typing.get_type_hints(cls)

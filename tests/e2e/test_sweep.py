@@ -68,7 +68,7 @@ def test_good_runs_keep_all_their_rows(sweep):
 @pytest.mark.slow
 def test_resume_reruns_only_what_is_missing(sweep):
     d, _ = sweep
-    (d / "faults.yaml").write_text(SUITE.replace("timeout: 8", "timeout: 8, steps: 3"))
+    (d / "faults.yaml").write_text(SUITE.replace("steps: 100000, timeout: 8", "steps: 3, timeout: 8"))
     before = status_rows(d / "out")
     r = zb("sweep", str(d / "faults.yaml"), "--out", str(d / "out"), "--resume", "--no-progress",
            "--allow-failures", timeout=600)

@@ -48,6 +48,9 @@ CASES = [
     (["train", "--lr", "0"], "--lr: must be > 0"),
     (["train", "--clip", "-1"], "--clip: must be > 0"),
     (["train", "--collective-timeout", "inf"], "must be a finite number"),
+    (["train", "--collective-timeout", "1e308"], "collective_timeout must be at most 1e+09 seconds"),
+    (["train", "--run-id", "../../escaped"], "--run-id '../../escaped' is a path"),
+    (["train", "--run-id", ".."], "--run-id '..' starts with '.'"),
     (["train", "--stage", "x"], "--stage: invalid int value"),
     (["train", "--stage", "5"], "unknown ZeRO stage 5"),
     (["train", "--heads", "5"], "not divisible by heads 5"),
@@ -97,6 +100,8 @@ SUITES = [
     ("bucket_size: 0", "bucket_size must be a positive integer"),
     ("cb_size: 5", "key 'cb_size' is now spelled 'bucket_size': rename it"),  # renamed keys name the new one
     ("mp: 2", "key 'mp' is now spelled 'tp': rename it"),
+    ("collective_timeout: 1.0e+308", "collective_timeout must be at most 1e+09 seconds"),
+    ("timeout: 1.0e+308", "timeout must be at most 1e+09 seconds"),
 ]
 
 
@@ -106,6 +111,27 @@ def test_bad_suite_value_fails_sweep_check(key, needle, tmp_path, capsys):
     suite.write_text(f"name: s\nbase: {{preset: tiny, {key}}}\n")
     code, err = run(["sweep", str(suite), "--check"], capsys)
     assert code == 2 and "Traceback" not in err and needle in err, err
+
+
+AXES = ("layers", "hidden", "heads", "seq", "steps", "seed", "micro_batch", "grad_accum")
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("name: s\nbase: {preset: tiny}\nbase: {preset: mini}\n", "line 3: key 'base' is given twice"),
+    ("base: {preset: tiny, steps: 2, steps: 3}\n", "line 1: key 'steps' is given twice"),
+    ("base: {layers: " + "[" * 100_000 + "]" * 100_000 + "}\n", "nested more than 32 levels deep"),
+    ("base: {steps: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
+    ("base: {lr: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
+    ("base: {lr: 1.0e+400}\n", "the number 1.0e+400 is beyond the largest float"),
+    ("name: ../../X\nbase: {preset: tiny}\n", "suite name '../../X' is a path"),
+    ("base: {preset: tiny}\naxes: {" + ", ".join(f"{k}: [{', '.join(map(str, range(1, 11)))}]" for k in AXES) + "}\n",
+     "expands to 100,000,000 runs"),
+], ids=["duplicate-top-key", "duplicate-run-key", "100k-deep", "10**400", "10**400-as-float", "1e400", "escaping-name",
+        "10**8-runs"])
+def test_bad_suite_files_are_one_line(text, needle, tmp_path, capsys):
+    suite = tmp_path / "s.yaml"
+    suite.write_text(text)
+    assert_one_line(*run(["sweep", str(suite), "--check"], capsys), needle)
 
 
 @pytest.mark.parametrize("line", ['[1, 2]', '{"a": 1}', '"text"', '3'])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
 from zerobench.bench import suite as suites
@@ -75,3 +79,115 @@ def test_invalid_runs_are_kept_with_a_reason(tmp_path, run, msg):
 def test_missing_suite():
     with pytest.raises(ConfigError, match="not found"):
         suites.load("cpu/does-not-exist")
+
+
+@pytest.mark.parametrize("text,line,key", [
+    ("base: {preset: tiny, steps: 2}\nbase: {preset: tiny, steps: 3}\n", 2, "'base'"),
+    ("base:\n  steps: 2\n  stage: 1\n  steps: 3\n", 4, "'steps'"),
+    ("runs:\n  - {label: a, stage: 1, stage: 2}\n", 2, "'stage'"),
+], ids=["top-level", "block-mapping", "run-entry"])
+def test_duplicate_keys_are_refused_naming_the_key_and_line(tmp_path, text, line, key):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        suites.load(p)
+    msg = str(e.value)
+    assert f"line {line}: key {key} is given twice" in msg and str(p) in msg and "\n" not in msg, msg
+
+
+def test_merge_keys_may_be_overridden(tmp_path):
+    s = suites.load(write(tmp_path, "base: &b {preset: tiny, steps: 2}\nruns:\n  - {<<: *b, steps: 3}\n"))
+    assert [r.spec.steps for r in s.runs] == [3]
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("base: {layers: " + "[" * 100_000 + "]" * 100_000 + "}\n", "line 1: nested more than 32 levels deep"),
+    ("base: {steps: 1" + "0" * 400 + "}\n", "line 1: the integer 1000"),
+    ("base: {lr: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
+    ("base: {lr: 1.0e+400}\n", "line 1: the number 1.0e+400 is beyond the largest float"),
+    ("base:\n  seed: -1" + "0" * 30 + "\n", "line 2: the integer -1000"),
+], ids=["100k-deep", "10**400", "10**400-as-float", "1e400", "-10**30"])
+def test_deep_nesting_and_huge_numbers_are_one_line(tmp_path, text, msg):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        suites.load(p)
+    assert msg in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_python_tags_stay_refused(tmp_path):
+    with pytest.raises(ConfigError, match="could not determine a constructor"):
+        suites.load(write(tmp_path, "base: !!python/object/apply:os.system ['true']\n"))
+
+
+LAUGHS = "cluster:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"  {c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("text,msg", [
+    (LAUGHS, "its aliases (*name) expand to more than 1,000,000 values"),  # 9**9 values from 10 lines
+    (LAUGHS + "base: {preset: tiny, label: *i}\n", "expand to more than 1,000,000 values"),
+    ("cluster: &c {self: *c}\n", "line 1: an alias refers to a collection that holds it"),
+    ("cluster:\n  a0: &a0 [x]\n" + "".join(f"  a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 40)),
+     "its aliases (*name) nest more than 32 levels deep"),
+], ids=["billion-laughs", "billion-laughs-used", "recursive", "deep-through-aliases"])
+def test_aliases_are_never_expanded_beyond_bounds(tmp_path, text, msg):
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        suites.load(write(tmp_path, text))
+    assert msg in str(e.value) and "\n" not in str(e.value) and time.monotonic() - t0 < 5, str(e.value)
+
+
+@pytest.mark.parametrize("name,why", [
+    ("'../../X'", "is a path"), ("/abs/path", "is a path"), ("'..'", "starts with '.'"), (".hidden", "starts with '.'"),
+    ("a b", "holds ' '"), ("3", "must be a non-empty name, got 3"), ("'x/'", "is a path"),
+])
+def test_suite_names_stay_one_directory_inside_runs(tmp_path, name, why):
+    p = write(tmp_path, f"name: {name}\nbase: {{preset: tiny}}\n")
+    with pytest.raises(ConfigError) as e:
+        suites.load(p)
+    assert f"{p}: suite name" in str(e.value) and why in str(e.value), str(e.value)
+    assert "set the suite's 'name:'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_suite_file_name_is_checked_as_its_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"suite name '\.hidden' starts with '\.'"):
+        suites.load(write(tmp_path, "base: {preset: tiny}\n", name=".hidden.yaml"))
+    assert suites.load(write(tmp_path, "base: {preset: tiny}\n", name="my_suite-2.yaml")).name == "my_suite-2"
+
+
+def test_equal_labels_are_numbered_and_never_collide(tmp_path):
+    s = suites.load(write(tmp_path, "base: {preset: tiny}\nruns:\n"
+                                    "  - {label: 'a #2'}\n  - {label: a}\n  - {label: a}\n  - {label: a}\n"))
+    labels = [r.label for r in s.runs]
+    assert labels == ["a #2", "a", "a #3", "a #4"] and len(set(labels)) == len(labels)
+
+
+def test_runs_are_generated_lazily_and_identically_on_each_pass(tmp_path, monkeypatch):
+    from zerobench.bench import expand
+
+    built = []
+    real = expand.to_train_config
+    monkeypatch.setattr(expand, "to_train_config", lambda spec: built.append(spec) or real(spec))
+    axes = "{stage: [0, 1, 2, 3], seed: [" + ", ".join(map(str, range(2500))) + "]}"
+    s = suites.load(write(tmp_path, f"base: {{preset: tiny, steps: 1}}\naxes: {axes}\n"))
+    assert len(s.runs) == expand.MAX_RUNS == 10_000 and built == []  # counted, not built
+    first = next(iter(s.runs))
+    assert len(built) == 1 and first.label == "stage=0,seed=0" and s.runs[5].label == "stage=0,seed=5"
+    small = suites.load(write(tmp_path, "base: {preset: tiny}\naxes: {stage: [0, 1], dp: [1, 2]}\n"
+                                        "runs: [{label: a}, {label: a}]\n"))
+    passes = [[(r.index, r.label, r.run_id) for r in small.runs] for _ in range(2)]
+    assert passes[0] == passes[1] and len(passes[0]) == len(small.runs) == 8
+    assert passes[0][4] == (4, "a,stage=0,dp=1 #2", "004-a-stage-0-dp-1--2")
+
+
+def test_a_huge_axis_product_is_refused_at_once_with_its_count(tmp_path):
+    axes = ", ".join(f"{k}: [{', '.join(str(v) for v in range(1, 11))}]"
+                     for k in ("layers", "hidden", "heads", "seq", "micro_batch", "steps", "seed", "grad_accum"))
+    p = write(tmp_path, f"name: huge\nbase: {{preset: tiny}}\naxes: {{{axes}}}\n")
+    # In a child under a 1 GiB address-space cap: building the runs (10**8 of them) ran out of memory.
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))\n"
+            "from zerobench.cli import main\nsys.exit(main(['sweep', sys.argv[1], '--check']))\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert "expands to 100,000,000 runs (1 runs x 10 layers x 10 hidden" in r.stderr, r.stderr
+    assert "more than the 10,000 one suite may hold" in r.stderr and time.monotonic() - t0 < 60

@@ -5,8 +5,10 @@ ranks' output (``run.log``) and one ``run_status`` row written here: ``ok``, or 
 ``failed`` / ``timeout`` / ``cancelled`` with the reason. A failing run never stops the sweep or touches
 other runs' rows. ``resume`` skips runs (label and config hash) that already have an ``ok`` status row
 under ``OUT`` and retries the others as new attempts (``bench.sweep_state``); without it ``OUT`` must hold
-no rows. SIGTERM/SIGINT (Slurm's time limit, ``scancel``) stop the current run's ranks, record it as
-``cancelled`` and end the sweep; so does a full disk, after recording what it can.
+no rows, and with it only this suite's. ``OUT`` is the sweep's alone while it runs (``results/lock.py``): a
+second sweep, train or maxsize into it is refused, naming this one's pid. SIGTERM/SIGINT (Slurm's time limit,
+``scancel``) stop the current run's ranks, record it as ``cancelled`` and end the sweep; so does a full disk,
+after recording what it can.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from zerobench.config import ConfigError
 from zerobench.launch.base import EXIT_IO, LaunchRequest
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.launchers import get_launcher
+from zerobench.results.lock import claim
 from zerobench.results.rows import RowWriteError
 
 MAX_LOCAL_WORLD = 16
@@ -58,12 +61,18 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
         check_local(suite)
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
         raise ConfigError("--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit")
-    check_out(out, resume)
-    if launcher == "slurm":
-        from zerobench.bench.slurm_sweep import run_sweep_sbatch
+    with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
+        check_out(out, resume, suite.name)
+        if launcher == "slurm":
+            from zerobench.bench.slurm_sweep import run_sweep_sbatch
 
-        return run_sweep_sbatch(suite, out, resume=resume, progress=progress)
-    out.mkdir(parents=True, exist_ok=True)
+            return run_sweep_sbatch(suite, out, resume=resume, progress=progress)
+        return _run_all(suite, out, resume, progress, tensorboard, launcher)
+
+
+def _run_all(suite: Suite, out: Path, resume: bool, progress: bool, tensorboard: str | None,
+             launcher: str) -> SweepSummary:
+    """Each run in turn on ``launcher`` (local or srun), until the last or a stop (cancel, disk full)."""
     done = completed_runs(out) if resume else None
     summary = SweepSummary()
     with Progress(len(suite.runs), enabled=progress) as bar, Cancellation() as cancel:

@@ -132,6 +132,9 @@ class RunSpec:
         return {FAULT_ENV: self.fault} if self.fault else {}
 
 
+MAX_SECONDS = 1e9
+"""Longest ``timeout`` / ``collective_timeout`` (about 31 years): a process group's timeout is a ``timedelta``,
+which overflows past about 1e14 seconds."""
 FIELDS = {f.name for f in dataclasses.fields(RunSpec)}
 RENAMED = {"mp": "tp", "cb_size": "bucket_size"}
 """Old key -> its one spelling now (suites giving the old key fail, naming the new one)."""
@@ -154,6 +157,8 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
         value = getattr(spec, key)
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ConfigError(f"{key} must be a positive finite number, got {value!r}")
+        if key != "lr" and value > MAX_SECONDS:
+            raise ConfigError(f"{key} must be at most {MAX_SECONDS:.0e} seconds, got {value!r}")
     if spec.gpus is not None:
         if spec.gpus % tp:
             raise ConfigError(f"gpus {spec.gpus} is not divisible by tp {tp}: use a GPU count that tp divides")

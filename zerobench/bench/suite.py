@@ -10,8 +10,9 @@ runs: [{label: a, stage: 3}, ...]       # explicit runs (each also crossed with 
 cluster: {hardware: v100-dgx2, gpus_per_node: 16, gpu_mem: 32GB}   # informational
 ```
 
-Structural problems (bad YAML, unknown keys, wrong types, zip lists of different lengths) fail the load
-with one line naming the file, the place and the fix. A run whose values cannot be trained (a degree
+Structural problems (bad YAML, duplicate keys, unknown keys, wrong types, zip lists of different lengths,
+a name that cannot be a directory, more than ``MAX_RUNS`` runs) fail the load with one line naming the file,
+the place and the fix; the runs themselves are generated lazily (``bench/expand.py``). A run whose values cannot be trained (a degree
 that does not divide the GPU count, heads not divisible by TP, hidden not divisible by heads) is kept
 with its reason: the runner records it as a failed row and goes on; ``zerobench sweep --check`` fails.
 """
@@ -19,42 +20,27 @@ with its reason: the runner records it as a failed row and goes on; ``zerobench 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from zerobench.bench.spec import FIELDS, RENAMED, RunSpec, to_train_config
-from zerobench.config import ConfigError, from_dict
-from zerobench.train.config import TrainConfig
+from zerobench.bench.expand import ResolvedRun, SuiteRuns
+from zerobench.bench.spec import FIELDS, RENAMED, RunSpec
+from zerobench.bench.suite_yaml import load_yaml
+from zerobench.config import ConfigError
+from zerobench.results.outdir import check_name
 
 SUITES_DIR = Path(__file__).resolve().parents[2] / "suites"
 TOP_KEYS = {"name", "description", "source", "base", "axes", "zip", "runs", "cluster"}
 
 
 @dataclass(frozen=True)
-class ResolvedRun:
-    """One run of a suite after expansion."""
-
-    index: int
-    label: str
-    spec: RunSpec
-    config: TrainConfig | None
-    error: str | None
-
-    @property
-    def run_id(self) -> str:
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.label)
-        return f"{self.index:03d}-{safe}"[:80]
-
-
-@dataclass(frozen=True)
 class Suite:
     name: str
+    """Checked to be one directory name (``check_name``): a sweep's default results are ``runs/<name>``."""
     path: Path
     description: str
-    runs: list[ResolvedRun]
+    runs: SuiteRuns | list[ResolvedRun]
+    """The runs, generated on each pass (``SuiteRuns``; at most ``MAX_RUNS``), or a chosen list of them."""
     cluster: dict
 
 
@@ -86,16 +72,16 @@ def check_keys(where: str, d: dict, fix_hint: str = "") -> None:
 
 
 def load(name: str | Path) -> Suite:
+    """The suite ``name`` (a file, or a name under ``suites/``), checked whole; its runs are generated lazily."""
     path = find_suite(name)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a suite is a mapping with 'base' and 'axes' or 'runs'")
     extra = sorted(set(data) - TOP_KEYS)
     if extra:
         raise ConfigError(f"{path}: unknown top-level key {extra[0]!r}; valid: {', '.join(sorted(TOP_KEYS))}")
+    suite_name = check_name(data.get("name") or path.stem, f"{path}: suite name",
+                            ": set the suite's 'name:' to e.g. my-suite (its default results are runs/<name>)")
     base = data.get("base") or {}
     axes = data.get("axes") or {}
     zipped = data.get("zip") or {}
@@ -112,31 +98,13 @@ def load(name: str | Path) -> Suite:
         raise ConfigError(f"{path}: zip lists must have equal lengths, got {sorted(lengths)}: pad or split them")
     if not isinstance(runs, list):
         raise ConfigError(f"{path}: 'runs' must be a list of mappings")
-    points = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] or [{}]
-    zpoints = [dict(zip(zipped, combo)) for combo in zip(*zipped.values())] or [{}]
-    resolved: list[ResolvedRun] = []
     for r_i, run in enumerate(runs):
         if not isinstance(run, dict):
             raise ConfigError(f"{path}: runs[{r_i}] must be a mapping, got {run!r}")
         check_keys(f"{path}: runs[{r_i}]", run)
-        for point in points:
-            for zp in zpoints:
-                merged = {**base, **run, **point, **zp}
-                where = f"{path}: run {len(resolved)}"
-                spec = from_dict(RunSpec, merged, where=where)
-                varying = {**point, **zp}
-                label = spec.label or ",".join(f"{k}={v}" for k, v in varying.items()) or path.stem
-                if spec.label and varying and len(points) * len(zpoints) > 1:
-                    label += "," + ",".join(f"{k}={v}" for k, v in varying.items())
-                taken = sum(1 for r in resolved if r.label == label or r.label.startswith(f"{label} #"))
-                label = f"{label} #{taken + 1}" if taken else label  # labels identify runs (--resume)
-                try:
-                    cfg, err = to_train_config(spec), None
-                except ConfigError as e:
-                    cfg, err = None, str(e)
-                resolved.append(ResolvedRun(len(resolved), label, spec, cfg, err))
-    return Suite(data.get("name") or path.stem, path, data.get("description", ""), resolved,
-                 data.get("cluster") or {})
+    expanded = SuiteRuns(path, base, runs, axes, zipped)
+    expanded.check()
+    return Suite(suite_name, path, data.get("description", ""), expanded, data.get("cluster") or {})
 
 
 def with_overrides(spec: RunSpec, **kw) -> RunSpec:

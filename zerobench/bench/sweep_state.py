@@ -26,9 +26,19 @@ class SweepSummary:
     """Why the sweep ended before its last run (cancelled, disk full), or None."""
 
 
-def check_out(out: Path, resume: bool) -> None:
-    """Without ``--resume`` a sweep starts in a directory holding no rows (else two sweeps' runs mix)."""
-    if resume or not out.exists():
+def check_out(out: Path, resume: bool, suite: str) -> None:
+    """Without ``--resume`` a sweep starts in a directory holding no rows (else two sweeps' runs mix); with it,
+    the rows there must be suite ``suite``'s (its definition may have changed: changed runs are new runs), else
+    another suite's runs would read as this one's. Called with the directory locked."""
+    if not out.exists():
+        return
+    if resume:
+        others = {r.get("suite") for r in read_rows(out)} - {suite}
+        if others:
+            other = min(others, key=str)
+            whose = f"suite {other!r}" if other is not None else "a run of no suite (zerobench train)"
+            raise ConfigError(f"--out {out} holds the rows of {whose}, not of suite {suite!r}: --resume continues "
+                              "the same suite; choose another --out for this one")
         return
     held = next(out.rglob(ROWS_FILE), None)
     if held is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import sys
 
@@ -105,7 +106,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from zerobench.bench.spec import RunSpec, to_train_config
-    from zerobench.distributed.env import DistEnv, detect
+    from zerobench.distributed.env import detect
+    from zerobench.results.lock import claim
+    from zerobench.results.outdir import check_name, check_writable_dir
 
     if args.paper_config:
         for k, v in PAPER_CONFIGS[args.paper_config][1].items():
@@ -129,26 +132,35 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    check_name(run_id, "--run-id", ": give e.g. --run-id my-run (a directory name under runs/)")
     out = Path(args.out) if args.out else Path("runs") / run_id
-    # Only a valid run pays for importing torch: a bad flag was refused above in a fraction of a second.
-    from zerobench.launch.base import EXIT_OOM
-    from zerobench.launch.cancel import EXIT_CANCELLED
-    from zerobench.launch.local import free_port, launch_local
-    from zerobench.launch.worker import run_rank
-    from zerobench.results.outdir import check_fresh_run_dir, check_writable_dir
-    from zerobench.results.rows import RowWriteError, RowWriter
-
-    check_fresh_run_dir(out)
     for flag, where, what in (("--tensorboard", args.tensorboard, "TensorBoard scalars"),
                               ("--profile", args.profile, "profiler traces")):
         if where:
             check_writable_dir(where, flag, what)
+    # The directory is this run's alone: locked by the launcher, or under torchrun/srun by global rank 0 (every
+    # rank writes into it under that one lock); its rows are checked once the lock is held.
+    with claim(out) if denv.rank == 0 else contextlib.nullcontext():
+        return _train_into(cfg, denv, out, run_id, args.timeout)
+
+
+def _train_into(cfg, denv, out, run_id: str, timeout: float) -> int:
+    # Only a valid run pays for importing torch: a bad flag was refused above in a fraction of a second.
+    from zerobench.distributed.env import DistEnv
+    from zerobench.launch.base import EXIT_OOM
+    from zerobench.launch.cancel import EXIT_CANCELLED
+    from zerobench.launch.local import free_port, launch_local
+    from zerobench.launch.worker import run_rank
+    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.rows import RowWriteError, RowWriter
+
+    check_fresh_run_dir(out)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
         return run_rank(cfg, denv, out, run_id)
     if cfg.world_size == 1:
         return run_rank(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
     log = out / "run.log"
-    res = launch_local(cfg, out, run_id, timeout_s=args.timeout, log_path=log, echo=True)
+    res = launch_local(cfg, out, run_id, timeout_s=timeout, log_path=log, echo=True)
     if not res.ok:
         unrecorded = ""
         try:
@@ -170,6 +182,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_maxsize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zerobench.results.lock import claim
+
+    with contextlib.ExitStack() as held:  # --out and --probes are this search's alone while it runs
+        claimed = set()
+        for flag, d in (("--out", args.out), ("--probes", args.probes)):
+            if d and Path(d).resolve() not in claimed:
+                claimed.add(Path(d).resolve())
+                held.enter_context(claim(d, flag))
+        return _maxsize(args)
+
+
+def _maxsize(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 

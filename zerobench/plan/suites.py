@@ -4,8 +4,6 @@ defaults, rules and one-line errors), then placed on a cluster (``plan_config``)
 
 from __future__ import annotations
 
-import yaml
-
 from zerobench.config import ConfigError, from_dict, parse_bytes
 from zerobench.plan.memory_model import PlanConfig
 
@@ -13,12 +11,9 @@ from zerobench.plan.memory_model import PlanConfig
 def load_suite(name: str) -> dict:
     """The raw YAML of a suite (the planner reads the paper's cluster-scale rows without resolving runs)."""
     from zerobench.bench.suite import find_suite
+    from zerobench.bench.suite_yaml import load_yaml
 
-    path = find_suite(name)
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return load_yaml(find_suite(name))  # duplicate keys, deep nesting and out-of-range numbers refused as a sweep does
 
 
 def plan_config(spec, gpus_per_node: int, gpu_mem_bytes: float) -> PlanConfig:

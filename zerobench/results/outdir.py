@@ -1,7 +1,8 @@
 """Where a command's output goes, checked before anything runs: a directory that can be written (for a run's
 rows, one that holds no other run's rows: two runs in one ``rows.jsonl`` would read as one run in ``results
-show`` and reports), or a file whose directory can be written. A bad location is one ``ConfigError`` line
-before any work, not a traceback after it."""
+show`` and reports), or a file whose directory can be written; and names (run ids, suite names) that stay one
+directory inside ``runs/``. A bad location is one ``ConfigError`` line before any work, not a traceback after it.
+(``results/lock.py``: one writer per directory.)"""
 
 from __future__ import annotations
 
@@ -64,3 +65,28 @@ def check_fresh_run_dir(path: Path, flag: str = "--out") -> None:
             f"{flag} {path} already holds result rows ({rows}): give each run its own directory "
             "(omit --out for runs/<run id>) or remove the old rows"
         )
+
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+=,@")
+NAME_MAX = 200
+
+
+def check_name(name: object, what: str, fix: str) -> str:
+    """``name`` (a run id, a suite name) as one directory name under ``runs/``, or a one-line ``ConfigError``
+    ending in ``fix``: no path separator (nor an absolute path), no leading '.' (nor '..'), letters, digits and
+    ``. _ - + = , @`` only, so that results written under a default directory stay inside ``runs/``. (An explicit
+    ``--out`` may be anywhere.)"""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{what} must be a non-empty name, got {name!r}{fix}")
+    bad = next((c for c in name if c not in NAME_CHARS), None)
+    if "/" in name or "\\" in name:
+        why = "is a path (it holds a separator)"
+    elif name.startswith("."):
+        why = "starts with '.' (a hidden directory, or one outside runs/)"
+    elif bad is not None:
+        why = f"holds {bad!r} (a name is letters, digits and . _ - + = , @)"
+    elif len(name) > NAME_MAX:
+        why = f"is longer than {NAME_MAX} characters"
+    else:
+        return name
+    raise ConfigError(f"{what} {name[:NAME_MAX]!r} {why}{fix}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from zerobench.bench.search import largest_fitting
 from zerobench.bench.spec import RunSpec, to_train_config
 from zerobench.config import ConfigError
+from zerobench.launch.base import write_status
 from zerobench.launch.local import launch_local
 from zerobench.models.sizes import num_params
 
@@ -52,6 +53,7 @@ def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int =
         d.mkdir(parents=True, exist_ok=True)
         # each probe's rows (status, peak allocated and reserved bytes) stay beside its log
         res = launch_local(cfg, d, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log")
+        write_status(res, d, f"maxsize-{layers}", cfg)
         if res.status not in ("ok", "oom"):
             raise ConfigError(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")
         probes[layers] = res.status

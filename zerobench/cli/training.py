@@ -131,12 +131,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / run_id
     # Only a valid run pays for importing torch: a bad flag was refused above in a fraction of a second.
-    from zerobench.launch.base import EXIT_OOM
+    from zerobench.launch.base import EXIT_OOM, write_status
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.launch.local import free_port, launch_local
     from zerobench.launch.worker import run_rank
     from zerobench.results.outdir import check_fresh_run_dir
-    from zerobench.results.rows import RowWriter
 
     check_fresh_run_dir(out)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
@@ -145,9 +144,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return run_rank(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
     log = out / "run.log"
     res = launch_local(cfg, out, run_id, timeout_s=args.timeout, log_path=log, echo=True)
+    write_status(res, out, run_id, cfg)  # ok too: a run without its status row reads as incomplete
     if not res.ok:
-        RowWriter(out, run_id, cfg).write("run_status", 0, "bool", status=res.status, reason=res.reason,
-                                          elapsed_s=round(res.elapsed_s, 3))
         print(f"zerobench: error: run failed: {res.reason} (every rank's output: {log})", file=sys.stderr)
         return {"oom": EXIT_OOM, "cancelled": EXIT_CANCELLED}.get(res.status, 1)
     return 0

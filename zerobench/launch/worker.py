@@ -58,17 +58,18 @@ def run(config: dict, run_id: str, out_dir: str | None, suite: str | None) -> in
     """Train one rank of the run described by ``config`` (a resolved ``TrainConfig`` as plain data).
 
     The launcher that started this rank records the run's status from the exit code."""
-    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_failure=False)
+    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_status=False)
 
 
 def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str,
-             suite: str | None = None, record_failure: bool = True) -> int:
+             suite: str | None = None, record_status: bool = True) -> int:
     """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written),
     ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure).
 
-    With ``record_failure`` (no launcher above this process to do it) an out-of-memory end is also
-    written to the run's rows as a ``run_status`` row with status ``oom``, so a probe that did not fit is
-    a result, not a missing run."""
+    With ``record_status`` (no launcher above this process to do it: ``zerobench train`` in one process or
+    under torchrun / srun) the run's end is also written to its rows as the one ``run_status`` row a launcher
+    would write: ``ok`` or ``failed`` with the reason by rank 0, ``oom`` by the rank that ran out, so a probe
+    that did not fit is a result, not a missing run, and a run without the row reads as incomplete."""
     t0 = time.monotonic()
     try:
         system = validate_run(cfg, denv.world_size)
@@ -81,9 +82,11 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
         return EXIT_IO
     except (TurnstileError, RunFailed) as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
+        if record_status and denv.rank == 0:
+            return _status_row(cfg, out_dir, run_id, suite, t0, "failed", str(e), code=1)
         return 1
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
-        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0)
     except (RuntimeError, MemoryError) as e:
         kind = classify(e)
         if kind is None:
@@ -92,11 +95,28 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
             print(f"zerobench: error: rank {denv.rank} timed out in a collective after "
                   f"{cfg.collective_timeout_s:.0f}s: a peer rank is stuck or dead ({_first_line(e)})", file=sys.stderr)
             return EXIT_PEER_TIMEOUT
-        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if record_status and denv.rank == 0:
+        return _status_row(cfg, out_dir, run_id, suite, t0, "ok", None, code=0)
     return 0
+
+
+def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None, code: int) -> int:
+    """Write the run's ``run_status`` row (when it has an output directory); ``code``, or ``EXIT_IO`` if the
+    row cannot be written."""
+    if out_dir is None:
+        return code
+    try:
+        RowWriter(out_dir, run_id, cfg, suite=suite).write(
+            "run_status", 1 if status == "ok" else 0, "bool", status=status, reason=reason,
+            elapsed_s=round(time.monotonic() - t0, 3))
+    except RowWriteError as e:
+        print(f"zerobench: error: {e}", file=sys.stderr)
+        return EXIT_IO
+    return code
 
 
 _OOM_TEXT = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory", "Cannot allocate memory")
@@ -120,12 +140,12 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else type(e).__name__
 
 
-def _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0) -> int:
-    """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_failure`` an
+def _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0) -> int:
+    """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_status`` an
     ``oom`` status row too."""
     reason = f"rank {denv.rank} ran out of memory: {_first_line(e)}"
     print(f"zerobench: {reason}", file=sys.stderr)
-    if record_failure and out_dir is not None:
+    if record_status and out_dir is not None:
         RowWriter(out_dir, run_id, cfg, suite=suite).write(
             "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,
             elapsed_s=round(time.monotonic() - t0, 3))

@@ -2,10 +2,13 @@
 committed CPU baseline (a sweep of ``suites/cpu/ci.yaml``):
 
 - a training run with no ``run_status`` row (its launcher killed before writing it, the disk full) is
-  ``incomplete`` in ``results show`` and is not a data point of the report (which names it); before, both read
-  it as ``ok``;
+  ``incomplete`` in ``results show``, is not a data point of the report (which names it), and is listed by the
+  regression gate and fails it as missing, never compared or passed; before, all three read it as ``ok``;
 - rows from before every launcher wrote a status row (no suite, no ``schema``) read ``unrecorded``, counted as
   they always were;
+- what the candidate has and the baseline lacks (a gated metric, a whole configuration) is listed as "not in the
+  baseline", failing only under ``strict``; before, it passed without a word;
+- a proposed baseline keeps only the rows of ``ok`` runs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from zerobench.bench.regress import run_gate, write_baseline
 from zerobench.report import aggregate
 from zerobench.results.show import show
 from zerobench.results.status import INCOMPLETE, UNRECORDED, status_of
@@ -85,3 +89,43 @@ def test_the_report_names_the_runs_it_did_not_count(tmp_path, rows):
     md = (tmp_path / "report" / "summary.md").read_text()
     assert "**Incomplete, not counted:** 1 run (no run_status row" in md and "001-stage-1" in md, md
     assert "**Failed, not counted:** 1 run: 002-stage-2" in md, md
+
+
+def _gate(tmp_path, baseline, candidate, capsys, strict=False) -> tuple[int, str]:
+    base = _write(tmp_path / "base.jsonl", baseline)
+    cand = _write(tmp_path / "cand.jsonl", candidate)
+    code = run_gate(str(base), str(cand), 0.05, str(tmp_path / "proposed.jsonl"), timing="report", strict=strict)
+    return code, capsys.readouterr().out
+
+
+def test_the_gate_fails_an_incomplete_candidate_run_and_says_so(tmp_path, rows, capsys):
+    code, out = _gate(tmp_path, rows, _without_status(rows, "003-stage-3"), capsys)
+    assert code == 1, out
+    assert "missing: stage=3 (in the baseline, not completed in the candidate)" in out, out
+    assert "not completed: stage=3 (run 003-stage-3: incomplete: no run_status row" in out, out
+    table = out.split("\n  missing:")[0].splitlines()
+    assert [x for x in table if x.split()[:1] == ["stage=2"]] and not [x for x in table if x.split()[:1] == ["stage=3"]]
+
+
+def test_a_metric_the_baseline_lacks_is_listed_and_fails_only_when_strict(tmp_path, rows, capsys):
+    base = [r for r in rows if not (r["run_id"] == "003-stage-3" and r["metric"] == "peak_memory_bytes")]
+    code, out = _gate(tmp_path, base, rows, capsys)
+    assert code == 0 and "not in the baseline: stage=3: peak_memory_bytes" in out, out
+    code, out = _gate(tmp_path, base, rows, capsys, strict=True)
+    assert code == 1 and "not in the baseline: stage=3: peak_memory_bytes (fails: --strict)" in out, out
+
+
+def test_a_configuration_the_baseline_lacks_is_listed(tmp_path, rows, capsys):
+    base = [r for r in rows if r["run_id"] != "003-stage-3"]
+    code, out = _gate(tmp_path, base, rows, capsys)
+    assert code == 0 and "not in the baseline: stage=3 (no run of this configuration in the baseline)" in out, out
+    code, _ = _gate(tmp_path, base, rows, capsys, strict=True)
+    assert code == 1
+
+
+def test_a_proposed_baseline_keeps_only_ok_runs(tmp_path, rows):
+    cand = _without_status(copy.deepcopy(rows), "001-stage-1")
+    next(r for r in cand if r["run_id"] == "002-stage-2" and r["metric"] == "run_status")["status"] = "failed"
+    n = write_baseline(cand, tmp_path / "b.jsonl")
+    kept = {json.loads(line)["run_id"] for line in (tmp_path / "b.jsonl").read_text().splitlines()}
+    assert kept == {r["run_id"] for r in rows} - {"001-stage-1", "002-stage-2"} and n > 0

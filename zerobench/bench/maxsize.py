@@ -22,6 +22,7 @@ from pathlib import Path
 from zerobench.bench.search import largest_fitting
 from zerobench.bench.spec import RunSpec, to_train_config
 from zerobench.config import RunFailed
+from zerobench.launch.base import write_status
 from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
 from zerobench.models.sizes import num_params
@@ -68,6 +69,7 @@ def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int =
         if res.status == "cancelled":
             raise Cancelled(f"cancelled ({cancel.requested}) during the probe with {layers} layers"
                             + (f" (its log: {d / 'run.log'})" if keep else ""))
+        write_status(res, d, f"maxsize-{layers}", cfg)
         if res.status not in ("ok", "oom"):
             keep = True
             raise RunFailed(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from zerobench.bench.stats import median_ratio, median_standard_error
 from zerobench.config import ConfigError
+from zerobench.launch.base import write_status
 from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
 from zerobench.metrics.rss import CATEGORIES
@@ -148,6 +149,7 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
             res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s,
                                extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
                                log_path=out / f"{run_id}.log", cancel=cancel)
+            write_status(res, out / run_id, run_id, cfg)
             if cancel.requested:
                 raise Cancelled(f"cancelled ({cancel.requested}) during {run_id}; the runs so far are under {out} "
                                 f"(zerobench peers --summarize {out} tables them)")

@@ -26,7 +26,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
         return 0
     if not args.baseline:
         raise ConfigError("give --baseline FILE (or --write-baseline FILE to record one)")
-    return run_gate(args.baseline, args.candidate, args.timing_tolerance, args.propose, args.timing)
+    return run_gate(args.baseline, args.candidate, args.timing_tolerance, args.propose, args.timing, strict=args.strict)
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="minimum tolerance on step-time ratios (default 0.05; widen across machines)")
     rg.add_argument("--timing", choices=["gate", "report"], default="gate",
                     help="gate: step-time ratio regressions fail; report: shown, not failing (cross-session baselines)")
+    rg.add_argument("--strict", action="store_true",
+                    help="also fail on what the baseline lacks: a candidate run or gated metric with nothing to "
+                         "compare it with (default: listed as 'not in the baseline', not failing)")
     rg.add_argument("--propose", help="where to write the proposed baseline (default next to the candidate)")
     rg.add_argument("--write-baseline", metavar="FILE", help="record the candidate as a baseline and exit")
     ab = rg.add_argument_group("interleaved A/B timing (sees 10 per cent slowdowns on noisy machines)")

@@ -147,12 +147,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_into(cfg, denv, out, run_id: str, timeout: float) -> int:
     # Only a valid run pays for importing torch: a bad flag was refused above in a fraction of a second.
     from zerobench.distributed.env import DistEnv
-    from zerobench.launch.base import EXIT_OOM
+    from zerobench.launch.base import EXIT_IO, EXIT_OOM, write_status
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.launch.local import free_port, launch_local
     from zerobench.launch.worker import run_rank
     from zerobench.results.outdir import check_fresh_run_dir
-    from zerobench.results.rows import RowWriteError, RowWriter
+    from zerobench.results.rows import RowWriteError
 
     check_fresh_run_dir(out)
     if denv.source != "single":  # under torchrun / srun: this process is one rank
@@ -161,15 +161,17 @@ def _train_into(cfg, denv, out, run_id: str, timeout: float) -> int:
         return run_rank(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), out, run_id)
     log = out / "run.log"
     res = launch_local(cfg, out, run_id, timeout_s=timeout, log_path=log, echo=True)
+    unrecorded = ""
+    try:
+        write_status(res, out, run_id, cfg)  # ok too: a run without its status row reads as incomplete
+    except RowWriteError as e:  # the disk that failed the run: its cause still reaches the one line
+        unrecorded = f"; its status row could not be written either ({e})"
     if not res.ok:
-        unrecorded = ""
-        try:
-            RowWriter(out, run_id, cfg).write("run_status", 0, "bool", status=res.status, reason=res.reason,
-                                              elapsed_s=round(res.elapsed_s, 3))
-        except RowWriteError as e:  # the disk that failed the run: its cause still reaches the one line
-            unrecorded = f"; its status row could not be written either ({e})"
         print(f"zerobench: error: run failed: {res.reason} (every rank's output: {log}){unrecorded}", file=sys.stderr)
         return {"oom": EXIT_OOM, "cancelled": EXIT_CANCELLED}.get(res.status, 1)
+    if unrecorded:  # the run trained, but its rows would read as incomplete: say so, and fail
+        print(f"zerobench: error: the run finished{unrecorded}", file=sys.stderr)
+        return EXIT_IO
     return 0
 
 

@@ -76,21 +76,23 @@ def run(config: dict, run_id: str, out_dir: str | None, suite: str | None,
 
     The launcher that started this rank records the run's status from the exit code (and from what the
     rank sent on ``to_launcher``)."""
-    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_failure=False,
+    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_status=False,
                     to_launcher=to_launcher)
 
 
 def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str,
-             suite: str | None = None, record_failure: bool = True,
+             suite: str | None = None, record_status: bool = True,
              to_launcher: channel.RankChannel | None = None) -> int:
     """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written, or the disk
     full), ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure: a failed
     rendezvous, any other OSError).
 
     Each failure is one line on stderr and, when a launcher listens (``to_launcher``), on the rank's pipe too:
-    stderr may be a log on the very disk that filled. With ``record_failure`` (no launcher above this process
-    to do it) an out-of-memory end is also written to the run's rows as a ``run_status`` row with status
-    ``oom``, so a probe that did not fit is a result, not a missing run."""
+    stderr may be a log on the very disk that filled. With ``record_status`` (no launcher above this process to
+    do it: ``zerobench train`` in one process or under torchrun / srun) the run's end is also written to its rows
+    as the one ``run_status`` row a launcher would write: ``ok`` or ``failed`` with the reason by rank 0, ``oom``
+    by the rank that ran out, so a probe that did not fit is a result, not a missing run, and a run without the
+    row reads as incomplete."""
     t0 = time.monotonic()
     say = functools.partial(_say, to_launcher or channel.RankChannel(None))
     try:
@@ -101,11 +103,18 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
     except RowWriteError as e:
         return say(f"error: {e}", EXIT_IO)
     except (TurnstileError, RunFailed) as e:
-        return say(f"error: {e}", 1)
+        say(f"error: {e}", 1)
+        if record_status and denv.rank == 0:
+            return _status_row(cfg, out_dir, run_id, suite, t0, "failed", str(e), code=1)
+        return 1
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
-        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0, say)
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say)
     except OSError as e:
-        return say(f"error: rank {denv.rank}: {describe_os_error(e)}", EXIT_IO if e.errno in _FULL else 1)
+        reason = f"rank {denv.rank}: {describe_os_error(e)}"
+        code = say(f"error: {reason}", EXIT_IO if e.errno in _FULL else 1)
+        if record_status and denv.rank == 0:
+            return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
+        return code
     except (RuntimeError, MemoryError) as e:
         kind = classify(e)
         if kind is None:
@@ -113,10 +122,12 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
         if kind == "timeout":
             return say(f"error: rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: "
                        f"a peer rank is stuck or dead ({_first_line(e)})", EXIT_PEER_TIMEOUT)
-        return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0, say)
+        return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if record_status and denv.rank == 0:
+        return _status_row(cfg, out_dir, run_id, suite, t0, "ok", None, code=0)
     return 0
 
 
@@ -142,6 +153,22 @@ def _say(to_launcher: channel.RankChannel, line: str, code: int) -> int:
     return code
 
 
+def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None, code: int) -> int:
+    """Write the run's ``run_status`` row (when it has an output directory); ``code``, or ``EXIT_IO`` if the
+    row cannot be written."""
+    if out_dir is None:
+        return code
+    try:
+        RowWriter(out_dir, run_id, cfg, suite=suite).write(
+            "run_status", 1 if status == "ok" else 0, "bool", status=status, reason=reason,
+            elapsed_s=round(time.monotonic() - t0, 3))
+    except RowWriteError as e:
+        with contextlib.suppress(OSError):
+            print(f"zerobench: error: {e}", file=sys.stderr)
+        return EXIT_IO
+    return code
+
+
 _OOM_TEXT = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory", "Cannot allocate memory")
 _TIMEOUT_TEXT = ("timed out", "timeout")
 
@@ -163,12 +190,12 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else type(e).__name__
 
 
-def _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0, say) -> int:
-    """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_failure`` an
+def _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say) -> int:
+    """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_status`` an
     ``oom`` status row too."""
     reason = f"rank {denv.rank} ran out of memory: {_first_line(e)}"
     say(reason, EXIT_OOM)
-    if record_failure and out_dir is not None:
+    if record_status and out_dir is not None:
         RowWriter(out_dir, run_id, cfg, suite=suite).write(
             "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,
             elapsed_s=round(time.monotonic() - t0, 3))

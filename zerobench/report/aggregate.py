@@ -2,7 +2,9 @@
 
 Repeats are runs with the same config hash (e.g. several sweeps of the same suite): their metric values
 are reduced to the median, with the min-max spread kept. Per-rank metrics use rank 0 (the ledgers are
-identical across DP ranks by construction; the tests check that).
+identical across DP ranks by construction; the tests check that). Only runs whose status is ``ok`` (or
+``unrecorded``: rows from before every launcher wrote a status) are data points; a failed run, or an
+``incomplete`` one (no ``run_status`` row: ``results/status.py``), is named by ``run_statuses``, not counted.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+
+from zerobench.results.status import COUNTED, counted_rows, frame_statuses, with_run_key
 
 RUN_METRICS = ("step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "pflops_aggregate", "tokens_per_s_per_gpu",
                "num_params", "model_state_bytes", "model_state_bytes_analytic", "comm_volume_elements_per_step",
@@ -32,8 +36,21 @@ def _paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
     return {(1, False): "C1", (1, True): "C2", (2, False): "C3", (2, True): "C4"}[(int(stage), bool(pa))]
 
 
+def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
+    """The training runs that are not data points, by status (``incomplete``, ``failed``, ``oom``, ...): their run
+    ids, sorted."""
+    st = frame_statuses(with_run_key(df))
+    out: dict[str, list[str]] = {}
+    for (run_id, _), status in st["status"].items():
+        if status is not None and status not in COUNTED:
+            out.setdefault(status, []).append(str(run_id))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per config hash: configuration columns and the median (and spread) of each metric."""
+    """One row per config hash: configuration columns and the median (and spread) of each metric, over the runs
+    that count (``counted_rows``)."""
+    df = counted_rows(with_run_key(df))
     df = df[(df["status"].fillna("ok") == "ok") & ~df["metric"].str.startswith("peer_")
             & ~df["metric"].isin(["max_params", "max_layers"])]
     if "rank" in df:
@@ -94,6 +111,8 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def losses_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-step losses of the runs that count (``counted_rows``)."""
+    df = counted_rows(with_run_key(df))
     loss = df[(df["metric"] == "loss") & (df["status"].fillna("ok") == "ok")]
     cols = ["run_id", "step", "value", "config.zero.stage", "config.dp", "provenance.hardware.class"]
     return loss[[c for c in cols if c in loss]].rename(columns={"config.zero.stage": "stage", "config.dp": "dp"})

@@ -3,8 +3,8 @@ that ran out of memory included, so the largest model per system reads straight 
 
 One row per configuration (config hash): which system (zerobench's stage and offload, or a peer such as
 ``deepspeed-2-offload``), the budget, the model size, whether it fit (a ``run_status`` row with status
-``oom`` and no timing means it did not), and the median step time, TFLOPs, device peak, host model
-states and peak RSS over repeats (rank 0).
+``oom`` and no timing means it did not; a failed or incomplete run's figures are left out), and the median
+step time, TFLOPs, device peak, host model states and peak RSS over repeats (rank 0).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pandas as pd
 
 from zerobench.models.config import GPTConfig
 from zerobench.models.sizes import num_params
+from zerobench.results.status import counted_rows, with_run_key
 
 GiB = 2**30
 METRICS = {"step_time_s": "step_ms", "tflops_per_gpu": "tflops_per_gpu", "peak_memory_bytes": "device_peak_GiB",
@@ -59,9 +60,11 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
     d = df[sel & ~df["metric"].str.startswith("peer_")]
     if "rank" in d:
         d = d[d["rank"].isna() | (d["rank"] == 0)]
+    # a failed or incomplete run's figures are no data (results/status.py)
+    counts = pd.Series(d.index.isin(counted_rows(with_run_key(d)).index), index=d.index)
     out = []
     for _, g in d.groupby("config_hash", sort=False):
-        ok = g[g["status"].fillna("ok") == "ok"]
+        ok = g[(g["status"].fillna("ok") == "ok") & counts[g.index]]
         timed = ok[ok["metric"] == "step_time_s"]
         oom = (g["metric"] == "run_status") & (g["status"] == "oom")
         budget, params = _col(g, "config.memory_budget_bytes"), _params(g)

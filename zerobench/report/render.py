@@ -36,6 +36,8 @@ def _provenance(df: pd.DataFrame) -> dict:
         "suites": uniq("suite"),
         "runs": df["run_id"].nunique(),
         "rows": len(df),
+        # training runs that are not data points: incomplete (no run_status row), failed, oom, ... (not counted)
+        "not_counted": aggregate.run_statuses(df),
     }
 
 

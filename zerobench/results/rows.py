@@ -1,7 +1,8 @@
 """Append-only JSON Lines result rows, long format: one row per (run, metric[, step][, rank]).
 
 Every row carries ``metric``, ``value``, ``unit``, ``status``, the run id, the resolved config and its
-hash, and provenance. A row is written whole or not at all: appended on an ``O_APPEND`` descriptor,
+hash, provenance and the rows format (``schema``; ``results/status.py`` says what it tells a reader of a run
+without a status row). A row is written whole or not at all: appended on an ``O_APPEND`` descriptor,
 short writes continued, fsynced; if the disk fills (or any write fails) the file is cut back to where
 the row began and ``RowWriteError`` says so in one line. Readers skip a torn last line (a writer killed
 mid-row) with a warning, and refuse a file whose other lines are not rows.
@@ -18,6 +19,7 @@ from typing import Any
 
 from zerobench.config import ConfigError, RunFailed, config_hash, to_dict
 from zerobench.results.provenance import provenance
+from zerobench.results.status import SCHEMA
 
 ROWS_FILE = "rows.jsonl"
 OUTPUT_ONLY_KEYS = ("tensorboard_dir", "profile")
@@ -48,6 +50,7 @@ class RowWriter:
         if hardware is not None:
             prov = {**prov, "hardware": hardware}
         self.base = {
+            "schema": SCHEMA,
             "suite": suite,
             "run_id": run_id,
             "config": cfg,

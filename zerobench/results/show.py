@@ -1,7 +1,12 @@
-"""``zerobench results show``: one readable line per run, built from rows (never from logs)."""
+"""``zerobench results show``: one readable line per run, built from rows (never from logs).
+
+A run's status is its ``run_status`` row's; a training run without one is ``incomplete`` (or ``unrecorded``,
+for rows from before every launcher wrote one: ``results/status.py``), never ``ok``. ``skipped`` counts the
+optimizer steps skipped on fp16 overflow (left out of ``step_ms``)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -13,6 +18,10 @@ def _scaled(v, k: float) -> float | None:
     return None if v is None else float(v) * k
 
 
+def _count(v) -> int | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+
+
 def summarize(path: str | Path):
     """A per-run summary DataFrame: status, configuration and the headline metrics (rank 0)."""
     import pandas as pd
@@ -22,22 +31,24 @@ def summarize(path: str | Path):
 
 def _runs(path: str | Path) -> list[dict]:
     from zerobench.results import load
+    from zerobench.results.status import frame_statuses, with_run_key
 
-    df = load(path)
+    df = with_run_key(load(path))
+    st = frame_statuses(df)
     runs = []
-    for run_id, g in df.groupby("run_id", sort=True):
+    for (run_id, key), g in df.groupby(["run_id", "config_hash"], sort=True):
         def metric(name, rank0=True, g=g):
             m = g[g["metric"] == name]
             if rank0 and "rank" in m:
                 m = m[(m["rank"].isna()) | (m["rank"] == 0)]
             return m["value"].iloc[-1] if len(m) else None
 
-        status = g[g["metric"] == "run_status"]
+        status, reason = st.loc[(run_id, key)]
         loss = g[g["metric"] == "loss"].sort_values("step") if "step" in g else g.iloc[0:0]
         first = g.iloc[0]
         runs.append({
             "run": run_id,
-            "status": status["status"].iloc[-1] if len(status) else "ok",
+            "status": status,
             "system": first.get("config.system"),
             "stage": first.get("config.zero.stage"),
             "dp": first.get("config.dp"), "tp": first.get("config.tp"),
@@ -46,8 +57,9 @@ def _runs(path: str | Path) -> list[dict]:
             "tflops_gpu": metric("tflops_per_gpu"),
             "model_state_MiB": _scaled(metric("model_state_bytes"), 2**-20),
             "peak_MiB": _scaled(metric("peak_memory_bytes"), 2**-20),
+            "skipped": _count(metric("skipped_steps")),
             "final_loss": loss["value"].iloc[-1] if len(loss) else None,
-            "reason": _text(status["reason"].iloc[-1]) if len(status) and "reason" in status else None,
+            "reason": _text(reason),
         })
     return runs
 

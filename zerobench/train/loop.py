@@ -3,7 +3,9 @@
 Everything around a step — console lines, TensorBoard, lockstep A/B turns, test-only plantings — is a hook
 (``train/hooks.py``) the loop is handed through ``RankSettings``; the system comes in as a registered
 ``SystemEntry``. After the last step every rank's figures are gathered (over the default group) and rank 0
-prints the ledgers and writes the rows (``train/summary.py``).
+prints the ledgers and writes the rows (``train/summary.py``). A run that did not train (every step skipped
+on fp16 overflow, a loss that is not finite at the end: ``train/outcome.py``) raises ``RunFailed`` on every
+rank once its rows are written.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zerobench.config import RunFailed
 from zerobench.distributed.env import DistEnv, init_distributed
 from zerobench.distributed.mesh import Mesh, build_mesh
 from zerobench.metrics.comm import CommLedger
@@ -27,6 +30,7 @@ from zerobench.train.config import TrainConfig
 from zerobench.train.data import SyntheticTokens
 from zerobench.train.entry import SystemEntry
 from zerobench.train.hooks import LoopHooks, RankSettings, StepRecord, build_hooks
+from zerobench.train.outcome import failure, timed_steps
 from zerobench.train.summary import report, robust, write_rows
 
 
@@ -54,7 +58,9 @@ class _Run:
 
 def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Path | None, run_id: str = "train",
           log=print, suite: str | None = None, settings: RankSettings | None = None) -> dict:
-    """Train ``cfg`` with the registered system ``entry`` on this rank; returns the gathered summary."""
+    """Train ``cfg`` with the registered system ``entry`` on this rank; returns the gathered summary.
+
+    Raises ``RunFailed`` (on every rank alike, after rank 0 wrote the rows) when the run did not train."""
     cfg.validate(denv.world_size)
     entry.validate(cfg)
     settings = settings or RankSettings()
@@ -68,14 +74,16 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
     hooks = build_hooks(cfg, settings, rank, say, run_id, barrier, run.device)
     with contextlib.ExitStack() as stack:
         stack.callback(hooks.close)
-        losses, series = _steps(run, hooks, stack)
-    summary = _summarize(run, entry, losses, series)
+        records, series = _steps(run, hooks, stack)
+    summary = _summarize(run, entry, records, series)
     if rank == 0:
         report(summary, cfg, say)
         if out_dir is not None:
             write_rows(RowWriter(out_dir, run_id, cfg, suite=suite), summary, cfg, summary["n_measured"])
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
+    if summary["failure"] is not None:
+        raise RunFailed(summary["failure"])
     return summary
 
 
@@ -95,8 +103,9 @@ def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectiv
     return _Run(cfg, device, mesh, ledger, system, tracker)
 
 
-def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[list[float], dict[str, list[float]]]:
-    """Train ``cfg.steps`` steps; per-step losses and the timing series (wall, normalised, CPU)."""
+def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[list[StepRecord], dict[str, list[float]]]:
+    """Train ``cfg.steps`` steps; each step's record (loss, whether the optimizer stepped) and the timing series
+    (wall, normalised, CPU)."""
     cfg, device, system = run.cfg, run.device, run.system
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     fpt = flops_per_token(cfg.model)
@@ -104,7 +113,7 @@ def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[li
     if run.tracker is not None:
         run.tracker.track(planted)
         stack.enter_context(run.tracker)
-    losses: list[float] = []
+    records: list[StepRecord] = []
     series: dict[str, list[float]] = {"step_time_s": [], "step_time_norm": [], "step_cpu_s": []}
     for step in range(cfg.steps):
         if step == cfg.warmup_steps:
@@ -129,10 +138,10 @@ def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[li
         series["step_cpu_s"].append(time.process_time() - c0)
         series["step_time_norm"].append(dt / _reference_seconds(device))
         dist.all_reduce(total, group=run.mesh.dp.pg)
-        losses.append(total.item() / cfg.dp)
         series["step_time_s"].append(dt)
-        hooks.after_step(StepRecord(step + 1, losses[-1], dt, fpt * run.tokens_per_rank / dt / 1e12, stepped))
-    return losses, series
+        records.append(StepRecord(step + 1, total.item() / cfg.dp, dt, fpt * run.tokens_per_rank / dt / 1e12, stepped))
+        hooks.after_step(records[-1])
+    return records, series
 
 
 def _sync(device: torch.device) -> None:
@@ -149,11 +158,14 @@ def _reset_peaks(run: _Run) -> None:
     reset_peak_rss()
 
 
-def _summarize(run: _Run, entry: SystemEntry, losses: list[float], series: dict[str, list[float]]) -> dict:
-    """This rank's figures gathered from every rank, with the run's medians and FLOP rates."""
+def _summarize(run: _Run, entry: SystemEntry, records: list[StepRecord], series: dict[str, list[float]]) -> dict:
+    """This rank's figures gathered from every rank, with the run's medians and FLOP rates (None where every
+    timed step was skipped) and why the run failed (None: it trained)."""
     cfg, device, system, ledger = run.cfg, run.device, run.system, run.ledger
     traced = cfg.profile.steps if cfg.profile else 0  # the profiler's steps ran slower: left out
-    timing = {name: robust(xs[:len(xs) - traced], cfg.warmup_steps) for name, xs in series.items()}
+    losses, skipped = [r.loss for r in records], [r.step for r in records if not r.stepped]
+    timed = timed_steps(len(records), cfg.warmup_steps, traced, set(skipped))
+    timing = {name: robust([xs[i] for i in timed]) for name, xs in series.items()}
     step_time = timing["step_time_s"]["median"]
     peak = (run.tracker.peak if run.tracker is not None else None) if run.cpu else torch.cuda.max_memory_allocated(device)
     mine = {
@@ -172,15 +184,19 @@ def _summarize(run: _Run, entry: SystemEntry, losses: list[float], series: dict[
         "reserved": None if run.cpu else torch.cuda.max_memory_reserved(device),
         # M_D on GPU: fragmentation as reserved - allocated at peak, and the caching allocator's retries
         "alloc_retries": None if run.cpu else torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+        "failure": failure(losses, skipped, len(timed)),
     }
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    per_token = run.tokens_per_rank / step_time / 1e12
+    per_token = run.tokens_per_rank / step_time / 1e12 if step_time is not None else None
     return {
-        "losses": losses, "step_time_s": step_time, "timing": timing, "n_measured": len(timing["step_time_s"]["samples"]),
-        "tflops_per_gpu": flops_per_token(cfg.model) * per_token,
-        "hw_tflops_per_gpu": flops_per_token(cfg.model, recompute=cfg.activation.checkpoint) * per_token,
+        "losses": losses, "skipped": skipped, "step_time_s": step_time, "timing": timing, "n_measured": len(timed),
+        "tflops_per_gpu": flops_per_token(cfg.model) * per_token if per_token is not None else None,
+        "hw_tflops_per_gpu": (flops_per_token(cfg.model, recompute=cfg.activation.checkpoint) * per_token
+                              if per_token is not None else None),
         "ranks": everyone, "psi": num_params(cfg.model),
+        # every rank judged its own figures; the first failure any rank saw is the run's, on every rank
+        "failure": next((r["failure"] for r in everyone if r["failure"] is not None), None),
     }
 
 

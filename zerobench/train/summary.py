@@ -13,16 +13,24 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{'n/a':>14}" if n is None else f"{n / 2**20:10.2f} MiB"
 
 
-def robust(xs: list[float], warmup: int) -> dict:
-    """Median and median absolute deviation of the steps after warm-up (all steps if there are no others)."""
-    m = xs[warmup:] or xs
-    med = statistics.median(m)
-    return {"median": med, "mad": statistics.median(abs(t - med) for t in m), "samples": m}
+def robust(xs: list[float]) -> dict:
+    """Median and median absolute deviation of the timed steps ``xs`` (``train/outcome.py`` picks them); both
+    None when there is none (every timed step was skipped)."""
+    if not xs:
+        return {"median": None, "mad": None, "samples": []}
+    med = statistics.median(xs)
+    return {"median": med, "mad": statistics.median(abs(t - med) for t in xs), "samples": list(xs)}
 
 
 def report(s: dict, cfg: TrainConfig, say) -> None:
-    say(f"\nmedian step time {s['step_time_s'] * 1e3:.1f} ms, {s['tflops_per_gpu']:.4f} TFLOPs/GPU "
-        f"(model FLOPs, Megatron count), {s['tflops_per_gpu'] * cfg.world_size / 1e3:.6f} PFLOPs aggregate")
+    n_skipped, n = len(s["skipped"]), len(s["losses"])
+    skipped = f"; {n_skipped} of {n} steps skipped (fp16 overflow), left out" if n_skipped else ""
+    if s["step_time_s"] is None:
+        say(f"\nno median step time: every timed step was skipped (fp16 overflow; {n_skipped} of {n} steps)")
+    else:
+        say(f"\nmedian step time {s['step_time_s'] * 1e3:.1f} ms, {s['tflops_per_gpu']:.4f} TFLOPs/GPU "
+            f"(model FLOPs, Megatron count), {s['tflops_per_gpu'] * cfg.world_size / 1e3:.6f} PFLOPs aggregate"
+            + skipped)
     say("\nmemory ledger per rank (measured from the engine's tensors):")
     say(f"  {'rank':>4} {'params':>14} {'grads':>14} {'master':>14} {'optim states':>14} "
         f"{'model states':>14} {'analytic':>14} {'peak live':>14}")
@@ -65,11 +73,26 @@ _TIMINGS = (
 
 
 def write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None:
+    """The run's rows: per-step losses, the skipped steps, the timing medians (none where every timed step was
+    skipped), then the per-rank memory and communication figures."""
     for i, loss in enumerate(s["losses"]):
         w.write("loss", loss, "nats", step=i + 1)
+    w.write("skipped_steps", len(s["skipped"]), "steps", steps=s["skipped"], of=len(s["losses"]),
+            definition="optimizer steps skipped on fp16 overflow (no update applied, the loss scale lowered); "
+                       "left out of the timing medians")
     agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
+    if s["skipped"]:
+        agg += ", the skipped ones (fp16 overflow) left out"
     if cfg.profile:
         agg += f", the last {cfg.profile.steps} (traced by the profiler) left out"
+    if s["step_time_s"] is not None:
+        _write_timings(w, s, cfg, agg)
+    w.write("num_params", s["psi"], "params")
+    for r in s["ranks"]:
+        _write_rank(w, r, cfg)
+
+
+def _write_timings(w: RowWriter, s: dict, cfg: TrainConfig, agg: str) -> None:
     for metric, unit, definition in _TIMINGS:
         t = s["timing"][metric]
         # samples: the measured steps in order, so an A/B comparison can pair step k of one side with step k
@@ -80,38 +103,39 @@ def write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None
     w.write("hw_tflops_per_gpu", s["hw_tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="hardware (with recompute)")
     w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.world_size / 1e3, "PFLOP/s", aggregate=agg)
     w.write("tokens_per_s_per_gpu", cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / cfg.tp / s["step_time_s"], "tokens/s")
-    w.write("num_params", s["psi"], "params")
-    for r in s["ranks"]:
-        rk = r["rank"]
-        w.write("model_state_bytes", r["model_state_bytes"], "bytes", rank=rk)
-        if r["analytic"] is not None:
-            w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
-        for cat, b in r["ledger"].items():
-            w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
-        if r.get("host"):
-            w.write("host_model_state_bytes", r["host"]["measured"], "bytes", rank=rk,
-                    definition="model states in host memory under offload (NVMe files excluded)")
-            if r["host"]["analytic"] is not None:
-                w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
-        if r["comm_volume"] is not None:
-            w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
-        if cfg.tp > 1 and r["comm_volume"] is not None:
-            w.write("mp_comm_volume_elements_per_step", r["mp_volume"], "elements", rank=rk, group="tp")
-            w.write("pa_comm_volume_elements_per_step", r["pa_volume"], "elements", rank=rk, group="tp")
-        w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,
-                source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated")
-        if r["reserved"] is not None:
-            w.write("peak_reserved_bytes", r["reserved"], "bytes", rank=rk)
-            w.write("fragmentation_bytes", r["reserved"] - r["peak"], "bytes", rank=rk,
-                    definition="max reserved - max allocated")
-            w.write("alloc_retries", r["alloc_retries"], "count", rank=rk)
-        if r["peak"] is not None:
-            ckpt = r["ledger"].get("activation_checkpoints", 0)
-            w.write("memory_working_peak_bytes", r["peak"] - r["model_state_bytes"] - ckpt, "bytes", rank=rk,
-                    definition="peak live bytes - model states - activation checkpoints: working activations "
-                               "and transient buffers at the peak")
-        w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)
-        for cat, b in (r.get("rss_breakdown") or {}).items():
-            w.write(f"rss_{cat}_bytes", b, "bytes", rank=rk,
-                    definition="resident bytes of this kind at the highest RSS sampled between operators "
-                               "(zerobench/metrics/rss.py)")
+
+
+def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
+    rk = r["rank"]
+    w.write("model_state_bytes", r["model_state_bytes"], "bytes", rank=rk)
+    if r["analytic"] is not None:
+        w.write("model_state_bytes_analytic", r["analytic"], "bytes", rank=rk)
+    for cat, b in r["ledger"].items():
+        w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
+    if r.get("host"):
+        w.write("host_model_state_bytes", r["host"]["measured"], "bytes", rank=rk,
+                definition="model states in host memory under offload (NVMe files excluded)")
+        if r["host"]["analytic"] is not None:
+            w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
+    if r["comm_volume"] is not None:
+        w.write("comm_volume_elements_per_step", r["comm_volume"], "elements", rank=rk, group="dp")
+    if cfg.tp > 1 and r["comm_volume"] is not None:
+        w.write("mp_comm_volume_elements_per_step", r["mp_volume"], "elements", rank=rk, group="tp")
+        w.write("pa_comm_volume_elements_per_step", r["pa_volume"], "elements", rank=rk, group="tp")
+    w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,
+            source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated")
+    if r["reserved"] is not None:
+        w.write("peak_reserved_bytes", r["reserved"], "bytes", rank=rk)
+        w.write("fragmentation_bytes", r["reserved"] - r["peak"], "bytes", rank=rk,
+                definition="max reserved - max allocated")
+        w.write("alloc_retries", r["alloc_retries"], "count", rank=rk)
+    if r["peak"] is not None:
+        ckpt = r["ledger"].get("activation_checkpoints", 0)
+        w.write("memory_working_peak_bytes", r["peak"] - r["model_state_bytes"] - ckpt, "bytes", rank=rk,
+                definition="peak live bytes - model states - activation checkpoints: working activations "
+                           "and transient buffers at the peak")
+    w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)
+    for cat, b in (r.get("rss_breakdown") or {}).items():
+        w.write(f"rss_{cat}_bytes", b, "bytes", rank=rk,
+                definition="resident bytes of this kind at the highest RSS sampled between operators "
+                           "(zerobench/metrics/rss.py)")

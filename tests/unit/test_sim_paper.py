@@ -30,7 +30,7 @@ def test_the_fit_reproduces_its_anchor_and_nothing_else_is_fitted(convention):
     assert a.fitted and not any(x.fitted for x in P.ANCHORS[1:])
     assert a.run["gpus"] == 1 and "ZeRO" not in a.what  # one GPU, no ZeRO: one factor from a non-ZeRO point
     again = P._sim({**P._MEGATRON_BASE, **a.run},
-                   StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"])))
+                   StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]), P.PAPER_STACK))
     assert P._value(again, a.kind, convention) == pytest.approx(a.value, rel=1e-9)
     assert prof.dev.compute_scale == fit["value"] and 0.5 < fit["value"] < 2
 

@@ -136,3 +136,19 @@ def test_held_out_bars(predicted):
     s = predicted["summary"]["all"]
     assert s["median_abs_error"] <= 0.10
     assert s["beyond_25"] <= 0.15 * s["rows"]
+
+
+def test_the_report_draws_the_table(rows):
+    """The report's table comes from rows handed to it, else from the recorded prediction: one line per row of the
+    published table, in the reading its bars count."""
+    import pandas as pd
+
+    from zerobench.report.sim_figures import published_table
+
+    recorded = published_table(pd.DataFrame())
+    assert list(recorded["row"]) == [r.id for r in rows]
+    given = pd.DataFrame([{"metric": "sim_published_ratio", "counted": True, "row_id": "x", "split": "held_out",
+                           "device_class": "a100", "framework": "f", "gpus": 8, "tp": 1, "zero": 3, "published": 2.0,
+                           "published_metric": "speedup", "value": 1.25, "reading": "exact"}])
+    t = published_table(given)
+    assert list(t["row"]) == ["x"] and t["predicted / published"].iloc[0] == 1.25

@@ -40,10 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--paper", action="store_true",
                    help="predict the paper's figures (100B, 8B-100B, Fig 3, Fig 4) on the stated V100 DGX-2, one factor "
                         "fitted on Megatron-LM's single-V100 figure, each next to the paper's number")
+    s.add_argument("--validate-published", nargs="?", metavar="CSV", const="",
+                   help="predict published training throughput figures on stated devices, each next to its figure, "
+                        "with the median and worst |predicted / published - 1| per device class (default: the "
+                        "committed table results/reference/sim-published/published.csv)")
     s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows (a directory holding several "
                    "sweeps of one suite: each run's median over them)")
     s.add_argument("--fit", action="store_true",
                    help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs")
-    s.add_argument("--out", help="with --validate or --paper: also write the result as rows here (the report draws them)")
+    s.add_argument("--out", help="with --validate, --validate-published or --paper: also write the result as rows here (the "
+                        "report draws them)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_simulate)

@@ -83,6 +83,7 @@ def render(results: list[str], out_dir: str) -> Path:
     predicted = sim_figures.prediction_rows(df)
     figs += sim_figures.simulated_figures(predicted, out)
     paper_claims = sim_figures.claims_table(predicted)
+    published = sim_figures.published_table(df)
     comparison = aggregate.comparison_table(runs, maxsize)
     one_card = offload_table(df)
     t1 = pd.DataFrame(table1()).set_index("dp")
@@ -107,6 +108,8 @@ def render(results: list[str], out_dir: str) -> Path:
         "table2_md": t2.to_markdown(index=False),
         "paper_sim_html": paper_claims.to_html(index=False, classes="t") if len(paper_claims) else "",
         "paper_sim_md": paper_claims.to_markdown(index=False) if len(paper_claims) else "",
+        "published_sim_html": published.to_html(index=False, classes="t") if len(published) else "",
+        "published_sim_md": published.to_markdown(index=False) if len(published) else "",
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html"]))
     (out / "index.html").write_text(env.get_template("report.html.j2").render(**ctx))

@@ -18,6 +18,7 @@ import seaborn as sns
 from zerobench.report.figures import _save
 
 RECORDED = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-paper-v100-dgx2"
+RECORDED_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-published" / "predicted"
 PAPER_RED = "crimson"
 
 
@@ -35,6 +36,30 @@ def prediction_rows(df: pd.DataFrame) -> pd.DataFrame:
 
         d = chosen(load(str(RECORDED)))
     return d.reset_index(drop=True)
+
+
+def published_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``zerobench simulate --validate-published`` as a table: per row of the published table, its figure and
+    predicted ÷ published in the reading its bars count (from ``df`` if it has the rows, else the recorded ones)."""
+    def counted(d: pd.DataFrame) -> pd.DataFrame:
+        if "metric" not in d or "counted" not in d:
+            return d.iloc[0:0]
+        d = d[d["metric"] == "sim_published_ratio"]
+        return d[d["counted"].fillna(False).astype(bool)]
+
+    d = counted(df)
+    if d.empty and (RECORDED_PUBLISHED / "rows.jsonl").exists():
+        from zerobench.results import load
+
+        d = counted(load(str(RECORDED_PUBLISHED)))
+    if d.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "row": d["row_id"].values, "split": d["split"].values, "device": d["device_class"].values,
+        "framework": d["framework"].values, "GPUs": d["gpus"].values, "TP": d["tp"].values, "ZeRO": d["zero"].values,
+        "published": [f"{v:g} {m}" for v, m in zip(d["published"], d["published_metric"])],
+        "predicted / published": d["value"].round(3).values, "reading": d["reading"].values,
+    })
 
 
 def claims_table(d: pd.DataFrame) -> pd.DataFrame:

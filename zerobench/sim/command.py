@@ -22,6 +22,14 @@ def _configs(suite: str) -> list:
     return [r.config for r in s.runs if r.config.system == "zerobench"]
 
 
+def _software(suite: str) -> str:
+    """The program a suite's runs are: its ``cluster.software`` (the paper's suites: ``megatron-2019``), else
+    zerobench's own. Only a stated device reads it."""
+    from zerobench.bench.suite import load
+
+    return str(load(suite).cluster.get("software", "zerobench"))
+
+
 def _device(kind: str, cores: int) -> str:
     """What the profile is of: ``cpu: MODEL (N cores)`` or ``cuda: GPU NAME (N host cores)``."""
     import torch
@@ -77,16 +85,21 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_profile(path: str):
-    """A measured profile's rows, or a stated device by name (V100s with their fitted compute_scale)."""
+def _load_profile(path: str, software: str = "zerobench"):
+    """A measured profile's rows, or a stated device by name running ``software`` (a program of
+    ``zerobench.sim.software.STACKS``), at its device class's fitted compute_scale."""
     from zerobench.results.rows import read_rows
     from zerobench.sim.profile import Profile
     from zerobench.sim.stated import DEVICES
 
     if path in DEVICES:
         from zerobench.sim.paper import stated_profile
+        from zerobench.sim.software import STACKS
 
-        return stated_profile(path)
+        if software not in STACKS:
+            raise ConfigError(f"the suite's cluster.software {software!r} is not a described program: choose one of "
+                              f"{', '.join(STACKS)}")
+        return stated_profile(path, software)
 
     try:
         return Profile.from_rows(read_rows(path))
@@ -101,10 +114,12 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     if args.paper:
         return _paper(args)
+    if getattr(args, "validate_published", None) is not None:
+        return _published(args)
     if not args.profile:
         raise ConfigError("give --profile: a profile's rows (`zerobench profile --out DIR`) or a stated device "
                           "(v100-dgx2, v100-dgx2h, a100-dgx, h100-dgx)")
-    prof = _load_profile(args.profile)
+    prof = _load_profile(args.profile, _software(args.suite) if args.suite and not args.validate else "zerobench")
     if args.validate:
         try:
             rows = read_rows(args.validate)
@@ -178,6 +193,38 @@ def _paper(args: argparse.Namespace) -> int:
             metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
             w.write(metric, value, unit, **row)
     print(json.dumps(out, indent=1, default=float) if args.json else format_paper(out))
+    return 0
+
+
+def _published(args: argparse.Namespace) -> int:
+    from zerobench.sim.published import TABLE, load
+    from zerobench.sim.published_text import format_published, published_rows
+    from zerobench.sim.published_validate import predict
+
+    if args.profile or args.suite or args.validate:
+        raise ConfigError("--validate-published predicts every row on its own stated device: drop --profile, "
+                          "--suite and --validate")
+    path = args.validate_published or TABLE
+    try:
+        rows = load(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    if args.out:
+        from zerobench.results.outdir import check_fresh_run_dir
+
+        check_fresh_run_dir(Path(args.out))
+    out = predict(rows)
+    if args.out:
+        from zerobench.results.rows import RowWriter
+
+        w = RowWriter(args.out, "sim-published", {"table": str(path)})
+        for row in published_rows(out):
+            metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
+            w.write(metric, value, unit, **row)
+    if args.json:
+        print(json.dumps(published_rows(out), indent=1, default=float))
+    else:
+        print(format_published(out))
     return 0
 
 

@@ -1,93 +1,137 @@
-"""A stated device as a ``Profile``: each piece of a step costed from its FLOPs and bytes, each collective
-from where its group sits on the cluster.
+"""A stated device as a ``Profile``. Each piece of a step is costed from the kernels a program runs on it
+(``software.Stack``), and each collective from where its group sits on the cluster and what NCCL would do
+with it.
 
-Compute: every kernel of the piece (Megatron's GPT block, per TP rank) costs its roofline time,
-``max(FLOPs / (peak x gemm_eff), bytes / (HBM x mem_eff), kernel floor)``, times the device's fitted
-``compute_scale``. The kernels of one block's forward at T = b x s tokens, h_p = h / tp, a_p = heads / tp,
-d = h / heads:
+Compute. Every kernel of the piece (Megatron's GPT block, per TP rank) is costed, and the sum is
+multiplied by the device's fitted ``compute_scale``:
 
-- GEMMs: QKV (T x 3h_p x h), scores (a_p b batches of s x s x d), context (a_p b of s x d x s), the
-  attention projection (T x h x h_p), the MLP's two (T x 4h_p x h, T x h x 4h_p); backward runs two GEMMs
-  of the same size for each (input and weight gradients), and the recompute the forward once more;
-- elementwise (2-byte elements; each "pass" reads or writes the tensor once): 15 passes over T x h (two
-  LayerNorms, two dropouts with their masks, two residual adds), 8 over T x h_p (splitting and merging
-  heads), 8.5 over a_p b s^2 (scale, mask, softmax, dropout: PyTorch 1.x eager, unfused), 4 over T x 4h_p
-  (bias, GeLU); backward twice the passes;
-- the head: the LM-head GEMM (T x V/tp x h), the final LayerNorm and a vocab-parallel cross-entropy over
-  T x V/tp in fp32 (6 passes forward, 3 backward); the embedding: gather, position add and dropout
-  (7.5 passes over T x h), and in backward the gradient of the (V/tp x h) table written once.
+- GEMMs. A GEMM's time is the launch plus the larger of its tiles' arithmetic (``gemm.GemmModel``: tile and
+  wave quantisation, per-tile prologue, split-K) and its bytes at HBM bandwidth. A block's forward at
+  T = b x s tokens, h_p = h / tp runs QKV (T x 3h_p x h), the attention projection (T x h x h_p) and the
+  MLP's two (T x 4h_p x h, T x h x 4h_p). Backward runs the data-gradient GEMM (T x k x n) and the
+  weight-gradient GEMM (k x n over T) of each, and the recompute runs the forward once more. Thin
+  tensor-parallel GEMMs therefore lose what their shapes lose.
+- Attention, as the stack runs it. ``materialized`` charges the score GEMMs (a_p·b batches of
+  s x s x d and s x d x s) and the stack's passes over the b·a_p·s² scores. ``flash`` charges one
+  kernel: forward 2·b·s²·h_p FLOPs (causal, half of 4·b·s²·h_p), backward 2.5 times that, each at the
+  kernel's published fraction of peak on the device class.
+- Elementwise work runs at ``mem_eff`` of HBM bandwidth, with a floor of one kernel launch. It is counted
+  as the stack's passes over T x h (LayerNorms, residuals, dropouts, replicated across TP ranks),
+  T x h_p and T x 4h_p, with backward twice the forward's passes.
+- The head is the LM-head GEMM (T x V/tp x h) and its two backward GEMMs, the final LayerNorm, and the
+  stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
+  T x h); its backward writes the gradient of the (V/tp x h) table once.
 
-Communication: a group of n ranks along ``dp`` (ranks ``tp`` apart) or ``tp`` (adjacent ranks) either fits
-in one node (NVLink/NVSwitch: ``intra_busbw``) or spans nodes with k of its ranks per node. Every group of
-that dimension communicates at once (all TP ranks reduce the same bucket together), so the
-``gpus_per_node / k`` groups on a node share its network cards: bus bandwidth ``node_net_bw x k /
-gpus_per_node`` (at most ``intra_busbw``). On a DGX-2 with MP 16, 16 DP rings share 8 x 12 GB/s: 6 GB/s
-per GPU, the term a single efficiency cannot capture. Time = latency + bytes x (2(n-1)/n for an
-all-reduce, (n-1)/n otherwise) / bus bandwidth (nccl-tests' definition of bus bandwidth).
+Communication. A group of n ranks along ``dp`` (ranks ``tp`` apart) or ``tp`` (adjacent ranks) either fits
+in one node (NVLink/NVSwitch: ``intra_busbw``) or spans nodes with k of its ranks on each. Every group
+of a dimension communicates at once, so the ``gpus_per_node / k`` groups on a node share its network
+cards: a bus bandwidth of ``node_net_bw x k / gpus_per_node`` (at most ``intra_busbw``). On a DGX-2 at
+MP 16, 16 DP rings share 8 x 12 GB/s, which is 6 GB/s per GPU. NCCL's own cost model
+(``zerobench.sim.nccl``) turns that bandwidth into a time. It picks the fastest ring or tree and LL, LL128
+or Simple protocol; the ring's latency grows with its steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from zerobench.sim import nccl
+from zerobench.sim.gemm import for_ceiling
 from zerobench.sim.profile import Profile
+from zerobench.sim.software import STACKS, Stack
 from zerobench.sim.stated import StatedDevice
 
 _ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 class StatedProfile(Profile):
-    """The ``Profile`` of a ``StatedDevice`` (costs computed, not looked up)."""
+    """The ``Profile`` of a ``StatedDevice`` running ``stack`` (costs computed, not looked up). ``grad_elem``:
+    bytes per gradient element the data-parallel reductions move, where the program reduces in another
+    type than its parameters (FSDP reducing bf16 gradients in fp32)."""
 
-    def __init__(self, dev: StatedDevice):
-        super().__init__(device=dev.name, cores=1, sources=dict(dev.sources))
-        self.dev = dev
+    def __init__(self, dev: StatedDevice, stack: Stack | str = "zerobench", grad_elem: int | None = None):
+        stack = STACKS[stack] if isinstance(stack, str) else stack
+        super().__init__(device=dev.name, cores=1, sources={**dev.sources, **{f"stack.{k}": v for k, v in
+                                                                                  stack.sources.items()}})
+        self.dev, self.stack, self.grad_elem = dev, stack, grad_elem
+        self.gemm = for_ceiling(dev.sms, dev.gemm_eff, dev.peak_flops)
+        self.device_class = dev.name.split("-")[0].lower()
+        self._ops: dict[tuple, float] = {}
+
+    @property
+    def zero_machinery(self):
+        return self.stack.zero
 
     def with_scale(self, compute_scale: float) -> StatedProfile:
-        return StatedProfile(dataclasses.replace(self.dev, compute_scale=compute_scale))
+        return StatedProfile(dataclasses.replace(self.dev, compute_scale=compute_scale), self.stack, self.grad_elem)
 
     # -- compute -------------------------------------------------------------------------------
     def _peak(self, dtype: str) -> float:
         return self.dev.peak_flops_fp32 if dtype == "fp32" else self.dev.peak_flops
 
     def _gemm(self, m: float, n: float, k: float, batch: float, elem: int, peak: float) -> float:
-        d = self.dev
-        flops, nbytes = 2 * m * n * k * batch, elem * (m * k + k * n + m * n) * batch
-        return max(flops / (peak * d.gemm_eff), nbytes / (d.hbm_bw * d.mem_eff), d.kernel_floor_s)
+        nbytes = elem * (m * k + k * n + m * n) * batch
+        arith = self.gemm.compute_seconds(int(m), int(n), int(k), int(batch), peak)
+        return self.gemm.launch_s + max(arith, nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
+
+    def _linear(self, m: int, n: int, k: int, elem: int, peak: float, backward: bool) -> float:
+        """A linear layer's GEMMs: forward (m x n x k); backward the data gradient (m x k x n) and the weight
+        gradient (k x n over m)."""
+        if not backward:
+            return self._gemm(m, n, k, 1, elem, peak)
+        return self._gemm(m, k, n, 1, elem, peak) + self._gemm(k, n, m, 1, elem, peak)
 
     def _stream(self, nbytes: float, kernels: int = 1) -> float:
         d = self.dev
         return max(nbytes / (d.hbm_bw * d.mem_eff), kernels * d.kernel_floor_s)
 
+    def _attention(self, b: int, s: int, hp: int, ap: int, dh: int, elem: int, peak: float, backward: bool) -> float:
+        att = self.stack.attention
+        if att.kind == "flash":
+            flops = 2 * b * s * s * hp * (2.5 if backward else 1.0)
+            eff = (att.bwd_eff if backward else att.fwd_eff)[self.device_class]
+            nbytes = (8 if backward else 4) * b * s * hp * elem
+            return self.gemm.launch_s + max(flops / (peak * eff), nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
+        per = 2 if backward else 1
+        scores = self._gemm(s, s, dh, ap * b, elem, peak) + self._gemm(s, dh, s, ap * b, elem, peak)
+        return per * scores + self._stream(per * ap * b * s * s * att.score_passes * elem, per * 4)
+
     def _block(self, b: int, s: int, h: int, heads: int, tp: int, elem: int, peak: float, backward: bool) -> float:
         T, hp, ap, dh = b * s, h // tp, heads // tp, h // heads
-        gemms = [(T, 3 * hp, h, 1), (s, s, dh, ap * b), (s, dh, s, ap * b), (T, h, hp, 1), (T, 4 * hp, h, 1),
-                 (T, h, 4 * hp, 1)]
-        passes = [(T * h, 15, 8), (T * hp, 8, 4), (ap * b * s * s, 8.5, 4), (T * 4 * hp, 4, 2)]
+        st = self.stack
+        t = sum(self._linear(T, n, k, elem, peak, backward) for n, k in ((3 * hp, h), (h, hp), (4 * hp, h), (h, 4 * hp)))
+        t += self._attention(b, s, hp, ap, dh, elem, peak, backward)
         per = 2 if backward else 1
-        t = per * sum(self._gemm(m, n, k, bt, elem, peak) for m, n, k, bt in gemms)
-        return t + sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes)
+        passes = ((T * h, st.passes_h, 6), (T * hp, st.passes_hp, 2), (T * 4 * hp, st.passes_ffn, 2))
+        return t + sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
 
     def op_time(self, name: str, *, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str,
                 kernels: str, checkpoint: bool, ranks: int, threads: int) -> float:
+        key = (name, b, s, h, heads, vocab, tp, dtype, checkpoint)
+        if key not in self._ops:
+            self._ops[key] = self._op_time(name, b, s, h, heads, vocab, tp, dtype, checkpoint)
+        return self._ops[key] * self.dev.compute_scale
+
+    def _op_time(self, name: str, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str,
+                 checkpoint: bool) -> float:
         elem, peak, T, vp = _ELEM[dtype], self._peak(dtype), b * s, vocab // tp
+        loss_fwd, loss_bwd = self.stack.loss_bytes
         if name == "block_fwd":
-            t = self._block(b, s, h, heads, tp, elem, peak, backward=False)
-        elif name == "block_bwd":
+            return self._block(b, s, h, heads, tp, elem, peak, backward=False)
+        if name == "block_bwd":
             t = self._block(b, s, h, heads, tp, elem, peak, backward=True)
-            if checkpoint:
-                t += self._block(b, s, h, heads, tp, elem, peak, backward=False)
-        elif name == "head_fwd":
-            t = self._gemm(T, vp, h, 1, elem, peak) + self._stream(T * h * 2 * elem, 2) + self._stream(T * vp * 6 * 4, 6)
-        elif name == "head_bwd":
-            t = 2 * self._gemm(T, vp, h, 1, elem, peak) + self._stream(T * h * 4 * elem, 4) + self._stream(T * vp * 3 * 4, 3)
-        elif name == "embed_fwd":
-            t = self._stream(T * h * 7.5 * elem, 3)
-        elif name == "embed_bwd":
-            t = self._stream(T * h * 3 * elem + vp * h * elem, 2)
-        else:
-            raise KeyError(f"the stated profile of {self.device} has no op {name}")
-        return t * self.dev.compute_scale
+            return t + (self._block(b, s, h, heads, tp, elem, peak, backward=False) if checkpoint else 0.0)
+        if name == "head_fwd":
+            return (self._linear(T, vp, h, elem, peak, False) + self._stream(T * h * 2 * elem, 2)
+                    + self._stream(T * vp * loss_fwd, 3))
+        if name == "head_bwd":
+            return (self._linear(T, vp, h, elem, peak, True) + self._stream(T * h * 4 * elem, 4)
+                    + self._stream(T * vp * loss_bwd, 3))
+        if name == "embed_fwd":
+            return self._stream(T * h * 7.5 * elem, 3)
+        if name == "embed_bwd":
+            return self._stream(T * h * 3 * elem + vp * h * elem, 2)
+        raise KeyError(f"the stated profile of {self.device} has no op {name}")
 
     def cost(self, name: str, ranks: int, n: float) -> float:
         """The engine's per-element work on the device: Adam per element, copy/add/memset per byte."""
@@ -117,6 +161,7 @@ class StatedProfile(Profile):
         if group <= 1 or nbytes <= 0:
             return 0.0
         _, nodes = self.placement(group, dim, tp)
-        alpha = self.dev.intra_alpha_s if nodes == 1 else self.dev.inter_alpha_s
-        factor = 2 * (group - 1) / group if op == "all_reduce" else (group - 1) / group
-        return alpha + nbytes * factor / self.bus_bandwidth(group, dim, tp)
+        t = nccl.seconds(op, group, nodes, nbytes, self.bus_bandwidth(group, dim, tp))
+        if self.stack.zero.list_copies and dim == "dp" and op != "all_reduce":
+            t += group * self.dev.kernel_floor_s  # a copy kernel into or out of each of the list's tensors
+        return t

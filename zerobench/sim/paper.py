@@ -52,10 +52,11 @@ ANCHORS = (
            dict(layers=72, hidden=3072, heads=32, gpus=512, tp=8, micro_batch=8), "v100-dgx2h",
            "pflops", 15.1, MEGATRON_SRC, False),
 )
-"""Both: seq 1024, GPT-2 vocabulary padded as Megatron-LM does, fp16, activation checkpointing, Megatron's
-data parallelism (one all-reduce of all gradients after backward)."""
+"""Both: seq 1024, the GPT-2 vocabulary padded to 51,200 as Megatron-LM states (§5.1), fp16, activation
+checkpointing, Megatron's data parallelism (one all-reduce of all gradients after backward). Both are rows of the
+published table too (``meg19-1.2b-1gpu``, its V100 calibration row, and ``meg19-8.3b-tp8-dp64``)."""
 
-_MEGATRON_BASE = dict(seq=1024, vocab=50257, precision="fp16", checkpoint_activations=True, system="megatron",
+_MEGATRON_BASE = dict(seq=1024, vocab=51200, precision="fp16", checkpoint_activations=True, system="megatron",
                       stage=0, bucket_size=None)
 
 
@@ -74,12 +75,21 @@ def train_config(run: dict):
 
 
 CALIBRATED = ("v100-dgx2", "v100-dgx2h")
-"""Stated devices with the anchors' GPUs (V100-SXM3): the fitted ``compute_scale`` applies to them."""
+"""Stated devices with the anchors' GPUs (V100-SXM3): ``--paper`` predicts on them."""
+
+PAPER_STACK = "megatron-2019"
+"""The program the paper's runs are replayed as: the ZeRO paper's code is built on Megatron-LM's 2019 GPT, in eager
+PyTorch with the attention softmax unfused (``zerobench.sim.software``)."""
 
 
-def stated_profile(device: str) -> StatedProfile:
-    """A stated device's profile: fitted where the anchors ran on the same GPUs, else as stated (scale 1)."""
-    return fitted_profile(device, "hardware")[0] if device in CALIBRATED else StatedProfile(DEVICES[device])
+def stated_profile(device: str, stack: str = "zerobench") -> StatedProfile:
+    """A stated device running ``stack``, at its device class's fitted ``compute_scale`` (fitted on the class's one
+    calibration figure, ``results/reference/sim-published``; scale 1 where the class has none)."""
+    from zerobench.sim.published_validate import calibration
+
+    dev = DEVICES[device]
+    fit = calibration(dev.name.split("-")[0].lower())
+    return StatedProfile(dataclasses.replace(dev, compute_scale=fit["value"]), stack)
 
 
 def _sim(run: dict, prof: StatedProfile) -> dict:
@@ -91,16 +101,18 @@ def _sim(run: dict, prof: StatedProfile) -> dict:
 
 
 def fitted_profile(device: str, convention: str) -> tuple[StatedProfile, dict]:
-    """``device``'s stated profile with ``compute_scale`` fitted on the single-GPU anchor read in
-    ``convention``. One GPU has no collectives, so its step time is exactly proportional to the scale:
-    one simulation solves it."""
+    """``device``'s stated profile running the paper's program, with ``compute_scale`` fitted on the single-GPU
+    anchor read in ``convention``. The anchor is the V100 calibration row of the published table, so ``--paper``
+    and ``--validate-published`` use one fit of one figure."""
+    from zerobench.sim.published_validate import calibration
+
     a = ANCHORS[0]
-    unit = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=1.0))
+    fit = calibration("v100", convention)
+    unit = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=1.0), PAPER_STACK)
     got = _value(_sim({**_MEGATRON_BASE, **a.run}, unit), a.kind, convention)
-    scale = got / a.value
-    return StatedProfile(dataclasses.replace(DEVICES[device], compute_scale=scale)), {
-        "factor": "compute_scale", "value": scale, "fitted_on": a.what, "anchor": a.value, "source": a.source,
-        "unfitted_prediction": got}
+    return StatedProfile(dataclasses.replace(DEVICES[device], compute_scale=fit["value"]), PAPER_STACK), {
+        "factor": "compute_scale", "value": fit["value"], "fitted_on": a.what, "anchor": a.value, "source": a.source,
+        "unfitted_prediction": got, "table_row": fit["row"]}
 
 
 def _value(sim: dict, kind: str, convention: str) -> float:
@@ -225,7 +237,7 @@ def predict_paper(device: str = "v100-dgx2", progress=None) -> dict:
         say(f"{conv} FLOPs: compute_scale {fit['value']:.3f} fitted on {fit['fitted_on']}")
         anchors = []
         for a in ANCHORS:
-            on = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]))
+            on = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]), PAPER_STACK)
             sim = _sim({**_MEGATRON_BASE, **a.run}, on)
             anchors.append(_claim(a.what, a.value, "", _value(sim, a.kind, conv), _unit(a.kind, conv), a.source, sim,
                                   fitted=a.fitted))

@@ -123,6 +123,16 @@ class Profile:
     CPU host gloo's threads share the cores the ranks compute on (on a GPU, NCCL's kernels take SMs:
     near zero). The profile's one fitted factor, fitted on non-ZeRO runs only (``validate.fit_interference``)."""
 
+    grad_elem: int | None = None
+    """Bytes per gradient element of the data-parallel reductions, where the program reduces in another type than
+    its parameters (None: the parameters' type). Stated profiles only."""
+
+    @property
+    def zero_machinery(self):
+        """How the program's ZeRO-3 gathers and reduces where it differs from zerobench's engine
+        (``software.ZeroMachinery``; None: zerobench's)."""
+        return None
+
     @property
     def asynchronous(self) -> bool:
         """Whether the host issues work that the device runs later (a GPU): the replay then keeps a host stream

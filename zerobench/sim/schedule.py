@@ -58,6 +58,13 @@ class StepReplay:
             self.by_point.setdefault(b.lands, []).append(b)
         self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm else 0
         self.elem = cfg.zero.precision.param_dtype.itemsize
+        self.grad_elem = prof.grad_elem or self.elem
+        """Bytes per element of a gradient reduction (the profile's program may reduce in a wider type)."""
+        machinery = prof.zero_machinery
+        self.prefetch = cfg.zero.prefetch and not (machinery and machinery.sync_per_module)
+        """Stage 3 gathers the next unit behind the current one's compute, unless the program waits for the device
+        before every gather (``ZeroMachinery.sync_per_module``)."""
+        self.regather = bool(machinery and machinery.regather_for_recompute and cfg.activation.checkpoint)
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
         self.shape = dict(b=cfg.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=cfg.tp,
@@ -195,7 +202,7 @@ class StepReplay:
 
     def _reduce(self, b: Bucket) -> None:
         op = "all_reduce" if self.stage == 0 else "reduce_scatter"
-        self.inflight.append(self.dp_collective(op, b.numel * self.elem, f"reduce bucket {b.index}"))
+        self.inflight.append(self.dp_collective(op, b.numel * self.grad_elem, f"reduce bucket {b.index}"))
         if self.stage == 3:
             self.gathers.pop(b.unit, None)  # freed once handed over: the next use gathers again
         if len(self.inflight) > self.max_inflight:

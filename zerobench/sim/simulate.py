@@ -18,7 +18,7 @@ from zerobench.train.config import TrainConfig
 
 
 def _forward(r: StepReplay) -> None:
-    L, tp, pre = r.cfg.model.layers, r.tp > 1, r.cfg.zero.prefetch
+    L, tp, pre = r.cfg.model.layers, r.tp > 1, r.prefetch
     r.need(0)
     if pre:
         r.gather(1)
@@ -37,13 +37,16 @@ def _forward(r: StepReplay) -> None:
 
 def _backward(r: StepReplay) -> None:
     c = r.cfg
-    L, tp, pre, ckpt = c.model.layers, r.tp > 1, c.zero.prefetch, c.activation.checkpoint
+    L, tp, pre, ckpt = c.model.layers, r.tp > 1, r.prefetch, c.activation.checkpoint
     r.need(0)
     if pre:
         r.gather(L)
     r.compute("head_bwd", 1 if tp else 0)
     r.land(HEAD)
     for i in reversed(range(L)):
+        if r.regather:  # the recompute's forward gathered the block and released it: backward gathers it again
+            r.need(i + 1)
+            r.gathers.pop(i + 1, None)
         r.need(i + 1)
         if pre and i >= 1:
             r.gather(i)

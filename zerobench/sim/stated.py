@@ -20,8 +20,15 @@ Sources (cited by address; figures are read from them, nothing is copied):
   NVIDIA's "Matrix Multiplication Background" guide
   (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/) for why smaller
   GEMMs fall below it (tile and wave quantisation, arithmetic intensity: the roofline used here).
-- [nccl-issue] Issue #22's stated figures: 8 x V100 NVLink all-reduce plateaus near 130 GB/s bus bandwidth
-  with ~60 us latency; 100 Gb/s IB gives about 12 GB/s per card.
+- [nccl-issue] Issue #22's stated figures: 8 x V100 NVLink all-reduce plateaus near 130 GB/s bus bandwidth;
+  100 Gb/s IB gives about 12 GB/s per card.
+- [nccl-tune] NCCL 2.8's tuning model (NVIDIA/nccl src/graph/tuning.cc): every collective's latency per step and
+  protocol, and its bus bandwidth on sm80 capped at 235 GB/s (``zerobench.sim.nccl``).
+- [gemm-xla] XLA's measured bf16 matmul table for H100 (``zerobench.sim.gemm``): the H100's GEMM ceiling, and the
+  tile, prologue and launch costs every device's GEMMs are modelled with.
+- [fa2] Dao 2023, FlashAttention-2 (arXiv 2307.08691): "optimized GEMM can reach up to 80-90% of the theoretical
+  maximum device throughput" on A100 (§1).
+- [sms] SM counts from the data sheets: V100 80, A100 108, H100 SXM 132.
 - [assumed] Assumptions with no measurement behind them here; each is named where used.
 """
 
@@ -46,22 +53,20 @@ class StatedDevice:
     """Device memory per GPU."""
     gpus_per_node: int
     """GPUs per node (one NVLink/NVSwitch domain)."""
+    sms: int
+    """Streaming multiprocessors (the GEMM model's waves)."""
     gemm_eff: float
-    """Fraction of ``peak_flops`` a large GEMM reaches (the roofline's compute ceiling)."""
+    """Fraction of ``peak_flops`` a large square GEMM (8192³) reaches: the GEMM model is scaled to it."""
     mem_eff: float
     """Fraction of ``hbm_bw`` an elementwise kernel reaches (the roofline's memory ceiling)."""
     kernel_floor_s: float
     """Shortest time of any kernel (launch and tail)."""
     intra_busbw: float
-    """All-reduce bus bandwidth inside a node (nccl-tests' busbw plateau)."""
-    intra_alpha_s: float
-    """Latency of a collective inside a node."""
+    """All-reduce bus bandwidth inside a node (nccl-tests' busbw plateau), Simple protocol."""
     nic_bw: float
     """Achieved bandwidth of one network card."""
     nics_per_node: int
     """Network cards per node; every GPU of the node shares them."""
-    inter_alpha_s: float
-    """Latency of a collective that crosses nodes."""
     host_bw: float
     """Device <-> host copy bandwidth per GPU (pinned memory)."""
     adam_bytes_per_element: float = 32.0
@@ -88,19 +93,19 @@ _V100_SOURCES = {
     "mem_eff": "[assumed] elementwise kernels at 80% of HBM bandwidth",
     "kernel_floor_s": "[assumed] 5 us per kernel (launch latency; PyTorch eager issues one per op)",
     "intra_busbw": "[nccl-issue] ~130 GB/s all-reduce bus bandwidth over NVLink/NVSwitch",
-    "intra_alpha_s": "[nccl-issue] ~60 us all-reduce latency inside a node",
+    "latency": "[nccl-tune] NCCL's per-step latencies (``zerobench.sim.nccl``)",
+    "sms": "[sms] 80",
     "nic_bw": "[nccl-issue] 100 Gb/s EDR IB gives about 12 GB/s per card",
     "nics_per_node": "[dgx2] 8 x 100 Gb/s EDR per DGX-2",
-    "inter_alpha_s": "[assumed] twice the intra-node latency when a ring crosses nodes",
     "host_bw": "[assumed] 12 GB/s pinned copies over PCIe gen3 x16 [dgx2]",
 }
 
 
 def _v100(name: str, peak: float, note: str) -> StatedDevice:
     return StatedDevice(
-        name=name, peak_flops=peak, peak_flops_fp32=15.7e12, hbm_bw=900e9, mem_bytes=32e9, gpus_per_node=16,
-        gemm_eff=0.68, mem_eff=0.8, kernel_floor_s=5e-6, intra_busbw=130e9, intra_alpha_s=60e-6, nic_bw=12e9,
-        nics_per_node=8, inter_alpha_s=120e-6, host_bw=12e9,
+        name=name, peak_flops=peak, peak_flops_fp32=15.7e12, hbm_bw=900e9, mem_bytes=32e9, gpus_per_node=16, sms=80,
+        gemm_eff=0.68, mem_eff=0.8, kernel_floor_s=5e-6, intra_busbw=130e9, nic_bw=12e9, nics_per_node=8,
+        host_bw=12e9,
         sources={**_V100_SOURCES, "peak_flops": note})
 
 
@@ -112,21 +117,25 @@ DEVICES: dict[str, StatedDevice] = {
                         "[v100-ds] 130 TFLOP/s: Megatron-LM states 39 TFLOP/s is 30% of peak on its DGX-2H"),
     "a100-dgx": StatedDevice(
         name="A100-SXM4-80GB DGX A100 (stated, uncalibrated)", peak_flops=312e12, peak_flops_fp32=156e12,
-        hbm_bw=2.0e12, mem_bytes=80e9, gpus_per_node=8, gemm_eff=0.8, mem_eff=0.8, kernel_floor_s=4e-6,
-        intra_busbw=230e9, intra_alpha_s=30e-6, nic_bw=24e9, nics_per_node=8, inter_alpha_s=60e-6, host_bw=24e9,
+        hbm_bw=2.0e12, mem_bytes=80e9, gpus_per_node=8, sms=108, gemm_eff=0.85, mem_eff=0.8, kernel_floor_s=4e-6,
+        intra_busbw=230e9, nic_bw=24e9, nics_per_node=8, host_bw=24e9,
         sources={"peak_flops": "[a100-ds] 312 TFLOP/s bf16; 156 TF32", "hbm_bw": "[a100-ds] 2.0 TB/s",
-                 "gemm_eff": "[assumed] 0.8 of peak for large bf16 GEMMs",
-                 "intra_busbw": "[assumed] ~230 GB/s all-reduce bus bandwidth over NVLink3 (600 GB/s per GPU)",
+                 "sms": "[sms] 108",
+                 "gemm_eff": "[fa2] 'up to 80-90%' of peak for optimized GEMMs on A100: 0.85",
+                 "intra_busbw": ("[nccl-tune] NCCL caps sm80's bus bandwidth at 235 GB/s; 230 GB/s over NVLink3 "
+                                 "(600 GB/s per GPU) [assumed]"),
                  "nic_bw": "[a100-ds] 200 Gb/s HDR = 25 GB/s line rate; 24 GB/s achieved [assumed]",
                  "host_bw": "[assumed] PCIe gen4 x16 pinned copies"}),
     "h100-dgx": StatedDevice(
         name="H100-SXM5-80GB DGX H100 (stated, uncalibrated)", peak_flops=989e12, peak_flops_fp32=495e12,
-        hbm_bw=3.35e12, mem_bytes=80e9, gpus_per_node=8, gemm_eff=0.7, mem_eff=0.8, kernel_floor_s=3e-6,
-        intra_busbw=450e9, intra_alpha_s=25e-6, nic_bw=48e9, nics_per_node=8, inter_alpha_s=50e-6, host_bw=50e9,
+        hbm_bw=3.35e12, mem_bytes=80e9, gpus_per_node=8, sms=132, gemm_eff=0.822, mem_eff=0.8, kernel_floor_s=3e-6,
+        intra_busbw=450e9, nic_bw=48e9, nics_per_node=8, host_bw=50e9,
         sources={"peak_flops": "[h100-ds] 989 TFLOP/s dense bf16; 495 TF32", "hbm_bw": "[h100-ds] 3.35 TB/s",
-                 "gemm_eff": "[assumed] 0.7 of peak for large bf16 GEMMs",
+                 "sms": "[sms] 132",
+                 "gemm_eff": "[gemm-xla] the model fitted on XLA's H100 table puts an 8192^3 bf16 GEMM at 0.822",
                  "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",
-                 "nic_bw": "[h100-ds] 400 Gb/s NDR = 50 GB/s line rate; 48 GB/s achieved [assumed]",
+                 "nic_bw": ("[h100-ds] 400 Gb/s NDR = 50 GB/s line rate; 48 GB/s achieved [assumed]; the published "
+                            "H100 rows (llm-foundry) do not state their network: a DGX H100's is taken [assumed]"),
                  "host_bw": "[assumed] PCIe gen5 x16 pinned copies"}),
 }
 """Stated devices by the name ``--profile`` takes (the ``cluster.hardware`` of the paper's suites)."""

@@ -136,7 +136,7 @@ def test_ab_catches_a_planted_ten_percent_slowdown_and_passes_unchanged_code(ab_
     one interleaved comparison (this checkout against itself): the candidate side spends an extra 10% of
     every stage-2 step (the test-only delay hook); its stage-1 run is unchanged. Lockstep: both sides run
     at once and their steps take turns, each round's ratio is the median of step-k-vs-step-k ratios, so
-    noise bursts of the shared VM land on both sides (see the README for what the other modes measured)."""
+    noise bursts of the shared VM land on both sides (docs/results.md says what the other modes measured)."""
     out = tmp_path / "ab"
     r = zb("regress", "--ab", str(ab_suite), "--baseline-tree", str(REPO), "--rounds", "4", "--max-rounds", "10",
            "--out", str(out), "--lockstep", "--candidate-env", "ZEROBENCH_PLANT_DELAY=0.10:2", timeout=900)

@@ -1,7 +1,7 @@
 """Issue 24 on a lent H200 (``results/reference/gpu-h200-2026-11-27``): the engines side by side at a world of 1,
-recomputed from the recorded rows. The README's figures are these numbers; the summary rows committed beside
-the runs are what ``zerobench peers`` (or, for the small comparison the call's time limit cut before its last
-run, the same ``summarize``) wrote from them."""
+recomputed from the recorded rows. The figures of docs/peers.md and of the dataset's README are these numbers;
+the summary rows committed beside the runs are what ``zerobench peers`` (or, for the small comparison the call's
+time limit cut before its last run, the same ``summarize``) wrote from them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Issue 24's grid cells measured against every peer with a memory run (``results/reference/peers-engine-cpu-2core``:
-``small4-dp4*``, ``tiny-dp2-all-peers``, ``tiny-dp4-all-peers``): the README's bar figures recomputed from the
+``small4-dp4*``, ``tiny-dp2-all-peers``, ``tiny-dp4-all-peers``): docs/peers.md's bar figures recomputed from the
 committed summary rows with ``zerobench peers``' own ``bar``."""
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def test_time_against_the_fastest_peer_of_the_same_sharding(verdicts):
                    "zerobench-2-offload": ("deepspeed-2-offload", 0.761),
                    "zerobench-3-offload": ("deepspeed-3-offload", 0.754)}
     assert all(v["speed_ok"] for v in verdicts.values())
-    assert not verdicts["zerobench-1"]["speed_decided"]  # the README says "within noise" for stage 1
+    assert not verdicts["zerobench-1"]["speed_decided"]  # docs/peers.md says "within noise" for stage 1
 
 
 def test_peak_memory_against_the_leanest_peer(verdicts):
     got = {c: (v["leanest_peer"], round(v["memory_vs_leanest"], 3)) for c, v in verdicts.items()}
     assert got["zerobench-0"] == ("deepspeed-0", 0.984) and got["zerobench-1"] == ("deepspeed-1", 0.973)
-    assert got["zerobench-2"] == ("fsdp1-shard-grad-op", 1.029)  # the misses the README explains
+    assert got["zerobench-2"] == ("fsdp1-shard-grad-op", 1.029)  # the misses docs/peers.md explains
     assert got["zerobench-3"] == ("fsdp1-full-shard", 1.007)
 
 
@@ -74,10 +74,10 @@ def test_stage3_and_ddp_and_overlap_off():
 def test_tiny_against_every_peer(name, time):
     v = _verdicts(name)
     assert {c: (v[c]["fastest_peer"], round(v[c]["time_vs_fastest"], 3)) for c in time} == time
-    if name.startswith("tiny-dp4"):  # over the bar by less than the rounds' spread: the README says within noise
+    if name.startswith("tiny-dp4"):  # over the bar by less than the rounds' spread: docs/peers.md says within noise
         assert not v["zerobench-0"]["speed_ok"] and not v["zerobench-0"]["speed_decided"]
     mem = {c: (v[c]["leanest_peer"], round(v[c]["memory_vs_leanest"], 3)) for c in time}
-    # stage 0 holds a persistent gradient bucket, as DDP: under its peak, over DeepSpeed-0's (the README says why)
+    # stage 0 holds a persistent gradient bucket, as DDP: under its peak, over DeepSpeed-0's (docs/peers.md says why)
     assert mem["zerobench-0"] == ("deepspeed-0", 1.143)
     recs = _records(name)
     assert recs["zerobench-0"]["peak_live_bytes"] <= recs["torch-ddp"]["peak_live_bytes"] == 4365952

@@ -191,7 +191,8 @@ def test_recorded_h200_memory_is_predicted_within_one_percent(i):
 @pytest.mark.parametrize("i", [2, 3])
 def test_recorded_h200_device_bound_runs_meet_the_step_time_bar(i):
     """Every stage of the 1.3B GPT (device-bound) within 10% in every round; the 125M one is host-bound at
-    micro-batch 8 on these hosts, and the README reports its misses (the host's speed drifted between runs)."""
+    micro-batch 8 on these hosts, and docs/simulator.md and the dataset's README report its misses (the host's
+    speed drifted between runs)."""
     big = {k: r for k, r in _round(i).items() if "1.3b" in k}
     assert {r["stage"] for r in big.values()} == {0, 1, 2, 3}
     assert all(abs(r["ratio"] - 1) <= 0.10 for r in big.values()), {k: round(r["ratio"], 3) for k, r in big.items()}
@@ -202,7 +203,7 @@ def test_recorded_h200_device_bound_runs_meet_the_step_time_bar(i):
 def test_the_first_round_was_profiled_before_warm_up_and_stream_timed_copies():
     """Round 1's profile predates the card's warm-up before timing and the per-element costs timed on the stream
     (each copy then paid a synchronisation): the 1.3B runs read 1.04-1.10, the checkpointed one just over the bar,
-    as the README's table says."""
+    as the dataset's README table says."""
     big = {k: round(r["ratio"], 2) for k, r in _round(1).items() if "1.3b" in k}
     assert max(big.values()) == 1.10 and big["008-1.3b-s3-ckpt"] == 1.10 and min(big.values()) == 1.04
 

@@ -1,6 +1,6 @@
 """The paper's cluster figures predicted on the stated V100 DGX-2 (issue 22): the one fitted factor, the
 predicted (unfitted) anchor, and the recorded predictions in ``results/reference/sim-paper-v100-dgx2``
-recomputed exactly, so the README's table cannot drift from the code."""
+recomputed exactly, so docs/simulator.md's table cannot drift from the code."""
 
 from __future__ import annotations
 

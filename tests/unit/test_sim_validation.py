@@ -6,9 +6,10 @@ profiles hold each piece's median, and on the Xeon again with profiles of each p
 measured in situ, the samples made before the step clock and 20 steps a run (``...-cpu-2core-xeon-insitu``);
 and the same profiler and loop once more on a fourth and a fifth Xeon VM (``...-cpu-2core-xeon-4``, ``-5``).
 
-What is asserted is what the README's validation table states, recomputed from the rows: the profile
-alone predicts every run (no run's step time is an input), the one fitted factor is fitted on non-ZeRO
-runs only, and the errors are the ones the table reports. The issue's bar (median ≤ 10 %, worst ≤ 25 %)
+What is asserted is what docs/simulator.md's validation table and each recording's README state, recomputed
+from the rows: the profile alone predicts every run (no run's step time is an input), the one fitted factor is
+fitted on non-ZeRO runs only, and the errors are the ones the table reports (tests/unit/test_docs.py holds the
+table to each recording's validation.json). The issue's bar (median ≤ 10 %, worst ≤ 25 %)
 holds on the fifth Xeon recording and is a strict expected failure on the others.
 """
 
@@ -79,7 +80,7 @@ MEETS_BAR = ("sim-validation-cpu-2core-xeon-5",)
 """The recordings on which issue 22's whole CPU bar holds."""
 CURRENT = ("sim-validation-cpu-2core-xeon-insitu", "sim-validation-cpu-2core-xeon-4", "sim-validation-cpu-2core-xeon-5")
 """The recordings of the current profiler and loop (TP pieces in situ, 20 steps a run)."""
-_MISSED = pytest.mark.xfail(strict=True, reason="issue 22's CPU bar is missed on this recording: see the README")
+_MISSED = pytest.mark.xfail(strict=True, reason="issue 22's CPU bar is missed on this recording: see docs/simulator.md")
 
 
 @pytest.mark.parametrize("recorded", [h if h in MEETS_BAR else pytest.param(h, marks=_MISSED) for h in HOSTS],

@@ -68,7 +68,7 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
 
     With ``record_failure`` (no launcher above this process to do it) an out-of-memory end is also
     written to the run's rows as a ``run_status`` row with status ``oom``, so a probe that did not fit is
-    a result, not a missing run."""
+    a result, not a missing run; and a ``RunFailed`` (a run that could not go on) as one with status ``failed``."""
     t0 = time.monotonic()
     try:
         system = validate_run(cfg, denv.world_size)
@@ -79,9 +79,11 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
     except RowWriteError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return EXIT_IO
-    except (TurnstileError, RunFailed) as e:
+    except TurnstileError as e:
         print(f"zerobench: error: {e}", file=sys.stderr)
         return 1
+    except RunFailed as e:  # e.g. an fp16 overflow at the minimum loss scale (zero/loss_scale.py)
+        return _failed(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
     except (TrackedOutOfMemory, torch.OutOfMemoryError) as e:
         return _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0)
     except (RuntimeError, MemoryError) as e:
@@ -118,6 +120,17 @@ def classify(e: BaseException) -> str | None:
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0][:200] if lines else type(e).__name__
+
+
+def _failed(e: RunFailed, cfg, denv, out_dir, run_id, suite, record_failure, t0) -> int:
+    """A valid run that could not go on: its one line, exit 1; with ``record_failure`` a ``failed`` status row
+    with that line as its reason (a launcher above this rank writes its own from the line)."""
+    print(f"zerobench: error: {e}", file=sys.stderr)
+    if record_failure and out_dir is not None:
+        RowWriter(out_dir, run_id, cfg, suite=suite).write(
+            "run_status", 0, "bool", status="failed", reason=str(e), rank=denv.rank,
+            elapsed_s=round(time.monotonic() - t0, 3))
+    return 1
 
 
 def _oom(e, cfg, denv, out_dir, run_id, suite, record_failure, t0) -> int:

@@ -57,7 +57,6 @@ def same_config(rank: int, world: int, stage: int, client: bool = False, bf16: b
     import deepspeed
 
     from zerobench.zero import initialize
-    from zerobench.zero.state_dict import full_parameters
 
     os.environ.setdefault("LOCAL_RANK", str(rank))
     model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
@@ -71,12 +70,16 @@ def same_config(rank: int, world: int, stage: int, client: bool = False, bf16: b
     theirs = _initialize(deepspeed.initialize, copy.deepcopy(model), {**config, "zero_allow_untested_optimizer": True},
                          client, dist_init_required=False)
     out = {"ours": _loop(ours, data, rank, world), "theirs": _loop(theirs, data, rank, world)}
-    full = full_parameters(ours)
+    return {**out, **compare_parameters(ours, theirs, model)}
+
+
+def deepspeed_masters(engine) -> dict[str, torch.Tensor]:
+    """DeepSpeed's fp32 master of every parameter, by name (through ``deepspeed.utils.safe_get_full_fp32_param``)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     flat = {}  # stage 0 under bf16: DeepSpeed's FP16_Optimizer keeps one flat fp32 master per param group
-    for params, master_flat in zip(getattr(theirs.optimizer, "fp16_groups", []),
-                                   getattr(theirs.optimizer, "fp32_groups_flat", [])):
+    for params, master_flat in zip(getattr(engine.optimizer, "fp16_groups", []),
+                                   getattr(engine.optimizer, "fp32_groups_flat", [])):
         offset = 0
         for q in params:
             flat[id(q)] = master_flat[offset:offset + q.numel()].view(q.shape)
@@ -86,11 +89,21 @@ def same_config(rank: int, world: int, stage: int, client: bool = False, bf16: b
         full = flat[id(p)] if id(p) in flat else safe_get_full_fp32_param(p)
         return (p if full is None else full).detach().float().clone()
 
-    theirs_params = {n: master(p) for n, p in theirs.module.named_parameters()}
-    out["param_diff"] = max((full[n] - p).abs().max().item() for n, p in theirs_params.items())
-    out["moved"] = max((full[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
+    return {n: master(p) for n, p in engine.module.named_parameters()}
+
+
+def compare_parameters(ours, theirs, model) -> dict:
+    """How far zerobench's engine ``ours`` ended from DeepSpeed's ``theirs``, both started from ``model``:
+    ``param_diff`` (largest element), ``moved`` (largest element of zerobench's update), ``update_rel_err`` (the
+    whole update's relative L2 difference)."""
+    from zerobench.zero.state_dict import full_parameters
+
+    full = full_parameters(ours)
+    theirs_params = deepspeed_masters(theirs)
+    out = {"param_diff": max((full[n] - p).abs().max().item() for n, p in theirs_params.items()),
+           "moved": max((full[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())}
     init = dict(model.named_parameters())
     num = sum((full[n] - p).pow(2).sum().item() for n, p in theirs_params.items())
     den = sum((full[n] - init[n].detach()).pow(2).sum().item() for n in theirs_params)
-    out["update_rel_err"] = (num / den) ** 0.5  # the whole update's relative L2 difference
+    out["update_rel_err"] = (num / den) ** 0.5
     return out

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from zerobench.config import ConfigError
-from zerobench.zero.config import Precision
+from zerobench.zero.config import LossScaleRule, Precision
 from zerobench.zero.ds_config import batch_sizes, from_deepspeed
 from zerobench.zero.loss_scale import DynamicLossScaler
 
@@ -38,11 +38,14 @@ def test_a_zero2_bf16_config():
 
 
 def test_deepspeeds_defaults():
-    """Adam's betas (0.9, 0.999) and weight decay 0; overlap_comm on at stage 3 only; no clipping; fp32."""
+    """Adam's betas (0.9, 0.999) and weight decay 0; overlap_comm on at stage 3 only; clipping at 1.0 (0: none);
+    fp32."""
     base = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
     z2 = from_deepspeed({**base, "zero_optimization": {"stage": 2}}, dp=2).zero
     z3 = from_deepspeed({**base, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}}, dp=2).zero
-    assert (z2.optimizer.betas, z2.optimizer.weight_decay, z2.clip_grad_norm) == ((0.9, 0.999), 0.0, None)
+    assert (z2.optimizer.betas, z2.optimizer.weight_decay, z2.clip_grad_norm) == ((0.9, 0.999), 0.0, 1.0)
+    assert from_deepspeed({**base, "gradient_clipping": 0}, dp=2).zero.clip_grad_norm is None
+    assert from_deepspeed({**base, "gradient_clipping": 0.5}, dp=2).zero.clip_grad_norm == 0.5
     assert (z2.overlap_comm, z3.overlap_comm, z2.precision, z3.prefetch) == (False, True, Precision.FP32, False)
     assert from_deepspeed(base, dp=1).zero.stage == 0
     assert not from_deepspeed(base, dp=1).drop_last and from_deepspeed({**base, "dataloader_drop_last": True}, 1).drop_last
@@ -56,6 +59,10 @@ def test_fp16_loss_scaling():
     ls = z.loss_scale
     assert (z.precision, ls.init_scale, ls.growth_interval, ls.hysteresis, ls.min_scale) == (Precision.FP16, 4096.0,
                                                                                              500, 2, 1.0)
+    assert (ls.rule, ls.consecutive_hysteresis) == (LossScaleRule.DEEPSPEED, False)
+    on = from_deepspeed({**cfg, "fp16": {"enabled": True, "consecutive_hysteresis": True}}, dp=1).zero.loss_scale
+    assert (on.rule, on.consecutive_hysteresis, on.hysteresis, on.growth_interval, on.init_scale) == (
+        LossScaleRule.DEEPSPEED, True, 2, 1000, 2.0**16)  # DeepSpeed's defaults where a key is absent
 
 
 def test_a_static_fp16_loss_scale_skips_overflowing_steps_and_never_moves():
@@ -64,6 +71,7 @@ def test_a_static_fp16_loss_scale_skips_overflowing_steps_and_never_moves():
            "fp16": {"enabled": True, "loss_scale": 128, "initial_scale_power": 12, "hysteresis": 2}}
     ds = from_deepspeed(cfg, dp=1)
     assert ds.zero.loss_scale.init_scale == 128.0 and set(ds.ignored) == {"fp16.initial_scale_power", "fp16.hysteresis"}
+    assert ds.zero.loss_scale.rule is LossScaleRule.STATIC
     scaler = DynamicLossScaler(ds.zero.loss_scale, enabled=True)
     for overflow in [True, False, True, True] + [False] * 2000:
         scaler.update(overflow)
@@ -126,6 +134,10 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
     ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
     ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a number"),
     ({"fp16": {"enabled": True, "loss_scale": -1}}, "give 0 (dynamic) or a positive static scale"),
+    ({"fp16": {"enabled": True, "loss_scale_window": 0}}, "fp16.loss_scale_window 0: must be >= 1"),
+    ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16.min_loss_scale 0: must be > 0"),
+    ({"fp16": {"enabled": True, "consecutive_hysteresis": "auto"}}, "fp16.consecutive_hysteresis: must be true or"),
+    ({"gradient_clipping": -1}, "gradient_clipping -1: give a positive norm to clip to, or 0 for no clipping"),
     ({"fp16": {"enabled": "auto"}}, "fp16.enabled: must be true or false, got 'auto' ('auto' is filled in by Hugging"),
     ({"bf16": {"enabled": "true"}}, "bf16.enabled: must be true or false, got 'true'"),
     ({"zero_optimization": {"stage": 2, "overlap_comm": "auto"}}, "zero_optimization.overlap_comm: must be true or false"),

@@ -4,10 +4,11 @@ The configs import without torch; the engine (and ``apply_zero``) load on first 
 or planning does not pay for importing torch.
 """
 
-from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
+from zerobench.zero.config import AdamWConfig, LossScaleConfig, LossScaleRule, Precision, ZeroConfig
+from zerobench.zero.loss_scale import LossScaleAtMinimum
 
-__all__ = ["AdamWConfig", "GatheredParameters", "LossScaleConfig", "Precision", "ShardedGradScaler", "ZeroConfig",
-           "ZeroEngine", "apply_zero", "initialize"]
+__all__ = ["AdamWConfig", "GatheredParameters", "LossScaleAtMinimum", "LossScaleConfig", "LossScaleRule", "Precision",
+           "ShardedGradScaler", "ZeroConfig", "ZeroEngine", "apply_zero", "initialize"]
 
 
 def __getattr__(name: str):

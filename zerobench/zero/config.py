@@ -49,9 +49,25 @@ class AdamWConfig:
     """Decoupled weight decay, applied to parameters of 2 or more dimensions only (not biases/norms)."""
 
 
+class LossScaleRule(str, enum.Enum):
+    """When the fp16 loss scale moves. Every rule skips a step whose gradients overflowed."""
+
+    TORCH = "torch"
+    """``torch.amp.GradScaler``'s: grow after ``growth_interval`` consecutive overflow-free steps, counted from the
+    last growth or overflow (window 2 from the start: grows after steps 2, 4, 6, ...)."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed's ``DynamicLossScaler``: grow when the overflow-free steps since the last overflow (or the start),
+    less one, are a positive multiple of ``growth_interval`` (window 2 from the start: grows after steps 3, 5, 7,
+    ...). What a DeepSpeed config (``zerobench.zero.initialize``) trains with."""
+    STATIC = "static"
+    """A fixed scale, ``init_scale`` (DeepSpeed's ``fp16.loss_scale`` > 0): never grows nor backs off."""
+
+
 @dataclass(frozen=True)
 class LossScaleConfig:
-    """Dynamic loss scaling for fp16 (ignored for fp32/bf16)."""
+    """Loss scaling for fp16 (ignored for fp32/bf16). At ``min_scale`` an overflow that would back the scale off
+    ends training (``zero/loss_scale.py``'s ``LossScaleAtMinimum``), as DeepSpeed's: every later step would
+    overflow and be skipped too."""
 
     init_scale: float = 2.0**16
     """Initial loss scale."""
@@ -66,6 +82,29 @@ class LossScaleConfig:
     hysteresis: int = 1
     """Overflowing steps tolerated before the scale backs off (DeepSpeed's ``hysteresis``, restored when the scale
     grows); 1: back off at every overflow, as ``torch.amp.GradScaler``. An overflowing step is skipped either way."""
+    consecutive_hysteresis: bool = False
+    """Restore ``hysteresis`` after every overflow-free step, not only when the scale grows (DeepSpeed's
+    ``consecutive_hysteresis``): only that many overflows in a row back the scale off."""
+    rule: LossScaleRule = LossScaleRule.TORCH
+    """When the scale grows (see ``LossScaleRule``): torch's for ``ZeroConfig``, DeepSpeed's for a DeepSpeed config."""
+
+    def __post_init__(self) -> None:
+        """``rule="deepspeed"`` is ``LossScaleRule.DEEPSPEED`` (an unknown name is left for ``validate`` to name)."""
+        if isinstance(self.rule, str) and not isinstance(self.rule, LossScaleRule):
+            match = [r for r in LossScaleRule if r.value == self.rule.lower()]
+            if match:
+                object.__setattr__(self, "rule", match[0])
+
+    def validate(self) -> None:
+        if not isinstance(self.rule, LossScaleRule):
+            raise ConfigError(f"unknown loss-scale rule {self.rule!r}: choose torch, deepspeed or static")
+        if self.hysteresis < 1:
+            raise ConfigError(f"loss-scale hysteresis must be >= 1 (1: back off at every overflow), got {self.hysteresis}")
+        if self.growth_interval < 1:
+            raise ConfigError(f"loss-scale growth interval (DeepSpeed's loss_scale_window) must be >= 1, "
+                              f"got {self.growth_interval}")
+        if not (math.isfinite(self.min_scale) and self.min_scale > 0):
+            raise ConfigError(f"minimum loss scale must be a positive finite number, got {self.min_scale}")
 
 
 NO_BUCKET_LIMIT = 2**62
@@ -167,7 +206,6 @@ class ZeroConfig:
             raise ConfigError(f"AdamW needs eps > 0 and betas in [0, 1), got eps {o.eps}, betas {o.betas}")
         if self.clip_grad_norm is not None and not (math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0):
             raise ConfigError(f"clip norm must be a positive finite number (or unset), got {self.clip_grad_norm}")
-        if self.loss_scale.hysteresis < 1:
-            raise ConfigError(f"loss-scale hysteresis must be >= 1 (1: back off at every overflow), got {self.loss_scale.hysteresis}")
+        self.loss_scale.validate()
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

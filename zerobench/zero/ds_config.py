@@ -4,11 +4,12 @@
 What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
 ``gradient_accumulation_steps`` x DP ranks; any two, or either size alone, as DeepSpeed resolves it),
 ``zero_optimization`` (stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and parameter offload,
-``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16`` (dynamic
-loss scaling: ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``; or a static
+``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16``
+(``zero/ds_precision.py``: DeepSpeed's dynamic loss scaling and its rule for moving the scale, or a static
 ``loss_scale``), an ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9,
-0.999), weight decay 0), ``gradient_clipping`` and a ``scheduler`` (DeepSpeed's five schedules or a
-``torch.optim.lr_scheduler`` class, checked by ``zero/ds_scheduler.py``). Keys that only tune DeepSpeed's own
+0.999), weight decay 0), ``gradient_clipping`` (DeepSpeed's default 1.0 where absent; 0: no clipping) and a
+``scheduler`` (DeepSpeed's five schedules or a ``torch.optim.lr_scheduler`` class, checked by
+``zero/ds_scheduler.py``). Keys that only tune DeepSpeed's own
 buffers, logging or profilers are read and listed in ``DeepSpeedConfig.ignored``. A key that would train something
 zerobench does not (another optimizer, activation checkpointing in the config, 16-bit master weights) is refused in
 one line naming it, and so is an unknown key: a typo must not train silently with a default.
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerobench.config import ConfigError
-from zerobench.zero.config import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
+from zerobench.zero.config import AdamWConfig, ZeroConfig
+from zerobench.zero.ds_precision import read_precision
 from zerobench.zero.ds_scheduler import SchedulerSpec, parse
+from zerobench.zero.ds_values import flag, is_num, known, num, section
 
 _NO_EFFECT = {"steps_per_print", "wall_clock_breakdown", "dump_state", "flops_profiler", "tensorboard", "wandb",
               "csv_monitor", "comet", "comms_logger", "memory_breakdown", "zero_allow_untested_optimizer",
@@ -47,7 +50,7 @@ _ZERO_TUNING = {"allgather_bucket_size", "allgather_partitions", "reduce_scatter
 _ZERO_REFUSED = {"zero_quantized_weights": ("quantized weight communication (ZeRO++)", bool),
                  "zero_quantized_gradients": ("quantized gradient communication (ZeRO++)", bool),
                  "zero_hpz_partition_size": ("hierarchical partitioning (ZeRO++)", lambda v: v != 1),
-                 "mics_shard_size": ("MiCS", lambda v: not _is_num(v) or v > 0)}
+                 "mics_shard_size": ("MiCS", lambda v: not is_num(v) or v > 0)}
 """ZeRO features zerobench does not have, with when a value asks for one (DeepSpeed's defaults: off, 1, -1)."""
 
 
@@ -87,33 +90,10 @@ def load(config) -> dict:
     raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")
 
 
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _num(sec: dict, key: str, default, kind: type, where: str):
-    """``sec[key]`` as ``kind`` (``default`` when absent); anything but a number is one line naming the key."""
-    v = sec.get(key, default)
-    if not _is_num(v) or (kind is int and float(v) != int(v)):
-        hint = " ('auto' is filled in by Hugging Face's Trainer; give a number)" if v == "auto" else ""
-        raise ConfigError(f"DeepSpeed config {where + '.' if where else ''}{key}: must be "
-                          f"{'an integer' if kind is int else 'a number'}, got {v!r}{hint}")
-    return kind(v)
-
-
-def _flag(sec: dict, key: str, default: bool, where: str) -> bool:
-    """``sec[key]`` as a switch (``default`` when absent); anything but true/false is one line naming the key."""
-    v = sec.get(key, default)
-    if not isinstance(v, bool):
-        hint = " ('auto' is filled in by Hugging Face's Trainer; give true or false)" if v == "auto" else ""
-        raise ConfigError(f"DeepSpeed config {where + '.' if where else ''}{key}: must be true or false, got {v!r}{hint}")
-    return v
-
-
 def _positive_int(cfg: dict, key: str) -> int | None:
     if cfg.get(key) is None:
         return None
-    v = _num(cfg, key, None, int, "")
+    v = num(cfg, key, None, int, "")
     if v < 1:
         raise ConfigError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}")
     return v
@@ -142,33 +122,11 @@ def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:
     return mbs, gas, tbs
 
 
-def _section(cfg: dict, key: str) -> dict:
-    v = cfg.get(key) or {}
-    if not isinstance(v, dict):
-        raise ConfigError(f"DeepSpeed config {key}: must be an object, got {v!r}")
-    return v
-
-
 _OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio",
                  "pipeline", "pipeline_read", "pipeline_write"}
-_FP16_KEYS = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-              "min_loss_scale", "fp16_master_weights_and_grads", "auto_cast"}
-_DYNAMIC_KEYS = {"initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"}
-"""fp16 keys that tune only the dynamic scale (read and ignored under a static ``loss_scale``)."""
-_BF16_KEYS = {"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-              "bf16_optimizer_states"}
-
-
-def _known(sec: dict, keys: set[str], where: str) -> None:
-    """An unknown key of a section is one line: a misspelt key must not leave its default in force silently."""
-    extra = sorted(set(sec) - keys)
-    if extra:
-        raise ConfigError(f"DeepSpeed config {where}: unknown {', '.join(extra)} (known: {', '.join(sorted(keys))})")
-
-
 def _offload(zo: dict, key: str, allowed: tuple[str, ...]) -> tuple[str, str | None]:
-    sec = _section(zo, key)
-    _known(sec, _OFFLOAD_KEYS, f"zero_optimization.{key}")
+    sec = section(zo, key)
+    known(sec, _OFFLOAD_KEYS, f"zero_optimization.{key}")
     device = str(sec.get("device", "none")).lower()
     if device not in allowed:
         raise ConfigError(f"DeepSpeed config zero_optimization.{key}.device {device!r}: zerobench offers "
@@ -179,7 +137,7 @@ def _offload(zo: dict, key: str, allowed: tuple[str, ...]) -> tuple[str, str | N
 
 
 def _zero(cfg: dict, ignored: list[str]) -> dict:
-    zo = _section(cfg, "zero_optimization")
+    zo = section(cfg, "zero_optimization")
     known = {"stage", "reduce_bucket_size", "overlap_comm", "offload_optimizer", "offload_param", "cpu_offload",
              "cpu_offload_params", "stage3_prefetch_bucket_size", "ignore_unused_parameters"}
     for k, v in zo.items():
@@ -191,54 +149,23 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
     ignored += [f"zero_optimization.{k}" for k in zo if k in _ZERO_TUNING]
     opt, nvme = _offload(zo, "offload_optimizer", ("none", "cpu", "nvme"))
     par, _ = _offload(zo, "offload_param", ("none", "cpu"))
-    if _flag(zo, "cpu_offload", False, "zero_optimization"):  # the pre-0.3.16 spelling
+    if flag(zo, "cpu_offload", False, "zero_optimization"):  # the pre-0.3.16 spelling
         opt = "cpu"
-    if _flag(zo, "cpu_offload_params", False, "zero_optimization"):
+    if flag(zo, "cpu_offload_params", False, "zero_optimization"):
         par = "cpu"
-    stage = _num(zo, "stage", 0, int, "zero_optimization")
-    out = {"stage": stage, "overlap_comm": _flag(zo, "overlap_comm", stage == 3, "zero_optimization"),  # DeepSpeed's
+    stage = num(zo, "stage", 0, int, "zero_optimization")
+    out = {"stage": stage, "overlap_comm": flag(zo, "overlap_comm", stage == 3, "zero_optimization"),  # DeepSpeed's
            "offload_optimizer": opt, "offload_param": par, "nvme_path": nvme,
-           "prefetch": _num(zo, "stage3_prefetch_bucket_size", 1, float, "zero_optimization") != 0,
-           "find_unused_parameters": _flag(zo, "ignore_unused_parameters", True, "zero_optimization")}
+           "prefetch": num(zo, "stage3_prefetch_bucket_size", 1, float, "zero_optimization") != 0,
+           "find_unused_parameters": flag(zo, "ignore_unused_parameters", True, "zero_optimization")}
     if "reduce_bucket_size" in zo:
-        out["bucket_numel"] = _num(zo, "reduce_bucket_size", 0, int, "zero_optimization")
+        out["bucket_numel"] = num(zo, "reduce_bucket_size", 0, int, "zero_optimization")
     return out
 
 
-def _precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfig]:
-    bf16 = _section(cfg, "bf16") or _section(cfg, "bfloat16")
-    fp16 = _section(cfg, "fp16")
-    _known(bf16, _BF16_KEYS, "bf16")
-    _known(fp16, _FP16_KEYS, "fp16")
-    if bf16.get("bf16_master_weights_and_grads") or bf16.get("bf16_optimizer_states"):
-        raise ConfigError("DeepSpeed config bf16: bf16 master weights or optimizer states are not supported "
-                          "(zerobench keeps them in fp32)")
-    bf16_on, fp16_on = _flag(bf16, "enabled", False, "bf16"), _flag(fp16, "enabled", False, "fp16")
-    if bf16_on and fp16_on:
-        raise ConfigError("DeepSpeed config enables both bf16 and fp16: choose one")
-    if not fp16_on:
-        ignored += [f"bf16.{k}" for k in bf16 if k != "enabled"]
-        return (Precision.BF16 if bf16_on else Precision.FP32), LossScaleConfig()
-    static = _num(fp16, "loss_scale", 0, float, "fp16")
-    if static < 0:
-        raise ConfigError(f"DeepSpeed config fp16.loss_scale {static}: give 0 (dynamic) or a positive static scale")
-    for k in ("fp16_master_weights_and_grads", "consecutive_hysteresis"):
-        if fp16.get(k):
-            raise ConfigError(f"DeepSpeed config fp16.{k}: not supported (zerobench keeps fp32 master weights and "
-                              "restores hysteresis when the scale grows)")
-    if static:  # as DeepSpeed's ZeRO optimizers: an overflowing step is still skipped; the scale never moves
-        ignored += [f"fp16.{k}" for k in fp16 if k in _DYNAMIC_KEYS | {"auto_cast"}]
-        return Precision.FP16, LossScaleConfig(init_scale=static, growth_factor=1.0, backoff_factor=1.0)
-    ignored += [f"fp16.{k}" for k in fp16 if k == "auto_cast"]
-    return Precision.FP16, LossScaleConfig(
-        init_scale=2.0 ** _num(fp16, "initial_scale_power", 16, int, "fp16"),
-        growth_interval=_num(fp16, "loss_scale_window", 1000, int, "fp16"),
-        hysteresis=_num(fp16, "hysteresis", 2, int, "fp16"), min_scale=_num(fp16, "min_loss_scale", 1.0, float, "fp16"))
-
-
 def _optimizer(cfg: dict) -> AdamWConfig:
-    opt = _section(cfg, "optimizer")
-    _known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
+    opt = section(cfg, "optimizer")
+    known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
     kind = str(opt.get("type", "")).lower()
     if "type" not in opt:
         raise ConfigError("DeepSpeed config has no optimizer: add {\"optimizer\": {\"type\": \"AdamW\", \"params\": "
@@ -255,11 +182,11 @@ def _optimizer(cfg: dict) -> AdamWConfig:
     if extra:
         raise ConfigError(f"DeepSpeed config optimizer.params: unknown {', '.join(sorted(extra))}")
     betas = p.get("betas", (0.9, 0.999))
-    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(_is_num(b) for b in betas):
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(is_num(b) for b in betas):
         raise ConfigError(f"DeepSpeed config optimizer.params.betas: two numbers, got {betas!r}")
     where = "optimizer.params"
-    return AdamWConfig(lr=_num(p, "lr", 1e-3, float, where), betas=(float(betas[0]), float(betas[1])),
-                       eps=_num(p, "eps", 1e-8, float, where), weight_decay=_num(p, "weight_decay", 0.0, float, where))
+    return AdamWConfig(lr=num(p, "lr", 1e-3, float, where), betas=(float(betas[0]), float(betas[1])),
+                       eps=num(p, "eps", 1e-8, float, where), weight_decay=num(p, "weight_decay", 0.0, float, where))
 
 
 def _check_top(cfg: dict, ignored: list[str]) -> None:
@@ -282,6 +209,20 @@ def _check_top(cfg: dict, ignored: list[str]) -> None:
     ignored += sorted(k for k in cfg if k in _NO_EFFECT)
 
 
+GRADIENT_CLIPPING_DEFAULT = 1.0
+"""DeepSpeed's ``gradient_clipping`` where a config leaves it out: its engine clips the global norm to 1.0."""
+
+
+def _clipping(cfg: dict) -> float | None:
+    """``gradient_clipping`` as ``ZeroConfig.clip_grad_norm``: DeepSpeed's 1.0 when absent, None (no clipping)
+    for 0."""
+    clip = num(cfg, "gradient_clipping", GRADIENT_CLIPPING_DEFAULT, float, "")
+    if clip < 0:
+        raise ConfigError(f"DeepSpeed config gradient_clipping {clip:g}: give a positive norm to clip to, or 0 for "
+                          "no clipping")
+    return clip or None
+
+
 def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeedConfig:
     """``config`` (a dict or a JSON file's path) for ``dp`` data-parallel ranks, as zerobench's configs. With a
     ``client_optimizer`` (``initialize(optimizer=...)``) its groups carry the hyperparameters: the config's
@@ -290,10 +231,9 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     ignored: list[str] = ["optimizer"] if client_optimizer and "optimizer" in cfg else []
     _check_top(cfg, ignored)
     micro, gas, train = batch_sizes(cfg, dp)
-    precision, loss_scale = _precision(cfg, ignored)
-    clip = _num(cfg, "gradient_clipping", 0.0, float, "") or None
-    zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=None if clip is None else float(clip),
+    precision, loss_scale = read_precision(cfg, ignored)
+    zero = ZeroConfig(precision=precision, grad_accum_steps=gas, clip_grad_norm=_clipping(cfg),
                       optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg), loss_scale=loss_scale, **_zero(cfg, ignored))
     zero.validate()
-    return DeepSpeedConfig(zero, micro, train, _flag(cfg, "dataloader_drop_last", False, ""), tuple(ignored),
+    return DeepSpeedConfig(zero, micro, train, flag(cfg, "dataloader_drop_last", False, ""), tuple(ignored),
                            parse(cfg.get("scheduler")))

@@ -12,6 +12,10 @@ DeepSpeed returns: ``(engine, optimizer, training_dataloader, lr_scheduler)``. T
         engine.backward(loss)
         engine.step()
 
+The config trains as it does under DeepSpeed: DeepSpeed's defaults where a key is absent (``gradient_clipping``
+1.0, fp16's hysteresis 2 and window 1000) and its rule for moving the fp16 loss scale (``zero/ds_precision.py``),
+where ``apply_zero``'s ``ZeroConfig`` defaults to no clipping and torch's ``GradScaler`` rule.
+
 As DeepSpeed, ``model_parameters`` are the optimizer's groups (the config's weight decay on every parameter
 given); without them every trained parameter is one group with weight decay on 2+-dim parameters
 (zerobench's default). The default process group is initialised from torchrun's or Slurm's environment where

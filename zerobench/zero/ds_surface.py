@@ -68,7 +68,8 @@ class DeepSpeedSurface:
         return self._engine.config.grad_accum_steps
 
     def gradient_clipping(self) -> float:
-        """The global gradient norm ``step()`` clips to; 0.0 when it does not clip (DeepSpeed's config value)."""
+        """The global gradient norm ``step()`` clips to; 0.0 when it does not clip (DeepSpeed's config value: 1.0
+        where ``initialize``'s config leaves ``gradient_clipping`` out, as DeepSpeed's default)."""
         return self._engine.config.clip_grad_norm or 0.0
 
     def zero_optimization_stage(self) -> int:

@@ -1,0 +1,67 @@
+"""DeepSpeed's defaults and fp16 loss-scale rule, against DeepSpeed 0.19.8 itself: one config trained by
+``deepspeed.initialize`` and by ``zerobench.zero.initialize`` side by side in the same ranks
+(``tests/helpers/ds_defaults.py``). A config without ``gradient_clipping`` clips at 1.0 as DeepSpeed's; the fp16
+loss scale grows, skips and backs off at the steps DeepSpeed's does (window, hysteresis, consecutive hysteresis)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.ds_defaults import clipping, loss_scales
+from zerobench.peers.registry import deepspeed_available
+
+# Full grid only: DeepSpeed's first use in a fresh environment builds its ops (35 s on the 2-core CI VM).
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _deepspeed():
+    if not deepspeed_available():
+        pytest.skip("DeepSpeed is not installed (the test extra installs it)")
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_config_without_gradient_clipping_clips_at_one_as_deepspeed(stage):
+    """Three fp32 steps whose global gradient norms exceed 1 (DeepSpeed's own measure): both engines answer
+    ``gradient_clipping()`` 1.0 and end with the same parameters (unclipped, 3% of the update apart)."""
+    for r in run_distributed(clipping, 2, stage, timeout=300):
+        assert r["clipping"] == (1.0, 1.0), r
+        assert min(r["norms"]) > 1.0, r["norms"]
+        assert r["moved"] > 1e-3 and r["param_diff"] < 1e-5 and r["update_rel_err"] < 1e-5, r
+
+
+T, F = True, False
+OVERFLOWS = [F, T, F, F, T, F, T, F, F, T, T, F, F, F, T, F]
+"""16 steps, the loss made infinite on 6 of them: DeepSpeed's hysteresis 2 ends this at scale 32 from 256; torch's
+rule (the scale growing after every second clean step, hysteresis restored at each growth) at 512."""
+
+CASES = [
+    pytest.param({"initial_scale_power": 8, "loss_scale_window": 2}, [F] * 8, id="window2-no-overflow"),
+    pytest.param({"initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 2}, OVERFLOWS, id="hysteresis2"),
+    pytest.param({"initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 2, "consecutive_hysteresis": True},
+                 OVERFLOWS, id="consecutive-hysteresis"),
+    pytest.param({"initial_scale_power": 3, "loss_scale_window": 3, "min_loss_scale": 2}, [F, T, T, F, F, F, F, T],
+                 id="window3-min2"),
+]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("fp16, overflow", CASES)
+def test_the_fp16_loss_scale_moves_as_deepspeeds(stage, fp16, overflow):
+    """The scale and DeepSpeed's ``skipped_steps`` after every step equal DeepSpeed's own, on every rank."""
+    for r in run_distributed(loss_scales, 2, stage, fp16, overflow, timeout=300):
+        assert r["ours"] == r["theirs"], r
+        assert r["theirs"]["skipped"][-1] == sum(overflow) and r["theirs"]["raised"] is None
+        assert len(set(r["theirs"]["scales"])) > 1, r  # the scale moved: the case tests a rule
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_an_overflow_at_the_minimum_scale_stops_training_where_deepspeed_does(stage):
+    """Scale 4, minimum 1, hysteresis 2, every step overflowing: the first overflow uses up the hysteresis, the next
+    two back off to 1, the fourth raises in both engines; zerobench's error is one line saying what to do."""
+    fp16 = {"initial_scale_power": 2, "min_loss_scale": 1, "hysteresis": 2}
+    for r in run_distributed(loss_scales, 2, stage, fp16, [T] * 6, timeout=300):
+        assert r["ours"] == r["theirs"] and r["theirs"]["raised"] == 3, r
+        kind, msg = r["error"]
+        assert kind == "LossScaleAtMinimum" and "\n" not in msg and "lower the learning rate" in msg, r

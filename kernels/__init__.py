@@ -53,6 +53,7 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     if kind == "cuda":
         try:
             import triton  # noqa: F401
+
             return True, ""
         except ImportError:
             return False, "triton is not installed (pip install triton)"
@@ -78,8 +79,12 @@ def resolve(mode: str, device: torch.device | str) -> str:
     return "reference"
 
 
-def adamw_blocks(numel: int, decay_ranges: list[tuple[int, int]], device: torch.device | str,
-                 spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
+def adamw_blocks(
+    numel: int,
+    decay_ranges: list[tuple[int, int]],
+    device: torch.device | str,
+    spans: list[tuple[int, int]] | None = None,
+) -> torch.Tensor:
     """The block table for ``fused_adamw_`` on ``device`` (block size matched to the implementation); with
     ``spans``, over those ranges only (the kernel then updates nothing else)."""
     dev = torch.device(device)
@@ -89,14 +94,27 @@ def adamw_blocks(numel: int, decay_ranges: list[tuple[int, int]], device: torch.
 
 def _check_flat(name: str, t: torch.Tensor, numel: int, device: torch.device) -> None:
     if t.device != device or not t.is_contiguous() or t.numel() != numel:
-        raise ValueError(f"{name} must be a contiguous tensor of {numel} elements on {device}, "
-                         f"got {tuple(t.shape)} on {t.device} (contiguous={t.is_contiguous()})")
+        raise ValueError(
+            f"{name} must be a contiguous tensor of {numel} elements on {device}, "
+            f"got {tuple(t.shape)} on {t.device} (contiguous={t.is_contiguous()})"
+        )
 
 
 def fused_adamw_(
-    param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
-    blocks: torch.Tensor, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, step: int,
-    grad_scale: float = 1.0, out: torch.Tensor | None = None, found_inf: torch.Tensor | None = None,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    blocks: torch.Tensor,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    step: int,
+    grad_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
 ) -> None:
     """One AdamW step over the flat fp32 partition ``param`` in place, in a single pass.
 
@@ -117,8 +135,22 @@ def fused_adamw_(
     if step < 1:
         raise ValueError(f"step is 1-based, got {step}")
     eager = None if torch.compiler.is_compiling() else ops.EAGER_ADAMW.get(dev.type)
-    (eager or ops.adamw_)(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, betas[0], betas[1], eps,
-                          weight_decay, step, grad_scale)
+    (eager or ops.adamw_)(
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        out,
+        blocks,
+        found_inf,
+        lr,
+        betas[0],
+        betas[1],
+        eps,
+        weight_decay,
+        step,
+        grad_scale,
+    )
 
 
 def nonfinite_(x: torch.Tensor, flag: torch.Tensor) -> None:
@@ -135,8 +167,9 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", mo
     return ops.bias_gelu_op(x, bias, approximate)
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
-               mode: str = "auto") -> torch.Tensor:
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, mode: str = "auto"
+) -> torch.Tensor:
     """LayerNorm over the last dimension with affine ``weight``/``bias``; differentiable."""
     if resolve(mode, x.device) == "reference":
         return reference.layer_norm(x, weight, bias, eps)
@@ -159,8 +192,9 @@ def _check_copy(flat: torch.Tensor, tensors: list[torch.Tensor], offsets: list[i
         if t.dtype != flat.dtype or t.device != flat.device or not t.is_contiguous():
             raise ValueError(f"tensor {i} must be contiguous {flat.dtype} on {flat.device} like the flat buffer")
         if off < 0 or off + t.numel() > flat.numel():
-            raise ValueError(f"tensor {i} ({t.numel()} elements at offset {off}) overruns the flat buffer "
-                             f"of {flat.numel()}")
+            raise ValueError(
+                f"tensor {i} ({t.numel()} elements at offset {off}) overruns the flat buffer of {flat.numel()}"
+            )
 
 
 def flatten_into_(flat: torch.Tensor, tensors: list[torch.Tensor], offsets: list[int]) -> None:

@@ -31,17 +31,42 @@ from kernels.transformer_ops import (  # noqa: F401 - re-exported: torch.ops.zer
 
 # -- fused AdamW ------------------------------------------------------------------------------------
 @torch.library.custom_op("zerobench::adamw_", mutates_args=("param", "exp_avg", "exp_avg_sq", "out"))
-def adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, out: Tensor | None,
-           blocks: Tensor, found_inf: Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
-           weight_decay: float, step: int, grad_scale: float) -> None:
+def adamw_(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    out: Tensor | None,
+    blocks: Tensor,
+    found_inf: Tensor | None,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+    grad_scale: float,
+) -> None:
     """AdamW step ``step`` (1-based) over flat fp32 ``param``; see ``kernels.fused_adamw_``."""
     if found_inf is not None and found_inf.item() != 0:
         return
     mask = torch.zeros(param.numel(), dtype=torch.bool, device=param.device)
     for s, e, d in blocks.tolist():
         mask[s:e] = bool(d)
-    p, m, v = reference.adamw(param, grad, exp_avg, exp_avg_sq, mask, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                              weight_decay=weight_decay, step=step, grad_scale=grad_scale)
+    p, m, v = reference.adamw(
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        mask,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        step=step,
+        grad_scale=grad_scale,
+    )
     param.copy_(p), exp_avg.copy_(m), exp_avg_sq.copy_(v)
     if out is not None:
         out.copy_(p)
@@ -51,27 +76,53 @@ def adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale) -> tupl
     """The kernels' scalar arguments, derived in double precision and rounded to fp32 once, as
     torch.optim.AdamW derives them: (decay_keep, beta2, 1 - beta1, 1 - beta2, eps, step_size,
     sqrt(1 - beta2^t), grad_scale). (1 - beta1 computed in fp32 would differ in the last bit.)"""
-    return (1.0 - lr * weight_decay, beta2, 1.0 - beta1, 1.0 - beta2, eps, lr / (1.0 - beta1**step),
-            math.sqrt(1.0 - beta2**step), grad_scale)
+    return (
+        1.0 - lr * weight_decay,
+        beta2,
+        1.0 - beta1,
+        1.0 - beta2,
+        eps,
+        lr / (1.0 - beta1**step),
+        math.sqrt(1.0 - beta2**step),
+        grad_scale,
+    )
 
 
 @adamw_.register_kernel("cpu")
-def _adamw_cpu(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay,
-               step, grad_scale):
+def _adamw_cpu(
+    param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay, step, grad_scale
+):
     if found_inf is not None and found_inf.item() != 0:
         return
     cpu.library().zb_adamw(
-        param.data_ptr(), grad.data_ptr(), _code(grad), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), _ptr(out),
-        _code(out) if out is not None else 0, blocks.data_ptr(), blocks.shape[0],
-        *adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale), cpu.threads(),
+        param.data_ptr(),
+        grad.data_ptr(),
+        _code(grad),
+        exp_avg.data_ptr(),
+        exp_avg_sq.data_ptr(),
+        _ptr(out),
+        _code(out) if out is not None else 0,
+        blocks.data_ptr(),
+        blocks.shape[0],
+        *adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale),
+        cpu.threads(),
     )
 
 
 @adamw_.register_kernel("cuda")
-def _adamw_cuda(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay,
-                step, grad_scale):
-    _triton()[0].adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf,
-                        adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale))
+def _adamw_cuda(
+    param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay, step, grad_scale
+):
+    _triton()[0].adamw_(
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        out,
+        blocks,
+        found_inf,
+        adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale),
+    )
 
 
 EAGER_ADAMW = {"cpu": _adamw_cpu, "cuda": _adamw_cuda}
@@ -123,9 +174,10 @@ def _(flat, tensors, offsets, unpack):
     pieces = tables.copy_pieces([t.numel() * es for t in tensors], [o * es for o in offsets], CPU_COPY_PIECE_BYTES)
     if pieces.shape[0] == 0:
         return
-    addrs = (torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64))
-    cpu.library().zb_flat_copy(flat.data_ptr(), addrs.data_ptr(), pieces.data_ptr(), pieces.shape[0], int(unpack),
-                               cpu.threads())
+    addrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    cpu.library().zb_flat_copy(
+        flat.data_ptr(), addrs.data_ptr(), pieces.data_ptr(), pieces.shape[0], int(unpack), cpu.threads()
+    )
 
 
 @flat_copy_.register_kernel("cuda")

@@ -12,9 +12,19 @@ import torch
 
 
 def adamw(
-    param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-    decay_mask: torch.Tensor, *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-    step: int, grad_scale: float,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    decay_mask: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+    grad_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One AdamW step (torch.optim.AdamW's arithmetic); returns new (param, exp_avg, exp_avg_sq).
 

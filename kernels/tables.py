@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 
 
-def adamw_blocks(numel: int, decay_ranges: list[tuple[int, int]], block: int,
-                 spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
+def adamw_blocks(
+    numel: int, decay_ranges: list[tuple[int, int]], block: int, spans: list[tuple[int, int]] | None = None
+) -> torch.Tensor:
     """``[n, 3]`` int64 rows ``(start, end, decay)`` covering ``[0, numel)`` in order, each at most ``block`` long.
 
     ``decay_ranges`` are half-open ``(lo, hi)`` ranges inside the partition (sorted or not; they must not

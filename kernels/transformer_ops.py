@@ -32,8 +32,15 @@ def _(x, bias, approximate):
     xf, bf = _cpu_fp32(x, bias)
     y = torch.empty_like(xf)
     n = bf.numel()
-    cpu.library().zb_bias_gelu_fwd(xf.data_ptr(), bf.data_ptr(), y.data_ptr(), xf.numel() // max(n, 1), n,
-                                   int(approximate == "tanh"), cpu.threads())
+    cpu.library().zb_bias_gelu_fwd(
+        xf.data_ptr(),
+        bf.data_ptr(),
+        y.data_ptr(),
+        xf.numel() // max(n, 1),
+        n,
+        int(approximate == "tanh"),
+        cpu.threads(),
+    )
     return y.to(x.dtype)
 
 
@@ -42,8 +49,16 @@ def _(dy, x, bias, approximate):
     dyf, xf, bf = _cpu_fp32(dy, x, bias)
     dx = torch.empty_like(xf)
     n = bf.numel()
-    cpu.library().zb_bias_gelu_bwd(dyf.data_ptr(), xf.data_ptr(), bf.data_ptr(), dx.data_ptr(),
-                                   xf.numel() // max(n, 1), n, int(approximate == "tanh"), cpu.threads())
+    cpu.library().zb_bias_gelu_bwd(
+        dyf.data_ptr(),
+        xf.data_ptr(),
+        bf.data_ptr(),
+        dx.data_ptr(),
+        xf.numel() // max(n, 1),
+        n,
+        int(approximate == "tanh"),
+        cpu.threads(),
+    )
     return dx.to(x.dtype)
 
 
@@ -94,8 +109,9 @@ def layer_norm_op(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[
 
 
 @torch.library.custom_op("zerobench::layer_norm_backward", mutates_args=())
-def layer_norm_backward_op(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
-                           rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def layer_norm_backward_op(
+    dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     n = x.shape[-1]
     xf, dyf, w = x.float().reshape(-1, n), dy.float().reshape(-1, n), weight.float()
     xhat = (xf - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
@@ -112,8 +128,18 @@ def _(x, weight, bias, eps):
     y = torch.empty_like(xf)
     mean = torch.empty(rows, dtype=torch.float32)
     rstd = torch.empty(rows, dtype=torch.float32)
-    cpu.library().zb_layer_norm_fwd(xf.data_ptr(), wf.data_ptr(), bf.data_ptr(), y.data_ptr(), mean.data_ptr(),
-                                    rstd.data_ptr(), rows, n, eps, cpu.threads())
+    cpu.library().zb_layer_norm_fwd(
+        xf.data_ptr(),
+        wf.data_ptr(),
+        bf.data_ptr(),
+        y.data_ptr(),
+        mean.data_ptr(),
+        rstd.data_ptr(),
+        rows,
+        n,
+        eps,
+        cpu.threads(),
+    )
     return y.to(x.dtype), mean, rstd
 
 
@@ -125,9 +151,19 @@ def _(dy, x, weight, mean, rstd):
     dx = torch.empty_like(xf)
     dw = torch.empty(n, dtype=torch.float32)
     db = torch.empty(n, dtype=torch.float32)
-    cpu.library().zb_layer_norm_bwd(dyf.data_ptr(), xf.data_ptr(), wf.data_ptr(), mean.contiguous().data_ptr(),
-                                    rstd.contiguous().data_ptr(), dx.data_ptr(), dw.data_ptr(), db.data_ptr(),
-                                    rows, n, cpu.threads())
+    cpu.library().zb_layer_norm_bwd(
+        dyf.data_ptr(),
+        xf.data_ptr(),
+        wf.data_ptr(),
+        mean.contiguous().data_ptr(),
+        rstd.contiguous().data_ptr(),
+        dx.data_ptr(),
+        dw.data_ptr(),
+        db.data_ptr(),
+        rows,
+        n,
+        cpu.threads(),
+    )
     return dx.to(x.dtype), dw.to(weight.dtype), db.to(weight.dtype)
 
 
@@ -194,8 +230,9 @@ def _(dy, y, scale):
     dyf, yf = _cpu_fp32(dy, y)
     s = yf.shape[-1]
     dx = torch.empty_like(yf)
-    cpu.library().zb_causal_softmax_bwd(dyf.data_ptr(), yf.data_ptr(), dx.data_ptr(), yf.numel() // (s * s), s,
-                                        scale, cpu.threads())
+    cpu.library().zb_causal_softmax_bwd(
+        dyf.data_ptr(), yf.data_ptr(), dx.data_ptr(), yf.numel() // (s * s), s, scale, cpu.threads()
+    )
     return dx.to(y.dtype)
 
 

@@ -22,8 +22,13 @@ REPO = Path(__file__).resolve().parents[1]
 def _worktree() -> set[str] | None:
     """``git status`` lines of the repository (untracked files included), None outside a git checkout."""
     try:
-        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return set(r.stdout.splitlines()) if r.returncode == 0 else None

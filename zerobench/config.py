@@ -25,8 +25,7 @@ class RunFailed(RuntimeError):
 
 
 _BYTES = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*")
-_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def parse_bytes(text: str | float) -> float:
@@ -89,9 +88,7 @@ def from_dict(cls: type, data: Any, where: str = "config") -> Any:
             try:
                 return tp(value)
             except ValueError:
-                raise ConfigError(
-                    f"{path}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}"
-                ) from None
+                raise ConfigError(f"{path}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}") from None
         if origin is tuple:
             return tuple(value)
         if tp is float and isinstance(value, int) and not isinstance(value, bool):

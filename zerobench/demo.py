@@ -43,9 +43,13 @@ def print_stage_table(out: Path) -> None:
     dp = df["config.dp"].max()
     sel = df[(df["config.dp"] == dp) & ((df["rank"].isna()) | (df["rank"] == 0))]
     print(f"\nZeRO stages side by side at DP={dp} (rank 0; bytes measured from the engine's tensors):")
-    print(f"  {'stage':>5} {'model states':>14} {'paper formula':>14} {'comm/step (elem)':>17} {'step time':>10} {'final loss':>10}")
+    print(
+        f"  {'stage':>5} {'model states':>14} {'paper formula':>14} {'comm/step (elem)':>17} {'step time':>10} {'final loss':>10}"
+    )
     for stage, g in sorted(sel.groupby("config.zero.stage")):
         v = {m: g[g["metric"] == m]["value"].iloc[-1] for m in g["metric"].unique()}
         losses = g[g["metric"] == "loss"].sort_values("step")["value"]
-        print(f"  {stage:>5} {v.get('model_state_bytes', 0) / 2**20:11.3f} MiB {v.get('model_state_bytes_analytic', 0) / 2**20:11.3f} MiB "
-              f"{v.get('comm_volume_elements_per_step', 0):17.0f} {v.get('step_time_s', 0) * 1e3:8.1f}ms {losses.iloc[-1]:10.4f}")
+        print(
+            f"  {stage:>5} {v.get('model_state_bytes', 0) / 2**20:11.3f} MiB {v.get('model_state_bytes_analytic', 0) / 2**20:11.3f} MiB "
+            f"{v.get('comm_volume_elements_per_step', 0):17.0f} {v.get('step_time_s', 0) * 1e3:8.1f}ms {losses.iloc[-1]:10.4f}"
+        )

@@ -16,9 +16,27 @@ BLOCK = 1024
 
 
 @triton.jit
-def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, flag_ptr,
-                  decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, neg_step_size, bc2_sqrt, grad_scale,
-                  OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, HAS_FLAG: tl.constexpr, BLOCK: tl.constexpr):
+def _adamw_kernel(
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    out_ptr,
+    blocks_ptr,
+    flag_ptr,
+    decay_keep,
+    beta2,
+    one_minus_beta1,
+    one_minus_beta2,
+    eps,
+    neg_step_size,
+    bc2_sqrt,
+    grad_scale,
+    OUT_DTYPE: tl.constexpr,
+    HAS_OUT: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64) * 3
     start = tl.load(blocks_ptr + row)
     end = tl.load(blocks_ptr + row + 1)
@@ -54,11 +72,18 @@ def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars) ->
     if n == 0:
         return
     _adamw_kernel[(n,)](
-        param, grad, exp_avg, exp_avg_sq, out if out is not None else param, blocks,
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        out if out is not None else param,
+        blocks,
         found_inf if found_inf is not None else param,
         *scalars,
-        OUT_DTYPE=dtype_code(out.dtype) if out is not None else 0, HAS_OUT=out is not None,
-        HAS_FLAG=found_inf is not None, BLOCK=BLOCK,
+        OUT_DTYPE=dtype_code(out.dtype) if out is not None else 0,
+        HAS_OUT=out is not None,
+        HAS_FLAG=found_inf is not None,
+        BLOCK=BLOCK,
     )
 
 

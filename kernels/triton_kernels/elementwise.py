@@ -27,8 +27,9 @@ def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, total, n, TANH: tl.constexpr, DTYPE: tl.
 
 
 @triton.jit
-def _bias_gelu_bwd(dy_ptr, x_ptr, b_ptr, dx_ptr, total, n, TANH: tl.constexpr, DTYPE: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _bias_gelu_bwd(
+    dy_ptr, x_ptr, b_ptr, dx_ptr, total, n, TANH: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = offs < total
     u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -46,8 +47,9 @@ def bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, tanh_form: bool) -> torch
     y = torch.empty_like(x)
     total = x.numel()
     if total:
-        _bias_gelu_fwd[(triton.cdiv(total, BLOCK),)](x, bias, y, total, bias.numel(), TANH=tanh_form,
-                                                     DTYPE=dtype_code(x.dtype), BLOCK=BLOCK)
+        _bias_gelu_fwd[(triton.cdiv(total, BLOCK),)](
+            x, bias, y, total, bias.numel(), TANH=tanh_form, DTYPE=dtype_code(x.dtype), BLOCK=BLOCK
+        )
     return y
 
 
@@ -55,8 +57,9 @@ def bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, tanh_fo
     dx = torch.empty_like(x)
     total = x.numel()
     if total:
-        _bias_gelu_bwd[(triton.cdiv(total, BLOCK),)](dy, x, bias, dx, total, bias.numel(), TANH=tanh_form,
-                                                     DTYPE=dtype_code(x.dtype), BLOCK=BLOCK)
+        _bias_gelu_bwd[(triton.cdiv(total, BLOCK),)](
+            dy, x, bias, dx, total, bias.numel(), TANH=tanh_form, DTYPE=dtype_code(x.dtype), BLOCK=BLOCK
+        )
     return dx
 
 

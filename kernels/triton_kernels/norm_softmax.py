@@ -32,8 +32,20 @@ def _ln_fwd(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps, DTYPE: tl.co
 
 
 @triton.jit
-def _ln_bwd(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr, rows, n,
-            DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+def _ln_bwd(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    db_part_ptr,
+    rows,
+    n,
+    DTYPE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
@@ -77,8 +89,20 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mean: tor
     dw_part = torch.empty(progs, n, dtype=torch.float32, device=x.device)
     db_part = torch.empty(progs, n, dtype=torch.float32, device=x.device)
     if rows:
-        _ln_bwd[(progs,)](dy, x, w, mean, rstd, dx, dw_part, db_part, rows, n, DTYPE=dtype_code(x.dtype),
-                          BLOCK=triton.next_power_of_2(n))
+        _ln_bwd[(progs,)](
+            dy,
+            x,
+            w,
+            mean,
+            rstd,
+            dx,
+            dw_part,
+            db_part,
+            rows,
+            n,
+            DTYPE=dtype_code(x.dtype),
+            BLOCK=triton.next_power_of_2(n),
+        )
     else:
         dw_part.zero_(), db_part.zero_()
     return dx, dw_part.sum(0).to(w.dtype), db_part.sum(0).to(w.dtype)

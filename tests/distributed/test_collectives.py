@@ -1,7 +1,6 @@
 """gloo's reduce-scatter/all-gather built from all-reduce/broadcast equal gloo's native collectives, on
 sub-groups too, sync and async, with the output a view of the input (ZeRO's stage-1 pattern) or not."""
 
-
 import pytest
 import torch
 import torch.distributed as dist

@@ -36,8 +36,9 @@ def _train(rank: int, world: int, stage: int, precision: str, compiled: bool) ->
     torch._dynamo.reset()
     model = _model()
     units = [model[0], model[2], model[3]] if stage == 3 else None
-    engine = apply_zero(model, None, ZeroConfig(stage=stage, precision=Precision(precision), bucket_numel=500),
-                        units=units)
+    engine = apply_zero(
+        model, None, ZeroConfig(stage=stage, precision=Precision(precision), bucket_numel=500), units=units
+    )
     forward = torch.compile(model, backend="aot_eager") if compiled else model
     g = torch.Generator().manual_seed(rank)
     losses = []

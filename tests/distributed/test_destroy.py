@@ -22,8 +22,16 @@ def _model() -> nn.Module:
 def _hooks(model: nn.Module) -> int:
     n = 0
     for m in model.modules():
-        n += sum(len(getattr(m, k)) for k in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                              "_state_dict_pre_hooks", "_load_state_dict_pre_hooks"))
+        n += sum(
+            len(getattr(m, k))
+            for k in (
+                "_forward_hooks",
+                "_forward_pre_hooks",
+                "_backward_hooks",
+                "_state_dict_pre_hooks",
+                "_load_state_dict_pre_hooks",
+            )
+        )
     return n + sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
 
 
@@ -51,14 +59,23 @@ def _destroy(rank: int, world: int, stage: int) -> dict:
         trained = {n: p.detach().clone() for n, p in model.named_parameters()}
     engine.destroy()
     engine.destroy()  # a second call does nothing
-    out = {"cls": type(model) is cls, "hooks": (plain_hooks, _hooks(model)),
-           "zero_grad_is_torchs": type(model).zero_grad is nn.Module.zero_grad,
-           "grads": [p.grad is None for p in model.parameters()],
-           "values": max((p.detach() - trained[n]).abs().max().item() for n, p in model.named_parameters()),
-           "plain_forward": list(model(torch.ones(2, 6)).shape)}
+    out = {
+        "cls": type(model) is cls,
+        "hooks": (plain_hooks, _hooks(model)),
+        "zero_grad_is_torchs": type(model).zero_grad is nn.Module.zero_grad,
+        "grads": [p.grad is None for p in model.parameters()],
+        "values": max((p.detach() - trained[n]).abs().max().item() for n, p in model.named_parameters()),
+        "plain_forward": list(model(torch.ones(2, 6)).shape),
+    }
     errors = []
-    calls = (engine.step, lambda: engine.backward(model(torch.ones(2, 6)).sum()), engine.gathered_params,
-             engine.zero_grad, engine.empty_partition_cache, lambda: engine.save_checkpoint("unused"))
+    calls = (
+        engine.step,
+        lambda: engine.backward(model(torch.ones(2, 6)).sum()),
+        engine.gathered_params,
+        engine.zero_grad,
+        engine.empty_partition_cache,
+        lambda: engine.save_checkpoint("unused"),
+    )
     for call in calls:
         try:
             call()
@@ -66,7 +83,9 @@ def _destroy(rank: int, world: int, stage: int) -> dict:
         except DestroyedEngineError as e:
             errors.append(str(e))
     out["errors"] = errors
-    out["values_after_refusals"] = max((p.detach() - trained[n]).abs().max().item() for n, p in model.named_parameters())
+    out["values_after_refusals"] = max(
+        (p.detach() - trained[n]).abs().max().item() for n, p in model.named_parameters()
+    )
     # wrapped again: trains exactly as a fresh model given the trained values
     again = wrap(model)
     _train(again, model, rank, 2, seed=1)
@@ -86,8 +105,17 @@ def test_destroy_hands_the_model_back(stage):
         assert r["cls"] and r["zero_grad_is_torchs"] and r["hooks"] == (0, 0), r
         assert all(r["grads"]) and r["values"] == 0.0 and r["plain_forward"] == [2, 3]
         assert len(r["errors"]) == 6 and all(e is not None and "\n" not in e for e in r["errors"]), r["errors"]
-        for e, call in zip(r["errors"], ("step()", "backward()", "gathered_params()", "zero_grad()",
-                                         "empty_partition_cache()", "save_checkpoint()")):
+        for e, call in zip(
+            r["errors"],
+            (
+                "step()",
+                "backward()",
+                "gathered_params()",
+                "zero_grad()",
+                "empty_partition_cache()",
+                "save_checkpoint()",
+            ),
+        ):
             assert e.startswith(f"{call} on an engine after destroy()"), e
         assert r["values_after_refusals"] == 0.0  # stage 3's units were not resharded under the plain model
         assert r["rewrapped"] == 0.0 and r["moved"] > 1e-4, r

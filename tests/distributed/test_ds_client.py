@@ -43,10 +43,13 @@ def test_a_client_adam_without_weight_decay_is_adamws_groups():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
     first, second = list(model.parameters())[:2], list(model.parameters())[2:]
-    client = torch.optim.Adam([{"params": first, "lr": 0.5}, {"params": second}], lr=0.25, betas=(0.8, 0.9),
-                              fused=False)
+    client = torch.optim.Adam(
+        [{"params": first, "lr": 0.5}, {"params": second}], lr=0.25, betas=(0.8, 0.9), fused=False
+    )
     got, groups = client_groups(client, model, None)
     assert got is client and [g["params"] for g in groups] == [first, second]
     assert [(g["lr"], g["betas"], g["weight_decay"], g["decoupled_weight_decay"]) for g in groups] == [
-        (0.5, (0.8, 0.9), 0, True), (0.25, (0.8, 0.9), 0, True)]
+        (0.5, (0.8, 0.9), 0, True),
+        (0.25, (0.8, 0.9), 0, True),
+    ]
     assert not any(k in g for g in groups for k in ("fused", "foreach", "capturable", "differentiable"))

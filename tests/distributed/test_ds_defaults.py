@@ -39,10 +39,16 @@ rule (the scale growing after every second clean step, hysteresis restored at ea
 CASES = [
     pytest.param({"initial_scale_power": 8, "loss_scale_window": 2}, [F] * 8, id="window2-no-overflow"),
     pytest.param({"initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 2}, OVERFLOWS, id="hysteresis2"),
-    pytest.param({"initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 2, "consecutive_hysteresis": True},
-                 OVERFLOWS, id="consecutive-hysteresis"),
-    pytest.param({"initial_scale_power": 3, "loss_scale_window": 3, "min_loss_scale": 2}, [F, T, T, F, F, F, F, T],
-                 id="window3-min2"),
+    pytest.param(
+        {"initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 2, "consecutive_hysteresis": True},
+        OVERFLOWS,
+        id="consecutive-hysteresis",
+    ),
+    pytest.param(
+        {"initial_scale_power": 3, "loss_scale_window": 3, "min_loss_scale": 2},
+        [F, T, T, F, F, F, F, T],
+        id="window3-min2",
+    ),
 ]
 
 

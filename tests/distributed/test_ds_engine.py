@@ -47,7 +47,9 @@ def test_tp_checkpoint_keeps_each_tp_ranks_slices(dp, stage, tmp_path):
     world = 2 * dp
     res = run_distributed(tp_resume, world, dp, stage, str(tmp_path / "ckpt"))
     assert len({round(r["checksum"], 6) for r in res}) > 1, "TP ranks hold the same values: vacuous test"
-    assert sorted((tmp_path / "ckpt" / "mid").iterdir())[-2:] == [tmp_path / "ckpt" / "mid" / d for d in ("tp-00", "tp-01")]
+    assert sorted((tmp_path / "ckpt" / "mid").iterdir())[-2:] == [
+        tmp_path / "ckpt" / "mid" / d for d in ("tp-00", "tp-01")
+    ]
     for r in res:
         assert r["load_diff"] == 0.0, r
         assert r["moved"] > 1e-4
@@ -59,7 +61,9 @@ def test_a_tp_checkpoint_refuses_another_tp_degree(tmp_path):
         assert msg.startswith("CheckpointMismatch: checkpoint ") and "was saved with TP 2, this engine has TP 1" in msg
 
 
-@pytest.fixture(scope="module", params=[0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
+@pytest.fixture(
+    scope="module", params=[0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3]
+)
 def load_options(request, tmp_path_factory):
     stage = request.param
     return stage, run_distributed(ds_load_options, 2, stage, str(tmp_path_factory.mktemp("ckpt")))

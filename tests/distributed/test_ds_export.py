@@ -19,11 +19,15 @@ pytestmark = pytest.mark.dist
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
     for rank, res in enumerate(run_distributed(ds_export, 2, precision, str(tmp_path), timeout=240)):
-        assert res.pop("mid_window") == ("safe_get_full_grad before this window's gradients are reduced: call it "
-                                         "after the last backward() of the window, before step()")
+        assert res.pop("mid_window") == (
+            "safe_get_full_grad before this window's gradients are reduced: call it "
+            "after the last backward() of the window, before step()"
+        )
         for stage, r in res.items():
             where = (precision, stage, rank, r)
-            assert r["surface"] == (2, 1, rank, 2, precision == "fp16", precision == "bf16"), where  # DeepSpeed's queries
+            assert r["surface"] == (2, 1, rank, 2, precision == "fp16", precision == "bf16"), (
+                where
+            )  # DeepSpeed's queries
             assert r["export_files"] == ["model.bin", "nofrozen.bin"], where  # DP rank 0 wrote; no temporary left
             assert r["visible_on_return"] and r["fp32"] and r["frozen_none"] and r["moments"], where
             assert r["no_grad_after_step"] and r["grads"] and r["grad_nonzero"], where

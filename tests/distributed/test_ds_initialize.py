@@ -18,16 +18,28 @@ MICRO, ACCUM, WORLD, SAMPLES = 2, 2, 2, 32
 LR, WD, CLIP = 1e-2, 0.01, 0.5
 
 
-SCHEDULER = {"type": "WarmupDecayLR", "params": {"total_num_steps": 6, "warmup_min_lr": 1e-3, "warmup_max_lr": LR,
-                                                  "warmup_num_steps": 2, "warmup_type": "linear"}}
+SCHEDULER = {
+    "type": "WarmupDecayLR",
+    "params": {
+        "total_num_steps": 6,
+        "warmup_min_lr": 1e-3,
+        "warmup_max_lr": LR,
+        "warmup_num_steps": 2,
+        "warmup_type": "linear",
+    },
+}
 
 
 def _config(stage: int, scheduler: bool = False) -> dict:
-    return {"train_batch_size": MICRO * ACCUM * WORLD, "train_micro_batch_size_per_gpu": MICRO,
-            "gradient_clipping": CLIP, "steps_per_print": 100,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": WD}},
-            "zero_optimization": {"stage": stage, "contiguous_gradients": True},
-            **({"scheduler": SCHEDULER} if scheduler else {})}
+    return {
+        "train_batch_size": MICRO * ACCUM * WORLD,
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_clipping": CLIP,
+        "steps_per_print": 100,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": WD}},
+        "zero_optimization": {"stage": stage, "contiguous_gradients": True},
+        **({"scheduler": SCHEDULER} if scheduler else {}),
+    }
 
 
 def _data():
@@ -79,9 +91,15 @@ def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False, sourc
         del config["optimizer"]
         client = _client_adamw(model.parameters()) if source == "client" else _client_adamw
         sched = _schedule(client) if source == "client" else _schedule
-    engine, optimizer, loader, scheduler = initialize(model, config=config, model_parameters=model.parameters(),
-                                                      optimizer=client, training_data=_data(), lr_scheduler=sched,
-                                                      dp_group=group)
+    engine, optimizer, loader, scheduler = initialize(
+        model,
+        config=config,
+        model_parameters=model.parameters(),
+        optimizer=client,
+        training_data=_data(),
+        lr_scheduler=sched,
+        dp_group=group,
+    )
     assert optimizer is engine.optimizer and scheduler.optimizer is optimizer and engine.lr_scheduler is scheduler
     for x, y in loader:
         loss = F.mse_loss(engine(x), y)
@@ -104,7 +122,7 @@ def _reference(schedule=_schedule):
     sched = schedule(opt)
     per_step = MICRO * ACCUM
     for k in range(len(order[0]) // per_step):
-        idx = [i for r in range(WORLD) for i in order[r][k * per_step:(k + 1) * per_step]]
+        idx = [i for r in range(WORLD) for i in order[r][k * per_step : (k + 1) * per_step]]
         x, y = data[idx]
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
@@ -117,17 +135,26 @@ def _reference(schedule=_schedule):
 SLOW = pytest.mark.slow  # the same wiring at more stages: the full tier
 
 
-@pytest.mark.parametrize("stage, mesh, source", [(0, False, "callable"), (1, False, "callable"), (2, False, "callable"),
-                                                  (3, False, "callable"), (3, True, "callable"),
-                                                  pytest.param(1, False, "config", marks=SLOW), (3, False, "config"),
-                                                  pytest.param(0, False, "client", marks=SLOW), (3, False, "client"),
-                                                  pytest.param(2, False, "client_fn", marks=SLOW)])
+@pytest.mark.parametrize(
+    "stage, mesh, source",
+    [
+        (0, False, "callable"),
+        (1, False, "callable"),
+        (2, False, "callable"),
+        (3, False, "callable"),
+        (3, True, "callable"),
+        pytest.param(1, False, "config", marks=SLOW),
+        (3, False, "config"),
+        pytest.param(0, False, "client", marks=SLOW),
+        (3, False, "client"),
+        pytest.param(2, False, "client_fn", marks=SLOW),
+    ],
+)
 def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh, source):
     """``mesh``: the DP group given as a 1-D DeviceMesh, as apply_zero takes it. ``source``: where the optimizer
     and the scheduler come from (``_deepspeed_loop``); the config's is DeepSpeed's WarmupDecayLR."""
     ref, steps, lr = _reference(_config_schedule if source == "config" else _schedule)
-    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, mesh, source,
-                                                              timeout=180):
+    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, mesh, source, timeout=180):
         assert batches == SAMPLES // WORLD // MICRO and got_steps == steps == 4
         assert got_lr == pytest.approx(lr)  # the scheduler was stepped once per optimizer step
         assert max((torch.tensor(p) - q).abs().max().item() for p, q in zip(params, ref)) < 1e-5
@@ -159,8 +186,9 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize("call", ["zerobench", pytest.param("args", marks=SLOW),
-                                  pytest.param("deepspeed_positional", marks=SLOW)])
+@pytest.mark.parametrize(
+    "call", ["zerobench", pytest.param("args", marks=SLOW), pytest.param("deepspeed_positional", marks=SLOW)]
+)
 def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
     """And each way of calling it: zerobench's ``initialize(model, config)``, DeepSpeed's ``args.deepspeed_config``
     and DeepSpeed's positional order."""
@@ -172,19 +200,22 @@ def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
     assert error == "ConfigError | train_micro_batch_size_per_gpu(): apply_zero takes no batch size (initialize() does)"
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"optimizer": "sgd"}, "a client SGD cannot be taken: the ZeRO engine's update is AdamW's"),
-    ({"optimizer": "adam_l2"}, "adds weight_decay 0.1 to the gradient (L2)"),
-    ({"optimizer": "stepped"}, "the client optimizer has already stepped"),
-    ({"optimizer": "sgd_fn"}, "a client SGD cannot be taken"),
-    ({"optimizer": 3}, "optimizer= must be a torch.optim.AdamW or a callable"),
-    ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the"),
-    ({"optimizer": "adamw", "lr_scheduler": "built"}, "or one built on the optimizer passed as optimizer="),
-    ({"config": None}, "give config="),
-    ({"mpu": object()}, "mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken"),
-    ({"args": "ds_args"}, "came both in args.deepspeed_config and as config="),
-    ({"dist_init_required": False}, "dist_init_required=False but no process group exists"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"optimizer": "sgd"}, "a client SGD cannot be taken: the ZeRO engine's update is AdamW's"),
+        ({"optimizer": "adam_l2"}, "adds weight_decay 0.1 to the gradient (L2)"),
+        ({"optimizer": "stepped"}, "the client optimizer has already stepped"),
+        ({"optimizer": "sgd_fn"}, "a client SGD cannot be taken"),
+        ({"optimizer": 3}, "optimizer= must be a torch.optim.AdamW or a callable"),
+        ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the"),
+        ({"optimizer": "adamw", "lr_scheduler": "built"}, "or one built on the optimizer passed as optimizer="),
+        ({"config": None}, "give config="),
+        ({"mpu": object()}, "mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken"),
+        ({"args": "ds_args"}, "came both in args.deepspeed_config and as config="),
+        ({"dist_init_required": False}, "dist_init_required=False but no process group exists"),
+    ],
+)
 def test_what_initialize_does_not_take_is_one_line(kwargs, words):
     """Each is refused before any process group is touched."""
     from zerobench.config import ConfigError
@@ -196,9 +227,14 @@ def test_what_initialize_does_not_take_is_one_line(kwargs, words):
     model(torch.ones(1, 4)).sum().backward()
     stepped.step()
     model.zero_grad()
-    clients = {"sgd": opt, "adam_l2": torch.optim.Adam(model.parameters(), weight_decay=0.1), "stepped": stepped,
-               "sgd_fn": lambda ps: torch.optim.SGD(ps, lr=0.1), "adamw": torch.optim.AdamW(model.parameters()),
-               "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)}
+    clients = {
+        "sgd": opt,
+        "adam_l2": torch.optim.Adam(model.parameters(), weight_decay=0.1),
+        "stepped": stepped,
+        "sgd_fn": lambda ps: torch.optim.SGD(ps, lr=0.1),
+        "adamw": torch.optim.AdamW(model.parameters()),
+        "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+    }
     clients["ds_args"] = __import__("argparse").Namespace(deepspeed_config="ds.json")
     given = {"config": _config(2)}
     given.update({k: clients.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()})
@@ -228,14 +264,14 @@ def _resume(rank: int, world: int, stage: int, root: str):
             return [p.detach().clone() for p in eng.module.parameters()], eng.get_lr()
 
     first, batches, sched = engine()
-    train(first, batches[:2 * ACCUM])
+    train(first, batches[: 2 * ACCUM])
     first.save_checkpoint(root, tag="two")
     at_save = sched.state_dict()
-    whole, whole_lr = train(first, batches[2 * ACCUM:])
+    whole, whole_lr = train(first, batches[2 * ACCUM :])
     resumed, _, sched = engine()
     resumed.load_checkpoint(root)
     loaded = sched.state_dict()
-    params, lr = train(resumed, batches[2 * ACCUM:])
+    params, lr = train(resumed, batches[2 * ACCUM :])
     kept, _, sched = engine()
     kept.load_checkpoint(root, load_lr_scheduler_states=False)
     no_state = sched.state_dict()
@@ -246,8 +282,15 @@ def _resume(rank: int, world: int, stage: int, root: str):
         warnings.simplefilter("always")
         late.load_checkpoint(f"{root}-plain")
     diff = max((a - b).abs().max().item() for a, b in zip(params, whole))
-    return {"at_save": at_save, "loaded": loaded, "no_state": no_state, "lr": lr, "whole_lr": whole_lr,
-            "diff": diff, "warned": [str(w.message) for w in caught]}
+    return {
+        "at_save": at_save,
+        "loaded": loaded,
+        "no_state": no_state,
+        "lr": lr,
+        "whole_lr": whole_lr,
+        "diff": diff,
+        "warned": [str(w.message) for w in caught],
+    }
 
 
 @pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), pytest.param(2, marks=SLOW), 3])

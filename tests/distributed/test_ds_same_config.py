@@ -15,11 +15,16 @@ from zerobench.peers.registry import deepspeed_available
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-CASES = [pytest.param(stage, client, bf16, id=f"s{stage}-{form}")
-         for stage in (0, 1, 2, 3)
-         for client, bf16, form in ((False, False, "config_sections"), (True, False, "client_optimizer_and_scheduler"),
-                                    (False, True, "config_sections_bf16"))
-         if not (bf16 and stage == 0)]
+CASES = [
+    pytest.param(stage, client, bf16, id=f"s{stage}-{form}")
+    for stage in (0, 1, 2, 3)
+    for client, bf16, form in (
+        (False, False, "config_sections"),
+        (True, False, "client_optimizer_and_scheduler"),
+        (False, True, "config_sections_bf16"),
+    )
+    if not (bf16 and stage == 0)
+]
 """bf16 at stages 1-3. DeepSpeed 0.19.8's stage 0 under bf16 (its FP16_Optimizer in bf16 mode) ends about 9% of the
 update (relative L2) away from its own stages 1-3 in this loop, while zerobench's stage 0 matches zerobench's stage 1
 to 2e-7 and its stages 1-3 match DeepSpeed's: there is no common answer to test against at stage 0."""

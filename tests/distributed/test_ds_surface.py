@@ -35,14 +35,25 @@ def _surface(rank: int, world: int, stage: int) -> dict:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # as torchrun on one node
     torch.manual_seed(0)
     model = Net()
-    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-           "zero_optimization": {"stage": stage}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+    }
     engine, *_ = Z.initialize(model=model, config=cfg)
-    out = {"same_params": [p is q for p, q in zip(engine.parameters(), model.parameters())],
-           "names": [n for n, _ in engine.named_parameters()], "label": engine.label,
-           "features": list(engine.features(torch.ones(1, 6)).shape),
-           "clipping": engine.gradient_clipping(), "batch": engine.get_batch_info(), "local_rank": engine.local_rank,
-           "hasattr_private": hasattr(engine, "_nope"), "training": engine.training}
+    out = {
+        "same_params": [p is q for p, q in zip(engine.parameters(), model.parameters())],
+        "names": [n for n, _ in engine.named_parameters()],
+        "label": engine.label,
+        "features": list(engine.features(torch.ones(1, 6)).shape),
+        "clipping": engine.gradient_clipping(),
+        "batch": engine.get_batch_info(),
+        "local_rank": engine.local_rank,
+        "hasattr_private": hasattr(engine, "_nope"),
+        "training": engine.training,
+    }
     try:
         out["missing"] = getattr(engine, "nope")  # noqa: B009 (the attribute access is the test)
     except AttributeError as e:

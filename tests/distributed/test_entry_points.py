@@ -83,19 +83,30 @@ def refused(request):
     return request.param, run_distributed(refusals, 2, request.param, timeout=180)
 
 
-@pytest.mark.parametrize("case, kind, words", [
-    ("sparse", "ConfigError", "has sparse=True"),
-    ("float64", "ConfigError", "is float64"),
-    ("mixed_dtypes", "ConfigError", "the trained parameters mix dtypes ('0.weight' is float32, '1.weight' bfloat16)"),
-    ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
-    ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
-    ("unfrozen_after", "RuntimeError", "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero"),
-    ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),
-    ("applied_twice", "ConfigError", "the model is already trained by a ZeRO engine"),
-    ("converted_after", "ConfigError", "would detach its parameters from the engine's buffers"),
-    ("to_empty_after", "ConfigError", "would detach its parameters from the engine's buffers"),
-    ("submodule_converted", "RuntimeError", "parameter 'fc."),
-])
+@pytest.mark.parametrize(
+    "case, kind, words",
+    [
+        ("sparse", "ConfigError", "has sparse=True"),
+        ("float64", "ConfigError", "is float64"),
+        (
+            "mixed_dtypes",
+            "ConfigError",
+            "the trained parameters mix dtypes ('0.weight' is float32, '1.weight' bfloat16)",
+        ),
+        ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
+        ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
+        (
+            "unfrozen_after",
+            "RuntimeError",
+            "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero",
+        ),
+        ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),
+        ("applied_twice", "ConfigError", "the model is already trained by a ZeRO engine"),
+        ("converted_after", "ConfigError", "would detach its parameters from the engine's buffers"),
+        ("to_empty_after", "ConfigError", "would detach its parameters from the engine's buffers"),
+        ("submodule_converted", "RuntimeError", "parameter 'fc."),
+    ],
+)
 def test_refused_in_one_line(refused, case, kind, words):
     _, ranks = refused
     for r in ranks:

@@ -34,13 +34,21 @@ def refused():
     return run_distributed(refusals, 2, timeout=180)
 
 
-@pytest.mark.parametrize("case, words", [
-    ("undeclared", ("ConfigError: ZeRO stage 3: unit BiasOut returned its own parameter 'a.bias', which is freed when "
-                    "the unit's forward ends: pass it to apply_zero(..., external_params=['a.bias'])")),
-    ("unknown_name", "ConfigError: external_params: 'a.wieght' is not a parameter of the model"),
-    ("foreign", "ConfigError: external_params: a Parameter of shape (2, 2) is not a parameter of the model"),
-    ("frozen", "ConfigError: external_params: 'b.bias' is frozen (requires_grad=False)"),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        (
+            "undeclared",
+            (
+                "ConfigError: ZeRO stage 3: unit BiasOut returned its own parameter 'a.bias', which is freed when "
+                "the unit's forward ends: pass it to apply_zero(..., external_params=['a.bias'])"
+            ),
+        ),
+        ("unknown_name", "ConfigError: external_params: 'a.wieght' is not a parameter of the model"),
+        ("foreign", "ConfigError: external_params: a Parameter of shape (2, 2) is not a parameter of the model"),
+        ("frozen", "ConfigError: external_params: 'b.bias' is frozen (requires_grad=False)"),
+    ],
+)
 def test_undeclared_or_wrongly_declared_is_one_line(refused, case, words):
     for r in refused:
         assert r[case] is not None and r[case].startswith(words) and "\n" not in r[case], r[case]

@@ -66,10 +66,14 @@ def test_modifier_rank_values_win(ranks, stage, precision):
 
 
 BAD_MODIFIER = {
-    "bad": ("ConfigError: gathered_params(modifier_rank=2): expected a DP rank, an int in [0, 2), or None (each rank "
-            "keeps its own changes)"),
-    "discard": ("ConfigError: gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that rank's "
-                "changes, writeback=False discards them: pass one of the two"),
+    "bad": (
+        "ConfigError: gathered_params(modifier_rank=2): expected a DP rank, an int in [0, 2), or None (each rank "
+        "keeps its own changes)"
+    ),
+    "discard": (
+        "ConfigError: gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that rank's "
+        "changes, writeback=False discards them: pass one of the two"
+    ),
 }
 
 

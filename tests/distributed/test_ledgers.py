@@ -55,12 +55,16 @@ def test_comm_volume_per_step(measured, stage, dp):
         # inside the 1% above. At stage 0 they ride in the last gradient all-reduce (no collective of their own);
         # at stages 1-3 they are one all-reduce of one integer per rank.
         control = {("all_reduce", "unused_check")} if stage else set()
-        assert ops == control | {
-            0: {("all_reduce", "grad")},
-            1: {("reduce_scatter", "grad"), ("all_gather", "param")},
-            2: {("reduce_scatter", "grad"), ("all_gather", "param")},
-            3: {("reduce_scatter", "grad"), ("all_gather", "param")},
-        }[stage]
+        assert (
+            ops
+            == control
+            | {
+                0: {("all_reduce", "grad")},
+                1: {("reduce_scatter", "grad"), ("all_gather", "param")},
+                2: {("reduce_scatter", "grad"), ("all_gather", "param")},
+                3: {("reduce_scatter", "grad"), ("all_gather", "param")},
+            }[stage]
+        )
         check = [s for s in r["summary"] if s["tag"] == "unused_check"]
         assert sum(s["numel"] for s in check) == dp * sum(s["calls"] for s in check), check
         if stage == 0:  # one step measured: the whole gradient buffer and the N flags after it

@@ -50,5 +50,7 @@ def test_a_users_meta_built_model_initialised_inside_gathered_params(user_meta, 
 
 def test_device_is_refused_for_a_model_already_placed(user_meta):
     for r in user_meta:
-        assert r["placed"] == ("ConfigError: apply_zero(device=meta) is for a model built on the meta device; this one "
-                               "has parameters on cpu: move the model there first (model.to(device))"), r["placed"]
+        assert r["placed"] == (
+            "ConfigError: apply_zero(device=meta) is for a model built on the meta device; this one "
+            "has parameters on cpu: move the model there first (model.to(device))"
+        ), r["placed"]

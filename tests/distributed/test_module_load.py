@@ -11,8 +11,10 @@ from tests.helpers.module_load import CASES, run_module_load
 
 pytestmark = pytest.mark.dist
 KEYS = [key for key, _, _ in CASES]
-ASSIGN_REFUSED = ("ValueError: load_state_dict(assign=True) would replace parameters the ZeRO engine holds views "
-                  "of: load with assign=False (the default)")
+ASSIGN_REFUSED = (
+    "ValueError: load_state_dict(assign=True) would replace parameters the ZeRO engine holds views "
+    "of: load with assign=False (the default)"
+)
 
 
 @pytest.fixture(scope="module")

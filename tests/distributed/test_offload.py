@@ -32,8 +32,10 @@ def _variants(dp, stage, precision="fp32", **kw):
     out = [Scenario(dp, stage, precision, **kw)]
     out += [Scenario(dp, stage, precision, offload=o, offload_param=p, **kw) for o, p in OFFLOADS]
     if stage == 3:
-        out += [Scenario(dp, 3, precision, offload="cpu", offload_param="cpu", **kw),
-                Scenario(dp, 3, precision, offload="nvme", offload_param="cpu", **kw)]
+        out += [
+            Scenario(dp, 3, precision, offload="cpu", offload_param="cpu", **kw),
+            Scenario(dp, 3, precision, offload="nvme", offload_param="cpu", **kw),
+        ]
     return out
 
 
@@ -42,8 +44,12 @@ def _grid():
     for stage in (1, 2, 3):
         scs += _variants(2, stage) + _variants(1, stage) + _variants(2, stage, "bf16")
         scs += _variants(2, stage, accum=2) + _variants(2, stage, clip=0.05) + _variants(2, stage, "fp16", **FP16)
-    scs += [Scenario(2, 2, optim_bits=8), Scenario(2, 2, offload="cpu", optim_bits=8),
-            Scenario(2, 3, offload="nvme", offload_param="cpu", optim_bits=8), Scenario(2, 3, optim_bits=8)]
+    scs += [
+        Scenario(2, 2, optim_bits=8),
+        Scenario(2, 2, offload="cpu", optim_bits=8),
+        Scenario(2, 3, offload="nvme", offload_param="cpu", optim_bits=8),
+        Scenario(2, 3, optim_bits=8),
+    ]
     return scs
 
 
@@ -93,9 +99,16 @@ def test_offload_moves_model_states_off_the_device(grid):
     """Device ledger: optimizer offload leaves the parameters (and, stage 1, the full gradient buffer);
     parameter offload leaves nothing persistent on the device. The rest is on the host or in NVMe files."""
     for rank_res in grid:
-        led = {(s, o, p): rank_res[Scenario(2, s, "bf16", offload=o, offload_param=p).key]["ledger"]
-               for s, o, p in [(1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"),
-                               (2, "nvme", "none")]}
+        led = {
+            (s, o, p): rank_res[Scenario(2, s, "bf16", offload=o, offload_param=p).key]["ledger"]
+            for s, o, p in [
+                (1, "cpu", "none"),
+                (2, "cpu", "none"),
+                (3, "cpu", "none"),
+                (3, "cpu", "cpu"),
+                (2, "nvme", "none"),
+            ]
+        }
         plain2 = rank_res[Scenario(2, 2, "bf16").key]["ledger"]
         for key, L in led.items():
             assert L["master"] == 0 and L["optimizer_states"] == 0, (key, L)
@@ -147,14 +160,21 @@ def test_eight_bit_adam_tracks_fp32_adam_for_200_steps():
     assert abs(statistics.mean(b[-50:]) / statistics.mean(a[-50:]) - 1) <= 0.005
 
 
-@pytest.mark.parametrize("stage,offload,param,bits", [pytest.param(2, "cpu", "none", 32, marks=pytest.mark.slow), (3, "nvme", "cpu", 8)])
+@pytest.mark.parametrize(
+    "stage,offload,param,bits", [pytest.param(2, "cpu", "none", 32, marks=pytest.mark.slow), (3, "nvme", "cpu", 8)]
+)
 def test_checkpoint_with_offload_resumes(tmp_path, stage, offload, param, bits):
     """Offloaded states save and load like device ones. 8-bit moments are saved decoded (fp32) so that a
     checkpoint stays independent of the layout; they reload exactly onto the same layout (re-quantizing a
     decoded block gives the same codes), so the 8-bit case resumes at the same DP degree and buckets —
     resharding them re-blocks and so re-quantizes, which is not exact."""
-    zc = dict(offload_optimizer=offload, offload_param=param, optim_bits=bits, nvme_path=str(tmp_path / "nvme"),
-              same_layout=bits == 8)
+    zc = dict(
+        offload_optimizer=offload,
+        offload_param=param,
+        optim_bits=bits,
+        nvme_path=str(tmp_path / "nvme"),
+        same_layout=bits == 8,
+    )
     for r in run_distributed(checkpoint_resume, 4, stage, str(tmp_path / "ckpt"), zc):
         assert r["moved"] > 1e-4
         assert r["diff"] <= 1e-6, r

@@ -13,8 +13,14 @@ from tests.helpers.user_models import ADAM
 pytestmark = pytest.mark.dist
 
 
-@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
-                                        for w in (2, 3) for s in (0, 1, 2, 3)])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
+        for w in (2, 3)
+        for s in (0, 1, 2, 3)
+    ],
+)
 def api(request):
     world, stage = request.param
     return world, stage, run_distributed(run_optimizer_api, world, stage, timeout=300)
@@ -52,8 +58,10 @@ def test_clip_grad_norm_matches_torch(api):
         assert min(ref_norms) > 0.05  # every step clipped
         assert norms == pytest.approx(ref_norms, rel=1e-5)
         assert close(r["clip"]), (world, stage, r["clip"])
-        assert r["clip_early"] == ("RuntimeError: clip_grad_norm_() before this window's gradients are reduced: "
-                                   "call it after the last backward() of the window, before step()")
+        assert r["clip_early"] == (
+            "RuntimeError: clip_grad_norm_() before this window's gradients are reduced: "
+            "call it after the last backward() of the window, before step()"
+        )
 
 
 def test_the_models_own_clip_grad_norm_in_fsdp1s_loop(api):
@@ -65,8 +73,10 @@ def test_the_models_own_clip_grad_norm_in_fsdp1s_loop(api):
         _, ref_norms = r["clip_norms"]
         assert r["model_clip_norms"] == pytest.approx(ref_norms, rel=1e-5)
         assert close(r["model_clip"]), (world, stage, r["model_clip"])
-        assert r["clip_bad_norm"] == ("ConfigError: clip_grad_norm_(norm_type=0): the ZeRO engine clips by a global "
-                                      "p-norm, p > 0 or inf (2 by default)")
+        assert r["clip_bad_norm"] == (
+            "ConfigError: clip_grad_norm_(norm_type=0): the ZeRO engine clips by a global "
+            "p-norm, p > 0 or inf (2 by default)"
+        )
 
 
 @pytest.mark.parametrize("p", ("1.0", "3.0", "inf"))
@@ -101,7 +111,9 @@ def test_bad_param_groups_fail_in_one_line_on_every_rank(api):
         assert r["negative_lr"] == "ConfigError: param_groups[0]['lr'] must be a finite number >= 0, got -1.0"
         assert r["nan_lr"] == "ConfigError: param_groups[0]['lr'] must be a finite number >= 0, got nan"
         assert r["bad_betas"].startswith("ConfigError: param_groups[0] needs eps > 0 and betas in [0, 1)")
-        assert r["add_group"].startswith("ValueError: the ZeRO engine lays out its param groups in the partition at "
-                                        "construction: pass every group to apply_zero(param_groups=...)")
+        assert r["add_group"].startswith(
+            "ValueError: the ZeRO engine lays out its param groups in the partition at "
+            "construction: pass every group to apply_zero(param_groups=...)"
+        )
         assert all("\n" not in r[k] for k in ("negative_lr", "nan_lr", "bad_betas", "add_group"))
         assert r["after_errors_stepped"] is True

@@ -12,8 +12,14 @@ from tests.helpers.param_groups import run_param_groups
 pytestmark = pytest.mark.dist
 
 
-@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 or s < 3 else [],
-                                                     id=f"w{w}-s{s}") for w in (2, 3) for s in (0, 1, 2, 3)])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 or s < 3 else [], id=f"w{w}-s{s}")
+        for w in (2, 3)
+        for s in (0, 1, 2, 3)
+    ],
+)
 def groups(request):
     world, stage = request.param
     return world, stage, run_distributed(run_param_groups, world, stage, timeout=300)
@@ -28,7 +34,9 @@ def test_each_group_steps_with_its_own_hyperparameters_and_schedule(groups):
         for v in variants:
             assert r[v]["max_update"] > 1e-3 and not r[v]["missing"]
             assert close(r[v]), (world, stage, v, r[v])
-            assert [lr for lrs in r[f"{v}_lrs"] for lr in lrs] == pytest.approx([lr for lrs in r["ref_lrs"] for lr in lrs])
+            assert [lr for lrs in r[f"{v}_lrs"] for lr in lrs] == pytest.approx(
+                [lr for lrs in r["ref_lrs"] for lr in lrs]
+            )
         assert len({tuple(lrs) for lrs in r["ref_lrs"]}) == len(r["ref_lrs"])  # the groups' lrs move apart
 
 
@@ -39,15 +47,20 @@ def test_a_checkpoint_carries_every_group_and_refuses_other_groups(groups):
     for r in groups[2]:
         assert r["resumed_lrs"] == r["saved_lrs"] and len(set(r["saved_lrs"])) == 3
         assert r["resume_diff"] == 0.0
-        assert r["other_groups"] == ("CheckpointMismatch: checkpoint has 3 param group(s), this engine 1: build the "
-                                     "engine with the same param_groups")
-        assert r["other_members"].startswith("CheckpointMismatch: param_groups[1] holds other parameters than the "
-                                             "checkpoint's")
+        assert r["other_groups"] == (
+            "CheckpointMismatch: checkpoint has 3 param group(s), this engine 1: build the "
+            "engine with the same param_groups"
+        )
+        assert r["other_members"].startswith(
+            "CheckpointMismatch: param_groups[1] holds other parameters than the checkpoint's"
+        )
         assert r["other_members_kept"], "a refused checkpoint changed the engine's hyperparameters"
 
 
 def test_a_trained_parameter_in_no_group_fails_in_one_line_on_every_rank(groups):
     """The first left-out parameter in ``model.parameters()`` order, at every stage (stage 3 lays them out by unit)."""
-    line = ("ConfigError: parameter scale requires a gradient but is in no param group (9 such): add it "
-            "to one, or set requires_grad=False")
+    line = (
+        "ConfigError: parameter scale requires a gradient but is in no param group (9 such): add it "
+        "to one, or set requires_grad=False"
+    )
     assert {r["left_out"] for r in groups[2]} == {line}

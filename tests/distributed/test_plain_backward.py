@@ -12,12 +12,29 @@ from zerobench.zero.backward_pass import FP16_PLAIN_BACKWARD
 
 pytestmark = pytest.mark.dist
 
-CASES = ("plain", "accum", "reentrant", "mixed", "no_root_hooks", "two_windows", "module_zero_grad",
-         "module_zero_grad_keep", "grad_none_by_hand", "ds_loop", "ds_loop_accum")
+CASES = (
+    "plain",
+    "accum",
+    "reentrant",
+    "mixed",
+    "no_root_hooks",
+    "two_windows",
+    "module_zero_grad",
+    "module_zero_grad_keep",
+    "grad_none_by_hand",
+    "ds_loop",
+    "ds_loop_accum",
+)
 
 
-@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
-                                        for w in (2, 3) for s in (0, 1, 2, 3)])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
+        for w in (2, 3)
+        for s in (0, 1, 2, 3)
+    ],
+)
 def ranks(request):
     world, stage = request.param
     return stage, run_distributed(run_plain_backward, world, stage, timeout=300)
@@ -56,9 +73,11 @@ def test_fp16_plain_backward_is_refused_in_one_line(ranks):
 def test_a_window_mixing_both_backwards_is_refused_in_one_line(ranks):
     _, results = ranks
     for r in results:
-        assert r["mixed_window_error"] == ("RuntimeError: one accumulation window mixes engine.backward(loss) (or "
-                                           "engine.scale(loss).backward()) and plain loss.backward(): use one of them "
-                                           "for all grad_accum_steps micro-batches of a window")
+        assert r["mixed_window_error"] == (
+            "RuntimeError: one accumulation window mixes engine.backward(loss) (or "
+            "engine.scale(loss).backward()) and plain loss.backward(): use one of them "
+            "for all grad_accum_steps micro-batches of a window"
+        )
 
 
 @pytest.mark.parametrize("path", ("engine", "plain"))
@@ -101,9 +120,11 @@ def test_no_sync_accumulates_without_traffic_at_stages_0_1(ranks):
             assert got["max_update"] > 1e-3 and close(got), (use, got)
         ratio = r["grad_volume_True"] / r["grad_volume_False"]
         assert ratio == (0.5 if stage < 2 else 1.0), r
-        assert r["no_sync_step_error"] == ("RuntimeError: step() after 1 backward pass(es) under no_sync() and none "
-                                           "outside it: the window's last backward must run outside no_sync() (it "
-                                           "synchronises)")
+        assert r["no_sync_step_error"] == (
+            "RuntimeError: step() after 1 backward pass(es) under no_sync() and none "
+            "outside it: the window's last backward must run outside no_sync() (it "
+            "synchronises)"
+        )
 
 
 def test_deepspeed_loop_steps_at_window_ends_only(ranks):

@@ -34,7 +34,9 @@ def _seeded_by_rank(rank: int, world: int) -> dict:
                 t.data.normal_()
         engine = engine_for(model, group, stage)
         init = full_parameters(engine)
-        out[f"init_diff-s{stage}"] = max((init[n] - p.detach()).abs().max().item() for n, p in ref_model.named_parameters())
+        out[f"init_diff-s{stage}"] = max(
+            (init[n] - p.detach()).abs().max().item() for n, p in ref_model.named_parameters()
+        )
         out[f"buffer-s{stage}"] = engine.module.running.tolist()
         data = batches(2, 2 * world)
         for x, y in data:
@@ -84,12 +86,20 @@ def mismatched():
     return run_distributed(_mismatched, 2, timeout=120, coll_timeout=30)
 
 
-@pytest.mark.parametrize(("what", "says"), [
-    ("shape", ("rank 0 has parameter 'blocks.2.fc1.weight' (300, 24) float32 where rank 1 has parameter "
-               "'blocks.2.fc1.weight' (200, 24) float32")),
-    ("missing", "rank 0 has trained parameter 'blocks.2.fc2.bias' where rank 1 has"),
-    ("bucket", "bucket_numel=5000"),
-])
+@pytest.mark.parametrize(
+    ("what", "says"),
+    [
+        (
+            "shape",
+            (
+                "rank 0 has parameter 'blocks.2.fc1.weight' (300, 24) float32 where rank 1 has parameter "
+                "'blocks.2.fc1.weight' (200, 24) float32"
+            ),
+        ),
+        ("missing", "rank 0 has trained parameter 'blocks.2.fc2.bias' where rank 1 has"),
+        ("bucket", "bucket_numel=5000"),
+    ],
+)
 def test_a_rank_with_another_model_or_config_fails_on_every_rank(mismatched, what, says):
     for ranks in mismatched:
         e = ranks[what]

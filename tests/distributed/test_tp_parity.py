@@ -76,8 +76,9 @@ SP_CASES = [(dp, tp, s, ckpt) for dp, tp in MESHES for s in STAGES for ckpt in (
 def sp_fp32():
     from zerobench.parallel.checkpointing import ActivationConfig
 
-    scen = [Scenario(dp, s, tp=tp, sp=True, clip=0.05, ac=ActivationConfig(checkpoint=ck))
-            for dp, tp, s, ck in SP_CASES]
+    scen = [
+        Scenario(dp, s, tp=tp, sp=True, clip=0.05, ac=ActivationConfig(checkpoint=ck)) for dp, tp, s, ck in SP_CASES
+    ]
     return run_distributed(run_scenarios, 4, scen)
 
 

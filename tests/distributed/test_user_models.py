@@ -13,8 +13,18 @@ pytestmark = pytest.mark.dist
 
 STAGES = (0, 1, 2, 3)
 WORLDS = (2, pytest.param(3, marks=pytest.mark.slow))  # world 3 (uneven shards) in the full tier
-VARIANTS = ("mlp", "frozen", "tied_far", "tied_adjacent", "tied_root", "paramfree_unit", "all_in_blocks", "user_ckpt",
-            "user_ckpt_reentrant", "reused")
+VARIANTS = (
+    "mlp",
+    "frozen",
+    "tied_far",
+    "tied_adjacent",
+    "tied_root",
+    "paramfree_unit",
+    "all_in_blocks",
+    "user_ckpt",
+    "user_ckpt_reentrant",
+    "reused",
+)
 # fp32. At world 1 every parameter matches to 1e-6. At world 2-3 the gradient is summed over ranks in
 # another order, and Adam's first steps move an element by ~lr whatever its gradient's size, so an element
 # whose gradient is ~0 can step differently (measured: up to 3e-5 at lr 1e-2). The bound is on the whole
@@ -45,8 +55,14 @@ def test_user_model_parity(user_grid, variant, stage):
         assert close(r), (world, r)
 
 
-@pytest.fixture(scope="module", params=[pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
-                                        for w in (2, 3) for s in STAGES])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
+        for w in (2, 3)
+        for s in STAGES
+    ],
+)
 def api(request):
     world, stage = request.param
     return world, stage, run_distributed(run_api_and_usage, world, stage, timeout=300)

@@ -18,7 +18,8 @@ MESHES = [(1, 2), (2, 2), (1, 4)]
 # checkpointing off, then on with every P_a / P_a+cpu / M_D combination
 ACS = [ActivationConfig()] + [
     ActivationConfig(checkpoint=True, partition=pa, cpu_offload=cpu, contiguous=md)
-    for pa, cpu, md in itertools.product([False, True], repeat=3) if not (cpu and not pa)
+    for pa, cpu, md in itertools.product([False, True], repeat=3)
+    if not (cpu and not pa)
 ]
 FULL = [(dp, tp, s, ac) for (dp, tp), s, ac in itertools.product(MESHES, range(4), ACS)]
 # The per-commit subset: every mesh, every stage and every activation option at least once.

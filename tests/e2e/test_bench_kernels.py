@@ -11,9 +11,27 @@ from zerobench.results.rows import read_rows
 def test_bench_kernels_writes_rows_for_every_candidate(tmp_path):
     out = tmp_path / "rows"
     proc = subprocess.run(
-        [sys.executable, "-m", "zerobench", "bench-kernels", "--numel", "200000", "--rounds", "2", "--ops",
-         "--rows", "64", "--hidden", "32", "--no-deepspeed", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "zerobench",
+            "bench-kernels",
+            "--numel",
+            "200000",
+            "--rounds",
+            "2",
+            "--ops",
+            "--rows",
+            "64",
+            "--hidden",
+            "32",
+            "--no-deepspeed",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     rows = read_rows(out)
@@ -25,7 +43,11 @@ def test_bench_kernels_writes_rows_for_every_candidate(tmp_path):
 
 
 def test_summary_ratios_are_medians_of_per_round_ratios():
-    times = {"bandwidth_limit": [1.0, 1.0, 4.0], "torch_adamw_fused": [2.0, 1.0, 4.0], "zerobench_adamw": [1.0, 2.0, 8.0]}
+    times = {
+        "bandwidth_limit": [1.0, 1.0, 4.0],
+        "torch_adamw_fused": [2.0, 1.0, 4.0],
+        "zerobench_adamw": [1.0, 2.0, 8.0],
+    }
     recs = {r["candidate"]: r for r in summarize(times, 10)}
     assert recs["zerobench_adamw"]["fraction_of_limit"] == 0.5  # per round 1, 0.5, 0.5
     assert recs["zerobench_adamw"]["time_vs_torch_fused"] == 2.0  # per round 0.5, 2, 2

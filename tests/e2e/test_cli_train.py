@@ -12,13 +12,23 @@ import time
 import pytest
 import torch
 
-REQUIRED = {"loss", "step_time_s", "tflops_per_gpu", "model_state_bytes", "model_state_bytes_analytic",
-            "comm_volume_elements_per_step", "peak_memory_bytes"}
+REQUIRED = {
+    "loss",
+    "step_time_s",
+    "tflops_per_gpu",
+    "model_state_bytes",
+    "model_state_bytes_analytic",
+    "comm_volume_elements_per_step",
+    "peak_memory_bytes",
+}
 
 
 def zb(*args, env=None, timeout=180):
     return subprocess.run(
-        [sys.executable, "-m", "zerobench", *args], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "zerobench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -26,11 +36,13 @@ def zb(*args, env=None, timeout=180):
 def imports_torch(commands: list[list[str]]) -> bool:
     """Whether running each of ``commands`` (``zerobench`` arguments) in one fresh process imported torch; their
     output and exit are discarded."""
-    code = ("import contextlib, io, sys\nfrom zerobench.cli import main\n"
-            f"for args in {commands!r}:\n"
-            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-            "        try:\n            main(args)\n        except SystemExit:\n            pass\n"
-            "print('torch' in sys.modules)\n")
+    code = (
+        "import contextlib, io, sys\nfrom zerobench.cli import main\n"
+        f"for args in {commands!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n            main(args)\n        except SystemExit:\n            pass\n"
+        "print('torch' in sys.modules)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() in ("True", "False"), r.stdout + r.stderr
     return r.stdout.strip() == "True"
@@ -51,8 +63,23 @@ def test_help():
 @pytest.mark.parametrize("stage,precision", [(1, "fp32"), pytest.param(3, "bf16", marks=pytest.mark.slow)])
 def test_train_writes_rows(tmp_path, stage, precision):
     out = tmp_path / "run"
-    r = zb("train", "--preset", "tiny", "--stage", str(stage), "--dp", "2", "--precision", precision,
-           "--steps", "4", "--warmup", "1", "--out", str(out))
+    r = zb(
+        "train",
+        "--preset",
+        "tiny",
+        "--stage",
+        str(stage),
+        "--dp",
+        "2",
+        "--precision",
+        precision,
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "memory ledger" in r.stdout and "communication ledger" in r.stdout
     rs = rows(out)
@@ -73,15 +100,21 @@ def test_train_writes_rows(tmp_path, stage, precision):
     assert all(p["value"] >= analytic[p["rank"]] for p in peak), "peak live bytes include the model states"
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--stage", "5"], "unknown ZeRO stage 5"),
-    (["--hidden", "60", "--heads", "7"], "not divisible by heads"),
-    (["--precision", "fp8"], "unknown precision"),
-    (["--preset", "huge"], "unknown model preset"),
-    (["--micro-batch", "0"], "--micro-batch"),
-    pytest.param(["--backend", "nccl"], "--backend nccl needs CUDA devices and this process has none",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL is there to use")),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--stage", "5"], "unknown ZeRO stage 5"),
+        (["--hidden", "60", "--heads", "7"], "not divisible by heads"),
+        (["--precision", "fp8"], "unknown precision"),
+        (["--preset", "huge"], "unknown model preset"),
+        (["--micro-batch", "0"], "--micro-batch"),
+        pytest.param(
+            ["--backend", "nccl"],
+            "--backend nccl needs CUDA devices and this process has none",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL is there to use"),
+        ),
+    ],
+)
 def test_bad_input_is_one_line(args, msg):
     r = zb("train", *args)
     assert r.returncode == 2
@@ -92,8 +125,13 @@ def test_bad_input_is_one_line(args, msg):
 def test_a_refused_run_does_not_import_torch():
     """A flag the resolver refuses is answered before torch is imported (seconds on this VM): only a valid run
     pays for it."""
-    bad = [["--stage", "5"], ["--hidden", "60", "--heads", "7"], ["--precision", "fp8"], ["--preset", "huge"],
-           ["--dp", "3", "--tp", "2", "--heads", "3"]]
+    bad = [
+        ["--stage", "5"],
+        ["--hidden", "60", "--heads", "7"],
+        ["--precision", "fp8"],
+        ["--preset", "huge"],
+        ["--dp", "3", "--tp", "2", "--heads", "3"],
+    ]
     assert not imports_torch([["train", *args] for args in bad])
 
 
@@ -116,12 +154,24 @@ def test_dead_rank_fails_the_run_loudly(tmp_path):
 def test_out_of_memory_in_one_process_is_one_line_and_a_row(tmp_path):
     # One process trains in the CLI's own process: running out of the (emulated) card must end like a
     # launched rank does, with the launcher's OOM exit code and a status row, not a traceback and no row.
-    r = zb("train", "--preset", "tiny", "--steps", "2", "--memory-budget", "100KiB", "--out", str(tmp_path / "o"),
-           "--run-id", "small-card")
+    r = zb(
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--memory-budget",
+        "100KiB",
+        "--out",
+        str(tmp_path / "o"),
+        "--run-id",
+        "small-card",
+    )
     assert r.returncode == 75, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [
-        "zerobench: rank 0 ran out of memory: tracked memory 0.5 MiB would exceed the budget of 0.1 MiB"]
+        "zerobench: rank 0 ran out of memory: tracked memory 0.5 MiB would exceed the budget of 0.1 MiB"
+    ]
     (row,) = rows(tmp_path / "o")
     assert (row["metric"], row["status"], row["value"], row["run_id"]) == ("run_status", "oom", 0, "small-card")
     assert row["config"]["memory_budget_bytes"] == 100 * 1024
@@ -129,8 +179,19 @@ def test_out_of_memory_in_one_process_is_one_line_and_a_row(tmp_path):
 
 @pytest.mark.dist
 def test_out_of_memory_on_a_launched_rank_is_a_row(tmp_path):
-    r = zb("train", "--preset", "tiny", "--dp", "2", "--steps", "2", "--memory-budget", "100KiB",
-           "--out", str(tmp_path / "o"))
+    r = zb(
+        "train",
+        "--preset",
+        "tiny",
+        "--dp",
+        "2",
+        "--steps",
+        "2",
+        "--memory-budget",
+        "100KiB",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert r.returncode == 75 and re.search(r"run failed: rank [01] ran out of memory", r.stderr), r.stderr
     assert "Traceback" not in r.stderr
     (row,) = rows(tmp_path / "o")
@@ -141,8 +202,19 @@ def test_out_of_memory_on_a_launched_rank_is_a_row(tmp_path):
 @pytest.mark.slow
 def test_tensorboard_export(tmp_path):
     pytest.importorskip("tensorboard")
-    r = zb("train", "--dp", "2", "--steps", "3", "--out", str(tmp_path / "o"), "--tensorboard", str(tmp_path / "tb"),
-           "--run-id", "tbrun")
+    r = zb(
+        "train",
+        "--dp",
+        "2",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path / "o"),
+        "--tensorboard",
+        str(tmp_path / "tb"),
+        "--run-id",
+        "tbrun",
+    )
     assert r.returncode == 0, r.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

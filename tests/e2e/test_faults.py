@@ -41,8 +41,20 @@ def one_line(stderr: str) -> str:
 @pytest.mark.slow
 def test_a_stopped_rank_fails_the_run_naming_it(tmp_path):
     out = tmp_path / "run"
-    r = zb("train", *TINY, "--dp", "2", "--steps", "50", "--collective-timeout", "3", "--out", str(out),
-           env={"ZEROBENCH_FAULT": "1:2:stop"}, timeout=120)
+    r = zb(
+        "train",
+        *TINY,
+        "--dp",
+        "2",
+        "--steps",
+        "50",
+        "--collective-timeout",
+        "3",
+        "--out",
+        str(out),
+        env={"ZEROBENCH_FAULT": "1:2:stop"},
+        timeout=120,
+    )
     line = one_line(r.stderr)
     assert r.returncode == 1, r.stderr
     assert "rank 1 (stopped) stuck" in line and "rank 0 timed out" in line, line
@@ -110,8 +122,12 @@ def test_resume_identifies_runs_by_label_and_keeps_every_attempt(tmp_path):
 def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
     suite = write_suite(tmp_path, 100000, "  - {label: long, dp: 2}\n  - {label: next}\n")
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "zerobench", "sweep", str(suite), "--out", str(out), "--no-progress"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "zerobench", "sweep", str(suite), "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = out / "000-long" / "run.log"
     deadline = time.monotonic() + 120
     while not (log.exists() and "step" in log.read_text()) and time.monotonic() < deadline:
@@ -149,8 +165,12 @@ def test_rows_are_written_whole_or_not_at_all(tmp_path):
 
 def test_sigterm_to_train_stops_its_ranks_and_records_cancelled(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "zerobench", "train", *TINY, "--dp", "2", "--steps", "100000",
-                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "zerobench", "train", *TINY, "--dp", "2", "--steps", "100000", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not ((out / "run.log").exists() and len(ranks_running(str(out))) == 2) and time.monotonic() < deadline:
         time.sleep(0.5)

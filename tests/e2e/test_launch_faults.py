@@ -34,11 +34,35 @@ def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_p
     # Two ranks started by hand with torchrun's variables, MASTER_PORT taken by another process.
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(held_port)}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "2", "--collective-timeout", "1",
-             "--out", str(tmp_path / f"rank{rank}")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(held_port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "zerobench",
+                    "train",
+                    *TINY,
+                    "--steps",
+                    "2",
+                    "--collective-timeout",
+                    "1",
+                    "--out",
+                    str(tmp_path / f"rank{rank}"),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     errs = []
     try:
         for p in procs:
@@ -58,12 +82,14 @@ def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_p
 def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held_port):
     # The window between the launcher picking a port and rank 0 listening on it, forced open.
     out = tmp_path / "run"
-    code = ("import contextlib, sys\nimport zerobench.launch.local as local\n"
-            f"local.free_port = lambda: {held_port}\n"
-            f"local.reserved_port = lambda: contextlib.nullcontext({held_port})\n"
-            "from zerobench.cli import main\n"
-            f"sys.exit(main(['train', *{TINY!r}, '--dp', '2', '--steps', '2', '--collective-timeout', '5', "
-            f"'--out', {str(out)!r}]))\n")
+    code = (
+        "import contextlib, sys\nimport zerobench.launch.local as local\n"
+        f"local.free_port = lambda: {held_port}\n"
+        f"local.reserved_port = lambda: contextlib.nullcontext({held_port})\n"
+        "from zerobench.cli import main\n"
+        f"sys.exit(main(['train', *{TINY!r}, '--dp', '2', '--steps', '2', '--collective-timeout', '5', "
+        f"'--out', {str(out)!r}]))\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     line = one_line(r.stderr)
     assert r.returncode == 1, r.stderr
@@ -75,8 +101,20 @@ def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held
 
 def test_a_rank_that_exits_0_early_is_named_as_the_cause(tmp_path):
     out = tmp_path / "run"
-    r = zb("train", *TINY, "--dp", "2", "--steps", "20", "--collective-timeout", "30", "--out", str(out),
-           env={"ZEROBENCH_FAULT": "1:2:exit0"}, timeout=180)
+    r = zb(
+        "train",
+        *TINY,
+        "--dp",
+        "2",
+        "--steps",
+        "20",
+        "--collective-timeout",
+        "30",
+        "--out",
+        str(out),
+        env={"ZEROBENCH_FAULT": "1:2:exit0"},
+        timeout=180,
+    )
     line = one_line(r.stderr)
     assert r.returncode == 1, r.stderr
     assert "rank 1 exited (code 0) before the run finished" in line, line
@@ -114,8 +152,13 @@ def test_a_file_size_limit_reaches_the_one_line_when_neither_log_nor_status_can_
     (out / "run.log").write_bytes(b"#" * LIMIT)
     with contextlib.suppress(FileNotFoundError):
         Path(out / "rows.jsonl").unlink()
-    r = subprocess.run([sys.executable, "-m", "zerobench", "train", *TINY, "--dp", "2", "--steps", "3",
-                        "--out", str(out)], capture_output=True, text=True, timeout=180, preexec_fn=_limit_file_size)
+    r = subprocess.run(
+        [sys.executable, "-m", "zerobench", "train", *TINY, "--dp", "2", "--steps", "3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=_limit_file_size,
+    )
     line = one_line(r.stderr)
     assert r.returncode == 1, r.stderr
     assert "rank 0 could not write its results" in line and "File too large" in line, line

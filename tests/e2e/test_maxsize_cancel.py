@@ -19,9 +19,27 @@ pytestmark = pytest.mark.dist
 
 def test_sigterm_during_a_probe_exits_143_citing_its_kept_log(tmp_path):
     probes = tmp_path / "probes"
-    p = subprocess.Popen([sys.executable, "-m", "zerobench", "maxsize", "--budget", "64MiB", "--stage", "0",
-                          "--dp", "2", "--max-layers", "64", "--probes", str(probes)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "zerobench",
+            "maxsize",
+            "--budget",
+            "64MiB",
+            "--stage",
+            "0",
+            "--dp",
+            "2",
+            "--max-layers",
+            "64",
+            "--probes",
+            str(probes),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = probes / "stage0" / "probe-1" / "run.log"
     deadline = time.monotonic() + 120
     while not log.exists() and time.monotonic() < deadline and p.poll() is None:

@@ -11,8 +11,10 @@ from tests.e2e.test_cli_train import zb
 
 pytestmark = [
     pytest.mark.dist,
-    pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
-                       reason="megatron-core is not installed (pip install -e '.[megatron]')"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron") is None,
+        reason="megatron-core is not installed (pip install -e '.[megatron]')",
+    ),
 ]
 
 

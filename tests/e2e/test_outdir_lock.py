@@ -41,10 +41,12 @@ def rows_under(out: Path) -> list[dict]:
 def test_a_held_directory_refuses_sweep_train_and_maxsize_naming_the_holder(tmp_path):
     out = tmp_path / "out"
     with claim(out):  # this test process is the holder
-        for args in (["sweep", str(suite_file(tmp_path)), "--out", str(out), "--no-progress"],
-                     ["train", "--preset", "tiny", "--steps", "1", "--out", str(out)],
-                     ["maxsize", "--budget", "64MiB", "--stage", "0", "--dp", "1", "--out", str(out)],
-                     ["maxsize", "--budget", "64MiB", "--stage", "0", "--dp", "1", "--probes", str(out)]):
+        for args in (
+            ["sweep", str(suite_file(tmp_path)), "--out", str(out), "--no-progress"],
+            ["train", "--preset", "tiny", "--steps", "1", "--out", str(out)],
+            ["maxsize", "--budget", "64MiB", "--stage", "0", "--dp", "1", "--out", str(out)],
+            ["maxsize", "--budget", "64MiB", "--stage", "0", "--dp", "1", "--probes", str(out)],
+        ):
             r = zb(*args, timeout=120)
             line = one_line(r.stderr)
             assert r.returncode == 2, r.stderr
@@ -81,9 +83,18 @@ def test_two_sweeps_started_together_into_one_out(tmp_path):
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", ("import sys, time\nfrom zerobench.results.lock import claim\nclaim(sys.argv[1])\n"
-                                "print('held', flush=True)\ntime.sleep(600)\n"), str(out)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom zerobench.results.lock import claim\nclaim(sys.argv[1])\n"
+                "print('held', flush=True)\ntime.sleep(600)\n"
+            ),
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     r = zb("sweep", str(suite_file(tmp_path)), "--out", str(out), "--no-progress", timeout=120)
     assert r.returncode == 2 and f"pid {holder.pid}" in one_line(r.stderr)
@@ -99,11 +110,35 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
 def test_train_under_torchrun_locks_once_for_all_its_ranks(tmp_path):
     """Every rank is a ``zerobench train`` process; global rank 0 holds the lock, so no rank refuses its peers."""
     out = tmp_path / "run"
-    base = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 1000)}
-    procs = [subprocess.Popen([sys.executable, "-m", "zerobench", "train", "--preset", "tiny", "--steps", "2",
-                               "--warmup", "0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, **base, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
+    base = {
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29000 + os.getpid() % 1000),
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "zerobench",
+                "train",
+                "--preset",
+                "tiny",
+                "--steps",
+                "2",
+                "--warmup",
+                "0",
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **base, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(2)
+    ]
     results = [(*p.communicate(timeout=300), p.returncode) for p in procs]
     assert [code for *_, code in results] == [0, 0], results
     assert {r.get("rank") for r in rows_under(out)} >= {0, 1}  # both ranks wrote their rows
@@ -120,8 +155,9 @@ def test_resume_with_another_suite_is_refused(tmp_path):
     assert len(rows_under(out)) == 1 and not (out / "000-a-r2").exists()
     train_out = tmp_path / "train-out"
     RowWriter(train_out, "t", {"a": 1}).write("loss", 1.0, "nats")  # a zerobench train run's rows
-    r = zb("sweep", str(suite_file(tmp_path, "second")), "--out", str(train_out), "--resume", "--no-progress",
-           timeout=120)
+    r = zb(
+        "sweep", str(suite_file(tmp_path, "second")), "--out", str(train_out), "--resume", "--no-progress", timeout=120
+    )
     assert r.returncode == 2 and "holds the rows of a run of no suite (zerobench train)" in one_line(r.stderr)
 
 
@@ -131,11 +167,21 @@ def test_names_that_would_leave_runs_are_refused(tmp_path):
     for name in ("../../X", str(tmp_path / "abs")):
         suite = cwd / "s.yaml"
         suite.write_text(TINY_SUITE.format(name=json.dumps(name)))
-        r = subprocess.run([sys.executable, "-m", "zerobench", "sweep", "s.yaml", "--no-progress"], cwd=cwd,
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "zerobench", "sweep", "s.yaml", "--no-progress"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2 and f"suite name {name!r} is a path" in one_line(r.stderr), r.stderr
-    r = subprocess.run([sys.executable, "-m", "zerobench", "train", "--preset", "tiny", "--steps", "1",
-                        "--run-id", "../../escaped"], cwd=cwd, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "zerobench", "train", "--preset", "tiny", "--steps", "1", "--run-id", "../../escaped"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--run-id '../../escaped' is a path" in one_line(r.stderr), r.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "s.yaml"]  # nothing written anywhere
 

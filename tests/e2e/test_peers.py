@@ -14,13 +14,38 @@ pytestmark = pytest.mark.dist
 
 @pytest.mark.slow
 def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
-    systems = ["zerobench-0", "zerobench-2", "zerobench-3", "torch-ddp", "torch-zero1", "fsdp1-shard-grad-op",
-               "fsdp2"] + ([f"deepspeed-{s}" for s in range(4)] if deepspeed_available() else [])
+    systems = [
+        "zerobench-0",
+        "zerobench-2",
+        "zerobench-3",
+        "torch-ddp",
+        "torch-zero1",
+        "fsdp1-shard-grad-op",
+        "fsdp2",
+    ] + ([f"deepspeed-{s}" for s in range(4)] if deepspeed_available() else [])
     out = tmp_path / "peers"
     proc = subprocess.run(
-        [sys.executable, "-m", "zerobench", "peers", "--systems", *systems, "--dp", "2", "--rounds", "1",
-         "--steps", "3", "--warmup", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "zerobench",
+            "peers",
+            "--systems",
+            *systems,
+            "--dp",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = read_rows(out / "summary")
@@ -39,8 +64,12 @@ def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
         assert sum(cats.values()) <= by[(s, "peer_peak_rss_bytes")] + (1 << 20), (s, cats)
     assert "highest sampled RSS by category" in proc.stdout
     assert "zerobench-2 " in proc.stdout and "fastest peer" in proc.stdout
-    rep = subprocess.run([sys.executable, "-m", "zerobench", "report", str(out), "--out", str(tmp_path / "rep")],
-                         capture_output=True, text=True, timeout=300)
+    rep = subprocess.run(
+        [sys.executable, "-m", "zerobench", "report", str(out), "--out", str(tmp_path / "rep")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "zerobench vs peers" in md and "fsdp1-shard-grad-op" in md
@@ -53,14 +82,30 @@ def test_deepspeed_offload_peer_trains_bf16_with_checkpointing_like_zerobench(tm
     """The setup of the one-card offload comparison (bf16, activation checkpointing, optimizer offload),
     on 2 CPU processes: DeepSpeed's ZeRO-Offload and zerobench's train the same model to the same losses
     within bf16's precision (3 steps)."""
-    common = ["--precision", "bf16", "--checkpoint-activations", "--dp", "2", "--steps", "3", "--warmup", "1",
-              "--no-track-memory"]
+    common = [
+        "--precision",
+        "bf16",
+        "--checkpoint-activations",
+        "--dp",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--no-track-memory",
+    ]
     losses = {}
-    for name, args in [("deepspeed", ["--system", "deepspeed-2-offload"]),
-                       ("zerobench", ["--stage", "2", "--offload-optimizer", "cpu"])]:
+    for name, args in [
+        ("deepspeed", ["--system", "deepspeed-2-offload"]),
+        ("zerobench", ["--stage", "2", "--offload-optimizer", "cpu"]),
+    ]:
         out = tmp_path / name
-        r = subprocess.run([sys.executable, "-m", "zerobench", "train", *args, *common, "--out", str(out)],
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "zerobench", "train", *args, *common, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         losses[name] = [row["value"] for row in read_rows(out) if row["metric"] == "loss"]
     assert len(losses["deepspeed"]) == 3, losses
@@ -76,8 +121,26 @@ def test_deepspeed_peer_trains_in_one_process_without_a_launcher(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     out = tmp_path / "one"
-    r = subprocess.run([sys.executable, "-m", "zerobench", "train", "--system", "deepspeed-2-offload", "--steps", "2",
-                        "--warmup", "1", "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zerobench",
+            "train",
+            "--system",
+            "deepspeed-2-offload",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "shards as stage 2" in r.stdout
     rows = read_rows(out)

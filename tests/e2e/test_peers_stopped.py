@@ -20,8 +20,25 @@ pytestmark = pytest.mark.dist
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("peers") / "full"
-    r = zb("peers", "--systems", "torch-ddp", "zerobench-0", "zerobench-3", "--dp", "1", "--rounds", "1", "--steps", "3",
-           "--warmup", "1", "--no-memory-run", "--out", str(out), timeout=600)
+    r = zb(
+        "peers",
+        "--systems",
+        "torch-ddp",
+        "zerobench-0",
+        "zerobench-3",
+        "--dp",
+        "1",
+        "--rounds",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--no-memory-run",
+        "--out",
+        str(out),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
@@ -37,9 +54,15 @@ def test_a_stopped_comparison_is_tabled_from_the_runs_it_finished(finished, tmp_
     printed = capsys.readouterr().out
     assert "zerobench-3" in printed and "failed" in printed and f"rows: {stopped}" in printed
     got, full = _summary(stopped), _summary(finished)
-    assert got[("zerobench-0", "peer_time_vs_torch_ddp")]["value"] == full[("zerobench-0", "peer_time_vs_torch_ddp")]["value"]
+    assert (
+        got[("zerobench-0", "peer_time_vs_torch_ddp")]["value"]
+        == full[("zerobench-0", "peer_time_vs_torch_ddp")]["value"]
+    )
     assert got[("zerobench-3", "peer_step_time_s")]["status"] == "failed"
-    assert got[("zerobench-3", "peer_step_time_s")]["reason"] == "not run: the comparison stopped before any of its timed runs"
+    assert (
+        got[("zerobench-3", "peer_step_time_s")]["reason"]
+        == "not run: the comparison stopped before any of its timed runs"
+    )
     assert ("zerobench-0", "peer_loss_max_abs_diff") not in got  # the reference run is missing: no parity claimed
     assert ("zerobench-0", "peer_loss_max_abs_diff") in full
     hardware = {r["provenance"]["hardware"]["class"] for r in read_rows(stopped / "summary")}
@@ -53,10 +76,13 @@ def test_bad_summarize_input_is_one_line(finished, tmp_path, capsys):
         assert len(err.splitlines()) == 1, err
         return err
 
-    assert refused(finished).endswith(f"{finished} is summarised already ({finished / 'summary'}): remove that "
-                                      "directory to summarise again")
-    assert refused(tmp_path).endswith(f"{tmp_path} holds no comparison (comparison.json is missing): give the --out "
-                                      "directory of a zerobench peers run")
+    assert refused(finished).endswith(
+        f"{finished} is summarised already ({finished / 'summary'}): remove that directory to summarise again"
+    )
+    assert refused(tmp_path).endswith(
+        f"{tmp_path} holds no comparison (comparison.json is missing): give the --out "
+        "directory of a zerobench peers run"
+    )
     damaged = tmp_path / "damaged"
     shutil.copytree(finished, damaged, ignore=shutil.ignore_patterns("summary"))
     (damaged / COMPARISON_FILE).write_text(json.dumps({"peers": {"dp": 1}}))

@@ -31,8 +31,14 @@ def _traced_steps(trace_path) -> list[int]:
 
 def test_the_hook_traces_the_last_steps_and_writes_when_they_end(tmp_path):
     said: list[str] = []
-    hook = ProfilerHook(ProfileConfig(str(tmp_path), steps=2), total_steps=6, run_id="r", rank=3,
-                        device=torch.device("cpu"), say=said.append)
+    hook = ProfilerHook(
+        ProfileConfig(str(tmp_path), steps=2),
+        total_steps=6,
+        run_id="r",
+        rank=3,
+        device=torch.device("cpu"),
+        say=said.append,
+    )
     a = torch.randn(64, 64)
     for step in range(6):
         hook.before_step(step)
@@ -44,8 +50,12 @@ def test_the_hook_traces_the_last_steps_and_writes_when_they_end(tmp_path):
     assert _traced_steps(tmp_path / "r" / "rank3.trace.json") == [4, 5]
     table = (tmp_path / "r" / "rank3.ops.txt").read_text()
     assert table.startswith("zerobench train: steps 5-6 traced on rank 3") and "aten::mm" in table
-    assert said == [(f"profile of steps 5-6: {tmp_path / 'r' / 'rank3.trace.json'} (Perfetto or chrome://tracing) "
-                    "and rank3.ops.txt beside it")]
+    assert said == [
+        (
+            f"profile of steps 5-6: {tmp_path / 'r' / 'rank3.trace.json'} (Perfetto or chrome://tracing) "
+            "and rank3.ops.txt beside it"
+        )
+    ]
 
 
 def test_profiling_moves_no_config_hash():
@@ -55,12 +65,19 @@ def test_profiling_moves_no_config_hash():
     assert run_hash(traced) == run_hash(plain)
 
 
-@pytest.mark.parametrize("spec, message", [
-    (RunSpec(steps=4, warmup=1, profile="d", profile_steps=3),
-     ("--profile-steps 3 leaves no timed step of 4 after 1 warm-up (the traced steps are left out of the medians): "
-     "give --steps 5 or more")),
-    (RunSpec(steps=4, warmup=1, profile="d", profile_steps=0), "profile_steps must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            RunSpec(steps=4, warmup=1, profile="d", profile_steps=3),
+            (
+                "--profile-steps 3 leaves no timed step of 4 after 1 warm-up (the traced steps are left out of the medians): "
+                "give --steps 5 or more"
+            ),
+        ),
+        (RunSpec(steps=4, warmup=1, profile="d", profile_steps=0), "profile_steps must be a positive integer, got 0"),
+    ],
+)
 def test_bad_profile_settings_are_one_line(spec, message):
     with pytest.raises(ConfigError) as e:
         to_train_config(spec)
@@ -76,15 +93,38 @@ def test_profile_steps_without_a_directory_is_one_line(tmp_path):
 @pytest.mark.dist
 def test_every_rank_traces_and_the_medians_leave_the_traced_steps_out(tmp_path):
     prof, out = tmp_path / "prof", tmp_path / "run"
-    r = zb("train", "--preset", "tiny", "--dp", "2", "--stage", "3", "--steps", "6", "--warmup", "1",
-           "--profile", str(prof), "--profile-steps", "2", "--no-track-memory", "--run-id", "p", "--out", str(out))
+    r = zb(
+        "train",
+        "--preset",
+        "tiny",
+        "--dp",
+        "2",
+        "--stage",
+        "3",
+        "--steps",
+        "6",
+        "--warmup",
+        "1",
+        "--profile",
+        str(prof),
+        "--profile-steps",
+        "2",
+        "--no-track-memory",
+        "--run-id",
+        "p",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     for rank in (0, 1):
         assert _traced_steps(prof / "p" / f"rank{rank}.trace.json") == [4, 5]
         assert "aten::mm" in (prof / "p" / f"rank{rank}.ops.txt").read_text()
         names = {e.get("name") for e in json.loads((prof / "p" / f"rank{rank}.trace.json").read_text())["traceEvents"]}
-        assert {f"zerobench::{hook} (unit {i})" for hook in ("pre_forward", "post_forward", "pre_backward")
-                for i in (0, 1, 2)} <= names  # stage 3's hooks by name, the root (0) and both blocks
+        assert {
+            f"zerobench::{hook} (unit {i})"
+            for hook in ("pre_forward", "post_forward", "pre_backward")
+            for i in (0, 1, 2)
+        } <= names  # stage 3's hooks by name, the root (0) and both blocks
     got = rows(out)
     losses = [x for x in got if x["metric"] == "loss"]
     timing = next(x for x in got if x["metric"] == "step_time_s")

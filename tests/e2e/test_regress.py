@@ -74,16 +74,21 @@ def test_improvement_is_flagged_not_failed(sweeps):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("content,msg", [
-    ("", "no result rows"),
-    ("{not json\n", "not a JSON row"),
-    ('{"value": 1}\n', "not a zerobench result row"),
-])
+@pytest.mark.parametrize(
+    "content,msg",
+    [
+        ("", "no result rows"),
+        ("{not json\n", "not a JSON row"),
+        ('{"value": 1}\n', "not a zerobench result row"),
+    ],
+)
 def test_malformed_inputs_are_one_line(tmp_path, sweeps, content, msg):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
-    for args in (["--baseline", str(bad), "--candidate", sweeps["base"]],
-                 ["--baseline", sweeps["base"], "--candidate", str(bad)]):
+    for args in (
+        ["--baseline", str(bad), "--candidate", sweeps["base"]],
+        ["--baseline", sweeps["base"], "--candidate", str(bad)],
+    ):
         r = zb("regress", *args)
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -108,8 +113,15 @@ def test_ci_suite_against_the_committed_baseline(tmp_path):
     # Deterministic metrics (model-state bytes, communication volume, peak tracked memory, fp32 loss) gate
     # exactly; step-time ratios of these tiny 2-process runs moved 80-90% between sessions on this machine
     # class, so against a baseline from another session they are reported, not gated.
-    r = zb("regress", "--baseline", str(REPO / "results/baselines/cpu-2core.jsonl"), "--candidate", str(out),
-           "--timing", "report")
+    r = zb(
+        "regress",
+        "--baseline",
+        str(REPO / "results/baselines/cpu-2core.jsonl"),
+        "--candidate",
+        str(out),
+        "--timing",
+        "report",
+    )
     assert r.returncode == 0, r.stdout
 
 
@@ -138,8 +150,23 @@ def test_ab_catches_a_planted_ten_percent_slowdown_and_passes_unchanged_code(ab_
     at once and their steps take turns, each round's ratio is the median of step-k-vs-step-k ratios, so
     noise bursts of the shared VM land on both sides (docs/results.md says what the other modes measured)."""
     out = tmp_path / "ab"
-    r = zb("regress", "--ab", str(ab_suite), "--baseline-tree", str(REPO), "--rounds", "4", "--max-rounds", "10",
-           "--out", str(out), "--lockstep", "--candidate-env", "ZEROBENCH_PLANT_DELAY=0.10:2", timeout=900)
+    r = zb(
+        "regress",
+        "--ab",
+        str(ab_suite),
+        "--baseline-tree",
+        str(REPO),
+        "--rounds",
+        "4",
+        "--max-rounds",
+        "10",
+        "--out",
+        str(out),
+        "--lockstep",
+        "--candidate-env",
+        "ZEROBENCH_PLANT_DELAY=0.10:2",
+        timeout=900,
+    )
     rows = {row["run"]: row for row in map(json.loads, (out / "summary" / "rows.jsonl").read_text().splitlines())}
     assert r.returncode == 1, r.stdout + r.stderr
     assert rows.keys() == {"000-unchanged", "001-planted"}, rows.keys()
@@ -160,15 +187,19 @@ def test_ab_baseline_from_a_git_ref(tmp_path):
 
 @pytest.mark.slow
 def test_ab_bad_input_is_one_line(ab_suite, tmp_path):
-    for args, msg in [(["--baseline-ref", "no-such-ref"], "cannot check out 'no-such-ref'"),
-                      (["--baseline-tree", str(tmp_path)], "not a zerobench source tree"),
-                      (["--baseline-tree", str(REPO), "--rounds", "3"], "--rounds must be even"),
-                      (["--baseline-tree", str(REPO), "--max-rounds", "9"], "--max-rounds must be even"),
-                      (["--baseline-tree", str(REPO), "--cpus", "9999"], "may only use CPUs"),
-                      (["--baseline-tree", str(REPO), "--cpus", "x"], "expected CPU ids"),
-                      (["--baseline-tree", str(REPO), "--lockstep", "--concurrent"], "choose one of --concurrent"),
-                      (["--baseline-tree", str(REPO), "--concurrent", "--cpus", str(min(os.sched_getaffinity(0)))],
-                       "two equal halves"),
-                      ([], "exactly one of --baseline-ref REF or --baseline-tree DIR")]:
+    for args, msg in [
+        (["--baseline-ref", "no-such-ref"], "cannot check out 'no-such-ref'"),
+        (["--baseline-tree", str(tmp_path)], "not a zerobench source tree"),
+        (["--baseline-tree", str(REPO), "--rounds", "3"], "--rounds must be even"),
+        (["--baseline-tree", str(REPO), "--max-rounds", "9"], "--max-rounds must be even"),
+        (["--baseline-tree", str(REPO), "--cpus", "9999"], "may only use CPUs"),
+        (["--baseline-tree", str(REPO), "--cpus", "x"], "expected CPU ids"),
+        (["--baseline-tree", str(REPO), "--lockstep", "--concurrent"], "choose one of --concurrent"),
+        (
+            ["--baseline-tree", str(REPO), "--concurrent", "--cpus", str(min(os.sched_getaffinity(0)))],
+            "two equal halves",
+        ),
+        ([], "exactly one of --baseline-ref REF or --baseline-tree DIR"),
+    ]:
         r = zb("regress", "--ab", str(ab_suite), *args, "--out", str(tmp_path / "x"))
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

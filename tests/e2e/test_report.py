@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results/reference/quick-cpu-2core"
 # Measured rows for the paper's figures: max model size searches, C1-C5 at tiny scale, one H100 (twice:
 # the stages and offload; DeepSpeed ZeRO-Offload next to zerobench's).
-MORE = [REPO / "results/reference" / d
-        for d in ("maxsize-cpu-2core", "c1-c5-cpu-2core", "gpu-h100-2026-11-22", "gpu-h100-2026-11-23")]
+MORE = [
+    REPO / "results/reference" / d
+    for d in ("maxsize-cpu-2core", "c1-c5-cpu-2core", "gpu-h100-2026-11-22", "gpu-h100-2026-11-23")
+]
 ARTIFACTS = Path(os.environ.get("ZEROBENCH_ARTIFACTS", REPO / "test-artifacts"))
 
 
@@ -33,9 +35,20 @@ def report(tmp_path_factory):
 def test_report_files(report):
     html = (report / "index.html").read_text()
     figs = re.findall(r'<img class="fig" src="([^"]+)"', html)
-    assert {"memory_ledger.png", "comm_volume.png", "throughput.png", "loss_curves.png",
-            "sim_fig2.png", "sim_fig3.png", "sim_fig4.png", "sim_fig8.png",
-            "fig2_measured.png", "fig3_measured.png", "fig4_measured.png", "fig678_measured.png"} <= set(figs)
+    assert {
+        "memory_ledger.png",
+        "comm_volume.png",
+        "throughput.png",
+        "loss_curves.png",
+        "sim_fig2.png",
+        "sim_fig3.png",
+        "sim_fig4.png",
+        "sim_fig8.png",
+        "fig2_measured.png",
+        "fig3_measured.png",
+        "fig4_measured.png",
+        "fig678_measured.png",
+    } <= set(figs)
     for f in figs:
         assert (report / f).stat().st_size > 10_000
     assert "AMD EPYC" in html or "cpu-" in html  # hardware named in the provenance header
@@ -51,15 +64,30 @@ def test_report_files(report):
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("|")]
     header = next(c for c in cells if "vs_DP_max_model" in c)
     rows = [dict(zip(header, c)) for c in cells if len(c) == len(header)]
-    s3 = next(r for r in rows if r["dp"] == "2" and r["precision"] == "bf16" and r["stage"] == "3"
-              and r["hardware"] == "cpu-2core" and r["model"].startswith("tiny"))
+    s3 = next(
+        r
+        for r in rows
+        if r["dp"] == "2"
+        and r["precision"] == "bf16"
+        and r["stage"] == "3"
+        and r["hardware"] == "cpu-2core"
+        and r["model"].startswith("tiny")
+    )
     assert float(s3["vs_DP_max_model"]) == 1.8, s3
     # every figure names the hardware its rows came from; GPU and CPU rows are separate panels/series
     assert "NVIDIA H100 80GB HBM3" in html and "C1-C5" in html
     # the one-card offload table, from the H100 rows: zerobench's offload next to DeepSpeed's at 64 layers
     assert "Offload on one card" in md and "Offload on one card" in html
-    one_card = [r for r in (dict(zip(h, c)) for h in [next(c for c in cells if "host_states_GiB" in c)]
-                            for c in cells if len(c) == len(h)) if r["layers"] == "64"]
+    one_card = [
+        r
+        for r in (
+            dict(zip(h, c))
+            for h in [next(c for c in cells if "host_states_GiB" in c)]
+            for c in cells
+            if len(c) == len(h)
+        )
+        if r["layers"] == "64"
+    ]
     systems = {r["system"] for r in one_card}
     assert {"zerobench-2-offload", "deepspeed-2-offload", "zerobench-3-offload", "deepspeed-3-offload"} <= systems
     assert all(r["fits"] == "yes" and float(r["device_peak_GiB"]) < 8 for r in one_card)
@@ -72,8 +100,9 @@ def test_report_in_a_real_browser(report):
         pytest.skip(why)
     url = (report / "index.html").as_uri()
     common = [path, *FLAGS, f"--user-data-dir={report / 'profile'}"]
-    dom = subprocess.run([*common, "--virtual-time-budget=10000", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120)
+    dom = subprocess.run(
+        [*common, "--virtual-time-budget=10000", "--dump-dom", url], capture_output=True, text=True, timeout=120
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     total = re.search(r'data-figures="(\d+)"', dom.stdout)
     loaded = re.search(r'data-figures-loaded="(\d+)"', dom.stdout)
@@ -81,8 +110,9 @@ def test_report_in_a_real_browser(report):
     assert int(total.group(1)) >= 7 and loaded.group(1) == total.group(1)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report.png"
-    r = subprocess.run([*common, "--window-size=1200,3000", f"--screenshot={shot}", url],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*common, "--window-size=1200,3000", f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and shot.stat().st_size > 50_000
 
 
@@ -98,5 +128,3 @@ def test_report_bad_inputs(tmp_path):
     (bad / "rows.jsonl").write_text("")
     r = zb("report", str(bad), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "no result rows" in r.stderr
-
-

@@ -26,7 +26,9 @@ def test_there_are_committed_results():
     assert len(COMMITTED) >= 7
 
 
-@pytest.mark.parametrize("results", [_tiered(p) for p in COMMITTED + sorted((REPO / "results" / "baselines").glob("*.jsonl"))])
+@pytest.mark.parametrize(
+    "results", [_tiered(p) for p in COMMITTED + sorted((REPO / "results" / "baselines").glob("*.jsonl"))]
+)
 def test_every_committed_results_directory_renders(results, tmp_path):
     with warnings.catch_warnings():  # nothing printed at the user: a baseline file (no ledger rows) drew an empty
         warnings.simplefilter("error", UserWarning)  # memory chart and matplotlib warned of its legend
@@ -38,8 +40,9 @@ def test_every_committed_results_directory_renders(results, tmp_path):
 @pytest.mark.slow
 def test_a_sweep_where_every_run_ran_out_of_memory_renders(tmp_path):
     suite = tmp_path / "oom.yaml"
-    suite.write_text("name: oom\nbase: {preset: tiny, steps: 2, warmup: 0, dp: 1}\n"
-                     "axes: {memory_budget: [64KiB, 96KiB]}\n")
+    suite.write_text(
+        "name: oom\nbase: {preset: tiny, steps: 2, warmup: 0, dp: 1}\naxes: {memory_budget: [64KiB, 96KiB]}\n"
+    )
     out = tmp_path / "runs"
     r = zb("sweep", str(suite), "--out", str(out), "--no-progress", "--allow-failures", timeout=300)
     assert r.returncode == 0, r.stderr

@@ -76,11 +76,15 @@ def test_a_fresh_profile_predicts_fresh_runs(tmp_path):
     spread = {k: max(a[k], b[k]) / min(a[k], b[k]) - 1 for k in a}
     noise = statistics.median(spread.values())
     ratios = {run["run_id"]: run["predicted_s"] / min(a[run["run_id"]], b[run["run_id"]]) for run in out["runs"]}
-    seen = "\n".join(f"{run['run_id']}: predicted/measured {ratios[run['run_id']]:.2f}, sweeps "
-                     f"{spread[run['run_id']]:.0%} apart, predicted "
-                     + ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in run["breakdown_s"].items()) for run in out["runs"])
+    seen = "\n".join(
+        f"{run['run_id']}: predicted/measured {ratios[run['run_id']]:.2f}, sweeps "
+        f"{spread[run['run_id']]:.0%} apart, predicted "
+        + ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in run["breakdown_s"].items())
+        for run in out["runs"]
+    )
     assert all(1 / (1.6 * (1 + spread[k])) <= x <= 1.6 * (1 + spread[k]) for k, x in ratios.items()), seen
     assert statistics.median(abs(x - 1) for x in ratios.values()) <= 0.25 + 2 * noise, seen
+
 
 @pytest.mark.slow
 @pytest.mark.dist
@@ -138,19 +142,23 @@ def test_refusals_and_the_regression_gate_do_not_import_torch(tmp_path):
     and a whole regression gate answer in a fraction of a second; replaying a suite builds its models with it.
     (The gate's proposed baseline goes to ``tmp_path``: by default it lands beside the candidate, in the repo.)"""
     base = "results/baselines/cpu-2core.jsonl"
-    assert not imports_torch([["simulate", "--profile", "/nonexistent/profile", "--suite", "cpu/sim_validation"],
-                              ["simulate", "--profile", f"{REF}/profile"],
-                              ["simulate", "--profile", f"{REF}/runs", "--suite", "cpu/sim_validation"],
-                              ["regress", "--baseline", base, "--candidate", base, "--propose",
-                               str(tmp_path / "proposed.jsonl")]])
+    assert not imports_torch(
+        [
+            ["simulate", "--profile", "/nonexistent/profile", "--suite", "cpu/sim_validation"],
+            ["simulate", "--profile", f"{REF}/profile"],
+            ["simulate", "--profile", f"{REF}/runs", "--suite", "cpu/sim_validation"],
+            ["regress", "--baseline", base, "--candidate", base, "--propose", str(tmp_path / "proposed.jsonl")],
+        ]
+    )
     assert imports_torch([["simulate", "--profile", f"{REF}/profile", "--suite", "cpu/quick"]])
 
 
 @pytest.mark.slow  # the CLI and the report end to end (~10 s)
 def test_validation_rows_become_a_report_section(tmp_path):
     val = tmp_path / "validation"
-    r = zb("simulate", "--profile", f"{REF}/profile", "--validate", f"{REF}/runs", "--fit", "--out", str(val),
-           timeout=120)
+    r = zb(
+        "simulate", "--profile", f"{REF}/profile", "--validate", f"{REF}/runs", "--fit", "--out", str(val), timeout=120
+    )
     assert r.returncode == 0, r.stderr
     rows = read_rows(val)
     assert {x["metric"] for x in rows} == {"sim_predicted_step_time_s", "sim_step_time_ratio"}

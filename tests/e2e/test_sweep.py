@@ -70,8 +70,16 @@ def test_resume_reruns_only_what_is_missing(sweep):
     d, _ = sweep
     (d / "faults.yaml").write_text(SUITE.replace("steps: 100000, timeout: 8", "steps: 3, timeout: 8"))
     before = status_rows(d / "out")
-    r = zb("sweep", str(d / "faults.yaml"), "--out", str(d / "out"), "--resume", "--no-progress",
-           "--allow-failures", timeout=600)
+    r = zb(
+        "sweep",
+        str(d / "faults.yaml"),
+        "--out",
+        str(d / "out"),
+        "--resume",
+        "--no-progress",
+        "--allow-failures",
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     after = status_rows(d / "out")
     counts = after.groupby("label").size()
@@ -102,8 +110,25 @@ def test_sweep_check_and_cluster_suites():
 def test_maxsize_stage3_fits_more_than_stage0(tmp_path):
     # DP 2 (stage 3 holds 8 of stage 0's 16 bytes per parameter, so at most 2x; measured 1.91x): DP 4
     # probes run 4 processes on CI's 2 cores and took 2 minutes for the same check.
-    r = zb("maxsize", "--budget", "3MiB", "--stage", "0", "3", "--dp", "2", "--vocab", "128", "--seq", "32",
-           "--max-layers", "12", "--out", str(tmp_path), timeout=600)
+    r = zb(
+        "maxsize",
+        "--budget",
+        "3MiB",
+        "--stage",
+        "0",
+        "3",
+        "--dp",
+        "2",
+        "--vocab",
+        "128",
+        "--seq",
+        "32",
+        "--max-layers",
+        "12",
+        "--out",
+        str(tmp_path),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     df = load(tmp_path)
     got = {row["run_id"]: row["value"] for _, row in df[df["metric"] == "max_params"].iterrows()}
@@ -117,8 +142,25 @@ def test_maxsize_with_optimizer_offload_fits_a_larger_model(tmp_path):
     """The same device budget (CPU: the live-tensor tracker, which host memory is outside of) fits a
     strictly larger model once the optimizer is offloaded: fp32 stage 2 keeps 16 bytes per parameter on the
     device without offload, 4 with it (measured: 2 layers vs at least 8, the search limit)."""
-    args = ["maxsize", "--budget", "3MiB", "--stage", "2", "--dp", "1", "--vocab", "128", "--seq", "32",
-            "--max-layers", "8", "--bucket-size", "16384", "--out", str(tmp_path)]
+    args = [
+        "maxsize",
+        "--budget",
+        "3MiB",
+        "--stage",
+        "2",
+        "--dp",
+        "1",
+        "--vocab",
+        "128",
+        "--seq",
+        "32",
+        "--max-layers",
+        "8",
+        "--bucket-size",
+        "16384",
+        "--out",
+        str(tmp_path),
+    ]
     for extra in ([], ["--offload-optimizer", "cpu"]):
         r = zb(*args, *extra, timeout=300)
         assert r.returncode == 0, r.stderr

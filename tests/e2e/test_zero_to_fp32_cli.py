@@ -24,7 +24,9 @@ def test_a_checkpoint_becomes_one_state_dict(tmp_path):
     r = zb("zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "out2"), "--tag", "t", "--exclude-frozen-parameters")
     assert r.returncode == 0, r.stderr
     assert set(sd) - set(torch.load(tmp_path / "out2" / "pytorch_model.bin", weights_only=True)) == {
-        "frozen.weight", "frozen.bias"}
+        "frozen.weight",
+        "frozen.bias",
+    }
     shard = tmp_path / "ckpt" / "t" / "shard-00001.pt"
     shard.write_bytes(shard.read_bytes()[:1000])  # a copy cut short
     r = zb("zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "out3"))
@@ -32,11 +34,14 @@ def test_a_checkpoint_becomes_one_state_dict(tmp_path):
     assert f"checkpoint file {shard} is damaged: " in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["{tmp}/none", "{tmp}/out"], "no checkpoint directory"),
-    (["{tmp}", "{tmp}/out"], "no latest file in"),
-    (["{tmp}", "{tmp}/out", "--tag", "global_step9"], "no checkpoint 'global_step9' in"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["{tmp}/none", "{tmp}/out"], "no checkpoint directory"),
+        (["{tmp}", "{tmp}/out"], "no latest file in"),
+        (["{tmp}", "{tmp}/out", "--tag", "global_step9"], "no checkpoint 'global_step9' in"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, argv, msg):
     r = zb("zero-to-fp32", *[a.format(tmp=tmp_path) for a in argv])
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and msg in r.stderr, r.stderr

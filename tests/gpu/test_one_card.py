@@ -37,8 +37,11 @@ def one_process(tmp_path_factory):
     return {p: _train(base / p, "--dp", "1", "--micro-batch", "4", "--precision", p)[0] for p in TOLERANCE}
 
 
-@pytest.mark.parametrize("extra", [[], ["--grad-accum", "2", "--micro-batch", "1"], ["--offload-optimizer", "cpu"]],
-                         ids=["plain", "accum", "offload"])
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--grad-accum", "2", "--micro-batch", "1"], ["--offload-optimizer", "cpu"]],
+    ids=["plain", "accum", "offload"],
+)
 @pytest.mark.parametrize("precision", list(TOLERANCE))
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_two_ranks_on_one_gpu_train_as_one_process(one_process, tmp_path, stage, precision, extra):
@@ -54,8 +57,9 @@ def test_two_ranks_on_one_gpu_train_as_one_process(one_process, tmp_path, stage,
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_tp2_on_one_gpu(one_process, tmp_path, stage):
-    losses, _ = _train(tmp_path / "tp", "--dp", "1", "--tp", "2", "--micro-batch", "4", "--stage", str(stage),
-                       "--precision", "fp32")
+    losses, _ = _train(
+        tmp_path / "tp", "--dp", "1", "--tp", "2", "--micro-batch", "4", "--stage", str(stage), "--precision", "fp32"
+    )
     assert max(abs(a - b) / abs(b) for a, b in zip(losses, one_process["fp32"])) <= TOLERANCE["fp32"]
 
 

@@ -83,14 +83,20 @@ def run_amp_scaler(rank: int, world: int) -> dict:
             engine = engine_for(copy.deepcopy(model), group, stage)
             scales, applied = _train(engine, _scaler(ShardedGradScaler), data, rank, world, clip)
             ref_params, ref_scales = refs[clip]
-            out[f"s{stage}-clip{int(clip)}"] = {**compare(engine, model, ref_params), "scales": scales,
-                                                 "ref_scales": ref_scales, "applied": applied}
+            out[f"s{stage}-clip{int(clip)}"] = {
+                **compare(engine, model, ref_params),
+                "scales": scales,
+                "ref_scales": ref_scales,
+                "applied": applied,
+            }
         engine = engine_for(copy.deepcopy(model), group, stage)
         out[f"s{stage}-plain"] = _error(lambda e=engine: _train(e, _scaler(), data[:1], rank, world, False))
         if stage == 0:
             out["s0-plain-params"] = compare(engine, model, reference(model, data[:1], world, False)[0])
         fp16 = engine_for(copy.deepcopy(model), group, stage, precision=Precision.FP16)
-        out[f"s{stage}-fp16"] = _error(lambda e=fp16: _train(e, _scaler(ShardedGradScaler), data[:1], rank, world, False))
+        out[f"s{stage}-fp16"] = _error(
+            lambda e=fp16: _train(e, _scaler(ShardedGradScaler), data[:1], rank, world, False)
+        )
         x, y = (slice_of(t, rank, world) for t in data[0])
         fp16 = engine_for(copy.deepcopy(model), group, stage, precision=Precision.FP16)
         scaler = _scaler(ShardedGradScaler)

@@ -80,7 +80,7 @@ def two_losses(rank: int, world: int, stage: int, loop: str) -> dict:
     lo = rank * PER_RANK
     for _ in range(STEPS):
         x = torch.randn(PER_RANK * world, 4, generator=g)
-        _engine_window(engine, net(x[lo:lo + PER_RANK]), loop)
+        _engine_window(engine, net(x[lo : lo + PER_RANK]), loop)
         opt.zero_grad()
         _reference_loss(ref(x), loop).backward()
         opt.step()
@@ -101,7 +101,7 @@ def unscaled_accumulation(rank: int, world: int, stage: int) -> dict:
     for _ in range(STEPS):
         xs = [torch.randn(PER_RANK * world, 4, generator=g) for _ in range(2)]
         for x in xs:
-            engine.backward(_reference_loss(net(x[lo:lo + PER_RANK]), "plain") / 2, scale_wrt_gas=False)
+            engine.backward(_reference_loss(net(x[lo : lo + PER_RANK]), "plain") / 2, scale_wrt_gas=False)
             engine.step()
         opt.zero_grad()
         for x in xs:
@@ -142,6 +142,8 @@ def scaled_plain(rank: int, world: int, stage: int, precision: str) -> dict:
 
 def all_cases(rank: int, world: int, stage: int) -> dict:
     """Every case of this file at one stage, in one spawn of the ranks (the fast tier pays the start-up once)."""
-    return {"two_losses": {loop: two_losses(rank, world, stage, loop) for loop in ("plain", "zero_between", "accum")},
-            "unscaled": unscaled_accumulation(rank, world, stage),
-            "scaled": {p: scaled_plain(rank, world, stage, p) for p in ("fp32", "fp16")}}
+    return {
+        "two_losses": {loop: two_losses(rank, world, stage, loop) for loop in ("plain", "zero_between", "accum")},
+        "unscaled": unscaled_accumulation(rank, world, stage),
+        "scaled": {p: scaled_plain(rank, world, stage, p) for p in ("fp32", "fp16")},
+    }

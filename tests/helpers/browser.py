@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import shutil
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-quic"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
 
 
 def chromium() -> tuple[str | None, str]:
@@ -14,4 +22,3 @@ def chromium() -> tuple[str | None, str]:
     if path:
         return path, ""
     return None, "chromium is not installed: run tests/setup-tools.sh (as root)"
-

@@ -95,8 +95,9 @@ def count_events(fn) -> int:
     return count[0]
 
 
-def resave_killed(rank: int, world: int, out: str, stage: int, victim: int, first_world: int | None = None,
-                  tag2: str | None = "final") -> None:
+def resave_killed(
+    rank: int, world: int, out: str, stage: int, victim: int, first_world: int | None = None, tag2: str | None = "final"
+) -> None:
     """Save ``final`` at step 2, train 2 more steps, save again (tag ``tag2``) with ``victim`` killed inside
     ``torch.save``. With ``first_world``, the first save was made by ``save_first`` at that world size instead."""
     group = dp_groups(rank, world, [world])[world]
@@ -161,6 +162,7 @@ def resave_with_a_full_disk(rank: int, world: int, out: str, victim: int) -> str
     train(engine, rank, world, range(2, 4))
     record(engine, rank, out, 2)
     if rank == victim:
+
         def full(path, data):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 

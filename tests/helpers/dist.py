@@ -45,7 +45,10 @@ def _entry(fn, rank, world_size, store, q, args, coll_timeout, environ):
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
+            "gloo",
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=world_size,
             timeout=datetime.timedelta(seconds=coll_timeout),
         )
         q.put((rank, True, fn(rank, world_size, *args)))
@@ -63,8 +66,9 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 240.0, coll_tim
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(fn, r, world_size, store, q, args, coll_timeout, dict(os.environ)),
-                        daemon=True)
+            ctx.Process(
+                target=_entry, args=(fn, r, world_size, store, q, args, coll_timeout, dict(os.environ)), daemon=True
+            )
             for r in range(world_size)
         ]
         for p in procs:

@@ -90,9 +90,14 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
     resumed_losses = _bn_train(b.train(), rank, range(3, 5))
     resumed = full_parameters(b)
     return {
-        "tag": path.name, "latest": (path.parent / "latest").read_text(), "loaded_path": loaded_path,
-        "saved_path": str(path), "client": {**client, "t": client["t"].tolist()}, "lr": b.get_lr(),
-        "step": step_after_load, "global_steps": (global_after_load, a.global_steps, b.global_steps),
+        "tag": path.name,
+        "latest": (path.parent / "latest").read_text(),
+        "loaded_path": loaded_path,
+        "saved_path": str(path),
+        "client": {**client, "t": client["t"].tolist()},
+        "lr": b.get_lr(),
+        "step": step_after_load,
+        "global_steps": (global_after_load, a.global_steps, b.global_steps),
         "eval_mode": eval_mode,
         "state_diff": max((saved_state[k].float() - loaded_state[k].float()).abs().max().item() for k in saved_state),
         "loss_diff": max(abs(x - y) for x, y in zip(after, resumed_losses)),

@@ -33,14 +33,21 @@ def _diff(a: dict, b: dict) -> float:
 
 def _own_state(engine) -> dict:
     """What a module-only load must leave alone: moments, step count, counters, learning rate."""
-    return {"moments": _moments(engine), "step": engine.adamw.step_count, "global": engine.global_steps,
-            "lr": engine.get_lr()}
+    return {
+        "moments": _moments(engine),
+        "step": engine.adamw.step_count,
+        "global": engine.global_steps,
+        "lr": engine.get_lr(),
+    }
 
 
 def _kept(engine, own: dict) -> dict:
-    return {"moments_kept": all(torch.equal(x, y) for x, y in zip(_moments(engine), own["moments"])),
-            "step": (engine.adamw.step_count, own["step"]), "global": (engine.global_steps, own["global"]),
-            "lr": (engine.get_lr(), own["lr"])}
+    return {
+        "moments_kept": all(torch.equal(x, y) for x, y in zip(_moments(engine), own["moments"])),
+        "step": (engine.adamw.step_count, own["step"]),
+        "global": (engine.global_steps, own["global"]),
+        "lr": (engine.get_lr(), own["lr"]),
+    }
 
 
 def _after_one_step(group, stage: int, rank: int):
@@ -64,15 +71,22 @@ def ds_load_options(rank: int, world: int, stage: int, save_dir: str) -> dict:
     with open(f"{save_dir}/latest") as f:
         out: dict = {"latest": f.read()}  # save_latest=False left it at "full"
 
-    for key, kwargs in (("no_optimizer", {"load_optimizer_states": False, "load_lr_scheduler_states": False}),
-                        ("module_only", {"load_module_only": True})):
+    for key, kwargs in (
+        ("no_optimizer", {"load_optimizer_states": False, "load_lr_scheduler_states": False}),
+        ("module_only", {"load_module_only": True}),
+    ):
         b = _after_one_step(group, stage, rank)
         own = _own_state(b)
         path, client = b.load_checkpoint(save_dir, **kwargs)
         with b.gathered_params():
             state = _bn_state(b.module)
-        out[key] = {"master": _diff(full_parameters(b), saved_master), "module": _diff(state, saved_state),
-                    "path": path.rsplit("/", 1)[-1], "client": client, **_kept(b, own)}
+        out[key] = {
+            "master": _diff(full_parameters(b), saved_master),
+            "module": _diff(state, saved_state),
+            "path": path.rsplit("/", 1)[-1],
+            "client": client,
+            **_kept(b, own),
+        }
 
     d = _after_one_step(group, stage, rank)
     with d.gathered_params():
@@ -85,11 +99,16 @@ def ds_load_options(rank: int, world: int, stage: int, save_dir: str) -> dict:
     d.load_checkpoint(save_dir, tag="nofrozen", load_module_strict=False)
     with d.gathered_params():
         state = _bn_state(d.module)
-    out["not_strict"] = {"master": _diff(full_parameters(d), saved_master),
-                         "frozen_kept": _diff({k: state[k] for k in frozen_before}, frozen_before),
-                         "buffers": _diff({k: state[k] for k in state if k.startswith("bn.")},
-                                          {k: saved_state[k] for k in state if k.startswith("bn.")}),
-                         "step": d.adamw.step_count, "lr": d.get_lr()}
+    out["not_strict"] = {
+        "master": _diff(full_parameters(d), saved_master),
+        "frozen_kept": _diff({k: state[k] for k in frozen_before}, frozen_before),
+        "buffers": _diff(
+            {k: state[k] for k in state if k.startswith("bn.")},
+            {k: saved_state[k] for k in state if k.startswith("bn.")},
+        ),
+        "step": d.adamw.step_count,
+        "lr": d.get_lr(),
+    }
     return out
 
 

@@ -30,9 +30,15 @@ def _loop(engine, data, rank: int, world: int, plain: bool) -> list[dict]:
         after = engine.is_gradient_accumulation_boundary()
         engine.step()
         norm = engine.get_global_grad_norm() if after else None
-        seen.append({"boundary_before_forward": before, "boundary_after_backward": after,
-                     "applied": engine.was_step_applied(), "global_steps": engine.global_steps,
-                     "norm": None if norm is None else float(norm)})
+        seen.append(
+            {
+                "boundary_before_forward": before,
+                "boundary_after_backward": after,
+                "applied": engine.was_step_applied(),
+                "global_steps": engine.global_steps,
+                "norm": None if norm is None else float(norm),
+            }
+        )
     return seen
 
 
@@ -40,9 +46,14 @@ def _deepspeed(model, stage: int, micro: int):
     import deepspeed
 
     os.environ.setdefault("LOCAL_RANK", "0")
-    config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": ACCUM,
-              "gradient_clipping": CLIP, "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
-              "steps_per_print": 10**9}
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": ACCUM,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
     opt = make_adamw(model.parameters(), ADAM)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
     return engine
@@ -54,8 +65,10 @@ def ds_counters(rank: int, world: int, stage: int, with_deepspeed: bool, plain: 
     data = batches(MICRO_BATCHES, 2 * world)
     cfg = ZeroConfig(stage=stage, bucket_numel=5000, optimizer=ADAM, grad_accum_steps=ACCUM, clip_grad_norm=CLIP)
     ours = apply_zero(copy.deepcopy(model), group, cfg)
-    out = {"ours": _loop(ours, data, rank, world, plain), "queries": (ours.gradient_accumulation_steps(),
-                                                              ours.zero_optimization_stage())}
+    out = {
+        "ours": _loop(ours, data, rank, world, plain),
+        "queries": (ours.gradient_accumulation_steps(), ours.zero_optimization_stage()),
+    }
     if with_deepspeed and not (plain and stage == 0):  # DeepSpeed 0.19.8 refuses loss.backward() at stage 0
         ds = _deepspeed(copy.deepcopy(model), stage, 2)
         out["deepspeed"] = _loop(ds, data, rank, world, plain)

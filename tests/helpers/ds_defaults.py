@@ -18,9 +18,16 @@ MICRO = 2
 
 
 def _config(stage: int, lr: float, **extra) -> dict:
-    return {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10**9, "zero_optimization": {"stage": stage},
-            "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "weight_decay": 0.1,
-                                                      "torch_adam": True}}, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "steps_per_print": 10**9,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "betas": [0.9, 0.95], "weight_decay": 0.1, "torch_adam": True},
+        },
+        **extra,
+    }
 
 
 def _engines(rank: int, config: dict):
@@ -31,9 +38,15 @@ def _engines(rank: int, config: dict):
 
     os.environ.setdefault("LOCAL_RANK", str(rank))
     model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
-    ours = initialize(model=(m := copy.deepcopy(model)), config=copy.deepcopy(config), model_parameters=m.parameters())[0]
-    theirs = deepspeed.initialize(model=(t := copy.deepcopy(model)), model_parameters=t.parameters(),
-                                  config={**config, "zero_allow_untested_optimizer": True}, dist_init_required=False)[0]
+    ours = initialize(model=(m := copy.deepcopy(model)), config=copy.deepcopy(config), model_parameters=m.parameters())[
+        0
+    ]
+    theirs = deepspeed.initialize(
+        model=(t := copy.deepcopy(model)),
+        model_parameters=t.parameters(),
+        config={**config, "zero_allow_untested_optimizer": True},
+        dist_init_required=False,
+    )[0]
     return model, ours, theirs
 
 
@@ -51,8 +64,11 @@ def clipping(rank: int, world: int, stage: int, steps: int = 3) -> dict:
             engine.step()
             if engine is theirs and stage > 0:
                 norms.append(float(theirs.get_global_grad_norm()))
-    return {"clipping": (ours.gradient_clipping(), theirs.gradient_clipping()), "norms": norms,
-            **compare_parameters(ours, theirs, model)}
+    return {
+        "clipping": (ours.gradient_clipping(), theirs.gradient_clipping()),
+        "norms": norms,
+        **compare_parameters(ours, theirs, model),
+    }
 
 
 def _scale(engine) -> float:

@@ -126,11 +126,19 @@ def _files(engine, rank: int, stage: int, precision: str, save_dir: str) -> dict
         out["nofrozen"] = sorted(set(sd) - set(nofrozen))
         fp32 = get_fp32_state_dict_from_zero_checkpoint(f"{save_dir}/ckpt")
         tied = {**master, "head.weight": master["emb.weight"]}
-        want = {k: tied[k] if k in tied else module_state[k].float() if module_state[k].is_floating_point()
-                else module_state[k] for k in keys}
+        want = {
+            k: tied[k]
+            if k in tied
+            else module_state[k].float()
+            if module_state[k].is_floating_point()
+            else module_state[k]
+            for k in keys
+        }
         out["fp32_mismatch"] = sorted(set(fp32) ^ set(keys)) + [k for k in keys if not torch.equal(fp32[k], want[k])]
-        out["fp32_nofrozen"] = sorted(set(fp32) - set(get_fp32_state_dict_from_zero_checkpoint(
-            f"{save_dir}/ckpt", exclude_frozen_parameters=True)))
+        out["fp32_nofrozen"] = sorted(
+            set(fp32)
+            - set(get_fp32_state_dict_from_zero_checkpoint(f"{save_dir}/ckpt", exclude_frozen_parameters=True))
+        )
         loaded = load_state_dict_from_zero_checkpoint(TiedNet(), f"{save_dir}/ckpt")
         out["loaded_exact"] = all(torch.equal(loaded.state_dict()[n], master[n]) for n in master)
         path = convert_zero_checkpoint_to_fp32_state_dict(f"{save_dir}/ckpt", f"{save_dir}/converted")
@@ -148,8 +156,13 @@ def _per_param(engine, group, rank: int, stage: int, precision: str, save_dir: s
     master = full_parameters(engine)
     out["fp32"] = all(torch.equal(safe_get_full_fp32_param(p), master[n]) for n, p in params.items())
     out["frozen_none"] = safe_get_full_fp32_param(engine.module.frozen.weight) is None
-    out["moments"] = all(torch.equal(safe_get_full_optimizer_state(p, "exp_avg"), _moment_from_shards(
-        f"{save_dir}/ckpt/global_step2", n, master[n].shape)) for n, p in params.items())
+    out["moments"] = all(
+        torch.equal(
+            safe_get_full_optimizer_state(p, "exp_avg"),
+            _moment_from_shards(f"{save_dir}/ckpt/global_step2", n, master[n].shape),
+        )
+        for n, p in params.items()
+    )
     out["no_grad_after_step"] = safe_get_full_grad(params["mid.weight"]) is None
     engine.backward(engine(_batch(50, rank)))
     reduced = full_gradients(engine)
@@ -175,8 +188,10 @@ def _per_param(engine, group, rank: int, stage: int, precision: str, save_dir: s
     m = torch.full((24, 16), 0.25)
     safe_set_full_optimizer_state(fresh.module.emb.weight, m, "exp_avg")
     out["moment_read_back"] = torch.equal(safe_get_full_optimizer_state(fresh.module.emb.weight, "exp_avg"), m)
-    out["other_moment_kept"] = torch.equal(safe_get_full_optimizer_state(fresh.module.mid.weight, "exp_avg"),
-                                           safe_get_full_optimizer_state(built.module.mid.weight, "exp_avg"))
+    out["other_moment_kept"] = torch.equal(
+        safe_get_full_optimizer_state(fresh.module.mid.weight, "exp_avg"),
+        safe_get_full_optimizer_state(built.module.mid.weight, "exp_avg"),
+    )
     try:
         safe_get_full_optimizer_state(fresh.module.mid.weight, "momentum_buffer")
     except KeyError as e:
@@ -190,10 +205,19 @@ def ds_export(rank: int, world: int, precision: str, save_dir: str) -> dict:
     for stage in range(4):
         engine = _engine(group, stage, precision)
         _train(engine, rank, range(2))
-        surface = (engine.dp_world_size, engine.mp_world_size, engine.global_rank, engine.world_size,
-                   engine.fp16_enabled(), engine.bfloat16_enabled())
-        out[stage] = {"surface": surface, **_files(engine, rank, stage, precision, f"{save_dir}/s{stage}"),
-                      **_per_param(engine, group, rank, stage, precision, f"{save_dir}/s{stage}")}
+        surface = (
+            engine.dp_world_size,
+            engine.mp_world_size,
+            engine.global_rank,
+            engine.world_size,
+            engine.fp16_enabled(),
+            engine.bfloat16_enabled(),
+        )
+        out[stage] = {
+            "surface": surface,
+            **_files(engine, rank, stage, precision, f"{save_dir}/s{stage}"),
+            **_per_param(engine, group, rank, stage, precision, f"{save_dir}/s{stage}"),
+        }
     torch.manual_seed(0)
     window = apply_zero(TiedNet(), group, ZeroConfig(stage=2, precision=precision, optimizer=ADAM, grad_accum_steps=2))
     window.backward(window(_batch(0, rank)))  # the first of two micro-batches: nothing reduced yet
@@ -210,15 +234,17 @@ def tp_export(rank: int, world: int) -> tuple:
     torch.manual_seed(0)
     engine = parallelize(GPT(PRESETS["tiny"]), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
     master = full_parameters(engine)  # this TP rank's slices
-    slices = all(torch.equal(safe_get_full_fp32_param(p), master[n])
-                 for n, p in engine.module.named_parameters() if p.requires_grad)
+    slices = all(
+        torch.equal(safe_get_full_fp32_param(p), master[n])
+        for n, p in engine.module.named_parameters()
+        if p.requires_grad
+    )
     sizes = (engine.dp_world_size, engine.mp_world_size, slices, tuple(master["wte.weight"].shape))
     try:
         full_state_dict(engine)
     except Exception as e:  # noqa: BLE001 - the message is what is checked
         return sizes, f"{type(e).__name__}: {e}"
     return sizes, "exported"
-
 
 
 def saved_checkpoint(rank: int, world: int, save_dir: str) -> dict[str, float]:

@@ -14,12 +14,18 @@ from tests.helpers.user_models import batches, make_model, slice_of
 
 MICRO, ACCUM, STEPS = 2, 2, 6
 CONFIG = {
-    "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUM, "gradient_clipping": 1.0,
+    "train_micro_batch_size_per_gpu": MICRO,
+    "gradient_accumulation_steps": ACCUM,
+    "gradient_clipping": 1.0,
     "steps_per_print": 10**9,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
-                                              "torch_adam": True}},
-    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": STEPS, "warmup_min_lr": 1e-3,
-                                                      "warmup_max_lr": 1e-2, "warmup_num_steps": 2}},
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True},
+    },
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {"total_num_steps": STEPS, "warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2, "warmup_num_steps": 2},
+    },
 }
 
 
@@ -36,8 +42,12 @@ def _client(model):
     """The client form (Hugging Face Accelerate's): an AdamW with two groups and a scheduler built on it."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
 
 
@@ -45,8 +55,13 @@ def _initialize(init, model, config: dict, client: bool, **kw):
     if not client:
         return init(model=model, config=config, model_parameters=model.parameters(), **kw)[0]
     opt, sched = _client(model)
-    return init(model=model, config={k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
-                optimizer=opt, lr_scheduler=sched, **kw)[0]
+    return init(
+        model=model,
+        config={k: v for k, v in config.items() if k not in ("optimizer", "scheduler")},
+        optimizer=opt,
+        lr_scheduler=sched,
+        **kw,
+    )[0]
 
 
 def same_config(rank: int, world: int, stage: int, client: bool = False, bf16: bool = False) -> dict:
@@ -67,8 +82,13 @@ def same_config(rank: int, world: int, stage: int, client: bool = False, bf16: b
             for p in model.parameters():
                 p.copy_(p.to(torch.bfloat16).float())
     ours = _initialize(initialize, copy.deepcopy(model), copy.deepcopy(config), client)
-    theirs = _initialize(deepspeed.initialize, copy.deepcopy(model), {**config, "zero_allow_untested_optimizer": True},
-                         client, dist_init_required=False)
+    theirs = _initialize(
+        deepspeed.initialize,
+        copy.deepcopy(model),
+        {**config, "zero_allow_untested_optimizer": True},
+        client,
+        dist_init_required=False,
+    )
     out = {"ours": _loop(ours, data, rank, world), "theirs": _loop(theirs, data, rank, world)}
     return {**out, **compare_parameters(ours, theirs, model)}
 
@@ -78,11 +98,12 @@ def deepspeed_masters(engine) -> dict[str, torch.Tensor]:
     from deepspeed.utils import safe_get_full_fp32_param
 
     flat = {}  # stage 0 under bf16: DeepSpeed's FP16_Optimizer keeps one flat fp32 master per param group
-    for params, master_flat in zip(getattr(engine.optimizer, "fp16_groups", []),
-                                   getattr(engine.optimizer, "fp32_groups_flat", [])):
+    for params, master_flat in zip(
+        getattr(engine.optimizer, "fp16_groups", []), getattr(engine.optimizer, "fp32_groups_flat", [])
+    ):
         offset = 0
         for q in params:
-            flat[id(q)] = master_flat[offset:offset + q.numel()].view(q.shape)
+            flat[id(q)] = master_flat[offset : offset + q.numel()].view(q.shape)
             offset += q.numel()
 
     def master(p):  # DeepSpeed's fp32 master; fp32 at stage 0 has none: the module's parameter is it
@@ -100,8 +121,10 @@ def compare_parameters(ours, theirs, model) -> dict:
 
     full = full_parameters(ours)
     theirs_params = deepspeed_masters(theirs)
-    out = {"param_diff": max((full[n] - p).abs().max().item() for n, p in theirs_params.items()),
-           "moved": max((full[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())}
+    out = {
+        "param_diff": max((full[n] - p).abs().max().item() for n, p in theirs_params.items()),
+        "moved": max((full[n] - p.detach()).abs().max().item() for n, p in model.named_parameters()),
+    }
     init = dict(model.named_parameters())
     num = sum((full[n] - p).pow(2).sum().item() for n, p in theirs_params.items())
     den = sum((full[n] - init[n].detach()).pow(2).sum().item() for n in theirs_params)

@@ -28,8 +28,10 @@ def _config(stage: int) -> ZeroConfig:
 
 def _two_nets() -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
-    return (nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)),
-            nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+    return (
+        nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)),
+        nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)),
+    )
 
 
 def _train(rank: int, world: int, engines, net: nn.Module, ref_net: nn.Module) -> float:
@@ -42,7 +44,7 @@ def _train(rank: int, world: int, engines, net: nn.Module, ref_net: nn.Module) -
     per = 2
     for _ in range(STEPS):
         x = torch.randn(per * world, 4, generator=g)
-        net(x[rank * per:(rank + 1) * per]).pow(2).mean().backward()
+        net(x[rank * per : (rank + 1) * per]).pow(2).mean().backward()
         for e in engines:
             e.optimizer.step()
             e.optimizer.zero_grad()
@@ -89,8 +91,9 @@ def submodules_called(rank: int, world: int, stage: int) -> dict:
             before = {k: v.clone() for k, v in _state(engine, model).items()}
             model(torch.ones(2, 4)).sum().backward()
             engine.optimizer.step()
-            out["root_then_model_moved"] = max((_state(engine, model)[k] - v).abs().max().item()
-                                               for k, v in before.items())
+            out["root_then_model_moved"] = max(
+                (_state(engine, model)[k] - v).abs().max().item() for k, v in before.items()
+            )
     return out
 
 
@@ -189,10 +192,19 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
-    cases = {"sparse": sparse, "float64": float64, "mixed_dtypes": mixed_dtypes, "sparse_functional": sparse_functional,
-             "frozen_after": frozen_after, "unfrozen_after": unfrozen_after, "wrong_group": wrong_group, "applied_twice": applied_twice,
-             "converted_after": converted_after, "to_empty_after": to_empty_after,
-             "submodule_converted": submodule_converted}
+    cases = {
+        "sparse": sparse,
+        "float64": float64,
+        "mixed_dtypes": mixed_dtypes,
+        "sparse_functional": sparse_functional,
+        "frozen_after": frozen_after,
+        "unfrozen_after": unfrozen_after,
+        "wrong_group": wrong_group,
+        "applied_twice": applied_twice,
+        "converted_after": converted_after,
+        "to_empty_after": to_empty_after,
+        "submodule_converted": submodule_converted,
+    }
     out = {}
     for name, fn in cases.items():
         out[name] = _error(fn)
@@ -254,9 +266,12 @@ def bf16_fp32_inputs(rank: int, world: int, stage: int) -> dict:
         e1.step()
         e2.step()
     with _gathered([e1, e2]):
-        return {"diff": max((p.float() - q.float()).abs().max().item()
-                            for p, q in zip(ours.parameters(), by_hand.parameters())),
-                "dtype": str(next(ours.parameters()).dtype)}
+        return {
+            "diff": max(
+                (p.float() - q.float()).abs().max().item() for p, q in zip(ours.parameters(), by_hand.parameters())
+            ),
+            "dtype": str(next(ours.parameters()).dtype),
+        }
 
 
 class _Layer(nn.Module):
@@ -293,8 +308,10 @@ def units_by_class(rank: int, world: int, stage: int) -> dict:
         warnings.simplefilter("always")
         engine = apply_zero(model, None, _config(stage), units=_Layer)
         apply_zero(_Stack(), None, _config(stage))
-    out = {"units": len(engine.scheduler.blocks) if engine.scheduler is not None else None,
-           "warnings": [str(w.message) for w in caught if "ZeRO stage 3" in str(w.message)]}
+    out = {
+        "units": len(engine.scheduler.blocks) if engine.scheduler is not None else None,
+        "warnings": [str(w.message) for w in caught if "ZeRO stage 3" in str(w.message)],
+    }
     out["diff"] = _train(rank, world, [engine], model, ref)
     out["bad_class"] = _error(lambda: apply_zero(_Stack(), None, _config(stage), units=nn.Conv2d))
     return out

@@ -80,8 +80,11 @@ def train_declared(rank: int, world: int, stage: int) -> dict:
             engine.step()
             engine.zero_grad()
         owner = {zp.name: engine.layout.buckets[zp.slot.bucket].unit for zp in engine.zparams}
-        out[variant] = {**compare(engine, model, ref), "owner": {n: owner[n] for n in names},
-                        "units": sorted(set(owner.values()))}
+        out[variant] = {
+            **compare(engine, model, ref),
+            "owner": {n: owner[n] for n in names},
+            "units": sorted(set(owner.values())),
+        }
     return out
 
 
@@ -110,10 +113,14 @@ def refusals(rank: int, world: int) -> dict:
 
     def via_initialize():  # DeepSpeed's entry point takes them too
         model = Net("returned")
-        config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
-                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
-        engine, *_ = initialize(model=model, config=config, units=[model.a, model.b, model.head],
-                                external_params=["a.bias"])
+        config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {"stage": 3},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        }
+        engine, *_ = initialize(
+            model=model, config=config, units=[model.a, model.b, model.head], external_params=["a.bias"]
+        )
         x, y = batches(1, 2 * world)[0]
         engine.backward(engine(slice_of(x, rank, world), slice_of(y, rank, world)))
         engine.step()
@@ -127,10 +134,15 @@ def refusals(rank: int, world: int) -> dict:
             return getattr(e, "__notes__", [])
         return None
 
-    out = {"undeclared": _line(undeclared), "read_parent": undeclared_read("parent_reads"),
-           "read_method": undeclared_read("method"), "via_initialize": _line(via_initialize), "unknown_name": _line(lambda: _engine(Net("method"), group, 3, "a.wieght")),
-           "foreign": _line(lambda: _engine(Net("method"), group, 3, [nn.Linear(2, 2).weight])),
-           "frozen": _line(frozen)}
+    out = {
+        "undeclared": _line(undeclared),
+        "read_parent": undeclared_read("parent_reads"),
+        "read_method": undeclared_read("method"),
+        "via_initialize": _line(via_initialize),
+        "unknown_name": _line(lambda: _engine(Net("method"), group, 3, "a.wieght")),
+        "foreign": _line(lambda: _engine(Net("method"), group, 3, [nn.Linear(2, 2).weight])),
+        "frozen": _line(frozen),
+    }
     torch.distributed.barrier()
     return out
 

@@ -41,8 +41,10 @@ def _copy_in(engine, values: dict[str, torch.Tensor]) -> None:
 
 def _same_as(engine, built, rank: int, world: int) -> dict:
     """Master and parameter differences to ``built``, before and after two training steps of both."""
-    res = {"master": _max_diff(full_parameters(engine), full_parameters(built)),
-           "params": _max_diff(_params(engine), _params(built))}
+    res = {
+        "master": _max_diff(full_parameters(engine), full_parameters(built)),
+        "params": _max_diff(_params(engine), _params(built)),
+    }
     _train(engine, rank, world)
     _train(built, rank, world)
     res["trained_master"] = _max_diff(full_parameters(engine), full_parameters(built))
@@ -71,8 +73,10 @@ def run_gathered_writeback(rank: int, world: int) -> dict:
         with engine.gathered_params(), torch.no_grad():
             engine.module.blocks[0].fc1.weight.zero_()
         got, was = full_parameters(engine), full_parameters(fresh)
-        res["one_changed"] = (got["blocks.0.fc1.weight"].abs().max().item(),
-                              _max_diff({n: got[n] for n in got if n != "blocks.0.fc1.weight"}, was))
+        res["one_changed"] = (
+            got["blocks.0.fc1.weight"].abs().max().item(),
+            _max_diff({n: got[n] for n in got if n != "blocks.0.fc1.weight"}, was),
+        )
 
         engine = engine_for(copy.deepcopy(start), group, stage, **kw)
         with engine.gathered_params(writeback=False):

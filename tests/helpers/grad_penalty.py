@@ -61,8 +61,8 @@ def penalty_training(rank: int, world: int, stage: int, accum: int, loop: str) -
         xs = [torch.randn(PER_RANK * world, 4, generator=g) for _ in range(accum)]
         engine.ledger.reset()
         twin_engine.ledger.reset()
-        _window(engine, net, [x[lo:lo + PER_RANK] for x in xs], loop, penalty=True)
-        _window(twin_engine, twin, [x[lo:lo + PER_RANK] for x in xs], loop, penalty=False)
+        _window(engine, net, [x[lo : lo + PER_RANK] for x in xs], loop, penalty=True)
+        _window(twin_engine, twin, [x[lo : lo + PER_RANK] for x in xs], loop, penalty=False)
         volumes.append((engine.ledger.volume_elements(), twin_engine.ledger.volume_elements()))
         opt.zero_grad()
         for x in xs:

@@ -72,8 +72,10 @@ def run_dataclass_io(rank: int, world: int) -> dict[str, dict]:
     group = Group.of(None, "dp")
     torch.manual_seed(0)
     model, data = DataclassModel(), batches(3, 6)
-    refs = {"fp32": _reference_fp32(model, data, world),
-            "bf16": {k.removeprefix("model."): v for k, v in reference_bf16(_LossOnly(model), data, world).items()}}
+    refs = {
+        "fp32": _reference_fp32(model, data, world),
+        "bf16": {k.removeprefix("model."): v for k, v in reference_bf16(_LossOnly(model), data, world).items()},
+    }
     out = {}
     for prec in (Precision.FP32, Precision.BF16):
         for stage in (0, 1, 2, 3):

@@ -38,5 +38,9 @@ def resumed_scales(rank: int, world: int, stage: int, save_dir: str, overflow: l
     second = engine()
     second.load_checkpoint(save_dir)
     scales += _steps(second, data[split:], overflow[split:], rank, world)
-    return {"whole": _steps(whole, data, overflow, rank, world), "resumed": scales,
-            "whole_state": whole.scaler.state_dict(), "resumed_state": second.scaler.state_dict()}
+    return {
+        "whole": _steps(whole, data, overflow, rank, world),
+        "resumed": scales,
+        "whole_state": whole.scaler.state_dict(),
+        "resumed_state": second.scaler.state_dict(),
+    }

@@ -56,19 +56,39 @@ def _train(built, mesh, steps: int = 2) -> list[float]:
 
 
 CASES = {
-    f"tp{tp}-s{stage}-{prec.value}{suffix}": (tp, ParallelSpec(zero=ZeroConfig(stage=stage, precision=prec, bucket_numel=20_000, **zkw),
-                                                                activation=ac, sequence_parallel=sp))
-    for tp in (1, 2) for stage in (0, 1, 2, 3) for prec in (Precision.FP32, Precision.BF16)
+    f"tp{tp}-s{stage}-{prec.value}{suffix}": (
+        tp,
+        ParallelSpec(
+            zero=ZeroConfig(stage=stage, precision=prec, bucket_numel=20_000, **zkw),
+            activation=ac,
+            sequence_parallel=sp,
+        ),
+    )
+    for tp in (1, 2)
+    for stage in (0, 1, 2, 3)
+    for prec in (Precision.FP32, Precision.BF16)
     for suffix, ac, sp, zkw in (("", ActivationConfig(), False, {}),)
 } | {
-    "tp2-s3-fp32-ckpt-sp": (2, ParallelSpec(zero=ZeroConfig(stage=3, bucket_numel=20_000),
-                                            activation=ActivationConfig(checkpoint=True, partition=True),
-                                            sequence_parallel=True)),
-    "tp1-s2-bf16-offload": (1, ParallelSpec(zero=ZeroConfig(stage=2, precision=Precision.BF16, bucket_numel=20_000,
-                                                            offload_optimizer="cpu"))),
-    "tp1-s3-bf16-offload-params": (1, ParallelSpec(zero=ZeroConfig(stage=3, precision=Precision.BF16,
-                                                                   bucket_numel=20_000, offload_optimizer="cpu",
-                                                                   offload_param="cpu"))),
+    "tp2-s3-fp32-ckpt-sp": (
+        2,
+        ParallelSpec(
+            zero=ZeroConfig(stage=3, bucket_numel=20_000),
+            activation=ActivationConfig(checkpoint=True, partition=True),
+            sequence_parallel=True,
+        ),
+    ),
+    "tp1-s2-bf16-offload": (
+        1,
+        ParallelSpec(zero=ZeroConfig(stage=2, precision=Precision.BF16, bucket_numel=20_000, offload_optimizer="cpu")),
+    ),
+    "tp1-s3-bf16-offload-params": (
+        1,
+        ParallelSpec(
+            zero=ZeroConfig(
+                stage=3, precision=Precision.BF16, bucket_numel=20_000, offload_optimizer="cpu", offload_param="cpu"
+            )
+        ),
+    ),
 }
 
 
@@ -79,10 +99,12 @@ def run_meta_init(rank: int, world: int, keys: list[str]) -> dict:
         if world % tp:
             continue
         (meta, mesh), (whole, _) = _build(True, tp, spec), _build(False, tp, spec)
-        res = {"master": _diff(full_parameters(meta.engine), full_parameters(whole.engine)),
-               "params": _diff(_params(meta.engine), _params(whole.engine)),
-               "meta_left": [n for n, p in meta.model.named_parameters() if p.is_meta],
-               "checksum": sum(v.double().sum().item() for v in full_parameters(meta.engine).values())}
+        res = {
+            "master": _diff(full_parameters(meta.engine), full_parameters(whole.engine)),
+            "params": _diff(_params(meta.engine), _params(whole.engine)),
+            "meta_left": [n for n, p in meta.model.named_parameters() if p.is_meta],
+            "checksum": sum(v.double().sum().item() for v in full_parameters(meta.engine).values()),
+        }
         res["losses"] = (_train(meta, mesh), _train(whole, mesh))
         res["trained_master"] = _diff(full_parameters(meta.engine), full_parameters(whole.engine))
         out[key] = res
@@ -111,8 +133,10 @@ def run_user_meta(rank: int, world: int) -> dict:
             with engine.gathered_params():
                 _copy_in(engine, values)
             built = engine_for(target_model(), group, stage, precision=prec)
-            out[f"s{stage}-{prec.value}"] = {"zero_before": max(before.values()),
-                                            **_same_as(engine, built, rank, world)}
+            out[f"s{stage}-{prec.value}"] = {
+                "zero_before": max(before.values()),
+                **_same_as(engine, built, rank, world),
+            }
     try:
         apply_zero(MLP(), group, ZeroConfig(stage=3), device="meta")
         out["placed"] = None

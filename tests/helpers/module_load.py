@@ -64,10 +64,12 @@ def run_module_load(rank: int, world: int) -> dict:
         loaded = engine_for(copy.deepcopy(start), group, stage, **kw)
         keys = loaded.module.load_state_dict(target.state_dict())
         built = engine_for(copy.deepcopy(target), group, stage, **kw)
-        res = {"keys": (keys.missing_keys, keys.unexpected_keys),
-               "master": _max_diff(full_parameters(loaded), full_parameters(built)),
-               "params": _max_diff(_params(loaded), _params(built)),
-               "moved_from_start": _max_diff(full_parameters(loaded), dict(start.named_parameters()))}
+        res = {
+            "keys": (keys.missing_keys, keys.unexpected_keys),
+            "master": _max_diff(full_parameters(loaded), full_parameters(built)),
+            "params": _max_diff(_params(loaded), _params(built)),
+            "moved_from_start": _max_diff(full_parameters(loaded), dict(start.named_parameters())),
+        }
         _train(loaded, rank, world)
         _train(built, rank, world)
         res["trained_master"] = _max_diff(full_parameters(loaded), full_parameters(built))
@@ -76,8 +78,10 @@ def run_module_load(rank: int, world: int) -> dict:
         part = engine_for(copy.deepcopy(start), group, stage, **kw)
         part.module.blocks[0].load_state_dict(target.blocks[0].state_dict())
         full = full_parameters(part)
-        res["submodule"] = (_max_diff({n: full[n] for n in full if n.startswith("blocks.0.")}, dict(target.named_parameters())),
-                            _max_diff({n: full[n] for n in full if not n.startswith("blocks.0.")}, dict(start.named_parameters())))
+        res["submodule"] = (
+            _max_diff({n: full[n] for n in full if n.startswith("blocks.0.")}, dict(target.named_parameters())),
+            _max_diff({n: full[n] for n in full if not n.startswith("blocks.0.")}, dict(start.named_parameters())),
+        )
         copied = copy.deepcopy(part.module)  # e.g. an EMA copy: loading into it must leave the engine alone
         before = full_parameters(part)
         _load(copied, target.state_dict())
@@ -97,8 +101,11 @@ def _errors(group, stage, start) -> dict:
     engine = engine_for(copy.deepcopy(start), group, stage)
     plain = copy.deepcopy(start)
     res = {}
-    for name, args, kw in (("shape", (wrong,), {}), ("partial", (partial,), {"strict": False}),
-                           ("assign", (start.state_dict(),), {"assign": True})):
+    for name, args, kw in (
+        ("shape", (wrong,), {}),
+        ("partial", (partial,), {"strict": False}),
+        ("assign", (start.state_dict(),), {"assign": True}),
+    ):
         res[name] = (_load(engine.module, *args, **kw), _load(plain, *args, **kw))
     res["after_errors"] = _max_diff(full_parameters(engine), dict(start.named_parameters()))
     return res

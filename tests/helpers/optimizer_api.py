@@ -62,6 +62,7 @@ def _train(engine, sched, data, rank, world, via_closure=False) -> list[float]:
         xs, ys = slice_of(x, rank, world), slice_of(y, rank, world)
         lrs.append(engine.get_lr()[0])
         if via_closure:
+
             def closure(xs=xs, ys=ys):
                 loss = engine.module(xs, ys)
                 engine.backward(loss)
@@ -136,13 +137,18 @@ def _clip(rank, world, stage, model, data, group) -> dict:
         fsdp_like.optimizer.step()
         fsdp_like.optimizer.zero_grad()
     m(slice_of(data[0][0], rank, world), slice_of(data[0][1], rank, world)).backward()
-    return {"clip": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
-            "clip_norms": (norms, ref_norms), "clip_early": error_line(lambda: engine.clip_grad_norm_(1.0)),
-            "model_clip": compare(fsdp_like, model, {n: p.detach() for n, p in ref.named_parameters()}),
-            "model_clip_norms": model_norms,
-            "clip_bad_norm": error_line(lambda: m.clip_grad_norm_(1.0, norm_type=0)),
-            **{f"clip_p{p}": _clip_p(rank, world, stage, model, data, group, p, max_norm)
-               for p, max_norm in ((1.0, 0.5), (3.0, 0.01), (float("inf"), 0.002))}}
+    return {
+        "clip": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
+        "clip_norms": (norms, ref_norms),
+        "clip_early": error_line(lambda: engine.clip_grad_norm_(1.0)),
+        "model_clip": compare(fsdp_like, model, {n: p.detach() for n, p in ref.named_parameters()}),
+        "model_clip_norms": model_norms,
+        "clip_bad_norm": error_line(lambda: m.clip_grad_norm_(1.0, norm_type=0)),
+        **{
+            f"clip_p{p}": _clip_p(rank, world, stage, model, data, group, p, max_norm)
+            for p, max_norm in ((1.0, 0.5), (3.0, 0.01), (float("inf"), 0.002))
+        },
+    }
 
 
 def _clip_p(rank, world, stage, model, data, group, p: float, max_norm: float) -> dict:
@@ -160,8 +166,11 @@ def _clip_p(rank, world, stage, model, data, group, p: float, max_norm: float) -
         ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm, norm_type=p).item())
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"compare": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
-            "norms": (norms, ref_norms), "max_norm": max_norm}
+    return {
+        "compare": compare(engine, model, {n: p.detach() for n, p in ref.named_parameters()}),
+        "norms": (norms, ref_norms),
+        "max_norm": max_norm,
+    }
 
 
 def _resume(rank, world, stage, model, data, group) -> dict:
@@ -187,8 +196,11 @@ def _resume(rank, world, stage, model, data, group) -> dict:
     lr_after_load = second.get_lr()[0]
     _train(second, sched2, data[3:], rank, world)
     a, b = full_parameters(straight), full_parameters(second)
-    out = {"resume_lr": lr_after_load, "resume_diff": max((a[n] - b[n]).abs().max().item() for n in a),
-           "resume_groups": [{k: v for k, v in g.items() if k != "params"} for g in saved["optim"]["param_groups"]]}
+    out = {
+        "resume_lr": lr_after_load,
+        "resume_diff": max((a[n] - b[n]).abs().max().item() for n in a),
+        "resume_groups": [{k: v for k, v in g.items() if k != "params"} for g in saved["optim"]["param_groups"]],
+    }
 
     with tempfile.TemporaryDirectory() as tmp:  # the sharded checkpoint carries the current lr as well
         path = [tmp] if rank == 0 else [None]
@@ -216,6 +228,8 @@ def _bad_groups(rank, world, stage, model, data, group) -> dict:
     engine.optimizer.param_groups[0]["betas"] = (0.9, 1.5)
     out["bad_betas"] = error_line(engine.step)
     engine.optimizer.param_groups[0]["betas"] = ADAM.betas
-    out["add_group"] = error_line(lambda: engine.optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]}))
+    out["add_group"] = error_line(
+        lambda: engine.optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]})
+    )
     out["after_errors_stepped"] = engine.step()  # the refused steps left the window intact
     return out

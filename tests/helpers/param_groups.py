@@ -33,16 +33,19 @@ def user_groups(model) -> list[dict]:
     with other betas and decay; every vector and scalar without decay, at a higher lr and eps."""
     blocks = [p for b in model.blocks for p in b.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    return [{"params": blocks},
-            {"params": [model.emb.weight], "lr": 3e-3, "betas": (0.8, 0.99), "weight_decay": 0.05},
-            {"params": rest, "lr": 2e-2, "eps": 1e-6, "weight_decay": 0.0, "name": "no_decay"}]
+    return [
+        {"params": blocks},
+        {"params": [model.emb.weight], "lr": 3e-3, "betas": (0.8, 0.99), "weight_decay": 0.05},
+        {"params": rest, "lr": 2e-2, "eps": 1e-6, "weight_decay": 0.0, "name": "no_decay"},
+    ]
 
 
 def reference(model, data, world: int) -> tuple[dict, list[list[float]]]:
     """torch's AdamW over ``user_groups`` with the same schedule: the parameters, and each step's lrs."""
     ref = copy.deepcopy(model)
-    opt = torch.optim.AdamW(user_groups(ref), lr=ADAM.lr, betas=ADAM.betas, eps=ADAM.eps,
-                            weight_decay=ADAM.weight_decay, foreach=False)
+    opt = torch.optim.AdamW(
+        user_groups(ref), lr=ADAM.lr, betas=ADAM.betas, eps=ADAM.eps, weight_decay=ADAM.weight_decay, foreach=False
+    )
     sched, lrs = LambdaLR(opt, LAMBDAS), []
     for x, y in data:
         lrs.append([g["lr"] for g in opt.param_groups])

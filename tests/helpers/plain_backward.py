@@ -83,13 +83,15 @@ def run_plain_backward(rank: int, world: int, stage: int) -> dict:
                 clear(engine.module)
             engine.module(x, y).backward()
             engine.step()
+
         return call
 
     out["module_zero_grad"] = ddp_loop("mlp", zero_by(lambda m: m.zero_grad()), True)
     out["module_zero_grad_keep"] = ddp_loop("mlp", zero_by(lambda m: m.zero_grad(set_to_none=False)), True)
     if stage < 2:
-        out["grad_none_by_hand"] = ddp_loop("mlp", zero_by(lambda m: [setattr(p, "grad", None) for p in m.parameters()]),
-                                            True)
+        out["grad_none_by_hand"] = ddp_loop(
+            "mlp", zero_by(lambda m: [setattr(p, "grad", None) for p in m.parameters()]), True
+        )
     out.update(_model_class(group, stage, mine[0]))
     out.update(_no_sync(group, stage, data, mine, world))
     out["aborted"] = _aborted_then_trained(group, stage, data, mine, world)
@@ -185,9 +187,14 @@ def _model_class(group: Group, stage: int, batch) -> dict:
     m(x, y).backward()
     engine.optimizer.zero_grad(set_to_none=False)
     zeros_after = all(p.grad is not None and not p.grad.any() for p in m.parameters()) if stage < 2 else None
-    return {"grad_none_after_zero_grad": none_after, "grad_zeros_after_zero_grad_keep": zeros_after,
-            "class_name": type(m).__name__, "isinstance": isinstance(m, MLP), "copy_class": type(ema) is MLP,
-            "reduced_after_copy_cleared": reduced}
+    return {
+        "grad_none_after_zero_grad": none_after,
+        "grad_zeros_after_zero_grad_keep": zeros_after,
+        "class_name": type(m).__name__,
+        "isinstance": isinstance(m, MLP),
+        "copy_class": type(ema) is MLP,
+        "reduced_after_copy_cleared": reduced,
+    }
 
 
 def _no_sync(group: Group, stage: int, data, mine, world: int) -> dict:

@@ -24,8 +24,9 @@ def make_adamw(params, cfg: AdamWConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=False)
 
 
-def reference_train(model, batches, precision: str, adam: AdamWConfig, clip=None, ls: LossScaleConfig | None = None,
-                    groups=None):
+def reference_train(
+    model, batches, precision: str, adam: AdamWConfig, clip=None, ls: LossScaleConfig | None = None, groups=None
+):
     """Train a copy of ``model`` on ``batches`` [(x, y) global batches]; return (losses, fp32 params, stepped).
     ``groups(named)``: param groups over ``(name, master)`` pairs (default: decay on 2+-dim parameters)."""
     ls = ls or LossScaleConfig()
@@ -37,8 +38,9 @@ def reference_train(model, batches, precision: str, adam: AdamWConfig, clip=None
         opt = make_adamw(master, adam)
     else:
         named = list(zip([n for n, _ in work.named_parameters()], master))
-        opt = torch.optim.AdamW(groups(named), lr=adam.lr, betas=adam.betas, eps=adam.eps,
-                                weight_decay=adam.weight_decay, foreach=False)
+        opt = torch.optim.AdamW(
+            groups(named), lr=adam.lr, betas=adam.betas, eps=adam.eps, weight_decay=adam.weight_decay, foreach=False
+        )
     scale = ls.init_scale if precision == "fp16" else 1.0
     good = 0
     losses, stepped = [], []

@@ -53,8 +53,10 @@ class Scenario:
         off = "" if self.offload == "none" else f"-off{self.offload}{self.offload_param}"
         bits = "" if self.optim_bits == 32 else f"-adam{self.optim_bits}"
         groups = "" if self.groups == "default" else f"-groups{self.groups}"
-        return (f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
-                f"{ac}{kern}{off}{bits}{groups}")
+        return (
+            f"dp{self.dp}-tp{self.tp}{sp}-s{self.stage}-{self.precision}-acc{self.accum}-clip{self.clip}"
+            f"{ac}{kern}{off}{bits}{groups}"
+        )
 
 
 ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -63,10 +65,11 @@ ADAM = AdamWConfig(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 def three_groups(named) -> list[dict]:
     """Over ``(name, parameter)`` pairs: the token embedding (tied to the head) at a lower lr with other betas
     and decay; other matrices at the config's values; vectors without decay, at a higher lr and eps."""
-    return [{"params": [p for n, p in named if p.dim() >= 2 and n != "wte.weight"]},
-            {"params": [p for n, p in named if n == "wte.weight"], "lr": 3e-4, "betas": (0.8, 0.99),
-             "weight_decay": 0.05},
-            {"params": [p for _, p in named if p.dim() < 2], "lr": 2e-3, "eps": 1e-6, "weight_decay": 0.0}]
+    return [
+        {"params": [p for n, p in named if p.dim() >= 2 and n != "wte.weight"]},
+        {"params": [p for n, p in named if n == "wte.weight"], "lr": 3e-4, "betas": (0.8, 0.99), "weight_decay": 0.05},
+        {"params": [p for _, p in named if p.dim() < 2], "lr": 2e-3, "eps": 1e-6, "weight_decay": 0.0},
+    ]
 
 
 GROUPINGS = {"three": three_groups}
@@ -119,7 +122,9 @@ def run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params:
         return _run_scenarios(rank, world, scenarios, keep_params, nvme_dir)
 
 
-def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params: bool, nvme_dir: str) -> dict[str, dict]:
+def _run_scenarios(
+    rank: int, world: int, scenarios: list[Scenario], keep_params: bool, nvme_dir: str
+) -> dict[str, dict]:
     """Train every scenario and compare it with the single-process reference; ``keep_params`` also
     returns the trained full parameters (to compare scenarios with each other)."""
     groups = dp_groups(rank, world, [s.dp for s in scenarios if s.tp == 1])
@@ -135,10 +140,18 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
         tp_group = meshes[(sc.dp, sc.tp)].tp if sc.tp > 1 else Group(None, "tp", 1, 0)
         group = meshes[(sc.dp, sc.tp)].dp if sc.tp > 1 else groups[sc.dp]
         zcfg = ZeroConfig(
-            stage=sc.stage, precision=Precision(sc.precision), bucket_numel=sc.bucket_numel,
-            grad_accum_steps=sc.accum, clip_grad_norm=sc.clip, optimizer=ADAM, loss_scale=sc.loss_scale,
-            kernels=sc.kernels, offload_optimizer=sc.offload, offload_param=sc.offload_param,
-            nvme_path=nvme_dir if sc.offload == "nvme" else None, optim_bits=sc.optim_bits,
+            stage=sc.stage,
+            precision=Precision(sc.precision),
+            bucket_numel=sc.bucket_numel,
+            grad_accum_steps=sc.accum,
+            clip_grad_norm=sc.clip,
+            optimizer=ADAM,
+            loss_scale=sc.loss_scale,
+            kernels=sc.kernels,
+            offload_optimizer=sc.offload,
+            offload_param=sc.offload_param,
+            nvme_path=nvme_dir if sc.offload == "nvme" else None,
+            optim_bits=sc.optim_bits,
         )
         work = copy.deepcopy(model)
         mesh = Mesh(dp=group, tp=tp_group, world=group)  # world: unused by parallelize
@@ -171,8 +184,9 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
             ref_model = copy.deepcopy(model)
             apply_fused_kernels(ref_model, sc.kernels)
             batches = [data.samples(t, 0, sc.global_batch) for t in range(sc.steps)]
-            ref_cache[key] = reference_train(ref_model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale,
-                                             GROUPINGS.get(sc.groups))
+            ref_cache[key] = reference_train(
+                ref_model, batches, sc.precision, ADAM, sc.clip, sc.loss_scale, GROUPINGS.get(sc.groups)
+            )
         ref_losses, ref_params, ref_stepped = ref_cache[key]
         ref_params = {n: tp_local(n, t, tp_group) for n, t in ref_params.items()}
         init = {n: tp_local(n, p.detach(), tp_group) for n, p in model.named_parameters()}
@@ -197,8 +211,6 @@ def _run_scenarios(rank: int, world: int, scenarios: list[Scenario], keep_params
         if sc.stage < 3:  # replicated model parameters equal the (cast) master on every rank
             lp = {n: p.detach().float() for n, p in engine.module.named_parameters()}
             dtype = Precision(sc.precision).param_dtype
-            res["model_vs_master"] = max(
-                (lp[n] - full[n].to(dtype).float()).abs().max().item() for n in lp
-            )
+            res["model_vs_master"] = max((lp[n] - full[n].to(dtype).float()).abs().max().item() for n in lp)
         results[sc.key] = res
     return results

@@ -101,8 +101,12 @@ def skips_for(pattern: str, world: int, micro_batches: int = STEPS) -> list[list
     for step in range(micro_batches):
         per_rank = [frozenset(i for i in range(BLOCKS) if rng.random() < 0.4) for _ in range(world)]
         keeper = step % world
-        out.append([s if r != keeper else frozenset(set(s) - set.intersection(*map(set, per_rank))) for r, s in
-                    enumerate(per_rank)])
+        out.append(
+            [
+                s if r != keeper else frozenset(set(s) - set.intersection(*map(set, per_rank)))
+                for r, s in enumerate(per_rank)
+            ]
+        )
     return out
 
 
@@ -125,15 +129,33 @@ class SkipCase:
 
     @property
     def key(self) -> str:
-        return "-".join([self.pattern, f"s{self.stage}", *(k for k, on in (
-            ("nopf", not self.prefetch), ("plain", self.plain_backward), ("ckpt", self.ckpt),
-            ("strict", not self.find_unused), ("reverse", self.reverse), ("eval", self.eval_between)) if on), *(f"{k}={v}" for k, v in self.config)])
+        return "-".join(
+            [
+                self.pattern,
+                f"s{self.stage}",
+                *(
+                    k
+                    for k, on in (
+                        ("nopf", not self.prefetch),
+                        ("plain", self.plain_backward),
+                        ("ckpt", self.ckpt),
+                        ("strict", not self.find_unused),
+                        ("reverse", self.reverse),
+                        ("eval", self.eval_between),
+                    )
+                    if on
+                ),
+                *(f"{k}={v}" for k, v in self.config),
+            ]
+        )
 
 
 def batches(world: int, micro_batches: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
-    return [(torch.randint(0, VOCAB, (2 * world, SEQ), generator=g), torch.randint(0, VOCAB, (2 * world, SEQ), generator=g))
-            for _ in range(micro_batches)]
+    return [
+        (torch.randint(0, VOCAB, (2 * world, SEQ), generator=g), torch.randint(0, VOCAB, (2 * world, SEQ), generator=g))
+        for _ in range(micro_batches)
+    ]
 
 
 def reference(model: nn.Module, data, skips, world: int, accum: int = 1) -> dict[str, torch.Tensor]:
@@ -161,10 +183,18 @@ def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, di
         accum = dict(case.config).get("grad_accum_steps", 1)
         data, skips = batches(world, STEPS * accum), skips_for(case.pattern, world, STEPS * accum)
         ledger = CommLedger()
-        cfg = ZeroConfig(stage=case.stage, bucket_numel=2000, optimizer=ADAM, prefetch=case.prefetch,
-                         find_unused_parameters=case.find_unused, **dict(case.config))
+        cfg = ZeroConfig(
+            stage=case.stage,
+            bucket_numel=2000,
+            optimizer=ADAM,
+            prefetch=case.prefetch,
+            find_unused_parameters=case.find_unused,
+            **dict(case.config),
+        )
         mine = copy.deepcopy(model)
-        engine = apply_zero(mine, group, cfg, ledger=ledger, units=list(mine.experts) if case.pattern == "moe" else None)
+        engine = apply_zero(
+            mine, group, cfg, ledger=ledger, units=list(mine.experts) if case.pattern == "moe" else None
+        )
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

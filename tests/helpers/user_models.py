@@ -117,7 +117,10 @@ def make_model(variant: str) -> nn.Module:
 def batches(steps: int, global_batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(11)
     return [
-        (torch.randint(0, VOCAB, (global_batch, SEQ), generator=g), torch.randint(0, VOCAB, (global_batch, SEQ), generator=g))
+        (
+            torch.randint(0, VOCAB, (global_batch, SEQ), generator=g),
+            torch.randint(0, VOCAB, (global_batch, SEQ), generator=g),
+        )
         for _ in range(steps)
     ]
 
@@ -130,8 +133,7 @@ def slice_of(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 def reference_loss(model, x, y, world: int, skip_on_rank0: int | None = None) -> torch.Tensor:
     """The global objective: the mean over DP slices of each slice's mean loss."""
     losses = [
-        model(slice_of(x, r, world), slice_of(y, r, world), skip_on_rank0 if r == 0 else None)
-        for r in range(world)
+        model(slice_of(x, r, world), slice_of(y, r, world), skip_on_rank0 if r == 0 else None) for r in range(world)
     ]
     return torch.stack(losses).mean()
 
@@ -181,8 +183,7 @@ def compare(engine, model_before, ref: dict[str, torch.Tensor]) -> dict:
         diff, moved = max(diff, d.abs().max().item()), max(moved, u.abs().max().item())
         num, den = num + d.pow(2).sum().item(), den + u.pow(2).sum().item()
     missing = sorted(set(ref) - set(full) - set(frozen))
-    return {"max_diff": diff, "update_rel_err": (num / max(den, 1e-30)) ** 0.5, "max_update": moved,
-            "missing": missing}
+    return {"max_diff": diff, "update_rel_err": (num / max(den, 1e-30)) ** 0.5, "max_update": moved, "missing": missing}
 
 
 def run_user_cases(rank: int, world: int, cases: list[UserCase]) -> dict[str, dict]:

@@ -85,7 +85,10 @@ def grad_views(rank, world, stage):
             engine.zero_grad()
             if reset:
                 engine.module.zero_grad()  # set_to_none: autograd makes fresh tensors; the engine copies them in
-        out[reset] = {"views": views, "params": {n: p.detach().numpy().copy() for n, p in engine.module.named_parameters()}}
+        out[reset] = {
+            "views": views,
+            "params": {n: p.detach().numpy().copy() for n, p in engine.module.named_parameters()},
+        }
     return out
 
 
@@ -113,10 +116,16 @@ def sole_buckets(rank, world, stage):
 
         stage_.write = tracking
         _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 3, 0, 2 * world)
-        sole = {engine.layout.params[b.params[0]].name for b in engine.layout.buckets
-                if engine.layout.sole_param(b.index) is not None}
-        out[as_is] = {"sole": sole, "taken": sorted({n for n, t in taken if t}),
-                      "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
+        sole = {
+            engine.layout.params[b.params[0]].name
+            for b in engine.layout.buckets
+            if engine.layout.sole_param(b.index) is not None
+        }
+        out[as_is] = {
+            "sole": sole,
+            "taken": sorted({n for n, t in taken if t}),
+            "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
+        }
     return out
 
 
@@ -201,8 +210,9 @@ def overlap_comm(rank, world, stage):
     out = {}
     for overlap in (True, False):
         torch.manual_seed(0)
-        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000,
-                                                        overlap_comm=overlap))
+        engine = apply_zero(
+            GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000, overlap_comm=overlap)
+        )
         grads, seen = engine.grads, {"outstanding": 0, "staged_beside": 0, "held": 0}
         write = grads.stage.write
 
@@ -221,9 +231,13 @@ def overlap_comm(rank, world, stage):
 
         grads._start_reduce, grads.stage.write, grads.stage.hold = starting, writing, holding
         peak = _train_on_a_slow_network(engine, cfg, group, world)
-        out[overlap] = {**seen, "peak": peak, "buckets": len(engine.layout.buckets),
-                        "largest_bytes": 4 * max(b.numel for b in engine.layout.buckets),
-                        "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
+        out[overlap] = {
+            **seen,
+            "peak": peak,
+            "buckets": len(engine.layout.buckets),
+            "largest_bytes": 4 * max(b.numel for b in engine.layout.buckets),
+            "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
+        }
     return out
 
 
@@ -253,8 +267,15 @@ def tied_wait(rank, world, stage):
 
         engine.module.wte.register_forward_hook(record)
         peak = _train_on_a_slow_network(engine, cfg, group, world)
-        sole = [engine.layout.params[b.params[0]].name for b in engine.layout.buckets
-                if engine.layout.sole_param(b.index) is not None]
-        out[wait] = {"inflight": inflight, "peak": peak, "sole": sole,
-                     "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()}}
+        sole = [
+            engine.layout.params[b.params[0]].name
+            for b in engine.layout.buckets
+            if engine.layout.sole_param(b.index) is not None
+        ]
+        out[wait] = {
+            "inflight": inflight,
+            "peak": peak,
+            "sole": sole,
+            "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
+        }
     return out

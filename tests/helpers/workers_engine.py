@@ -103,7 +103,9 @@ def checkpoint_resume(rank, world, stage, ckpt_dir, extra=None):
 
     torch.manual_seed(1)  # a different init: everything must come from the checkpoint
     bg = groups[4] if same else groups[2]
-    b = apply_zero(GPT(cfg), bg, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000 if same else 7_000, **extra))
+    b = apply_zero(
+        GPT(cfg), bg, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000 if same else 7_000, **extra)
+    )
     load_checkpoint(b, ckpt_dir)
     step_after_load = b.adamw.step_count
     _train(b, data, bg, 2, 2, 8)
@@ -126,8 +128,16 @@ def adam_bits_losses(rank, world, steps, bits_list, offload="none", preset="mini
     out = {}
     for bits in bits_list:
         torch.manual_seed(0)
-        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=2 if world > 1 else 0, optimizer=ADAM, optim_bits=bits,
-                                                        offload_optimizer=offload if world > 1 else "none"))
+        engine = apply_zero(
+            GPT(cfg),
+            group,
+            ZeroConfig(
+                stage=2 if world > 1 else 0,
+                optimizer=ADAM,
+                optim_bits=bits,
+                offload_optimizer=offload if world > 1 else "none",
+            ),
+        )
         data = SyntheticTokens(cfg.vocab, cfg.seq, seed=3)
         losses = []
         for step in range(steps):

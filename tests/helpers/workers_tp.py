@@ -65,8 +65,12 @@ def megatron_layer_equivalence(rank, world):
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
     pg = ps.get_tensor_model_parallel_group()
     group = Group.of(pg, "tp")
-    mcfg = ModelParallelConfig(tensor_model_parallel_size=world, use_cpu_initialization=True,
-                               params_dtype=torch.float32, perform_initialization=True)
+    mcfg = ModelParallelConfig(
+        tensor_model_parallel_size=world,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        perform_initialization=True,
+    )
     init = nn.init.zeros_
     torch.manual_seed(0)
     h, f, V, n = 16, 32, 64, 6
@@ -96,8 +100,9 @@ def megatron_layer_equivalence(rank, world):
 
     full = nn.Linear(f, h)
     ours = RowParallelLinear(full, group)
-    theirs = mtp.RowParallelLinear(f, h, config=mcfg, init_method=init, bias=True, input_is_parallel=True,
-                                   skip_bias_add=False)
+    theirs = mtp.RowParallelLinear(
+        f, h, config=mcfg, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+    )
     with torch.no_grad():
         theirs.weight.copy_(ours.weight)
         theirs.bias.copy_(ours.bias)
@@ -152,8 +157,9 @@ def tp_rng_and_dropout(rank, world):
     for ckpt in (False, True):
         torch.manual_seed(0)
         model = GPT(cfg)
-        spec = ParallelSpec(zero=ZeroConfig(stage=0), kernels="reference",
-                            activation=ActivationConfig(checkpoint=ckpt), seed=11)
+        spec = ParallelSpec(
+            zero=ZeroConfig(stage=0), kernels="reference", activation=ActivationConfig(checkpoint=ckpt), seed=11
+        )
         engine = parallelize(model, mesh, spec).engine
         if not ckpt:
             model.blocks[-1].register_forward_hook(lambda m, a, o: block_out.append(o.detach().clone()))
@@ -162,7 +168,9 @@ def tp_rng_and_dropout(rank, world):
         engine.backward(model(x, y))
         grads[ckpt] = full_gradients(engine)
     return {
-        "outside": outside.tolist(), "inside": inside.tolist(), "after": after.tolist(),
+        "outside": outside.tolist(),
+        "inside": inside.tolist(),
+        "after": after.tolist(),
         "block_out_sum": block_out[0].double().sum().item(),
         "ckpt_vs_plain": max((grads[True][n] - grads[False][n]).abs().max().item() for n in grads[True]),
         "grad_norm": sum(g.pow(2).sum().item() for g in grads[False].values()),

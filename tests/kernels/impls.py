@@ -40,12 +40,26 @@ def triton_mod(name: str):
     return importlib.import_module(f"kernels.triton_kernels.{name}")
 
 
-def adamw(impl, p, g, m, v, ranges, *, out=None, found_inf=None, lr, betas, eps, weight_decay, step, grad_scale,
-          spans=None):
+def adamw(
+    impl, p, g, m, v, ranges, *, out=None, found_inf=None, lr, betas, eps, weight_decay, step, grad_scale, spans=None
+):
     if impl == "cpu":
         blocks = kernels.adamw_blocks(p.numel(), ranges, "cpu", spans)
-        kernels.fused_adamw_(p, g, m, v, blocks=blocks, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                             step=step, grad_scale=grad_scale, out=out, found_inf=found_inf)
+        kernels.fused_adamw_(
+            p,
+            g,
+            m,
+            v,
+            blocks=blocks,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            step=step,
+            grad_scale=grad_scale,
+            out=out,
+            found_inf=found_inf,
+        )
     else:
         blocks = tables.adamw_blocks(p.numel(), ranges, kernels.TRITON_ADAMW_BLOCK, spans)
         scalars = adamw_scalars(lr, betas[0], betas[1], eps, weight_decay, step, grad_scale)

@@ -29,9 +29,20 @@ def test_reference_is_torch_adamw_in_fp64():
         g = make(1000, torch.float64, 10 + step)
         ref.grad = g.clone()
         opt.step()
-        p, m, v = reference.adamw(p, g * 4, m, v, torch.ones(1000, dtype=torch.bool), lr=HP["lr"],
-                                  beta1=HP["betas"][0], beta2=HP["betas"][1], eps=HP["eps"],
-                                  weight_decay=HP["weight_decay"], step=step, grad_scale=0.25)
+        p, m, v = reference.adamw(
+            p,
+            g * 4,
+            m,
+            v,
+            torch.ones(1000, dtype=torch.bool),
+            lr=HP["lr"],
+            beta1=HP["betas"][0],
+            beta2=HP["betas"][1],
+            eps=HP["eps"],
+            weight_decay=HP["weight_decay"],
+            step=step,
+            grad_scale=0.25,
+        )
     torch.testing.assert_close(p, ref.detach(), rtol=1e-12, atol=1e-14)
 
 
@@ -65,9 +76,20 @@ def test_fused_adamw_matches_fp64_reference(impl, grad_dtype, out_dtype):
         g = make(N, grad_dtype, seed=20 + step, scale=3.0)
         out = torch.empty(N, dtype=out_dtype) if out_dtype else None
         adamw(impl, p, g, m, v, RANGES, out=out, step=step, grad_scale=0.5, **HP)
-        p64, m64, v64 = reference.adamw(p64, g.double(), m64, v64, mask, beta1=HP["betas"][0], beta2=HP["betas"][1],
-                                        lr=HP["lr"], eps=HP["eps"], weight_decay=HP["weight_decay"], step=step,
-                                        grad_scale=0.5)
+        p64, m64, v64 = reference.adamw(
+            p64,
+            g.double(),
+            m64,
+            v64,
+            mask,
+            beta1=HP["betas"][0],
+            beta2=HP["betas"][1],
+            lr=HP["lr"],
+            eps=HP["eps"],
+            weight_decay=HP["weight_decay"],
+            step=step,
+            grad_scale=0.5,
+        )
         torch.testing.assert_close(p.double(), p64, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(m.double(), m64, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(v.double(), v64, rtol=1e-6, atol=1e-7)
@@ -80,15 +102,28 @@ def test_copy_out_rounds_to_nearest_even_on_ties_and_specials(impl):
     # fp32 values exactly halfway between two bf16 values, plus inf/nan/tiny: lr=0 leaves p unchanged.
     base = torch.tensor([1.0, 1.0078125, -3.0, 65504.0, 1e-40, 3.0e38], dtype=torch.float32)
     bits = base.view(torch.int32)
-    halfway = (bits | 0x8000).view(torch.float32)           # ...x.1000 0000 0000 0000: a tie
+    halfway = (bits | 0x8000).view(torch.float32)  # ...x.1000 0000 0000 0000: a tie
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0])
     p = torch.cat([base, halfway, halfway.nextafter(torch.tensor(float("inf"))), special])
     n = p.numel()
     for dt in (torch.bfloat16, torch.float16):
         q = p.clone()
         out = torch.empty(n, dtype=dt)
-        adamw(impl, q, torch.zeros(n), torch.zeros(n), torch.zeros(n), [], out=out, lr=0.0, betas=(0.9, 0.95),
-              eps=1e-8, weight_decay=0.0, step=1, grad_scale=1.0)
+        adamw(
+            impl,
+            q,
+            torch.zeros(n),
+            torch.zeros(n),
+            torch.zeros(n),
+            [],
+            out=out,
+            lr=0.0,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=0.0,
+            step=1,
+            grad_scale=1.0,
+        )
         expect = p.to(dt)
         nan = torch.isnan(expect)
         assert torch.equal(torch.isnan(out), nan)
@@ -100,13 +135,13 @@ def test_found_inf_flag_skips_the_step(impl):
     p, m, v = make(3000, seed=3), torch.ones(3000), torch.ones(3000)
     before = [t.clone() for t in (p, m, v)]
     out = torch.zeros(3000, dtype=torch.bfloat16)
-    adamw(impl, p, make(3000, seed=4), m, v, [(0, 100)], out=out, found_inf=torch.ones(1), step=1,
-          grad_scale=1.0, **HP)
+    adamw(impl, p, make(3000, seed=4), m, v, [(0, 100)], out=out, found_inf=torch.ones(1), step=1, grad_scale=1.0, **HP)
     for a, b in zip((p, m, v), before):
         assert torch.equal(a, b)
     assert not out.any()
-    adamw(impl, p, make(3000, seed=4), m, v, [(0, 100)], out=out, found_inf=torch.zeros(1), step=1,
-          grad_scale=1.0, **HP)
+    adamw(
+        impl, p, make(3000, seed=4), m, v, [(0, 100)], out=out, found_inf=torch.zeros(1), step=1, grad_scale=1.0, **HP
+    )
     assert not torch.equal(p, before[0]) and torch.equal(out, p.to(torch.bfloat16))
 
 
@@ -152,8 +187,9 @@ def test_cpu_kernel_within_one_ulp_of_torch_adamw():
         g = make(50_000, seed=30 + step) * 1e-3
         ref.grad = g.clone()
         opt.step()
-        kernels.fused_adamw_(p, g, m, v, blocks=blocks, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                             step=step)
+        kernels.fused_adamw_(
+            p, g, m, v, blocks=blocks, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, step=step
+        )
         ulp = torch.maximum(ref.detach().abs(), torch.full_like(p, 1e-3)) * 2.0**-23
         assert ((p - ref.detach()).abs() <= 4 * ulp).all()
         assert (p != ref.detach()).float().mean() < 0.5  # most elements bit-equal
@@ -175,9 +211,23 @@ def test_eager_call_and_the_dispatched_op_agree_bit_for_bit():
         if how == "eager":
             kernels.fused_adamw_(p, g, m, v, blocks=blocks, out=out, **hp)
         elif how == "op":
-            torch.ops.zerobench.adamw_(p, g, m, v, out, blocks, None, hp["lr"], *hp["betas"], hp["eps"],
-                                       hp["weight_decay"], hp["step"], hp["grad_scale"])
+            torch.ops.zerobench.adamw_(
+                p,
+                g,
+                m,
+                v,
+                out,
+                blocks,
+                None,
+                hp["lr"],
+                *hp["betas"],
+                hp["eps"],
+                hp["weight_decay"],
+                hp["step"],
+                hp["grad_scale"],
+            )
         else:
+
             def step(p, g, m, v, out):
                 kernels.fused_adamw_(p, g, m, v, blocks=blocks, out=out, **hp)
 

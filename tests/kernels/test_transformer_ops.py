@@ -80,8 +80,25 @@ def _opcheck_cases():
         (ops.causal_softmax_op, (sc, 0.5)),
         (ops.nonfinite_, (make(100), torch.zeros(1))),
         (ops.flat_copy_, (torch.zeros(40), [make(10), make((3, 5))], [0, 16], False)),
-        (ops.adamw_, (make(64), make(64), torch.zeros(64), torch.zeros(64), torch.empty(64, dtype=torch.bfloat16),
-                      kernels.adamw_blocks(64, [(0, 32)], "cpu"), None, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0)),
+        (
+            ops.adamw_,
+            (
+                make(64),
+                make(64),
+                torch.zeros(64),
+                torch.zeros(64),
+                torch.empty(64, dtype=torch.bfloat16),
+                kernels.adamw_blocks(64, [(0, 32)], "cpu"),
+                None,
+                1e-3,
+                0.9,
+                0.95,
+                1e-8,
+                0.1,
+                1,
+                1.0,
+            ),
+        ),
     ]
 
 
@@ -97,7 +114,10 @@ def test_composes_with_torch_compile():
         return kernels.bias_gelu(h, bias, mode="fused").sum()
 
     args = [make((4, 8, 32), seed=i).requires_grad_() for i in range(1)] + [
-        (make(32, seed=2) + 1).requires_grad_(), make(32, seed=3).requires_grad_(), make(32, seed=4).requires_grad_()]
+        (make(32, seed=2) + 1).requires_grad_(),
+        make(32, seed=3).requires_grad_(),
+        make(32, seed=4).requires_grad_(),
+    ]
     eager = block(*args)
     eager_grads = torch.autograd.grad(eager, args)
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)(*args)

@@ -21,7 +21,9 @@ def slurm_env(tmp_path_factory):
     if not have:
         pytest.skip("Slurm is not installed: run tests/setup-tools.sh (as root)")
     env = {**os.environ, "ZB_SLURM_DIR": str(state), "ZB_SLURM_NODES": "2", "ZB_SLURM_CPUS": "8", "ZB_SLURM_GPUS": "2"}
-    r = subprocess.run(["bash", str(REPO / "slurm/local/start.sh")], env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        ["bash", str(REPO / "slurm/local/start.sh")], env=env, capture_output=True, text=True, timeout=900
+    )
     if r.returncode != 0:
         pytest.fail(f"local Slurm did not start: {r.stderr.strip()[-2000:]}")
     env["SLURM_CONF"] = str(state / "slurm.conf")

@@ -36,8 +36,20 @@ def test_scale_400gpu_scaled_down(slurm_env, tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     env = {**slurm_env, "SUITE": str(tmp_path / "tiny.yaml"), "ZEROBENCH_RESULTS": str(tmp_path / "results")}
     # the same script, with the node/task counts of the emulated cluster given on the command line
-    r = run(["sbatch", "--wait", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2",
-             "--cpus-per-task=1", f"--output={tmp_path}/job-%j.out", "slurm/scale_400gpu.sh"], env)
+    r = run(
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            "--gpus-per-node=2",
+            "--cpus-per-task=1",
+            f"--output={tmp_path}/job-%j.out",
+            "slurm/scale_400gpu.sh",
+        ],
+        env,
+    )
     job = r.stdout.strip().split(";")[0]
     assert r.returncode == 0, r.stderr + (tmp_path / f"job-{job}.out").read_text()
     state = run(["scontrol", "show", "job", "-o", job], env).stdout
@@ -66,8 +78,18 @@ runs:
 def test_sweep_with_slurm_launcher(slurm_env, tmp_path):
     (tmp_path / "s.yaml").write_text(SUBMIT)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "zerobench", "sweep", str(tmp_path / "s.yaml"), "--launcher", "slurm",
-           "--out", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "zerobench",
+        "sweep",
+        str(tmp_path / "s.yaml"),
+        "--launcher",
+        "slurm",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, env=slurm_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     cancelled = False
@@ -96,8 +118,14 @@ def test_script_fails_fast_outside_slurm_or_without_suite(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     r = subprocess.run(["bash", "slurm/scale_400gpu.sh"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not inside a Slurm job" in r.stderr
-    r = subprocess.run(["bash", "slurm/scale_400gpu.sh"], env={**env, "SLURM_JOB_ID": "1", "SUITE": "no/such"},
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", "slurm/scale_400gpu.sh"],
+        env={**env, "SLURM_JOB_ID": "1", "SUITE": "no/such"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "suite 'no/such' not found" in r.stderr
     r = subprocess.run(["bash", "slurm/run_one.sh", "x.json"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and "not inside a Slurm job" in r.stderr
@@ -114,8 +142,9 @@ def test_scripts_are_shellcheck_clean():
 
 
 def test_start_is_idempotent(slurm_env):
-    r = subprocess.run(["bash", str(REPO / "slurm/local/start.sh")], env=slurm_env, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        ["bash", str(REPO / "slurm/local/start.sh")], env=slurm_env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "already running" in r.stdout
     info = json.dumps(run(["sinfo", "-h", "-N", "-o", "%N %t"], slurm_env).stdout.split())
     assert "n1" in info and "n2" in info
@@ -141,6 +170,14 @@ def test_sbatch_launcher_runs_a_job_and_reports_how_it_ended(slurm_env, tmp_path
     assert any(r["metric"] == "loss" for r in read_rows(good))
     bad = tmp_path / "bad"
     bad.mkdir()
-    res = launcher.launch(LaunchRequest(to_train_config(RunSpec(dp=2, steps=4, warmup=0)), bad, "bad", 240,
-                                        bad / "run.log", extra_env={FAULT_ENV: "1:1"}))
+    res = launcher.launch(
+        LaunchRequest(
+            to_train_config(RunSpec(dp=2, steps=4, warmup=0)),
+            bad,
+            "bad",
+            240,
+            bad / "run.log",
+            extra_env={FAULT_ENV: "1:1"},
+        )
+    )
     assert not res.ok and res.status == "failed" and "FAILED" in res.reason, res

@@ -7,11 +7,28 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CORE = ("zerobench.models", "zerobench.zero", "zerobench.parallel", "zerobench.distributed", "zerobench.metrics",
-        "kernels")
-HARNESS = ("zerobench.train", "zerobench.baselines", "zerobench.peers", "zerobench.systems", "zerobench.launch",
-           "zerobench.bench", "zerobench.plan", "zerobench.sim", "zerobench.report", "zerobench.results", "zerobench.cli",
-           "zerobench.demo")
+CORE = (
+    "zerobench.models",
+    "zerobench.zero",
+    "zerobench.parallel",
+    "zerobench.distributed",
+    "zerobench.metrics",
+    "kernels",
+)
+HARNESS = (
+    "zerobench.train",
+    "zerobench.baselines",
+    "zerobench.peers",
+    "zerobench.systems",
+    "zerobench.launch",
+    "zerobench.bench",
+    "zerobench.plan",
+    "zerobench.sim",
+    "zerobench.report",
+    "zerobench.results",
+    "zerobench.cli",
+    "zerobench.demo",
+)
 SMALL_FUNCTIONS = ("zerobench/zero", "zerobench/parallel", "zerobench/train")
 
 
@@ -103,6 +120,7 @@ def test_no_import_cycle():
 
 def test_no_cycle_between_packages():
     """Stronger than files: the packages themselves form a DAG (ARCHITECTURE.md's layers)."""
+
     def pkg(m: str) -> str:
         parts = m.split(".")
         return parts[0] if parts[0] == "kernels" or len(parts) == 1 else parts[1]
@@ -118,21 +136,26 @@ def test_no_cycle_between_packages():
 
 def test_no_upward_import_from_the_core_into_the_harness():
     graph = _graph()
-    upward = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith(CORE)
-                    for t in ts if t.startswith(HARNESS))
+    upward = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith(CORE) for t in ts if t.startswith(HARNESS))
     assert upward == []
 
 
 def test_models_are_leaves():
     graph = _graph()
-    out = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith("zerobench.models")
-                 for t in ts if not t.startswith(("zerobench.models", "zerobench.config")))
+    out = sorted(
+        f"{m} -> {t}"
+        for m, ts in graph.items()
+        if m.startswith("zerobench.models")
+        for t in ts
+        if not t.startswith(("zerobench.models", "zerobench.config"))
+    )
     assert out == []
 
 
 def test_no_file_over_300_lines():
-    big = sorted(f"{p.relative_to(REPO)}: {n}" for p in _modules().values()
-                 if (n := len(p.read_text().splitlines())) > 300)
+    big = sorted(
+        f"{p.relative_to(REPO)}: {n}" for p in _modules().values() if (n := len(p.read_text().splitlines())) > 300
+    )
     assert big == []
 
 
@@ -162,15 +185,25 @@ def _mixins() -> list[str]:
     for name in sorted(bases & set(classes)):
         p, cls = classes[name]
         defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        defined |= {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        defined |= {
+            t.id
+            for n in cls.body
+            if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Name)
+        }
         read, assigned = set(), set()
         for node in ast.walk(cls):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
                 (assigned if isinstance(node.ctx, ast.Store) else read).add(node.attr)
         borrowed = read - assigned - defined
-        if borrowed and "__init__" not in defined and not any(
-                isinstance(b, ast.Name) and b.id in ("Protocol", "Exception", "RuntimeError") for b in cls.bases):
+        if (
+            borrowed
+            and "__init__" not in defined
+            and not any(
+                isinstance(b, ast.Name) and b.id in ("Protocol", "Exception", "RuntimeError") for b in cls.bases
+            )
+        ):
             out.append(f"{p.relative_to(REPO)}: {name} reads {sorted(borrowed)[:4]} set elsewhere")
     return out
 

@@ -16,9 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 ROWS = REPO / "results" / "baselines" / "cpu-2core.jsonl"
 
 
-@pytest.mark.parametrize("argv", [["sweep", "{d}"], ["sweep", "{d}", "--check"], ["plan", "--project", "{d}"],
-                                  ["plan", "--dry-run", "--suite", "{d}"], ["sweep", "cpu"]],
-                         ids=["sweep", "sweep --check", "plan --project", "plan --dry-run --suite", "sweep cpu"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "{d}"],
+        ["sweep", "{d}", "--check"],
+        ["plan", "--project", "{d}"],
+        ["plan", "--dry-run", "--suite", "{d}"],
+        ["sweep", "cpu"],
+    ],
+    ids=["sweep", "sweep --check", "plan --project", "plan --dry-run --suite", "sweep cpu"],
+)
 def test_a_suite_that_is_a_directory(argv, tmp_path, capsys):
     (tmp_path / "a.yaml").write_text("name: a\nbase: {preset: tiny}\n")
     code, err = run([a.format(d=tmp_path) for a in argv], capsys)
@@ -70,6 +78,7 @@ def _set(key, value, where=lambda r: True):
         i = next(i for i, r in enumerate(rows) if where(r))
         rows[i][key] = value
         return i
+
     return change
 
 
@@ -94,17 +103,22 @@ def test_rows_with_fields_of_the_wrong_type(case, command, tmp_path, capsys):
 
     def planted(rows):
         line["n"] = change(rows) + 1
+
     rows = _rows_with(tmp_path, planted)
-    argv = {"results show": ["results", "show", str(rows.parent)],
-            "report": ["report", str(rows.parent), "--out", str(tmp_path / "r")],
-            "regress": ["regress", "--baseline", str(ROWS), "--candidate", str(rows.parent)]}[command]
+    argv = {
+        "results show": ["results", "show", str(rows.parent)],
+        "report": ["report", str(rows.parent), "--out", str(tmp_path / "r")],
+        "regress": ["regress", "--baseline", str(ROWS), "--candidate", str(rows.parent)],
+    }[command]
     assert_one_line(*run(argv, capsys), f"{rows}:{line['n']}: not a zerobench result row: {needle}")
 
 
 @pytest.mark.parametrize("command", ["results show", "report", "regress"])
 def test_a_rows_file_that_is_a_directory(command, tmp_path, capsys):
     (tmp_path / "c" / "rows.jsonl").mkdir(parents=True)
-    argv = {"results show": ["results", "show", str(tmp_path / "c")],
-            "report": ["report", str(tmp_path / "c"), "--out", str(tmp_path / "r")],
-            "regress": ["regress", "--baseline", str(ROWS), "--candidate", str(tmp_path / "c")]}[command]
+    argv = {
+        "results show": ["results", "show", str(tmp_path / "c")],
+        "report": ["report", str(tmp_path / "c"), "--out", str(tmp_path / "r")],
+        "regress": ["regress", "--baseline", str(ROWS), "--candidate", str(tmp_path / "c")],
+    }[command]
     assert_one_line(*run(argv, capsys), f"{tmp_path / 'c' / 'rows.jsonl'}: cannot read result rows: Is a directory")

@@ -60,11 +60,12 @@ CASES = [
     (["maxsize", "--budget", "8MiB", "--max-layers", "-3"], "--max-layers: must be >= 1"),
     (["maxsize"], "the following arguments are required: --budget"),
     (["maxsize", "--budget", "8MiB", "--start-layers", "0"], "--start-layers: must be >= 1"),
-    (["profile", "--suite", "gpu/sim_validation", "--out", "/nonexistent/p", "--device", "cuda"],
-     "this machine has no CUDA device"),
+    (
+        ["profile", "--suite", "gpu/sim_validation", "--out", "/nonexistent/p", "--device", "cuda"],
+        "this machine has no CUDA device",
+    ),
     (["profile", "--suite", "cpu/sim_validation", "--out", "/nonexistent/p", "--device", "tpu"], "invalid choice"),
-    (["plan", "--max-size", "--profile", str(CPU_PROFILE), "--gpus", "1"],
-     "the profile has no memory entries"),
+    (["plan", "--max-size", "--profile", str(CPU_PROFILE), "--gpus", "1"], "the profile has no memory entries"),
     (["plan", "--gpu-mem", "1.2.3GB"], "cannot read memory size"),
     (["plan", "--efficiency", "0"], "--efficiency: must be > 0"),
     (["plan", "--efficiency", "nan"], "must be a finite number"),
@@ -116,29 +117,48 @@ def test_bad_suite_value_fails_sweep_check(key, needle, tmp_path, capsys):
 AXES = ("layers", "hidden", "heads", "seq", "steps", "seed", "micro_batch", "grad_accum")
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("name: s\nbase: {preset: tiny}\nbase: {preset: mini}\n", "line 3: key 'base' is given twice"),
-    ("base: {preset: tiny, steps: 2, steps: 3}\n", "line 1: key 'steps' is given twice"),
-    ("base: {layers: " + "[" * 100_000 + "]" * 100_000 + "}\n", "nested more than 32 levels deep"),
-    ("base: {steps: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
-    ("base: {lr: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
-    ("base: {lr: 1.0e+400}\n", "the number 1.0e+400 is beyond the largest float"),
-    ("name: ../../X\nbase: {preset: tiny}\n", "suite name '../../X' is a path"),
-    ("base: {preset: tiny}\naxes: {" + ", ".join(f"{k}: [{', '.join(map(str, range(1, 11)))}]" for k in AXES) + "}\n",
-     "expands to 100,000,000 runs"),
-], ids=["duplicate-top-key", "duplicate-run-key", "100k-deep", "10**400", "10**400-as-float", "1e400", "escaping-name",
-        "10**8-runs"])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("name: s\nbase: {preset: tiny}\nbase: {preset: mini}\n", "line 3: key 'base' is given twice"),
+        ("base: {preset: tiny, steps: 2, steps: 3}\n", "line 1: key 'steps' is given twice"),
+        ("base: {layers: " + "[" * 100_000 + "]" * 100_000 + "}\n", "nested more than 32 levels deep"),
+        ("base: {steps: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
+        ("base: {lr: 1" + "0" * 400 + "}\n", "is out of range (at most 2**63-1)"),
+        ("base: {lr: 1.0e+400}\n", "the number 1.0e+400 is beyond the largest float"),
+        ("name: ../../X\nbase: {preset: tiny}\n", "suite name '../../X' is a path"),
+        (
+            "base: {preset: tiny}\naxes: {"
+            + ", ".join(f"{k}: [{', '.join(map(str, range(1, 11)))}]" for k in AXES)
+            + "}\n",
+            "expands to 100,000,000 runs",
+        ),
+    ],
+    ids=[
+        "duplicate-top-key",
+        "duplicate-run-key",
+        "100k-deep",
+        "10**400",
+        "10**400-as-float",
+        "1e400",
+        "escaping-name",
+        "10**8-runs",
+    ],
+)
 def test_bad_suite_files_are_one_line(text, needle, tmp_path, capsys):
     suite = tmp_path / "s.yaml"
     suite.write_text(text)
     assert_one_line(*run(["sweep", str(suite), "--check"], capsys), needle)
 
 
-@pytest.mark.parametrize("line", ['[1, 2]', '{"a": 1}', '"text"', '3'])
+@pytest.mark.parametrize("line", ["[1, 2]", '{"a": 1}', '"text"', "3"])
 def test_json_lines_that_are_not_rows(line, tmp_path, capsys):
     (tmp_path / "rows.jsonl").write_text(line + "\n")
-    for argv in (["results", "show", str(tmp_path)], ["report", str(tmp_path), "--out", str(tmp_path / "r")],
-                 ["regress", "--baseline", str(tmp_path / "rows.jsonl"), "--candidate", str(tmp_path)]):
+    for argv in (
+        ["results", "show", str(tmp_path)],
+        ["report", str(tmp_path), "--out", str(tmp_path / "r")],
+        ["regress", "--baseline", str(tmp_path / "rows.jsonl"), "--candidate", str(tmp_path)],
+    ):
         assert_one_line(*run(argv, capsys), "not a zerobench result row")
 
 
@@ -191,8 +211,24 @@ def test_the_train_command_builds_its_config_with_the_suite_resolver(monkeypatch
         return real(spec, world_size)
 
     monkeypatch.setattr(spec_mod, "to_train_config", spy)
-    code, err = run(["train", "--pa", "--tp", "2", "--dp", "1", "--steps", "1", "--sp", "--seq", "33",
-                     "--out", str(tmp_path / "o")], capsys)
+    code, err = run(
+        [
+            "train",
+            "--pa",
+            "--tp",
+            "2",
+            "--dp",
+            "1",
+            "--steps",
+            "1",
+            "--sp",
+            "--seq",
+            "33",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert code == 2 and "sequence length 33 is not divisible by TP degree 2" in err  # resolved, then refused
     assert len(seen) == 1 and seen[0].pa and seen[0].tp == 2
     assert to_train_config(RunSpec(pa=True)).activation.checkpoint

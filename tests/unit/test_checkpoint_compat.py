@@ -35,11 +35,14 @@ def test_same_model_round_trips(tmp_path):
     assert not torch.equal(got["0.weight"], engine(8).module[0].weight)
 
 
-@pytest.mark.parametrize(("width", "depth", "message"), [
-    (6, 2, "shape of '1.bias' is (8,), this model's is (6,)"),  # a larger model into a smaller one
-    (8, 3, "it lacks ['2.bias', '2.weight']"),
-    (8, 1, "has parameters this model does not"),
-])
+@pytest.mark.parametrize(
+    ("width", "depth", "message"),
+    [
+        (6, 2, "shape of '1.bias' is (8,), this model's is (6,)"),  # a larger model into a smaller one
+        (8, 3, "it lacks ['2.bias', '2.weight']"),
+        (8, 1, "has parameters this model does not"),
+    ],
+)
 def test_another_model_is_refused(tmp_path, width, depth, message):
     save_checkpoint(engine(8), tmp_path)
     with pytest.raises(CheckpointMismatch) as e:

@@ -32,10 +32,18 @@ def step(e, scale: float = 1.0) -> None:
     e.step()
 
 
-@pytest.mark.parametrize("intervals, n", [
-    ([], 0), ([(0, 4)], 4), ([(0, 4), (4, 6)], 6), ([(0, 4), (2, 6)], 6), ([(2, 6), (0, 4), (0, 4)], 6),
-    ([(0, 10), (2, 3)], 10), ([(0, 2), (5, 7)], 4),
-])
+@pytest.mark.parametrize(
+    "intervals, n",
+    [
+        ([], 0),
+        ([(0, 4)], 4),
+        ([(0, 4), (4, 6)], 6),
+        ([(0, 4), (2, 6)], 6),
+        ([(2, 6), (0, 4), (0, 4)], 6),
+        ([(0, 10), (2, 3)], 10),
+        ([(0, 2), (5, 7)], 4),
+    ],
+)
 def test_coverage_counts_each_element_once(intervals, n):
     assert union_length(intervals) == n
 
@@ -97,8 +105,15 @@ def test_shards_of_two_saves_are_refused(tmp_path):
     meta = json.loads((tmp_path / "c" / "meta.json").read_text())
     shard = torch.load(tmp_path / "c" / "shard-00000.pt", weights_only=True)
     # a second shard written by another save: a legacy checkpoint would show it by its step, a new one by its id
-    other = dict(shard, save_id="0" * 16, shard=1, segments=[], master=torch.empty(0), exp_avg=torch.empty(0),
-                 exp_avg_sq=torch.empty(0))
+    other = dict(
+        shard,
+        save_id="0" * 16,
+        shard=1,
+        segments=[],
+        master=torch.empty(0),
+        exp_avg=torch.empty(0),
+        exp_avg_sq=torch.empty(0),
+    )
     torch.save(other, tmp_path / "c" / "shard-00001.pt")
     meta["num_shards"] = 2
     (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
@@ -128,11 +143,17 @@ def _two_shards(rank: int, world: int, path: str) -> None:
     save_checkpoint(e, path)
 
 
-@pytest.mark.parametrize("damage, words", [
-    (lambda m: m.write_text('{"format": "zerobench-zero-shard/1", "num_'), "meta.json is damaged"),
-    (lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": 10**12})), "is torn: meta.json names"),
-    (lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": "x"})), "num_shards 'x'"),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda m: m.write_text('{"format": "zerobench-zero-shard/1", "num_'), "meta.json is damaged"),
+        (
+            lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": 10**12})),
+            "is torn: meta.json names",
+        ),
+        (lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": "x"})), "num_shards 'x'"),
+    ],
+)
 def test_a_damaged_meta_json_is_one_line_at_once(tmp_path, damage, words):
     save_checkpoint(engine(), tmp_path / "c")
     damage(tmp_path / "c" / "meta.json")
@@ -170,4 +191,5 @@ def test_the_default_tag_counts_skipped_steps(tmp_path):
     assert paths == ["global_step1", "global_step2", "global_step3"] and e.adamw.step_count == 1
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step3"
     assert sorted(get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt", "global_step1")) == sorted(
-        get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt"))
+        get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
+    )

@@ -54,8 +54,10 @@ def test_every_relative_link_resolves(page):
 def test_no_commit_hashes_or_dates(page):
     text = page.read_text()
     found = COMMIT.findall(text) + DATE.findall(text)
-    assert not found, (f"{_rel(page)} holds {found}: state current behaviour; hashes and dates go in the dataset's "
-                       "README under results/reference/ or in commit messages")
+    assert not found, (
+        f"{_rel(page)} holds {found}: state current behaviour; hashes and dates go in the dataset's "
+        "README under results/reference/ or in commit messages"
+    )
 
 
 def test_the_detectors_see_what_they_are_for():
@@ -82,20 +84,27 @@ def test_the_readmes_two_commands_are_what_ci_runs():
     assert len(commands) == 2, commands
     install, tests = commands
     assert shlex.split(install)[-2:] == ["zerobench", "demo"], install
-    ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()
-          if ln.strip() and not ln.startswith(("#", "set ", "cd "))]
+    ci = [
+        ln.strip()
+        for ln in (REPO / ".ci" / "run").read_text().splitlines()
+        if ln.strip() and not ln.startswith(("#", "set ", "cd "))
+    ]
     assert ci == [tests], f".ci/run runs {ci}, the README says {tests}"
 
 
-SIM_ROW = re.compile(r"\| \[[^\]]+\]\(\.\./results/reference/(sim-validation-[\w-]+)/README\.md\) \| ([\d.]+) \| "
-                     r"\**([\d.]+)% / ([\d.]+)%\**")
+SIM_ROW = re.compile(
+    r"\| \[[^\]]+\]\(\.\./results/reference/(sim-validation-[\w-]+)/README\.md\) \| ([\d.]+) \| "
+    r"\**([\d.]+)% / ([\d.]+)%\**"
+)
 
 
 def test_the_simulator_validation_table_states_what_the_rows_give():
     """docs/simulator.md's CPU table, row by row, against each recording's validation.json (which
     tests/unit/test_sim_validation.py recomputes from the rows): the fitted factor and the median and worst error."""
     rows = SIM_ROW.findall((REPO / "docs" / "simulator.md").read_text())
-    recordings = sorted(p.parent.name for p in (REPO / "results" / "reference").glob("sim-validation-cpu-*/validation.json"))
+    recordings = sorted(
+        p.parent.name for p in (REPO / "results" / "reference").glob("sim-validation-cpu-*/validation.json")
+    )
     assert sorted(r[0] for r in rows) == recordings
     for name, factor, median, worst in rows:
         table = json.loads((REPO / "results" / "reference" / name / "validation.json").read_text())

@@ -20,21 +20,35 @@ ZERO2_BF16 = {
     "gradient_clipping": 1.0,
     "bf16": {"enabled": True},
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
-    "zero_optimization": {"stage": 2, "overlap_comm": True, "contiguous_gradients": True,
-                          "reduce_bucket_size": 50_000_000, "allgather_bucket_size": 5e8},
+    "zero_optimization": {
+        "stage": 2,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 50_000_000,
+        "allgather_bucket_size": 5e8,
+    },
 }
 
 
 def test_a_zero2_bf16_config():
     ds = from_deepspeed(ZERO2_BF16, dp=8)
     z = ds.zero
-    assert (z.stage, z.precision, z.bucket_numel, z.overlap_comm, z.clip_grad_norm) == (2, Precision.BF16,
-                                                                                       50_000_000, True, 1.0)
+    assert (z.stage, z.precision, z.bucket_numel, z.overlap_comm, z.clip_grad_norm) == (
+        2,
+        Precision.BF16,
+        50_000_000,
+        True,
+        1.0,
+    )
     assert (ds.micro_batch, z.grad_accum_steps, ds.train_batch) == (4, 2, 64)
     assert (z.optimizer.lr, z.optimizer.betas, z.optimizer.weight_decay) == (3e-4, (0.9, 0.95), 0.1)
     assert z.find_unused_parameters  # DeepSpeed's ignore_unused_parameters defaults to true
-    assert set(ds.ignored) == {"steps_per_print", "wall_clock_breakdown", "zero_optimization.contiguous_gradients",
-                               "zero_optimization.allgather_bucket_size"}
+    assert set(ds.ignored) == {
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "zero_optimization.contiguous_gradients",
+        "zero_optimization.allgather_bucket_size",
+    }
 
 
 def test_deepspeeds_defaults():
@@ -48,27 +62,51 @@ def test_deepspeeds_defaults():
     assert from_deepspeed({**base, "gradient_clipping": 0.5}, dp=2).zero.clip_grad_norm == 0.5
     assert (z2.overlap_comm, z3.overlap_comm, z2.precision, z3.prefetch) == (False, True, Precision.FP32, False)
     assert from_deepspeed(base, dp=1).zero.stage == 0
-    assert not from_deepspeed(base, dp=1).drop_last and from_deepspeed({**base, "dataloader_drop_last": True}, 1).drop_last
+    assert (
+        not from_deepspeed(base, dp=1).drop_last and from_deepspeed({**base, "dataloader_drop_last": True}, 1).drop_last
+    )
 
 
 def test_fp16_loss_scaling():
-    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"},
-           "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
-                    "hysteresis": 2, "min_loss_scale": 1}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW"},
+        "fp16": {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": 12,
+            "loss_scale_window": 500,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
+    }
     z = from_deepspeed(cfg, dp=1).zero
     ls = z.loss_scale
-    assert (z.precision, ls.init_scale, ls.growth_interval, ls.hysteresis, ls.min_scale) == (Precision.FP16, 4096.0,
-                                                                                             500, 2, 1.0)
+    assert (z.precision, ls.init_scale, ls.growth_interval, ls.hysteresis, ls.min_scale) == (
+        Precision.FP16,
+        4096.0,
+        500,
+        2,
+        1.0,
+    )
     assert (ls.rule, ls.consecutive_hysteresis) == (LossScaleRule.DEEPSPEED, False)
     on = from_deepspeed({**cfg, "fp16": {"enabled": True, "consecutive_hysteresis": True}}, dp=1).zero.loss_scale
     assert (on.rule, on.consecutive_hysteresis, on.hysteresis, on.growth_interval, on.init_scale) == (
-        LossScaleRule.DEEPSPEED, True, 2, 1000, 2.0**16)  # DeepSpeed's defaults where a key is absent
+        LossScaleRule.DEEPSPEED,
+        True,
+        2,
+        1000,
+        2.0**16,
+    )  # DeepSpeed's defaults where a key is absent
 
 
 def test_a_static_fp16_loss_scale_skips_overflowing_steps_and_never_moves():
     """DeepSpeed's ``fp16.loss_scale`` > 0: a fixed scale. Its ZeRO optimizers still skip an overflowing step."""
-    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"},
-           "fp16": {"enabled": True, "loss_scale": 128, "initial_scale_power": 12, "hysteresis": 2}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW"},
+        "fp16": {"enabled": True, "loss_scale": 128, "initial_scale_power": 12, "hysteresis": 2},
+    }
     ds = from_deepspeed(cfg, dp=1)
     assert ds.zero.loss_scale.init_scale == 128.0 and set(ds.ignored) == {"fp16.initial_scale_power", "fp16.hysteresis"}
     assert ds.zero.loss_scale.rule is LossScaleRule.STATIC
@@ -80,34 +118,57 @@ def test_a_static_fp16_loss_scale_skips_overflowing_steps_and_never_moves():
 
 def test_offload():
     base = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
-    z = from_deepspeed({**base, "zero_optimization": {
-        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": True},
-        "offload_param": {"device": "cpu"}}}, dp=1).zero
+    z = from_deepspeed(
+        {
+            **base,
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": True},
+                "offload_param": {"device": "cpu"},
+            },
+        },
+        dp=1,
+    ).zero
     assert (z.offload_optimizer, z.nvme_path, z.offload_param) == ("nvme", "/nvme", "cpu")
     legacy = from_deepspeed({**base, "zero_optimization": {"stage": 2, "cpu_offload": True}}, dp=1).zero
     assert legacy.offload_optimizer == "cpu"
 
 
-@pytest.mark.parametrize("given, dp, want", [
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (4, 2, 32)),
-    ({"train_batch_size": 32, "gradient_accumulation_steps": 4}, 4, (2, 4, 32)),
-    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 2, (4, 3, 24)),
-    ({"train_batch_size": 16}, 4, (4, 1, 16)),
-    ({"train_micro_batch_size_per_gpu": 5}, 3, (5, 1, 15)),
-    ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 4}, 2, (3, 4, 24)),
-])
+@pytest.mark.parametrize(
+    "given, dp, want",
+    [
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (4, 2, 32)),
+        ({"train_batch_size": 32, "gradient_accumulation_steps": 4}, 4, (2, 4, 32)),
+        ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 2, (4, 3, 24)),
+        ({"train_batch_size": 16}, 4, (4, 1, 16)),
+        ({"train_micro_batch_size_per_gpu": 5}, 3, (5, 1, 15)),
+        (
+            {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 4},
+            2,
+            (3, 4, 24),
+        ),
+    ],
+)
 def test_the_batch_triple_as_deepspeed_resolves_it(given, dp, want):
     assert batch_sizes(given, dp) == want
 
 
-@pytest.mark.parametrize("cfg, words", [
-    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
-     "train_batch_size 30 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x 2 DP ranks (16)"),
-    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, "not a multiple of train_micro_batch_size_per_gpu"),
-    ({"gradient_accumulation_steps": 2}, "give train_batch_size or train_micro_batch_size_per_gpu"),
-    ({"train_micro_batch_size_per_gpu": "auto"}, "'auto' is filled in by Hugging Face's Trainer"),
-    ({"train_micro_batch_size_per_gpu": 0}, "must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "cfg, words",
+    [
+        (
+            {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
+            "train_batch_size 30 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x 2 DP ranks (16)",
+        ),
+        (
+            {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4},
+            "not a multiple of train_micro_batch_size_per_gpu",
+        ),
+        ({"gradient_accumulation_steps": 2}, "give train_batch_size or train_micro_batch_size_per_gpu"),
+        ({"train_micro_batch_size_per_gpu": "auto"}, "'auto' is filled in by Hugging Face's Trainer"),
+        ({"train_micro_batch_size_per_gpu": 0}, "must be a positive integer, got 0"),
+    ],
+)
 def test_a_batch_that_does_not_add_up_is_one_line(cfg, words):
     with pytest.raises(ConfigError) as e:
         batch_sizes(cfg, 2)
@@ -117,47 +178,63 @@ def test_a_batch_that_does_not_add_up_is_one_line(cfg, words):
 OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
 
 
-@pytest.mark.parametrize("extra, words", [
-    ({"scheduler": {"type": "WarmupCosine"}}, "scheduler.type 'WarmupCosine': unknown"),
-    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}}}, "params for WarmupLR: unknown warmup_steps"),
-    ({"scheduler": {"type": "WarmupDecayLR", "params": {}}}, "params for WarmupDecayLR: missing total_num_steps"),
-    ({"scheduler": {"type": "StepLR", "params": {"gamma": 0.5}}}, "params for StepLR: missing step_size"),
-    ({"scheduler": {"type": "LambdaLR", "params": {}}}, "'LambdaLR' takes a function: build it in code"),
-    ({"scheduler": {"type": "ReduceLROnPlateau"}}, "steps on a metric"),
-    ({"scheduler": {"params": {"warmup_num_steps": 10}}}, "scheduler: give its type"),
-    ({"scheduler": {"type": "WarmupLR", "param": {}}}, "scheduler: unknown param"),
-    ({"scheduler": "WarmupLR"}, "scheduler: must be an object"),
-    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
-     "scheduler.params.warmup_num_steps: 'auto' is filled in by Hugging Face's Trainer"),
-    ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb'"),
-    ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
-    ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
-    ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a number"),
-    ({"fp16": {"enabled": True, "loss_scale": -1}}, "give 0 (dynamic) or a positive static scale"),
-    ({"fp16": {"enabled": True, "loss_scale_window": 0}}, "fp16.loss_scale_window 0: must be >= 1"),
-    ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16.min_loss_scale 0: must be > 0"),
-    ({"fp16": {"enabled": True, "consecutive_hysteresis": "auto"}}, "fp16.consecutive_hysteresis: must be true or"),
-    ({"gradient_clipping": -1}, "gradient_clipping -1: give a positive norm to clip to, or 0 for no clipping"),
-    ({"fp16": {"enabled": "auto"}}, "fp16.enabled: must be true or false, got 'auto' ('auto' is filled in by Hugging"),
-    ({"bf16": {"enabled": "true"}}, "bf16.enabled: must be true or false, got 'true'"),
-    ({"zero_optimization": {"stage": 2, "overlap_comm": "auto"}}, "zero_optimization.overlap_comm: must be true or false"),
-    ({"dataloader_drop_last": 1}, "dataloader_drop_last: must be true or false, got 1"),
-    ({"fp16": {"enabled": True, "loss_scale": "dynamic"}}, "fp16.loss_scale: must be a number"),
-    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enables both bf16 and fp16"),
-    ({"zero_optimization": {"stage": 4}}, "unknown ZeRO stage 4"),
-    ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "quantized weight communication"),
-    ({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 1}}, "zero_optimization.reduce_bucket_sise: unknown"),
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "offload_param.device 'nvme'"),
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}, "partial offload"),
-    ({"gradient_acumulation_steps": 2}, "unknown key 'gradient_acumulation_steps'"),
-    ({"fp16": {"enabled": True, "loss_scale_windw": 100}}, "fp16: unknown loss_scale_windw"),
-    ({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}, "bf16 master weights"),
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": True}}},
-     "zero_optimization.offload_optimizer: unknown pin_memroy"),
-    ({"optimizer": {"type": "AdamW", "param": {"lr": 0.1}}}, "optimizer: unknown param"),
-    ({"communication_data_type": "fp32"}, "reduced in the training dtype"),
-    ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"scheduler": {"type": "WarmupCosine"}}, "scheduler.type 'WarmupCosine': unknown"),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}}},
+            "params for WarmupLR: unknown warmup_steps",
+        ),
+        ({"scheduler": {"type": "WarmupDecayLR", "params": {}}}, "params for WarmupDecayLR: missing total_num_steps"),
+        ({"scheduler": {"type": "StepLR", "params": {"gamma": 0.5}}}, "params for StepLR: missing step_size"),
+        ({"scheduler": {"type": "LambdaLR", "params": {}}}, "'LambdaLR' takes a function: build it in code"),
+        ({"scheduler": {"type": "ReduceLROnPlateau"}}, "steps on a metric"),
+        ({"scheduler": {"params": {"warmup_num_steps": 10}}}, "scheduler: give its type"),
+        ({"scheduler": {"type": "WarmupLR", "param": {}}}, "scheduler: unknown param"),
+        ({"scheduler": "WarmupLR"}, "scheduler: must be an object"),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
+            "scheduler.params.warmup_num_steps: 'auto' is filled in by Hugging Face's Trainer",
+        ),
+        ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb'"),
+        ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
+        ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
+        ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a number"),
+        ({"fp16": {"enabled": True, "loss_scale": -1}}, "give 0 (dynamic) or a positive static scale"),
+        ({"fp16": {"enabled": True, "loss_scale_window": 0}}, "fp16.loss_scale_window 0: must be >= 1"),
+        ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16.min_loss_scale 0: must be > 0"),
+        ({"fp16": {"enabled": True, "consecutive_hysteresis": "auto"}}, "fp16.consecutive_hysteresis: must be true or"),
+        ({"gradient_clipping": -1}, "gradient_clipping -1: give a positive norm to clip to, or 0 for no clipping"),
+        (
+            {"fp16": {"enabled": "auto"}},
+            "fp16.enabled: must be true or false, got 'auto' ('auto' is filled in by Hugging",
+        ),
+        ({"bf16": {"enabled": "true"}}, "bf16.enabled: must be true or false, got 'true'"),
+        (
+            {"zero_optimization": {"stage": 2, "overlap_comm": "auto"}},
+            "zero_optimization.overlap_comm: must be true or false",
+        ),
+        ({"dataloader_drop_last": 1}, "dataloader_drop_last: must be true or false, got 1"),
+        ({"fp16": {"enabled": True, "loss_scale": "dynamic"}}, "fp16.loss_scale: must be a number"),
+        ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enables both bf16 and fp16"),
+        ({"zero_optimization": {"stage": 4}}, "unknown ZeRO stage 4"),
+        ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "quantized weight communication"),
+        ({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 1}}, "zero_optimization.reduce_bucket_sise: unknown"),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "offload_param.device 'nvme'"),
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}, "partial offload"),
+        ({"gradient_acumulation_steps": 2}, "unknown key 'gradient_acumulation_steps'"),
+        ({"fp16": {"enabled": True, "loss_scale_windw": 100}}, "fp16: unknown loss_scale_windw"),
+        ({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}, "bf16 master weights"),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": True}}},
+            "zero_optimization.offload_optimizer: unknown pin_memroy",
+        ),
+        ({"optimizer": {"type": "AdamW", "param": {"lr": 0.1}}}, "optimizer: unknown param"),
+        ({"communication_data_type": "fp32"}, "reduced in the training dtype"),
+        ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor"),
+    ],
+)
 def test_what_zerobench_cannot_honour_is_refused_in_one_line(extra, words):
     with pytest.raises(ConfigError) as e:
         from_deepspeed({**OK, **extra}, dp=1)
@@ -165,8 +242,12 @@ def test_what_zerobench_cannot_honour_is_refused_in_one_line(extra, words):
 
 
 def test_zero_plus_plus_keys_at_deepspeeds_defaults_are_accepted():
-    off = {"zero_quantized_weights": False, "zero_quantized_gradients": False, "zero_hpz_partition_size": 1,
-           "mics_shard_size": -1}
+    off = {
+        "zero_quantized_weights": False,
+        "zero_quantized_gradients": False,
+        "zero_hpz_partition_size": 1,
+        "mics_shard_size": -1,
+    }
     assert from_deepspeed({**OK, "zero_optimization": {"stage": 3, **off}}, dp=1).zero.stage == 3
     for key, on in (("zero_hpz_partition_size", 8), ("mics_shard_size", 8)):
         with pytest.raises(ConfigError, match=f"zero_optimization.{key}: .* is not supported"):
@@ -194,11 +275,17 @@ def test_a_json_file_and_its_faults(tmp_path):
         from_deepspeed(listed, dp=1)
 
 
-@pytest.mark.parametrize("section", [
-    {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_max_lr": 1e-3, "warmup_num_steps": 10}},
-    {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2}},
-    {"type": "CosineAnnealingLR", "params": {"T_max": 50}},  # not DeepSpeed's: torch.optim.lr_scheduler's, as DeepSpeed
-])
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_max_lr": 1e-3, "warmup_num_steps": 10}},
+        {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2}},
+        {
+            "type": "CosineAnnealingLR",
+            "params": {"T_max": 50},
+        },  # not DeepSpeed's: torch.optim.lr_scheduler's, as DeepSpeed
+    ],
+)
 def test_a_scheduler_section_is_read_as_its_type_and_arguments(section):
     spec = from_deepspeed({**OK, "scheduler": section}, dp=2).scheduler
     assert (spec.type, spec.params) == (section["type"], section["params"])
@@ -218,4 +305,6 @@ def test_a_config_without_an_optimizer_says_how_to_give_one():
     for cfg in ({"train_micro_batch_size_per_gpu": 1}, {"train_micro_batch_size_per_gpu": 1, "optimizer": {}}):
         with pytest.raises(ConfigError) as e:
             from_deepspeed(cfg, dp=1)
-        assert str(e.value).startswith("DeepSpeed config has no optimizer: add {\"optimizer\"") and "\n" not in str(e.value)
+        assert str(e.value).startswith('DeepSpeed config has no optimizer: add {"optimizer"') and "\n" not in str(
+            e.value
+        )

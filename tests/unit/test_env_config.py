@@ -11,13 +11,28 @@ from zerobench.zero import Precision, ZeroConfig
 
 def test_torchrun_env():
     e = detect({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "1234"})
-    assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.master_port, e.source) == (3, 8, 1, "n1", 1234, "torchrun")
+    assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.master_port, e.source) == (
+        3,
+        8,
+        1,
+        "n1",
+        1234,
+        "torchrun",
+    )
 
 
 def test_slurm_env():
     # What srun sets in each task of a step (checked on a real Slurm: the batch script has no SLURM_STEP_ID).
-    e = detect({"SLURM_PROCID": "17", "SLURM_NTASKS": "400", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-                "SLURM_JOB_NODELIST": "dgx[007-031]", "SLURM_JOB_ID": "123456"})
+    e = detect(
+        {
+            "SLURM_PROCID": "17",
+            "SLURM_NTASKS": "400",
+            "SLURM_LOCALID": "1",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NODELIST": "dgx[007-031]",
+            "SLURM_JOB_ID": "123456",
+        }
+    )
     assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.source) == (17, 400, 1, "dgx007", "slurm")
     assert e.master_port == 29500 + 3456
 
@@ -27,24 +42,35 @@ def test_torchrun_wins_over_slurm():
     assert e.source == "torchrun" and e.world_size == 2
 
 
-@pytest.mark.parametrize("nodelist,host", [
-    ("node1", "node1"), ("gpu[003-005,9],cpu1", "gpu003"), ("a[1,3]", "a1"), ("x-y[10-12]", "x-y10"),
-])
+@pytest.mark.parametrize(
+    "nodelist,host",
+    [
+        ("node1", "node1"),
+        ("gpu[003-005,9],cpu1", "gpu003"),
+        ("a[1,3]", "a1"),
+        ("x-y[10-12]", "x-y10"),
+    ],
+)
 def test_first_host(nodelist, host):
     assert first_host(nodelist) == host
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"RANK": "5", "WORLD_SIZE": "2"}, "rank 5 is outside a world of 2"),
-    ({"RANK": "-1", "WORLD_SIZE": "2"}, "rank -1 is outside a world of 2"),
-    ({"RANK": "0", "WORLD_SIZE": "0"}, "world size must be >= 1"),
-    ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
-    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3"}, "local rank 3 does not fit rank 1"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT 70000 is not a TCP port"),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n1"}, "not an srun step"),
-    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n1"},
-     "rank 9 is outside a world of 8"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "5", "WORLD_SIZE": "2"}, "rank 5 is outside a world of 2"),
+        ({"RANK": "-1", "WORLD_SIZE": "2"}, "rank -1 is outside a world of 2"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "world size must be >= 1"),
+        ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3"}, "local rank 3 does not fit rank 1"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT 70000 is not a TCP port"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n1"}, "not an srun step"),
+        (
+            {"SLURM_PROCID": "9", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n1"},
+            "rank 9 is outside a world of 8",
+        ),
+    ],
+)
 def test_rank_environment_mistakes_are_refused_before_rendezvous(env, message):
     with pytest.raises(ConfigError) as e:
         detect(env)
@@ -56,8 +82,15 @@ def test_batch_script_with_one_task_is_a_single_process():
 
 
 def test_srun_step_size_is_the_step_s():
-    e = detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "3",
-                "SLURM_JOB_NODELIST": "n1"})
+    e = detect(
+        {
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "8",
+            "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_STEP_ID": "3",
+            "SLURM_JOB_NODELIST": "n1",
+        }
+    )
     assert e.world_size == 2
 
 
@@ -70,13 +103,16 @@ def test_bad_env_value_is_one_line():
         detect({"RANK": "x", "WORLD_SIZE": "2"})
 
 
-@pytest.mark.parametrize("kwargs,msg", [
-    ({"stage": 5}, "unknown ZeRO stage 5"),
-    ({"bucket_numel": 0}, "bucket size"),
-    ({"grad_accum_steps": 0}, "accumulation"),
-    ({"clip_grad_norm": -1.0}, "clip norm"),
-    ({"precision": "fp8"}, "unknown precision 'fp8': choose fp32, bf16 or fp16"),
-])
+@pytest.mark.parametrize(
+    "kwargs,msg",
+    [
+        ({"stage": 5}, "unknown ZeRO stage 5"),
+        ({"bucket_numel": 0}, "bucket size"),
+        ({"grad_accum_steps": 0}, "accumulation"),
+        ({"clip_grad_norm": -1.0}, "clip norm"),
+        ({"precision": "fp8"}, "unknown precision 'fp8': choose fp32, bf16 or fp16"),
+    ],
+)
 def test_zero_config_validation(kwargs, msg):
     with pytest.raises(ConfigError, match=msg):
         ZeroConfig(**kwargs).validate()
@@ -89,7 +125,8 @@ def test_precision_by_its_name_is_the_recipe():
         cfg = ZeroConfig(precision=name)
         cfg.validate()
         assert cfg.precision is Precision(name.lower()) and config_hash(cfg) == config_hash(
-            ZeroConfig(precision=Precision(name.lower())))
+            ZeroConfig(precision=Precision(name.lower()))
+        )
 
 
 def test_config_hash_is_stable_and_sensitive():

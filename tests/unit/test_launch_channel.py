@@ -42,8 +42,9 @@ ch = RankChannel(int(os.environ["{env}"]))
 def start(ends: LauncherEnds, rank: int, body: str) -> subprocess.Popen:
     w = ends.open_for(rank)
     try:
-        return subprocess.Popen([sys.executable, "-c", RANK.format(env=ENV, body=body)], pass_fds=(w,),
-                                env={**os.environ, ENV: str(w)})
+        return subprocess.Popen(
+            [sys.executable, "-c", RANK.format(env=ENV, body=body)], pass_fds=(w,), env={**os.environ, ENV: str(w)}
+        )
     finally:
         os.close(w)
 
@@ -87,8 +88,10 @@ def test_a_failing_rank_line_reaches_the_launcher_when_its_stderr_cannot_be_writ
     ends = LauncherEnds()
     try:
         w = ends.open_for(0)
-        code = ("import os, sys\nfrom zerobench.launch.channel import RankChannel\nfrom zerobench.launch.worker import _say\n"
-                f"sys.exit(_say(RankChannel({w}), 'error: rank 0: No space left on device writing /x', 74))")
+        code = (
+            "import os, sys\nfrom zerobench.launch.channel import RankChannel\nfrom zerobench.launch.worker import _say\n"
+            f"sys.exit(_say(RankChannel({w}), 'error: rank 0: No space left on device writing /x', 74))"
+        )
         with open("/dev/full", "w") as full:  # every write to stderr: ENOSPC
             p = subprocess.run([sys.executable, "-c", code], pass_fds=(w,), stderr=full, timeout=120)
         os.close(w)

@@ -20,9 +20,14 @@ def random_specs(rng: random.Random, n: int, units: bool) -> list[ParamSpec]:
     return specs
 
 
-CASES = [(seed, shards, bucket, align, units)
-         for seed in range(6) for shards in (1, 2, 3, 4, 8) for bucket in (1, 50, 700, 10**9)
-         for align in (1, 16) for units in (False, True)]
+CASES = [
+    (seed, shards, bucket, align, units)
+    for seed in range(6)
+    for shards in (1, 2, 3, 4, 8)
+    for bucket in (1, 50, 700, 10**9)
+    for align in (1, 16)
+    for units in (False, True)
+]
 
 
 @pytest.mark.parametrize("seed,shards,bucket,align,units", CASES)
@@ -98,8 +103,11 @@ def test_an_embedding_gets_its_own_bucket():
     """GPT's tail in backward order: the first block's LayerNorm, the position and token embeddings. The
     token embedding (tied to the head: its gradient is complete only at the very end) is its own bucket,
     unpadded, so it is reduced from its gradient; the small ones before it close their own bucket."""
-    specs = [ParamSpec("blocks.0.ln_1.weight", (768,)), ParamSpec("wpe.weight", (64, 768)),
-             ParamSpec("wte.weight", (16384, 768))]
+    specs = [
+        ParamSpec("blocks.0.ln_1.weight", (768,)),
+        ParamSpec("wpe.weight", (64, 768)),
+        ParamSpec("wte.weight", (16384, 768)),
+    ]
     lay = build_layout(specs, 2, 6_250_000, 16)
     assert [b.params for b in lay.buckets] == [(0, 1), (2,)]
     assert lay.sole_param(1) == lay.params[2] and lay.sole_param(0) is None
@@ -111,10 +119,20 @@ def test_a_blocks_first_layernorm_is_not_a_bucket_of_its_own():
     """A GPT-2 small block in backward order (7.09M elements) over a 6.25M-element bucket: the first
     LayerNorm, last in backward, stays in the block's bucket, so the bucket is ready when the block's backward
     ends and a stage 3 unit is one bucket. A remainder of an eighth of a bucket or more is still cut off."""
-    block = [("mlp.fc2.bias", (768,)), ("mlp.fc2.weight", (768, 3072)), ("mlp.fc1.bias", (3072,)),
-             ("mlp.fc1.weight", (3072, 768)), ("ln_2.bias", (768,)), ("ln_2.weight", (768,)),
-             ("attn.proj.bias", (768,)), ("attn.proj.weight", (768, 768)), ("attn.qkv.bias", (2304,)),
-             ("attn.qkv.weight", (2304, 768)), ("ln_1.bias", (768,)), ("ln_1.weight", (768,))]
+    block = [
+        ("mlp.fc2.bias", (768,)),
+        ("mlp.fc2.weight", (768, 3072)),
+        ("mlp.fc1.bias", (3072,)),
+        ("mlp.fc1.weight", (3072, 768)),
+        ("ln_2.bias", (768,)),
+        ("ln_2.weight", (768,)),
+        ("attn.proj.bias", (768,)),
+        ("attn.proj.weight", (768, 768)),
+        ("attn.qkv.bias", (2304,)),
+        ("attn.qkv.weight", (2304, 768)),
+        ("ln_1.bias", (768,)),
+        ("ln_1.weight", (768,)),
+    ]
     for units in (False, True):
         specs = [ParamSpec(f"blocks.{k}.{n}", s, k if units else 0) for k in (1, 0) for n, s in block]
         lay = build_layout(specs, 2, 6_250_000, 16)

@@ -19,8 +19,13 @@ from zerobench.train.hooks import (
 
 
 def test_rank_settings_come_from_the_given_environment_only():
-    env = {"ZEROBENCH_FAULT": "1:3:raise", "ZEROBENCH_PLANT_DELAY": "0.1:2", "ZEROBENCH_PLANT_BUFFER": "4096",
-           "ZEROBENCH_TURNSTILE": "/tmp/s.sock:a", "ZEROBENCH_TURNSTILE_TIMEOUT": "7"}
+    env = {
+        "ZEROBENCH_FAULT": "1:3:raise",
+        "ZEROBENCH_PLANT_DELAY": "0.1:2",
+        "ZEROBENCH_PLANT_BUFFER": "4096",
+        "ZEROBENCH_TURNSTILE": "/tmp/s.sock:a",
+        "ZEROBENCH_TURNSTILE_TIMEOUT": "7",
+    }
     s = rank_settings(env)
     assert s == RankSettings(Plants("1:3:raise", "0.1:2", 4096), "/tmp/s.sock:a", 7.0)
     assert rank_settings({}) == RankSettings()

@@ -27,8 +27,10 @@ def test_each_rule_grows_the_scale_after_its_own_clean_steps(window):
     """Without an overflow, torch's rule grows after clean steps w, 2w, ...; DeepSpeed's after w+1, 2w+1, ...
     (its count of clean steps since the start, less one, a positive multiple of the window)."""
     n = 12
-    for rule, grows_after in ((LossScaleRule.TORCH, lambda k: k % window == 0),
-                              (LossScaleRule.DEEPSPEED, lambda k: k > 1 and (k - 1) % window == 0)):
+    for rule, grows_after in (
+        (LossScaleRule.TORCH, lambda k: k % window == 0),
+        (LossScaleRule.DEEPSPEED, lambda k: k > 1 and (k - 1) % window == 0),
+    ):
         expected, scale = [], 256.0
         for k in range(1, n + 1):
             scale *= 2 if grows_after(k) else 1
@@ -107,14 +109,23 @@ def test_the_state_dict_carries_every_counter_and_older_shards_still_load():
         assert back.state_dict() == s.state_dict()
     old = {"scale": 512.0, "good_steps": 1, "skipped_steps": 3}  # a shard saved before clean_steps and hysteresis
     back.load_state_dict(old)
-    assert (back.scale, back.good_steps, back.clean_steps, back.skipped_steps, back.hysteresis_left) == (512, 1, 1, 3, 2)
+    assert (back.scale, back.good_steps, back.clean_steps, back.skipped_steps, back.hysteresis_left) == (
+        512,
+        1,
+        1,
+        3,
+        2,
+    )
 
 
-@pytest.mark.parametrize("ls, words", [
-    (LossScaleConfig(growth_interval=0), "growth interval (DeepSpeed's loss_scale_window) must be >= 1"),
-    (LossScaleConfig(min_scale=0.0), "minimum loss scale must be a positive finite number"),
-    (LossScaleConfig(rule="gradscaler"), "unknown loss-scale rule 'gradscaler': choose torch, deepspeed or static"),
-])
+@pytest.mark.parametrize(
+    "ls, words",
+    [
+        (LossScaleConfig(growth_interval=0), "growth interval (DeepSpeed's loss_scale_window) must be >= 1"),
+        (LossScaleConfig(min_scale=0.0), "minimum loss scale must be a positive finite number"),
+        (LossScaleConfig(rule="gradscaler"), "unknown loss-scale rule 'gradscaler': choose torch, deepspeed or static"),
+    ],
+)
 def test_an_invalid_loss_scale_config_is_one_line(ls, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         ZeroConfig(loss_scale=ls).validate()

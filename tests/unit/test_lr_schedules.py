@@ -22,18 +22,55 @@ CASES = [
     ("WarmupDecayLR", {"total_num_steps": 20, "warmup_min_lr": 1e-4, "warmup_num_steps": 5, "warmup_type": "linear"}),
     ("WarmupDecayLR", {"total_num_steps": 4, "warmup_num_steps": 10}),
     ("WarmupCosineLR", {"total_num_steps": 25, "warmup_num_steps": 5}),
-    ("WarmupCosineLR", {"total_num_steps": 25, "warmup_num_steps": 5, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05,
-                        "warmup_type": "linear"}),
+    (
+        "WarmupCosineLR",
+        {
+            "total_num_steps": 25,
+            "warmup_num_steps": 5,
+            "warmup_min_ratio": 0.1,
+            "cos_min_ratio": 0.05,
+            "warmup_type": "linear",
+        },
+    ),
     ("WarmupCosineLR", {"total_num_steps": 3, "warmup_num_steps": 8}),
     ("LRRangeTest", {}),
-    ("LRRangeTest", {"lr_range_test_min_lr": [1e-4, 2e-4], "lr_range_test_step_size": 3,
-                     "lr_range_test_step_rate": 2.5, "lr_range_test_staircase": True}),
+    (
+        "LRRangeTest",
+        {
+            "lr_range_test_min_lr": [1e-4, 2e-4],
+            "lr_range_test_step_size": 3,
+            "lr_range_test_step_rate": 2.5,
+            "lr_range_test_staircase": True,
+        },
+    ),
     ("OneCycle", {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2, "cycle_first_step_size": 6}),
-    ("OneCycle", {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2, "cycle_first_step_size": 5, "cycle_second_step_size": 3,
-                  "cycle_first_stair_count": 2, "cycle_second_stair_count": 3, "decay_step_size": 2,
-                  "decay_lr_rate": 0.5, "decay_mom_rate": 0.1, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}),
-    ("OneCycle", {"cycle_min_lr": [1e-4, 1e-3], "cycle_max_lr": [1e-2, 2e-2], "cycle_first_step_size": 4,
-                  "cycle_momentum": False, "decay_step_size": 3, "decay_lr_rate": 0.2}),
+    (
+        "OneCycle",
+        {
+            "cycle_min_lr": 1e-4,
+            "cycle_max_lr": 1e-2,
+            "cycle_first_step_size": 5,
+            "cycle_second_step_size": 3,
+            "cycle_first_stair_count": 2,
+            "cycle_second_stair_count": 3,
+            "decay_step_size": 2,
+            "decay_lr_rate": 0.5,
+            "decay_mom_rate": 0.1,
+            "cycle_min_mom": 0.85,
+            "cycle_max_mom": 0.95,
+        },
+    ),
+    (
+        "OneCycle",
+        {
+            "cycle_min_lr": [1e-4, 1e-3],
+            "cycle_max_lr": [1e-2, 2e-2],
+            "cycle_first_step_size": 4,
+            "cycle_momentum": False,
+            "decay_step_size": 3,
+            "decay_lr_rate": 0.2,
+        },
+    ),
 ]
 STEPS = 40
 
@@ -87,18 +124,29 @@ def test_get_last_lr_is_what_was_written():
     assert s.get_last_lr() == [0.0, 0.0]  # index -1: warmup_min_lr, which the first optimizer step uses
     s.step()
     s.step()
-    assert s.get_last_lr() == [g["lr"] for g in s.optimizer.param_groups] == pytest.approx([0.01 * math.log(2) / math.log(3)] * 2)
+    assert (
+        s.get_last_lr()
+        == [g["lr"] for g in s.optimizer.param_groups]
+        == pytest.approx([0.01 * math.log(2) / math.log(3)] * 2)
+    )
 
 
-@pytest.mark.parametrize("name, params, words", [
-    ("WarmupLR", {"warmup_type": "cosine"}, "warmup_type 'cosine': give 'log' or 'linear'"),
-    ("WarmupLR", {"warmup_num_steps": 0}, "warmup_num_steps: must be a positive integer"),
-    ("WarmupLR", {"warmup_num_steps": 10.5}, "warmup_num_steps: must be a positive integer"),
-    ("WarmupLR", {"warmup_max_lr": [1e-3, 1e-3, 1e-3]}, "warmup_max_lr: 3 values for 2 param groups"),
-    ("WarmupDecayLR", {"total_num_steps": 0}, "total_num_steps: must be a positive integer"),
-    ("LRRangeTest", {"lr_range_test_step_size": -1}, "lr_range_test_step_size: must be a positive integer"),
-    ("OneCycle", {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "cycle_first_step_size": 0}, "cycle_first_step_size must be > 0"),
-])
+@pytest.mark.parametrize(
+    "name, params, words",
+    [
+        ("WarmupLR", {"warmup_type": "cosine"}, "warmup_type 'cosine': give 'log' or 'linear'"),
+        ("WarmupLR", {"warmup_num_steps": 0}, "warmup_num_steps: must be a positive integer"),
+        ("WarmupLR", {"warmup_num_steps": 10.5}, "warmup_num_steps: must be a positive integer"),
+        ("WarmupLR", {"warmup_max_lr": [1e-3, 1e-3, 1e-3]}, "warmup_max_lr: 3 values for 2 param groups"),
+        ("WarmupDecayLR", {"total_num_steps": 0}, "total_num_steps: must be a positive integer"),
+        ("LRRangeTest", {"lr_range_test_step_size": -1}, "lr_range_test_step_size: must be a positive integer"),
+        (
+            "OneCycle",
+            {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "cycle_first_step_size": 0},
+            "cycle_first_step_size must be > 0",
+        ),
+    ],
+)
 def test_bad_arguments_are_one_line(name, params, words):
     with pytest.raises(ConfigError) as e:
         DEEPSPEED[name](_optimizer(), **params)

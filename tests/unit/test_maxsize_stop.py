@@ -38,8 +38,12 @@ def planted_probes(monkeypatch, outcome):
         if status == "signal":  # SIGTERM arrives as this probe ends well
             sigterm()
             status = "ok"
-        reason = {"ok": "", "oom": "out of memory", "failed": "rank 0 exited with code 1",
-                  "cancelled": f"cancelled ({cancel.requested}): the ranks were stopped" if cancel else ""}[status]
+        reason = {
+            "ok": "",
+            "oom": "out of memory",
+            "failed": "rank 0 exited with code 1",
+            "cancelled": f"cancelled ({cancel.requested}): the ranks were stopped" if cancel else "",
+        }[status]
         return LaunchResult(status == "ok", reason, status, [0], 0.1)
 
     monkeypatch.setattr("zerobench.bench.maxsize.launch_local", launch_local)
@@ -48,11 +52,13 @@ def planted_probes(monkeypatch, outcome):
 
 def cancel_at(layers):
     """A SIGTERM while the probe with ``layers`` runs: the launcher stops its ranks and reports ``cancelled``."""
+
     def outcome(n):
         if n == layers:
             sigterm()  # the handler records it; the launcher stops the ranks
             return "cancelled"
         return "ok"
+
     return outcome
 
 
@@ -100,13 +106,34 @@ def test_sigterm_exits_143_in_one_line_keeping_the_finished_stages_rows(monkeypa
         return real(spec, *args, **kwargs)
 
     monkeypatch.setattr("zerobench.bench.maxsize.search_max_layers", cancelled_at_stage_3)
-    code, err = run(["maxsize", "--budget", "8MiB", "--preset", "tiny", "--dp", "1", "--stage", "0", "3",
-                     "--out", str(tmp_path / "out")], capsys)
+    code, err = run(
+        [
+            "maxsize",
+            "--budget",
+            "8MiB",
+            "--preset",
+            "tiny",
+            "--dp",
+            "1",
+            "--stage",
+            "0",
+            "3",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capsys,
+    )
     lines = err.strip().splitlines()
     assert code == EXIT_CANCELLED == 143, err
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "maxsize stopped at stage 3: cancelled (SIGTERM) during the probe with 1 layers" in lines[0], lines[0]
     assert all(p.exists() for p in cited_paths(lines[0])), lines[0]
     rows = {(r["run_id"], r["metric"]): r["value"] for r in read_rows(tmp_path / "out")}
-    assert rows == {("maxsize-stage0", "max_layers"): 1, ("maxsize-stage0", "max_params"): rows[
-        ("maxsize-stage0", "max_params")]} and rows[("maxsize-stage0", "max_params")] > 0
+    assert (
+        rows
+        == {
+            ("maxsize-stage0", "max_layers"): 1,
+            ("maxsize-stage0", "max_params"): rows[("maxsize-stage0", "max_params")],
+        }
+        and rows[("maxsize-stage0", "max_params")] > 0
+    )

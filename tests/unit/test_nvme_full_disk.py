@@ -62,9 +62,28 @@ def test_a_full_disk_while_a_chunk_is_written_back(tmp_path, monkeypatch):
 
 def test_train_with_nvme_offload_on_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(os, "pwritev", disk_full_after(4096))
-    code, err = run(["train", "--preset", "tiny", "--dp", "1", "--stage", "2", "--steps", "1", "--warmup", "0",
-                     "--offload-optimizer", "nvme", "--nvme-path", str(tmp_path / "nvme"),
-                     "--out", str(tmp_path / "out")], capsys)
+    code, err = run(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--dp",
+            "1",
+            "--stage",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--offload-optimizer",
+            "nvme",
+            "--nvme-path",
+            str(tmp_path / "nvme"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capsys,
+    )
     lines = err.strip().splitlines()
     assert code == 1, err
     assert len(lines) == 1 and "Traceback" not in err, err

@@ -136,14 +136,17 @@ def test_untracked_pauses_the_live_tensor_tracker():
     del a, b, c
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(stage=0, offload_optimizer="cpu"), "use --stage 1, 2 or 3"),
-    (dict(stage=2, offload_optimizer="gpu"), "unknown optimizer offload"),
-    (dict(stage=2, offload_optimizer="cpu", offload_param="cpu"), "needs --stage 3"),
-    (dict(stage=3, offload_param="cpu"), "needs --stage 3 and optimizer offload"),
-    (dict(stage=2, offload_optimizer="nvme"), "needs --nvme-path"),
-    (dict(stage=2, optim_bits=4), "must be 32 or 8"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(stage=0, offload_optimizer="cpu"), "use --stage 1, 2 or 3"),
+        (dict(stage=2, offload_optimizer="gpu"), "unknown optimizer offload"),
+        (dict(stage=2, offload_optimizer="cpu", offload_param="cpu"), "needs --stage 3"),
+        (dict(stage=3, offload_param="cpu"), "needs --stage 3 and optimizer offload"),
+        (dict(stage=2, offload_optimizer="nvme"), "needs --nvme-path"),
+        (dict(stage=2, optim_bits=4), "must be 32 or 8"),
+    ],
+)
 def test_offload_config_errors_are_one_line(kw, msg):
     with pytest.raises(ConfigError, match=msg) as e:
         ZeroConfig(**kw).validate()
@@ -187,12 +190,15 @@ def test_allocators_plain_and_tracked():
         assert tr.current == before
 
 
-@pytest.mark.parametrize(("opt", "param", "want"), [
-    ("none", "none", ("device", "device", "device", False)),
-    ("cpu", "none", ("device", "host", "host", True)),
-    ("nvme", "none", ("device", "host", "nvme", True)),
-    ("cpu", "cpu", ("host", "host", "host", True)),
-])
+@pytest.mark.parametrize(
+    ("opt", "param", "want"),
+    [
+        ("none", "none", ("device", "device", "device", False)),
+        ("cpu", "none", ("device", "host", "host", True)),
+        ("nvme", "none", ("device", "host", "nvme", True)),
+        ("cpu", "cpu", ("host", "host", "host", True)),
+    ],
+)
 def test_placement_from_the_config(opt, param, want):
     from zerobench.zero.config import ZeroConfig
     from zerobench.zero.placement import Placement

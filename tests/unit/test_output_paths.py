@@ -84,24 +84,48 @@ def assert_refused(argv, needle, capsys, flag):
 DIR_CASES = {
     "report --out": (["report", ROWS, "--out", "{out}"], "--out", ("zerobench.report.render", "render")),
     "sweep --out": (["sweep", "cpu/quick", "--out", "{out}"], "--out", ("zerobench.bench.runner", "run_sweep")),
-    "sweep --tensorboard": (["sweep", "cpu/quick", "--out", "{tmp}/o", "--tensorboard", "{out}"], "--tensorboard",
-                            ("zerobench.bench.runner", "run_sweep")),
-    "maxsize --out": (["maxsize", "--budget", "8MiB", "--out", "{out}"], "--out",
-                      ("zerobench.bench.maxsize", "search_max_layers")),
-    "maxsize --probes": (["maxsize", "--budget", "8MiB", "--probes", "{out}"], "--probes",
-                         ("zerobench.bench.maxsize", "search_max_layers")),
-    "bench-kernels --out": (["bench-kernels", "--numel", "1000", "--rounds", "1", "--out", "{out}"], "--out",
-                            ("zerobench.bench.kernels", "run_adamw_bench")),
-    "zero-to-fp32 OUTPUT_DIR": (["zero-to-fp32", "{tmp}", "{out}"], "OUTPUT_DIR",
-                                ("zerobench.zero.export", "convert_zero_checkpoint_to_fp32_state_dict")),
-    "train --tensorboard": (["train", "--dp", "1", "--out", "{tmp}/o", "--tensorboard", "{out}"], "--tensorboard",
-                            ("zerobench.launch.worker", "run_rank")),
+    "sweep --tensorboard": (
+        ["sweep", "cpu/quick", "--out", "{tmp}/o", "--tensorboard", "{out}"],
+        "--tensorboard",
+        ("zerobench.bench.runner", "run_sweep"),
+    ),
+    "maxsize --out": (
+        ["maxsize", "--budget", "8MiB", "--out", "{out}"],
+        "--out",
+        ("zerobench.bench.maxsize", "search_max_layers"),
+    ),
+    "maxsize --probes": (
+        ["maxsize", "--budget", "8MiB", "--probes", "{out}"],
+        "--probes",
+        ("zerobench.bench.maxsize", "search_max_layers"),
+    ),
+    "bench-kernels --out": (
+        ["bench-kernels", "--numel", "1000", "--rounds", "1", "--out", "{out}"],
+        "--out",
+        ("zerobench.bench.kernels", "run_adamw_bench"),
+    ),
+    "zero-to-fp32 OUTPUT_DIR": (
+        ["zero-to-fp32", "{tmp}", "{out}"],
+        "OUTPUT_DIR",
+        ("zerobench.zero.export", "convert_zero_checkpoint_to_fp32_state_dict"),
+    ),
+    "train --tensorboard": (
+        ["train", "--dp", "1", "--out", "{tmp}/o", "--tensorboard", "{out}"],
+        "--tensorboard",
+        ("zerobench.launch.worker", "run_rank"),
+    ),
     "demo --out": (["demo", "--out", "{out}"], "--out", ("zerobench.demo", "run_sweep")),
     "peers --out": (["peers", "--dp", "1", "--out", "{out}"], "--out", ("zerobench.bench.peers", "run_peers")),
-    "regress --ab --out": (["regress", "--ab", "cpu/quick", "--baseline-tree", "{tmp}", "--out", "{out}"], "--out",
-                           ("zerobench.bench.ab", "run_ab")),
-    "train --profile": (["train", "--dp", "1", "--steps", "4", "--warmup", "0", "--out", "{tmp}/o", "--profile",
-                         "{out}"], "--profile", ("zerobench.launch.worker", "run_rank")),
+    "regress --ab --out": (
+        ["regress", "--ab", "cpu/quick", "--baseline-tree", "{tmp}", "--out", "{out}"],
+        "--out",
+        ("zerobench.bench.ab", "run_ab"),
+    ),
+    "train --profile": (
+        ["train", "--dp", "1", "--steps", "4", "--warmup", "0", "--out", "{tmp}/o", "--profile", "{out}"],
+        "--profile",
+        ("zerobench.launch.worker", "run_rank"),
+    ),
 }
 
 
@@ -122,8 +146,7 @@ def test_regress_write_baseline_that_cannot_be_written_is_refused_first(bad_file
 def test_regress_propose_that_cannot_be_written_is_refused_first(bad_file, capsys, monkeypatch):
     monkeypatch.setattr("zerobench.bench.regress.compare", unreached)
     path, needle = bad_file
-    assert_refused(["regress", "--baseline", ROWS, "--candidate", ROWS, "--propose", path], needle, capsys,
-                   "--propose")
+    assert_refused(["regress", "--baseline", ROWS, "--candidate", ROWS, "--propose", path], needle, capsys, "--propose")
 
 
 def test_regress_default_proposal_that_cannot_be_written_is_refused_first(tmp_path, capsys, monkeypatch):
@@ -131,8 +154,9 @@ def test_regress_default_proposal_that_cannot_be_written_is_refused_first(tmp_pa
     (tmp_path / "rows.jsonl").write_bytes(ROWS.read_bytes())
     (tmp_path / "proposed-baseline.jsonl").mkdir()  # planted: as root too, no file can be written there
     monkeypatch.setattr("zerobench.bench.regress.compare", unreached)
-    assert_refused(["regress", "--baseline", ROWS, "--candidate", tmp_path], "is a directory", capsys,
-                   "proposed-baseline.jsonl")
+    assert_refused(
+        ["regress", "--baseline", ROWS, "--candidate", tmp_path], "is a directory", capsys, "proposed-baseline.jsonl"
+    )
 
 
 def test_a_writable_output_is_used_and_the_probe_file_is_gone(tmp_path, capsys):
@@ -142,4 +166,3 @@ def test_a_writable_output_is_used_and_the_probe_file_is_gone(tmp_path, capsys):
     assert [p.name for p in target.parent.iterdir()] == ["base.jsonl"]
     assert all(json.loads(line)["metric"] for line in target.read_text().splitlines())
     capsys.readouterr()
-

@@ -52,12 +52,20 @@ def test_user_groups_are_torch_groups():
     """Missing hyperparameters come from the config, extra keys stay, and decay reaches every parameter of
     a group (its rate may be 0); a plain iterable of parameters is one such group."""
     m = _model()
-    groups = [{"params": [m[0].weight, m[2].weight], "lr": 1e-3, "name": "matrices"},
-              {"params": [*m[1].parameters(), m[2].bias], "weight_decay": 0.0}]
+    groups = [
+        {"params": [m[0].weight, m[2].weight], "lr": 1e-3, "name": "matrices"},
+        {"params": [*m[1].parameters(), m[2].bias], "weight_decay": 0.0},
+    ]
     g = resolve_param_groups(_named(m), groups, CFG)
     assert g.explicit and [p.dim() for p in g.groups[1]["params"]] == [1, 1, 1]
-    assert g.groups[0] == {"params": [m[0].weight, m[2].weight], "lr": 1e-3, "betas": CFG.betas, "eps": CFG.eps,
-                           "weight_decay": CFG.weight_decay, "name": "matrices"}
+    assert g.groups[0] == {
+        "params": [m[0].weight, m[2].weight],
+        "lr": 1e-3,
+        "betas": CFG.betas,
+        "eps": CFG.eps,
+        "weight_decay": CFG.weight_decay,
+        "name": "matrices",
+    }
     assert g.of_param[id(m[2].bias)] == 1 and all(g.decays(p) for p in m.parameters())
     flat = resolve_param_groups(_named(m), m.parameters(), CFG)
     assert len(flat.groups) == 1 and flat.groups[0]["params"] == list(m.parameters())
@@ -70,22 +78,35 @@ def test_frozen_parameters_are_dropped_from_groups():
     assert g.groups[0]["params"] == [m[0].weight, m[2].weight, m[2].bias]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda m: [{"params": [m[0].weight]}, {"params": [m[0].weight, *m[1:].parameters()]}],
-     r"parameter 0.weight is in param_groups\[1\] in param_groups\[0\] too: put each parameter in one group"),
-    (lambda m: [{"params": [m[0].weight, m[0].weight, *m[1:].parameters()]}],
-     r"parameter 0.weight is in param_groups\[0\] twice"),
-    (lambda m: [{"params": [m[0].weight]}],
-     (r"parameter 1.weight requires a gradient but is in no param group \(4 such\): add it to one, or set "
-      r"requires_grad=False")),
-    (lambda m: [{"params": [*m.parameters(), nn.Parameter(torch.ones(5))]}],
-     r"param_groups\[0\] holds a tensor of shape \(5,\) that is not one of the model's trained parameters"),
-    (lambda m: [{"lr": 1.0}], r"param_groups\[0\] has no 'params'"),
-    (lambda m: [], "param_groups is empty"),
-    (lambda m: [{"params": [m[0].weight]}, m[1].weight], "mixes dicts and parameters"),
-    (lambda m: {"params": list(m.parameters())}, "not a single tensor or dict"),
-    (lambda m: [{"params": ["0.weight"]}], r"param_groups\[0\] holds a str, not a parameter"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda m: [{"params": [m[0].weight]}, {"params": [m[0].weight, *m[1:].parameters()]}],
+            r"parameter 0.weight is in param_groups\[1\] in param_groups\[0\] too: put each parameter in one group",
+        ),
+        (
+            lambda m: [{"params": [m[0].weight, m[0].weight, *m[1:].parameters()]}],
+            r"parameter 0.weight is in param_groups\[0\] twice",
+        ),
+        (
+            lambda m: [{"params": [m[0].weight]}],
+            (
+                r"parameter 1.weight requires a gradient but is in no param group \(4 such\): add it to one, or set "
+                r"requires_grad=False"
+            ),
+        ),
+        (
+            lambda m: [{"params": [*m.parameters(), nn.Parameter(torch.ones(5))]}],
+            r"param_groups\[0\] holds a tensor of shape \(5,\) that is not one of the model's trained parameters",
+        ),
+        (lambda m: [{"lr": 1.0}], r"param_groups\[0\] has no 'params'"),
+        (lambda m: [], "param_groups is empty"),
+        (lambda m: [{"params": [m[0].weight]}, m[1].weight], "mixes dicts and parameters"),
+        (lambda m: {"params": list(m.parameters())}, "not a single tensor or dict"),
+        (lambda m: [{"params": ["0.weight"]}], r"param_groups\[0\] holds a str, not a parameter"),
+    ],
+)
 def test_bad_groups_are_one_line(make, message):
     m = _model()
     with pytest.raises(ConfigError, match=message) as e:
@@ -93,9 +114,11 @@ def test_bad_groups_are_one_line(make, message):
     assert "\n" not in str(e.value)
 
 
-GROUP_HYPERS = [AdamWConfig(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
-                AdamWConfig(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0),
-                AdamWConfig(lr=5e-2, betas=(0.5, 0.9), eps=1e-3, weight_decay=0.3)]
+GROUP_HYPERS = [
+    AdamWConfig(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
+    AdamWConfig(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0),
+    AdamWConfig(lr=5e-2, betas=(0.5, 0.9), eps=1e-3, weight_decay=0.3),
+]
 
 
 def _paths():
@@ -130,9 +153,19 @@ def test_the_sharded_step_follows_torch_adamw_per_group(path):
                 spans[c].setdefault(g, []).append((lo - a, hi - a))
     opt = ShardedAdamW(CFG, master, decay, kernel_mode=path, group_spans=spans)
     ref_params = [p.clone().requires_grad_(True) for p in params]
-    ref = torch.optim.AdamW([{"params": [p for p, g in zip(ref_params, group_of) if g == k], "lr": h.lr,
-                              "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay}
-                             for k, h in enumerate(GROUP_HYPERS)], foreach=False)
+    ref = torch.optim.AdamW(
+        [
+            {
+                "params": [p for p, g in zip(ref_params, group_of) if g == k],
+                "lr": h.lr,
+                "betas": h.betas,
+                "eps": h.eps,
+                "weight_decay": h.weight_decay,
+            }
+            for k, h in enumerate(GROUP_HYPERS)
+        ],
+        foreach=False,
+    )
     for _ in range(3):
         grads = [torch.randn(n) for n in sizes]
         gflat = torch.zeros(pos)

@@ -33,8 +33,12 @@ def test_the_no_overlap_candidates_are_zerobench_with_overlap_comm_off_and_judge
     assert (on.system, off.system, on.zero.stage, off.zero.stage) == ("zerobench", "zerobench", 3, 3)
     assert on.zero.overlap_comm and not off.zero.overlap_comm
     assert "zerobench-3-no-overlap" not in PeersConfig().candidates()  # named in --systems only
-    v = {x["candidate"]: x for x in bar([_rec("zerobench-3", 0.9, 110), _rec("zerobench-3-no-overlap", 1.0, 95),
-                                          _rec("fsdp1-full-shard", 1.2, 100)])}
+    v = {
+        x["candidate"]: x
+        for x in bar(
+            [_rec("zerobench-3", 0.9, 110), _rec("zerobench-3-no-overlap", 1.0, 95), _rec("fsdp1-full-shard", 1.2, 100)]
+        )
+    }
     assert v["zerobench-3-no-overlap"]["leanest_peer"] == "fsdp1-full-shard", "zerobench is never its own peer"
     assert v["zerobench-3-no-overlap"]["memory_ok"] and not v["zerobench-3"]["memory_ok"]
 
@@ -72,7 +76,9 @@ def test_only_deepspeed_peers_take_bf16_and_checkpointing():
     with pytest.raises(ConfigError, match="DeepSpeed peers only"):
         validate_run(TrainConfig(system="torch-ddp", dp=1, activation=ckpt))
     with pytest.raises(ConfigError, match="P_a, P_a\\+cpu and M_D are zerobench's"):
-        validate_run(TrainConfig(system="deepspeed-2", dp=1, activation=ActivationConfig(checkpoint=True, contiguous=True)))
+        validate_run(
+            TrainConfig(system="deepspeed-2", dp=1, activation=ActivationConfig(checkpoint=True, contiguous=True))
+        )
     with pytest.raises(ConfigError, match="runs fp32"):
         validate_run(TrainConfig(system="deepspeed-2", dp=1, zero=ZeroConfig(precision=Precision.FP16)))
     cfg = TrainConfig(system="deepspeed-2-offload", dp=1, zero=bf16, activation=ckpt)
@@ -88,8 +94,14 @@ def _rec(c, t, mem):
 
 
 def test_bar_compares_each_stage_with_the_fastest_and_leanest_peer_of_the_same_sharding():
-    recs = [_rec("zerobench-2", 0.9, 100), _rec("fsdp2-no-reshard", 1.2, 90), _rec("deepspeed-2", 1.0, 120),
-            _rec("zerobench-0", 1.0, 200), _rec("torch-ddp", 1.0, 200), _rec("fsdp2", 0.5, 10)]
+    recs = [
+        _rec("zerobench-2", 0.9, 100),
+        _rec("fsdp2-no-reshard", 1.2, 90),
+        _rec("deepspeed-2", 1.0, 120),
+        _rec("zerobench-0", 1.0, 200),
+        _rec("torch-ddp", 1.0, 200),
+        _rec("fsdp2", 0.5, 10),
+    ]
     v = {x["stage"]: x for x in bar(recs)}
     assert v[2]["fastest_peer"] == "deepspeed-2" and v[2]["time_vs_fastest"] == pytest.approx(0.9)
     assert v[2]["speed_ok"] and v[2]["leanest_peer"] == "fsdp2-no-reshard" and not v[2]["memory_ok"]
@@ -151,8 +163,9 @@ def test_a_signal_stops_the_whole_comparison_not_only_the_run_in_progress(tmp_pa
     def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None, cancel=None):
         started.append(run_id)
         cancel.requested = "SIGTERM"  # as the handler would, while the run's ranks are up
-        return LaunchResult(ok=False, reason="cancelled (SIGTERM)", status="cancelled", returncodes=[143],
-                            elapsed_s=0.0)
+        return LaunchResult(
+            ok=False, reason="cancelled (SIGTERM)", status="cancelled", returncodes=[143], elapsed_s=0.0
+        )
 
     monkeypatch.setattr(peers, "launch_local", fake_launch)
     with pytest.raises(Cancelled, match="during r0-torch-ddp"):

@@ -14,8 +14,18 @@ from zerobench.bench.peers import PeersConfig, bar, summarize
 from zerobench.results.rows import read_rows
 
 REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu-h200-2026-11-27"
-SMALL = ("zerobench-0", "zerobench-1", "zerobench-2", "zerobench-3", "torch-ddp", "torch-zero1",
-         "fsdp1-shard-grad-op", "fsdp2-no-reshard", "fsdp1-full-shard", "fsdp2")
+SMALL = (
+    "zerobench-0",
+    "zerobench-1",
+    "zerobench-2",
+    "zerobench-3",
+    "torch-ddp",
+    "torch-zero1",
+    "fsdp1-shard-grad-op",
+    "fsdp2-no-reshard",
+    "fsdp1-full-shard",
+    "fsdp2",
+)
 TINY = ("zerobench-0", "zerobench-3", "torch-ddp", "fsdp1-full-shard", "fsdp2")
 
 
@@ -48,8 +58,11 @@ def _verdicts(recs: dict[str, dict]) -> dict[str, dict]:
 
 def test_the_committed_summaries_are_the_rows_recomputed(small, tiny):
     for name, recs in (("peers-small-dp1", small), ("peers-tiny-dp1", tiny)):
-        got = {(r["candidate"], r["metric"]): r["value"] for r in read_rows(REF / name / "summary")
-               if r["metric"] == "peer_time_vs_torch_ddp"}
+        got = {
+            (r["candidate"], r["metric"]): r["value"]
+            for r in read_rows(REF / name / "summary")
+            if r["metric"] == "peer_time_vs_torch_ddp"
+        }
         assert got == {(c, "peer_time_vs_torch_ddp"): r["time_vs_torch_ddp"] for c, r in recs.items()}
 
 
@@ -62,21 +75,35 @@ def test_a_summary_made_elsewhere_names_the_card_the_runs_ran_on(small, small_ru
 def test_small_device_bound_every_engine_within_three_percent_of_ddp(small):
     """98M parameters, fp32, micro-batch 8 x 512: a 68 ms step of matrix work, where no engine's own cost shows."""
     assert {c: round(r["time_vs_torch_ddp"], 3) for c, r in small.items()} == {
-        "zerobench-0": 1.018, "zerobench-1": 1.011, "zerobench-2": 1.003, "zerobench-3": 1.017, "torch-ddp": 1.0,
-        "torch-zero1": 1.001, "fsdp1-shard-grad-op": 1.025, "fsdp2-no-reshard": 1.016, "fsdp1-full-shard": 1.011,
-        "fsdp2": 1.025}
+        "zerobench-0": 1.018,
+        "zerobench-1": 1.011,
+        "zerobench-2": 1.003,
+        "zerobench-3": 1.017,
+        "torch-ddp": 1.0,
+        "torch-zero1": 1.001,
+        "fsdp1-shard-grad-op": 1.025,
+        "fsdp2-no-reshard": 1.016,
+        "fsdp1-full-shard": 1.011,
+        "fsdp2": 1.025,
+    }
     v = _verdicts(small)
     assert {s: (v[s]["fastest_peer"], round(v[s]["time_vs_fastest"], 3)) for s in v} == {
-        "zerobench-0": ("torch-ddp", 1.018), "zerobench-1": ("torch-zero1", 1.01),
-        "zerobench-2": ("fsdp2-no-reshard", 0.987), "zerobench-3": ("fsdp1-full-shard", 1.006)}
+        "zerobench-0": ("torch-ddp", 1.018),
+        "zerobench-1": ("torch-zero1", 1.01),
+        "zerobench-2": ("fsdp2-no-reshard", 0.987),
+        "zerobench-3": ("fsdp1-full-shard", 1.006),
+    }
     assert small["zerobench-3"]["time_vs_torch_ddp"] <= 1.2  # the issue's stage-3 bar at the small preset
 
 
 def test_small_peak_memory_next_to_the_leanest_peer(small):
     v = _verdicts(small)
     assert {s: (v[s]["leanest_peer"], round(v[s]["memory_vs_leanest"], 3)) for s in v} == {
-        "zerobench-0": ("torch-ddp", 0.996), "zerobench-1": ("torch-zero1", 0.997),
-        "zerobench-2": ("fsdp1-shard-grad-op", 0.994), "zerobench-3": ("fsdp1-full-shard", 1.012)}
+        "zerobench-0": ("torch-ddp", 0.996),
+        "zerobench-1": ("torch-zero1", 0.997),
+        "zerobench-2": ("fsdp1-shard-grad-op", 0.994),
+        "zerobench-3": ("fsdp1-full-shard", 1.012),
+    }
     # FSDP1 switches both sharding strategies to NO_SHARD at a world of 1 (its warning in the runs' logs): the same
     # peak, with no gathered copy of a unit, where stage 3 still gathers its units into buffers of their own
     assert small["fsdp1-full-shard"]["peak_live_bytes"] == small["fsdp1-shard-grad-op"]["peak_live_bytes"]
@@ -88,8 +115,15 @@ def test_small_peak_memory_next_to_the_leanest_peer(small):
 def test_tiny_launch_bound_stage3_ahead_of_fsdp_and_within_the_bar_of_ddp(tiny):
     """The tiny GPT on a GPU: a 4-5 ms step of kernel launches and Python, where each engine's own work shows."""
     assert {c: round(r["time_vs_torch_ddp"], 3) for c, r in tiny.items()} == {
-        "zerobench-0": 1.062, "zerobench-3": 1.14, "torch-ddp": 1.0, "fsdp1-full-shard": 1.875, "fsdp2": 2.116}
+        "zerobench-0": 1.062,
+        "zerobench-3": 1.14,
+        "torch-ddp": 1.0,
+        "fsdp1-full-shard": 1.875,
+        "fsdp2": 2.116,
+    }
     v = _verdicts(tiny)
     assert round(v["zerobench-0"]["time_vs_fastest"], 3) == 1.062 and not v["zerobench-0"]["speed_ok"]
-    assert v["zerobench-3"]["fastest_peer"] == "fsdp1-full-shard" and round(v["zerobench-3"]["time_vs_fastest"], 3) == 0.61
+    assert (
+        v["zerobench-3"]["fastest_peer"] == "fsdp1-full-shard" and round(v["zerobench-3"]["time_vs_fastest"], 3) == 0.61
+    )
     assert all(r["loss_max_abs_diff"] < 1e-6 for r in tiny.values())  # the same training as one process

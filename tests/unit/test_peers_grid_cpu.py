@@ -41,10 +41,14 @@ def verdicts() -> dict[str, dict]:
 
 def test_time_against_the_fastest_peer_of_the_same_sharding(verdicts):
     got = {c: (v["fastest_peer"], round(v["time_vs_fastest"], 3)) for c, v in verdicts.items()}
-    assert got == {"zerobench-0": ("torch-ddp", 0.903), "zerobench-1": ("torch-zero1", 0.944),
-                   "zerobench-2": ("fsdp1-shard-grad-op", 0.828), "zerobench-3": ("fsdp1-full-shard", 0.893),
-                   "zerobench-2-offload": ("deepspeed-2-offload", 0.761),
-                   "zerobench-3-offload": ("deepspeed-3-offload", 0.754)}
+    assert got == {
+        "zerobench-0": ("torch-ddp", 0.903),
+        "zerobench-1": ("torch-zero1", 0.944),
+        "zerobench-2": ("fsdp1-shard-grad-op", 0.828),
+        "zerobench-3": ("fsdp1-full-shard", 0.893),
+        "zerobench-2-offload": ("deepspeed-2-offload", 0.761),
+        "zerobench-3-offload": ("deepspeed-3-offload", 0.754),
+    }
     assert all(v["speed_ok"] for v in verdicts.values())
     assert not verdicts["zerobench-1"]["speed_decided"]  # docs/peers.md says "within noise" for stage 1
 
@@ -65,12 +69,29 @@ def test_stage3_and_ddp_and_overlap_off():
     assert live["zerobench-2-no-overlap"] == 405.9 == round(recs["zerobench-2"]["peak_live_bytes"] / MiB, 1)
 
 
-@pytest.mark.parametrize("name, time", [
-    ("tiny-dp2-all-peers", {"zerobench-0": ("torch-ddp", 0.666), "zerobench-1": ("deepspeed-1", 0.591),
-                            "zerobench-2": ("deepspeed-2", 0.707), "zerobench-3": ("fsdp2", 0.894)}),
-    ("tiny-dp4-all-peers", {"zerobench-0": ("deepspeed-0", 1.049), "zerobench-1": ("deepspeed-1", 0.75),
-                            "zerobench-2": ("deepspeed-2", 0.711), "zerobench-3": ("fsdp1-full-shard", 0.921)}),
-])
+@pytest.mark.parametrize(
+    "name, time",
+    [
+        (
+            "tiny-dp2-all-peers",
+            {
+                "zerobench-0": ("torch-ddp", 0.666),
+                "zerobench-1": ("deepspeed-1", 0.591),
+                "zerobench-2": ("deepspeed-2", 0.707),
+                "zerobench-3": ("fsdp2", 0.894),
+            },
+        ),
+        (
+            "tiny-dp4-all-peers",
+            {
+                "zerobench-0": ("deepspeed-0", 1.049),
+                "zerobench-1": ("deepspeed-1", 0.75),
+                "zerobench-2": ("deepspeed-2", 0.711),
+                "zerobench-3": ("fsdp1-full-shard", 0.921),
+            },
+        ),
+    ],
+)
 def test_tiny_against_every_peer(name, time):
     v = _verdicts(name)
     assert {c: (v[c]["fastest_peer"], round(v[c]["time_vs_fastest"], 3)) for c in time} == time

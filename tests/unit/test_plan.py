@@ -31,8 +31,13 @@ def test_table1_matches_formulas_and_the_paper():
 
 def test_table2_matches_the_paper():
     rows = table2(32e9)
-    paper = [(2, 7.6, 14.4, 128), (4, 15.3, 28.8, 256), (8, 30.6, 57.7, 512), (16, 61.1, 115.4, 1024),
-             (32, 122.3, 230.8, 2048)]
+    paper = [
+        (2, 7.6, 14.4, 128),
+        (4, 15.3, 28.8, 256),
+        (8, 30.6, 57.7, 512),
+        (16, 61.1, 115.4, 1024),
+        (32, 122.3, 230.8, 2048),
+    ]
     for r, (base, pos, posg, posgp) in zip(rows, paper):
         assert r["baseline"] / 1e9 == pytest.approx(base)
         assert r["P_os"] / 1e9 == pytest.approx(pos, abs=0.05)
@@ -85,7 +90,9 @@ def test_max_size_monotone_in_memory_and_dp():
     assert sizes_dp == sorted(sizes_dp) and sizes_dp[0] < sizes_dp[-1]
     ms = max_size(cfg)
     bigger = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=ms["max_layers"] + 1))
-    assert memory_per_gpu(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=ms["max_layers"])))["fits"]
+    assert memory_per_gpu(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=ms["max_layers"])))[
+        "fits"
+    ]
     assert not memory_per_gpu(bigger)["fits"]
 
 

@@ -8,13 +8,22 @@ from zerobench.report.offload import offload_table
 GiB = 2**30
 
 
-def row(run, metric, value, *, system="zerobench", stage=2, offload="none", layers=8, budget=8 * GiB,
-        status="ok", rank=0):
+def row(
+    run, metric, value, *, system="zerobench", stage=2, offload="none", layers=8, budget=8 * GiB, status="ok", rank=0
+):
     return {
-        "run_id": run, "metric": metric, "value": value, "status": status, "rank": rank,
-        "config": {"system": system, "memory_budget_bytes": budget, "preset": "small",
-                   "model": {"layers": layers, "hidden": 64, "heads": 4, "vocab": 128, "seq": 32},
-                   "zero": {"stage": stage, "offload_optimizer": offload, "offload_param": "none"}},
+        "run_id": run,
+        "metric": metric,
+        "value": value,
+        "status": status,
+        "rank": rank,
+        "config": {
+            "system": system,
+            "memory_budget_bytes": budget,
+            "preset": "small",
+            "model": {"layers": layers, "hidden": 64, "heads": 4, "vocab": 128, "seq": 32},
+            "zero": {"stage": stage, "offload_optimizer": offload, "offload_param": "none"},
+        },
         "config_hash": f"{system}-{stage}-{offload}-{layers}-{budget}",
         "provenance": {"hardware": {"class": "gpu-x"}},
     }
@@ -27,15 +36,25 @@ def frame(rows):
 def test_fits_oom_and_medians():
     rows = [
         # zerobench stage 2 with optimizer offload, two repeats: medians of step time and peak
-        *(row(r, m, v, offload="cpu", layers=16) for r, m, v in [
-            ("a", "step_time_s", 1.0), ("b", "step_time_s", 3.0), ("a", "tflops_per_gpu", 40.0),
-            ("b", "tflops_per_gpu", 20.0), ("a", "peak_memory_bytes", 7 * GiB), ("b", "peak_memory_bytes", 7 * GiB),
-            ("a", "host_model_state_bytes", 48 * GiB), ("b", "host_model_state_bytes", 48 * GiB)]),
+        *(
+            row(r, m, v, offload="cpu", layers=16)
+            for r, m, v in [
+                ("a", "step_time_s", 1.0),
+                ("b", "step_time_s", 3.0),
+                ("a", "tflops_per_gpu", 40.0),
+                ("b", "tflops_per_gpu", 20.0),
+                ("a", "peak_memory_bytes", 7 * GiB),
+                ("b", "peak_memory_bytes", 7 * GiB),
+                ("a", "host_model_state_bytes", 48 * GiB),
+                ("b", "host_model_state_bytes", 48 * GiB),
+            ]
+        ),
         row("a", "peak_memory_bytes", 99 * GiB, offload="cpu", layers=16, rank=1),  # rank 1 is not read
         # DeepSpeed ZeRO-Offload ran out of memory at the same size: a status row only
         row("c", "run_status", 0, system="deepspeed-2-offload", layers=16, status="oom", rank=None),
         # no offload, fits at 8 layers
-        row("d", "step_time_s", 0.07, stage=0), row("d", "peak_memory_bytes", 6 * GiB, stage=0),
+        row("d", "step_time_s", 0.07, stage=0),
+        row("d", "peak_memory_bytes", 6 * GiB, stage=0),
         # a run without budget or offload is not this table's
         row("e", "step_time_s", 0.5, budget=None, layers=4),
     ]
@@ -46,7 +65,11 @@ def test_fits_oom_and_medians():
     assert z["device_peak_GiB"] == 7.0 and z["host_states_GiB"] == 48.0 and z["budget_GiB"] == 8.0
     d = t.loc["deepspeed-2-offload"]
     assert d["fits"] == "OOM" and pd.isna(d["step_ms"])
-    assert d["params_B"] == z["params_B"] == pytest.approx((128 * 64 + 32 * 64 + 16 * (12 * 64 * 64 + 13 * 64) + 128) / 1e9)
+    assert (
+        d["params_B"]
+        == z["params_B"]
+        == pytest.approx((128 * 64 + 32 * 64 + 16 * (12 * 64 * 64 + 13 * 64) + 128) / 1e9)
+    )
     assert t.loc["zerobench-0", "step_ms"] == 70
 
 

@@ -7,19 +7,28 @@ from zerobench.report.aggregate import peers_table
 
 def row(cand, metric, value, *, dp, layers, when, commit="9b2b8af0"):
     peers = {"preset": "small", "layers": layers, "hidden": None, "seq": 64, "dp": dp}
-    return {"run_id": "peers-summary", "candidate": cand, "sharding_stage": 3, "metric": metric, "value": value,
-            "status": "ok", "config": {"candidates": [cand, "torch-ddp"], "peers": peers},
-            "config_hash": f"h-{dp}-{layers}", "provenance": {"commit": commit, "timestamp": when,
-                                                               "hardware": {"device": "cpu-x"}}}
+    return {
+        "run_id": "peers-summary",
+        "candidate": cand,
+        "sharding_stage": 3,
+        "metric": metric,
+        "value": value,
+        "status": "ok",
+        "config": {"candidates": [cand, "torch-ddp"], "peers": peers},
+        "config_hash": f"h-{dp}-{layers}",
+        "provenance": {"commit": commit, "timestamp": when, "hardware": {"device": "cpu-x"}},
+    }
 
 
 def test_two_comparisons_in_one_directory_are_two_rows_each_with_its_own_figures():
-    rows = [row("zerobench-3", "peer_peak_live_bytes", 913 * 2**20, dp=2, layers=None, when="2026-11-25T14:16:12"),
-            row("zerobench-3", "peer_time_vs_torch_ddp", 1.17, dp=2, layers=None, when="2026-11-25T14:16:12"),
-            row("zerobench-3", "peer_peak_live_bytes", 553 * 2**20, dp=4, layers=None, when="2026-11-25T14:23:30"),
-            row("zerobench-3", "peer_time_vs_torch_ddp", 1.16, dp=4, layers=None, when="2026-11-25T14:23:30"),
-            # the same command again later: another comparison, though its config hash is the same
-            row("zerobench-3", "peer_peak_live_bytes", 926 * 2**20, dp=2, layers=None, when="2026-11-26T09:00:00")]
+    rows = [
+        row("zerobench-3", "peer_peak_live_bytes", 913 * 2**20, dp=2, layers=None, when="2026-11-25T14:16:12"),
+        row("zerobench-3", "peer_time_vs_torch_ddp", 1.17, dp=2, layers=None, when="2026-11-25T14:16:12"),
+        row("zerobench-3", "peer_peak_live_bytes", 553 * 2**20, dp=4, layers=None, when="2026-11-25T14:23:30"),
+        row("zerobench-3", "peer_time_vs_torch_ddp", 1.16, dp=4, layers=None, when="2026-11-25T14:23:30"),
+        # the same command again later: another comparison, though its config hash is the same
+        row("zerobench-3", "peer_peak_live_bytes", 926 * 2**20, dp=2, layers=None, when="2026-11-26T09:00:00"),
+    ]
     t = peers_table(pd.json_normalize(rows, sep="."))
     assert len(t) == 3
     assert list(t["peak_live_MiB"]) == [913, 553, 926]
@@ -32,7 +41,11 @@ def test_two_comparisons_in_one_directory_are_two_rows_each_with_its_own_figures
 def test_the_speed_verdict_says_when_one_round_cannot_place_it():
     from zerobench.cli.bench import _speed_verdict
 
-    assert _speed_verdict({"speed_ok": True, "speed_decided": False, "time_noise": float("inf")}) == \
-        "yes, one round: spread unknown"  # was "yes, within noise (±inf)" at 0.62 of the peer's time
-    assert _speed_verdict({"speed_ok": False, "speed_decided": False, "time_noise": 0.058}) == "NO, within noise (±0.058)"
+    assert (
+        _speed_verdict({"speed_ok": True, "speed_decided": False, "time_noise": float("inf")})
+        == "yes, one round: spread unknown"
+    )  # was "yes, within noise (±inf)" at 0.62 of the peer's time
+    assert (
+        _speed_verdict({"speed_ok": False, "speed_decided": False, "time_noise": 0.058}) == "NO, within noise (±0.058)"
+    )
     assert _speed_verdict({"speed_ok": True, "speed_decided": True, "time_noise": 0.01}) == "yes"

@@ -39,8 +39,10 @@ def test_smaps_is_parsed_with_names_and_resident_bytes():
 def test_breakdown_splits_by_what_holds_the_pages():
     maps = parse_smaps(SMAPS)
     mib = 1 << 20
-    live = [(0x7F0000000000 + mib, 4 * mib),  # a 4 MiB tensor in the anonymous mapping
-            (0x55D0C0000000, 8 * mib)]  # claims more than the heap has resident: capped at its RSS
+    live = [
+        (0x7F0000000000 + mib, 4 * mib),  # a 4 MiB tensor in the anonymous mapping
+        (0x55D0C0000000, 8 * mib),
+    ]  # claims more than the heap has resident: capped at its RSS
     out = rss_breakdown(maps, live)
     assert set(out) == set(CATEGORIES)
     assert out["tensors"] == 4 * mib + 3 * mib

@@ -103,8 +103,9 @@ def test_a_run_whose_every_step_was_skipped_fails(tmp_path, monkeypatch, capsys)
 
 
 def test_a_run_whose_every_timed_step_was_skipped_fails_without_a_median(tmp_path, monkeypatch, capsys):
-    code, rows, err = _run(tmp_path, monkeypatch, capsys, [6.0, 5.5, 5.5, 5.5], [True, True, False, False],
-                           Precision.FP16, warmup=2)
+    code, rows, err = _run(
+        tmp_path, monkeypatch, capsys, [6.0, 5.5, 5.5, 5.5], [True, True, False, False], Precision.FP16, warmup=2
+    )
     assert code == 1 and "every timed step was skipped" in err and len(err.strip().splitlines()) == 1, err
     assert _one(rows, "run_status")["status"] == "failed"
     assert _one(rows, "skipped_steps")["value"] == 2

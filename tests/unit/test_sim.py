@@ -65,9 +65,13 @@ def test_the_skew_penalty_drops_a_rare_stall_and_keeps_a_skew_most_samples_show(
 
 
 def test_profile_round_trips_through_rows():
-    p = Profile("cpu: test (2 cores)", cores=2, ops={"block_fwd|x": 1e-3},
-                curves={curve_key("all_reduce", 2, 2): Curve(((1024.0, 1e-4), (4096.0, 2e-4)))},
-                linear={"copy|r2": Linear(0.0, 1e-10)})
+    p = Profile(
+        "cpu: test (2 cores)",
+        cores=2,
+        ops={"block_fwd|x": 1e-3},
+        curves={curve_key("all_reduce", 2, 2): Curve(((1024.0, 1e-4), (4096.0, 2e-4)))},
+        linear={"copy|r2": Linear(0.0, 1e-10)},
+    )
     rows = [{**r, "status": "ok", "device": p.device, "cores": 2} for r in p.rows()]
     q = Profile.from_rows(rows)
     assert (q.ops, q.curves, q.linear, q.cores) == (p.ops, p.curves, p.linear, 2)
@@ -77,9 +81,13 @@ def test_profile_round_trips_through_rows():
 
 def test_a_profile_measured_several_times_is_the_median_of_its_measurements():
     def prof(t_op, t_curve, beta):
-        p = Profile("cpu: test (2 cores)", cores=2, ops={"block_fwd|x": t_op},
-                    curves={curve_key("all_reduce", 2, 2): Curve(((1024.0, t_curve), (4096.0, 2 * t_curve)))},
-                    linear={"copy|r2": Linear(0.0, beta)})
+        p = Profile(
+            "cpu: test (2 cores)",
+            cores=2,
+            ops={"block_fwd|x": t_op},
+            curves={curve_key("all_reduce", 2, 2): Curve(((1024.0, t_curve), (4096.0, 2 * t_curve)))},
+            linear={"copy|r2": Linear(0.0, beta)},
+        )
         return [{**r, "status": "ok", "device": p.device, "cores": 2} for r in p.rows()]
 
     q = Profile.from_rows(prof(2e-3, 3e-4, 4e-10) + prof(1e-3, 2e-4, 2e-10) + prof(9e-3, 1e-4, 1e-10))
@@ -90,9 +98,12 @@ def test_a_profile_measured_several_times_is_the_median_of_its_measurements():
 
 def _gloo_profile(device: str, composed: bool) -> list[dict]:
     ar, rs = curve_key("all_reduce", 2, 2), curve_key("reduce_scatter", 2, 2)
-    p = Profile(device, cores=2, curves={ar: Curve(((1024.0, 4e-4), (4096.0, 8e-4))),
-                                         rs: Curve(((1024.0, 2e-4), (4096.0, 6e-4)))},
-                composed={rs: ar} if composed else {})
+    p = Profile(
+        device,
+        cores=2,
+        curves={ar: Curve(((1024.0, 4e-4), (4096.0, 8e-4))), rs: Curve(((1024.0, 2e-4), (4096.0, 6e-4)))},
+        composed={rs: ar} if composed else {},
+    )
     return [{**r, "status": "ok", "device": p.device, "cores": 2} for r in p.rows()]
 
 
@@ -168,7 +179,9 @@ def test_slow_links_are_exposed_at_stage_3_and_prefetch_hides_them():
     fast, slow = (1e-6, 1e-12), (1e-4, 4e-9)
     s2, s3 = _cfg(stage=2, dp=2), _cfg(stage=3, dp=2)
     for c in (s2, s3):
-        assert simulate(c, _profile([c], coll=fast))["step_time_s"] < simulate(c, _profile([c], coll=slow))["step_time_s"]
+        assert (
+            simulate(c, _profile([c], coll=fast))["step_time_s"] < simulate(c, _profile([c], coll=slow))["step_time_s"]
+        )
     slow3 = simulate(s3, _profile([s3], coll=slow))
     assert slow3["breakdown_s"]["dp_comm"] > simulate(s2, _profile([s2], coll=slow))["breakdown_s"]["dp_comm"]
     import dataclasses
@@ -248,9 +261,11 @@ def test_the_unused_check_is_its_own_collective_but_at_stage_0_and_in_runs_recor
     assert checks(s0) == [] and len(checks(s0, own_check_at_stage0=True)) == 1 and len(checks(s1)) == 1
     assert checks(_cfg(stage=1, dp=1)) == []
     stamp = FLAGS_RIDE_SINCE.isoformat()
-    rows = [{"metric": "step_time_s", "run_id": "old", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}},
-            {"metric": "step_time_s", "run_id": "new", "provenance": {"timestamp": stamp}},
-            {"metric": "loss", "run_id": "loss-only", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}}]
+    rows = [
+        {"metric": "step_time_s", "run_id": "old", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}},
+        {"metric": "step_time_s", "run_id": "new", "provenance": {"timestamp": stamp}},
+        {"metric": "loss", "run_id": "loss-only", "provenance": {"timestamp": "2026-11-25T21:38:03+00:00"}},
+    ]
     assert recorded_before_flags_rode(rows) == {"old"}
 
 

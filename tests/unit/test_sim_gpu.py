@@ -68,6 +68,7 @@ def test_the_engines_host_work_hides_behind_the_device_until_step_reads_a_result
 def test_a_group_of_one_copies_where_the_engine_has_two_buffers():
     """At DP 1 stage 2 reduce-scatters each bucket into its own gradient shard, stage 3 also gathers every unit
     into a full buffer before forward and before backward; stages 0-1 move nothing (``collectives.py``)."""
+
     def copies(stage):
         c = _cfg(stage=stage)
         tasks = simulate(c, _gpu_profile([c]))["timeline"].tasks
@@ -211,9 +212,30 @@ def test_the_first_round_was_profiled_before_warm_up_and_stream_timed_copies():
 def test_the_planner_solves_max_size_from_a_recorded_profile(capsys):
     from zerobench.cli import main
 
-    args = ["plan", "--max-size", "--profile", str(GPU_REF / "profile-3"), "--hidden", "2048", "--heads", "16",
-            "--vocab", "50304", "--seq", "1024", "--micro-batch", "8", "--precision", "bf16", "--stage", "2",
-            "--gpu-mem", "24GiB", "--bucket-size", "6250000"]
+    args = [
+        "plan",
+        "--max-size",
+        "--profile",
+        str(GPU_REF / "profile-3"),
+        "--hidden",
+        "2048",
+        "--heads",
+        "16",
+        "--vocab",
+        "50304",
+        "--seq",
+        "1024",
+        "--micro-batch",
+        "8",
+        "--precision",
+        "bf16",
+        "--stage",
+        "2",
+        "--gpu-mem",
+        "24GiB",
+        "--bucket-size",
+        "6250000",
+    ]
     assert main([*args, "--gpus", "1"]) == 0
     assert "max size: 15 layers" in capsys.readouterr().out
     assert main([*args, "--gpus", "4"]) == 0
@@ -234,7 +256,9 @@ def test_the_reports_validation_table_carries_the_memory_columns(tmp_path):
     V.write_rows(tmp_path, recs, prof, "round-3")
     t = sim_validation_table(load(tmp_path)).set_index("run")
     assert len(t) == 10 and t.loc["004-1.3b-s0", "measured_peak_MiB"] == 37226
-    assert t["memory_ratio"].between(0.99, 1.0).all() and t.loc["004-1.3b-s0", "ratio"] == pytest.approx(1.023, abs=1e-3)
+    assert t["memory_ratio"].between(0.99, 1.0).all() and t.loc["004-1.3b-s0", "ratio"] == pytest.approx(
+        1.023, abs=1e-3
+    )
 
 
 # -- the recorded H100 rounds: both sizes device-bound (suites/gpu/sim_device_bound.yaml) --------------------
@@ -271,8 +295,20 @@ def test_maxsize_on_the_h100_agrees_with_the_planner_from_its_profile():
     rows = {r["metric"]: r for r in read_rows(H100_REF / "maxsize")}
     probe = {r["metric"]: r["value"] for r in read_rows(H100_REF / "maxsize" / "probes" / "probe-15")}
     layers = rows["max_layers"]["value"]
-    cfg = to_train_config(RunSpec(preset="small", hidden=2048, heads=16, vocab=50304, seq=1024, micro_batch=8,
-                                  precision="bf16", stage=2, bucket_size=6_250_000, layers=layers))
+    cfg = to_train_config(
+        RunSpec(
+            preset="small",
+            hidden=2048,
+            heads=16,
+            vocab=50304,
+            seq=1024,
+            micro_batch=8,
+            precision="bf16",
+            stage=2,
+            bucket_size=6_250_000,
+            layers=layers,
+        )
+    )
     prof = Profile.from_rows(read_rows(H100_REF / "profile-1"))
     assert max_layers(cfg, prof, 24 * 2**30) == layers == 15
     assert rows["max_params"]["value"] == probe["num_params"] == 860_497_920

@@ -29,8 +29,10 @@ def test_the_fit_reproduces_its_anchor_and_nothing_else_is_fitted(convention):
     a = P.ANCHORS[0]
     assert a.fitted and not any(x.fitted for x in P.ANCHORS[1:])
     assert a.run["gpus"] == 1 and "ZeRO" not in a.what  # one GPU, no ZeRO: one factor from a non-ZeRO point
-    again = P._sim({**P._MEGATRON_BASE, **a.run},
-                   StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]), P.PAPER_STACK))
+    again = P._sim(
+        {**P._MEGATRON_BASE, **a.run},
+        StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]), P.PAPER_STACK),
+    )
     assert P._value(again, a.kind, convention) == pytest.approx(a.value, rel=1e-9)
     assert prof.dev.compute_scale == fit["value"] and 0.5 < fit["value"] < 2
 
@@ -92,10 +94,14 @@ def test_a_stated_profile_predicts_a_paper_suite():
 
 
 @pytest.mark.slow  # the fixture simulates every paper point (~50 s on 2 cores)
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 59's bar on the paper's claims is not met, and no cost the model names explains the misses: the 8B-100B "
-    "average +18.7% and the speedup at 170B -16.7% (point claims beyond 15%), Megatron-LM at MP 32 across two "
-    "DGX-2 +212% ('about 5'), and Fig 4's DDP baseline at 26 TFLOP/s does not hold 'less than 20'"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 59's bar on the paper's claims is not met, and no cost the model names explains the misses: the 8B-100B "
+        "average +18.7% and the speedup at 170B -16.7% (point claims beyond 15%), Megatron-LM at MP 32 across two "
+        "DGX-2 +212% ('about 5'), and Fig 4's DDP baseline at 26 TFLOP/s does not hold 'less than 20'"
+    ),
+)
 def test_every_bound_holds_and_every_point_claim_is_within_15_percent(predicted):
     hw = predicted["conventions"]["hardware"]
     for c in hw["claims"]:

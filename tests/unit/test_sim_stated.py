@@ -11,8 +11,9 @@ from zerobench.sim.gpu_costs import StatedProfile
 from zerobench.sim.stated import DEVICES
 
 DGX2 = StatedProfile(DEVICES["v100-dgx2"])
-SHAPE = dict(b=8, s=1024, h=8192, heads=64, vocab=51200, tp=1, dtype="fp16", kernels="auto", checkpoint=False,
-             ranks=1, threads=1)
+SHAPE = dict(
+    b=8, s=1024, h=8192, heads=64, vocab=51200, tp=1, dtype="fp16", kernels="auto", checkpoint=False, ranks=1, threads=1
+)
 
 
 def test_every_stated_figure_names_its_source():
@@ -21,14 +22,17 @@ def test_every_stated_figure_names_its_source():
             assert dev.sources.get(name), f"{dev.name}: {name} has no source"
 
 
-@pytest.mark.parametrize("group,dim,tp,per_node,nodes,busbw", [
-    (25, "dp", 16, 1, 25, 6e9),     # the paper's MP 16: 16 DP rings share a DGX-2's 8 x 12 GB/s
-    (128, "dp", 1, 16, 8, 96e9),    # DP only: one group per node has all of its cards
-    (100, "dp", 4, 4, 25, 24e9),    # MP 4: four groups share the cards
-    (16, "tp", 16, 16, 1, 130e9),   # MP inside the node: NVSwitch
-    (32, "tp", 32, 16, 2, 96e9),    # MP across two nodes
-    (4, "dp", 4, 4, 1, 130e9),      # a 16-GPU world fits in one node
-])
+@pytest.mark.parametrize(
+    "group,dim,tp,per_node,nodes,busbw",
+    [
+        (25, "dp", 16, 1, 25, 6e9),  # the paper's MP 16: 16 DP rings share a DGX-2's 8 x 12 GB/s
+        (128, "dp", 1, 16, 8, 96e9),  # DP only: one group per node has all of its cards
+        (100, "dp", 4, 4, 25, 24e9),  # MP 4: four groups share the cards
+        (16, "tp", 16, 16, 1, 130e9),  # MP inside the node: NVSwitch
+        (32, "tp", 32, 16, 2, 96e9),  # MP across two nodes
+        (4, "dp", 4, 4, 1, 130e9),  # a 16-GPU world fits in one node
+    ],
+)
 def test_placement_and_bus_bandwidth_on_a_dgx2(group, dim, tp, per_node, nodes, busbw):
     assert DGX2.placement(group, dim, tp) == (per_node, nodes)
     assert DGX2.bus_bandwidth(group, dim, tp) == pytest.approx(busbw)
@@ -95,7 +99,8 @@ def test_flash_attention_never_touches_the_scores():
     eff = flash.stack.attention.fwd_eff["a100"]
     assert fwd == pytest.approx(flash.gemm.launch_s + 2 * b * s * s * h / (a100.peak_flops * eff))
     assert (bwd - flash.gemm.launch_s) / (fwd - flash.gemm.launch_s) == pytest.approx(
-        2.5 * eff / flash.stack.attention.bwd_eff["a100"])
+        2.5 * eff / flash.stack.attention.bwd_eff["a100"]
+    )
 
 
 def test_tensor_parallel_shards_the_compute():
@@ -129,10 +134,20 @@ def test_stated_devices_are_frozen_data():
 
 
 # (b, m, n, k, TFLOP/s) from XLA's measured sm_90 bf16 matmul table (the GEMM model's source, zerobench/sim/gemm.py)
-XLA_H100 = ((1, 4096, 4096, 4096, 783.3), (2, 4096, 4096, 4096, 807.7), (1, 2048, 2048, 2048, 632.0),
-            (1, 4096, 4096, 256, 392.2), (1, 4096, 1024, 1024, 488.1), (4, 1024, 2048, 2048, 712.7),
-            (1, 256, 2048, 256, 41.8), (1, 512, 256, 256, 11.5), (2, 512, 512, 2048, 216.5),
-            (1, 4096, 512, 4096, 650.0), (1, 256, 4096, 4096, 412.0), (1, 1024, 256, 1024, 68.3))
+XLA_H100 = (
+    (1, 4096, 4096, 4096, 783.3),
+    (2, 4096, 4096, 4096, 807.7),
+    (1, 2048, 2048, 2048, 632.0),
+    (1, 4096, 4096, 256, 392.2),
+    (1, 4096, 1024, 1024, 488.1),
+    (4, 1024, 2048, 2048, 712.7),
+    (1, 256, 2048, 256, 41.8),
+    (1, 512, 256, 256, 11.5),
+    (2, 512, 512, 2048, 216.5),
+    (1, 4096, 512, 4096, 650.0),
+    (1, 256, 4096, 4096, 412.0),
+    (1, 1024, 256, 1024, 68.3),
+)
 
 
 def test_the_gemm_model_reproduces_its_published_benchmark():
@@ -163,8 +178,21 @@ def test_a_wider_gradient_reduction_moves_more_bytes():
     from zerobench.sim.paper import train_config
     from zerobench.sim.simulate import simulate
 
-    cfg = train_config(dict(layers=4, hidden=1024, heads=16, vocab=50368, seq=2048, gpus=64, tp=1, micro_batch=1,
-                            precision="bf16", stage=3, bucket_size=None))
+    cfg = train_config(
+        dict(
+            layers=4,
+            hidden=1024,
+            heads=16,
+            vocab=50368,
+            seq=2048,
+            gpus=64,
+            tp=1,
+            micro_batch=1,
+            precision="bf16",
+            stage=3,
+            bucket_size=None,
+        )
+    )
     dev = DEVICES["h100-dgx"]
     busy = {g: simulate(cfg, StatedProfile(dev, grad_elem=g))["busy_s"]["dp"] for g in (None, 4)}
     assert busy[4] > busy[None]

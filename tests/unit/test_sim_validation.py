@@ -26,9 +26,14 @@ from zerobench.sim.profile import Profile
 
 REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
 REF = REFS / "sim-validation-cpu-2core"
-STATISTIC = {"sim-validation-cpu-2core": "median", "sim-validation-cpu-2core-xeon": "median",
-             "sim-validation-cpu-2core-xeon-mean": "mean", "sim-validation-cpu-2core-xeon-insitu": "mean",
-             "sim-validation-cpu-2core-xeon-4": "mean", "sim-validation-cpu-2core-xeon-5": "mean"}
+STATISTIC = {
+    "sim-validation-cpu-2core": "median",
+    "sim-validation-cpu-2core-xeon": "median",
+    "sim-validation-cpu-2core-xeon-mean": "mean",
+    "sim-validation-cpu-2core-xeon-insitu": "mean",
+    "sim-validation-cpu-2core-xeon-4": "mean",
+    "sim-validation-cpu-2core-xeon-5": "mean",
+}
 """Each recording and what its profile's entries are of their samples."""
 HOSTS = tuple(STATISTIC)
 
@@ -83,8 +88,9 @@ CURRENT = ("sim-validation-cpu-2core-xeon-insitu", "sim-validation-cpu-2core-xeo
 _MISSED = pytest.mark.xfail(strict=True, reason="issue 22's CPU bar is missed on this recording: see docs/simulator.md")
 
 
-@pytest.mark.parametrize("recorded", [h if h in MEETS_BAR else pytest.param(h, marks=_MISSED) for h in HOSTS],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "recorded", [h if h in MEETS_BAR else pytest.param(h, marks=_MISSED) for h in HOSTS], indirect=True
+)
 def test_issue_22_cpu_bar(recorded):
     s = V.summarize(recorded[2])
     assert s["runs"] >= 24 and s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25
@@ -99,8 +105,14 @@ def test_issue_22_median_bar_is_met_on_every_recording_of_the_current_profiler(r
 
 
 def _step_row(run_id: str, value: float, config: dict, config_hash: str) -> dict:
-    return {"metric": "step_time_s", "status": "ok", "value": value, "run_id": run_id, "config": config,
-            "config_hash": config_hash}
+    return {
+        "metric": "step_time_s",
+        "status": "ok",
+        "value": value,
+        "run_id": run_id,
+        "config": config,
+        "config_hash": config_hash,
+    }
 
 
 def test_a_run_measured_in_several_rounds_is_its_median():

@@ -15,8 +15,12 @@ from zerobench.zero.staging import SMALL_STAGING, StagingBuckets
 
 @pytest.fixture
 def stage():
-    specs = [ParamSpec("a", (3000,), 0), ParamSpec("b", (3000,), 0), ParamSpec("c", (40,), 1),
-             ParamSpec("d", (6000,), 2)]
+    specs = [
+        ParamSpec("a", (3000,), 0),
+        ParamSpec("b", (3000,), 0),
+        ParamSpec("c", (40,), 1),
+        ParamSpec("d", (6000,), 2),
+    ]
     layout = build_layout(specs, 2, 6000, 8)
     assert [b.params for b in layout.buckets] == [(0, 1), (2,), (3,)]
     return StagingBuckets(layout, torch.float32, torch.device("cpu"))

@@ -34,9 +34,13 @@ def _setup(bucket_numel: int, keep_full: bool = False, max_inflight: int = 2):
     slots: dict[str, ParamSlot] = {s.name: s for s in layout.params}
     zparams = [SimpleNamespace(param=p, slot=slots[n]) for n, p in named.items()]
     events: list[str] = []
-    grads = SimpleNamespace(keep_full=keep_full, max_inflight=max_inflight, layout=layout,
-                            stage=SimpleNamespace(large=held_back(layout)),
-                            wait_inflight=lambda: events.append("wait"))
+    grads = SimpleNamespace(
+        keep_full=keep_full,
+        max_inflight=max_inflight,
+        layout=layout,
+        stage=SimpleNamespace(large=held_back(layout)),
+        wait_inflight=lambda: events.append("wait"),
+    )
     model.wte.weight.register_post_accumulate_grad_hook(lambda p: events.append("landed"))
     return model, zparams, grads, events
 

@@ -27,9 +27,13 @@ def test_one_group_with_the_config_as_defaults():
 
 def test_groups_step_with_their_own_hyperparameters_and_the_config_fills_the_rest():
     a, b = torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))
-    opt = ZeroOptimizer(None, [{"params": [a], "lr": 1e-3}, {"params": [b], "weight_decay": 0.0, "betas": [0.8, 0.9]}], CFG)
-    assert opt.hyper() == [AdamWConfig(lr=1e-3, betas=CFG.betas, eps=CFG.eps, weight_decay=CFG.weight_decay),
-                           AdamWConfig(lr=CFG.lr, betas=(0.8, 0.9), eps=CFG.eps, weight_decay=0.0)]
+    opt = ZeroOptimizer(
+        None, [{"params": [a], "lr": 1e-3}, {"params": [b], "weight_decay": 0.0, "betas": [0.8, 0.9]}], CFG
+    )
+    assert opt.hyper() == [
+        AdamWConfig(lr=1e-3, betas=CFG.betas, eps=CFG.eps, weight_decay=CFG.weight_decay),
+        AdamWConfig(lr=CFG.lr, betas=(0.8, 0.9), eps=CFG.eps, weight_decay=0.0),
+    ]
     opt.param_groups[1]["lr"] = 2.0
     assert [h.lr for h in opt.hyper()] == [1e-3, 2.0]
 
@@ -64,20 +68,35 @@ def test_one_cycle_momentum_schedules_write_betas():
     assert h.betas[0] == pytest.approx(0.95) and h.betas[1] == 0.95 and h.lr == pytest.approx(4e-5)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("lr", -1.0, "param_groups[0]['lr'] must be a finite number >= 0, got -1.0"),
-    ("lr", float("inf"), "param_groups[0]['lr'] must be a finite number >= 0, got inf"),
-    ("weight_decay", -0.1, "param_groups[0]['weight_decay'] must be a finite number >= 0, got -0.1"),
-    ("eps", 0.0, "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 0.0, betas (0.9, 0.95)"),
-    ("betas", (0.9, 1.0), "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 1e-08, betas (0.9, 1.0)"),
-    ("lr", "fast", "param_groups[0] needs numbers for lr, betas, eps, weight_decay (betas a pair): ValueError"),
-    # torch.optim.AdamW's switches that would change the update were silently ignored before
-    ("amsgrad", True, ("param_groups[0]['amsgrad']=True: the ZeRO engine's AdamW has no amsgrad variant "
-                      "(torch.optim.AdamW's default amsgrad=False); drop the key")),
-    ("maximize", True, "param_groups[0]['maximize']=True: the ZeRO engine's AdamW has no maximize variant"),
-    ("decoupled_weight_decay", False, ("param_groups[0]['decoupled_weight_decay']=False: the ZeRO engine's AdamW has "
-                                      "no decoupled_weight_decay variant")),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("lr", -1.0, "param_groups[0]['lr'] must be a finite number >= 0, got -1.0"),
+        ("lr", float("inf"), "param_groups[0]['lr'] must be a finite number >= 0, got inf"),
+        ("weight_decay", -0.1, "param_groups[0]['weight_decay'] must be a finite number >= 0, got -0.1"),
+        ("eps", 0.0, "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 0.0, betas (0.9, 0.95)"),
+        ("betas", (0.9, 1.0), "param_groups[0] needs eps > 0 and betas in [0, 1), got eps 1e-08, betas (0.9, 1.0)"),
+        ("lr", "fast", "param_groups[0] needs numbers for lr, betas, eps, weight_decay (betas a pair): ValueError"),
+        # torch.optim.AdamW's switches that would change the update were silently ignored before
+        (
+            "amsgrad",
+            True,
+            (
+                "param_groups[0]['amsgrad']=True: the ZeRO engine's AdamW has no amsgrad variant "
+                "(torch.optim.AdamW's default amsgrad=False); drop the key"
+            ),
+        ),
+        ("maximize", True, "param_groups[0]['maximize']=True: the ZeRO engine's AdamW has no maximize variant"),
+        (
+            "decoupled_weight_decay",
+            False,
+            (
+                "param_groups[0]['decoupled_weight_decay']=False: the ZeRO engine's AdamW has "
+                "no decoupled_weight_decay variant"
+            ),
+        ),
+    ],
+)
 def test_bad_values_are_one_line(key, value, message):
     opt = optimizer()
     opt.param_groups[0][key] = value

@@ -24,18 +24,28 @@ def test_owners_shared_and_external():
     got = assign_units(m, [m.a, m.b, m.c], resolve_external(m, ["b.weight", m.b.bias]))
     owner = {n: got.unit_of.get(id(p), 0) for n, p in got.named}
     assert got.units == [m.a, m.c]  # b holds only external parameters: dropped
-    assert owner == {"a.weight": 0, "a.bias": 1, "b.weight": 0, "b.bias": 0, "head.weight": 0, "head.bias": 0,
-                     "c.bias": 2}
+    assert owner == {
+        "a.weight": 0,
+        "a.bias": 1,
+        "b.weight": 0,
+        "b.bias": 0,
+        "head.weight": 0,
+        "head.bias": 0,
+        "c.bias": 2,
+    }
     plain = assign_units(m, [m.a, m.b, m.c])
     assert plain.units == [m.a, m.b, m.c] and plain.unit_of[id(m.b.weight)] == 2
 
 
-@pytest.mark.parametrize("given, words", [
-    ("b.wieght", "'b.wieght' is not a parameter of the model"),
-    (nn.Parameter(nn.Linear(2, 2).weight.detach()), "a Parameter of shape (2, 2) is not a parameter of the model"),
-    (3, "3 of type int is not a parameter of the model"),
-    ("b.bias", "'b.bias' is frozen (requires_grad=False)"),
-])
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        ("b.wieght", "'b.wieght' is not a parameter of the model"),
+        (nn.Parameter(nn.Linear(2, 2).weight.detach()), "a Parameter of shape (2, 2) is not a parameter of the model"),
+        (3, "3 of type int is not a parameter of the model"),
+        ("b.bias", "'b.bias' is frozen (requires_grad=False)"),
+    ],
+)
 def test_bad_external_params_are_one_line(given, words):
     m = _net()
     m.b.bias.requires_grad_(False)

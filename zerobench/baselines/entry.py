@@ -9,8 +9,9 @@ from zerobench.train.entry import SystemEntry
 def validate(cfg) -> None:
     """Megatron-LM's DDP baseline: stage 0, fp32/bf16, plain activation checkpointing."""
     if not cfg.zero.overlap_comm:
-        raise ConfigError("the megatron baseline always overlaps its gradient all-reduce with backward: "
-                          "drop --no-overlap-comm")
+        raise ConfigError(
+            "the megatron baseline always overlaps its gradient all-reduce with backward: drop --no-overlap-comm"
+        )
     if cfg.sequence_parallel:
         raise ConfigError("--sp is zerobench's sequence parallelism: drop it for the megatron baseline")
     if cfg.zero.stage != 0:
@@ -19,8 +20,9 @@ def validate(cfg) -> None:
         raise ConfigError("the megatron baseline supports fp32/bf16 without --clip")
     a = cfg.activation
     if a.partition or a.cpu_offload or a.contiguous:
-        raise ConfigError("P_a, P_a+cpu and M_D are ZeRO-R features: the megatron baseline takes "
-                          "only --checkpoint-activations")
+        raise ConfigError(
+            "P_a, P_a+cpu and M_D are ZeRO-R features: the megatron baseline takes only --checkpoint-activations"
+        )
 
 
 def build(cfg, mesh, ledger, device):

@@ -54,20 +54,22 @@ def megatron_state_from_gpt(gpt: GPT, tp_rank: int, tp: int) -> dict[str, torch.
         src, dst = f"blocks.{i}.", f"decoder.layers.{i}."
         qkv_w = sd[src + "attn.qkv.weight"].view(3, H, hd, h).transpose(0, 1).reshape(3 * h, h)
         qkv_b = sd[src + "attn.qkv.bias"].view(3, H, hd).transpose(0, 1).reshape(3 * h)
-        out.update({
-            dst + "input_layernorm.weight": sd[src + "ln_1.weight"].clone(),
-            dst + "input_layernorm.bias": sd[src + "ln_1.bias"].clone(),
-            dst + "self_attention.linear_qkv.weight": rows(qkv_w),
-            dst + "self_attention.linear_qkv.bias": rows(qkv_b),
-            dst + "self_attention.linear_proj.weight": cols(sd[src + "attn.proj.weight"]),
-            dst + "self_attention.linear_proj.bias": sd[src + "attn.proj.bias"].clone(),
-            dst + "pre_mlp_layernorm.weight": sd[src + "ln_2.weight"].clone(),
-            dst + "pre_mlp_layernorm.bias": sd[src + "ln_2.bias"].clone(),
-            dst + "mlp.linear_fc1.weight": rows(sd[src + "mlp.fc.weight"]),
-            dst + "mlp.linear_fc1.bias": rows(sd[src + "mlp.fc.bias"]),
-            dst + "mlp.linear_fc2.weight": cols(sd[src + "mlp.proj.weight"]),
-            dst + "mlp.linear_fc2.bias": sd[src + "mlp.proj.bias"].clone(),
-        })
+        out.update(
+            {
+                dst + "input_layernorm.weight": sd[src + "ln_1.weight"].clone(),
+                dst + "input_layernorm.bias": sd[src + "ln_1.bias"].clone(),
+                dst + "self_attention.linear_qkv.weight": rows(qkv_w),
+                dst + "self_attention.linear_qkv.bias": rows(qkv_b),
+                dst + "self_attention.linear_proj.weight": cols(sd[src + "attn.proj.weight"]),
+                dst + "self_attention.linear_proj.bias": sd[src + "attn.proj.bias"].clone(),
+                dst + "pre_mlp_layernorm.weight": sd[src + "ln_2.weight"].clone(),
+                dst + "pre_mlp_layernorm.bias": sd[src + "ln_2.bias"].clone(),
+                dst + "mlp.linear_fc1.weight": rows(sd[src + "mlp.fc.weight"]),
+                dst + "mlp.linear_fc1.bias": rows(sd[src + "mlp.fc.bias"]),
+                dst + "mlp.linear_fc2.weight": cols(sd[src + "mlp.proj.weight"]),
+                dst + "mlp.linear_fc2.bias": sd[src + "mlp.proj.bias"].clone(),
+            }
+        )
     return out
 
 
@@ -95,14 +97,24 @@ class MegatronSystem:
             if cfg.activation.checkpoint:
                 recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
             tcfg = TransformerConfig(
-                num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads,
-                tensor_model_parallel_size=cfg.tp, use_cpu_initialization=True, params_dtype=dtype,
-                bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-                hidden_dropout=0.0, attention_dropout=0.0, **recompute,
+                num_layers=m.layers,
+                hidden_size=m.hidden,
+                num_attention_heads=m.heads,
+                tensor_model_parallel_size=cfg.tp,
+                use_cpu_initialization=True,
+                params_dtype=dtype,
+                bf16=dtype == torch.bfloat16,
+                fp16=dtype == torch.float16,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                **recompute,
             )
             model = GPTModel(
-                config=tcfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=m.vocab,
-                max_sequence_length=m.seq, position_embedding_type="learned_absolute",
+                config=tcfg,
+                transformer_layer_spec=get_gpt_layer_local_spec(),
+                vocab_size=m.vocab,
+                max_sequence_length=m.seq,
+                position_embedding_type="learned_absolute",
                 share_embeddings_and_output_weights=True,
             ).to(device)
             torch.manual_seed(cfg.seed)
@@ -116,9 +128,13 @@ class MegatronSystem:
         self.params = [p for p in model.parameters() if p.requires_grad]
         opt = cfg.zero.optimizer
         self.optimizer = torch.optim.AdamW(
-            [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": opt.weight_decay},
-             {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}],
-            lr=opt.lr, betas=opt.betas, eps=opt.eps,
+            [
+                {"params": [p for p in self.params if p.dim() >= 2], "weight_decay": opt.weight_decay},
+                {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0},
+            ],
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
         )
         self.mask = causal_mask(m.seq, device)
         self.positions = torch.arange(m.seq, device=device).unsqueeze(0)

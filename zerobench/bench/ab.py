@@ -104,21 +104,29 @@ class ABConfig:
             if "=" not in item:
                 raise ConfigError(f"expected KEY=VALUE, got {item!r}")
         if self.concurrent and self.lockstep:
-            raise ConfigError("choose one of --concurrent (sides side by side on CPU halves) and --lockstep "
-                              "(sides' steps alternating on the same CPUs)")
+            raise ConfigError(
+                "choose one of --concurrent (sides side by side on CPU halves) and --lockstep "
+                "(sides' steps alternating on the same CPUs)"
+            )
         if self.lockstep:
             for tree in (self.baseline_tree, self.candidate_tree):
                 if not (Path(tree) / "zerobench" / "train" / "turnstile.py").exists():
-                    raise ConfigError(f"{tree} predates lockstep A/B (no zerobench/train/turnstile.py): "
-                                      f"compare it with --concurrent or one side after the other")
+                    raise ConfigError(
+                        f"{tree} predates lockstep A/B (no zerobench/train/turnstile.py): "
+                        f"compare it with --concurrent or one side after the other"
+                    )
         if self.concurrent and len(self.cpus or allowed_cpus()) % 2:
-            raise ConfigError(f"--concurrent splits the CPUs into two equal halves, one per side: give an even "
-                              f"--cpus list (this process may use {len(allowed_cpus())} CPUs)")
+            raise ConfigError(
+                f"--concurrent splits the CPUs into two equal halves, one per side: give an even "
+                f"--cpus list (this process may use {len(allowed_cpus())} CPUs)"
+            )
         if self.cpus:
             have = allowed_cpus()
             if not set(self.cpus) <= have:
-                raise ConfigError(f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
-                                  f"{','.join(map(str, sorted(have)))}")
+                raise ConfigError(
+                    f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
+                    f"{','.join(map(str, sorted(have)))}"
+                )
 
 
 def parse_cpus(spec: str) -> tuple[int, ...]:
@@ -140,20 +148,35 @@ def worktree(ref: str, repo: str | Path = "."):
     """A temporary detached git worktree of ``ref`` (removed afterwards)."""
     tmp = tempfile.mkdtemp(prefix="zerobench-ab-")
     tree = os.path.join(tmp, "tree")
-    r = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", tree, ref],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", tree, ref], capture_output=True, text=True, check=False
+    )
     if r.returncode:
-        raise ConfigError(f"cannot check out {ref!r} as the baseline: {(r.stderr.strip().splitlines() or ['git failed'])[-1]}")
+        raise ConfigError(
+            f"cannot check out {ref!r} as the baseline: {(r.stderr.strip().splitlines() or ['git failed'])[-1]}"
+        )
     try:
         yield tree
     finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False)
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False
+        )
 
 
-def _start(cfg: ABConfig, tree: str, env_items: tuple[str, ...], out: Path, cpus: tuple[int, ...],
-           extra: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, **dict(item.split("=", 1) for item in env_items), **(extra or {}),
-           "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+def _start(
+    cfg: ABConfig,
+    tree: str,
+    env_items: tuple[str, ...],
+    out: Path,
+    cpus: tuple[int, ...],
+    extra: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        **dict(item.split("=", 1) for item in env_items),
+        **(extra or {}),
+        "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     suite = str(Path(cfg.suite).resolve()) if Path(cfg.suite).exists() else cfg.suite
     cmd = [sys.executable, "-m", "zerobench", "sweep", suite, "--out", str(out), "--no-progress"]
     for item in cfg.only:
@@ -198,7 +221,7 @@ def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path
             _lockstep_round(cfg, label, order, sides, dirs, procs, say)
             return dirs
         cpus = cfg.cpus or tuple(sorted(allowed_cpus()))
-        halves = (cpus[: len(cpus) // 2], cpus[len(cpus) // 2:])
+        halves = (cpus[: len(cpus) // 2], cpus[len(cpus) // 2 :])
         say(f"{label}: {order[0]} on CPUs {_fmt(halves[0])} with {order[1]} on CPUs {_fmt(halves[1])}")
         for name, half in zip(order, halves):
             procs[name] = _start(cfg, *sides[name], dirs[name], half)
@@ -212,8 +235,15 @@ def _round(cfg: ABConfig, r: int, order: tuple[str, str], sides: dict, out: Path
                 p.wait()
 
 
-def _lockstep_round(cfg: ABConfig, label: str, order: tuple[str, str], sides: dict, dirs: dict[str, Path],
-                    procs: dict[str, subprocess.Popen], say) -> None:
+def _lockstep_round(
+    cfg: ABConfig,
+    label: str,
+    order: tuple[str, str],
+    sides: dict,
+    dirs: dict[str, Path],
+    procs: dict[str, subprocess.Popen],
+    say,
+) -> None:
     say(f"{label}: {order[0]} and {order[1]} taking turns step by step, {order[0]} first")
     with Referee(order, first=order[0]) as ref:
         for name in order:
@@ -263,7 +293,11 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
             if run_id in got["baseline"] and (q := _ratio(row, got["baseline"][run_id], cfg.lockstep)) is not None:
                 ratios.setdefault(run_id, {})[r] = q
         r += 1
-        if r == last and last < cfg.max_rounds and any(undecided(abba_pairs(rs), cfg.tolerance) for rs in ratios.values()):
+        if (
+            r == last
+            and last < cfg.max_rounds
+            and any(undecided(abba_pairs(rs), cfg.tolerance) for rs in ratios.values())
+        ):
             last += 2
             say(f"a verdict is within noise of the tolerance: 2 more rounds (at most {cfg.max_rounds})")
     verdicts = []
@@ -272,24 +306,55 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         if not pairs:
             continue
         med = statistics.median(pairs)
-        verdicts.append({"run": run_id, "median_ratio": med, "min": min(pairs), "max": max(pairs),
-                         "rounds": 2 * len(pairs), "verdict": ratio_verdict(med, cfg.tolerance)})
+        verdicts.append(
+            {
+                "run": run_id,
+                "median_ratio": med,
+                "min": min(pairs),
+                "max": max(pairs),
+                "rounds": 2 * len(pairs),
+                "verdict": ratio_verdict(med, cfg.tolerance),
+            }
+        )
     if not verdicts:
-        raise RunFailed(f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare "
-                        f"(each side's runs and logs are under {out})")
+        raise RunFailed(
+            f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare "
+            f"(each side's runs and logs are under {out})"
+        )
     _write(cfg, out, verdicts)
     return verdicts
 
 
 def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
-    config = {"suite": cfg.suite, "rounds": cfg.rounds, "max_rounds": cfg.max_rounds, "tolerance": cfg.tolerance,
-              "metric": cfg.compared, "cpus": list(cfg.cpus), "concurrent": cfg.concurrent, "lockstep": cfg.lockstep,
-              "baseline_env": list(cfg.baseline_env), "candidate_env": list(cfg.candidate_env), "only": list(cfg.only)}
-    per_round = (f"the median over steps k of candidate / baseline {cfg.compared} of step k" if cfg.lockstep
-                 else f"candidate / baseline {cfg.compared}")
+    config = {
+        "suite": cfg.suite,
+        "rounds": cfg.rounds,
+        "max_rounds": cfg.max_rounds,
+        "tolerance": cfg.tolerance,
+        "metric": cfg.compared,
+        "cpus": list(cfg.cpus),
+        "concurrent": cfg.concurrent,
+        "lockstep": cfg.lockstep,
+        "baseline_env": list(cfg.baseline_env),
+        "candidate_env": list(cfg.candidate_env),
+        "only": list(cfg.only),
+    }
+    per_round = (
+        f"the median over steps k of candidate / baseline {cfg.compared} of step k"
+        if cfg.lockstep
+        else f"candidate / baseline {cfg.compared}"
+    )
     w = RowWriter(out / "summary", "ab", config)
     for v in verdicts:
-        w.write("ab_time_ratio", v["median_ratio"], "ratio", run=v["run"], min=v["min"], max=v["max"],
-                rounds=v["rounds"], verdict=v["verdict"],
-                definition=f"median over AB/BA round pairs of the pair's geometric mean of the per-round ratio "
-                           f"({per_round}); min and max over pairs")
+        w.write(
+            "ab_time_ratio",
+            v["median_ratio"],
+            "ratio",
+            run=v["run"],
+            min=v["min"],
+            max=v["max"],
+            rounds=v["rounds"],
+            verdict=v["verdict"],
+            definition=f"median over AB/BA round pairs of the pair's geometric mean of the per-round ratio "
+            f"({per_round}); min and max over pairs",
+        )

@@ -56,10 +56,17 @@ class SuiteRuns:
         """Refuse a suite beyond ``MAX_RUNS`` (with its count), and any value of a wrong type (naming the first
         run holding it), in time linear in the file's length, not in the number of runs."""
         if len(self) > MAX_RUNS:
-            lists = " x ".join([f"{len(self.runs)} runs", *(f"{len(v)} {k}" for k, v in self.axes.items()),
-                                *([f"{self.zip_len} zipped"] if self.zipped else [])])
-            raise ConfigError(f"{self.path}: expands to {len(self):,} runs ({lists}), more than the {MAX_RUNS:,} one "
-                              "suite may hold: narrow the axes or split it into several suites")
+            lists = " x ".join(
+                [
+                    f"{len(self.runs)} runs",
+                    *(f"{len(v)} {k}" for k, v in self.axes.items()),
+                    *([f"{self.zip_len} zipped"] if self.zipped else []),
+                ]
+            )
+            raise ConfigError(
+                f"{self.path}: expands to {len(self):,} runs ({lists}), more than the {MAX_RUNS:,} one "
+                "suite may hold: narrow the axes or split it into several suites"
+            )
         varied = set(self.axes) | set(self.zipped)
         for r_i, run in enumerate(self.runs):  # base and entry keys, where no axis overrides them
             fixed = {k: v for k, v in {**self.base, **run}.items() if k not in varied}

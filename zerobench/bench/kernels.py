@@ -52,8 +52,7 @@ def _sync(device: torch.device) -> None:
 def _torch_adamw(p: torch.Tensor, fused: bool) -> Callable[[], None]:
     p = p.clone().requires_grad_()
     p.grad = torch.randn_like(p) * 1e-3
-    opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                            fused=fused, foreach=not fused)
+    opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=fused, foreach=not fused)
     return opt.step
 
 
@@ -65,8 +64,9 @@ def _zerobench_adamw(p: torch.Tensor) -> Callable[[], None]:
 
     def step() -> None:
         state["step"] += 1
-        kernels.fused_adamw_(p, g, m, v, blocks=blocks, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                             step=state["step"])
+        kernels.fused_adamw_(
+            p, g, m, v, blocks=blocks, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, step=state["step"]
+        )
 
     return step
 
@@ -87,8 +87,9 @@ def _limit(p: torch.Tensor) -> Callable[[], None]:
     q, g, m, v = p.clone(), torch.randn_like(p), torch.zeros_like(p), torch.zeros_like(p)
     if p.device.type == "cpu":
         lib, threads = kcpu.library(), kcpu.threads()
-        return lambda: lib.zb_adamw_bandwidth_probe(q.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
-                                                    q.numel(), threads)
+        return lambda: lib.zb_adamw_bandwidth_probe(
+            q.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), q.numel(), threads
+        )
     return lambda: torch._foreach_add_([q, m, v], [g, g, g])  # one fused multi-tensor launch per list
 
 
@@ -106,8 +107,13 @@ def adamw_candidates(cfg: KernelBenchConfig) -> dict[str, Callable[[], None]]:
     return cands
 
 
-def interleave(cands: dict[str, Callable[[], None]], rounds: int, warmup: int, device: torch.device,
-               progress: Callable[[int], None] | None = None) -> dict[str, list[float]]:
+def interleave(
+    cands: dict[str, Callable[[], None]],
+    rounds: int,
+    warmup: int,
+    device: torch.device,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
     """Seconds per call of every candidate, one call each per round, in the same order every round."""
     times: dict[str, list[float]] = {k: [] for k in cands}
     for r in range(warmup + rounds):
@@ -199,6 +205,11 @@ def summarize_ops(times: dict[str, list[float]]) -> list[dict]:
     out = []
     for name, ts in times.items():
         eager = times[name.rsplit("_", 1)[0] + "_eager"]
-        out.append({"candidate": name, "median_s": statistics.median(ts),
-                    "time_vs_eager": statistics.median(t / e for t, e in zip(ts, eager))})
+        out.append(
+            {
+                "candidate": name,
+                "median_s": statistics.median(ts),
+                "time_vs_eager": statistics.median(t / e for t, e in zip(ts, eager)),
+            }
+        )
     return out

@@ -42,9 +42,16 @@ host and not on CI's (tiny, DP 2, 3 MiB: 4 layers), where one step had passed in
 nothing measured showed a size that took its first step failing a later one."""
 
 
-def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int = PROBE_STEPS,
-                      work_dir: Path | None = None, on_probe=None, start: int = 1,
-                      cancel: Cancellation | None = None) -> MaxSizeResult:
+def search_max_layers(
+    spec: RunSpec,
+    budget: str,
+    limit: int = 256,
+    steps: int = PROBE_STEPS,
+    work_dir: Path | None = None,
+    on_probe=None,
+    start: int = 1,
+    cancel: Cancellation | None = None,
+) -> MaxSizeResult:
     """The most layers of ``spec`` that train within ``budget``, one fresh run per probe (module docstring).
 
     Probes run under ``work_dir`` (default a temporary directory, removed at the end unless a probe failed:
@@ -67,8 +74,10 @@ def search_max_layers(spec: RunSpec, budget: str, limit: int = 256, steps: int =
         # each probe's rows (status, peak allocated and reserved bytes) stay beside its log
         res = launch_local(cfg, d, f"maxsize-{layers}", timeout_s=spec.timeout, log_path=d / "run.log", cancel=cancel)
         if res.status == "cancelled":
-            raise Cancelled(f"cancelled ({cancel.requested}) during the probe with {layers} layers"
-                            + (f" (its log: {d / 'run.log'})" if keep else ""))
+            raise Cancelled(
+                f"cancelled ({cancel.requested}) during the probe with {layers} layers"
+                + (f" (its log: {d / 'run.log'})" if keep else "")
+            )
         write_status(res, d, f"maxsize-{layers}", cfg)
         if res.status not in ("ok", "oom"):
             keep = True

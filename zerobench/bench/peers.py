@@ -101,8 +101,9 @@ class PeersConfig:
             raise ConfigError("need --dp >= 1, --rounds >= 1 and --steps > --warmup")
 
 
-def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None,
-                 track_memory: bool = False) -> TrainConfig:
+def train_config(
+    p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None, track_memory: bool = False
+) -> TrainConfig:
     model = get_preset(p.preset)
     over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq)) if v}
     model = dataclasses.replace(model, **over)
@@ -111,9 +112,15 @@ def train_config(p: PeersConfig, system: str, dp: int | None = None, micro_batch
     offload = "cpu" if ours and system.endswith("-offload") else "none"
     zero = ZeroConfig(stage=stage, offload_optimizer=offload, overlap_comm=not system.endswith("-no-overlap"))
     cfg = TrainConfig(
-        model=model, zero=zero, preset=p.preset, dp=dp or p.dp,
-        micro_batch=micro_batch or p.micro_batch, steps=p.steps, warmup_steps=p.warmup,
-        system="zerobench" if ours else system, track_memory=track_memory,
+        model=model,
+        zero=zero,
+        preset=p.preset,
+        dp=dp or p.dp,
+        micro_batch=micro_batch or p.micro_batch,
+        steps=p.steps,
+        warmup_steps=p.warmup,
+        system="zerobench" if ours else system,
+        track_memory=track_memory,
         kernels="reference",  # every system trains the same plain model: the comparison is of the engines
     )
     validate_run(cfg)
@@ -137,22 +144,34 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
     runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
     taken = [run_id for run_id, _, _ in runs if (out / run_id).exists()]
     if taken:
-        raise ConfigError(f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
-                          "(a comparison never mixes its rows with an earlier one's)")
-    (out / COMPARISON_FILE).write_text(json.dumps({"peers": dataclasses.asdict(p), "candidates": list(cands)}, indent=1))
+        raise ConfigError(
+            f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
+            "(a comparison never mixes its rows with an earlier one's)"
+        )
+    (out / COMPARISON_FILE).write_text(
+        json.dumps({"peers": dataclasses.asdict(p), "candidates": list(cands)}, indent=1)
+    )
     failed: dict[str, str] = {}
     with Cancellation() as cancel:  # SIGTERM/SIGINT stop the comparison, not only the run in progress
         for i, (run_id, cand, cfg) in enumerate(runs):
             if cand in failed and run_id != "reference":
                 continue
             say(f"[{i + 1}/{len(runs)}] {run_id}")
-            res = launch_local(cfg, out / run_id, run_id, timeout_s=p.timeout_s,
-                               extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
-                               log_path=out / f"{run_id}.log", cancel=cancel)
+            res = launch_local(
+                cfg,
+                out / run_id,
+                run_id,
+                timeout_s=p.timeout_s,
+                extra_env=MEMORY_ENV if run_id.startswith("mem-") else None,
+                log_path=out / f"{run_id}.log",
+                cancel=cancel,
+            )
             write_status(res, out / run_id, run_id, cfg)
             if cancel.requested:
-                raise Cancelled(f"cancelled ({cancel.requested}) during {run_id}; the runs so far are under {out} "
-                                f"(zerobench peers --summarize {out} tables them)")
+                raise Cancelled(
+                    f"cancelled ({cancel.requested}) during {run_id}; the runs so far are under {out} "
+                    f"(zerobench peers --summarize {out} tables them)"
+                )
             if not res.ok:
                 failed[cand] = res.reason
                 say(f"  failed: {res.reason}")
@@ -166,12 +185,18 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         return read_rows(path) if path.exists() else []
 
     ref_losses = [r["value"] for r in sorted(_metric(rows("reference"), "loss"), key=lambda r: r["step"])]
-    round_times = {c: [(_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"]
-                       for r in range(p.rounds)] for c in cands}
+    round_times = {
+        c: [(_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for r in range(p.rounds)]
+        for c in cands
+    }
     records = []
     for c in cands:
-        rec: dict = {"candidate": c, "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH_ALL else SHARDING[c],
-                     "status": "failed" if c in failed else "ok", "reason": failed.get(c, "")}
+        rec: dict = {
+            "candidate": c,
+            "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH_ALL else SHARDING[c],
+            "status": "failed" if c in failed else "ok",
+            "reason": failed.get(c, ""),
+        }
         if pairs := _same_rounds(round_times[c], round_times.get("torch-ddp", [])):
             rec["step_time_s"] = statistics.median(t for t, _ in pairs)
             rec["round_step_time_s"] = round_times[c]
@@ -189,20 +214,25 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         if losses and ref_losses:
             rec["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
         records.append(rec)
-    measured = [r for c in cands for r in rows(f"r0-{c}")[:1]]  # the summary says where the runs ran, not where it is made
+    measured = [
+        r for c in cands for r in rows(f"r0-{c}")[:1]
+    ]  # the summary says where the runs ran, not where it is made
     hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
-    w = RowWriter(out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)},
-                  hardware=hardware)
+    w = RowWriter(
+        out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)}, hardware=hardware
+    )
     for rec in records:
         extra = {"candidate": rec["candidate"], "sharding_stage": rec["sharding_stage"]}
         if rec["status"] != "ok":
             w.write("peer_step_time_s", None, "s", status="failed", reason=rec["reason"], **extra)
             continue
-        for metric, key, unit in (("peer_step_time_s", "step_time_s", "s"),
-                                  ("peer_time_vs_torch_ddp", "time_vs_torch_ddp", "ratio"),
-                                  ("peer_peak_live_bytes", "peak_live_bytes", "bytes"),
-                                  ("peer_peak_rss_bytes", "peak_rss_bytes", "bytes"),
-                                  ("peer_loss_max_abs_diff", "loss_max_abs_diff", "nats")):
+        for metric, key, unit in (
+            ("peer_step_time_s", "step_time_s", "s"),
+            ("peer_time_vs_torch_ddp", "time_vs_torch_ddp", "ratio"),
+            ("peer_peak_live_bytes", "peak_live_bytes", "bytes"),
+            ("peer_peak_rss_bytes", "peak_rss_bytes", "bytes"),
+            ("peer_loss_max_abs_diff", "loss_max_abs_diff", "nats"),
+        ):
             if key in rec:
                 w.write(metric, rec[key], unit, **extra)
         for r, t in enumerate(rec.get("round_step_time_s", [])):
@@ -257,7 +287,9 @@ def bar(records: list[dict]) -> list[dict]:
     for name in ZEROBENCH_ALL:
         s, off = int(name.split("-")[1]), name.endswith("-offload")
         zb = ok.get(name)
-        peers = [r for c, r in ok.items() if c not in ZEROBENCH_ALL and SHARDING[c] == s and c.endswith("-offload") == off]
+        peers = [
+            r for c, r in ok.items() if c not in ZEROBENCH_ALL and SHARDING[c] == s and c.endswith("-offload") == off
+        ]
         if zb is None or not peers:
             continue
         mem_key = "peak_rss_bytes" if off else "peak_live_bytes"
@@ -265,8 +297,19 @@ def bar(records: list[dict]) -> list[dict]:
         noise = _time_noise(zb, next(r for r in peers if r["candidate"] == fastest))
         leanest = min((r for r in peers if r.get(mem_key)), key=lambda r: r[mem_key], default=None)
         mem = zb.get(mem_key, 0) / leanest[mem_key] if leanest and zb.get(mem_key) else None
-        out.append({"stage": s, "candidate": name, "memory_metric": mem_key, "fastest_peer": fastest, "time_vs_fastest": speed,
-                    "speed_ok": speed <= 0.95, "time_noise": noise, "speed_decided": abs(speed - 0.95) >= noise,
-                    "leanest_peer": leanest["candidate"] if leanest else None,
-                    "memory_vs_leanest": mem, "memory_ok": mem is not None and mem <= 1.0})
+        out.append(
+            {
+                "stage": s,
+                "candidate": name,
+                "memory_metric": mem_key,
+                "fastest_peer": fastest,
+                "time_vs_fastest": speed,
+                "speed_ok": speed <= 0.95,
+                "time_noise": noise,
+                "speed_decided": abs(speed - 0.95) >= noise,
+                "leanest_peer": leanest["candidate"] if leanest else None,
+                "memory_vs_leanest": mem,
+                "memory_ok": mem is not None and mem <= 1.0,
+            }
+        )
     return out

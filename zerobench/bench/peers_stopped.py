@@ -23,8 +23,10 @@ def summarize_stopped(out: Path) -> list[dict]:
     """Summarise the comparison under ``out`` from its finished runs; its records, as ``run_peers`` returns them."""
     path = out / COMPARISON_FILE
     if not path.is_file():
-        raise ConfigError(f"{out} holds no comparison ({COMPARISON_FILE} is missing): give the --out directory of a "
-                          "zerobench peers run")
+        raise ConfigError(
+            f"{out} holds no comparison ({COMPARISON_FILE} is missing): give the --out directory of a "
+            "zerobench peers run"
+        )
     try:
         data = json.loads(path.read_text())
         cands = tuple(data["candidates"])

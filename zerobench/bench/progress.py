@@ -29,8 +29,14 @@ class Progress:
                 TimeElapsedColumn,
             )
 
-            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False)
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                transient=False,
+            )
             self._progress.__enter__()
             self._task = self._progress.add_task("sweep", total=self.total, status="")
         return self
@@ -43,8 +49,9 @@ class Progress:
         if self._progress is None:
             return
         remaining = self.total - self.done - self.failed - self.skipped
-        status = (f"ok {self.done}  failed {self.failed}  skipped {self.skipped}  remaining {remaining}"
-                  + (f"  | {self.label} {step}" if self.label else ""))
+        status = f"ok {self.done}  failed {self.failed}  skipped {self.skipped}  remaining {remaining}" + (
+            f"  | {self.label} {step}" if self.label else ""
+        )
         self._progress.update(self._task, completed=self.done + self.failed + self.skipped, status=status)
 
     def start(self, label: str, log: Path) -> None:

@@ -87,8 +87,16 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         if (r.get("status", "ok") != "ok" and r["metric"] != STATUS_METRIC) or run_status is None:
             continue  # a failed row, or rows of no training run (no status applies: results/status.py)
         hardware = (r.get("provenance") or {}).get("hardware", {}).get("class")
-        d = runs.setdefault(r["config_hash"], {"label": r.get("label") or r.get("run_id"), "config": r.get("config", {}),
-                                                "hardware": hardware, "ok": False, "not_ok": {}})
+        d = runs.setdefault(
+            r["config_hash"],
+            {
+                "label": r.get("label") or r.get("run_id"),
+                "config": r.get("config", {}),
+                "hardware": hardware,
+                "ok": False,
+                "not_ok": {},
+            },
+        )
         m, v = r["metric"], r.get("value")
         if run_status != OK:
             d["not_ok"][r.get("run_id")] = (run_status, reason)
@@ -105,18 +113,30 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
                 d["_loss_step"], d["final_loss"] = step, v
         elif m == "step_time_s":
             d["step_time_s"], d["mad"], d["n"] = v, r.get("mad") or 0.0, r.get("n") or 1
+
     # timing as a ratio to the stage-0 run of the same shape in the same results
     def shape(c: dict) -> tuple:
-        return (json.dumps(c.get("model"), sort_keys=True), c.get("dp"), c.get("tp"), c.get("system"),
-                json.dumps({k: v for k, v in c.get("zero", {}).items() if k != "stage"}, sort_keys=True))
+        return (
+            json.dumps(c.get("model"), sort_keys=True),
+            c.get("dp"),
+            c.get("tp"),
+            c.get("system"),
+            json.dumps({k: v for k, v in c.get("zero", {}).items() if k != "stage"}, sort_keys=True),
+        )
 
-    ref = {shape(d["config"]): d for d in runs.values() if d["config"].get("zero", {}).get("stage") == 0 and "step_time_s" in d}
+    ref = {
+        shape(d["config"]): d
+        for d in runs.values()
+        if d["config"].get("zero", {}).get("stage") == 0 and "step_time_s" in d
+    }
     for d in runs.values():
         base = ref.get(shape(d["config"]))
         if base is not None and "step_time_s" in d and d is not base:
             d["step_time_ratio"] = d["step_time_s"] / base["step_time_s"]
-            d["ratio_se"] = math.hypot(relative_se_from_mad(d["mad"], d["step_time_s"], d["n"]),
-                                       relative_se_from_mad(base["mad"], base["step_time_s"], base["n"]))
+            d["ratio_se"] = math.hypot(
+                relative_se_from_mad(d["mad"], d["step_time_s"], d["n"]),
+                relative_se_from_mad(base["mad"], base["step_time_s"], base["n"]),
+            )
     return runs
 
 
@@ -135,21 +155,25 @@ class GateResult:
     """Baseline configurations without an ``ok`` run: listed, nothing to compare against."""
 
 
-def compare(baseline: list[dict], candidate: list[dict], timing_tolerance: float = 0.05,
-            gate_timing: bool = True) -> tuple[list[Comparison], list[str]]:
+def compare(
+    baseline: list[dict], candidate: list[dict], timing_tolerance: float = 0.05, gate_timing: bool = True
+) -> tuple[list[Comparison], list[str]]:
     """The comparisons and what is missing from the candidate (``gate`` has the rest)."""
     res = gate(baseline, candidate, timing_tolerance, gate_timing)
     return res.comparisons, res.missing
 
 
-def gate(baseline: list[dict], candidate: list[dict], timing_tolerance: float = 0.05,
-         gate_timing: bool = True) -> GateResult:
+def gate(
+    baseline: list[dict], candidate: list[dict], timing_tolerance: float = 0.05, gate_timing: bool = True
+) -> GateResult:
     b, c = summarize(baseline), summarize(candidate)
     hb = {d["hardware"] for d in b.values()} - {None}
     hc = {d["hardware"] for d in c.values()} - {None}
     if hb and hc and hb != hc:
-        raise ConfigError(f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
-                          f"use results/baselines/{min(hc)}.jsonl or record one with --write-baseline")
+        raise ConfigError(
+            f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
+            f"use results/baselines/{min(hc)}.jsonl or record one with --write-baseline"
+        )
     res = GateResult([])
     for key, cd in c.items():
         label = b[key]["label"] if key in b else cd["label"]  # a run without a status row has no label of its own
@@ -216,35 +240,62 @@ def format_table(comps: list[Comparison], only_moved: bool = False) -> str:
     for x in comps:
         if only_moved and x.verdict == "ok":
             continue
-        lines.append(f"  {str(x.label)[:28]:<28} {x.metric:<30} {x.baseline:14.6g} {x.candidate:14.6g} "
-                     f"{x.change * 100:+8.2f}% {x.tolerance * 100:6.2f}%  {x.verdict.upper() if x.verdict != 'ok' else 'ok'}")
+        lines.append(
+            f"  {str(x.label)[:28]:<28} {x.metric:<30} {x.baseline:14.6g} {x.candidate:14.6g} "
+            f"{x.change * 100:+8.2f}% {x.tolerance * 100:6.2f}%  {x.verdict.upper() if x.verdict != 'ok' else 'ok'}"
+        )
     return "\n".join(lines)
 
 
-BASELINE_METRICS = {"run_status", "loss", "step_time_s", "model_state_bytes", "comm_volume_elements_per_step",
-                    "peak_memory_bytes"}
+BASELINE_METRICS = {
+    "run_status",
+    "loss",
+    "step_time_s",
+    "model_state_bytes",
+    "comm_volume_elements_per_step",
+    "peak_memory_bytes",
+}
 
 
 def write_baseline(candidate_rows: list[dict], path: str | Path) -> int:
     """Keep the rows the gate reads, of runs whose status is ``ok`` only, one JSON row per line."""
     status = statuses(candidate_rows)
-    keep = [r for r in candidate_rows if r["metric"] in BASELINE_METRICS and r.get("status", "ok") == "ok"
-            and status[(r.get("run_id"), r.get("config_hash"))][0] == OK]
+    keep = [
+        r
+        for r in candidate_rows
+        if r["metric"] in BASELINE_METRICS
+        and r.get("status", "ok") == "ok"
+        and status[(r.get("run_id"), r.get("config_hash"))][0] == OK
+    ]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return len(keep)
 
 
-def run_gate(baseline: str, candidate: str, timing_tolerance: float, propose: str | None,
-             timing: str = "gate", strict: bool = False) -> int:
+def run_gate(
+    baseline: str,
+    candidate: str,
+    timing_tolerance: float,
+    propose: str | None,
+    timing: str = "gate",
+    strict: bool = False,
+) -> int:
     """Print the gate's verdicts; 1 on a regression, a non-finite value or something missing from the candidate
     (and, when ``strict``, on anything not in the baseline), else 0."""
     for p in (baseline, candidate):
         if not Path(p).exists():
             raise ConfigError(f"no results at {p}")
-    proposal = Path(propose) if propose else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
-    check_writable_file(proposal, "--propose" if propose else None, "proposed baseline",
-                        "choose a writable path" if propose else "give --propose FILE")
+    proposal = (
+        Path(propose)
+        if propose
+        else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
+    )
+    check_writable_file(
+        proposal,
+        "--propose" if propose else None,
+        "proposed baseline",
+        "choose a writable path" if propose else "give --propose FILE",
+    )
     base_rows, cand_rows = _rows(baseline), _rows(candidate)
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate")
     comps = res.comparisons
@@ -252,10 +303,15 @@ def run_gate(baseline: str, candidate: str, timing_tolerance: float, propose: st
         raise ConfigError(f"no run of {candidate} matches a run of the baseline {baseline} (different configs?)")
     regressions = [x for x in comps if x.verdict in ("regression", "not finite")]
     improved = [x for x in comps if x.verdict in ("improved", "slower")]
-    print(f"regression gate: {len(comps)} comparisons over {len({x.key for x in comps})} runs; "
-          f"{len(regressions)} regressions, {len(improved)} improvements")
-    print(format_table(comps, only_moved=bool(regressions or improved)) if (regressions or improved) else
-          format_table(comps))
+    print(
+        f"regression gate: {len(comps)} comparisons over {len({x.key for x in comps})} runs; "
+        f"{len(regressions)} regressions, {len(improved)} improvements"
+    )
+    print(
+        format_table(comps, only_moved=bool(regressions or improved))
+        if (regressions or improved)
+        else format_table(comps)
+    )
     for label in res.missing:
         print(f"  missing: {label} (in the baseline, not completed in the candidate)")  # a run, or a run's metric
     for label in res.not_completed:

@@ -46,8 +46,15 @@ SWEEP_LAUNCHERS = ("local", "srun", "slurm")
 """local and srun run each run in turn (launch/launchers.py); slurm submits every run with sbatch."""
 
 
-def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
-              tensorboard: str | None = None, launcher: str = "local", only: dict | None = None) -> SweepSummary:
+def run_sweep(
+    suite: Suite,
+    out: Path,
+    resume: bool = False,
+    progress: bool = True,
+    tensorboard: str | None = None,
+    launcher: str = "local",
+    only: dict | None = None,
+) -> SweepSummary:
     """Run ``suite``'s runs (those matching ``only``: run key -> value) with ``launcher``:
     ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run."""
     if launcher not in SWEEP_LAUNCHERS:
@@ -60,7 +67,9 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
     if launcher == "local":
         check_local(suite)
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
-        raise ConfigError("--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit")
+        raise ConfigError(
+            "--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit"
+        )
     with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
         check_out(out, resume, suite.name)
         if launcher == "slurm":
@@ -70,8 +79,9 @@ def run_sweep(suite: Suite, out: Path, resume: bool = False, progress: bool = Tr
         return _run_all(suite, out, resume, progress, tensorboard, launcher)
 
 
-def _run_all(suite: Suite, out: Path, resume: bool, progress: bool, tensorboard: str | None,
-             launcher: str) -> SweepSummary:
+def _run_all(
+    suite: Suite, out: Path, resume: bool, progress: bool, tensorboard: str | None, launcher: str
+) -> SweepSummary:
     """Each run in turn on ``launcher`` (local or srun), until the last or a stop (cancel, disk full)."""
     done = completed_runs(out) if resume else None
     summary = SweepSummary()
@@ -93,8 +103,16 @@ def _run_all(suite: Suite, out: Path, resume: bool, progress: bool, tensorboard:
     return summary
 
 
-def _run_one(run, out: Path, suite: Suite, summary: SweepSummary, bar: Progress, cancel: Cancellation,
-             tensorboard: str | None, launcher: str) -> None:
+def _run_one(
+    run,
+    out: Path,
+    suite: Suite,
+    summary: SweepSummary,
+    bar: Progress,
+    cancel: Cancellation,
+    tensorboard: str | None,
+    launcher: str,
+) -> None:
     run_id = attempt_id(out, run)
     run_dir = out / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -102,8 +120,18 @@ def _run_one(run, out: Path, suite: Suite, summary: SweepSummary, bar: Progress,
     bar.start(run.label, log)
     t0 = time.monotonic()
     cfg = run.config if tensorboard is None else dataclasses.replace(run.config, tensorboard_dir=tensorboard)
-    req = LaunchRequest(cfg, run_dir, run_id, run.spec.timeout, log, suite.name, index=run.index,
-                        on_poll=bar.poll, cancel=cancel, extra_env=run.spec.rank_env())
+    req = LaunchRequest(
+        cfg,
+        run_dir,
+        run_id,
+        run.spec.timeout,
+        log,
+        suite.name,
+        index=run.index,
+        on_poll=bar.poll,
+        cancel=cancel,
+        extra_env=run.spec.rank_env(),
+    )
     res = get_launcher(launcher).launch(req)
     summary.ran.append(run.label)
     if not res.ok:

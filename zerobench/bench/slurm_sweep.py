@@ -18,8 +18,9 @@ from zerobench.bench.sweep_state import SweepSummary, attempt_id, completed_runs
 from zerobench.launch.slurm import FINAL, _run, job_state, status_of, submit
 
 
-def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bool = True,
-                     poll_s: float = 1.0) -> SweepSummary:
+def run_sweep_sbatch(
+    suite: Suite, out: Path, resume: bool = False, progress: bool = True, poll_s: float = 1.0
+) -> SweepSummary:
     out.mkdir(parents=True, exist_ok=True)
     done = completed_runs(out) if resume else None
     summary = SweepSummary()
@@ -49,8 +50,18 @@ def run_sweep_sbatch(suite: Suite, out: Path, resume: bool = False, progress: bo
                     continue
                 run, run_id, t0 = jobs.pop(jid)
                 status, reason = status_of(final, exit_code)
-                status_row(out, run_id, suite, run, status, reason, time.monotonic() - t0,
-                            slurm_job_id=jid, slurm_state=final, slurm_exit_code=exit_code)
+                status_row(
+                    out,
+                    run_id,
+                    suite,
+                    run,
+                    status,
+                    reason,
+                    time.monotonic() - t0,
+                    slurm_job_id=jid,
+                    slurm_state=final,
+                    slurm_exit_code=exit_code,
+                )
                 summary.ran.append(run.label)
                 if status != "ok":
                     summary.failed[run.label] = reason

@@ -148,9 +148,16 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
     from zerobench.config import parse_bytes
 
     tp = spec.tp if spec.tp is not None else 1
-    for key, value in (("tp", tp), ("dp", spec.dp), ("gpus", spec.gpus), ("micro_batch", spec.micro_batch),
-                       ("grad_accum", spec.grad_accum), ("steps", spec.steps), ("bucket_size", spec.bucket_size),
-                       ("profile_steps", spec.profile_steps)):
+    for key, value in (
+        ("tp", tp),
+        ("dp", spec.dp),
+        ("gpus", spec.gpus),
+        ("micro_batch", spec.micro_batch),
+        ("grad_accum", spec.grad_accum),
+        ("steps", spec.steps),
+        ("bucket_size", spec.bucket_size),
+        ("profile_steps", spec.profile_steps),
+    ):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     for key in ("lr", "timeout", "collective_timeout"):
@@ -179,19 +186,41 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
     budget = int(parse_bytes(spec.memory_budget)) if spec.memory_budget else None
     cfg = TrainConfig(
         model=model,
-        zero=ZeroConfig(stage=spec.stage, precision=precision,
-                        bucket_numel=spec.bucket_size if spec.bucket_size is not None else NO_BUCKET_LIMIT,
-                        grad_accum_steps=spec.grad_accum, clip_grad_norm=spec.clip,
-                        optimizer=AdamWConfig(lr=spec.lr, weight_decay=spec.weight_decay), kernels=spec.kernels,
-                        offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
-                        nvme_path=spec.nvme_path, optim_bits=spec.optim_bits, overlap_comm=spec.overlap_comm),
-        activation=ActivationConfig(checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
-                                    partition=spec.pa or spec.pa_cpu, cpu_offload=spec.pa_cpu, contiguous=spec.md),
-        preset=spec.preset, dp=dp, tp=tp, sequence_parallel=spec.sp, micro_batch=spec.micro_batch, steps=spec.steps,
-        warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)), seed=spec.seed, system=spec.system,
-        memory_budget_bytes=budget, kernels=spec.kernels, collective_timeout_s=spec.collective_timeout,
+        zero=ZeroConfig(
+            stage=spec.stage,
+            precision=precision,
+            bucket_numel=spec.bucket_size if spec.bucket_size is not None else NO_BUCKET_LIMIT,
+            grad_accum_steps=spec.grad_accum,
+            clip_grad_norm=spec.clip,
+            optimizer=AdamWConfig(lr=spec.lr, weight_decay=spec.weight_decay),
+            kernels=spec.kernels,
+            offload_optimizer=spec.offload_optimizer,
+            offload_param=spec.offload_param,
+            nvme_path=spec.nvme_path,
+            optim_bits=spec.optim_bits,
+            overlap_comm=spec.overlap_comm,
+        ),
+        activation=ActivationConfig(
+            checkpoint=spec.checkpoint_activations or spec.pa or spec.pa_cpu,
+            partition=spec.pa or spec.pa_cpu,
+            cpu_offload=spec.pa_cpu,
+            contiguous=spec.md,
+        ),
+        preset=spec.preset,
+        dp=dp,
+        tp=tp,
+        sequence_parallel=spec.sp,
+        micro_batch=spec.micro_batch,
+        steps=spec.steps,
+        warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)),
+        seed=spec.seed,
+        system=spec.system,
+        memory_budget_bytes=budget,
+        kernels=spec.kernels,
+        collective_timeout_s=spec.collective_timeout,
         backend=spec.backend,
-        track_memory=spec.track_memory, tensorboard_dir=spec.tensorboard,
+        track_memory=spec.track_memory,
+        tensorboard_dir=spec.tensorboard,
         profile=ProfileConfig(spec.profile, spec.profile_steps) if spec.profile else None,
     )
     if check_system:

@@ -80,8 +80,11 @@ def load(name: str | Path) -> Suite:
     extra = sorted(set(data) - TOP_KEYS)
     if extra:
         raise ConfigError(f"{path}: unknown top-level key {extra[0]!r}; valid: {', '.join(sorted(TOP_KEYS))}")
-    suite_name = check_name(data.get("name") or path.stem, f"{path}: suite name",
-                            ": set the suite's 'name:' to e.g. my-suite (its default results are runs/<name>)")
+    suite_name = check_name(
+        data.get("name") or path.stem,
+        f"{path}: suite name",
+        ": set the suite's 'name:' to e.g. my-suite (its default results are runs/<name>)",
+    )
     base = data.get("base") or {}
     axes = data.get("axes") or {}
     zipped = data.get("zip") or {}

@@ -49,8 +49,10 @@ class SuiteLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 line = self.peek_event().start_mark.line + 1
-                raise SuiteYAMLError(f"line {line}: nested more than {MAX_DEPTH} levels deep: a suite is a mapping "
-                                     "of run keys a few levels deep")
+                raise SuiteYAMLError(
+                    f"line {line}: nested more than {MAX_DEPTH} levels deep: a suite is a mapping "
+                    "of run keys a few levels deep"
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -77,22 +79,26 @@ class SuiteLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: SafeLoader refuses it in one line
                 continue
             if first is not None:
-                raise SuiteYAMLError(f"line {line}: key {key!r} is given twice in one mapping (first on line "
-                                     f"{first}): keep one")
+                raise SuiteYAMLError(
+                    f"line {line}: key {key!r} is given twice in one mapping (first on line {first}): keep one"
+                )
             seen[key] = line
 
     def construct_yaml_int(self, node):
         value = super().construct_yaml_int(node)
         if abs(value) > INT_LIMIT:
-            raise SuiteYAMLError(f"line {node.start_mark.line + 1}: the integer {node.value[:30]}"
-                                 f"{'...' if len(node.value) > 30 else ''} is out of range (at most 2**63-1)")
+            raise SuiteYAMLError(
+                f"line {node.start_mark.line + 1}: the integer {node.value[:30]}"
+                f"{'...' if len(node.value) > 30 else ''} is out of range (at most 2**63-1)"
+            )
         return value
 
     def construct_yaml_float(self, node):
         value = super().construct_yaml_float(node)
         if math.isinf(value) and node.value not in _INF_LITERALS:
-            raise SuiteYAMLError(f"line {node.start_mark.line + 1}: the number {node.value[:30]} is beyond the "
-                                 "largest float")
+            raise SuiteYAMLError(
+                f"line {node.start_mark.line + 1}: the number {node.value[:30]} is beyond the largest float"
+            )
         return value
 
 
@@ -116,8 +122,10 @@ def _check_expansion(root: yaml.Node) -> None:
             values, depth = 1 + sum(v for v, _ in kids), 1 + max((d for _, d in kids), default=0)
             line = node.start_mark.line + 1
             if values > MAX_VALUES:
-                raise SuiteYAMLError(f"line {line}: its aliases (*name) expand to more than {MAX_VALUES:,} values: "
-                                     "write the values out, or use fewer aliases")
+                raise SuiteYAMLError(
+                    f"line {line}: its aliases (*name) expand to more than {MAX_VALUES:,} values: "
+                    "write the values out, or use fewer aliases"
+                )
             if depth > MAX_DEPTH:
                 raise SuiteYAMLError(f"line {line}: its aliases (*name) nest more than {MAX_DEPTH} levels deep")
             size[id(node)] = (values, depth)
@@ -128,8 +136,10 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.append((node, True))
         for child in _children(node):
             if id(child) in path:
-                raise SuiteYAMLError(f"line {child.start_mark.line + 1}: an alias refers to a collection that holds "
-                                     "it (a recursive anchor): a suite is a tree")
+                raise SuiteYAMLError(
+                    f"line {child.start_mark.line + 1}: an alias refers to a collection that holds "
+                    "it (a recursive anchor): a suite is a tree"
+                )
             if id(child) not in size:
                 stack.append((child, False))
 

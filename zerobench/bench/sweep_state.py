@@ -37,8 +37,10 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
         if others:
             other = min(others, key=str)
             whose = f"suite {other!r}" if other is not None else "a run of no suite (zerobench train)"
-            raise ConfigError(f"--out {out} holds the rows of {whose}, not of suite {suite!r}: --resume continues "
-                              "the same suite; choose another --out for this one")
+            raise ConfigError(
+                f"--out {out} holds the rows of {whose}, not of suite {suite!r}: --resume continues "
+                "the same suite; choose another --out for this one"
+            )
         return
     held = next(out.rglob(ROWS_FILE), None)
     if held is not None:
@@ -52,8 +54,11 @@ def completed_runs(out: Path) -> set[tuple[str, str]]:
     """(label, config hash) of every run with an ``ok`` status row under ``out``."""
     if not out.exists():
         return set()
-    return {(r.get("label"), r["config_hash"]) for r in read_rows(out)
-            if r.get("metric") == "run_status" and r.get("status") == "ok"}
+    return {
+        (r.get("label"), r["config_hash"])
+        for r in read_rows(out)
+        if r.get("metric") == "run_status" and r.get("status") == "ok"
+    }
 
 
 def attempt_id(out: Path, run: ResolvedRun) -> str:
@@ -66,8 +71,9 @@ def attempt_id(out: Path, run: ResolvedRun) -> str:
         k += 1
 
 
-def should_run(run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary, bar: Progress,
-               done: set[tuple[str, str]] | None) -> bool:
+def should_run(
+    run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary, bar: Progress, done: set[tuple[str, str]] | None
+) -> bool:
     """False (recording why) for an invalid run, or a completed one when resuming (``done``)."""
     if run.config is None:
         if done is not None and any(label == run.label for label, _ in done):
@@ -83,10 +89,19 @@ def should_run(run: ResolvedRun, out: Path, suite: Suite, summary: SweepSummary,
     return True
 
 
-def status_row(out: Path, run_id: str, suite: Suite, run: ResolvedRun, status: str, reason: str, elapsed: float,
-               **extra) -> None:
+def status_row(
+    out: Path, run_id: str, suite: Suite, run: ResolvedRun, status: str, reason: str, elapsed: float, **extra
+) -> None:
     """The attempt's one ``run_status`` row: ``ok``, or the failure and its reason."""
     cfg = run.config if run.config is not None else {"invalid_spec": to_dict(run.spec)}
     w = RowWriter(out / run_id, run_id, cfg, suite=suite.name)
-    w.write("run_status", 1 if status == "ok" else 0, "bool", status=status, reason=reason or None,
-            label=run.label, elapsed_s=round(elapsed, 3), **extra)
+    w.write(
+        "run_status",
+        1 if status == "ok" else 0,
+        "bool",
+        status=status,
+        reason=reason or None,
+        label=run.label,
+        elapsed_s=round(elapsed, 3),
+        **extra,
+    )

@@ -40,11 +40,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not eq:
             raise ConfigError(f"--only takes KEY=VALUE, got {item!r}")
         only[key] = value
-    summary = run_sweep(s, out, resume=args.resume, progress=not args.no_progress, tensorboard=args.tensorboard,
-                        launcher=args.launcher, only=only or None)
+    summary = run_sweep(
+        s,
+        out,
+        resume=args.resume,
+        progress=not args.no_progress,
+        tensorboard=args.tensorboard,
+        launcher=args.launcher,
+        only=only or None,
+    )
     if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
         print(show(out))
-    print(f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}")
+    print(
+        f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}"
+    )
     for label, reason in summary.failed.items():
         print(f"  failed: {label}: {reason}")
     if summary.stopped:
@@ -66,9 +75,19 @@ def cmd_peers(args: argparse.Namespace) -> int:
         out = Path(args.summarize)
         recs = summarize_stopped(out)
         return _print_peers(recs, bar(recs), out)
-    p = PeersConfig(systems=tuple(args.systems or ()), dp=args.dp, preset=args.preset, layers=args.layers,
-                    hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
-                    rounds=args.rounds, memory_run=not args.no_memory_run)
+    p = PeersConfig(
+        systems=tuple(args.systems or ()),
+        dp=args.dp,
+        preset=args.preset,
+        layers=args.layers,
+        hidden=args.hidden,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        memory_run=not args.no_memory_run,
+    )
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     check_writable_dir(out)
@@ -85,26 +104,71 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
     from tabulate import tabulate
 
     mib = lambda b: f"{b / 2**20:.1f}" if b is not None else "-"  # noqa: E731
-    print(tabulate(
-        [[r["candidate"], r["sharding_stage"], f"{r['time_vs_torch_ddp']:.3f}" if "time_vs_torch_ddp" in r else r["status"],
-          f"{r['step_time_s'] * 1e3:.1f}" if "step_time_s" in r else "-", mib(r.get("peak_live_bytes")),
-          mib(r.get("peak_rss_bytes")), f"{r['loss_max_abs_diff']:.1e}" if "loss_max_abs_diff" in r else "-"]
-         for r in recs],
-        headers=["system", "shards like stage", "time / torch-ddp", "step ms", "peak live MiB", "peak RSS MiB",
-                 "max |Δloss| vs 1 process"]))
+    print(
+        tabulate(
+            [
+                [
+                    r["candidate"],
+                    r["sharding_stage"],
+                    f"{r['time_vs_torch_ddp']:.3f}" if "time_vs_torch_ddp" in r else r["status"],
+                    f"{r['step_time_s'] * 1e3:.1f}" if "step_time_s" in r else "-",
+                    mib(r.get("peak_live_bytes")),
+                    mib(r.get("peak_rss_bytes")),
+                    f"{r['loss_max_abs_diff']:.1e}" if "loss_max_abs_diff" in r else "-",
+                ]
+                for r in recs
+            ],
+            headers=[
+                "system",
+                "shards like stage",
+                "time / torch-ddp",
+                "step ms",
+                "peak live MiB",
+                "peak RSS MiB",
+                "max |Δloss| vs 1 process",
+            ],
+        )
+    )
     rss = [r for r in recs if r.get("rss_breakdown")]
     if rss:
         print("\nhighest sampled RSS by category, MiB (zerobench/metrics/rss.py):")
         cats = list(rss[0]["rss_breakdown"])
-        print(tabulate([[r["candidate"], *(mib(r["rss_breakdown"][c]) for c in cats),
-                         mib(sum(r["rss_breakdown"].values()))] for r in rss], headers=["system", *cats, "sum"]))
+        print(
+            tabulate(
+                [
+                    [r["candidate"], *(mib(r["rss_breakdown"][c]) for c in cats), mib(sum(r["rss_breakdown"].values()))]
+                    for r in rss
+                ],
+                headers=["system", *cats, "sum"],
+            )
+        )
     if verdicts:
         print()
-        print(tabulate([[v["candidate"], v["fastest_peer"], f"{v['time_vs_fastest']:.3f}", _speed_verdict(v),
-                         v["leanest_peer"] or "-", f"{v['memory_vs_leanest']:.3f}" if v["memory_vs_leanest"] else "-",
-                         "yes" if v["memory_ok"] else "NO"] for v in verdicts],
-                       headers=["zerobench", "fastest peer", "time / it", "<= 0.95", "leanest peer",
-                                "peak / it (offload: RSS)", "<= 1"]))
+        print(
+            tabulate(
+                [
+                    [
+                        v["candidate"],
+                        v["fastest_peer"],
+                        f"{v['time_vs_fastest']:.3f}",
+                        _speed_verdict(v),
+                        v["leanest_peer"] or "-",
+                        f"{v['memory_vs_leanest']:.3f}" if v["memory_vs_leanest"] else "-",
+                        "yes" if v["memory_ok"] else "NO",
+                    ]
+                    for v in verdicts
+                ],
+                headers=[
+                    "zerobench",
+                    "fastest peer",
+                    "time / it",
+                    "<= 0.95",
+                    "leanest peer",
+                    "peak / it (offload: RSS)",
+                    "<= 1",
+                ],
+            )
+        )
     print(f"rows: {out}")
     return 0 if all(r["status"] == "ok" for r in recs) else 1
 
@@ -129,8 +193,9 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     from zerobench.bench import kernels as kb
     from zerobench.results.outdir import check_writable_dir
 
-    cfg = kb.KernelBenchConfig(numel=args.numel, rounds=args.rounds, device=args.device,
-                               deepspeed=not args.no_deepspeed)
+    cfg = kb.KernelBenchConfig(
+        numel=args.numel, rounds=args.rounds, device=args.device, deepspeed=not args.no_deepspeed
+    )
     if args.numel < 1 or args.rounds < 1:
         raise ConfigError("--numel and --rounds must be >= 1")
     if cfg.device not in ("cpu", "cuda") or (cfg.device == "cuda" and not torch.cuda.is_available()):
@@ -142,16 +207,32 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     print(f"AdamW over {cfg.numel:,} fp32 elements on {cfg.device}, {cfg.rounds} interleaved rounds", file=sys.stderr)
     recs = kb.run_adamw_bench(cfg, progress=lambda r: print(f"  round {r + 1}/{total}", file=sys.stderr))
     kb.write_rows(recs, cfg, out, run_id)
-    print(tabulate([[r["candidate"], f"{r['median_s'] * 1e3:.1f}", f"{r['gbps']:.1f}", f"{r['fraction_of_limit']:.3f}",
-                     f"{r.get('time_vs_torch_fused', float('nan')):.3f}"] for r in recs],
-                   headers=["AdamW", "median ms", "GB/s (28 B/elem)", "fraction of limit", "time / torch fused"]))
+    print(
+        tabulate(
+            [
+                [
+                    r["candidate"],
+                    f"{r['median_s'] * 1e3:.1f}",
+                    f"{r['gbps']:.1f}",
+                    f"{r['fraction_of_limit']:.3f}",
+                    f"{r.get('time_vs_torch_fused', float('nan')):.3f}",
+                ]
+                for r in recs
+            ],
+            headers=["AdamW", "median ms", "GB/s (28 B/elem)", "fraction of limit", "time / torch fused"],
+        )
+    )
     if args.ops:
         cands = kb.transformer_candidates(cfg.device, args.rows, args.hidden, args.compile)
         times = kb.interleave(cands, cfg.rounds, 2, torch.device(cfg.device))
         ops = kb.summarize_ops(times)
         print()
-        print(tabulate([[r["candidate"], f"{r['median_s'] * 1e3:.2f}", f"{r['time_vs_eager']:.3f}"] for r in ops],
-                       headers=[f"fwd+bwd [{args.rows}, h={args.hidden}]", "median ms", "time / eager"]))
+        print(
+            tabulate(
+                [[r["candidate"], f"{r['median_s'] * 1e3:.2f}", f"{r['time_vs_eager']:.3f}"] for r in ops],
+                headers=[f"fwd+bwd [{args.rows}, h={args.hidden}]", "median ms", "time / eager"],
+            )
+        )
     print(f"rows: {out}")
     return 0
 
@@ -179,28 +260,41 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the ``zerobench`` parser."""
-    sw = sub.add_parser("sweep", help="run every configuration of a suite, recording rows (failures included)",
-                        description="Expand a suite (base + axes) into runs and run each on local processes; "
-                                    "failed, out-of-memory, timed-out and invalid runs become rows with a reason.")
+    sw = sub.add_parser(
+        "sweep",
+        help="run every configuration of a suite, recording rows (failures included)",
+        description="Expand a suite (base + axes) into runs and run each on local processes; "
+        "failed, out-of-memory, timed-out and invalid runs become rows with a reason.",
+    )
     sw.add_argument("suite", help="a suite YAML file, or a name under suites/ (e.g. cpu/quick)")
     sw.add_argument("--out", help="results directory (default runs/<suite name>)")
     sw.add_argument("--resume", action="store_true", help="skip runs that already have an ok status row in --out")
-    sw.add_argument("--launcher", default="local",
-                    help="local (processes on this host), srun (job steps inside a Slurm allocation), "
-                         "slurm (one sbatch job per run, tracked to its final state)")
+    sw.add_argument(
+        "--launcher",
+        default="local",
+        help="local (processes on this host), srun (job steps inside a Slurm allocation), "
+        "slurm (one sbatch job per run, tracked to its final state)",
+    )
     sw.add_argument("--only", action="append", metavar="KEY=VALUE", help="run only runs with this key (repeatable)")
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--tensorboard", metavar="DIR", help="per-step scalars of every run for TensorBoard")
     sw.add_argument("--allow-failures", action="store_true", help="exit 0 even if some runs failed")
     sw.set_defaults(func=cmd_sweep)
-    pe = sub.add_parser("peers", help="zerobench stages vs torch DDP/ZeRO-1/FSDP1/FSDP2 and DeepSpeed, side by side",
-                        description="Every candidate trains the same GPT on the same processes, interleaved round "
-                                    "by round; reports step time relative to torch-ddp (median of per-round "
-                                    "ratios), peak memory per rank and loss parity, as rows and a table.")
-    pe.add_argument("--systems", nargs="+", default=None,
-                    help="candidates (default: zerobench-0..3 and -2/-3-offload, the torch peers, DeepSpeed 0-3 + offload if "
-                         "installed; also zerobench-2-no-overlap, zerobench-3-no-overlap)")
+    pe = sub.add_parser(
+        "peers",
+        help="zerobench stages vs torch DDP/ZeRO-1/FSDP1/FSDP2 and DeepSpeed, side by side",
+        description="Every candidate trains the same GPT on the same processes, interleaved round "
+        "by round; reports step time relative to torch-ddp (median of per-round "
+        "ratios), peak memory per rank and loss parity, as rows and a table.",
+    )
+    pe.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        help="candidates (default: zerobench-0..3 and -2/-3-offload, the torch peers, DeepSpeed 0-3 + offload if "
+        "installed; also zerobench-2-no-overlap, zerobench-3-no-overlap)",
+    )
     pe.add_argument("--dp", type=count(1), default=2, help="processes")
     pe.add_argument("--preset", default="tiny", help="model preset")
     pe.add_argument("--layers", type=count(1), default=None, help="override the preset's layers")
@@ -212,14 +306,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     pe.add_argument("--rounds", type=count(1), default=3, help="interleaved timing rounds")
     pe.add_argument("--no-memory-run", action="store_true", help="skip the per-candidate live-tensor run")
     pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
-    pe.add_argument("--summarize", metavar="DIR", default=None,
-                    help="table a comparison that stopped before its summary (time limit, cancel) from the runs it "
-                         "finished under DIR, instead of running one")
+    pe.add_argument(
+        "--summarize",
+        metavar="DIR",
+        default=None,
+        help="table a comparison that stopped before its summary (time limit, cancel) from the runs it "
+        "finished under DIR, instead of running one",
+    )
     pe.set_defaults(func=cmd_peers)
-    bk = sub.add_parser("bench-kernels", help="the fused kernels side by side with torch (and DeepSpeed): rows + table",
-                        description="AdamW over one flat fp32 partition by every candidate, interleaved round by "
-                                    "round, against a bandwidth-limit kernel with AdamW's access pattern; then "
-                                    "bias+GeLU and LayerNorm (forward+backward) against eager PyTorch.")
+    bk = sub.add_parser(
+        "bench-kernels",
+        help="the fused kernels side by side with torch (and DeepSpeed): rows + table",
+        description="AdamW over one flat fp32 partition by every candidate, interleaved round by "
+        "round, against a bandwidth-limit kernel with AdamW's access pattern; then "
+        "bias+GeLU and LayerNorm (forward+backward) against eager PyTorch.",
+    )
     bk.add_argument("--numel", type=count(1), default=50_000_000, help="elements of the flat partition (default 50M)")
     bk.add_argument("--rounds", type=count(1), default=7, help="interleaved rounds; medians over them")
     bk.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -230,8 +331,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     bk.add_argument("--hidden", type=count(1), default=1024, help="with --ops: hidden size")
     bk.add_argument("--out", default=None, help="write result rows here (default runs/bench-kernels-<time>)")
     bk.set_defaults(func=cmd_bench_kernels)
-    rp = sub.add_parser("report", help="paper-style HTML + Markdown report from result rows",
-                        description="Aggregate rows, draw the figures (seaborn) and render report_templates/.")
+    rp = sub.add_parser(
+        "report",
+        help="paper-style HTML + Markdown report from result rows",
+        description="Aggregate rows, draw the figures (seaborn) and render report_templates/.",
+    )
     rp.add_argument("results", nargs="+", help="results directories or rows files")
     rp.add_argument("--out", required=True, help="report directory (index.html, summary.md, figures)")
     rp.set_defaults(func=cmd_report)

@@ -17,8 +17,9 @@ def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
     if Path(args.checkpoint_dir).is_dir():  # else the missing checkpoint is the error, and nothing is created
         check_writable_dir(args.output_dir, "OUTPUT_DIR", "the state dict")  # before the shards are read
     try:
-        path = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, tag=args.tag,
-                                                          exclude_frozen_parameters=args.exclude_frozen_parameters)
+        path = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir, args.output_dir, tag=args.tag, exclude_frozen_parameters=args.exclude_frozen_parameters
+        )
     except (FileNotFoundError, CheckpointMismatch) as e:
         raise ConfigError(str(e)) from None
     print(f"wrote {path}")
@@ -27,11 +28,14 @@ def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommand to the ``zerobench`` parser."""
-    p = sub.add_parser("zero-to-fp32", help="a save_checkpoint directory as one fp32 state dict (DeepSpeed's zero_to_fp32)",
-                       description="Consolidate the shards of a checkpoint written by engine.save_checkpoint (any number "
-                                   "of DP ranks) into OUTPUT_DIR/pytorch_model.bin: the model's parameters in fp32, a "
-                                   "tied one under each name, with its buffers and frozen parameters, for "
-                                   "model.load_state_dict without ZeRO. One process, no GPU.")
+    p = sub.add_parser(
+        "zero-to-fp32",
+        help="a save_checkpoint directory as one fp32 state dict (DeepSpeed's zero_to_fp32)",
+        description="Consolidate the shards of a checkpoint written by engine.save_checkpoint (any number "
+        "of DP ranks) into OUTPUT_DIR/pytorch_model.bin: the model's parameters in fp32, a "
+        "tied one under each name, with its buffers and frozen parameters, for "
+        "model.load_state_dict without ZeRO. One process, no GPU.",
+    )
     p.add_argument("checkpoint_dir", help="the directory given to save_checkpoint (holding 'latest' and the tags)")
     p.add_argument("output_dir", help="where pytorch_model.bin goes (created if missing)")
     p.add_argument("--tag", help="which checkpoint (default: the one 'latest' names), e.g. global_step100")

@@ -11,18 +11,36 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to report")
     g.add_argument("--table", type=int, choices=[1, 2], help="print the paper's Table 1 or Table 2, computed")
     g.add_argument("--max-size", action="store_true", help="solve for the largest --layers that fits")
-    g.add_argument("--profile", help="with --max-size: plan memory from a GPU profile's measured terms (`zerobench "
-                                     "profile --device cuda`) instead of the paper's formulas and allowance; give the "
-                                     "profiled shape (--hidden --heads --vocab --seq --micro-batch --precision --gpus 1)")
-    g.add_argument("--dry-run", action="store_true",
-                   help="build the real engine for one rank on the fake backend and compare its bytes")
+    g.add_argument(
+        "--profile",
+        help="with --max-size: plan memory from a GPU profile's measured terms (`zerobench "
+        "profile --device cuda`) instead of the paper's formulas and allowance; give the "
+        "profiled shape (--hidden --heads --vocab --seq --micro-batch --precision --gpus 1)",
+    )
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the real engine for one rank on the fake backend and compare its bytes",
+    )
     g.add_argument("--suite", help="with --dry-run: every zerobench row of a suite (e.g. paper/fig2)")
     g.add_argument("--rank", type=count(0), default=0, help="with --dry-run: the rank to measure")
     g.add_argument("--project", metavar="SUITE", help="project throughput for a suite's rows (e.g. paper/fig2)")
     g.add_argument("--hardware", default="v100-dgx2", help="v100-dgx2, a100-dgx or h100-dgx (projection)")
-    g.add_argument("--efficiency", type=number(above=0, maximum=1), default=0.5, help="fraction of peak the matmuls reach (assumed)")
-    g.add_argument("--dp-overlap", type=number(minimum=0, maximum=1), default=0.5, help="fraction of backward that can hide DP traffic")
-    g.add_argument("--json", action="store_true", help="machine-readable output (keys documented in zerobench.plan.command)")
+    g.add_argument(
+        "--efficiency",
+        type=number(above=0, maximum=1),
+        default=0.5,
+        help="fraction of peak the matmuls reach (assumed)",
+    )
+    g.add_argument(
+        "--dp-overlap",
+        type=number(minimum=0, maximum=1),
+        default=0.5,
+        help="fraction of backward that can hide DP traffic",
+    )
+    g.add_argument(
+        "--json", action="store_true", help="machine-readable output (keys documented in zerobench.plan.command)"
+    )
     g = p.add_argument_group("model")
     g.add_argument("--model", help="a named size from the paper's tables (e.g. 100B, 170B, fig4-13B)")
     g.add_argument("--params", type=number(above=0), help="target parameter count (layers solved at --hidden/--heads)")
@@ -38,8 +56,12 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mp", action=Renamed, new="--tp", help=argparse.SUPPRESS)
     g.add_argument("--gpu-mem", type=byte_size, default="32GB", help="memory per GPU, e.g. 32GB (1e9 bytes) or 80GiB")
     g.add_argument("--micro-batch", type=count(1), default=1, help="sequences per DP replica per micro-batch")
-    g.add_argument("--precision", choices=("fp16", "bf16", "fp32"), default="fp16",
-                   help="training precision (the paper's fp16; with --profile, the profile's)")
+    g.add_argument(
+        "--precision",
+        choices=("fp16", "bf16", "fp32"),
+        default="fp16",
+        help="training precision (the paper's fp16; with --profile, the profile's)",
+    )
     g.add_argument("--stage", type=int, default=2, help="ZeRO-DP stage 0-3")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--pa", action="store_true", help="P_a")
@@ -47,7 +69,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-size", type=count(1), default=500_000_000, help="C_B bucket size in elements")
     g.add_argument("--cb-size", action=Renamed, new="--bucket-size", help=argparse.SUPPRESS)
     g.add_argument("--md", action="store_true", help="M_D (smaller fragmentation allowance)")
-    g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments: fp32 (K=12) or 8-bit (K~6)")
+    g.add_argument(
+        "--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments: fp32 (K=12) or 8-bit (K~6)"
+    )
     g.add_argument("--offload-optimizer", action="store_true", help="ZeRO-Offload: optimizer states in host memory")
     g.add_argument("--offload-param", action="store_true", help="stage 3: parameter partition in host memory too")
 
@@ -64,9 +88,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the ``zerobench`` parser."""
-    pl = sub.add_parser("plan", help="memory/communication analysis, the paper's tables, dry runs, projections",
-                        description="Plan a configuration without a cluster: per-GPU memory and communication "
-                                    "by the paper's analysis, Tables 1 and 2, the largest model that fits, a dry "
-                                    "run of the real engine on the fake backend, and a stated performance model.")
+    pl = sub.add_parser(
+        "plan",
+        help="memory/communication analysis, the paper's tables, dry runs, projections",
+        description="Plan a configuration without a cluster: per-GPU memory and communication "
+        "by the paper's analysis, Tables 1 and 2, the largest model that fits, a dry "
+        "run of the real engine on the fake backend, and a stated performance model.",
+    )
     _add_plan_args(pl)
     pl.set_defaults(func=cmd_plan)

@@ -19,36 +19,67 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the ``zerobench`` parser."""
-    p = sub.add_parser("profile", help="measure this host's per-op and collective costs for a suite's shapes",
-                       description="Measure, with every rank of each configuration running at once on this host, "
-                                   "the compute pieces of a step at the suite's exact shapes, the engine's "
-                                   "per-element costs and the collectives from 1 KiB to 64 MiB (1 GiB on GPUs); rows of kind "
-                                   "'profile' for `zerobench simulate`.")
+    p = sub.add_parser(
+        "profile",
+        help="measure this host's per-op and collective costs for a suite's shapes",
+        description="Measure, with every rank of each configuration running at once on this host, "
+        "the compute pieces of a step at the suite's exact shapes, the engine's "
+        "per-element costs and the collectives from 1 KiB to 64 MiB (1 GiB on GPUs); rows of kind "
+        "'profile' for `zerobench simulate`.",
+    )
     p.add_argument("--suite", required=True, help="the configurations to profile for (e.g. cpu/sim_validation)")
     p.add_argument("--out", required=True, help="directory for the profile's rows")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="what to profile: this node's GPUs where it has them (auto), or the CPU processes; on "
-                        "GPUs each rank of a run has a card of its own (NCCL), so a world of N needs N of them")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="what to profile: this node's GPUs where it has them (auto), or the CPU processes; on "
+        "GPUs each rank of a run has a card of its own (NCCL), so a world of N needs N of them",
+    )
     p.set_defaults(func=cmd_profile)
-    s = sub.add_parser("simulate", help="replay the engine's step on a profile; check predictions against runs",
-                       description="Predict step time, its critical path and TFLOPs of a suite's runs from a "
-                                   "profile (discrete-event replay of the engine's schedule), or compare the "
-                                   "predictions with measured runs (--validate).")
-    s.add_argument("--profile", help="a profile's rows (from `zerobench profile`), or a stated device: v100-dgx2, "
-                                     "v100-dgx2h, a100-dgx, h100-dgx (zerobench/sim/stated.py)")
+    s = sub.add_parser(
+        "simulate",
+        help="replay the engine's step on a profile; check predictions against runs",
+        description="Predict step time, its critical path and TFLOPs of a suite's runs from a "
+        "profile (discrete-event replay of the engine's schedule), or compare the "
+        "predictions with measured runs (--validate).",
+    )
+    s.add_argument(
+        "--profile",
+        help="a profile's rows (from `zerobench profile`), or a stated device: v100-dgx2, "
+        "v100-dgx2h, a100-dgx, h100-dgx (zerobench/sim/stated.py)",
+    )
     s.add_argument("--suite", help="predict every run of this suite")
-    s.add_argument("--paper", action="store_true",
-                   help="predict the paper's figures (100B, 8B-100B, Fig 3, Fig 4) on the stated V100 DGX-2, one factor "
-                        "fitted on Megatron-LM's single-V100 figure, each next to the paper's number")
-    s.add_argument("--validate-published", nargs="?", metavar="CSV", const="",
-                   help="predict published training throughput figures on stated devices, each next to its figure, "
-                        "with the median and worst |predicted / published - 1| per device class (default: the "
-                        "committed table results/reference/sim-published/published.csv)")
-    s.add_argument("--validate", metavar="RESULTS", help="compare with the measured runs in these rows (a directory holding several "
-                   "sweeps of one suite: each run's median over them)")
-    s.add_argument("--fit", action="store_true",
-                   help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs")
-    s.add_argument("--out", help="with --validate, --validate-published or --paper: also write the result as rows here (the "
-                        "report draws them)")
+    s.add_argument(
+        "--paper",
+        action="store_true",
+        help="predict the paper's figures (100B, 8B-100B, Fig 3, Fig 4) on the stated V100 DGX-2, one factor "
+        "fitted on Megatron-LM's single-V100 figure, each next to the paper's number",
+    )
+    s.add_argument(
+        "--validate-published",
+        nargs="?",
+        metavar="CSV",
+        const="",
+        help="predict published training throughput figures on stated devices, each next to its figure, "
+        "with the median and worst |predicted / published - 1| per device class (default: the "
+        "committed table results/reference/sim-published/published.csv)",
+    )
+    s.add_argument(
+        "--validate",
+        metavar="RESULTS",
+        help="compare with the measured runs in these rows (a directory holding several "
+        "sweeps of one suite: each run's median over them)",
+    )
+    s.add_argument(
+        "--fit",
+        action="store_true",
+        help="with --validate: fit the profile's one free factor (interference) on the non-ZeRO runs",
+    )
+    s.add_argument(
+        "--out",
+        help="with --validate, --validate-published or --paper: also write the result as rows here (the "
+        "report draws them)",
+    )
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_simulate)

@@ -31,30 +31,53 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p)
     g = p.add_argument_group("parallelism and precision")
     g.add_argument("--stage", type=int, default=0, help="ZeRO stage 0 (DP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)")
-    g.add_argument("--dp", type=count(1), default=None,
-                   help="data-parallel degree = number of processes (default: the world size under "
-                        "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself")
-    g.add_argument("--system", default="zerobench",
-                   help="zerobench (this engine) or megatron (the Megatron-LM baseline: megatron-core's GPTModel, TP, DDP)")
+    g.add_argument(
+        "--dp",
+        type=count(1),
+        default=None,
+        help="data-parallel degree = number of processes (default: the world size under "
+        "torchrun/srun, else 1); without torchrun/srun zerobench starts them itself",
+    )
+    g.add_argument(
+        "--system",
+        default="zerobench",
+        help="zerobench (this engine) or megatron (the Megatron-LM baseline: megatron-core's GPTModel, TP, DDP)",
+    )
     g.add_argument("--tp", type=count(1), default=1, help="tensor (model) parallel degree; world = dp * tp")
     g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group (Megatron SP)")
     g.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
-    g.add_argument("--kernels", default="auto", choices=["auto", "fused", "reference"],
-                   help="fused kernels (AdamW step, LayerNorm, bias+GeLU; kernels/): auto = where the device "
-                        "has them, fused = required, reference = plain PyTorch")
+    g.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "fused", "reference"],
+        help="fused kernels (AdamW step, LayerNorm, bias+GeLU; kernels/): auto = where the device "
+        "has them, fused = required, reference = plain PyTorch",
+    )
     g = p.add_argument_group("ZeRO-R (paper §6)")
     g.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")
     g.add_argument("--pa", action="store_true", help="P_a: partition activation checkpoints over TP ranks")
     g.add_argument("--pa-cpu", action="store_true", help="P_a+cpu: keep partitioned checkpoints in host memory")
     g.add_argument("--md", action="store_true", help="M_D: checkpoints in one pre-allocated contiguous buffer")
-    g.add_argument("--paper-config", choices=sorted(PAPER_CONFIGS),
-                   help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
-                        + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())))
-    g.add_argument("--bucket-size", type=count(1), default=6_250_000, metavar="ELEMENTS",
-                   help="gradient/parameter bucket size in elements (C_B)")
-    g.add_argument("--no-overlap-comm", dest="overlap_comm", action="store_false",
-                   help="wait for each gradient bucket's collective before backward goes on (DeepSpeed's "
-                        "overlap_comm off): stages 2-3 then hold one staging bucket at a time")
+    g.add_argument(
+        "--paper-config",
+        choices=sorted(PAPER_CONFIGS),
+        help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
+        + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())),
+    )
+    g.add_argument(
+        "--bucket-size",
+        type=count(1),
+        default=6_250_000,
+        metavar="ELEMENTS",
+        help="gradient/parameter bucket size in elements (C_B)",
+    )
+    g.add_argument(
+        "--no-overlap-comm",
+        dest="overlap_comm",
+        action="store_false",
+        help="wait for each gradient bucket's collective before backward goes on (DeepSpeed's "
+        "overlap_comm off): stages 2-3 then hold one staging bucket at a time",
+    )
     _add_offload_args(p)
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch", type=count(1), default=2, help="sequences per micro-batch per rank")
@@ -70,36 +93,65 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
     g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
     g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
-    g.add_argument("--profile", metavar="DIR",
-                   help="trace the last steps with torch.profiler: DIR/<run id>/rank<r>.trace.json (Perfetto) and "
-                        "rank<r>.ops.txt (operators by self time) per rank; the traced steps are left out of the medians")
+    g.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="trace the last steps with torch.profiler: DIR/<run id>/rank<r>.trace.json (Perfetto) and "
+        "rank<r>.ops.txt (operators by self time) per rank; the traced steps are left out of the medians",
+    )
     g.add_argument("--profile-steps", type=count(1), metavar="N", help="steps --profile traces (default 2)")
-    g.add_argument("--memory-budget", metavar="BYTES", type=byte_size,
-                   help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
-                        "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM")
+    g.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        type=byte_size,
+        help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
+        "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM",
+    )
     g.add_argument("--timeout", type=number(above=0), default=3600.0, help="wall-clock limit of a local launch (s)")
-    g.add_argument("--collective-timeout", type=number(above=0), default=300.0, metavar="SECONDS",
-                   help="a collective waiting longer fails the run, naming the stuck rank (default 300)")
-    g.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"],
-                   help="process-group backend: auto = NCCL where each rank has a GPU of its own, gloo on CPU or "
-                        "where ranks share a GPU (gloo runs several ranks on one card)")
+    g.add_argument(
+        "--collective-timeout",
+        type=number(above=0),
+        default=300.0,
+        metavar="SECONDS",
+        help="a collective waiting longer fails the run, naming the stuck rank (default 300)",
+    )
+    g.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "nccl", "gloo"],
+        help="process-group backend: auto = NCCL where each rank has a GPU of its own, gloo on CPU or "
+        "where ranks share a GPU (gloo runs several ranks on one card)",
+    )
 
 
 def _add_offload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("offload and 8-bit optimizer states (ZeRO-Offload / ZeRO-Infinity)")
-    g.add_argument("--offload-optimizer", default="none", choices=["none", "cpu", "nvme"],
-                   help="stages 1-3: fp32 master + Adam states in host memory, step on the CPU kernel (cpu); "
-                        "as cpu with the states swapped to files under --nvme-path (nvme)")
-    g.add_argument("--offload-param", default="none", choices=["none", "cpu"],
-                   help="stage 3 with optimizer offload: the parameter partition in host memory")
+    g.add_argument(
+        "--offload-optimizer",
+        default="none",
+        choices=["none", "cpu", "nvme"],
+        help="stages 1-3: fp32 master + Adam states in host memory, step on the CPU kernel (cpu); "
+        "as cpu with the states swapped to files under --nvme-path (nvme)",
+    )
+    g.add_argument(
+        "--offload-param",
+        default="none",
+        choices=["none", "cpu"],
+        help="stage 3 with optimizer offload: the parameter partition in host memory",
+    )
     g.add_argument("--nvme-path", metavar="DIR", help="directory for --offload-optimizer nvme's state files")
-    g.add_argument("--optim-bits", type=int, default=32, choices=[32, 8],
-                   help="Adam moments in fp32 or blockwise-quantized 8-bit")
+    g.add_argument(
+        "--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments in fp32 or blockwise-quantized 8-bit"
+    )
 
 
 def _offload_kwargs(args: argparse.Namespace) -> dict:
-    return dict(offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
-                nvme_path=args.nvme_path, optim_bits=args.optim_bits)
+    return dict(
+        offload_optimizer=args.offload_optimizer,
+        offload_param=args.offload_param,
+        nvme_path=args.nvme_path,
+        optim_bits=args.optim_bits,
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -120,22 +172,50 @@ def cmd_train(args: argparse.Namespace) -> int:
     dp = args.dp if args.dp is not None else max(1, denv.world_size // args.tp)
     # The same RunSpec a suite row is, resolved by the same to_train_config (bench/spec.py).
     spec = RunSpec(
-        system=args.system, preset=args.preset, layers=args.layers, hidden=args.hidden, heads=args.heads,
-        vocab=args.vocab, seq=args.seq, stage=args.stage, dp=dp, tp=args.tp, sp=args.sp, kernels=args.kernels,
-        precision=args.precision, micro_batch=args.micro_batch, grad_accum=args.grad_accum, steps=args.steps,
-        warmup=args.warmup, lr=args.lr, weight_decay=args.weight_decay, clip=args.clip,
-        bucket_size=args.bucket_size, overlap_comm=args.overlap_comm, checkpoint_activations=args.checkpoint_activations,
-        pa=args.pa, pa_cpu=args.pa_cpu, md=args.md, seed=args.seed, memory_budget=args.memory_budget,
-        collective_timeout=args.collective_timeout, backend=args.backend, track_memory=not args.no_track_memory,
-        tensorboard=args.tensorboard, profile=args.profile, profile_steps=args.profile_steps or 2,
+        system=args.system,
+        preset=args.preset,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        vocab=args.vocab,
+        seq=args.seq,
+        stage=args.stage,
+        dp=dp,
+        tp=args.tp,
+        sp=args.sp,
+        kernels=args.kernels,
+        precision=args.precision,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        steps=args.steps,
+        warmup=args.warmup,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        clip=args.clip,
+        bucket_size=args.bucket_size,
+        overlap_comm=args.overlap_comm,
+        checkpoint_activations=args.checkpoint_activations,
+        pa=args.pa,
+        pa_cpu=args.pa_cpu,
+        md=args.md,
+        seed=args.seed,
+        memory_budget=args.memory_budget,
+        collective_timeout=args.collective_timeout,
+        backend=args.backend,
+        track_memory=not args.no_track_memory,
+        tensorboard=args.tensorboard,
+        profile=args.profile,
+        profile_steps=args.profile_steps or 2,
         **_offload_kwargs(args),
     )
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     check_name(run_id, "--run-id", ": give e.g. --run-id my-run (a directory name under runs/)")
     out = Path(args.out) if args.out else Path("runs") / run_id
-    for flag, where, what in (("--tensorboard", args.tensorboard, "TensorBoard scalars"),
-                              ("--profile", args.profile, "profiler traces")):
+    for flag, where, what in (
+        ("--tensorboard", args.tensorboard, "TensorBoard scalars"),
+        ("--profile", args.profile, "profiler traces"),
+    ):
         if where:
             check_writable_dir(where, flag, what)
     # The directory is this run's alone: locked by the launcher, or under torchrun/srun by global rank 0 (every
@@ -206,10 +286,24 @@ def _maxsize(args: argparse.Namespace) -> int:
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancellation, Cancelled
     from zerobench.results.outdir import check_writable_dir
 
-    base = RunSpec(preset=args.preset, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
-                   dp=args.dp, tp=args.tp, precision=args.precision, micro_batch=args.micro_batch,
-                   checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
-                   md=args.md, timeout=args.timeout, bucket_size=args.bucket_size, **_offload_kwargs(args))
+    base = RunSpec(
+        preset=args.preset,
+        hidden=args.hidden,
+        heads=args.heads,
+        vocab=args.vocab,
+        seq=args.seq,
+        dp=args.dp,
+        tp=args.tp,
+        precision=args.precision,
+        micro_batch=args.micro_batch,
+        checkpoint_activations=args.checkpoint_activations,
+        pa=args.pa,
+        pa_cpu=args.pa_cpu,
+        md=args.md,
+        timeout=args.timeout,
+        bucket_size=args.bucket_size,
+        **_offload_kwargs(args),
+    )
     for flag, where, what in (("--out", args.out, "max-size rows"), ("--probes", args.probes, "probe logs")):
         if where:
             check_writable_dir(where, flag, what)
@@ -219,18 +313,29 @@ def _maxsize(args: argparse.Namespace) -> int:
             spec = dataclasses.replace(base, stage=stage)
             work = Path(args.probes) / f"stage{stage}" if args.probes else None
             try:
-                res = search_max_layers(spec, args.budget, limit=args.max_layers, start=args.start_layers,
-                                        work_dir=work, cancel=cancel, on_probe=lambda L, st, s=stage: print(
-                                            f"  stage {s}: {L:4d} layers -> {st}", flush=True))
+                res = search_max_layers(
+                    spec,
+                    args.budget,
+                    limit=args.max_layers,
+                    start=args.start_layers,
+                    work_dir=work,
+                    cancel=cancel,
+                    on_probe=lambda L, st, s=stage: print(f"  stage {s}: {L:4d} layers -> {st}", flush=True),
+                )
             except Cancelled as e:
-                done = f"; the rows of stage(s) {', '.join(map(str, results))} are in {args.out}" if (
-                    results and args.out) else ""
+                done = (
+                    f"; the rows of stage(s) {', '.join(map(str, results))} are in {args.out}"
+                    if (results and args.out)
+                    else ""
+                )
                 print(f"zerobench: error: maxsize stopped at stage {stage}: {e}{done}", file=sys.stderr)
                 return EXIT_CANCELLED
             results[stage] = res
             world = f"dp {base.dp} x tp {base.tp or 1}: {base.dp * (base.tp or 1)} process(es) on this host"
-            print(f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within "
-                  f"{args.budget} per process ({world})")
+            print(
+                f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within "
+                f"{args.budget} per process ({world})"
+            )
             if args.out:  # each stage's rows as soon as it is found: a cancel later loses none
                 _write_maxsize_rows(args, dataclasses.replace(base, stage=stage), res)
     if len(results) > 1:
@@ -248,8 +353,11 @@ def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:
 
     from zerobench.results.rows import RowWriter
 
-    off = "" if args.offload_optimizer == "none" else f"-offload-{args.offload_optimizer}" + (
-        "-param" if args.offload_param != "none" else "")
+    off = (
+        ""
+        if args.offload_optimizer == "none"
+        else f"-offload-{args.offload_optimizer}" + ("-param" if args.offload_param != "none" else "")
+    )
     off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
     w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", {**dataclasses.asdict(spec), "budget": args.budget})
     w.write("max_layers", res.max_layers, "layers")
@@ -258,26 +366,40 @@ def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the ``zerobench`` parser."""
-    t = sub.add_parser("train", help="run one training job (spawns --dp processes, or runs under torchrun/srun)",
-                       description="Train a GPT with ZeRO on synthetic data; print and record loss, step time, "
-                                   "TFLOPs, and the memory and communication ledgers.")
+    t = sub.add_parser(
+        "train",
+        help="run one training job (spawns --dp processes, or runs under torchrun/srun)",
+        description="Train a GPT with ZeRO on synthetic data; print and record loss, step time, "
+        "TFLOPs, and the memory and communication ledgers.",
+    )
     _add_train_args(t)
     t.set_defaults(func=cmd_train)
-    d = sub.add_parser("demo", help="the embedded default: tiny GPT, ZeRO stages 0-3 on local processes",
-                       description="Train the tiny GPT at ZeRO stages 0-3 on local CPU processes and print "
-                                   "memory, communication, time and loss side by side.")
+    d = sub.add_parser(
+        "demo",
+        help="the embedded default: tiny GPT, ZeRO stages 0-3 on local processes",
+        description="Train the tiny GPT at ZeRO stages 0-3 on local CPU processes and print "
+        "memory, communication, time and loss side by side.",
+    )
     d.add_argument("--out", default=None, help="directory for the runs' rows (default runs/demo-<time>)")
     d.set_defaults(func=cmd_demo)
-    ms = sub.add_parser("maxsize", help="the largest model (layers) that trains within a memory budget",
-                        description="Binary search on layers at fixed hidden/heads; each probe is a fresh run "
-                                    "with the budget enforced (CPU: live-tensor tracker; GPU: CUDA OOM).")
+    ms = sub.add_parser(
+        "maxsize",
+        help="the largest model (layers) that trains within a memory budget",
+        description="Binary search on layers at fixed hidden/heads; each probe is a fresh run "
+        "with the budget enforced (CPU: live-tensor tracker; GPU: CUDA OOM).",
+    )
     ms.add_argument("--budget", required=True, type=byte_size, help="per-device memory budget, e.g. 16MiB or 32GB")
     ms.add_argument("--stage", type=int, nargs="+", default=[0, 3], help="stages to search (default 0 3)")
     ms.add_argument("--preset", default="tiny")
     for name in ("hidden", "heads", "vocab", "seq"):
         ms.add_argument(f"--{name}", type=count(1))
-    ms.add_argument("--dp", type=count(1), default=4, help="data-parallel ranks, each with the budget (default 4; "
-                                                            "on one GPU they share the card: give --dp 1 for one)")
+    ms.add_argument(
+        "--dp",
+        type=count(1),
+        default=4,
+        help="data-parallel ranks, each with the budget (default 4; "
+        "on one GPU they share the card: give --dp 1 for one)",
+    )
     ms.add_argument("--tp", type=count(1), default=1)
     ms.add_argument("--precision", default="fp32")
     ms.add_argument("--micro-batch", type=count(1), default=1)
@@ -285,15 +407,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     ms.add_argument("--pa", action="store_true")
     ms.add_argument("--pa-cpu", action="store_true")
     ms.add_argument("--md", action="store_true")
-    ms.add_argument("--bucket-size", type=count(1), default=6_250_000, metavar="ELEMENTS",
-                    help="gradient/parameter bucket size in elements (C_B)")
+    ms.add_argument(
+        "--bucket-size",
+        type=count(1),
+        default=6_250_000,
+        metavar="ELEMENTS",
+        help="gradient/parameter bucket size in elements (C_B)",
+    )
     _add_offload_args(ms)
     ms.add_argument("--max-layers", type=count(1), default=256, help="search limit")
-    ms.add_argument("--start-layers", type=count(1), default=1,
-                    help="start the search here, e.g. at `zerobench plan --max-size --profile`'s answer: a right "
-                         "guess costs two probes (default 1: double from one layer)")
+    ms.add_argument(
+        "--start-layers",
+        type=count(1),
+        default=1,
+        help="start the search here, e.g. at `zerobench plan --max-size --profile`'s answer: a right "
+        "guess costs two probes (default 1: double from one layer)",
+    )
     ms.add_argument("--timeout", type=number(above=0), default=300.0, help="per-probe wall-clock limit (s)")
     ms.add_argument("--out", help="write max_layers / max_params rows here")
-    ms.add_argument("--probes", metavar="DIR", help="keep every probe's log and rows (status, peak allocated and "
-                                                    "reserved bytes) under DIR/stageN/probe-L (default: discarded)")
+    ms.add_argument(
+        "--probes",
+        metavar="DIR",
+        help="keep every probe's log and rows (status, peak allocated and "
+        "reserved bytes) under DIR/stageN/probe-L (default: discarded)",
+    )
     ms.set_defaults(func=cmd_maxsize)

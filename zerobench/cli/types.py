@@ -86,5 +86,6 @@ class Renamed(argparse.Action):
         self.new = new
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is now spelled {self.new}: use {self.new}"
-                     + (f" {values}" if values is not None else ""))
+        parser.error(
+            f"{option_string} is now spelled {self.new}: use {self.new}" + (f" {values}" if values is not None else "")
+        )

@@ -54,19 +54,25 @@ class Group:
             return group
         if group is None or isinstance(group, dist.ProcessGroup):
             if not dist.is_available() or not dist.is_initialized():
-                raise ConfigError(f"{what}: torch.distributed is not initialised: call "
-                                  "torch.distributed.init_process_group (gloo on CPU, nccl on GPUs) or run under "
-                                  "torchrun before building the engine")
+                raise ConfigError(
+                    f"{what}: torch.distributed is not initialised: call "
+                    "torch.distributed.init_process_group (gloo on CPU, nccl on GPUs) or run under "
+                    "torchrun before building the engine"
+                )
             return cls.of(group, name)
         from torch.distributed.device_mesh import DeviceMesh
 
         if isinstance(group, DeviceMesh):
             if group.ndim != 1:
-                raise ConfigError(f"{what}: a {group.ndim}-D DeviceMesh names no single group: pass its "
-                                  f"data-parallel dimension (mesh['dp']) or that dimension's process group")
+                raise ConfigError(
+                    f"{what}: a {group.ndim}-D DeviceMesh names no single group: pass its "
+                    f"data-parallel dimension (mesh['dp']) or that dimension's process group"
+                )
             return cls.of(group.get_group(), name)
-        raise ConfigError(f"{what}: expected a torch.distributed ProcessGroup, a 1-D DeviceMesh, "
-                          f"zerobench's Group or None (the default group), got {type(group).__name__}")
+        raise ConfigError(
+            f"{what}: expected a torch.distributed ProcessGroup, a 1-D DeviceMesh, "
+            f"zerobench's Group or None (the default group), got {type(group).__name__}"
+        )
 
 
 def _record(ledger: CommLedger | None, op: str, group: Group, full: torch.Tensor, tag: str) -> None:
@@ -173,7 +179,9 @@ def all_gather(
         if mine.data_ptr() != inp.data_ptr():
             mine.copy_(inp.view(-1))
         pg = group.pg or dist.group.WORLD
-        works = [dist.broadcast(flat[r * n : (r + 1) * n], src=dist.get_global_rank(pg, r), group=pg, async_op=True)
-                 for r in range(group.size)]
+        works = [
+            dist.broadcast(flat[r * n : (r + 1) * n], src=dist.get_global_rank(pg, r), group=pg, async_op=True)
+            for r in range(group.size)
+        ]
         return _finish(works, None, async_op)
     return _all_gather(out, inp, group=group.pg, async_op=async_op)

@@ -79,10 +79,14 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv:
     if denv.world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {denv.world_size} (from {denv.source}'s variables)")
     if not 0 <= denv.rank < denv.world_size:
-        raise ConfigError(f"rank {denv.rank} is outside a world of {denv.world_size} (from {denv.source}'s "
-                          f"variables): ranks are 0..{denv.world_size - 1}")
+        raise ConfigError(
+            f"rank {denv.rank} is outside a world of {denv.world_size} (from {denv.source}'s "
+            f"variables): ranks are 0..{denv.world_size - 1}"
+        )
     if denv.local_rank < 0 or denv.local_rank > denv.rank:
-        raise ConfigError(f"local rank {denv.local_rank} does not fit rank {denv.rank} (from {denv.source}'s variables)")
+        raise ConfigError(
+            f"local rank {denv.local_rank} does not fit rank {denv.rank} (from {denv.source}'s variables)"
+        )
     if not 0 < denv.master_port < 65536:
         raise ConfigError(f"MASTER_PORT {denv.master_port} is not a TCP port (1-65535)")
     return denv
@@ -145,8 +149,10 @@ def choose_backend(requested: str, device: torch.device, local_world_size: int |
             raise ConfigError("--backend nccl needs CUDA devices and this process has none: use --backend gloo or auto")
         return "gloo"
     if requested == "nccl" and sharing:
-        raise ConfigError(f"--backend nccl needs one GPU per rank: {local_world_size} ranks on this node share "
-                          f"{gpus} GPU(s); use --backend gloo (or auto), which runs several ranks on one GPU")
+        raise ConfigError(
+            f"--backend nccl needs one GPU per rank: {local_world_size} ranks on this node share "
+            f"{gpus} GPU(s); use --backend gloo (or auto), which runs several ranks on one GPU"
+        )
     return "gloo" if requested == "gloo" or sharing else "nccl"
 
 
@@ -166,12 +172,18 @@ def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "au
     import torch.distributed as dist
 
     device = default_device(denv.local_rank)
-    chosen = choose_backend(backend, device, denv.local_world_size,
-                            torch.cuda.device_count() if device.type == "cuda" else 0)
+    chosen = choose_backend(
+        backend, device, denv.local_world_size, torch.cuda.device_count() if device.type == "cuda" else 0
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         store = connect_store(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s)
-        dist.init_process_group(chosen, store=store, rank=denv.rank, world_size=denv.world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            chosen,
+            store=store,
+            rank=denv.rank,
+            world_size=denv.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
     return device

@@ -43,8 +43,13 @@ def validate_degrees(world: int, tp: int, dp: int | None = None) -> int:
     return world // tp
 
 
-def build_mesh(tp: int, dp: int | None = None, backend: str | None = None, timeout_s: float | None = None,
-               native_collectives: bool = False) -> Mesh:
+def build_mesh(
+    tp: int,
+    dp: int | None = None,
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    native_collectives: bool = False,
+) -> Mesh:
     """Build the DP x TP groups. With ``dp * tp`` smaller than the world, the world is cut into
     independent meshes of ``dp * tp`` consecutive ranks (useful to run several configurations at once).
 

@@ -69,19 +69,25 @@ def explain(rank: int, world_size: int, addr: str, port: int, timeout_s: float, 
     first = _first_line(error) if error is not None else None
     text = (first or "").lower()
     if rank == 0 and ("eaddrinuse" in text or "address already in use" in text):
-        return (f"rank 0 cannot listen on {where} (MASTER_ADDR:MASTER_PORT): another process holds port {port} "
-                "(EADDRINUSE); choose another MASTER_PORT, the same on every rank")
+        return (
+            f"rank 0 cannot listen on {where} (MASTER_ADDR:MASTER_PORT): another process holds port {port} "
+            "(EADDRINUSE); choose another MASTER_PORT, the same on every rank"
+        )
     if rank == 0 and (error is None or "clients" in text):  # the store waits for every rank to connect
         joined = re.search(r"(\d+)/(\d+) clients joined", text)
         who = f"only {joined[1]} of {joined[2]} ranks" if joined else f"not every rank of {world_size}"
-        return (f"rank 0 waited {timeout_s:g} s at {where} and {who} joined: start every rank with the same "
-                "MASTER_ADDR and MASTER_PORT, or raise --collective-timeout")
+        return (
+            f"rank 0 waited {timeout_s:g} s at {where} and {who} joined: start every rank with the same "
+            "MASTER_ADDR and MASTER_PORT, or raise --collective-timeout"
+        )
     if rank == 0:
         return f"rank 0 could not open the rendezvous at {where}: {first}"
     why = f" ({first})" if first else ""
-    return (f"rank {rank} could not reach rank 0 at {where} within {timeout_s:g} s{why}: rank 0 is not running, "
-            "failed, or another process holds that port; check rank 0's output, MASTER_ADDR and MASTER_PORT "
-            "(choose another MASTER_PORT if it is taken)")
+    return (
+        f"rank {rank} could not reach rank 0 at {where} within {timeout_s:g} s{why}: rank 0 is not running, "
+        "failed, or another process holds that port; check rank 0's output, MASTER_ADDR and MASTER_PORT "
+        "(choose another MASTER_PORT if it is taken)"
+    )
 
 
 def _first_line(e: BaseException) -> str:

@@ -50,14 +50,21 @@ class LaunchResult:
     elapsed_s: float
 
 
-def write_status(res: LaunchResult, out_dir: str | Path, run_id: str, cfg: TrainConfig, suite: str | None = None,
-                 **extra) -> None:
+def write_status(
+    res: LaunchResult, out_dir: str | Path, run_id: str, cfg: TrainConfig, suite: str | None = None, **extra
+) -> None:
     """The launched run's one ``run_status`` row in ``out_dir``: ``ok``, or the failure and its reason. Whoever
     launches a run writes it once the ranks have ended (a sweep writes its own, with the run's label); a run
     whose rows lack it reads as incomplete. Raises ``RowWriteError`` if it cannot be written."""
     RowWriter(out_dir, run_id, cfg, suite=suite).write(
-        "run_status", 1 if res.ok else 0, "bool", status=res.status, reason=res.reason or None,
-        elapsed_s=round(res.elapsed_s, 3), **extra)
+        "run_status",
+        1 if res.ok else 0,
+        "bool",
+        status=res.status,
+        reason=res.reason or None,
+        elapsed_s=round(res.elapsed_s, 3),
+        **extra,
+    )
 
 
 @dataclass

@@ -16,9 +16,17 @@ class LocalLauncher:
     name = "local"
 
     def launch(self, req: LaunchRequest) -> LaunchResult:
-        return launch_local(req.cfg, req.out_dir, req.run_id, timeout_s=req.timeout_s,
-                            extra_env=req.extra_env, log_path=req.log_path,
-                            suite=req.suite, on_poll=req.on_poll, cancel=req.cancel)
+        return launch_local(
+            req.cfg,
+            req.out_dir,
+            req.run_id,
+            timeout_s=req.timeout_s,
+            extra_env=req.extra_env,
+            log_path=req.log_path,
+            suite=req.suite,
+            on_poll=req.on_poll,
+            cancel=req.cancel,
+        )
 
 
 class SrunLauncher:
@@ -27,8 +35,9 @@ class SrunLauncher:
     def launch(self, req: LaunchRequest) -> LaunchResult:
         from zerobench.launch.slurm import launch_srun
 
-        return launch_srun(req.cfg, req.out_dir, req.run_id, req.timeout_s, req.log_path, req.suite,
-                           29500 + req.index, req.extra_env)
+        return launch_srun(
+            req.cfg, req.out_dir, req.run_id, req.timeout_s, req.log_path, req.suite, 29500 + req.index, req.extra_env
+        )
 
 
 class SbatchLauncher:

@@ -65,9 +65,16 @@ def usable_cpus() -> int:
 
 
 def launch_local(
-    cfg: TrainConfig, out_dir: str | Path | None, run_id: str = "train", timeout_s: float = 3600.0,
-    extra_env: dict[str, str] | None = None, log_path: str | Path | None = None,
-    suite: str | None = None, on_poll=None, echo: bool = False, cancel: Cancellation | None = None,
+    cfg: TrainConfig,
+    out_dir: str | Path | None,
+    run_id: str = "train",
+    timeout_s: float = 3600.0,
+    extra_env: dict[str, str] | None = None,
+    log_path: str | Path | None = None,
+    suite: str | None = None,
+    on_poll=None,
+    echo: bool = False,
+    cancel: Cancellation | None = None,
 ) -> LaunchResult:
     """Run ``cfg`` on ``cfg.world_size`` local processes, their output into ``log_path`` (a temporary
     file if None); a failure's reason quotes the blamed rank's own line (else the log's first ``zerobench:``
@@ -89,11 +96,18 @@ def launch_local(
         for rank in range(n):
             w = ends.open_for(rank)
             env = {
-                **os.environ, **(extra_env or {}),
-                "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-                "ZEROBENCH_LAUNCHER_PID": str(os.getpid()), REPORT_ENV: str(w),
+                **os.environ,
+                **(extra_env or {}),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": str(threads),
+                "PYTHONUNBUFFERED": "1",
+                "ZEROBENCH_LAUNCHER_PID": str(os.getpid()),
+                REPORT_ENV: str(w),
             }
             cmd = [sys.executable, "-m", "zerobench.launch.worker", str(cfg_path), run_id]
             if out_dir is not None:
@@ -120,12 +134,14 @@ def launch_local(
             detail = _first_error(log_path)
     if detail:  # an OOM's own line names the rank that ran out, which may not be the first to exit
         reason = detail if status == "oom" and detail.startswith("rank ") else f"{reason}: {detail}"
-    return LaunchResult(status == "ok", reason if status != "ok" else "", status,
-                        [p.returncode for p in procs], time.monotonic() - t0)
+    return LaunchResult(
+        status == "ok", reason if status != "ok" else "", status, [p.returncode for p in procs], time.monotonic() - t0
+    )
 
 
-def _watch(procs: list[subprocess.Popen], ends: LauncherEnds, timeout_s: float, cancel: Cancellation,
-           on_poll) -> tuple[str, str, int | None]:
+def _watch(
+    procs: list[subprocess.Popen], ends: LauncherEnds, timeout_s: float, cancel: Cancellation, on_poll
+) -> tuple[str, str, int | None]:
     """Poll the ranks until all finish, one fails, the timeout passes or a stop is requested; stop the rest.
     Returns (status, reason, the rank blamed or None). A rank that exits 0 without having said it finished
     (``channel.py``) stopped early: it is the cause, before any rank that then failed for want of it."""

@@ -29,7 +29,9 @@ def _run(cmd: list[str], timeout: float = 60) -> str:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:
-        raise ConfigError(f"{cmd[0]} not found: is this a Slurm login node? (or start one: slurm/local/start.sh)") from None
+        raise ConfigError(
+            f"{cmd[0]} not found: is this a Slurm login node? (or start one: slurm/local/start.sh)"
+        ) from None
     if r.returncode != 0:
         raise ConfigError(f"{' '.join(cmd[:2])} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
     return r.stdout
@@ -46,8 +48,9 @@ def master_address() -> str:
     return first
 
 
-def write_spec(path: Path, cfg: TrainConfig, run_id: str, out_dir: Path, suite: str | None,
-               env: dict[str, str] | None = None) -> Path:
+def write_spec(
+    path: Path, cfg: TrainConfig, run_id: str, out_dir: Path, suite: str | None, env: dict[str, str] | None = None
+) -> Path:
     """The run as data for ``launch/task.py``: config, ids and extra environment for the ranks (JSON, so
     no user string ever reaches a shell)."""
     spec = {"config": to_dict(cfg), "run_id": run_id, "out": str(out_dir), "suite": suite, "env": env or {}}
@@ -55,16 +58,32 @@ def write_spec(path: Path, cfg: TrainConfig, run_id: str, out_dir: Path, suite: 
     return path
 
 
-def launch_srun(cfg: TrainConfig, out_dir: Path, run_id: str, timeout_s: float, log_path: Path,
-                suite: str | None, port: int, env: dict[str, str] | None = None) -> LaunchResult:
+def launch_srun(
+    cfg: TrainConfig,
+    out_dir: Path,
+    run_id: str,
+    timeout_s: float,
+    log_path: Path,
+    suite: str | None,
+    port: int,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
     """One job step of ``cfg.world_size`` tasks inside the current allocation."""
     total = int(os.environ.get("SLURM_NTASKS", "0"))
     if cfg.world_size > total:
         return LaunchResult(False, f"needs {cfg.world_size} tasks, the allocation has {total}", "invalid", [], 0.0)
     spec = write_spec(out_dir / "run.json", cfg, run_id, out_dir, suite, env)
     env = {**os.environ, "MASTER_ADDR": master_address(), "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-    cmd = ["srun", f"--ntasks={cfg.world_size}", "--kill-on-bad-exit=1", "--exact",
-           "python", "-m", "zerobench.launch.task", str(spec)]
+    cmd = [
+        "srun",
+        f"--ntasks={cfg.world_size}",
+        "--kill-on-bad-exit=1",
+        "--exact",
+        "python",
+        "-m",
+        "zerobench.launch.task",
+        str(spec),
+    ]
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         try:
@@ -78,13 +97,27 @@ def launch_srun(cfg: TrainConfig, out_dir: Path, run_id: str, timeout_s: float, 
     return LaunchResult(False, reason, status, [code], time.monotonic() - t0)
 
 
-def submit(cfg: TrainConfig, run_dir: Path, run_id: str, timeout_s: float, suite: str | None,
-           gpus_per_task: int = 0, env: dict[str, str] | None = None) -> str:
+def submit(
+    cfg: TrainConfig,
+    run_dir: Path,
+    run_id: str,
+    timeout_s: float,
+    suite: str | None,
+    gpus_per_task: int = 0,
+    env: dict[str, str] | None = None,
+) -> str:
     """sbatch one run (fixed script + JSON spec); returns the job id."""
     spec = write_spec(run_dir / "run.json", cfg, run_id, run_dir, suite, env)
     minutes = max(1, int(timeout_s // 60) + 1)
-    cmd = ["sbatch", "--parsable", f"--job-name=zb-{run_id}"[:64], f"--ntasks={cfg.world_size}",
-           f"--time={minutes}", f"--output={run_dir / 'slurm-%j.out'}", f"--chdir={REPO}"]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=zb-{run_id}"[:64],
+        f"--ntasks={cfg.world_size}",
+        f"--time={minutes}",
+        f"--output={run_dir / 'slurm-%j.out'}",
+        f"--chdir={REPO}",
+    ]
     if gpus_per_task:
         cmd.append(f"--gpus-per-task={gpus_per_task}")
     cmd += [str(RUN_ONE), str(spec)]
@@ -101,8 +134,18 @@ def job_state(job_id: str) -> tuple[str, str]:
     return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "")
 
 
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE", "UNKNOWN"}
+FINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "UNKNOWN",
+}
 
 
 def status_of(state: str, exit_code: str) -> tuple[str, str]:

@@ -63,26 +63,47 @@ def rank_settings(environ=None) -> RankSettings:
     """The launcher's requests to this rank (A/B turns, test-only plantings): the one place in zerobench
     that reads them from the environment."""
     env = os.environ if environ is None else environ
-    plants = Plants(fault=env.get(faults.FAULT_ENV), delay=env.get(faults.DELAY_ENV),
-                    buffer_bytes=int(env.get(faults.BUFFER_ENV, "0")))
-    return RankSettings(plants, env.get(turnstile.ENV), float(env.get(turnstile.TIMEOUT_ENV, "600")),
-                        native_collectives=env.get("ZEROBENCH_GLOO_NATIVE") == "1",
-                        rss_breakdown=env.get(RSS_BREAKDOWN_ENV) == "1")
+    plants = Plants(
+        fault=env.get(faults.FAULT_ENV),
+        delay=env.get(faults.DELAY_ENV),
+        buffer_bytes=int(env.get(faults.BUFFER_ENV, "0")),
+    )
+    return RankSettings(
+        plants,
+        env.get(turnstile.ENV),
+        float(env.get(turnstile.TIMEOUT_ENV, "600")),
+        native_collectives=env.get("ZEROBENCH_GLOO_NATIVE") == "1",
+        rss_breakdown=env.get(RSS_BREAKDOWN_ENV) == "1",
+    )
 
 
-def run(config: dict, run_id: str, out_dir: str | None, suite: str | None,
-        to_launcher: channel.RankChannel | None = None) -> int:
+def run(
+    config: dict, run_id: str, out_dir: str | None, suite: str | None, to_launcher: channel.RankChannel | None = None
+) -> int:
     """Train one rank of the run described by ``config`` (a resolved ``TrainConfig`` as plain data).
 
     The launcher that started this rank records the run's status from the exit code (and from what the
     rank sent on ``to_launcher``)."""
-    return run_rank(from_dict(TrainConfig, config), detect(), out_dir, run_id, suite=suite, record_status=False,
-                    to_launcher=to_launcher)
+    return run_rank(
+        from_dict(TrainConfig, config),
+        detect(),
+        out_dir,
+        run_id,
+        suite=suite,
+        record_status=False,
+        to_launcher=to_launcher,
+    )
 
 
-def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id: str,
-             suite: str | None = None, record_status: bool = True,
-             to_launcher: channel.RankChannel | None = None) -> int:
+def run_rank(
+    cfg: TrainConfig,
+    denv: DistEnv,
+    out_dir: str | Path | None,
+    run_id: str,
+    suite: str | None = None,
+    record_status: bool = True,
+    to_launcher: channel.RankChannel | None = None,
+) -> int:
     """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written, or the disk
     full), ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure: a failed
     rendezvous, any other OSError).
@@ -120,8 +141,11 @@ def run_rank(cfg: TrainConfig, denv: DistEnv, out_dir: str | Path | None, run_id
         if kind is None:
             raise
         if kind == "timeout":
-            return say(f"error: rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: "
-                       f"a peer rank is stuck or dead ({_first_line(e)})", EXIT_PEER_TIMEOUT)
+            return say(
+                f"error: rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: "
+                f"a peer rank is stuck or dead ({_first_line(e)})",
+                EXIT_PEER_TIMEOUT,
+            )
         return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say)
     finally:
         if dist.is_initialized():
@@ -160,8 +184,13 @@ def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None
         return code
     try:
         RowWriter(out_dir, run_id, cfg, suite=suite).write(
-            "run_status", 1 if status == "ok" else 0, "bool", status=status, reason=reason,
-            elapsed_s=round(time.monotonic() - t0, 3))
+            "run_status",
+            1 if status == "ok" else 0,
+            "bool",
+            status=status,
+            reason=reason,
+            elapsed_s=round(time.monotonic() - t0, 3),
+        )
     except RowWriteError as e:
         with contextlib.suppress(OSError):
             print(f"zerobench: error: {e}", file=sys.stderr)
@@ -197,8 +226,14 @@ def _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say) -> int:
     say(reason, EXIT_OOM)
     if record_status and out_dir is not None:
         RowWriter(out_dir, run_id, cfg, suite=suite).write(
-            "run_status", 0, "bool", status="oom", reason=reason, rank=denv.rank,
-            elapsed_s=round(time.monotonic() - t0, 3))
+            "run_status",
+            0,
+            "bool",
+            status="oom",
+            reason=reason,
+            rank=denv.rank,
+            elapsed_s=round(time.monotonic() - t0, 3),
+        )
     return EXIT_OOM
 
 

@@ -13,8 +13,15 @@ from __future__ import annotations
 
 
 def model_state_bytes_analytic(
-    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, master_bytes: int, optim_bytes: float = 8,
-    offload_optimizer: bool = False, offload_param: bool = False,
+    numel: int,
+    dp: int,
+    stage: int,
+    param_bytes: int,
+    grad_bytes: int,
+    master_bytes: int,
+    optim_bytes: float = 8,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
 ) -> dict[str, float]:
     """Per-rank *device* bytes by category for ``numel`` parameters over ``dp`` ranks at a ZeRO stage.
 
@@ -38,7 +45,12 @@ def model_state_bytes_analytic(
 
 
 def host_state_bytes_analytic(
-    numel: int, dp: int, stage: int, param_bytes: int, grad_bytes: int, optim_bytes: float = 8,
+    numel: int,
+    dp: int,
+    stage: int,
+    param_bytes: int,
+    grad_bytes: int,
+    optim_bytes: float = 8,
     offload_param: bool = False,
 ) -> dict[str, float]:
     """Per-rank host bytes under optimizer offload (stages 1-3): the fp32 master, the moments, the gradient

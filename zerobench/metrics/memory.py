@@ -88,8 +88,7 @@ class LiveTensorTracker(TorchDispatchMode):
             over = self.current
             self.current -= nbytes
             raise TrackedOutOfMemory(
-                f"tracked memory {over / 2**20:.1f} MiB would exceed the budget of "
-                f"{self.budget_bytes / 2**20:.1f} MiB"
+                f"tracked memory {over / 2**20:.1f} MiB would exceed the budget of {self.budget_bytes / 2**20:.1f} MiB"
             )
         self.peak = max(self.peak, self.current)
 

@@ -102,7 +102,10 @@ class CheckpointStore:
             st = t.untyped_storage()
             seen[st._cdata] = (st.nbytes(), self.cfg.cpu_offload)
         host = sum(n for n, h in seen.values() if h)
-        return {"activation_checkpoints": sum(n for n, h in seen.values() if not h), "activation_checkpoints_host": host}
+        return {
+            "activation_checkpoints": sum(n for n, h in seen.values() if not h),
+            "activation_checkpoints_host": host,
+        }
 
 
 def _rng_state(device: torch.device):

@@ -33,5 +33,9 @@ def validate_tp(cfg: GPTConfig, tp: int) -> None:
     """One-line errors for model shapes that a TP degree cannot split."""
     for what, n in (("attention heads", cfg.heads), ("hidden size", cfg.hidden), ("vocabulary", cfg.vocab)):
         if n % tp:
-            fix = "pad the vocabulary to a multiple of the TP degree" if what == "vocabulary" else "choose a TP degree dividing it"
+            fix = (
+                "pad the vocabulary to a multiple of the TP degree"
+                if what == "vocabulary"
+                else "choose a TP degree dividing it"
+            )
             raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")

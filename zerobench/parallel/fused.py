@@ -41,8 +41,9 @@ class FusedMLP(nn.Module):
         return self.proj(kernels.bias_gelu(h, self.fc.bias, "none", mode="fused"))
 
 
-def apply_fused_kernels(model: GPT, mode: str = "auto", softmax_attention: bool = False,
-                        device: torch.device | None = None) -> str:
+def apply_fused_kernels(
+    model: GPT, mode: str = "auto", softmax_attention: bool = False, device: torch.device | None = None
+) -> str:
     """Swap in the fused kernels; return the path taken ("fused", or "reference" when ``mode`` resolves so,
     in which case the model is left as it is).
 

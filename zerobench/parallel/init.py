@@ -38,8 +38,10 @@ def init_gpt(engine: ZeroEngine, cfg: GPTConfig, tp: TPInfo, generator: torch.Ge
         full = torch.empty(p.shape, dtype=torch.float32)
         init_parameter(name, full, cfg, generator)
         if name not in index:
-            raise KeyError(f"the engine trains no parameter {name!r}: init_gpt initialises the GPT as parallelize "
-                           f"built it (TP, fused kernels, checkpointing keep its parameter names)")
+            raise KeyError(
+                f"the engine trains no parameter {name!r}: init_gpt initialises the GPT as parallelize "
+                f"built it (TP, fused kernels, checkpointing keep its parameter names)"
+            )
         i = index[name]
         write_segments(engine, segments.get(i, ()), shard_parameter(name, full, tp.group))
     engine.storage.publish(engine.group, None)

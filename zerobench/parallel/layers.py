@@ -34,8 +34,14 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 class ColumnParallelLinear(nn.Module):
-    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None, strided: int = 1,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self,
+        full: nn.Linear,
+        group: Group,
+        ledger: CommLedger | None = None,
+        strided: int = 1,
+        sequence_parallel: bool = False,
+    ):
         super().__init__()
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = _param(shard_rows(full.weight, group, strided))
@@ -50,8 +56,9 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    def __init__(self, full: nn.Linear, group: Group, ledger: CommLedger | None = None,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self, full: nn.Linear, group: Group, ledger: CommLedger | None = None, sequence_parallel: bool = False
+    ):
         super().__init__()
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = _param(shard_cols(full.weight, group))
@@ -66,8 +73,9 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, full: nn.Embedding, group: Group, ledger: CommLedger | None = None,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self, full: nn.Embedding, group: Group, ledger: CommLedger | None = None, sequence_parallel: bool = False
+    ):
         super().__init__()
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.per_rank = full.num_embeddings // group.size
@@ -88,8 +96,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(nn.Module):
     """Logits ``[..., V / tp]`` of this rank's vocabulary slice (weight tied to the embedding)."""
 
-    def __init__(self, weight: nn.Parameter, group: Group, ledger: CommLedger | None = None,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self, weight: nn.Parameter, group: Group, ledger: CommLedger | None = None, sequence_parallel: bool = False
+    ):
         super().__init__()
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = weight

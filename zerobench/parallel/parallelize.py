@@ -60,9 +60,16 @@ class Parallelized:
     """The ZeRO engine (None when the spec has no ZeRO config)."""
 
 
-def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLedger | None = None,
-                units: list[nn.Module] | type | None = None, allocator: Allocator | None = None,
-                param_groups=None, device: torch.device | None = None) -> Parallelized:
+def parallelize(
+    model: nn.Module,
+    mesh: Mesh,
+    spec: ParallelSpec,
+    ledger: CommLedger | None = None,
+    units: list[nn.Module] | type | None = None,
+    allocator: Allocator | None = None,
+    param_groups=None,
+    device: torch.device | None = None,
+) -> Parallelized:
     """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
 
     Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
@@ -76,7 +83,16 @@ def parallelize(model: nn.Module, mesh: Mesh, spec: ParallelSpec, ledger: CommLe
     store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)
     engine = None
     if spec.zero is not None:
-        engine = apply_zero(model, mesh.dp, spec.zero, ledger, units,
-                            tp_group=mesh.tp, tp_sharded=tp.sharded, allocator=allocator, param_groups=param_groups,
-                            device=device)
+        engine = apply_zero(
+            model,
+            mesh.dp,
+            spec.zero,
+            ledger,
+            units,
+            tp_group=mesh.tp,
+            tp_sharded=tp.sharded,
+            allocator=allocator,
+            param_groups=param_groups,
+            device=device,
+        )
     return Parallelized(model, tp, store, engine)

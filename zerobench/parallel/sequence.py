@@ -59,8 +59,9 @@ def gather_sequence(x: torch.Tensor, group: C.Group, ledger: CommLedger | None =
     return x if group.size == 1 else _GatherSeq.apply(x, group, ledger, tag)
 
 
-def reduce_scatter_sequence(x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None,
-                            tag: str = "mp") -> torch.Tensor:
+def reduce_scatter_sequence(
+    x: torch.Tensor, group: C.Group, ledger: CommLedger | None = None, tag: str = "mp"
+) -> torch.Tensor:
     return x if group.size == 1 else _ReduceScatterSeq.apply(x, group, ledger, tag)
 
 

@@ -43,8 +43,14 @@ class TPInfo:
     """The RNG of sharded regions (attention); checkpoint recompute replays it."""
 
 
-def apply_tp(model: GPT, group: Group | dist.ProcessGroup | None, ledger: CommLedger | None = None, seed: int = 0,
-             sequence_parallel: bool = False, device: torch.device | None = None) -> TPInfo:
+def apply_tp(
+    model: GPT,
+    group: Group | dist.ProcessGroup | None,
+    ledger: CommLedger | None = None,
+    seed: int = 0,
+    sequence_parallel: bool = False,
+    device: torch.device | None = None,
+) -> TPInfo:
     """Shard ``model`` in place over ``group``; every rank must pass an identically initialised model.
 
     Attention (heads split over TP ranks) draws dropout from a per-TP-rank RNG (``seed`` + rank);
@@ -55,8 +61,10 @@ def apply_tp(model: GPT, group: Group | dist.ProcessGroup | None, ledger: CommLe
     """
     validate_tp(model.config, group.size)
     if sequence_parallel and model.config.seq % group.size:
-        raise ConfigError(f"sequence length {model.config.seq} is not divisible by TP degree {group.size}: "
-                          "sequence parallelism splits the sequence evenly")
+        raise ConfigError(
+            f"sequence length {model.config.seq} is not divisible by TP degree {group.size}: "
+            "sequence parallelism splits the sequence evenly"
+        )
     if group.size == 1:
         return TPInfo(group, frozenset())
     sp = sequence_parallel

@@ -20,17 +20,21 @@ def check_supported(name: str, cfg: TrainConfig) -> None:
         raise ConfigError(f"{name} is a data-parallel peer: drop --tp/--sp (TP peers: --system megatron)")
     deepspeed = name.startswith("deepspeed")  # also wired for bf16 + checkpointing: the offload comparison on one card
     if cfg.zero.precision.value != "fp32" and not (deepspeed and cfg.zero.precision.value == "bf16"):
-        raise ConfigError(f"{name} runs fp32 in the peer comparison (DeepSpeed peers: fp32 or bf16): "
-                          "use --precision fp32")
+        raise ConfigError(
+            f"{name} runs fp32 in the peer comparison (DeepSpeed peers: fp32 or bf16): use --precision fp32"
+        )
     if not cfg.zero.overlap_comm and not deepspeed:
-        raise ConfigError(f"{name} always overlaps its gradient collectives with backward: drop --no-overlap-comm "
-                          "(it is wired for zerobench and the DeepSpeed peers)")
+        raise ConfigError(
+            f"{name} always overlaps its gradient collectives with backward: drop --no-overlap-comm "
+            "(it is wired for zerobench and the DeepSpeed peers)"
+        )
     act = cfg.activation
     if act.checkpoint and not deepspeed:
         raise ConfigError(f"{name}: activation checkpointing is wired for the DeepSpeed peers only; drop it")
     if act.partition or act.cpu_offload or act.contiguous:
-        raise ConfigError(f"{name}: P_a, P_a+cpu and M_D are zerobench's; a peer takes plain "
-                          "--checkpoint-activations at most")
+        raise ConfigError(
+            f"{name}: P_a, P_a+cpu and M_D are zerobench's; a peer takes plain --checkpoint-activations at most"
+        )
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> GPT:
@@ -43,8 +47,10 @@ def param_groups(module: nn.Module, cfg: TrainConfig) -> list[dict]:
     """zerobench's AdamW grouping: weight decay on parameters of 2+ dims only."""
     params = [p for p in module.parameters() if p.requires_grad]
     wd = cfg.zero.optimizer.weight_decay
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def adamw_kwargs(cfg: TrainConfig) -> dict:
@@ -125,4 +131,3 @@ class PeerBase:
 
     def tensors(self) -> list[torch.Tensor]:
         return self._params() + self._grads() + optimizer_tensors(self.optimizer)
-

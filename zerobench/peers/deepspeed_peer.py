@@ -30,8 +30,12 @@ from zerobench.peers.common import (
 
 def ds_config(name: str, cfg) -> dict:
     stage = int(name.split("-")[1])
-    zero: dict = {"stage": stage, "reduce_bucket_size": cfg.zero.bucket_numel,
-                  "allgather_bucket_size": cfg.zero.bucket_numel, "contiguous_gradients": True}
+    zero: dict = {
+        "stage": stage,
+        "reduce_bucket_size": cfg.zero.bucket_numel,
+        "allgather_bucket_size": cfg.zero.bucket_numel,
+        "contiguous_gradients": True,
+    }
     if not cfg.zero.overlap_comm:  # on, DeepSpeed keeps its own default (on at stage 3, off at 1-2)
         zero["overlap_comm"] = False
     if name.endswith("offload"):
@@ -56,8 +60,9 @@ class DeepSpeedSystem(PeerBase):
         try:
             import deepspeed
         except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
-            raise ConfigError(f"{name} needs DeepSpeed ({type(e).__name__}: {e}); "
-                              "pip install 'zerobench[deepspeed]'") from None
+            raise ConfigError(
+                f"{name} needs DeepSpeed ({type(e).__name__}: {e}); pip install 'zerobench[deepspeed]'"
+            ) from None
         model = build_model(cfg, device)
         # The same block-level recompute zerobench uses (plain checkpointing, no P_a/M_D), applied to the
         # plain module before DeepSpeed wraps it, as a DeepSpeed user checkpoints their own model.
@@ -74,7 +79,10 @@ class DeepSpeedSystem(PeerBase):
         # a single process or an srun task runs on the device zerobench already picked.
         os.environ.setdefault("LOCAL_RANK", str(device.index or 0) if device.type == "cuda" else "0")
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=opt, config=ds_config(name, cfg), dist_init_required=False,
+            model=model,
+            optimizer=opt,
+            config=ds_config(name, cfg),
+            dist_init_required=False,
         )
         self.module = self.engine
 
@@ -118,8 +126,15 @@ class DeepSpeedSystem(PeerBase):
         grads = storage_bytes(m.grad for m in masters if m.grad is not None)
         states = storage_bytes(optimizer_tensors(self._inner_optimizer()))
         if self.offload:
-            led.update(master=0, optimizer_states=0, host_params=0, host_grads=grads, host_master=master,
-                       host_optimizer_states=states, nvme_optimizer_states=0)
+            led.update(
+                master=0,
+                optimizer_states=0,
+                host_params=0,
+                host_grads=grads,
+                host_master=master,
+                host_optimizer_states=states,
+                nvme_optimizer_states=0,
+            )
         else:
             led.update(grads=led["grads"] + grads, master=master, optimizer_states=states)
         return led

@@ -64,6 +64,7 @@ ENTRIES: dict[str, SystemEntry] = {n: SystemEntry(n, PEERS[n], _validate(n), sha
 def deepspeed_available() -> bool:
     try:
         import deepspeed  # noqa: F401
+
         return True
     except Exception:  # noqa: BLE001 - any import failure means "not usable here"
         return False

@@ -47,8 +47,12 @@ class TorchZeRO1(PeerBase):
         self.module = DDP(model, process_group=mesh.dp.pg)
         groups = param_groups(model, cfg)
         self.optimizer = ZeroRedundancyOptimizer(
-            groups[0]["params"], optimizer_class=torch.optim.AdamW, process_group=mesh.dp.pg,
-            weight_decay=groups[0]["weight_decay"], fused=True, **adamw_kwargs(cfg),
+            groups[0]["params"],
+            optimizer_class=torch.optim.AdamW,
+            process_group=mesh.dp.pg,
+            weight_decay=groups[0]["weight_decay"],
+            fused=True,
+            **adamw_kwargs(cfg),
         )
         self.optimizer.add_param_group(groups[1])
 
@@ -73,8 +77,14 @@ class TorchFSDP1(PeerBase):
         super().__init__(name, cfg, ledger)
         strategy = ShardingStrategy.FULL_SHARD if name == "fsdp1-full-shard" else ShardingStrategy.SHARD_GRAD_OP
         model = build_model(cfg, device)
-        self.module = FSDP(model, process_group=mesh.dp.pg, sharding_strategy=strategy,
-                           auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=device, use_orig_params=True)
+        self.module = FSDP(
+            model,
+            process_group=mesh.dp.pg,
+            sharding_strategy=strategy,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            device_id=device,
+            use_orig_params=True,
+        )
         self.optimizer = _adamw(param_groups(self.module, cfg), cfg)
 
     def _no_sync(self):

@@ -23,5 +23,9 @@ def comm_per_gpu(p: PlanConfig) -> dict[str, float]:
     frac = (mp - 1) / mp if mp > 1 else 0.0
     mp_vol = m.layers * passes * 2 * bsh * frac
     pa = m.layers * bsh * frac if (p.pa or p.pa_cpu) and p.checkpoint_activations else 0.0
-    return {"dp_elements": dp, "mp_elements": mp_vol, "pa_elements": pa,
-            "paper_mp_elements": m.layers * 12 * bsh if p.checkpoint_activations else m.layers * 8 * bsh}
+    return {
+        "dp_elements": dp,
+        "mp_elements": mp_vol,
+        "pa_elements": pa,
+        "paper_mp_elements": m.layers * 12 * bsh if p.checkpoint_activations else m.layers * 8 * bsh,
+    }

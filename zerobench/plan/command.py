@@ -52,10 +52,20 @@ def plan_run_spec(args):
     from zerobench.bench.spec import RunSpec
 
     return RunSpec(
-        **_shape(args), vocab=args.vocab, seq=args.seq, gpus=args.gpus, tp=args.tp, stage=args.stage,
-        precision=getattr(args, "precision", "fp16"), micro_batch=args.micro_batch,
-        checkpoint_activations=args.checkpoint_activations, pa=args.pa, pa_cpu=args.pa_cpu,
-        bucket_size=args.bucket_size, md=args.md, optim_bits=args.optim_bits,
+        **_shape(args),
+        vocab=args.vocab,
+        seq=args.seq,
+        gpus=args.gpus,
+        tp=args.tp,
+        stage=args.stage,
+        precision=getattr(args, "precision", "fp16"),
+        micro_batch=args.micro_batch,
+        checkpoint_activations=args.checkpoint_activations,
+        pa=args.pa,
+        pa_cpu=args.pa_cpu,
+        bucket_size=args.bucket_size,
+        md=args.md,
+        optim_bits=args.optim_bits,
         offload_optimizer="cpu" if args.offload_optimizer else "none",
         offload_param="cpu" if args.offload_param else "none",
     )
@@ -88,27 +98,43 @@ def run_plan(args) -> int:
             p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=solved["max_layers"]))
     mem, comm = memory_per_gpu(p), comm_per_gpu(p)
     out = {
-        "config": to_dict(p), "params": num_params(p.model), "params_per_mp_rank": mem["params_per_mp_rank"],
+        "config": to_dict(p),
+        "params": num_params(p.model),
+        "params_per_mp_rank": mem["params_per_mp_rank"],
         "memory_bytes": {k: v for k, v in mem.items() if k not in ("fits", "params_per_mp_rank")},
         "fits": mem["fits"],
-        "comm_elements_per_step": {"dp": comm["dp_elements"], "mp": comm["mp_elements"],
-                                   "pa": comm["pa_elements"], "paper_mp": comm["paper_mp_elements"]},
+        "comm_elements_per_step": {
+            "dp": comm["dp_elements"],
+            "mp": comm["mp_elements"],
+            "pa": comm["pa_elements"],
+            "paper_mp": comm["paper_mp_elements"],
+        },
     }
-    lines = [(f"model: {p.model.layers} layers, hidden {p.model.hidden}, heads {p.model.heads}, vocab "
-              f"{p.model.vocab} (padded), seq {p.model.seq}: {out['params'] / 1e9:.2f}B params, "
-              f"{out['params_per_mp_rank'] / 1e9:.3f}B per MP rank"),
-             (f"cluster: {p.gpus} GPUs ({p.gpus_per_node}/node), MP {p.mp} x DP {p.dp}, "
-              f"{p.gpu_mem_bytes / 1e9:.1f} GB per GPU; ZeRO stage {p.stage}, micro-batch {p.micro_batch}"),
-             "memory per GPU (GB = 1e9 bytes):"]
+    lines = [
+        (
+            f"model: {p.model.layers} layers, hidden {p.model.hidden}, heads {p.model.heads}, vocab "
+            f"{p.model.vocab} (padded), seq {p.model.seq}: {out['params'] / 1e9:.2f}B params, "
+            f"{out['params_per_mp_rank'] / 1e9:.3f}B per MP rank"
+        ),
+        (
+            f"cluster: {p.gpus} GPUs ({p.gpus_per_node}/node), MP {p.mp} x DP {p.dp}, "
+            f"{p.gpu_mem_bytes / 1e9:.1f} GB per GPU; ZeRO stage {p.stage}, micro-batch {p.micro_batch}"
+        ),
+        "memory per GPU (GB = 1e9 bytes):",
+    ]
     for k, v in out["memory_bytes"].items():
         lines.append(f"  {k:<28} {v / 1e9:10.3f}")
     lines.append(f"  {'fits':<28} {'yes' if mem['fits'] else 'NO'}")
-    lines.append("communication per GPU and step (elements): " + ", ".join(
-        f"{k} {v:.3e}" for k, v in out["comm_elements_per_step"].items()))
+    lines.append(
+        "communication per GPU and step (elements): "
+        + ", ".join(f"{k} {v:.3e}" for k, v in out["comm_elements_per_step"].items())
+    )
     if solved is not None:
         out.update(solved)
-        lines.append(f"max size: {solved['max_layers']} layers = {solved['max_params'] / 1e9:.2f}B params fit "
-                     "(the model and memory above are at that size)")
+        lines.append(
+            f"max size: {solved['max_layers']} layers = {solved['max_params'] / 1e9:.2f}B params fit "
+            "(the model and memory above are at that size)"
+        )
     _emit(out, args.json, "\n".join(lines))
     return 0
 
@@ -119,17 +145,25 @@ def _tables(args) -> int:
     if args.table == 1:
         rows = table1()
         cols = [c for c in rows[0] if c != "dp"]
-        text = ["Table 1: per-device model-state memory (GB) by ZeRO-DP stage, K = 12",
-                "  " + f"{'DP':>5} " + " ".join(f"{c:>17}" for c in cols)]
+        text = [
+            "Table 1: per-device model-state memory (GB) by ZeRO-DP stage, K = 12",
+            "  " + f"{'DP':>5} " + " ".join(f"{c:>17}" for c in cols),
+        ]
         text += ["  " + f"{r['dp']:>5} " + " ".join(f"{r[c]:>17.2f}" for c in cols) for r in rows]
         _emit({"table": 1, "unit": "GB", "rows": rows}, args.json, "\n".join(text))
     else:
         mem = parse_bytes(args.gpu_mem)
         rows = table2(mem)
-        text = [f"Table 2: theoretical maximum model size (params) with {mem / 1e9:.0f} GB per GPU",
-                "  " + f"{'MP':>3} {'GPUs':>5} {'baseline':>10} {'P_os':>10} {'P_os+g':>10} {'P_os+g+p':>10}"]
-        text += ["  " + f"{r['mp']:>3} {r['gpus']:>5} " + " ".join(
-            f"{_human(r[k]):>10}" for k in ("baseline", "P_os", "P_os+g", "P_os+g+p")) for r in rows]
+        text = [
+            f"Table 2: theoretical maximum model size (params) with {mem / 1e9:.0f} GB per GPU",
+            "  " + f"{'MP':>3} {'GPUs':>5} {'baseline':>10} {'P_os':>10} {'P_os+g':>10} {'P_os+g+p':>10}",
+        ]
+        text += [
+            "  "
+            f"{r['mp']:>3} {r['gpus']:>5} "
+            + " ".join(f"{_human(r[k]):>10}" for k in ("baseline", "P_os", "P_os+g", "P_os+g+p"))
+            for r in rows
+        ]
         _emit({"table": 2, "unit": "params", "rows": rows}, args.json, "\n".join(text))
     return 0
 
@@ -142,7 +176,11 @@ def _dry_run(args) -> int:
     from zerobench.plan.dry_run import dry_run
 
     if args.suite:
-        todo = [(r["label"], p) for r, p in plan_configs(load_suite(args.suite), args.suite) if r.get("system") == "zerobench"]
+        todo = [
+            (r["label"], p)
+            for r, p in plan_configs(load_suite(args.suite), args.suite)
+            if r.get("system") == "zerobench"
+        ]
     else:
         todo = [("config", _plan_config(args))]
     rows = []
@@ -153,17 +191,22 @@ def _dry_run(args) -> int:
         rows.append({"label": label, **r})
         if not args.json:
             diff = r["measured_model_state_bytes"] / r["analytic_model_state_bytes"] - 1
-            print(f"  {label:<16} {p.gpus:>4} GPUs MP {p.mp:>2} stage {p.stage}: engine {r['measured_model_state_bytes'] / 1e9:9.3f} GB"
-                  f"  analytic {r['analytic_model_state_bytes'] / 1e9:9.3f} GB  ({diff * 100:+.4f}%, padding "
-                  f"{r['padding_elements']} elements)", flush=True)
+            print(
+                f"  {label:<16} {p.gpus:>4} GPUs MP {p.mp:>2} stage {p.stage}: engine {r['measured_model_state_bytes'] / 1e9:9.3f} GB"
+                f"  analytic {r['analytic_model_state_bytes'] / 1e9:9.3f} GB  ({diff * 100:+.4f}%, padding "
+                f"{r['padding_elements']} elements)",
+                flush=True,
+            )
     if args.json:
         print(json.dumps({"rows": rows}, indent=1, default=float))
     return 0
 
 
-MODEL_NOTE = ("the quick analytic projection (zerobench.plan.perf_model: FLOPs at an assumed efficiency plus "
-              "α-β communication, unvalidated); `zerobench simulate` replays the engine's schedule on a measured "
-              "profile instead")
+MODEL_NOTE = (
+    "the quick analytic projection (zerobench.plan.perf_model: FLOPs at an assumed efficiency plus "
+    "α-β communication, unvalidated); `zerobench simulate` replays the engine's schedule on a measured "
+    "profile instead"
+)
 
 
 def _project(args) -> int:
@@ -180,24 +223,45 @@ def _project(args) -> int:
         p = dataclasses.replace(suite_plan, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
         proj = project(p, hw, efficiency=args.efficiency, dp_overlap=args.dp_overlap)
         mem = memory_per_gpu(p)
-        rows.append({"label": r["label"], "system": r.get("system"), "gpus": p.gpus, "mp": p.mp,
-                     "fits": mem["fits"], "memory_gb": mem["total"] / 1e9, **proj})
+        rows.append(
+            {
+                "label": r["label"],
+                "system": r.get("system"),
+                "gpus": p.gpus,
+                "mp": p.mp,
+                "fits": mem["fits"],
+                "memory_gb": mem["total"] / 1e9,
+                **proj,
+            }
+        )
     with open(SUITES / "paper" / "claims.csv", newline="") as f:
         claims = list(csv.DictReader(f))
-    assumptions = {"model": MODEL_NOTE, "hardware": hw.name, "efficiency": args.efficiency, "dp_overlap": args.dp_overlap,
-                   "flops": "Megatron count with recompute (hardware FLOPs)", "dtype_bytes": 2}
+    assumptions = {
+        "model": MODEL_NOTE,
+        "hardware": hw.name,
+        "efficiency": args.efficiency,
+        "dp_overlap": args.dp_overlap,
+        "flops": "Megatron count with recompute (hardware FLOPs)",
+        "dtype_bytes": 2,
+    }
     if args.json:
         print(json.dumps({"assumptions": assumptions, "rows": rows, "claims": claims}, indent=1, default=float))
         return 0
     print(f"model: {MODEL_NOTE}")
-    print(f"projection on {hw.name}: efficiency {args.efficiency} of {hw.peak_flops / 1e12:.0f} TFLOP/s peak, "
-          f"{args.dp_overlap:.0%} of backward can hide DP traffic (assumptions, not fitted to the paper)")
-    print(f"  {'run':<22} {'GPUs':>4} {'MP':>3} {'fits':>4} {'mem GB':>7} {'TFLOPs/GPU':>10} {'PFLOPs':>7} "
-          f"{'compute s':>9} {'MP s':>6} {'DP exp s':>8}")
+    print(
+        f"projection on {hw.name}: efficiency {args.efficiency} of {hw.peak_flops / 1e12:.0f} TFLOP/s peak, "
+        f"{args.dp_overlap:.0%} of backward can hide DP traffic (assumptions, not fitted to the paper)"
+    )
+    print(
+        f"  {'run':<22} {'GPUs':>4} {'MP':>3} {'fits':>4} {'mem GB':>7} {'TFLOPs/GPU':>10} {'PFLOPs':>7} "
+        f"{'compute s':>9} {'MP s':>6} {'DP exp s':>8}"
+    )
     for r in rows:
-        print(f"  {r['label']:<22} {r['gpus']:>4} {r['mp']:>3} {'yes' if r['fits'] else 'NO':>4} "
-              f"{r['memory_gb']:7.1f} {r['hw_tflops_per_gpu']:10.1f} {r['aggregate_pflops']:7.2f} "
-              f"{r['t_compute_s']:9.2f} {r['t_mp_s']:6.2f} {r['t_dp_exposed_s']:8.2f}")
+        print(
+            f"  {r['label']:<22} {r['gpus']:>4} {r['mp']:>3} {'yes' if r['fits'] else 'NO':>4} "
+            f"{r['memory_gb']:7.1f} {r['hw_tflops_per_gpu']:10.1f} {r['aggregate_pflops']:7.2f} "
+            f"{r['t_compute_s']:9.2f} {r['t_mp_s']:6.2f} {r['t_dp_exposed_s']:8.2f}"
+        )
     _compare_claims(rows)
     return 0
 
@@ -208,8 +272,11 @@ def _compare_claims(rows: list[dict]) -> None:
     checks = []
     if "100B ZeRO" in by:
         checks.append(("ZeRO 100B, TFLOPs/GPU", ">38", by["100B ZeRO"]["hw_tflops_per_gpu"], 38))
-    zero_8_100 = [by[k]["aggregate_pflops"] for k in by if k.endswith("ZeRO") and k.split("B")[0] in
-                  ("8", "20", "40", "60", "80", "100")]
+    zero_8_100 = [
+        by[k]["aggregate_pflops"]
+        for k in by
+        if k.endswith("ZeRO") and k.split("B")[0] in ("8", "20", "40", "60", "80", "100")
+    ]
     if zero_8_100:
         checks.append(("ZeRO 8B-100B, average aggregate PFLOPs", "15", sum(zero_8_100) / len(zero_8_100), 15))
     if "40B Baseline" in by:
@@ -219,4 +286,3 @@ def _compare_claims(rows: list[dict]) -> None:
     print("\nthe paper's statements vs this projection (the model is not tuned to match):")
     for what, paper, ours, ref in checks:
         print(f"  {what:<42} paper {paper:>7}   projected {ours:8.2f}   ({(ours / ref - 1) * 100:+.0f}%)")
-

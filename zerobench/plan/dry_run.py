@@ -18,8 +18,15 @@ from zerobench.plan.memory_model import params_per_mp_rank
 from zerobench.zero.config import Precision, ZeroConfig
 
 
-def dry_run(model: GPTConfig, gpus: int, mp: int, stage: int, rank: int = 0,
-            precision: str = "fp16", bucket_numel: int = 500_000_000) -> dict:
+def dry_run(
+    model: GPTConfig,
+    gpus: int,
+    mp: int,
+    stage: int,
+    rank: int = 0,
+    precision: str = "fp16",
+    bucket_numel: int = 500_000_000,
+) -> dict:
     """Engine-measured vs analytic model-state bytes on ``rank`` of a ``gpus``-rank world."""
     from zerobench.distributed.mesh import build_mesh
     from zerobench.metrics.analytic import paper_model_state_bytes
@@ -38,7 +45,11 @@ def dry_run(model: GPTConfig, gpus: int, mp: int, stage: int, rank: int = 0,
         psi = params_per_mp_rank(model, mp)
         assert psi == engine.numel, (psi, engine.numel)
         return {
-            "rank": rank, "gpus": gpus, "mp": mp, "dp": mesh.dp.size, "stage": stage,
+            "rank": rank,
+            "gpus": gpus,
+            "mp": mp,
+            "dp": mesh.dp.size,
+            "stage": stage,
             "params_per_mp_rank": psi,
             "measured_model_state_bytes": measured,
             "analytic_model_state_bytes": paper_model_state_bytes(psi, mesh.dp.size, stage),

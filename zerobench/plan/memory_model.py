@@ -94,10 +94,14 @@ def memory_per_gpu(p: PlanConfig) -> dict[str, float]:
     m = p.model
     psi = params_per_mp_rank(m, p.mp)
     optim = p.k - 4
-    states = sum(model_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, 4, optim, p.offload_optimizer,
-                                            p.offload_param).values())
-    host_states = sum(host_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, optim, p.offload_param).values()) \
-        if p.offload_optimizer else 0.0
+    states = sum(
+        model_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, 4, optim, p.offload_optimizer, p.offload_param).values()
+    )
+    host_states = (
+        sum(host_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, optim, p.offload_param).values())
+        if p.offload_optimizer
+        else 0.0
+    )
     b, s, h, L = p.micro_batch, m.seq, m.hidden, m.layers
     ckpt = ckpt_host = 0.0
     if p.checkpoint_activations:

@@ -51,8 +51,9 @@ HARDWARE = {
 }
 
 
-def project(p: PlanConfig, hw: Hardware, efficiency: float = 0.5, dp_overlap: float = 0.5,
-            dtype_bytes: int = 2) -> dict:
+def project(
+    p: PlanConfig, hw: Hardware, efficiency: float = 0.5, dp_overlap: float = 0.5, dtype_bytes: int = 2
+) -> dict:
     m = p.model
     tokens_per_replica = p.micro_batch * m.seq
     hw_fpt = flops_per_token(m, recompute=p.checkpoint_activations)
@@ -70,15 +71,24 @@ def project(p: PlanConfig, hw: Hardware, efficiency: float = 0.5, dp_overlap: fl
     # node's network share, or intra-node when the whole DP group fits in one node.
     dp_in_node = p.dp * p.mp <= hw.gpus_per_node
     dp_bw = hw.intra_bw if dp_in_node else hw.inter_bw_node / min(hw.gpus_per_node, p.gpus)
-    t_dp = comm["dp_elements"] * dtype_bytes / dp_bw + (2 * (p.dp - 1) * (hw.alpha_intra if dp_in_node else hw.alpha_inter))
+    t_dp = comm["dp_elements"] * dtype_bytes / dp_bw + (
+        2 * (p.dp - 1) * (hw.alpha_intra if dp_in_node else hw.alpha_inter)
+    )
     t_bwd = t_compute * (2 / (4 if p.checkpoint_activations else 3))
     t_dp_exposed = max(0.0, t_dp - dp_overlap * t_bwd)
     step = t_compute + t_mp + t_dp_exposed
     hw_tflops = flops_gpu / step / 1e12
     model_tflops = model_fpt * tokens_per_replica / p.mp / step / 1e12
     return {
-        "hardware": hw.name, "efficiency": efficiency, "dp_overlap": dp_overlap,
-        "t_compute_s": t_compute, "t_mp_s": t_mp, "t_dp_s": t_dp, "t_dp_exposed_s": t_dp_exposed,
-        "step_time_s": step, "hw_tflops_per_gpu": hw_tflops, "model_tflops_per_gpu": model_tflops,
+        "hardware": hw.name,
+        "efficiency": efficiency,
+        "dp_overlap": dp_overlap,
+        "t_compute_s": t_compute,
+        "t_mp_s": t_mp,
+        "t_dp_s": t_dp,
+        "t_dp_exposed_s": t_dp_exposed,
+        "step_time_s": step,
+        "hw_tflops_per_gpu": hw_tflops,
+        "model_tflops_per_gpu": model_tflops,
         "aggregate_pflops": hw_tflops * p.gpus / 1e3,
     }

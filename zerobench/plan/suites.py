@@ -25,10 +25,20 @@ def plan_config(spec, gpus_per_node: int, gpu_mem_bytes: float) -> PlanConfig:
     cfg = to_train_config(spec, check_system=False)
     z, act = cfg.zero, cfg.activation
     return PlanConfig(
-        model=cfg.model, gpus=cfg.dp * cfg.tp, gpus_per_node=gpus_per_node, mp=cfg.tp, gpu_mem_bytes=gpu_mem_bytes,
-        micro_batch=cfg.micro_batch, stage=z.stage, checkpoint_activations=act.checkpoint,
-        pa=act.partition and not act.cpu_offload, pa_cpu=act.cpu_offload, cb_elements=spec.bucket_size,
-        md=act.contiguous, optim_bits=z.optim_bits, offload_optimizer=z.offload_optimizer != "none",
+        model=cfg.model,
+        gpus=cfg.dp * cfg.tp,
+        gpus_per_node=gpus_per_node,
+        mp=cfg.tp,
+        gpu_mem_bytes=gpu_mem_bytes,
+        micro_batch=cfg.micro_batch,
+        stage=z.stage,
+        checkpoint_activations=act.checkpoint,
+        pa=act.partition and not act.cpu_offload,
+        pa_cpu=act.cpu_offload,
+        cb_elements=spec.bucket_size,
+        md=act.contiguous,
+        optim_bits=z.optim_bits,
+        offload_optimizer=z.offload_optimizer != "none",
         offload_param=z.offload_param != "none",
     )
 
@@ -41,15 +51,19 @@ def plan_configs(suite: dict, where: str = "suite") -> list[tuple[dict, PlanConf
     from zerobench.bench.suite import check_keys
 
     if not isinstance(suite, dict) or not isinstance(suite.get("runs"), list):
-        raise ConfigError(f"{where}: a suite to plan is a mapping with a 'runs' list (and optional 'base' and "
-                          "'cluster' mappings), as suites/paper/fig2.yaml")
+        raise ConfigError(
+            f"{where}: a suite to plan is a mapping with a 'runs' list (and optional 'base' and "
+            "'cluster' mappings), as suites/paper/fig2.yaml"
+        )
     base, cluster = suite.get("base") or {}, suite.get("cluster") or {}
     if not isinstance(base, dict) or not isinstance(cluster, dict):
         raise ConfigError(f"{where}: a suite's 'base' and 'cluster' must be mappings")
     try:
         per_node = int(cluster.get("gpus_per_node", 16))
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: cluster: gpus_per_node must be an integer, got {cluster['gpus_per_node']!r}") from None
+        raise ConfigError(
+            f"{where}: cluster: gpus_per_node must be an integer, got {cluster['gpus_per_node']!r}"
+        ) from None
     try:
         mem = parse_bytes(cluster.get("gpu_mem", "32GB"))
     except ConfigError as e:

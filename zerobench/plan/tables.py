@@ -32,16 +32,22 @@ def table2(gpu_mem_bytes: float = 32e9) -> list[dict]:
         nd = gpus // mp
         # model-state bytes per GPU are linear in Ψ: solve c * Ψ/mp = memory
         per_param = {s: paper_model_state_bytes(1.0, nd, s) for s in range(4)}
-        rows.append({
-            "mp": mp, "gpus": gpus,
-            **{label: gpu_mem_bytes / per_param[s] * mp
-               for s, label in ((0, "baseline"), (1, "P_os"), (2, "P_os+g"), (3, "P_os+g+p"))},
-        })
+        rows.append(
+            {
+                "mp": mp,
+                "gpus": gpus,
+                **{
+                    label: gpu_mem_bytes / per_param[s] * mp
+                    for s, label in ((0, "baseline"), (1, "P_os"), (2, "P_os+g"), (3, "P_os+g+p"))
+                },
+            }
+        )
     return rows
 
 
 def max_layers(p: PlanConfig, limit: int = 100_000) -> int:
     """The largest layer count that fits (0 if none): memory is monotone in layers, so bisect."""
+
     def fits(layers: int) -> bool:
         return bool(memory_per_gpu(dataclasses.replace(p, model=dataclasses.replace(p.model, layers=layers)))["fits"])
 
@@ -55,5 +61,8 @@ def max_size(p: PlanConfig) -> dict:
     model = dataclasses.replace(p.model, layers=max(layers, 1))
     from zerobench.models.sizes import num_params
 
-    return {"max_layers": layers, "max_params": num_params(model) if layers else 0,
-            "params_per_mp_rank": params_per_mp_rank(model, p.mp) if layers else 0}
+    return {
+        "max_layers": layers,
+        "max_params": num_params(model) if layers else 0,
+        "params_per_mp_rank": params_per_mp_rank(model, p.mp) if layers else 0,
+    }

@@ -15,11 +15,26 @@ import pandas as pd
 
 from zerobench.results.status import COUNTED, counted_rows, frame_statuses, with_run_key
 
-RUN_METRICS = ("step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "pflops_aggregate", "tokens_per_s_per_gpu",
-               "num_params", "model_state_bytes", "model_state_bytes_analytic", "comm_volume_elements_per_step",
-               "peak_memory_bytes", "peak_rss_bytes", "memory_params_bytes", "memory_grads_bytes",
-               "memory_master_bytes", "memory_optimizer_states_bytes", "memory_activation_checkpoints_bytes",
-               "max_params", "max_layers")
+RUN_METRICS = (
+    "step_time_s",
+    "tflops_per_gpu",
+    "hw_tflops_per_gpu",
+    "pflops_aggregate",
+    "tokens_per_s_per_gpu",
+    "num_params",
+    "model_state_bytes",
+    "model_state_bytes_analytic",
+    "comm_volume_elements_per_step",
+    "peak_memory_bytes",
+    "peak_rss_bytes",
+    "memory_params_bytes",
+    "memory_grads_bytes",
+    "memory_master_bytes",
+    "memory_optimizer_states_bytes",
+    "memory_activation_checkpoints_bytes",
+    "max_params",
+    "max_layers",
+)
 
 
 def _missing(v) -> bool:
@@ -51,17 +66,30 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per config hash: configuration columns and the median (and spread) of each metric, over the runs
     that count (``counted_rows``)."""
     df = counted_rows(with_run_key(df))
-    df = df[(df["status"].fillna("ok") == "ok") & ~df["metric"].str.startswith("peer_")
-            & ~df["metric"].isin(["max_params", "max_layers"])]
+    df = df[
+        (df["status"].fillna("ok") == "ok")
+        & ~df["metric"].str.startswith("peer_")
+        & ~df["metric"].isin(["max_params", "max_layers"])
+    ]
     if "rank" in df:
         df = df[df["rank"].isna() | (df["rank"] == 0)]
     cfg_cols = {
-        "system": "config.system", "stage": "config.zero.stage", "dp": "config.dp", "tp": "config.tp",
-        "precision": "config.zero.precision", "preset": "config.preset", "layers": "config.model.layers",
-        "hidden": "config.model.hidden", "suite": "suite", "hardware": "provenance.hardware.class",
-        "device": "provenance.hardware.device", "offload": "config.zero.offload_optimizer",
-        "ckpt": "config.activation.checkpoint", "pa": "config.activation.partition",
-        "pa_cpu": "config.activation.cpu_offload", "md": "config.activation.contiguous",
+        "system": "config.system",
+        "stage": "config.zero.stage",
+        "dp": "config.dp",
+        "tp": "config.tp",
+        "precision": "config.zero.precision",
+        "preset": "config.preset",
+        "layers": "config.model.layers",
+        "hidden": "config.model.hidden",
+        "suite": "suite",
+        "hardware": "provenance.hardware.class",
+        "device": "provenance.hardware.device",
+        "offload": "config.zero.offload_optimizer",
+        "ckpt": "config.activation.checkpoint",
+        "pa": "config.activation.partition",
+        "pa_cpu": "config.activation.cpu_offload",
+        "md": "config.activation.contiguous",
     }
     records = []
     for key, g in df.groupby("config_hash"):
@@ -95,18 +123,28 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
         def col(name, default=None, first=first):
             v = first.get(f"config.{name}", default)
             return default if _missing(v) else v
+
         offload = col("offload_optimizer", "none")
-        out.append({
-            "run_id": run, "stage": int(col("stage", 0)), "dp": int(col("dp", 1) or 1), "tp": int(col("tp", 1) or 1),
-            "preset": col("preset"), "precision": col("precision", "fp32"), "budget": col("budget"),
-            "preset_shape": all(col(k) is None for k in ("hidden", "heads", "vocab", "seq")),
-            "offload": offload + ("+param" if col("offload_param", "none") != "none" else ""),
-            "paper_config": _paper_config(col("stage", 0), col("checkpoint_activations") or col("pa"),
-                                          col("pa"), col("pa_cpu"), col("md")),
-            "hardware": first.get("provenance.hardware.class"), "device": first.get("provenance.hardware.device"),
-            "max_params": float(g[g["metric"] == "max_params"]["value"].iloc[-1]),
-            "max_layers": float(g[g["metric"] == "max_layers"]["value"].iloc[-1]),
-        })
+        out.append(
+            {
+                "run_id": run,
+                "stage": int(col("stage", 0)),
+                "dp": int(col("dp", 1) or 1),
+                "tp": int(col("tp", 1) or 1),
+                "preset": col("preset"),
+                "precision": col("precision", "fp32"),
+                "budget": col("budget"),
+                "preset_shape": all(col(k) is None for k in ("hidden", "heads", "vocab", "seq")),
+                "offload": offload + ("+param" if col("offload_param", "none") != "none" else ""),
+                "paper_config": _paper_config(
+                    col("stage", 0), col("checkpoint_activations") or col("pa"), col("pa"), col("pa_cpu"), col("md")
+                ),
+                "hardware": first.get("provenance.hardware.class"),
+                "device": first.get("provenance.hardware.device"),
+                "max_params": float(g[g["metric"] == "max_params"]["value"].iloc[-1]),
+                "max_layers": float(g[g["metric"] == "max_layers"]["value"].iloc[-1]),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -127,10 +165,16 @@ def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) ->
     def max_params(r) -> float:
         if maxsize.empty:
             return float("nan")
-        m = maxsize[maxsize["preset_shape"] & (maxsize["stage"] == r["stage"]) & (maxsize["dp"] == r["dp"])
-                    & (maxsize["tp"] == r["tp"])
-                    & (maxsize["preset"] == r["preset"]) & (maxsize["precision"] == r["precision"])
-                    & (maxsize["hardware"] == r["hardware"]) & (maxsize["offload"] == r.get("offload", "none"))]
+        m = maxsize[
+            maxsize["preset_shape"]
+            & (maxsize["stage"] == r["stage"])
+            & (maxsize["dp"] == r["dp"])
+            & (maxsize["tp"] == r["tp"])
+            & (maxsize["preset"] == r["preset"])
+            & (maxsize["precision"] == r["precision"])
+            & (maxsize["hardware"] == r["hardware"])
+            & (maxsize["offload"] == r.get("offload", "none"))
+        ]
         return float(m["max_params"].max()) if len(m) else float("nan")
 
     out = []
@@ -146,28 +190,39 @@ def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) ->
         b_max = max_params(b)
         for _, r in g.sort_values("stage").iterrows():
             r_max = max_params(r)
-            out.append({
-                "dp": r["dp"], "tp": r["tp"], "model": f"{r['preset']} L{r['layers']} h{r['hidden']}",
-                "precision": r["precision"], "hardware": r["hardware"], "stage": r["stage"],
-                "offload": r.get("offload", "none"),
-                "model_states_MiB": r.get("model_state_bytes", float("nan")) / 2**20,
-                "vs_DP_memory": r.get("model_state_bytes", float("nan")) / b.get("model_state_bytes", float("nan")),
-                "peak_MiB": r.get("peak_memory_bytes", float("nan")) / 2**20,
-                "tflops_per_gpu": r.get("tflops_per_gpu"),
-                "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
-                "max_model_M_params": r_max / 1e6,
-                "vs_DP_max_model": r_max / b_max if not _missing(b_max) and b_max else float("nan"),
-            })
+            out.append(
+                {
+                    "dp": r["dp"],
+                    "tp": r["tp"],
+                    "model": f"{r['preset']} L{r['layers']} h{r['hidden']}",
+                    "precision": r["precision"],
+                    "hardware": r["hardware"],
+                    "stage": r["stage"],
+                    "offload": r.get("offload", "none"),
+                    "model_states_MiB": r.get("model_state_bytes", float("nan")) / 2**20,
+                    "vs_DP_memory": r.get("model_state_bytes", float("nan")) / b.get("model_state_bytes", float("nan")),
+                    "peak_MiB": r.get("peak_memory_bytes", float("nan")) / 2**20,
+                    "tflops_per_gpu": r.get("tflops_per_gpu"),
+                    "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
+                    "max_model_M_params": r_max / 1e6,
+                    "vs_DP_max_model": r_max / b_max if not _missing(b_max) and b_max else float("nan"),
+                }
+            )
     return pd.DataFrame(out)
 
 
-PEER_METRICS = {"peer_time_vs_torch_ddp": "time_vs_torch_ddp", "peer_step_time_s": "step_time_s",
-                "peer_peak_live_bytes": "peak_live_bytes", "peer_peak_rss_bytes": "peak_rss_bytes",
-                "peer_loss_max_abs_diff": "loss_max_abs_diff"}
+PEER_METRICS = {
+    "peer_time_vs_torch_ddp": "time_vs_torch_ddp",
+    "peer_step_time_s": "step_time_s",
+    "peer_peak_live_bytes": "peak_live_bytes",
+    "peer_peak_rss_bytes": "peak_rss_bytes",
+    "peer_loss_max_abs_diff": "loss_max_abs_diff",
+}
 
 
 def _comparison(row: pd.Series) -> str:
     """A comparison's model and world, from its summary rows' ``config.peers``: ``small, 4 layers, seq 64, DP 2``."""
+
     def get(key):
         v = row.get(f"config.peers.{key}")
         return None if _missing(v) else v
@@ -177,8 +232,14 @@ def _comparison(row: pd.Series) -> str:
     parts += [f"seq {int(get('seq'))}"] if get("seq") else []
     parts += [f"DP {int(get('dp'))}"] if get("dp") else []
     commit, when = row.get("provenance.commit"), row.get("provenance.timestamp")
-    tail = " ".join(str(x) for x in (None if _missing(commit) else str(commit)[:7],
-                                      None if _missing(when) else str(when)[:16].replace("T", " ")) if x)
+    tail = " ".join(
+        str(x)
+        for x in (
+            None if _missing(commit) else str(commit)[:7],
+            None if _missing(when) else str(when)[:16].replace("T", " "),
+        )
+        if x
+    )
     return ", ".join(parts) + (f" @ {tail}" if tail else "")
 
 
@@ -194,9 +255,15 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
     for key, g in d.groupby(keys, sort=False):
         cand = key[-1]
         first = g.iloc[0]
-        rec = {"comparison": _comparison(first), "candidate": cand, "shards_like_stage": int(first["sharding_stage"]),
-               "processes": first.get("config.peers.dp"), "params_M": None,
-               "device": first.get("provenance.hardware.device"), "status": first.get("status") or "ok"}
+        rec = {
+            "comparison": _comparison(first),
+            "candidate": cand,
+            "shards_like_stage": int(first["sharding_stage"]),
+            "processes": first.get("config.peers.dp"),
+            "params_M": None,
+            "device": first.get("provenance.hardware.device"),
+            "status": first.get("status") or "ok",
+        }
         for metric, col in PEER_METRICS.items():
             v = g[g["metric"] == metric]["value"].dropna()
             rec[col] = float(v.iloc[-1]) if len(v) else None
@@ -217,20 +284,30 @@ def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
     key = ["config_hash", "measured_run"]
     pred = df[df["metric"] == "sim_predicted_step_time_s"].set_index(key)["value"]
     keys = list(zip(d["config_hash"], d["measured_run"]))
-    t = pd.DataFrame({
-        "run": d["measured_run"].values, "stage": d["stage"].astype(int).values, "dp": d["dp"].astype(int).values,
-        "tp": d["tp"].astype(int).values, "hidden": d["hidden"].astype(int).values,
-        "predicted_ms": [1e3 * pred.get(k, float("nan")) for k in keys],
-        "measured_ms": 1e3 * d["measured_s"].values, "ratio": d["value"].values,
-        "in_fit": d["in_fit"].astype(bool).values, "device": d["profile_device"].values,
-    })
+    t = pd.DataFrame(
+        {
+            "run": d["measured_run"].values,
+            "stage": d["stage"].astype(int).values,
+            "dp": d["dp"].astype(int).values,
+            "tp": d["tp"].astype(int).values,
+            "hidden": d["hidden"].astype(int).values,
+            "predicted_ms": [1e3 * pred.get(k, float("nan")) for k in keys],
+            "measured_ms": 1e3 * d["measured_s"].values,
+            "ratio": d["value"].values,
+            "in_fit": d["in_fit"].astype(bool).values,
+            "device": d["profile_device"].values,
+        }
+    )
     mem = df[df["metric"] == "sim_peak_memory_ratio"]
     if not mem.empty:  # a GPU profile's memory planner: predicted vs max_memory_allocated
         ratio = mem.set_index(key)
         got = [k in ratio.index for k in keys]
-        t["predicted_peak_MiB"] = [round(ratio.loc[k, "value"] * ratio.loc[k, "measured_peak_bytes"] / 2**20) if g
-                                   else float("nan") for k, g in zip(keys, got)]
-        t["measured_peak_MiB"] = [round(ratio.loc[k, "measured_peak_bytes"] / 2**20) if g else float("nan")
-                                  for k, g in zip(keys, got)]
+        t["predicted_peak_MiB"] = [
+            round(ratio.loc[k, "value"] * ratio.loc[k, "measured_peak_bytes"] / 2**20) if g else float("nan")
+            for k, g in zip(keys, got)
+        ]
+        t["measured_peak_MiB"] = [
+            round(ratio.loc[k, "measured_peak_bytes"] / 2**20) if g else float("nan") for k, g in zip(keys, got)
+        ]
         t["memory_ratio"] = [ratio.loc[k, "value"] if g else float("nan") for k, g in zip(keys, got)]
     return t.sort_values(["device", "hidden", "dp", "tp", "stage"]).reset_index(drop=True)

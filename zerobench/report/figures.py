@@ -12,9 +12,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-CATS = [("memory_params_bytes", "params"), ("memory_grads_bytes", "grads"), ("memory_master_bytes", "fp32 master"),
-        ("memory_optimizer_states_bytes", "optimizer states"),
-        ("memory_activation_checkpoints_bytes", "activation checkpoints")]
+CATS = [
+    ("memory_params_bytes", "params"),
+    ("memory_grads_bytes", "grads"),
+    ("memory_master_bytes", "fp32 master"),
+    ("memory_optimizer_states_bytes", "optimizer states"),
+    ("memory_activation_checkpoints_bytes", "activation checkpoints"),
+]
 
 
 def _hw(df: pd.DataFrame) -> str:
@@ -49,11 +53,16 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
         return None  # baseline file keeps only the gated metrics): no bars to draw
     d = d.sort_values(["hardware", "dp", "tp", "stage"])
     groups = _by_hardware(d)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 0.55 * max(len(g) for _, g in groups)), 4 * len(groups)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(groups), 1, figsize=(max(6, 0.55 * max(len(g) for _, g in groups)), 4 * len(groups)), squeeze=False
+    )
     for ax, (hw, g) in zip(axes[:, 0], groups):
-        labels = [f"s{int(r.stage)} dp{int(r.dp)} tp{int(r.tp)}" + (" off" if getattr(r, "offload", "none") != "none" else "")
-                  + f" {r.preset}" for r in g.itertuples()]
+        labels = [
+            f"s{int(r.stage)} dp{int(r.dp)} tp{int(r.tp)}"
+            + (" off" if getattr(r, "offload", "none") != "none" else "")
+            + f" {r.preset}"
+            for r in g.itertuples()
+        ]
         bottom = pd.Series(0.0, index=g.index)
         for col, name in CATS:
             if col in g:
@@ -61,13 +70,22 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
                 ax.bar(labels, vals, bottom=bottom, label=name)
                 bottom += vals
         if "model_state_bytes_analytic" in g:
-            ax.scatter(labels, g["model_state_bytes_analytic"] / 2**20, marker="_", s=400, c="k", zorder=3,
-                       label="paper formula (model states)")
+            ax.scatter(
+                labels,
+                g["model_state_bytes_analytic"] / 2**20,
+                marker="_",
+                s=400,
+                c="k",
+                zorder=3,
+                label="paper formula (model states)",
+            )
         ax.set_ylabel("MiB per rank")
         ax.set_title(f"Memory ledger per rank, measured from the engine's tensors [{hw}]", fontsize=10)
         ax.tick_params(axis="x", rotation=60)
         ax.legend(fontsize=7)
-    return _save(fig, out, "memory_ledger"), f"Measured bytes per rank by category vs the paper's §5 formula. Hardware: {_hw(d)}."
+    return _save(
+        fig, out, "memory_ledger"
+    ), f"Measured bytes per rank by category vs the paper's §5 formula. Hardware: {_hw(d)}."
 
 
 def comm_volume(runs: pd.DataFrame, out: Path):
@@ -98,15 +116,22 @@ def throughput(runs: pd.DataFrame, out: Path):
     groups = _by_hardware(d)
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 3.6), squeeze=False)
     for ax, (hw, hw_rows) in zip(axes[0], groups):
-        g = hw_rows.assign(config=[
-            f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
-            + (" offload" if getattr(r, "offload", "none") != "none" else "") for r in hw_rows.itertuples()])
+        g = hw_rows.assign(
+            config=[
+                f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
+                + (" offload" if getattr(r, "offload", "none") != "none" else "")
+                for r in hw_rows.itertuples()
+            ]
+        )
         sns.barplot(data=g, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
         ax.set_title(f"Throughput per device by ZeRO stage [{hw}]", fontsize=10)
         if ax.get_legend():
             ax.legend(fontsize=6)
-    return _save(fig, out, "throughput"), f"Median step time after warm-up, Megatron FLOP count. Hardware: {_hw(d)} — absolute values are only meaningful for that hardware."
+    return (
+        _save(fig, out, "throughput"),
+        f"Median step time after warm-up, Megatron FLOP count. Hardware: {_hw(d)} — absolute values are only meaningful for that hardware.",
+    )
 
 
 def loss_curves(losses: pd.DataFrame, out: Path):
@@ -114,8 +139,15 @@ def loss_curves(losses: pd.DataFrame, out: Path):
         return None
     fig, ax = plt.subplots(figsize=(6, 3.6))
     # a run measured in several rounds: the band is the rounds' range (a bootstrap CI would cost seconds per run)
-    sns.lineplot(data=losses, x="step", y="value", hue="run_id", errorbar=("pi", 100), ax=ax,
-                 legend=len(losses["run_id"].unique()) <= 12)
+    sns.lineplot(
+        data=losses,
+        x="step",
+        y="value",
+        hue="run_id",
+        errorbar=("pi", 100),
+        ax=ax,
+        legend=len(losses["run_id"].unique()) <= 12,
+    )
     ax.set_ylabel("loss")
     ax.set_title("Loss curves")
     if ax.get_legend():
@@ -142,8 +174,10 @@ def peers(table: pd.DataFrame, out: Path):
         sns.barplot(data=d, y="candidate", x="peak_live_MiB", hue="family", dodge=False, ax=axes[1], legend=False)
     axes[1].set_xlabel("peak live MiB per rank")
     fig.suptitle("zerobench vs peers, same model, batch and processes")
-    cap = (f"Candidates interleaved round by round within each comparison; grouped by the ZeRO stage whose "
-           f"sharding they match. Hardware: {'; '.join(sorted({str(x) for x in d['device'].dropna()})) or 'unknown'}.")
+    cap = (
+        f"Candidates interleaved round by round within each comparison; grouped by the ZeRO stage whose "
+        f"sharding they match. Hardware: {'; '.join(sorted({str(x) for x in d['device'].dropna()})) or 'unknown'}."
+    )
     return _save(fig, out, "peers"), cap
 
 
@@ -154,10 +188,14 @@ def sim_validation(table: pd.DataFrame, out: Path):
     import statistics
 
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
-    d = table.assign(**{"model hidden size": [str(h) for h in table["hidden"]],
-                        "ZeRO stage": [str(s) for s in table["stage"]]})
+    d = table.assign(
+        **{"model hidden size": [str(h) for h in table["hidden"]], "ZeRO stage": [str(s) for s in table["stage"]]}
+    )
     sns.scatterplot(data=d, x="measured_ms", y="predicted_ms", hue="model hidden size", style="ZeRO stage", s=60, ax=ax)
-    lo, hi = 0.8 * min(d["measured_ms"].min(), d["predicted_ms"].min()), 1.25 * max(d["measured_ms"].max(), d["predicted_ms"].max())
+    lo, hi = (
+        0.8 * min(d["measured_ms"].min(), d["predicted_ms"].min()),
+        1.25 * max(d["measured_ms"].max(), d["predicted_ms"].max()),
+    )
     ax.plot([lo, hi], [lo, hi], color="#333", lw=0.8)
     ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="#999", alpha=0.2, label="±10%")
     ax.set_xscale("log")
@@ -166,7 +204,9 @@ def sim_validation(table: pd.DataFrame, out: Path):
     ax.set_ylabel("predicted step time (ms)")
     ax.legend(fontsize=7)
     errs = [abs(r - 1) for r in d["ratio"]]
-    cap = (f"{len(d)} runs, predicted from a profile of the host without looking at them: median |predicted / "
-           f"measured - 1| = {statistics.median(errs):.1%}, worst {max(errs):.1%}. Profile: "
-           f"{'; '.join(sorted(set(map(str, d['device']))))}.")
+    cap = (
+        f"{len(d)} runs, predicted from a profile of the host without looking at them: median |predicted / "
+        f"measured - 1| = {statistics.median(errs):.1%}, worst {max(errs):.1%}. Profile: "
+        f"{'; '.join(sorted(set(map(str, d['device']))))}."
+    )
     return _save(fig, out, "sim_validation"), cap

@@ -16,8 +16,13 @@ from zerobench.models.sizes import num_params
 from zerobench.results.status import counted_rows, with_run_key
 
 GiB = 2**30
-METRICS = {"step_time_s": "step_ms", "tflops_per_gpu": "tflops_per_gpu", "peak_memory_bytes": "device_peak_GiB",
-           "host_model_state_bytes": "host_states_GiB", "peak_rss_bytes": "peak_rss_GiB"}
+METRICS = {
+    "step_time_s": "step_ms",
+    "tflops_per_gpu": "tflops_per_gpu",
+    "peak_memory_bytes": "device_peak_GiB",
+    "host_model_state_bytes": "host_states_GiB",
+    "peak_rss_bytes": "peak_rss_GiB",
+}
 SCALE = {"step_ms": 1e-3, "device_peak_GiB": GiB, "host_states_GiB": GiB, "peak_rss_GiB": GiB}
 
 
@@ -69,10 +74,13 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
         oom = (g["metric"] == "run_status") & (g["status"] == "oom")
         budget, params = _col(g, "config.memory_budget_bytes"), _params(g)
         rec = {
-            "hardware": _col(g, "provenance.hardware.class"), "system": _system(g),
-            "budget_GiB": budget / GiB if budget is not None else None, "layers": _col(g, "config.model.layers"),
+            "hardware": _col(g, "provenance.hardware.class"),
+            "system": _system(g),
+            "budget_GiB": budget / GiB if budget is not None else None,
+            "layers": _col(g, "config.model.layers"),
             "params_B": params / 1e9 if params else None,
-            "fits": "yes" if len(timed) else ("OOM" if oom.any() else "no result"), "runs": g["run_id"].nunique(),
+            "fits": "yes" if len(timed) else ("OOM" if oom.any() else "no result"),
+            "runs": g["run_id"].nunique(),
         }
         for metric, name in METRICS.items():
             per_run = ok[ok["metric"] == metric].groupby("run_id")["value"].last()
@@ -81,5 +89,7 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
     if not out:
         return pd.DataFrame()
     table = pd.DataFrame(out)
-    table["step_ms"] = pd.to_numeric(table["step_ms"], errors="coerce").round().astype("Int64")  # whole milliseconds: 1236, not 1.24e+03
+    table["step_ms"] = (
+        pd.to_numeric(table["step_ms"], errors="coerce").round().astype("Int64")
+    )  # whole milliseconds: 1236, not 1.24e+03
     return table.sort_values(["hardware", "budget_GiB", "params_B", "system"], na_position="last", ignore_index=True)

@@ -19,8 +19,9 @@ from zerobench.report.figures import _hw, _save
 def _family(d: pd.DataFrame) -> pd.Series:
     base = (d["stage"] == 0) | (d["system"].fillna("zerobench") != "zerobench")
     off = d.get("offload", pd.Series("none", index=d.index)).fillna("none")
-    return pd.Series(["baseline DP" if b else ("ZeRO-Offload" if o != "none" else "ZeRO") for b, o in zip(base, off)],
-                     index=d.index)
+    return pd.Series(
+        ["baseline DP" if b else ("ZeRO-Offload" if o != "none" else "ZeRO") for b, o in zip(base, off)], index=d.index
+    )
 
 
 def fig2_measured(runs: pd.DataFrame, out: Path):
@@ -44,8 +45,10 @@ def fig2_measured(runs: pd.DataFrame, out: Path):
         ax.set_xlabel("model size (M parameters)")
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
         ax.set_title(f"Fig 2 (measured): {hw}", fontsize=10)
-    cap = (f"Best measured TFLOPs per GPU at each model size; labels: ZeRO / baseline where both exist. "
-           f"Hardware: {_hw(d)}.")
+    cap = (
+        f"Best measured TFLOPs per GPU at each model size; labels: ZeRO / baseline where both exist. "
+        f"Hardware: {_hw(d)}."
+    )
     return _save(fig, out, "fig2_measured"), cap
 
 
@@ -76,7 +79,9 @@ def fig3_measured(runs: pd.DataFrame, out: Path):
     if axes[0].get_legend():
         axes[0].legend(fontsize=6)
     fig.suptitle("Fig 3 (measured): throughput vs number of devices", fontsize=10)
-    return _save(fig, out, "fig3_measured"), f"Same model and micro-batch per device at each size (weak scaling). Hardware: {_hw(d)}."
+    return _save(
+        fig, out, "fig3_measured"
+    ), f"Same model and micro-batch per device at each size (weak scaling). Hardware: {_hw(d)}."
 
 
 def fig4_measured(maxsize: pd.DataFrame, out: Path):
@@ -91,20 +96,28 @@ def fig4_measured(maxsize: pd.DataFrame, out: Path):
     sns.barplot(data=d, y="setting", x="max M params", hue="config", ax=ax)
     ax.set_ylabel("")
     ax.set_title("Fig 4 (measured): largest model that trains within the budget", fontsize=10)
-    cap = ("Binary search on layers (fresh processes per probe, budget enforced: live-tensor tracker on CPU, CUDA "
-           f"OOM on GPU). Hardware: {_hw(d)}.")
+    cap = (
+        "Binary search on layers (fresh processes per probe, budget enforced: live-tensor tracker on CPU, CUDA "
+        f"OOM on GPU). Hardware: {_hw(d)}."
+    )
     return _save(fig, out, "fig4_measured"), cap
 
 
 def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):
     """C1-C5 (the paper's Table 3): max model size, peak memory per GPU, throughput per GPU."""
-    d = runs[runs.get("paper_config", pd.Series(dtype=object)).notna()].copy() if "paper_config" in runs else runs.iloc[0:0]
+    d = (
+        runs[runs.get("paper_config", pd.Series(dtype=object)).notna()].copy()
+        if "paper_config" in runs
+        else runs.iloc[0:0]
+    )
     m = maxsize[maxsize["paper_config"].notna()] if maxsize is not None and len(maxsize) else pd.DataFrame()
     if d.empty and m.empty:
         return None
-    panels = [("Fig 6: max model size (M params)", m, "max_params", 1e6),
-              ("Fig 7: peak memory per GPU (MiB)", d, "peak_memory_bytes", 2**20),
-              ("Fig 8: throughput per GPU (TFLOP/s)", d, "tflops_per_gpu", 1.0)]
+    panels = [
+        ("Fig 6: max model size (M params)", m, "max_params", 1e6),
+        ("Fig 7: peak memory per GPU (MiB)", d, "peak_memory_bytes", 2**20),
+        ("Fig 8: throughput per GPU (TFLOP/s)", d, "tflops_per_gpu", 1.0),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     for ax, (title, src, col, div) in zip(axes, panels):
         ax.set_title(title, fontsize=9)
@@ -120,4 +133,6 @@ def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):
         if ax.get_legend():
             ax.legend(fontsize=6)
     fig.suptitle("Figs 6-8 (measured): C1-C5 (Table 3)", fontsize=10)
-    return _save(fig, out, "fig678_measured"), f"C1-C5 derived from each run's switches. Hardware: {_hw(pd.concat([d, m]))}."
+    return _save(
+        fig, out, "fig678_measured"
+    ), f"C1-C5 derived from each run's switches. Hardware: {_hw(pd.concat([d, m]))}."

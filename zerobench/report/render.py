@@ -32,7 +32,9 @@ def _provenance(df: pd.DataFrame) -> dict:
         "hardware_classes": uniq("provenance.hardware.class"),
         "torch": uniq("provenance.torch_version"),
         "zerobench": uniq("provenance.zerobench_version"),
-        "dates": (min(uniq("provenance.timestamp")), max(uniq("provenance.timestamp"))) if "provenance.timestamp" in df else None,
+        "dates": (min(uniq("provenance.timestamp")), max(uniq("provenance.timestamp")))
+        if "provenance.timestamp" in df
+        else None,
         "suites": uniq("suite"),
         "runs": df["run_id"].nunique(),
         "rows": len(df),
@@ -57,18 +59,22 @@ def render(results: list[str], out_dir: str) -> Path:
     runs = aggregate.runs_table(df)
     losses = aggregate.losses_table(df)
     figs = []
-    for fn, title, args in ((figures.memory_ledger, "Memory per rank, measured vs analytic", (runs,)),
-                            (figures.comm_volume, "Communication per step vs 2Ψ / 3Ψ", (runs,)),
-                            (figures.throughput, "Throughput by ZeRO stage", (runs,)),
-                            (figures.loss_curves, "Loss curves", (losses,))):
+    for fn, title, args in (
+        (figures.memory_ledger, "Memory per rank, measured vs analytic", (runs,)),
+        (figures.comm_volume, "Communication per step vs 2Ψ / 3Ψ", (runs,)),
+        (figures.throughput, "Throughput by ZeRO stage", (runs,)),
+        (figures.loss_curves, "Loss curves", (losses,)),
+    ):
         res = fn(*args, out)
         if res:
             figs.append({"path": res[0].name, "title": title, "caption": res[1]})
     maxsize = aggregate.maxsize_table(df)
-    for fn, title, args in ((paper_figures.fig2_measured, "Fig 2 (measured): throughput vs model size", (runs,)),
-                            (paper_figures.fig3_measured, "Fig 3 (measured): scaling with devices", (runs,)),
-                            (paper_figures.fig4_measured, "Fig 4 (measured): max model size", (maxsize,)),
-                            (paper_figures.fig678_measured, "Figs 6-8 (measured): C1-C5", (runs, maxsize))):
+    for fn, title, args in (
+        (paper_figures.fig2_measured, "Fig 2 (measured): throughput vs model size", (runs,)),
+        (paper_figures.fig3_measured, "Fig 3 (measured): scaling with devices", (runs,)),
+        (paper_figures.fig4_measured, "Fig 4 (measured): max model size", (maxsize,)),
+        (paper_figures.fig678_measured, "Figs 6-8 (measured): C1-C5", (runs, maxsize)),
+    ):
         res = fn(*args, out)
         if res:
             figs.append({"path": res[0].name, "title": title, "caption": res[1]})
@@ -94,12 +100,22 @@ def render(results: list[str], out_dir: str) -> Path:
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "prov": _provenance(df),
         "figures": figs,
-        "comparison_html": comparison.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t") if len(comparison) else "",
+        "comparison_html": comparison.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t")
+        if len(comparison)
+        else "",
         "comparison_md": comparison.to_markdown(index=False, floatfmt=".3g") if len(comparison) else "",
-        "peers_html": peers.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-") if len(peers) else "",
+        "peers_html": peers.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-")
+        if len(peers)
+        else "",
         "peers_md": peers.to_markdown(index=False, floatfmt=".3g") if len(peers) else "",
-        "offload_html": one_card.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-") if len(one_card) else "",
-        "offload_md": one_card.astype(object).where(one_card.notna(), None).to_markdown(index=False, floatfmt=".3g", missingval="-") if len(one_card) else "",
+        "offload_html": one_card.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t", na_rep="-")
+        if len(one_card)
+        else "",
+        "offload_md": one_card.astype(object)
+        .where(one_card.notna(), None)
+        .to_markdown(index=False, floatfmt=".3g", missingval="-")
+        if len(one_card)
+        else "",
         "sim_html": sim.to_html(index=False, float_format=lambda x: f"{x:.3g}", classes="t") if len(sim) else "",
         "sim_md": sim.to_markdown(index=False, floatfmt=".3g") if len(sim) else "",
         "table1_html": t1.to_html(float_format=lambda x: f"{x:.2f}", classes="t"),

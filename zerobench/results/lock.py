@@ -72,12 +72,16 @@ def claim(path: str | os.PathLike, flag: str = "--out") -> DirLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise ConfigError(f"{flag} {path} is in use by another zerobench ({holder}): wait for it to end, "
-                              f"or choose another {flag}") from None
+            raise ConfigError(
+                f"{flag} {path} is in use by another zerobench ({holder}): wait for it to end, or choose another {flag}"
+            ) from None
         except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks
             os.close(fd)
-            print(f"zerobench: warning: cannot lock {flag} {path} ({e.strerror}): a second writer into it "
-                  "would not be refused", file=sys.stderr)
+            print(
+                f"zerobench: warning: cannot lock {flag} {path} ({e.strerror}): a second writer into it "
+                "would not be refused",
+                file=sys.stderr,
+            )
             return DirLock(path, None)
         if _same_file(fd, lock):
             break

@@ -36,11 +36,13 @@ def check_writable_dir(path: str | os.PathLike, flag: str = "--out", what: str =
         _prove_writable(path)
     except OSError as e:
         raise ConfigError(
-            f"cannot write {what} to {flag} {path}: {e.strerror or e}: choose a writable directory") from None
+            f"cannot write {what} to {flag} {path}: {e.strerror or e}: choose a writable directory"
+        ) from None
 
 
-def check_writable_file(path: str | os.PathLike, flag: str | None, what: str,
-                        fix: str = "choose a writable path") -> None:
+def check_writable_file(
+    path: str | os.PathLike, flag: str | None, what: str, fix: str = "choose a writable path"
+) -> None:
     """Prove the file ``path`` can be written (its directory created if needed; an existing file is opened
     for appending, not changed), or raise a one-line ConfigError naming ``flag`` (None: a default path,
     which ``fix`` then says how to move)."""

@@ -40,7 +40,12 @@ def hardware() -> dict:
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
-        return {"kind": "gpu", "device": name, "count": torch.cuda.device_count(), "class": name.replace(" ", "-").lower()}
+        return {
+            "kind": "gpu",
+            "device": name,
+            "count": torch.cuda.device_count(),
+            "class": name.replace(" ", "-").lower(),
+        }
     import os
 
     cores = os.cpu_count() or 1
@@ -70,11 +75,20 @@ def slurm() -> dict | None:
 
     if "SLURM_JOB_ID" not in os.environ:
         return None
-    keys = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "nnodes": "SLURM_JOB_NUM_NODES",
-            "cluster": "SLURM_CLUSTER_NAME", "step_id": "SLURM_STEP_ID", "partition": "SLURM_JOB_PARTITION"}
+    keys = {
+        "job_id": "SLURM_JOB_ID",
+        "nodelist": "SLURM_JOB_NODELIST",
+        "nnodes": "SLURM_JOB_NUM_NODES",
+        "cluster": "SLURM_CLUSTER_NAME",
+        "step_id": "SLURM_STEP_ID",
+        "partition": "SLURM_JOB_PARTITION",
+    }
     return {k: os.environ.get(v) for k, v in keys.items()}
 
 
 def provenance() -> dict:
-    return {**_static(), "slurm": slurm(),
-            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        **_static(),
+        "slurm": slurm(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

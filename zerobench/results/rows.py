@@ -39,8 +39,14 @@ def run_hash(config: Any) -> str:
 class RowWriter:
     """Writes rows for one run into ``out_dir/rows.jsonl``."""
 
-    def __init__(self, out_dir: str | os.PathLike, run_id: str, config: Any, suite: str | None = None,
-                 hardware: dict | None = None):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        run_id: str,
+        config: Any,
+        suite: str | None = None,
+        hardware: dict | None = None,
+    ):
         """``hardware``: where the figures were measured, when that is not where this process runs (a summary
         computed from another machine's rows); by default this machine's."""
         self.path = Path(out_dir) / ROWS_FILE
@@ -78,7 +84,7 @@ def append_whole(path: Path, data: bytes) -> None:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         except OSError as e:
             with contextlib.suppress(OSError):  # else the row may be torn; readers skip a torn last line
@@ -109,8 +115,10 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 if n == len(lines) and not text.endswith("\n"):
-                    print(f"zerobench: warning: {f}:{n}: skipped a torn last row (its writer stopped mid-row)",
-                          file=sys.stderr)
+                    print(
+                        f"zerobench: warning: {f}:{n}: skipped a torn last row (its writer stopped mid-row)",
+                        file=sys.stderr,
+                    )
                     continue
                 raise ConfigError(f"{f}:{n}: not a JSON row ({e.msg})") from None
             if not (isinstance(row, dict) and "metric" in row and "run_id" in row):
@@ -122,12 +130,18 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
 
 _NUMBER = (int, float)
 FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "metric": ((str,), "a string"), "run_id": ((str,), "a string"), "unit": ((str,), "a string"),
-    "status": ((str,), "a string"), "config_hash": ((str,), "a string"),
+    "metric": ((str,), "a string"),
+    "run_id": ((str,), "a string"),
+    "unit": ((str,), "a string"),
+    "status": ((str,), "a string"),
+    "config_hash": ((str,), "a string"),
     "value": ((*_NUMBER, type(None)), "a number or null"),
-    "step": ((int, type(None)), "an integer or null"), "rank": ((int, type(None)), "an integer or null"),
-    "config": ((dict,), "an object"), "provenance": ((dict,), "an object"),
-    "suite": ((str, type(None)), "a string or null"), "label": ((str, type(None)), "a string or null"),
+    "step": ((int, type(None)), "an integer or null"),
+    "rank": ((int, type(None)), "an integer or null"),
+    "config": ((dict,), "an object"),
+    "provenance": ((dict,), "an object"),
+    "suite": ((str, type(None)), "a string or null"),
+    "label": ((str, type(None)), "a string or null"),
     "reason": ((str, type(None)), "a string or null"),
 }
 """The fields every reader relies on, with the JSON types a writer gives them (``RowWriter``)."""

@@ -37,6 +37,7 @@ def _runs(path: str | Path) -> list[dict]:
     st = frame_statuses(df)
     runs = []
     for (run_id, key), g in df.groupby(["run_id", "config_hash"], sort=True):
+
         def metric(name, rank0=True, g=g):
             m = g[g["metric"] == name]
             if rank0 and "rank" in m:
@@ -46,21 +47,24 @@ def _runs(path: str | Path) -> list[dict]:
         status, reason = st.loc[(run_id, key)]
         loss = g[g["metric"] == "loss"].sort_values("step") if "step" in g else g.iloc[0:0]
         first = g.iloc[0]
-        runs.append({
-            "run": run_id,
-            "status": status,
-            "system": first.get("config.system"),
-            "stage": first.get("config.zero.stage"),
-            "dp": first.get("config.dp"), "tp": first.get("config.tp"),
-            "precision": first.get("config.zero.precision"),
-            "step_ms": _scaled(metric("step_time_s"), 1e3),
-            "tflops_gpu": metric("tflops_per_gpu"),
-            "model_state_MiB": _scaled(metric("model_state_bytes"), 2**-20),
-            "peak_MiB": _scaled(metric("peak_memory_bytes"), 2**-20),
-            "skipped": _count(metric("skipped_steps")),
-            "final_loss": loss["value"].iloc[-1] if len(loss) else None,
-            "reason": _text(reason),
-        })
+        runs.append(
+            {
+                "run": run_id,
+                "status": status,
+                "system": first.get("config.system"),
+                "stage": first.get("config.zero.stage"),
+                "dp": first.get("config.dp"),
+                "tp": first.get("config.tp"),
+                "precision": first.get("config.zero.precision"),
+                "step_ms": _scaled(metric("step_time_s"), 1e3),
+                "tflops_gpu": metric("tflops_per_gpu"),
+                "model_state_MiB": _scaled(metric("model_state_bytes"), 2**-20),
+                "peak_MiB": _scaled(metric("peak_memory_bytes"), 2**-20),
+                "skipped": _count(metric("skipped_steps")),
+                "final_loss": loss["value"].iloc[-1] if len(loss) else None,
+                "reason": _text(reason),
+            }
+        )
     return runs
 
 

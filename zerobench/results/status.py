@@ -25,8 +25,9 @@ COUNTED = (OK, UNRECORDED)
 SCHEMA = 2
 """The rows format ``RowWriter`` stamps on every row (``schema``): 2 = every launcher records a status row."""
 
-INCOMPLETE_REASON = ("no run_status row: its launcher stopped before recording how the run ended (killed, or the "
-                     "disk filled)")
+INCOMPLETE_REASON = (
+    "no run_status row: its launcher stopped before recording how the run ended (killed, or the disk filled)"
+)
 UNRECORDED_REASON = "no run_status row: written before every launcher recorded one"
 
 
@@ -70,10 +71,13 @@ def frame_statuses(df):
     import pandas as pd
 
     key = ["run_id", "config_hash"]
-    flags = pd.DataFrame({
-        "training": df["config.zero.stage"].notna() if "config.zero.stage" in df else False,
-        "marked": (df["suite"].notna() & (df["suite"] != "")) if "suite" in df else False,
-    }, index=df.index)
+    flags = pd.DataFrame(
+        {
+            "training": df["config.zero.stage"].notna() if "config.zero.stage" in df else False,
+            "marked": (df["suite"].notna() & (df["suite"] != "")) if "suite" in df else False,
+        },
+        index=df.index,
+    )
     if "schema" in df:
         flags["marked"] |= df["schema"].fillna(1) >= SCHEMA
     flags[key] = df[key]

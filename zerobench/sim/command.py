@@ -72,16 +72,22 @@ def run_profile(args: argparse.Namespace) -> int:
     jobs = jobs_for(configs, cores, device=kind, gpus=torch.cuda.device_count() if kind == "cuda" else 0)
     for i, job in enumerate(jobs, 1):
         t0 = time.monotonic()
-        print(f"[{i}/{len(jobs)}] {job.ranks} process(es) x {job.threads} thread(s): {len(job.shapes)} shape(s), "
-              f"collectives on groups of {list(job.groups) or 'none'}", file=sys.stderr, flush=True)
+        print(
+            f"[{i}/{len(jobs)}] {job.ranks} process(es) x {job.threads} thread(s): {len(job.shapes)} shape(s), "
+            f"collectives on groups of {list(job.groups) or 'none'}",
+            file=sys.stderr,
+            flush=True,
+        )
         prof.merge(profile_host(job, device, cores))
         print(f"      done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     w = RowWriter(out, "profile", {"suite": args.suite, "device": device, "cores": cores, "statistic": STATISTIC})
     for row in prof.rows():
         metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
         w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)
-    print(f"profile of {device}: {len(prof.ops)} ops, {len(prof.curves)} collective curves, "
-          f"{len(prof.memory)} memory entries -> {out}")
+    print(
+        f"profile of {device}: {len(prof.ops)} ops, {len(prof.curves)} collective curves, "
+        f"{len(prof.memory)} memory entries -> {out}"
+    )
     return 0
 
 
@@ -97,8 +103,10 @@ def _load_profile(path: str, software: str = "zerobench"):
         from zerobench.sim.software import STACKS
 
         if software not in STACKS:
-            raise ConfigError(f"the suite's cluster.software {software!r} is not a described program: choose one of "
-                              f"{', '.join(STACKS)}")
+            raise ConfigError(
+                f"the suite's cluster.software {software!r} is not a described program: choose one of "
+                f"{', '.join(STACKS)}"
+            )
         return stated_profile(path, software)
 
     try:
@@ -117,16 +125,21 @@ def run_simulate(args: argparse.Namespace) -> int:
     if getattr(args, "validate_published", None) is not None:
         return _published(args)
     if not args.profile:
-        raise ConfigError("give --profile: a profile's rows (`zerobench profile --out DIR`) or a stated device "
-                          "(v100-dgx2, v100-dgx2h, a100-dgx, h100-dgx)")
+        raise ConfigError(
+            "give --profile: a profile's rows (`zerobench profile --out DIR`) or a stated device "
+            "(v100-dgx2, v100-dgx2h, a100-dgx, h100-dgx)"
+        )
     prof = _load_profile(args.profile, _software(args.suite) if args.suite and not args.validate else "zerobench")
     if args.validate:
         try:
             rows = read_rows(args.validate)
             if args.fit:
                 prof.interference = fit_interference(rows, prof)
-                print(f"fitted on the non-ZeRO runs (stage 0, more than one process): interference "
-                      f"{prof.interference:.2f}", file=sys.stderr)
+                print(
+                    f"fitted on the non-ZeRO runs (stage 0, more than one process): interference "
+                    f"{prof.interference:.2f}",
+                    file=sys.stderr,
+                )
             recs = validate(rows, prof)
             if args.out:
                 from zerobench.results.outdir import check_fresh_run_dir
@@ -138,27 +151,51 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise ConfigError(str(e.args[0])) from None
         summary, memory = summarize(recs), summarize(recs, "memory_ratio")
         if args.json:
-            print(json.dumps({"profile": prof.device, "interference": prof.interference, "summary": summary,
-                              "memory_summary": memory, "runs": recs}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "profile": prof.device,
+                        "interference": prof.interference,
+                        "summary": summary,
+                        "memory_summary": memory,
+                        "runs": recs,
+                    },
+                    indent=1,
+                )
+            )
             return 0
         print(f"{'run':<28} {'predicted ms':>12} {'measured ms':>12} {'ratio':>6}  critical path (ms)")
         for r in recs:
             parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(r["breakdown_s"].items(), key=lambda kv: -kv[1]))
             fit = "*" if r["in_fit"] and args.fit else " "
-            mem = (f"  memory {r['predicted_peak_bytes'] / 2**20:.0f} / {r['measured_peak_bytes'] / 2**20:.0f} MiB = "
-                   f"{r['memory_ratio']:.3f}") if "memory_ratio" in r else ""
-            print(f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f} {r['measured_s'] * 1e3:12.2f} {r['ratio']:6.2f}  "
-                  f"{parts}{mem}")
+            mem = (
+                (
+                    f"  memory {r['predicted_peak_bytes'] / 2**20:.0f} / {r['measured_peak_bytes'] / 2**20:.0f} MiB = "
+                    f"{r['memory_ratio']:.3f}"
+                )
+                if "memory_ratio" in r
+                else ""
+            )
+            print(
+                f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f} {r['measured_s'] * 1e3:12.2f} {r['ratio']:6.2f}  "
+                f"{parts}{mem}"
+            )
         if summary["runs"]:
-            print(f"\n{summary['runs']} runs: median |predicted/measured - 1| = {summary['median_abs_error']:.1%}, "
-                  f"worst {summary['worst_abs_error']:.1%} ({summary['worst_run']})")
+            print(
+                f"\n{summary['runs']} runs: median |predicted/measured - 1| = {summary['median_abs_error']:.1%}, "
+                f"worst {summary['worst_abs_error']:.1%} ({summary['worst_run']})"
+            )
             if memory["runs"]:
-                print(f"{memory['runs']} runs' peak memory (max_memory_allocated): median |predicted/measured - 1| = "
-                      f"{memory['median_abs_error']:.1%}, worst {memory['worst_abs_error']:.1%} ({memory['worst_run']})")
+                print(
+                    f"{memory['runs']} runs' peak memory (max_memory_allocated): median |predicted/measured - 1| = "
+                    f"{memory['median_abs_error']:.1%}, worst {memory['worst_abs_error']:.1%} ({memory['worst_run']})"
+                )
             zero = summarize([r for r in recs if not r["in_fit"]])
             if args.fit and zero["runs"]:
-                print(f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
-                      f"worst {zero['worst_abs_error']:.1%} ({zero['worst_run']})")
+                print(
+                    f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
+                    f"worst {zero['worst_abs_error']:.1%} ({zero['worst_run']})"
+                )
         return 0
     if not args.suite:
         raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
@@ -178,8 +215,9 @@ def _paper(args: argparse.Namespace) -> int:
 
     device = args.profile or "v100-dgx2"
     if device not in CALIBRATED:
-        raise ConfigError(f"--paper predicts the paper's V100 cluster: give --profile v100-dgx2 (or leave it out), "
-                          f"not {device!r}")
+        raise ConfigError(
+            f"--paper predicts the paper's V100 cluster: give --profile v100-dgx2 (or leave it out), not {device!r}"
+        )
     if args.out:
         from zerobench.results.outdir import check_fresh_run_dir
 
@@ -202,8 +240,9 @@ def _published(args: argparse.Namespace) -> int:
     from zerobench.sim.published_validate import predict
 
     if args.profile or args.suite or args.validate:
-        raise ConfigError("--validate-published predicts every row on its own stated device: drop --profile, "
-                          "--suite and --validate")
+        raise ConfigError(
+            "--validate-published predicts every row on its own stated device: drop --profile, --suite and --validate"
+        )
     path = args.validate_published or TABLE
     try:
         rows = load(path)
@@ -243,8 +282,9 @@ def run_measured_max_size(args: argparse.Namespace) -> int:
         raise ConfigError("--profile plans from measured memory terms for --max-size: add --max-size")
     prof = _load_profile(args.profile)
     if not prof.memory:
-        raise ConfigError(f"{args.profile}: the profile has no memory entries: take one on a GPU "
-                          f"(`zerobench profile --device cuda`)")
+        raise ConfigError(
+            f"{args.profile}: the profile has no memory entries: take one on a GPU (`zerobench profile --device cuda`)"
+        )
     cfg = to_train_config(plan_run_spec(args), check_system=False)
     budget = parse_bytes(args.gpu_mem)
     try:
@@ -253,21 +293,29 @@ def run_measured_max_size(args: argparse.Namespace) -> int:
         mem = predict_memory(solved, prof)
     except KeyError as e:
         raise ConfigError(str(e.args[0])) from None
-    out = {"memory_model": f"measured: {prof.device} ({args.profile})", "budget_bytes": budget,
-           "max_layers": layers, "max_params": num_params(solved.model) if layers else 0,
-           "memory_bytes": mem if layers else {}}
+    out = {
+        "memory_model": f"measured: {prof.device} ({args.profile})",
+        "budget_bytes": budget,
+        "max_layers": layers,
+        "max_params": num_params(solved.model) if layers else 0,
+        "memory_bytes": mem if layers else {},
+    }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     m = cfg.model
     print(f"memory model: {out['memory_model']}")
-    print(f"shape: hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, micro-batch {cfg.micro_batch}, "
-          f"{cfg.zero.precision.value}, stage {cfg.zero.stage}, dp {cfg.dp} x tp {cfg.tp}")
+    print(
+        f"shape: hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, micro-batch {cfg.micro_batch}, "
+        f"{cfg.zero.precision.value}, stage {cfg.zero.stage}, dp {cfg.dp} x tp {cfg.tp}"
+    )
     if not layers:
         print(f"max size: not even one layer fits {budget / 2**30:.2f} GiB")
         return 0
-    print(f"max size: {layers} layers = {out['max_params'] / 1e9:.3f}B params fit {budget / 2**30:.2f} GiB; "
-          "predicted peak there (max_memory_allocated), GiB:")
+    print(
+        f"max size: {layers} layers = {out['max_params'] / 1e9:.3f}B params fit {budget / 2**30:.2f} GiB; "
+        "predicted peak there (max_memory_allocated), GiB:"
+    )
     for k, v in mem.items():
         print(f"  {k:<26} {v / 2**30:10.3f}")
     return 0

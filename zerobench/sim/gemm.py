@@ -31,8 +31,10 @@ SPLITS = (1, 2, 4, 8)
 MIN_SPLIT_K = 256
 """Split-K keeps at least this much of k per split."""
 
-XLA_SM90 = ("XLA's default matmul performance table for sm_90 (bf16xbf16->bf16), "
-            "tensorflow/tensorflow third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h")
+XLA_SM90 = (
+    "XLA's default matmul performance table for sm_90 (bf16xbf16->bf16), "
+    "tensorflow/tensorflow third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h"
+)
 H100_FIT = dict(tile_eff=0.853, k_overhead=146.2, launch_s=5.40e-6, split_k_s=3.87e-6)
 """Least squares on log time over 73 of ``XLA_SM90``'s entries (132 SMs, 989 TFLOP/s)."""
 

@@ -51,8 +51,9 @@ class StatedProfile(Profile):
 
     def __init__(self, dev: StatedDevice, stack: Stack | str = "zerobench", grad_elem: int | None = None):
         stack = STACKS[stack] if isinstance(stack, str) else stack
-        super().__init__(device=dev.name, cores=1, sources={**dev.sources, **{f"stack.{k}": v for k, v in
-                                                                                  stack.sources.items()}})
+        super().__init__(
+            device=dev.name, cores=1, sources={**dev.sources, **{f"stack.{k}": v for k, v in stack.sources.items()}}
+        )
         self.dev, self.stack, self.grad_elem = dev, stack, grad_elem
         self.gemm = for_ceiling(dev.sms, dev.gemm_eff, dev.peak_flops)
         self.device_class = dev.name.split("-")[0].lower()
@@ -99,21 +100,38 @@ class StatedProfile(Profile):
     def _block(self, b: int, s: int, h: int, heads: int, tp: int, elem: int, peak: float, backward: bool) -> float:
         T, hp, ap, dh = b * s, h // tp, heads // tp, h // heads
         st = self.stack
-        t = sum(self._linear(T, n, k, elem, peak, backward) for n, k in ((3 * hp, h), (h, hp), (4 * hp, h), (h, 4 * hp)))
+        t = sum(
+            self._linear(T, n, k, elem, peak, backward) for n, k in ((3 * hp, h), (h, hp), (4 * hp, h), (h, 4 * hp))
+        )
         t += self._attention(b, s, hp, ap, dh, elem, peak, backward)
         per = 2 if backward else 1
         passes = ((T * h, st.passes_h, 6), (T * hp, st.passes_hp, 2), (T * 4 * hp, st.passes_ffn, 2))
         return t + sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
 
-    def op_time(self, name: str, *, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str,
-                kernels: str, checkpoint: bool, ranks: int, threads: int) -> float:
+    def op_time(
+        self,
+        name: str,
+        *,
+        b: int,
+        s: int,
+        h: int,
+        heads: int,
+        vocab: int,
+        tp: int,
+        dtype: str,
+        kernels: str,
+        checkpoint: bool,
+        ranks: int,
+        threads: int,
+    ) -> float:
         key = (name, b, s, h, heads, vocab, tp, dtype, checkpoint)
         if key not in self._ops:
             self._ops[key] = self._op_time(name, b, s, h, heads, vocab, tp, dtype, checkpoint)
         return self._ops[key] * self.dev.compute_scale
 
-    def _op_time(self, name: str, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str,
-                 checkpoint: bool) -> float:
+    def _op_time(
+        self, name: str, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str, checkpoint: bool
+    ) -> float:
         elem, peak, T, vp = _ELEM[dtype], self._peak(dtype), b * s, vocab // tp
         loss_fwd, loss_bwd = self.stack.loss_bytes
         if name == "block_fwd":
@@ -122,11 +140,17 @@ class StatedProfile(Profile):
             t = self._block(b, s, h, heads, tp, elem, peak, backward=True)
             return t + (self._block(b, s, h, heads, tp, elem, peak, backward=False) if checkpoint else 0.0)
         if name == "head_fwd":
-            return (self._linear(T, vp, h, elem, peak, False) + self._stream(T * h * 2 * elem, 2)
-                    + self._stream(T * vp * loss_fwd, 3))
+            return (
+                self._linear(T, vp, h, elem, peak, False)
+                + self._stream(T * h * 2 * elem, 2)
+                + self._stream(T * vp * loss_fwd, 3)
+            )
         if name == "head_bwd":
-            return (self._linear(T, vp, h, elem, peak, True) + self._stream(T * h * 4 * elem, 4)
-                    + self._stream(T * vp * loss_bwd, 3))
+            return (
+                self._linear(T, vp, h, elem, peak, True)
+                + self._stream(T * h * 4 * elem, 4)
+                + self._stream(T * vp * loss_bwd, 3)
+            )
         if name == "embed_fwd":
             return self._stream(T * h * 7.5 * elem, 3)
         if name == "embed_bwd":

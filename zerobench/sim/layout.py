@@ -67,15 +67,18 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
     from zerobench.zero.tied_grads import tied_owners
 
     if dist.is_initialized() and dist.get_backend() != "fake":
-        raise RuntimeError("engine_buckets builds the engine on a fake process group: call it in a process "
-                           "without a real one (e.g. not inside a training rank)")
+        raise RuntimeError(
+            "engine_buckets builds the engine on a fake process group: call it in a process "
+            "without a real one (e.g. not inside a training rank)"
+        )
     init_fake_world(cfg.world_size, 0)
     try:
         with torch.device("meta"):
             gpt = GPT(cfg.model)
         # Offload moves where states live, not the layout (and cannot stage meta tensors on the host).
-        zero = dataclasses.replace(cfg.zero, offload_optimizer="none", offload_param="none", nvme_path=None,
-                                   kernels="reference")
+        zero = dataclasses.replace(
+            cfg.zero, offload_optimizer="none", offload_param="none", nvme_path=None, kernels="reference"
+        )
         engine = parallelize(gpt, build_mesh(cfg.tp), ParallelSpec(zero=zero, kernels="reference")).engine
         layout, L = engine.layout, cfg.model.layers
         held = held_back(layout)
@@ -84,9 +87,19 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
         for b in layout.buckets:
             slots = [layout.params[i] for i in b.params]
             lands = max((_landing(s.name, L) for s in slots), key=lambda p: _backward_order(p, L))
-            out.append(Bucket(b.index, b.numel, b.shard_numel, b.unit, len(slots),
-                              sum(s.end - s.start for s in slots), lands, held[b.index],
-                              b.index in tied))
+            out.append(
+                Bucket(
+                    b.index,
+                    b.numel,
+                    b.shard_numel,
+                    b.unit,
+                    len(slots),
+                    sum(s.end - s.start for s in slots),
+                    lands,
+                    held[b.index],
+                    b.index in tied,
+                )
+            )
         return tuple(out)
     finally:
         dist.destroy_process_group()

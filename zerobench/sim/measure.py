@@ -56,8 +56,20 @@ class HostJob:
 
 def shape_key(op: str, s: Shape, ranks: int, threads: int) -> str:
     m = s.model
-    return op_key(op, b=s.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=s.tp,
-                  dtype=s.precision, kernels=s.kernels, checkpoint=s.checkpoint, ranks=ranks, threads=threads)
+    return op_key(
+        op,
+        b=s.micro_batch,
+        s=m.seq,
+        h=m.hidden,
+        heads=m.heads,
+        vocab=m.vocab,
+        tp=s.tp,
+        dtype=s.precision,
+        kernels=s.kernels,
+        checkpoint=s.checkpoint,
+        ranks=ranks,
+        threads=threads,
+    )
 
 
 def _tp_in_situ(job: HostJob, barrier, device) -> dict[str, float]:
@@ -98,15 +110,21 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
             dist.destroy_process_group()
         linear = {f"{k}|r{job.ranks}": v for k, v in time_per_element(barrier.wait, job.kernels, device).items()}
         init_fake_world(1, 0)
-        linear.update({f"{k}|r{job.ranks}": v
-                       for k, v in time_engine_overhead(barrier.wait, job.kernels, device).items()})
+        linear.update(
+            {f"{k}|r{job.ranks}": v for k, v in time_engine_overhead(barrier.wait, job.kernels, device).items()}
+        )
         dist.destroy_process_group()
         curves, composed = {}, {}
         if job.ranks > 1 and job.groups:
             gpus = torch.cuda.device_count() if device.type == "cuda" else 0  # jobs_for gave each rank a card
             gpu = {"device_id": device} if device.type == "cuda" else {}
-            dist.init_process_group(choose_backend("auto", device, job.ranks, gpus),
-                                    init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=job.ranks, **gpu)
+            dist.init_process_group(
+                choose_backend("auto", device, job.ranks, gpus),
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=job.ranks,
+                **gpu,
+            )
             groups = groups_of(job.groups, job.ranks, rank)
             curves, composed = time_collectives(groups, job.ranks, job.sizes, device)
             if device.type == "cpu":
@@ -139,8 +157,14 @@ def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0
             p.join(5)
     if status != "ok":
         raise RunFailed(ops)
-    prof = Profile(device=device, cores=cores, ops=ops, linear=linear, composed=collectives["composed"],
-                   memory=collectives["memory"])
+    prof = Profile(
+        device=device,
+        cores=cores,
+        ops=ops,
+        linear=linear,
+        composed=collectives["composed"],
+        memory=collectives["memory"],
+    )
     prof.curves = {k: Curve(tuple(v)) for k, v in collectives["curves"].items()}
     return prof
 
@@ -156,7 +180,12 @@ def _wait(procs, results, timeout_s: float):
                 try:
                     return results.get(timeout=2.0)
                 except queue_mod.Empty:
-                    return ("error", f"profiling process {dead[0]} exited with code {procs[dead[0]].exitcode}", None, None)
+                    return (
+                        "error",
+                        f"profiling process {dead[0]} exited with code {procs[dead[0]].exitcode}",
+                        None,
+                        None,
+                    )
     return ("error", f"profiling did not finish within {timeout_s:.0f} s", None, None)
 
 
@@ -165,17 +194,20 @@ def shape_of(cfg) -> Shape:
     return Shape(cfg.model, cfg.micro_batch, cfg.tp, cfg.zero.precision.value, cfg.kernels, cfg.activation.checkpoint)
 
 
-def jobs_for(configs, cores: int, sizes: tuple[int, ...] | None = None, device: str = "cpu",
-             gpus: int = 0) -> list[HostJob]:
+def jobs_for(
+    configs, cores: int, sizes: tuple[int, ...] | None = None, device: str = "cpu", gpus: int = 0
+) -> list[HostJob]:
     """One ``HostJob`` per process count the configurations need: their shapes and group sizes. On GPUs
     (``device="cuda"``, ``gpus`` on this host) a world of N needs N of them: one per rank, as on a node."""
     if device != "cpu":
         big = max(configs, key=lambda c: c.world_size, default=None)
         if big is not None and big.world_size > gpus:
-            raise ConfigError(f"zerobench profile on {device}: the suite has a world of {big.world_size} (dp {big.dp} "
-                              f"x tp {big.tp}) and this host has {gpus} GPU(s); each rank profiles on a GPU of its "
-                              f"own, as the runs place them: profile on a node with {big.world_size} GPUs, or give "
-                              f"a suite of worlds up to {gpus}")
+            raise ConfigError(
+                f"zerobench profile on {device}: the suite has a world of {big.world_size} (dp {big.dp} "
+                f"x tp {big.tp}) and this host has {gpus} GPU(s); each rank profiles on a GPU of its "
+                f"own, as the runs place them: profile on a node with {big.world_size} GPUs, or give "
+                f"a suite of worlds up to {gpus}"
+            )
     if sizes is None:
         sizes = SIZES if device == "cpu" else GPU_SIZES
     by_ranks: dict[int, tuple[dict, set]] = {}
@@ -183,6 +215,15 @@ def jobs_for(configs, cores: int, sizes: tuple[int, ...] | None = None, device: 
         shapes, groups = by_ranks.setdefault(cfg.world_size, ({}, set()))
         shapes[shape_of(cfg)] = None
         groups.update(g for g in (cfg.dp, cfg.tp) if g > 1)
-    return [HostJob(ranks=n, threads=max(1, cores // n), shapes=tuple(shapes), groups=tuple(sorted(groups)),
-                    kernels=next(iter(shapes)).kernels, sizes=sizes, device=device)
-            for n, (shapes, groups) in sorted(by_ranks.items())]
+    return [
+        HostJob(
+            ranks=n,
+            threads=max(1, cores // n),
+            shapes=tuple(shapes),
+            groups=tuple(sorted(groups)),
+            kernels=next(iter(shapes)).kernels,
+            sizes=sizes,
+            device=device,
+        )
+        for n, (shapes, groups) in sorted(by_ranks.items())
+    ]

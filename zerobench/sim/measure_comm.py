@@ -55,8 +55,9 @@ def _drain(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_collectives(groups: dict, ranks: int, sizes: tuple[int, ...], device
-                     ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, str]]:
+def time_collectives(
+    groups: dict, ranks: int, sizes: tuple[int, ...], device
+) -> tuple[dict[str, list[tuple[float, float]]], dict[str, str]]:
     """Each op's curve per group size (bytes, seconds), and which curves time another op over the same bytes
     (``Profile.composed``: gloo's reduce-scatter is an all-reduce)."""
     import torch

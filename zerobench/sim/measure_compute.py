@@ -81,6 +81,7 @@ class _Stamps:
             x = args[0]
             if x.requires_grad:
                 x.register_hook(lambda g: self.bwd_end.__setitem__(i, self.clock.stamp()))
+
         return hook
 
     def _post(self, i: int):
@@ -89,6 +90,7 @@ class _Stamps:
                 return
             self.fwd_post[i] = self.clock.stamp()
             out.register_hook(lambda g: self.bwd_start.__setitem__(i, self.clock.stamp()))
+
         return hook
 
 
@@ -120,8 +122,9 @@ def _one_step(model, stamps: _Stamps, x, y, last: int) -> dict[str, float]:
     }
 
 
-def time_compute(shape: Shape, reps: int = 15, warmup: int = 2, barrier=None,
-                 device: torch.device | None = None) -> dict[str, float]:
+def time_compute(
+    shape: Shape, reps: int = 15, warmup: int = 2, barrier=None, device: torch.device | None = None
+) -> dict[str, float]:
     """Mean seconds (``STATISTIC``) of each piece of one forward + backward of ``shape`` (needs a default process group
     of ``shape.tp`` ranks, e.g. ``init_fake_world(tp, 0)``). ``barrier()`` is called before every step so
     that the host's concurrent profilers run their steps together. On a GPU each piece is read twice: on the
@@ -130,8 +133,11 @@ def time_compute(shape: Shape, reps: int = 15, warmup: int = 2, barrier=None,
     device = device or torch.device("cpu")
     model, x, y = shape_model(shape, device)
     stamps = _Stamps(list(model.blocks))
-    clocks = [("", HostClock)] if device.type == "cpu" else [("", partial(DeviceClock, device)),
-                                                              (LAUNCH, partial(LaunchClock, device))]
+    clocks = (
+        [("", HostClock)]
+        if device.type == "cpu"
+        else [("", partial(DeviceClock, device)), (LAUNCH, partial(LaunchClock, device))]
+    )
     out: dict[str, float] = {}
     if device.type == "cuda":  # run the card up to its working clocks (and out of first-use compilation) first
         t_end = time.perf_counter() + WARM_S
@@ -223,7 +229,7 @@ def time_per_element(barrier=None, kernels: str = "auto", device: torch.device |
     device = device or torch.device("cpu")
     cpu = device.type == "cpu"
     out: dict[str, list[tuple[float, float]]] = {"adamw": [], "copy": [], "add": [], "memset": []}
-    for n in ((1 << 14, 1 << 17, 1 << 20, 1 << 22) if cpu else (1 << 18, 1 << 22, 1 << 24, 1 << 26)):
+    for n in (1 << 14, 1 << 17, 1 << 20, 1 << 22) if cpu else (1 << 18, 1 << 22, 1 << 24, 1 << 26):
         master = torch.randn(n, device=device)
         grad = torch.randn(n, device=device)
         opt = ShardedAdamW(AdamWConfig(), [master], [[(0, n)]], kernel_mode=kernels)
@@ -231,6 +237,7 @@ def time_per_element(barrier=None, kernels: str = "auto", device: torch.device |
 
         def timed(fn, reps=reps):
             return mean_time(fn, reps, barrier) if cpu else device_time(fn, reps, device, barrier)
+
         out["adamw"].append((n, timed(partial(opt.step, [grad], 1.0))))
         src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
         out["copy"].append((4 * n, timed(partial(dst.copy_, src))))

@@ -39,5 +39,9 @@ def step_memory(shape: Shape, device: torch.device) -> dict[str, float]:
         del model, x, y, loss
         torch.cuda.empty_cache()
     (a1, p1), (a2, p2) = got
-    return {"activations_fixed": float(2 * a1 - a2), "activations_block": float(a2 - a1),
-            "step_peak_fixed": float(2 * p1 - p2), "step_peak_block": float(p2 - p1)}
+    return {
+        "activations_fixed": float(2 * a1 - a2),
+        "activations_block": float(a2 - a1),
+        "step_peak_fixed": float(2 * p1 - p2),
+        "step_peak_block": float(p2 - p1),
+    }

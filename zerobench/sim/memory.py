@@ -43,8 +43,9 @@ def _measured(prof: Profile, name: str, cfg: TrainConfig) -> float:
     for k, v in prof.memory.items():
         if _without_processes(k) == key:
             return v
-    raise KeyError(f"the profile of {prof.device} has no memory entry {key}: run `zerobench profile` on a GPU "
-                   f"for this shape")
+    raise KeyError(
+        f"the profile of {prof.device} has no memory entry {key}: run `zerobench profile` on a GPU for this shape"
+    )
 
 
 def predict_memory(cfg: TrainConfig, prof: Profile) -> dict[str, float]:
@@ -53,9 +54,16 @@ def predict_memory(cfg: TrainConfig, prof: Profile) -> dict[str, float]:
     buckets = engine_buckets(cfg)
     elem = z.precision.param_dtype.itemsize
     states = model_state_bytes_analytic(
-        sum(b.numel for b in buckets), cfg.dp, z.stage, elem, elem, 4 if z.precision.has_master else 0,
-        make_codec(z.optim_bits).bytes_per_element(), offload_optimizer=z.offload_optimizer != "none",
-        offload_param=z.offload_param != "none")
+        sum(b.numel for b in buckets),
+        cfg.dp,
+        z.stage,
+        elem,
+        elem,
+        4 if z.precision.has_master else 0,
+        make_codec(z.optim_bits).bytes_per_element(),
+        offload_optimizer=z.offload_optimizer != "none",
+        offload_param=z.offload_param != "none",
+    )
     if z.stage >= 2 and z.grad_accum_steps == 1:
         states["grads"] = 0.0  # not allocated until its buckets are first reduced, after the peak
     L = cfg.model.layers

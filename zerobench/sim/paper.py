@@ -22,8 +22,10 @@ import statistics
 from zerobench.sim.gpu_costs import StatedProfile
 from zerobench.sim.stated import DEVICES
 
-CONVENTIONS = {"hardware": ("hw_tflops_per_gpu", "hw_pflops_aggregate"),
-               "model": ("tflops_per_gpu", "pflops_aggregate")}
+CONVENTIONS = {
+    "hardware": ("hw_tflops_per_gpu", "hw_pflops_aggregate"),
+    "model": ("tflops_per_gpu", "pflops_aggregate"),
+}
 """Convention -> the simulation's (TFLOP/s per GPU, aggregate PFLOP/s) keys: with and without the recompute."""
 
 MEGATRON_SRC = "Shoeybi et al. 2019, Megatron-LM (arXiv 1909.08053), abstract and Table 1"
@@ -45,19 +47,32 @@ class Anchor:
 
 
 ANCHORS = (
-    Anchor("Megatron-LM 1.2B on one V100",
-           dict(layers=40, hidden=1536, heads=16, gpus=1, tp=1, micro_batch=8), "v100-dgx2h",
-           "tflops", 39.0, MEGATRON_SRC, True),
-    Anchor("Megatron-LM 8.3B on 512 V100 (MP 8 x DP 64)",
-           dict(layers=72, hidden=3072, heads=32, gpus=512, tp=8, micro_batch=8), "v100-dgx2h",
-           "pflops", 15.1, MEGATRON_SRC, False),
+    Anchor(
+        "Megatron-LM 1.2B on one V100",
+        dict(layers=40, hidden=1536, heads=16, gpus=1, tp=1, micro_batch=8),
+        "v100-dgx2h",
+        "tflops",
+        39.0,
+        MEGATRON_SRC,
+        True,
+    ),
+    Anchor(
+        "Megatron-LM 8.3B on 512 V100 (MP 8 x DP 64)",
+        dict(layers=72, hidden=3072, heads=32, gpus=512, tp=8, micro_batch=8),
+        "v100-dgx2h",
+        "pflops",
+        15.1,
+        MEGATRON_SRC,
+        False,
+    ),
 )
 """Both: seq 1024, the GPT-2 vocabulary padded to 51,200 as Megatron-LM states (§5.1), fp16, activation
 checkpointing, Megatron's data parallelism (one all-reduce of all gradients after backward). Both are rows of the
 published table too (``meg19-1.2b-1gpu``, its V100 calibration row, and ``meg19-8.3b-tp8-dp64``)."""
 
-_MEGATRON_BASE = dict(seq=1024, vocab=51200, precision="fp16", checkpoint_activations=True, system="megatron",
-                      stage=0, bucket_size=None)
+_MEGATRON_BASE = dict(
+    seq=1024, vocab=51200, precision="fp16", checkpoint_activations=True, system="megatron", stage=0, bucket_size=None
+)
 
 
 def _spec(run: dict):
@@ -111,8 +126,14 @@ def fitted_profile(device: str, convention: str) -> tuple[StatedProfile, dict]:
     unit = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=1.0), PAPER_STACK)
     got = _value(_sim({**_MEGATRON_BASE, **a.run}, unit), a.kind, convention)
     return StatedProfile(dataclasses.replace(DEVICES[device], compute_scale=fit["value"]), PAPER_STACK), {
-        "factor": "compute_scale", "value": fit["value"], "fitted_on": a.what, "anchor": a.value, "source": a.source,
-        "unfitted_prediction": got, "table_row": fit["row"]}
+        "factor": "compute_scale",
+        "value": fit["value"],
+        "fitted_on": a.what,
+        "anchor": a.value,
+        "source": a.source,
+        "unfitted_prediction": got,
+        "table_row": fit["row"],
+    }
 
 
 def _value(sim: dict, kind: str, convention: str) -> float:
@@ -125,14 +146,32 @@ def _unit(kind: str, convention: str) -> str:
     return f"{what} ({convention} FLOPs)"
 
 
-def _claim(what: str, paper: float, bound: str, ours: float, unit: str, source: str, sim: dict | None = None,
-           fitted: bool = False) -> dict:
+def _claim(
+    what: str,
+    paper: float,
+    bound: str,
+    ours: float,
+    unit: str,
+    source: str,
+    sim: dict | None = None,
+    fitted: bool = False,
+) -> dict:
     """One figure next to the paper's. ``bound``: how the paper states it ("" exact, ">"/"over" a floor,
     "<"/"less than" a ceiling, "about", "up to")."""
     holds = {">": ours > paper, "over": ours > paper, "<": ours < paper, "less than": ours < paper}.get(bound)
-    return {"what": what, "paper": paper, "bound": bound, "simulated": ours, "unit": unit, "error": ours / paper - 1,
-            "bound_holds": holds, "source": source, "fitted": fitted,
-            "breakdown_s": (sim or {}).get("breakdown_s"), "step_time_s": (sim or {}).get("step_time_s")}
+    return {
+        "what": what,
+        "paper": paper,
+        "bound": bound,
+        "simulated": ours,
+        "unit": unit,
+        "error": ours / paper - 1,
+        "bound_holds": holds,
+        "source": source,
+        "fitted": fitted,
+        "breakdown_s": (sim or {}).get("breakdown_s"),
+        "step_time_s": (sim or {}).get("step_time_s"),
+    }
 
 
 def _rows(suite: str) -> list[dict]:
@@ -165,16 +204,28 @@ def simulate_figures(prof: StatedProfile, mem_bytes: float, say) -> dict:
     for run in _rows("paper/fig3"):
         say(f"fig3 60B on {run['gpus']} GPUs")
         best = largest_batch(run, mem_bytes)
-        figs["fig3"].append({"gpus": run["gpus"], "micro_batch": run["micro_batch"], "at_paper_batch": _sim(run, prof),
-                             "planner_micro_batch": best,
-                             "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None})
+        figs["fig3"].append(
+            {
+                "gpus": run["gpus"],
+                "micro_batch": run["micro_batch"],
+                "at_paper_batch": _sim(run, prof),
+                "planner_micro_batch": best,
+                "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None,
+            }
+        )
     for c, b in zip(("C1", "C2", "C3", "C4", "C5"), FIG8_BATCHES):
         run = {**_c_config(c), **FIG8_RUN, "micro_batch": b}
         say(f"fig8 60B {c}")
         best = largest_batch(run, mem_bytes)
-        figs["fig8"].append({"config": c, "micro_batch": b, "at_paper_batch": _sim(run, prof),
-                             "planner_micro_batch": best,
-                             "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None})
+        figs["fig8"].append(
+            {
+                "config": c,
+                "micro_batch": b,
+                "at_paper_batch": _sim(run, prof),
+                "planner_micro_batch": best,
+                "at_planner_batch": _sim({**run, "micro_batch": best}, prof) if best else None,
+            }
+        )
     return figs
 
 
@@ -185,7 +236,18 @@ FIG8_BATCHES = (2, 4, 32, 32, 8)
 
 def _c_config(name: str) -> dict:
     """C1-C5's ZeRO and ZeRO-R settings (stage, P_a, P_a+cpu, C_B, M_D) from ``suites/paper/c1_c5.yaml``."""
-    keep = ("seq", "vocab", "precision", "checkpoint_activations", "md", "bucket_size", "system", "stage", "pa", "pa_cpu")
+    keep = (
+        "seq",
+        "vocab",
+        "precision",
+        "checkpoint_activations",
+        "md",
+        "bucket_size",
+        "system",
+        "stage",
+        "pa",
+        "pa_cpu",
+    )
     row = next(r for r in _rows("paper/c1_c5") if r.get("config") == name)
     return {k: v for k, v in row.items() if k in keep}
 
@@ -198,22 +260,65 @@ def claims(figs: dict, convention: str) -> list[dict]:
     """The paper's throughput statements against the simulated runs, read in ``convention``."""
     f2, f4, t = figs["fig2"], figs["fig4"], "tflops"
     v = lambda sim, kind=t: _value(sim, kind, convention)  # noqa: E731
-    out = [_claim("ZeRO 100B on 400 V100", 38.0, ">", v(f2["100B ZeRO"]), _unit(t, convention), "paper §1 'Speed'",
-                  f2["100B ZeRO"]),
-           _claim("ZeRO 8B-100B on 400 V100, average aggregate", 15.0, "",
-                  statistics.mean(v(f2[f"{s} ZeRO"], "pflops") for s in SIZES_8_100), _unit("pflops", convention),
-                  "paper §10.2")]
+    out = [
+        _claim(
+            "ZeRO 100B on 400 V100",
+            38.0,
+            ">",
+            v(f2["100B ZeRO"]),
+            _unit(t, convention),
+            "paper §1 'Speed'",
+            f2["100B ZeRO"],
+        ),
+        _claim(
+            "ZeRO 8B-100B on 400 V100, average aggregate",
+            15.0,
+            "",
+            statistics.mean(v(f2[f"{s} ZeRO"], "pflops") for s in SIZES_8_100),
+            _unit("pflops", convention),
+            "paper §10.2",
+        ),
+    ]
     speedup = {s: v(f2[f"{s} ZeRO"]) / v(f2[f"{s} Baseline"]) for s in FIG2_SIZES}
     best = max(speedup, key=speedup.get)
-    out.append(_claim(f"speedup over Megatron-LM, the largest (at {best})", 10.0, "up to", speedup[best], "x",
-                      "paper §1, §10.2"))
-    out.append(_claim("Megatron-LM 40B across nodes (MP 32)", 5.0, "about", v(f2["40B Baseline"]), _unit(t, convention),
-                      "paper §1", f2["40B Baseline"]))
+    out.append(
+        _claim(
+            f"speedup over Megatron-LM, the largest (at {best})", 10.0, "up to", speedup[best], "x", "paper §1, §10.2"
+        )
+    )
+    out.append(
+        _claim(
+            "Megatron-LM 40B across nodes (MP 32)",
+            5.0,
+            "about",
+            v(f2["40B Baseline"]),
+            _unit(t, convention),
+            "paper §1",
+            f2["40B Baseline"],
+        )
+    )
     zero4 = [sim for label, sim in f4.items() if "ZeRO" in label]
-    out.append(_claim("Fig 4: ZeRO-DP 1.5B-13B on 128 GPUs, average", 40.0, "over",
-                      statistics.mean(v(s) for s in zero4), _unit(t, convention), "paper §10.4"))
-    out.append(_claim("Fig 4: the largest DDP baseline (1.38B) on 128 GPUs", 20.0, "less than",
-                      v(f4["1.38B Baseline(DDP)"]), _unit(t, convention), "paper §10.4", f4["1.38B Baseline(DDP)"]))
+    out.append(
+        _claim(
+            "Fig 4: ZeRO-DP 1.5B-13B on 128 GPUs, average",
+            40.0,
+            "over",
+            statistics.mean(v(s) for s in zero4),
+            _unit(t, convention),
+            "paper §10.4",
+        )
+    )
+    out.append(
+        _claim(
+            "Fig 4: the largest DDP baseline (1.38B) on 128 GPUs",
+            20.0,
+            "less than",
+            v(f4["1.38B Baseline(DDP)"]),
+            _unit(t, convention),
+            "paper §10.4",
+            f4["1.38B Baseline(DDP)"],
+        )
+    )
     return out
 
 
@@ -221,8 +326,16 @@ def max_size_claims(mem_bytes: float) -> list[dict]:
     out = []
     for what, run, paper in FIG4_MAX_SIZE:
         got = max_size(run, mem_bytes)
-        out.append(_claim(what, paper, "", got["max_params"] / 1e9, "B parameters (memory planner)",
-                          "paper Fig 4 and its appendix table"))
+        out.append(
+            _claim(
+                what,
+                paper,
+                "",
+                got["max_params"] / 1e9,
+                "B parameters (memory planner)",
+                "paper Fig 4 and its appendix table",
+            )
+        )
     return out
 
 
@@ -239,22 +352,33 @@ def predict_paper(device: str = "v100-dgx2", progress=None) -> dict:
         for a in ANCHORS:
             on = StatedProfile(dataclasses.replace(DEVICES[a.device], compute_scale=fit["value"]), PAPER_STACK)
             sim = _sim({**_MEGATRON_BASE, **a.run}, on)
-            anchors.append(_claim(a.what, a.value, "", _value(sim, a.kind, conv), _unit(a.kind, conv), a.source, sim,
-                                  fitted=a.fitted))
+            anchors.append(
+                _claim(
+                    a.what, a.value, "", _value(sim, a.kind, conv), _unit(a.kind, conv), a.source, sim, fitted=a.fitted
+                )
+            )
         figs = simulate_figures(prof, mem, say)
         out["conventions"][conv] = {"fit": fit, "anchors": anchors, "claims": claims(figs, conv), "figures": figs}
     err = {c: abs(r["anchors"][1]["error"]) for c, r in out["conventions"].items()}
     out["chosen"] = min(err, key=err.get)
-    out["chosen_because"] = (f"the predicted anchor ({ANCHORS[1].what}) is off by {err[out['chosen']]:.0%} read as "
-                             f"{out['chosen']} FLOPs, {max(err.values()):.0%} the other way")
+    out["chosen_because"] = (
+        f"the predicted anchor ({ANCHORS[1].what}) is off by {err[out['chosen']]:.0%} read as "
+        f"{out['chosen']} FLOPs, {max(err.values()):.0%} the other way"
+    )
     return out
 
 
 FIG4_MAX_SIZE = (
-    ("Fig 4: largest ZeRO (P_os+g) model, 128 GPUs, h 4096, micro-batch 2",
-     dict(gpus=128, tp=1, hidden=4096, heads=32, micro_batch=2, stage=2, bucket_size=500_000_000, md=True), 13.0),
-    ("Fig 4: largest DDP model, 128 GPUs, h 1536, micro-batch 1",
-     dict(gpus=128, tp=1, hidden=1536, heads=16, micro_batch=1, stage=0, bucket_size=None), 1.38),
+    (
+        "Fig 4: largest ZeRO (P_os+g) model, 128 GPUs, h 4096, micro-batch 2",
+        dict(gpus=128, tp=1, hidden=4096, heads=32, micro_batch=2, stage=2, bucket_size=500_000_000, md=True),
+        13.0,
+    ),
+    (
+        "Fig 4: largest DDP model, 128 GPUs, h 1536, micro-batch 1",
+        dict(gpus=128, tp=1, hidden=1536, heads=16, micro_batch=1, stage=0, bucket_size=None),
+        1.38,
+    ),
 )
 """The DP-only max-size points: the paper's largest trained model of each kind at its shape and batch."""
 

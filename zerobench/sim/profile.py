@@ -33,11 +33,23 @@ LAUNCH = "@launch"
 """Suffix of a compute piece's host cost to issue it, on a device the host runs ahead of (a GPU)."""
 
 
-def op_key(op: str, *, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str, kernels: str,
-           checkpoint: bool, ranks: int, threads: int) -> str:
+def op_key(
+    op: str,
+    *,
+    b: int,
+    s: int,
+    h: int,
+    heads: int,
+    vocab: int,
+    tp: int,
+    dtype: str,
+    kernels: str,
+    checkpoint: bool,
+    ranks: int,
+    threads: int,
+) -> str:
     """The cache key of a compute op: everything its cost depends on."""
-    return (f"{op}|b{b}|s{s}|h{h}|a{heads}|v{vocab}|tp{tp}|{dtype}|{kernels}|ckpt{int(checkpoint)}"
-            f"|r{ranks}|t{threads}")
+    return f"{op}|b{b}|s{s}|h{h}|a{heads}|v{vocab}|tp{tp}|{dtype}|{kernels}|ckpt{int(checkpoint)}|r{ranks}|t{threads}"
 
 
 def curve_key(op: str, group: int, ranks: int) -> str:
@@ -159,8 +171,9 @@ class Profile:
             return 0.0
         key = curve_key(op, group, ranks)
         if key not in self.curves:
-            raise KeyError(f"the profile of {self.device} has no collective {key}: run `zerobench profile` "
-                           f"with {ranks} processes")
+            raise KeyError(
+                f"the profile of {self.device} has no collective {key}: run `zerobench profile` with {ranks} processes"
+            )
         return self.pooled(key).seconds(nbytes)
 
     def pooled(self, key: str) -> Curve:
@@ -202,17 +215,34 @@ class Profile:
     def rows(self) -> list[dict]:
         """One dict per entry (metric, value, unit and keys), for ``RowWriter.write``."""
         out = [{"metric": "profile_op_seconds", "value": t, "unit": "s", "key": k} for k, t in sorted(self.ops.items())]
-        out += [{"metric": "profile_memory_bytes", "value": b, "unit": "bytes", "key": k}
-                for k, b in sorted(self.memory.items())]
+        out += [
+            {"metric": "profile_memory_bytes", "value": b, "unit": "bytes", "key": k}
+            for k, b in sorted(self.memory.items())
+        ]
         for k, c in sorted(self.curves.items()):
-            out += [{"metric": "profile_collective_seconds", "value": t, "unit": "s", "key": k, "bytes": b,
-                     "composed_of": self.composed.get(k)} for b, t in c.points]
+            out += [
+                {
+                    "metric": "profile_collective_seconds",
+                    "value": t,
+                    "unit": "s",
+                    "key": k,
+                    "bytes": b,
+                    "composed_of": self.composed.get(k),
+                }
+                for b, t in c.points
+            ]
         for k, lin in sorted(self.linear.items()):
             out.append({"metric": "profile_alpha_seconds", "value": lin.alpha, "unit": "s", "key": k})
             out.append({"metric": "profile_beta_seconds", "value": lin.beta, "unit": "s per element or byte", "key": k})
         if self.interference:
-            out.append({"metric": "profile_interference", "value": self.interference, "unit": "fraction",
-                        "key": "interference"})
+            out.append(
+                {
+                    "metric": "profile_interference",
+                    "value": self.interference,
+                    "unit": "fraction",
+                    "key": "interference",
+                }
+            )
         return out
 
     @classmethod

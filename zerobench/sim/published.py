@@ -86,16 +86,31 @@ def load(path: str | Path = TABLE) -> list[Row]:
     rows, seen = [], set()
     for r in raw:
         try:
-            row = Row(**{k: (int(v) if k in _INT else float(v) if k == "published" else v == "yes" if k == "recompute"
-                             else v) for k, v in r.items()})
+            row = Row(
+                **{
+                    k: (
+                        int(v) if k in _INT else float(v) if k == "published" else v == "yes" if k == "recompute" else v
+                    )
+                    for k, v in r.items()
+                }
+            )
         except ValueError as e:
             raise ValueError(f"{path}: row {r.get('id')!r}: {e}") from None
-        bad = ("its id repeats an earlier row's" if row.id in seen else
-               f"unknown device {row.device!r}" if row.device not in DEVICES else
-               f"unknown metric {row.metric!r}" if row.metric not in METRICS else
-               f"unknown attention {row.attention!r}" if row.attention not in ATTENTION else
-               f"split must be calibration or held_out, not {row.split!r}" if row.split not in ("calibration", "held_out")
-               else f"gpus {row.gpus} is not divisible by tp {row.tp}" if row.gpus % row.tp else "")
+        bad = (
+            "its id repeats an earlier row's"
+            if row.id in seen
+            else f"unknown device {row.device!r}"
+            if row.device not in DEVICES
+            else f"unknown metric {row.metric!r}"
+            if row.metric not in METRICS
+            else f"unknown attention {row.attention!r}"
+            if row.attention not in ATTENTION
+            else f"split must be calibration or held_out, not {row.split!r}"
+            if row.split not in ("calibration", "held_out")
+            else f"gpus {row.gpus} is not divisible by tp {row.tp}"
+            if row.gpus % row.tp
+            else ""
+        )
         if bad:
             raise ValueError(f"{path}: row {row.id!r}: {bad}")
         seen.add(row.id)
@@ -118,8 +133,11 @@ def stack(row: Row):
         return STACKS["megatron-2019"]
     if fw.startswith("megatron-lm 2021"):
         base = STACKS["megatron-2021"]
-        return dataclasses.replace(base, name="megatron-2021+deepspeed-0.3", zero=DEEPSPEED_2021) if "deepspeed" in fw \
+        return (
+            dataclasses.replace(base, name="megatron-2021+deepspeed-0.3", zero=DEEPSPEED_2021)
+            if "deepspeed" in fw
             else base
+        )
     if fw.startswith("llm-foundry"):
         return STACKS["llm-foundry"]
     raise ValueError(f"row {row.id!r}: no program is described for framework {fw!r} (zerobench/sim/software.py)")
@@ -129,9 +147,20 @@ def run_keys(row: Row) -> dict:
     """The row as ``RunSpec`` keys (``zerobench.bench.spec``). Megatron-LM's data parallelism is one all-reduce of
     all gradients after backward (no C_B). FSDP gathers and reduces one flat parameter per wrapped block (one bucket
     per unit). DeepSpeed's 2021 ZeRO-3 does it per parameter (a bucket per parameter)."""
-    keys = dict(layers=row.layers, hidden=row.hidden, heads=row.heads, vocab=row.vocab, seq=row.seq, gpus=row.gpus,
-                tp=row.tp, micro_batch=row.micro_batch, grad_accum=row.grad_accum, precision=row.precision,
-                checkpoint_activations=row.recompute, stage=row.zero)
+    keys = dict(
+        layers=row.layers,
+        hidden=row.hidden,
+        heads=row.heads,
+        vocab=row.vocab,
+        seq=row.seq,
+        gpus=row.gpus,
+        tp=row.tp,
+        micro_batch=row.micro_batch,
+        grad_accum=row.grad_accum,
+        precision=row.precision,
+        checkpoint_activations=row.recompute,
+        stage=row.zero,
+    )
     if row.zero == 0:
         keys.update(system="megatron", bucket_size=None)
     elif "deepspeed" in row.framework:

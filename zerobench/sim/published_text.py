@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from zerobench.sim.published import METRICS
 
-_UNIT = {"tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU", "speedup": "x speedup",
-         "weak_scaling_efficiency": "of linear"}
+_UNIT = {
+    "tflops_per_gpu": "TFLOP/s/GPU",
+    "tokens_per_s_per_gpu": "tokens/s/GPU",
+    "speedup": "x speedup",
+    "weak_scaling_efficiency": "of linear",
+}
 assert set(_UNIT) == set(METRICS)
 
 
@@ -19,8 +23,11 @@ def _fits(out: dict) -> list[str]:
     lines = []
     for cls, per in sorted(out["fits"].items()):
         for conv, f in per.items():
-            what = (f"compute_scale {f['value']:.3f} fitted on {f['row']}" + (f" ({conv} FLOPs)" if conv != "exact" else "")
-                    if f["row"] else "compute_scale 1 (no calibration figure: as stated)")
+            what = (
+                f"compute_scale {f['value']:.3f} fitted on {f['row']}" + (f" ({conv} FLOPs)" if conv != "exact" else "")
+                if f["row"]
+                else "compute_scale 1 (no calibration figure: as stated)"
+            )
             lines.append(f"  {cls}: {what}")
     return lines
 
@@ -28,20 +35,30 @@ def _fits(out: dict) -> list[str]:
 def format_published(out: dict) -> str:
     """Per row: its published figure, predicted ÷ published (per FLOP reading, the bar's reading marked ``*``) and
     the critical path; then the fits and the summary per device class."""
-    lines = ["published training throughput, predicted on stated devices (results/reference/sim-published)",
-             "fitted factors (one per device class, on its calibration row only):", *_fits(out), "",
-             f"  {'row':<31} {'split':<5} {'published':>22}  {'predicted ÷ published':<30} critical path"]
+    lines = [
+        "published training throughput, predicted on stated devices (results/reference/sim-published)",
+        "fitted factors (one per device class, on its calibration row only):",
+        *_fits(out),
+        "",
+        f"  {'row':<31} {'split':<5} {'published':>22}  {'predicted ÷ published':<30} critical path",
+    ]
     for x in out["records"]:
         r = x["row"]
         ratios = "  ".join(f"{c}{'*' if c == x['bar'] else ''} {v['ratio']:.2f}" for c, v in x["readings"].items())
         pub = f"{r.published:g} {_UNIT[r.metric]}"
-        lines.append(f"  {r.id:<31} {'cal' if r.split == 'calibration' else 'held':<5} {pub:>22}  {ratios:<30} "
-                     f"{_path(x['readings'][x['bar']]['breakdown_s'])}")
-    lines.append("\nheld-out rows, |predicted ÷ published - 1| (* = the reading counted; hardware FLOPs where a source "
-                 "states no convention):")
+        lines.append(
+            f"  {r.id:<31} {'cal' if r.split == 'calibration' else 'held':<5} {pub:>22}  {ratios:<30} "
+            f"{_path(x['readings'][x['bar']]['breakdown_s'])}"
+        )
+    lines.append(
+        "\nheld-out rows, |predicted ÷ published - 1| (* = the reading counted; hardware FLOPs where a source "
+        "states no convention):"
+    )
     for g, s in out["summary"].items():
-        lines.append(f"  {g:<5} {s['rows']:>3} rows: median {s['median_abs_error']:6.1%}, worst {s['worst_abs_error']:6.1%} "
-                     f"({s['worst_row']}), {s['beyond_25']} beyond 25%")
+        lines.append(
+            f"  {g:<5} {s['rows']:>3} rows: median {s['median_abs_error']:6.1%}, worst {s['worst_abs_error']:6.1%} "
+            f"({s['worst_row']}), {s['beyond_25']} beyond 25%"
+        )
     return "\n".join(lines)
 
 
@@ -52,16 +69,46 @@ def published_rows(out: dict) -> list[dict]:
     for x in out["records"]:
         r = x["row"]
         for conv, v in x["readings"].items():
-            rows.append({"metric": "sim_published_ratio", "value": v["ratio"], "unit": "ratio", "row_id": r.id,
-                         "split": r.split, "device": r.device, "device_class": r.device_class, "framework": r.framework,
-                         "gpus": r.gpus, "tp": r.tp, "zero": r.zero, "layers": r.layers, "hidden": r.hidden,
-                         "published_metric": r.metric, "published": r.published, "reading": conv,
-                         "counted": conv == x["bar"], "published_tokens_per_s_per_gpu": v["published"],
-                         "predicted_tokens_per_s_per_gpu": v["predicted"], "step_time_s": v["step_time_s"],
-                         "breakdown_s": v["breakdown_s"], "compute_scale": v["compute_scale"],
-                         "fitted_on": v["fitted_on"], "source": r.source, "where": r.where})
+            rows.append(
+                {
+                    "metric": "sim_published_ratio",
+                    "value": v["ratio"],
+                    "unit": "ratio",
+                    "row_id": r.id,
+                    "split": r.split,
+                    "device": r.device,
+                    "device_class": r.device_class,
+                    "framework": r.framework,
+                    "gpus": r.gpus,
+                    "tp": r.tp,
+                    "zero": r.zero,
+                    "layers": r.layers,
+                    "hidden": r.hidden,
+                    "published_metric": r.metric,
+                    "published": r.published,
+                    "reading": conv,
+                    "counted": conv == x["bar"],
+                    "published_tokens_per_s_per_gpu": v["published"],
+                    "predicted_tokens_per_s_per_gpu": v["predicted"],
+                    "step_time_s": v["step_time_s"],
+                    "breakdown_s": v["breakdown_s"],
+                    "compute_scale": v["compute_scale"],
+                    "fitted_on": v["fitted_on"],
+                    "source": r.source,
+                    "where": r.where,
+                }
+            )
     for g, s in out["summary"].items():
-        rows.append({"metric": "sim_published_median_abs_error", "value": s["median_abs_error"], "unit": "fraction",
-                     "group": g, "rows": s["rows"], "worst_abs_error": s["worst_abs_error"], "worst_row": s["worst_row"],
-                     "beyond_25": s["beyond_25"]})
+        rows.append(
+            {
+                "metric": "sim_published_median_abs_error",
+                "value": s["median_abs_error"],
+                "unit": "fraction",
+                "group": g,
+                "rows": s["rows"],
+                "worst_abs_error": s["worst_abs_error"],
+                "worst_row": s["worst_row"],
+                "beyond_25": s["beyond_25"],
+            }
+        )
     return rows

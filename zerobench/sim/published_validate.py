@@ -26,8 +26,11 @@ def _simulate(row: Row, prof) -> dict:
     r = simulate(cfg, prof)
     r.pop("timeline")
     tokens = row.micro_batch * row.grad_accum * row.seq * row.dp / row.gpus
-    return {"tokens_per_s_per_gpu": tokens / r["step_time_s"], "step_time_s": r["step_time_s"],
-            "breakdown_s": r["breakdown_s"]}
+    return {
+        "tokens_per_s_per_gpu": tokens / r["step_time_s"],
+        "step_time_s": r["step_time_s"],
+        "breakdown_s": r["breakdown_s"],
+    }
 
 
 def _profile(row: Row, scale: float):
@@ -105,9 +108,15 @@ def predict(rows: list[Row] | None = None) -> dict:
         for conv, published in pub.items():
             f = fit_of.get(conv) or fit_of.get("exact") or fit_of[BAR]
             sim = _simulate(r, _profile(r, f["value"]))
-            per[conv] = {"published": published, "predicted": sim["tokens_per_s_per_gpu"],
-                         "ratio": sim["tokens_per_s_per_gpu"] / published, "compute_scale": f["value"],
-                         "fitted_on": f["row"], "step_time_s": sim["step_time_s"], "breakdown_s": sim["breakdown_s"]}
+            per[conv] = {
+                "published": published,
+                "predicted": sim["tokens_per_s_per_gpu"],
+                "ratio": sim["tokens_per_s_per_gpu"] / published,
+                "compute_scale": f["value"],
+                "fitted_on": f["row"],
+                "step_time_s": sim["step_time_s"],
+                "breakdown_s": sim["breakdown_s"],
+            }
         bar = "exact" if "exact" in per else BAR
         recs.append({"row": r, "readings": per, "bar": bar, "ratio": per[bar]["ratio"]})
     return {"fits": fits, "records": recs, "summary": summarize(recs)}
@@ -123,9 +132,13 @@ def summarize(recs: list[dict]) -> dict:
     out = {}
     for g, xs in groups.items():
         errs = sorted((abs(x["ratio"] - 1), x["row"].id) for x in xs)
-        out[g] = {"rows": len(xs), "median_abs_error": statistics.median(e for e, _ in errs),
-                  "worst_abs_error": errs[-1][0], "worst_row": errs[-1][1],
-                  "beyond_25": sum(e > 0.25 for e, _ in errs)}
+        out[g] = {
+            "rows": len(xs),
+            "median_abs_error": statistics.median(e for e, _ in errs),
+            "worst_abs_error": errs[-1][0],
+            "worst_row": errs[-1][1],
+            "beyond_25": sum(e > 0.25 for e, _ in errs),
+        }
     return out
 
 

@@ -67,15 +67,29 @@ class StepReplay:
         self.regather = bool(machinery and machinery.regather_for_recompute and cfg.activation.checkpoint)
         m = cfg.model
         self.act_bytes = cfg.micro_batch * m.seq * m.hidden * self.elem
-        self.shape = dict(b=cfg.micro_batch, s=m.seq, h=m.hidden, heads=m.heads, vocab=m.vocab, tp=cfg.tp,
-                          dtype=cfg.zero.precision.value, kernels=cfg.kernels, checkpoint=cfg.activation.checkpoint,
-                          ranks=self.ranks, threads=self.threads)
+        self.shape = dict(
+            b=cfg.micro_batch,
+            s=m.seq,
+            h=m.hidden,
+            heads=m.heads,
+            vocab=m.vocab,
+            tp=cfg.tp,
+            dtype=cfg.zero.precision.value,
+            kernels=cfg.kernels,
+            checkpoint=cfg.activation.checkpoint,
+            ranks=self.ranks,
+            threads=self.threads,
+        )
         """The compute pieces' ``op_key`` fields (the configuration's, fixed for the replay)."""
         self.asynchronous = prof.asynchronous
         z = cfg.zero
-        if self.asynchronous and (z.offload_optimizer != "none" or z.offload_param != "none" or cfg.activation.cpu_offload):
-            raise KeyError(f"the profile of {prof.device} has no host transfers and no host optimizer step: a GPU "
-                           f"profile does not predict offload yet (predict offload runs on a CPU profile)")
+        if self.asynchronous and (
+            z.offload_optimizer != "none" or z.offload_param != "none" or cfg.activation.cpu_offload
+        ):
+            raise KeyError(
+                f"the profile of {prof.device} has no host transfers and no host optimizer step: a GPU "
+                f"profile does not predict offload yet (predict offload runs on a CPU profile)"
+            )
         self.tl = Timeline()
         self.gathers: dict[int, int | None] = {}
         self.last_sync = 0.0
@@ -190,8 +204,13 @@ class StepReplay:
     def before_tied_grad(self) -> None:
         """Stages 2-3 with overlap: the embedding's backward (the tied weight's second gradient) waits for the
         collectives in flight when that weight's bucket is held back (``zero/tied_grads.py``)."""
-        if self.stage >= 2 and self.sync and self.max_inflight and self.inflight and any(
-                b.tied and b.held_back for b in self.buckets):
+        if (
+            self.stage >= 2
+            and self.sync
+            and self.max_inflight
+            and self.inflight
+            and any(b.tied and b.held_back for b in self.buckets)
+        ):
             self.wait_dp(tuple(self.inflight))
             self.inflight = []
 

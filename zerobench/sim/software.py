@@ -79,71 +79,141 @@ class Stack:
 
 
 FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
-_FA2_TEXT = (f"{FA2}: abstract (forward 50-73% of peak on A100); §1 (FlashAttention: forward 30-50%, backward 25-35%; "
-             "FlashAttention-2 about 2x faster); §4.1 (1.3-1.5x faster than FlashAttention in Triton forward, about "
-             "2x backward; up to 335 TFLOP/s forward+backward on H100 with no Hopper-specific instructions)")
+_FA2_TEXT = (
+    f"{FA2}: abstract (forward 50-73% of peak on A100); §1 (FlashAttention: forward 30-50%, backward 25-35%; "
+    "FlashAttention-2 about 2x faster); §4.1 (1.3-1.5x faster than FlashAttention in Triton forward, about "
+    "2x backward; up to 335 TFLOP/s forward+backward on H100 with no Hopper-specific instructions)"
+)
 
 _A100_TYPICAL = 0.615 / 0.73
 """The A100's typical forward (the midpoint of the stated 50-73%) against its stated best (73%)."""
 SDPA_FLASH2 = Attention(
-    "flash", fwd_eff={"a100": 0.615, "h100": 335 / 989 * _A100_TYPICAL, "v100": 0.40},
+    "flash",
+    fwd_eff={"a100": 0.615, "h100": 335 / 989 * _A100_TYPICAL, "v100": 0.40},
     bwd_eff={"a100": 0.60, "h100": 335 / 989 * _A100_TYPICAL, "v100": 0.30},
-    source=(f"{_FA2_TEXT}. A100: the forward's stated range, midpoint; the backward 2x FlashAttention's 25-35%. "
-            "H100: its stated best, 335 of 989 TFLOP/s, taken down as far as the A100's midpoint is below its best "
-            "(0.615 / 0.73). V100 has no flash kernel: PyTorch's SDPA runs its memory-efficient kernel, taken at "
-            "FlashAttention's A100 fractions [assumed]"))
+    source=(
+        f"{_FA2_TEXT}. A100: the forward's stated range, midpoint; the backward 2x FlashAttention's 25-35%. "
+        "H100: its stated best, 335 of 989 TFLOP/s, taken down as far as the A100's midpoint is below its best "
+        "(0.615 / 0.73). V100 has no flash kernel: PyTorch's SDPA runs its memory-efficient kernel, taken at "
+        "FlashAttention's A100 fractions [assumed]"
+    ),
+)
 TRITON_FLASH = Attention(
-    "flash", fwd_eff={k: v / 1.4 for k, v in SDPA_FLASH2.fwd_eff.items()},
+    "flash",
+    fwd_eff={k: v / 1.4 for k, v in SDPA_FLASH2.fwd_eff.items()},
     bwd_eff={k: v / 2.0 for k, v in SDPA_FLASH2.bwd_eff.items()},
-    source=f"{_FA2_TEXT}: FlashAttention-2 over FlashAttention in Triton, 1.4x (1.3-1.5x) forward and 2x backward")
-UNFUSED = Attention("materialized", score_passes=8.5, source=(
-    "PyTorch 1.x eager attention as Megatron-LM 2019 runs it: scale (2), causal mask (2), softmax (2), dropout "
-    "with its 1-byte mask (2.5) over the scores"))
-FUSED_SOFTMAX = Attention("materialized", score_passes=4.5, source=(
-    "Narayanan et al. 2021 §4.2: one fused scale+mask+softmax kernel (read and write, 2), then the attention "
-    "dropout with its mask (2.5)"))
+    source=f"{_FA2_TEXT}: FlashAttention-2 over FlashAttention in Triton, 1.4x (1.3-1.5x) forward and 2x backward",
+)
+UNFUSED = Attention(
+    "materialized",
+    score_passes=8.5,
+    source=(
+        "PyTorch 1.x eager attention as Megatron-LM 2019 runs it: scale (2), causal mask (2), softmax (2), dropout "
+        "with its 1-byte mask (2.5) over the scores"
+    ),
+)
+FUSED_SOFTMAX = Attention(
+    "materialized",
+    score_passes=4.5,
+    source=(
+        "Narayanan et al. 2021 §4.2: one fused scale+mask+softmax kernel (read and write, 2), then the attention "
+        "dropout with its mask (2.5)"
+    ),
+)
 
-_EAGER_LOSS = ("logits cast to fp32 (read 2 + write 4), log-softmax (read 4 twice, write 4), and in backward its "
-               "gradient (read 8, write 4) and the cast back (read 4, write 2): 36 bytes per logit")
+_EAGER_LOSS = (
+    "logits cast to fp32 (read 2 + write 4), log-softmax (read 4 twice, write 4), and in backward its "
+    "gradient (read 8, write 4) and the cast back (read 4, write 2): 36 bytes per logit"
+)
 
 STACKS: dict[str, Stack] = {
     "zerobench": Stack(
-        "zerobench", SDPA_FLASH2, passes_h=10, passes_hp=2, passes_ffn=2, loss_bytes=(18, 18),
-        sources={"attention": SDPA_FLASH2.source,
-                 "passes": ("zerobench/models/gpt.py at dropout 0: two LayerNorms (read + write, 2 each), two "
-                            "residual adds (3 each); the merged heads' transpose copy (2); GeLU (2; the bias adds "
-                            "ride in the GEMM's epilogue)"),
-                 "loss": f"LMLoss: {_EAGER_LOSS}"}),
+        "zerobench",
+        SDPA_FLASH2,
+        passes_h=10,
+        passes_hp=2,
+        passes_ffn=2,
+        loss_bytes=(18, 18),
+        sources={
+            "attention": SDPA_FLASH2.source,
+            "passes": (
+                "zerobench/models/gpt.py at dropout 0: two LayerNorms (read + write, 2 each), two "
+                "residual adds (3 each); the merged heads' transpose copy (2); GeLU (2; the bias adds "
+                "ride in the GEMM's epilogue)"
+            ),
+            "loss": f"LMLoss: {_EAGER_LOSS}",
+        },
+    ),
     "megatron-2019": Stack(
-        "megatron-2019", UNFUSED, passes_h=15, passes_hp=8, passes_ffn=4, loss_bytes=(18, 18),
-        sources={"attention": UNFUSED.source,
-                 "passes": ("Megatron-LM 2019 in eager PyTorch 1.x: two LayerNorms, two dropouts with masks, two "
-                            "residual adds over T x h (15); splitting and merging heads (8); bias and GeLU (4)"),
-                 "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}"}),
+        "megatron-2019",
+        UNFUSED,
+        passes_h=15,
+        passes_hp=8,
+        passes_ffn=4,
+        loss_bytes=(18, 18),
+        sources={
+            "attention": UNFUSED.source,
+            "passes": (
+                "Megatron-LM 2019 in eager PyTorch 1.x: two LayerNorms, two dropouts with masks, two "
+                "residual adds over T x h (15); splitting and merging heads (8); bias and GeLU (4)"
+            ),
+            "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
+        },
+    ),
     "megatron-2021": Stack(
-        "megatron-2021", FUSED_SOFTMAX, passes_h=11, passes_hp=0, passes_ffn=2, loss_bytes=(18, 18),
-        sources={"attention": FUSED_SOFTMAX.source,
-                 "passes": ("Narayanan et al. 2021 §4.2: two LayerNorms (2 each), two fused bias+dropout+add "
-                            "kernels (read 2, write 1, 1-byte mask: 3.5 each); the [s,b,a,h] layout leaves no head "
-                            "transposes; fused bias+GeLU (2)"),
-                 "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}"}),
+        "megatron-2021",
+        FUSED_SOFTMAX,
+        passes_h=11,
+        passes_hp=0,
+        passes_ffn=2,
+        loss_bytes=(18, 18),
+        sources={
+            "attention": FUSED_SOFTMAX.source,
+            "passes": (
+                "Narayanan et al. 2021 §4.2: two LayerNorms (2 each), two fused bias+dropout+add "
+                "kernels (read 2, write 1, 1-byte mask: 3.5 each); the [s,b,a,h] layout leaves no head "
+                "transposes; fused bias+GeLU (2)"
+            ),
+            "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
+        },
+    ),
     "llm-foundry": Stack(
-        "llm-foundry", TRITON_FLASH, passes_h=10, passes_hp=0, passes_ffn=2, loss_bytes=(2, 4),
-        sources={"attention": ("llm-foundry scripts/train/benchmarking/submit_benchmarks.py: attn_impl defaults to "
-                               f"'triton' (FlashAttention in Triton). {TRITON_FLASH.source}"),
-                 "passes": ("llm-foundry v0.4.0 MPTBlock with resid_pdrop 0: two LayerNorms (2 each), two residual "
-                            "adds (3 each); q, k, v are views into the kernel; GeLU (2)"),
-                 "loss": ("MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
-                          "forward (2), read and the gradient written once backward (4)")}),
+        "llm-foundry",
+        TRITON_FLASH,
+        passes_h=10,
+        passes_hp=0,
+        passes_ffn=2,
+        loss_bytes=(2, 4),
+        sources={
+            "attention": (
+                "llm-foundry scripts/train/benchmarking/submit_benchmarks.py: attn_impl defaults to "
+                f"'triton' (FlashAttention in Triton). {TRITON_FLASH.source}"
+            ),
+            "passes": (
+                "llm-foundry v0.4.0 MPTBlock with resid_pdrop 0: two LayerNorms (2 each), two residual "
+                "adds (3 each); q, k, v are views into the kernel; GeLU (2)"
+            ),
+            "loss": (
+                "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
+                "forward (2), read and the gradient written once backward (4)"
+            ),
+        },
+    ),
 }
 """Programs by name: zerobench's own GPT, and the published runs' frameworks."""
 
-DEEPSPEED_2021 = ZeroMachinery(per_parameter=True, list_copies=True, sync_per_module=True, regather_for_recompute=True,
-                               source=(
-    "DeepSpeed v0.3.15 (April 2021) deepspeed/runtime/zero/partition_parameters.py: _allgather_param issues one "
-    "torch.distributed.all_gather per parameter into a list of world_size views, after torch.zeros of the "
-    "gathered size and a torch.cuda.synchronize(); _reduce_scatter_gradient reduces each parameter with "
-    "torch.distributed.reduce_scatter over a list of world_size inputs. stage3.py fetch_sub_module ends in "
-    "_synchronize_communication (comm_stream.synchronize(); torch.cuda.synchronize()) before every submodule; its "
-    "post-forward hook releases a submodule's parameters once no active submodule holds them, the recompute's "
-    "forward included"))
+DEEPSPEED_2021 = ZeroMachinery(
+    per_parameter=True,
+    list_copies=True,
+    sync_per_module=True,
+    regather_for_recompute=True,
+    source=(
+        "DeepSpeed v0.3.15 (April 2021) deepspeed/runtime/zero/partition_parameters.py: _allgather_param issues one "
+        "torch.distributed.all_gather per parameter into a list of world_size views, after torch.zeros of the "
+        "gathered size and a torch.cuda.synchronize(); _reduce_scatter_gradient reduces each parameter with "
+        "torch.distributed.reduce_scatter over a list of world_size inputs. stage3.py fetch_sub_module ends in "
+        "_synchronize_communication (comm_stream.synchronize(); torch.cuda.synchronize()) before every submodule; its "
+        "post-forward hook releases a submodule's parameters once no active submodule holds them, the recompute's "
+        "forward included"
+    ),
+)

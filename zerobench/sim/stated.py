@@ -103,39 +103,88 @@ _V100_SOURCES = {
 
 def _v100(name: str, peak: float, note: str) -> StatedDevice:
     return StatedDevice(
-        name=name, peak_flops=peak, peak_flops_fp32=15.7e12, hbm_bw=900e9, mem_bytes=32e9, gpus_per_node=16, sms=80,
-        gemm_eff=0.68, mem_eff=0.8, kernel_floor_s=5e-6, intra_busbw=130e9, nic_bw=12e9, nics_per_node=8,
+        name=name,
+        peak_flops=peak,
+        peak_flops_fp32=15.7e12,
+        hbm_bw=900e9,
+        mem_bytes=32e9,
+        gpus_per_node=16,
+        sms=80,
+        gemm_eff=0.68,
+        mem_eff=0.8,
+        kernel_floor_s=5e-6,
+        intra_busbw=130e9,
+        nic_bw=12e9,
+        nics_per_node=8,
         host_bw=12e9,
-        sources={**_V100_SOURCES, "peak_flops": note})
+        sources={**_V100_SOURCES, "peak_flops": note},
+    )
 
 
 DEVICES: dict[str, StatedDevice] = {
     # The ZeRO paper's cluster: 25 DGX-2 (V100-SXM3-32GB).
     "v100-dgx2": _v100("V100-SXM3-32GB DGX-2 (stated)", 125e12, _V100_SOURCES["peak_flops"]),
     # Megatron-LM's 2019 cluster: DGX-2H (the same node with 450 W, higher-clocked V100s).
-    "v100-dgx2h": _v100("V100-SXM3-32GB DGX-2H (stated)", 130e12,
-                        "[v100-ds] 130 TFLOP/s: Megatron-LM states 39 TFLOP/s is 30% of peak on its DGX-2H"),
+    "v100-dgx2h": _v100(
+        "V100-SXM3-32GB DGX-2H (stated)",
+        130e12,
+        "[v100-ds] 130 TFLOP/s: Megatron-LM states 39 TFLOP/s is 30% of peak on its DGX-2H",
+    ),
     "a100-dgx": StatedDevice(
-        name="A100-SXM4-80GB DGX A100 (stated, uncalibrated)", peak_flops=312e12, peak_flops_fp32=156e12,
-        hbm_bw=2.0e12, mem_bytes=80e9, gpus_per_node=8, sms=108, gemm_eff=0.85, mem_eff=0.8, kernel_floor_s=4e-6,
-        intra_busbw=230e9, nic_bw=24e9, nics_per_node=8, host_bw=24e9,
-        sources={"peak_flops": "[a100-ds] 312 TFLOP/s bf16; 156 TF32", "hbm_bw": "[a100-ds] 2.0 TB/s",
-                 "sms": "[sms] 108",
-                 "gemm_eff": "[fa2] 'up to 80-90%' of peak for optimized GEMMs on A100: 0.85",
-                 "intra_busbw": ("[nccl-tune] NCCL caps sm80's bus bandwidth at 235 GB/s; 230 GB/s over NVLink3 "
-                                 "(600 GB/s per GPU) [assumed]"),
-                 "nic_bw": "[a100-ds] 200 Gb/s HDR = 25 GB/s line rate; 24 GB/s achieved [assumed]",
-                 "host_bw": "[assumed] PCIe gen4 x16 pinned copies"}),
+        name="A100-SXM4-80GB DGX A100 (stated, uncalibrated)",
+        peak_flops=312e12,
+        peak_flops_fp32=156e12,
+        hbm_bw=2.0e12,
+        mem_bytes=80e9,
+        gpus_per_node=8,
+        sms=108,
+        gemm_eff=0.85,
+        mem_eff=0.8,
+        kernel_floor_s=4e-6,
+        intra_busbw=230e9,
+        nic_bw=24e9,
+        nics_per_node=8,
+        host_bw=24e9,
+        sources={
+            "peak_flops": "[a100-ds] 312 TFLOP/s bf16; 156 TF32",
+            "hbm_bw": "[a100-ds] 2.0 TB/s",
+            "sms": "[sms] 108",
+            "gemm_eff": "[fa2] 'up to 80-90%' of peak for optimized GEMMs on A100: 0.85",
+            "intra_busbw": (
+                "[nccl-tune] NCCL caps sm80's bus bandwidth at 235 GB/s; 230 GB/s over NVLink3 "
+                "(600 GB/s per GPU) [assumed]"
+            ),
+            "nic_bw": "[a100-ds] 200 Gb/s HDR = 25 GB/s line rate; 24 GB/s achieved [assumed]",
+            "host_bw": "[assumed] PCIe gen4 x16 pinned copies",
+        },
+    ),
     "h100-dgx": StatedDevice(
-        name="H100-SXM5-80GB DGX H100 (stated, uncalibrated)", peak_flops=989e12, peak_flops_fp32=495e12,
-        hbm_bw=3.35e12, mem_bytes=80e9, gpus_per_node=8, sms=132, gemm_eff=0.822, mem_eff=0.8, kernel_floor_s=3e-6,
-        intra_busbw=450e9, nic_bw=48e9, nics_per_node=8, host_bw=50e9,
-        sources={"peak_flops": "[h100-ds] 989 TFLOP/s dense bf16; 495 TF32", "hbm_bw": "[h100-ds] 3.35 TB/s",
-                 "sms": "[sms] 132",
-                 "gemm_eff": "[gemm-xla] the model fitted on XLA's H100 table puts an 8192^3 bf16 GEMM at 0.822",
-                 "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",
-                 "nic_bw": ("[h100-ds] 400 Gb/s NDR = 50 GB/s line rate; 48 GB/s achieved [assumed]; the published "
-                            "H100 rows (llm-foundry) do not state their network: a DGX H100's is taken [assumed]"),
-                 "host_bw": "[assumed] PCIe gen5 x16 pinned copies"}),
+        name="H100-SXM5-80GB DGX H100 (stated, uncalibrated)",
+        peak_flops=989e12,
+        peak_flops_fp32=495e12,
+        hbm_bw=3.35e12,
+        mem_bytes=80e9,
+        gpus_per_node=8,
+        sms=132,
+        gemm_eff=0.822,
+        mem_eff=0.8,
+        kernel_floor_s=3e-6,
+        intra_busbw=450e9,
+        nic_bw=48e9,
+        nics_per_node=8,
+        host_bw=50e9,
+        sources={
+            "peak_flops": "[h100-ds] 989 TFLOP/s dense bf16; 495 TF32",
+            "hbm_bw": "[h100-ds] 3.35 TB/s",
+            "sms": "[sms] 132",
+            "gemm_eff": "[gemm-xla] the model fitted on XLA's H100 table puts an 8192^3 bf16 GEMM at 0.822",
+            "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",
+            "nic_bw": (
+                "[h100-ds] 400 Gb/s NDR = 50 GB/s line rate; 48 GB/s achieved [assumed]; the published "
+                "H100 rows (llm-foundry) do not state their network: a DGX H100's is taken [assumed]"
+            ),
+            "host_bw": "[assumed] PCIe gen5 x16 pinned copies",
+        },
+    ),
 }
 """Stated devices by the name ``--profile`` takes (the ``cluster.hardware`` of the paper's suites)."""

@@ -35,8 +35,9 @@ def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
     ids = [rid for rid, _ in found]
     if len(set(ids)) != len(ids):
         dup = next(rid for rid in ids if ids.count(rid) > 1)
-        raise ValueError(f"run {dup!r} appears with two different configurations: validate one suite's rounds "
-                         f"at a time")
+        raise ValueError(
+            f"run {dup!r} appears with two different configurations: validate one suite's rounds at a time"
+        )
     return [(rid, cfg, statistics.median(ts)) for (rid, _), (cfg, ts) in found.items()]
 
 
@@ -103,16 +104,26 @@ def validate(rows: list[dict], prof: Profile) -> list[dict]:
         sim = simulate(cfg, prof, own_check_at_stage0=run_id in old)
         sim.pop("timeline")
         rec = {
-            "run_id": run_id, "stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp,
-            "layers": cfg.model.layers, "hidden": cfg.model.hidden,
-            "predicted_s": sim["step_time_s"], "measured_s": measured,
-            "ratio": sim["step_time_s"] / measured, "breakdown_s": sim["breakdown_s"],
+            "run_id": run_id,
+            "stage": cfg.zero.stage,
+            "dp": cfg.dp,
+            "tp": cfg.tp,
+            "layers": cfg.model.layers,
+            "hidden": cfg.model.hidden,
+            "predicted_s": sim["step_time_s"],
+            "measured_s": measured,
+            "ratio": sim["step_time_s"] / measured,
+            "breakdown_s": sim["breakdown_s"],
             "in_fit": not is_zero(cfg) and cfg.world_size > 1,
         }
         mem = _memory(cfg, prof) if run_id in peaks else None
         if mem is not None:
-            rec.update(predicted_peak_bytes=mem["total"], measured_peak_bytes=peaks[run_id],
-                       memory_ratio=mem["total"] / peaks[run_id], memory_breakdown_bytes=mem)
+            rec.update(
+                predicted_peak_bytes=mem["total"],
+                measured_peak_bytes=peaks[run_id],
+                memory_ratio=mem["total"] / peaks[run_id],
+                memory_breakdown_bytes=mem,
+            )
         out.append(rec)
     return out
 
@@ -136,8 +147,12 @@ def summarize(records: list[dict], ratio: str = "ratio") -> dict:
     if not errs:
         return {"runs": 0, "median_abs_error": None, "worst_abs_error": None}
     worst = max(records, key=lambda r: abs(r[ratio] - 1))
-    return {"runs": len(errs), "median_abs_error": statistics.median(errs), "worst_abs_error": max(errs),
-            "worst_run": worst["run_id"]}
+    return {
+        "runs": len(errs),
+        "median_abs_error": statistics.median(errs),
+        "worst_abs_error": max(errs),
+        "worst_run": worst["run_id"],
+    }
 
 
 def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> None:
@@ -146,15 +161,30 @@ def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> No
     its axes and the profile's device; the report draws them."""
     from zerobench.results.rows import RowWriter
 
-    w = RowWriter(out_dir, "sim-validation", {"profile_device": prof.device, "interference": prof.interference,
-                                               "measured": str(measured)})
+    w = RowWriter(
+        out_dir,
+        "sim-validation",
+        {"profile_device": prof.device, "interference": prof.interference, "measured": str(measured)},
+    )
     for r in records:
-        keys = {"measured_run": r["run_id"], "stage": r["stage"], "dp": r["dp"], "tp": r["tp"], "layers": r["layers"],
-                "hidden": r["hidden"], "measured_s": r["measured_s"], "in_fit": r["in_fit"],
-                "profile_device": prof.device, "breakdown_s": r["breakdown_s"]}
+        keys = {
+            "measured_run": r["run_id"],
+            "stage": r["stage"],
+            "dp": r["dp"],
+            "tp": r["tp"],
+            "layers": r["layers"],
+            "hidden": r["hidden"],
+            "measured_s": r["measured_s"],
+            "in_fit": r["in_fit"],
+            "profile_device": prof.device,
+            "breakdown_s": r["breakdown_s"],
+        }
         w.write("sim_predicted_step_time_s", r["predicted_s"], "s", **keys)
         w.write("sim_step_time_ratio", r["ratio"], "ratio", **keys)
         if "memory_ratio" in r:
-            mem = {"measured_peak_bytes": r["measured_peak_bytes"], "memory_breakdown_bytes": r["memory_breakdown_bytes"]}
+            mem = {
+                "measured_peak_bytes": r["measured_peak_bytes"],
+                "memory_breakdown_bytes": r["memory_breakdown_bytes"],
+            }
             w.write("sim_predicted_peak_bytes", r["predicted_peak_bytes"], "bytes", **keys, **mem)
             w.write("sim_peak_memory_ratio", r["memory_ratio"], "ratio", **keys, **mem)

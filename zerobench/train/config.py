@@ -95,8 +95,10 @@ class TrainConfig:
             raise ConfigError(f"--dp and --tp must be >= 1, got dp {self.dp}, tp {self.tp}")
         validate_tp(self.model, self.tp)
         if self.sequence_parallel and self.model.seq % self.tp:
-            raise ConfigError(f"sequence length {self.model.seq} is not divisible by TP degree {self.tp}: "
-                              "sequence parallelism splits the sequence evenly")
+            raise ConfigError(
+                f"sequence length {self.model.seq} is not divisible by TP degree {self.tp}: "
+                "sequence parallelism splits the sequence evenly"
+            )
         if world_size is not None and world_size != self.world_size:
             if world_size % self.tp:
                 raise ConfigError(f"world size {world_size} is not divisible by TP degree {self.tp}")
@@ -118,12 +120,16 @@ class TrainConfig:
             raise ConfigError(f"--profile-steps must be >= 1, got {self.profile.steps}")
         if self.profile is not None and self.timed_steps < 1:
             need = self.warmup_steps + self.profile.steps + 1
-            raise ConfigError(f"--profile-steps {self.profile.steps} leaves no timed step of {self.steps} after "
-                              f"{self.warmup_steps} warm-up (the traced steps are left out of the medians): "
-                              f"give --steps {need} or more")
+            raise ConfigError(
+                f"--profile-steps {self.profile.steps} leaves no timed step of {self.steps} after "
+                f"{self.warmup_steps} warm-up (the traced steps are left out of the medians): "
+                f"give --steps {need} or more"
+            )
         if not 0 <= self.seed <= 2**63 - 1:
             raise ConfigError(f"--seed must be in [0, 2**63-1], got {self.seed}")
         if not (math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0):
-            raise ConfigError(f"collective timeout must be a positive number of seconds, got {self.collective_timeout_s}")
+            raise ConfigError(
+                f"collective timeout must be a positive number of seconds, got {self.collective_timeout_s}"
+            )
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
             raise ConfigError(f"memory budget must be positive, got {self.memory_budget_bytes} bytes")

@@ -109,8 +109,10 @@ class ConsoleHook(_Hook):
         self.say, self.steps = say, steps
 
     def after_step(self, rec: StepRecord) -> None:
-        self.say(f"step {rec.step:4d}/{self.steps}  loss {rec.loss:.4f}  step {rec.seconds * 1e3:8.1f} ms  "
-                 f"{rec.tflops:7.4f} TFLOPs/GPU" + ("" if rec.stepped else "  (skipped: fp16 overflow)"))
+        self.say(
+            f"step {rec.step:4d}/{self.steps}  loss {rec.loss:.4f}  step {rec.seconds * 1e3:8.1f} ms  "
+            f"{rec.tflops:7.4f} TFLOPs/GPU" + ("" if rec.stepped else "  (skipped: fp16 overflow)")
+        )
 
 
 class TensorBoardHook(_Hook):
@@ -118,7 +120,9 @@ class TensorBoardHook(_Hook):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("--tensorboard needs the tensorboard package: pip install 'zerobench[tensorboard]'") from None
+            raise ConfigError(
+                "--tensorboard needs the tensorboard package: pip install 'zerobench[tensorboard]'"
+            ) from None
         self.writer = SummaryWriter(str(Path(directory) / run_id))
 
     def after_step(self, rec: StepRecord) -> None:

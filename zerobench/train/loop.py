@@ -56,8 +56,16 @@ class _Run:
         return c.micro_batch * c.zero.grad_accum_steps * c.model.seq / c.tp
 
 
-def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Path | None, run_id: str = "train",
-          log=print, suite: str | None = None, settings: RankSettings | None = None) -> dict:
+def train(
+    cfg: TrainConfig,
+    denv: DistEnv,
+    entry: SystemEntry,
+    out_dir: str | Path | None,
+    run_id: str = "train",
+    log=print,
+    suite: str | None = None,
+    settings: RankSettings | None = None,
+) -> dict:
     """Train ``cfg`` with the registered system ``entry`` on this rank; returns the gathered summary.
 
     Raises ``RunFailed`` (on every rank alike, after rank 0 wrote the rows) when the run did not train."""
@@ -67,9 +75,11 @@ def train(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, out_dir: str | Pa
     run = _setup(cfg, denv, entry, settings.native_collectives, settings.rss_breakdown)
     rank = dist.get_rank()
     say = log if rank == 0 else (lambda *a, **k: None)
-    say(f"zerobench train [{cfg.system}]: GPT {num_params(cfg.model) / 1e6:.2f}M params, {entry.describe(cfg)}, "
+    say(
+        f"zerobench train [{cfg.system}]: GPT {num_params(cfg.model) / 1e6:.2f}M params, {entry.describe(cfg)}, "
         f"dp {cfg.dp}, tp {cfg.tp}, {cfg.zero.precision.value}, global batch {cfg.global_batch} x {cfg.model.seq} "
-        f"tokens, device {run.device.type}")
+        f"tokens, device {run.device.type}"
+    )
     barrier = dist.barrier if dist.get_world_size() > 1 else (lambda: None)
     hooks = build_hooks(cfg, settings, rank, say, run_id, barrier, run.device)
     with contextlib.ExitStack() as stack:
@@ -123,8 +133,10 @@ def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[li
         # The step's samples are made before the clock starts, as a prefetching loader has them ready: the
         # synthetic generator is a Python loop over the sequence (0.5 ms a micro-batch at the tiny preset, 12%
         # of its step on a 2-core host), not the training being measured.
-        batches = [data.micro_batch(step, run.mesh.dp_rank, cfg.dp, micro, cfg.micro_batch)
-                   for micro in range(cfg.zero.grad_accum_steps)]
+        batches = [
+            data.micro_batch(step, run.mesh.dp_rank, cfg.dp, micro, cfg.micro_batch)
+            for micro in range(cfg.zero.grad_accum_steps)
+        ]
         _sync(device)
         t0, c0 = time.perf_counter(), time.process_time()
         total = torch.zeros(1, device=device)
@@ -167,9 +179,13 @@ def _summarize(run: _Run, entry: SystemEntry, records: list[StepRecord], series:
     timed = timed_steps(len(records), cfg.warmup_steps, traced, set(skipped))
     timing = {name: robust([xs[i] for i in timed]) for name, xs in series.items()}
     step_time = timing["step_time_s"]["median"]
-    peak = (run.tracker.peak if run.tracker is not None else None) if run.cpu else torch.cuda.max_memory_allocated(device)
+    peak = (
+        (run.tracker.peak if run.tracker is not None else None) if run.cpu else torch.cuda.max_memory_allocated(device)
+    )
     mine = {
-        "rank": dist.get_rank(), "tp_rank": run.mesh.tp_rank, "dp_rank": run.mesh.dp_rank,
+        "rank": dist.get_rank(),
+        "tp_rank": run.mesh.tp_rank,
+        "dp_rank": run.mesh.dp_rank,
         "ledger": system.memory_ledger(),
         "model_state_bytes": system.model_state_bytes(),
         "analytic": system.model_state_bytes_analytic(),
@@ -190,11 +206,19 @@ def _summarize(run: _Run, entry: SystemEntry, records: list[StepRecord], series:
     dist.all_gather_object(everyone, mine)
     per_token = run.tokens_per_rank / step_time / 1e12 if step_time is not None else None
     return {
-        "losses": losses, "skipped": skipped, "step_time_s": step_time, "timing": timing, "n_measured": len(timed),
+        "losses": losses,
+        "skipped": skipped,
+        "step_time_s": step_time,
+        "timing": timing,
+        "n_measured": len(timed),
         "tflops_per_gpu": flops_per_token(cfg.model) * per_token if per_token is not None else None,
-        "hw_tflops_per_gpu": (flops_per_token(cfg.model, recompute=cfg.activation.checkpoint) * per_token
-                              if per_token is not None else None),
-        "ranks": everyone, "psi": num_params(cfg.model),
+        "hw_tflops_per_gpu": (
+            flops_per_token(cfg.model, recompute=cfg.activation.checkpoint) * per_token
+            if per_token is not None
+            else None
+        ),
+        "ranks": everyone,
+        "psi": num_params(cfg.model),
         # every rank judged its own figures; the first failure any rank saw is the run's, on every rank
         "failure": next((r["failure"] for r in everyone if r["failure"] is not None), None),
     }

@@ -40,6 +40,8 @@ def failure(losses: list[float], skipped: list[int], n_timed: int) -> str | None
         tail = f", {of}" if skipped else ""
         return f"training diverged: the loss is {losses[-1]} at the last step ({n}){tail}; {HINT}"
     if n_timed == 0:
-        return (f"every timed step was skipped (fp16 overflow; {of}): there is no step time to report; "
-                "train more steps or " + HINT)
+        return (
+            f"every timed step was skipped (fp16 overflow; {of}): there is no step time to report; "
+            "train more steps or " + HINT
+        )
     return None

@@ -33,7 +33,8 @@ class ProfilerHook:
         self.prof = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=self.first - 1, warmup=1, active=cfg.steps, repeat=1),
-            on_trace_ready=self._write)
+            on_trace_ready=self._write,
+        )
         self.prof.start()
 
     def before_step(self, step: int) -> None:
@@ -54,8 +55,12 @@ class ProfilerHook:
         prof.export_chrome_trace(str(trace))
         by = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=by, row_limit=TABLE_ROWS)
-        head = (f"zerobench train: steps {self.first + 1}-{self.first + self.steps} traced on rank {self.rank} "
-                f"(operators by {by.replace('_', ' ')})\n")
+        head = (
+            f"zerobench train: steps {self.first + 1}-{self.first + self.steps} traced on rank {self.rank} "
+            f"(operators by {by.replace('_', ' ')})\n"
+        )
         (self.dir / f"rank{self.rank}.ops.txt").write_text(head + table + "\n")
-        self.say(f"profile of steps {self.first + 1}-{self.first + self.steps}: {trace} (Perfetto or "
-                 f"chrome://tracing) and {trace.with_name(f'rank{self.rank}.ops.txt').name} beside it")
+        self.say(
+            f"profile of steps {self.first + 1}-{self.first + self.steps}: {trace} (Perfetto or "
+            f"chrome://tracing) and {trace.with_name(f'rank{self.rank}.ops.txt').name} beside it"
+        )

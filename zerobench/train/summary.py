@@ -28,36 +28,48 @@ def report(s: dict, cfg: TrainConfig, say) -> None:
     if s["step_time_s"] is None:
         say(f"\nno median step time: every timed step was skipped (fp16 overflow; {n_skipped} of {n} steps)")
     else:
-        say(f"\nmedian step time {s['step_time_s'] * 1e3:.1f} ms, {s['tflops_per_gpu']:.4f} TFLOPs/GPU "
+        say(
+            f"\nmedian step time {s['step_time_s'] * 1e3:.1f} ms, {s['tflops_per_gpu']:.4f} TFLOPs/GPU "
             f"(model FLOPs, Megatron count), {s['tflops_per_gpu'] * cfg.world_size / 1e3:.6f} PFLOPs aggregate"
-            + skipped)
+            + skipped
+        )
     say("\nmemory ledger per rank (measured from the engine's tensors):")
-    say(f"  {'rank':>4} {'params':>14} {'grads':>14} {'master':>14} {'optim states':>14} "
-        f"{'model states':>14} {'analytic':>14} {'peak live':>14}")
+    say(
+        f"  {'rank':>4} {'params':>14} {'grads':>14} {'master':>14} {'optim states':>14} "
+        f"{'model states':>14} {'analytic':>14} {'peak live':>14}"
+    )
     for r in s["ranks"]:
         L = r["ledger"]
         peak = _fmt_bytes(r["peak"]) if r["peak"] is not None else f"{'n/a':>14}"
-        say(f"  {r['rank']:>4} {_fmt_bytes(L['params'])} {_fmt_bytes(L['grads'])} {_fmt_bytes(L['master'])} "
-            f"{_fmt_bytes(L['optimizer_states'])} {_fmt_bytes(r['model_state_bytes'])} {_fmt_bytes(r['analytic'])} {peak}")
+        say(
+            f"  {r['rank']:>4} {_fmt_bytes(L['params'])} {_fmt_bytes(L['grads'])} {_fmt_bytes(L['master'])} "
+            f"{_fmt_bytes(L['optimizer_states'])} {_fmt_bytes(r['model_state_bytes'])} {_fmt_bytes(r['analytic'])} {peak}"
+        )
     if s["ranks"][0].get("host"):
         say("  offloaded, per rank (host memory; NVMe files):")
         for r in s["ranks"]:
             L, h = r["ledger"], r["host"]
-            say(f"  {r['rank']:>4} {_fmt_bytes(L['host_params'])} {_fmt_bytes(L['host_grads'])} {_fmt_bytes(L['host_master'])} "
+            say(
+                f"  {r['rank']:>4} {_fmt_bytes(L['host_params'])} {_fmt_bytes(L['host_grads'])} {_fmt_bytes(L['host_master'])} "
                 f"{_fmt_bytes(L['host_optimizer_states'])} {_fmt_bytes(h['measured'])} {_fmt_bytes(h['analytic'])}"
-                + (f"  NVMe {_fmt_bytes(L['nvme_optimizer_states'])}" if L["nvme_optimizer_states"] else ""))
+                + (f"  NVMe {_fmt_bytes(L['nvme_optimizer_states'])}" if L["nvme_optimizer_states"] else "")
+            )
     if s["ranks"][0]["comm_volume"] is None:  # the system's collectives are not in zerobench's ledger
         say("\n(communication of baseline systems is not recorded in zerobench's ledger)")
         return
     say("\ncommunication ledger per step, rank 0 (volume = paper §7 accounting, elements):")
     for c in s["ranks"][0]["comm_summary"]:
-        say(f"  {c['group']:>3} {c['op']:<15} {c['tag']:<10} calls {c['calls']:5d}  "
-            f"elements {c['numel']:12d}  volume {c['volume_elements']:14.0f}")
+        say(
+            f"  {c['group']:>3} {c['op']:<15} {c['tag']:<10} calls {c['calls']:5d}  "
+            f"elements {c['numel']:12d}  volume {c['volume_elements']:14.0f}"
+        )
     psi, n = s["psi"], cfg.dp
     factor = 3 if cfg.zero.stage == 3 else 2
     psi_local = psi / cfg.tp  # approximately: the TP-replicated parameters are a small part
-    say(f"  DP volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {factor}Ψ(N-1)/N = "
-        f"{factor * psi_local * (n - 1) / n:.0f}" + (" (Ψ per TP rank ≈ Ψ/MP)" if cfg.tp > 1 else ""))
+    say(
+        f"  DP volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {factor}Ψ(N-1)/N = "
+        f"{factor * psi_local * (n - 1) / n:.0f}" + (" (Ψ per TP rank ≈ Ψ/MP)" if cfg.tp > 1 else "")
+    )
     if cfg.tp > 1:
         r0 = s["ranks"][0]
         say(f"  MP volume in blocks {r0['mp_volume']:.0f} elements; P_a all-gathers {r0['pa_volume']:.0f}")
@@ -65,10 +77,22 @@ def report(s: dict, cfg: TrainConfig, say) -> None:
 
 _TIMINGS = (
     ("step_time_s", "s", "median over steps of the wall-clock step time (forward, backward, optimizer step)"),
-    ("step_time_norm", "ratio", ("median over steps of step time / a fixed 256x256 matmul chain timed right "
-                                 "after the step in the same process")),
-    ("step_cpu_s", "s", ("median over steps of the rank's process CPU time (all threads) during the step: time "
-                         "the rank was not running (other processes, VM steal) is not counted")),
+    (
+        "step_time_norm",
+        "ratio",
+        (
+            "median over steps of step time / a fixed 256x256 matmul chain timed right "
+            "after the step in the same process"
+        ),
+    ),
+    (
+        "step_cpu_s",
+        "s",
+        (
+            "median over steps of the rank's process CPU time (all threads) during the step: time "
+            "the rank was not running (other processes, VM steal) is not counted"
+        ),
+    ),
 )
 
 
@@ -77,9 +101,15 @@ def write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None
     skipped), then the per-rank memory and communication figures."""
     for i, loss in enumerate(s["losses"]):
         w.write("loss", loss, "nats", step=i + 1)
-    w.write("skipped_steps", len(s["skipped"]), "steps", steps=s["skipped"], of=len(s["losses"]),
-            definition="optimizer steps skipped on fp16 overflow (no update applied, the loss scale lowered); "
-                       "left out of the timing medians")
+    w.write(
+        "skipped_steps",
+        len(s["skipped"]),
+        "steps",
+        steps=s["skipped"],
+        of=len(s["losses"]),
+        definition="optimizer steps skipped on fp16 overflow (no update applied, the loss scale lowered); "
+        "left out of the timing medians",
+    )
     agg = f"median of {n_measured} steps after {cfg.warmup_steps} warm-up"
     if s["skipped"]:
         agg += ", the skipped ones (fp16 overflow) left out"
@@ -97,12 +127,24 @@ def _write_timings(w: RowWriter, s: dict, cfg: TrainConfig, agg: str) -> None:
         t = s["timing"][metric]
         # samples: the measured steps in order, so an A/B comparison can pair step k of one side with step k
         # of the other (taken right after it in lockstep)
-        w.write(metric, t["median"], unit, aggregate=agg, mad=t["mad"], n=len(t["samples"]), samples=t["samples"],
-                definition=definition)
+        w.write(
+            metric,
+            t["median"],
+            unit,
+            aggregate=agg,
+            mad=t["mad"],
+            n=len(t["samples"]),
+            samples=t["samples"],
+            definition=definition,
+        )
     w.write("tflops_per_gpu", s["tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="model")
     w.write("hw_tflops_per_gpu", s["hw_tflops_per_gpu"], "TFLOP/s", aggregate=agg, flops="hardware (with recompute)")
     w.write("pflops_aggregate", s["tflops_per_gpu"] * cfg.world_size / 1e3, "PFLOP/s", aggregate=agg)
-    w.write("tokens_per_s_per_gpu", cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / cfg.tp / s["step_time_s"], "tokens/s")
+    w.write(
+        "tokens_per_s_per_gpu",
+        cfg.micro_batch * cfg.zero.grad_accum_steps * cfg.model.seq / cfg.tp / s["step_time_s"],
+        "tokens/s",
+    )
 
 
 def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
@@ -113,8 +155,13 @@ def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
     for cat, b in r["ledger"].items():
         w.write(f"memory_{cat}_bytes", b, "bytes", rank=rk)
     if r.get("host"):
-        w.write("host_model_state_bytes", r["host"]["measured"], "bytes", rank=rk,
-                definition="model states in host memory under offload (NVMe files excluded)")
+        w.write(
+            "host_model_state_bytes",
+            r["host"]["measured"],
+            "bytes",
+            rank=rk,
+            definition="model states in host memory under offload (NVMe files excluded)",
+        )
         if r["host"]["analytic"] is not None:
             w.write("host_model_state_bytes_analytic", r["host"]["analytic"], "bytes", rank=rk)
     if r["comm_volume"] is not None:
@@ -122,20 +169,40 @@ def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
     if cfg.tp > 1 and r["comm_volume"] is not None:
         w.write("mp_comm_volume_elements_per_step", r["mp_volume"], "elements", rank=rk, group="tp")
         w.write("pa_comm_volume_elements_per_step", r["pa_volume"], "elements", rank=rk, group="tp")
-    w.write("peak_memory_bytes", r["peak"], "bytes", rank=rk,
-            source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated")
+    w.write(
+        "peak_memory_bytes",
+        r["peak"],
+        "bytes",
+        rank=rk,
+        source="live-tensor tracker" if r["reserved"] is None else "torch.cuda.max_memory_allocated",
+    )
     if r["reserved"] is not None:
         w.write("peak_reserved_bytes", r["reserved"], "bytes", rank=rk)
-        w.write("fragmentation_bytes", r["reserved"] - r["peak"], "bytes", rank=rk,
-                definition="max reserved - max allocated")
+        w.write(
+            "fragmentation_bytes",
+            r["reserved"] - r["peak"],
+            "bytes",
+            rank=rk,
+            definition="max reserved - max allocated",
+        )
         w.write("alloc_retries", r["alloc_retries"], "count", rank=rk)
     if r["peak"] is not None:
         ckpt = r["ledger"].get("activation_checkpoints", 0)
-        w.write("memory_working_peak_bytes", r["peak"] - r["model_state_bytes"] - ckpt, "bytes", rank=rk,
-                definition="peak live bytes - model states - activation checkpoints: working activations "
-                           "and transient buffers at the peak")
+        w.write(
+            "memory_working_peak_bytes",
+            r["peak"] - r["model_state_bytes"] - ckpt,
+            "bytes",
+            rank=rk,
+            definition="peak live bytes - model states - activation checkpoints: working activations "
+            "and transient buffers at the peak",
+        )
     w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)
     for cat, b in (r.get("rss_breakdown") or {}).items():
-        w.write(f"rss_{cat}_bytes", b, "bytes", rank=rk,
-                definition="resident bytes of this kind at the highest RSS sampled between operators "
-                           "(zerobench/metrics/rss.py)")
+        w.write(
+            f"rss_{cat}_bytes",
+            b,
+            "bytes",
+            rank=rk,
+            definition="resident bytes of this kind at the highest RSS sampled between operators "
+            "(zerobench/metrics/rss.py)",
+        )

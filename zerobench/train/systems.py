@@ -36,8 +36,13 @@ class TrainSystem(Protocol):
 
 def parallel_spec(cfg: TrainConfig) -> ParallelSpec:
     """What ``parallelize`` applies for this run."""
-    return ParallelSpec(zero=cfg.zero, sequence_parallel=cfg.sequence_parallel, kernels=cfg.kernels,
-                        activation=cfg.activation, seed=cfg.seed)
+    return ParallelSpec(
+        zero=cfg.zero,
+        sequence_parallel=cfg.sequence_parallel,
+        kernels=cfg.kernels,
+        activation=cfg.activation,
+        seed=cfg.seed,
+    )
 
 
 class ZeroSystem:
@@ -84,5 +89,7 @@ class ZeroSystem:
         """Offloaded model states: measured host bytes and the analytic figure (None without offload)."""
         if not self.engine.placement.offloaded:
             return None
-        return {"measured": self.engine.accounting.host_model_state_bytes(),
-                "analytic": sum(self.engine.accounting.host_state_bytes_analytic().values())}
+        return {
+            "measured": self.engine.accounting.host_model_state_bytes(),
+            "analytic": sum(self.engine.accounting.host_state_bytes_analytic().values()),
+        }

@@ -42,8 +42,10 @@ class Turnstile:
             self._sock.sendall(b"r")
             got = self._sock.recv(1)
         except TimeoutError:
-            raise TurnstileError(f"no lockstep turn from the A/B referee at {self.path} within "
-                                 f"{self.timeout_s:.0f}s (is the other side stuck?)") from None
+            raise TurnstileError(
+                f"no lockstep turn from the A/B referee at {self.path} within "
+                f"{self.timeout_s:.0f}s (is the other side stuck?)"
+            ) from None
         except OSError as e:
             raise TurnstileError(f"lost the A/B referee at {self.path}: {e}") from None
         if got != b"g":

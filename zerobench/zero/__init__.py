@@ -7,8 +7,19 @@ or planning does not pay for importing torch.
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, LossScaleRule, Precision, ZeroConfig
 from zerobench.zero.loss_scale import LossScaleAtMinimum
 
-__all__ = ["AdamWConfig", "GatheredParameters", "LossScaleAtMinimum", "LossScaleConfig", "LossScaleRule", "Precision",
-           "ShardedGradScaler", "ZeroConfig", "ZeroEngine", "apply_zero", "initialize"]
+__all__ = [
+    "AdamWConfig",
+    "GatheredParameters",
+    "LossScaleAtMinimum",
+    "LossScaleConfig",
+    "LossScaleRule",
+    "Precision",
+    "ShardedGradScaler",
+    "ZeroConfig",
+    "ZeroEngine",
+    "apply_zero",
+    "initialize",
+]
 
 
 def __getattr__(name: str):

@@ -68,16 +68,29 @@ class EngineAccounting:
         """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
         pb = torch.finfo(self.config.precision.param_dtype).bits // 8
         return model_state_bytes_analytic(
-            self.numel, self.dp_size, self.config.stage, pb, pb, 4 if self.storage.device_master() else 0,
-            self.optimizer.codec.bytes_per_element(), offload_optimizer=self.placement.offloaded,
+            self.numel,
+            self.dp_size,
+            self.config.stage,
+            pb,
+            pb,
+            4 if self.storage.device_master() else 0,
+            self.optimizer.codec.bytes_per_element(),
+            offload_optimizer=self.placement.offloaded,
             offload_param=self.placement.params is Tier.HOST,
         )
 
     def host_state_bytes_analytic(self) -> dict[str, float]:
         """Host bytes by category under offload (NVMe-swapped states excluded)."""
         pb = torch.finfo(self.config.precision.param_dtype).bits // 8
-        out = host_state_bytes_analytic(self.numel, self.dp_size, self.config.stage, pb, pb,
-                                        self.optimizer.codec.bytes_per_element(), self.placement.params is Tier.HOST)
+        out = host_state_bytes_analytic(
+            self.numel,
+            self.dp_size,
+            self.config.stage,
+            pb,
+            pb,
+            self.optimizer.codec.bytes_per_element(),
+            self.placement.params is Tier.HOST,
+        )
         if self.placement.states is Tier.NVME:
             out["host_optimizer_states"] = 0.0
         return out

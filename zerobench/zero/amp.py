@@ -52,9 +52,11 @@ def unscale_partition(engine, inv_scale: torch.Tensor, found_inf: torch.Tensor) 
 def check_amp(engine) -> None:
     """One line where torch's loss scaling cannot drive this engine."""
     if engine.scaler.enabled:
-        raise ConfigError("a torch.amp GradScaler on an fp16 ZeRO engine would scale the loss twice: the engine "
-                          "scales it itself (ZeroConfig.precision='fp16'); drop the GradScaler, or train fp32/bf16 "
-                          "under torch.autocast with zerobench.zero.amp.ShardedGradScaler")
+        raise ConfigError(
+            "a torch.amp GradScaler on an fp16 ZeRO engine would scale the loss twice: the engine "
+            "scales it itself (ZeroConfig.precision='fp16'); drop the GradScaler, or train fp32/bf16 "
+            "under torch.autocast with zerobench.zero.amp.ShardedGradScaler"
+        )
 
 
 def amp_unscale(optimizer) -> float | None:
@@ -65,9 +67,11 @@ def amp_unscale(optimizer) -> float | None:
     engine, checked = optimizer._engine, optimizer.__dict__.pop("amp_checked", False)
     check_amp(engine)
     if not checked and (engine.stage >= 2 or (engine.stage == 1 and engine.group.size > 1)):
-        raise ConfigError(f"torch.amp.GradScaler checks the .grad this rank holds, which at ZeRO stage "
-                          f"{engine.stage} is not the reduced gradient: use zerobench.zero.amp.ShardedGradScaler, "
-                          "as FSDP's ShardedGradScaler")
+        raise ConfigError(
+            f"torch.amp.GradScaler checks the .grad this rank holds, which at ZeRO stage "
+            f"{engine.stage} is not the reduced gradient: use zerobench.zero.amp.ShardedGradScaler, "
+            "as FSDP's ShardedGradScaler"
+        )
     if float(optimizer.found_inf) > 0:
         return None
     scale = optimizer.grad_scale

@@ -48,14 +48,20 @@ def warn_if_one_unit(model: nn.Module, units, stage: int) -> None:
     forward gathers the whole model, naming the list (the largest ``ModuleList`` by parameters)."""
     if stage != 3 or units is not None or default_units(model):
         return
-    size = {n: sum(p.numel() for p in m.parameters()) for n, m in model.named_modules()
-            if isinstance(m, nn.ModuleList) and len(m) > 1}
+    size = {
+        n: sum(p.numel() for p in m.parameters())
+        for n, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) > 1
+    }
     if not size or max(size.values()) == 0:
         return
     name = max(size, key=size.get)
-    warnings.warn(f"ZeRO stage 3 with no units: {type(model).__name__} has no `blocks` ModuleList, so its whole model "
-                  f"is gathered for every forward and backward; pass its layers, e.g. apply_zero(..., "
-                  f"units=list(model.{name})) or units=<their class>", stacklevel=3)
+    warnings.warn(
+        f"ZeRO stage 3 with no units: {type(model).__name__} has no `blocks` ModuleList, so its whole model "
+        f"is gathered for every forward and backward; pass its layers, e.g. apply_zero(..., "
+        f"units=list(model.{name})) or units=<their class>",
+        stacklevel=3,
+    )
 
 
 def apply_zero(
@@ -104,14 +110,19 @@ def apply_zero(
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
     for name, m in model.named_modules():  # a second engine would hook the same parameters: twice the reduction
         if engine_of(m) is not None:
-            raise ConfigError(f"{'the model' if not name else f'its submodule {name!r}'} is already trained by a ZeRO "
-                              "engine (apply_zero was called on it before): apply it once, or build a fresh model")
+            raise ConfigError(
+                f"{'the model' if not name else f'its submodule {name!r}'} is already trained by a ZeRO "
+                "engine (apply_zero was called on it before): apply it once, or build a fresh model"
+            )
     warn_if_one_unit(model, units, config.stage)
     plan = UnitPlan(resolve_units(model, units), resolve_external(model, external_params))
     device = None if device is None else torch.device(device)
     placed = {p.device for p in model.parameters() if not p.is_meta}
     if device is not None and any(d != device and (device.index is not None or d.type != device.type) for d in placed):
-        raise ConfigError(f"apply_zero(device={device}) is for a model built on the meta device; this one has parameters "
-                          f"on {', '.join(sorted(map(str, placed)))}: move the model there first (model.to(device))")
-    return ZeroEngine(model, dp_group, config, plan, ledger,
-                      tp_group, frozenset(tp_sharded), allocator, param_groups, device)
+        raise ConfigError(
+            f"apply_zero(device={device}) is for a model built on the meta device; this one has parameters "
+            f"on {', '.join(sorted(map(str, placed)))}: move the model there first (model.to(device))"
+        )
+    return ZeroEngine(
+        model, dp_group, config, plan, ledger, tp_group, frozenset(tp_sharded), allocator, param_groups, device
+    )

@@ -52,8 +52,14 @@ class PassState(enum.Enum):
 class BackwardPasses:
     """Opens and closes the engine's backward passes; see the module docstring."""
 
-    def __init__(self, root: nn.Module, zparams: list[ZeroParam], begin: Callable[[bool], None],
-                 end: Callable[[], None], scaled: bool):
+    def __init__(
+        self,
+        root: nn.Module,
+        zparams: list[ZeroParam],
+        begin: Callable[[bool], None],
+        end: Callable[[], None],
+        scaled: bool,
+    ):
         """``zparams``: the trained parameters. ``begin(plain)``/``end()``: the engine's start and finish of a
         micro-batch. ``scaled``: the loss needs a scale only ``engine.backward`` applies (fp16), so plain backward
         passes are refused."""
@@ -74,8 +80,10 @@ class BackwardPasses:
         """``engine.backward``: open, ``loss.backward()``, close (``loss`` already scaled by the caller)."""
         self._drop_unfinished()
         if self.state is not PassState.IDLE:
-            raise RuntimeError(f"engine.backward() inside another backward pass ({self.state.value}): call it once "
-                               f"per micro-batch, outside autograd")
+            raise RuntimeError(
+                f"engine.backward() inside another backward pass ({self.state.value}): call it once "
+                f"per micro-batch, outside autograd"
+            )
         self._begin(False)
         self.state = PassState.EXPLICIT
         try:
@@ -87,8 +95,9 @@ class BackwardPasses:
     def install_hooks(self, model: nn.Module, grads: GradBucketGroup) -> list[RemovableHandle]:
         """The engine's backward hooks: one post-accumulate-grad hook per trained parameter (``grad_hook``), and the
         wait before a large tied parameter's second gradient (``zero/tied_grads.py``)."""
-        return [zp.param.register_post_accumulate_grad_hook(self.grad_hook(zp, grads))
-                for zp in self._zparams] + wait_before_tied_grads(model, self._zparams, grads)
+        return [
+            zp.param.register_post_accumulate_grad_hook(self.grad_hook(zp, grads)) for zp in self._zparams
+        ] + wait_before_tied_grads(model, self._zparams, grads)
 
     def grad_hook(self, zp: ZeroParam, grads: GradBucketGroup) -> Callable[[torch.Tensor], None]:
         """The post-accumulate-grad hook of one trained parameter: opens a plain pass if none is open (a backward

@@ -108,8 +108,11 @@ class GradBucketGroup:
             self.seen = [False] * len(self.zparams)
             self.seen_count = 0
             if self.keep_full and self.reduced:  # new gradients summed onto reduced ones: keep one copy of those
-                self.full.keep_one_copy(self.group.rank, self.mode is SyncMode.ALL_REDUCE,
-                                        1.0 if self.pre_scale is None else 1.0 / self.pre_scale)
+                self.full.keep_one_copy(
+                    self.group.rank,
+                    self.mode is SyncMode.ALL_REDUCE,
+                    1.0 if self.pre_scale is None else 1.0 / self.pre_scale,
+                )
         self.first_micro = not self.reduced  # partitions: overwrite until something was reduced into them
         self.state = [BucketState.FILLING] * len(self.layout.buckets)
         self.pending = [len(b.params) for b in self.layout.buckets]
@@ -229,9 +232,9 @@ class GradBucketGroup:
         synchronised window: every bucket started, none waited for yet), and wait for every bucket."""
         if self.sync:
             self.complete(range(self.next_start, len(self.pending)))
-            self.unused = [] if self.seen_count == len(self.zparams) else [
-                i for i, seen in enumerate(self.seen) if not seen
-            ]
+            self.unused = (
+                [] if self.seen_count == len(self.zparams) else [i for i, seen in enumerate(self.seen) if not seen]
+            )
             if on_started is not None:
                 on_started(self.unused)
         self._finish_reduces(block=True)
@@ -282,10 +285,14 @@ class GradBucketGroup:
     def shard_views(self) -> list[torch.Tensor]:
         """This rank's reduced gradient shard of every bucket (averaged over ranks)."""
         if self.keep_full:
-            return [self.full.shard_view(b.index, self.group.rank if self.layout.shards > 1 else 0)
-                    for b in self.layout.buckets]
+            return [
+                self.full.shard_view(b.index, self.group.rank if self.layout.shards > 1 else 0)
+                for b in self.layout.buckets
+            ]
         if self.local is None:
-            raise RuntimeError("gradient shards live on the host under optimizer offload: use the engine's grad_chunks()")
+            raise RuntimeError(
+                "gradient shards live on the host under optimizer offload: use the engine's grad_chunks()"
+            )
         return self.local.views()
 
     def tensors(self) -> dict[str, list[torch.Tensor]]:

@@ -58,8 +58,9 @@ class FullBuffer:
 class LocalBuffer:
     """One rank's shard of every bucket, concatenated in bucket order."""
 
-    def __init__(self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device,
-                 data: torch.Tensor | None = None):
+    def __init__(
+        self, layout: PartitionLayout, dtype: torch.dtype, device: torch.device, data: torch.Tensor | None = None
+    ):
         """``data``: wrap an existing flat tensor of ``layout.shard_numel`` elements (e.g. host memory)."""
         self.layout = layout
         self.data = torch.zeros(layout.shard_numel, dtype=dtype, device=device) if data is None else data
@@ -86,8 +87,9 @@ class BucketShards:
         """The bucket's shard, allocated uninitialised if not held: the caller overwrites it."""
         t = self.shards[bucket]
         if t is None:
-            t = self.shards[bucket] = torch.empty(self.layout.buckets[bucket].shard_numel, dtype=self.dtype,
-                                                  device=self.device)
+            t = self.shards[bucket] = torch.empty(
+                self.layout.buckets[bucket].shard_numel, dtype=self.dtype, device=self.device
+            )
         return t
 
     def get(self, bucket: int) -> torch.Tensor:

@@ -72,8 +72,9 @@ def materialize(p: nn.Parameter, value: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def settle_frozen(model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype,
-                  device: torch.device) -> list[tuple[str, nn.Parameter]]:
+def settle_frozen(
+    model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype, device: torch.device
+) -> list[tuple[str, nn.Parameter]]:
     """What the engine does not hold, made ready to run: under bf16/fp16, frozen fp32/bf16/fp16 parameters in the
     training dtype, as the trained ones are (DeepSpeed converts the whole module, FSDP's ``param_dtype`` every
     parameter; an fp32 frozen layer met bf16 activations: ``mat1 and mat2 must have the same dtype``); fp32 training
@@ -113,30 +114,47 @@ def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]], 
     trained = {id(p): n for n, p in named}
     for mname, mod in model.named_modules():
         if getattr(mod, "sparse", False) is True and id(getattr(mod, "weight", None)) in trained:
-            raise ConfigError(f"module {mname or type(mod).__name__!r} ({type(mod).__name__}) has sparse=True: ZeRO "
-                              "keeps gradients in dense flat buffers; build it with sparse=False")
+            raise ConfigError(
+                f"module {mname or type(mod).__name__!r} ({type(mod).__name__}) has sparse=True: ZeRO "
+                "keeps gradients in dense flat buffers; build it with sparse=False"
+            )
     devices, dtypes = {}, {}
     for n, p in named:
         if p.dtype not in TRAINABLE_DTYPES:
-            raise ConfigError(f"parameter {n!r} is {str(p.dtype).removeprefix('torch.')}: the engine trains "
-                              "float32, bfloat16 or float16 parameters (ZeroConfig.precision picks the training "
-                              "dtype); convert the model first, e.g. model.float()")
+            raise ConfigError(
+                f"parameter {n!r} is {str(p.dtype).removeprefix('torch.')}: the engine trains "
+                "float32, bfloat16 or float16 parameters (ZeroConfig.precision picks the training "
+                "dtype); convert the model first, e.g. model.float()"
+            )
         devices.setdefault(p.device, n)
         dtypes.setdefault(p.dtype, n)
     if dtype == torch.float32 and len(dtypes) > 1:
         (t0, n0), (t1, n1) = sorted(dtypes.items(), key=lambda tn: tn[0] != torch.float32)[:2]
-        raise ConfigError(f"the trained parameters mix dtypes ({n0!r} is {str(t0).removeprefix('torch.')}, {n1!r} {str(t1).removeprefix('torch.')}) in "
-                          f"fp32 training, which would make {n1!r} float32 under your forward: convert the model to one "
-                          "dtype (model.float()) or train in bf16/fp16 (ZeroConfig.precision), which casts every parameter")
+        raise ConfigError(
+            f"the trained parameters mix dtypes ({n0!r} is {str(t0).removeprefix('torch.')}, {n1!r} {str(t1).removeprefix('torch.')}) in "
+            f"fp32 training, which would make {n1!r} float32 under your forward: convert the model to one "
+            "dtype (model.float()) or train in bf16/fp16 (ZeroConfig.precision), which casts every parameter"
+        )
     if len(devices) > 1:
         (d0, n0), (d1, n1) = list(devices.items())[:2]
-        raise ConfigError(f"the trained parameters are on several devices ({n0!r} on {d0}, {n1!r} on {d1}): "
-                          "move the model to one device before apply_zero")
+        raise ConfigError(
+            f"the trained parameters are on several devices ({n0!r} on {d0}, {n1!r} on {d1}): "
+            "move the model to one device before apply_zero"
+        )
 
 
-def attach_params(model: nn.Module, units: list[nn.Module], st: ParamStorage, layout: PartitionLayout,
-                  zparams: list[ZeroParam], group: C.Group, ledger: CommLedger, config: ZeroConfig,
-                  allocator: Allocator, device: torch.device) -> Stage3Scheduler | None:
+def attach_params(
+    model: nn.Module,
+    units: list[nn.Module],
+    st: ParamStorage,
+    layout: PartitionLayout,
+    zparams: list[ZeroParam],
+    group: C.Group,
+    ledger: CommLedger,
+    config: ZeroConfig,
+    allocator: Allocator,
+    device: torch.device,
+) -> Stage3Scheduler | None:
     """Stages 0-2: every parameter becomes a view of the full buffer (None). Stage 3: the scheduler that
     gathers and frees each unit's parameters."""
     for zp in zparams:  # a model built on the meta device, for storage on a real one
@@ -148,11 +166,14 @@ def attach_params(model: nn.Module, units: list[nn.Module], st: ParamStorage, la
             zp.state = ParamState.REPLICATED
         return None
     transfer = st.host.transfer if st.shards_on_host else None
-    return Stage3Scheduler.build(model, units, layout, zparams, st.shards, group, ledger, device, transfer,
-                                 config.prefetch, allocator)
+    return Stage3Scheduler.build(
+        model, units, layout, zparams, st.shards, group, ledger, device, transfer, config.prefetch, allocator
+    )
 
 
-def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list[ZeroParam], tp_sharded: frozenset[str]):
+def chunk_ranges(
+    layout: PartitionLayout, segments: list[Segment], zparams: list[ZeroParam], tp_sharded: frozenset[str]
+):
     """Per bucket chunk: the ranges under weight decay, those of TP-replicated parameters (counted once, not
     per TP rank, in the gradient norm), and each param group's ranges (``{group: ranges}``)."""
     decay: list[list[tuple[int, int]]] = [[] for _ in layout.buckets]
@@ -170,12 +191,21 @@ def chunk_ranges(layout: PartitionLayout, segments: list[Segment], zparams: list
     return decay, replicated, spans
 
 
-def build_optimizer(config: ZeroConfig, placement: Placement, master: list[torch.Tensor], decay, group: C.Group,
-                    allocator: Allocator, spans=None) -> ShardedAdamW:
+def build_optimizer(
+    config: ZeroConfig,
+    placement: Placement,
+    master: list[torch.Tensor],
+    decay,
+    group: C.Group,
+    allocator: Allocator,
+    spans=None,
+) -> ShardedAdamW:
     """The step over this rank's chunks; ``spans``: each chunk's ranges per param group (None: one group)."""
     nvme = None
     if placement.states is Tier.NVME:
+
         def nvme(codec, sizes):
             return NvmeStore(codec, sizes, config.nvme_path, group.rank)
+
     with allocator.host_region(placement.offloaded):
         return ShardedAdamW(config.optimizer, master, decay, config.kernels, config.optim_bits, nvme, spans)

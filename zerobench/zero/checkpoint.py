@@ -62,8 +62,13 @@ def write_shard(engine, root: Path, save_id: str) -> None:
     write_file(path / f"shard-{sd['shard']:05d}.pt", lambda f: torch.save(sd, f))
     if sd["shard"] == 0:
         meta = {
-            "format": FORMAT, "num_shards": sd["num_shards"], "step": sd["step"], "tp": _tp(engine)[0],
-            "params": sd["params"], "aliases": sd["aliases"], "save_id": save_id,
+            "format": FORMAT,
+            "num_shards": sd["num_shards"],
+            "step": sd["step"],
+            "tp": _tp(engine)[0],
+            "params": sd["params"],
+            "aliases": sd["aliases"],
+            "save_id": save_id,
         }
         write_json(path / "meta.json", meta)
 
@@ -82,16 +87,18 @@ def _commit_record(d: Path, meta: dict) -> tuple[list[str], str | None]:
     top, key = (d.parent, d.name) if d.name.startswith("tp-") and not (d / MANIFEST).exists() else (d, ".")
     if not (top / MANIFEST).exists():
         if "save_id" in meta:
-            raise CheckpointMismatch(f"checkpoint {top} is not whole: its save never finished (no {MANIFEST}); load "
-                                     "an earlier checkpoint")
+            raise CheckpointMismatch(
+                f"checkpoint {top} is not whole: its save never finished (no {MANIFEST}); load an earlier checkpoint"
+            )
         return _files_of(d, meta), None
     man = read_json(top / MANIFEST)
     files = man.get("dirs", {}).get(key)
     if man.get("save_id") != meta.get("save_id") or not isinstance(files, list):
         raise CheckpointMismatch(f"checkpoint {d} is torn: its meta.json is not the save its {MANIFEST} records")
     if len(files) != _num_shards(d, meta):
-        raise CheckpointMismatch(f"checkpoint {d} is torn: meta.json names {meta['num_shards']} shards, "
-                                 f"{MANIFEST} {len(files)}")
+        raise CheckpointMismatch(
+            f"checkpoint {d} is torn: meta.json names {meta['num_shards']} shards, {MANIFEST} {len(files)}"
+        )
     return files, man["save_id"]
 
 
@@ -109,8 +116,10 @@ def _files_of(d: Path, meta: dict) -> list[str]:
     files = [f"shard-{i:05d}.pt" for i in range(n)] if n <= len(present) else []
     missing = [f for f in files if f not in present]
     if n > len(present) or missing:
-        raise FileNotFoundError(f"checkpoint {d} is incomplete: meta.json names {n} shards, the directory holds "
-                                f"{len(present)}" + (f" (missing {', '.join(missing[:4])})" if missing else ""))
+        raise FileNotFoundError(
+            f"checkpoint {d} is incomplete: meta.json names {n} shards, the directory holds "
+            f"{len(present)}" + (f" (missing {', '.join(missing[:4])})" if missing else "")
+        )
     return files
 
 
@@ -134,8 +143,9 @@ def iter_shards(path: str | os.PathLike):
         if save_id is not None and mark[0] != save_id:
             raise CheckpointMismatch(f"checkpoint {d} is torn: {name} is from another save ({mark[0]}, not {save_id})")
         if first is not None and mark != first:
-            raise CheckpointMismatch(f"checkpoint {d} is torn: {name} is from another save than {files[0]} (step "
-                                     f"{mark[1]}, not {first[1]})")
+            raise CheckpointMismatch(
+                f"checkpoint {d} is torn: {name} is from another save than {files[0]} (step {mark[1]}, not {first[1]})"
+            )
         first = mark
         yield sd
 
@@ -145,8 +155,10 @@ def load_checkpoint(engine, path: str | os.PathLike, optimizer_states: bool = Tr
     returns its counters. ``optimizer_states=False`` loads the fp32 master only (``load_shard_state_dicts``)."""
     saved, size = saved_tp(path), _tp(engine)[0]
     if saved != size:
-        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
-                                 f"with the TP degree it was saved with (DP may differ)")
+        raise CheckpointMismatch(
+            f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
+            f"with the TP degree it was saved with (DP may differ)"
+        )
     return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states)
 
 
@@ -158,9 +170,11 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     one TP rank's slices per ``tp-XX`` directory: consolidate that directory for that rank's parameters.
     """
     if not (Path(path) / "meta.json").exists():  # saved_tp raises where there is no checkpoint at all
-        raise CheckpointMismatch(f"checkpoint {path} was saved with TP {saved_tp(path)}: each of its tp-XX directories "
-                                 f"holds one TP rank's slices of the parameters; consolidate one of them (e.g. "
-                                 f"{path}/tp-00)")
+        raise CheckpointMismatch(
+            f"checkpoint {path} was saved with TP {saved_tp(path)}: each of its tp-XX directories "
+            f"holds one TP rank's slices of the parameters; consolidate one of them (e.g. "
+            f"{path}/tp-00)"
+        )
     meta = _meta(Path(path))
     out = {n: torch.zeros(torch.Size(shape)).reshape(-1) for n, shape in meta["params"].items()}
     covered: dict[str, list[tuple[int, int]]] = {n: [] for n in out}
@@ -174,8 +188,10 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             off += end - start
     for name, t in out.items():
         if union_length(covered[name]) != t.numel():
-            raise CheckpointMismatch(f"checkpoint {path} leaves {t.numel() - union_length(covered[name])} of "
-                                     f"{name!r}'s {t.numel()} elements unwritten: a shard is missing")
+            raise CheckpointMismatch(
+                f"checkpoint {path} leaves {t.numel() - union_length(covered[name])} of "
+                f"{name!r}'s {t.numel()} elements unwritten: a shard is missing"
+            )
     full = {n: t.view(meta["params"][n]) for n, t in out.items()}
     for alias, name in meta.get("aliases", {}).items():
         full[alias] = full[name]

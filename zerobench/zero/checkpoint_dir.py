@@ -74,28 +74,39 @@ def _plain(state: dict, what: str = "client_state") -> bytes:
     except (pickle.PickleError, TypeError, AttributeError) as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
         first = next((ln for ln in lines if "Unsupported global" in ln), lines[0])
-        raise ConfigError(f"{what} must hold only tensors and plain Python data (checkpoints load with "
-                          f"weights_only=True): {first}") from None
+        raise ConfigError(
+            f"{what} must hold only tensors and plain Python data (checkpoints load with weights_only=True): {first}"
+        ) from None
     return buf.getvalue()
 
 
 def check_tag(tag: str) -> str:
     """``tag`` if it can name a checkpoint's directory under ``save_dir``, else one line before anything is written."""
     if not tag or tag in (LATEST, ".", "..") or tag.startswith(".") or "/" in tag or "\\" in tag or "\0" in tag:
-        raise ConfigError(f"checkpoint tag {tag!r} must be one directory name, not {LATEST!r} and not starting with "
-                          "'.' (e.g. global_step100)")
+        raise ConfigError(
+            f"checkpoint tag {tag!r} must be one directory name, not {LATEST!r} and not starting with "
+            "'.' (e.g. global_step100)"
+        )
     return tag
 
 
-def save_tagged(engine, save_dir: str | os.PathLike, tag: str | None = None, client_state: dict | None = None,
-                save_latest: bool = True, exclude_frozen_parameters: bool = False) -> Path:
+def save_tagged(
+    engine,
+    save_dir: str | os.PathLike,
+    tag: str | None = None,
+    client_state: dict | None = None,
+    save_latest: bool = True,
+    exclude_frozen_parameters: bool = False,
+) -> Path:
     """Save into ``save_dir/<tag>`` (default tag ``global_step<N>``, N the optimizer steps taken, skipped ones
     included) and point ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory.
     Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
     parameters out (load it with ``load_module_strict=False``)."""
     tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
     blob = _plain(dict(client_state or {}))
-    sched = None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
+    sched = (
+        None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
+    )
     path = Path(save_dir) / tag
     point = (lambda: replace_small(Path(save_dir) / LATEST, tag)) if save_latest else None
     with transaction(engine, path, after_commit=point) as staged:
@@ -130,16 +141,24 @@ def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
     if not path.is_dir():
         aside = replaced_copy(path)
         if aside is not None:
-            raise CheckpointMismatch(f"checkpoint {tag!r} in {root} was being replaced when its save stopped: the "
-                                     f"previous one is whole in {aside}; rename it to {path} to load it")
+            raise CheckpointMismatch(
+                f"checkpoint {tag!r} in {root} was being replaced when its save stopped: the "
+                f"previous one is whole in {aside}; rename it to {path} to load it"
+            )
         raise FileNotFoundError(f"no checkpoint {tag!r} in {root}")
     return path
 
 
 @torch.no_grad()
-def load_tagged(engine, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
-                load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                load_module_only: bool = False) -> tuple[str | None, dict | None]:
+def load_tagged(
+    engine,
+    load_dir: str | os.PathLike,
+    tag: str | None = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+) -> tuple[str | None, dict | None]:
     """Load ``load_dir/<tag>`` (default: the tag ``load_dir/latest`` names); returns (its path, the client
     state). With no tag given and no ``latest``, warns and returns (None, None), as DeepSpeed does. DeepSpeed's
     options: ``load_optimizer_states=False`` loads the weights and the counters, and keeps this engine's moments,
@@ -167,14 +186,18 @@ def _load_extras(engine, path: Path, strict: bool) -> None:
     here = _extras(engine)
     missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
     if strict and (missing or unexpected):
-        what = (f"lacks {missing[:4]} of this model's buffers and frozen parameters" if missing else
-                f"holds {unexpected[:4]}, which this model lacks")
+        what = (
+            f"lacks {missing[:4]} of this model's buffers and frozen parameters"
+            if missing
+            else f"holds {unexpected[:4]}, which this model lacks"
+        )
         raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
     for name, value in extra.items():
         target = here.get(name)
         if target is not None and target.shape != value.shape:
-            raise ValueError(f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model has as "
-                             f"{tuple(target.shape)}")
+            raise ValueError(
+                f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model has as {tuple(target.shape)}"
+            )
         if target is not None:
             target.copy_(value)
 
@@ -182,7 +205,10 @@ def _load_extras(engine, path: Path, strict: bool) -> None:
 def _load_scheduler(scheduler, path: Path) -> None:
     """The saved schedule state into ``scheduler``; a checkpoint without one warns (DeepSpeed's would fail)."""
     if not (path / SCHEDULER).exists():
-        warnings.warn(f"checkpoint {path} holds no learning-rate scheduler state (saved by an engine without one): "
-                      "the scheduler starts from its beginning", stacklevel=4)
+        warnings.warn(
+            f"checkpoint {path} holds no learning-rate scheduler state (saved by an engine without one): "
+            "the scheduler starts from its beginning",
+            stacklevel=4,
+        )
         return
     scheduler.load_state_dict(load_file(path / SCHEDULER))

@@ -123,8 +123,10 @@ def check_target(path: Path) -> None:
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise ConfigError(f"cannot save a checkpoint to {path}: it is a file; give a directory")
     if path.is_dir() and any(path.iterdir()) and not is_checkpoint(path):
-        raise ConfigError(f"cannot save a checkpoint to {path}: it holds files that are not a checkpoint; give a new "
-                          "or empty directory (a checkpoint is replaced whole, never merged into other files)")
+        raise ConfigError(
+            f"cannot save a checkpoint to {path}: it holds files that are not a checkpoint; give a new "
+            "or empty directory (a checkpoint is replaced whole, never merged into other files)"
+        )
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,13 @@ def transaction(engine, path: str | os.PathLike, after_commit: Callable[[], None
     except BaseException as e:  # noqa: BLE001 - every rank must take part in the agreement before it re-raises
         failed = e
     first = engine.group.rank == 0 and (engine.tp_group is None or engine.tp_group.rank == 0)
-    _settle(engine, staging, failed, f"could not write its files of checkpoint {path}: nothing was saved there (a "
-            "checkpoint already there is unchanged)")
+    _settle(
+        engine,
+        staging,
+        failed,
+        f"could not write its files of checkpoint {path}: nothing was saved there (a "
+        "checkpoint already there is unchanged)",
+    )
     if first:
         try:
             write_json(staging / MANIFEST, manifest(staging, save_id))

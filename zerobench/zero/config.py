@@ -99,10 +99,13 @@ class LossScaleConfig:
         if not isinstance(self.rule, LossScaleRule):
             raise ConfigError(f"unknown loss-scale rule {self.rule!r}: choose torch, deepspeed or static")
         if self.hysteresis < 1:
-            raise ConfigError(f"loss-scale hysteresis must be >= 1 (1: back off at every overflow), got {self.hysteresis}")
+            raise ConfigError(
+                f"loss-scale hysteresis must be >= 1 (1: back off at every overflow), got {self.hysteresis}"
+            )
         if self.growth_interval < 1:
-            raise ConfigError(f"loss-scale growth interval (DeepSpeed's loss_scale_window) must be >= 1, "
-                              f"got {self.growth_interval}")
+            raise ConfigError(
+                f"loss-scale growth interval (DeepSpeed's loss_scale_window) must be >= 1, got {self.growth_interval}"
+            )
         if not (math.isfinite(self.min_scale) and self.min_scale > 0):
             raise ConfigError(f"minimum loss scale must be a positive finite number, got {self.min_scale}")
 
@@ -192,7 +195,9 @@ class ZeroConfig:
         if self.offload_optimizer != "none" and self.stage == 0:
             raise ConfigError("optimizer offload partitions the optimizer: use --stage 1, 2 or 3 with it")
         if self.offload_param != "none" and (self.stage != 3 or self.offload_optimizer == "none"):
-            raise ConfigError("parameter offload needs --stage 3 and optimizer offload (--offload-optimizer cpu or nvme)")
+            raise ConfigError(
+                "parameter offload needs --stage 3 and optimizer offload (--offload-optimizer cpu or nvme)"
+            )
         if self.offload_optimizer == "nvme" and not self.nvme_path:
             raise ConfigError("--offload-optimizer nvme needs --nvme-path DIR (where the optimizer-state files go)")
         if self.optim_bits not in (32, 8):

@@ -26,25 +26,36 @@ def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.
     """(the client optimizer, built if a callable; its param groups as the engine takes them)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         if not callable(optimizer):
-            raise ConfigError(f"initialize: optimizer= must be a torch.optim.AdamW or a callable fn(params) returning "
-                              f"one, not {type(optimizer).__name__}")
-        params = list(model_parameters) if model_parameters is not None else \
-            [p for p in model.parameters() if p.requires_grad]
+            raise ConfigError(
+                f"initialize: optimizer= must be a torch.optim.AdamW or a callable fn(params) returning "
+                f"one, not {type(optimizer).__name__}"
+            )
+        params = (
+            list(model_parameters)
+            if model_parameters is not None
+            else [p for p in model.parameters() if p.requires_grad]
+        )
         optimizer = optimizer(params)
     if not isinstance(optimizer, torch.optim.Adam):  # torch.optim.AdamW is an Adam
-        raise ConfigError(f"initialize: a client {type(optimizer).__name__} cannot be taken: the ZeRO engine's update "
-                          "is AdamW's; pass a torch.optim.AdamW, or give the config an 'optimizer' section")
+        raise ConfigError(
+            f"initialize: a client {type(optimizer).__name__} cannot be taken: the ZeRO engine's update "
+            "is AdamW's; pass a torch.optim.AdamW, or give the config an 'optimizer' section"
+        )
     if optimizer.state:
-        raise ConfigError("initialize: the client optimizer has already stepped (it holds state) and the engine's "
-                          "moments start at zero: pass a fresh one, and load a checkpoint to resume")
+        raise ConfigError(
+            "initialize: the client optimizer has already stepped (it holds state) and the engine's "
+            "moments start at zero: pass a fresh one, and load a checkpoint to resume"
+        )
     groups = []
     for i, group in enumerate(optimizer.param_groups):
         g = {k: v for k, v in group.items() if k not in _HOW_TORCH_RUNS_IT}
         if not (isinstance(optimizer, torch.optim.AdamW) or g.get("decoupled_weight_decay", False)):
             if g["weight_decay"]:
-                raise ConfigError(f"initialize: the client Adam's param_groups[{i}] adds weight_decay "
-                                  f"{g['weight_decay']} to the gradient (L2), and the engine's AdamW decays the weights "
-                                  "instead: pass torch.optim.AdamW")
+                raise ConfigError(
+                    f"initialize: the client Adam's param_groups[{i}] adds weight_decay "
+                    f"{g['weight_decay']} to the gradient (L2), and the engine's AdamW decays the weights "
+                    "instead: pass torch.optim.AdamW"
+                )
             g["decoupled_weight_decay"] = True  # without weight decay the two are one update
         groups.append(g)
     return optimizer, groups
@@ -55,9 +66,11 @@ def check_scheduler(scheduler, client: torch.optim.Optimizer | None) -> bool:
     line for anything else)."""
     built = hasattr(scheduler, "step")
     if (built or not callable(scheduler)) and (client is None or getattr(scheduler, "optimizer", None) is not client):
-        raise ConfigError("initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the "
-                          "optimizer passed as optimizer= (one built on another optimizer would not move the engine's "
-                          "learning rate)")
+        raise ConfigError(
+            "initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the "
+            "optimizer passed as optimizer= (one built on another optimizer would not move the engine's "
+            "learning rate)"
+        )
     return built
 
 

@@ -47,8 +47,9 @@ def _init_distributed() -> torch.device:
     denv = detect()
     if denv.source == "single" and not dist.is_initialized():  # a plain `python train.py`
         device = default_device(0)
-        dist.init_process_group(choose_backend("auto", device, 1, torch.cuda.device_count()), store=dist.HashStore(),
-                                rank=0, world_size=1)
+        dist.init_process_group(
+            choose_backend("auto", device, 1, torch.cuda.device_count()), store=dist.HashStore(), rank=0, world_size=1
+        )
         return device
     return init_distributed(denv)
 
@@ -68,8 +69,10 @@ def _config_of(args, model, config):
     if isinstance(args, nn.Module):  # initialize(model) or initialize(model, config)
         args, model, second = None, args, model
         if second is not None and not isinstance(second, (dict, str, Path)):
-            raise ConfigError(f"initialize(model, config): the second argument is a {type(second).__name__}, not a "
-                              "DeepSpeed config (a dict or a JSON file's path)")
+            raise ConfigError(
+                f"initialize(model, config): the second argument is a {type(second).__name__}, not a "
+                "DeepSpeed config (a dict or a JSON file's path)"
+            )
         if second is not None and config is not None:
             raise ConfigError("initialize: the config came twice (as the second argument and as config=): give one")
         config = second if second is not None else config
@@ -81,9 +84,25 @@ def _config_of(args, model, config):
     return model, config if config is not None else from_args
 
 
-def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_parameters=None, training_data=None,
-               lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, mesh_param=None, config_params=None, *, dp_group=None, units=None, external_params=None):
+def initialize(
+    args=None,
+    model: nn.Module | None = None,
+    optimizer=None,
+    model_parameters=None,
+    training_data=None,
+    lr_scheduler=None,
+    distributed_port=None,
+    mpu=None,
+    dist_init_required=None,
+    collate_fn=None,
+    config=None,
+    mesh_param=None,
+    config_params=None,
+    *,
+    dp_group=None,
+    units=None,
+    external_params=None,
+):
     """Apply ZeRO to ``model`` as the DeepSpeed ``config`` (a dict or a JSON file's path; ``config_params`` is
     DeepSpeed's older name; or ``args.deepspeed_config``) says; returns ``(engine, optimizer, training_dataloader,
     lr_scheduler)``. The arguments are ``deepspeed.initialize``'s, in its order.
@@ -109,11 +128,15 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     if config is None:
         raise ConfigError("initialize: give config= (a DeepSpeed config dict or a JSON file's path)")
     if mpu is not None or mesh_param is not None:
-        raise ConfigError("initialize: mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken: pass "
-                          "the data-parallel group as dp_group= and apply tensor parallelism with zerobench.parallel")
+        raise ConfigError(
+            "initialize: mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken: pass "
+            "the data-parallel group as dp_group= and apply tensor parallelism with zerobench.parallel"
+        )
     if dist_init_required is False and not dist.is_initialized():
-        raise ConfigError("initialize: dist_init_required=False but no process group exists: initialise one first "
-                          "(torch.distributed.init_process_group) or leave dist_init_required unset")
+        raise ConfigError(
+            "initialize: dist_init_required=False but no process group exists: initialise one first "
+            "(torch.distributed.init_process_group) or leave dist_init_required unset"
+        )
     client, groups = None, None if model_parameters is None else list(model_parameters)
     if optimizer is not None:
         client, groups = client_groups(optimizer, model, groups)

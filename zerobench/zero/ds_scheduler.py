@@ -23,8 +23,10 @@ from zerobench.zero.one_cycle import OneCycle
 
 DEEPSPEED = {c.__name__: c for c in (WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest, OneCycle)}
 _NOT_FROM_JSON = {
-    "LambdaLR": "takes a function", "MultiplicativeLR": "takes a function",
-    "SequentialLR": "takes other schedulers", "ChainedScheduler": "takes other schedulers",
+    "LambdaLR": "takes a function",
+    "MultiplicativeLR": "takes a function",
+    "SequentialLR": "takes other schedulers",
+    "ChainedScheduler": "takes other schedulers",
     "ReduceLROnPlateau": "steps on a metric, not after each optimizer step",
 }
 """``torch.optim.lr_scheduler`` classes a config cannot describe or the engine cannot step: pass
@@ -46,12 +48,16 @@ def schedule_class(name) -> type:
     if name in DEEPSPEED:
         return DEEPSPEED[name]
     if name in _NOT_FROM_JSON:
-        raise ConfigError(f"DeepSpeed config scheduler.type {name!r} {_NOT_FROM_JSON[name]}: build it in code and "
-                          "pass initialize(lr_scheduler=fn), fn(optimizer) -> the scheduler")
+        raise ConfigError(
+            f"DeepSpeed config scheduler.type {name!r} {_NOT_FROM_JSON[name]}: build it in code and "
+            "pass initialize(lr_scheduler=fn), fn(optimizer) -> the scheduler"
+        )
     cls = getattr(torch.optim.lr_scheduler, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.LRScheduler)):
-        raise ConfigError(f"DeepSpeed config scheduler.type {name!r}: unknown (DeepSpeed's: {', '.join(DEEPSPEED)}; "
-                          "or a torch.optim.lr_scheduler class such as StepLR)")
+        raise ConfigError(
+            f"DeepSpeed config scheduler.type {name!r}: unknown (DeepSpeed's: {', '.join(DEEPSPEED)}; "
+            "or a torch.optim.lr_scheduler class such as StepLR)"
+        )
     return cls
 
 
@@ -65,7 +71,7 @@ def parse(section) -> SchedulerSpec | None:
     if extra:
         raise ConfigError(f"DeepSpeed config scheduler: unknown {', '.join(extra)} (known: params, type)")
     if "type" not in section:
-        raise ConfigError("DeepSpeed config scheduler: give its type, e.g. {\"type\": \"WarmupLR\", \"params\": {...}}")
+        raise ConfigError('DeepSpeed config scheduler: give its type, e.g. {"type": "WarmupLR", "params": {...}}')
     params = section.get("params") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"DeepSpeed config scheduler.params: must be an object, got {params!r}")
@@ -73,16 +79,21 @@ def parse(section) -> SchedulerSpec | None:
     args = dict(inspect.signature(cls).parameters)
     args.pop("optimizer", None)
     unknown = sorted(set(params) - set(args))
-    missing = sorted(n for n, a in args.items() if a.default is inspect.Parameter.empty and n not in params
-                     and a.kind not in (a.VAR_POSITIONAL, a.VAR_KEYWORD))
+    missing = sorted(
+        n
+        for n, a in args.items()
+        if a.default is inspect.Parameter.empty and n not in params and a.kind not in (a.VAR_POSITIONAL, a.VAR_KEYWORD)
+    )
     if unknown or missing:
         what = f"unknown {', '.join(unknown)}" if unknown else f"missing {', '.join(missing)}"
-        raise ConfigError(f"DeepSpeed config scheduler.params for {section['type']}: {what} "
-                          f"(its arguments: {', '.join(args)})")
+        raise ConfigError(
+            f"DeepSpeed config scheduler.params for {section['type']}: {what} (its arguments: {', '.join(args)})"
+        )
     auto = sorted(k for k, v in params.items() if v == "auto")
     if auto:
-        raise ConfigError(f"DeepSpeed config scheduler.params.{auto[0]}: 'auto' is filled in by Hugging Face's Trainer; "
-                          "give a value")
+        raise ConfigError(
+            f"DeepSpeed config scheduler.params.{auto[0]}: 'auto' is filled in by Hugging Face's Trainer; give a value"
+        )
     return SchedulerSpec(str(section["type"]), dict(params))
 
 

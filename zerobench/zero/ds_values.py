@@ -15,8 +15,10 @@ def num(sec: dict, key: str, default, kind: type, where: str):
     v = sec.get(key, default)
     if not is_num(v) or (kind is int and float(v) != int(v)):
         hint = " ('auto' is filled in by Hugging Face's Trainer; give a number)" if v == "auto" else ""
-        raise ConfigError(f"DeepSpeed config {where + '.' if where else ''}{key}: must be "
-                          f"{'an integer' if kind is int else 'a number'}, got {v!r}{hint}")
+        raise ConfigError(
+            f"DeepSpeed config {where + '.' if where else ''}{key}: must be "
+            f"{'an integer' if kind is int else 'a number'}, got {v!r}{hint}"
+        )
     return kind(v)
 
 
@@ -25,7 +27,9 @@ def flag(sec: dict, key: str, default: bool, where: str) -> bool:
     v = sec.get(key, default)
     if not isinstance(v, bool):
         hint = " ('auto' is filled in by Hugging Face's Trainer; give true or false)" if v == "auto" else ""
-        raise ConfigError(f"DeepSpeed config {where + '.' if where else ''}{key}: must be true or false, got {v!r}{hint}")
+        raise ConfigError(
+            f"DeepSpeed config {where + '.' if where else ''}{key}: must be true or false, got {v!r}{hint}"
+        )
     return v
 
 

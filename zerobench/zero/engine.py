@@ -72,7 +72,8 @@ class ZeroEngine:
         tp_group: C.Group | None = None,
         tp_sharded: frozenset[str] = frozenset(),
         allocator: Allocator | None = None,
-        param_groups=None, device: torch.device | None = None,
+        param_groups=None,
+        device: torch.device | None = None,
     ):
         config.validate()
         self._surface, self.destroyed = DeepSpeedSurface(self), False  # DeepSpeed's queries by name; by destroy()
@@ -85,25 +86,31 @@ class ZeroEngine:
         groups = resolve_param_groups(ordered.named, param_groups, config.optimizer, model)  # before any collective
         self.device = device = device if device is not None else ordered.named[0][1].device  # meta-built: given
         sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
-        self.layout = build_layout(ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel,
-                                   config.param_align)
-        self.zparams = [ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
-                        for (_, p), slot in zip(ordered.named, self.layout.params)]
+        self.layout = build_layout(
+            ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel, config.param_align
+        )
+        self.zparams = [
+            ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
+            for (_, p), slot in zip(ordered.named, self.layout.params)
+        ]
         self.frozen = settle_frozen(model, ordered.frozen, self.param_dtype, device)  # refused at step() if unfrozen
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         segments = self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
         self.placement = Placement.of(config)
-        self.storage = st = ParamStorage(self.layout, config, self.placement, device, self.allocator,
-                                         self.rank_in_shards)
+        self.storage = st = ParamStorage(
+            self.layout, config, self.placement, device, self.allocator, self.rank_in_shards
+        )
         st.fill(self.zparams, segments)
         # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
-        self.scheduler = attach_params(model, ordered.units, st, self.layout, self.zparams, group, self.ledger, config,
-                                       self.allocator, device)
+        self.scheduler = attach_params(
+            model, ordered.units, st, self.layout, self.zparams, group, self.ledger, config, self.allocator, device
+        )
         # 4. Optimizer over this rank's chunks, with weight-decay and param-group ranges per chunk.
         decay, self.replicated_ranges, spans = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
-        self.adamw = build_optimizer(config, self.placement, st.master, decay, group, self.allocator,
-                                     spans if groups.explicit else None)
+        self.adamw = build_optimizer(
+            config, self.placement, st.master, decay, group, self.allocator, spans if groups.explicit else None
+        )
         self.optimizer = ZeroOptimizer(self, groups.groups, config.optimizer)
         self._model_hooks = (install_load_hooks(self), cast_forward_inputs(model, self.param_dtype))
 
@@ -113,14 +120,20 @@ class ZeroEngine:
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
-        self.lr_scheduler, self.micro_batch = None, None  # DeepSpeed's, from initialize(); the scheduler is checkpointed
+        self.lr_scheduler, self.micro_batch = (
+            None,
+            None,
+        )  # DeepSpeed's, from initialize(); the scheduler is checkpointed
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
-        self.global_rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.global_rank, self.world_size = (
+            (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        )
         self.numel = self.layout.unpadded_numel
-        self.accounting = EngineAccounting(self.grads, self.scheduler, st, self.adamw, config, self.placement,
-                                           self.numel, group.size)
+        self.accounting = EngineAccounting(
+            self.grads, self.scheduler, st, self.adamw, config, self.placement, self.numel, group.size
+        )
         register(self)  # safe_get_full_fp32_param(p) and the rest find the engine by the parameter
 
     # -- construction helpers ------------------------------------------------------------------
@@ -128,11 +141,21 @@ class ZeroEngine:
         """The gradient buckets, the loss scaler, the backward passes and their hooks (``zero/backward_pass.py``), and
         ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
         self.grads = GradBucketGroup(
-            self.layout, self.zparams, group, self.ledger, self.param_dtype, device,
-            SyncMode.for_stage(self.stage), max_inflight=MAX_INFLIGHT if self.config.overlap_comm else 0,
-            sink=st.host.grad_ready if st.host is not None else None, unused_flags=not self.config.find_unused_parameters)
+            self.layout,
+            self.zparams,
+            group,
+            self.ledger,
+            self.param_dtype,
+            device,
+            SyncMode.for_stage(self.stage),
+            max_inflight=MAX_INFLIGHT if self.config.overlap_comm else 0,
+            sink=st.host.grad_ready if st.host is not None else None,
+            unused_flags=not self.config.find_unused_parameters,
+        )
         self.scaler = DynamicLossScaler(self.config.loss_scale, enabled=self.config.precision.value == "fp16")
-        self.passes = BackwardPasses(model, self.zparams, self._begin_micro, self._end_micro, scaled=self.scaler.enabled)
+        self.passes = BackwardPasses(
+            model, self.zparams, self._begin_micro, self._end_micro, scaled=self.scaler.enabled
+        )
         if self.scheduler is not None:
             self.scheduler.attach(self.grads, self.passes)
         self._hooks = self.passes.install_hooks(model, self.grads)

@@ -64,9 +64,11 @@ def note_escaped_reads(freed: Callable[[], dict[int, str]]):
         if names:
             listed = ", ".join(repr(n) for n in names)
             it, is_ = ("it", "it is") if len(names) == 1 else ("them", "they are")
-            exc.add_note(f"ZeRO stage 3: the failing line reads {listed} outside the forward of the unit that holds "
-                         f"{it}, where {is_} freed (0 elements): pass {it} to apply_zero(..., external_params="
-                         f"[{listed}]) so that the root keeps {it} gathered")
+            exc.add_note(
+                f"ZeRO stage 3: the failing line reads {listed} outside the forward of the unit that holds "
+                f"{it}, where {is_} freed (0 elements): pass {it} to apply_zero(..., external_params="
+                f"[{listed}]) so that the root keeps {it} gathered"
+            )
 
     return hook
 
@@ -77,6 +79,8 @@ def refuse_returned(param_ids: frozenset[int], zparams, unit: str, output) -> No
     for t in tensors_in(output):
         if id(t) in param_ids:
             name = next(zp.name for zp in zparams if zp.param is t)
-            raise ConfigError(f"ZeRO stage 3: unit {unit} returned its own parameter {name!r}, which is freed when the "
-                              f"unit's forward ends: pass it to apply_zero(..., external_params=[{name!r}]) so that the "
-                              "root keeps it gathered")
+            raise ConfigError(
+                f"ZeRO stage 3: unit {unit} returned its own parameter {name!r}, which is freed when the "
+                f"unit's forward ends: pass it to apply_zero(..., external_params=[{name!r}]) so that the "
+                "root keeps it gathered"
+            )

@@ -32,13 +32,16 @@ from zerobench.zero.checkpoint_files import load_file
 from zerobench.zero.state_dict import iter_full
 
 
-def full_state_dict(engine, dtype: torch.dtype | None = None, exclude_frozen_parameters: bool = False,
-                    rank0_only: bool = True) -> dict[str, torch.Tensor]:
+def full_state_dict(
+    engine, dtype: torch.dtype | None = None, exclude_frozen_parameters: bool = False, rank0_only: bool = True
+) -> dict[str, torch.Tensor]:
     """The model's whole state dict on the host, on DP rank 0 (every rank with ``rank0_only=False``; the others
     get ``{}``). Trained parameters in ``dtype`` (default: the training dtype). Collective over the DP group."""
     if engine.tp_group is not None:
-        raise ConfigError("a TP-sharded model has no one state dict: each TP rank holds its own slices; save with "
-                          "engine.save_checkpoint (one tp-XX directory per TP rank) and consolidate each directory")
+        raise ConfigError(
+            "a TP-sharded model has no one state dict: each TP rank holds its own slices; save with "
+            "engine.save_checkpoint (one tp-XX directory per TP rank) and consolidate each directory"
+        )
     dtype = dtype if dtype is not None else engine.param_dtype
     keep = not rank0_only or engine.group.rank == 0
     full = {}
@@ -51,8 +54,12 @@ def full_state_dict(engine, dtype: torch.dtype | None = None, exclude_frozen_par
     return {k: full[id(t)] if id(t) in full else t.detach().to("cpu", copy=True) for k, t in named}
 
 
-def save_16bit_model(engine, save_dir: str | os.PathLike, save_filename: str = "pytorch_model.bin",
-                     exclude_frozen_parameters: bool = False) -> bool:
+def save_16bit_model(
+    engine,
+    save_dir: str | os.PathLike,
+    save_filename: str = "pytorch_model.bin",
+    exclude_frozen_parameters: bool = False,
+) -> bool:
     """DeepSpeed's ``engine.save_16bit_model``: ``full_state_dict`` written by DP rank 0 to ``save_dir/save_filename``
     (through a temporary file, so a reader never sees half of it). Call it on every rank; it returns True once the
     file is written."""
@@ -83,8 +90,9 @@ def _save_whole(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
-                                             exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+def get_fp32_state_dict_from_zero_checkpoint(
+    checkpoint_dir: str | os.PathLike, tag: str | None = None, exclude_frozen_parameters: bool = False
+) -> dict[str, torch.Tensor]:
     """DeepSpeed's: the fp32 state dict of ``checkpoint_dir/<tag>`` (default: the tag ``latest`` names), written by
     ``engine.save_checkpoint`` on any number of DP ranks. Parameters first (each name a tied one is registered
     by), then the saved buffers and frozen parameters, every floating-point value in fp32; every file loads with
@@ -94,16 +102,19 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     extra = load_file(path / "module_extra.pt")
     if exclude_frozen_parameters:
         if not (path / FROZEN).exists():
-            raise FileNotFoundError(f"checkpoint {path} does not say which saved tensors are frozen parameters (no "
-                                    f"{FROZEN}: saved before it was written): load it without exclude_frozen_parameters")
+            raise FileNotFoundError(
+                f"checkpoint {path} does not say which saved tensors are frozen parameters (no "
+                f"{FROZEN}: saved before it was written): load it without exclude_frozen_parameters"
+            )
         frozen = set(json.loads((path / FROZEN).read_text()))
         extra = {k: v for k, v in extra.items() if k not in frozen}
     out.update({k: v.float() if v.is_floating_point() else v for k, v in extra.items()})
     return out
 
 
-def load_state_dict_from_zero_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike,
-                                         tag: str | None = None, strict: bool = True) -> nn.Module:
+def load_state_dict_from_zero_checkpoint(
+    model: nn.Module, checkpoint_dir: str | os.PathLike, tag: str | None = None, strict: bool = True
+) -> nn.Module:
     """DeepSpeed's: ``get_fp32_state_dict_from_zero_checkpoint`` loaded into ``model`` (moved to the host first, as
     DeepSpeed's); returns ``model``. ``strict`` as ``load_state_dict``'s (DeepSpeed loads non-strictly)."""
     model = model.cpu()
@@ -111,9 +122,13 @@ def load_state_dict_from_zero_checkpoint(model: nn.Module, checkpoint_dir: str |
     return model
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike,
-                                               tag: str | None = None, exclude_frozen_parameters: bool = False,
-                                               filename: str = "pytorch_model.bin") -> Path:
+def convert_zero_checkpoint_to_fp32_state_dict(
+    checkpoint_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    filename: str = "pytorch_model.bin",
+) -> Path:
     """DeepSpeed's: ``get_fp32_state_dict_from_zero_checkpoint`` saved as ``output_dir/pytorch_model.bin``
     (one file); returns its path."""
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)

@@ -47,13 +47,18 @@ class GatheredParams:
 
     def __init__(self, engine, writeback: bool = True, modifier_rank: int | None = None):
         size = engine.group.size
-        if modifier_rank is not None and (isinstance(modifier_rank, bool) or not isinstance(modifier_rank, int)
-                                          or not 0 <= modifier_rank < size):
-            raise ConfigError(f"gathered_params(modifier_rank={modifier_rank!r}): expected a DP rank, an int in "
-                              f"[0, {size}), or None (each rank keeps its own changes)")
+        if modifier_rank is not None and (
+            isinstance(modifier_rank, bool) or not isinstance(modifier_rank, int) or not 0 <= modifier_rank < size
+        ):
+            raise ConfigError(
+                f"gathered_params(modifier_rank={modifier_rank!r}): expected a DP rank, an int in "
+                f"[0, {size}), or None (each rank keeps its own changes)"
+            )
         if modifier_rank is not None and not writeback:
-            raise ConfigError("gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that rank's "
-                              "changes, writeback=False discards them: pass one of the two")
+            raise ConfigError(
+                "gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that rank's "
+                "changes, writeback=False discards them: pass one of the two"
+            )
         self.engine, self.writeback, self.modifier_rank = engine, writeback, modifier_rank
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._nested = False
@@ -94,7 +99,9 @@ class GatheredParams:
 def full_values(engine) -> list[torch.Tensor]:
     """Every parameter's full storage while gathered: the replica (stages 0-2) or each unit's gathered buffer
     (stage 3), then the frozen parameters, which the model holds whole."""
-    trained = [u.full for u in engine.scheduler.units] if engine.scheduler is not None else [engine.storage.replica.data]
+    trained = (
+        [u.full for u in engine.scheduler.units] if engine.scheduler is not None else [engine.storage.replica.data]
+    )
     return trained + [p.data for _, p in engine.frozen]
 
 
@@ -127,8 +134,9 @@ class GatheredParameters:
         del fwd_module
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         engines = list({id(e): e for e in map(engine_of, params) if e is not None}.values()) if enabled else []
-        self._contexts = [GatheredParams(e, writeback=modifier_rank is not None, modifier_rank=modifier_rank)
-                          for e in engines]
+        self._contexts = [
+            GatheredParams(e, writeback=modifier_rank is not None, modifier_rank=modifier_rank) for e in engines
+        ]
         self._stack = ExitStack()
 
     def __enter__(self) -> None:

@@ -33,8 +33,10 @@ def reduced_grads(engine, caller: str) -> list[torch.Tensor]:
     """This rank's reduced gradient chunks for ``caller`` (host copies finished), or one line if the window is
     not reduced yet."""
     if engine.window.open or not engine.grads.reduced:
-        raise RuntimeError(f"{caller} before this window's gradients are reduced: call it after the last backward() "
-                           "of the window, before step()")
+        raise RuntimeError(
+            f"{caller} before this window's gradients are reduced: call it after the last backward() "
+            "of the window, before step()"
+        )
     if engine.storage.host is not None:
         engine.storage.host.finish_grad_copies()
     return engine.grad_chunks()
@@ -90,6 +92,10 @@ def window_grad_norm(engine, max_norm: float, sharded: bool, norm_type: float = 
     if not 0 < max_norm < float("inf"):
         raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
     if not (float(norm_type) > 0):
-        raise ConfigError(f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by a global p-norm, "
-                          "p > 0 or inf (2 by default)")
-    return global_grad_norm(engine, reduced_grads(engine, "clip_grad_norm_()"), sharded, norm_type) / engine.scaler.scale
+        raise ConfigError(
+            f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by a global p-norm, "
+            "p > 0 or inf (2 by default)"
+        )
+    return (
+        global_grad_norm(engine, reduced_grads(engine, "clip_grad_norm_()"), sharded, norm_type) / engine.scaler.scale
+    )

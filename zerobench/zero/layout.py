@@ -179,9 +179,7 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-def build_layout(
-    specs: Sequence[ParamSpec], shards: int, bucket_numel: int, param_align: int = 16
-) -> PartitionLayout:
+def build_layout(specs: Sequence[ParamSpec], shards: int, bucket_numel: int, param_align: int = 16) -> PartitionLayout:
     """Pack ``specs`` into buckets and shards (see the module docstring)."""
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")

@@ -16,9 +16,11 @@ class LossScaleAtMinimum(RunFailed):
     the scale, the minimum and the remedies (DeepSpeed raises at the same point)."""
 
     def __init__(self, scale: float, min_scale: float, skipped: int):
-        super().__init__(f"fp16 gradients overflowed with the loss scale already at its minimum {scale:g} "
-                         f"(min_loss_scale {min_scale:g}; {skipped} step(s) skipped so far): training cannot go on; lower "
-                         "the learning rate, raise min_loss_scale (LossScaleConfig.min_scale) or train in bf16")
+        super().__init__(
+            f"fp16 gradients overflowed with the loss scale already at its minimum {scale:g} "
+            f"(min_loss_scale {min_scale:g}; {skipped} step(s) skipped so far): training cannot go on; lower "
+            "the learning rate, raise min_loss_scale (LossScaleConfig.min_scale) or train in bf16"
+        )
         self.scale, self.min_scale, self.skipped = scale, min_scale, skipped
 
 
@@ -77,8 +79,13 @@ class DynamicLossScaler:
         self.skipped_steps += 1
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps, "clean_steps": self.clean_steps,
-                "skipped_steps": self.skipped_steps, "hysteresis_left": self.hysteresis_left}
+        return {
+            "scale": self.scale,
+            "good_steps": self.good_steps,
+            "clean_steps": self.clean_steps,
+            "skipped_steps": self.skipped_steps,
+            "hysteresis_left": self.hysteresis_left,
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         """Counters a checkpoint saved before they existed take what the older ones say: ``hysteresis_left`` the

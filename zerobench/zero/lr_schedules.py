@@ -70,7 +70,9 @@ class BatchSchedule:
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def step(self, last_batch_iteration: int | None = None) -> None:
-        self.last_batch_iteration = self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        self.last_batch_iteration = (
+            self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        )
         self._write()
 
     def get_last_lr(self) -> list[float]:
@@ -89,8 +91,15 @@ class WarmupLR(BatchSchedule):
     """From ``warmup_min_lr`` to ``warmup_max_lr`` (default: each group's lr) over ``warmup_num_steps`` batches,
     rising as log(i + 1) / log(n) or i / n, then flat."""
 
-    def __init__(self, optimizer: Optimizer, warmup_min_lr=0.0, warmup_max_lr=None, warmup_num_steps: int = 1000,
-                 warmup_type: str = "log", last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_min_lr=0.0,
+        warmup_max_lr=None,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = "log",
+        last_batch_iteration: int = -1,
+    ):
         super().__init__(optimizer, last_batch_iteration)
         _positive_int(warmup_num_steps, "warmup_num_steps")
         if warmup_max_lr is None:
@@ -119,8 +128,16 @@ class WarmupLR(BatchSchedule):
 class WarmupDecayLR(WarmupLR):
     """``WarmupLR``'s warm-up, then a linear decay to 0 at ``total_num_steps``."""
 
-    def __init__(self, optimizer: Optimizer, total_num_steps: int, warmup_min_lr=0.0, warmup_max_lr=0.001,
-                 warmup_num_steps: int = 1000, warmup_type: str = "log", last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_num_steps: int,
+        warmup_min_lr=0.0,
+        warmup_max_lr=0.001,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = "log",
+        last_batch_iteration: int = -1,
+    ):
         self.total_num_steps = _positive_int(total_num_steps, "total_num_steps")
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, last_batch_iteration)
 
@@ -135,9 +152,16 @@ class WarmupCosineLR(BatchSchedule):
     """Each group's lr times a ratio: from ``warmup_min_ratio`` to 1 over ``warmup_num_steps`` batches, then a cosine
     down to ``cos_min_ratio`` at ``total_num_steps``, where it stays."""
 
-    def __init__(self, optimizer: Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
-                 warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = "log",
-                 last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_num_steps: int,
+        warmup_min_ratio: float = 0.0,
+        warmup_num_steps: int = 1000,
+        cos_min_ratio: float = 0.0001,
+        warmup_type: str = "log",
+        last_batch_iteration: int = -1,
+    ):
         super().__init__(optimizer, last_batch_iteration)
         self.total_num_steps = _positive_int(total_num_steps, "total_num_steps")
         self.warmup_num_steps = max(2, _positive_int(warmup_num_steps, "warmup_num_steps"))
@@ -167,9 +191,15 @@ class LRRangeTest(BatchSchedule):
     """The learning-rate range test: ``lr_range_test_min_lr`` times (1 + rate x batches / step size), continuous or
     in stairs."""
 
-    def __init__(self, optimizer: Optimizer, lr_range_test_min_lr=1e-3, lr_range_test_step_size: int = 2000,
-                 lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
-                 last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        lr_range_test_min_lr=1e-3,
+        lr_range_test_step_size: int = 2000,
+        lr_range_test_step_rate: float = 1.0,
+        lr_range_test_staircase: bool = False,
+        last_batch_iteration: int = -1,
+    ):
         super().__init__(optimizer, last_batch_iteration)
         self.min_lr = _per_group(optimizer, lr_range_test_min_lr, "lr_range_test_min_lr")
         self.step_size = _positive_int(lr_range_test_step_size, "lr_range_test_step_size")

@@ -29,19 +29,25 @@ def install_load_hooks(engine) -> list:
     segments = segments_by_param(engine)
     handles = []
     for module in engine.module.modules():
-        owned = {name: index[id(p)] for name, p in module.named_parameters(recurse=False, remove_duplicate=False)
-                 if id(p) in index}
+        owned = {
+            name: index[id(p)]
+            for name, p in module.named_parameters(recurse=False, remove_duplicate=False)
+            if id(p) in index
+        }
         if owned:
             handles.append(module.register_load_state_dict_pre_hook(_pre_hook(engine, owned, segments)))
     return handles
 
 
 def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
-    def hook(module: nn.Module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-             error_msgs) -> None:
+    def hook(
+        module: nn.Module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
         if local_metadata.get("assign_to_params_buffers"):
-            raise ValueError("load_state_dict(assign=True) would replace parameters the ZeRO engine holds "
-                             "views of: load with assign=False (the default)")
+            raise ValueError(
+                "load_state_dict(assign=True) would replace parameters the ZeRO engine holds "
+                "views of: load with assign=False (the default)"
+            )
         for name, i in owned.items():
             key = prefix + name
             value = state_dict.get(key)
@@ -54,8 +60,10 @@ def _pre_hook(engine, owned: dict[str, int], segments: dict[int, list]):
             if value.shape == zp.slot.shape:
                 write_segments(engine, segments.get(i, ()), value)
             elif placeholder:  # torch would compare against the placeholder's shape: say it with the real one
-                error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
-                                  f"checkpoint, the shape in current model is {torch.Size(zp.slot.shape)}.")
+                error_msgs.append(
+                    f"size mismatch for {key}: copying a param with shape {value.shape} from "
+                    f"checkpoint, the shape in current model is {torch.Size(zp.slot.shape)}."
+                )
             if placeholder:
                 state_dict[key] = torch.empty(0, dtype=zp.param.dtype)
 

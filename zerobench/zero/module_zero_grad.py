@@ -73,7 +73,8 @@ def _apply(self: nn.Module, fn, recurse: bool = True):
                 raise ConfigError(
                     f"converting a model the ZeRO engine trains (to {out.dtype} on {out.device}; its parameters are "
                     f"{dtype} on {device}) would detach its parameters from the engine's buffers: convert the model "
-                    "before apply_zero (ZeroConfig.precision picks the training dtype)")
+                    "before apply_zero (ZeroConfig.precision picks the training dtype)"
+                )
     return _model_class(type(self))._apply(self, fn, recurse)
 
 
@@ -98,8 +99,13 @@ def route_zero_grad(model: nn.Module, engine) -> None:
     cls = _model_class(type(model))
     routed = _CLASSES.get(cls)
     if routed is None:
-        methods = {"zero_grad": _zero_grad, "_apply": _apply, "__reduce_ex__": _reduce_ex, _ROUTED_FROM: cls,
-                   "__module__": cls.__module__}
+        methods = {
+            "zero_grad": _zero_grad,
+            "_apply": _apply,
+            "__reduce_ex__": _reduce_ex,
+            _ROUTED_FROM: cls,
+            "__module__": cls.__module__,
+        }
         if not hasattr(cls, "clip_grad_norm_"):  # a model's own method of that name is left as it is
             methods["clip_grad_norm_"] = _clip_grad_norm_
         routed = _CLASSES[cls] = type(cls.__name__, (cls,), methods)

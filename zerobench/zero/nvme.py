@@ -32,7 +32,9 @@ def _io(fn, fd: int, buf: memoryview, offset: int) -> None:
     while done < len(buf):
         n = fn(fd, [buf[done:]], offset + done)
         if n <= 0:
-            raise OSError(f"short {'read' if fn is os.preadv else 'write'} on the NVMe state file at byte {offset + done}")
+            raise OSError(
+                f"short {'read' if fn is os.preadv else 'write'} on the NVMe state file at byte {offset + done}"
+            )
         done += n
 
 
@@ -104,9 +106,11 @@ class NvmeStore:
                 _io(os.pwritev, self.fd, _bytes(t.contiguous()), off)
                 off += t.numel() * t.element_size()
         except OSError as e:  # ENOSPC, EIO, a quota: one line that says how much room the states need
-            raise RunFailed(f"cannot write optimizer states under NVMe path {self.root!r}: {e.strerror or e}: they "
-                            f"need {_size(self.total)} there, {_size(_free(self.root))} is free: give a path on a "
-                            "disk with room for them") from None
+            raise RunFailed(
+                f"cannot write optimizer states under NVMe path {self.root!r}: {e.strerror or e}: they "
+                f"need {_size(self.total)} there, {_size(_free(self.root))} is free: give a path on a "
+                "disk with room for them"
+            ) from None
 
     def _start_read(self, i: int) -> None:
         if i < len(self.sizes) and i not in self.reads:

@@ -87,8 +87,15 @@ class HostPartition:
     ``chunks`` of each buffer are its per-bucket shards (the optimizer's chunks). ``params`` is the
     host parameter partition under parameter offload (then it also receives the copy-out)."""
 
-    def __init__(self, layout: PartitionLayout, device: torch.device, param_dtype: torch.dtype,
-                 grad_dtype: torch.dtype, offload_params: bool, allocator: Allocator | None = None):
+    def __init__(
+        self,
+        layout: PartitionLayout,
+        device: torch.device,
+        param_dtype: torch.dtype,
+        grad_dtype: torch.dtype,
+        offload_params: bool,
+        allocator: Allocator | None = None,
+    ):
         self.layout = layout
         self.allocator = allocator if allocator is not None else PlainAllocator()
         self.transfer = Transfer(device)
@@ -110,8 +117,10 @@ class HostPartition:
                 self._chunks[id(t)] = self._split(t)
 
     def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        return [flat[self.layout.local_offset(b.index) : self.layout.local_offset(b.index) + b.shard_numel]
-                for b in self.layout.buckets]
+        return [
+            flat[self.layout.local_offset(b.index) : self.layout.local_offset(b.index) + b.shard_numel]
+            for b in self.layout.buckets
+        ]
 
     def chunks(self, flat: torch.Tensor | None) -> list[torch.Tensor] | None:
         """Per-bucket chunks of one of this partition's host buffers (None for None)."""

@@ -19,22 +19,38 @@ from zerobench.zero.lr_schedules import BatchSchedule, _per_group
 class OneCycle(BatchSchedule):
     """See the module docstring; arguments, defaults and numbers are DeepSpeed's."""
 
-    def __init__(self, optimizer: Optimizer, cycle_min_lr, cycle_max_lr, decay_lr_rate: float = 0.0,
-                 cycle_first_step_size: float = 2000, cycle_second_step_size: float | None = None,
-                 cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None,
-                 decay_step_size: float = 0, cycle_momentum: bool = True, cycle_min_mom: float = 0.8,
-                 cycle_max_mom: float = 0.9, decay_mom_rate: float = 0.0, last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        cycle_min_lr,
+        cycle_max_lr,
+        decay_lr_rate: float = 0.0,
+        cycle_first_step_size: float = 2000,
+        cycle_second_step_size: float | None = None,
+        cycle_first_stair_count: int = 0,
+        cycle_second_stair_count: int | None = None,
+        decay_step_size: float = 0,
+        cycle_momentum: bool = True,
+        cycle_min_mom: float = 0.8,
+        cycle_max_mom: float = 0.9,
+        decay_mom_rate: float = 0.0,
+        last_batch_iteration: int = -1,
+    ):
         super().__init__(optimizer, last_batch_iteration)
         first = float(cycle_first_step_size)
         second = first if cycle_second_step_size is None else float(cycle_second_step_size)
         if first <= 0 or second < 0:
-            raise ConfigError(f"scheduler OneCycle: cycle_first_step_size must be > 0 and cycle_second_step_size >= 0, "
-                              f"got {cycle_first_step_size!r} and {cycle_second_step_size!r}")
+            raise ConfigError(
+                f"scheduler OneCycle: cycle_first_step_size must be > 0 and cycle_second_step_size >= 0, "
+                f"got {cycle_first_step_size!r} and {cycle_second_step_size!r}"
+            )
         self.first_step_size, self.second_step_size = first, second
         self.total_size = first + second
         self.step_ratio = first / self.total_size
         self.first_stair_count = cycle_first_stair_count
-        self.second_stair_count = cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count
+        self.second_stair_count = (
+            cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count
+        )
         self.decay_step_size = decay_step_size
         no_decay = math.isclose(decay_step_size, 0)
         self.min_lrs = _per_group(optimizer, cycle_min_lr, "cycle_min_lr")

@@ -67,8 +67,10 @@ class ShardedAdamW:
         self.store = store_factory(self.codec, sizes) if store_factory else MemoryStore(self.codec, sizes, device)
         self.step_count = 0
         self.path = kernels.resolve(kernel_mode, device)
-        self.parts = [self._parts(m.numel(), decay_ranges[i], None if group_spans is None else group_spans[i], device)
-                      for i, m in enumerate(master)]
+        self.parts = [
+            self._parts(m.numel(), decay_ranges[i], None if group_spans is None else group_spans[i], device)
+            for i, m in enumerate(master)
+        ]
 
     def _parts(self, numel: int, decay, spans_by_group, device) -> list[_Part]:
         fused = self.path == "fused"
@@ -112,8 +114,14 @@ class ShardedAdamW:
                 return
 
     @torch.no_grad()
-    def step(self, grads: list[torch.Tensor], grad_scale: float, out: list[torch.Tensor] | None = None,
-             on_chunk=None, hyper: AdamWConfig | list[AdamWConfig] | None = None) -> None:
+    def step(
+        self,
+        grads: list[torch.Tensor],
+        grad_scale: float,
+        out: list[torch.Tensor] | None = None,
+        on_chunk=None,
+        hyper: AdamWConfig | list[AdamWConfig] | None = None,
+    ) -> None:
         """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy);
         ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile);
         ``hyper``: this step's hyperparameters per param group (a learning-rate schedule's; one config for
@@ -138,8 +146,18 @@ class ShardedAdamW:
         """One group's share of one chunk."""
         if self.path == "fused":
             kernels.fused_adamw_(
-                p, g, m, v, blocks=part.blocks, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                weight_decay=cfg.weight_decay, step=self.step_count, grad_scale=grad_scale, out=o,
+                p,
+                g,
+                m,
+                v,
+                blocks=part.blocks,
+                lr=cfg.lr,
+                betas=cfg.betas,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                step=self.step_count,
+                grad_scale=grad_scale,
+                out=o,
             )
         elif part.spans is None:
             self._reference(cfg, [p], [g], [m], [v], [part.decay], grad_scale, None if o is None else [o])

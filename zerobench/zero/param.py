@@ -59,13 +59,17 @@ class ZeroParam:
         of another dtype than the engine trains in (the parameter, or a submodule holding it, was converted after
         ``apply_zero``, e.g. ``model.blocks[0].half()``, and no longer reads the engine's buffers)."""
         if grad.layout is not torch.strided:
-            raise RuntimeError(f"parameter {self.name!r} got a {grad.layout} gradient: ZeRO keeps gradients in "
-                               "dense flat buffers; compute it densely (e.g. F.embedding(..., sparse=False))")
+            raise RuntimeError(
+                f"parameter {self.name!r} got a {grad.layout} gradient: ZeRO keeps gradients in "
+                "dense flat buffers; compute it densely (e.g. F.embedding(..., sparse=False))"
+            )
         if grad.dtype is not dtype:
             raise self.converted(f"got a {grad.dtype} gradient", dtype)
 
     def converted(self, what: str, dtype: torch.dtype) -> RuntimeError:
         """The one-line error for a parameter converted after ``apply_zero`` (found by ``what``)."""
-        return RuntimeError(f"parameter {self.name!r} {what} where the engine trains in {dtype}: its module was "
-                            "converted after apply_zero (e.g. .half()), which detaches it from the engine's buffers; "
-                            "convert the model before apply_zero")
+        return RuntimeError(
+            f"parameter {self.name!r} {what} where the engine trains in {dtype}: its module was "
+            "converted after apply_zero (e.g. .half()), which detaches it from the engine's buffers; "
+            "convert the model before apply_zero"
+        )

@@ -44,8 +44,10 @@ def _defaults(cfg: AdamWConfig) -> dict:
 
 def _as_dicts(given) -> list[dict]:
     if isinstance(given, (torch.Tensor, dict)):
-        raise ConfigError("param_groups must be an iterable of parameters or of dicts with 'params' "
-                          "(as torch.optim takes), not a single tensor or dict")
+        raise ConfigError(
+            "param_groups must be an iterable of parameters or of dicts with 'params' "
+            "(as torch.optim takes), not a single tensor or dict"
+        )
     items = list(given)
     if not items:
         raise ConfigError("param_groups is empty: pass model.parameters() or a list of groups")
@@ -66,8 +68,9 @@ def _params_of(i: int, group: dict) -> list:
     return ps
 
 
-def resolve_param_groups(named: list[tuple[str, nn.Parameter]], given, cfg: AdamWConfig,
-                         model: nn.Module | None = None) -> ParamGroups:
+def resolve_param_groups(
+    named: list[tuple[str, nn.Parameter]], given, cfg: AdamWConfig, model: nn.Module | None = None
+) -> ParamGroups:
     """``named``: the trained parameters (unique, in any order); ``given``: the user's groups, None, or a
     callable ``given(model)`` returning them (for parameters that tensor parallelism replaces before ZeRO
     is applied, as in ``parallelize``). One line naming the first problem: a tensor that is not the model's,
@@ -88,19 +91,24 @@ def resolve_param_groups(named: list[tuple[str, nn.Parameter]], given, cfg: Adam
             if id(p) not in name_of:
                 if isinstance(p, nn.Parameter) and not p.requires_grad:
                     continue  # frozen: not trained, as DeepSpeed drops it
-                raise ConfigError(f"param_groups[{i}] holds a tensor of shape {tuple(p.shape)} that is not one "
-                                  f"of the model's trained parameters: build the groups from model.parameters()")
+                raise ConfigError(
+                    f"param_groups[{i}] holds a tensor of shape {tuple(p.shape)} that is not one "
+                    f"of the model's trained parameters: build the groups from model.parameters()"
+                )
             if id(p) in of_param:
                 where = "twice" if of_param[id(p)] == i else f"in param_groups[{of_param[id(p)]}] too"
-                raise ConfigError(f"parameter {name_of[id(p)]} is in param_groups[{i}] {where}: put each "
-                                  f"parameter in one group")
+                raise ConfigError(
+                    f"parameter {name_of[id(p)]} is in param_groups[{i}] {where}: put each parameter in one group"
+                )
             of_param[id(p)] = i
             kept.append(p)
         groups.append({**_defaults(cfg), **group, "params": kept})
     first = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
     missing = [n for n, p in sorted(named, key=lambda np_: first.get(id(np_[1]), 0)) if id(p) not in of_param]
     if missing:
-        raise ConfigError(f"parameter {missing[0]} requires a gradient but is in no param group"
-                          f"{f' ({len(missing)} such)' if len(missing) > 1 else ''}: add it to one, or set "
-                          f"requires_grad=False")
+        raise ConfigError(
+            f"parameter {missing[0]} requires a gradient but is in no param group"
+            f"{f' ({len(missing)} such)' if len(missing) > 1 else ''}: add it to one, or set "
+            f"requires_grad=False"
+        )
     return ParamGroups(groups, of_param, explicit=True)

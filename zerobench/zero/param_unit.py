@@ -87,8 +87,10 @@ class ParamUnit:
             for dst, src in zip(srcs, self.shards):
                 event = self.transfer.copy(dst, src, track=False)
             self.transfer.wait_event(event)
-        self.works = [C.all_gather(out, src, self.group, self.ledger, "param", async_op=True)
-                      for out, src in zip(self.bucket_views, srcs)]
+        self.works = [
+            C.all_gather(out, src, self.group, self.ledger, "param", async_op=True)
+            for out, src in zip(self.bucket_views, srcs)
+        ]
         self._set_state(ParamState.GATHERING)
 
     def finish_gather(self) -> None:

@@ -33,11 +33,15 @@ def describe(model: nn.Module, trained: list[str], config: ZeroConfig) -> list[s
     """What must agree across DP ranks, one entry per line: the configuration that shapes the collectives,
     the trained parameters in layout order, then every parameter and buffer (broadcast in this order)."""
     c = config
-    head = (f"ZeroConfig(stage={c.stage}, precision={c.precision.value}, bucket_numel={c.bucket_numel}, "
-            f"param_align={c.param_align}, find_unused_parameters={c.find_unused_parameters}, prefetch={c.prefetch})")
+    head = (
+        f"ZeroConfig(stage={c.stage}, precision={c.precision.value}, bucket_numel={c.bucket_numel}, "
+        f"param_align={c.param_align}, find_unused_parameters={c.find_unused_parameters}, prefetch={c.prefetch})"
+    )
     out = [head]
     out += [f"trained parameter {name!r}" for name in trained]
-    out += [f"parameter {n!r} {tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}" for n, p in model.named_parameters()]
+    out += [
+        f"parameter {n!r} {tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}" for n, p in model.named_parameters()
+    ]
     out += [f"buffer {n!r} {tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}" for n, b in model.named_buffers()]
     return out
 
@@ -59,8 +63,7 @@ def _skip(group: Group, device: torch.device) -> bool:
     return dist.get_backend(group.pg) == "fake"
 
 
-def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, group: Group,
-                  device: torch.device) -> None:
+def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, group: Group, device: torch.device) -> None:
     """Check that every DP rank holds the same model and configuration (``ConfigError`` on every rank if
     not), then give every rank DP rank 0's parameter and buffer values."""
     if _skip(group, device):
@@ -74,9 +77,11 @@ def sync_replicas(model: nn.Module, trained: list[str], config: ZeroConfig, grou
         every: list = [None] * group.size
         dist.all_gather_object(every, desc, group=group.pg)
         rank = next(r for r, d in enumerate(every) if d != every[0])
-        raise ConfigError(f"DP rank {rank} was given another model or ZeRO config than DP rank 0 "
-                          f"({first_difference(every[0], every[rank], rank)}): build the same model and "
-                          f"ZeroConfig on every rank")
+        raise ConfigError(
+            f"DP rank {rank} was given another model or ZeRO config than DP rank 0 "
+            f"({first_difference(every[0], every[rank], rank)}): build the same model and "
+            f"ZeroConfig on every rank"
+        )
     tensors = list(model.parameters()) + list(model.buffers())
     if not any(t.is_meta for t in tensors):  # a meta-built model is initialised alike on every rank later
         broadcast_tensors(tensors, group)
@@ -106,8 +111,9 @@ def broadcast_tensors(tensors: list[torch.Tensor], group: Group, src: int = 0) -
     pg = group.pg or dist.group.WORLD
     for run in _runs(tensors):
         flat = torch.cat([t.reshape(-1) for t in run])
-        dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat,
-                       src=dist.get_global_rank(pg, src), group=pg)
+        dist.broadcast(
+            flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=dist.get_global_rank(pg, src), group=pg
+        )
         offset = 0
         for t in run:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))

@@ -74,9 +74,20 @@ class Stage3Scheduler:
                 self.handles.append(m.register_forward_pre_hook(eager(self._root_on_demand), prepend=True))
 
     @classmethod
-    def build(cls, model: nn.Module, units: list[nn.Module], layout, zparams: list[ZeroParam], shards: list[torch.Tensor],
-              group: C.Group, ledger: CommLedger | None, device: torch.device, transfer, prefetch: bool,
-              allocator: Allocator | None = None):
+    def build(
+        cls,
+        model: nn.Module,
+        units: list[nn.Module],
+        layout,
+        zparams: list[ZeroParam],
+        shards: list[torch.Tensor],
+        group: C.Group,
+        ledger: CommLedger | None,
+        device: torch.device,
+        transfer,
+        prefetch: bool,
+        allocator: Allocator | None = None,
+    ):
         """One ``ParamUnit`` per unit over its layout buckets (unit 0 = the root, ``units[k - 1]`` = unit k),
         scheduled."""
         by_unit: dict[int, list[ZeroParam]] = {}
@@ -86,8 +97,17 @@ class Stage3Scheduler:
         for b in layout.buckets:
             buckets.setdefault(b.unit, []).append(b)
         built = {
-            u: ParamUnit(model if u == 0 else units[u - 1], bs, by_unit[u], [shards[b.index] for b in bs],
-                         group, ledger, device, transfer, allocator)
+            u: ParamUnit(
+                model if u == 0 else units[u - 1],
+                bs,
+                by_unit[u],
+                [shards[b.index] for b in bs],
+                group,
+                ledger,
+                device,
+                transfer,
+                allocator,
+            )
             for u, bs in buckets.items()
         }
         return cls(model, built.get(0), [built[u] for u in range(1, len(units) + 1)], prefetch)
@@ -143,7 +163,9 @@ class Stage3Scheduler:
             f"ZeRO stage 3: the forward ran unit {name[id(self.modules[late])]!r} after {name[id(self.modules[before])]!r}, "
             "out of the units' order (apply_zero's units, default registration order): the prefetch gathers the "
             "wrong unit next, and a unit skipped on some ranks only cannot be replayed; pass apply_zero(units=[...]) "
-            "in the order forward runs them", stacklevel=2)
+            "in the order forward runs them",
+            stacklevel=2,
+        )
 
     def _gather(self, unit: ParamUnit | None, nxt: int) -> None:
         """``unit`` gathered (None: the root holds no parameter) and, when prefetching, unit ``nxt`` of ``order`` started
@@ -255,4 +277,3 @@ class Stage3Scheduler:
         units = self.units
         out = [u.full for u in units if u.full.untyped_storage().nbytes()]
         return out + [u.staging for u in units if u.staging is not None]
-

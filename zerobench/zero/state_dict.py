@@ -54,11 +54,17 @@ def _members(engine, i: int) -> list[str]:
 def _groups(engine) -> list[dict]:
     """Each param group's hyperparameters as plain data (a schedule's current lr, its ``initial_lr``, ...) and
     the names of its parameters."""
-    return [{"hyper": {k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
-                       for k, v in group.items()
-                       if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))},
-             "params": _members(engine, i)}
-            for i, group in enumerate(engine.optimizer.param_groups)]
+    return [
+        {
+            "hyper": {
+                k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
+                for k, v in group.items()
+                if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))
+            },
+            "params": _members(engine, i),
+        }
+        for i, group in enumerate(engine.optimizer.param_groups)
+    ]
 
 
 def _restore_groups(engine, meta: dict) -> None:
@@ -68,14 +74,18 @@ def _restore_groups(engine, meta: dict) -> None:
     saved = meta.get("groups") or ([{"hyper": meta["hyper"], "params": None}] if "hyper" in meta else [])
     groups = engine.optimizer.param_groups
     if saved and len(saved) != len(groups):
-        raise CheckpointMismatch(f"checkpoint has {len(saved)} param group(s), this engine {len(groups)}: "
-                                 f"build the engine with the same param_groups")
+        raise CheckpointMismatch(
+            f"checkpoint has {len(saved)} param group(s), this engine {len(groups)}: "
+            f"build the engine with the same param_groups"
+        )
     for i, s in enumerate(saved):
         names = _members(engine, i)
         if s["params"] is not None and s["params"] != names:
-            raise CheckpointMismatch(f"param_groups[{i}] holds other parameters than the checkpoint's (saved "
-                                     f"{len(s['params'])}, here {len(names)}): build the engine with the same "
-                                     f"param_groups")
+            raise CheckpointMismatch(
+                f"param_groups[{i}] holds other parameters than the checkpoint's (saved "
+                f"{len(s['params'])}, here {len(names)}): build the engine with the same "
+                f"param_groups"
+            )
     for s, group in zip(saved, groups):
         group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in s["hyper"].items()})
 
@@ -167,20 +177,25 @@ def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: boo
         raise CheckpointMismatch(f"checkpoint is of another model: it {what}")
     for name, shape in expected.items() if check_params else ():
         if saved[name] != shape:
-            raise CheckpointMismatch(f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
-                                     f"{tuple(shape)}: it was saved from another model size")
+            raise CheckpointMismatch(
+                f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
+                f"{tuple(shape)}: it was saved from another model size"
+            )
     total = 0
     for name, start, end in sd["segments"]:
         if name not in saved:
             raise CheckpointMismatch(f"damaged shard {sd.get('shard')}: a segment of {name!r}, which it does not list")
         numel = math.prod(saved[name])
         if not 0 <= start < end <= numel:
-            raise CheckpointMismatch(f"damaged shard: segment [{start}, {end}) of {name!r} outside its {numel} elements")
+            raise CheckpointMismatch(
+                f"damaged shard: segment [{start}, {end}) of {name!r} outside its {numel} elements"
+            )
         total += end - start
     for key in ("master", "exp_avg", "exp_avg_sq"):
         if sd[key].numel() != total:
-            raise CheckpointMismatch(f"damaged shard {sd.get('shard')}: {key} holds {sd[key].numel()} elements, "
-                                     f"its segments {total}")
+            raise CheckpointMismatch(
+                f"damaged shard {sd.get('shard')}: {key} holds {sd[key].numel()} elements, its segments {total}"
+            )
 
 
 def iter_full(engine, chunks: list[torch.Tensor]):

@@ -35,8 +35,15 @@ def _copy_segments(dst: torch.Tensor, segments: list[Segment], init: list[torch.
 class ParamStorage:
     """Replica, shards, master and the host partition of one engine (see the module docstring)."""
 
-    def __init__(self, layout: PartitionLayout, config: ZeroConfig, placement: Placement, device: torch.device,
-                 allocator: Allocator, rank_in_shards: int):
+    def __init__(
+        self,
+        layout: PartitionLayout,
+        config: ZeroConfig,
+        placement: Placement,
+        device: torch.device,
+        allocator: Allocator,
+        rank_in_shards: int,
+    ):
         dtype = config.precision.param_dtype
         self.layout = layout
         self.host: HostPartition | None = None
@@ -46,8 +53,9 @@ class ParamStorage:
         self.replica: FullBuffer | None = None
         self._partition: LocalBuffer | None = None
         if config.stage == 3:
-            self._partition = LocalBuffer(layout, dtype, device,
-                                          data=self.host.params if self.host is not None else None)
+            self._partition = LocalBuffer(
+                layout, dtype, device, data=self.host.params if self.host is not None else None
+            )
             self.shards = self._partition.bucket_views()
         else:
             self.replica = FullBuffer(layout, dtype, device)
@@ -115,8 +123,10 @@ class ParamStorage:
         at stage 3, which gathers per unit)."""
         if self.replica is None or self.layout.shards == 1:
             return
-        works = [C.all_gather(self.replica.bucket_view(b.index), shard, group, ledger, "param", async_op=True)
-                 for b, shard in zip(self.layout.buckets, self.shards)]
+        works = [
+            C.all_gather(self.replica.bucket_view(b.index), shard, group, ledger, "param", async_op=True)
+            for b, shard in zip(self.layout.buckets, self.shards)
+        ]
         for w in works:
             if w is not None:
                 w.wait()

@@ -24,8 +24,10 @@ class DestroyedEngineError(RuntimeError):
 def check_live(engine, what: str) -> None:
     """One line if ``engine`` was destroyed."""
     if engine.destroyed:
-        raise DestroyedEngineError(f"{what} on an engine after destroy(): its hooks and optimizer states are gone; "
-                                   "wrap the model again with apply_zero (or zerobench.zero.initialize)")
+        raise DestroyedEngineError(
+            f"{what} on an engine after destroy(): its hooks and optimizer states are gone; "
+            "wrap the model again with apply_zero (or zerobench.zero.initialize)"
+        )
 
 
 def destroy_engine(engine) -> None:

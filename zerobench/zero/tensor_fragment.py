@@ -85,8 +85,9 @@ def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
         return
     zp = engine.zparams[i]
     if tuple(value.shape) != tuple(zp.slot.shape):
-        raise ValueError(f"safe_set_full_fp32_param: {zp.name} has shape {tuple(zp.slot.shape)}, the value "
-                         f"{tuple(value.shape)}")
+        raise ValueError(
+            f"safe_set_full_fp32_param: {zp.name} has shape {tuple(zp.slot.shape)}, the value {tuple(value.shape)}"
+        )
     write_segments(engine, segments_by_param(engine).get(i, ()), value.float().to(engine.device))
     if zp.param.shape == zp.slot.shape:  # the replica at stages 0-2 (a stage-3 placeholder holds nothing)
         zp.param.copy_(value)
@@ -120,8 +121,9 @@ def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, opti
     flat = value.detach().float().reshape(-1)
     numel = engine.zparams[i].slot.end - engine.zparams[i].slot.start
     if flat.numel() != numel:
-        raise ValueError(f"safe_set_full_optimizer_state: {engine.zparams[i].name} has "
-                         f"{numel} elements, the value {flat.numel()}")
+        raise ValueError(
+            f"safe_set_full_optimizer_state: {engine.zparams[i].name} has {numel} elements, the value {flat.numel()}"
+        )
     chunks = (ms, vs)[k]
     for seg in segments_by_param(engine).get(i, ()):
         segment_view(chunks, engine.layout, seg).copy_(flat[seg.param_start : seg.param_end])

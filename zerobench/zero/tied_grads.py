@@ -43,8 +43,9 @@ def wait_before_tied_grads(model: nn.Module, zparams: list[ZeroParam], grads: Gr
     if grads.keep_full or grads.max_inflight == 0:
         return []
     large = grads.stage.large
-    owners = weakref.WeakSet(m for i, ms in tied_owners(model, zparams).items() if large[zparams[i].slot.bucket]
-                             for m in ms)
+    owners = weakref.WeakSet(
+        m for i, ms in tied_owners(model, zparams).items() if large[zparams[i].slot.bucket] for m in ms
+    )
 
     def wait(grad: torch.Tensor) -> None:
         grads.wait_inflight()

@@ -43,8 +43,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """``params``: parameters or torch-style groups (hyperparameters missing from a group are ``cfg``'s)."""
         self._engine = engine
         self._ready = False
-        super().__init__(params, {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps,
-                                  "weight_decay": cfg.weight_decay})
+        super().__init__(
+            params, {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+        )
         self._ready = True
         self._groups = len(self.param_groups)
         self.hyper()  # a bad value in a group fails at construction, not at the first step
@@ -53,15 +54,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         if self._ready:
-            raise ValueError("the ZeRO engine lays out its param groups in the partition at construction: pass "
-                             "every group to apply_zero(param_groups=...) instead of adding one later")
+            raise ValueError(
+                "the ZeRO engine lays out its param groups in the partition at construction: pass "
+                "every group to apply_zero(param_groups=...) instead of adding one later"
+            )
         super().add_param_group(param_group)
 
     def hyper(self) -> list[AdamWConfig]:
         """This step's hyperparameters from ``param_groups``, one per group; one line naming a bad value."""
         if len(self.param_groups) != self._groups:
-            raise ConfigError(f"the ZeRO optimizer has {self._groups} param group(s), fixed at construction, "
-                              f"found {len(self.param_groups)}: pass every group to apply_zero(param_groups=...)")
+            raise ConfigError(
+                f"the ZeRO optimizer has {self._groups} param group(s), fixed at construction, "
+                f"found {len(self.param_groups)}: pass every group to apply_zero(param_groups=...)"
+            )
         return [_hyper(i, g) for i, g in enumerate(self.param_groups)]
 
     _step_supports_amp_scaling = True
@@ -101,8 +106,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore hyperparameters and this rank's shard (on every DP rank: stages 1-2 re-gather parameters)."""
         if "zero_shard" not in state_dict:
-            raise ValueError("not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
-                             "engine.optimizer.state_dict() on every rank")
+            raise ValueError(
+                "not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
+                "engine.optimizer.state_dict() on every rank"
+            )
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "zero_shard"})
         load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])
 
@@ -113,17 +120,21 @@ def _hyper(i: int, g: dict) -> AdamWConfig:
         lr, wd, eps = float(g["lr"]), float(g["weight_decay"]), float(g["eps"])
         b1, b2 = (float(b) for b in g["betas"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"param_groups[{i}] needs numbers for {', '.join(HYPER_KEYS)} "
-                          f"(betas a pair): {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"param_groups[{i}] needs numbers for {', '.join(HYPER_KEYS)} (betas a pair): {type(e).__name__}: {e}"
+        ) from None
     if not (math.isfinite(lr) and lr >= 0):
         raise ConfigError(f"param_groups[{i}]['lr'] must be a finite number >= 0, got {g['lr']}")
     if not (math.isfinite(wd) and wd >= 0):
         raise ConfigError(f"param_groups[{i}]['weight_decay'] must be a finite number >= 0, got {g['weight_decay']}")
     for key, plain in UNSUPPORTED.items():  # torch.optim.AdamW's switches that change the update: never ignored
         if key in g and bool(g[key]) != plain:
-            raise ConfigError(f"param_groups[{i}][{key!r}]={g[key]!r}: the ZeRO engine's AdamW has no {key} variant "
-                              f"(torch.optim.AdamW's default {key}={plain}); drop the key")
+            raise ConfigError(
+                f"param_groups[{i}][{key!r}]={g[key]!r}: the ZeRO engine's AdamW has no {key} variant "
+                f"(torch.optim.AdamW's default {key}={plain}); drop the key"
+            )
     if not (math.isfinite(eps) and eps > 0) or not (0 <= b1 < 1 and 0 <= b2 < 1):
-        raise ConfigError(f"param_groups[{i}] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, "
-                          f"betas {g['betas']}")
+        raise ConfigError(
+            f"param_groups[{i}] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, betas {g['betas']}"
+        )
     return AdamWConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)

@@ -79,8 +79,7 @@ def _check_disjoint(model: nn.Module, units: list[nn.Module]) -> None:
         for sub in m.modules():
             if sub is not m and id(sub) in seen:
                 raise ConfigError(
-                    f"stage-3 units must not nest: {name_of[id(sub)]!r} is inside {name_of[id(m)]!r}; "
-                    "list one of them"
+                    f"stage-3 units must not nest: {name_of[id(sub)]!r} is inside {name_of[id(m)]!r}; list one of them"
                 )
 
 
@@ -97,13 +96,22 @@ def resolve_external(model: nn.Module, params) -> frozenset[int]:
     for p in params:
         q = by_name.get(p) if isinstance(p, str) else p
         if not isinstance(q, nn.Parameter) or id(q) not in ids:
-            what = (repr(p) if isinstance(p, str) else f"a {type(p).__name__} of shape {tuple(p.shape)}"
-                    if hasattr(p, "shape") else f"{p!r} of type {type(p).__name__}")
-            raise ConfigError(f"external_params: {what} is not a parameter of the model: give its parameters or "
-                              "their names, as model.named_parameters() spells them")
+            what = (
+                repr(p)
+                if isinstance(p, str)
+                else f"a {type(p).__name__} of shape {tuple(p.shape)}"
+                if hasattr(p, "shape")
+                else f"{p!r} of type {type(p).__name__}"
+            )
+            raise ConfigError(
+                f"external_params: {what} is not a parameter of the model: give its parameters or "
+                "their names, as model.named_parameters() spells them"
+            )
         if id(q) not in trained:
             name = next(n for n, v in by_name.items() if v is q)
-            raise ConfigError(f"external_params: {name!r} is frozen (requires_grad=False): a frozen parameter is "
-                              "never sharded, so leave it out")
+            raise ConfigError(
+                f"external_params: {name!r} is frozen (requires_grad=False): a frozen parameter is "
+                "never sharded, so leave it out"
+            )
         out.add(id(q))
     return frozenset(out)

@@ -35,7 +35,8 @@ def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
         raise RuntimeError(
             f"parameter(s) {thawed[:4]}{' ...' if len(thawed) > 4 else ''} were unfrozen (requires_grad=True) after "
             "apply_zero: the engine trains the parameters that required a gradient when it was built; unfreeze "
-            "them before apply_zero (or build a new engine)")
+            "them before apply_zero (or build a new engine)"
+        )
 
 
 class UnusedCheck:
@@ -82,7 +83,8 @@ def check_unused(engine, pending: UnusedCheck | None) -> None:
     if frozen:
         raise UnusedParametersError(
             f"parameter(s) {frozen[:4]}{' ...' if len(frozen) > 4 else ''} were frozen (requires_grad=False) after "
-            "apply_zero: the engine's partition is fixed when it is built; freeze them before apply_zero")
+            "apply_zero: the engine's partition is fixed when it is built; freeze them before apply_zero"
+        )
     here = f"here (rank {group.rank}, {len(names)}): {names[:4]}{' ...' if len(names) > 4 else ''}; " if names else ""
     raise UnusedParametersError(
         f"trained parameter(s) got no gradient on rank(s) {ranks}: unused in forward; {here}"

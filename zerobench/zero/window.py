@@ -57,9 +57,11 @@ class AccumulationWindow:
     def begin(self, plain: bool) -> MicroBatch:
         first = self.counted % self.accum == 0 and not self.unsynced
         if not first and plain != self.plain:
-            raise RuntimeError("one accumulation window mixes engine.backward(loss) (or engine.scale(loss).backward()) "
-                               "and plain loss.backward(): use one of them for all grad_accum_steps micro-batches "
-                               "of a window")
+            raise RuntimeError(
+                "one accumulation window mixes engine.backward(loss) (or engine.scale(loss).backward()) "
+                "and plain loss.backward(): use one of them for all grad_accum_steps micro-batches "
+                "of a window"
+            )
         self.plain = plain
         if self.suspended:
             self.unsynced += 1
@@ -78,8 +80,12 @@ class AccumulationWindow:
     def check_step(self) -> None:
         """``step()`` needs a complete window: one line saying what is missing otherwise."""
         if self.counted % self.accum:
-            raise RuntimeError(f"step() after {self.counted % self.accum} of {self.accum} micro-batches: call "
-                               f"backward() for every micro-batch first")
+            raise RuntimeError(
+                f"step() after {self.counted % self.accum} of {self.accum} micro-batches: call "
+                f"backward() for every micro-batch first"
+            )
         if self.unsynced:
-            raise RuntimeError(f"step() after {self.unsynced} backward pass(es) under no_sync() and none outside it: "
-                               f"the window's last backward must run outside no_sync() (it synchronises)")
+            raise RuntimeError(
+                f"step() after {self.unsynced} backward pass(es) under no_sync() and none outside it: "
+                f"the window's last backward must run outside no_sync() (it synchronises)"
+            )

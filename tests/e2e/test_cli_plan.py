@@ -67,10 +67,12 @@ def test_plan_json_keys_and_tables():
     assert t["table"] == 2 and len(t["rows"]) == 5
 
 
-def test_projection_lists_assumptions_and_claims():
+def test_the_projection_is_the_simulators_now_and_plan_says_so():
+    """One performance model: ``plan --project`` (an analytic projection at an assumed efficiency) is gone, and
+    asking for it names the simulator's commands in one line."""
     r = zb("plan", "--project", "paper/fig2")
-    assert r.returncode == 0, r.stderr
-    assert "efficiency" in r.stdout and "paper" in r.stdout and "170B ZeRO" in r.stdout
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "zerobench simulate --profile v100-dgx2 --suite SUITE" in r.stderr and "simulate --paper" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -82,7 +84,6 @@ def test_projection_lists_assumptions_and_claims():
         (["--model", "8B", "--stage", "5"], "stage"),
         (["--model", "8B", "--stage", "0", "--offload-optimizer"], "offload"),
         (["--model", "999B"], "unknown model size"),
-        (["--project", "paper/nope"], "not found"),
         (["--gpu-mem", "lots", "--model", "8B"], "cannot read memory size"),
     ],
 )
@@ -119,14 +120,13 @@ def test_max_size_needs_no_layers_and_reports_the_solved_model():
 
 
 def test_planning_does_not_import_torch():
-    """Plans, tables, projections and their one-line errors are arithmetic: none of them imports torch (seconds
-    on this VM), so a plan answers at once. A dry run, which builds the real engine, and an 8-bit optimizer's
+    """Plans, tables and their one-line errors are arithmetic: none of them imports torch (seconds on this VM),
+    so a plan answers at once. A dry run, which builds the real engine, and an 8-bit optimizer's
     bytes (the quantizer's block) do."""
     plans = [
         ["--table", "1"],
         ["--table", "2"],
         ["--model", "100B", "--tp", "16", "--max-size", "--json"],
-        ["--project", "paper/fig2"],
         ["--model", "100B", "--tp", "16", "--gpus", "100"],
     ]
     assert not imports_torch([["plan", *args] for args in plans])

@@ -21,11 +21,10 @@ ROWS = REPO / "results" / "baselines" / "cpu-2core.jsonl"
     [
         ["sweep", "{d}"],
         ["sweep", "{d}", "--check"],
-        ["plan", "--project", "{d}"],
         ["plan", "--dry-run", "--suite", "{d}"],
         ["sweep", "cpu"],
     ],
-    ids=["sweep", "sweep --check", "plan --project", "plan --dry-run --suite", "sweep cpu"],
+    ids=["sweep", "sweep --check", "plan --dry-run --suite", "sweep cpu"],
 )
 def test_a_suite_that_is_a_directory(argv, tmp_path, capsys):
     (tmp_path / "a.yaml").write_text("name: a\nbase: {preset: tiny}\n")
@@ -49,7 +48,7 @@ PLAN_SUITES = [
 
 
 @pytest.mark.parametrize(("body", "needle"), PLAN_SUITES, ids=[b for b, _ in PLAN_SUITES])
-@pytest.mark.parametrize("mode", [["--project"], ["--dry-run", "--suite"]])
+@pytest.mark.parametrize("mode", [["--dry-run", "--suite"]])
 def test_a_suite_to_plan_of_another_shape(body, needle, mode, tmp_path, capsys):
     suite = tmp_path / "p.yaml"
     suite.write_text(body + "\n")
@@ -60,8 +59,8 @@ def test_a_suite_to_plan_of_another_shape(body, needle, mode, tmp_path, capsys):
 
 def test_an_unlabelled_run_is_planned_under_its_index(tmp_path, capsys):
     suite = tmp_path / "p.yaml"
-    suite.write_text("runs: [{layers: 2, hidden: 64, heads: 2}]\n")
-    assert main(["plan", "--project", str(suite), "--json"]) == 0
+    suite.write_text("runs: [{system: zerobench, layers: 2, hidden: 64, heads: 2}]\n")
+    assert main(["plan", "--dry-run", "--suite", str(suite), "--json"]) == 0
     assert [r["label"] for r in json.loads(capsys.readouterr().out)["rows"]] == ["runs[0]"]
 
 

@@ -1,4 +1,4 @@
-"""``zerobench plan``: analytic memory/communication planning, dry runs and projections."""
+"""``zerobench plan``: analytic memory/communication planning and dry runs (throughput: ``zerobench simulate``)."""
 
 from __future__ import annotations
 
@@ -24,20 +24,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--suite", help="with --dry-run: every zerobench row of a suite (e.g. paper/fig2)")
     g.add_argument("--rank", type=count(0), default=0, help="with --dry-run: the rank to measure")
-    g.add_argument("--project", metavar="SUITE", help="project throughput for a suite's rows (e.g. paper/fig2)")
-    g.add_argument("--hardware", default="v100-dgx2", help="v100-dgx2, a100-dgx or h100-dgx (projection)")
-    g.add_argument(
-        "--efficiency",
-        type=number(above=0, maximum=1),
-        default=0.5,
-        help="fraction of peak the matmuls reach (assumed)",
-    )
-    g.add_argument(
-        "--dp-overlap",
-        type=number(minimum=0, maximum=1),
-        default=0.5,
-        help="fraction of backward that can hide DP traffic",
-    )
+    g.add_argument("--project", metavar="SUITE", help=argparse.SUPPRESS)  # moved: one line names where to
     g.add_argument(
         "--json", action="store_true", help="machine-readable output (keys documented in zerobench.plan.command)"
     )
@@ -90,10 +77,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the ``zerobench`` parser."""
     pl = sub.add_parser(
         "plan",
-        help="memory/communication analysis, the paper's tables, dry runs, projections",
+        help="memory/communication analysis, the paper's tables, dry runs",
         description="Plan a configuration without a cluster: per-GPU memory and communication "
         "by the paper's analysis, Tables 1 and 2, the largest model that fits, a dry "
-        "run of the real engine on the fake backend, and a stated performance model.",
+        "run of the real engine on the fake backend. Throughput: zerobench simulate.",
     )
     _add_plan_args(pl)
     pl.set_defaults(func=cmd_plan)

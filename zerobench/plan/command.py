@@ -1,4 +1,5 @@
-"""``zerobench plan``: what a configuration needs per GPU, the paper's tables, dry runs, projections.
+"""``zerobench plan``: what a configuration needs per GPU, the paper's tables and dry runs. Throughput is the
+simulator's (``zerobench simulate``), the one performance model.
 
 JSON output (``--json``) has stable keys:
 - plan: ``{"config": {...}, "params": int, "params_per_mp_rank": int, "memory_bytes": {model_states, model_states_host,
@@ -10,8 +11,6 @@ JSON output (``--json``) has stable keys:
   "P_os+g+p"}]}``
 - ``--dry-run``: ``{"rows": [{"label", "rank", "gpus", "mp", "dp", "stage", "params_per_mp_rank",
   "measured_model_state_bytes", "analytic_model_state_bytes", "padding_elements", "ledger"}]}``
-- ``--project``: ``{"assumptions": {...}, "rows": [{"label", "system", "gpus", "mp", "fits",
-  "hw_tflops_per_gpu", "model_tflops_per_gpu", "aggregate_pflops", ...}], "claims": [...]}``
 """
 
 from __future__ import annotations
@@ -87,7 +86,10 @@ def run_plan(args) -> int:
     if args.dry_run:
         return _dry_run(args)
     if args.project:
-        return _project(args)
+        raise ConfigError(
+            "plan --project is gone: project a suite with the simulator, `zerobench simulate --profile v100-dgx2 "
+            "--suite SUITE` (a100-dgx, h100-dgx), or the paper's figures with `zerobench simulate --paper`"
+        )
     p = _plan_config(args)
     solved = None
     if args.max_size:  # the breakdown below is the solved model's (its layers at --hidden/--heads)
@@ -200,89 +202,3 @@ def _dry_run(args) -> int:
     if args.json:
         print(json.dumps({"rows": rows}, indent=1, default=float))
     return 0
-
-
-MODEL_NOTE = (
-    "the quick analytic projection (zerobench.plan.perf_model: FLOPs at an assumed efficiency plus "
-    "α-β communication, unvalidated); `zerobench simulate` replays the engine's schedule on a measured "
-    "profile instead"
-)
-
-
-def _project(args) -> int:
-    import csv
-
-    from zerobench.bench.suite import SUITES_DIR as SUITES
-    from zerobench.plan.perf_model import HARDWARE, project
-
-    if args.hardware not in HARDWARE:
-        raise ConfigError(f"unknown hardware {args.hardware!r}: choose one of {', '.join(HARDWARE)}")
-    hw = HARDWARE[args.hardware]
-    rows = []
-    for r, suite_plan in plan_configs(load_suite(args.project), args.project):
-        p = dataclasses.replace(suite_plan, gpus_per_node=hw.gpus_per_node, gpu_mem_bytes=hw.mem_bytes)
-        proj = project(p, hw, efficiency=args.efficiency, dp_overlap=args.dp_overlap)
-        mem = memory_per_gpu(p)
-        rows.append(
-            {
-                "label": r["label"],
-                "system": r.get("system"),
-                "gpus": p.gpus,
-                "mp": p.mp,
-                "fits": mem["fits"],
-                "memory_gb": mem["total"] / 1e9,
-                **proj,
-            }
-        )
-    with open(SUITES / "paper" / "claims.csv", newline="") as f:
-        claims = list(csv.DictReader(f))
-    assumptions = {
-        "model": MODEL_NOTE,
-        "hardware": hw.name,
-        "efficiency": args.efficiency,
-        "dp_overlap": args.dp_overlap,
-        "flops": "Megatron count with recompute (hardware FLOPs)",
-        "dtype_bytes": 2,
-    }
-    if args.json:
-        print(json.dumps({"assumptions": assumptions, "rows": rows, "claims": claims}, indent=1, default=float))
-        return 0
-    print(f"model: {MODEL_NOTE}")
-    print(
-        f"projection on {hw.name}: efficiency {args.efficiency} of {hw.peak_flops / 1e12:.0f} TFLOP/s peak, "
-        f"{args.dp_overlap:.0%} of backward can hide DP traffic (assumptions, not fitted to the paper)"
-    )
-    print(
-        f"  {'run':<22} {'GPUs':>4} {'MP':>3} {'fits':>4} {'mem GB':>7} {'TFLOPs/GPU':>10} {'PFLOPs':>7} "
-        f"{'compute s':>9} {'MP s':>6} {'DP exp s':>8}"
-    )
-    for r in rows:
-        print(
-            f"  {r['label']:<22} {r['gpus']:>4} {r['mp']:>3} {'yes' if r['fits'] else 'NO':>4} "
-            f"{r['memory_gb']:7.1f} {r['hw_tflops_per_gpu']:10.1f} {r['aggregate_pflops']:7.2f} "
-            f"{r['t_compute_s']:9.2f} {r['t_mp_s']:6.2f} {r['t_dp_exposed_s']:8.2f}"
-        )
-    _compare_claims(rows)
-    return 0
-
-
-def _compare_claims(rows: list[dict]) -> None:
-    """Print the paper's stated numbers next to the projection and the gap between them."""
-    by = {r["label"]: r for r in rows}
-    checks = []
-    if "100B ZeRO" in by:
-        checks.append(("ZeRO 100B, TFLOPs/GPU", ">38", by["100B ZeRO"]["hw_tflops_per_gpu"], 38))
-    zero_8_100 = [
-        by[k]["aggregate_pflops"]
-        for k in by
-        if k.endswith("ZeRO") and k.split("B")[0] in ("8", "20", "40", "60", "80", "100")
-    ]
-    if zero_8_100:
-        checks.append(("ZeRO 8B-100B, average aggregate PFLOPs", "15", sum(zero_8_100) / len(zero_8_100), 15))
-    if "40B Baseline" in by:
-        checks.append(("Megatron 40B across nodes, TFLOPs/GPU", "about 5", by["40B Baseline"]["hw_tflops_per_gpu"], 5))
-    if not checks:
-        return
-    print("\nthe paper's statements vs this projection (the model is not tuned to match):")
-    for what, paper, ours, ref in checks:
-        print(f"  {what:<42} paper {paper:>7}   projected {ours:8.2f}   ({(ours / ref - 1) * 100:+.0f}%)")

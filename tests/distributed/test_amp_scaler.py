@@ -45,7 +45,7 @@ def test_torch_grad_scaler_is_refused_in_one_line_at_stages_1_to_3(ranks, stage)
     for r in ranks:
         assert r[f"s{stage}-plain"] == (
             f"ConfigError: torch.amp.GradScaler checks the .grad this rank holds, which at ZeRO stage {stage} is not "
-            "the reduced gradient: use zerobench.zero.amp.ShardedGradScaler, as FSDP's ShardedGradScaler"
+            "the reduced gradient: use zerobench.zero.ShardedGradScaler, as FSDP's ShardedGradScaler"
         )
 
 
@@ -61,5 +61,5 @@ def test_an_fp16_engine_keeps_its_own_loss_scale(ranks, stage):
         assert r[f"s{stage}-fp16-step"] == (
             "ConfigError: a torch.amp GradScaler on an fp16 ZeRO engine would scale the loss twice: the engine scales "
             "it itself (ZeroConfig.precision='fp16'); drop the GradScaler, or train fp32/bf16 under torch.autocast "
-            "with zerobench.zero.amp.ShardedGradScaler"
+            "with zerobench.zero.ShardedGradScaler"
         )

@@ -13,10 +13,10 @@ from tests.helpers import ckpt_faults as F
 from tests.helpers.dist import DistributedFailure, run_distributed
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
-from zerobench.zero.checkpoint import consolidate, load_checkpoint
-from zerobench.zero.checkpoint_files import CheckpointMismatch
-from zerobench.zero.export import get_fp32_state_dict_from_zero_checkpoint
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+from zerobench.zero.state.checkpoint import consolidate, load_sharded
+from zerobench.zero.state.shards import full_parameters
+from zerobench.zero.state.transaction import CheckpointMismatch
 
 pytestmark = pytest.mark.dist
 ONE = Group(None, "dp", 1, 0)
@@ -58,7 +58,7 @@ def check_whole_or_refused(out: Path, saves: list[dict]) -> str:
         with pytest.raises(REFUSED):
             engine.load_checkpoint(root, entry.name)
         with pytest.raises(REFUSED):
-            load_checkpoint(engine, entry)
+            load_sharded(engine, entry)
         with pytest.raises(REFUSED):
             consolidate(entry)
     return (root / "latest").read_text()

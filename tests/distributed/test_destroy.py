@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.ds import ds_apply_zero
 
 pytestmark = pytest.mark.dist
 
@@ -43,13 +44,12 @@ def _train(engine, model, rank: int, steps: int, seed: int) -> None:
 
 
 def _destroy(rank: int, world: int, stage: int) -> dict:
-    from zerobench.zero.api import apply_zero
     from zerobench.zero.config import ZeroConfig
-    from zerobench.zero.teardown import DestroyedEngineError
+    from zerobench.zero.interop.teardown import DestroyedEngineError
 
     def wrap(m):
         units = [m[0], m[2], m[3]] if stage == 3 else None
-        return apply_zero(m, None, ZeroConfig(stage=stage, bucket_numel=200), units=units)
+        return ds_apply_zero(m, None, ZeroConfig(stage=stage, bucket_numel=200), units=units)
 
     model = _model()
     cls, plain_hooks = type(model), _hooks(model)

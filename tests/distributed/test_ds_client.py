@@ -38,7 +38,7 @@ def test_a_scheduler_built_on_the_client_optimizer_moves_the_engines_without_a_w
 
 def test_a_client_adam_without_weight_decay_is_adamws_groups():
     """A plain ``torch.optim.Adam`` with no weight decay is AdamW's update; its groups keep their hyperparameters."""
-    from zerobench.zero.ds_client import client_groups
+    from zerobench.zero.compat.deepspeed.client import client_groups
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))

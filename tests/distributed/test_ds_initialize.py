@@ -66,7 +66,7 @@ def _schedule(opt):
 
 def _config_schedule(opt):
     """The config's ``SCHEDULER`` on a plain optimizer (zerobench's class, tested against DeepSpeed's own)."""
-    from zerobench.zero.ds_scheduler import DEEPSPEED
+    from zerobench.zero.compat.deepspeed.lr_schedules import DEEPSPEED
 
     return DEEPSPEED[SCHEDULER["type"]](opt, **SCHEDULER["params"])
 
@@ -178,9 +178,9 @@ assert engine.backward(loss) is loss  # as DeepSpeed's
 engine.step()
 print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage())
 print(engine.train_micro_batch_size_per_gpu(), engine.train_batch_size(), engine.skipped_steps, engine.get_mom())
-from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero import ZeroConfig, apply_zero, as_deepspeed
 try:
-    apply_zero(torch.nn.Linear(2, 2), None, ZeroConfig(stage=1)).train_batch_size()
+    as_deepspeed(apply_zero(torch.nn.Linear(2, 2), None, ZeroConfig(stage=1))).train_batch_size()
 except Exception as e:
     print(type(e).__name__, "|", e)
 """
@@ -197,7 +197,10 @@ def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
     counters, batch, error = r.stdout.splitlines()
     assert counters.split() == ["1", "1", "2"]
     assert batch == "2 2 0 [(0.9, 0.999)]"  # DeepSpeed's batch queries, skipped steps and betas
-    assert error == "ConfigError | train_micro_batch_size_per_gpu(): apply_zero takes no batch size (initialize() does)"
+    assert error == (
+        "ConfigError | train_micro_batch_size_per_gpu(): this engine was given no batch size (initialize() reads it "
+        "from the config; as_deepspeed(engine, micro_batch=N) takes it)"
+    )
 
 
 @pytest.mark.parametrize(

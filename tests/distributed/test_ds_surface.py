@@ -76,7 +76,7 @@ def test_deepspeed_names_and_the_modules_pass_through(stage):
         assert r["label"] == "mine" and r["training"] is True
         assert r["features"] == [1, 8]  # at stage 3 too: the module's own method gathers what it calls
         assert r["clipping"] == 1.0 and r["batch"] == (8, 2, 2) and r["local_rank"] == rank
-        assert r["missing"] == "'ZeroEngine' object has no attribute 'nope' nor has its module (Net)"
+        assert r["missing"] == "'DeepSpeedEngine' object has no attribute 'nope' nor has its module (Net)"
         assert r["hasattr_private"] is False
         assert r["samples"] == [0, 8, 8, 16] and r["global_steps"] == 2  # train_batch_size() per optimizer step
         assert r["eval_returns_engine"]

@@ -63,7 +63,7 @@ def partition_cache(rank: int, world: int, stage: int):
         a(torch.ones(2, 4))
 
     def held() -> int:
-        s = engine.scheduler
+        s = engine.gatherer
         return sum(t.untyped_storage().nbytes() for t in s.gathered_tensors()) if s is not None else 0
 
     before = held()

@@ -51,7 +51,7 @@ def test_comm_volume_per_step(measured, stage, dp):
         expected = factor * r["psi"] * (dp - 1) / dp
         assert expected <= r["volume"] <= expected * 1.01, (r["summary"], expected)
         ops = {(s["op"], s["tag"]) for s in r["summary"]}
-        # Besides the data, the ranks agree that no parameter went unused (zerobench.zero.unused): N flags a step,
+        # Besides the data, the ranks agree that no parameter went unused (zerobench.zero.grads.unused): N flags a step,
         # inside the 1% above. At stage 0 they ride in the last gradient all-reduce (no collective of their own);
         # at stages 1-3 they are one all-reduce of one integer per rank.
         control = {("all_reduce", "unused_check")} if stage else set()

@@ -8,7 +8,7 @@ import pytest
 from tests.distributed.test_user_models import close
 from tests.helpers.dist import run_distributed
 from tests.helpers.plain_backward import run_plain_backward
-from zerobench.zero.backward_pass import FP16_PLAIN_BACKWARD
+from zerobench.zero.grads.backward import FP16_PLAIN_BACKWARD
 
 pytestmark = pytest.mark.dist
 

@@ -15,7 +15,7 @@ from tests.helpers.user_models import batches, compare, engine_for, make_model, 
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.zero.replicas import describe, first_difference
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 STAGES = (0, 1, 2, 3)
 

@@ -11,7 +11,7 @@ from tests.helpers.skipped_units import SkipCase, run_skip_cases, skips_for
 
 pytestmark = pytest.mark.dist
 
-# Before ``zero/skipped_units.py`` skipping the last block hung until gloo's timeout, a skip with prefetch off crashed
+# Before ``zero/stage3/skipped.py`` skipping the last block hung until gloo's timeout, a skip with prefetch off crashed
 # inside gloo (``op.preamble.length <= op.nbytes``), and this grid hung as a whole (its timeout caught it), MoE alone too.
 CASES = [
     *(SkipCase(p) for p in ("last", "first", "middle_runs", "all_blocks", "random", "none")),

@@ -20,7 +20,7 @@ from zerobench.config import ConfigError
 from zerobench.results.rows import run_hash
 from zerobench.train.config import ProfileConfig
 from zerobench.train.profiling import ProfilerHook
-from zerobench.zero.tooling import labelled
+from zerobench.zero.interop.tooling import labelled
 
 
 def _traced_steps(trace_path) -> list[int]:

@@ -16,7 +16,7 @@ from tests.helpers.reference import make_adamw
 from tests.helpers.user_models import ADAM, batches, compare, engine_for, make_model, reference_loss, slice_of
 from zerobench.distributed.collectives import Group
 from zerobench.zero import Precision
-from zerobench.zero.amp import ShardedGradScaler
+from zerobench.zero.optim.loss_scale import ShardedGradScaler
 
 STEPS, BAD_STEP, CLIP = 4, 1, 0.5
 

@@ -19,8 +19,8 @@ import copy
 import torch
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from zerobench.zero import ZeroConfig
-from zerobench.zero.api import apply_zero
 from zerobench.zero.config import AdamWConfig
 
 STEPS, PER_RANK = 3, 2
@@ -74,7 +74,7 @@ def two_losses(rank: int, world: int, stage: int, loop: str) -> dict:
     net = _Net()
     ref = copy.deepcopy(net)
     cfg = ZeroConfig(stage=stage, grad_accum_steps=2 if loop == "accum" else 1, optimizer=ADAMW)
-    engine = apply_zero(net, None, cfg)
+    engine = ds_apply_zero(net, None, cfg)
     opt = torch.optim.AdamW(ref.parameters(), lr=ADAMW.lr, betas=ADAMW.betas, eps=ADAMW.eps, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
     lo = rank * PER_RANK
@@ -94,7 +94,7 @@ def unscaled_accumulation(rank: int, world: int, stage: int) -> dict:
     torch.manual_seed(0)
     net = _Net()
     ref = copy.deepcopy(net)
-    engine = apply_zero(net, None, ZeroConfig(stage=stage, grad_accum_steps=2, optimizer=ADAMW))
+    engine = ds_apply_zero(net, None, ZeroConfig(stage=stage, grad_accum_steps=2, optimizer=ADAMW))
     opt = torch.optim.AdamW(ref.parameters(), lr=ADAMW.lr, betas=ADAMW.betas, eps=ADAMW.eps, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
     lo = rank * PER_RANK
@@ -121,7 +121,7 @@ def scaled_plain(rank: int, world: int, stage: int, precision: str) -> dict:
     torch.manual_seed(0)
     a, b = _Net(), _Net()
     b.load_state_dict(a.state_dict())
-    ea, eb = apply_zero(a, None, cfg), apply_zero(b, None, cfg)
+    ea, eb = ds_apply_zero(a, None, cfg), ds_apply_zero(b, None, cfg)
     g = torch.Generator().manual_seed(1 + rank)
     for _ in range(STEPS * 2):
         x = torch.randn(PER_RANK, 4, generator=g)

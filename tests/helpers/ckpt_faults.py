@@ -15,10 +15,11 @@ import sys
 import torch
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.scenarios import dp_groups
-from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero import ZeroConfig
 from zerobench.zero.config import AdamWConfig
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 ADAM = AdamWConfig(lr=1e-2, weight_decay=0.1)
 _save = torch.save
@@ -30,7 +31,7 @@ def mlp() -> nn.Module:
 
 
 def engine_for(group, stage: int):
-    return apply_zero(mlp(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=150))
+    return ds_apply_zero(mlp(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=150))
 
 
 def train(engine, rank: int, world: int, steps: range) -> None:
@@ -152,7 +153,7 @@ def resave_with_a_full_disk(rank: int, world: int, out: str, victim: int) -> str
     """The second save's shard write fails on ``victim`` (ENOSPC): every rank must raise, none may hang."""
     import errno
 
-    import zerobench.zero.checkpoint as ckpt
+    import zerobench.zero.state.checkpoint as ckpt
 
     group = dp_groups(rank, world, [world])[world]
     engine = engine_for(group, 2)

@@ -15,15 +15,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.scenarios import dp_groups
 from zerobench.distributed.mesh import build_mesh
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.data import SyntheticTokens
-from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero import ZeroConfig, as_deepspeed
 from zerobench.zero.config import AdamWConfig
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 ADAM = AdamWConfig(lr=1e-2, weight_decay=0.1)
 
@@ -62,7 +63,7 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
     """DeepSpeed's loop and checkpoint calls on a model with buffers and a frozen layer."""
     group = dp_groups(rank, world, [world])[world]
     torch.manual_seed(0)
-    a = apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
+    a = ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
     a.train()
     _bn_train(a, rank, range(3))
     sched_state = {"lr_history": [1e-2, 5e-3], "epoch": 3, "t": torch.arange(3)}
@@ -80,7 +81,7 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
     eval_mode = (a.module.training, a.module.bn.training)
 
     torch.manual_seed(1)  # another init and other buffers: everything must come from the checkpoint
-    b = apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
+    b = ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
     b.module.bn.running_mean.fill_(7.0)
     loaded_path, client = b.load_checkpoint(save_dir)
     step_after_load = b.adamw.step_count
@@ -109,7 +110,7 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
 def ds_bad_input(rank: int, world: int, save_dir: str) -> dict:
     """What DeepSpeed's callers get wrong: a client state that would not load back, a missing tag, no ``latest``."""
     group = dp_groups(rank, world, [world])[world]
-    engine = apply_zero(BNNet(), group, ZeroConfig(stage=2, optimizer=ADAM))
+    engine = ds_apply_zero(BNNet(), group, ZeroConfig(stage=2, optimizer=ADAM))
     out = {}
     try:
         engine.save_checkpoint(save_dir, tag="t1", client_state={"fn": BNNet()})
@@ -151,14 +152,14 @@ def tp_resume(rank: int, world: int, dp: int, stage: int, save_dir: str) -> dict
     mesh = build_mesh(world // dp, dp)
     spec = ParallelSpec(zero=ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=5_000))
     torch.manual_seed(0)
-    a = parallelize(GPT(cfg), mesh, spec).engine
+    a = as_deepspeed(parallelize(GPT(cfg), mesh, spec).engine)
     _tp_train(a, data, mesh.dp.rank, dp, range(2))
     a.save_checkpoint(save_dir, tag="mid")
     at_save = full_parameters(a)
     _tp_train(a, data, mesh.dp.rank, dp, range(2, 4))
     uninterrupted = full_parameters(a)
     torch.manual_seed(1)
-    b = parallelize(GPT(cfg), mesh, spec).engine
+    b = as_deepspeed(parallelize(GPT(cfg), mesh, spec).engine)
     b.load_checkpoint(save_dir)
     loaded = full_parameters(b)
     _tp_train(b, data, mesh.dp.rank, dp, range(2, 4))
@@ -179,10 +180,10 @@ def tp_mismatch(rank: int, world: int, save_dir: str) -> str:
     cfg = PRESETS["tiny"]
     mesh = build_mesh(2, world // 2)
     torch.manual_seed(0)
-    a = parallelize(GPT(cfg), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
+    a = as_deepspeed(parallelize(GPT(cfg), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine)
     a.save_checkpoint(save_dir, tag="tp2")
     group = dp_groups(rank, world, [world])[world]
-    b = apply_zero(GPT(cfg), group, ZeroConfig(stage=1, optimizer=ADAM))
+    b = ds_apply_zero(GPT(cfg), group, ZeroConfig(stage=1, optimizer=ADAM))
     try:
         b.load_checkpoint(save_dir)
     except Exception as e:  # noqa: BLE001

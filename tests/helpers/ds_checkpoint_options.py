@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.ds_checkpoint import ADAM, BNNet, _bn_state, _bn_train
 from tests.helpers.scenarios import dp_groups
-from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero import ZeroConfig
+from zerobench.zero.state.shards import full_parameters
 
 
 def _engine(group, stage: int, seed: int):
     torch.manual_seed(seed)
-    return apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
+    return ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
 
 
 def _moments(engine) -> list[torch.Tensor]:

@@ -11,11 +11,12 @@ import contextlib
 import copy
 import os
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.reference import make_adamw
 from tests.helpers.user_models import ADAM, batches, make_model, slice_of
 from zerobench.distributed.collectives import Group
-from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero import ZeroConfig
+from zerobench.zero.state.shards import full_parameters
 
 ACCUM, MICRO_BATCHES, CLIP = 2, 6, 0.5
 
@@ -64,7 +65,7 @@ def ds_counters(rank: int, world: int, stage: int, with_deepspeed: bool, plain: 
     model = make_model("all_in_blocks")  # DeepSpeed cannot broadcast the MLP's 0-dim parameter
     data = batches(MICRO_BATCHES, 2 * world)
     cfg = ZeroConfig(stage=stage, bucket_numel=5000, optimizer=ADAM, grad_accum_steps=ACCUM, clip_grad_norm=CLIP)
-    ours = apply_zero(copy.deepcopy(model), group, cfg)
+    ours = ds_apply_zero(copy.deepcopy(model), group, cfg)
     out = {
         "ours": _loop(ours, data, rank, world, plain),
         "queries": (ours.gradient_accumulation_steps(), ours.zero_optimization_stage()),

@@ -15,28 +15,29 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.ds_checkpoint import ADAM
 from tests.helpers.scenarios import dp_groups
 from zerobench.distributed.mesh import build_mesh
 from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
-from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.checkpoint import iter_shards
-from zerobench.zero.export import (
-    convert_zero_checkpoint_to_fp32_state_dict,
-    full_state_dict,
-    get_fp32_state_dict_from_zero_checkpoint,
-    load_state_dict_from_zero_checkpoint,
-)
-from zerobench.zero.state_dict import full_gradients, full_parameters
-from zerobench.zero.tensor_fragment import (
+from zerobench.zero import ZeroConfig, as_deepspeed
+from zerobench.zero.compat.deepspeed.tensor_fragment import (
     safe_get_full_fp32_param,
     safe_get_full_grad,
     safe_get_full_optimizer_state,
     safe_set_full_fp32_param,
     safe_set_full_optimizer_state,
 )
+from zerobench.zero.compat.deepspeed.zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+    load_state_dict_from_zero_checkpoint,
+)
+from zerobench.zero.state.checkpoint import iter_shards
+from zerobench.zero.state.export import full_state_dict
+from zerobench.zero.state.shards import full_gradients, full_parameters
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,7 +68,7 @@ def _engine(group, stage: int, precision: str, model: nn.Module | None = None):
     if model is None:
         torch.manual_seed(0)
         model = TiedNet()
-    return apply_zero(model, group, ZeroConfig(stage=stage, precision=precision, optimizer=ADAM, bucket_numel=300))
+    return ds_apply_zero(model, group, ZeroConfig(stage=stage, precision=precision, optimizer=ADAM, bucket_numel=300))
 
 
 def _train(engine, rank: int, steps: range) -> None:
@@ -219,7 +220,9 @@ def ds_export(rank: int, world: int, precision: str, save_dir: str) -> dict:
             **_per_param(engine, group, rank, stage, precision, f"{save_dir}/s{stage}"),
         }
     torch.manual_seed(0)
-    window = apply_zero(TiedNet(), group, ZeroConfig(stage=2, precision=precision, optimizer=ADAM, grad_accum_steps=2))
+    window = ds_apply_zero(
+        TiedNet(), group, ZeroConfig(stage=2, precision=precision, optimizer=ADAM, grad_accum_steps=2)
+    )
     window.backward(window(_batch(0, rank)))  # the first of two micro-batches: nothing reduced yet
     try:
         safe_get_full_grad(window.module.mid.weight)
@@ -232,7 +235,9 @@ def tp_export(rank: int, world: int) -> tuple:
     """Under TP a state dict of the whole model is one line, not one TP rank's slices under the full names."""
     mesh = build_mesh(2, world // 2)
     torch.manual_seed(0)
-    engine = parallelize(GPT(PRESETS["tiny"]), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
+    engine = as_deepspeed(
+        parallelize(GPT(PRESETS["tiny"]), mesh, ParallelSpec(zero=ZeroConfig(stage=1, optimizer=ADAM))).engine
+    )
     master = full_parameters(engine)  # this TP rank's slices
     slices = all(
         torch.equal(safe_get_full_fp32_param(p), master[n])

@@ -117,7 +117,7 @@ def compare_parameters(ours, theirs, model) -> dict:
     """How far zerobench's engine ``ours`` ended from DeepSpeed's ``theirs``, both started from ``model``:
     ``param_diff`` (largest element), ``moved`` (largest element of zerobench's update), ``update_rel_err`` (the
     whole update's relative L2 difference)."""
-    from zerobench.zero.state_dict import full_parameters
+    from zerobench.zero.state.shards import full_parameters
 
     full = full_parameters(ours)
     theirs_params = deepspeed_masters(theirs)

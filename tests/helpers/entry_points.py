@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from zerobench.zero import ZeroConfig
-from zerobench.zero.api import apply_zero
 from zerobench.zero.config import AdamWConfig
 
 STEPS = 3
@@ -71,7 +71,7 @@ def group_spellings(rank: int, world: int, stage: int) -> dict:
     for name, group in (("none", None), ("world", dist.group.WORLD), ("mesh", mesh)):
         a, b = _two_nets()
         ra, rb = copy.deepcopy(a), copy.deepcopy(b)
-        ea, eb = apply_zero(a, group, _config(stage)), apply_zero(b, group, _config(stage))
+        ea, eb = ds_apply_zero(a, group, _config(stage)), ds_apply_zero(b, group, _config(stage))
         out[name] = _train(rank, world, [ea, eb], nn.Sequential(a, b), nn.Sequential(ra, rb))
         out[name + "_size"] = (ea.group.size, ea.group.rank)
     return out
@@ -85,7 +85,7 @@ def submodules_called(rank: int, world: int, stage: int) -> dict:
         a, b = _two_nets()
         ra, rb = copy.deepcopy(a), copy.deepcopy(b)
         model = nn.Sequential(a, b)
-        engine = apply_zero(model, None, _config(stage), units=[a, b] if name == "units" else None)
+        engine = ds_apply_zero(model, None, _config(stage), units=[a, b] if name == "units" else None)
         out[name] = _train(rank, world, [engine], _Calls(a, b), nn.Sequential(ra, rb))
         if name == "root":  # and the model's own forward afterwards, as usual
             before = {k: v.clone() for k, v in _state(engine, model).items()}
@@ -126,13 +126,13 @@ def refusals(rank: int, world: int, stage: int) -> dict:
     cfg = _config(stage)
 
     def sparse():
-        apply_zero(nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1)), None, cfg)
+        ds_apply_zero(nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1)), None, cfg)
 
     def float64():
-        apply_zero(nn.Linear(4, 1).double(), None, cfg)
+        ds_apply_zero(nn.Linear(4, 1).double(), None, cfg)
 
     def mixed_dtypes():  # a bf16 layer in fp32 training: it would become fp32 under its forward
-        apply_zero(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1).bfloat16()), None, cfg)
+        ds_apply_zero(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1).bfloat16()), None, cfg)
 
     def sparse_functional():
         class Lookup(nn.Module):
@@ -144,14 +144,14 @@ def refusals(rank: int, world: int, stage: int) -> dict:
                 return nn.functional.embedding(idx, self.table, sparse=True).sum()
 
         m = Lookup()
-        e = apply_zero(m, None, cfg)
+        e = ds_apply_zero(m, None, cfg)
         for _ in range(2):  # the second window starts from .grad None at stages 0-1
             e.backward(m(torch.tensor([1, 2])))
             e.step()
 
     def frozen_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
-        e = apply_zero(m, None, cfg)
+        e = ds_apply_zero(m, None, cfg)
         m[0].weight.requires_grad_(False)
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
@@ -159,35 +159,35 @@ def refusals(rank: int, world: int, stage: int) -> dict:
     def unfrozen_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
         m[0].requires_grad_(False)
-        e = apply_zero(m, None, cfg)
+        e = ds_apply_zero(m, None, cfg)
         m[0].requires_grad_(True)
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
     def applied_twice():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
-        e = apply_zero(m, None, cfg)
+        e = ds_apply_zero(m, None, cfg)
         try:
-            apply_zero(m, None, cfg)
+            ds_apply_zero(m, None, cfg)
         finally:
             del e
 
     def wrong_group():
-        apply_zero(nn.Linear(4, 1), "dp", cfg)
+        ds_apply_zero(nn.Linear(4, 1), "dp", cfg)
 
     def converted_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
-        apply_zero(m, None, cfg)
+        ds_apply_zero(m, None, cfg)
         m.half()
 
     def to_empty_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
-        apply_zero(m, None, cfg)
+        ds_apply_zero(m, None, cfg)
         m.to_empty(device="cpu")
 
     def submodule_converted():
         m = _CastsItsInput()
-        e = apply_zero(m, None, cfg)
+        e = ds_apply_zero(m, None, cfg)
         m.fc.half()
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
@@ -228,7 +228,7 @@ def conversions(rank: int, world: int, stage: int) -> dict:
     a, b = _two_nets()
     ra, rb = copy.deepcopy(a), copy.deepcopy(b)
     model = nn.Sequential(a, b)
-    engine = apply_zero(model, None, _config(stage))
+    engine = ds_apply_zero(model, None, _config(stage))
     model.float()
     model.cpu()
     model.to("cpu")
@@ -257,7 +257,7 @@ def bf16_fp32_inputs(rank: int, world: int, stage: int) -> dict:
     torch.manual_seed(0)
     ours, by_hand = _Features(), _Features()
     by_hand.load_state_dict(ours.state_dict())
-    e1, e2 = apply_zero(ours, None, cfg), apply_zero(by_hand, None, cfg)
+    e1, e2 = ds_apply_zero(ours, None, cfg), ds_apply_zero(by_hand, None, cfg)
     g = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
         x, ids = torch.randn(2, 4, generator=g), torch.randint(0, 10, (2,), generator=g)
@@ -306,12 +306,12 @@ def units_by_class(rank: int, world: int, stage: int) -> dict:
     ref = copy.deepcopy(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        engine = apply_zero(model, None, _config(stage), units=_Layer)
-        apply_zero(_Stack(), None, _config(stage))
+        engine = ds_apply_zero(model, None, _config(stage), units=_Layer)
+        ds_apply_zero(_Stack(), None, _config(stage))
     out = {
-        "units": len(engine.scheduler.blocks) if engine.scheduler is not None else None,
+        "units": len(engine.gatherer.blocks) if engine.gatherer is not None else None,
         "warnings": [str(w.message) for w in caught if "ZeRO stage 3" in str(w.message)],
     }
     out["diff"] = _train(rank, world, [engine], model, ref)
-    out["bad_class"] = _error(lambda: apply_zero(_Stack(), None, _config(stage), units=nn.Conv2d))
+    out["bad_class"] = _error(lambda: ds_apply_zero(_Stack(), None, _config(stage), units=nn.Conv2d))
     return out

@@ -1,4 +1,4 @@
-"""Stage-3 parameters read outside the forward of the unit that holds them, declared with ``apply_zero(...,
+"""Stage-3 parameters read outside the forward of the unit that holds them, declared with ``ds_apply_zero(...,
 external_params=...)`` (DeepSpeed's ``register_external_parameter``): a parent's forward using a child unit's
 weight, a unit called through a method other than ``forward`` (FSDP2's ``register_fsdp_forward_method`` case),
 and a unit returning its own bias for its caller to add (Megatron's ``skip_bias_add``; DeepSpeed's
@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.user_models import ADAM, VOCAB, WIDTH, batches, compare, reference_params, slice_of
 from zerobench.distributed.collectives import Group
-from zerobench.zero import ZeroConfig, apply_zero, initialize
+from zerobench.zero import ZeroConfig, initialize
 
 
 class Projector(nn.Linear):
@@ -61,7 +62,7 @@ EXTERNAL = {"parent_reads": ["a.weight"], "method": ["a.weight", "a.bias"], "ret
 
 def _engine(model: Net, group: Group, stage: int, external):
     cfg = ZeroConfig(stage=stage, bucket_numel=5000, optimizer=ADAM)
-    return apply_zero(model, group, cfg, units=[model.a, model.b, model.head], external_params=external)
+    return ds_apply_zero(model, group, cfg, units=[model.a, model.b, model.head], external_params=external)
 
 
 def train_declared(rank: int, world: int, stage: int) -> dict:
@@ -157,4 +158,4 @@ def engine_from_a_list(rank: int, world: int) -> int:
     x, y = batches(1, 2 * world)[0]
     engine.backward(model(slice_of(x, rank, world), slice_of(y, rank, world)))  # a stays in the root: read anywhere
     engine.step()
-    return len(engine.scheduler.blocks)
+    return len(engine.gatherer.blocks)

@@ -17,7 +17,7 @@ from tests.helpers.module_load import CASES, _max_diff, _params, _train
 from tests.helpers.user_models import engine_for, make_model
 from zerobench.distributed.collectives import Group
 from zerobench.zero import Precision
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 
 def target_model(variant: str = "mlp"):

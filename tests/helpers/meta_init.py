@@ -16,7 +16,7 @@ from zerobench.parallel.init import init_gpt
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import Precision, ZeroConfig
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 CFG = PRESETS["tiny"]
 

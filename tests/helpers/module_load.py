@@ -13,7 +13,7 @@ import torch
 from tests.helpers.user_models import batches, engine_for, make_model, slice_of
 from zerobench.distributed.collectives import Group
 from zerobench.zero import Precision
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 CASES = [(f"s{s}-{p.value}", s, {"precision": p}) for s in (0, 1, 2, 3) for p in (Precision.FP32, Precision.BF16)] + [
     ("s2-bf16-offload", 2, {"precision": Precision.BF16, "offload_optimizer": "cpu"}),

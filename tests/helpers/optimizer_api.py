@@ -7,7 +7,7 @@ against single-process ``torch.optim.AdamW`` driven the same way (``tests/helper
 - ``engine.clip_grad_norm_`` (FSDP's spelling) against ``torch.nn.utils.clip_grad_norm_`` on one process;
 - ``state_dict()`` through ``torch.save``/``torch.load(weights_only=True)`` into a fresh engine and scheduler
   mid-schedule, then training on: bit-identical to training straight through;
-- ``save_checkpoint``/``load_checkpoint`` restoring the schedule's current learning rate;
+- ``save_sharded``/``load_sharded`` restoring the schedule's current learning rate;
 - bad values in ``param_groups`` and an added group: one line, on every rank.
 """
 
@@ -34,8 +34,8 @@ from tests.helpers.user_models import (
     slice_of,
 )
 from zerobench.distributed.collectives import Group
-from zerobench.zero.checkpoint import load_checkpoint, save_checkpoint
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.checkpoint import load_sharded, save_sharded
+from zerobench.zero.state.shards import full_parameters
 
 
 def schedule(step: int) -> float:
@@ -205,10 +205,10 @@ def _resume(rank, world, stage, model, data, group) -> dict:
     with tempfile.TemporaryDirectory() as tmp:  # the sharded checkpoint carries the current lr as well
         path = [tmp] if rank == 0 else [None]
         torch.distributed.broadcast_object_list(path, 0)
-        save_checkpoint(first, path[0])
+        save_sharded(first, path[0])
         torch.distributed.barrier()
         third = engine_for(copy.deepcopy(model), group, stage)
-        load_checkpoint(third, path[0])
+        load_sharded(third, path[0])
         out["checkpoint_lr"] = third.get_lr()[0]
         out["checkpoint_initial_lr"] = third.optimizer.param_groups[0].get("initial_lr")
         torch.distributed.barrier()

@@ -1,4 +1,4 @@
-"""Param groups as users write them (``apply_zero(param_groups=...)``), inside spawned ranks, against
+"""Param groups as users write them (``ds_apply_zero(param_groups=...)``), inside spawned ranks, against
 single-process ``torch.optim.AdamW`` with the same groups and the same per-group ``LambdaLR``:
 
 - three groups with their own lr, betas, eps and weight decay (one holds the embedding that the head ties
@@ -17,11 +17,12 @@ import tempfile
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.user_models import ADAM, batches, compare, error_line, make_model, reference_loss, slice_of
 from zerobench.distributed.collectives import Group
-from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.checkpoint import load_checkpoint, save_checkpoint
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero import ZeroConfig
+from zerobench.zero.state.checkpoint import load_sharded, save_sharded
+from zerobench.zero.state.shards import full_parameters
 
 STEPS = 4
 LAMBDAS = [lambda s: min(1.0, (s + 1) / 2), lambda s: 1.0, lambda s: 0.5**s]
@@ -58,7 +59,7 @@ def reference(model, data, world: int) -> tuple[dict, list[list[float]]]:
 
 def engine(model, group: Group, stage: int, groups=user_groups, **kw):
     cfg = ZeroConfig(stage=stage, bucket_numel=2000, optimizer=ADAM, **kw)
-    return apply_zero(copy.deepcopy(model), group, cfg, param_groups=groups)
+    return ds_apply_zero(copy.deepcopy(model), group, cfg, param_groups=groups)
 
 
 def _hypers(eng) -> list[dict]:
@@ -105,22 +106,22 @@ def _resume(rank, world, stage, model, data, group) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = [tmp] if rank == 0 else [None]
         torch.distributed.broadcast_object_list(path, 0)
-        save_checkpoint(first, path[0])
+        save_sharded(first, path[0])
         torch.distributed.barrier()
         second = engine(model, group, stage)
         sched2 = LambdaLR(second.optimizer, LAMBDAS)  # torch's order: the scheduler, then the optimizer's state
         sched2.load_state_dict(sched.state_dict())
-        load_checkpoint(second, path[0])
+        load_sharded(second, path[0])
         out["resumed_lrs"] = second.get_lr()
         out["saved_lrs"] = first.get_lr()
         train(second, sched2, data[2:], rank, world)
         a, b = full_parameters(straight), full_parameters(second)
         out["resume_diff"] = max((a[n] - b[n]).abs().max().item() for n in a)
         other = engine(model, group, stage, groups=None)
-        out["other_groups"] = error_line(lambda: load_checkpoint(other, path[0]))
+        out["other_groups"] = error_line(lambda: load_sharded(other, path[0]))
         swapped = engine(model, group, stage, groups=lambda m: [user_groups(m)[i] for i in (0, 2, 1)])
         before = _hypers(swapped)
-        out["other_members"] = error_line(lambda: load_checkpoint(swapped, path[0]))
+        out["other_members"] = error_line(lambda: load_sharded(swapped, path[0]))
         out["other_members_kept"] = _hypers(swapped) == before  # group 0 matches: nothing may be restored
         torch.distributed.barrier()
     return out

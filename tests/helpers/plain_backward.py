@@ -1,6 +1,6 @@
 """Training loops written for DDP/FSDP, which call ``loss.backward()`` and ``optimizer.step()`` instead of
 ``engine.backward(loss)``, run against the engine in spawned ranks and compared with single-process
-``torch.optim.AdamW`` training (``tests/helpers/user_models.py``). Before ``zero/backward_pass.py`` such a loop
+``torch.optim.AdamW`` training (``tests/helpers/user_models.py``). Before ``zero/grads/backward.py`` such a loop
 trained nothing, silently: the gradients were never reduced and every step was skipped.
 
 Cases (each a fresh engine on the MLP): the DDP loop; accumulation over two micro-batches with
@@ -29,7 +29,7 @@ from tests.helpers.user_models import batches, compare, engine_for, error_line, 
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.config import Precision
-from zerobench.zero.state_dict import full_gradients
+from zerobench.zero.state.shards import full_gradients
 
 
 def run_plain_backward(rank: int, world: int, stage: int) -> dict:

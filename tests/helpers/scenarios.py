@@ -19,7 +19,7 @@ from zerobench.parallel.layers import shard_cols, shard_rows
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import AdamWConfig, LossScaleConfig, Precision, ZeroConfig
-from zerobench.zero.state_dict import full_gradients, full_parameters
+from zerobench.zero.state.shards import full_gradients, full_parameters
 
 
 @dataclass(frozen=True)

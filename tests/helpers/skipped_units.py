@@ -18,11 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.reference import make_adamw
 from tests.helpers.user_models import ADAM, SEQ, VOCAB, WIDTH, Block, compare, error_line, slice_of
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
-from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero import ZeroConfig
 
 BLOCKS, STEPS = 5, 3
 
@@ -166,7 +167,9 @@ def reference(model: nn.Module, data, skips, world: int, accum: int = 1) -> dict
         losses = [ref(slice_of(x, r, world), slice_of(y, r, world), per_rank[r]) for r in range(world)]
         (torch.stack(losses).mean() / accum).backward()
         if (k + 1) % accum == 0:
-            for p in ref.parameters():  # unused on every rank: the engine steps on a zero gradient (zero/unused.py)
+            for (
+                p
+            ) in ref.parameters():  # unused on every rank: the engine steps on a zero gradient (zero/grads/unused.py)
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             opt.step()
@@ -192,7 +195,7 @@ def run_skip_cases(rank: int, world: int, cases: list[SkipCase]) -> dict[str, di
             **dict(case.config),
         )
         mine = copy.deepcopy(model)
-        engine = apply_zero(
+        engine = ds_apply_zero(
             mine, group, cfg, ledger=ledger, units=list(mine.experts) if case.pattern == "moe" else None
         )
 

@@ -92,5 +92,5 @@ def _gathers_per_step(rank: int, world: int, variant: str, group: Group) -> dict
         engine.step()
         engine.zero_grad()
     ops = collections.Counter(r.op for r in ledger.records)
-    unit = next(u for u in engine.scheduler.units if u.module is engine.module.blocks[1])
+    unit = next(u for u in engine.gatherer.units if u.module is engine.module.blocks[1])
     return {"all_gather": ops["all_gather"], "unit_buckets": len(unit.buckets)}

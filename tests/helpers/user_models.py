@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tests.helpers.ds import ds_apply_zero
 from tests.helpers.reference import make_adamw
 from zerobench.distributed.collectives import Group
-from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero import ZeroConfig
 from zerobench.zero.config import AdamWConfig
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 VOCAB, WIDTH, HIDDEN, SEQ = 40, 24, 300, 4
 ADAM = AdamWConfig(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -166,7 +167,7 @@ class UserCase:
 
 def engine_for(model, group: Group, stage: int, bucket_numel: int = 5000, ledger=None, **kw):
     cfg = ZeroConfig(stage=stage, bucket_numel=bucket_numel, **{"optimizer": ADAM, **kw})
-    return apply_zero(model, group, cfg, ledger=ledger)
+    return ds_apply_zero(model, group, cfg, ledger=ledger)
 
 
 def compare(engine, model_before, ref: dict[str, torch.Tensor]) -> dict:

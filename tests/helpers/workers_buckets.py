@@ -14,15 +14,15 @@ from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.shards import full_parameters
 
 
 def stage3_bucket_sizes(rank, world, bucket_numels):
     """Stage 3 at DP ``world`` with each bucket size: buckets per unit, the most staging bytes held at once
     during backward, reduce-scatter calls and volume, the trained full parameters, and for every bucket staged
     (``StagingBuckets.pop``) its unit, that unit's bucket count and state then."""
-    from zerobench.zero.bucket import GradBucketGroup
-    from zerobench.zero.staging import StagingBuckets
+    from zerobench.zero.grads.buckets import GradBucketGroup
+    from zerobench.zero.grads.staging import StagingBuckets
 
     cfg = PRESETS["tiny"]
     group = dp_groups(rank, world, [world])[world]
@@ -35,18 +35,20 @@ def stage3_bucket_sizes(rank, world, bucket_numels):
 
         def tracking(self, zp, grad, add_grad=add_grad, peak=peak):
             add_grad(self, zp, grad)
-            peak[0] = max(peak[0], sum(t.numel() for t in self.staging.values()))
+            peak[0] = max(peak[0], sum(t.numel() for t in self.staging_buffers.values()))
 
         engine.grads.add_grad = tracking.__get__(engine.grads)
-        units = engine.scheduler.units
+        units = engine.gatherer.units
         staged: list[tuple[int, int, str]] = []
 
-        def popping(bucket, stage=engine.grads.stage, by_bucket=engine.scheduler.by_bucket, staged=staged, units=units):
+        def popping(
+            bucket, stage=engine.grads.staging, by_bucket=engine.gatherer.by_bucket, staged=staged, units=units
+        ):
             unit = by_bucket[bucket]
             staged.append((units.index(unit), len(unit.buckets), unit.state.value))
             return StagingBuckets.pop(stage, bucket)
 
-        engine.grads.stage.pop = popping
+        engine.grads.staging.pop = popping
         engine.ledger.reset()
         _train(engine, SyntheticTokens(cfg.vocab, cfg.seq), group, 2, 0, 2 * world)
         rs = [r for r in engine.ledger.summary() if r["op"] == "reduce_scatter"]
@@ -58,7 +60,7 @@ def stage3_bucket_sizes(rank, world, bucket_numels):
             "rs_calls": sum(r["calls"] for r in rs),
             "rs_volume": sum(r["volume_elements"] for r in rs),
             "staged": staged,
-            "deferred": sorted(engine.grads.stage.deferred),
+            "deferred": sorted(engine.grads.staging.deferred),
             "unit_ends": sorted({b.unit: b.index for b in engine.layout.buckets}.values()),  # each unit's last
             "params": {n: t.detach().cpu().numpy().copy() for n, t in full_parameters(engine).items()},
         }
@@ -95,7 +97,7 @@ def grad_views(rank, world, stage):
 def sole_buckets(rank, world, stage):
     """Stages 2-3: a bucket that is one parameter exactly (the tied embedding) is reduced from the gradient
     itself, never copied into a staging bucket; trained with and without that, the parameters are equal."""
-    from zerobench.zero.staging import StagingBuckets
+    from zerobench.zero.grads.staging import StagingBuckets
 
     cfg = PRESETS["tiny"]
     group = dp_groups(rank, world, [world])[world]
@@ -103,7 +105,7 @@ def sole_buckets(rank, world, stage):
     for as_is in (True, False):
         torch.manual_seed(0)
         engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000))
-        stage_ = engine.grads.stage
+        stage_ = engine.grads.staging
         assert isinstance(stage_, StagingBuckets)
         if not as_is:
             stage_._as_is = lambda grad: False
@@ -133,7 +135,7 @@ def grad_partition_lifetime(rank, world, stage):
     """Stages 2-3: which gradient shards the engine holds through a step (after forward, as each bucket's
     reduce-scatter starts, after the step, after ``zero_grad``), and the gradients ``full_gradients``
     returns after ``zero_grad``."""
-    from zerobench.zero.state_dict import full_gradients
+    from zerobench.zero.state.shards import full_gradients
 
     cfg = PRESETS["tiny"]
     group = dp_groups(rank, world, [world])[world]
@@ -201,7 +203,7 @@ def overlap_comm(rank, world, stage):
     buffer was allocated while another bucket was reduced and the most gradients held back at once (stages
     2-3), the peak live bytes of training
     (``LiveTensorTracker``), and the trained full parameters."""
-    from zerobench.zero.bucket import GradBucketGroup
+    from zerobench.zero.grads.buckets import GradBucketGroup
 
     # Small vocabulary and sequence: the blocks' gradient buckets, not the embedding or activations, set the peak.
     cfg = dataclasses.replace(PRESETS["tiny"], layers=3, vocab=64, seq=16)
@@ -214,22 +216,22 @@ def overlap_comm(rank, world, stage):
             GPT(cfg), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000, overlap_comm=overlap)
         )
         grads, seen = engine.grads, {"outstanding": 0, "staged_beside": 0, "held": 0}
-        write = grads.stage.write
+        write = grads.staging.write
 
         def starting(bucket, grads=grads, seen=seen):
             start(grads, bucket)
             seen["outstanding"] = max(seen["outstanding"], len(grads.inflight))
 
         def writing(slot, grad, scale=None, grads=grads, seen=seen, write=write):
-            if grads.inflight and grads.stage.large[slot.bucket] and slot.bucket not in grads.staging:
+            if grads.inflight and grads.staging.large[slot.bucket] and slot.bucket not in grads.staging_buffers:
                 seen["staged_beside"] += 1  # a large staging buffer allocated while another is being reduced
             write(slot, grad, scale)
 
-        def holding(slot, grad, scale=None, grads=grads, seen=seen, hold=grads.stage.hold):
+        def holding(slot, grad, scale=None, grads=grads, seen=seen, hold=grads.staging.hold):
             hold(slot, grad, scale)
-            seen["held"] = max(seen["held"], len(grads.stage.held_tensors()))
+            seen["held"] = max(seen["held"], len(grads.staging.held_tensors()))
 
-        grads._start_reduce, grads.stage.write, grads.stage.hold = starting, writing, holding
+        grads._start_reduce, grads.staging.write, grads.staging.hold = starting, writing, holding
         peak = _train_on_a_slow_network(engine, cfg, group, world)
         out[overlap] = {
             **seen,
@@ -244,9 +246,9 @@ def overlap_comm(rank, world, stage):
 def tied_wait(rank, world, stage):
     """Stages 2-3, ``overlap_comm`` on, collectives never seen complete before they are waited for, a GPT whose
     tied embedding is its own bucket and the largest tensor: trained with the wait before the tied parameter's
-    second gradient (``zero/tied_grads.py``) and without it (the hooks not installed), how many collectives were in
+    second gradient (``zero/grads/staging.py``) and without it (the hooks not installed), how many collectives were in
     flight as the token lookup's backward began, the peak live bytes, and the trained full parameters."""
-    from zerobench.zero import backward_pass
+    from zerobench.zero.grads import backward as backward_pass
 
     cfg = dataclasses.replace(PRESETS["tiny"], layers=3, vocab=16384, seq=16)
     group = dp_groups(rank, world, [world])[world]

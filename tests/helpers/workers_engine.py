@@ -14,8 +14,8 @@ from zerobench.models.gpt import GPT
 from zerobench.models.sizes import PRESETS, num_params
 from zerobench.train.data import SyntheticTokens
 from zerobench.zero import Precision, ZeroConfig, apply_zero
-from zerobench.zero.checkpoint import consolidate, load_checkpoint, save_checkpoint
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.checkpoint import consolidate, load_sharded, save_sharded
+from zerobench.zero.state.shards import full_parameters
 
 
 def _train(engine, data, group, steps, start, global_batch):
@@ -95,7 +95,7 @@ def checkpoint_resume(rank, world, stage, ckpt_dir, extra=None):
     torch.manual_seed(0)
     a = apply_zero(GPT(cfg), groups[4], zc)
     _train(a, data, groups[4], 2, 0, 8)
-    save_checkpoint(a, ckpt_dir)
+    save_sharded(a, ckpt_dir)
     at_save = full_parameters(a)
     dist.barrier()
     _train(a, data, groups[4], 2, 2, 8)
@@ -106,7 +106,7 @@ def checkpoint_resume(rank, world, stage, ckpt_dir, extra=None):
     b = apply_zero(
         GPT(cfg), bg, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=20_000 if same else 7_000, **extra)
     )
-    load_checkpoint(b, ckpt_dir)
+    load_sharded(b, ckpt_dir)
     step_after_load = b.adamw.step_count
     _train(b, data, bg, 2, 2, 8)
     resumed = full_parameters(b)
@@ -180,9 +180,9 @@ def offload_ledgers(rank, world, preset):
             "device": engine.accounting.model_state_bytes(),
             "host": engine.accounting.host_model_state_bytes(),
         }
-        if engine.scheduler is not None:
-            units = engine.scheduler.order
-            m["peak_gathered"] = engine.scheduler.peak_gathered_bytes
+        if engine.gatherer is not None:
+            units = engine.gatherer.order
+            m["peak_gathered"] = engine.gatherer.peak_gathered_bytes
             m["root_bytes"] = units[0].nbytes
             m["largest_block_bytes"] = max(u.nbytes for u in units[1:])
         out[key] = m

@@ -141,7 +141,7 @@ def tp_rng_and_dropout(rank, world):
     from zerobench.parallel.checkpointing import ActivationConfig
     from zerobench.parallel.parallelize import ParallelSpec, parallelize
     from zerobench.parallel.random import TPRngTracker
-    from zerobench.zero.state_dict import full_gradients
+    from zerobench.zero.state.shards import full_gradients
 
     mesh = build_mesh(world, 1)
     torch.manual_seed(5)

@@ -1,9 +1,11 @@
 """The package structure, checked by walking the imports: no cycles, no upward imports from the core into
-the harness, small files and functions (ARCHITECTURE.md draws the arrows this enforces)."""
+the harness, the core never importing its compatibility layers, and long files and functions split by concept
+or accepted with a reason (ARCHITECTURE.md draws the arrows this enforces)."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,23 +154,75 @@ def test_models_are_leaves():
     assert out == []
 
 
-def test_no_file_over_300_lines():
-    big = sorted(
-        f"{p.relative_to(REPO)}: {n}" for p in _modules().values() if (n := len(p.read_text().splitlines())) > 300
-    )
-    assert big == []
+FILE_SMELL, FUNCTION_SMELL = 400, 60
+"""A file over ~400 formatted lines, or a function over ~60 lines of code, in zero/, parallel/ or train/ is a
+smell: each is either split by concept or accepted below with the reason it holds together. Lengths are judged
+on ``ruff format``'s output (test_lint.py), so lines are never packed to meet them."""
+ACCEPTED = {
+    "zerobench/zero/compat/deepspeed/lr_schedules.py": "DeepSpeed's five schedules and the config section that "
+    "names them: one vocabulary, checked step by step against DeepSpeed's own classes",
+}
 
 
-def test_no_function_over_60_lines_in_the_engine_parallel_and_train():
-    long = []
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines without its docstring: an ``Args:`` section never makes a function long."""
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:] or body
+    return node.end_lineno - (body[0].lineno if body is not node.body else node.lineno) + 1
+
+
+def _smells() -> dict[str, str]:
+    out = {}
     for d in SMALL_FUNCTIONS:
         for p in sorted((REPO / d).rglob("*.py")):
-            for node in ast.walk(ast.parse(p.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    n = node.end_lineno - node.lineno + 1
-                    if n > 60:
-                        long.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
-    assert long == []
+            rel, text = str(p.relative_to(REPO)), p.read_text()
+            if (n := len(text.splitlines())) > FILE_SMELL:
+                out[rel] = f"{n} lines"
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > FUNCTION_SMELL:
+                    out[f"{rel}:{node.name}"] = f"{_code_lines(node)} lines of code"
+    return out
+
+
+def test_long_files_and_functions_are_split_or_accepted_with_a_reason():
+    smells = _smells()
+    for where, size in sorted(smells.items()):
+        if where in ACCEPTED:
+            warnings.warn(f"{where} ({size}) accepted: {ACCEPTED[where]}", stacklevel=1)
+    assert sorted(set(smells) - set(ACCEPTED)) == [], "split these by concept, or accept them with a reason"
+    assert sorted(set(ACCEPTED) - set(smells)) == [], "no longer long: drop them from ACCEPTED"
+
+
+def _compat_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of the compatibility layers from the rest of ``zerobench.zero`` (its facade ``__init__`` aside,
+    which re-exports DeepSpeed's entry points lazily, where DeepSpeed users look for them)."""
+    compat = "zerobench.zero.compat"
+    return sorted(
+        f"{m} -> {t}"
+        for m, ts in graph.items()
+        if m.startswith("zerobench.zero.") and not m.startswith(compat)
+        for t in ts
+        if t.startswith(compat)
+    )
+
+
+def test_the_core_never_imports_the_compatibility_layers():
+    assert _compat_imports(_graph()) == []
+
+
+def test_a_planted_import_of_the_compatibility_layer_is_found():
+    graph = _graph()
+    graph["zerobench.zero.engine"] = graph["zerobench.zero.engine"] | {"zerobench.zero.compat.deepspeed.engine"}
+    assert _compat_imports(graph) == ["zerobench.zero.engine -> zerobench.zero.compat.deepspeed.engine"]
+    planted = REPO / "zerobench" / "zero" / "grads" / "_planted_probe.py"
+    try:  # through the file walker too, as a real file would be read
+        planted.write_text("from zerobench.zero.compat.deepspeed.config import from_deepspeed\n")
+        assert "zerobench.zero.grads._planted_probe -> zerobench.zero.compat.deepspeed.config" in _compat_imports(
+            _graph()
+        )
+    finally:
+        planted.unlink()
 
 
 def _mixins() -> list[str]:
@@ -215,7 +269,7 @@ def test_no_mixin_classes():
 
 def test_the_engine_does_not_import_the_memory_emulator():
     """The CPU memory-budget emulator (live-tensor tracker) reaches the engine only as the ``Allocator`` the
-    engine is given (zero/allocator.py), never by import."""
+    engine is given (zero/storage/allocator.py), never by import."""
     emulator = {"untracked", "resize_storage", "LiveTensorTracker", "TrackedAllocator"}
     found = []
     for p in sorted((REPO / "zerobench" / "zero").rglob("*.py")):

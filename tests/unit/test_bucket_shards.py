@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerobench.zero.buffer import BucketShards, LocalBuffer
 from zerobench.zero.layout import ParamSpec, build_layout
+from zerobench.zero.storage.buffer import BucketShards, LocalBuffer
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_stage0_flags_ride_after_the_last_bucket(layout):
     """``FullBuffer``'s tail (stage 0's unused-parameter flags) lies right after the last bucket, outside every
     bucket and parameter view; ``with_flag`` is one contiguous tensor for the last bucket's all-reduce, the tail
     zero but this rank's flag (so summing the ranks' gives every rank's)."""
-    from zerobench.zero.buffer import FullBuffer
+    from zerobench.zero.storage.buffer import FullBuffer
 
     full = FullBuffer(layout, torch.bfloat16, torch.device("cpu"), tail=4)
     assert full.data.numel() == layout.numel and full.tail.numel() == 4

@@ -8,9 +8,9 @@ from torch import nn
 
 from zerobench.distributed.collectives import Group
 from zerobench.zero import ZeroConfig, apply_zero
-from zerobench.zero.checkpoint import load_checkpoint, save_checkpoint
-from zerobench.zero.checkpoint_files import CheckpointMismatch
-from zerobench.zero.state_dict import full_parameters
+from zerobench.zero.state.checkpoint import load_sharded, save_sharded
+from zerobench.zero.state.shards import full_parameters
+from zerobench.zero.state.transaction import CheckpointMismatch
 
 ONE = Group(None, "dp", 1, 0)
 
@@ -27,9 +27,9 @@ def test_same_model_round_trips(tmp_path):
         for p in a.module.parameters():
             p.add_(1.0)
         a.adamw.master[0].copy_(a.storage.replica.data)  # fp32: the parameters are the master
-    save_checkpoint(a, tmp_path)
+    save_sharded(a, tmp_path)
     b = engine(8)
-    load_checkpoint(b, tmp_path)
+    load_sharded(b, tmp_path)
     want, got = full_parameters(a), full_parameters(b)
     assert all(torch.equal(want[n], got[n]) for n in want)
     assert not torch.equal(got["0.weight"], engine(8).module[0].weight)
@@ -44,17 +44,17 @@ def test_same_model_round_trips(tmp_path):
     ],
 )
 def test_another_model_is_refused(tmp_path, width, depth, message):
-    save_checkpoint(engine(8), tmp_path)
+    save_sharded(engine(8), tmp_path)
     with pytest.raises(CheckpointMismatch) as e:
-        load_checkpoint(engine(width, depth), tmp_path)
+        load_sharded(engine(width, depth), tmp_path)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_damaged_shard_is_refused(tmp_path):
-    save_checkpoint(engine(8), tmp_path)
+    save_sharded(engine(8), tmp_path)
     f = tmp_path / "shard-00000.pt"
     sd = torch.load(f, weights_only=True)
     sd["master"] = sd["master"][:-5]
     torch.save(sd, f)
     with pytest.raises(CheckpointMismatch, match="damaged shard"):
-        load_checkpoint(engine(8), tmp_path)
+        load_sharded(engine(8), tmp_path)

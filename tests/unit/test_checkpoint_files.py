@@ -10,13 +10,14 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.ds import ds_apply_zero
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
-from zerobench.zero import LossScaleConfig, ZeroConfig, apply_zero
-from zerobench.zero.checkpoint import consolidate, load_checkpoint, save_checkpoint
-from zerobench.zero.checkpoint_files import MANIFEST, CheckpointMismatch
-from zerobench.zero.export import get_fp32_state_dict_from_zero_checkpoint
-from zerobench.zero.state_dict import full_parameters, union_length
+from zerobench.zero import LossScaleConfig, ZeroConfig
+from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+from zerobench.zero.state.checkpoint import consolidate, load_sharded, save_sharded
+from zerobench.zero.state.shards import full_parameters, union_length
+from zerobench.zero.state.transaction import MANIFEST, CheckpointMismatch
 
 ONE = Group(None, "dp", 1, 0)
 
@@ -24,7 +25,7 @@ ONE = Group(None, "dp", 1, 0)
 def engine(stage: int = 2, **cfg):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-    return apply_zero(model, ONE, ZeroConfig(stage=stage, bucket_numel=40, **cfg))
+    return ds_apply_zero(model, ONE, ZeroConfig(stage=stage, bucket_numel=40, **cfg))
 
 
 def step(e, scale: float = 1.0) -> None:
@@ -50,11 +51,11 @@ def test_coverage_counts_each_element_once(intervals, n):
 
 def test_a_resave_replaces_the_checkpoint_whole(tmp_path):
     a = engine()
-    save_checkpoint(a, tmp_path / "c")
+    save_sharded(a, tmp_path / "c")
     step(a)
-    save_checkpoint(a, tmp_path / "c")
+    save_sharded(a, tmp_path / "c")
     b = engine()
-    load_checkpoint(b, tmp_path / "c")
+    load_sharded(b, tmp_path / "c")
     assert all(torch.equal(x, full_parameters(a)[k]) for k, x in full_parameters(b).items())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # nothing staged is left beside it
 
@@ -62,15 +63,15 @@ def test_a_resave_replaces_the_checkpoint_whole(tmp_path):
 def test_a_directory_of_other_files_is_not_overwritten(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="holds files that are not a checkpoint"):
-        save_checkpoint(engine(), tmp_path)
+        save_sharded(engine(), tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 def test_a_save_that_never_committed_is_refused(tmp_path):
-    save_checkpoint(engine(), tmp_path / "c")
+    save_sharded(engine(), tmp_path / "c")
     (tmp_path / "c" / MANIFEST).unlink()
     with pytest.raises(CheckpointMismatch, match="its save never finished"):
-        load_checkpoint(engine(), tmp_path / "c")
+        load_sharded(engine(), tmp_path / "c")
     with pytest.raises(CheckpointMismatch, match="its save never finished"):
         consolidate(tmp_path / "c")
 
@@ -92,16 +93,16 @@ def _legacy(path, step_of=None):
 def test_a_checkpoint_from_before_manifests_loads_and_a_torn_one_is_refused(tmp_path):
     a = engine(stage=0)
     step(a)
-    save_checkpoint(a, tmp_path / "c")
+    save_sharded(a, tmp_path / "c")
     _legacy(tmp_path / "c")
     b = engine(stage=0)
-    load_checkpoint(b, tmp_path / "c")
+    load_sharded(b, tmp_path / "c")
     assert all(torch.equal(x, full_parameters(a)[k]) for k, x in full_parameters(b).items())
 
 
 def test_shards_of_two_saves_are_refused(tmp_path):
     a = engine()
-    save_checkpoint(a, tmp_path / "c")
+    save_sharded(a, tmp_path / "c")
     meta = json.loads((tmp_path / "c" / "meta.json").read_text())
     shard = torch.load(tmp_path / "c" / "shard-00000.pt", weights_only=True)
     # a second shard written by another save: a legacy checkpoint would show it by its step, a new one by its id
@@ -139,8 +140,8 @@ def _two_shards(rank: int, world: int, path: str) -> None:
 
     group = dp_groups(rank, world, [world])[world]
     torch.manual_seed(0)
-    e = apply_zero(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)), group, ZeroConfig(stage=2, bucket_numel=40))
-    save_checkpoint(e, path)
+    e = ds_apply_zero(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)), group, ZeroConfig(stage=2, bucket_numel=40))
+    save_sharded(e, path)
 
 
 @pytest.mark.parametrize(
@@ -155,10 +156,10 @@ def _two_shards(rank: int, world: int, path: str) -> None:
     ],
 )
 def test_a_damaged_meta_json_is_one_line_at_once(tmp_path, damage, words):
-    save_checkpoint(engine(), tmp_path / "c")
+    save_sharded(engine(), tmp_path / "c")
     damage(tmp_path / "c" / "meta.json")
     t0 = time.monotonic()
-    for load in (lambda: load_checkpoint(engine(), tmp_path / "c"), lambda: consolidate(tmp_path / "c")):
+    for load in (lambda: load_sharded(engine(), tmp_path / "c"), lambda: consolidate(tmp_path / "c")):
         with pytest.raises((CheckpointMismatch, FileNotFoundError)) as e:
             load()
         assert words in str(e.value) and "\n" not in str(e.value)
@@ -166,7 +167,7 @@ def test_a_damaged_meta_json_is_one_line_at_once(tmp_path, damage, words):
 
 
 def test_a_huge_shard_count_without_a_manifest_is_refused_without_listing_it(tmp_path):
-    save_checkpoint(engine(), tmp_path / "c")
+    save_sharded(engine(), tmp_path / "c")
     _legacy(tmp_path / "c")
     meta = json.loads((tmp_path / "c" / "meta.json").read_text())
     (tmp_path / "c" / "meta.json").write_text(json.dumps({**meta, "num_shards": 10**12}))

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from zerobench.config import ConfigError
+from zerobench.zero.compat.deepspeed.config import batch_sizes, from_deepspeed
 from zerobench.zero.config import LossScaleRule, Precision
-from zerobench.zero.ds_config import batch_sizes, from_deepspeed
-from zerobench.zero.loss_scale import DynamicLossScaler
+from zerobench.zero.optim.loss_scale import DynamicLossScaler
 
 ZERO2_BF16 = {
     "train_batch_size": 64,

@@ -1,4 +1,4 @@
-"""``zero/escaped.py``: which freed stage-3 parameters a failing forward read, from its traceback alone: an attribute
+"""``zero/stage3/escaped.py``: which freed stage-3 parameters a failing forward read, from its traceback alone: an attribute
 chain on a failing line, resolved through modules and parameters only (never a property), or a local variable."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 import pytest
 from torch import nn
 
-from zerobench.zero.escaped import escaped_reads, note_escaped_reads
+from zerobench.zero.stage3.escaped import escaped_reads, note_escaped_reads
 
 
 class Net(nn.Module):

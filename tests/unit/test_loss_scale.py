@@ -10,7 +10,7 @@ import pytest
 
 from zerobench.config import ConfigError, RunFailed
 from zerobench.zero.config import LossScaleConfig, LossScaleRule, ZeroConfig
-from zerobench.zero.loss_scale import DynamicLossScaler, LossScaleAtMinimum
+from zerobench.zero.optim.loss_scale import DynamicLossScaler, LossScaleAtMinimum
 
 
 def _scales(cfg: LossScaleConfig, overflows: list[bool]) -> list[float]:

@@ -1,4 +1,4 @@
-"""DeepSpeed's learning-rate schedules (``zero/lr_schedules.py``, ``zero/one_cycle.py``) step by step against
+"""DeepSpeed's learning-rate schedules (``zero/compat/deepspeed/lr_schedules.py``, ``zero/compat/deepspeed/lr_schedules.py``) step by step against
 DeepSpeed's own classes on two param groups: every learning rate (and OneCycle's betas) over the schedule, from
 the one the constructor writes to past the end; state saved at one batch and loaded into a fresh schedule; and
 bad arguments as one line. No processes."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from zerobench.config import ConfigError
-from zerobench.zero.ds_scheduler import DEEPSPEED
+from zerobench.zero.compat.deepspeed.lr_schedules import DEEPSPEED
 
 CASES = [
     ("WarmupLR", {}),

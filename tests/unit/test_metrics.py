@@ -10,7 +10,7 @@ from zerobench.metrics.analytic import model_state_bytes_analytic, paper_model_s
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import LiveTensorTracker, TrackedOutOfMemory, resize_storage, storage_bytes
 from zerobench.zero.config import LossScaleConfig, ZeroConfig
-from zerobench.zero.loss_scale import DynamicLossScaler
+from zerobench.zero.optim.loss_scale import DynamicLossScaler
 
 
 def test_tracker_follows_allocations_and_frees():

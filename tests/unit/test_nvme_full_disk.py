@@ -12,8 +12,8 @@ import torch
 
 from tests.unit.test_bad_inputs import run
 from zerobench.config import RunFailed
-from zerobench.zero.nvme import NvmeStore
-from zerobench.zero.states import Fp32Codec, Int8Codec
+from zerobench.zero.offload.nvme import NvmeStore
+from zerobench.zero.optim.states import Fp32Codec, Int8Codec
 
 REAL_PWRITEV = os.pwritev
 

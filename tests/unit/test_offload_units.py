@@ -12,11 +12,12 @@ import torch
 from zerobench.config import ConfigError
 from zerobench.metrics.analytic import host_state_bytes_analytic, model_state_bytes_analytic
 from zerobench.metrics.memory import LiveTensorTracker, untracked
-from zerobench.zero import ZeroConfig, quant8
+from zerobench.zero import ZeroConfig
 from zerobench.zero.layout import ParamSpec, build_layout
-from zerobench.zero.nvme import NvmeStore
-from zerobench.zero.offload import HostPartition
-from zerobench.zero.states import Fp32Codec, Int8Codec, MemoryStore
+from zerobench.zero.offload.host import HostPartition
+from zerobench.zero.offload.nvme import NvmeStore
+from zerobench.zero.optim import quant8
+from zerobench.zero.optim.states import Fp32Codec, Int8Codec, MemoryStore
 
 
 @pytest.mark.parametrize("signed", [True, False])
@@ -170,7 +171,7 @@ def test_allocators_plain_and_tracked():
     """The engine's allocator interface: the plain one only resizes; the tracked one keeps an active
     live-tensor tracker informed of resizes and pauses it for host work."""
     from zerobench.metrics.memory import TrackedAllocator
-    from zerobench.zero.allocator import PlainAllocator
+    from zerobench.zero.storage.allocator import PlainAllocator
 
     t = torch.empty(256)
     PlainAllocator().resize(t, 0)
@@ -201,7 +202,7 @@ def test_allocators_plain_and_tracked():
 )
 def test_placement_from_the_config(opt, param, want):
     from zerobench.zero.config import ZeroConfig
-    from zerobench.zero.placement import Placement
+    from zerobench.zero.storage.placement import Placement
 
     p = Placement.of(ZeroConfig(stage=3, offload_optimizer=opt, offload_param=param, nvme_path="/tmp"))
     assert (p.params.value, p.master.value, p.states.value, p.offloaded) == want

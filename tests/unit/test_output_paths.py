@@ -107,7 +107,7 @@ DIR_CASES = {
     "zero-to-fp32 OUTPUT_DIR": (
         ["zero-to-fp32", "{tmp}", "{out}"],
         "OUTPUT_DIR",
-        ("zerobench.zero.export", "convert_zero_checkpoint_to_fp32_state_dict"),
+        ("zerobench.zero.compat.deepspeed.zero_to_fp32", "convert_zero_checkpoint_to_fp32_state_dict"),
     ),
     "train --tensorboard": (
         ["train", "--dp", "1", "--out", "{tmp}/o", "--tensorboard", "{out}"],

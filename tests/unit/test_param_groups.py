@@ -1,4 +1,4 @@
-"""Param groups without processes: how ``apply_zero(param_groups=...)`` is resolved (``zero/param_groups.py``),
+"""Param groups without processes: how ``apply_zero(param_groups=...)`` is resolved (``zero/optim/param_groups.py``),
 and the sharded step over chunks that several groups share, against ``torch.optim.AdamW`` with the same
 groups, on both kernel paths. The engine's side, at every stage, is ``tests/distributed/test_param_groups.py``."""
 
@@ -13,8 +13,8 @@ from torch import nn
 import kernels
 from zerobench.config import ConfigError
 from zerobench.zero.config import AdamWConfig
-from zerobench.zero.optimizer import ShardedAdamW
-from zerobench.zero.param_groups import resolve_param_groups
+from zerobench.zero.optim.adamw import ShardedAdamW
+from zerobench.zero.optim.param_groups import resolve_param_groups
 
 CFG = AdamWConfig(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 

@@ -297,7 +297,7 @@ def test_at_stages_2_3_a_large_buckets_copy_waits_for_the_reduce_scatter_in_flig
 
 def test_at_stages_2_3_the_embeddings_backward_waits_for_the_reduce_scatters_in_flight():
     """The tied word embedding (its own held-back bucket) gets its second gradient in the embedding's backward,
-    which starts once every reduce-scatter issued before it has ended (``zero/tied_grads.py``); at stages 0-1
+    which starts once every reduce-scatter issued before it has ended (``zero/grads/staging.py``); at stages 0-1
     (no staging) and with ``overlap_comm`` off there is no such wait."""
     import dataclasses
 

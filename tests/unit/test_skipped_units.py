@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zerobench.zero.skipped_units import SkipTracker
+from zerobench.zero.stage3.skipped import SkipTracker
 
 
 def forward(t: SkipTracker, ran: list[int]) -> list[tuple[int, list[int]]]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zerobench.zero.grads.staging import SMALL_STAGING, StagingBuckets
 from zerobench.zero.layout import ParamSpec, build_layout
-from zerobench.zero.staging import SMALL_STAGING, StagingBuckets
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``zero/tied_grads.py``: which parameters count as tied (owned by two modules), and that the wait before a
+"""``zero/grads/staging.py``: which parameters count as tied (owned by two modules), and that the wait before a
 large tied parameter's second gradient runs before each owner's backward, at stages 2-3 with overlap only, and
 not for a copy of the model. No processes: the bucket group is a stand-in that records the waits."""
 
@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from zerobench.zero.grads.staging import held_back, tied_owners, wait_before_tied_grads
 from zerobench.zero.layout import ParamSlot, ParamSpec, build_layout
-from zerobench.zero.staging import held_back
-from zerobench.zero.tied_grads import tied_owners, wait_before_tied_grads
 
 
 class TiedLM(nn.Module):
@@ -38,7 +37,7 @@ def _setup(bucket_numel: int, keep_full: bool = False, max_inflight: int = 2):
         keep_full=keep_full,
         max_inflight=max_inflight,
         layout=layout,
-        stage=SimpleNamespace(large=held_back(layout)),
+        staging=SimpleNamespace(large=held_back(layout)),
         wait_inflight=lambda: events.append("wait"),
     )
     model.wte.weight.register_post_accumulate_grad_hook(lambda p: events.append("landed"))

@@ -9,7 +9,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, OneCycleLR, Se
 
 from zerobench.config import ConfigError
 from zerobench.zero.config import AdamWConfig
-from zerobench.zero.torch_optimizer import ZeroOptimizer
+from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 
 CFG = AdamWConfig(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 

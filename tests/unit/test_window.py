@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerobench.zero.window import AccumulationWindow
+from zerobench.zero.grads.accumulation import AccumulationWindow
 
 
 def run(w: AccumulationWindow, plan: list[str]) -> list[tuple[bool, bool]]:

@@ -208,7 +208,7 @@ def reset_peak_rss() -> None:
 
 
 class TrackedAllocator:
-    """The engine's allocator (``zerobench.zero.allocator.Allocator``) when a ``LiveTensorTracker`` may be
+    """The engine's allocator (``zerobench.zero.storage.allocator.Allocator``) when a ``LiveTensorTracker`` may be
     counting: host work pauses the tracker. Its resize is the plain one: an active tracker follows every
     storage resize itself. Harmless with none active."""
 

@@ -23,7 +23,7 @@ from zerobench.models.config import GPTConfig
 from zerobench.models.gpt import GPT, init_parameter
 from zerobench.parallel.tensor_parallel import TPInfo, shard_parameter
 from zerobench.zero.engine import ZeroEngine
-from zerobench.zero.module_state import segments_by_param, write_segments
+from zerobench.zero.state.module_state import segments_by_param, write_segments
 
 
 @torch.no_grad()

@@ -24,10 +24,10 @@ from zerobench.parallel.checkpointing import CheckpointStore, apply_activation_c
 from zerobench.parallel.config import ActivationConfig
 from zerobench.parallel.fused import apply_fused_kernels
 from zerobench.parallel.tensor_parallel import TPInfo, apply_tp
-from zerobench.zero.allocator import Allocator
 from zerobench.zero.api import apply_zero
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
+from zerobench.zero.storage.allocator import Allocator
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,28 @@ def parallelize(
     param_groups=None,
     device: torch.device | None = None,
 ) -> Parallelized:
-    """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``.
+    """Apply TP -> fused kernels -> activation checkpointing -> ZeRO to ``model`` over ``mesh``, in that order.
 
-    Every rank must pass an identically initialised model. ``units``: stage-3 gather units (default:
-    every block of ``model.blocks``; or a layer class, ``zero/api.resolve_units``); ``allocator`` and
-    ``param_groups`` are passed to ``apply_zero`` (TP replaces the parameters it shards, so give the groups
-    as a callable ``param_groups(model)``). ``device``: where a model built on the meta device will run: the TP RNG,
-    the kernel choice and the engine's storage go there (then ``zerobench.parallel.init.init_gpt`` fills it).
+    The order is not a choice: TP replaces the parameters it shards, the fused kernels and checkpointing wrap the
+    modules TP produced, and ZeRO partitions whatever parameters the model holds at the end. Every rank must pass an
+    identically built model.
+
+    Args:
+        model: a plain GPT (``zerobench.models.gpt``) or any model with the same block structure.
+        mesh: the DP x TP process groups (``zerobench.distributed.mesh.build_mesh``).
+        spec: what to apply: TP's sequence parallelism and seed, the kernels, activation checkpointing (and P_a),
+            and the ``ZeroConfig`` (``None``: no ZeRO, e.g. the Megatron-LM baseline).
+        ledger: where every collective is recorded (TP's, checkpointing's and the engine's).
+        units: stage-3 gather units (default: every block of ``model.blocks``; or a layer class).
+        allocator: passed to ``apply_zero``.
+        param_groups: passed to ``apply_zero``; TP replaces the parameters it shards, so give them as a callable
+            ``param_groups(model)``.
+        device: where a model built on the meta device will run: the TP RNG, the kernel choice and the engine's
+            storage go there (then ``zerobench.parallel.init.init_gpt`` fills it).
+
+    Returns:
+        ``Parallelized(model, tp, store, engine)``: the model, TP's record (its sharded parameter names and RNG),
+        the checkpoint store, and the engine (``None`` without ZeRO).
     """
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel, device=device)
     apply_fused_kernels(model, spec.kernels, device=device)

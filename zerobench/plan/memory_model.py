@@ -67,7 +67,7 @@ class PlanConfig:
         """Bytes of optimizer state per parameter (the paper's K)."""
         if self.optim_bits == 32:
             return 4 + 8
-        from zerobench.zero import quant8  # imports torch: only an 8-bit plan pays for it
+        from zerobench.zero.optim import quant8  # imports torch: only an 8-bit plan pays for it
 
         return 4 + quant8.state_bytes_per_element()
 

@@ -1,6 +1,6 @@
 """Model sizes of the paper's evaluation (facts from its appendix tables) and Megatron vocabulary padding.
 
-Sequence length 1024 and the GPT-2 vocabulary (50257) as stated in ``shared/paper/README.md``. Megatron-LM
+Sequence length 1024 and the GPT-2 vocabulary (50257) as the paper states for its GPT-2-style models (evaluation, §10). Megatron-LM
 pads the vocabulary to a multiple of 128 x MP so the embedding splits evenly; so does zerobench.
 """
 

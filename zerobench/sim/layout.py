@@ -34,10 +34,10 @@ class Bucket:
     lands: int
     """Backward point after which it is complete: ``HEAD``, block index, or ``layers`` (the embedding)."""
     held_back: bool = False
-    """Stages 2-3: its gradients wait while another bucket is reduced (``zero/staging.py``'s ``held_back``)."""
+    """Stages 2-3: its gradients wait while another bucket is reduced (``zero/grads/staging.py``'s ``held_back``)."""
     tied: bool = False
     """Holds a parameter two modules own (the word embedding, tied to the LM head): held back, its second gradient
-    waits for the collectives in flight (``zero/tied_grads.py``)."""
+    waits for the collectives in flight (``zero/grads/staging.py``)."""
 
 
 def _landing(name: str, layers: int) -> int:
@@ -63,8 +63,7 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
     from zerobench.distributed.mesh import build_mesh
     from zerobench.models.gpt import GPT
     from zerobench.parallel.parallelize import ParallelSpec, parallelize
-    from zerobench.zero.staging import held_back
-    from zerobench.zero.tied_grads import tied_owners
+    from zerobench.zero.grads.staging import held_back, tied_owners
 
     if dist.is_initialized() and dist.get_backend() != "fake":
         raise RuntimeError(

@@ -224,7 +224,7 @@ def time_per_element(barrier=None, kernels: str = "auto", device: torch.device |
     ``copy``, ``add`` (autograd accumulating into an existing ``.grad``) and ``memset``, per byte. On a GPU
     the device's time in a stream of such calls (``device_time``), at sizes up to 64 Mi elements."""
     from zerobench.zero.config import AdamWConfig
-    from zerobench.zero.optimizer import ShardedAdamW
+    from zerobench.zero.optim.adamw import ShardedAdamW
 
     device = device or torch.device("cpu")
     cpu = device.type == "cpu"

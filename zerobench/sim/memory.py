@@ -7,7 +7,7 @@ activations are still held and the head's gradient is being made) is the sum of
 - the model states the engine holds by then, counted from the configuration and the real layout
   (``model_state_bytes_analytic`` on the engine's padded element count): parameters, gradient buffer,
   fp32 master and Adam moments, less what offload puts on the host. At stages 2-3 a bucket's gradient
-  shard is allocated when the bucket is first reduced (``zero/buffer.py``), after the peak: with one
+  shard is allocated when the bucket is first reduced (``zero/storage/buffer.py``), after the peak: with one
   micro-batch per step the gradient partition is not yet there; with accumulation it is;
 - the step's activations and transients beyond the parameters, *measured* on the device at the
   configuration's shape at one and at two blocks (``measure_memory.step_memory``): a fixed part
@@ -30,7 +30,7 @@ from zerobench.sim.layout import engine_buckets
 from zerobench.sim.measure import shape_key, shape_of
 from zerobench.sim.profile import Profile
 from zerobench.train.config import TrainConfig
-from zerobench.zero.states import make_codec
+from zerobench.zero.optim.states import make_codec
 
 
 def _without_processes(key: str) -> str:

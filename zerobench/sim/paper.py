@@ -231,7 +231,7 @@ def simulate_figures(prof: StatedProfile, mem_bytes: float, say) -> dict:
 
 FIG8_RUN = dict(layers=75, hidden=8192, heads=64, gpus=128, tp=16)
 FIG8_BATCHES = (2, 4, 32, 32, 8)
-"""Fig 8's 60B on 128 GPUs (``shared/paper/fig7_fig8_configs.csv``): C1..C5's micro-batches, in that order."""
+"""Fig 8's 60B on 128 GPUs (the configurations in the paper's artifact appendix for Figs 7-8): C1..C5's micro-batches, in that order."""
 
 
 def _c_config(name: str) -> dict:

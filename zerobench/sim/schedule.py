@@ -15,9 +15,9 @@ time in issue order, as a process group runs them). What the engine does, per st
   bucket, every micro-batch; later micro-batches add the result into the partition; a large bucket whose
   gradients land while a collective is in flight is copied once that has finished (``StagingBuckets.hold``),
   so backward waits for it there, and so does the embedding's backward, for the tied weight's second gradient
-  (``zero/tied_grads.py``);
+  (``zero/grads/staging.py``);
 - stage 3: each unit is gathered (one all-gather per bucket) before its forward and again before its
-  backward, the next unit prefetched (``Stage3Scheduler``): the root at the start of forward and,
+  backward, the next unit prefetched (``Stage3Gatherer``): the root at the start of forward and,
   unprefetched, at the start of backward;
 - TP's collectives: where the profile measured a piece with them on the real groups (``IN_SITU``), the
   difference from the piece alone; else the isolated collective plus the rank-skew penalty;
@@ -203,7 +203,7 @@ class StepReplay:
 
     def before_tied_grad(self) -> None:
         """Stages 2-3 with overlap: the embedding's backward (the tied weight's second gradient) waits for the
-        collectives in flight when that weight's bucket is held back (``zero/tied_grads.py``)."""
+        collectives in flight when that weight's bucket is held back (``zero/grads/staging.py``)."""
         if (
             self.stage >= 2
             and self.sync

@@ -42,7 +42,7 @@ def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
 
 
 FLAGS_RIDE_SINCE = datetime.fromisoformat("2026-11-26T14:40:00+00:00")
-"""Since then stage 0's unused-parameter flags ride in its last gradient all-reduce (``zero/unused.py``); a run
+"""Since then stage 0's unused-parameter flags ride in its last gradient all-reduce (``zero/grads/unused.py``); a run
 whose rows were recorded before is replayed with the check as an all-reduce of its own, as the engine that ran it
 started one."""
 

@@ -1,14 +1,29 @@
 """ZeRO-DP: partitioned optimizer states (stage 1), gradients (2) and parameters (3) over a DP group.
 
-The configs import without torch; the engine (and ``apply_zero``) load on first use, so parsing a suite
-or planning does not pay for importing torch.
+The configs import without torch; everything else loads on first use, so parsing a suite or planning does not
+pay for importing torch. ``initialize`` and ``as_deepspeed`` are the DeepSpeed layer's
+(``zero/compat/deepspeed/``), re-exported here as DeepSpeed users look for them; the core never imports it.
 """
 
+import importlib
+
 from zerobench.zero.config import AdamWConfig, LossScaleConfig, LossScaleRule, Precision, ZeroConfig
-from zerobench.zero.loss_scale import LossScaleAtMinimum
+
+_LAZY = {
+    "apply_zero": "zerobench.zero.api",
+    "ZeroEngine": "zerobench.zero.engine",
+    "engine_of": "zerobench.zero.registry",
+    "GatheredParameters": "zerobench.zero.state.gathered",  # deepspeed.zero.GatheredParameters's counterpart
+    "ShardedGradScaler": "zerobench.zero.optim.loss_scale",
+    "LossScaleAtMinimum": "zerobench.zero.optim.loss_scale",
+    "initialize": "zerobench.zero.compat.deepspeed.initialize",  # deepspeed.initialize's counterpart
+    "as_deepspeed": "zerobench.zero.compat.deepspeed.engine",
+    "DeepSpeedEngine": "zerobench.zero.compat.deepspeed.engine",
+}
 
 __all__ = [
     "AdamWConfig",
+    "DeepSpeedEngine",
     "GatheredParameters",
     "LossScaleAtMinimum",
     "LossScaleConfig",
@@ -18,29 +33,13 @@ __all__ = [
     "ZeroConfig",
     "ZeroEngine",
     "apply_zero",
+    "as_deepspeed",
+    "engine_of",
     "initialize",
 ]
 
 
 def __getattr__(name: str):
-    if name == "apply_zero":
-        from zerobench.zero.api import apply_zero
-
-        return apply_zero
-    if name == "initialize":  # deepspeed.initialize's counterpart, from a DeepSpeed config
-        from zerobench.zero.ds_initialize import initialize
-
-        return initialize
-    if name == "GatheredParameters":  # deepspeed.zero.GatheredParameters's counterpart
-        from zerobench.zero.gathered import GatheredParameters
-
-        return GatheredParameters
-    if name == "ShardedGradScaler":
-        from zerobench.zero.amp import ShardedGradScaler
-
-        return ShardedGradScaler
-    if name == "ZeroEngine":
-        from zerobench.zero.engine import ZeroEngine
-
-        return ZeroEngine
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'zerobench.zero' has no attribute {name!r}")

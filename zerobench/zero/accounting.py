@@ -12,7 +12,7 @@ import torch
 
 from zerobench.metrics.analytic import host_state_bytes_analytic, model_state_bytes_analytic
 from zerobench.metrics.memory import storage_bytes
-from zerobench.zero.placement import Placement, Tier
+from zerobench.zero.storage.placement import Placement, Tier
 
 
 @dataclass
@@ -21,8 +21,8 @@ class EngineAccounting:
 
     grads: Any
     """The ``GradBucketGroup``."""
-    scheduler: Any
-    """The stage-3 ``Stage3Scheduler`` (None at stages 0-2)."""
+    gatherer: Any
+    """The stage-3 ``Stage3Gatherer`` (None at stages 0-2)."""
     storage: Any
     """The ``ParamStorage`` (replica, shards, master, host partition)."""
     optimizer: Any
@@ -42,8 +42,8 @@ class EngineAccounting:
         at stages 2-3 the partition exists from backward until ``zero_grad()`` and is released between."""
         g = self.grads.tensors()
         comm = list(g["comm_buffers"])
-        if self.scheduler is not None:
-            comm += self.scheduler.gathered_tensors()
+        if self.gatherer is not None:
+            comm += self.gatherer.gathered_tensors()
         led = {
             "params": storage_bytes(self.storage.device_params()),
             "grads": self.grads.grad_bytes(),

@@ -12,10 +12,10 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
-from zerobench.zero.allocator import Allocator
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
-from zerobench.zero.module_zero_grad import engine_of
+from zerobench.zero.registry import engine_of
+from zerobench.zero.storage.allocator import Allocator
 from zerobench.zero.units import UnitPlan, resolve_external
 
 
@@ -77,34 +77,48 @@ def apply_zero(
     device=None,
     external_params=None,
 ) -> ZeroEngine:
-    """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group``; returns the engine.
+    """Apply ZeRO ``config.stage`` to ``model`` over ``dp_group`` and return the engine that trains it.
 
-    ``dp_group`` is the data-parallel process group: a ``torch.distributed.ProcessGroup``, ``None`` for the
-    default (world) group as DDP's ``process_group=None``, a 1-D ``DeviceMesh`` or a
-    ``zerobench.distributed.collectives.Group`` (``tp_group`` likewise, but ``None`` there means no TP).
+    Apply it last, after tensor parallelism and activation checkpointing: ZeRO partitions whatever parameters the
+    model holds at that point (``zerobench.parallel.parallelize`` applies TP, fused kernels, checkpointing and this
+    in their one order). Every DP rank must pass the same model and config (checked at construction: a rank that
+    differs fails with one line on every rank); DP rank 0's parameter and buffer values are broadcast to the others,
+    as DDP does, so the ranks need not seed their initialisation alike. A model is trained by one engine: applying it
+    twice is refused (``engine.destroy()`` hands the model back first).
 
-    Apply it last, after tensor parallelism and activation checkpointing: ZeRO partitions whatever
-    parameters the model holds at that point. Every DP rank must pass the same model and config (checked at
-    construction: a rank that differs fails with one line on every rank); DP rank 0's parameter and buffer
-    values are broadcast to the others, as DDP does, so the ranks need not seed their initialisation alike.
-    With tensor parallelism, ``dp_group`` is this TP rank's DP group; pass the TP group and the names of the
-    parameters TP shards (``TPInfo.sharded``): gradient norms and overflow checks then span both groups,
-    counting sharded parameters once per TP rank and replicated ones once. ``zerobench.parallel.parallelize``
-    applies TP, fused kernels, checkpointing and this in their one order. ``allocator``: how host work
-    and stage-3 resizes are accounted (default ``PlainAllocator``; see ``zero/allocator.py``).
-    ``param_groups``: the optimizer's groups as ``torch.optim`` takes them (a list of dicts with ``params``
-    and any of ``lr``, ``betas``, ``eps``, ``weight_decay``; each group's weight decay applies to all its
-    parameters); default one group of every trained parameter, with weight decay on 2+-dim ones only
-    (``zero/param_groups.py``); or a callable ``param_groups(model)`` that returns them from the model as
-    ZeRO receives it (after TP has replaced its parameters). ``units``: stage 3's gather units, as modules
-    or as a layer class (``resolve_units``); default ``model.blocks``. ``external_params``: parameters (or
-    their names) read outside the forward of the stage-3 unit that holds them: a parent's forward using a child
-    unit's weight, a unit called through another method than ``forward``, a unit returning its own parameter
-    (DeepSpeed's ``register_external_parameter``); the root unit owns them, gathered for the whole forward and
-    backward, as a weight shared between units. Without it such a read finds the freed (empty) parameter.
-    ``device``: where the engine's storage lives, for a model built on the meta device (default: the parameters'
-    device); its values are then zero until initialised (``zerobench.parallel.init`` for the GPT;
-    ``engine.gathered_params()`` or ``load_state_dict``).
+    Args:
+        model: a plain ``nn.Module``; its parameters become views of the engine's buffers.
+        dp_group: the data-parallel group: a ``torch.distributed.ProcessGroup``, ``None`` for the default (world)
+            group as DDP's ``process_group=None``, a 1-D ``DeviceMesh``, or a ``zerobench.distributed.collectives.Group``.
+            With tensor parallelism, this TP rank's DP group.
+        config: the stage, precision, buckets, loss scaling and AdamW settings (``ZeroConfig``).
+        ledger: where the engine's collectives are recorded (default: a ledger of its own, ``engine.ledger``).
+        units: stage 3's gather units, as modules or as a layer class (every outermost submodule of it, as FSDP's
+            ``ModuleWrapPolicy``); default ``model.blocks``. Ignored at stages 0-2.
+        tp_group: the tensor-parallel group (``None``: no TP); gradient norms and overflow checks then span both
+            groups, counting TP-sharded parameters once per TP rank and replicated ones once.
+        tp_sharded: the names of the parameters TP shards (``TPInfo.sharded``).
+        allocator: how host work and stage-3 resizes are accounted (default ``PlainAllocator``; ``zero/storage/
+            allocator.py``).
+        param_groups: the optimizer's groups as ``torch.optim`` takes them (dicts with ``params`` and any of ``lr``,
+            ``betas``, ``eps``, ``weight_decay``), or a callable ``param_groups(model)`` returning them from the model
+            as ZeRO receives it (after TP replaced its parameters). Default: one group, weight decay on 2+-dim
+            parameters only (``zero/optim/param_groups.py``).
+        device: where the engine's storage lives, for a model built on the meta device (default: the parameters'
+            device); its values are then zero until initialised (``zerobench.parallel.init`` for the GPT,
+            ``engine.gathered_params()`` or ``load_state_dict``).
+        external_params: parameters (or their names) read outside the forward of the stage-3 unit that holds them
+            (DeepSpeed's ``register_external_parameter``): the root unit owns them, gathered for the whole forward and
+            backward. Without it such a read finds the freed (empty) parameter.
+
+    Returns:
+        The ``ZeroEngine``: ``engine.backward(loss)``/``engine.step()``, or ``loss.backward()``/
+        ``engine.optimizer.step()``/``model.zero_grad()`` as under DDP (docs/engine.md). ``as_deepspeed(engine)``
+        adds DeepSpeed's engine names.
+
+    Raises:
+        ConfigError: one line, on every rank, for an invalid config, a model the ranks disagree on, a model already
+            trained by an engine, or a ``device`` for a model that is not on the meta device.
     """
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")

@@ -1,7 +1,7 @@
 """The construction steps of ``ZeroEngine``, one function each: which parameters are trained and in what
 order (pure), the model's parameters pointed at the engine's storage, the optimizer's per-chunk ranges
 (pure), and the optimizer over this rank's chunks. Where the parameters and the master live is
-``zero/storage.py``. ``ZeroEngine.__init__`` calls them in order.
+``zero/storage/params.py``. ``ZeroEngine.__init__`` calls them in order.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
-from zerobench.zero.allocator import Allocator
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.layout import ParamSpec, PartitionLayout, Segment
-from zerobench.zero.nvme import NvmeStore
-from zerobench.zero.optimizer import ShardedAdamW
+from zerobench.zero.offload.nvme import NvmeStore
+from zerobench.zero.optim.adamw import ShardedAdamW
 from zerobench.zero.param import ParamState, ZeroParam
-from zerobench.zero.placement import Placement, Tier
-from zerobench.zero.stage3 import Stage3Scheduler
-from zerobench.zero.storage import ParamStorage
+from zerobench.zero.stage3.gatherer import Stage3Gatherer
+from zerobench.zero.storage.allocator import Allocator
+from zerobench.zero.storage.params import ParamStorage
+from zerobench.zero.storage.placement import Placement, Tier
 from zerobench.zero.units import UnitPlan, assign_units
 
 
@@ -154,8 +154,8 @@ def attach_params(
     config: ZeroConfig,
     allocator: Allocator,
     device: torch.device,
-) -> Stage3Scheduler | None:
-    """Stages 0-2: every parameter becomes a view of the full buffer (None). Stage 3: the scheduler that
+) -> Stage3Gatherer | None:
+    """Stages 0-2: every parameter becomes a view of the full buffer (None). Stage 3: the gatherer that
     gathers and frees each unit's parameters."""
     for zp in zparams:  # a model built on the meta device, for storage on a real one
         if zp.param.is_meta and device.type != "meta":
@@ -166,7 +166,7 @@ def attach_params(
             zp.state = ParamState.REPLICATED
         return None
     transfer = st.host.transfer if st.shards_on_host else None
-    return Stage3Scheduler.build(
+    return Stage3Gatherer.build(
         model, units, layout, zparams, st.shards, group, ledger, device, transfer, config.prefetch, allocator
     )
 

@@ -66,7 +66,7 @@ class LossScaleRule(str, enum.Enum):
 @dataclass(frozen=True)
 class LossScaleConfig:
     """Loss scaling for fp16 (ignored for fp32/bf16). At ``min_scale`` an overflow that would back the scale off
-    ends training (``zero/loss_scale.py``'s ``LossScaleAtMinimum``), as DeepSpeed's: every later step would
+    ends training (``zero/optim/loss_scale.py``'s ``LossScaleAtMinimum``), as DeepSpeed's: every later step would
     overflow and be skipped too."""
 
     init_scale: float = 2.0**16
@@ -129,7 +129,7 @@ class ZeroConfig:
     """Precision recipe (see ``Precision``)."""
     bucket_numel: int = 6_250_000
     """Elements per gradient/parameter bucket (constant-size buffers, C_B); 25 MB of fp32, torch DDP's
-    default. Stages 2-3 hold one staging bucket of this size at a time (``zero/staging.py``). At
+    default. Stages 2-3 hold one staging bucket of this size at a time (``zero/grads/staging.py``). At
     stage 3 a bucket never spans two gather units; a unit larger than this is cut into several buckets
     (gathered together, reduce-scattered one by one as backward fills them)."""
     param_align: int = 16

@@ -1,26 +1,26 @@
 """The ZeRO engine: stages 0-3 over one data-parallel group, on a plain model.
 
-Construction moves every parameter into the engine's flat buffers (``p.data`` becomes a view; tied
-parameters stay tied), builds this rank's fp32 master partition and Adam states, and installs gradient
-hooks (and, at stage 3, the gather/free scheduler). The training loop is::
+Construction moves every parameter into the engine's flat buffers (``p.data`` becomes a view; tied parameters stay
+tied), builds this rank's fp32 master partition and Adam states, and installs gradient hooks (and, at stage 3, the
+gather/free gatherer). Its surface is closed and documented in docs/engine.md: the training loop is either::
 
-    for x, y in micro_batches:           # as DeepSpeed's: step() acts at each window's end, then zeroes
+    for x, y in micro_batches:           # step() acts at each window's end, then zeroes
         engine.backward(model(x, y))
         engine.step()
 
-or as under DDP: ``loss.backward()`` (``zero/backward_pass.py``), ``engine.no_sync()`` (``zero/window.py``),
-``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/module_zero_grad.py``). DeepSpeed's ``engine(x)``,
-``train()``/``eval()``, counters, ranks and the module's attributes by name (``zero/ds_surface.py``), tagged
-``save_checkpoint``/``load_checkpoint`` (``zero/checkpoint_dir.py``) and ``save_16bit_model`` (``zero/export.py``)
-work too. Memory figures are ``engine.accounting``'s (``zero/accounting.py``).
+or DDP's: ``loss.backward()`` (``zero/grads/backward.py``), ``engine.no_sync()`` (``zero/grads/accumulation.py``),
+``engine.optimizer.step()`` and ``model.zero_grad()`` (``zero/interop/module_zero_grad.py``). Beyond training:
+``gathered_params()``, ``clip_grad_norm_()``, ``empty_partition_cache()``, ``destroy()``, and the memory and
+communication ledgers (``engine.accounting``, ``engine.ledger``). DeepSpeed's engine names are a layer composed on
+top (``zerobench.zero.as_deepspeed``, ``zero/compat/deepspeed/engine.py``), which this module never imports.
 
-Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (free; a plain
-``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the
-collectives sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the
-optimizer step.
+Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (a plain
+``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the collectives
+sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the optimizer step.
 
-Under optimizer offload (``zero/offload.py``) the master, moments (``zero/states.py``: in memory, 8-bit or on NVMe)
-and gradient partition live on the host and the step (``zero/step.py``) runs there; parameter offload adds stage 3's.
+Under optimizer offload (``zero/offload/host.py``) the master, moments (``zero/optim/states.py``: in memory, 8-bit
+or on NVMe) and gradient partition live on the host and the step (``zero/optim/step.py``) runs there; parameter
+offload adds stage 3's.
 """
 
 from __future__ import annotations
@@ -32,35 +32,32 @@ from torch import nn
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
-from zerobench.zero.allocator import Allocator, PlainAllocator
-from zerobench.zero.backward_pass import BackwardPasses
-from zerobench.zero.bucket import GradBucketGroup, SyncMode
 from zerobench.zero.build import UnitPlan, attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
-from zerobench.zero.checkpoint_dir import load_tagged, save_tagged
 from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
-from zerobench.zero.ds_surface import DeepSpeedSurface, engine_attribute
-from zerobench.zero.export import save_16bit_model
-from zerobench.zero.forward_inputs import cast_forward_inputs
-from zerobench.zero.gathered import GatheredParams
-from zerobench.zero.grad_stats import clip_coefficient, window_grad_norm
+from zerobench.zero.grads.accumulation import AccumulationWindow
+from zerobench.zero.grads.backward import BackwardPasses
+from zerobench.zero.grads.buckets import GradBucketGroup, SyncMode
+from zerobench.zero.grads.stats import clip_coefficient, window_grad_norm
+from zerobench.zero.grads.unused import UnusedCheck, start_unused_check
+from zerobench.zero.interop.forward_inputs import cast_forward_inputs
+from zerobench.zero.interop.module_zero_grad import route_zero_grad
+from zerobench.zero.interop.teardown import check_live, destroy_engine
 from zerobench.zero.layout import build_layout
-from zerobench.zero.loss_scale import DynamicLossScaler
-from zerobench.zero.module_state import install_load_hooks
-from zerobench.zero.module_zero_grad import route_zero_grad
+from zerobench.zero.optim.loss_scale import DynamicLossScaler
+from zerobench.zero.optim.param_groups import resolve_param_groups
+from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 from zerobench.zero.param import ZeroParam
-from zerobench.zero.param_groups import resolve_param_groups
-from zerobench.zero.placement import Placement
+from zerobench.zero.registry import register
 from zerobench.zero.replicas import sync_replicas
-from zerobench.zero.storage import ParamStorage
-from zerobench.zero.teardown import check_live, destroy_engine
-from zerobench.zero.tensor_fragment import register
-from zerobench.zero.torch_optimizer import ZeroOptimizer
-from zerobench.zero.unused import UnusedCheck, start_unused_check
-from zerobench.zero.window import AccumulationWindow
+from zerobench.zero.state.gathered import GatheredParams
+from zerobench.zero.state.module_state import install_load_hooks
+from zerobench.zero.storage.allocator import Allocator, PlainAllocator
+from zerobench.zero.storage.params import ParamStorage
+from zerobench.zero.storage.placement import Placement
 
 
 class ZeroEngine:
-    """Created by ``apply_zero``; see the module docstring."""
+    """The engine ``apply_zero`` returns; see the module docstring and docs/engine.md."""
 
     def __init__(
         self,
@@ -76,26 +73,14 @@ class ZeroEngine:
         device: torch.device | None = None,
     ):
         config.validate()
-        self._surface, self.destroyed = DeepSpeedSurface(self), False  # DeepSpeed's queries by name; by destroy()
+        self.destroyed = False  # by destroy()
         self.allocator = allocator if allocator is not None else PlainAllocator()
         self.tp_group = tp_group if tp_group is not None and tp_group.size > 1 else None
         self.module, self.group, self.config, self.stage = model, group, config, config.stage
         self.ledger, self.param_dtype = ledger if ledger is not None else CommLedger(), config.precision.param_dtype
         # 1. Which parameters are trained, in layout order; the partition layout (pure data).
-        ordered = order_params(model, units, self.stage, self.param_dtype)
-        groups = resolve_param_groups(ordered.named, param_groups, config.optimizer, model)  # before any collective
-        self.device = device = device if device is not None else ordered.named[0][1].device  # meta-built: given
-        sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
-        self.layout = build_layout(
-            ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel, config.param_align
-        )
-        self.zparams = [
-            ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
-            for (_, p), slot in zip(ordered.named, self.layout.params)
-        ]
-        self.frozen = settle_frozen(model, ordered.frozen, self.param_dtype, device)  # refused at step() if unfrozen
-        self.rank_in_shards = 0 if self.stage == 0 else group.rank
-        segments = self.layout.segments(self.rank_in_shards)
+        ordered, groups = self._lay_out(model, units, param_groups, device)
+        device, segments = self.device, self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
         self.placement = Placement.of(config)
         self.storage = st = ParamStorage(
@@ -103,7 +88,7 @@ class ZeroEngine:
         )
         st.fill(self.zparams, segments)
         # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
-        self.scheduler = attach_params(
+        self.gatherer = attach_params(
             model, ordered.units, st, self.layout, self.zparams, group, self.ledger, config, self.allocator, device
         )
         # 4. Optimizer over this rank's chunks, with weight-decay and param-group ranges per chunk.
@@ -120,10 +105,6 @@ class ZeroEngine:
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
-        self.lr_scheduler, self.micro_batch = (
-            None,
-            None,
-        )  # DeepSpeed's, from initialize(); the scheduler is checkpointed
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
@@ -132,14 +113,33 @@ class ZeroEngine:
         )
         self.numel = self.layout.unpadded_numel
         self.accounting = EngineAccounting(
-            self.grads, self.scheduler, st, self.adamw, config, self.placement, self.numel, group.size
+            self.grads, self.gatherer, st, self.adamw, config, self.placement, self.numel, group.size
         )
         register(self)  # safe_get_full_fp32_param(p) and the rest find the engine by the parameter
 
     # -- construction helpers ------------------------------------------------------------------
+    def _lay_out(self, model: nn.Module, units, param_groups, device: torch.device | None):
+        """The trained parameters in layout order, their param groups, the device, DP rank 0's values everywhere,
+        the partition layout and each parameter's ``ZeroParam``; returns (the ordered parameters, the groups)."""
+        config, group = self.config, self.group
+        ordered = order_params(model, units, self.stage, self.param_dtype)
+        groups = resolve_param_groups(ordered.named, param_groups, config.optimizer, model)  # before any collective
+        self.device = device = device if device is not None else ordered.named[0][1].device  # meta-built: given
+        sync_replicas(model, [n for n, _ in ordered.named], config, group, device)  # DP rank 0's model everywhere
+        self.layout = build_layout(
+            ordered.specs, 1 if self.stage == 0 else group.size, config.bucket_numel, config.param_align
+        )
+        self.zparams = [
+            ZeroParam(p, slot, groups.decays(p), groups.of_param[id(p)])
+            for (_, p), slot in zip(ordered.named, self.layout.params)
+        ]
+        self.frozen = settle_frozen(model, ordered.frozen, self.param_dtype, device)  # refused at step() if unfrozen
+        self.rank_in_shards = 0 if self.stage == 0 else group.rank
+        return ordered, groups
+
     def _wire_backward(self, model: nn.Module, st: ParamStorage, group: C.Group, device: torch.device) -> None:
-        """The gradient buckets, the loss scaler, the backward passes and their hooks (``zero/backward_pass.py``), and
-        ``model.zero_grad()`` routed to the engine's (``zero/module_zero_grad.py``)."""
+        """The gradient buckets, the loss scaler, the backward passes and their hooks (``zero/grads/backward.py``), and
+        ``model.zero_grad()`` routed to the engine's (``zero/interop/module_zero_grad.py``)."""
         self.grads = GradBucketGroup(
             self.layout,
             self.zparams,
@@ -156,8 +156,8 @@ class ZeroEngine:
         self.passes = BackwardPasses(
             model, self.zparams, self._begin_micro, self._end_micro, scaled=self.scaler.enabled
         )
-        if self.scheduler is not None:
-            self.scheduler.attach(self.grads, self.passes)
+        if self.gatherer is not None:
+            self.gatherer.attach(self.grads, self.passes)
         self._hooks = self.passes.install_hooks(model, self.grads)
         if self.grads.keep_full:
             self.grads.attach_grad_views()
@@ -169,19 +169,33 @@ class ZeroEngine:
         return self.scaler.scale
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
-        """Backward of one micro-batch of ``loss`` × loss scale / (``grad_accum_steps`` × N); reduces gradients
-        (overlapped) when the window completes. As DeepSpeed's: ``retain_graph`` (a second loss's backward next);
-        ``scale_wrt_gas=False`` leaves out the 1 / ``grad_accum_steps`` (you divide the loss yourself). A plain
-        ``loss.backward()`` works too, scaled the same way by hooks (``zero/backward_pass.py``). Returns ``loss``."""
+        """Backward of one micro-batch; the window's last one reduces the gradients (overlapped with backward).
+
+        The loss is multiplied by the loss scale / (``grad_accum_steps`` x N) first, so gradients come out averaged over
+        the window and the DP group. A plain ``loss.backward()`` works too, scaled the same way by hooks
+        (``zero/grads/backward.py``).
+
+        Args:
+            loss: a scalar of this micro-batch.
+            retain_graph: keep the graph for a second loss's backward next (DeepSpeed's).
+            scale_wrt_gas: ``False`` leaves out the 1 / ``grad_accum_steps`` (you divide the loss yourself).
+
+        Returns:
+            ``loss``, unscaled.
+        """
         check_live(self, "backward()")
         gas = self.config.grad_accum_steps if scale_wrt_gas else 1
         self.passes.run(loss * (self.scaler.scale / (gas * self.group.size)), retain_graph)
         return loss
 
     def scale(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """DeepSpeed's ``engine.scale(loss)``: ``loss`` times what ``engine.backward`` multiplies it by (the loss scale,
-        1 / (``grad_accum_steps`` x N)), for a plain ``.backward()`` that then trains as ``engine.backward(loss)``, under
-        fp16 too. ``retain_graph`` is DeepSpeed's argument; a retained graph needs nothing more here."""
+        """``loss`` times what ``backward`` multiplies it by (the loss scale / (``grad_accum_steps`` x N)), for a plain
+        ``.backward()`` that then trains as ``engine.backward(loss)`` would, fp16 included (DeepSpeed's ``engine.scale``).
+
+        Args:
+            loss: a scalar of this micro-batch.
+            retain_graph: DeepSpeed's argument; a retained graph needs nothing more here.
+        """
         check_live(self, "scale()")
         scaled = loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size))
         self.passes.mark_scaled(scaled)
@@ -189,7 +203,7 @@ class ZeroEngine:
 
     def no_sync(self):
         """Context manager, as DDP's and DeepSpeed's: backward passes inside it accumulate without synchronising;
-        the next one outside synchronises them all (``zero/window.py``). Use it with ``grad_accum_steps=1``."""
+        the next one outside synchronises them all (``zero/grads/accumulation.py``). Use it with ``grad_accum_steps=1``."""
         return self.window.no_sync()
 
     def _begin_micro(self, plain: bool) -> None:
@@ -209,9 +223,16 @@ class ZeroEngine:
         self._unused_check = start_unused_check(self, unused)
 
     def step(self) -> bool:
-        """DeepSpeed's ``engine.step()``, once per micro-batch: at a window's end the optimizer step, then
-        ``zero_grad()``; before it, nothing. Returns whether parameters were updated (not when no gradient came
-        since ``zero_grad()``, nor on an fp16 overflow). ``engine.optimizer.step()`` is torch's (no zeroing)."""
+        """Once per micro-batch, as DeepSpeed's ``engine.step()``: at a window's end the optimizer step, then
+        ``zero_grad()``; before it, nothing. ``engine.optimizer.step()`` is torch's (it does not zero).
+
+        Returns:
+            Whether the parameters were updated: not inside a window, not when no gradient came since ``zero_grad()``,
+            not on an fp16 overflow.
+
+        Raises:
+            LossScaleAtMinimum: an fp16 overflow with the loss scale already at its minimum.
+        """
         check_live(self, "step()")
         self.micro_steps += 1
         if self.window.open and not self.window.unsynced:
@@ -221,57 +242,52 @@ class ZeroEngine:
         self.zero_grad()
         return self.optimizer.applied
 
-    # -- DeepSpeed's engine surface: ``engine(batch)``, the rest by name (``zero/ds_surface.py``), files
-    def __call__(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        """A name the engine lacks: DeepSpeed's queries and counters (``get_lr()``, ``train_batch_size()``, ``train()``,
-        ...), then the module's attributes, as DeepSpeed's engine passes them through (``zero/ds_surface.py``)."""
-        return engine_attribute(self.__dict__, name)
-
+    # -- beyond training: teardown, full parameters, the stage-3 cache
     def destroy(self) -> None:
         """DeepSpeed's: remove every hook the engine installed and hand the model back as a plain module, its
-        parameters holding their trained values (stage 3 gathers them: call it on every DP rank); ``zero/teardown.py``."""
+        parameters holding their trained values (stage 3 gathers them: call it on every DP rank); ``zero/interop/teardown.py``."""
         destroy_engine(self)
 
-    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options):
-        """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``zero/checkpoint_dir.py``)."""
-        check_live(self, "save_checkpoint()")
-        return save_tagged(self, save_dir, tag, client_state, **options)
-
-    def load_checkpoint(self, load_dir, tag: str | None = None, **options):
-        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``zero/checkpoint_dir.py``)."""
-        check_live(self, "load_checkpoint()")
-        return load_tagged(self, load_dir, tag, **options)
-
-    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False):
-        """The model's state dict, written by DP rank 0 for a model without ZeRO (``zero/export.py``); True."""
-        check_live(self, "save_16bit_model()")
-        return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
-
     def gathered_params(self, writeback: bool = True, modifier_rank: int | None = None) -> GatheredParams:
-        """Context manager: inside it the module's parameters hold their full values (stage 3 gathers every unit, a
-        DP collective: enter it on every rank). Changes made inside are kept, as FSDP's ``summon_full_params``;
-        ``modifier_rank=r`` keeps DP rank r's (DeepSpeed's); ``writeback=False`` discards them (``zero/gathered.py``)."""
+        """Context manager: inside it the module's parameters hold their full values, as FSDP's ``summon_full_params``.
+
+        Stage 3 gathers every unit (a DP collective: enter it on every rank). Changes made inside are kept.
+
+        Args:
+            writeback: ``False`` discards changes made inside (``zero/state/gathered.py``).
+            modifier_rank: keep DP rank ``modifier_rank``'s changes, on every rank (DeepSpeed's); None keeps each
+                rank's own.
+        """
         check_live(self, "gathered_params()")
         return GatheredParams(self, writeback, modifier_rank)
 
     def empty_partition_cache(self) -> None:
         """Stage 3, between steps: free every gathered unit (DeepSpeed's name), e.g. a root gathered on demand."""
         check_live(self, "empty_partition_cache()")
-        if self.scheduler is not None:
-            self.scheduler.reshard_all()
+        if self.gatherer is not None:
+            self.gatherer.reshard_all()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Start a new window, as ``torch.optim``'s ``zero_grad``: stages 0-1 set ``.grad`` to None (or zero it)."""
+        """Start a new window, as ``torch.optim``'s ``zero_grad``: the engine's gradients are cleared.
+
+        Args:
+            set_to_none: stages 0-1 set each trained parameter's ``.grad`` to None (else zero it in place).
+        """
         check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip this window's gradient to a global ``norm_type``-norm (L2; p > 0 or inf) of ``max_norm``, as FSDP's
-        ``clip_grad_norm_`` over every DP and TP partition (``zero/grad_stats.py``), on every DP rank after its last
-        ``backward()``, before ``step()``. Returns the averaged gradient's norm; the step's scale takes the coefficient."""
+        """Clip this window's gradient to a global norm of ``max_norm`` over every DP and TP partition, as FSDP's
+        ``clip_grad_norm_``. Call it on every DP rank after the window's last ``backward()``, before ``step()``; the step
+        applies the coefficient in its own scale (no pass over the gradients).
+
+        Args:
+            max_norm: the largest norm the averaged gradient may have.
+            norm_type: p of the p-norm (any p > 0, or ``inf``); 2 by default.
+
+        Returns:
+            The averaged gradient's norm before clipping, as a tensor.
+        """
         check_live(self, "clip_grad_norm_()")
         norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
         self.last_grad_norm = norm

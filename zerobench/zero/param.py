@@ -46,7 +46,7 @@ class ZeroParam:
     """Whether weight decay applies (by default 2+ dims: matrices and embeddings, not biases or norms; every
     parameter of a user's group); the rate is its param group's, per step."""
     group: int = 0
-    """Index of its param group in ``engine.optimizer.param_groups`` (``zero/param_groups.py``)."""
+    """Index of its param group in ``engine.optimizer.param_groups`` (``zero/optim/param_groups.py``)."""
     state: ParamState = ParamState.REPLICATED
     grad_state: GradState = GradState.NONE
 

@@ -1,0 +1,200 @@
+"""DeepSpeed's checkpoint directory on a ``ZeroEngine``: ``engine.save_checkpoint(save_dir, tag, client_state)``
+and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpeed's.
+
+``save_dir/<tag>/`` holds the engine's sharded checkpoint (``zero/state/checkpoint.py``: parameters, fp32 master,
+moments, step count, loss scale, the param group's hyperparameters; any DP size can load it), plus, from the
+first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
+BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
+and ``client_state.pt`` (the caller's dict), and ``lr_scheduler.pt`` (``engine.lr_scheduler``'s state, where the engine
+has one). The tag's directory is written as one transaction (``zero/state/transaction.py``): every rank stages its
+files, all agree, and the directory appears, or replaces an earlier one under the same tag, whole; only then does
+``save_dir/latest`` move to it, so it never names a half-written or torn checkpoint. The default tag counts the
+optimizer steps taken, skipped ones included (``global_step<engine.global_steps>``), as DeepSpeed's. Every file
+loads with ``weights_only=True``: ``client_state`` must hold tensors and plain Python data, checked when saving.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.zero.protocols import Engine
+from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
+from zerobench.zero.state.export import state_entries
+from zerobench.zero.state.transaction import (
+    CheckpointMismatch,
+    load_file,
+    replace_small,
+    replaced_copy,
+    transaction,
+    write_file,
+    write_json,
+)
+
+LATEST = "latest"
+SCHEDULER = "lr_scheduler.pt"
+FROZEN = "frozen.json"
+"""Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
+
+
+def _extras(engine: Engine, frozen: bool = True) -> dict[str, torch.Tensor]:
+    """The model's persistent buffers and (unless ``frozen=False``) frozen parameters, by ``state_dict`` name:
+    what the engine does not hold (at stage 3 frozen parameters stay whole on every rank)."""
+    trained = {id(zp.param) for zp in engine.zparams}
+    return {k: t for k, t in state_entries(engine.module, trained, frozen) if id(t) not in trained}
+
+
+def _plain(state: dict, what: str = "client_state") -> bytes:
+    """``state`` serialised, or one line saying why it would not load back with ``weights_only=True``."""
+    buf = io.BytesIO()
+    try:
+        torch.save(state, buf)
+        torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+    except (pickle.PickleError, TypeError, AttributeError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        first = next((ln for ln in lines if "Unsupported global" in ln), lines[0])
+        raise ConfigError(
+            f"{what} must hold only tensors and plain Python data (checkpoints load with weights_only=True): {first}"
+        ) from None
+    return buf.getvalue()
+
+
+def check_tag(tag: str) -> str:
+    """``tag`` if it can name a checkpoint's directory under ``save_dir``, else one line before anything is written."""
+    if not tag or tag in (LATEST, ".", "..") or tag.startswith(".") or "/" in tag or "\\" in tag or "\0" in tag:
+        raise ConfigError(
+            f"checkpoint tag {tag!r} must be one directory name, not {LATEST!r} and not starting with "
+            "'.' (e.g. global_step100)"
+        )
+    return tag
+
+
+def save_tagged(
+    engine: Engine,
+    save_dir: str | os.PathLike,
+    tag: str | None = None,
+    client_state: dict | None = None,
+    save_latest: bool = True,
+    exclude_frozen_parameters: bool = False,
+) -> Path:
+    """Save into ``save_dir/<tag>`` (default tag ``global_step<N>``, N the optimizer steps taken, skipped ones
+    included) and point ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory.
+    Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
+    parameters out (load it with ``load_module_strict=False``)."""
+    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
+    blob = _plain(dict(client_state or {}))
+    sched = (
+        None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
+    )
+    path = Path(save_dir) / tag
+    point = (lambda: replace_small(Path(save_dir) / LATEST, tag)) if save_latest else None
+    with transaction(engine, path, after_commit=point) as staged:
+        write_shard(engine, staged.dir, staged.save_id)
+        if engine.group.rank == 0:
+            _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters)
+    return path
+
+
+def _write_extras(engine: Engine, root: Path, blob: bytes, sched: bytes | None, exclude_frozen: bool) -> None:
+    """DP rank 0's files beside the shards: the buffers and frozen parameters (per TP rank), the client state and
+    the scheduler's (once)."""
+    extra = _extras(engine, not exclude_frozen)
+    d = rank_dir(engine, root)
+    write_file(d / "module_extra.pt", lambda f: torch.save({n: t.detach().cpu().clone() for n, t in extra.items()}, f))
+    write_json(d / FROZEN, sorted(n for n, t in extra.items() if isinstance(t, nn.Parameter)))
+    if engine.tp_group is None or engine.tp_group.rank == 0:
+        write_file(root / "client_state.pt", blob)
+        if sched is not None:
+            write_file(root / SCHEDULER, sched)
+
+
+def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
+    """``root/<tag>`` (default: the tag ``root/latest`` names); None when no tag is given and there is no
+    ``latest``; a tag with no directory is one line."""
+    root = Path(root)
+    if tag is None:
+        if not (root / LATEST).exists():
+            return None
+        tag = (root / LATEST).read_text().strip()
+    path = root / check_tag(str(tag))
+    if not path.is_dir():
+        aside = replaced_copy(path)
+        if aside is not None:
+            raise CheckpointMismatch(
+                f"checkpoint {tag!r} in {root} was being replaced when its save stopped: the "
+                f"previous one is whole in {aside}; rename it to {path} to load it"
+            )
+        raise FileNotFoundError(f"no checkpoint {tag!r} in {root}")
+    return path
+
+
+@torch.no_grad()
+def load_tagged(
+    engine: Engine,
+    load_dir: str | os.PathLike,
+    tag: str | None = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+) -> tuple[str | None, dict | None]:
+    """Load ``load_dir/<tag>`` (default: the tag ``load_dir/latest`` names); returns (its path, the client
+    state). With no tag given and no ``latest``, warns and returns (None, None), as DeepSpeed does. DeepSpeed's
+    options: ``load_optimizer_states=False`` loads the weights and the counters, and keeps this engine's moments,
+    step count, loss scale and learning rates; ``load_module_only=True`` loads the weights alone;
+    ``load_module_strict=False`` skips the buffers and frozen parameters that the checkpoint or the model lacks;
+    ``load_lr_scheduler_states=False`` leaves ``engine.lr_scheduler`` where it is (it loads otherwise, unless
+    ``load_module_only``; a checkpoint saved without one warns that the schedule starts from its beginning)."""
+    path = tagged_path(load_dir, tag)
+    if path is None:
+        warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)
+        return None, None
+    counters = load_sharded(engine, path, optimizer_states=load_optimizer_states and not load_module_only)
+    if not load_module_only:
+        engine.global_steps = counters["global_steps"]
+    _load_extras(engine, path, load_module_strict)
+    if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
+        _load_scheduler(engine.lr_scheduler, path)
+    client = load_file(path / "client_state.pt")
+    return str(path), client
+
+
+def _load_extras(engine: Engine, path: Path, strict: bool) -> None:
+    """The saved buffers and frozen parameters into the model; under ``strict`` the names must match both ways."""
+    extra = load_file(rank_dir(engine, path) / "module_extra.pt")
+    here = _extras(engine)
+    missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
+    if strict and (missing or unexpected):
+        what = (
+            f"lacks {missing[:4]} of this model's buffers and frozen parameters"
+            if missing
+            else f"holds {unexpected[:4]}, which this model lacks"
+        )
+        raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
+    for name, value in extra.items():
+        target = here.get(name)
+        if target is not None and target.shape != value.shape:
+            raise ValueError(
+                f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model has as {tuple(target.shape)}"
+            )
+        if target is not None:
+            target.copy_(value)
+
+
+def _load_scheduler(scheduler, path: Path) -> None:
+    """The saved schedule state into ``scheduler``; a checkpoint without one warns (DeepSpeed's would fail)."""
+    if not (path / SCHEDULER).exists():
+        warnings.warn(
+            f"checkpoint {path} holds no learning-rate scheduler state (saved by an engine without one): "
+            "the scheduler starts from its beginning",
+            stacklevel=4,
+        )
+        return
+    scheduler.load_state_dict(load_file(path / SCHEDULER))

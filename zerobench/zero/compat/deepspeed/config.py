@@ -1,0 +1,340 @@
+"""DeepSpeed's configuration (a ``ds_config.json`` or its dict) read into zerobench's typed configs, for
+``zerobench.zero.initialize`` (``deepspeed.initialize``'s counterpart). Pure: no processes.
+
+What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
+``gradient_accumulation_steps`` x DP ranks; any two, or either size alone, as DeepSpeed resolves it),
+``zero_optimization`` (stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and parameter offload,
+``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16``
+(``zero/compat/deepspeed/precision.py``: DeepSpeed's dynamic loss scaling and its rule for moving the scale, or a static
+``loss_scale``), an ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9,
+0.999), weight decay 0), ``gradient_clipping`` (DeepSpeed's default 1.0 where absent; 0: no clipping) and a
+``scheduler`` (DeepSpeed's five schedules or a ``torch.optim.lr_scheduler`` class, checked by
+``zero/compat/deepspeed/lr_schedules.py``). Keys that only tune DeepSpeed's own
+buffers, logging or profilers are read and listed in ``DeepSpeedConfig.ignored``. A key that would train something
+zerobench does not (another optimizer, activation checkpointing in the config, 16-bit master weights) is refused in
+one line naming it, and so is an unknown key: a typo must not train silently with a default. Each key is read as
+the type DeepSpeed gives it (a number, a switch, a section); anything else is one line naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerobench.config import ConfigError
+from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
+from zerobench.zero.compat.deepspeed.precision import read_precision
+from zerobench.zero.compat.deepspeed.values import flag, is_num, known, num, section
+from zerobench.zero.config import AdamWConfig, ZeroConfig
+
+_NO_EFFECT = {
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "dump_state",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comet",
+    "comms_logger",
+    "memory_breakdown",
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "checkpoint",
+    "timers",
+    "monitor_config",
+    "activation_checkpointing",
+}
+"""Top-level keys without effect on training here: logging and profilers, and ``activation_checkpointing``, which
+configures only ``deepspeed.checkpointing`` (apply zerobench.parallel's ``apply_activation_checkpointing``)."""
+_REFUSED = {
+    "amp": "NVIDIA Apex AMP is not used: give 'bf16' or 'fp16'",
+    "pipeline": "zerobench has no pipeline parallelism",
+    "sparse_attention": "zerobench has no sparse attention",
+    "compression_training": "zerobench has no compression training",
+    "curriculum_learning": "zerobench has no curriculum learning",
+    "data_efficiency": "zerobench has no data-efficiency library",
+    "elasticity": "zerobench has no elastic batch sizes",
+}
+_ZERO_TUNING = {
+    "allgather_bucket_size",
+    "allgather_partitions",
+    "reduce_scatter",
+    "contiguous_gradients",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+    "sub_group_size",
+    "round_robin_gradients",
+    "elastic_checkpoint",
+    "load_from_fp32_weights",
+    "memory_efficient_linear",
+    "use_multi_rank_bucket_allreduce",
+    "cpu_offload_use_pin_memory",
+    "log_trace_cache_warnings",
+    "stage3_model_persistence_threshold",
+}
+_ZERO_REFUSED = {
+    "zero_quantized_weights": ("quantized weight communication (ZeRO++)", bool),
+    "zero_quantized_gradients": ("quantized gradient communication (ZeRO++)", bool),
+    "zero_hpz_partition_size": ("hierarchical partitioning (ZeRO++)", lambda v: v != 1),
+    "mics_shard_size": ("MiCS", lambda v: not is_num(v) or v > 0),
+}
+"""ZeRO features zerobench does not have, with when a value asks for one (DeepSpeed's defaults: off, 1, -1)."""
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """A DeepSpeed configuration as zerobench trains it."""
+
+    zero: ZeroConfig
+    """The engine's configuration."""
+    micro_batch: int
+    """``train_micro_batch_size_per_gpu``: samples per DP rank in one micro-batch."""
+    train_batch: int
+    """``train_batch_size``: samples per optimizer step over the DP group."""
+    drop_last: bool = False
+    """``dataloader_drop_last``: the training loader leaves out a last, partial micro-batch."""
+    ignored: tuple[str, ...] = ()
+    """Keys read that change nothing here (DeepSpeed's own buffer sizes, logging, profilers), as dotted paths."""
+    scheduler: SchedulerSpec | None = None
+    """``scheduler``: the learning-rate schedule ``initialize`` builds on the engine's optimizer (None: none)."""
+
+
+def load(config) -> dict:
+    """``config`` as a dict: a mapping as given, or a path to a JSON file."""
+    if isinstance(config, dict):
+        return dict(config)
+    if isinstance(config, (str, Path)):
+        p = Path(config)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"DeepSpeed config {p}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
+        return data
+    raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")
+
+
+def _positive_int(cfg: dict, key: str) -> int | None:
+    if cfg.get(key) is None:
+        return None
+    v = num(cfg, key, None, int, "")
+    if v < 1:
+        raise ConfigError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}")
+    return v
+
+
+def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:
+    """(micro-batch, accumulation steps, train batch) from whichever of the three are given, as DeepSpeed."""
+    tbs, mbs = _positive_int(cfg, "train_batch_size"), _positive_int(cfg, "train_micro_batch_size_per_gpu")
+    gas = _positive_int(cfg, "gradient_accumulation_steps")
+    if tbs is None and mbs is None:
+        raise ConfigError("DeepSpeed config: give train_batch_size or train_micro_batch_size_per_gpu")
+    if tbs is None:
+        gas = gas or 1
+        return mbs, gas, mbs * gas * dp
+    if mbs is None or gas is None:
+        known = mbs if mbs is not None else gas if gas is not None else 1
+        if tbs % (known * dp):
+            raise ConfigError(
+                f"DeepSpeed config: train_batch_size {tbs} is not a multiple of "
+                f"{'train_micro_batch_size_per_gpu' if mbs is not None else 'gradient_accumulation_steps'} "
+                f"{known} x {dp} DP ranks"
+            )
+        other = tbs // (known * dp)
+        mbs, gas = (mbs, other) if mbs is not None else (other, known)
+    if mbs * gas * dp != tbs:
+        raise ConfigError(
+            f"DeepSpeed config: train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} x "
+            f"gradient_accumulation_steps {gas} x {dp} DP ranks ({mbs * gas * dp})"
+        )
+    return mbs, gas, tbs
+
+
+_OFFLOAD_KEYS = {
+    "device",
+    "nvme_path",
+    "pin_memory",
+    "buffer_count",
+    "buffer_size",
+    "max_in_cpu",
+    "fast_init",
+    "ratio",
+    "pipeline",
+    "pipeline_read",
+    "pipeline_write",
+}
+
+
+def _offload(zo: dict, key: str, allowed: tuple[str, ...]) -> tuple[str, str | None]:
+    sec = section(zo, key)
+    known(sec, _OFFLOAD_KEYS, f"zero_optimization.{key}")
+    device = str(sec.get("device", "none")).lower()
+    if device not in allowed:
+        raise ConfigError(
+            f"DeepSpeed config zero_optimization.{key}.device {device!r}: zerobench offers {', '.join(allowed)}"
+        )
+    if sec.get("ratio", 1.0) != 1.0:
+        raise ConfigError(f"DeepSpeed config zero_optimization.{key}.ratio: partial offload is not supported (use 1)")
+    return device, sec.get("nvme_path")
+
+
+def _zero(cfg: dict, ignored: list[str]) -> dict:
+    zo = section(cfg, "zero_optimization")
+    known = {
+        "stage",
+        "reduce_bucket_size",
+        "overlap_comm",
+        "offload_optimizer",
+        "offload_param",
+        "cpu_offload",
+        "cpu_offload_params",
+        "stage3_prefetch_bucket_size",
+        "ignore_unused_parameters",
+    }
+    for k, v in zo.items():
+        if k in _ZERO_REFUSED and _ZERO_REFUSED[k][1](v):
+            raise ConfigError(f"DeepSpeed config zero_optimization.{k}: {_ZERO_REFUSED[k][0]} is not supported")
+        if k not in known | _ZERO_TUNING | set(_ZERO_REFUSED):
+            raise ConfigError(
+                f"DeepSpeed config zero_optimization.{k}: unknown key (zerobench reads {', '.join(sorted(known))})"
+            )
+    ignored += [f"zero_optimization.{k}" for k in zo if k in _ZERO_TUNING]
+    opt, nvme = _offload(zo, "offload_optimizer", ("none", "cpu", "nvme"))
+    par, _ = _offload(zo, "offload_param", ("none", "cpu"))
+    if flag(zo, "cpu_offload", False, "zero_optimization"):  # the pre-0.3.16 spelling
+        opt = "cpu"
+    if flag(zo, "cpu_offload_params", False, "zero_optimization"):
+        par = "cpu"
+    stage = num(zo, "stage", 0, int, "zero_optimization")
+    out = {
+        "stage": stage,
+        "overlap_comm": flag(zo, "overlap_comm", stage == 3, "zero_optimization"),  # DeepSpeed's
+        "offload_optimizer": opt,
+        "offload_param": par,
+        "nvme_path": nvme,
+        "prefetch": num(zo, "stage3_prefetch_bucket_size", 1, float, "zero_optimization") != 0,
+        "find_unused_parameters": flag(zo, "ignore_unused_parameters", True, "zero_optimization"),
+    }
+    if "reduce_bucket_size" in zo:
+        out["bucket_numel"] = num(zo, "reduce_bucket_size", 0, int, "zero_optimization")
+    return out
+
+
+def _optimizer(cfg: dict) -> AdamWConfig:
+    opt = section(cfg, "optimizer")
+    known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
+    kind = str(opt.get("type", "")).lower()
+    if "type" not in opt:
+        raise ConfigError(
+            'DeepSpeed config has no optimizer: add {"optimizer": {"type": "AdamW", "params": '
+            '{"lr": ...}}}, or pass initialize(optimizer=torch.optim.AdamW(...))'
+        )
+    if kind not in ("adam", "adamw", "fusedadam"):
+        raise ConfigError(
+            f"DeepSpeed config optimizer.type {opt.get('type')!r}: zerobench's engine trains with "
+            'AdamW; give {"type": "AdamW", "params": {...}}'
+        )
+    p = dict(opt.get("params") or {})
+    if not p.pop("adam_w_mode", True) or p.pop("amsgrad", False) or not p.pop("bias_correction", True):
+        raise ConfigError(
+            "DeepSpeed config optimizer.params: only decoupled weight decay with bias correction and "
+            "without amsgrad (AdamW) is supported"
+        )
+    p.pop("torch_adam", None)
+    extra = set(p) - {"lr", "betas", "eps", "weight_decay"}
+    if extra:
+        raise ConfigError(f"DeepSpeed config optimizer.params: unknown {', '.join(sorted(extra))}")
+    betas = p.get("betas", (0.9, 0.999))
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(is_num(b) for b in betas):
+        raise ConfigError(f"DeepSpeed config optimizer.params.betas: two numbers, got {betas!r}")
+    where = "optimizer.params"
+    return AdamWConfig(
+        lr=num(p, "lr", 1e-3, float, where),
+        betas=(float(betas[0]), float(betas[1])),
+        eps=num(p, "eps", 1e-8, float, where),
+        weight_decay=num(p, "weight_decay", 0.0, float, where),
+    )
+
+
+def _check_top(cfg: dict, ignored: list[str]) -> None:
+    known = {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "zero_optimization",
+        "bf16",
+        "bfloat16",
+        "fp16",
+        "optimizer",
+        "gradient_clipping",
+        "prescale_gradients",
+        "gradient_predivide_factor",
+        "communication_data_type",
+        "sparse_gradients",
+        "dataloader_drop_last",
+        "scheduler",
+    }
+    for k, v in cfg.items():
+        if k in _REFUSED and v not in (None, {}, False) and not (isinstance(v, dict) and v.get("enabled") is False):
+            raise ConfigError(f"DeepSpeed config {k}: {_REFUSED[k]}")
+        if k not in known | _NO_EFFECT | set(_REFUSED):
+            raise ConfigError(
+                f"DeepSpeed config: unknown key {k!r} (zerobench reads {', '.join(sorted(known))}; "
+                "logging keys are accepted)"
+            )
+    if cfg.get("prescale_gradients") or cfg.get("gradient_predivide_factor", 1.0) != 1.0 or cfg.get("sparse_gradients"):
+        raise ConfigError(
+            "DeepSpeed config: prescale_gradients, gradient_predivide_factor and sparse_gradients are not "
+            "supported (gradients are averaged over DP ranks as DDP does)"
+        )
+    if cfg.get("communication_data_type") is not None:
+        raise ConfigError(
+            "DeepSpeed config communication_data_type: gradients are reduced in the training dtype; remove the key"
+        )
+    ignored += sorted(k for k in cfg if k in _NO_EFFECT)
+
+
+GRADIENT_CLIPPING_DEFAULT = 1.0
+"""DeepSpeed's ``gradient_clipping`` where a config leaves it out: its engine clips the global norm to 1.0."""
+
+
+def _clipping(cfg: dict) -> float | None:
+    """``gradient_clipping`` as ``ZeroConfig.clip_grad_norm``: DeepSpeed's 1.0 when absent, None (no clipping)
+    for 0."""
+    clip = num(cfg, "gradient_clipping", GRADIENT_CLIPPING_DEFAULT, float, "")
+    if clip < 0:
+        raise ConfigError(
+            f"DeepSpeed config gradient_clipping {clip:g}: give a positive norm to clip to, or 0 for no clipping"
+        )
+    return clip or None
+
+
+def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeedConfig:
+    """``config`` (a dict or a JSON file's path) for ``dp`` data-parallel ranks, as zerobench's configs. With a
+    ``client_optimizer`` (``initialize(optimizer=...)``) its groups carry the hyperparameters: the config's
+    ``optimizer`` section, if any, is listed as ignored, as DeepSpeed lets the client's take precedence."""
+    cfg = load(config)
+    ignored: list[str] = ["optimizer"] if client_optimizer and "optimizer" in cfg else []
+    _check_top(cfg, ignored)
+    micro, gas, train = batch_sizes(cfg, dp)
+    precision, loss_scale = read_precision(cfg, ignored)
+    zero = ZeroConfig(
+        precision=precision,
+        grad_accum_steps=gas,
+        clip_grad_norm=_clipping(cfg),
+        optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg),
+        loss_scale=loss_scale,
+        **_zero(cfg, ignored),
+    )
+    zero.validate()
+    return DeepSpeedConfig(
+        zero, micro, train, flag(cfg, "dataloader_drop_last", False, ""), tuple(ignored), parse(cfg.get("scheduler"))
+    )

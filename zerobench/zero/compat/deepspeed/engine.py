@@ -1,0 +1,168 @@
+"""The engine DeepSpeed users hold: a ``ZeroEngine`` with DeepSpeed's engine names.
+
+``zerobench.zero.initialize`` returns one; ``as_deepspeed(engine)`` gives them to an engine ``apply_zero`` (or
+``parallelize``) built, by making the same object a ``DeepSpeedEngine`` (as FSDP2's ``fully_shard`` gives a module
+its FSDP class): nothing is copied and every hook stays. The names are DeepSpeed's: ``engine(batch)``, its
+queries and counters (``get_lr()``, ``train_batch_size()``, ``global_samples``, ``gradient_clipping()``, ...),
+``train()``/``eval()``, tagged ``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``,
+and, as DeepSpeed's engine passes them through to its module, the module's attributes under every other name
+(``engine.parameters()``, a model's own methods). The core engine keeps a closed surface of its own; this layer is
+composed on top of it and the core never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerobench.config import ConfigError
+from zerobench.distributed.env import detect
+from zerobench.zero.compat.deepspeed.checkpoints import load_tagged, save_tagged
+from zerobench.zero.engine import ZeroEngine
+from zerobench.zero.interop.teardown import check_live
+from zerobench.zero.state.export import full_state_dict, save_whole
+
+_MISSING = object()
+
+
+class DeepSpeedEngine(ZeroEngine):
+    """A ``ZeroEngine`` with DeepSpeed's engine names (see the module docstring). Counters: ``micro_steps`` counts
+    ``step()`` calls, ``global_steps`` optimizer steps (fp16-skipped ones included), ``skipped_steps`` fp16
+    overflows; the batch sizes are the config ``initialize`` read. Made by ``as_deepspeed``, never constructed."""
+
+    lr_scheduler = None
+    """The learning-rate scheduler ``initialize`` attached (stepped after every applied step, checkpointed)."""
+    micro_batch: int | None = None
+    """Samples per DP rank in one micro-batch, from the DeepSpeed config (None from ``as_deepspeed``)."""
+
+    def __call__(self, *args, **kwargs):
+        """``engine(batch)``: the model's forward."""
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        """A name the engine lacks: the module's attribute, as DeepSpeed's engine passes it through (read once: a
+        property may gather). Private and dunder names are never passed, so ``copy``, ``pickle`` and ``hasattr``
+        probes behave."""
+        module = self.__dict__.get("module")
+        if not name.startswith("_") and (found := getattr(module, name, _MISSING)) is not _MISSING:
+            return found
+        where = f" nor has its module ({type(module).__name__})" if module is not None else ""
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}{where}")
+
+    def get_lr(self) -> list[float]:
+        """Each param group's learning rate."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_mom(self) -> list[tuple[float, float]]:
+        """Each param group's Adam betas (DeepSpeed's name: a schedule such as OneCycle moves beta1)."""
+        return [tuple(g["betas"]) for g in self.optimizer.param_groups]
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        """Samples per DP rank in one micro-batch, from the DeepSpeed config ``initialize`` read."""
+        if self.micro_batch is None:
+            raise ConfigError(
+                "train_micro_batch_size_per_gpu(): this engine was given no batch size (initialize() reads it from "
+                "the config; as_deepspeed(engine, micro_batch=N) takes it)"
+            )
+        return self.micro_batch
+
+    def train_batch_size(self) -> int:
+        """Samples per optimizer step over the DP group: micro-batch x accumulation steps x DP ranks."""
+        return self.train_micro_batch_size_per_gpu() * self.config.grad_accum_steps * self.group.size
+
+    def get_batch_info(self) -> tuple[int, int, int]:
+        """(``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``), as DeepSpeed's."""
+        return self.train_batch_size(), self.train_micro_batch_size_per_gpu(), self.gradient_accumulation_steps()
+
+    @property
+    def global_samples(self) -> int:
+        """Samples trained over the DP group: ``train_batch_size()`` per optimizer step, as DeepSpeed counts them
+        (an fp16 step skipped on an overflow included)."""
+        return self.global_steps * self.train_batch_size()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped on an fp16 overflow (DeepSpeed's counter)."""
+        return self.scaler.skipped_steps
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (torchrun's ``LOCAL_RANK``, Slurm's ``SLURM_LOCALID``; 0 without either)."""
+        return detect().local_rank
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the current micro-batch ends a window, counted in ``step()`` calls."""
+        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.grad_accum_steps
+
+    def gradient_clipping(self) -> float:
+        """The global gradient norm ``step()`` clips to; 0.0 when it does not clip (DeepSpeed's config value: 1.0
+        where ``initialize``'s config leaves ``gradient_clipping`` out, as DeepSpeed's default)."""
+        return self.config.clip_grad_norm or 0.0
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def fp16_enabled(self) -> bool:
+        return self.param_dtype == torch.float16
+
+    def bfloat16_enabled(self) -> bool:
+        return self.param_dtype == torch.bfloat16
+
+    def was_step_applied(self) -> bool:
+        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
+        return self.optimizer.applied
+
+    def get_global_grad_norm(self) -> float | None:
+        """The latest step's global gradient norm; None unless clipping computed one (DeepSpeed's: every step)."""
+        return self.last_grad_norm
+
+    def train(self, mode: bool = True):
+        """``model.train(mode)``; returns the engine (``eval()`` is ``train(False)``)."""
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options) -> Path:
+        """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``checkpoints.py``); collective."""
+        check_live(self, "save_checkpoint()")
+        return save_tagged(self, save_dir, tag, client_state, **options)
+
+    def load_checkpoint(self, load_dir, tag: str | None = None, **options):
+        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``checkpoints.py``)."""
+        check_live(self, "load_checkpoint()")
+        return load_tagged(self, load_dir, tag, **options)
+
+    def save_16bit_model(
+        self, save_dir: str | os.PathLike, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False
+    ) -> bool:
+        """``full_state_dict`` in the training dtype, written by DP rank 0 to ``save_dir/save_filename`` through a
+        temporary file (a reader never sees half of it). Call it on every rank; True once the file is written."""
+        check_live(self, "save_16bit_model()")
+        if not save_filename or Path(save_filename).name != save_filename:
+            raise ConfigError(f"save_filename {save_filename!r} must be one file name (no directory)")
+        sd = full_state_dict(self, exclude_frozen_parameters=exclude_frozen_parameters)
+        if self.group.rank == 0:
+            save_whole(sd, Path(save_dir) / save_filename)
+        if self.group.size > 1:  # on return the file is there for every rank to read
+            dist.barrier(group=self.group.pg)
+        return True
+
+
+def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpeedEngine:
+    """``engine`` with DeepSpeed's engine names (the same object; see the module docstring). ``micro_batch``:
+    samples per DP rank in one micro-batch, which ``train_batch_size()`` and ``global_samples`` need."""
+    if not isinstance(engine, ZeroEngine):
+        raise ConfigError(f"as_deepspeed takes the engine apply_zero returns, not a {type(engine).__name__}")
+    if not isinstance(engine, DeepSpeedEngine):
+        engine.__class__ = DeepSpeedEngine
+    if micro_batch is not None:
+        engine.micro_batch = micro_batch
+    return engine

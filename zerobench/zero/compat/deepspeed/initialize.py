@@ -1,0 +1,179 @@
+"""``zerobench.zero.initialize``: DeepSpeed's ``deepspeed.initialize`` for users who bring a DeepSpeed
+configuration, on zerobench's engine.
+
+It reads the config (``zero/compat/deepspeed/config.py``), applies ZeRO to the model with ``apply_zero`` and returns what
+DeepSpeed returns: ``(engine, optimizer, training_dataloader, lr_scheduler)``. The loop is DeepSpeed's::
+
+    engine, optimizer, loader, _ = zerobench.zero.initialize(model=model, config="ds_config.json",
+                                                             model_parameters=model.parameters(),
+                                                             training_data=dataset)
+    for x, y in loader:
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+
+The config trains as it does under DeepSpeed: DeepSpeed's defaults where a key is absent (``gradient_clipping``
+1.0, fp16's hysteresis 2 and window 1000) and its rule for moving the fp16 loss scale (``zero/compat/deepspeed/precision.py``),
+where ``apply_zero``'s ``ZeroConfig`` defaults to no clipping and torch's ``GradScaler`` rule.
+
+As DeepSpeed, ``model_parameters`` are the optimizer's groups (the config's weight decay on every parameter
+given); without them every trained parameter is one group with weight decay on 2+-dim parameters
+(zerobench's default). The default process group is initialised from torchrun's or Slurm's environment where
+nothing has initialised it (``zerobench.distributed.env``; a world of one without either), as
+``deepspeed.init_distributed``; the engine uses the group passed as ``dp_group`` (default: the whole world). A
+model on the CPU goes to this rank's GPU where there is one, as DeepSpeed moves it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zerobench.config import ConfigError
+from zerobench.distributed.collectives import Group
+from zerobench.zero.compat.deepspeed.client import check_scheduler, client_groups, rebind
+from zerobench.zero.compat.deepspeed.config import DeepSpeedConfig, from_deepspeed
+from zerobench.zero.compat.deepspeed.lr_schedules import attach, build
+
+
+def _init_distributed() -> torch.device:
+    """The default process group from torchrun's or Slurm's environment where nothing has initialised it (a world
+    of one on an in-memory store without either: no port to collide on); this rank's device."""
+    from zerobench.distributed.env import choose_backend, default_device, detect, init_distributed
+
+    denv = detect()
+    if denv.source == "single" and not dist.is_initialized():  # a plain `python train.py`
+        device = default_device(0)
+        dist.init_process_group(
+            choose_backend("auto", device, 1, torch.cuda.device_count()), store=dist.HashStore(), rank=0, world_size=1
+        )
+        return device
+    return init_distributed(denv)
+
+
+def _loader(data, cfg: DeepSpeedConfig, group: Group, collate_fn):
+    """DeepSpeed's training loader: micro-batches of this DP rank's share of ``data``, reshuffled per epoch
+    through ``loader.sampler.set_epoch``."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    sampler = DistributedSampler(data, num_replicas=group.size, rank=group.rank)
+    return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=cfg.drop_last)
+
+
+def _config_of(args, model, config):
+    """(model, config) from DeepSpeed's arguments: ``args.deepspeed_config`` (``deepspeed.add_config_arguments``'
+    flag) or ``config``; zerobench's own order ``initialize(model, config)`` is read too."""
+    if isinstance(args, nn.Module):  # initialize(model) or initialize(model, config)
+        args, model, second = None, args, model
+        if second is not None and not isinstance(second, (dict, str, Path)):
+            raise ConfigError(
+                f"initialize(model, config): the second argument is a {type(second).__name__}, not a "
+                "DeepSpeed config (a dict or a JSON file's path)"
+            )
+        if second is not None and config is not None:
+            raise ConfigError("initialize: the config came twice (as the second argument and as config=): give one")
+        config = second if second is not None else config
+    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if from_args is not None and config is not None:
+        raise ConfigError("initialize: a DeepSpeed config came both in args.deepspeed_config and as config=: give one")
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"initialize: model= must be a torch.nn.Module, not {type(model).__name__}")
+    return model, config if config is not None else from_args
+
+
+def initialize(
+    args=None,
+    model: nn.Module | None = None,
+    optimizer=None,
+    model_parameters=None,
+    training_data=None,
+    lr_scheduler=None,
+    distributed_port=None,
+    mpu=None,
+    dist_init_required=None,
+    collate_fn=None,
+    config=None,
+    mesh_param=None,
+    config_params=None,
+    *,
+    dp_group=None,
+    units=None,
+    external_params=None,
+):
+    """``deepspeed.initialize`` on zerobench's engine: apply ZeRO to ``model`` as the DeepSpeed config says.
+
+    The arguments are ``deepspeed.initialize``'s, in its order; the keyword-only ones are zerobench's.
+
+    Args:
+        args: an argparse namespace; its ``deepspeed_config`` is the config when ``config`` is not given.
+        model: the plain model to train.
+        optimizer: None (the engine builds AdamW from the config's ``optimizer`` section), or the client's: a fresh
+            ``torch.optim.AdamW`` or a callable building one from ``model_parameters``, whose param groups the
+            engine trains (``client.py``; the returned optimizer is the engine's).
+        model_parameters: the optimizer's parameters or groups (the config's weight decay on every one given).
+        training_data: a dataset, returned as a loader of micro-batches of this rank's share.
+        lr_scheduler: None (the config's ``scheduler`` section, if any), a callable ``fn(optimizer)`` returning a
+            scheduler over the engine's optimizer, or a scheduler built on the client optimizer (rebound to the
+            engine's). Either becomes ``engine.lr_scheduler``: stepped after every optimizer step that was applied
+            (do not step it yourself), its state saved and loaded with the engine's checkpoints.
+        distributed_port: unused (torchrun's or Slurm's variables say where to meet).
+        mpu: refused in one line: apply tensor parallelism with ``zerobench.parallel`` first and pass ``dp_group``.
+        dist_init_required: ``False``: a process group must exist already.
+        collate_fn: the loader's, as DeepSpeed's.
+        config: a DeepSpeed config dict or a JSON file's path.
+        mesh_param: refused in one line, as ``mpu``.
+        config_params: DeepSpeed's older name for ``config``.
+        dp_group: the data-parallel group (default: the whole world).
+        units: stage 3's gather units (``apply_zero``'s).
+        external_params: parameters read outside their stage-3 unit (``apply_zero``'s).
+
+    Returns:
+        ``(engine, optimizer, training_dataloader, lr_scheduler)`` as DeepSpeed returns them: a ``DeepSpeedEngine``,
+        its optimizer, the loader (None without ``training_data``) and the scheduler (or None).
+
+    Raises:
+        ConfigError: one line for an invalid or unsupported config key, a batch triple that does not resolve, or an
+            argument DeepSpeed takes that zerobench does not.
+    """
+    from zerobench.zero.api import apply_zero
+    from zerobench.zero.compat.deepspeed.engine import as_deepspeed
+
+    del distributed_port
+    model, config = _config_of(args, model, config if config is not None else config_params)
+    if config is None:
+        raise ConfigError("initialize: give config= (a DeepSpeed config dict or a JSON file's path)")
+    if mpu is not None or mesh_param is not None:
+        raise ConfigError(
+            "initialize: mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken: pass "
+            "the data-parallel group as dp_group= and apply tensor parallelism with zerobench.parallel"
+        )
+    if dist_init_required is False and not dist.is_initialized():
+        raise ConfigError(
+            "initialize: dist_init_required=False but no process group exists: initialise one first "
+            "(torch.distributed.init_process_group) or leave dist_init_required unset"
+        )
+    client, groups = None, None if model_parameters is None else list(model_parameters)
+    if optimizer is not None:
+        client, groups = client_groups(optimizer, model, groups)
+    built = lr_scheduler is not None and check_scheduler(lr_scheduler, client)  # before any collective
+    device = _init_distributed()
+    group = Group.coerce(dp_group, "dp", "initialize's dp_group")
+    cfg = from_deepspeed(config, group.size, client_optimizer=client is not None)
+    if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
+        model.to(device)
+    engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
+    engine = as_deepspeed(engine, cfg.micro_batch)
+    loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
+    scheduler = None
+    if built:
+        scheduler = rebind(lr_scheduler, engine.optimizer)
+    elif lr_scheduler is not None:  # the caller's first, as DeepSpeed's; else the config's
+        scheduler = lr_scheduler(engine.optimizer)
+    elif cfg.scheduler is not None:
+        scheduler = build(cfg.scheduler, engine.optimizer)
+    if scheduler is not None:
+        attach(engine, scheduler)  # stepped after every applied optimizer step; checkpoints hold its state
+    return engine, engine.optimizer, loader, scheduler

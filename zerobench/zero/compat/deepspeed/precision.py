@@ -1,0 +1,82 @@
+"""A DeepSpeed configuration's ``bf16`` and ``fp16`` sections (``zero/compat/deepspeed/config.py``) as zerobench's precision and
+loss scaling, with DeepSpeed's defaults and its rule for moving the scale (``LossScaleRule.DEEPSPEED``). Pure."""
+
+from __future__ import annotations
+
+from zerobench.config import ConfigError
+from zerobench.zero.compat.deepspeed.values import flag, known, num, section
+from zerobench.zero.config import LossScaleConfig, LossScaleRule, Precision
+
+_FP16_KEYS = {
+    "enabled",
+    "loss_scale",
+    "initial_scale_power",
+    "loss_scale_window",
+    "hysteresis",
+    "consecutive_hysteresis",
+    "min_loss_scale",
+    "fp16_master_weights_and_grads",
+    "auto_cast",
+}
+_DYNAMIC_KEYS = {"initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale"}
+"""fp16 keys that tune only the dynamic scale (read and ignored under a static ``loss_scale``)."""
+_BF16_KEYS = {
+    "enabled",
+    "immediate_grad_update",
+    "check_grad_overflow",
+    "bf16_master_weights_and_grads",
+    "bf16_optimizer_states",
+}
+
+
+def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfig]:
+    """The precision ``cfg`` trains in and its loss scaling; keys read without effect are appended to ``ignored``."""
+    bf16 = section(cfg, "bf16") or section(cfg, "bfloat16")
+    fp16 = section(cfg, "fp16")
+    known(bf16, _BF16_KEYS, "bf16")
+    known(fp16, _FP16_KEYS, "fp16")
+    if bf16.get("bf16_master_weights_and_grads") or bf16.get("bf16_optimizer_states"):
+        raise ConfigError(
+            "DeepSpeed config bf16: bf16 master weights or optimizer states are not supported "
+            "(zerobench keeps them in fp32)"
+        )
+    bf16_on, fp16_on = flag(bf16, "enabled", False, "bf16"), flag(fp16, "enabled", False, "fp16")
+    if bf16_on and fp16_on:
+        raise ConfigError("DeepSpeed config enables both bf16 and fp16: choose one")
+    if not fp16_on:
+        ignored += [f"bf16.{k}" for k in bf16 if k != "enabled"]
+        return (Precision.BF16 if bf16_on else Precision.FP32), LossScaleConfig()
+    static = num(fp16, "loss_scale", 0, float, "fp16")
+    if static < 0:
+        raise ConfigError(f"DeepSpeed config fp16.loss_scale {static}: give 0 (dynamic) or a positive static scale")
+    if fp16.get("fp16_master_weights_and_grads"):
+        raise ConfigError(
+            "DeepSpeed config fp16.fp16_master_weights_and_grads: not supported (zerobench keeps fp32 master weights)"
+        )
+    if static:  # as DeepSpeed's ZeRO optimizers: an overflowing step is still skipped; the scale never moves
+        ignored += [f"fp16.{k}" for k in fp16 if k in _DYNAMIC_KEYS | {"auto_cast"}]
+        return Precision.FP16, LossScaleConfig(init_scale=static, rule=LossScaleRule.STATIC)
+    ignored += [f"fp16.{k}" for k in fp16 if k == "auto_cast"]
+    return Precision.FP16, _dynamic(fp16)
+
+
+def _dynamic(fp16: dict) -> LossScaleConfig:
+    """DeepSpeed's dynamic loss scale, its defaults where a key is absent (power 16, window 1000, hysteresis 2,
+    minimum 1)."""
+    window = num(fp16, "loss_scale_window", 1000, int, "fp16")
+    if window < 1:
+        raise ConfigError(
+            f"DeepSpeed config fp16.loss_scale_window {window}: must be >= 1 (the overflow-free steps "
+            "between two growths of the scale)"
+        )
+    floor = num(fp16, "min_loss_scale", 1.0, float, "fp16")
+    if floor <= 0:
+        raise ConfigError(f"DeepSpeed config fp16.min_loss_scale {floor:g}: must be > 0")
+    return LossScaleConfig(
+        init_scale=2.0 ** num(fp16, "initial_scale_power", 16, int, "fp16"),
+        growth_interval=window,
+        hysteresis=num(fp16, "hysteresis", 2, int, "fp16"),
+        min_scale=floor,
+        consecutive_hysteresis=flag(fp16, "consecutive_hysteresis", False, "fp16"),
+        rule=LossScaleRule.DEEPSPEED,
+    )

@@ -1,0 +1,91 @@
+"""Accumulation windows: which backward passes synchronise gradients, and when ``step()`` may run.
+
+A window is ``grad_accum_steps`` micro-batches (``ZeroConfig``); its last backward synchronises: reduces the
+window's gradients over the DP group. Backward passes under ``no_sync()`` (DDP's and DeepSpeed's spelling)
+are extra micro-batches of the current window that never synchronise and do not count towards it; the
+next backward outside it synchronises them all, so DDP's accumulation loop runs unchanged::
+
+    with engine.no_sync():
+        (model(x0) / 2).backward()
+    (model(x1) / 2).backward()      # synchronises both
+    engine.optimizer.step()
+
+At stages 0-1 gradients then accumulate locally and are reduced once; at stages 2-3 each micro-batch's
+gradients are reduce-scattered into the partition as usual (the partition is what accumulates, as it must
+be with sharded gradients): ``no_sync()`` changes neither the result nor the traffic there. A window's
+micro-batches come either all from ``engine.backward(loss)`` or all from a plain ``loss.backward()``: the
+two scale the loss differently (``zero/grads/backward.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+
+@dataclass
+class MicroBatch:
+    """What the bucket group needs to know about the micro-batch whose backward starts."""
+
+    sync: bool
+    """Its backward reduces the window's gradients."""
+    first: bool
+    """It starts a window."""
+
+
+class AccumulationWindow:
+    """Counts micro-batches into windows; see the module docstring."""
+
+    def __init__(self, grad_accum_steps: int):
+        self.accum = grad_accum_steps
+        self.counted = 0
+        """Micro-batches counted towards windows since construction (not those under ``no_sync()``)."""
+        self.unsynced = 0
+        """Micro-batches under ``no_sync()`` since the last synchronising one."""
+        self.plain = False
+        """This window's micro-batches come from plain ``loss.backward()`` calls."""
+        self.suspended = False
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        outer, self.suspended = self.suspended, True
+        try:
+            yield
+        finally:
+            self.suspended = outer
+
+    def begin(self, plain: bool) -> MicroBatch:
+        first = self.counted % self.accum == 0 and not self.unsynced
+        if not first and plain != self.plain:
+            raise RuntimeError(
+                "one accumulation window mixes engine.backward(loss) (or engine.scale(loss).backward()) "
+                "and plain loss.backward(): use one of them for all grad_accum_steps micro-batches "
+                "of a window"
+            )
+        self.plain = plain
+        if self.suspended:
+            self.unsynced += 1
+            return MicroBatch(sync=False, first=first)
+        self.counted += 1
+        sync = self.counted % self.accum == 0
+        if sync:
+            self.unsynced = 0
+        return MicroBatch(sync=sync, first=first)
+
+    @property
+    def open(self) -> int:
+        """Micro-batches of the current window run so far (0: none, or the window is complete)."""
+        return self.counted % self.accum + self.unsynced
+
+    def check_step(self) -> None:
+        """``step()`` needs a complete window: one line saying what is missing otherwise."""
+        if self.counted % self.accum:
+            raise RuntimeError(
+                f"step() after {self.counted % self.accum} of {self.accum} micro-batches: call "
+                f"backward() for every micro-batch first"
+            )
+        if self.unsynced:
+            raise RuntimeError(
+                f"step() after {self.unsynced} backward pass(es) under no_sync() and none outside it: "
+                f"the window's last backward must run outside no_sync() (it synchronises)"
+            )

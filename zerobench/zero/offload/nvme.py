@@ -1,0 +1,152 @@
+"""The NVMe tier (ZeRO-Infinity style): optimizer-state chunks swapped to a file, read ahead, written behind.
+
+One file per rank and engine (under a fresh directory inside the configured path, removed when the
+engine goes away) holds every chunk's encoded state (``zerobench.zero.optim.states``) back to back. During a
+step the optimizer acquires chunk i — waiting for its read, and starting the read of chunk i+1 on a
+background thread — updates it, and releases it, which queues its write. At most two reads and two
+writes are in flight, so host memory holds a few chunks of state, not the partition. Reads and writes go
+through ``os.preadv``/``os.pwritev`` on a thread pool (the GIL is released during the I/O); the page cache
+is not bypassed: correctness over speed.
+
+A write that fails (a full disk, a quota, an I/O error) is a ``RunFailed`` in one line naming the NVMe path,
+the space the states need and the space free there; a store that fails while writing its initial state
+removes its file first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from zerobench.config import ConfigError, RunFailed
+from zerobench.zero.optim.states import State
+
+
+def _io(fn, fd: int, buf: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(buf):
+        n = fn(fd, [buf[done:]], offset + done)
+        if n <= 0:
+            raise OSError(
+                f"short {'read' if fn is os.preadv else 'write'} on the NVMe state file at byte {offset + done}"
+            )
+        done += n
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.numpy()).cast("B")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    return f"{n / 2**30:.3g} GiB ({n} bytes)" if n >= 2**30 else f"{n / 2**20:.3g} MiB ({n} bytes)"
+
+
+def _free(directory: str) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _cleanup(fd: int, directory: str, pool: ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=True)
+    os.close(fd)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class NvmeStore:
+    """Encoded optimizer-state chunks in a file under ``directory``; see the module docstring."""
+
+    def __init__(self, codec, sizes: list[int], directory: str, rank: int = 0):
+        self.codec = codec
+        self.sizes = sizes
+        self.root = directory
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self.dir = tempfile.mkdtemp(prefix=f"zerobench-states-rank{rank}-", dir=directory)
+        except OSError as e:
+            raise ConfigError(f"cannot use NVMe path {directory!r} for optimizer states: {e.strerror}") from None
+        self.path = os.path.join(self.dir, "optimizer_states.bin")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerobench-nvme")
+        self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool)
+        self.offsets: list[int] = []
+        self.total = 0
+        for n in sizes:  # each chunk's place in the file: its encoded tensors back to back
+            self.offsets.append(self.total)
+            self.total += sum(t.numel() * t.element_size() for t in codec.alloc(n, torch.device("meta")).values())
+        try:
+            for i, n in enumerate(sizes):  # write every chunk's initial (zero) state
+                self._write(i, codec.alloc(n, torch.device("cpu")))
+        except RunFailed:
+            self._finalizer()  # the file and its directory go: a failed engine leaves no partial state behind
+            raise
+        self.reads: dict[int, Future] = {}
+        self.writes: dict[int, Future] = {}
+
+    def _read(self, i: int) -> State:
+        enc = self.codec.alloc(self.sizes[i], torch.device("cpu"))
+        off = self.offsets[i]
+        for t in enc.values():
+            _io(os.preadv, self.fd, _bytes(t), off)
+            off += t.numel() * t.element_size()
+        return enc
+
+    def _write(self, i: int, enc: State) -> None:
+        off = self.offsets[i]
+        try:
+            for t in enc.values():
+                _io(os.pwritev, self.fd, _bytes(t.contiguous()), off)
+                off += t.numel() * t.element_size()
+        except OSError as e:  # ENOSPC, EIO, a quota: one line that says how much room the states need
+            raise RunFailed(
+                f"cannot write optimizer states under NVMe path {self.root!r}: {e.strerror or e}: they "
+                f"need {_size(self.total)} there, {_size(_free(self.root))} is free: give a path on a "
+                "disk with room for them"
+            ) from None
+
+    def _start_read(self, i: int) -> None:
+        if i < len(self.sizes) and i not in self.reads:
+            w = self.writes.pop(i, None)
+            if w is not None:
+                w.result()  # never read a chunk whose previous write is still in flight
+            self.reads[i] = self.pool.submit(self._read, i)
+
+    def acquire(self, i: int) -> State:
+        self._start_read(i)
+        enc = self.reads.pop(i).result()
+        self._start_read(i + 1)  # read ahead while chunk i is updated
+        return enc
+
+    def release(self, i: int, enc: State) -> None:
+        self.writes[i] = self.pool.submit(self._write, i, enc)
+        if len(self.writes) > 2:  # bound the state held in memory by pending writes
+            oldest = next(iter(self.writes))
+            self.writes.pop(oldest).result()
+
+    def flush(self) -> None:
+        """Wait for every pending write and drop read-ahead (e.g. at the end of a step)."""
+        for f in self.reads.values():
+            f.result()
+        self.reads.clear()
+        for f in self.writes.values():
+            f.result()
+        self.writes.clear()
+
+    def read_all(self) -> list[State]:
+        """Every chunk's encoded state (checkpoints, tests)."""
+        self.flush()
+        return [self._read(i) for i in range(len(self.sizes))]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return []
+
+    def file_bytes(self) -> int:
+        return self.total

@@ -1,0 +1,61 @@
+"""The optimizer step at a window's end, on this rank's reduced gradient partition: fp16's overflow check (agreed
+over DP and TP: every rank skips alike), the clip coefficient from the global norm, then the fused AdamW, which
+writes the low-precision parameter shard in the same pass (under offload each chunk streams up as the next steps).
+The 1/loss-scale and the clip coefficient are one scale applied inside the step. ``optimizer_step`` is what
+``engine.optimizer.step()`` runs around it: the window's checks, the counters, the parameters published after."""
+
+from __future__ import annotations
+
+import torch
+
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.grads.stats import found_nonfinite, global_grad_norm
+from zerobench.zero.grads.unused import check_unused
+from zerobench.zero.interop.teardown import check_live
+from zerobench.zero.protocols import Engine
+
+
+@torch.no_grad()
+def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
+    """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
+    check_live(engine, "step()")
+    engine.window.check_step()
+    engine.global_steps += 1
+    if not engine.grads.reduced:
+        return False
+    pending, engine._unused_check = engine._unused_check, None
+    check_unused(engine, pending)
+    # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
+    with engine.allocator.host_region(engine.placement.offloaded):
+        clip, engine._clip = engine._clip, 1.0
+        stepped, norm = fused_step(engine, hyper, clip)
+    engine.last_grad_norm = norm if norm is not None else engine.last_grad_norm
+    if engine.gatherer is not None:  # no unit may carry pre-step values into the next forward
+        engine.gatherer.reshard_all()
+    if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)
+        engine.storage.publish(engine.group, engine.ledger)
+    return stepped
+
+
+def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[bool, float | None]:
+    """Step ``engine``'s optimizer with ``clip`` (the coefficient ``clip_grad_norm_`` took this window) folded in;
+    returns (whether it stepped, the global gradient norm: inf on an overflow, None when nothing computed it)."""
+    storage, scaler = engine.storage, engine.scaler
+    if storage.host is not None:
+        storage.host.finish_grad_copies()
+    grads = engine.grad_chunks()
+    sharded = engine.grads_sharded
+    if scaler.enabled and found_nonfinite(engine, grads, sharded):
+        scaler.update(overflow=True)
+        return False, float("inf")
+    scale, norm = clip / scaler.scale, None
+    if engine.config.clip_grad_norm is not None:
+        norm = global_grad_norm(engine, grads, sharded) * scale
+        coef = engine.config.clip_grad_norm / (norm + 1e-6)
+        if coef < 1.0:
+            scale *= coef
+    out, on_chunk = storage.step_output()
+    engine.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper)
+    storage.finish_step()
+    scaler.update(overflow=False)
+    return True, norm

@@ -1,0 +1,141 @@
+"""``engine.optimizer``: the ZeRO engine's optimizer step behind the ``torch.optim.Optimizer`` interface.
+
+Training code written for plain PyTorch drives an optimizer object: learning-rate schedulers
+(``torch.optim.lr_scheduler.*``, Megatron's or Hugging Face's) write ``param_groups[i]["lr"]`` before each
+step, step hooks are registered on it, its ``state_dict()`` is saved next to the model's. ``ZeroOptimizer``
+is that object for a ``ZeroEngine``, as DeepSpeed's engine exposes its ZeRO optimizer. It holds no state
+of its own: the fp32 master and the Adam moments stay in the engine's flat partitions.
+
+- The param groups given to ``apply_zero(param_groups=...)`` (default: one over the trained parameters,
+  weight decay on 2+-dim ones; ``zero/optim/param_groups.py``). Each group's ``lr``, ``betas``, ``eps`` and
+  ``weight_decay`` are read at every step (validated then), so a schedule's changes take effect at the next
+  ``step()``. The groups are laid out in the partition at construction: adding one later is refused.
+- ``step(closure=None)`` is torch's step: the gradients stay until ``zero_grad()``, an incomplete window is
+  refused. ``engine.step()`` (DeepSpeed's) calls it at a window's end and then zeroes; either runs the step
+  hooks and counts as the optimizer step for a scheduler's order check. ``applied`` says whether it updated
+  anything.
+- ``state_dict()`` holds the group's hyperparameters and *this rank's* shard of the master and moments
+  (``zero_shard``); ``load_state_dict`` restores both on a model with the same partitioning (the same DP
+  size), on every DP rank. To change the number of ranks, use ``zerobench.zero.state.checkpoint.save_sharded``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zerobench.config import ConfigError
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.optim.loss_scale import amp_unscale
+from zerobench.zero.optim.step import optimizer_step
+from zerobench.zero.protocols import Engine
+from zerobench.zero.state.shards import load_shard_state_dicts, shard_state_dict
+
+HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
+UNSUPPORTED = {"amsgrad": False, "maximize": False, "decoupled_weight_decay": True}
+"""``torch.optim.AdamW`` group keys the engine's step does not implement, with the value it does (refused otherwise)."""
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """The engine's optimizer as a ``torch.optim.Optimizer``; see the module docstring."""
+
+    def __init__(self, engine: Engine, params: list, cfg: AdamWConfig):
+        """``params``: parameters or torch-style groups (hyperparameters missing from a group are ``cfg``'s)."""
+        self._engine = engine
+        self._ready = False
+        super().__init__(
+            params, {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+        )
+        self._ready = True
+        self._groups = len(self.param_groups)
+        self.hyper()  # a bad value in a group fails at construction, not at the first step
+        self.applied = False
+        """Whether the last ``step()`` updated the parameters (False: no gradient, or an fp16 overflow)."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._ready:
+            raise ValueError(
+                "the ZeRO engine lays out its param groups in the partition at construction: pass "
+                "every group to apply_zero(param_groups=...) instead of adding one later"
+            )
+        super().add_param_group(param_group)
+
+    def hyper(self) -> list[AdamWConfig]:
+        """This step's hyperparameters from ``param_groups``, one per group; one line naming a bad value."""
+        if len(self.param_groups) != self._groups:
+            raise ConfigError(
+                f"the ZeRO optimizer has {self._groups} param group(s), fixed at construction, "
+                f"found {len(self.param_groups)}: pass every group to apply_zero(param_groups=...)"
+            )
+        return [_hyper(i, g) for i, g in enumerate(self.param_groups)]
+
+    _step_supports_amp_scaling = True
+    """A ``torch.amp`` GradScaler hands ``step()`` its scale and overflow flag (``zero/optim/loss_scale.py``)."""
+
+    def step(self, closure=None):
+        """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one. Driven by a
+        GradScaler (``zero/optim/loss_scale.py``) it is skipped on an overflow, and folds the scaler's 1/scale into its own."""
+        self._opt_called = True  # what torch's schedulers check before their first step (see ``_wrapped_by_lr_sched``)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        unscale = amp_unscale(self)
+        if unscale is None:
+            self.applied = False
+            return loss
+        self._engine._clip *= unscale  # the step multiplies the gradients by _clip / loss scale
+        self.applied = optimizer_step(self._engine, self.hyper())  # zero/optim/step.py
+        return loss
+
+    step._wrapped_by_lr_sched = True
+    """``step`` records its calls itself, as torch's schedulers wrap an optimizer's ``step`` to: a scheduler rebound
+    to this optimizer (``zero/compat/deepspeed/client.py``) checks the order of its first step against it without a false warning."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``engine.zero_grad(set_to_none)``: stages 0-1 set ``.grad`` to None or zero it, as ``torch.optim``."""
+        self._engine.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        """torch's format (``param_groups`` with parameter indices, an empty per-parameter ``state``) plus
+        ``zero_shard``: this rank's master and moments (collective at no stage; plain tensors and data)."""
+        sd = super().state_dict()
+        sd["zero_shard"] = shard_state_dict(self._engine)
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore hyperparameters and this rank's shard (on every DP rank: stages 1-2 re-gather parameters)."""
+        if "zero_shard" not in state_dict:
+            raise ValueError(
+                "not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
+                "engine.optimizer.state_dict() on every rank"
+            )
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "zero_shard"})
+        load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])
+
+
+def _hyper(i: int, g: dict) -> AdamWConfig:
+    """Group ``i``'s hyperparameters, checked."""
+    try:
+        lr, wd, eps = float(g["lr"]), float(g["weight_decay"]), float(g["eps"])
+        b1, b2 = (float(b) for b in g["betas"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(
+            f"param_groups[{i}] needs numbers for {', '.join(HYPER_KEYS)} (betas a pair): {type(e).__name__}: {e}"
+        ) from None
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ConfigError(f"param_groups[{i}]['lr'] must be a finite number >= 0, got {g['lr']}")
+    if not (math.isfinite(wd) and wd >= 0):
+        raise ConfigError(f"param_groups[{i}]['weight_decay'] must be a finite number >= 0, got {g['weight_decay']}")
+    for key, plain in UNSUPPORTED.items():  # torch.optim.AdamW's switches that change the update: never ignored
+        if key in g and bool(g[key]) != plain:
+            raise ConfigError(
+                f"param_groups[{i}][{key!r}]={g[key]!r}: the ZeRO engine's AdamW has no {key} variant "
+                f"(torch.optim.AdamW's default {key}={plain}); drop the key"
+            )
+    if not (math.isfinite(eps) and eps > 0) or not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ConfigError(
+            f"param_groups[{i}] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, betas {g['betas']}"
+        )
+    return AdamWConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)

@@ -1,0 +1,119 @@
+"""One stage-3 unit's parameters: gathered together into one flat buffer, freed together (``ParamUnit``).
+
+The unit is gathered as a whole, one all-gather per layout bucket into one flat full-size buffer. While it is
+gathered its parameters are views of that buffer; otherwise the buffer's storage is resized to 0 (views autograd
+saved stay valid and see the values again once re-gathered) and each parameter's ``.data`` is a 0-element
+placeholder, so reading a parameter outside forward shows an empty tensor instead of touching freed memory. Its
+state is ``ParamState`` (SHARDED -> GATHERING -> UNSHARDED -> SHARDED), mirrored on each ``ZeroParam``. When to gather
+and free is the scheduler's (``zero/stage3/gatherer.py``).
+
+Under parameter offload a unit's shard lives in host memory: a gather first copies it to a transient
+device shard (on the offload side stream, ordered before the all-gather by an event), so a prefetch
+overlaps both the copy and the all-gather with the current unit's compute.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import torch
+from torch import nn
+
+from zerobench.distributed import collectives as C
+from zerobench.metrics.comm import CommLedger
+from zerobench.zero.layout import BucketSlot
+from zerobench.zero.param import ParamState, ZeroParam
+from zerobench.zero.storage.allocator import Allocator, PlainAllocator
+
+
+class ParamUnit:
+    """The parameters of one module, gathered and freed together."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        buckets: list[BucketSlot],
+        zparams: list[ZeroParam],
+        shards: list[torch.Tensor],
+        group: C.Group,
+        ledger: CommLedger | None,
+        device: torch.device | None = None,
+        transfer=None,
+        allocator: Allocator | None = None,
+    ):
+        """``buckets``: consecutive layout buckets; ``shards``: this rank's shard of each. ``transfer`` (an
+        ``offload.Transfer``) marks the shards as host memory (parameter offload)."""
+        self.allocator = allocator if allocator is not None else PlainAllocator()
+        self.module, self.buckets, self.zparams, self.shards = module, buckets, zparams, shards
+        self.group, self.ledger, self.transfer = group, ledger, transfer
+        self.staging: torch.Tensor | None = None
+        self.complete: set[int] = set()
+        start = buckets[0].start
+        for prev, b in pairwise(buckets):
+            assert b.start == prev.end, "a unit's buckets must be consecutive"
+        dtype = shards[0].dtype
+        device = shards[0].device if device is None else device
+        self.full = torch.empty(buckets[-1].end - start, dtype=dtype, device=device)
+        self.nbytes = self.full.untyped_storage().nbytes()
+        self.held = 0
+        """Device bytes this unit holds now (its gathered buffer and any parameter-offload staging)."""
+        self.bucket_views = [self.full[b.start - start : b.end - start] for b in buckets]
+        self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in zparams]
+        self.placeholder = torch.empty(0, dtype=dtype, device=device)
+        self.param_ids = frozenset(id(zp.param) for zp in zparams)
+        self.works: list = []
+        self.state = ParamState.UNSHARDED
+        self.backward_task: int | None = None
+        """The autograd graph task this unit was gathered for in backward (None since its last forward): a second
+        backward through a retained graph (``retain_graph=True``, two losses) is a new task and gathers again."""
+        self.free()
+
+    def _set_state(self, state: ParamState) -> None:
+        self.state = state
+        for zp in self.zparams:
+            zp.state = state
+
+    def start_gather(self) -> None:
+        if self.state is not ParamState.SHARDED:
+            return
+        self.allocator.resize(self.full, self.nbytes)
+        self.held = self.nbytes
+        srcs = self.shards
+        if self.transfer is not None:  # host shards -> one transient device buffer, then the gathers
+            self.staging = torch.empty(sum(s.numel() for s in srcs), dtype=self.full.dtype, device=self.full.device)
+            srcs = list(self.staging.split([s.numel() for s in self.shards]))
+            self.held += self.staging.untyped_storage().nbytes()
+            event = None
+            for dst, src in zip(srcs, self.shards):
+                event = self.transfer.copy(dst, src, track=False)
+            self.transfer.wait_event(event)
+        self.works = [
+            C.all_gather(out, src, self.group, self.ledger, "param", async_op=True)
+            for out, src in zip(self.bucket_views, srcs)
+        ]
+        self._set_state(ParamState.GATHERING)
+
+    def finish_gather(self) -> None:
+        self.start_gather()
+        if self.state is ParamState.GATHERING:
+            for work in self.works:
+                if work is not None:
+                    work.wait()
+            self.works = []
+            self.staging = None
+            self.held = self.nbytes
+            for zp, view in zip(self.zparams, self.views):
+                if zp.param.dtype is not view.dtype:  # a submodule's .half() after apply_zero: refused, not undone
+                    raise zp.converted(f"is {zp.param.dtype}", view.dtype)
+                zp.param.data = view
+            self._set_state(ParamState.UNSHARDED)
+
+    def free(self) -> None:
+        if self.state is ParamState.GATHERING:
+            self.finish_gather()
+        for zp in self.zparams:
+            zp.param.data = self.placeholder
+        self.allocator.resize(self.full, 0)
+        self.held = 0
+        self.complete.clear()
+        self._set_state(ParamState.SHARDED)

@@ -1,0 +1,148 @@
+"""``engine.gathered_params()``: the model's full parameters in a context, and what happens to changes made there.
+
+Inside the context every trained parameter holds its full value: stage 3 gathers every unit (a DP
+collective) and frees them again on exit; at stages 0-2 the parameters are the replica already. Changes
+made inside (``p.mul_(0.5)``, ``model.apply(init_fn)``, copying in pretrained weights) are kept by default,
+as FSDP's ``summon_full_params(writeback=True)`` keeps them:
+
+- each rank writes its own shard's changed elements into the fp32 master (the optimizer's source of
+  truth) and, at stage 3, into its parameter shard. Only elements whose low-precision value changed are
+  written, so under bf16/fp16 an untouched parameter keeps its full-precision master. This needs no
+  collective: with every rank making the same change (the usual case) the replicas agree at once, and
+  otherwise each replica takes the owner's values at the next step's all-gather;
+- ``modifier_rank=r`` first broadcasts DP rank ``r``'s values of every parameter (frozen ones too) to the
+  group, as DeepSpeed's ``GatheredParameters(modifier_rank=r)``: the other ranks' changes are dropped and
+  every rank keeps rank ``r``'s. It is a collective at every stage;
+- ``writeback=False`` discards the changes: stage 3 frees the gathered values; at stages 0-2, where the
+  parameters are the replica itself, the replica (and the frozen parameters) are copied on entry and put back
+  on exit.
+
+``GatheredParameters(params, modifier_rank=None)`` is DeepSpeed's module-level form (``zerobench.zero.GatheredParameters``,
+as ``deepspeed.zero.GatheredParameters``): it enters ``gathered_params`` of every engine training one of ``params``
+(found by the parameter, ``zero/compat/deepspeed/tensor_fragment.py``), which gathers that engine's whole model. As DeepSpeed's,
+without ``modifier_rank`` changes made inside are discarded, with it DP rank ``modifier_rank``'s are kept
+everywhere; parameters no engine trains are left as they are, and ``enabled=False`` does nothing.
+
+Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
+exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so
+the parameters and the master never disagree. Without the context an in-place change is not safe: at stage 3
+the parameters are 0-element placeholders outside forward, and under bf16/fp16 the next step recomputes the
+parameters from the master.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import torch
+
+from zerobench.config import ConfigError
+from zerobench.zero.protocols import Engine
+from zerobench.zero.registry import engine_of
+from zerobench.zero.replicas import broadcast_tensors
+from zerobench.zero.state.shards import segment_view
+
+
+class GatheredParams:
+    """The context manager ``ZeroEngine.gathered_params`` returns (see the module docstring)."""
+
+    def __init__(self, engine: Engine, writeback: bool = True, modifier_rank: int | None = None):
+        size = engine.group.size
+        if modifier_rank is not None and (
+            isinstance(modifier_rank, bool) or not isinstance(modifier_rank, int) or not 0 <= modifier_rank < size
+        ):
+            raise ConfigError(
+                f"gathered_params(modifier_rank={modifier_rank!r}): expected a DP rank, an int in "
+                f"[0, {size}), or None (each rank keeps its own changes)"
+            )
+        if modifier_rank is not None and not writeback:
+            raise ConfigError(
+                "gathered_params(writeback=False, modifier_rank=...): modifier_rank keeps that rank's "
+                "changes, writeback=False discards them: pass one of the two"
+            )
+        self.engine, self.writeback, self.modifier_rank = engine, writeback, modifier_rank
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._nested = False
+
+    def __enter__(self) -> None:
+        e, s = self.engine, self.engine.gatherer
+        self._nested = s is not None and s.reading  # inside another one: gathered already, and left so on exit
+        if not self.writeback:  # what a discard puts back (stage 3's trained parameters come back from the shards)
+            kept = [p.data for _, p in e.frozen]
+            kept += [e.storage.replica.data] if s is None else [u.full for u in s.units] if self._nested else []
+            self._saved = [(t, t.clone()) for t in kept]
+        if s is not None and not self._nested:
+            for u in s.units:
+                u.start_gather()
+            for u in s.units:
+                u.finish_gather()
+            s.reading = True
+
+    @torch.no_grad()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        e = self.engine
+        try:
+            if self._saved:
+                for t, copy in self._saved:
+                    t.copy_(copy)
+            elif self.writeback:
+                if self.modifier_rank is not None and exc_type is None and e.group.size > 1:
+                    broadcast_tensors(full_values(e), e.group, self.modifier_rank)
+                write_back(e)
+        finally:
+            self._saved = []
+            s = e.gatherer
+            if s is not None and not self._nested:
+                s.reading = False
+                s.reshard_all()
+
+
+def full_values(engine: Engine) -> list[torch.Tensor]:
+    """Every parameter's full storage while gathered: the replica (stages 0-2) or each unit's gathered buffer
+    (stage 3), then the frozen parameters, which the model holds whole."""
+    trained = [u.full for u in engine.gatherer.units] if engine.gatherer is not None else [engine.storage.replica.data]
+    return trained + [p.data for _, p in engine.frozen]
+
+
+@torch.no_grad()
+def write_back(engine: Engine) -> None:
+    """Write this rank's changed elements of the (gathered) parameters into its master and parameter shard."""
+    st, layout, stage3 = engine.storage, engine.layout, engine.gatherer is not None
+    if not stage3 and st.master is st.shards:  # fp32 at stages 0-2: the parameters are the master
+        return
+    for seg in layout.segments(engine.rank_in_shards):
+        new = engine.zparams[seg.param].param.detach().reshape(-1)[seg.param_start : seg.param_end]
+        shard = segment_view(st.shards, layout, seg)
+        master = segment_view(st.master, layout, seg)
+        if master is shard or master.data_ptr() == shard.data_ptr():  # fp32 stage 3: the shard is the master
+            shard.copy_(new)
+            continue
+        # What the parameter held before the context: the shard (stage 3), or the master's rounding (0-2).
+        before = shard.to(master.device) if stage3 else master.to(shard.dtype)
+        value = new.to(master.device)
+        master.copy_(torch.where(value != before, value.to(master.dtype), master))
+        if stage3:
+            shard.copy_(new)
+
+
+class GatheredParameters:
+    """DeepSpeed's ``GatheredParameters`` (see the module docstring). ``fwd_module`` is DeepSpeed's hook for parameters
+    used outside their module's forward; the engine gathers whole units, so it is accepted and not needed."""
+
+    def __init__(self, params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
+        del fwd_module
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        engines = list({id(e): e for e in map(engine_of, params) if e is not None}.values()) if enabled else []
+        self._contexts = [
+            GatheredParams(e, writeback=modifier_rank is not None, modifier_rank=modifier_rank) for e in engines
+        ]
+        self._stack = ExitStack()
+
+    def __enter__(self) -> None:
+        with ExitStack() as stack:
+            for ctx in self._contexts:
+                stack.enter_context(ctx)
+            self._stack = stack.pop_all()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return self._stack.__exit__(exc_type, exc, tb)

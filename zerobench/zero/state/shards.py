@@ -1,0 +1,228 @@
+"""A ``ZeroEngine``'s state as shards, and shards back into any engine (``zero/state/checkpoint.py`` writes them to disk).
+
+Each rank's shard holds the pieces of parameters it owns as (name, start, end) segments of the flattened
+parameter with their fp32 master values and Adam moments (and the step counts, the loss scale and the
+param groups' hyperparameters and members: a schedule's current learning rate resumes with them), so a checkpoint
+does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
+local segment, the overlapping parts of every saved segment (one shard in memory at a time), and refuses shards
+that leave an element of this rank's partition unwritten. Shards hold only tensors and plain data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zerobench.distributed import collectives as C
+from zerobench.zero.protocols import Engine
+from zerobench.zero.state.transaction import CheckpointMismatch
+
+FORMAT = "zerobench-zero-shard/1"
+
+
+def shard_state_dict(engine: Engine) -> dict:
+    """This rank's shard: segments with master/exp_avg/exp_avg_sq values and engine counters."""
+    segs = engine.layout.segments(engine.rank_in_shards)
+    opt = engine.adamw
+    ms, vs = opt.moments()
+    empty = torch.empty(0, dtype=torch.float32)
+    master = torch.cat([empty] + [segment_view(opt.master, engine.layout, s).float().cpu() for s in segs])
+    m = torch.cat([empty] + [segment_view(ms, engine.layout, s).cpu() for s in segs])
+    v = torch.cat([empty] + [segment_view(vs, engine.layout, s).cpu() for s in segs])
+    return {
+        "format": FORMAT,
+        "shard": engine.rank_in_shards,
+        "num_shards": engine.layout.shards,
+        "step": opt.step_count,
+        "global_steps": engine.global_steps,
+        "groups": _groups(engine),
+        "scaler": engine.scaler.state_dict(),
+        "params": {zp.name: list(zp.slot.shape) for zp in engine.zparams},
+        "aliases": _aliases(engine),
+        "segments": [[engine.zparams[s.param].name, s.param_start, s.param_end] for s in segs],
+        "master": master.float().cpu(),
+        "exp_avg": m.cpu(),
+        "exp_avg_sq": v.cpu(),
+    }
+
+
+def _members(engine: Engine, i: int) -> list[str]:
+    """The names of param group ``i``'s parameters, sorted."""
+    return sorted(zp.name for zp in engine.zparams if zp.group == i)
+
+
+def _groups(engine: Engine) -> list[dict]:
+    """Each param group's hyperparameters as plain data (a schedule's current lr, its ``initial_lr``, ...) and
+    the names of its parameters."""
+    return [
+        {
+            "hyper": {
+                k: (v.item() if torch.is_tensor(v) else list(v) if isinstance(v, tuple) else v)
+                for k, v in group.items()
+                if k != "params" and isinstance(v, (int, float, bool, tuple, list, torch.Tensor))
+            },
+            "params": _members(engine, i),
+        }
+        for i, group in enumerate(engine.optimizer.param_groups)
+    ]
+
+
+def _restore_groups(engine: Engine, meta: dict) -> None:
+    """Put the saved hyperparameters back into ``param_groups``, as ``torch.optim``'s ``load_state_dict``;
+    groups other than the saved ones are refused before any is changed (shards before param groups hold one
+    group's ``hyper``)."""
+    saved = meta.get("groups") or ([{"hyper": meta["hyper"], "params": None}] if "hyper" in meta else [])
+    groups = engine.optimizer.param_groups
+    if saved and len(saved) != len(groups):
+        raise CheckpointMismatch(
+            f"checkpoint has {len(saved)} param group(s), this engine {len(groups)}: "
+            f"build the engine with the same param_groups"
+        )
+    for i, s in enumerate(saved):
+        names = _members(engine, i)
+        if s["params"] is not None and s["params"] != names:
+            raise CheckpointMismatch(
+                f"param_groups[{i}] holds other parameters than the checkpoint's (saved "
+                f"{len(s['params'])}, here {len(names)}): build the engine with the same "
+                f"param_groups"
+            )
+    for s, group in zip(saved, groups):
+        group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in s["hyper"].items()})
+
+
+def _aliases(engine: Engine) -> dict[str, str]:
+    """Names under which a tied parameter appears again (e.g. ``lm_head.weight`` -> ``wte.weight``)."""
+    canonical = {id(zp.param): zp.name for zp in engine.zparams}
+    return {
+        n: canonical[id(p)]
+        for n, p in engine.module.named_parameters(remove_duplicate=False)
+        if id(p) in canonical and canonical[id(p)] != n  # frozen parameters are not the engine's
+    }
+
+
+def segment_view(chunks: list[torch.Tensor], layout, seg) -> torch.Tensor:
+    """Segment ``seg``'s elements in this rank's per-bucket ``chunks`` (master, moments, shards)."""
+    base = layout.local_offset(seg.bucket)
+    lo = seg.local_start - base
+    return chunks[seg.bucket][lo : lo + seg.numel]
+
+
+@torch.no_grad()
+def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True) -> dict:
+    """Fill this rank's partition from saved shards (any number, any order, any source world size); returns the
+    last shard's counters. ``optimizer_states=False``: the fp32 master only (moments, step count, loss scale and
+    param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``)."""
+    segs = engine.layout.segments(engine.rank_in_shards)
+    by_name: dict[str, list] = {}
+    for k, s in enumerate(segs):
+        by_name.setdefault(engine.zparams[s.param].name, []).append((k, s))
+    covered: list[list[tuple[int, int]]] = [[] for _ in segs]
+    opt = engine.adamw
+    ms, vs = opt.moments() if optimizer_states else ([], [])
+    keys = ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq"))[: 3 if optimizer_states else 1]
+    meta = None
+    expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
+    for sd in shards:
+        if sd.get("format") != FORMAT:
+            raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
+        if meta is None:
+            check_compatible(sd, expected)
+            if optimizer_states:
+                _restore_groups(engine, sd)
+        else:
+            check_compatible(sd, expected, check_params=False)
+        meta = sd
+        off = 0
+        for name, start, end in sd["segments"]:
+            for k, s in by_name.get(name, ()):
+                lo, hi = max(start, s.param_start), min(end, s.param_end)
+                if lo < hi:
+                    src = slice(off + lo - start, off + hi - start)
+                    for chunks, key in keys:
+                        dst = segment_view(chunks, engine.layout, s)[lo - s.param_start : hi - s.param_start]
+                        dst.copy_(sd[key][src])
+                    covered[k].append((lo, hi))
+            off += end - start
+    filled, needed = sum(union_length(c) for c in covered), sum(s.numel for s in segs)
+    if meta is None or filled != needed:
+        raise CheckpointMismatch(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+    if optimizer_states:
+        opt.load_moments(ms, vs)
+        opt.step_count = int(meta["step"])
+        # DeepSpeed's counter (optimizer steps, overflow-skipped ones included); older shards have only the step
+        engine.global_steps = int(meta.get("global_steps", meta["step"]))
+        engine.scaler.load_state_dict(meta["scaler"])
+    engine.params_from_master()
+    return {"step": int(meta["step"]), "global_steps": int(meta.get("global_steps", meta["step"]))}
+
+
+def union_length(intervals: list[tuple[int, int]]) -> int:
+    """How many elements the half-open ``intervals`` cover together (an element covered twice counts once)."""
+    total, reach = 0, None
+    for lo, hi in sorted(intervals):
+        start = lo if reach is None else max(lo, reach)
+        if hi > start:
+            total += hi - start
+            reach = hi
+    return total
+
+
+def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: bool = True) -> None:
+    """The checkpoint holds exactly this model's parameters with the same shapes, and its segments and
+    tensors agree with each other; else one line naming the first difference."""
+    saved = {n: list(shape) for n, shape in sd["params"].items()}
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if check_params and (missing or extra):
+        what = f"lacks {missing[:3]}" if missing else f"has parameters this model does not: {extra[:3]}"
+        raise CheckpointMismatch(f"checkpoint is of another model: it {what}")
+    for name, shape in expected.items() if check_params else ():
+        if saved[name] != shape:
+            raise CheckpointMismatch(
+                f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
+                f"{tuple(shape)}: it was saved from another model size"
+            )
+    total = 0
+    for name, start, end in sd["segments"]:
+        if name not in saved:
+            raise CheckpointMismatch(f"damaged shard {sd.get('shard')}: a segment of {name!r}, which it does not list")
+        numel = math.prod(saved[name])
+        if not 0 <= start < end <= numel:
+            raise CheckpointMismatch(
+                f"damaged shard: segment [{start}, {end}) of {name!r} outside its {numel} elements"
+            )
+        total += end - start
+    for key in ("master", "exp_avg", "exp_avg_sq"):
+        if sd[key].numel() != total:
+            raise CheckpointMismatch(
+                f"damaged shard {sd.get('shard')}: {key} holds {sd[key].numel()} elements, its segments {total}"
+            )
+
+
+def iter_full(engine: Engine, chunks: list[torch.Tensor]):
+    """(parameter index, its full fp32 value) from this rank's per-bucket ``chunks``, one bucket all-gathered at a
+    time (collective over the DP group; the values are views of that bucket's buffer)."""
+    layout = engine.layout
+    for b, chunk in zip(layout.buckets, chunks):
+        full = torch.empty(b.numel, dtype=torch.float32, device=engine.device)
+        if layout.shards == 1:
+            full.copy_(chunk)
+        else:  # collectives run on the engine's device (chunks may live in host memory under offload)
+            C.all_gather(full, chunk.float().to(engine.device).contiguous(), engine.group)
+        for i in b.params:
+            s = layout.params[i]
+            yield i, full[s.start - b.start : s.end - b.start].view(s.shape)
+
+
+@torch.no_grad()
+def full_parameters(engine: Engine) -> dict[str, torch.Tensor]:
+    """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
+    return {engine.layout.params[i].name: full.clone() for i, full in iter_full(engine, engine.adamw.master)}
+
+
+@torch.no_grad()
+def full_gradients(engine: Engine) -> dict[str, torch.Tensor]:
+    """The reduced gradient (averaged over DP ranks, loss scale removed) of every parameter, on every
+    rank. Call between ``backward`` of the last micro-batch and ``step`` (collective over DP)."""
+    unscale = 1.0 / engine.scaler.scale
+    return {engine.layout.params[i].name: full * unscale for i, full in iter_full(engine, engine.grad_chunks())}

@@ -1,0 +1,246 @@
+"""A checkpoint's files: reading one with ``weights_only=True``, and writing a whole checkpoint as a transaction.
+
+A checkpoint is either whole or absent, as torch.distributed.checkpoint and Orbax treat theirs. Every rank writes
+its files into a staging directory beside the target (``.<name>.saving-<save id>``), then every rank of the DP and
+TP groups agrees that its writes succeeded (one integer all-reduce); only then does the first rank write the
+manifest (``manifest.json``: the save id and every shard file) and put the staging directory in the target's place
+with one rename (or, when the target exists, one atomic exchange of the two directories). A rank that fails or is
+killed before that point leaves the target untouched: the other ranks raise ``CheckpointSaveError`` (or time out in
+the agreement, as any collective), and what was staged is never loaded. Each shard records the save id, so a shard
+from another save is refused on load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import pickle
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerobench.config import ConfigError
+from zerobench.zero.protocols import Engine
+
+MANIFEST = "manifest.json"
+"""The commit record: written last, into the staging directory, by the first rank once every rank has written."""
+STAGING = ".saving-"
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint of another model (names, shapes), a damaged file, or one that is not whole."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that did not complete on every rank: nothing was written where the checkpoint goes."""
+
+
+def load_file(path: str | os.PathLike):
+    """``torch.load(path)`` on the CPU, ``weights_only=True``; a damaged file is a one-line ``CheckpointMismatch``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # truncated, overwritten, or not torch.save's
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointMismatch(f"checkpoint file {path} is damaged: {first}") from None
+
+
+def read_json(path: Path) -> dict:
+    """A small JSON file of a checkpoint (``meta.json``, ``manifest.json``) as a dict; damaged is one line."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointMismatch(f"checkpoint file {path} is damaged: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointMismatch(f"checkpoint file {path} is damaged: not a JSON object")
+    return data
+
+
+def write_file(path: Path, data: bytes | Callable[[object], None]) -> None:
+    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` and flush it to the disk."""
+    with open(path, "wb") as f:
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            data(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_json(path: Path, obj) -> None:
+    write_file(path, json.dumps(obj, indent=1).encode())
+
+
+def replace_small(path: Path, text: str) -> None:
+    """Replace a small file in place atomically (a temporary file beside it, then a rename): readers see the old
+    content or the new, never half of it."""
+    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
+    write_file(tmp, text.encode())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system lets a directory be opened for fsync
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _groups(engine: Engine):
+    return [g for g in (engine.group, engine.tp_group) if g is not None and g.size > 1]
+
+
+def agree(engine: Engine, value: int) -> int:
+    """The largest ``value`` over the engine's DP and TP groups (a 62-bit integer), the same on every rank."""
+    groups = _groups(engine)
+    if not groups:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=engine.device)
+    for g in groups:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g.pg)
+    return int(t.item())
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds a checkpoint's files (this format's or an earlier one's)."""
+    return any((path / f).exists() for f in (MANIFEST, "meta.json", "tp-00/meta.json"))
+
+
+def check_target(path: Path) -> None:
+    """Refuse, before anything is written, a target that is a file or a directory holding something else."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise ConfigError(f"cannot save a checkpoint to {path}: it is a file; give a directory")
+    if path.is_dir() and any(path.iterdir()) and not is_checkpoint(path):
+        raise ConfigError(
+            f"cannot save a checkpoint to {path}: it holds files that are not a checkpoint; give a new "
+            "or empty directory (a checkpoint is replaced whole, never merged into other files)"
+        )
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where one save's files go before it is committed, and the id every file of that save records."""
+
+    dir: Path
+    save_id: str
+
+
+@contextlib.contextmanager
+def transaction(
+    engine: Engine, path: str | os.PathLike, after_commit: Callable[[], None] | None = None
+) -> Iterator[Staging]:
+    """Collective over the engine's DP and TP groups: yields the staging directory every rank writes its files
+    into; on exit, commits them to ``path`` as one checkpoint or raises on every rank. ``after_commit`` runs on the
+    first rank once the checkpoint is in place (e.g. to move ``latest``)."""
+    path = Path(path)
+    check_target(path)
+    save_id = f"{agree(engine, secrets.randbits(62)):016x}"
+    staging = path.parent / f".{path.name}{STAGING}{save_id}"
+    failed: BaseException | None = None
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        yield Staging(staging, save_id)
+    except BaseException as e:  # noqa: BLE001 - every rank must take part in the agreement before it re-raises
+        failed = e
+    first = engine.group.rank == 0 and (engine.tp_group is None or engine.tp_group.rank == 0)
+    _settle(
+        engine,
+        staging,
+        failed,
+        f"could not write its files of checkpoint {path}: nothing was saved there (a "
+        "checkpoint already there is unchanged)",
+    )
+    if first:
+        try:
+            write_json(staging / MANIFEST, manifest(staging, save_id))
+            _put_in_place(staging, path)
+            _sweep_stale(path)
+            if after_commit is not None:
+                after_commit()
+        except BaseException as e:  # noqa: BLE001 - the other ranks learn of it in the agreement below
+            failed = e
+    _settle(engine, staging, failed, f"failed while committing checkpoint {path}")
+
+
+def _settle(engine: Engine, staging: Path, failed: BaseException | None, what: str) -> None:
+    """Every rank learns whether any rank failed; each raises (the failed rank its own error) if one did."""
+    bad = agree(engine, _global_rank() + 1 if failed is not None else 0)
+    if not bad:
+        return
+    if engine.group.rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    if failed is not None:
+        raise failed
+    raise CheckpointSaveError(f"rank {bad - 1} {what}; see that rank's error")
+
+
+def manifest(staging: Path, save_id: str) -> dict:
+    """The commit record of what every rank staged: each shard directory's ``meta.json`` and shard files, all of
+    this save (a shard directory without its ``meta.json`` or one of its shards fails the commit)."""
+    dirs = sorted(staging.glob("tp-*")) or [staging]
+    listing = {}
+    for d in dirs:
+        meta = read_json(d / "meta.json")
+        if meta.get("save_id") != save_id or int(meta.get("tp", 1)) != (len(dirs) if d != staging else 1):
+            raise CheckpointSaveError(f"{d} holds another save's meta.json")
+        files = [f"shard-{i:05d}.pt" for i in range(int(meta["num_shards"]))]
+        missing = [f for f in files if not (d / f).exists()]
+        if missing:
+            raise CheckpointSaveError(f"{d} lacks {', '.join(missing[:4])} after every rank wrote its files")
+        listing["." if d == staging else d.name] = files
+    return {"format": "zerobench-checkpoint/1", "save_id": save_id, "dirs": listing}
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where that is unsupported."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _put_in_place(staging: Path, path: Path) -> None:
+    """``staging`` becomes ``path``: a rename, or, over an existing checkpoint, an atomic exchange and the old one
+    removed. Where the file system cannot exchange, the old one is renamed aside first (``.<name>.replaced-<id>``):
+    a crash between the two renames leaves no ``path`` but the previous checkpoint whole under that name, which
+    ``replaced_copy`` finds."""
+    if not path.exists():
+        os.rename(staging, path)
+    elif _exchange(staging, path):
+        shutil.rmtree(staging)
+    else:
+        aside = path.parent / f".{path.name}.replaced-{staging.name.rsplit('-', 1)[-1]}"
+        os.rename(path, aside)
+        os.rename(staging, path)
+        shutil.rmtree(aside)
+    _fsync_dir(path.parent)
+
+
+def _sweep_stale(path: Path) -> None:
+    """Remove what earlier saves to ``path`` left staged when a rank died (never loadable: no manifest there)."""
+    for d in path.parent.glob(f".{path.name}{STAGING}*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def replaced_copy(path: Path) -> Path | None:
+    """The previous checkpoint of ``path`` set aside by a replacement that stopped between its two renames."""
+    return next(iter(sorted(path.parent.glob(f".{path.name}.replaced-*"))), None)

@@ -1,0 +1,141 @@
+"""This rank's parameter storage, in one object with one vocabulary.
+
+- ``replica`` (stages 0-2): every parameter in one flat buffer; the model's parameters are views of it.
+- ``shards``: this rank's shard of the parameters, per bucket — views of the replica at stages 0-2, of
+  its own partition at stage 3 (in host memory under parameter offload). The optimizer's low-precision
+  output lands here; stages 1-2 all-gather them back into the replica (``publish``).
+- ``master``: the fp32 master per bucket, which the optimizer updates — a device buffer under mixed
+  precision, the host partition's under offload, or the shards themselves in fp32.
+- ``host``: the offloaded partition (``zero/offload/host.py``), None without offload.
+
+Where the optimizer writes and how updated values reach the shards (``step_output``, ``finish_step``,
+``refresh_from_master``) is decided here, once, from which of these exist.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zerobench.distributed import collectives as C
+from zerobench.metrics.comm import CommLedger
+from zerobench.zero.config import ZeroConfig
+from zerobench.zero.layout import PartitionLayout, Segment
+from zerobench.zero.offload.host import HostPartition
+from zerobench.zero.param import ZeroParam
+from zerobench.zero.storage.allocator import Allocator
+from zerobench.zero.storage.buffer import FullBuffer, LocalBuffer
+from zerobench.zero.storage.placement import Placement, Tier
+
+
+def _copy_segments(dst: torch.Tensor, segments: list[Segment], init: list[torch.Tensor]) -> None:
+    for seg in segments:
+        dst[seg.local_start : seg.local_start + seg.numel].copy_(init[seg.param][seg.param_start : seg.param_end])
+
+
+class ParamStorage:
+    """Replica, shards, master and the host partition of one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        layout: PartitionLayout,
+        config: ZeroConfig,
+        placement: Placement,
+        device: torch.device,
+        allocator: Allocator,
+        rank_in_shards: int,
+    ):
+        dtype = config.precision.param_dtype
+        self.layout = layout
+        self.host: HostPartition | None = None
+        if placement.offloaded:
+            with allocator.host_region():  # host memory, not the device's
+                self.host = HostPartition(layout, device, dtype, dtype, placement.params is Tier.HOST, allocator)
+        self.replica: FullBuffer | None = None
+        self._partition: LocalBuffer | None = None
+        if config.stage == 3:
+            self._partition = LocalBuffer(
+                layout, dtype, device, data=self.host.params if self.host is not None else None
+            )
+            self.shards = self._partition.bucket_views()
+        else:
+            self.replica = FullBuffer(layout, dtype, device)
+            self.shards = [self.replica.shard_view(b.index, rank_in_shards) for b in layout.buckets]
+        self._device_master: LocalBuffer | None = None
+        if self.host is not None:
+            self.master = self.host.chunks(self.host.master)
+        elif config.precision.has_master:
+            self._device_master = LocalBuffer(layout, torch.float32, device)
+            self.master = self._device_master.bucket_views()
+        else:  # fp32 without offload: the parameters are the master
+            self.master = self.shards
+
+    @property
+    def shards_on_host(self) -> bool:
+        """Parameter offload: the shards live in host memory."""
+        return self.host is not None and self.host.params is not None
+
+    @torch.no_grad()
+    def fill(self, zparams: list[ZeroParam], segments: list[Segment]) -> None:
+        """Copy the model's initial values into the replica or the shards, and into the master (a model built on
+        the meta device has none: its storage stays zero until it is initialised, ``parallel/init.py``)."""
+        if any(zp.param.is_meta for zp in zparams):
+            return
+        init = [zp.param.detach().float().reshape(-1) for zp in zparams]
+        if self.replica is not None:
+            for zp, src in zip(zparams, init):
+                self.replica.param_view(zp.slot.index).copy_(src.view(zp.slot.shape))
+        else:
+            _copy_segments(self._partition.data, segments, init)
+        if self.host is not None and self.host.master is not self.host.params:  # (fp32: they are one)
+            _copy_segments(self.host.master, segments, init)
+        if self._device_master is not None:
+            _copy_segments(self._device_master.data, segments, init)
+
+    # -- the optimizer step's output -------------------------------------------------------------
+    def step_output(self):
+        """``(out, on_chunk)`` for ``ShardedAdamW.step``: where the low-precision values go (None: the
+        master is the output), and a per-chunk callback (offload: stream each finished chunk up)."""
+        if self.host is not None:
+            device_shards = None if self.shards_on_host else self.shards
+            return self.host.chunks(self.host.param_out), self.host.start_copy_back(device_shards)
+        return (self.shards if self._device_master is not None else None), None
+
+    def finish_step(self) -> None:
+        if self.host is not None:
+            self.host.finish_copy_back()
+
+    @torch.no_grad()
+    def refresh_from_master(self) -> None:
+        """Rewrite the shards from the master (after loading a checkpoint); ``publish`` follows."""
+        if self.host is not None:
+            out = self.host.chunks(self.host.param_out)
+            if out is not None:
+                torch._foreach_copy_(out, self.master)
+            if not self.shards_on_host:
+                for dst, src in zip(self.shards, self.host.updated_chunks()):
+                    self.host.transfer.copy(dst, src)
+                self.host.finish_copy_back()
+        elif self._device_master is not None:
+            torch._foreach_copy_(self.shards, self.master)
+
+    def publish(self, group: C.Group, ledger: CommLedger) -> None:
+        """Stages 1-2: all-gather every bucket's updated shard into the replica (nothing to do with one shard, or
+        at stage 3, which gathers per unit)."""
+        if self.replica is None or self.layout.shards == 1:
+            return
+        works = [
+            C.all_gather(self.replica.bucket_view(b.index), shard, group, ledger, "param", async_op=True)
+            for b, shard in zip(self.layout.buckets, self.shards)
+        ]
+        for w in works:
+            if w is not None:
+                w.wait()
+
+    # -- what it holds (accounting) --------------------------------------------------------------
+    def device_params(self) -> list[torch.Tensor]:
+        if self.replica is not None:
+            return [self.replica.data]
+        return [] if self.shards_on_host else [self._partition.data]
+
+    def device_master(self) -> list[torch.Tensor]:
+        return [self._device_master.data] if self._device_master is not None else []

@@ -118,8 +118,8 @@ def fused_adamw_(
 ) -> None:
     """One AdamW step over the flat fp32 partition ``param`` in place, in a single pass.
 
-    ``grad`` is fp32, bf16 or fp16 and is multiplied by ``grad_scale`` first (1 / (ranks * loss scale) times
-    the clip coefficient). ``blocks`` comes from ``adamw_blocks`` and says where weight decay applies.
+    ``grad`` is fp32, bf16 or fp16 and is multiplied by ``grad_scale`` first (in the ZeRO engine: 1 / loss scale
+    times the clip coefficient). ``blocks`` comes from ``adamw_blocks`` and says where weight decay applies.
     ``out`` (bf16/fp16/fp32, optional) receives the updated partition rounded to nearest even — the
     low-precision parameter copy — in the same pass. A nonzero ``found_inf`` skips the step entirely.
     """

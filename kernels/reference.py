@@ -29,7 +29,7 @@ def adamw(
     """One AdamW step (torch.optim.AdamW's arithmetic); returns new (param, exp_avg, exp_avg_sq).
 
     ``decay_mask`` is a bool tensor: weight decay applies where it is True. ``grad_scale`` multiplies the
-    gradient first (1 / (ranks * loss scale) times the clip coefficient, as ZeRO folds them in).
+    gradient first (the ZeRO engine folds 1 / loss scale and the clip coefficient into it).
     """
     dt = param.dtype
     g = grad.to(dt) * grad_scale

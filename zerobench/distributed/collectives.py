@@ -3,13 +3,12 @@
 A ``Group`` names a process group so ledgers can say which dimension (``dp``, ``tp``) traffic is on.
 Async calls return the ``Work`` handle; the caller owns waiting on it.
 
-On gloo (CPU), ``reduce_scatter`` and ``all_gather`` are built from gloo's fast primitives: gloo's own
-reduce-scatter and all-gather take 2x and 3x the time of an all-reduce of the same tensor (measured: 25M fp32
-elements, 2 processes: all-reduce 79 ms, reduce_scatter_tensor 165 ms, all_gather_into_tensor 138 ms,
-broadcast 43 ms), so reduce-scatter is an all-reduce whose local chunk is kept, and all-gather one broadcast
-per rank. NCCL keeps the native collectives. The ledger records the logical collective (the paper's
-accounting), whatever carries it. A ``Group`` made with ``native=True`` keeps gloo's native ones (the
-launcher sets it from ``ZEROBENCH_GLOO_NATIVE=1``; nothing here reads the environment).
+On gloo (CPU), ``reduce_scatter`` and ``all_gather`` are built from gloo's fast primitives, because gloo's own
+reduce-scatter and all-gather take about twice the time of an all-reduce of the same tensor (25M fp32 elements on 2
+processes): reduce-scatter is an all-reduce whose local chunk is kept, and all-gather one broadcast per rank. NCCL
+keeps the native collectives. The ledger records the logical collective (ZeRO §7's accounting), whatever carries it.
+A ``Group`` made with ``native=True`` keeps gloo's native ones (the launcher sets it from
+``ZEROBENCH_GLOO_NATIVE=1``; nothing here reads the environment).
 """
 
 from __future__ import annotations

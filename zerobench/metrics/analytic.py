@@ -1,7 +1,7 @@
 """The model-state byte counts a configuration implies, by formula: this engine's per-rank device and host
-bytes by category, and the paper's mixed-precision formulas (§5). Pure arithmetic without torch, so planning
-(``zerobench plan``) and the simulator answer without importing it; the ledgers (``metrics/memory.py``) measure
-what these predict.
+bytes by category, and the ZeRO paper's mixed-precision formulas (ZeRO §3.1, §5). Pure arithmetic without torch, so
+planning (``zerobench plan``) and the simulator answer without importing it; the ledgers (``metrics/memory.py``)
+measure what these predict.
 
 - ``model_state_bytes_analytic``: per-rank model-state bytes of a ZeRO stage for any precision recipe; with
   2-byte params/grads, a 4-byte master and 8 bytes of Adam states it is exactly the paper's 2Ψ+2Ψ+KΨ (K=12),
@@ -67,7 +67,8 @@ def host_state_bytes_analytic(
 
 
 def paper_model_state_bytes(psi: float, nd: int, stage: int, k: int = 12) -> float:
-    """The paper's mixed-precision formulas (§5): 16Ψ, 4Ψ+KΨ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d."""
+    """The ZeRO paper's mixed-precision formulas (ZeRO §3.1, §5): (4+K)Ψ, 4Ψ+KΨ/N_d, 2Ψ+(2+K)Ψ/N_d,
+    (4+K)Ψ/N_d; with K=12: 16Ψ, 4Ψ+12Ψ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d."""
     return {
         0: (2 + 2 + k) * psi,
         1: 4 * psi + k * psi / nd,

@@ -1,5 +1,5 @@
 """Resident memory by category, from ``/proc/self/smaps`` (Linux): what a process's RSS is made of at its
-highest point, so that host memory beyond the tensors a system holds is accounted for (issue 24).
+highest point, so that host memory beyond the tensors a system holds is accounted for.
 
 ``rss_breakdown`` splits the resident set into:
 

@@ -1,4 +1,4 @@
-"""Activation checkpointing per transformer block, with the ZeRO-R options of the paper (§6, §8).
+"""Activation checkpointing per transformer block, with the ZeRO paper's ZeRO-R options (ZeRO §6; their traffic §8).
 
 - checkpointing: each block keeps only its input; its activations are recomputed in backward with the
   RNG state of the forward replayed.

@@ -1,16 +1,16 @@
 """Sharded initialisation of a GPT built on the meta device: no rank ever holds the whole model.
 
-``GPT(cfg).to(device)`` materialises every parameter on every rank before TP and ZeRO cut it down: at the
-paper's 8B on a 32 GB V100 that alone runs out of memory, and at 100B with 16 ranks a node it asks for 6 TB
-of host memory. Built on the meta device instead (``parallelize(..., device=...)``: the engine's storage is
-real and zero), the model is initialised here one parameter at a time: each is drawn whole on the host, in
-``GPT.reset_parameters``'s order and with its rule (``models.gpt.init_parameter``), so from the same seed the
-values are exactly those of a materialised GPT (whose layers' own default initialisation drew from the RNG
-first: it is replayed, one layer at a time, before); cut to this TP rank's piece (``shard_parameter``, the cut
-``apply_tp`` makes); and this rank's segments of it are written into the fp32 master and the parameter shards
-(``zero/module_state.write_segments``, the path ``model.load_state_dict`` takes). Stages 1-2 then all-gather the
-replica. The largest transient is one whole parameter (the embedding) on the host. Like the broadcast at
-construction, the all-gather is set-up, not a training step: it is not recorded in the comm ledger.
+``GPT(cfg).to(device)`` materialises every parameter on every rank before TP and ZeRO cut it down: an 8B model's
+fp32 parameters alone fill a 32 GB V100, and at 100B with 16 ranks a node the host would need 6.4 TB. Built on the
+meta device instead (``parallelize(..., device=...)``: the engine's storage is real and zero), the model is
+initialised here one parameter at a time: each is drawn whole on the host, in ``GPT.reset_parameters``'s order and
+with its rule (``models.gpt.init_parameter``), so from the same seed the values are exactly those of a materialised
+GPT (whose layers' own default initialisation drew from the RNG first: it is replayed, one layer at a time, before);
+cut to this TP rank's piece (``shard_parameter``, the cut ``apply_tp`` makes); and this rank's segments of it are
+written into the fp32 master and the parameter shards (``write_segments`` of ``zero/state/module_state.py``, the
+path ``model.load_state_dict`` takes). Stages 1-2 then all-gather the replica. The largest transient is one whole
+parameter (the embedding) on the host. Like the broadcast at construction, the all-gather is set-up, not a training
+step: it is not recorded in the comm ledger.
 """
 
 from __future__ import annotations

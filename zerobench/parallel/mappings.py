@@ -4,8 +4,8 @@
 ``reduce_from_tp`` (g): all-reduce forward, identity backward — leaves a row-parallel region.
 ``gather_from_tp`` / ``scatter_to_tp``: concatenate / split along the last dimension.
 Every collective is recorded in the communication ledger under the group's name, tagged ``mp`` for the
-transformer blocks' traffic (what the paper counts as 12*b*s*h per block) and ``mp_embed`` for the
-embedding and LM head.
+transformer blocks' traffic (12*b*s*h per block in ZeRO §8's count) and ``mp_embed`` for the embedding and LM
+head.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ class EngineAccounting:
         return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
 
     def model_state_bytes_analytic(self) -> dict[str, float]:
-        """Device bytes by category (the paper's formula, with the offloaded parts moved to the host)."""
+        """Device bytes by category (ZeRO §3.1 and §5's formulas, with the offloaded parts moved to the host;
+        ``metrics/analytic.py``)."""
         pb = torch.finfo(self.config.precision.param_dtype).bits // 8
         return model_state_bytes_analytic(
             self.numel,

@@ -89,8 +89,8 @@ def apply_zero(
     Args:
         model: a plain ``nn.Module``; its parameters become views of the engine's buffers.
         dp_group: the data-parallel group: a ``torch.distributed.ProcessGroup``, ``None`` for the default (world)
-            group as DDP's ``process_group=None``, a 1-D ``DeviceMesh``, or a ``zerobench.distributed.collectives.Group``.
-            With tensor parallelism, this TP rank's DP group.
+            group as DDP's ``process_group=None``, a 1-D ``DeviceMesh``, or a
+            ``zerobench.distributed.collectives.Group``. With tensor parallelism, this TP rank's DP group.
         config: the stage, precision, buckets, loss scaling and AdamW settings (``ZeroConfig``).
         ledger: where the engine's collectives are recorded (default: a ledger of its own, ``engine.ledger``).
         units: stage 3's gather units, as modules or as a layer class (every outermost submodule of it, as FSDP's
@@ -98,8 +98,8 @@ def apply_zero(
         tp_group: the tensor-parallel group (``None``: no TP); gradient norms and overflow checks then span both
             groups, counting TP-sharded parameters once per TP rank and replicated ones once.
         tp_sharded: the names of the parameters TP shards (``TPInfo.sharded``).
-        allocator: how host work and stage-3 resizes are accounted (default ``PlainAllocator``; ``zero/storage/
-            allocator.py``).
+        allocator: how host work and stage-3 resizes are accounted (default ``PlainAllocator``;
+            ``zero/storage/allocator.py``).
         param_groups: the optimizer's groups as ``torch.optim`` takes them (dicts with ``params`` and any of ``lr``,
             ``betas``, ``eps``, ``weight_decay``), or a callable ``param_groups(model)`` returning them from the model
             as ZeRO receives it (after TP replaced its parameters). Default: one group, weight decay on 2+-dim

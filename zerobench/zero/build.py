@@ -75,14 +75,12 @@ def materialize(p: nn.Parameter, value: torch.Tensor) -> None:
 def settle_frozen(
     model: nn.Module, frozen: list[tuple[str, nn.Parameter]], dtype: torch.dtype, device: torch.device
 ) -> list[tuple[str, nn.Parameter]]:
-    """What the engine does not hold, made ready to run: under bf16/fp16, frozen fp32/bf16/fp16 parameters in the
-    training dtype, as the trained ones are (DeepSpeed converts the whole module, FSDP's ``param_dtype`` every
-    parameter; an fp32 frozen layer met bf16 activations: ``mat1 and mat2 must have the same dtype``); fp32 training
-    leaves them, and other dtypes, as they are. Floating-point buffers likewise, as DeepSpeed's ``module.bfloat16()``
-    converts them (BatchNorm's running statistics beside its bf16 weight: ``expected scalar type BFloat16 but found
-    Float`` inside ``F.batch_norm``). A model built on the meta device gets its frozen parameters and buffers on
-    ``device``, zeroed (to be initialised as the trained parameters are: ``engine.gathered_params()``,
-    ``load_state_dict``)."""
+    """What the engine does not hold, made ready to run: under bf16/fp16, frozen fp32/bf16/fp16 parameters and
+    floating-point buffers in the training dtype, as the trained parameters are (DeepSpeed's ``module.bfloat16()``
+    converts the whole module likewise), so that a frozen layer or a BatchNorm's running statistics meet the
+    activations in the dtype they compute in; fp32 training leaves them, and other dtypes, as they are. A model
+    built on the meta device gets its frozen parameters and buffers on ``device``, zeroed (to be initialised as the
+    trained parameters are: ``engine.gathered_params()``, ``load_state_dict``)."""
     real = device.type != "meta"
 
     def converts(t: torch.Tensor) -> bool:
@@ -106,11 +104,10 @@ def settle_frozen(
 
 def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]], dtype: torch.dtype) -> None:
     """One-line ``ConfigError`` for trained parameters the flat buffers cannot hold: sparse gradients
-    (``nn.Embedding(sparse=True)``, as FSDP refuses them), dtypes other than fp32/bf16/fp16 (float64 would be
-    cast down silently), parameters on several devices, and, in fp32 training, a model that mixes dtypes: its
-    bf16/fp16 layers would silently become fp32 and meet the activations its forward casts for them (bf16/fp16
-    training casts every parameter, as DeepSpeed's ``module.bfloat16()``). (The meta device is fine: dry runs and
-    the simulator build the engine there.)"""
+    (``nn.Embedding(sparse=True)``), dtypes other than fp32/bf16/fp16 (float64 would be cast down silently),
+    parameters on several devices, and, in fp32 training, a model that mixes dtypes: its bf16/fp16 layers would
+    silently become fp32 and meet the activations its forward casts for them (bf16/fp16 training casts every
+    parameter). (The meta device is fine: dry runs and the simulator build the engine there.)"""
     trained = {id(p): n for n, p in named}
     for mname, mod in model.named_modules():
         if getattr(mod, "sparse", False) is True and id(getattr(mod, "weight", None)) in trained:

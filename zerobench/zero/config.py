@@ -21,7 +21,7 @@ class Precision(str, enum.Enum):
     BF16 = "bf16"
     """bf16 parameters and gradients (also reduced in bf16), fp32 master weights and Adam states."""
     FP16 = "fp16"
-    """As bf16 but fp16, with dynamic loss scaling (overflow -> skip the step and back off)."""
+    """As bf16 but fp16, with loss scaling (``LossScaleConfig``): a step whose gradients overflow is skipped."""
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -46,7 +46,8 @@ class AdamWConfig:
     eps: float = 1e-8
     """Added to the denominator for numerical stability."""
     weight_decay: float = 0.1
-    """Decoupled weight decay, applied to parameters of 2 or more dimensions only (not biases/norms)."""
+    """Decoupled weight decay. Without explicit param groups it applies to parameters of 2 or more dimensions only
+    (not biases or norms); a user's group decays every parameter in it (``zero/optim/param_groups.py``)."""
 
 
 class LossScaleRule(str, enum.Enum):
@@ -66,8 +67,8 @@ class LossScaleRule(str, enum.Enum):
 @dataclass(frozen=True)
 class LossScaleConfig:
     """Loss scaling for fp16 (ignored for fp32/bf16). At ``min_scale`` an overflow that would back the scale off
-    ends training (``zero/optim/loss_scale.py``'s ``LossScaleAtMinimum``), as DeepSpeed's: every later step would
-    overflow and be skipped too."""
+    ends training (``zero/optim/loss_scale.py``'s ``LossScaleAtMinimum``; DeepSpeed stops there too): every later
+    step would overflow and be skipped as well."""
 
     init_scale: float = 2.0**16
     """Initial loss scale."""
@@ -147,10 +148,10 @@ class ZeroConfig:
     """Stage 3: all-gather the next module's parameters while the current one computes."""
     overlap_comm: bool = True
     """Start each gradient bucket's collective as soon as the bucket is complete and let backward run on
-    (up to ``MAX_INFLIGHT`` outstanding), as DeepSpeed's ``overlap_comm``. At stages 2-3 the next large bucket's
-    gradients stay as autograd made them while one is reduced, and wait for it once complete, as FSDP2's one
-    reduce-scatter input in flight. Off, backward waits for each bucket's collective before it goes on: slower
-    where communication is not free (FSDP1 on CPU reduces that way). The README gives both sides' figures."""
+    (up to ``MAX_INFLIGHT`` outstanding; DeepSpeed's ``overlap_comm``). At stages 2-3 one large staging bucket is
+    reduced at a time: the next one's gradients stay as autograd made them until that collective finishes
+    (``zero/grads/staging.py``), so no gradient is held in two places. Off, backward waits for each bucket's
+    collective before it goes on: slower wherever communication is not free."""
     kernels: str = "auto"
     """Optimizer kernels: "auto" (fused where the device has them), "fused" (required), "reference"."""
     offload_optimizer: str = "none"

@@ -14,9 +14,9 @@ or DDP's: ``loss.backward()`` (``zero/grads/backward.py``), ``engine.no_sync()``
 communication ledgers (``engine.accounting``, ``engine.ledger``). DeepSpeed's engine names are a layer composed on
 top (``zerobench.zero.as_deepspeed``, ``zero/compat/deepspeed/engine.py``), which this module never imports.
 
-Gradients are *averaged* over ranks, as DDP's: ``engine.backward`` multiplies the loss by 1/N (a plain
-``loss.backward()`` has its gradients multiplied by 1/N before their collective, as DDP does), and the collectives
-sum. The 1/loss-scale and the clip coefficient are folded into one scale applied inside the optimizer step.
+Gradients are *averaged* over ranks, as under DDP: ``engine.backward`` multiplies the loss by 1/N (a plain
+``loss.backward()`` has its gradients multiplied by 1/N before their collective), and the collectives sum. The
+1/loss-scale and the clip coefficient are folded into one scale applied inside the optimizer step.
 
 Under optimizer offload (``zero/offload/host.py``) the master, moments (``zero/optim/states.py``: in memory, 8-bit
 or on NVMe) and gradient partition live on the host and the step (``zero/optim/step.py``) runs there; parameter
@@ -87,7 +87,7 @@ class ZeroEngine:
             self.layout, config, self.placement, device, self.allocator, self.rank_in_shards
         )
         st.fill(self.zparams, segments)
-        # 3. Point the model's parameters at the engine's storage (stage 3: the gather/free scheduler).
+        # 3. Point the model's parameters at the engine's storage (stage 3: the gatherer that gathers and frees units).
         self.gatherer = attach_params(
             model, ordered.units, st, self.layout, self.zparams, group, self.ledger, config, self.allocator, device
         )
@@ -189,8 +189,9 @@ class ZeroEngine:
         return loss
 
     def scale(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """``loss`` times what ``backward`` multiplies it by (the loss scale / (``grad_accum_steps`` x N)), for a plain
-        ``.backward()`` that then trains as ``engine.backward(loss)`` would, fp16 included (DeepSpeed's ``engine.scale``).
+        """``loss`` times what ``backward`` multiplies it by (the loss scale / (``grad_accum_steps`` x N)), for a
+        plain ``.backward()`` that then trains as ``engine.backward(loss)`` would, fp16 included (DeepSpeed's
+        ``engine.scale``).
 
         Args:
             loss: a scalar of this micro-batch.
@@ -202,8 +203,9 @@ class ZeroEngine:
         return scaled
 
     def no_sync(self):
-        """Context manager, as DDP's and DeepSpeed's: backward passes inside it accumulate without synchronising;
-        the next one outside synchronises them all (``zero/grads/accumulation.py``). Use it with ``grad_accum_steps=1``."""
+        """Context manager, as DDP's and DeepSpeed's: backward passes inside it accumulate without synchronising; the
+        next one outside synchronises them all (``zero/grads/accumulation.py``). Use it with
+        ``grad_accum_steps=1``."""
         return self.window.no_sync()
 
     def _begin_micro(self, plain: bool) -> None:
@@ -245,7 +247,8 @@ class ZeroEngine:
     # -- beyond training: teardown, full parameters, the stage-3 cache
     def destroy(self) -> None:
         """DeepSpeed's: remove every hook the engine installed and hand the model back as a plain module, its
-        parameters holding their trained values (stage 3 gathers them: call it on every DP rank); ``zero/interop/teardown.py``."""
+        parameters holding their trained values (stage 3 gathers them: call it on every DP rank);
+        ``zero/interop/teardown.py``."""
         destroy_engine(self)
 
     def gathered_params(self, writeback: bool = True, modifier_rank: int | None = None) -> GatheredParams:
@@ -278,8 +281,8 @@ class ZeroEngine:
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip this window's gradient to a global norm of ``max_norm`` over every DP and TP partition, as FSDP's
-        ``clip_grad_norm_``. Call it on every DP rank after the window's last ``backward()``, before ``step()``; the step
-        applies the coefficient in its own scale (no pass over the gradients).
+        ``clip_grad_norm_``. Call it on every DP rank after the window's last ``backward()``, before ``step()``; the
+        step applies the coefficient in its own scale (no pass over the gradients).
 
         Args:
             max_norm: the largest norm the averaged gradient may have.

@@ -1,20 +1,19 @@
 """The partition layout: where every parameter lives in the flat buffers, and what each rank owns.
 
-Pure data, computed by a pure function and unit-tested without processes. Parameters are packed, in the
-order given (callers pass reverse registration order, the order gradients arrive in backward), into one
-flat buffer. The buffer is cut into buckets: a bucket closes once it holds at least ``bucket_numel``
-elements, or where the parameter's *unit* changes (stage 3 gathers one unit, i.e. one module, at a time,
-so a unit never shares a bucket). A parameter of ``bucket_numel`` elements or more gets a bucket of its
-own (as Megatron gives the shared embedding its own): its bucket is then ready the moment its gradient
-is, and the small parameters before it (a position embedding, a LayerNorm) do not hold a bucket of its
-size waiting for it; an unpadded one-parameter bucket can also be reduced straight from the gradient. A bucket
-does not close when what is left of its unit is a runt, under ``1 / RUNT`` of ``bucket_numel`` (a block's
-first LayerNorm, last in backward): the runt joins it. Cut off, it would make the block's large bucket ready
-before the block's backward ends, with the block's activation gradients alive, and keep a stage 3 unit's
-parameters gathered through that bucket's staging copy. Every parameter starts on a multiple of
-``param_align`` elements; every bucket is padded to a multiple of ``shards * param_align`` so that it splits
-into ``shards`` equal, aligned, contiguous shards. Rank ``r`` owns shard ``r`` of every bucket; its *local*
-buffers (fp32 master, Adam states, gradient partition) are those shards concatenated in bucket order.
+Pure data, computed by a pure function and unit-tested without processes. Parameters are packed, in the order
+given (callers pass reverse registration order, the order gradients arrive in backward), into one flat buffer.
+The buffer is cut into buckets: a bucket closes once it holds at least ``bucket_numel`` elements, or where the
+parameter's *unit* changes (stage 3 gathers one unit, i.e. one module, at a time, so a unit never shares a
+bucket). A parameter of ``bucket_numel`` elements or more gets a bucket of its own: its bucket is then ready the
+moment its gradient is, and the small parameters before it (a position embedding, a LayerNorm) do not hold a
+bucket of its size waiting for it; an unpadded one-parameter bucket can also be reduced straight from the
+gradient. A bucket does not close when what is left of its unit is a runt, under ``1 / RUNT`` of
+``bucket_numel`` (a block's first LayerNorm, last in backward): the runt joins it. Cut off, it would make the
+block's large bucket ready before the block's backward ends, with the block's activation gradients alive, and
+keep a stage 3 unit's parameters gathered through that bucket's staging copy. Every parameter starts on a
+multiple of ``param_align`` elements; every bucket is padded to a multiple of ``shards * param_align`` so that
+it splits into ``shards`` equal, aligned, contiguous shards. Rank ``r`` owns shard ``r`` of every bucket; its
+*local* buffers (fp32 master, Adam states, gradient partition) are those shards concatenated in bucket order.
 """
 
 from __future__ import annotations

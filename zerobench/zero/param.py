@@ -1,8 +1,8 @@
 """Per-parameter engine state: a wrapper around each ``nn.Parameter`` with explicit state enums.
 
-The engine never sticks attributes on ``nn.Parameter``; everything it knows about a parameter (where it
-lives in the layout, its param group, whether it decays, whether its storage is resident, whether it has a gradient in the
-current accumulation window) lives here.
+The engine never sticks attributes on ``nn.Parameter``; everything it knows about a parameter (where it lives in the
+layout, its param group, whether it decays, whether its storage is resident, whether it has a gradient in the current
+accumulation window) lives here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which engine trains a parameter or a model, found without attributes set on either.
 
 Parameters are keys of a side table held weakly (``register`` at construction, ``unregister`` at
-``engine.destroy()``); a model is linked by the class the engine gives it (``interop/module_zero_grad.py``). Both
+``engine.destroy()``); a model is linked by the class the engine gives it (``zero/interop/module_zero_grad.py``). Both
 hold weak references: an engine nobody holds is not kept alive by its model or its parameters.
 """
 

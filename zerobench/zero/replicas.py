@@ -5,12 +5,13 @@ buffers in the same order, shapes and dtypes, and the same stage, bucket size, a
 unused-parameter check and stage-3 prefetch. A rank that did not would issue collectives of other sizes
 or in another order, which fails deep inside the backend or hangs. ``sync_replicas`` compares a
 fingerprint of all that with one all-reduce and, where ranks differ, fails on every rank with one line
-naming the first difference (DDP checks parameter shapes across ranks at construction the same way). It
-then broadcasts DP rank 0's parameters and buffers to the group, as DDP and DeepSpeed do at construction,
-so ranks that seeded their initialisation differently still train one model instead of drifting apart.
+naming the first difference. It then broadcasts DP rank 0's parameters and buffers to the group, as DDP and
+DeepSpeed do at construction, so ranks that seeded their initialisation differently still train one model
+instead of drifting apart.
 
 Nothing is done on a group of one, on the ``fake`` backend (dry runs of large worlds) or for an engine on the
-meta device; a model built on the meta device for a real one is checked, and initialised later on every rank. The broadcast is set-up, not a training step: it is not recorded in the comm ledger.
+meta device; a model built on the meta device for a real one is checked, and initialised later on every rank.
+The broadcast is set-up, not a training step: it is not recorded in the comm ledger.
 """
 
 from __future__ import annotations

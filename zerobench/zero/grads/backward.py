@@ -6,17 +6,16 @@ the wrapper's hooks do the rest. Both drive the engine:
 - ``engine.backward(loss)`` (``run``) opens the pass (the micro-batch is counted and the bucket group told
   whether it synchronises), scales the loss (1 / ``grad_accum_steps``, and fp16's loss scale), runs
   autograd and closes the pass (the bucket group's ``finish``: the remaining buckets started, all waited for).
-- A plain ``loss.backward()`` is opened by its first hook: a hook on the gradient of the root module's forward
-  output, so it runs in the outermost autograd graph task, before any parameter gradient lands (a re-entrant
-  checkpoint's inner backward is a nested task; its end is not the pass's end), or, for a backward that does
-  not reach the root's output (a submodule called on its own), the first parameter gradient that lands. The
-  close is queued on autograd's engine (``queue_callback``), which runs it when that backward ends, as FSDP
-  finalises its post-backward. Each rank's gradient is autograd's, multiplied before its collective by 1/N, so the
-  reduced one is the mean over ranks (DDP's), and by 1 / ``grad_accum_steps`` (DeepSpeed's plain backward; 1
-  under DDP's loop, which accumulates with ``no_sync()``), so it equals ``engine.backward``'s. A backward from
-  ``engine.scale(loss)`` (DeepSpeed's) carries that scaling already and counts as ``engine.backward``'s kind. Under
-  fp16 a plain backward of the bare loss is refused: stepping on gradients without the loss scale would be silently
-  wrong.
+- A plain ``loss.backward()`` is opened by its first hook: a hook on the gradient of the root module's forward output,
+  so it runs in the outermost autograd graph task, before any parameter gradient lands (a re-entrant checkpoint's
+  inner backward is a nested task; its end is not the pass's end), or, for a backward that does not reach the root's
+  output (a submodule called on its own), the first parameter gradient that lands. The close is queued on autograd's
+  engine (``queue_callback``), which runs it when that backward ends. Each rank's gradient is autograd's, multiplied
+  before its collective by 1/N, so the reduced one is the mean over ranks (DDP's), and by 1 / ``grad_accum_steps``
+  (DeepSpeed's plain backward; 1 under DDP's loop, which accumulates with ``no_sync()``), so it equals
+  ``engine.backward``'s. A backward from ``engine.scale(loss)`` (DeepSpeed's) carries that scaling already and
+  counts as ``engine.backward``'s kind. Under fp16 a plain backward of the bare loss is refused: stepping on
+  gradients without the loss scale would be silently wrong.
 """
 
 from __future__ import annotations
@@ -173,9 +172,9 @@ class BackwardPasses:
 
     def _accumulates(self) -> bool:
         """Whether the running backward accumulates into some trained parameter's ``.grad`` (``loss.backward()``),
-        not only reads the graph (``torch.autograd.grad(out, x)``: a gradient penalty, saliency), which is no
-        micro-batch: before, it opened one, so a window counted it (with accumulation: refused as mixing the two
-        loops) and reduced zeros, and at stage 3 its close freed the units a ``create_graph`` backward needed."""
+        not only reads the graph (``torch.autograd.grad(out, x)``: a gradient penalty, saliency). Such a backward is
+        no micro-batch: it must not count towards a window nor reduce gradients, and at stage 3 closing a pass would
+        free the units a ``create_graph`` backward still needs."""
         for p in self._params:
             with torch.enable_grad():
                 acc = p.view_as(p).grad_fn.next_functions[0][0]  # the parameter's AccumulateGrad node

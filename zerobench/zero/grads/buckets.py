@@ -2,8 +2,8 @@
 
 Gradients arrive parameter by parameter during backward (post-accumulate-grad hooks). Each bucket counts the
 parameters still missing; once complete, its collective starts asynchronously, overlapping the rest of backward.
-Buckets start strictly in index order (as DDP's reducer does), so every rank issues the same collectives even when
-the ranks' graphs differ. At the end of backward a bucket still missing gradients (parameters unused on this rank)
+Buckets start strictly in index order, so every rank issues the same collectives in the same order even when the
+ranks' graphs differ. At the end of backward a bucket still missing gradients (parameters unused on this rank)
 gets zeros for them and starts too; which parameters were unused in the window is recorded for the engine, which
 refuses them unless unused parameters are allowed. Gradients accumulate until ``zero()``, as ``torch.optim`` sees
 ``.grad``: a second backward window without ``zero()`` adds to the reduced gradients of the first.
@@ -140,7 +140,8 @@ class GradBucketGroup:
         self._landed(zp)
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
-        """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket (``zero/grads/staging.py``)."""
+        """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket
+        (``zero/grads/staging.py``)."""
         zp.check_grad(grad, self.grad_dtype)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
@@ -324,8 +325,8 @@ class SyncMode(enum.Enum):
 
 
 class BucketState(enum.Enum):
-    """FILLING -> REDUCING (collective started) -> DONE (collective finished); FILLING again at ``zero()``
-    or at the next synchronising micro-batch."""
+    """FILLING -> REDUCING (collective started) -> DONE (collective finished); FILLING again as the next
+    micro-batch begins (``begin_micro``)."""
 
     FILLING = "filling"
     REDUCING = "reducing"

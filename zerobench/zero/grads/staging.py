@@ -10,8 +10,7 @@ all: its gradient, which the engine's hook drops from ``.grad``, is itself the b
 While a bucket's collective is in flight (``overlap_comm``), a gradient of a large bucket that has no staging
 buffer yet is kept as autograd made it (``hold``) and copied in once that collective has finished (``flush``); a
 bucket completed first waits for it (``must_wait``). So one large staging buffer is reduced at a time and the next
-bucket's gradients are never in two places, as FSDP2 keeps one reduce-scatter input in flight
-(``reduce_scatter_max_input_buffers``). A bucket under ``1 / SMALL_STAGING`` of the largest staged one (a unit's
+bucket's gradients are never in two places. A bucket under ``1 / SMALL_STAGING`` of the largest staged one (a unit's
 remainder, the final norm) is staged at once: holding it would save little and could make backward wait. A
 bucket whose start frees memory (a stage-3 unit's last: its parameters go before its staging copy) is
 ``deferred``: its held gradients stay held when the collective in flight finishes, so its staging buffer is
@@ -149,10 +148,10 @@ class StagingBuckets:
         return self.buffers.pop(bucket)
 
     def release(self, bucket: int, buf: torch.Tensor) -> None:
-        """``bucket``'s collective was waited for: free the staging buffer allocated for it now (``resize_(0)``, as
-        FSDP1 frees its unsharded parameters), not when the last reference drops, which the communication library
-        may hold a while longer (gloo's worker thread, NCCL's watchdog). A sole parameter's gradient reduced as it
-        is was handed over, not allocated here: it goes when its reference does."""
+        """``bucket``'s collective was waited for: free the staging buffer allocated for it now (``resize_(0)``),
+        not when the last reference drops, which the communication library may hold a while longer (gloo's worker
+        thread, NCCL's watchdog). A sole parameter's gradient reduced as it is was handed over, not allocated here:
+        it goes when its reference does."""
         if not self.sole[bucket]:
             buf.untyped_storage().resize_(0)
 

@@ -29,8 +29,8 @@ class UnusedParametersError(RuntimeError):
 
 def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
     """Refuse, in one line, parameters frozen when the engine was built and unfrozen since (``requires_grad_(True)``):
-    autograd gives them a ``.grad`` that no rank synchronises and no optimizer step applies (before: silently never
-    trained, as a ``torch.optim`` optimizer built over the trainable parameters would leave them)."""
+    autograd would give them a ``.grad`` that no rank synchronises and no optimizer step applies, so they would
+    silently never be trained."""
     thawed = [n for n, p in frozen if p.requires_grad]
     if thawed:
         raise RuntimeError(

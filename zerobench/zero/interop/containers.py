@@ -2,10 +2,9 @@
 
 Pytrees (tuples, lists, dicts, namedtuples) are not all: a model may return its own ``@dataclass``
 (``Output(loss=..., logits=...)``) or take a batch as one. Stage 3 hooks each output tensor to gather a unit
-again before its backward, and the backward passes hook the root's outputs; with a dataclass output neither saw
-a tensor, and stage 3's backward met freed parameters inside torch (``The size of tensor a (40) must match the
-size of tensor b (0)``). The walk here is the one FSDP's hooks and input casting use (dataclasses, mappings,
-namedtuples, sequences, sets); anything else is left alone.
+again before its backward, and the backward passes hook the root's outputs, so a tensor the walk missed would be
+a unit whose backward runs on freed parameters. The walk covers dataclasses, mappings, namedtuples, sequences and
+sets (what FSDP's hooks and input casting walk); anything else is left alone.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Mixed precision: the model's forward inputs cast to the training dtype, as FSDP's mixed precision does.
+"""Mixed precision: the model's forward inputs cast to the training dtype.
 
-Under ``Precision.BF16``/``FP16`` the parameters are bf16/fp16, and a user's model fed fp32 inputs (features,
-images, a mask) failed inside the first ``F.linear`` (``mat1 and mat2 must have the same dtype``). A forward
-pre-hook on the model given to ``apply_zero`` casts every floating-point tensor among its positional and keyword
-arguments (inside tuples, lists, dicts and dataclasses too) to the training dtype, as FSDP1's ``cast_root_forward_inputs`` and
-FSDP2's ``cast_forward_inputs`` do by default; integer tensors (token ids, labels) and other values pass as they
-are. Submodules called on their own (stage 3's ``model.encoder(x)``) are not cast: cast their inputs yourself.
+Under ``Precision.BF16``/``FP16`` the parameters are bf16/fp16, so a model fed fp32 inputs (features, images, a
+mask) would fail in its first ``F.linear``. A forward pre-hook on the model given to ``apply_zero`` casts every
+floating-point tensor among its positional and keyword arguments (inside tuples, lists, dicts and dataclasses too)
+to the training dtype, as FSDP's mixed precision does by default (``cast_forward_inputs``); integer tensors (token
+ids, labels) and other values pass as they are. Submodules called on their own (stage 3's ``model.encoder(x)``)
+are not cast: cast their inputs yourself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from zerobench.zero.interop.tooling import eager
 
 
 def cast_floats(value, dtype: torch.dtype):
-    """``value`` with every floating-point tensor in it (through tuples, lists, dicts, dataclasses) cast to ``dtype``."""
+    """``value`` with every floating-point tensor in it (through tuples, lists, dicts, dataclasses) cast to
+    ``dtype``."""
     return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, value)
 
 

@@ -6,11 +6,11 @@ At stages 2-3 a trained parameter's ``.grad`` is always None (its gradient lives
 at stages 0-1 it is a view of the gradient buffer, so ``nn.Module.zero_grad`` alone would clear nothing the engine
 holds, and the next window's gradients would be added to the last one's.
 
-``route_zero_grad`` gives the model a class made for it, deriving from the model's, as FSDP2's ``fully_shard``
-does, whose ``zero_grad`` calls the engine's ``zero_grad()`` and clears any other parameter's ``.grad`` as
-``nn.Module.zero_grad`` does. The class keeps the model's name and ``isinstance`` answers; ``copy.deepcopy``
-gives back an object of the model's own class without the link (a copy, e.g. an EMA model, is not trained
-by the engine). A submodule's own ``zero_grad()`` is not routed: call the model's or the engine's.
+``route_zero_grad`` gives the model a class made for it, deriving from the model's, whose ``zero_grad`` calls the
+engine's ``zero_grad()`` and clears any other parameter's ``.grad`` as ``nn.Module.zero_grad`` does. The class keeps
+the model's name and ``isinstance`` answers; ``copy.deepcopy`` gives back an object of the model's own class without
+the link (a copy, e.g. an EMA model, is not trained by the engine). A submodule's own ``zero_grad()`` is not routed:
+call the model's or the engine's.
 
 The class's ``_apply`` (what ``.to()``, ``.half()``, ``.cuda()``, ``.to_empty()`` and the like are made of) refuses,
 in one line, a conversion that would give the parameters new tensors: they are views of the engine's buffers (or
@@ -53,9 +53,9 @@ def _zero_grad(self: nn.Module, set_to_none: bool = True) -> None:
 
 
 def _clip_grad_norm_(self: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """The routed class's ``clip_grad_norm_``, FSDP1's spelling on the model: the engine's (the global p-norm of
-    the averaged gradient over every partition, L2 by default). ``torch.nn.utils.clip_grad_norm_`` on a rank would see only
-    this rank's ``.grad``: its shard at stage 1, None at stages 2-3."""
+    """The routed class's ``clip_grad_norm_``, FSDP1's spelling on the model: the engine's (the global p-norm of the
+    averaged gradient over every partition, L2 by default). ``torch.nn.utils.clip_grad_norm_`` on a rank would see
+    only this rank's ``.grad``: its shard at stage 1, None at stages 2-3."""
     engine = linked_engine(self)
     if engine is None:
         return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)

@@ -1,5 +1,4 @@
-"""``engine.destroy()``: the model handed back as a plain module, as DeepSpeed's ``engine.destroy()`` removes the
-hooks its engine installed.
+"""``engine.destroy()`` (DeepSpeed's name): the engine's hooks removed and the model handed back as a plain module.
 
 Every hook the engine put on the model, its modules and its parameters is removed, ``model.zero_grad()`` (and the
 model's class) is torch's again, and the parameters are no longer registered to the engine, so ``apply_zero`` may

@@ -3,8 +3,8 @@
 One file per rank and engine (under a fresh directory inside the configured path, removed when the
 engine goes away) holds every chunk's encoded state (``zerobench.zero.optim.states``) back to back. During a
 step the optimizer acquires chunk i — waiting for its read, and starting the read of chunk i+1 on a
-background thread — updates it, and releases it, which queues its write. At most two reads and two
-writes are in flight, so host memory holds a few chunks of state, not the partition. Reads and writes go
+background thread — updates it, and releases it, which queues its write. One chunk is read ahead and at
+most two writes are pending, so host memory holds a few chunks of state, not the partition. Reads and writes go
 through ``os.preadv``/``os.pwritev`` on a thread pool (the GIL is released during the I/O); the page cache
 is not bypassed: correctness over speed.
 

@@ -2,20 +2,19 @@
 
 The optimizer sees a list of *chunks* (this rank's shard of each bucket; the whole bucket at stage 0):
 fp32 master chunks, gradient chunks (any dtype; averaged over ranks), and the weight-decay ranges inside
-each chunk (by default parameters of 2+ dims decay, biases and norms do not, as Megatron-LM and nanoGPT do;
-the ranges are fixed, the rate is each step's, so a schedule may start it from 0). With several param
-groups, each chunk also knows each group's ranges, and the step runs once per group present in the chunk,
-with that group's hyperparameters, over its ranges only (``zero/optim/param_groups.py``). Moments
-live in two flat fp32 buffers. The arithmetic is exactly ``torch.optim.AdamW``'s, with the gradient
-scale (1 / (ranks * loss scale), times the clip coefficient) folded into the gradient read.
+each chunk (by default parameters of 2+ dims decay, biases and norms do not; the ranges are fixed, the rate
+is each step's, so a schedule may start it from 0). With several param groups, each chunk also knows each
+group's ranges, and the step runs once per group present in the chunk, with that group's hyperparameters,
+over its ranges only (``zero/optim/param_groups.py``). The arithmetic is exactly ``torch.optim.AdamW``'s,
+with the gradient scale (1 / loss scale, times the clip coefficient) folded into the gradient read.
 
-Two paths: the fused kernel (``kernels.fused_adamw_``: one pass per chunk reading p, g, m, v and writing p,
-m, v and the low-precision parameter copy) and the reference (``torch._foreach_*`` ops, then a
-separate copy-out). Both go a chunk at a time, so the reference's temporaries (scaled gradient,
-denominator) are one chunk's size, not the partition's. ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
+Two paths: the fused kernel (``kernels.fused_adamw_``: one pass per chunk reading p, g, m, v and writing p, m, v and
+the low-precision parameter copy) and the reference (``torch._foreach_*`` ops, then a separate copy-out). Both go a
+chunk at a time, so the reference's temporaries (scaled gradient, denominator) are one chunk's size, not the
+partition's. ``kernels`` mode ``"auto"`` takes the fused one wherever the device has it.
 
-The moments are kept by a *store* in a *codec* (``zerobench.zero.optim.states``): fp32 in memory (the default),
-blockwise 8-bit, and/or swapped to NVMe; the step acquires, decodes, updates, encodes and releases one
+The moments are kept by a *store* in a *codec* (``zero/optim/states.py``): fp32 in memory (the default: two flat
+buffers), blockwise 8-bit, and/or swapped to NVMe; the step acquires, decodes, updates, encodes and releases one
 chunk at a time. Under ZeRO-Offload all of this lives in host memory and runs on the CPU kernel.
 """
 

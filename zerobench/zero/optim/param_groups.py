@@ -1,12 +1,12 @@
 """Param groups: which of ``apply_zero(param_groups=...)``'s groups each trained parameter belongs to.
 
-Given nothing, the engine trains every parameter that requires a gradient as one group, with weight decay
-on parameters of 2+ dims only (biases and norms excluded, as Megatron-LM and nanoGPT do). Given groups in
-``torch.optim``'s forms (an iterable of parameters, or of dicts with ``"params"`` and any of ``lr``,
-``betas``, ``eps``, ``weight_decay``, the rest taken from ``ZeroConfig.optimizer``; extra keys are kept
-for schedulers), the groups are torch's: a group's ``weight_decay`` applies to every parameter in it, and
-each group steps with its own hyperparameters. As DeepSpeed, parameters that do not require a gradient
-are dropped from the groups; every trained parameter must be in exactly one group. Pure: no processes.
+Given nothing, the engine trains every parameter that requires a gradient as one group, with weight decay on
+parameters of 2+ dims only (biases and norms excluded). Given groups in ``torch.optim``'s forms (an iterable of
+parameters, or of dicts with ``"params"`` and any of ``lr``, ``betas``, ``eps``, ``weight_decay``, the rest taken
+from ``ZeroConfig.optimizer``; extra keys are kept for schedulers), the groups are torch's: a group's
+``weight_decay`` applies to every parameter in it, and each group steps with its own hyperparameters. Parameters
+that do not require a gradient are dropped from the groups (as DeepSpeed drops them); every trained parameter must
+be in exactly one group. Pure: no processes.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ Block-wise Quantization", ICLR 2022).
 
 A tensor is cut into blocks of ``BLOCK`` elements; each block is normalised by its absolute maximum (kept
 in fp32) and every normalised value is stored as the index (uint8) of the nearest entry of a 256-entry
-*dynamic* code book. The code book spends most of its entries on large magnitudes and covers seven decades
+*dynamic* code book. The code book spends most of its entries on large magnitudes and covers eight decades
 below the block maximum with progressively fewer entries per decade (the "dynamic tree" idea: relative
 precision where the values are, range where they are not). Adam's first moment is signed, the second is
-not, so each has its own book: the unsigned one spends the sign bit on one more decade.
+not, so each has its own book: the unsigned one spends the sign bit on twice the entries per decade.
 
 Pure functions over tensors; the optimizer's state codec (``zerobench.zero.optim.states``) calls them.
 """

@@ -1,10 +1,10 @@
 """``engine.optimizer``: the ZeRO engine's optimizer step behind the ``torch.optim.Optimizer`` interface.
 
 Training code written for plain PyTorch drives an optimizer object: learning-rate schedulers
-(``torch.optim.lr_scheduler.*``, Megatron's or Hugging Face's) write ``param_groups[i]["lr"]`` before each
-step, step hooks are registered on it, its ``state_dict()`` is saved next to the model's. ``ZeroOptimizer``
-is that object for a ``ZeroEngine``, as DeepSpeed's engine exposes its ZeRO optimizer. It holds no state
-of its own: the fp32 master and the Adam moments stay in the engine's flat partitions.
+(``torch.optim.lr_scheduler.*``, Megatron's or Hugging Face's) write ``param_groups[i]["lr"]`` before each step, step
+hooks are registered on it, its ``state_dict()`` is saved next to the model's. ``ZeroOptimizer`` is that object for a
+``ZeroEngine``. It holds no state of its own: the fp32 master and the Adam moments stay in the engine's flat
+partitions.
 
 - The param groups given to ``apply_zero(param_groups=...)`` (default: one over the trained parameters,
   weight decay on 2+-dim ones; ``zero/optim/param_groups.py``). Each group's ``lr``, ``betas``, ``eps`` and
@@ -14,7 +14,7 @@ of its own: the fp32 master and the Adam moments stay in the engine's flat parti
   refused. ``engine.step()`` (DeepSpeed's) calls it at a window's end and then zeroes; either runs the step
   hooks and counts as the optimizer step for a scheduler's order check. ``applied`` says whether it updated
   anything.
-- ``state_dict()`` holds the group's hyperparameters and *this rank's* shard of the master and moments
+- ``state_dict()`` holds the groups' hyperparameters and *this rank's* shard of the master and moments
   (``zero_shard``); ``load_state_dict`` restores both on a model with the same partitioning (the same DP
   size), on every DP rank. To change the number of ranks, use ``zerobench.zero.state.checkpoint.save_sharded``.
 """
@@ -75,7 +75,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one. Driven by a
-        GradScaler (``zero/optim/loss_scale.py``) it is skipped on an overflow, and folds the scaler's 1/scale into its own."""
+        GradScaler (``zero/optim/loss_scale.py``) it is skipped on an overflow, and folds the scaler's 1/scale into
+        its own."""
         self._opt_called = True  # what torch's schedulers check before their first step (see ``_wrapped_by_lr_sched``)
         loss = None
         if closure is not None:
@@ -91,7 +92,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     step._wrapped_by_lr_sched = True
     """``step`` records its calls itself, as torch's schedulers wrap an optimizer's ``step`` to: a scheduler rebound
-    to this optimizer (``zero/compat/deepspeed/client.py``) checks the order of its first step against it without a false warning."""
+    to this optimizer (``zero/compat/deepspeed/client.py``) checks the order of its first step against it without a
+    false warning."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``engine.zero_grad(set_to_none)``: stages 0-1 set ``.grad`` to None or zero it, as ``torch.optim``."""

@@ -1,12 +1,12 @@
 """Stage 3 (P_os+g+p): parameters partitioned, gathered per module just in time, freed right after.
 
-Each *unit* (every transformer block, plus the root module for the embeddings and final norm) owns one or
-more consecutive buckets of the layout (a unit larger than ``bucket_numel`` is cut into several, so its
-gradients are reduce-scattered in bucket-sized pieces as backward produces them, and no staging buffer
-exceeds the bucket size). A unit is gathered as a whole and freed as a whole (``zero/stage3/unit.py``), once all
-of its buckets' gradients have landed, before they are staged and reduce-scattered (as FSDP2 reshards before it
-reduce-scatters). ``ZeroEngine.gathered_params`` (``zero/state/gathered.py``) gathers every unit for reading;
-``state_dict()`` on a sharded module is refused with a one-line error that says so.
+Each *unit* (every transformer block, plus the root module for the embeddings and final norm) owns one or more
+consecutive buckets of the layout (a unit larger than ``bucket_numel`` is cut into several, so its gradients are
+reduce-scattered in bucket-sized pieces as backward produces them, and no staging buffer exceeds the bucket size). A
+unit is gathered as a whole and freed as a whole (``zero/stage3/unit.py``), once all of its buckets' gradients have
+landed and before they are staged and reduce-scattered, so its parameters are never held beside the staging copy.
+``ZeroEngine.gathered_params`` (``zero/state/gathered.py``) gathers every unit for reading; ``state_dict()`` on a
+sharded module is refused with a one-line error that says so.
 
 The gatherer gathers a unit before its forward and again before its backward (a hook on the unit's output
 gradient), prefetching the next unit in registration order (its reverse in backward); it frees a unit after its
@@ -16,7 +16,7 @@ every optimizer step all units are freed, so no unit carries pre-step values int
 rank's forward skipped while others ran it (LayerDrop) is replayed where it would have run, so every rank issues
 the same collectives (``zero/stage3/skipped.py``). The root stays gathered for the whole forward (the tied LM head
 reuses the embedding) and again for the whole backward, so every parameter is gathered twice per step: with the
-reduce-scatter, 3Ψ of traffic, as the paper counts.
+reduce-scatter, 3Ψ of traffic (ZeRO §7.2).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Stage3Gatherer:
         prefetch: bool,
         allocator: Allocator | None = None,
     ):
-        """One ``ParamUnit`` per unit over its layout buckets (unit 0 = the root, ``units[k - 1]`` = unit k),
-        scheduled."""
+        """One ``ParamUnit`` per unit over its layout buckets (unit 0 = the root, ``units[k - 1]`` = unit k), and
+        the gatherer over them."""
         by_unit: dict[int, list[ZeroParam]] = {}
         for zp in zparams:
             by_unit.setdefault(layout.buckets[zp.slot.bucket].unit, []).append(zp)
@@ -126,9 +126,8 @@ class Stage3Gatherer:
                 u.backward_task = None
             if not self.reading:
                 self.skips.begin_forward()
-        elif (
-            not self.reading
-        ):  # units this rank's forward skipped: their collectives first (``zero/stage3/skipped.py``)
+        elif not self.reading:
+            # units this rank's forward skipped: their collectives first (``zero/stage3/skipped.py``)
             for j in self.skips.forward_unit(i, torch.is_grad_enabled()):
                 self._replay_forward(j)
             if self.skips.out_of_order and not self._warned:

@@ -4,8 +4,8 @@ replays, and where, so that every rank still issues the same collectives in the 
 A unit's all-gathers and reduce-scatters are collectives. A rank whose forward skips unit j would otherwise issue
 unit j+1's all-gather where the others issue unit j's, and in backward an all-gather where the others
 reduce-scatter: a hang until the collective timeout, a crash inside gloo or NCCL, or, where the two units' buckets
-have the same sizes, each rank silently given the other's shards. FSDP and DeepSpeed leave this to the user. Here
-the skipping rank *replays* the unit at the point where it would have run:
+have the same sizes, each rank silently given the other's shards. So the skipping rank *replays* the unit at the
+point where it would have run:
 
 - in forward, before the next unit it does run (or at the end of the model's forward): the unit's gather, the
   prefetch its forward would have started, and its free;
@@ -17,16 +17,16 @@ the skipping rank *replays* the unit at the point where it would have run:
 
 Units are expected in the order ``apply_zero`` was given them (registration order by default) in forward and in its
 reverse in backward, the order the prefetch assumes too. A unit called again, or out of that order, is gathered where
-it is called, as before, and replays nothing. A model whose forward runs its units in another order (a decoder
+it is called and replays nothing. A model whose forward runs its units in another order (a decoder
 registered before the encoder it follows) would have its early units replayed and then run: the first time a
 replayed unit runs in the same forward, which every rank sees in the same forward, replaying stops for good
-(``out_of_order`` names the two units, for the scheduler's warning). A backward replays only units that ran in no
+(``out_of_order`` names the two units, for the gatherer's warning). A backward replays only units that ran in no
 forward since the last backward, so one never replays a unit whose gradients are still to come.
 
 Still unmatched: a unit *called* a different number of times on different ranks (each extra call is an all-gather
 the others do not issue), and a unit run on every rank whose output reaches the loss on some ranks only.
-``SkipTracker`` is the bookkeeping alone, without tensors or processes; the scheduler (``zero/stage3/gatherer.py``) does the
-replays.
+``SkipTracker`` is the bookkeeping alone, without tensors or processes; the gatherer (``zero/stage3/gatherer.py``)
+does the replays.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ gathered its parameters are views of that buffer; otherwise the buffer's storage
 saved stay valid and see the values again once re-gathered) and each parameter's ``.data`` is a 0-element
 placeholder, so reading a parameter outside forward shows an empty tensor instead of touching freed memory. Its
 state is ``ParamState`` (SHARDED -> GATHERING -> UNSHARDED -> SHARDED), mirrored on each ``ZeroParam``. When to gather
-and free is the scheduler's (``zero/stage3/gatherer.py``).
+and free is the gatherer's (``zero/stage3/gatherer.py``).
 
 Under parameter offload a unit's shard lives in host memory: a gather first copies it to a transient
 device shard (on the offload side stream, ordered before the all-gather by an event), so a prefetch
@@ -41,8 +41,8 @@ class ParamUnit:
         transfer=None,
         allocator: Allocator | None = None,
     ):
-        """``buckets``: consecutive layout buckets; ``shards``: this rank's shard of each. ``transfer`` (an
-        ``offload.Transfer``) marks the shards as host memory (parameter offload)."""
+        """``buckets``: consecutive layout buckets; ``shards``: this rank's shard of each. ``transfer`` (a
+        ``Transfer``, ``zero/offload/host.py``) marks the shards as host memory (parameter offload)."""
         self.allocator = allocator if allocator is not None else PlainAllocator()
         self.module, self.buckets, self.zparams, self.shards = module, buckets, zparams, shards
         self.group, self.ledger, self.transfer = group, ledger, transfer

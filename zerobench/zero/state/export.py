@@ -6,7 +6,7 @@ in its order: every trained parameter's full value (a tied one under each name i
 buffers (DP rank 0's) and the frozen parameters (unless ``exclude_frozen_parameters``). Trained values come from
 the fp32 master, in the training dtype by default. Under tensor parallelism each TP rank holds its own slices: a
 whole state dict is refused in one line (save a sharded checkpoint, one ``tp-XX`` directory per TP rank, and
-consolidate each with ``state.checkpoint.consolidate``).
+consolidate each with ``zero/state/checkpoint.py``'s ``consolidate``).
 """
 
 from __future__ import annotations

@@ -17,11 +17,12 @@ as FSDP's ``summon_full_params(writeback=True)`` keeps them:
   parameters are the replica itself, the replica (and the frozen parameters) are copied on entry and put back
   on exit.
 
-``GatheredParameters(params, modifier_rank=None)`` is DeepSpeed's module-level form (``zerobench.zero.GatheredParameters``,
-as ``deepspeed.zero.GatheredParameters``): it enters ``gathered_params`` of every engine training one of ``params``
-(found by the parameter, ``zero/compat/deepspeed/tensor_fragment.py``), which gathers that engine's whole model. As DeepSpeed's,
-without ``modifier_rank`` changes made inside are discarded, with it DP rank ``modifier_rank``'s are kept
-everywhere; parameters no engine trains are left as they are, and ``enabled=False`` does nothing.
+``GatheredParameters(params, modifier_rank=None)`` is DeepSpeed's module-level form
+(``zerobench.zero.GatheredParameters``, as ``deepspeed.zero.GatheredParameters``): it enters ``gathered_params`` of
+every engine training one of ``params`` (found by the parameter, ``zero/registry.py``), which gathers that engine's
+whole model. As DeepSpeed's, without ``modifier_rank`` changes made inside are discarded, with it DP rank
+``modifier_rank``'s are kept everywhere; parameters no engine trains are left as they are, and ``enabled=False`` does
+nothing.
 
 Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
 exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so

@@ -1,4 +1,5 @@
-"""A ``ZeroEngine``'s state as shards, and shards back into any engine (``zero/state/checkpoint.py`` writes them to disk).
+"""A ``ZeroEngine``'s state as shards, and shards back into any engine (``zero/state/checkpoint.py`` writes them to
+disk).
 
 Each rank's shard holds the pieces of parameters it owns as (name, start, end) segments of the flattened
 parameter with their fp32 master values and Adam moments (and the step counts, the loss scale and the

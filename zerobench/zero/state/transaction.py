@@ -1,6 +1,6 @@
 """A checkpoint's files: reading one with ``weights_only=True``, and writing a whole checkpoint as a transaction.
 
-A checkpoint is either whole or absent, as torch.distributed.checkpoint and Orbax treat theirs. Every rank writes
+A checkpoint is either whole or absent: a reader never loads half of a save. Every rank writes
 its files into a staging directory beside the target (``.<name>.saving-<save id>``), then every rank of the DP and
 TP groups agrees that its writes succeeded (one integer all-reduce); only then does the first rank write the
 manifest (``manifest.json``: the save id and every shard file) and put the staging directory in the target's place

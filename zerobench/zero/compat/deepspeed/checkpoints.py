@@ -2,7 +2,7 @@
 and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpeed's.
 
 ``save_dir/<tag>/`` holds the engine's sharded checkpoint (``zero/state/checkpoint.py``: parameters, fp32 master,
-moments, step count, loss scale, the param group's hyperparameters; any DP size can load it), plus, from the
+moments, step count, loss scale, the param groups' hyperparameters; any DP size can load it), plus, from the
 first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
 BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
 and ``client_state.pt`` (the caller's dict), and ``lr_scheduler.pt`` (``engine.lr_scheduler``'s state, where the engine

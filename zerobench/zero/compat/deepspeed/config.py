@@ -5,15 +5,16 @@ What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_
 ``gradient_accumulation_steps`` x DP ranks; any two, or either size alone, as DeepSpeed resolves it),
 ``zero_optimization`` (stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and parameter offload,
 ``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16``
-(``zero/compat/deepspeed/precision.py``: DeepSpeed's dynamic loss scaling and its rule for moving the scale, or a static
-``loss_scale``), an ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas (0.9,
-0.999), weight decay 0), ``gradient_clipping`` (DeepSpeed's default 1.0 where absent; 0: no clipping) and a
+(``zero/compat/deepspeed/precision.py``: DeepSpeed's dynamic loss scaling and its rule for moving the scale, or a
+static ``loss_scale``), an ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas
+(0.9, 0.999), weight decay 0), ``gradient_clipping`` (DeepSpeed's default 1.0 where absent; 0: no clipping) and a
 ``scheduler`` (DeepSpeed's five schedules or a ``torch.optim.lr_scheduler`` class, checked by
-``zero/compat/deepspeed/lr_schedules.py``). Keys that only tune DeepSpeed's own
-buffers, logging or profilers are read and listed in ``DeepSpeedConfig.ignored``. A key that would train something
-zerobench does not (another optimizer, activation checkpointing in the config, 16-bit master weights) is refused in
-one line naming it, and so is an unknown key: a typo must not train silently with a default. Each key is read as
-the type DeepSpeed gives it (a number, a switch, a section); anything else is one line naming the key.
+``zero/compat/deepspeed/lr_schedules.py``). Keys that only tune DeepSpeed's own buffers, logging or profilers, and
+``activation_checkpointing`` (which configures only ``deepspeed.checkpointing``), are read and listed in
+``DeepSpeedConfig.ignored``. A key that would train something zerobench does not (another optimizer, 16-bit master
+weights, pipeline parallelism, ZeRO++'s quantized communication) is refused in one line naming it, and so is an
+unknown key: a typo must not train silently with a default. Each key is read as the type DeepSpeed gives it (a
+number, a switch, a section); anything else is one line naming the key.
 """
 
 from __future__ import annotations

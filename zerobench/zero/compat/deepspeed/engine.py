@@ -1,13 +1,13 @@
 """The engine DeepSpeed users hold: a ``ZeroEngine`` with DeepSpeed's engine names.
 
 ``zerobench.zero.initialize`` returns one; ``as_deepspeed(engine)`` gives them to an engine ``apply_zero`` (or
-``parallelize``) built, by making the same object a ``DeepSpeedEngine`` (as FSDP2's ``fully_shard`` gives a module
-its FSDP class): nothing is copied and every hook stays. The names are DeepSpeed's: ``engine(batch)``, its
-queries and counters (``get_lr()``, ``train_batch_size()``, ``global_samples``, ``gradient_clipping()``, ...),
-``train()``/``eval()``, tagged ``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``,
-and, as DeepSpeed's engine passes them through to its module, the module's attributes under every other name
-(``engine.parameters()``, a model's own methods). The core engine keeps a closed surface of its own; this layer is
-composed on top of it and the core never imports it.
+``parallelize``) built, by making the same object a ``DeepSpeedEngine``: nothing is copied and every hook stays. The
+names are DeepSpeed's: ``engine(batch)``, its queries and counters (``get_lr()``, ``train_batch_size()``,
+``global_samples``, ``gradient_clipping()``, ...), ``train()``/``eval()``, tagged
+``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``, and, as DeepSpeed's engine
+passes them through to its module, the module's attributes under every other name (``engine.parameters()``, a
+model's own methods). The core engine keeps a closed surface of its own; this layer is composed on top of it and the
+core never imports it.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class DeepSpeedEngine(ZeroEngine):
         return self.train_micro_batch_size_per_gpu() * self.config.grad_accum_steps * self.group.size
 
     def get_batch_info(self) -> tuple[int, int, int]:
-        """(``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``), as DeepSpeed's."""
+        """(``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``), as
+        DeepSpeed's."""
         return self.train_batch_size(), self.train_micro_batch_size_per_gpu(), self.gradient_accumulation_steps()
 
     @property

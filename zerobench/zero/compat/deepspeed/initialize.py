@@ -1,8 +1,8 @@
 """``zerobench.zero.initialize``: DeepSpeed's ``deepspeed.initialize`` for users who bring a DeepSpeed
 configuration, on zerobench's engine.
 
-It reads the config (``zero/compat/deepspeed/config.py``), applies ZeRO to the model with ``apply_zero`` and returns what
-DeepSpeed returns: ``(engine, optimizer, training_dataloader, lr_scheduler)``. The loop is DeepSpeed's::
+It reads the config (``zero/compat/deepspeed/config.py``), applies ZeRO to the model with ``apply_zero`` and returns
+what DeepSpeed returns: ``(engine, optimizer, training_dataloader, lr_scheduler)``. The loop is DeepSpeed's::
 
     engine, optimizer, loader, _ = zerobench.zero.initialize(model=model, config="ds_config.json",
                                                              model_parameters=model.parameters(),
@@ -12,9 +12,10 @@ DeepSpeed returns: ``(engine, optimizer, training_dataloader, lr_scheduler)``. T
         engine.backward(loss)
         engine.step()
 
-The config trains as it does under DeepSpeed: DeepSpeed's defaults where a key is absent (``gradient_clipping``
-1.0, fp16's hysteresis 2 and window 1000) and its rule for moving the fp16 loss scale (``zero/compat/deepspeed/precision.py``),
-where ``apply_zero``'s ``ZeroConfig`` defaults to no clipping and torch's ``GradScaler`` rule.
+The config trains as it does under DeepSpeed: DeepSpeed's defaults where a key is absent (``gradient_clipping`` 1.0,
+fp16's hysteresis 2 and window 1000) and its rule for moving the fp16 loss scale
+(``zero/compat/deepspeed/precision.py``), where ``apply_zero``'s ``ZeroConfig`` defaults to no clipping and torch's
+``GradScaler`` rule.
 
 As DeepSpeed, ``model_parameters`` are the optimizer's groups (the config's weight decay on every parameter
 given); without them every trained parameter is one group with weight decay on 2+-dim parameters

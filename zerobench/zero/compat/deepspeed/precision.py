@@ -1,5 +1,6 @@
-"""A DeepSpeed configuration's ``bf16`` and ``fp16`` sections (``zero/compat/deepspeed/config.py``) as zerobench's precision and
-loss scaling, with DeepSpeed's defaults and its rule for moving the scale (``LossScaleRule.DEEPSPEED``). Pure."""
+"""A DeepSpeed configuration's ``bf16`` and ``fp16`` sections (``zero/compat/deepspeed/config.py``) as zerobench's
+precision and loss scaling, with DeepSpeed's defaults and its rule for moving the scale (``LossScaleRule.DEEPSPEED``).
+Pure."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Reading one key of a DeepSpeed configuration (``zero/ds_config.py``) as the type DeepSpeed gives it: a number,
-a switch, a section; anything else, and an unknown key of a section, is one line naming the key. Pure."""
+"""Reading one key of a DeepSpeed configuration (``zero/compat/deepspeed/config.py``) as the type DeepSpeed gives
+it: a number, a switch, a section; anything else, and an unknown key of a section, is one line naming the key. Pure."""
 
 from __future__ import annotations
 

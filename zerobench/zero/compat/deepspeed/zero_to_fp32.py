@@ -5,7 +5,7 @@ group: ``get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)``,
 
 The keys are the model's own ``state_dict()`` keys, as ``full_state_dict`` gives them from a live engine: every
 trained parameter's fp32 value (a tied one under each name), then the saved buffers and frozen parameters. A
-checkpoint that is not whole is refused (``state/checkpoint.py``); every file loads with ``weights_only=True``.
+checkpoint that is not whole is refused (``zero/state/checkpoint.py``); every file loads with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def convert_zero_checkpoint_to_fp32_state_dict(
     exclude_frozen_parameters: bool = False,
     filename: str = "pytorch_model.bin",
 ) -> Path:
-    """DeepSpeed's: ``get_fp32_state_dict_from_zero_checkpoint`` saved as ``output_dir/pytorch_model.bin``
-    (one file); returns its path."""
+    """DeepSpeed's: ``get_fp32_state_dict_from_zero_checkpoint`` saved as one file, ``output_dir/filename``
+    (default ``pytorch_model.bin``); returns its path."""
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
     save_whole(sd, Path(output_dir) / filename)
     return Path(output_dir) / filename

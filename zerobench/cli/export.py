@@ -1,5 +1,5 @@
 """``zerobench zero-to-fp32``: a checkpoint directory written by ``engine.save_checkpoint`` as one fp32 state dict,
-as DeepSpeed's ``zero_to_fp32.py`` script (``zerobench/zero/export.py`` does the work)."""
+as DeepSpeed's ``zero_to_fp32.py`` script (``zerobench/zero/compat/deepspeed/zero_to_fp32.py`` does the work)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from zerobench.sim.command import run_profile
+    from zerobench.sim.profile_command import run_profile
 
     return run_profile(args)
 
@@ -25,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure, with every rank of each configuration running at once on this host, "
         "the compute pieces of a step at the suite's exact shapes, the engine's "
         "per-element costs and the collectives from 1 KiB to 64 MiB (1 GiB on GPUs); rows of kind "
-        "'profile' for `zerobench simulate`.",
+        "'profile' for `zerobench simulate`. Each piece is measured in replicates spread over "
+        "the profiling time, outliers rejected and re-measured, until its replicates agree "
+        "(--max-spread) or --time-limit passes; each entry keeps its spread, and a profile "
+        "whose pieces did not all settle says so in one line.",
     )
     p.add_argument("--suite", required=True, help="the configurations to profile for (e.g. cpu/sim_validation)")
     p.add_argument("--out", required=True, help="directory for the profile's rows")
@@ -35,6 +38,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="what to profile: this node's GPUs where it has them (auto), or the CPU processes; on "
         "GPUs each rank of a run has a card of its own (NCCL), so a world of N needs N of them",
+    )
+    p.add_argument(
+        "--max-spread",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="a piece has settled when its replicates lie within ± this fraction of their mean (or "
+        "50 us); pieces that have not are measured again until --time-limit (default 0.05)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop re-measuring unsettled pieces after this many seconds; the two passes every profile "
+        "takes always complete (default 300)",
     )
     p.set_defaults(func=cmd_profile)
     s = sub.add_parser(

@@ -275,7 +275,8 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
-    """``zerobench simulate --validate --out`` rows: predicted vs measured step time per run, and peak memory where
+    """``zerobench simulate --validate --out`` rows: predicted vs measured step time per run, the prediction's
+    interval and whether the measured step is inside it where the profile carried spreads, and peak memory where
     the profile had memory entries (a GPU's)."""
     d = df[df["metric"] == "sim_step_time_ratio"] if "metric" in df else df.iloc[0:0]
     if d.empty:
@@ -298,6 +299,10 @@ def sim_validation_table(df: pd.DataFrame) -> pd.DataFrame:
             "device": d["profile_device"].values,
         }
     )
+    if "inside" in d.columns and d["inside"].notna().all():  # a profile with spreads: the prediction's interval
+        t["predicted_low_ms"] = 1e3 * d["predicted_low_s"].values
+        t["predicted_high_ms"] = 1e3 * d["predicted_high_s"].values
+        t["inside"] = d["inside"].astype(bool).values
     mem = df[df["metric"] == "sim_peak_memory_ratio"]
     if not mem.empty:  # a GPU profile's memory planner: predicted vs max_memory_allocated
         ratio = mem.set_index(key)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from zerobench.config import ConfigError
@@ -52,45 +51,6 @@ def _device_kind(asked: str) -> str:
     return asked
 
 
-def run_profile(args: argparse.Namespace) -> int:
-    import torch
-
-    from zerobench.launch.local import usable_cpus
-    from zerobench.results.outdir import check_fresh_run_dir
-    from zerobench.results.rows import RowWriter
-    from zerobench.sim.measure import jobs_for, profile_host
-    from zerobench.sim.measure_compute import STATISTIC
-    from zerobench.sim.profile import Profile
-
-    out = Path(args.out)
-    check_fresh_run_dir(out)
-    cores = usable_cpus()
-    configs = _configs(args.suite)
-    kind = _device_kind(getattr(args, "device", "cpu"))
-    device = _device(kind, cores)
-    prof = Profile(device=device, cores=cores)
-    jobs = jobs_for(configs, cores, device=kind, gpus=torch.cuda.device_count() if kind == "cuda" else 0)
-    for i, job in enumerate(jobs, 1):
-        t0 = time.monotonic()
-        print(
-            f"[{i}/{len(jobs)}] {job.ranks} process(es) x {job.threads} thread(s): {len(job.shapes)} shape(s), "
-            f"collectives on groups of {list(job.groups) or 'none'}",
-            file=sys.stderr,
-            flush=True,
-        )
-        prof.merge(profile_host(job, device, cores))
-        print(f"      done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    w = RowWriter(out, "profile", {"suite": args.suite, "device": device, "cores": cores, "statistic": STATISTIC})
-    for row in prof.rows():
-        metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
-        w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)
-    print(
-        f"profile of {device}: {len(prof.ops)} ops, {len(prof.curves)} collective curves, "
-        f"{len(prof.memory)} memory entries -> {out}"
-    )
-    return 0
-
-
 def _load_profile(path: str, software: str = "zerobench"):
     """A measured profile's rows, or a stated device by name running ``software`` (a program of
     ``zerobench.sim.software.STACKS``), at its device class's fitted compute_scale."""
@@ -117,7 +77,7 @@ def _load_profile(path: str, software: str = "zerobench"):
 
 def run_simulate(args: argparse.Namespace) -> int:
     from zerobench.results.rows import read_rows
-    from zerobench.sim.simulate import simulate
+    from zerobench.sim.simulate import interval, simulate
     from zerobench.sim.validate import fit_interference, summarize, validate
 
     if args.paper:
@@ -164,7 +124,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                 )
             )
             return 0
-        print(f"{'run':<28} {'predicted ms':>12} {'measured ms':>12} {'ratio':>6}  critical path (ms)")
+        spans = "inside_interval" in summary
+        span_head = f" {'interval ms':>17} {'in':>3}" if spans else ""
+        print(f"{'run':<28} {'predicted ms':>12}{span_head} {'measured ms':>12} {'ratio':>6}  critical path (ms)")
         for r in recs:
             parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(r["breakdown_s"].items(), key=lambda kv: -kv[1]))
             fit = "*" if r["in_fit"] and args.fit else " "
@@ -176,15 +138,28 @@ def run_simulate(args: argparse.Namespace) -> int:
                 if "memory_ratio" in r
                 else ""
             )
+            span = (
+                (
+                    f" {r['predicted_low_s'] * 1e3:8.2f}-{r['predicted_high_s'] * 1e3:<8.2f} "
+                    f"{'yes' if r['inside'] else 'no':>3}"
+                )
+                if spans
+                else ""
+            )
             print(
-                f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f} {r['measured_s'] * 1e3:12.2f} {r['ratio']:6.2f}  "
-                f"{parts}{mem}"
+                f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f}{span} {r['measured_s'] * 1e3:12.2f} "
+                f"{r['ratio']:6.2f}  {parts}{mem}"
             )
         if summary["runs"]:
             print(
                 f"\n{summary['runs']} runs: median |predicted/measured - 1| = {summary['median_abs_error']:.1%}, "
                 f"worst {summary['worst_abs_error']:.1%} ({summary['worst_run']})"
             )
+            if spans:
+                print(
+                    f"{summary['inside_interval']} of {summary['runs']} measured steps inside the interval the "
+                    f"profile's spreads give"
+                )
             if memory["runs"]:
                 print(
                     f"{memory['runs']} runs' peak memory (max_memory_allocated): median |predicted/measured - 1| = "
@@ -199,10 +174,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 0
     if not args.suite:
         raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
+    bounds = (prof.bound(-1), prof.bound(+1)) if prof.has_spread else None
     for cfg in _configs(args.suite):
         try:
             r = simulate(cfg, prof)
             r.pop("timeline")
+            if bounds is not None:
+                r["step_time_interval_s"] = list(interval(cfg, prof, bounds))
         except KeyError as e:
             raise ConfigError(str(e.args[0])) from None
         print(json.dumps({"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers, **r}))

@@ -1,12 +1,16 @@
-"""``zerobench profile`` on this host: every rank of a configuration measuring at once.
+"""``zerobench profile`` on this host: every rank of a configuration measuring at once, in passes.
 
-For each process count a set of configurations needs, ``profile_host`` starts that many processes (as
-the local launcher would, with the same threads per process). Together they time
+For each process count a set of configurations needs there is a ``HostJob``, and for each job a
+``HostSession``: that many processes (as the local launcher would start them, with the same threads per
+process and ``OMP_NUM_THREADS``), started once and parked between passes. A pass sends every session a plan
+(``measure_units``: which units, how many replicates each), one session after another, so a piece's
+replicates are taken at moments spread over the whole profile (``profiler.profile_suite`` decides the plans).
+Together a job's processes time
 
-1. each configuration's compute pieces at its TP-sharded shape (``measure_compute.time_compute``, on a
+1. each configuration's compute pieces at its TP-sharded shape (``measure_compute.ComputeBench``, on a
    fake process group, all processes stepping in lockstep behind a barrier);
 2. the engine's per-element costs (optimizer step, copy, add, memset) and its own host work per step and
-   per block at each stage (``time_engine_overhead``, on a model too small to compute);
+   per block at each stage (``measure_engine``, on a model too small to compute);
 3. the collectives zerobench issues (``zerobench.distributed.collectives``, so gloo's composed
    reduce-scatter and all-gather are what is timed) from 1 KiB to 64 MiB (1 GiB on GPUs), on groups of
    each size the configurations use, every group of the host communicating at once, as TP groups and DP
@@ -15,9 +19,12 @@ the local launcher would, with the same threads per process). Together they time
    arrive from computing apart (``sync|g|r``: α + β·T for T seconds of compute since the last one; CPU
    processes only);
 5. each TP shape's pieces once more on the real groups (``{piece}+tp``): the pieces with their TP
-   collectives, as the critical path pays them.
+   collectives, as the critical path pays them. A piece's time there less its time on the fake group is what
+   its TP collectives cost on the critical path, waits on the partner and the compute they slow included (in a
+   TP 2 mini run on the 2-core Xeon VM a 128 KiB all-reduce took 0.91 ms of the caller's time on average where
+   the isolated curve says 0.43).
 
-Rank 0's figures become the profile. A process that dies or hangs fails the profile in one line. On GPUs
+Rank 0's figures are the profile's. A process that dies or hangs fails the profile in one line. On GPUs
 (``HostJob.device``) each rank has a GPU of its own (rank r on ``cuda:r``, NCCL between them, as the runs
 place them on a node); the pieces are timed on each card's stream and as the host's cost to issue them, and
 each shape's step memory is added (``measure_memory.step_memory``). A world of one has no collectives.
@@ -25,16 +32,30 @@ each shape's step memory is added (``measure_memory.step_memory``). A world of o
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import time
 from dataclasses import dataclass
 
 from zerobench.config import ConfigError, RunFailed
-from zerobench.sim.measure_comm import GPU_SIZES, SIZES, groups_of, sync_penalty_points, time_collectives
-from zerobench.sim.measure_compute import Shape, time_compute, time_engine_overhead, time_per_element
-from zerobench.sim.measure_memory import step_memory
-from zerobench.sim.profile import IN_SITU, Curve, Linear, Profile, op_key
+from zerobench.sim.measure_comm import GPU_SIZES, SIZES
+from zerobench.sim.measure_compute import Shape
+from zerobench.sim.measure_compute import shape_key as shape_key  # where the profile's callers look for it
+
+
+@dataclass
+class Plant:
+    """Test-only (``train.faults.PROFILE_PLANT_ENV``): ``seconds`` of busy waiting in block 0's forward at every
+    step of the first ``replicates`` compute replicates each profiling process takes: one piece made slow in one
+    measurement, which the profile must catch."""
+
+    seconds: float
+    replicates: int = 1
+
+    def spend(self) -> None:
+        self.replicates -= 1
 
 
 @dataclass(frozen=True)
@@ -52,46 +73,14 @@ class HostJob:
     device: str = "cpu"
     """Where the ranks compute: ``cpu``, or ``cuda`` (rank r on GPU r; the pieces on its stream and as the
     host's cost to issue them, and each shape's step memory)."""
+    plant: Plant | None = None
+    """Test-only: a slow piece planted in the first compute replicates (``Plant``)."""
 
 
-def shape_key(op: str, s: Shape, ranks: int, threads: int) -> str:
-    m = s.model
-    return op_key(
-        op,
-        b=s.micro_batch,
-        s=m.seq,
-        h=m.hidden,
-        heads=m.heads,
-        vocab=m.vocab,
-        tp=s.tp,
-        dtype=s.precision,
-        kernels=s.kernels,
-        checkpoint=s.checkpoint,
-        ranks=ranks,
-        threads=threads,
-    )
-
-
-def _tp_in_situ(job: HostJob, barrier, device) -> dict[str, float]:
-    """Each TP shape's pieces again, on the real gloo world: every TP group of the host running its forward
-    and backward with its real collectives, placed as the run's mesh places them. A piece's time here less
-    its time on the fake group is what its TP collectives cost on the critical path, waits on the partner
-    and the compute they slow included (in a TP 2 mini run on the 2-core Xeon VM a 128 KiB all-reduce took
-    0.91 ms of the caller's time on average where the isolated curve says 0.43)."""
-    ops = {}
-    for s in job.shapes:
-        if s.tp > 1:
-            for name, t in time_compute(s, barrier=barrier.wait, device=device).items():
-                ops[shape_key(name + IN_SITU, s, job.ranks, job.threads)] = t
-    return ops
-
-
-def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
+def _worker(rank: int, job: HostJob, barrier, commands, results) -> None:
     import torch
-    import torch.distributed as dist
 
-    from zerobench.distributed.env import choose_backend
-    from zerobench.distributed.fake import init_fake_world
+    from zerobench.sim.measure_units import run_pass
 
     try:
         torch.set_num_threads(job.threads)
@@ -99,74 +88,68 @@ def _worker(rank: int, job: HostJob, port: int, barrier, results) -> None:
         if device.type == "cuda":  # a GPU of its own per rank, as the runs place them on a node
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
-        ops: dict[str, float] = {}
-        memory: dict[str, float] = {}
-        for s in job.shapes:
-            init_fake_world(s.tp, 0)
-            for name, t in time_compute(s, barrier=barrier.wait, device=device).items():
-                ops[shape_key(name, s, job.ranks, job.threads)] = t
-            if device.type == "cuda":
-                memory.update({shape_key(k, s, job.ranks, job.threads): b for k, b in step_memory(s, device).items()})
-            dist.destroy_process_group()
-        linear = {f"{k}|r{job.ranks}": v for k, v in time_per_element(barrier.wait, job.kernels, device).items()}
-        init_fake_world(1, 0)
-        linear.update(
-            {f"{k}|r{job.ranks}": v for k, v in time_engine_overhead(barrier.wait, job.kernels, device).items()}
-        )
-        dist.destroy_process_group()
-        curves, composed = {}, {}
-        if job.ranks > 1 and job.groups:
-            gpus = torch.cuda.device_count() if device.type == "cuda" else 0  # jobs_for gave each rank a card
-            gpu = {"device_id": device} if device.type == "cuda" else {}
-            dist.init_process_group(
-                choose_backend("auto", device, job.ranks, gpus),
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=rank,
-                world_size=job.ranks,
-                **gpu,
-            )
-            groups = groups_of(job.groups, job.ranks, rank)
-            curves, composed = time_collectives(groups, job.ranks, job.sizes, device)
-            if device.type == "cpu":
-                linear.update({k: Linear.fit(v) for k, v in sync_penalty_points(groups, job.ranks).items()})
-            ops.update(_tp_in_situ(job, barrier, device))
-            dist.destroy_process_group()
-        if rank == 0:
-            results.put(("ok", ops, {"curves": curves, "composed": composed, "memory": memory}, linear))
+        state = {"plant": job.plant}
+        for plan, port in iter(commands.get, None):
+            out = run_pass(job, plan, rank, port, barrier, device, state)
+            if rank == 0:
+                results.put(("ok", out))
     except BaseException as e:
-        results.put(("error", f"profiling process {rank}: {type(e).__name__}: {e}", None, None))
+        results.put(("error", f"profiling process {rank}: {type(e).__name__}: {e}"))
         raise
 
 
-def profile_host(job: HostJob, device: str, cores: int, timeout_s: float = 900.0) -> Profile:
-    """Run ``job`` on ``job.ranks`` local processes; rank 0's measurements as a ``Profile``."""
-    from zerobench.launch.local import free_port
-
-    ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(job.ranks, timeout=timeout_s), ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, job, port, barrier, results), daemon=True) for r in range(job.ranks)]
-    for p in procs:
-        p.start()
+@contextlib.contextmanager
+def _threads_env(threads: int):
+    """``OMP_NUM_THREADS`` as the local launcher sets it for a run's ranks, for the processes started inside."""
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
-        status, ops, collectives, linear = _wait(procs, results, timeout_s)
+        yield
     finally:
-        for p in procs:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
+
+
+class HostSession:
+    """``job.ranks`` local processes that take passes of ``job``'s units (``run``) until ``close``."""
+
+    def __init__(self, job: HostJob, timeout_s: float = 900.0):
+        self.job, self.timeout_s = job, timeout_s
+        ctx = mp.get_context("spawn")
+        self.barrier, self.results = ctx.Barrier(job.ranks, timeout=timeout_s), ctx.Queue()
+        self.commands = [ctx.Queue() for _ in range(job.ranks)]
+        self.procs = [
+            ctx.Process(target=_worker, args=(r, job, self.barrier, self.commands[r], self.results), daemon=True)
+            for r in range(job.ranks)
+        ]
+        with _threads_env(job.threads):
+            for p in self.procs:
+                p.start()
+
+    def run(self, plan: dict[tuple, int]) -> dict:
+        """Rank 0's replicates of ``plan`` (``measure_units.run_pass``); a failed or hung process is
+        ``RunFailed`` in one line."""
+        from zerobench.launch.local import free_port
+
+        port = free_port()
+        for q in self.commands:
+            q.put((plan, port))
+        status, out = _wait(self.procs, self.results, self.timeout_s)
+        if status != "ok":
+            raise RunFailed(out)
+        return out
+
+    def close(self) -> None:
+        for q in self.commands:
+            with contextlib.suppress(Exception):
+                q.put(None)
+        for p in self.procs:
+            p.join(10)
             if p.is_alive():
                 p.terminate()
-            p.join(5)
-    if status != "ok":
-        raise RunFailed(ops)
-    prof = Profile(
-        device=device,
-        cores=cores,
-        ops=ops,
-        linear=linear,
-        composed=collectives["composed"],
-        memory=collectives["memory"],
-    )
-    prof.curves = {k: Curve(tuple(v)) for k, v in collectives["curves"].items()}
-    return prof
+                p.join(5)
 
 
 def _wait(procs, results, timeout_s: float):
@@ -180,13 +163,8 @@ def _wait(procs, results, timeout_s: float):
                 try:
                     return results.get(timeout=2.0)
                 except queue_mod.Empty:
-                    return (
-                        "error",
-                        f"profiling process {dead[0]} exited with code {procs[dead[0]].exitcode}",
-                        None,
-                        None,
-                    )
-    return ("error", f"profiling did not finish within {timeout_s:.0f} s", None, None)
+                    return ("error", f"profiling process {dead[0]} exited with code {procs[dead[0]].exitcode}")
+    return ("error", f"profiling did not finish a pass within {timeout_s:.0f} s")
 
 
 def shape_of(cfg) -> Shape:

@@ -1,5 +1,5 @@
 """In-process measurements of ``zerobench profile``: one TP rank's compute at a configuration's exact shape,
-and the engine's per-element costs (optimizer step, copy, memset).
+timed in replicates (``ComputeBench``); the engine's own costs are ``measure_engine``'s.
 
 The model is the production one: ``GPT`` -> ``parallelize`` (TP, fused kernels, activation checkpointing;
 no ZeRO) on a ``fake`` process group of TP ranks, so TP's collectives cost nothing here (they are profiled
@@ -19,8 +19,9 @@ from functools import partial
 import torch
 
 from zerobench.models.config import GPTConfig
-from zerobench.sim.clocks import DeviceClock, HostClock, LaunchClock, sync
-from zerobench.sim.profile import LAUNCH, Linear
+from zerobench.sim.clocks import DeviceClock, HostClock, LaunchClock
+from zerobench.sim.profile import LAUNCH, op_key
+from zerobench.sim.replicates import stalls
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -122,39 +123,89 @@ def _one_step(model, stamps: _Stamps, x, y, last: int) -> dict[str, float]:
     }
 
 
+class ComputeBench:
+    """One shape's production model, timed in replicates (``replicate``): each a warm-up step, then ``steps``
+    steps with a ``barrier()`` before each (the host's concurrent profilers step together). On a GPU the card is
+    first run up to its working clocks, and each replicate reads the pieces on both clocks (device, then
+    launch). ``plant``: test-only (``measure.Plant``): busy waiting in block 0's forward while it has replicates
+    left."""
+
+    def __init__(self, shape: Shape, device: torch.device | None = None, plant=None):
+        self.device = device or torch.device("cpu")
+        self.model, self.x, self.y = shape_model(shape, self.device)
+        self.last = len(self.model.blocks) - 1
+        self.stamps = _Stamps(list(self.model.blocks))
+        self.clocks = (
+            [("", HostClock)]
+            if self.device.type == "cpu"
+            else [("", partial(DeviceClock, self.device)), (LAUNCH, partial(LaunchClock, self.device))]
+        )
+        self.plant = plant
+        if plant:
+            self.model.blocks[0].register_forward_pre_hook(self._planted)
+        if self.device.type == "cuda":  # the card up to its working clocks, and out of first-use compilation
+            t_end = time.perf_counter() + WARM_S
+            while time.perf_counter() < t_end:
+                self._step()
+        for _ in range(2):  # first steps: the allocator's pool, kernels' first use
+            self._step()
+
+    def _planted(self, _mod, _args):
+        if self.stamps.phase == "fwd" and self.plant.replicates > 0:
+            end = time.perf_counter() + self.plant.seconds
+            while time.perf_counter() < end:
+                pass
+
+    def _step(self) -> dict[str, float]:
+        return _one_step(self.model, self.stamps, self.x, self.y, self.last)
+
+    def replicate(self, steps: int, barrier=None) -> dict[str, float]:
+        """Each piece's mean over ``steps`` steps less those that stalled (``replicates.stall_free_mean`` on the
+        steps' totals: a run's median step never pays a stall fewer than half its steps meet)."""
+        out: dict[str, float] = {}
+        for suffix, clock in self.clocks:
+            self.stamps.clock = clock()
+            self._step()  # after other units ran: this shape's working set back in the caches
+            got = []
+            for _ in range(steps):
+                if barrier is not None:
+                    barrier()
+                self.stamps.clock = clock()
+                got.append(self._step())
+            drop = stalls([sum(g.values()) for g in got])
+            kept = [g for g, d in zip(got, drop) if not d]
+            out.update({k + suffix: expected(g[k] for g in kept) for k in got[0]})
+        return out
+
+
 def time_compute(
     shape: Shape, reps: int = 15, warmup: int = 2, barrier=None, device: torch.device | None = None
 ) -> dict[str, float]:
-    """Mean seconds (``STATISTIC``) of each piece of one forward + backward of ``shape`` (needs a default process group
-    of ``shape.tp`` ranks, e.g. ``init_fake_world(tp, 0)``). ``barrier()`` is called before every step so
-    that the host's concurrent profilers run their steps together. On a GPU each piece is read twice: on the
-    device's stream (``DeviceClock``) and as the host's cost to issue it (``LaunchClock``, keys ending in
-    ``LAUNCH``)."""
-    device = device or torch.device("cpu")
-    model, x, y = shape_model(shape, device)
-    stamps = _Stamps(list(model.blocks))
-    clocks = (
-        [("", HostClock)]
-        if device.type == "cpu"
-        else [("", partial(DeviceClock, device)), (LAUNCH, partial(LaunchClock, device))]
+    """Mean seconds (``STATISTIC``) of each piece of one forward + backward of ``shape``, one replicate of ``reps``
+    steps (needs a default process group of ``shape.tp`` ranks, e.g. ``init_fake_world(tp, 0)``; ``warmup`` is
+    kept for callers: the bench warms up on its own). On a GPU each piece is read twice: on the device's
+    stream (``DeviceClock``) and as the host's cost to issue it (``LaunchClock``, keys ending in ``LAUNCH``)."""
+    del warmup
+    return ComputeBench(shape, device).replicate(reps, barrier)
+
+
+def shape_key(op: str, s: Shape, ranks: int, threads: int) -> str:
+    """The profile's key of piece ``op`` of shape ``s`` measured with ``ranks`` processes of ``threads`` threads."""
+    m = s.model
+    return op_key(
+        op,
+        b=s.micro_batch,
+        s=m.seq,
+        h=m.hidden,
+        heads=m.heads,
+        vocab=m.vocab,
+        tp=s.tp,
+        dtype=s.precision,
+        kernels=s.kernels,
+        checkpoint=s.checkpoint,
+        ranks=ranks,
+        threads=threads,
     )
-    out: dict[str, float] = {}
-    if device.type == "cuda":  # run the card up to its working clocks (and out of first-use compilation) first
-        t_end = time.perf_counter() + WARM_S
-        while time.perf_counter() < t_end:
-            _one_step(model, stamps, x, y, len(model.blocks) - 1)
-    for suffix, clock in clocks:
-        samples: dict[str, list[float]] = {}
-        for i in range(warmup + reps):
-            if barrier is not None:
-                barrier()
-            stamps.clock = clock()
-            got = _one_step(model, stamps, x, y, len(model.blocks) - 1)
-            if i >= warmup:
-                for k, v in got.items():
-                    samples.setdefault(k, []).append(v)
-        out.update({k + suffix: expected(v) for k, v in samples.items()})
-    return out
 
 
 def shape_model(shape: Shape, device: torch.device):
@@ -186,103 +237,3 @@ def mean_time(fn, reps: int, barrier=None) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return expected(ts)
-
-
-def _median_difference(a, b, reps: int, barrier=None) -> float:
-    """Median over interleaved pairs of (time of ``a`` - time of ``b``): drift cancels within a pair (the median,
-    not ``STATISTIC``: a difference's tails are both sides' noise, not the work measured)."""
-    a(), b()
-    diffs = []
-    for _ in range(reps):
-        if barrier is not None:
-            barrier()
-        t0 = time.perf_counter()
-        a()
-        t1 = time.perf_counter()
-        b()
-        diffs.append((t1 - t0) - (time.perf_counter() - t1))
-    return statistics.median(diffs)
-
-
-def device_time(fn, reps: int, device: torch.device, barrier=None) -> float:
-    """Mean seconds of ``fn()`` on ``device``'s stream, ``reps`` calls issued back to back between two events
-    (after one warm-up): what a kernel costs in a stream of work, without a synchronisation per call."""
-    fn()
-    if barrier is not None:
-        barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    sync(device)
-    return start.elapsed_time(end) / 1e3 / reps
-
-
-def time_per_element(barrier=None, kernels: str = "auto", device: torch.device | None = None) -> dict[str, Linear]:
-    """The engine's per-element costs: ``adamw`` (its ``ShardedAdamW`` step, per fp32 partition element),
-    ``copy``, ``add`` (autograd accumulating into an existing ``.grad``) and ``memset``, per byte. On a GPU
-    the device's time in a stream of such calls (``device_time``), at sizes up to 64 Mi elements."""
-    from zerobench.zero.config import AdamWConfig
-    from zerobench.zero.optim.adamw import ShardedAdamW
-
-    device = device or torch.device("cpu")
-    cpu = device.type == "cpu"
-    out: dict[str, list[tuple[float, float]]] = {"adamw": [], "copy": [], "add": [], "memset": []}
-    for n in (1 << 14, 1 << 17, 1 << 20, 1 << 22) if cpu else (1 << 18, 1 << 22, 1 << 24, 1 << 26):
-        master = torch.randn(n, device=device)
-        grad = torch.randn(n, device=device)
-        opt = ShardedAdamW(AdamWConfig(), [master], [[(0, n)]], kernel_mode=kernels)
-        reps = (3 if n >= 1 << 20 else 10) if cpu else 20
-
-        def timed(fn, reps=reps):
-            return mean_time(fn, reps, barrier) if cpu else device_time(fn, reps, device, barrier)
-
-        out["adamw"].append((n, timed(partial(opt.step, [grad], 1.0))))
-        src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
-        out["copy"].append((4 * n, timed(partial(dst.copy_, src))))
-        out["add"].append((4 * n, timed(partial(dst.add_, src))))
-        out["memset"].append((4 * n, timed(dst.zero_)))
-    return {k: Linear.fit(v) for k, v in out.items()}
-
-
-def time_engine_overhead(barrier=None, kernels: str = "auto", device: torch.device | None = None) -> dict[str, Linear]:
-    """The engine's own host work per step, per stage (``engine_s{stage}``: α per step + β per block): a GPT
-    too small to compute anything (hidden 8) at 2 and 8 blocks, trained with the engine and without it,
-    the difference fitted through both. It is the per-parameter hooks, stage 3's gather/free
-    bookkeeping and the step's checks; on one rank the collectives are copies (they are the collective
-    curves' cost). Needs a default process group of one rank (``init_fake_world(1, 0)``). On a GPU both
-    steps end by waiting for the device, and both are the host's work (the device idles between kernels)."""
-    from zerobench.distributed.mesh import build_mesh
-    from zerobench.models.gpt import GPT
-    from zerobench.parallel.parallelize import ParallelSpec, parallelize
-    from zerobench.zero.config import ZeroConfig
-
-    device = device or torch.device("cpu")
-    x = torch.randint(0, 16, (2, 4), device=device)
-    out = {}
-    for stage in range(4):
-        over = []
-        for layers in (2, 8):
-            cfg = GPTConfig(layers=layers, hidden=8, heads=1, vocab=16, seq=4)
-            torch.manual_seed(0)
-            plain, model = GPT(cfg).to(device), GPT(cfg).to(device)
-            parallelize(plain, build_mesh(1), ParallelSpec(zero=None, kernels=kernels))
-            eng = parallelize(model, build_mesh(1), ParallelSpec(zero=ZeroConfig(stage=stage), kernels=kernels)).engine
-
-            def plain_step(plain=plain):
-                plain(x, x).backward()
-                for p in plain.parameters():
-                    p.grad = None
-                sync(device)
-
-            def engine_step(model=model, eng=eng):
-                eng.backward(model(x, x))
-                eng.step()
-                eng.zero_grad()
-                sync(device)
-
-            over.append(_median_difference(engine_step, plain_step, 60, barrier))
-        beta = max((over[1] - over[0]) / 6, 0.0)
-        out[f"engine_s{stage}"] = Linear(max(over[0] - 2 * beta, 0.0), beta)
-    return out

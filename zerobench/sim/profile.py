@@ -17,18 +17,23 @@ we cannot run (``zerobench.sim.stated``). Three kinds of entry:
   element, a copy, an add and a memset per byte, per (name, processes on the host); and the
   synchronisation penalty per group size (α + β·T for T seconds of compute since the ranks last met).
 
+A measured entry carries its *spread* (``Profile.spread``): the half-range of the replicates it was taken
+from, relative to its value (``zerobench.sim.replicates``). ``Profile.bound`` moves every entry to one end of
+its spread, and the replay on both ends is a prediction's interval (``simulate.interval``).
+
 Profiles are saved as result rows (kind ``profile``: one row per entry) and read back from them.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
+from zerobench.sim.costs import Curve, Linear
+
 IN_SITU = "+tp"
-"""Suffix of a compute piece measured with its TP collectives on the real groups (``measure._tp_in_situ``)."""
+"""Suffix of a compute piece measured with its TP collectives on the real groups (``measure_units``' ``insitu``)."""
 LAUNCH = "@launch"
 """Suffix of a compute piece's host cost to issue it, on a device the host runs ahead of (a GPU)."""
 
@@ -57,52 +62,15 @@ def curve_key(op: str, group: int, ranks: int) -> str:
     return f"{op}|g{group}|r{ranks}"
 
 
-@dataclass(frozen=True)
-class Curve:
-    """Seconds of a collective against its size in bytes (``points`` sorted by bytes)."""
-
-    points: tuple[tuple[float, float], ...]
-
-    def seconds(self, nbytes: float) -> float:
-        pts = self.points
-        if nbytes <= pts[0][0]:
-            return pts[0][1]
-        if nbytes >= pts[-1][0]:
-            (b0, t0), (b1, t1) = pts[-2], pts[-1]
-            bw = (b1 - b0) / max(t1 - t0, 1e-12)
-            return t1 + (nbytes - b1) / bw
-        i = bisect.bisect_left([p[0] for p in pts], nbytes)
-        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
-        f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
-        return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+def point_key(key: str, nbytes: float) -> str:
+    """The entry id of one measured point of curve ``key`` (its spread's key in ``Profile.spread``)."""
+    return f"{key}@{int(nbytes)}"
 
 
-@dataclass(frozen=True)
-class Linear:
-    """``alpha + beta * n`` seconds."""
-
-    alpha: float
-    beta: float
-
-    def seconds(self, n: float) -> float:
-        return self.alpha + self.beta * n if n > 0 else 0.0
-
-    @classmethod
-    def fit(cls, points: list[tuple[float, float]]) -> Linear:
-        """Least squares through (n, seconds), weighted towards relative error; alpha and beta kept >= 0: every
-        cost fitted so (per element, per block, the ranks' skew per second of compute) grows with ``n`` or stays,
-        so a falling line is noise, read as the flat one (a negative slope would charge a long step negative time)."""
-        w = [1.0 / max(t, 1e-9) for _, t in points]
-        sw = sum(w)
-        mx = sum(wi * n for wi, (n, _) in zip(w, points)) / sw
-        my = sum(wi * t for wi, (_, t) in zip(w, points)) / sw
-        sxx = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, points))
-        sxy = sum(wi * (n - mx) * (t - my) for wi, (n, t) in zip(w, points))
-        beta = max(sxy / sxx, 0.0) if sxx else 0.0
-        alpha = my - beta * mx
-        if alpha < 0:
-            alpha, beta = 0.0, sum(t for _, t in points) / sum(n for n, _ in points)
-        return cls(alpha, beta)
+def moved_bytes(nbytes: int, group: int) -> float:
+    """Bytes a collective timed at about ``nbytes`` over ``group`` ranks moves: whole fp32 elements, as many per
+    rank (the profiler's rounding)."""
+    return 4.0 * (-(-nbytes // (4 * group)) * group)
 
 
 @dataclass
@@ -138,6 +106,12 @@ class Profile:
     grad_elem: int | None = None
     """Bytes per gradient element of the data-parallel reductions, where the program reduces in another type than
     its parameters (None: the parameters' type). Stated profiles only."""
+    spread: dict[str, float] = field(default_factory=dict)
+    """Entry id (an ``ops`` or ``linear`` key, or a curve's ``point_key``) -> half-range of the replicates it was
+    taken from, relative to its value (measured profiles; an entry without one is read as exact)."""
+    quality: dict[str, dict] = field(default_factory=dict)
+    """Entry id -> how it was measured: ``replicates`` kept, ``rejected`` outliers, whether it ``settled``
+    (``zerobench.sim.replicates``) and why a check across pieces ``flagged`` it; written with its rows."""
 
     @property
     def zero_machinery(self):
@@ -202,8 +176,31 @@ class Profile:
         lin = self.linear.get(f"sync|g{group}|r{ranks}")
         return lin.seconds(compute_s) if lin is not None and group > 1 else 0.0
 
+    def bound(self, side: int) -> Profile:
+        """This profile with every entry at the low (``side`` -1) or the high (+1) end of its spread: the replay is
+        monotone in its costs (a task starts at the latest end it waits for), so the replay on the two ends
+        bounds the prediction as far as the profile's own noise goes, every piece at once (a host's noise
+        moves them together)."""
+
+        def at(key: str, v: float) -> float:  # a spread of 90% or more leaves a tenth at the low end, never zero
+            return v * max(1 + side * self.spread.get(key, 0.0), 0.1)
+
+        return dataclasses.replace(
+            self,
+            ops={k: at(k, v) for k, v in self.ops.items()},
+            curves={k: Curve(tuple((b, at(point_key(k, b), t)) for b, t in c.points)) for k, c in self.curves.items()},
+            linear={k: Linear(at(k, lin.alpha), at(k, lin.beta)) for k, lin in self.linear.items()},
+        )
+
+    @property
+    def has_spread(self) -> bool:
+        """Whether any entry carries a spread (profiles taken before spreads were measured have none)."""
+        return any(self.spread.values())
+
     def merge(self, other: Profile) -> None:
         self.ops.update(other.ops)
+        self.spread.update(other.spread)
+        self.quality.update(other.quality)
         self.curves.update(other.curves)
         self.linear.update(other.linear)
         self.composed.update(other.composed)
@@ -213,8 +210,19 @@ class Profile:
 
     # -- as rows -------------------------------------------------------------------------------
     def rows(self) -> list[dict]:
-        """One dict per entry (metric, value, unit and keys), for ``RowWriter.write``."""
-        out = [{"metric": "profile_op_seconds", "value": t, "unit": "s", "key": k} for k, t in sorted(self.ops.items())]
+        """One dict per entry (metric, value, unit and keys, with its spread and how it was measured where
+        known), for ``RowWriter.write``."""
+
+        def noted(entry: str) -> dict:
+            out = dict(self.quality.get(entry, {}))
+            if entry in self.spread:
+                out["spread"] = self.spread[entry]
+            return out
+
+        out = [
+            {"metric": "profile_op_seconds", "value": t, "unit": "s", "key": k, **noted(k)}
+            for k, t in sorted(self.ops.items())
+        ]
         out += [
             {"metric": "profile_memory_bytes", "value": b, "unit": "bytes", "key": k}
             for k, b in sorted(self.memory.items())
@@ -228,12 +236,21 @@ class Profile:
                     "key": k,
                     "bytes": b,
                     "composed_of": self.composed.get(k),
+                    **noted(point_key(k, b)),
                 }
                 for b, t in c.points
             ]
         for k, lin in sorted(self.linear.items()):
-            out.append({"metric": "profile_alpha_seconds", "value": lin.alpha, "unit": "s", "key": k})
-            out.append({"metric": "profile_beta_seconds", "value": lin.beta, "unit": "s per element or byte", "key": k})
+            out.append({"metric": "profile_alpha_seconds", "value": lin.alpha, "unit": "s", "key": k, **noted(k)})
+            out.append(
+                {
+                    "metric": "profile_beta_seconds",
+                    "value": lin.beta,
+                    "unit": "s per element or byte",
+                    "key": k,
+                    **noted(k),
+                }
+            )
         if self.interference:
             out.append(
                 {
@@ -248,7 +265,8 @@ class Profile:
     @classmethod
     def from_rows(cls, rows: list[dict]) -> Profile:
         """The profile in ``rows``. An entry measured more than once (several profiles of one host read
-        together, e.g. one taken before each round of a sweep) is the median of its measurements."""
+        together, e.g. one taken before each round of a sweep) is the median of its measurements, and its
+        spread the larger of their own spreads' median and their half-range across the profiles."""
         prof = [r for r in rows if r.get("metric", "").startswith("profile_") and r.get("status") == "ok"]
         if not prof:
             raise ValueError("no profile rows: run `zerobench profile --out DIR` first")
@@ -259,6 +277,7 @@ class Profile:
         points: dict[str, dict[float, list[float]]] = {}
         lin: dict[str, dict[str, list[float]]] = {}
         composed: dict[str, str | None] = {}
+        spreads: dict[str, list[float]] = {}
         for r in prof:
             m, k = r["metric"], r["key"]
             if m == "profile_op_seconds":
@@ -274,6 +293,9 @@ class Profile:
             else:
                 which = "alpha" if m == "profile_alpha_seconds" else "beta"
                 lin.setdefault(k, {}).setdefault(which, []).append(r["value"])
+            if "spread" in r and m != "profile_beta_seconds":  # a line's spread rides on both of its rows
+                entry = point_key(k, float(r["bytes"])) if m == "profile_collective_seconds" else k
+                spreads.setdefault(entry, []).append(float(r["spread"]))
         med = statistics.median
         p.ops = {k: med(v) for k, v in ops.items()}
         p.memory = {k: med(v) for k, v in memory.items()}
@@ -284,4 +306,19 @@ class Profile:
             # rows from before curves said what they are composed of: every CPU profile was taken on gloo
             composed = {k: "all_reduce|" + k.split("|", 1)[1] for k in points if k.startswith("reduce_scatter|")}
         p.composed = {k: b for k, b in composed.items() if b}
+        measured = {
+            **{k: [v] for k, v in ops.items()},
+            **{k: [v["alpha"], v["beta"]] for k, v in lin.items()},
+            **{point_key(k, b): [ts] for k, v in points.items() for b, ts in v.items()},
+        }
+        for entry, lists in measured.items():
+            across = max(_half_range(vs) for vs in lists)
+            if across or entry in spreads:
+                p.spread[entry] = max(med(spreads[entry]) if entry in spreads else 0.0, across)
         return p
+
+
+def _half_range(values: list[float]) -> float:
+    """Half the range of ``values`` relative to their median (0 for a single value)."""
+    m = statistics.median(values)
+    return (max(values) - min(values)) / 2 / abs(m) if len(values) > 1 and m else 0.0

@@ -107,3 +107,13 @@ def simulate(cfg: TrainConfig, prof: Profile, ranks: int | None = None, own_chec
         "hw_pflops_aggregate": hw_fpt * tokens / step / 1e12 * cfg.world_size / 1e3,
         "timeline": r.tl,
     }
+
+
+def interval(
+    cfg: TrainConfig, prof: Profile, bounds: tuple[Profile, Profile] | None = None, **kw
+) -> tuple[float, float]:
+    """The predicted step of ``cfg`` with every profile entry at the low end of its spread and at the high end
+    (``Profile.bound``): the prediction's interval as far as the profile's own noise goes. ``bounds``: the two
+    bound profiles, where the caller replays many configurations on one profile; ``kw``: as ``simulate``."""
+    low, high = bounds if bounds is not None else (prof.bound(-1), prof.bound(+1))
+    return simulate(cfg, low, **kw)["step_time_s"], simulate(cfg, high, **kw)["step_time_s"]

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from zerobench.config import from_dict
 from zerobench.sim.profile import Profile
-from zerobench.sim.simulate import simulate
+from zerobench.sim.simulate import interval, simulate
 from zerobench.train.config import TrainConfig
 
 
@@ -96,9 +96,12 @@ def measured_peaks(rows: list[dict]) -> dict[str, float]:
 
 def validate(rows: list[dict], prof: Profile) -> list[dict]:
     """One record per measured run: predicted and measured step time, their ratio, and the breakdown; where
-    the profile measured memory (a GPU's), the predicted and measured peak bytes and their ratio too."""
+    the profile carries spreads, the prediction's interval (``simulate.interval``) and whether the measured
+    step falls ``inside`` it; where the profile measured memory (a GPU's), the predicted and measured peak
+    bytes and their ratio too."""
     peaks = measured_peaks(rows) if prof.memory else {}
     old = recorded_before_flags_rode(rows)
+    bounds = (prof.bound(-1), prof.bound(+1)) if prof.has_spread else None
     out = []
     for run_id, cfg, measured in measured_runs(rows):
         sim = simulate(cfg, prof, own_check_at_stage0=run_id in old)
@@ -116,6 +119,9 @@ def validate(rows: list[dict], prof: Profile) -> list[dict]:
             "breakdown_s": sim["breakdown_s"],
             "in_fit": not is_zero(cfg) and cfg.world_size > 1,
         }
+        if bounds is not None:
+            low, high = interval(cfg, prof, bounds, own_check_at_stage0=run_id in old)
+            rec.update(predicted_low_s=low, predicted_high_s=high, inside=low <= measured <= high)
         mem = _memory(cfg, prof) if run_id in peaks else None
         if mem is not None:
             rec.update(
@@ -147,18 +153,22 @@ def summarize(records: list[dict], ratio: str = "ratio") -> dict:
     if not errs:
         return {"runs": 0, "median_abs_error": None, "worst_abs_error": None}
     worst = max(records, key=lambda r: abs(r[ratio] - 1))
-    return {
+    out = {
         "runs": len(errs),
         "median_abs_error": statistics.median(errs),
         "worst_abs_error": max(errs),
         "worst_run": worst["run_id"],
     }
+    if ratio == "ratio" and all("inside" in r for r in records):
+        out["inside_interval"] = sum(r["inside"] for r in records)
+    return out
 
 
 def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> None:
     """The validation as rows (run id ``sim-validation``): per measured run, the predicted step time
     (``sim_predicted_step_time_s``) and predicted ÷ measured (``sim_step_time_ratio``), each with the run,
-    its axes and the profile's device; the report draws them."""
+    its axes, the profile's device and, where the profile carries spreads, the interval and whether the
+    measured step is inside it; the report draws them."""
     from zerobench.results.rows import RowWriter
 
     w = RowWriter(
@@ -179,6 +189,10 @@ def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> No
             "profile_device": prof.device,
             "breakdown_s": r["breakdown_s"],
         }
+        if "inside" in r:
+            keys.update(
+                predicted_low_s=r["predicted_low_s"], predicted_high_s=r["predicted_high_s"], inside=r["inside"]
+            )
         w.write("sim_predicted_step_time_s", r["predicted_s"], "s", **keys)
         w.write("sim_step_time_ratio", r["ratio"], "ratio", **keys)
         if "memory_ratio" in r:

@@ -12,6 +12,9 @@ the one place that does; the variable names below are the interface tests and th
   stray ``sys.exit(0)`` in a script or a library would.
 - ``ZEROBENCH_PLANT_DELAY`` / ``ZEROBENCH_PLANT_BUFFER``: an exact slowdown or an extra buffer, so tests
   can check that the regression gate catches them.
+- ``ZEROBENCH_PLANT_PROFILE=SECONDS[:REPLICATES]``: ``zerobench profile`` busy-waits SECONDS in block 0's
+  forward at every step of the first REPLICATES compute replicates each profiling process takes (one slow
+  piece in one measurement, which the profile must catch; read by ``zerobench/sim/command.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ EXIT_CODE = 17
 
 
 FAULT_ENV, DELAY_ENV, BUFFER_ENV = "ZEROBENCH_FAULT", "ZEROBENCH_PLANT_DELAY", "ZEROBENCH_PLANT_BUFFER"
+PROFILE_PLANT_ENV = "ZEROBENCH_PLANT_PROFILE"
 
 
 def maybe_fail(spec: str | None, rank: int, step: int) -> None:

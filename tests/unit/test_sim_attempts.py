@@ -1,0 +1,114 @@
+"""Issue 62's bar, from the rows of independent attempts at the simulator's quick path (``scripts/sim_attempts.sh``):
+on a quiet 2-core VM, README's three commands (a fresh profile, the sweep, ``simulate --validate --fit``) reach
+median ≤ 10 % and worst ≤ 25 % over the suite's runs in at least 4 of 5 attempts, each with a new profile.
+
+The attempts are committed under ``results/reference/sim-validation-cpu-2core-attempts/attempt-K/{profile,runs}``;
+until they are, the bar's test skips and the summary is checked on the layout built from an earlier recording's
+rounds (each round is a profile taken right before its runs: an attempt).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from zerobench.results.rows import read_rows
+from zerobench.sim import attempts as A
+from zerobench.sim import validate as V
+from zerobench.sim.profile import Profile
+
+REFS = Path(__file__).resolve().parents[2] / "results" / "reference"
+ATTEMPTS = REFS / "sim-validation-cpu-2core-attempts"
+ROUNDS = REFS / "sim-validation-cpu-2core-xeon-5"
+
+
+@pytest.fixture(scope="module")
+def rounds_as_attempts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attempts")
+    for k in (1, 2, 3):
+        for part in ("profile", "runs"):
+            shutil.copytree(ROUNDS / part / f"round-{k}", root / f"attempt-{k}" / part)
+    return root
+
+
+def test_each_attempt_is_validated_alone_from_its_rows(rounds_as_attempts):
+    got = [A.summarize_attempt(d) for d in A.attempt_dirs(rounds_as_attempts)]
+    assert [a["attempt"] for a in got] == ["attempt-1", "attempt-2", "attempt-3"]
+    for k, a in enumerate(got, 1):
+        rows = read_rows(ROUNDS / "runs" / f"round-{k}")
+        prof = Profile.from_rows(read_rows(ROUNDS / "profile" / f"round-{k}"))
+        prof.interference = V.fit_interference(rows, prof)
+        s = V.summarize(V.validate(rows, prof))
+        assert (a["runs"], a["median_abs_error"], a["worst_abs_error"]) == (
+            34,
+            s["median_abs_error"],
+            s["worst_abs_error"],
+        )
+        assert a["meets_bar"] == (s["median_abs_error"] <= 0.10 and s["worst_abs_error"] <= 0.25)
+        assert a["inside_interval"] is None  # profiles of this recording carry no spreads
+
+
+def test_the_summary_prints_every_attempt_and_the_count(rounds_as_attempts, capsys):
+    assert A.main([str(rounds_as_attempts)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("attempt-") == 3 and "attempts meet median <= 10% and worst <= 25%" in out
+    assert A.main([str(rounds_as_attempts / "nothing")]) == 2
+
+
+def test_trimming_keeps_what_the_validation_reads(rounds_as_attempts, tmp_path):
+    root = tmp_path / "t"
+    shutil.copytree(rounds_as_attempts / "attempt-1", root / "attempt-1")
+    before = A.summarize_attempt(root / "attempt-1")
+    A.trim(root)
+    assert A.summarize_attempt(root / "attempt-1") == before
+    assert {r["metric"] for r in read_rows(root / "attempt-1" / "runs")} <= {"step_time_s", "run_status"}
+
+
+def _attempts(root: Path) -> list[dict]:
+    """Every attempt under ``root`` summarised, after checking each had a profile of its own, taken before its
+    runs."""
+    dirs = A.attempt_dirs(root)
+    stamps = [min(r["provenance"]["timestamp"] for r in read_rows(d / "profile")) for d in dirs]
+    assert len(set(stamps)) == len(dirs)  # a new profile each attempt
+    for d, stamp in zip(dirs, stamps):  # each taken before its own runs
+        assert stamp < min(r["provenance"]["timestamp"] for r in read_rows(d / "runs") if r["metric"] == "step_time_s")
+    return [A.summarize_attempt(d) for d in dirs]
+
+
+def test_the_bars_test_reads_a_directory_of_attempts(rounds_as_attempts):
+    got = _attempts(rounds_as_attempts)
+    assert len(got) == 3 and all(a["runs"] == 34 for a in got)
+
+
+@pytest.mark.skipif(
+    not ATTEMPTS.is_dir(), reason=f"no attempts recorded yet under {ATTEMPTS.relative_to(REFS.parents[1])}"
+)
+def test_issue_62_bar_holds_in_four_of_five_attempts():
+    got = _attempts(ATTEMPTS)
+    assert len(got) == 5 and all(a["runs"] == 34 for a in got)
+    seen = "\n".join(
+        f"{a['attempt']}: median {a['median_abs_error']:.1%}, worst {a['worst_abs_error']:.1%} "
+        f"({a['worst_run']}), inside {a['inside_interval']}"
+        for a in got
+    )
+    assert sum(a["meets_bar"] for a in got) >= 4, seen
+
+
+CURRENT = ("sim-validation-cpu-2core-xeon-insitu", "sim-validation-cpu-2core-xeon-4", "sim-validation-cpu-2core-xeon-5")
+"""The recordings of the profiler before issue 62 that docs/simulator.md reads round by round."""
+
+
+def test_one_round_of_the_earlier_recordings_alone_meets_the_bar_in_two_of_nine(tmp_path):
+    """docs/simulator.md's "One profile, as a user takes it": each round of the three recordings of the profiler
+    before replicates, as an attempt of its own (a profile taken right before its runs)."""
+    for ref in CURRENT:
+        for k in (1, 2, 3):
+            for part in ("profile", "runs"):
+                shutil.copytree(REFS / ref / part / f"round-{k}", tmp_path / ref / f"attempt-{k}" / part)
+    got = [A.summarize_attempt(d) for ref in CURRENT for d in A.attempt_dirs(tmp_path / ref)]
+    assert len(got) == 9 and sum(a["meets_bar"] for a in got) == 2
+    medians, worsts = sorted(a["median_abs_error"] for a in got), sorted(a["worst_abs_error"] for a in got)
+    assert (f"{medians[0]:.1%}", f"{medians[-1]:.1%}") == ("6.3%", "12.9%")
+    assert (f"{worsts[0]:.1%}", f"{worsts[-1]:.1%}") == ("23.0%", "81.1%")

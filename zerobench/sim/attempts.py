@@ -1,0 +1,102 @@
+"""Independent attempts at the simulator's quick path, summarised from their rows (issue 62's bar).
+
+An attempt is what a user runs on a machine, once: a fresh profile, the suite's sweep, the validation
+(``scripts/sim_attempts.sh N OUTDIR`` runs N of them). A directory of attempts holds ``attempt-K/profile`` and
+``attempt-K/runs`` (rows), each attempt validated alone, with the one factor fitted on its own non-ZeRO runs, as
+``zerobench simulate --profile P --validate R --fit`` does. ``python -m zerobench.sim.attempts OUTDIR`` prints
+each attempt's median and worst |predicted ÷ measured − 1|, how many measured steps fall inside the intervals
+the profile's spreads give, and how many attempts meet the bar (median ≤ 10 % and worst ≤ 25 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+BAR = {"median": 0.10, "worst": 0.25}
+"""The CPU simulator's bar on one attempt: median and worst |predicted ÷ measured − 1| over the suite's runs."""
+
+
+def attempt_dirs(root: str | Path) -> list[Path]:
+    """The attempts under ``root`` (``attempt-K``, each with ``profile`` and ``runs``), in order of K."""
+    found = [p for p in Path(root).glob("attempt-*") if (p / "profile").is_dir() and (p / "runs").is_dir()]
+    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
+def summarize_attempt(path: str | Path) -> dict:
+    """One attempt validated from its rows: the fitted factor, the runs, median and worst error, the worst run,
+    the measured steps inside their intervals (None where the profile carries no spreads) and whether the bar
+    holds."""
+    from zerobench.results.rows import read_rows
+    from zerobench.sim.profile import Profile
+    from zerobench.sim.validate import fit_interference, summarize, validate
+
+    path = Path(path)
+    rows = read_rows(path / "runs")
+    prof = Profile.from_rows(read_rows(path / "profile"))
+    prof.interference = fit_interference(rows, prof)
+    s = summarize(validate(rows, prof))
+    meets = s["runs"] > 0 and s["median_abs_error"] <= BAR["median"] and s["worst_abs_error"] <= BAR["worst"]
+    return {
+        "attempt": path.name,
+        "interference": prof.interference,
+        "runs": s["runs"],
+        "median_abs_error": s["median_abs_error"],
+        "worst_abs_error": s["worst_abs_error"],
+        "worst_run": s.get("worst_run"),
+        "inside_interval": s.get("inside_interval"),
+        "meets_bar": meets,
+    }
+
+
+def trim(path: str | Path) -> int:
+    """Keep of each run's rows only what the validation reads (``step_time_s`` and ``run_status``) and drop the
+    runs' logs, as the committed recordings under ``results/reference`` do; returns the files rewritten."""
+    import json
+
+    n = 0
+    for rows in Path(path).glob("attempt-*/runs/**/rows.jsonl"):
+        kept = [
+            line
+            for line in rows.read_text().splitlines()
+            if json.loads(line).get("metric") in ("step_time_s", "run_status")
+        ]
+        rows.write_text("".join(line + "\n" for line in kept))
+        n += 1
+    for log in Path(path).glob("attempt-*/runs/**/run.log"):
+        log.unlink()
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zerobench.sim.attempts", description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", help="a directory of attempt-K/{profile,runs}")
+    ap.add_argument("--trim", action="store_true", help="first keep only the rows the validation reads (to commit)")
+    args = ap.parse_args(argv)
+    dirs = attempt_dirs(args.root)
+    if not dirs:
+        print(
+            f"zerobench: error: {args.root}: no attempt-K/profile and attempt-K/runs: run scripts/sim_attempts.sh",
+            file=sys.stderr,
+        )
+        return 2
+    if args.trim:
+        trim(args.root)
+    print(f"{'attempt':<12} {'runs':>4} {'median':>7} {'worst':>7}  {'inside':>6}  {'factor':>6}  bar  worst run")
+    got = [summarize_attempt(d) for d in dirs]
+    for a in got:
+        inside = f"{a['inside_interval']}/{a['runs']}" if a["inside_interval"] is not None else "-"
+        print(
+            f"{a['attempt']:<12} {a['runs']:>4} {a['median_abs_error']:>7.1%} {a['worst_abs_error']:>7.1%}  "
+            f"{inside:>6}  {a['interference']:>6.2f}  {'yes' if a['meets_bar'] else 'no ':<3}  {a['worst_run']}"
+        )
+    print(
+        f"\n{sum(a['meets_bar'] for a in got)} of {len(got)} attempts meet median <= {BAR['median']:.0%} and "
+        f"worst <= {BAR['worst']:.0%}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,6 +24,13 @@ class RunFailed(RuntimeError):
     rendezvous failed). One line; the CLI exits 1 with it, where a ``ConfigError`` exits 2."""
 
 
+class TrainingHalted(RunFailed):
+    """A step found that training cannot go on (an fp16 overflow with the loss scale at its minimum). Raised on
+    every rank at the same step, from a decision the ranks agreed on, so the step's figures and every earlier
+    step's stay valid: the training loop records them, writes the run's rows with this as its failure, and
+    then fails the run."""
+
+
 _BYTES = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*")
 _UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 

@@ -4,8 +4,9 @@ Everything around a step — console lines, TensorBoard, lockstep A/B turns, tes
 (``train/hooks.py``) the loop is handed through ``RankSettings``; the system comes in as a registered
 ``SystemEntry``. After the last step every rank's figures are gathered (over the default group) and rank 0
 prints the ledgers and writes the rows (``train/summary.py``). A run that did not train (every step skipped
-on fp16 overflow, a loss that is not finite at the end: ``train/outcome.py``) raises ``RunFailed`` on every
-rank once its rows are written.
+on fp16 overflow, a loss that is not finite at the end: ``train/outcome.py``), or one a step halted
+(``TrainingHalted``: the loss scale at its minimum), raises ``RunFailed`` on every rank once its rows, the
+halting step's included, are written.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench.config import RunFailed
+from zerobench.config import RunFailed, TrainingHalted
 from zerobench.distributed.env import DistEnv, init_distributed
 from zerobench.distributed.mesh import Mesh, build_mesh
 from zerobench.metrics.comm import CommLedger
@@ -84,8 +85,8 @@ def train(
     hooks = build_hooks(cfg, settings, rank, say, run_id, barrier, run.device)
     with contextlib.ExitStack() as stack:
         stack.callback(hooks.close)
-        records, series = _steps(run, hooks, stack)
-    summary = _summarize(run, entry, records, series)
+        records, series, halted = _steps(run, hooks, stack)
+    summary = _summarize(run, entry, records, series, halted)
     if rank == 0:
         report(summary, cfg, say)
         if out_dir is not None:
@@ -113,9 +114,13 @@ def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectiv
     return _Run(cfg, device, mesh, ledger, system, tracker)
 
 
-def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[list[StepRecord], dict[str, list[float]]]:
-    """Train ``cfg.steps`` steps; each step's record (loss, whether the optimizer stepped) and the timing series
-    (wall, normalised, CPU)."""
+def _steps(
+    run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack
+) -> tuple[list[StepRecord], dict[str, list[float]], str | None]:
+    """Train ``cfg.steps`` steps; each step's record (loss, whether the optimizer stepped), the timing series
+    (wall, normalised, CPU) and why a step halted training (None: every step ran). A halting step
+    (``TrainingHalted``, raised on every rank alike) applied no update: it is recorded as skipped and is the
+    last."""
     cfg, device, system = run.cfg, run.device, run.system
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     fpt = flops_per_token(cfg.model)
@@ -142,7 +147,11 @@ def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[li
         total = torch.zeros(1, device=device)
         for x, y in batches:
             total += system.forward_backward(x.to(device), y.to(device)).float() / cfg.zero.grad_accum_steps
-        stepped = system.step()
+        halted = None
+        try:
+            stepped = system.step()
+        except TrainingHalted as e:
+            stepped, halted = False, str(e)
         system.zero_grad()
         _sync(device)
         hooks.after_compute(step, time.perf_counter() - t0)
@@ -153,7 +162,9 @@ def _steps(run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack) -> tuple[li
         series["step_time_s"].append(dt)
         records.append(StepRecord(step + 1, total.item() / cfg.dp, dt, fpt * run.tokens_per_rank / dt / 1e12, stepped))
         hooks.after_step(records[-1])
-    return records, series
+        if halted is not None:
+            return records, series, halted
+    return records, series, None
 
 
 def _sync(device: torch.device) -> None:
@@ -170,9 +181,11 @@ def _reset_peaks(run: _Run) -> None:
     reset_peak_rss()
 
 
-def _summarize(run: _Run, entry: SystemEntry, records: list[StepRecord], series: dict[str, list[float]]) -> dict:
+def _summarize(
+    run: _Run, entry: SystemEntry, records: list[StepRecord], series: dict[str, list[float]], halted: str | None
+) -> dict:
     """This rank's figures gathered from every rank, with the run's medians and FLOP rates (None where every
-    timed step was skipped) and why the run failed (None: it trained)."""
+    timed step was skipped) and why the run failed (None: it trained; ``halted``, a step's reason, first)."""
     cfg, device, system, ledger = run.cfg, run.device, run.system, run.ledger
     traced = cfg.profile.steps if cfg.profile else 0  # the profiler's steps ran slower: left out
     losses, skipped = [r.loss for r in records], [r.step for r in records if not r.stepped]
@@ -200,7 +213,7 @@ def _summarize(run: _Run, entry: SystemEntry, records: list[StepRecord], series:
         "reserved": None if run.cpu else torch.cuda.max_memory_reserved(device),
         # M_D on GPU: fragmentation as reserved - allocated at peak, and the caching allocator's retries
         "alloc_retries": None if run.cpu else torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
-        "failure": failure(losses, skipped, len(timed)),
+        "failure": halted or failure(losses, skipped, len(timed)),
     }
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)

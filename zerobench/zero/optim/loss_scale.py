@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.config import ConfigError, RunFailed
+from zerobench.config import ConfigError, TrainingHalted
 from zerobench.zero.config import LossScaleConfig, LossScaleRule
 from zerobench.zero.grads.stats import agree_max, reduced_grads
 from zerobench.zero.protocols import Engine
 
 
-class LossScaleAtMinimum(RunFailed):
+class LossScaleAtMinimum(TrainingHalted):
     """An fp16 step overflowed with the loss scale already at its minimum: training cannot go on. One line naming
-    the scale, the minimum and the remedies (DeepSpeed raises at the same point)."""
+    the scale, the minimum and the remedies (DeepSpeed raises at the same point). The overflow that raises it is
+    agreed across the data-parallel ranks, so every rank raises it at the same step."""
 
     def __init__(self, scale: float, min_scale: float, skipped: int):
         super().__init__(
             f"fp16 gradients overflowed with the loss scale already at its minimum {scale:g} "
-            f"(min_loss_scale {min_scale:g}; {skipped} step(s) skipped so far): training cannot go on; lower "
+            f"(min_loss_scale {min_scale:g}; {skipped} earlier step(s) skipped): training cannot go on; lower "
             "the learning rate, raise min_loss_scale (LossScaleConfig.min_scale) or train in bf16"
         )
         self.scale, self.min_scale, self.skipped = scale, min_scale, skipped

@@ -99,6 +99,46 @@ def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held
     assert not ranks_running(str(out))
 
 
+@pytest.mark.parametrize("kind", ["exit", "stop"])
+def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_incomplete_run(tmp_path, kind):
+    """Ranks started as torchrun starts them (no zerobench launcher above them to record the run's end): rank 1
+    dies (``exit``, as a crash) or hangs (``stop``) at step 1. Rank 0 ends in one line naming the lost or stuck
+    peer and writes the run's one ``failed`` status row with that reason; the run does not read ``incomplete``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "ZEROBENCH_FAULT": f"1:1:{kind}",
+            }
+            cmd = [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "20"]
+            procs.append(
+                subprocess.Popen(
+                    [*cmd, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
+        err0 = procs[0].communicate(timeout=240)[1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    line = one_line(err0)
+    assert procs[0].returncode != 0 and line.startswith("zerobench: error: rank 0 "), err0
+    assert ("lost its connection to a peer rank" in line) or ("a peer rank is stuck or dead" in line), line
+    (row,) = status_rows(out)
+    assert row["status"] == "failed" and row["reason"] == line.removeprefix("zerobench: error: "), row
+
+
 def test_a_rank_that_exits_0_early_is_named_as_the_cause(tmp_path):
     out = tmp_path / "run"
     r = zb(

@@ -140,12 +140,20 @@ def run_rank(
         kind = classify(e)
         if kind is None:
             raise
-        if kind == "timeout":
-            return say(
-                f"error: rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: "
-                f"a peer rank is stuck or dead ({_first_line(e)})",
-                EXIT_PEER_TIMEOUT,
+        if kind in ("timeout", "peer"):
+            reason = (
+                f"rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: a peer rank is "
+                f"stuck or dead ({_first_line(e)})"
+                if kind == "timeout"
+                else f"rank {denv.rank} lost its connection to a peer rank in a collective: the peer died "
+                f"({_first_line(e)})"
             )
+            code = say(f"error: {reason}", EXIT_PEER_TIMEOUT if kind == "timeout" else 1)
+            # under torchrun or srun nobody above rank 0 records the run's end: a dead peer must not leave it
+            # reading as incomplete, with no cause
+            if record_status and denv.rank == 0:
+                return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
+            return code
         return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say)
     finally:
         if dist.is_initialized():
@@ -200,10 +208,13 @@ def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None
 
 _OOM_TEXT = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory", "Cannot allocate memory")
 _TIMEOUT_TEXT = ("timed out", "timeout")
+_PEER_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe")
+"""How gloo reports a collective whose peer process is gone (NCCL reports it as a timeout or an async error)."""
 
 
 def classify(e: BaseException) -> str | None:
-    """``oom`` for a host allocator failure, ``timeout`` for a collective or rendezvous timeout, else None."""
+    """``oom`` for a host allocator failure, ``timeout`` for a collective or rendezvous timeout, ``peer`` for a
+    collective whose peer's connection closed (the peer died), else None."""
     if isinstance(e, MemoryError):
         return "oom"
     text = str(e)
@@ -211,6 +222,8 @@ def classify(e: BaseException) -> str | None:
         return "oom"
     if any(t in text.lower() for t in _TIMEOUT_TEXT):
         return "timeout"
+    if any(t in text.lower() for t in _PEER_TEXT):
+        return "peer"
     return None
 
 

@@ -76,31 +76,33 @@ def counted(tmp_path_factory):
     (d / "s.yaml").write_text(SUITE)
     plans = [("b1", {}), ("b2", {}), ("b3", {}), ("same", {}), ("planted", {"ZEROBENCH_PLANT_CPU": "0.5"})]
     procs: list = []
-    for name, env in plans:
-        while len([p for p in procs if p[1].poll() is None]) >= 2:
-            procs[next(i for i, p in enumerate(procs) if p[1].poll() is None)][1].wait()
-        cmd = [
-            sys.executable,
-            "-m",
-            "zerobench",
-            "sweep",
-            str(d / "s.yaml"),
-            "--out",
-            str(d / name),
-            "--no-progress",
-            "--instructions",
-        ]
-        procs.append(
-            (
-                name,
-                subprocess.Popen(
-                    cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-                ),
-            )
-        )
-    for name, p in procs:
-        out, _ = p.communicate(timeout=1200)
-        assert p.returncode == 0, f"{name}: {out[-3000:]}"
+    try:
+        for name, env in plans:
+            while len([p for p in procs if p[1].poll() is None]) >= 2:
+                procs[next(i for i, p in enumerate(procs) if p[1].poll() is None)][1].wait(timeout=1200)
+            cmd = [
+                sys.executable,
+                "-m",
+                "zerobench",
+                "sweep",
+                str(d / "s.yaml"),
+                "--out",
+                str(d / name),
+                "--no-progress",
+                "--instructions",
+            ]
+            with open(d / f"{name}.log", "w") as log:  # a file, not a pipe nobody reads while waiting
+                procs.append(
+                    (name, subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT))
+                )
+        for name, p in procs:
+            p.wait(timeout=1200)
+            assert p.returncode == 0, f"{name}: {(d / f'{name}.log').read_text()[-3000:]}"
+    finally:
+        for _, p in procs:  # nothing left running when a sweep failed or hung
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return d
 
 

@@ -5,6 +5,7 @@ as an improvement, a plot per configuration, the flagged commits as a table and 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from tests.unit.test_gate_noise import _host
 from zerobench.bench.regress import noise_rows
 from zerobench.config import ConfigError
-from zerobench.report.history import collect, order, run_history
+from zerobench.report.history import collect, order, run_history, tolerance
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,16 @@ def test_a_baseline_noise_model_sets_the_band(run_rows, tmp_path):
     out = tmp_path / "h"
     run_history(dirs, out, baseline=str(base), metrics="instructions")
     assert (out / "history.md").read_text().rstrip().endswith("No commit was flagged.")
+    # with a commit planted, its flag says the band came from the baseline's noise model: the change between
+    # two commits has sigma * sqrt 2, judged two-sided at the gate's rate
+    out = tmp_path / "planted"
+    (tmp_path / "p").mkdir()
+    run_history(_history(run_rows, tmp_path / "p", planted=4), out, baseline=str(base), metrics="instructions")
+    flags = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    (model,) = [r for r in noise_rows(samples)[0] if r["of"] == "instructions"]
+    want = tolerance("instructions", model["value"] * math.sqrt(2), model["n"], 0.001 / 2)
+    assert flags and {(f["noise_source"], f["sigma"]) for f in flags} == {("baseline noise model", model["value"])}
+    assert all(f["tolerance"] == pytest.approx(want) for f in flags), (flags, want)
 
 
 def test_bad_history_input_is_refused(run_rows, tmp_path):

@@ -2,13 +2,15 @@
 
 Timings recorded at different times drift (on the 2-core CI VM, identical runs in different sessions
 moved by tens of per cent), so a stored baseline can only catch large slowdowns. Here the baseline code
-and the candidate code run the same suite runs *alternately*, in fresh processes each time (ABBA order
-over rounds, after one discarded warm-up round of each side). Each round gives one ratio candidate /
-baseline per run; an AB round and the BA round after it are combined by their geometric mean, which
-cancels a drift that is linear over the pair. The verdict is a sign test on the pairs (``bench/stats.py``):
-a regression needs the median pair ratio above 1 + tolerance *and* enough pairs above 1 that unchanged code
-would show as many with probability at most ``false_alarm`` (by default 13 of 14 pairs, rate 0.00092),
-whatever the machine's noise. Each side runs its own
+and the candidate code run the same suite runs *alternately*, in fresh processes each time, after one
+discarded warm-up round of each side. Rounds come in pairs, AB then BA or BA then AB, the orientation of each
+pair drawn by a seeded coin (``seed``). Each round gives one ratio candidate / baseline per run; a pair's two
+rounds are combined by their geometric mean, which cancels a drift that is linear over the pair. The verdict is
+a sign test on the pairs (``bench/stats.py``): a regression needs the median pair ratio above 1 + tolerance
+*and* enough pairs above 1 that unchanged code would show as many with probability at most ``false_alarm`` (by
+default 13 of 14 pairs, rate 0.00092). With unchanged code the two sides are one experiment under two names and
+the coin decides which name runs in which slot, so each pair lies above 1 with probability one half whatever the
+machine's noise does (curved drift and bursts included): the rate is exact by construction. Each side runs its own
 code (``python -m zerobench sweep`` with ``PYTHONPATH`` at its tree): a baseline *ref* is checked out into
 a temporary git worktree. ``*_env`` (KEY=VALUE) adds variables to one side, e.g. the test-only planted
 delay.
@@ -21,6 +23,7 @@ runs started one after the other differed by up to 20% in step time, run side by
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -67,6 +70,8 @@ class ABConfig:
     """The probability that unchanged code is called a regression (per run compared), whatever the noise."""
     warmup_rounds: int = 1
     """Rounds of each side run first and discarded (cold caches, first-run effects)."""
+    seed: int = 0
+    """Seeds the coin that orients each pair of rounds (AB-BA or BA-AB)."""
     only: tuple[str, ...] = ()
     """``KEY=VALUE`` filters passed to ``zerobench sweep --only``."""
     tolerance: float = 0.05
@@ -265,6 +270,18 @@ def _ratio(cand: dict, base: dict, stepwise: bool) -> float | None:
     return cand["value"] / base["value"] if base["value"] else None
 
 
+def round_order(r: int, seed: int) -> tuple[str, str]:
+    """Which side runs first in round ``r`` (warm-up rounds are negative): each pair of measured rounds
+    (2p, 2p + 1) is AB-BA or BA-AB as a coin seeded with (``seed``, p) says, so which side takes which slot of a
+    pair is random and the sign test's null holds whatever the machine does; warm-up rounds alternate."""
+    ab, ba = ("baseline", "candidate"), ("candidate", "baseline")
+    if r < 0:
+        return ab if r % 2 == 0 else ba
+    flip = random.Random(f"{seed}:{r // 2}").random() < 0.5
+    first = ba if flip else ab
+    return first if r % 2 == 0 else (ba if first == ab else ab)
+
+
 def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
     """Run the interleaved comparison; return one verdict per run (and write them as rows)."""
     cfg.validate()
@@ -276,7 +293,7 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
     bounds = sign_boundaries(cfg.rounds // 2, max(cfg.rounds, cfg.max_rounds) // 2, cfg.false_alarm)
     r, last = -cfg.warmup_rounds, cfg.rounds
     while r < last:
-        order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
+        order = round_order(r, cfg.seed)
         dirs = _round(cfg, r, order, sides, out, say)
         got = {name: _times(d, cfg.compared) for name, d in dirs.items()}
         for run_id, row in got["candidate"].items() if r >= 0 else ():

@@ -13,7 +13,7 @@ Runs are matched by their resolved-config hash. Rules, per metric:
 | ``py_calls``, ``host_cpu_s``, ``instructions`` (sum over ranks; per phase as ``name.phase``) | lower | against the baseline's noise model (``bench/noise.py``): max(floor, k x sigma of unchanged runs); not gated without one. ``instructions`` come from runs under callgrind (``zerobench sweep --instructions``, rows tagged ``instrumented``), the rest from timed runs |
 
 A baseline recorded from several unchanged runs carries a noise model: per configuration and metric the values
-of every run (``gate_noise`` rows, ``bench/noise.py``). Its median is then the baseline value, and every metric
+of every run (``gate_noise`` rows, ``bench/noise.py``). Its mean is then the baseline value, and every metric
 moved by more than its noise allows at a false-alarm rate ``false_alarm`` for the whole gate run; a metric that
 never moved stays exact.
 
@@ -152,7 +152,7 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             )
         for key, per_rank in d.pop("_ranks").items():  # None on any rank: not measured there, no sum
             d[key] = None if any(v is None for v in per_rank.values()) else sum(per_rank.values())
-        for key, row in d["noise"].items():  # a noise model's median is the baseline's value
+        for key, row in d["noise"].items():  # a noise model's mean is the baseline's value
             if key in GATED and row.get("center") is not None:
                 d[key] = row["center"]
     return runs

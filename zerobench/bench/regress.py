@@ -92,12 +92,16 @@ def noise_rows(samples: Sequence[list[dict]]) -> tuple[list[dict], list[str]]:
     measured in fewer (``run: metric (in k of K runs)``)."""
     summaries = [summarize(rs) for rs in samples]
     out, gaps = [], []
-    for key, d0 in summaries[0].items():
-        if not d0["ok"]:
+    keys = dict.fromkeys(k for S in summaries for k in S)  # every configuration any run has, in first-seen order
+    for key in keys:
+        oks = [(S[key], rs) for S, rs in zip(summaries, samples) if key in S and S[key]["ok"]]
+        if not oks:
             continue
-        template = next(r for r in samples[0] if r["config_hash"] == key)
+        d0 = oks[0][0]
+        template = next(r for r in oks[0][1] if r["config_hash"] == key)
         for m in GATED:
-            if m == "final_loss" or d0.get(m) is None:
+            # a metric is modelled when any run measured it; fewer than two runs that did is a gap
+            if m == "final_loss" or all(d.get(m) is None for d, _ in oks):
                 continue
             vals = [S[key][m] for S in summaries if key in S and S[key]["ok"] and S[key].get(m) is not None]
             vals = [v for v in vals if math.isfinite(v)]
@@ -120,8 +124,8 @@ def noise_rows(samples: Sequence[list[dict]]) -> tuple[list[dict], list[str]]:
                     "center": center,
                     "samples": vals,
                     "n": len(vals),
-                    "definition": "standard deviation of value / median over unchanged runs (bench/noise.py); "
-                    "center: their median, the baseline's value",
+                    "definition": "standard deviation of value / mean over unchanged runs (bench/noise.py); "
+                    "center: their mean, the baseline's value",
                 }
             )
     return out, gaps

@@ -130,8 +130,11 @@ def median_bounds(pairs: Sequence[float], c: int | None) -> tuple[float, float]:
 
 def ab_verdict(pairs: Sequence[float], tolerance: float, c: int | None) -> str:
     """``REGRESSION`` when the lower bound of the median pair ratio lies above 1 and the median above
-    1 + tolerance; ``improvement`` when the upper bound lies below 1 and the median below 1 - tolerance; else
-    ``ok`` (at critical count ``c``, ``sign_boundaries``)."""
+    1 + tolerance; ``improvement`` when the upper bound lies below 1 and the median below 1 - tolerance;
+    ``undecided`` when there are too few pairs for any count to reach the false-alarm rate (``c`` None: a run
+    that lost rounds), which is not a pass; else ``ok`` (at critical count ``c``, ``sign_boundaries``)."""
+    if c is None or c > len(pairs):
+        return "undecided"
     lo, hi = median_bounds(pairs, c)
     med = statistics.median(pairs)
     if lo > 1 and med > 1 + tolerance:
@@ -148,7 +151,8 @@ def ab_undecided(pairs: Sequence[float], tolerance: float, c: int | None) -> boo
         return True
     med = statistics.median(pairs)
     beyond = med > 1 + tolerance or med < 1 - tolerance
-    return beyond and ab_verdict(pairs, tolerance, c) == "ok"
+    verdict = ab_verdict(pairs, tolerance, c)
+    return verdict == "undecided" or (beyond and verdict == "ok")
 
 
 def critical_count(bounds: dict[int, int | None], n: int, alpha: float) -> int | None:

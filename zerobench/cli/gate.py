@@ -132,9 +132,16 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         )
     )
     bad = [v for v in verdicts if v["verdict"] == "REGRESSION"]
+    undecided = [v["run"] for v in verdicts if v["verdict"] == "undecided"]
     rate = max(v["false_alarm"] for v in verdicts)
     print(f"{len(bad)} regressions (tolerance {tol:.0%}; false-alarm rate {rate:.2g} per run); rows: {out / 'summary'}")
-    return 1 if bad else 0
+    if undecided:
+        print(
+            f"zerobench: error: undecided: {', '.join(undecided)} lost rounds and kept too few AB/BA pairs for the "
+            f"sign test at --false-alarm {cfg.false_alarm:g}; see each side's logs under {out}",
+            file=sys.stderr,
+        )
+    return 1 if bad or undecided else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

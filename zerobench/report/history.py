@@ -107,8 +107,8 @@ def _sigma_from_history(values: list[float]) -> tuple[float, int]:
 
 
 def tolerance(metric: str, sigma: float, n: int, false_alarm: float) -> float:
-    """The tolerance between consecutive commits, as the gate would set it: exact for a count that never moved,
-    else the noise model's (at least the rule's own floor)."""
+    """The tolerance of a change with noise ``sigma`` (from ``n`` runs) at ``false_alarm``, as the gate would set
+    it: exact for a count that never moved, else the noise model's (at least the rule's own floor)."""
     return max(
         RULE_FLOORS.get(metric, 0.0), noise.tolerance(metric, sigma, n, false_alarm, exact_when_still=metric in EXACT)
     )
@@ -125,7 +125,9 @@ def _series(points: list[Point], key: str, metric: str, model: dict | None, fals
         if row and (row.get("n") or 0) >= 2
         else _sigma_from_history([v[0] for _, v in have])
     )
-    tol = tolerance(metric, sigma, n, false_alarm)
+    # A change between consecutive commits is the difference of two single measurements (sigma * sqrt 2), judged
+    # in both directions (alpha / 2 a side).
+    tol = tolerance(metric, sigma * math.sqrt(2), n, false_alarm / 2)
     flags = []
     for (_, prev), (i, cur) in itertools.pairwise(have):
         change = cur[0] / prev[0] - 1 if prev[0] else (0.0 if cur[0] == 0 else math.inf)

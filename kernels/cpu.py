@@ -1,7 +1,9 @@
 """Build, cache and bind the C++ CPU kernels (``csrc/zb_cpu_kernels.cpp``).
 
 The library is compiled once per (source, compiler flags, CPU feature set) with g++ into a cache directory
-(``$ZEROBENCH_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/zerobench/kernels``) and loaded with ctypes; a build
+(``$ZEROBENCH_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/zerobench/kernels``) and loaded with ctypes, for this
+CPU (``-march=native``) or for the architecture ``$ZEROBENCH_KERNEL_MARCH`` names (a rank under valgrind, which
+does not run AVX-512 code, gets ``x86-64-v3``: AVX2); a build
 takes about a second because the source uses no torch headers. The compiler command is a fixed argument
 list (no shell, nothing pasted from user input). Concurrent builders (several ranks starting at once)
 write to a temporary name and rename atomically.
@@ -22,6 +24,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "zb_cpu_kernels.cpp"
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+MARCH_ENV = "ZEROBENCH_KERNEL_MARCH"
 LIBS = ["-lmvec"]  # glibc's vector math (erff/expf in the GeLU and softmax loops)
 ABI_VERSION = 4
 
@@ -62,11 +65,17 @@ def _compiler() -> str:
     return path
 
 
+def _flags() -> list[str]:
+    march = os.environ.get(MARCH_ENV)
+    return [f"-march={march}" if march and f == "-march=native" else f for f in FLAGS]
+
+
 def build(force: bool = False) -> Path:
     """Compile the library if the cache has no build for this source/flags/CPU; return its path."""
     cxx = _compiler()
+    flags = _flags()
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS + LIBS).encode(), cxx.encode(), _cpu_features().encode()):
+    for part in (SOURCE.read_bytes(), " ".join(flags + LIBS).encode(), cxx.encode(), _cpu_features().encode()):
         key.update(part)
     out = cache_dir() / f"zb_cpu_kernels-{key.hexdigest()[:16]}.so"
     if out.exists() and not force:
@@ -74,7 +83,7 @@ def build(force: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, "-o", tmp, str(SOURCE), *LIBS]
+    cmd = [cxx, *flags, "-o", tmp, str(SOURCE), *LIBS]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         os.unlink(tmp)

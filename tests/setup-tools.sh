@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system tools some tests use, from Debian packages: Slurm (slurmctld, slurmd, client) with
 # munge for the tests marked `slurm`, shellcheck for the batch scripts, chromium for the report's
-# browser check. Tests never install anything themselves; without these tools they skip, naming this
+# browser check, valgrind (and a C compiler) for the regression gate's instruction counts. Tests never install anything themselves; without these tools they skip, naming this
 # script. Needs root and apt-get; without them it says what is missing and exits 0 (the tests then skip).
 set -euo pipefail
 
@@ -11,6 +11,8 @@ command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sb
 command -v munged >/dev/null || need+=(munge)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium)
+command -v valgrind >/dev/null && [[ -e /usr/include/valgrind/callgrind.h ]] || need+=(valgrind)
+command -v cc >/dev/null || need+=(gcc)
 
 if [[ ${#need[@]} -eq 0 ]]; then
   echo "tests/setup-tools.sh: every tool is installed"

@@ -28,3 +28,17 @@ def test_blank_missing_and_nan_cells(tmp_path):
     assert "NaN" not in show(tmp_path).replace("nan", "")
     assert lines[runs[2]].split()[-2] == "nan", lines[runs[2]]  # the diverged loss is shown as it is
     assert lines["zz-failed"].rstrip().endswith("rank 1 exited with code 17"), lines["zz-failed"]
+
+
+def test_a_run_under_callgrind_says_so(tmp_path):
+    """A run counted under callgrind trains only to its counted step: its line says so instead of reading as an
+    ordinary run with a higher final loss."""
+    rows = [json.loads(line) for line in BASELINE.read_text().splitlines()]
+    runs = sorted({r["run_id"] for r in rows})
+    for r in rows:
+        if r["run_id"] == runs[0] and r["metric"] != "run_status":
+            r["instrumented"] = "callgrind"
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = {line.split()[0]: line for line in show(tmp_path).splitlines()[1:]}
+    assert lines[runs[0]].rstrip().endswith("instrumented (callgrind): counts only, trained to its counted step")
+    assert lines[runs[1]].split()[-1] == "-"

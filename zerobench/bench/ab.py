@@ -2,10 +2,15 @@
 
 Timings recorded at different times drift (on the 2-core CI VM, identical runs in different sessions
 moved by tens of per cent), so a stored baseline can only catch large slowdowns. Here the baseline code
-and the candidate code run the same suite runs *alternately*, in fresh processes each time (ABBA order
-over rounds, after one discarded warm-up round of each side). Each round gives one ratio candidate /
-baseline per run; an AB round and the BA round after it are combined by their geometric mean, which
-cancels a drift that is linear over the pair; the gate reads the median over pairs. Each side runs its own
+and the candidate code run the same suite runs *alternately*, in fresh processes each time, after one
+discarded warm-up round of each side. Rounds come in pairs, AB then BA or BA then AB, the orientation of each
+pair drawn by a seeded coin (``seed``). Each round gives one ratio candidate / baseline per run; a pair's two
+rounds are combined by their geometric mean, which cancels a drift that is linear over the pair. The verdict is
+a sign test on the pairs (``bench/stats.py``): a regression needs the median pair ratio above 1 + tolerance
+*and* enough pairs above 1 that unchanged code would show as many with probability at most ``false_alarm`` (by
+default 13 of 14 pairs, rate 0.00092). With unchanged code the two sides are one experiment under two names and
+the coin decides which name runs in which slot, so each pair lies above 1 with probability one half whatever the
+machine's noise does (curved drift and bursts included): the rate is exact by construction. Each side runs its own
 code (``python -m zerobench sweep`` with ``PYTHONPATH`` at its tree): a baseline *ref* is checked out into
 a temporary git worktree. ``*_env`` (KEY=VALUE) adds variables to one side, e.g. the test-only planted
 delay.
@@ -17,18 +22,25 @@ runs started one after the other differed by up to 20% in step time, run side by
 
 from __future__ import annotations
 
-import contextlib
 import os
+import random
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobench.bench.lockstep import Referee
-from zerobench.bench.stats import abba_pairs, median_ratio, ratio_verdict, undecided
+from zerobench.bench.stats import (
+    ab_undecided,
+    abba_pairs,
+    critical_count,
+    median_ratio,
+    min_pairs,
+    sign_boundaries,
+    sign_test,
+)
 from zerobench.config import ConfigError, RunFailed
 from zerobench.launch.local import allowed_cpus
 from zerobench.results.rows import RowWriter, read_rows
@@ -46,13 +58,20 @@ class ABConfig:
     """Source tree of the baseline code (a checkout; ``worktree`` makes one from a git ref)."""
     candidate_tree: str
     """Source tree of the candidate code (default: this checkout)."""
-    rounds: int = 6
-    """Measured alternations (even: AB, BA, AB, ...); each gives one ratio per run."""
+    rounds: int = 28
+    """Measured alternations (even: AB, BA, AB, ...); each gives one ratio per run. At least
+    2 x ``min_pairs(false_alarm)`` (20 for 0.001: all 10 pairs above 1). The default, 14 pairs of which 13 must
+    lie above 1 (false-alarm rate 0.00092), does not lose a regression to one pair that noise turned over."""
     max_rounds: int = 0
-    """Keep adding AB/BA pairs while a run's median ratio is within two standard errors of a tolerance
-    boundary, up to this many rounds (even); 0 or <= ``rounds``: exactly ``rounds``."""
+    """Keep adding AB/BA pairs while a run's median lies beyond a tolerance edge but the sign test does not yet
+    say so beyond chance, up to this many rounds (even); 0 or <= ``rounds``: exactly ``rounds``. The test's
+    critical counts account for every look (``sign_boundaries``), so the false-alarm rate holds."""
+    false_alarm: float = 0.001
+    """The probability that unchanged code is called a regression (per run compared), whatever the noise."""
     warmup_rounds: int = 1
     """Rounds of each side run first and discarded (cold caches, first-run effects)."""
+    seed: int = 0
+    """Seeds the coin that orients each pair of rounds (AB-BA or BA-AB)."""
     only: tuple[str, ...] = ()
     """``KEY=VALUE`` filters passed to ``zerobench sweep --only``."""
     tolerance: float = 0.05
@@ -97,6 +116,15 @@ class ABConfig:
             raise ConfigError(f"--rounds must be even and >= 2 (AB/BA pairs), got {self.rounds}")
         if self.max_rounds % 2:
             raise ConfigError(f"--max-rounds must be even (AB/BA pairs), got {self.max_rounds}")
+        if not 0 < self.false_alarm < 1:
+            raise ConfigError(f"--false-alarm must lie between 0 and 1, got {self.false_alarm}")
+        need = 2 * min_pairs(self.false_alarm)
+        if self.rounds < need:
+            raise ConfigError(
+                f"--rounds {self.rounds} cannot reach a false-alarm rate of {self.false_alarm:g}: the sign "
+                f"test needs at least {need} rounds ({need // 2} AB/BA pairs, all above 1); give "
+                f"--rounds {need} or a larger --false-alarm"
+            )
         for tree in (self.baseline_tree, self.candidate_tree):
             if not (Path(tree) / "zerobench" / "__init__.py").exists():
                 raise ConfigError(f"{tree} is not a zerobench source tree (no zerobench/__init__.py)")
@@ -127,40 +155,6 @@ class ABConfig:
                     f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
                     f"{','.join(map(str, sorted(have)))}"
                 )
-
-
-def parse_cpus(spec: str) -> tuple[int, ...]:
-    """``"1"``, ``"0,2"``, ``"2-3"`` -> CPU ids (taskset's list syntax)."""
-    out: list[int] = []
-    try:
-        for part in spec.split(","):
-            lo, _, hi = part.partition("-")
-            out += range(int(lo), int(hi or lo) + 1)
-    except ValueError:
-        raise ConfigError(f"--cpus {spec!r}: expected CPU ids like 1, 0,2 or 2-3") from None
-    if not out:
-        raise ConfigError(f"--cpus {spec!r}: no CPUs named")
-    return tuple(sorted(set(out)))
-
-
-@contextlib.contextmanager
-def worktree(ref: str, repo: str | Path = "."):
-    """A temporary detached git worktree of ``ref`` (removed afterwards)."""
-    tmp = tempfile.mkdtemp(prefix="zerobench-ab-")
-    tree = os.path.join(tmp, "tree")
-    r = subprocess.run(
-        ["git", "-C", str(repo), "worktree", "add", "--detach", tree, ref], capture_output=True, text=True, check=False
-    )
-    if r.returncode:
-        raise ConfigError(
-            f"cannot check out {ref!r} as the baseline: {(r.stderr.strip().splitlines() or ['git failed'])[-1]}"
-        )
-    try:
-        yield tree
-    finally:
-        subprocess.run(
-            ["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False
-        )
 
 
 def _start(
@@ -276,6 +270,18 @@ def _ratio(cand: dict, base: dict, stepwise: bool) -> float | None:
     return cand["value"] / base["value"] if base["value"] else None
 
 
+def round_order(r: int, seed: int) -> tuple[str, str]:
+    """Which side runs first in round ``r`` (warm-up rounds are negative): each pair of measured rounds
+    (2p, 2p + 1) is AB-BA or BA-AB as a coin seeded with (``seed``, p) says, so which side takes which slot of a
+    pair is random and the sign test's null holds whatever the machine does; warm-up rounds alternate."""
+    ab, ba = ("baseline", "candidate"), ("candidate", "baseline")
+    if r < 0:
+        return ab if r % 2 == 0 else ba
+    flip = random.Random(f"{seed}:{r // 2}").random() < 0.5
+    first = ba if flip else ab
+    return first if r % 2 == 0 else (ba if first == ab else ab)
+
+
 def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
     """Run the interleaved comparison; return one verdict per run (and write them as rows)."""
     cfg.validate()
@@ -284,9 +290,10 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         raise ConfigError(f"{out} is not empty: choose a new --out (an A/B comparison never mixes rows)")
     ratios: dict[str, dict[int, float]] = {}
     sides = {"baseline": (cfg.baseline_tree, cfg.baseline_env), "candidate": (cfg.candidate_tree, cfg.candidate_env)}
+    bounds = sign_boundaries(cfg.rounds // 2, max(cfg.rounds, cfg.max_rounds) // 2, cfg.false_alarm)
     r, last = -cfg.warmup_rounds, cfg.rounds
     while r < last:
-        order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
+        order = round_order(r, cfg.seed)
         dirs = _round(cfg, r, order, sides, out, say)
         got = {name: _times(d, cfg.compared) for name, d in dirs.items()}
         for run_id, row in got["candidate"].items() if r >= 0 else ():
@@ -296,26 +303,16 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         if (
             r == last
             and last < cfg.max_rounds
-            and any(undecided(abba_pairs(rs), cfg.tolerance) for rs in ratios.values())
+            and any(
+                ab_undecided(ps, cfg.tolerance, critical_count(bounds, len(ps), cfg.false_alarm))
+                for ps in map(abba_pairs, ratios.values())
+            )
         ):
             last += 2
-            say(f"a verdict is within noise of the tolerance: 2 more rounds (at most {cfg.max_rounds})")
-    verdicts = []
-    for run_id, rs in sorted(ratios.items()):
-        pairs = abba_pairs(rs)
-        if not pairs:
-            continue
-        med = statistics.median(pairs)
-        verdicts.append(
-            {
-                "run": run_id,
-                "median_ratio": med,
-                "min": min(pairs),
-                "max": max(pairs),
-                "rounds": 2 * len(pairs),
-                "verdict": ratio_verdict(med, cfg.tolerance),
-            }
-        )
+            say(f"a median lies beyond the tolerance, not yet beyond chance: 2 more rounds (at most {cfg.max_rounds})")
+    verdicts = [
+        _verdict(run_id, abba_pairs(rs), bounds, cfg) for run_id, rs in sorted(ratios.items()) if abba_pairs(rs)
+    ]
     if not verdicts:
         raise RunFailed(
             f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare "
@@ -325,12 +322,24 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
     return verdicts
 
 
+def _verdict(run_id: str, pairs: list[float], bounds: dict[int, int | None], cfg: ABConfig) -> dict:
+    return {
+        "run": run_id,
+        "median_ratio": statistics.median(pairs),
+        "min": min(pairs),
+        "max": max(pairs),
+        "rounds": 2 * len(pairs),
+        **sign_test(pairs, bounds, cfg.false_alarm, cfg.tolerance),
+    }
+
+
 def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
     config = {
         "suite": cfg.suite,
         "rounds": cfg.rounds,
         "max_rounds": cfg.max_rounds,
         "tolerance": cfg.tolerance,
+        "false_alarm": cfg.false_alarm,
         "metric": cfg.compared,
         "cpus": list(cfg.cpus),
         "concurrent": cfg.concurrent,
@@ -355,6 +364,14 @@ def _write(cfg: ABConfig, out: Path, verdicts: list[dict]) -> None:
             max=v["max"],
             rounds=v["rounds"],
             verdict=v["verdict"],
+            lower=v["lower"],
+            upper=v["upper"],
+            pairs_above=v["pairs_above"],
+            critical=v["critical"],
+            false_alarm=v["false_alarm"],
             definition=f"median over AB/BA round pairs of the pair's geometric mean of the per-round ratio "
-            f"({per_round}); min and max over pairs",
+            f"({per_round}); min and max over pairs; lower and upper: the sign test's confidence "
+            f"bounds of the median (a regression needs pairs_above >= critical, i.e. lower > 1, and the "
+            f"median above 1 + tolerance); false_alarm: the probability that unchanged code is called "
+            f"a regression with these rounds",
         )

@@ -42,6 +42,10 @@ def check_local(suite: Suite) -> None:
         )
 
 
+CALLGRIND_TIMEOUT_FACTOR = 10
+"""A run whose rank 0 counts instructions under callgrind (``instructions``) gets this many times its timeout:
+valgrind runs the process about 5-10 times slower uncounted (torch's import: ~25 s instead of ~3 s), and the
+counted step 50-100 times slower."""
 SWEEP_LAUNCHERS = ("local", "srun", "slurm")
 """local and srun run each run in turn (launch/launchers.py); slurm submits every run with sbatch."""
 
@@ -54,11 +58,15 @@ def run_sweep(
     tensorboard: str | None = None,
     launcher: str = "local",
     only: dict | None = None,
+    instructions: bool = False,
 ) -> SweepSummary:
     """Run ``suite``'s runs (those matching ``only``: run key -> value) with ``launcher``:
-    ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run."""
+    ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run. ``instructions``:
+    rank 0 of each run runs under callgrind and records its counted step's instructions (local launcher)."""
     if launcher not in SWEEP_LAUNCHERS:
         raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
+    if instructions and launcher != "local":
+        raise ConfigError("--instructions starts ranks under valgrind with the local launcher only: drop --launcher")
     if only:
         runs = [r for r in suite.runs if all(str(getattr(r.spec, k, None)) == v for k, v in only.items())]
         if not runs:
@@ -76,11 +84,17 @@ def run_sweep(
             from zerobench.bench.slurm_sweep import run_sweep_sbatch
 
             return run_sweep_sbatch(suite, out, resume=resume, progress=progress)
-        return _run_all(suite, out, resume, progress, tensorboard, launcher)
+        return _run_all(suite, out, resume, progress, tensorboard, launcher, instructions)
 
 
 def _run_all(
-    suite: Suite, out: Path, resume: bool, progress: bool, tensorboard: str | None, launcher: str
+    suite: Suite,
+    out: Path,
+    resume: bool,
+    progress: bool,
+    tensorboard: str | None,
+    launcher: str,
+    instructions: bool = False,
 ) -> SweepSummary:
     """Each run in turn on ``launcher`` (local or srun), until the last or a stop (cancel, disk full)."""
     done = completed_runs(out) if resume else None
@@ -93,7 +107,7 @@ def _run_all(
                     break
                 if not should_run(run, out, suite, summary, bar, done):
                     continue
-                _run_one(run, out, suite, summary, bar, cancel, tensorboard, launcher)
+                _run_one(run, out, suite, summary, bar, cancel, tensorboard, launcher, instructions)
                 if cancel.requested:
                     summary.stopped = f"cancelled ({cancel.requested}) during {run.label!r}"
                     break
@@ -112,6 +126,7 @@ def _run_one(
     cancel: Cancellation,
     tensorboard: str | None,
     launcher: str,
+    instructions: bool = False,
 ) -> None:
     run_id = attempt_id(out, run)
     run_dir = out / run_id
@@ -120,17 +135,19 @@ def _run_one(
     bar.start(run.label, log)
     t0 = time.monotonic()
     cfg = run.config if tensorboard is None else dataclasses.replace(run.config, tensorboard_dir=tensorboard)
+    timeout = run.spec.timeout * (CALLGRIND_TIMEOUT_FACTOR if instructions else 1)
     req = LaunchRequest(
         cfg,
         run_dir,
         run_id,
-        run.spec.timeout,
+        timeout,
         log,
         suite.name,
         index=run.index,
         on_poll=bar.poll,
         cancel=cancel,
         extra_env=run.spec.rank_env(),
+        callgrind_ranks=(0,) if instructions else (),
     )
     res = get_launcher(launcher).launch(req)
     summary.ran.append(run.label)

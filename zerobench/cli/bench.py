@@ -40,6 +40,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not eq:
             raise ConfigError(f"--only takes KEY=VALUE, got {item!r}")
         only[key] = value
+    if args.instructions:
+        from zerobench.metrics.callgrind import CallgrindUnavailable, library
+
+        try:
+            library()  # built here once, not by every run's rank
+        except CallgrindUnavailable as e:
+            raise ConfigError(str(e)) from None
     summary = run_sweep(
         s,
         out,
@@ -48,6 +55,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         tensorboard=args.tensorboard,
         launcher=args.launcher,
         only=only or None,
+        instructions=args.instructions,
     )
     if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
         print(show(out))
@@ -280,6 +288,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--tensorboard", metavar="DIR", help="per-step scalars of every run for TensorBoard")
     sw.add_argument("--allow-failures", action="store_true", help="exit 0 even if some runs failed")
+    sw.add_argument(
+        "--instructions",
+        action="store_true",
+        help="run each run's rank 0 under valgrind's callgrind and record the instructions of its counted "
+        "step (the last warm-up step) by phase; its timings are not measurements (rows tagged "
+        "instrumented); timeouts x10. Needs valgrind and cc",
+    )
     sw.set_defaults(func=cmd_sweep)
     pe = sub.add_parser(
         "peers",

@@ -11,22 +11,72 @@ from zerobench.config import ConfigError
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
-    from zerobench.bench.regress import _rows, run_gate, write_baseline
+    from zerobench.bench.regress import run_gate
 
+    if not args.false_alarm < 1:
+        raise ConfigError(f"--false-alarm is a probability below 1, got {args.false_alarm}")
     if args.ab:
         return _cmd_ab(args)
+    if args.history:
+        return _cmd_history(args)
     if not args.candidate:
-        raise ConfigError("give --candidate RESULTS (or --ab SUITE for an interleaved A/B comparison)")
+        raise ConfigError(
+            "give --candidate RESULTS (or --ab SUITE for an interleaved A/B comparison, or --history "
+            "DIR... for a history)"
+        )
     if args.write_baseline:
-        from zerobench.results.outdir import check_writable_file
-
-        check_writable_file(args.write_baseline, "--write-baseline", "baseline")
-        n = write_baseline(_rows(args.candidate), args.write_baseline)
-        print(f"baseline written: {args.write_baseline} ({n} rows)")
-        return 0
+        return _cmd_write_baseline(args)
     if not args.baseline:
         raise ConfigError("give --baseline FILE (or --write-baseline FILE to record one)")
-    return run_gate(args.baseline, args.candidate, args.timing_tolerance, args.propose, args.timing, strict=args.strict)
+    if len(args.candidate) > 1:
+        raise ConfigError(
+            f"the gate compares one candidate, got {len(args.candidate)}: several --candidate results "
+            f"go with --write-baseline (a noise model from unchanged runs)"
+        )
+    if args.out:
+        from zerobench.results.outdir import check_writable_dir
+
+        check_writable_dir(args.out)
+    return run_gate(
+        args.baseline,
+        args.candidate[0],
+        args.timing_tolerance,
+        args.propose,
+        args.timing,
+        strict=args.strict,
+        false_alarm=args.false_alarm,
+        out=args.out,
+    )
+
+
+def _cmd_write_baseline(args: argparse.Namespace) -> int:
+    from zerobench.bench.regress import _rows, noise_rows, write_baseline
+    from zerobench.results.outdir import check_writable_file
+
+    check_writable_file(args.write_baseline, "--write-baseline", "baseline")
+    samples = [_rows(c) for c in args.candidate]
+    n = write_baseline(samples[0], args.write_baseline, more=samples[1:])
+    print(f"baseline written: {args.write_baseline} ({n} rows)")
+    if len(samples) > 1:
+        rows, gaps = noise_rows(samples)
+        moved = sum(r["value"] > 0 for r in rows)
+        print(
+            f"noise model from {len(samples)} unchanged runs: {len(rows)} metrics, {moved} of them moved "
+            f"(the rest are compared exactly)"
+        )
+        for gap in gaps:
+            print(f"  no noise model: {gap}")
+    return 0
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from zerobench.report.history import run_history
+
+    if not args.out:
+        raise ConfigError("--history needs --out DIR (where the plots and the flagged commits go)")
+    return run_history(
+        args.history, args.out, baseline=args.baseline, metrics=args.metrics, false_alarm=args.false_alarm
+    )
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
@@ -35,7 +85,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
-    from zerobench.bench.ab import ABConfig, parse_cpus, run_ab, worktree
+    from zerobench.bench.ab import ABConfig, run_ab
+    from zerobench.bench.ab_sources import parse_cpus, worktree
     from zerobench.results.outdir import check_writable_dir
 
     if bool(args.baseline_ref) == bool(args.baseline_tree):
@@ -52,6 +103,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
             candidate_tree=str(here),
             rounds=args.rounds,
             max_rounds=args.max_rounds,
+            false_alarm=args.false_alarm,
             only=tuple(args.only),
             tolerance=tol,
             baseline_env=tuple(args.baseline_env),
@@ -65,15 +117,31 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     print(
         tabulate(
             [
-                [v["run"], f"{v['median_ratio']:.3f}", f"{v['min']:.3f}-{v['max']:.3f}", v["rounds"], v["verdict"]]
+                [
+                    v["run"],
+                    f"{v['median_ratio']:.3f}",
+                    f"{v['lower']:.3f}-{v['upper']:.3f}",
+                    f"{v['min']:.3f}-{v['max']:.3f}",
+                    f"{v['pairs_above']}/{v['rounds'] // 2} (>= {v['critical']})",
+                    v["rounds"],
+                    v["verdict"],
+                ]
                 for v in verdicts
             ],
-            headers=["run", "candidate / baseline (median)", "range", "rounds", "verdict"],
+            headers=["run", "candidate / baseline (median)", "bounds", "range", "pairs above 1", "rounds", "verdict"],
         )
     )
     bad = [v for v in verdicts if v["verdict"] == "REGRESSION"]
-    print(f"{len(bad)} regressions (tolerance {tol:.0%}); rows: {out / 'summary'}")
-    return 1 if bad else 0
+    undecided = [v["run"] for v in verdicts if v["verdict"] == "undecided"]
+    rate = max(v["false_alarm"] for v in verdicts)
+    print(f"{len(bad)} regressions (tolerance {tol:.0%}; false-alarm rate {rate:.2g} per run); rows: {out / 'summary'}")
+    if undecided:
+        print(
+            f"zerobench: error: undecided: {', '.join(undecided)} lost rounds and kept too few AB/BA pairs for the "
+            f"sign test at --false-alarm {cfg.false_alarm:g}; see each side's logs under {out}",
+            file=sys.stderr,
+        )
+    return 1 if bad or undecided else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +153,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "regression; flag improvements and write a proposed new baseline.",
     )
     rg.add_argument("--baseline", help="baseline rows, e.g. results/baselines/cpu-2core.jsonl")
-    rg.add_argument("--candidate", help="candidate results directory or rows file")
+    rg.add_argument(
+        "--candidate",
+        nargs="+",
+        help="candidate results directory or rows file; with --write-baseline "
+        "several: unchanged runs whose spread is the noise model",
+    )
     rg.add_argument(
         "--timing-tolerance",
         type=number(above=0),
@@ -105,13 +178,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         "compare it with (default: listed as 'not in the baseline', not failing)",
     )
     rg.add_argument("--propose", help="where to write the proposed baseline (default next to the candidate)")
-    rg.add_argument("--write-baseline", metavar="FILE", help="record the candidate as a baseline and exit")
+    rg.add_argument(
+        "--write-baseline",
+        metavar="FILE",
+        help="record the candidate as a baseline and exit; with several --candidate results, with their noise model",
+    )
+    rg.add_argument(
+        "--false-alarm",
+        type=number(above=0),
+        default=0.001,
+        help="the probability that unchanged code fails: for the gate's noise-modelled metrics "
+        "together, and per run for --ab (default 0.001)",
+    )
+    rg.add_argument(
+        "--out",
+        help="the gate: also write its verdicts as rows here; --ab: both sides' rows and the "
+        "verdict rows; --history: the plots and the flagged commits",
+    )
+    hi = rg.add_argument_group("history (gated metrics over commits, with the noise band and flagged commits)")
+    hi.add_argument(
+        "--history",
+        nargs="+",
+        metavar="DIR",
+        help="results of the same suite at several commits (rows carry the commit and its parent)",
+    )
+    hi.add_argument(
+        "--metrics",
+        help="with --history: comma-separated metrics to plot (default: every gated metric of the step, not per phase)",
+    )
     ab = rg.add_argument_group("interleaved A/B timing (sees 10 per cent slowdowns on noisy machines)")
     ab.add_argument(
         "--ab",
         metavar="SUITE",
         help="run SUITE's runs alternately with the baseline code and this "
-        "checkout, fresh processes, ABBA rounds; gate on the median ratio",
+        "checkout, fresh processes, ABBA rounds; a sign test on the round pairs",
     )
     ab.add_argument(
         "--baseline-ref",
@@ -119,13 +219,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --ab: git ref of the baseline (checked out into a temporary worktree), e.g. origin/main or HEAD~1",
     )
     ab.add_argument("--baseline-tree", metavar="DIR", help="with --ab: a source tree of the baseline instead")
-    ab.add_argument("--rounds", type=count(1), default=6, help="with --ab: measured alternations, even (default 6)")
+    ab.add_argument(
+        "--rounds",
+        type=count(1),
+        default=28,
+        help="with --ab: measured alternations, even (default 28: 14 AB/BA pairs, 13 of which must lie "
+        "above 1 at --false-alarm 0.001; 20 is the fewest, needing all 10)",
+    )
     ab.add_argument(
         "--max-rounds",
         type=count(0),
         default=0,
-        help="with --ab: add AB/BA pairs while a verdict is within noise of the tolerance, up to "
-        "this many rounds (default: no extra rounds)",
+        help="with --ab: add AB/BA pairs while a median lies beyond the tolerance but not yet beyond "
+        "chance, up to this many rounds (default: no extra rounds); the false-alarm rate holds",
     )
     ab.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help="with --ab: only these runs")
     ab.add_argument(
@@ -167,5 +273,4 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --ab: raw step time (auto with --concurrent or --lockstep), process CPU time per "
         "step, or step time over a same-process matmul reference (auto otherwise)",
     )
-    ab.add_argument("--out", help="with --ab: directory for both sides' rows and the verdict rows")
     rg.set_defaults(func=cmd_regress)

@@ -91,6 +91,9 @@ class LaunchRequest:
     """Stop the run when cancellation is requested."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """More environment for the ranks (A/B turns, test-only plantings: read by ``launch/worker.py``)."""
+    callgrind_ranks: tuple[int, ...] = ()
+    """Ranks to start under valgrind's callgrind, counting the instructions of their counted step
+    (``metrics/callgrind.py``; the local launcher only)."""
 
 
 class Launcher(Protocol):

@@ -26,6 +26,7 @@ class LocalLauncher:
             suite=req.suite,
             on_poll=req.on_poll,
             cancel=req.cancel,
+            callgrind_ranks=req.callgrind_ranks,
         )
 
 

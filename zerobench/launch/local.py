@@ -75,11 +75,13 @@ def launch_local(
     on_poll=None,
     echo: bool = False,
     cancel: Cancellation | None = None,
+    callgrind_ranks: tuple[int, ...] = (),
 ) -> LaunchResult:
     """Run ``cfg`` on ``cfg.world_size`` local processes, their output into ``log_path`` (a temporary
     file if None); a failure's reason quotes the blamed rank's own line (else the log's first ``zerobench:``
     line). ``echo``: rank 0's standard output also goes to the terminal. ``cancel``: stop when it is
-    requested (else SIGTERM/SIGINT to this process are watched for the launch's duration)."""
+    requested (else SIGTERM/SIGINT to this process are watched for the launch's duration). ``callgrind_ranks``:
+    these ranks run under valgrind's callgrind (``_under_callgrind``)."""
     n = cfg.world_size
     threads = max(1, usable_cpus() // n)
     with contextlib.ExitStack() as stack:
@@ -114,6 +116,8 @@ def launch_local(
                 cmd.append(str(out_dir))
                 if suite is not None:
                     cmd.append(suite)
+            if callgrind_ranks:
+                cmd = _instrumented(cmd, env, Path(out_dir or tmp) / "callgrind", rank, rank in callgrind_ranks)
             stdout = None if echo and rank == 0 else log
             try:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=stdout, stderr=log, pass_fds=(w,)))
@@ -137,6 +141,28 @@ def launch_local(
     return LaunchResult(
         status == "ok", reason if status != "ok" else "", status, [p.returncode for p in procs], time.monotonic() - t0
     )
+
+
+def _instrumented(cmd: list[str], env: dict[str, str], dumps: Path, rank: int, counted: bool) -> list[str]:
+    """A rank of an instrumented run: every rank is told (it stops after its counted step); a ``counted`` rank
+    runs under callgrind, its dumps in ``dumps`` (``metrics/callgrind.py``), with one intra-op thread (valgrind
+    runs a process's threads one at a time, and an OpenMP barrier's spinning would count), a fixed hash seed
+    (set iteration order, and so the work, is the same in every run) and, on x86-64, the C++ kernels built for
+    AVX2 (valgrind does not run AVX-512 code)."""
+    import platform
+
+    from kernels.cpu import MARCH_ENV
+    from zerobench.metrics import callgrind
+
+    dumps.mkdir(parents=True, exist_ok=True)
+    env[callgrind.ENV] = str(dumps)
+    if not counted:
+        return cmd
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("PYTHONHASHSEED", "0")
+    if platform.machine() in ("x86_64", "AMD64"):
+        env.setdefault(MARCH_ENV, "x86-64-v3")
+    return callgrind.valgrind_command(cmd, dumps, f"rank{rank}")
 
 
 def _watch(

@@ -30,6 +30,7 @@ from zerobench.distributed.env import DistEnv, detect
 from zerobench.launch import channel
 from zerobench.launch.base import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
 from zerobench.launch.cancel import die_with_parent
+from zerobench.metrics.callgrind import ENV as CALLGRIND_ENV
 from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.metrics.rss import ENV as RSS_BREAKDOWN_ENV
 from zerobench.results.rows import RowWriteError, RowWriter
@@ -67,12 +68,14 @@ def rank_settings(environ=None) -> RankSettings:
         fault=env.get(faults.FAULT_ENV),
         delay=env.get(faults.DELAY_ENV),
         buffer_bytes=int(env.get(faults.BUFFER_ENV, "0")),
+        cpu=env.get(faults.CPU_ENV),
     )
     return RankSettings(
         plants,
         env.get(turnstile.ENV),
         float(env.get(turnstile.TIMEOUT_ENV, "600")),
         native_collectives=env.get("ZEROBENCH_GLOO_NATIVE") == "1",
+        callgrind=env.get(CALLGRIND_ENV) or None,
         rss_breakdown=env.get(RSS_BREAKDOWN_ENV) == "1",
     )
 

@@ -47,6 +47,10 @@ class LiveTensorTracker(TorchDispatchMode):
         self.live: dict[int, tuple[weakref.ref, int]] = {}
         self.current = 0
         self.peak = 0
+        self.allocations = 0
+        """Storages it began to follow, and storages it follows that grew from empty (stage 3's gathers)."""
+        self.allocated_bytes = 0
+        """Bytes those allocations and every in-place growth of a followed storage added."""
         self.rss = RssPeak(self.live_ranges) if rss else None
         """With ``rss``: the RSS sampled after every operator, broken down at its highest (``metrics/rss.py``)."""
 
@@ -81,6 +85,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
         self._add(nbytes)  # raises (and records nothing) when over budget
         self.live[key] = (weakref.ref(st, _gone), nbytes)
+        self.allocations += 1
+        self.allocated_bytes += nbytes
 
     def _add(self, nbytes: int) -> None:
         self.current += nbytes
@@ -104,6 +110,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self.live[key] = (ref, new)
         if new > old:
             self._add(new - old)
+            self.allocations += old == 0
+            self.allocated_bytes += new - old
         else:
             self.current -= old - new
 

@@ -1,4 +1,5 @@
-"""Provenance stored with every result row: code version, hardware, software versions, time. torch is imported
+"""Provenance stored with every result row: code version (the commit, its first parent and its time: a history of
+results orders commits by them), hardware, software versions, time. torch is imported
 only when a row is written, so reading rows (reports, gates, the simulator's refusals) does not load it."""
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def _static() -> dict:
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "commit": commit,
+        "parent": _git("rev-parse", "--verify", "--quiet", "HEAD^") or None,  # the first parent; None at a root
+        "commit_time": _git("show", "-s", "--format=%cI", "HEAD") or None,
         "dirty": bool(status) if status is not None else None,
         "host": socket.gethostname(),
         "hardware": hardware(),

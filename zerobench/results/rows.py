@@ -46,9 +46,11 @@ class RowWriter:
         config: Any,
         suite: str | None = None,
         hardware: dict | None = None,
+        tags: dict[str, Any] | None = None,
     ):
         """``hardware``: where the figures were measured, when that is not where this process runs (a summary
-        computed from another machine's rows); by default this machine's."""
+        computed from another machine's rows); by default this machine's. ``tags``: fields every row of this
+        writer carries (``instrumented``: the run ran under a tool that changes its timings, e.g. callgrind)."""
         self.path = Path(out_dir) / ROWS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         cfg = to_dict(config)
@@ -62,6 +64,7 @@ class RowWriter:
             "config": cfg,
             "config_hash": run_hash(cfg),
             "provenance": prov,
+            **(tags or {}),
         }
 
     def write(self, metric: str, value: float | None, unit: str, status: str = "ok", **extra: Any) -> None:

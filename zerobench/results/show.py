@@ -62,10 +62,19 @@ def _runs(path: str | Path) -> list[dict]:
                 "peak_MiB": _scaled(metric("peak_memory_bytes"), 2**-20),
                 "skipped": _count(metric("skipped_steps")),
                 "final_loss": loss["value"].iloc[-1] if len(loss) else None,
-                "reason": _text(reason),
+                "reason": _text(reason) or _instrumented(g),
             }
         )
     return runs
+
+
+def _instrumented(g) -> str | None:
+    """What a run under a measuring tool is (its rows are tagged ``instrumented``): its figures are counts, its
+    losses stop at the counted step (``zerobench sweep --instructions``)."""
+    if "instrumented" not in g:
+        return None
+    tools = sorted({str(t) for t in g["instrumented"].dropna()})
+    return f"instrumented ({', '.join(tools)}): counts only, trained to its counted step" if tools else None
 
 
 def _cell(v):

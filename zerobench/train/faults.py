@@ -15,6 +15,10 @@ the one place that does; the variable names below are the interface tests and th
 - ``ZEROBENCH_PLANT_PROFILE=SECONDS[:REPLICATES]``: ``zerobench profile`` busy-waits SECONDS in block 0's
   forward at every step of the first REPLICATES compute replicates each profiling process takes (one slow
   piece in one measurement, which the profile must catch; read by ``zerobench/sim/command.py``).
+- ``ZEROBENCH_PLANT_CPU=FRACTION[:STAGE]``: each phase of the step (``train/probes.py``) spends FRACTION x its
+  CPU time more CPU time, busy on the CPU as slower host code would be: a host-work slowdown for the gate's
+  CPU-time and instruction metrics. It makes no Python call the call counter sees (it runs after the counted
+  call), as a slower C++ path would not.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ EXIT_CODE = 17
 
 FAULT_ENV, DELAY_ENV, BUFFER_ENV = "ZEROBENCH_FAULT", "ZEROBENCH_PLANT_DELAY", "ZEROBENCH_PLANT_BUFFER"
 PROFILE_PLANT_ENV = "ZEROBENCH_PLANT_PROFILE"
+CPU_ENV = "ZEROBENCH_PLANT_CPU"
 
 
 def maybe_fail(spec: str | None, rank: int, step: int) -> None:
@@ -78,3 +83,31 @@ def planted_delay(spec: str | None, stage: int, step_seconds: float) -> float:
     while time.perf_counter() < end:
         pass
     return delay
+
+
+def planted_cpu(spec: str | None, stage: int, cpu_seconds: float, meter=None) -> float:
+    """Test-only: with ``spec`` = ``FRACTION[:STAGE]`` do FRACTION more host work in this phase (only for ZeRO
+    stage STAGE when given): busy on the CPU for FRACTION x ``cpu_seconds`` of this process's CPU time or, given
+    the counted step's ``meter`` under callgrind (``train/probes.py``), for FRACTION x the phase's instructions.
+    Returns the CPU time it aimed to spend (0 with a meter)."""
+    if not spec:
+        return 0.0
+    frac, _, only = spec.partition(":")
+    if only and int(only) != stage:
+        return 0.0
+    if meter is not None:
+        meter.spend(float(frac), _spin)
+        return 0.0
+    import time
+
+    burn = float(frac) * cpu_seconds
+    end = time.process_time() + burn
+    while time.process_time() < end:
+        _spin(100)  # work between clock reads: the burn is user-space code, not clock syscalls
+    return burn
+
+
+def _spin(n: int) -> None:
+    """``n`` units of plain interpreter work."""
+    for _ in range(n):
+        pass

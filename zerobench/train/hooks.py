@@ -1,13 +1,14 @@
 """What the training loop calls around each step, as explicit hooks: the loop itself only trains and times.
 
-- ``Plants``: test-only fault and regression planting (a failing rank, an exact slowdown, an extra
-  buffer) — parsed once by the launcher's rank entry point (``launch/worker.py``), never read from the
+- ``Plants``: test-only fault and regression planting (a failing rank, an exact slowdown of the step or of
+  its host work, an extra buffer) — parsed once by the launcher's rank entry point (``launch/worker.py``), never read from the
   environment here;
 - ``LockstepHook``: interleaved A/B turns (``train/turnstile.py``) around the timed region;
 - ``ConsoleHook``: rank 0's per-step line; ``TensorBoardHook``: per-step scalars;
 - ``ProfilerHook`` (``train/profiling.py``): torch.profiler traces of the last steps.
 
 ``LoopHooks`` holds them in the order they run; ``before_step`` runs before the clock starts,
+``after_phase`` at the end of each phase of the step inside its measures (``train/probes.py``),
 ``after_compute`` inside the timed region, ``after_step`` once the step's figures are known.
 """
 
@@ -40,6 +41,7 @@ class StepRecord:
 
 class StepHook(Protocol):
     def before_step(self, step: int) -> None: ...
+    def after_phase(self, phase: str, cpu_seconds: float, meter=None) -> None: ...
     def after_compute(self, step: int, seconds: float) -> None: ...
     def after_step(self, rec: StepRecord) -> None: ...
     def close(self) -> None: ...
@@ -49,6 +51,9 @@ class _Hook:
     """No-op defaults."""
 
     def before_step(self, step: int) -> None:
+        pass
+
+    def after_phase(self, phase: str, cpu_seconds: float, meter=None) -> None:
         pass
 
     def after_compute(self, step: int, seconds: float) -> None:
@@ -71,6 +76,9 @@ class Plants:
     """``FRACTION[:STAGE]``: spend FRACTION x each step's time (only at ZeRO stage STAGE when given)."""
     buffer_bytes: int = 0
     """Hold an extra buffer of this many bytes during training."""
+    cpu: str | None = None
+    """``FRACTION[:STAGE]``: spend FRACTION x each phase's CPU time more CPU time in that phase (only at ZeRO
+    stage STAGE when given): a host-work slowdown, invisible to the Python-call and operator counts."""
 
 
 class PlantHook(_Hook):
@@ -79,6 +87,9 @@ class PlantHook(_Hook):
 
     def before_step(self, step: int) -> None:
         faults.maybe_fail(self.plants.fault, self.rank, step)
+
+    def after_phase(self, phase: str, cpu_seconds: float, meter=None) -> None:
+        faults.planted_cpu(self.plants.cpu, self.stage, cpu_seconds, meter)
 
     def after_compute(self, step: int, seconds: float) -> None:
         faults.planted_delay(self.plants.delay, self.stage, seconds)
@@ -146,6 +157,12 @@ class LoopHooks:
         for h in self.hooks:
             h.before_step(step)
 
+    def after_phase(self, phase: str, cpu_seconds: float, meter=None) -> None:
+        """``meter``: in the counted step under callgrind, how to add instructions to the phase
+        (``train/probes.py``)."""
+        for h in self.hooks:
+            h.after_phase(phase, cpu_seconds, meter)
+
     def after_compute(self, step: int, seconds: float) -> None:
         for h in self.hooks:
             h.after_compute(step, seconds)
@@ -171,6 +188,9 @@ class RankSettings:
     """A turn not granted within this many seconds fails the run."""
     native_collectives: bool = False
     """Keep gloo's own reduce-scatter/all-gather (``ZEROBENCH_GLOO_NATIVE=1``; see distributed/collectives.py)."""
+    callgrind: str | None = None
+    """The directory for callgrind's dumps when this rank runs under callgrind (``ZEROBENCH_CALLGRIND``, set by
+    the local launcher for ``zerobench sweep --instructions``): count the counted step's instructions."""
     rss_breakdown: bool = False
     """CPU runs that track memory: also break the peak RSS down by category (``ZEROBENCH_RSS_BREAKDOWN=1``;
     ``metrics/rss.py``); a measuring run's setting, it reads /proc after every operator."""

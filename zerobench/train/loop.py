@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench.config import RunFailed, TrainingHalted
+from zerobench.config import ConfigError, RunFailed, TrainingHalted
 from zerobench.distributed.env import DistEnv, init_distributed
 from zerobench.distributed.mesh import Mesh, build_mesh
 from zerobench.metrics.comm import CommLedger
@@ -32,6 +32,7 @@ from zerobench.train.data import SyntheticTokens
 from zerobench.train.entry import SystemEntry
 from zerobench.train.hooks import LoopHooks, RankSettings, StepRecord, build_hooks
 from zerobench.train.outcome import failure, timed_steps
+from zerobench.train.probes import PHASES, StepProbe, counted_step
 from zerobench.train.summary import report, robust, write_rows
 
 
@@ -83,14 +84,21 @@ def train(
     )
     barrier = dist.barrier if dist.get_world_size() > 1 else (lambda: None)
     hooks = build_hooks(cfg, settings, rank, say, run_id, barrier, run.device)
+    probe = _probe(run, hooks, settings.callgrind, rank)
+    # under callgrind the run ends with its counted step: later steps would only be timed, and nothing is timed
+    n_steps = cfg.steps if settings.callgrind is None else probe.counted + 1
     with contextlib.ExitStack() as stack:
         stack.callback(hooks.close)
-        records, series, halted = _steps(run, hooks, stack)
-    summary = _summarize(run, entry, records, series, halted)
+        records, series, halted = _steps(run, hooks, stack, probe, n_steps)
+    if probe.marks is not None:
+        probe.read_instructions()
+    summary = _summarize(run, entry, records, series, probe, halted)
+    summary["instrumented"] = settings.callgrind is not None
     if rank == 0:
         report(summary, cfg, say)
         if out_dir is not None:
-            write_rows(RowWriter(out_dir, run_id, cfg, suite=suite), summary, cfg, summary["n_measured"])
+            tags = {"instrumented": "callgrind"} if settings.callgrind is not None else None
+            write_rows(RowWriter(out_dir, run_id, cfg, suite=suite, tags=tags), summary, cfg, summary["n_measured"])
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
     if summary["failure"] is not None:
@@ -114,13 +122,40 @@ def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectiv
     return _Run(cfg, device, mesh, ledger, system, tracker)
 
 
+def _probe(run: _Run, hooks: LoopHooks, callgrind: str | None, rank: int) -> StepProbe:
+    """The step probe (``train/probes.py``). In an instrumented run (``callgrind``: where the dumps go; every
+    rank is told) the ranks that run under callgrind (rank 0 at least) also mark the counted step's phases
+    for the instruction counts."""
+    counted, marks, read = counted_step(run.cfg.warmup_steps), None, None
+    if callgrind is not None:
+        from zerobench.metrics.callgrind import CallgrindUnavailable, Marks, read_counts
+
+        if counted is None:
+            raise ConfigError(
+                "counting instructions needs a warm-up step (warmup >= 1): the counted step is the last warm-up step"
+            )
+        try:
+            marks = Marks()
+        except CallgrindUnavailable as e:
+            raise ConfigError(str(e)) from None
+        if not marks.running:
+            if rank == 0:
+                raise ConfigError(
+                    "asked to count instructions (ZEROBENCH_CALLGRIND) but rank 0 does not run under "
+                    "valgrind: start the run with zerobench sweep --instructions"
+                )
+            marks = None
+        read = functools.partial(read_counts, callgrind, f"rank{rank}")
+    return StepProbe(counted, run.ledger, run.tracker, run.device, marks, read, hooks.after_phase)
+
+
 def _steps(
-    run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack
+    run: _Run, hooks: LoopHooks, stack: contextlib.ExitStack, probe: StepProbe, n_steps: int
 ) -> tuple[list[StepRecord], dict[str, list[float]], str | None]:
-    """Train ``cfg.steps`` steps; each step's record (loss, whether the optimizer stepped), the timing series
-    (wall, normalised, CPU) and why a step halted training (None: every step ran). A halting step
-    (``TrainingHalted``, raised on every rank alike) applied no update: it is recorded as skipped and is the
-    last."""
+    """Train ``n_steps`` steps, each in ``probe``'s phases; each step's record (loss, whether the optimizer
+    stepped), the timing series (wall, normalised, CPU) and why a step halted training (None: every step ran).
+    A halting step (``TrainingHalted``, raised on every rank alike) applied no update: it is recorded as skipped
+    and is the last."""
     cfg, device, system = run.cfg, run.device, run.system
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     fpt = flops_per_token(cfg.model)
@@ -130,7 +165,7 @@ def _steps(
         stack.enter_context(run.tracker)
     records: list[StepRecord] = []
     series: dict[str, list[float]] = {"step_time_s": [], "step_time_norm": [], "step_cpu_s": []}
-    for step in range(cfg.steps):
+    for step in range(n_steps):
         if step == cfg.warmup_steps:
             _reset_peaks(run)
         hooks.before_step(step)
@@ -145,14 +180,18 @@ def _steps(
         _sync(device)
         t0, c0 = time.perf_counter(), time.process_time()
         total = torch.zeros(1, device=device)
-        for x, y in batches:
-            total += system.forward_backward(x.to(device), y.to(device)).float() / cfg.zero.grad_accum_steps
         halted = None
-        try:
-            stepped = system.step()
-        except TrainingHalted as e:
-            stepped, halted = False, str(e)
-        system.zero_grad()
+        with probe.step(step):
+            with probe.phase("forward_backward"):
+                for x, y in batches:
+                    total += system.forward_backward(x.to(device), y.to(device)).float() / cfg.zero.grad_accum_steps
+            with probe.phase("optimizer"):
+                try:
+                    stepped = system.step()
+                except TrainingHalted as e:
+                    stepped, halted = False, str(e)
+            with probe.phase("zero_grad"):
+                system.zero_grad()
         _sync(device)
         hooks.after_compute(step, time.perf_counter() - t0)
         dt = time.perf_counter() - t0
@@ -182,7 +221,12 @@ def _reset_peaks(run: _Run) -> None:
 
 
 def _summarize(
-    run: _Run, entry: SystemEntry, records: list[StepRecord], series: dict[str, list[float]], halted: str | None
+    run: _Run,
+    entry: SystemEntry,
+    records: list[StepRecord],
+    series: dict[str, list[float]],
+    probe: StepProbe,
+    halted: str | None,
 ) -> dict:
     """This rank's figures gathered from every rank, with the run's medians and FLOP rates (None where every
     timed step was skipped) and why the run failed (None: it trained; ``halted``, a step's reason, first)."""
@@ -214,6 +258,7 @@ def _summarize(
         # M_D on GPU: fragmentation as reserved - allocated at peak, and the caching allocator's retries
         "alloc_retries": None if run.cpu else torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
         "failure": halted or failure(losses, skipped, len(timed)),
+        "host_work": _host(probe, series["step_cpu_s"], timed),
     }
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -234,6 +279,19 @@ def _summarize(
         "psi": num_params(cfg.model),
         # every rank judged its own figures; the first failure any rank saw is the run's, on every rank
         "failure": next((r["failure"] for r in everyone if r["failure"] is not None), None),
+    }
+
+
+def _host(probe: StepProbe, step_cpu: list[float], timed: list[int]) -> dict:
+    """This rank's host-work figures: median CPU time per phase and per step over the timed steps (None when
+    none was timed), the counted step's counts and instructions."""
+    cpu = {p: robust([probe.cpu[p][i] for i in timed])["median"] for p in PHASES}
+    cpu["step"] = robust([step_cpu[i] for i in timed])["median"]
+    return {
+        "cpu_s": cpu,
+        "counts": probe.counts if "step" in probe.counts else {},
+        "step": probe.counted,
+        "instructions": probe.instructions,
     }
 
 

@@ -115,11 +115,11 @@ def write_rows(w: RowWriter, s: dict, cfg: TrainConfig, n_measured: int) -> None
         agg += ", the skipped ones (fp16 overflow) left out"
     if cfg.profile:
         agg += f", the last {cfg.profile.steps} (traced by the profiler) left out"
-    if s["step_time_s"] is not None:
+    if s["step_time_s"] is not None and not s.get("instrumented"):  # under callgrind nothing was timed
         _write_timings(w, s, cfg, agg)
     w.write("num_params", s["psi"], "params")
     for r in s["ranks"]:
-        _write_rank(w, r, cfg)
+        _write_rank(w, r, cfg, bool(s.get("instrumented")))
 
 
 def _write_timings(w: RowWriter, s: dict, cfg: TrainConfig, agg: str) -> None:
@@ -147,7 +147,7 @@ def _write_timings(w: RowWriter, s: dict, cfg: TrainConfig, agg: str) -> None:
     )
 
 
-def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
+def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig, instrumented: bool = False) -> None:
     rk = r["rank"]
     w.write("model_state_bytes", r["model_state_bytes"], "bytes", rank=rk)
     if r["analytic"] is not None:
@@ -197,6 +197,7 @@ def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
             "and transient buffers at the peak",
         )
     w.write("peak_rss_bytes", r["peak_rss"], "bytes", rank=rk)
+    _write_host(w, r["host_work"], rk, instrumented)
     for cat, b in (r.get("rss_breakdown") or {}).items():
         w.write(
             f"rss_{cat}_bytes",
@@ -205,4 +206,62 @@ def _write_rank(w: RowWriter, r: dict, cfg: TrainConfig) -> None:
             rank=rk,
             definition="resident bytes of this kind at the highest RSS sampled between operators "
             "(zerobench/metrics/rss.py)",
+        )
+
+
+_COUNTS = {
+    "py_calls": ("calls", "Python functions and builtins called on the training thread (sys.setprofile)"),
+    "ops_dispatched": ("ops", "operators dispatched (aten calls, each once)"),
+    "allocations": (
+        "allocations",
+        (
+            "storages allocated: the live-tensor tracker's new and regrown storages on "
+            "CPU, the caching allocator's allocation count on a GPU"
+        ),
+    ),
+    "allocated_bytes": ("bytes", "bytes those allocations added"),
+    "collective_calls": ("calls", "collectives issued (the communication ledger)"),
+    "collective_bytes": ("bytes", "bytes of the full tensors those collectives were given"),
+}
+_PHASES = "forward_backward (forward and the engine's backward), optimizer (the optimizer call), zero_grad, or step"
+
+
+def _write_host(w: RowWriter, h: dict, rk: int, instrumented: bool) -> None:
+    """A rank's host-work rows (``train/probes.py``): CPU time per phase (not in an ``instrumented`` run: nothing
+    was timed), the counted step's counts and, under callgrind, its instructions; each with its ``phase``."""
+    for phase, v in h["cpu_s"].items():
+        if v is not None and not instrumented:
+            w.write(
+                "host_cpu_s",
+                v,
+                "s",
+                rank=rk,
+                phase=phase,
+                definition=f"median over the timed steps of the rank's process CPU time (user + system, every "
+                f"thread) in this phase: {_PHASES}",
+            )
+    counted = h["step"] + 1 if h["step"] is not None else None
+    for phase, counts in h["counts"].items():
+        for metric, v in counts.items():
+            if v is not None:
+                unit, definition = _COUNTS[metric]
+                w.write(
+                    metric,
+                    v,
+                    unit,
+                    rank=rk,
+                    phase=phase,
+                    counted_step=counted,
+                    definition=f"{definition}, in this phase of the counted step (the last warm-up step)",
+                )
+    for phase, v in (h["instructions"] or {}).items():
+        w.write(
+            "instructions",
+            v,
+            "instructions",
+            rank=rk,
+            phase=phase,
+            counted_step=counted,
+            definition="instructions executed by the rank's process (every thread) in this phase of the counted "
+            "step, counted by valgrind's callgrind",
         )

@@ -1,0 +1,175 @@
+"""Summarise a gate campaign (``scripts/gate_campaign.sh``): ``python scripts/gate_campaign_summary.py OUT WORK
+--trials N --baseline-runs K``.
+
+Reads each trial's gate verdict rows (``WORK/verdicts/<kind>-<i>``) and A/B verdict rows (``WORK/ab/<i>/summary``)
+and writes to ``OUT``: ``rows.jsonl`` (one ``campaign_trial`` row per trial and kind, value 1 when the trial went
+as it must: unchanged code passed, a plant was caught; the gate's flagged comparisons and result of every trial;
+the A/B verdicts; one ``campaign_result`` row per kind with the count) and ``README.md`` (the table). A trial whose
+rows are missing (a gate or an A/B that did not finish) counts as not having gone as it must.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from zerobench.results.rows import RowWriter  # noqa: E402
+
+KINDS = {
+    "unchanged_gate": ("the stored-baseline gate on unchanged code passes", "all"),
+    "host_planted_gate": ("the gate catches host work planted 10% slower (ZEROBENCH_PLANT_CPU=0.10)", "all but one"),
+    "ab_planted": (
+        "the lockstep A/B calls a step planted 10% slower a regression (ZEROBENCH_PLANT_DELAY=0.10:2)",
+        "all but one",
+    ),
+    "ab_unchanged": ("the lockstep A/B does not call the unchanged stage-1 run a regression", "all"),
+}
+
+
+def _read(path: Path) -> list[dict]:
+    f = path / "rows.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+
+def trials(work: Path, n: int) -> list[dict]:
+    """One record per (kind, trial): whether it went as it must, and what says so."""
+    out = []
+    for i in range(1, n + 1):
+        for kind, want_fail in (("unchanged", False), ("host", True)):
+            rows = _read(work / "verdicts" / f"{kind}-{i}")
+            result = next((r for r in rows if r["metric"] == "gate_result"), None)
+            flagged = sorted(
+                {
+                    r["of"]
+                    for r in rows
+                    if r["metric"] == "gate_comparison" and r["verdict"] in ("regression", "not finite")
+                }
+            )
+            code = None if result is None else result["value"]
+            met = code is not None and (code == 1 if want_fail else code == 0)
+            out.append(
+                {
+                    "kind": "host_planted_gate" if want_fail else "unchanged_gate",
+                    "trial": i,
+                    "met": met,
+                    "exit_code": code,
+                    "flagged": flagged,
+                    "missing": (result or {}).get("missing"),
+                    "rows": [
+                        r
+                        for r in rows
+                        if r["metric"] == "gate_result" or r.get("verdict") in ("regression", "not finite", "improved")
+                    ],
+                }
+            )
+        ab = {r["run"]: r for r in _read(work / "ab" / str(i) / "summary") if r["metric"] == "ab_time_ratio"}
+        for kind, run, want in (("ab_planted", "001-stage2", "REGRESSION"), ("ab_unchanged", "000-stage1", None)):
+            v = ab.get(run)
+            met = v is not None and (v["verdict"] == want if want else v["verdict"] != "REGRESSION")
+            out.append(
+                {
+                    "kind": kind,
+                    "trial": i,
+                    "met": met,
+                    "verdict": None if v is None else v["verdict"],
+                    "median_ratio": None if v is None else v["value"],
+                    "rows": [v] if v else [],
+                }
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("work")
+    ap.add_argument("--trials", type=int, required=True)
+    ap.add_argument("--baseline-runs", type=int, required=True)
+    ap.add_argument("--ab-rounds", type=int, default=28)
+    ap.add_argument("--ab-false-alarm", type=float, default=0.001)
+    a = ap.parse_args(argv)
+    out, work = Path(a.out), Path(a.work)
+    recs = trials(work, a.trials)
+    config = {
+        "suite": "cpu/gate",
+        "only": "stage=2",
+        "ab_suite": "cpu/gate_ab",
+        "trials": a.trials,
+        "baseline_runs": a.baseline_runs,
+        "host_plant": "ZEROBENCH_PLANT_CPU=0.10",
+        "step_plant": "ZEROBENCH_PLANT_DELAY=0.10:2",
+        "neighbour": "scripts/noisy_neighbour.py 1",
+        "gate": "zerobench regress --timing report (false-alarm rate 0.001)",
+        "ab": "zerobench regress --ab --lockstep",
+        "ab_rounds": a.ab_rounds,
+        "ab_false_alarm": a.ab_false_alarm,
+    }
+    w = RowWriter(out, "gate-campaign", config)
+    for rec in recs:
+        w.write(
+            "campaign_trial",
+            int(rec["met"]),
+            "met",
+            kind=rec["kind"],
+            trial=rec["trial"],
+            **{k: v for k, v in rec.items() if k not in ("kind", "trial", "met", "rows")},
+        )
+        for r in rec["rows"]:
+            w.write(
+                f"trial_{r['metric']}",
+                r.get("value"),
+                r.get("unit", ""),
+                kind=rec["kind"],
+                trial=rec["trial"],
+                **{
+                    k: v
+                    for k, v in r.items()
+                    if k
+                    not in (
+                        "metric",
+                        "value",
+                        "unit",
+                        "config",
+                        "config_hash",
+                        "run_id",
+                        "provenance",
+                        "schema",
+                        "suite",
+                        "status",
+                    )
+                },
+            )
+    lines = ["| what | met | of | required |", "|---|---|---|---|"]
+    for kind, (what, required) in KINDS.items():
+        got = [r for r in recs if r["kind"] == kind]
+        met = sum(r["met"] for r in got)
+        w.write("campaign_result", met, "trials", kind=kind, of=len(got), required=required, definition=what)
+        lines.append(f"| {what} | {met} | {len(got)} | {required} |")
+    table = "\n".join(lines)
+    (out / "README.md").write_text(README.format(n=a.trials, k=a.baseline_runs, table=table))
+    print(table)
+    return 0
+
+
+README = """# The regression gate under a noisy neighbour (2-core CPU)
+
+`scripts/gate_campaign.sh` with `scripts/noisy_neighbour.py 1` running throughout: {n} trials of each kind,
+interleaved, after a baseline of {k} unchanged runs recorded under the same neighbour (`baseline.jsonl`, with its
+noise model). A gate run is `suites/cpu/gate.yaml`'s stage-2 run (tiny GPT, fp32, DP 2) timed and under callgrind
+(`zerobench sweep --instructions`), judged by `zerobench regress --timing report`; the A/B is
+`zerobench regress --ab suites/cpu/gate_ab.yaml --lockstep --cpus 0` (28 rounds).
+
+{table}
+
+`rows.jsonl`: one `campaign_trial` row per trial and kind (value 1: it went as it must), the gate's result and
+flagged comparisons of every trial (`trial_gate_result`, `trial_gate_comparison`), the A/B verdicts
+(`trial_ab_time_ratio`) and the totals (`campaign_result`). `tests/unit/test_gate_campaign.py` checks them.
+"""
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""A history of the regression gate's metrics over commits, as asv and CodSpeed dashboards draw one.
+
+Input: results of the same suite at several commits (one directory per gate run; a commit measured more than once
+shows its median and its range). Rows carry their commit, its first parent and its time (``results/provenance.py``):
+commits are put in order by following parents, and by commit time where the chain breaks. Per configuration, one
+panel per metric draws the value at each commit and a band around the previous commit's value: the tolerance
+the gate would allow there (``bench/noise.py``: the noise model of ``baseline`` when given, else the spread of the
+history itself, from its commit-to-commit changes). A commit outside the band is flagged: a regression (red) or an
+improvement (green). Written to ``OUT``: one PNG per configuration, ``history.md`` (the flagged commits) and
+``rows.jsonl`` (one ``history_flag`` row per flagged commit and metric).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from zerobench.bench import noise
+from zerobench.bench.gate_rules import EXACT, GATED, summarize
+from zerobench.bench.regress import _rows
+from zerobench.config import ConfigError
+
+DEFAULT_METRICS = tuple(m for m in GATED if "." not in m and m != "final_loss")
+RULE_FLOORS = {"peak_memory_bytes": 0.02, "step_time_ratio": 0.05}
+
+
+@dataclass
+class Point:
+    """One commit's results."""
+
+    commit: str
+    parent: str | None
+    time: str
+    dirty: bool
+    runs: list[dict] = field(default_factory=list)
+    """``summarize`` of each results directory measured at this commit."""
+
+    @property
+    def name(self) -> str:
+        return (self.commit or "unknown")[:8] + ("+" if self.dirty else "")
+
+
+def collect(dirs: list[str]) -> list[Point]:
+    """One point per commit of ``dirs``, in history order."""
+    points: dict[str, Point] = {}
+    for d in dirs:
+        rows = _rows(d)
+        prov = next((r["provenance"] for r in rows if isinstance(r.get("provenance"), dict)), {})
+        key = f"{prov.get('commit')}{'+' if prov.get('dirty') else ''}"
+        p = points.setdefault(
+            key,
+            Point(
+                prov.get("commit") or "",
+                prov.get("parent"),
+                prov.get("commit_time") or prov.get("timestamp") or "",
+                bool(prov.get("dirty")),
+            ),
+        )
+        p.runs.append(summarize(rows))
+    return order(list(points.values()))
+
+
+def order(points: list[Point]) -> list[Point]:
+    """Oldest first: each commit after its parent where the parent is in the history, else by commit time."""
+    by_time = sorted(points, key=lambda p: (p.time, p.name))
+    present = {p.commit for p in points}
+    out: list[Point] = []
+    placed: set[int] = set()
+
+    def place(p: Point) -> None:
+        if id(p) in placed:
+            return
+        for q in by_time:  # its parent (clean measurement first) goes before it
+            if p.parent and q.commit == p.parent and p.parent in present and id(q) not in placed and q is not p:
+                place(q)
+        placed.add(id(p))
+        out.append(p)
+
+    for p in by_time:
+        place(p)
+    return out
+
+
+def _value(p: Point, key: str, metric: str) -> tuple[float, float, float] | None:
+    """(median, min, max) of ``metric`` over the point's measurements of configuration ``key``."""
+    vals = [r[key][metric] for r in p.runs if key in r and r[key].get("ok") and r[key].get(metric) is not None]
+    vals = [v for v in vals if math.isfinite(v)]
+    return (statistics.median(vals), min(vals), max(vals)) if vals else None
+
+
+def _sigma_from_history(values: list[float]) -> tuple[float, int]:
+    """The noise of one measurement from the history itself: the robust spread of commit-to-commit changes
+    (1.4826 MAD of x_i / x_{i-1} - 1, over sqrt 2: a change is the difference of two measurements)."""
+    steps = [b / a - 1 for a, b in itertools.pairwise(values) if a]
+    if len(steps) < 2:
+        return 0.0, len(values)
+    med = statistics.median(steps)
+    return 1.4826 * statistics.median(abs(s - med) for s in steps) / math.sqrt(2), len(values)
+
+
+def tolerance(metric: str, sigma: float, n: int, false_alarm: float) -> float:
+    """The tolerance of a change with noise ``sigma`` (from ``n`` runs) at ``false_alarm``, as the gate would set
+    it: exact for a count that never moved, else the noise model's (at least the rule's own floor)."""
+    return max(
+        RULE_FLOORS.get(metric, 0.0), noise.tolerance(metric, sigma, n, false_alarm, exact_when_still=metric in EXACT)
+    )
+
+
+def _series(points: list[Point], key: str, metric: str, model: dict | None, false_alarm: float) -> dict | None:
+    vals = [_value(p, key, metric) for p in points]
+    have = [(i, v) for i, v in enumerate(vals) if v is not None]
+    if len(have) < 2:
+        return None
+    row = (model or {}).get(metric)
+    sigma, n = (
+        (float(row["value"]), int(row["n"]))
+        if row and (row.get("n") or 0) >= 2
+        else _sigma_from_history([v[0] for _, v in have])
+    )
+    # A change between consecutive commits is the difference of two single measurements (sigma * sqrt 2), judged
+    # in both directions (alpha / 2 a side).
+    tol = tolerance(metric, sigma * math.sqrt(2), n, false_alarm / 2)
+    flags = []
+    for (_, prev), (i, cur) in itertools.pairwise(have):
+        change = cur[0] / prev[0] - 1 if prev[0] else (0.0 if cur[0] == 0 else math.inf)
+        if abs(change) > tol:
+            flags.append((i, "regression" if change > 0 else "improvement", change))
+    return {
+        "points": have,
+        "tol": tol,
+        "sigma": sigma,
+        "n": n,
+        "flags": flags,
+        "source": "baseline noise model" if row else "spread of the history",
+    }
+
+
+def run_history(
+    dirs: list[str],
+    out: str | Path,
+    baseline: str | None = None,
+    metrics: str | None = None,
+    false_alarm: float = 0.001,
+) -> int:
+    """Draw the history of ``dirs`` into ``out``; returns 0 (a history reports, it does not gate)."""
+    from zerobench.results.rows import RowWriter
+
+    wanted = tuple(m.strip() for m in metrics.split(",")) if metrics else DEFAULT_METRICS
+    unknown = [m for m in wanted if m not in GATED]
+    if unknown:
+        raise ConfigError(f"--metrics: {', '.join(unknown)} is not a gated metric; choose from {', '.join(GATED)}")
+    points = collect(dirs)
+    if len(points) < 2:
+        raise ConfigError(
+            f"a history needs results of at least two commits; {len(dirs)} directories hold {len(points)}"
+        )
+    models = {k: d["noise"] for k, d in summarize(_rows(baseline)).items()} if baseline else {}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for p in points for r in p.runs for k in r if r[k].get("ok")})
+    lines = [
+        f"# History of {len(points)} commits",
+        "",
+        "| configuration | metric | commit | change | tolerance | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    w = RowWriter(out, "history", {"dirs": [str(d) for d in dirs], "baseline": baseline, "false_alarm": false_alarm})
+    for key in keys:
+        label = next(r[key]["label"] for p in points for r in p.runs if key in r)
+        series = {m: s for m in wanted if (s := _series(points, key, m, models.get(key), false_alarm)) is not None}
+        if not series:
+            continue
+        path = draw(points, label, series, out / f"history-{_slug(label)}.png")
+        print(f"{label}: {path}")
+        for m, s in series.items():
+            for i, verdict, change in s["flags"]:
+                lines.append(f"| {label} | {m} | {points[i].name} | {change:+.2%} | {s['tol']:.2%} | {verdict} |")
+                w.write(
+                    "history_flag",
+                    change,
+                    "relative",
+                    label=label,
+                    of=m,
+                    commit=points[i].commit,
+                    parent=points[i].parent,
+                    tolerance=s["tol"],
+                    verdict=verdict,
+                    sigma=s["sigma"],
+                    noise_source=s["source"],
+                )
+    flagged = len(lines) - 4
+    (out / "history.md").write_text("\n".join(lines + ([] if flagged else ["", "No commit was flagged."])) + "\n")
+    print(f"{flagged} flagged (commit, metric) pairs; {out / 'history.md'}")
+    return 0
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in str(label)).strip("-") or "run"
+
+
+def draw(points: list[Point], label: str, series: dict[str, dict], path: Path) -> Path:
+    """One panel per metric: values over commits, the band the previous commit's value allows, flagged commits."""
+    fig, axes = plt.subplots(
+        len(series), 1, figsize=(max(6.0, 0.5 * len(points) + 3), 2.1 * len(series) + 0.6), sharex=True, squeeze=False
+    )
+    for ax, (metric, s) in zip(axes[:, 0], series.items()):
+        xs = [i for i, _ in s["points"]]
+        med = [v[0] for _, v in s["points"]]
+        err = [[v[0] - v[1] for _, v in s["points"]], [v[2] - v[0] for _, v in s["points"]]]
+        ax.errorbar(xs, med, yerr=err, color="#345", marker="o", ms=3.5, lw=1.2, capsize=2, zorder=3)
+        for prev, x1 in zip(med, xs[1:]):  # the band each commit is judged in: its predecessor's value +- tol
+            if s["tol"] > 0:  # an exact metric has none: any change is flagged
+                ax.bar(
+                    x1,
+                    2 * s["tol"] * abs(prev),
+                    bottom=prev - s["tol"] * abs(prev),
+                    width=0.8,
+                    color="#9bd",
+                    alpha=0.45,
+                    lw=0,
+                    zorder=1,
+                )
+        for i, verdict, _ in s["flags"]:
+            y = med[xs.index(i)]
+            ax.scatter(
+                [i],
+                [y],
+                s=70,
+                marker="v" if verdict == "regression" else "^",
+                zorder=4,
+                color="#c22" if verdict == "regression" else "#2a2",
+            )
+        ax.set_ylabel(metric, fontsize=8)
+        band = f"band ±{s['tol']:.2%}" if s["tol"] > 0 else "exact"
+        ax.set_title(f"{metric}: {band} ({s['source']}, sigma {s['sigma']:.2%})", fontsize=8, loc="left")
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xticks(range(len(points)), [p.name for p in points], rotation=45, ha="right", fontsize=7)
+    fig.suptitle(f"{label}: gated metrics over commits (red: regression, green: improvement)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -2,9 +2,10 @@
 on a quiet 2-core VM, README's three commands (a fresh profile, the sweep, ``simulate --validate --fit``) reach
 median ≤ 10 % and worst ≤ 25 % over the suite's runs in at least 4 of 5 attempts, each with a new profile.
 
-The attempts are committed under ``results/reference/sim-validation-cpu-2core-attempts/attempt-K/{profile,runs}``;
-until they are, the bar's test skips and the summary is checked on the layout built from an earlier recording's
-rounds (each round is a profile taken right before its runs: an attempt).
+The attempts are committed under ``results/reference/sim-validation-cpu-2core-attempts/attempt-K/{profile,runs}``
+(three so far, none meeting the bar: the bar's test is a strict expected failure); the summary is also checked
+on the layout built from an earlier recording's rounds (each round is a profile taken right before its runs: an
+attempt).
 """
 
 from __future__ import annotations
@@ -82,8 +83,33 @@ def test_the_bars_test_reads_a_directory_of_attempts(rounds_as_attempts):
     assert len(got) == 3 and all(a["runs"] == 34 for a in got)
 
 
-@pytest.mark.skipif(
-    not ATTEMPTS.is_dir(), reason=f"no attempts recorded yet under {ATTEMPTS.relative_to(REFS.parents[1])}"
+RECORDED = {  # attempt -> (median, worst, worst run, inside the interval), as the dataset's README tables them
+    "attempt-1": ("16.1%", "51.5%", "023-small4-dp4-s0", 23),
+    "attempt-2": ("12.0%", "32.6%", "000-tiny-dp1-s0", 24),
+    "attempt-3": ("11.5%", "33.8%", "007-tiny-dp4-s2", 23),
+}
+
+
+def test_the_recorded_attempts_are_independent_and_their_figures_come_from_their_rows():
+    """Each committed attempt had a profile of its own, taken before its runs, and validated all 34 runs; the
+    figures the dataset's README tables are recomputed from the rows."""
+    got = _attempts(ATTEMPTS)
+    assert [a["attempt"] for a in got] == list(RECORDED) and all(a["runs"] == 34 for a in got)
+    for a in got:
+        want = RECORDED[a["attempt"]]
+        assert (f"{a['median_abs_error']:.1%}", f"{a['worst_abs_error']:.1%}", a["worst_run"]) == want[:3], a
+        assert a["inside_interval"] == want[3], a
+    readme = (ATTEMPTS / "README.md").read_text()
+    for name, (median, worst, run, inside) in RECORDED.items():
+        assert f"| {name} | {median} | {worst} | {run} | {inside} of 34 |" in readme, name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 62's bar is not met: 3 attempts recorded of the 5 it asks for, and none meets median <= 10% "
+    "and worst <= 25% (medians 16.1%, 12.0%, 11.5%; worst 51.5%, 32.6%, 33.8%): every profile was taken in a "
+    "noisy moment on an idle VM, and the fitted interference moved between 0.00 and 1.90 from one attempt to "
+    "the next (results/reference/sim-validation-cpu-2core-attempts/README.md)",
 )
 def test_issue_62_bar_holds_in_four_of_five_attempts():
     got = _attempts(ATTEMPTS)

@@ -81,6 +81,17 @@ def test_a_dp2_resave_over_a_dp4_checkpoint_killed_leaves_the_dp4_one(tmp_path):
     first, second = expected(tmp_path)
     check_whole_or_refused(tmp_path, [first, second])
     assert equal(loaded(tmp_path / "ckpt"), first)
+    # the command a user runs on it (issue 57's variant: it exited 0 with 208 of 433 weights zeroed): the DP 4
+    # save, whole; a staged leftover of the killed save, named as a tag, is refused in one line
+    from tests.e2e.test_cli_train import zb
+
+    r = zb("zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "fp32"))
+    assert r.returncode == 0, r.stderr
+    got = torch.load(tmp_path / "fp32" / "pytorch_model.bin", weights_only=True)
+    assert equal(first, {k: got[k] for k in first})
+    for leftover in [e.name for e in (tmp_path / "ckpt").iterdir() if e.name.startswith(".")]:
+        r = zb("zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "bad"), "--tag", leftover)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 @pytest.mark.slow

@@ -67,7 +67,8 @@ def test_the_step_clock_starts_after_the_steps_samples_are_made(fake_world, monk
     run = loop._Run(cfg, torch.device("cpu"), mesh, CommLedger(), system, None)
     hooks = build_hooks(cfg, RankSettings(), 0, lambda *a, **k: None, "r", lambda: None)
     with contextlib.ExitStack() as stack:
-        _, series = loop._steps(run, hooks, stack)
+        _, series, halted = loop._steps(run, hooks, stack, loop._probe(run, hooks, None, 0), cfg.steps)
+    assert halted is None
     assert len(system.seen) == cfg.steps * 2
     assert clock[0] > cfg.steps * 2 * DATA_SECONDS  # every micro-batch was made
     assert max(series["step_time_s"]) < 1e-3  # and none inside a timed step

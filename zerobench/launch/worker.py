@@ -141,8 +141,8 @@ def run_rank(
         return code
     except (RuntimeError, MemoryError) as e:
         kind = classify(e)
-        if kind is None:
-            raise
+        if kind is None or (kind == "peer" and not record_status):
+            raise  # under zerobench's launcher the peer's own exit names the cause, not this rank's loss of it
         if kind in ("timeout", "peer"):
             reason = (
                 f"rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: a peer rank is "

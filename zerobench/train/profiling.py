@@ -40,6 +40,9 @@ class ProfilerHook:
     def before_step(self, step: int) -> None:
         pass
 
+    def after_phase(self, phase: str, cpu_seconds: float, meter=None) -> None:
+        pass
+
     def after_compute(self, step: int, seconds: float) -> None:
         pass
 

@@ -76,8 +76,8 @@ def test_two_sweeps_started_together_into_one_out(tmp_path):
     rows = rows_under(out)
     status = [r for r in rows if r["metric"] == "run_status"]
     assert [r["status"] for r in status] == ["ok"]
-    keys = [(r["run_id"], r["metric"], r.get("step"), r.get("rank")) for r in rows]
-    assert len(keys) == len(set(keys)), "duplicate (run, metric, step, rank) rows"
+    keys = [(r["run_id"], r["metric"], r.get("step"), r.get("rank"), r.get("phase")) for r in rows]
+    assert len(keys) == len(set(keys)), "duplicate (run, metric, step, rank, phase) rows"
 
 
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):

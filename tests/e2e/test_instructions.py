@@ -42,6 +42,7 @@ print(read_counts(sys.argv[1], "probe"))
 
 
 @needs_valgrind
+@pytest.mark.slow  # two Python processes under valgrind: about a minute
 def test_marks_count_the_instructions_between_them(tmp_path):
     from zerobench.metrics import callgrind
 

@@ -30,18 +30,24 @@ def held_port():
     s.close()
 
 
+def torchrun_env(rank: int, port: int, **extra: str) -> dict[str, str]:
+    """The environment torchrun gives rank ``rank`` of two, rendezvous on 127.0.0.1:``port``."""
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        **extra,
+    }
+
+
 def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_port):
     # Two ranks started by hand with torchrun's variables, MASTER_PORT taken by another process.
     procs = []
     for rank in (0, 1):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(held_port),
-        }
+        env = torchrun_env(rank, held_port)
         procs.append(
             subprocess.Popen(
                 [
@@ -111,15 +117,7 @@ def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_
     procs = []
     try:
         for rank in (0, 1):
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "ZEROBENCH_FAULT": f"1:1:{kind}",
-            }
+            env = torchrun_env(rank, port, ZEROBENCH_FAULT=f"1:1:{kind}")
             cmd = [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "20"]
             procs.append(
                 subprocess.Popen(

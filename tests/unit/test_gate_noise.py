@@ -225,3 +225,29 @@ def test_without_a_noise_model_host_work_is_listed_not_judged(run_rows, tmp_path
     assert result["value"] == 0 and {v["verdict"] for v in verdicts if v.get("of") == "instructions"} == {
         "no noise model"
     }
+
+
+def test_a_tiny_phase_that_never_moved_keeps_an_absolute_floor(run_rows):
+    """Unchanged runs whose instruction counts agree exactly hold each phase to its floor. A zero_grad phase of
+    2e5 instructions (summed over two ranks) that moves by 3,000 (a garbage collection) moved 1.5%: above the 1%
+    relative floor, within the family's absolute one (2e5 instructions: a tolerance of 100% here), so it is not a
+    regression. The step (2e7) keeps the relative floor, and a planted 10% on it is caught."""
+
+    def sweep(zero_grad: float = 1.0, total: float = 1.0) -> list[dict]:
+        rows = _host(run_rows, random.Random(3), instr=1e7, sigma_i=0.0, sigma_c=0.0)
+        for r in rows:
+            if r["metric"] == "instructions":
+                r["value"] *= zero_grad if r["phase"] == "zero_grad" else total if r["phase"] == "step" else 1.0
+        return rows
+
+    samples = [sweep() for _ in range(5)]
+    base = samples[0] + noise_rows(samples)[0]
+    moved = gate(base, sweep(zero_grad=1.015))
+    flagged = {c.metric: c for c in moved.comparisons if c.metric.startswith("instructions")}
+    assert flagged["instructions.zero_grad"].verdict == "ok", flagged["instructions.zero_grad"]
+    assert flagged["instructions.zero_grad"].tolerance == pytest.approx(1.0), flagged["instructions.zero_grad"]
+    planted = gate(base, sweep(total=1.10))
+    (step,) = [c for c in planted.comparisons if c.metric == "instructions"]
+    assert step.verdict == "regression" and step.tolerance == pytest.approx(0.01), step
+    assert noise.floor("instructions", 1e7) == pytest.approx(0.02) and noise.floor("instructions", 1e9) == 0.01
+    assert noise.floor("py_calls", 40) == pytest.approx(50 / 40) and noise.floor("py_calls") == 0.01

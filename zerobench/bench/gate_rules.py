@@ -278,10 +278,10 @@ def _apply_noise(res: GateResult, b: dict[str, dict], false_alarm: float, gate_t
     for i, x in enumerate(res.comparisons):
         if i in idx:
             sigma, n = _sigma(b[x.key], x.metric)
-            tol = max(x.tolerance, noise.tolerance(x.metric, sigma, n, false_alarm / len(idx)))
+            tol = max(x.tolerance, noise.tolerance(x.metric, sigma, n, false_alarm / len(idx), center=x.baseline))
             basis = f"noise: {n} runs, sigma {sigma:.2%}"
         elif x.basis == "noise":
-            tol, basis = noise.floor(x.metric), f"floor (noise 0 in {_sigma(b[x.key], x.metric)[1]} runs)"
+            tol, basis = noise.floor(x.metric, x.baseline), f"floor (noise 0 in {_sigma(b[x.key], x.metric)[1]} runs)"
         else:
             continue
         res.comparisons[i] = Comparison(

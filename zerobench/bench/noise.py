@@ -16,7 +16,10 @@ normal noise: instruction counts move by address and hash-seed effects, close to
 moves in bursts, heavier-tailed, which the floors and the recorded campaign (``scripts/gate_campaign.sh``) check.
 A metric whose K values are all equal (sigma 0: a deterministic count) is compared exactly.
 
-The floors are the smallest tolerances the gate applies, per family: changes below them are not called.
+The floors are the smallest tolerances the gate applies, per family: changes below them are not called. Each
+family has a relative floor and an absolute one (``ABS_FLOORS``, in the metric's unit): a phase that does little
+work (a few dozen Python calls, a few hundred thousand instructions) moves by a garbage collection or a dict
+resize, a whole-percent change of almost nothing, even when K unchanged runs happened to agree exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ NOISE_METRIC = "gate_noise"
 FLOORS = {"instructions": 0.01, "py_calls": 0.01, "host_cpu_s": 0.05}
 """Smallest tolerance per metric family (a metric ``name.phase`` belongs to family ``name``)."""
 DEFAULT_FLOOR = 0.01
+ABS_FLOORS = {"instructions": 2e5, "py_calls": 50.0, "host_cpu_s": 1e-3}
+"""Smallest change called per metric family, in its unit: about 50 us of host work (2e5 instructions, 1 ms of CPU
+time, whose accounting moves by a scheduler tick) and 50 Python calls; a relative tolerance below it is raised
+to it for a metric of that size."""
 
 
 def family(metric: str) -> str:
@@ -36,8 +43,14 @@ def family(metric: str) -> str:
     return metric.split(".", 1)[0]
 
 
-def floor(metric: str) -> float:
-    return FLOORS.get(family(metric), DEFAULT_FLOOR)
+def floor(metric: str, center: float | None = None) -> float:
+    """The relative floor of ``metric`` for a baseline value ``center``: the family's relative floor, or its
+    absolute floor divided by ``center``, whichever is larger (the relative one alone without a centre)."""
+    rel = FLOORS.get(family(metric), DEFAULT_FLOOR)
+    absolute = ABS_FLOORS.get(family(metric))
+    if absolute is not None and center:
+        rel = max(rel, absolute / abs(center))
+    return rel
 
 
 def t_cdf(t: float, dof: int) -> float:
@@ -97,11 +110,14 @@ def factor(n: int, alpha: float) -> float:
     return t_quantile(1 - alpha, n - 1) * math.sqrt(1 + 1 / n)
 
 
-def tolerance(metric: str, sigma: float, n: int, alpha: float, exact_when_still: bool = True) -> float:
+def tolerance(
+    metric: str, sigma: float, n: int, alpha: float, exact_when_still: bool = True, center: float | None = None
+) -> float:
     """The tolerance of ``metric`` with noise ``sigma`` measured from ``n`` runs, at false-alarm rate ``alpha``
     for this comparison: max(floor, factor * sigma); 0 (exact) for a metric that did not move, when
     ``exact_when_still`` (a count that is deterministic by construction; a metric known to move, such as CPU time,
-    keeps its floor even when a few runs happened to agree)."""
+    keeps its floor even when a few runs happened to agree). ``center``, the baseline value, sets the absolute
+    floor's share."""
     if sigma == 0:
-        return 0.0 if exact_when_still else floor(metric)
-    return max(floor(metric), factor(n, alpha) * sigma)
+        return 0.0 if exact_when_still else floor(metric, center)
+    return max(floor(metric, center), factor(n, alpha) * sigma)

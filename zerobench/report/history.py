@@ -106,11 +106,13 @@ def _sigma_from_history(values: list[float]) -> tuple[float, int]:
     return 1.4826 * statistics.median(abs(s - med) for s in steps) / math.sqrt(2), len(values)
 
 
-def tolerance(metric: str, sigma: float, n: int, false_alarm: float) -> float:
+def tolerance(metric: str, sigma: float, n: int, false_alarm: float, center: float | None = None) -> float:
     """The tolerance of a change with noise ``sigma`` (from ``n`` runs) at ``false_alarm``, as the gate would set
-    it: exact for a count that never moved, else the noise model's (at least the rule's own floor)."""
+    it: exact for a count that never moved, else the noise model's (at least the rule's own floor and, for a
+    metric of size ``center``, the family's absolute floor)."""
     return max(
-        RULE_FLOORS.get(metric, 0.0), noise.tolerance(metric, sigma, n, false_alarm, exact_when_still=metric in EXACT)
+        RULE_FLOORS.get(metric, 0.0),
+        noise.tolerance(metric, sigma, n, false_alarm, exact_when_still=metric in EXACT, center=center),
     )
 
 
@@ -127,7 +129,7 @@ def _series(points: list[Point], key: str, metric: str, model: dict | None, fals
     )
     # A change between consecutive commits is the difference of two single measurements (sigma * sqrt 2), judged
     # in both directions (alpha / 2 a side).
-    tol = tolerance(metric, sigma * math.sqrt(2), n, false_alarm / 2)
+    tol = tolerance(metric, sigma * math.sqrt(2), n, false_alarm / 2, statistics.median(v[0] for _, v in have))
     flags = []
     for (_, prev), (i, cur) in itertools.pairwise(have):
         change = cur[0] / prev[0] - 1 if prev[0] else (0.0 if cur[0] == 0 else math.inf)

@@ -312,3 +312,27 @@ def test_at_stages_2_3_the_embeddings_backward_waits_for_the_reduce_scatters_in_
             assert before, (stage, overlap)
             waited = all(t.end <= embed.start for t in before)
             assert waited is (stage >= 2 or not overlap), (stage, overlap, embed.start, [t.end for t in before])
+
+
+def test_more_ranks_than_cores_share_them_a_piece_at_one_rank_per_core_times_the_share():
+    """On a 2-core CPU host, a piece at 4 single-threaded ranks is the 2-rank piece times 2 (the share a step pays
+    on average), whatever the bimodal 4-rank measurement says; where the host is not oversubscribed, or the profile
+    lacks the one-rank-per-core piece, or the device is not a CPU, the measured entry stands."""
+    from zerobench.sim.profile import op_key
+
+    shape = dict(b=2, s=64, h=64, heads=4, vocab=512, tp=1, dtype="fp32", kernels="auto", checkpoint=False)
+    prof = Profile("cpu: test (2 cores)", cores=2)
+    prof.ops[op_key("block_fwd", **shape, ranks=1, threads=2)] = 1.5e-3
+    prof.ops[op_key("block_fwd", **shape, ranks=2, threads=1)] = 1.8e-3
+    prof.ops[op_key("block_fwd", **shape, ranks=4, threads=1)] = 2.5e-3  # a median on the untouched mode
+    prof.ops[op_key("head_fwd", **shape, ranks=4, threads=1)] = 4.0e-3  # no 2-rank piece
+    assert prof.op_time("block_fwd", **shape, ranks=4, threads=1) == pytest.approx(3.6e-3)
+    assert prof.op_time("block_fwd", **shape, ranks=2, threads=1) == pytest.approx(1.8e-3)
+    assert prof.op_time("block_fwd", **shape, ranks=1, threads=2) == pytest.approx(1.5e-3)
+    assert prof.op_time("head_fwd", **shape, ranks=4, threads=1) == pytest.approx(4.0e-3)
+    gpu = Profile("cuda: test", cores=2, ops=dict(prof.ops))
+    assert gpu.op_time("block_fwd", **shape, ranks=4, threads=1) == pytest.approx(2.5e-3)
+    low = prof.bound(-1)  # the interval follows the piece it is read from
+    prof.spread[op_key("block_fwd", **shape, ranks=2, threads=1)] = 0.1
+    assert prof.bound(-1).op_time("block_fwd", **shape, ranks=4, threads=1) == pytest.approx(3.24e-3)
+    assert low.op_time("block_fwd", **shape, ranks=4, threads=1) == pytest.approx(3.6e-3)

@@ -84,9 +84,9 @@ def test_the_bars_test_reads_a_directory_of_attempts(rounds_as_attempts):
 
 
 RECORDED = {  # attempt -> (median, worst, worst run, inside the interval), as the dataset's README tables them
-    "attempt-1": ("16.1%", "51.5%", "023-small4-dp4-s0", 23),
-    "attempt-2": ("12.0%", "32.6%", "000-tiny-dp1-s0", 24),
-    "attempt-3": ("11.5%", "33.8%", "007-tiny-dp4-s2", 23),
+    "attempt-1": ("16.1%", "48.7%", "023-small4-dp4-s0", 23),
+    "attempt-2": ("13.5%", "32.6%", "000-tiny-dp1-s0", 23),
+    "attempt-3": ("7.5%", "25.1%", "008-tiny-dp4-s3", 28),
 }
 
 
@@ -107,7 +107,7 @@ def test_the_recorded_attempts_are_independent_and_their_figures_come_from_their
 @pytest.mark.xfail(
     strict=True,
     reason="issue 62's bar is not met: 3 attempts recorded of the 5 it asks for, and none meets median <= 10% "
-    "and worst <= 25% (medians 16.1%, 12.0%, 11.5%; worst 51.5%, 32.6%, 33.8%): every profile was taken in a "
+    "and worst <= 25% (medians 16.1%, 13.5%, 7.5%; worst 48.7%, 32.6%, 25.1%): every profile was taken in a "
     "noisy moment on an idle VM, and the fitted interference moved between 0.00 and 1.90 from one attempt to "
     "the next (results/reference/sim-validation-cpu-2core-attempts/README.md)",
 )
@@ -136,5 +136,5 @@ def test_one_round_of_the_earlier_recordings_alone_meets_the_bar_in_two_of_nine(
     got = [A.summarize_attempt(d) for ref in CURRENT for d in A.attempt_dirs(tmp_path / ref)]
     assert len(got) == 9 and sum(a["meets_bar"] for a in got) == 2
     medians, worsts = sorted(a["median_abs_error"] for a in got), sorted(a["worst_abs_error"] for a in got)
-    assert (f"{medians[0]:.1%}", f"{medians[-1]:.1%}") == ("6.3%", "12.9%")
-    assert (f"{worsts[0]:.1%}", f"{worsts[-1]:.1%}") == ("23.0%", "81.1%")
+    assert (f"{medians[0]:.1%}", f"{medians[-1]:.1%}") == ("6.3%", "12.2%")
+    assert (f"{worsts[0]:.1%}", f"{worsts[-1]:.1%}") == ("22.5%", "81.1%")

@@ -10,7 +10,7 @@ What is asserted is what docs/simulator.md's validation table and each recording
 from the rows: the profile alone predicts every run (no run's step time is an input), the one fitted factor is
 fitted on non-ZeRO runs only, and the errors are the ones the table reports (tests/unit/test_docs.py holds the
 table to each recording's validation.json). The issue's bar (median ≤ 10 %, worst ≤ 25 %)
-holds on the fifth Xeon recording and is a strict expected failure on the others.
+holds on the third and fifth Xeon recordings and is a strict expected failure on the others.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_the_errors_are_the_ones_the_table_states(recorded):
     assert s["worst_abs_error"] == pytest.approx(stated["worst_abs_error"], abs=1e-6)
 
 
-MEETS_BAR = ("sim-validation-cpu-2core-xeon-5",)
+MEETS_BAR = ("sim-validation-cpu-2core-xeon-insitu", "sim-validation-cpu-2core-xeon-5")
 """The recordings on which issue 22's whole CPU bar holds."""
 CURRENT = ("sim-validation-cpu-2core-xeon-insitu", "sim-validation-cpu-2core-xeon-4", "sim-validation-cpu-2core-xeon-5")
 """The recordings of the current profiler and loop (TP pieces in situ, 20 steps a run)."""
@@ -99,7 +99,7 @@ def test_issue_22_cpu_bar(recorded):
 @pytest.mark.parametrize("recorded", CURRENT, indirect=True)
 def test_issue_22_median_bar_is_met_on_every_recording_of_the_current_profiler(recorded):
     """The median half of the bar holds on all three recordings of the current profiler and loop; the worst
-    run keeps the whole bar missed on two of them (0.74 and 0.74: 25.6 % and 26.0 %)."""
+    run keeps the whole bar missed on one of them (the fourth Xeon's mini DP 2 stage 3 with offload: 25.3 %)."""
     s = V.summarize(recorded[2])
     assert s["runs"] == 34 and s["median_abs_error"] <= 0.10
 

@@ -5,8 +5,9 @@ we cannot run (``zerobench.sim.stated``). Three kinds of entry:
 
 - ``ops``: seconds of one compute op at one exact shape (``op_key``): a block's forward, its backward
   (with the recompute when checkpointing), the embedding's and the head's (LM head + loss) forward and
-  backward — measured with every rank of the configuration running at once on the host, so cores,
-  memory bandwidth and time-sharing are what the run sees; a TP shape's pieces also with their TP
+  backward — measured with every rank of the configuration running at once on the host, so cores and
+  memory bandwidth are what the run sees (with more ranks than cores, read as the one-rank-per-core piece times
+  the share: ``Profile.time_shared``); a TP shape's pieces also with their TP
   collectives on the real groups (``IN_SITU``), what those collectives cost on the critical path;
 - ``curves``: seconds of a collective as a function of its bytes, per (op, group size, processes on the
   host), interpolated piecewise-linearly in log-log between measured sizes and extrapolated at the
@@ -134,8 +135,28 @@ class Profile:
         return op_key(name, **shape) in self.ops
 
     def op_time(self, name: str, **shape) -> float:
-        """Seconds of compute op ``name`` at ``shape`` (the keywords of ``op_key``)."""
-        return self.op(op_key(name, **shape))
+        """Seconds of compute op ``name`` at ``shape`` (the keywords of ``op_key``); on a CPU host with more ranks
+        than cores, the time-shared cost (``time_shared``) where the profile has the piece at one rank per core."""
+        shared = self.time_shared(name, shape)
+        return self.op(op_key(name, **shape)) if shared is None else shared
+
+    def time_shared(self, name: str, shape: dict) -> float | None:
+        """A compute piece's seconds when ``shape["ranks"]`` single-threaded processes share the host's cores: the
+        piece measured with one process per core, times processes / cores (None where the host is not
+        oversubscribed, is not a CPU, or the profile lacks that piece).
+
+        Measured directly, such a piece is bimodal: a block of a few milliseconds, shorter than the scheduler's
+        time slice, runs either untouched or with a whole slice of another process inside it, and the median of
+        its samples lands on one mode or the other (tiny's block at 4 processes on 2 cores: 1.4x to 2.7x the
+        2-process figure over five profiles). A step of many pieces pays the share on average, which is what
+        this charges. Every rank computes at once in a data-parallel step, so the share is the whole ratio."""
+        ranks, threads = shape["ranks"], shape["threads"]
+        if not self.device.startswith("cpu") or ranks * threads <= self.cores:
+            return None
+        own = op_key(name, **{**shape, "ranks": self.cores, "threads": 1})
+        if own not in self.ops:
+            return None
+        return self.ops[own] * ranks * threads / self.cores
 
     def collective(self, op: str, group: int, ranks: int, nbytes: float, dim: str = "dp", tp: int = 1) -> float:
         """Seconds of ``op`` moving ``nbytes`` (the unsharded size) over a group of ``group`` ranks, ``ranks``

@@ -251,3 +251,21 @@ def test_a_tiny_phase_that_never_moved_keeps_an_absolute_floor(run_rows):
     assert step.verdict == "regression" and step.tolerance == pytest.approx(0.01), step
     assert noise.floor("instructions", 1e7) == pytest.approx(0.02) and noise.floor("instructions", 1e9) == 0.01
     assert noise.floor("py_calls", 40) == pytest.approx(50 / 40) and noise.floor("py_calls") == 0.01
+
+
+@pytest.mark.parametrize("order", ["instrumented last", "instrumented first"])
+def test_a_failed_instrumented_run_beside_its_timed_twin_is_named_and_the_twin_compared(run_rows, order):
+    """One directory holds both sweeps of a run: timed (ok) and under callgrind (failed, its status row tagged
+    ``instrumented``). Whatever the rows' order, the gate names the instrumented run and its reason, still
+    compares the timed run's metrics, and fails on the instructions it lacks."""
+    rng = random.Random(6)
+    samples = [_host(run_rows, rng) for _ in range(3)]
+    base = samples[0] + noise_rows(samples)[0]
+    timed = [r for r in _host(run_rows, rng) if not r.get("instrumented")]
+    status = next(r for r in timed if r["metric"] == "run_status")
+    failed = dict(status, status="failed", value=0, reason="rank 0 timed out after 6000 s", instrumented="callgrind")
+    cand = [*timed, failed] if order == "instrumented last" else [failed, *timed]
+    res = gate(base, cand)
+    assert any("under callgrind: failed: rank 0 timed out" in n for n in res.not_completed), res.not_completed
+    assert any(c.metric == "host_cpu_s" for c in res.comparisons), res.comparisons
+    assert any("instructions" in m for m in res.missing), res.missing

@@ -81,13 +81,34 @@ def _nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
+def _run_key(r: dict) -> tuple:
+    """A run in the gate's rows: (run id, config hash, the tool it ran under). A run timed and the same run counted
+    under callgrind (``sweep --instructions``, rows tagged ``instrumented``) share run id and configuration when
+    one directory holds both sweeps; each keeps its own status, so a failed instrumented run is named as such and
+    its timed twin is still compared."""
+    return (r.get("run_id"), r.get("config_hash"), r.get("instrumented") or "")
+
+
+def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]]:
+    """Each ``_run_key``'s status. An instrumented run's rows without a status row of their own (sweeps before the
+    runner tagged it) take the status of the untagged rows beside them, which then held the run's one status row."""
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by.setdefault(_run_key(r), []).append(r)
+    out = {k: statuses(rs)[k[:2]] for k, rs in by.items()}
+    for k, rs in by.items():
+        if k[2] and (*k[:2], "") in by and not any(r.get("metric") == STATUS_METRIC for r in rs):
+            out[k] = out[(*k[:2], "")]
+    return out
+
+
 def summarize(rows: list[dict]) -> dict[str, dict]:
     """Per configuration (config hash): the gated metrics of its ``ok`` runs, a label, what the timing ratio
     needs, whether any run completed (``ok``) and the runs that did not (``not_ok``: run id -> status, reason)."""
-    status = statuses(rows)
+    status = _run_statuses(rows)
     runs: dict[str, dict] = {}
     for r in rows:
-        run_status, reason = status[(r.get("run_id"), r["config_hash"])]
+        run_status, reason = status[_run_key(r)]
         if (r.get("status", "ok") != "ok" and r["metric"] != STATUS_METRIC) or run_status is None:
             continue  # a failed row, or rows of no training run (no status applies: results/status.py)
         hardware = (r.get("provenance") or {}).get("hardware", {}).get("class")
@@ -105,7 +126,10 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         )
         m, v = r["metric"], r.get("value")
         if run_status != OK:
-            d["not_ok"][r.get("run_id")] = (run_status, reason)
+            d["not_ok"][f"{r.get('run_id')}{' under ' + r['instrumented'] if r.get('instrumented') else ''}"] = (
+                run_status,
+                reason,
+            )
             continue
         d["ok"] = True
         if r.get("instrumented") and m not in ("instructions", STATUS_METRIC):

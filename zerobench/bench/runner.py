@@ -154,6 +154,7 @@ def _run_one(
     if not res.ok:
         summary.failed[run.label] = res.reason
     bar.advance(run.label, failed=not res.ok)
-    status_row(out, run_id, suite, run, res.status, res.reason, time.monotonic() - t0)
+    tool = {"instrumented": "callgrind"} if instructions else {}  # as the run's own rows are tagged
+    status_row(out, run_id, suite, run, res.status, res.reason, time.monotonic() - t0, **tool)
     if EXIT_IO in res.returncodes:  # the disk is full: the next runs would fail the same way
         raise RowWriteError(f"{run.label}: {res.reason}")

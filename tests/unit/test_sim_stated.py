@@ -237,3 +237,23 @@ def test_a_smaller_card_of_the_same_gpu_has_its_own_hbm_bandwidth():
     assert StatedProfile(small).op_time("embed_fwd", **shape) > StatedProfile(a100).op_time("embed_fwd", **shape)
     with pytest.raises(ValueError, match="states no 24 GB"):
         a100.with_memory(24)
+
+
+def test_a_wider_reduction_casts_on_the_reducing_stream():
+    """FSDP's DEFAULT casts each unit's bf16 gradients to fp32 on its post-backward stream before reducing them:
+    2 bytes read and 4 written per element (1.5 x the 2-byte staging copy), ahead of the reduce-scatter on the DP
+    stream, never on the compute stream."""
+    from zerobench.sim.paper import train_config
+    from zerobench.sim.simulate import simulate
+
+    keys = dict(layers=4, hidden=1024, heads=16, vocab=50368, seq=2048, gpus=64, tp=1, micro_batch=1)
+    cfg = train_config(dict(keys, precision="bf16", stage=3, bucket_size=None))
+    dev = DEVICES["h100-dgx"]
+    tasks = {g: simulate(cfg, StatedProfile(dev, grad_elem=g))["timeline"].tasks for g in (None, 4)}
+    casts = [t for t in tasks[4] if t.name.startswith("cast bucket")]
+    copies = [t for t in tasks[4] if t.name == "staging copy"]
+    assert not [t for t in tasks[None] if t.name.startswith("cast")]
+    assert len(casts) == len(copies) > 0 and {t.stream for t in casts} == {"dp"}
+    assert [c.seconds for c in casts] == pytest.approx([1.5 * c.seconds for c in copies])
+    compute = {g: sum(t.seconds for t in ts if t.stream == "compute") for g, ts in tasks.items()}
+    assert compute[4] == pytest.approx(compute[None])

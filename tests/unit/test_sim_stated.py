@@ -196,3 +196,64 @@ def test_a_wider_gradient_reduction_moves_more_bytes():
     dev = DEVICES["h100-dgx"]
     busy = {g: simulate(cfg, StatedProfile(dev, grad_elem=g))["busy_s"]["dp"] for g in (None, 4)}
     assert busy[4] > busy[None]
+
+
+def test_no_gemm_runs_faster_than_the_best_shape_measured():
+    """The H100's shape model is fitted on GEMMs up to 4096 a side; MPT-70b's run 16k x 24k x 8k. Past the fitted
+    range it climbs above the best fraction of peak a published search over shapes found (``gemm_max``): no shape is
+    charged faster than that, on any device that states one."""
+    m, n, k = 16384, 3 * 8192, 8192
+    h100 = DEVICES["h100-dgx"]
+    assert StatedProfile(h100).gemm.efficiency(m, n, k, 1, h100.peak_flops) > h100.gemm_max  # extrapolated
+    for dev in (h100, DEVICES["a100-dgx"]):
+        for shape in ((m, n, k), (8192, 8192, 8192), (6144, 17920, 2816)):
+            t = StatedProfile(dev)._gemm(*shape, 1, 2, dev.peak_flops)
+            assert 2 * shape[0] * shape[1] * shape[2] / t / dev.peak_flops <= dev.gemm_max
+
+
+def test_backward_sums_each_bias_gradient_over_the_tokens():
+    """Each linear's bias gradient is its output gradient summed over the b x s tokens: backward reads
+    T x (3h + h + 4h + h) once more than forward's passes double to, on every stack."""
+    prof = StatedProfile(DEVICES["a100-dgx"], "llm-foundry")
+    b, s, h = 4, 2048, 1024
+    no_bias = dataclasses.replace(prof.stack, passes_h=0, passes_hp=0, passes_ffn=0)
+    bare = StatedProfile(DEVICES["a100-dgx"], no_bias)
+    args = (b, s, h, 16, 1, 2, DEVICES["a100-dgx"].peak_flops)
+    fwd, bwd = bare._block(*args, backward=False), bare._block(*args, backward=True)
+    lin = sum(bare._linear(b * s, n, kk, 2, args[-1], True) for n, kk in ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h)))
+    att = bare._attention(b, s, h, 16, 64, 2, args[-1], backward=True)
+    dev = DEVICES["a100-dgx"]
+    assert bwd - lin - att == pytest.approx(b * s * 9 * h * 2 / (dev.hbm_bw * dev.mem_eff))
+    assert fwd < bwd
+
+
+def test_a_smaller_card_of_the_same_gpu_has_its_own_hbm_bandwidth():
+    """The A100 40GB SXM moves 1,555 GB/s, the 80GB 2.0 TB/s: the same node, its elementwise work slower."""
+    a100 = DEVICES["a100-dgx"]
+    small = a100.with_memory(40)
+    assert (small.hbm_bw, small.mem_bytes) == (1.555e12, 40e9) and a100.with_memory(80) is a100
+    assert small.peak_flops == a100.peak_flops and small.sources["hbm_bw_by_mem"]
+    shape = {**SHAPE, "dtype": "bf16", "h": 1024, "heads": 16, "s": 2048, "b": 8}
+    assert StatedProfile(small).op_time("embed_fwd", **shape) > StatedProfile(a100).op_time("embed_fwd", **shape)
+    with pytest.raises(ValueError, match="states no 24 GB"):
+        a100.with_memory(24)
+
+
+def test_a_wider_reduction_casts_on_the_reducing_stream():
+    """FSDP's DEFAULT casts each unit's bf16 gradients to fp32 on its post-backward stream before reducing them:
+    2 bytes read and 4 written per element (1.5 x the 2-byte staging copy), ahead of the reduce-scatter on the DP
+    stream, never on the compute stream."""
+    from zerobench.sim.paper import train_config
+    from zerobench.sim.simulate import simulate
+
+    keys = dict(layers=4, hidden=1024, heads=16, vocab=50368, seq=2048, gpus=64, tp=1, micro_batch=1)
+    cfg = train_config(dict(keys, precision="bf16", stage=3, bucket_size=None))
+    dev = DEVICES["h100-dgx"]
+    tasks = {g: simulate(cfg, StatedProfile(dev, grad_elem=g))["timeline"].tasks for g in (None, 4)}
+    casts = [t for t in tasks[4] if t.name.startswith("cast bucket")]
+    copies = [t for t in tasks[4] if t.name == "staging copy"]
+    assert not [t for t in tasks[None] if t.name.startswith("cast")]
+    assert len(casts) == len(copies) > 0 and {t.stream for t in casts} == {"dp"}
+    assert [c.seconds for c in casts] == pytest.approx([1.5 * c.seconds for c in copies])
+    compute = {g: sum(t.seconds for t in ts if t.stream == "compute") for g, ts in tasks.items()}
+    assert compute[4] == pytest.approx(compute[None])

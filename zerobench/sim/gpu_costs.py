@@ -6,7 +6,8 @@ Compute. Every kernel of the piece (Megatron's GPT block, per TP rank) is costed
 multiplied by the device's fitted ``compute_scale``:
 
 - GEMMs. A GEMM's time is the launch plus the larger of its tiles' arithmetic (``gemm.GemmModel``: tile and
-  wave quantisation, per-tile prologue, split-K) and its bytes at HBM bandwidth. A block's forward at
+  wave quantisation, per-tile prologue, split-K; never above the best fraction of peak a published search over
+  shapes measured, ``StatedDevice.gemm_max``) and its bytes at HBM bandwidth. A block's forward at
   T = b x s tokens, h_p = h / tp runs QKV (T x 3h_p x h), the attention projection (T x h x h_p) and the
   MLP's two (T x 4h_p x h, T x h x 4h_p). Backward runs the data-gradient GEMM (T x k x n) and the
   weight-gradient GEMM (k x n over T) of each, and the recompute runs the forward once more. Thin
@@ -17,7 +18,8 @@ multiplied by the device's fitted ``compute_scale``:
   kernel's published fraction of peak on the device class.
 - Elementwise work runs at ``mem_eff`` of HBM bandwidth, with a floor of one kernel launch. It is counted
   as the stack's passes over T x h (LayerNorms, residuals, dropouts, replicated across TP ranks),
-  T x h_p and T x 4h_p, with backward twice the forward's passes.
+  T x h_p and T x 4h_p, with backward twice the forward's passes. Backward also sums each linear's output
+  gradient over the T tokens for its bias gradient (one read of T x n per linear).
 - The head is the LM-head GEMM (T x V/tp x h) and its two backward GEMMs, the final LayerNorm, and the
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
@@ -73,6 +75,8 @@ class StatedProfile(Profile):
     def _gemm(self, m: float, n: float, k: float, batch: float, elem: int, peak: float) -> float:
         nbytes = elem * (m * k + k * n + m * n) * batch
         arith = self.gemm.compute_seconds(int(m), int(n), int(k), int(batch), peak)
+        if self.dev.gemm_max and peak == self.dev.peak_flops:  # no shape beats the best one measured
+            arith = max(arith, 2 * m * n * k * batch / (peak * self.dev.gemm_max))
         return self.gemm.launch_s + max(arith, nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
 
     def _linear(self, m: int, n: int, k: int, elem: int, peak: float, backward: bool) -> float:
@@ -106,7 +110,10 @@ class StatedProfile(Profile):
         t += self._attention(b, s, hp, ap, dh, elem, peak, backward)
         per = 2 if backward else 1
         passes = ((T * h, st.passes_h, 6), (T * hp, st.passes_hp, 2), (T * 4 * hp, st.passes_ffn, 2))
-        return t + sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
+        t += sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
+        if backward:  # each bias's gradient: its linear's output gradient summed over the T tokens, read once
+            t += self._stream(T * (3 * hp + h + 4 * hp + h) * elem, 4)
+        return t
 
     def op_time(
         self,

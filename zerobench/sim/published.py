@@ -101,6 +101,8 @@ def load(path: str | Path = TABLE) -> list[Row]:
             if row.id in seen
             else f"unknown device {row.device!r}"
             if row.device not in DEVICES
+            else f"{row.device} states no {row.gpu_mem_gb} GB card (zerobench/sim/stated.py hbm_bw_by_mem)"
+            if not _card_known(DEVICES[row.device], row.gpu_mem_gb)
             else f"unknown metric {row.metric!r}"
             if row.metric not in METRICS
             else f"unknown attention {row.attention!r}"
@@ -119,6 +121,10 @@ def load(path: str | Path = TABLE) -> list[Row]:
         if row.metric in ("speedup", "weak_scaling_efficiency") and row.relative_to not in seen:
             raise ValueError(f"{path}: row {row.id!r}: relative_to {row.relative_to!r} is not a row of the table")
     return rows
+
+
+def _card_known(dev, gb: int) -> bool:
+    return gb * 1e9 == dev.mem_bytes or gb in dev.hbm_bw_by_mem
 
 
 def stack(row: Row):

@@ -34,7 +34,8 @@ def _simulate(row: Row, prof) -> dict:
 
 
 def _profile(row: Row, scale: float):
-    """The row's device running the row's program, at ``compute_scale`` ``scale``."""
+    """The row's device, with the row's card (its memory and HBM bandwidth), running the row's program, at
+    ``compute_scale`` ``scale``."""
     import dataclasses
 
     from zerobench.sim.gpu_costs import StatedProfile
@@ -42,7 +43,8 @@ def _profile(row: Row, scale: float):
     from zerobench.sim.stated import DEVICES
 
     grad = {"fp32": 4, "bf16": 2, "fp16": 2}[row.reduce_dtype]
-    return StatedProfile(dataclasses.replace(DEVICES[row.device], compute_scale=scale), stack(row), grad_elem=grad)
+    dev = DEVICES[row.device].with_memory(row.gpu_mem_gb)
+    return StatedProfile(dataclasses.replace(dev, compute_scale=scale), stack(row), grad_elem=grad)
 
 
 def fit(row: Row, target: float, iterations: int = 4) -> float:

@@ -221,6 +221,12 @@ class StepReplay:
 
     def _reduce(self, b: Bucket) -> None:
         op = "all_reduce" if self.stage == 0 else "reduce_scatter"
+        if self.grad_elem != self.elem and self.dp > 1:
+            # A program reducing in a wider type casts the gradients first, on the stream that then reduces them
+            # (FSDP's post-backward stream): elem bytes read and grad_elem written per element, a copy's cost
+            # being 2 x its bytes. It delays the reduction, not the compute.
+            cast = self.prof.cost("copy", self.ranks, b.numel * (self.elem + self.grad_elem) / 2)
+            self.tl.add(f"cast bucket {b.index}", "dp", cast, "copy", (self.tl.now("compute"),))
         self.inflight.append(self.dp_collective(op, b.numel * self.grad_elem, f"reduce bucket {b.index}"))
         if self.stage == 3:
             self.gathers.pop(b.unit, None)  # freed once handed over: the next use gathers again

@@ -13,7 +13,8 @@ Sources (cited by address; figures are read from them, nothing is copied):
   900 GB/s HBM2.
 - [dgx2] NVIDIA DGX-2 data sheet and the ZeRO paper's §10.1: 16 GPUs on NVSwitch, 8 x 100 Gb/s EDR
   InfiniBand per node; PCIe gen3 x16 to the host.
-- [a100-ds], [h100-ds] NVIDIA A100 (312 TFLOP/s bf16, 2.0 TB/s HBM2e, 80 GB) and H100 SXM (989 TFLOP/s
+- [a100-ds], [h100-ds] NVIDIA A100 (312 TFLOP/s bf16, 2.0 TB/s HBM2e, 80 GB; the 40 GB SXM part 1,555 GB/s
+  HBM2) and H100 SXM (989 TFLOP/s
   dense bf16, 3.35 TB/s HBM3, 80 GB) data sheets; DGX A100 (8 x 200 Gb/s HDR) and DGX H100 (8 x 400 Gb/s NDR).
 - [gemm-v100] A public V100 fp16 matmul benchmark: about 85 TFLOP/s at 8192^3
   (https://raw.githubusercontent.com/yaroslavvb/stuff/master/matmul_benchmark_seq.py), i.e. 0.68 of peak;
@@ -29,11 +30,15 @@ Sources (cited by address; figures are read from them, nothing is copied):
 - [fa2] Dao 2023, FlashAttention-2 (arXiv 2307.08691): "optimized GEMM can reach up to 80-90% of the theoretical
   maximum device throughput" on A100 (§1).
 - [sms] SM counts from the data sheets: V100 80, A100 108, H100 SXM 132.
+- [mamf] S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+  table": the best bf16 ``matmul`` over a search of shapes, CUDA 12.1. A100 SXM 267.9 of 312 TFLOP/s (85.9%);
+  H100 SXM 792.1 of 989 (80.1%).
 - [assumed] Assumptions with no measurement behind them here; each is named where used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -57,6 +62,9 @@ class StatedDevice:
     """Streaming multiprocessors (the GEMM model's waves)."""
     gemm_eff: float
     """Fraction of ``peak_flops`` a large square GEMM (8192³) reaches: the GEMM model is scaled to it."""
+    gemm_max: float | None
+    """Best fraction of ``peak_flops`` any half-precision GEMM reaches (a published search over shapes): no GEMM
+    is charged faster, whatever the shape model extrapolates to beyond the shapes it was fitted on."""
     mem_eff: float
     """Fraction of ``hbm_bw`` an elementwise kernel reaches (the roofline's memory ceiling)."""
     kernel_floor_s: float
@@ -75,8 +83,18 @@ class StatedDevice:
     [assumed: apex FusedAdam-style kernel, memory bound]."""
     compute_scale: float = 1.0
     """The free factor: compute time = roofline time x this (fitted per device on a non-ZeRO anchor)."""
+    hbm_bw_by_mem: dict[int, float] = field(default_factory=dict)
+    """Device memory in GB -> ``hbm_bw``, for the same GPU sold with another memory size (``with_memory``)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Field name -> where its value comes from."""
+
+    def with_memory(self, gb: int) -> StatedDevice:
+        """The same node with ``gb`` GB cards: that part's memory and, where it differs, its HBM bandwidth."""
+        if gb * 1e9 == self.mem_bytes:
+            return self
+        if gb not in self.hbm_bw_by_mem:
+            raise ValueError(f"{self.name} states no {gb} GB part: add its HBM bandwidth to hbm_bw_by_mem")
+        return dataclasses.replace(self, mem_bytes=gb * 1e9, hbm_bw=self.hbm_bw_by_mem[gb])
 
     @property
     def node_net_bw(self) -> float:
@@ -90,6 +108,7 @@ _V100_SOURCES = {
     "mem_bytes": "[v100-ds] 32 GB (the paper's GB = 1e9 bytes)",
     "gpus_per_node": "[dgx2] 16 V100 on NVSwitch",
     "gemm_eff": "[gemm-v100] ~85 TFLOP/s at 8192^3 fp16 = 0.68 of 125",
+    "gemm_max": "no published search over shapes: the shape model's own ceiling",
     "mem_eff": "[assumed] elementwise kernels at 80% of HBM bandwidth",
     "kernel_floor_s": "[assumed] 5 us per kernel (launch latency; PyTorch eager issues one per op)",
     "intra_busbw": "[nccl-issue] ~130 GB/s all-reduce bus bandwidth over NVLink/NVSwitch",
@@ -111,6 +130,7 @@ def _v100(name: str, peak: float, note: str) -> StatedDevice:
         gpus_per_node=16,
         sms=80,
         gemm_eff=0.68,
+        gemm_max=None,
         mem_eff=0.8,
         kernel_floor_s=5e-6,
         intra_busbw=130e9,
@@ -139,6 +159,8 @@ DEVICES: dict[str, StatedDevice] = {
         gpus_per_node=8,
         sms=108,
         gemm_eff=0.85,
+        gemm_max=267.9 / 312,
+        hbm_bw_by_mem={40: 1.555e12},
         mem_eff=0.8,
         kernel_floor_s=4e-6,
         intra_busbw=230e9,
@@ -148,8 +170,10 @@ DEVICES: dict[str, StatedDevice] = {
         sources={
             "peak_flops": "[a100-ds] 312 TFLOP/s bf16; 156 TF32",
             "hbm_bw": "[a100-ds] 2.0 TB/s",
+            "hbm_bw_by_mem": "[a100-ds] the A100 40GB SXM: 1,555 GB/s HBM2",
             "sms": "[sms] 108",
             "gemm_eff": "[fa2] 'up to 80-90%' of peak for optimized GEMMs on A100: 0.85",
+            "gemm_max": "[mamf] A100 SXM: 267.9 of 312 TFLOP/s at its best shape (CUDA 12.1)",
             "intra_busbw": (
                 "[nccl-tune] NCCL caps sm80's bus bandwidth at 235 GB/s; 230 GB/s over NVLink3 "
                 "(600 GB/s per GPU) [assumed]"
@@ -167,6 +191,7 @@ DEVICES: dict[str, StatedDevice] = {
         gpus_per_node=8,
         sms=132,
         gemm_eff=0.822,
+        gemm_max=792.1 / 989,
         mem_eff=0.8,
         kernel_floor_s=3e-6,
         intra_busbw=450e9,
@@ -178,6 +203,7 @@ DEVICES: dict[str, StatedDevice] = {
             "hbm_bw": "[h100-ds] 3.35 TB/s",
             "sms": "[sms] 132",
             "gemm_eff": "[gemm-xla] the model fitted on XLA's H100 table puts an 8192^3 bf16 GEMM at 0.822",
+            "gemm_max": "[mamf] H100 SXM: 792.1 of 989 TFLOP/s at its best shape (CUDA 12.1)",
             "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",
             "nic_bw": (
                 "[h100-ds] 400 Gb/s NDR = 50 GB/s line rate; 48 GB/s achieved [assumed]; the published "

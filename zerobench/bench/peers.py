@@ -42,7 +42,7 @@ from zerobench.peers.registry import (
 from zerobench.results.rows import RowWriter, read_rows
 from zerobench.systems import validate_run
 from zerobench.train.config import TrainConfig
-from zerobench.zero.config import ZeroConfig
+from zerobench.zero.config import Precision, ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
 """zerobench's default candidates; ``-offload`` ones keep the optimizer on the host (ZeRO-Offload)."""
@@ -70,6 +70,12 @@ class PeersConfig:
     """Override the preset's hidden size (heads stay the preset's)."""
     seq: int | None = None
     """Override the preset's sequence length (fewer tokens per step: model states dominate)."""
+    heads: int | None = None
+    """Override the preset's attention heads (with ``hidden``: a GPT-3 shape, e.g. 2048 / 16)."""
+    vocab: int | None = None
+    """Override the preset's vocabulary."""
+    precision: str = "fp32"
+    """fp32 or bf16: zerobench's recipe (``Precision``), each peer's own mixed precision (``peers/``)."""
     micro_batch: int = 2
     """Sequences per micro-batch per process."""
     steps: int = 6
@@ -99,18 +105,34 @@ class PeersConfig:
             raise ConfigError("the comparison is relative to torch-ddp: include it in --systems")
         if self.dp < 1 or self.rounds < 1 or self.steps <= self.warmup:
             raise ConfigError("need --dp >= 1, --rounds >= 1 and --steps > --warmup")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"--precision {self.precision}: the comparison runs fp32 or bf16")
+
+    def reference_run(self) -> str:
+        """The run loss parity is judged against: one process on the global batch; at ``dp`` 1 that is round 0's
+        torch-ddp run itself, so no separate run is made."""
+        return "r0-torch-ddp" if self.dp == 1 else "reference"
 
 
 def train_config(
     p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None, track_memory: bool = False
 ) -> TrainConfig:
     model = get_preset(p.preset)
-    over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq)) if v}
+    over = {
+        k: v
+        for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq), ("heads", p.heads), ("vocab", p.vocab))
+        if v
+    }
     model = dataclasses.replace(model, **over)
     ours = system in ZEROBENCH_ALL
     stage = int(system.split("-")[1]) if ours else 0
     offload = "cpu" if ours and system.endswith("-offload") else "none"
-    zero = ZeroConfig(stage=stage, offload_optimizer=offload, overlap_comm=not system.endswith("-no-overlap"))
+    zero = ZeroConfig(
+        stage=stage,
+        offload_optimizer=offload,
+        overlap_comm=not system.endswith("-no-overlap"),
+        precision=Precision(p.precision),
+    )
     cfg = TrainConfig(
         model=model,
         zero=zero,
@@ -141,7 +163,8 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
         runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in cands]
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
-    runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
+    if p.reference_run() == "reference":
+        runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
     taken = [run_id for run_id, _, _ in runs if (out / run_id).exists()]
     if taken:
         raise ConfigError(
@@ -184,7 +207,8 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         path = out / run_id
         return read_rows(path) if path.exists() else []
 
-    ref_losses = [r["value"] for r in sorted(_metric(rows("reference"), "loss"), key=lambda r: r["step"])]
+    ref_run = "reference" if (out / "reference").exists() else p.reference_run()
+    ref_losses = [r["value"] for r in sorted(_metric(rows(ref_run), "loss"), key=lambda r: r["step"])]
     round_times = {
         c: [(_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for r in range(p.rounds)]
         for c in cands

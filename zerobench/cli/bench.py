@@ -90,6 +90,9 @@ def cmd_peers(args: argparse.Namespace) -> int:
         layers=args.layers,
         hidden=args.hidden,
         seq=args.seq,
+        heads=args.heads,
+        vocab=args.vocab,
+        precision=args.precision,
         micro_batch=args.micro_batch,
         steps=args.steps,
         warmup=args.warmup,
@@ -315,6 +318,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     pe.add_argument("--layers", type=count(1), default=None, help="override the preset's layers")
     pe.add_argument("--hidden", type=count(1), default=None, help="override the preset's hidden size")
     pe.add_argument("--seq", type=count(1), default=None, help="override the preset's sequence length")
+    pe.add_argument("--heads", type=count(1), default=None, help="override the preset's attention heads")
+    pe.add_argument("--vocab", type=count(1), default=None, help="override the preset's vocabulary")
+    pe.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="fp32, or bf16: zerobench's bf16 recipe and each peer's own mixed precision",
+    )
     pe.add_argument("--micro-batch", type=count(1), default=2)
     pe.add_argument("--steps", type=count(1), default=6)
     pe.add_argument("--warmup", type=count(0), default=2)

@@ -30,8 +30,10 @@ from zerobench.config import ConfigError
 from zerobench.launch.base import write_status
 from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
+from zerobench.metrics.peak import dense_bf16_peak, mfu
 from zerobench.metrics.rss import CATEGORIES
 from zerobench.metrics.rss import ENV as RSS_ENV
+from zerobench.models.sizes import flops_per_token
 from zerobench.models.sizes import preset as get_preset
 from zerobench.peers.registry import (
     DEEPSPEED_PEERS,
@@ -209,6 +211,9 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
 
     ref_run = "reference" if (out / "reference").exists() else p.reference_run()
     ref_losses = [r["value"] for r in sorted(_metric(rows(ref_run), "loss"), key=lambda r: r["step"])]
+    measured = [r for c in cands for r in rows(f"r0-{c}")[:1]]  # the summary says where the runs ran
+    hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
+    flops = model_flops_per_step(p)
     round_times = {
         c: [(_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for r in range(p.rounds)]
         for c in cands
@@ -225,6 +230,10 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
             rec["step_time_s"] = statistics.median(t for t, _ in pairs)
             rec["round_step_time_s"] = round_times[c]
             rec["time_vs_torch_ddp"] = median_ratio(*zip(*pairs))  # per-round ratios, then the median
+            rec["model_flops_per_step"] = flops
+            if (u := mfu(flops, rec["step_time_s"], (hardware or {}).get("device"), p.precision)) is not None:
+                rec["mfu"] = u
+        rec.update(_device_memory([rows(f"r{r}-{c}") for r in range(p.rounds)]))
         mem = rows(f"mem-{c}")
         live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
         rss = [r["value"] for r in _metric(mem or rows(f"r0-{c}"), "peak_rss_bytes") if r["value"] is not None]
@@ -238,10 +247,6 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         if losses and ref_losses:
             rec["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
         records.append(rec)
-    measured = [
-        r for c in cands for r in rows(f"r0-{c}")[:1]
-    ]  # the summary says where the runs ran, not where it is made
-    hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
     w = RowWriter(
         out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)}, hardware=hardware
     )
@@ -256,15 +261,45 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
             ("peer_peak_live_bytes", "peak_live_bytes", "bytes"),
             ("peer_peak_rss_bytes", "peak_rss_bytes", "bytes"),
             ("peer_loss_max_abs_diff", "loss_max_abs_diff", "nats"),
+            ("peer_model_flops_per_step", "model_flops_per_step", "FLOP"),
+            ("peer_max_memory_allocated_bytes", "max_memory_allocated_bytes", "bytes"),
+            ("peer_max_memory_reserved_bytes", "max_memory_reserved_bytes", "bytes"),
         ):
             if key in rec:
                 w.write(metric, rec[key], unit, **extra)
+        if "mfu" in rec:
+            device = hardware["device"]
+            w.write("peer_mfu", rec["mfu"], "ratio", peak_flops=dense_bf16_peak(device), device=device, **extra)
         for r, t in enumerate(rec.get("round_step_time_s", [])):
             if t is not None:
                 w.write("peer_round_step_time_s", t, "s", round=r, **extra)
         for cat, b in rec.get("rss_breakdown", {}).items():
             w.write(f"peer_rss_{cat}_bytes", b, "bytes", **extra)
     return records
+
+
+def model_flops_per_step(p: PeersConfig) -> float:
+    """Model FLOPs of one device's step: ``flops_per_token`` (Megatron's count) x the tokens of its micro-batch."""
+    model = train_config(p, "torch-ddp").model
+    return flops_per_token(model) * p.micro_batch * model.seq
+
+
+def _device_memory(runs: list[list[dict]]) -> dict[str, int]:
+    """The highest ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` of any rank in the timed runs (only
+    runs on CUDA have them: on a CPU ``peak_memory_bytes`` is the live-tensor tracker's, or absent)."""
+    alloc = [
+        r["value"]
+        for rows in runs
+        for r in _metric(rows, "peak_memory_bytes")
+        if r.get("source") == "torch.cuda.max_memory_allocated" and r["value"] is not None
+    ]
+    reserved = [r["value"] for rows in runs for r in _metric(rows, "peak_reserved_bytes") if r["value"] is not None]
+    out = {}
+    if alloc:
+        out["max_memory_allocated_bytes"] = max(alloc)
+    if reserved:
+        out["max_memory_reserved_bytes"] = max(reserved)
+    return out
 
 
 def _rss_breakdowns(rows: list[dict]) -> dict[int, dict[str, int]]:

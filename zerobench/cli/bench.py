@@ -126,6 +126,9 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
                     mib(r.get("peak_live_bytes")),
                     mib(r.get("peak_rss_bytes")),
                     f"{r['loss_max_abs_diff']:.1e}" if "loss_max_abs_diff" in r else "-",
+                    f"{r['mfu']:.1%}" if "mfu" in r else "-",
+                    mib(r.get("max_memory_allocated_bytes")),
+                    mib(r.get("max_memory_reserved_bytes")),
                 ]
                 for r in recs
             ],
@@ -137,6 +140,9 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
                 "peak live MiB",
                 "peak RSS MiB",
                 "max |Δloss| vs 1 process",
+                "MFU",
+                "max allocated MiB",
+                "max reserved MiB",
             ],
         )
     )

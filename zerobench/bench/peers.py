@@ -110,11 +110,6 @@ class PeersConfig:
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"--precision {self.precision}: the comparison runs fp32 or bf16")
 
-    def reference_run(self) -> str:
-        """The run loss parity is judged against: one process on the global batch; at ``dp`` 1 that is round 0's
-        torch-ddp run itself, so no separate run is made."""
-        return "r0-torch-ddp" if self.dp == 1 else "reference"
-
 
 def train_config(
     p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None, track_memory: bool = False
@@ -165,8 +160,7 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
         runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in cands]
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
-    if p.reference_run() == "reference":
-        runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
+    runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
     taken = [run_id for run_id, _, _ in runs if (out / run_id).exists()]
     if taken:
         raise ConfigError(
@@ -209,8 +203,7 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         path = out / run_id
         return read_rows(path) if path.exists() else []
 
-    ref_run = "reference" if (out / "reference").exists() else p.reference_run()
-    ref_losses = [r["value"] for r in sorted(_metric(rows(ref_run), "loss"), key=lambda r: r["step"])]
+    ref_losses = [r["value"] for r in sorted(_metric(rows("reference"), "loss"), key=lambda r: r["step"])]
     measured = [r for c in cands for r in rows(f"r0-{c}")[:1]]  # the summary says where the runs ran
     hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
     flops = model_flops_per_step(p)

@@ -91,6 +91,9 @@ class PeersConfig:
     and its breakdown); without it peak RSS comes from round 0, under the default allocator."""
     timeout_s: float = 1800.0
     """Per run."""
+    reference_run: bool = True
+    """One more run, torch-ddp in one process on the global batch, which every candidate's losses are compared
+    with; without it no loss parity is claimed (``--no-reference-run``: a short device budget)."""
 
     def candidates(self) -> tuple[str, ...]:
         if self.systems:
@@ -160,7 +163,8 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
         runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in cands]
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
-    runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
+    if p.reference_run:
+        runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
     taken = [run_id for run_id, _, _ in runs if (out / run_id).exists()]
     if taken:
         raise ConfigError(

@@ -98,6 +98,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         rounds=args.rounds,
         memory_run=not args.no_memory_run,
+        reference_run=not args.no_reference_run,
     )
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -337,6 +338,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     pe.add_argument("--warmup", type=count(0), default=2)
     pe.add_argument("--rounds", type=count(1), default=3, help="interleaved timing rounds")
     pe.add_argument("--no-memory-run", action="store_true", help="skip the per-candidate live-tensor run")
+    pe.add_argument(
+        "--no-reference-run",
+        action="store_true",
+        help="skip the one-process torch-ddp run the losses are compared with (no loss parity is then reported)",
+    )
     pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
     pe.add_argument(
         "--summarize",

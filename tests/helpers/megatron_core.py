@@ -31,7 +31,16 @@ def build_without_optimizer(rank: int, world: int, precision: str) -> dict:
     except Exception as e:  # noqa: BLE001 - the test reads the message
         refused = f"{type(e).__name__}: {e}"
     opt = peer.optimizer_config()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, ours.config.vocab, (2, ours.config.seq), generator=g)
+    y = torch.randint(0, ours.config.vocab, (2, ours.config.seq), generator=g)
+    loss = peer.forward_backward(x, y)  # Float16Module (bf16) -> GPTModel -> DDP's gradient hooks
+    with torch.no_grad():
+        ref = ours(x, y)
     return {
+        "loss": float(loss),
+        "zerobench_loss": float(ref),
+        "main_grads_nonzero": all(bool(p.main_grad.abs().sum() > 0) for p in peer.params),
         "megatron_params": sum(p.numel() for p in peer.params),
         "zerobench_params": sum(p.numel() for p in ours.parameters()),
         "formula": num_params(preset("tiny")),

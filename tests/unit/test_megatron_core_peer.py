@@ -1,6 +1,7 @@
 """The megatron-core peer on CPU, as far as Megatron runs there: its GPT built at TP 1 with zerobench's parameter
-count and weights, its DDP and optimizer configured for Megatron's mixed precision, and the one-line refusal of
-its CUDA-only optimizer. Training with it runs on a GPU (``scripts/gpu_first.sh``'s table)."""
+count and weights, one forward and backward through its wrappers to zerobench's loss, its DDP and optimizer
+configured for Megatron's mixed precision, and the one-line refusal of its CUDA-only optimizer. Training with it
+(the optimizer's step) runs on a GPU only (``scripts/gpu_first.sh``'s table)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def test_megatron_core_peer_builds_zerobench_gpt_with_megatrons_recipe(precision
         "use_distributed_optimizer": False,
     }
     assert got["embedding_equal"]
+    # a forward and backward through the peer's wrappers: zerobench's loss on the same tokens (bf16 rounds per op)
+    assert abs(got["loss"] - got["zerobench_loss"]) <= (1e-5 if precision == "fp32" else 2e-2) * got["zerobench_loss"]
+    assert got["main_grads_nonzero"]
     assert got["refused"].startswith("ConfigError: megatron-core: megatron-core's optimizer runs on CUDA only")
 
 

@@ -103,7 +103,11 @@ sec_slurm() {
   fi
   cpus=$(nproc)
   export ZB_SLURM_DIR=/tmp/zb-gpu-first-slurm ZB_SLURM_NODES=1 ZB_SLURM_CPUS=$cpus
-  timeout 40 bash slurm/local/start.sh || { cp -r "$ZB_SLURM_DIR/log" "$d/daemons" 2>/dev/null; return 1; }
+  if ! timeout 40 bash slurm/local/start.sh; then
+    cp -r "$ZB_SLURM_DIR/log" "$d/daemons" 2>/dev/null
+    bash slurm/local/stop.sh  # the daemons that did start
+    return 1
+  fi
   export SLURM_CONF=$ZB_SLURM_DIR/slurm.conf
   cp "$ZB_SLURM_DIR/gres.conf" "$ZB_SLURM_DIR/slurm.conf" "$d/"
   suite=gpu/one_card_slurm

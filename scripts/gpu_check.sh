@@ -32,7 +32,7 @@ for s in $sections; do
       timeout 1800 "$PY" -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
       for st in 0 3; do
         timeout 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m zerobench train --preset mini \
-          --stage $st --precision bf16 --steps 8 --warmup 3 --out "$OUT/torchrun" --run-id "torchrun-s$st" 2>&1 |
+          --stage $st --precision bf16 --steps 8 --warmup 3 --out "$OUT/torchrun/s$st" --run-id "torchrun-s$st" 2>&1 |
           tee -a "$OUT/torchrun.log" | grep -E "^step +8|median|Error|error" ;
       done ;;
     offload)  # one card emulated as 8 GiB: the largest GPT with and without ZeRO-Offload (bf16, h=2048)

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Start a real Slurm on this host: munged, slurmctld and one slurmd per emulated node, then wait until
-# every node is idle. Installs Debian's slurmctld/slurmd/slurm-client/munge when missing (needs root).
-# Idempotent: if the cluster is already up it only prints how to use it.
+# every node is idle. Installs Debian's slurmctld/slurmd/slurm-client/munge when missing (needs root): with
+# apt-get, or, on a host without network, from the packages in ZB_SLURM_DEBS (scripts/fetch_gpu_debs.sh makes
+# them). Idempotent: if the cluster is already up it only prints how to use it.
 #
 #   ZB_SLURM_NODES   emulated nodes (default 2)        ZB_SLURM_CPUS  CPUs declared per node (default 8)
 #   ZB_SLURM_GPUS    fake GPUs per node (default 2)    ZB_SLURM_DIR   state directory (default /tmp/zerobench-slurm)
+#   ZB_SLURM_GPU_FILES  the GPUs' device files (default: the host's /dev/nvidia0, /dev/nvidia1, ... if any);
+#                    when there are some, every node declares them as its GRES gpu (ZB_SLURM_GPUS is then
+#                    their count) and a job's --gres=gpu:N gets CUDA_VISIBLE_DEVICES from Slurm; without
+#                    any, each node has ZB_SLURM_GPUS fake GPUs backed by /dev/null. "none": fake ones always.
+#   ZB_SLURM_DEBS    a directory of .deb files to install from when Slurm is missing and apt-get cannot
 #
 # Afterwards: export SLURM_CONF="$ZB_SLURM_DIR/slurm.conf" (printed on the last line).
 set -euo pipefail
@@ -23,12 +29,46 @@ if [[ -f "$dir/pids" ]] && SLURM_CONF="$conf" timeout 10 sinfo -h >/dev/null 2>&
   exit 0
 fi
 
+# Unpack carried packages under ROOT (default /) without replacing anything there: each file is copied only
+# where no file is (the host's own libc, zlib, ... stay). On a merged-/usr host (/lib a link to usr/lib) the
+# packages' /lib, /bin, /sbin files go where those links point.
+unpack_debs() {
+  local debs=$1 root=${2:-/} stage d t
+  stage=$(mktemp -d)
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$stage"; done
+  for d in bin sbin lib lib64; do
+    if [[ -L "$root/$d" && -d "$stage/$d" ]]; then
+      t=$(readlink "$root/$d")
+      mkdir -p "$stage/$t"
+      cp -rn "$stage/$d"/. "$stage/$t"/
+      rm -rf "${stage:?}/$d"
+    fi
+  done
+  cp -rn "$stage"/. "$root"/
+  rm -rf "$stage"
+}
+
+install_debs() {
+  unpack_debs "$1" /
+  # Debian names its daemons *-wlm and links the plain names in its install scripts, which unpacking skips
+  for x in slurmctld slurmd slurmstepd; do
+    [[ -e /usr/sbin/$x || ! -e /usr/sbin/$x-wlm ]] || ln -s "$x-wlm" "/usr/sbin/$x"
+  done
+  ldconfig
+  id munge >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin munge
+}
+
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
    || ! command -v munged >/dev/null; then
   [[ $(id -u) -eq 0 ]] || die "Slurm is not installed and installing it needs root"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+  if [[ -n "${ZB_SLURM_DEBS:-}" ]]; then
+    compgen -G "$ZB_SLURM_DEBS/*.deb" >/dev/null || die "ZB_SLURM_DEBS=$ZB_SLURM_DEBS holds no .deb files"
+    install_debs "$ZB_SLURM_DEBS"
+  else
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+  fi
 fi
 
 mkdir -p "$dir"/{ctld,log,run,dev} "$dir/spool"
@@ -49,12 +89,27 @@ if ! pgrep -u munge -x munged >/dev/null; then
 fi
 pgrep -u munge -x munged >> "$dir/pids" || die "munged did not start"
 
-# fake GPUs: GRES files backed by /dev/null
+# GPUs: the host's cards where it has some (every emulated node declares them: they are one host's), else
+# fake ones, GRES files backed by /dev/null
+cards=()
+if [[ ${ZB_SLURM_GPU_FILES:-} == none ]]; then
+  :
+elif [[ -n ${ZB_SLURM_GPU_FILES:-} ]]; then
+  read -r -a cards <<< "$ZB_SLURM_GPU_FILES"
+  for c in "${cards[@]}"; do [[ -c $c ]] || die "ZB_SLURM_GPU_FILES: $c is not a character device"; done
+else
+  for c in /dev/nvidia[0-9]*; do [[ -c $c ]] && cards+=("$c"); done
+fi
+[[ ${#cards[@]} -eq 0 ]] || gpus=${#cards[@]}
 {
   echo "AutoDetect=off"
   for n in $(seq 1 "$nodes"); do
-    for g in $(seq 0 $((gpus - 1))); do ln -sfn /dev/null "$dir/dev/n$n-gpu$g"; done
-    echo "NodeName=n$n Name=gpu File=$dir/dev/n$n-gpu[0-$((gpus - 1))]"
+    if [[ ${#cards[@]} -gt 0 ]]; then
+      for c in "${cards[@]}"; do echo "NodeName=n$n Name=gpu File=$c"; done
+    else
+      for g in $(seq 0 $((gpus - 1))); do ln -sfn /dev/null "$dir/dev/n$n-gpu$g"; done
+      echo "NodeName=n$n Name=gpu File=$dir/dev/n$n-gpu[0-$((gpus - 1))]"
+    fi
   done
 } > "$dir/gres.conf"
 
@@ -108,7 +163,8 @@ done
 for _ in $(seq 120); do
   states=$(sinfo -h -N -o '%t' 2>/dev/null | sort -u | tr '\n' ' ')
   if [[ "$states" == "idle " ]]; then
-    echo "local Slurm up: $nodes nodes x $cpus CPUs x $gpus fake GPUs ($dir)"
+    kind="fake GPUs"; [[ ${#cards[@]} -eq 0 ]] || kind="GPUs (${cards[*]})"
+    echo "local Slurm up: $nodes nodes x $cpus CPUs x $gpus $kind ($dir)"
     echo "export SLURM_CONF=$conf"
     exit 0
   fi

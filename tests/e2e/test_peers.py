@@ -155,3 +155,29 @@ def test_deepspeed_peer_trains_in_one_process_without_a_launcher(tmp_path):
     assert by["memory_host_grads_bytes"] == pytest.approx(4 * psi, rel=0.01)
     assert by["memory_host_optimizer_states_bytes"] == pytest.approx(8 * psi, rel=0.01)
     assert by["host_model_state_bytes"] == pytest.approx(16 * psi, rel=0.01)
+
+
+@pytest.mark.slow  # torch.compile of the blocks: half a minute to a minute and a half on 2 CPU cores
+@pytest.mark.parametrize("precision, bound", [("fp32", 1e-4), ("bf16", 2e-3)])
+def test_the_single_card_tables_torch_peers_train_like_torch_ddp_at_a_world_of_one(tmp_path, precision, bound):
+    """The single-card table's setup (``scripts/gpu_first.sh``: ``--dp 1``, bf16) on CPU: FSDP2 eager and with
+    each block compiled train the tiny GPT to torch-ddp's losses (in bf16 each with its own mixed precision: DDP
+    under autocast, FSDP2 with bf16 compute and fp32 reduction), and zerobench's stages too."""
+    systems = ["zerobench-0", "zerobench-3", "torch-ddp", "fsdp2", "fsdp2-compiled"]
+    out = tmp_path / "peers"
+    args = ["--systems", *systems, "--dp", "1", "--precision", precision, "--rounds", "1", "--steps", "3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerobench", "peers", *args, "--warmup", "1", "--no-memory-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by = {(r["candidate"], r["metric"]): r["value"] for r in read_rows(out / "summary")}
+    for s in systems:
+        assert by[(s, "peer_step_time_s")] > 0 and by[(s, "peer_model_flops_per_step")] > 0
+        assert by[(s, "peer_loss_max_abs_diff")] < bound, s
+        assert (s, "peer_mfu") not in by  # a CPU has no stated peak
+    assert by[("torch-ddp", "peer_loss_max_abs_diff")] == 0.0  # the reference is torch-ddp's configuration
+    configs = {r["config"]["system"]: r["config"]["zero"]["precision"] for r in read_rows(out / "r0-fsdp2-compiled")}
+    assert configs == {"fsdp2-compiled": precision}

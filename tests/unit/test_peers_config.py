@@ -1,5 +1,7 @@
 """Peer comparison plumbing without processes: candidate validation, the bar per stage, configs."""
 
+import importlib.util
+
 import pytest
 
 from zerobench.bench.peers import PeersConfig, bar, train_config
@@ -61,9 +63,10 @@ def test_peers_reject_what_they_are_not_wired_for():
     assert "overlap_comm" not in ds_config("deepspeed-3", TrainConfig(system="deepspeed-3", dp=1))["zero_optimization"]
 
 
-def test_only_deepspeed_peers_take_bf16_and_checkpointing():
+def test_every_peer_takes_bf16_and_only_deepspeed_peers_take_checkpointing():
     """The one-card offload comparison runs DeepSpeed in bf16 with activation checkpointing, as zerobench's
-    GPU offload rows do; the other peers stay fp32 without it, and P_a/M_D are zerobench's alone."""
+    GPU offload rows do; the single-card table runs every peer in bf16 with its own mixed precision. fp16 (loss
+    scaling) is no peer's, checkpointing is DeepSpeed's alone among them, and P_a/M_D are zerobench's alone."""
     from zerobench.parallel.config import ActivationConfig
     from zerobench.peers.deepspeed_peer import ds_config
     from zerobench.systems import validate_run
@@ -71,8 +74,11 @@ def test_only_deepspeed_peers_take_bf16_and_checkpointing():
     from zerobench.zero.config import Precision, ZeroConfig
 
     bf16, ckpt = ZeroConfig(precision=Precision.BF16), ActivationConfig(checkpoint=True)
-    with pytest.raises(ConfigError, match="runs fp32"):
-        validate_run(TrainConfig(system="fsdp2", dp=1, zero=bf16))
+    for system in ("torch-ddp", "torch-zero1", "fsdp1-full-shard", "fsdp2", "fsdp2-compiled", "megatron-core"):
+        with pytest.raises(ConfigError, match="runs fp32 or bf16"):
+            validate_run(TrainConfig(system=system, dp=1, zero=ZeroConfig(precision=Precision.FP16)))
+        if system != "megatron-core" or importlib.util.find_spec("megatron") is not None:
+            validate_run(TrainConfig(system=system, dp=1, zero=bf16))
     with pytest.raises(ConfigError, match="DeepSpeed peers only"):
         validate_run(TrainConfig(system="torch-ddp", dp=1, activation=ckpt))
     with pytest.raises(ConfigError, match="P_a, P_a\\+cpu and M_D are zerobench's"):

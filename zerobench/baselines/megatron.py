@@ -123,11 +123,29 @@ class MegatronSystem:
             with torch.no_grad():
                 for name, p in model.named_parameters():
                     p.copy_(state[name])
-            self.ddp = DistributedDataParallel(tcfg, DistributedDataParallelConfig(), model)
+            self.ddp = DistributedDataParallel(
+                tcfg, self._ddp_config(DistributedDataParallelConfig), self._wrap(tcfg, model)
+            )
         self.module = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        opt = cfg.zero.optimizer
-        self.optimizer = torch.optim.AdamW(
+        with cpu_compat():
+            self.optimizer = self._optimizer()
+        self.mask = causal_mask(m.seq, device)
+        self.positions = torch.arange(m.seq, device=device).unsqueeze(0)
+        self.micro = 0
+
+    def _wrap(self, tcfg, model):
+        """The module Megatron's DDP wraps: the model itself, in the dtype it was built in."""
+        return model
+
+    def _ddp_config(self, config_cls):
+        """Megatron's DDP settings: its defaults (gradients accumulated and reduced in the parameters' dtype)."""
+        return config_cls()
+
+    def _optimizer(self):
+        """``torch.optim.AdamW`` on the model's own parameters, decay on 2+-dim ones only (zerobench's rule)."""
+        opt = self.cfg.zero.optimizer
+        return torch.optim.AdamW(
             [
                 {"params": [p for p in self.params if p.dim() >= 2], "weight_decay": opt.weight_decay},
                 {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0},
@@ -136,9 +154,6 @@ class MegatronSystem:
             betas=opt.betas,
             eps=opt.eps,
         )
-        self.mask = causal_mask(m.seq, device)
-        self.positions = torch.arange(m.seq, device=device).unsqueeze(0)
-        self.micro = 0
 
     def forward_backward(self, x, y):
         with self.cpu_compat():

@@ -30,8 +30,10 @@ from zerobench.config import ConfigError
 from zerobench.launch.base import write_status
 from zerobench.launch.cancel import Cancellation, Cancelled
 from zerobench.launch.local import launch_local
+from zerobench.metrics.peak import dense_bf16_peak, mfu
 from zerobench.metrics.rss import CATEGORIES
 from zerobench.metrics.rss import ENV as RSS_ENV
+from zerobench.models.sizes import flops_per_token
 from zerobench.models.sizes import preset as get_preset
 from zerobench.peers.registry import (
     DEEPSPEED_PEERS,
@@ -42,7 +44,7 @@ from zerobench.peers.registry import (
 from zerobench.results.rows import RowWriter, read_rows
 from zerobench.systems import validate_run
 from zerobench.train.config import TrainConfig
-from zerobench.zero.config import ZeroConfig
+from zerobench.zero.config import Precision, ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
 """zerobench's default candidates; ``-offload`` ones keep the optimizer on the host (ZeRO-Offload)."""
@@ -70,6 +72,12 @@ class PeersConfig:
     """Override the preset's hidden size (heads stay the preset's)."""
     seq: int | None = None
     """Override the preset's sequence length (fewer tokens per step: model states dominate)."""
+    heads: int | None = None
+    """Override the preset's attention heads (with ``hidden``: a GPT-3 shape, e.g. 2048 / 16)."""
+    vocab: int | None = None
+    """Override the preset's vocabulary."""
+    precision: str = "fp32"
+    """fp32 or bf16: zerobench's recipe (``Precision``), each peer's own mixed precision (``peers/``)."""
     micro_batch: int = 2
     """Sequences per micro-batch per process."""
     steps: int = 6
@@ -83,6 +91,9 @@ class PeersConfig:
     and its breakdown); without it peak RSS comes from round 0, under the default allocator."""
     timeout_s: float = 1800.0
     """Per run."""
+    reference_run: bool = True
+    """One more run, torch-ddp in one process on the global batch, which every candidate's losses are compared
+    with; without it no loss parity is claimed (``--no-reference-run``: a short device budget)."""
 
     def candidates(self) -> tuple[str, ...]:
         if self.systems:
@@ -99,18 +110,29 @@ class PeersConfig:
             raise ConfigError("the comparison is relative to torch-ddp: include it in --systems")
         if self.dp < 1 or self.rounds < 1 or self.steps <= self.warmup:
             raise ConfigError("need --dp >= 1, --rounds >= 1 and --steps > --warmup")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"--precision {self.precision}: the comparison runs fp32 or bf16")
 
 
 def train_config(
     p: PeersConfig, system: str, dp: int | None = None, micro_batch: int | None = None, track_memory: bool = False
 ) -> TrainConfig:
     model = get_preset(p.preset)
-    over = {k: v for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq)) if v}
+    over = {
+        k: v
+        for k, v in (("layers", p.layers), ("hidden", p.hidden), ("seq", p.seq), ("heads", p.heads), ("vocab", p.vocab))
+        if v
+    }
     model = dataclasses.replace(model, **over)
     ours = system in ZEROBENCH_ALL
     stage = int(system.split("-")[1]) if ours else 0
     offload = "cpu" if ours and system.endswith("-offload") else "none"
-    zero = ZeroConfig(stage=stage, offload_optimizer=offload, overlap_comm=not system.endswith("-no-overlap"))
+    zero = ZeroConfig(
+        stage=stage,
+        offload_optimizer=offload,
+        overlap_comm=not system.endswith("-no-overlap"),
+        precision=Precision(p.precision),
+    )
     cfg = TrainConfig(
         model=model,
         zero=zero,
@@ -141,7 +163,8 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
         runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in cands]
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
-    runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
+    if p.reference_run:
+        runs.append(("reference", "torch-ddp", train_config(p, "torch-ddp", dp=1, micro_batch=p.micro_batch * p.dp)))
     taken = [run_id for run_id, _, _ in runs if (out / run_id).exists()]
     if taken:
         raise ConfigError(
@@ -185,6 +208,9 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         return read_rows(path) if path.exists() else []
 
     ref_losses = [r["value"] for r in sorted(_metric(rows("reference"), "loss"), key=lambda r: r["step"])]
+    measured = [r for c in cands for r in rows(f"r0-{c}")[:1]]  # the summary says where the runs ran
+    hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
+    flops = model_flops_per_step(p)
     round_times = {
         c: [(_metric(rows(f"r{r}-{c}"), "step_time_s") or [{"value": None}])[0]["value"] for r in range(p.rounds)]
         for c in cands
@@ -201,6 +227,10 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
             rec["step_time_s"] = statistics.median(t for t, _ in pairs)
             rec["round_step_time_s"] = round_times[c]
             rec["time_vs_torch_ddp"] = median_ratio(*zip(*pairs))  # per-round ratios, then the median
+            rec["model_flops_per_step"] = flops
+            if (u := mfu(flops, rec["step_time_s"], (hardware or {}).get("device"), p.precision)) is not None:
+                rec["mfu"] = u
+        rec.update(_device_memory([rows(f"r{r}-{c}") for r in range(p.rounds)]))
         mem = rows(f"mem-{c}")
         live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
         rss = [r["value"] for r in _metric(mem or rows(f"r0-{c}"), "peak_rss_bytes") if r["value"] is not None]
@@ -214,10 +244,6 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         if losses and ref_losses:
             rec["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
         records.append(rec)
-    measured = [
-        r for c in cands for r in rows(f"r0-{c}")[:1]
-    ]  # the summary says where the runs ran, not where it is made
-    hardware = (measured[0].get("provenance") or {}).get("hardware") if measured else None
     w = RowWriter(
         out / "summary", "peers-summary", {"peers": dataclasses.asdict(p), "candidates": list(cands)}, hardware=hardware
     )
@@ -232,15 +258,45 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
             ("peer_peak_live_bytes", "peak_live_bytes", "bytes"),
             ("peer_peak_rss_bytes", "peak_rss_bytes", "bytes"),
             ("peer_loss_max_abs_diff", "loss_max_abs_diff", "nats"),
+            ("peer_model_flops_per_step", "model_flops_per_step", "FLOP"),
+            ("peer_max_memory_allocated_bytes", "max_memory_allocated_bytes", "bytes"),
+            ("peer_max_memory_reserved_bytes", "max_memory_reserved_bytes", "bytes"),
         ):
             if key in rec:
                 w.write(metric, rec[key], unit, **extra)
+        if "mfu" in rec:
+            device = hardware["device"]
+            w.write("peer_mfu", rec["mfu"], "ratio", peak_flops=dense_bf16_peak(device), device=device, **extra)
         for r, t in enumerate(rec.get("round_step_time_s", [])):
             if t is not None:
                 w.write("peer_round_step_time_s", t, "s", round=r, **extra)
         for cat, b in rec.get("rss_breakdown", {}).items():
             w.write(f"peer_rss_{cat}_bytes", b, "bytes", **extra)
     return records
+
+
+def model_flops_per_step(p: PeersConfig) -> float:
+    """Model FLOPs of one device's step: ``flops_per_token`` (Megatron's count) x the tokens of its micro-batch."""
+    model = train_config(p, "torch-ddp").model
+    return flops_per_token(model) * p.micro_batch * model.seq
+
+
+def _device_memory(runs: list[list[dict]]) -> dict[str, int]:
+    """The highest ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` of any rank in the timed runs (only
+    runs on CUDA have them: on a CPU ``peak_memory_bytes`` is the live-tensor tracker's, or absent)."""
+    alloc = [
+        r["value"]
+        for rows in runs
+        for r in _metric(rows, "peak_memory_bytes")
+        if r.get("source") == "torch.cuda.max_memory_allocated" and r["value"] is not None
+    ]
+    reserved = [r["value"] for rows in runs for r in _metric(rows, "peak_reserved_bytes") if r["value"] is not None]
+    out = {}
+    if alloc:
+        out["max_memory_allocated_bytes"] = max(alloc)
+    if reserved:
+        out["max_memory_reserved_bytes"] = max(reserved)
+    return out
 
 
 def _rss_breakdowns(rows: list[dict]) -> dict[int, dict[str, int]]:

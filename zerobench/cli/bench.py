@@ -90,11 +90,15 @@ def cmd_peers(args: argparse.Namespace) -> int:
         layers=args.layers,
         hidden=args.hidden,
         seq=args.seq,
+        heads=args.heads,
+        vocab=args.vocab,
+        precision=args.precision,
         micro_batch=args.micro_batch,
         steps=args.steps,
         warmup=args.warmup,
         rounds=args.rounds,
         memory_run=not args.no_memory_run,
+        reference_run=not args.no_reference_run,
     )
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -123,6 +127,9 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
                     mib(r.get("peak_live_bytes")),
                     mib(r.get("peak_rss_bytes")),
                     f"{r['loss_max_abs_diff']:.1e}" if "loss_max_abs_diff" in r else "-",
+                    f"{r['mfu']:.1%}" if "mfu" in r else "-",
+                    mib(r.get("max_memory_allocated_bytes")),
+                    mib(r.get("max_memory_reserved_bytes")),
                 ]
                 for r in recs
             ],
@@ -134,6 +141,9 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
                 "peak live MiB",
                 "peak RSS MiB",
                 "max |Δloss| vs 1 process",
+                "MFU",
+                "max allocated MiB",
+                "max reserved MiB",
             ],
         )
     )
@@ -315,11 +325,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     pe.add_argument("--layers", type=count(1), default=None, help="override the preset's layers")
     pe.add_argument("--hidden", type=count(1), default=None, help="override the preset's hidden size")
     pe.add_argument("--seq", type=count(1), default=None, help="override the preset's sequence length")
+    pe.add_argument("--heads", type=count(1), default=None, help="override the preset's attention heads")
+    pe.add_argument("--vocab", type=count(1), default=None, help="override the preset's vocabulary")
+    pe.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="fp32, or bf16: zerobench's bf16 recipe and each peer's own mixed precision",
+    )
     pe.add_argument("--micro-batch", type=count(1), default=2)
     pe.add_argument("--steps", type=count(1), default=6)
     pe.add_argument("--warmup", type=count(0), default=2)
     pe.add_argument("--rounds", type=count(1), default=3, help="interleaved timing rounds")
     pe.add_argument("--no-memory-run", action="store_true", help="skip the per-candidate live-tensor run")
+    pe.add_argument(
+        "--no-reference-run",
+        action="store_true",
+        help="skip the one-process torch-ddp run the losses are compared with (no loss parity is then reported)",
+    )
     pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
     pe.add_argument(
         "--summarize",

@@ -18,11 +18,9 @@ def check_supported(name: str, cfg: TrainConfig) -> None:
     """Peers run the plain DP comparison: one-line errors for what they are not wired for."""
     if cfg.tp != 1 or cfg.sequence_parallel:
         raise ConfigError(f"{name} is a data-parallel peer: drop --tp/--sp (TP peers: --system megatron)")
-    deepspeed = name.startswith("deepspeed")  # also wired for bf16 + checkpointing: the offload comparison on one card
-    if cfg.zero.precision.value != "fp32" and not (deepspeed and cfg.zero.precision.value == "bf16"):
-        raise ConfigError(
-            f"{name} runs fp32 in the peer comparison (DeepSpeed peers: fp32 or bf16): use --precision fp32"
-        )
+    deepspeed = name.startswith("deepspeed")  # also wired for checkpointing: the offload comparison on one card
+    if cfg.zero.precision.value not in ("fp32", "bf16"):
+        raise ConfigError(f"{name} runs fp32 or bf16 in the peer comparison: use --precision fp32 or bf16")
     if not cfg.zero.overlap_comm and not deepspeed:
         raise ConfigError(
             f"{name} always overlaps its gradient collectives with backward: drop --no-overlap-comm "
@@ -70,18 +68,33 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return out
 
 
+def bf16(cfg: TrainConfig) -> bool:
+    return cfg.zero.precision.value == "bf16"
+
+
 class PeerBase:
     """Shared loop plumbing: micro-batch window with ``no_sync`` where the wrapper has it, clipping,
-    memory ledger from the tensors held."""
+    memory ledger from the tensors held. ``autocast``: the forward runs under ``torch.autocast`` in bf16 (fp32
+    parameters, gradients and optimizer: torch's mixed precision for wrappers without a policy of their own)."""
 
     name: str
     module: nn.Module
     optimizer: torch.optim.Optimizer
+    autocast: bool = False
+    op_counting: bool = True
+    """Whether the loop may count the last warm-up step's operators (a ``TorchDispatchMode``; ``train/probes.py``):
+    ``torch.compile``'d code refuses to run under one."""
 
     def __init__(self, name: str, cfg: TrainConfig, ledger):
         check_supported(name, cfg)
         self.name, self.cfg, self.ledger = name, cfg, ledger
         self.micro = 0
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self.autocast:
+            return self.module(x, y)
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+            return self.module(x, y)
 
     def _no_sync(self):
         return contextlib.nullcontext()
@@ -91,7 +104,7 @@ class PeerBase:
         self.micro += 1
         ctx = self._no_sync() if self.micro % accum else contextlib.nullcontext()
         with ctx:
-            loss = self.module(x, y)
+            loss = self._forward(x, y)
             (loss / accum).backward()
         return loss.detach()
 

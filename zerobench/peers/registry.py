@@ -14,6 +14,8 @@ SHARDING: dict[str, int] = {
     "fsdp2-no-reshard": 2,
     "fsdp1-full-shard": 3,
     "fsdp2": 3,
+    "fsdp2-compiled": 3,
+    "megatron-core": 0,
     "deepspeed-0": 0,
     "deepspeed-1": 1,
     "deepspeed-2": 2,
@@ -23,6 +25,9 @@ SHARDING: dict[str, int] = {
 }
 TORCH_PEERS = ("torch-ddp", "torch-zero1", "fsdp1-shard-grad-op", "fsdp2-no-reshard", "fsdp1-full-shard", "fsdp2")
 DEEPSPEED_PEERS = tuple(n for n in SHARDING if n.startswith("deepspeed"))
+OPTIONAL_PEERS = ("fsdp2-compiled", "megatron-core")
+"""Peers run only when named in ``--systems``: ``torch.compile`` takes minutes on a CPU, and megatron-core is an
+optional install."""
 
 
 def peer_names() -> tuple[str, ...]:
@@ -47,16 +52,33 @@ def _deepspeed(name: str) -> Callable:
     return build
 
 
+def _megatron_core(name: str) -> Callable:
+    def build(cfg, mesh, ledger, device):
+        from zerobench.peers.megatron_peer import MegatronCoreSystem
+
+        return MegatronCoreSystem(name, cfg, mesh, ledger, device)
+
+    return build
+
+
 def _validate(name: str) -> Callable:
     def validate(cfg) -> None:
         from zerobench.peers.common import check_supported
 
         check_supported(name, cfg)
+        if name == "megatron-core":
+            from zerobench.baselines.megatron import require_megatron
+
+            require_megatron()
 
     return validate
 
 
-PEERS: dict[str, Callable] = {**{n: _torch(n) for n in TORCH_PEERS}, **{n: _deepspeed(n) for n in DEEPSPEED_PEERS}}
+PEERS: dict[str, Callable] = {
+    **{n: _torch(n) for n in (*TORCH_PEERS, "fsdp2-compiled")},
+    "megatron-core": _megatron_core("megatron-core"),
+    **{n: _deepspeed(n) for n in DEEPSPEED_PEERS},
+}
 ENTRIES: dict[str, SystemEntry] = {n: SystemEntry(n, PEERS[n], _validate(n), shards_like=SHARDING[n]) for n in SHARDING}
 """Each peer's registration: built lazily, validated by ``check_supported``, sharding like ``SHARDING``."""
 

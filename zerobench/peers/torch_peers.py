@@ -3,7 +3,14 @@
 Each is configured as its documentation recommends, with AdamW ``fused=True`` (supported on CPU and CUDA):
 DDP with its default 25 MB buckets; ZeRO-1 as ``ZeroRedundancyOptimizer`` under DDP; FSDP1 wrapping every
 transformer block and the root, ``use_orig_params=True`` (param groups), ``device_id`` set (CPU needs
-it); FSDP2 ``fully_shard`` on every block and then the root, over a 1-D device mesh of the DP group.
+it); FSDP2 ``fully_shard`` on every block and then the root, over a 1-D device mesh of the DP group;
+``fsdp2-compiled`` the same with each block's forward compiled first (``torch.compile(..., fullgraph=True)``; FSDP2's
+all-gather and reshard hooks run around it, outside the compiled region), as torchtitan compiles block by block.
+
+bf16 is each wrapper's own mixed precision: DDP and ZeRO-1 run the forward under ``torch.autocast`` (fp32
+parameters and optimizer); FSDP1 and FSDP2 keep fp32 sharded parameters, compute with bf16 copies and reduce
+gradients in fp32 (``MixedPrecision`` / ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's
+default).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from zerobench.models.gpt import Block
 from zerobench.peers.common import (
     PeerBase,
     adamw_kwargs,
+    bf16,
     build_model,
     optimizer_tensors,
     param_groups,
@@ -33,6 +41,7 @@ class TorchDDP(PeerBase):
         model = build_model(cfg, device)
         self.module = DDP(model, process_group=mesh.dp.pg)
         self.optimizer = _adamw(param_groups(model, cfg), cfg)
+        self.autocast = bf16(cfg)
 
     def _no_sync(self):
         return self.module.no_sync()
@@ -45,6 +54,7 @@ class TorchZeRO1(PeerBase):
         super().__init__(name, cfg, ledger)
         model = build_model(cfg, device)
         self.module = DDP(model, process_group=mesh.dp.pg)
+        self.autocast = bf16(cfg)
         groups = param_groups(model, cfg)
         self.optimizer = ZeroRedundancyOptimizer(
             groups[0]["params"],
@@ -71,7 +81,7 @@ class TorchZeRO1(PeerBase):
 class TorchFSDP1(PeerBase):
     def __init__(self, name, cfg, mesh, ledger, device):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import ShardingStrategy
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         super().__init__(name, cfg, ledger)
@@ -84,6 +94,9 @@ class TorchFSDP1(PeerBase):
             auto_wrap_policy=ModuleWrapPolicy({Block}),
             device_id=device,
             use_orig_params=True,
+            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16(cfg)
+            else None,
         )
         self.optimizer = _adamw(param_groups(self.module, cfg), cfg)
 
@@ -98,15 +111,21 @@ class TorchFSDP1(PeerBase):
 class TorchFSDP2(PeerBase):
     def __init__(self, name, cfg, mesh, ledger, device):
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         super().__init__(name, cfg, ledger)
-        reshard = name == "fsdp2"
+        reshard = name != "fsdp2-no-reshard"
         model = build_model(cfg, device)
+        if name == "fsdp2-compiled":  # each block's forward compiled; FSDP2's hooks run around it, uncompiled
+            self.op_counting = False
+            for block in model.blocks:
+                block.forward = torch.compile(block.forward, fullgraph=True)
         dm = DeviceMesh.from_group(mesh.dp.pg or dist.group.WORLD, device.type)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16(cfg) else None
+        kw = {"mesh": dm, "reshard_after_forward": reshard, **({"mp_policy": mp} if mp else {})}
         for block in model.blocks:
-            fully_shard(block, mesh=dm, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dm, reshard_after_forward=reshard)
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
         self.module = model
         self.optimizer = _adamw(param_groups(model, cfg), cfg)
 
@@ -126,6 +145,7 @@ _CLASSES = {
     "fsdp1-full-shard": TorchFSDP1,
     "fsdp2-no-reshard": TorchFSDP2,
     "fsdp2": TorchFSDP2,
+    "fsdp2-compiled": TorchFSDP2,
 }
 
 

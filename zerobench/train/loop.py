@@ -125,8 +125,11 @@ def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectiv
 def _probe(run: _Run, hooks: LoopHooks, callgrind: str | None, rank: int) -> StepProbe:
     """The step probe (``train/probes.py``). In an instrumented run (``callgrind``: where the dumps go; every
     rank is told) the ranks that run under callgrind (rank 0 at least) also mark the counted step's phases
-    for the instruction counts."""
+    for the instruction counts. A system whose ``op_counting`` is False (``torch.compile``'d code, which refuses to
+    run under a dispatch mode) has no counted step."""
     counted, marks, read = counted_step(run.cfg.warmup_steps), None, None
+    if not getattr(run.system, "op_counting", True):  # compiled code cannot run under the operator counter
+        counted = None
     if callgrind is not None:
         from zerobench.metrics.callgrind import CallgrindUnavailable, Marks, read_counts
 

@@ -1,0 +1,46 @@
+"""``scripts/gpu_first.sh`` (issue 61's prepared command for a lent GPU) checked on a CPU: its bash, the one-line
+refusal of an unknown section, and its ``tests`` section's smoke path (``GPU_FIRST_SMOKE=1``): the ``-k`` cut
+collects the five CUDA-path cases, the section ends as one archive with its logs, and summary.txt records it.
+The other sections' smoke paths run in tests/e2e/test_gpu_first.py (slow, slurm)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_first.sh"
+
+
+def run_smoke(out: Path, *sections: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GPU_FIRST_SMOKE": "1", "OUT": str(out), "PY": sys.executable, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *sections], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_the_script_parses_and_refuses_an_unknown_section_in_one_line(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    r = run_smoke(tmp_path, "tests", "bench")
+    assert (
+        r.returncode == 2
+        and r.stderr == "gpu_first.sh: unknown section 'bench': choose from tests torchrun slurm table\n"
+    )
+    assert not (tmp_path / "summary.txt").exists()  # nothing ran
+
+
+def test_tests_section_smoke_collects_the_cuda_path_cut_and_archives_it(tmp_path):
+    r = run_smoke(tmp_path, "tests")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "summary.txt").read_text().startswith("tests: ok in ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["console.log", "summary.txt", "tests.tgz"]
+    with tarfile.open(tmp_path / "tests.tgz") as tar:
+        names = set(tar.getnames())
+        collected = tar.extractfile("tests/collected.txt").read().decode()
+    assert {"tests/collected.txt", "tests/pytest.log", "tests/junit.xml"} <= names
+    cases = sorted(line.split("[")[1].rstrip("]") for line in collected.splitlines() if "::" in line)
+    assert cases == ["2-bf16-offload", "2-bf16-plain", "2-fp16-accum", "3-bf16-plain", "pa-cpu-bf16"]
+    assert "5 cases" in (tmp_path / "console.log").read_text()

@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers.amp_scaler import BAD_STEP, STEPS, run_amp_scaler
 from tests.helpers.dist import run_distributed
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 
@@ -19,7 +20,7 @@ def ranks():
 
 
 @pytest.mark.parametrize("clip", (0, 1))
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 def test_sharded_grad_scaler_trains_as_one_process(ranks, stage, clip):
     """The same parameters as one process (fp32, world 2: measured equal), the overflow step skipped on every rank
     and the scale backed off and grown again as torch's GradScaler does it."""
@@ -49,7 +50,7 @@ def test_torch_grad_scaler_is_refused_in_one_line_at_stages_1_to_3(ranks, stage)
         )
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 def test_an_fp16_engine_keeps_its_own_loss_scale(ranks, stage):
     for r in ranks:
         msg = r[f"s{stage}-fp16"]

@@ -12,13 +12,14 @@ import pytest
 
 from tests.helpers.backward_args import all_cases
 from tests.helpers.dist import run_distributed
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 
 TOL = 1e-6  # fp32, 3 AdamW steps at lr 1e-2: measured 1.5e-8
 
 
-@pytest.fixture(scope="module", params=(0, 1, 2, 3))
+@pytest.fixture(scope="module", params=STAGES)
 def ran(request):
     """Every case at one stage, run once (one spawn of the two ranks per stage)."""
     return request.param, run_distributed(all_cases, 2, request.param, timeout=300)

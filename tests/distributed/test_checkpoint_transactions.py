@@ -64,7 +64,7 @@ def check_whole_or_refused(out: Path, saves: list[dict]) -> str:
     return (root / "latest").read_text()
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_a_resave_killed_inside_a_shard_write_leaves_the_previous_save(tmp_path, stage):
     with pytest.raises(DistributedFailure):
         run_distributed(F.resave_killed, 2, str(tmp_path), stage, 1)
@@ -74,6 +74,7 @@ def test_a_resave_killed_inside_a_shard_write_leaves_the_previous_save(tmp_path,
     assert equal(loaded(tmp_path / "ckpt"), first)
 
 
+@pytest.mark.slow
 def test_a_dp2_resave_over_a_dp4_checkpoint_killed_leaves_the_dp4_one(tmp_path):
     run_distributed(F.save_first, 4, str(tmp_path), 2)
     with pytest.raises(DistributedFailure):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.tiers import tiered
 
 pytestmark = pytest.mark.dist
 STEPS = 4
@@ -59,7 +60,7 @@ def _train(rank: int, world: int, stage: int, precision: str, compiled: bool) ->
 
 
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", tiered((0, 1, 2, 3), fast=(3,)))
 def test_a_compiled_model_trains_as_the_eager_one_without_recompiling(stage, precision):
     eager = run_distributed(_train, 2, stage, precision, False, timeout=300)
     compiled = run_distributed(_train, 2, stage, precision, True, timeout=300)

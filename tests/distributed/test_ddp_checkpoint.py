@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.tiers import STAGES
 from tests.helpers.workers_engine import checkpoint_resume, ddp_vs_stage0
 
 pytestmark = pytest.mark.dist
@@ -66,7 +67,7 @@ def test_the_gradient_partition_is_held_from_backward_to_zero_grad(stage):
         assert res["grads_after_zero"] == 0.0
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_overlap_comm_off_waits_for_each_bucket(stage):
     """``overlap_comm`` on, with a network too slow to finish any collective before it is waited for: at
     stages 0-1 up to two bucket collectives run on while backward goes on; at stages 2-3 one, and the next

@@ -11,6 +11,7 @@ from torch import nn
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds import ds_apply_zero
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 
@@ -99,7 +100,7 @@ def _destroy(rank: int, world: int, stage: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_destroy_hands_the_model_back(stage):
     for r in run_distributed(_destroy, 2, stage):
         assert r["cls"] and r["zero_grad_is_torchs"] and r["hooks"] == (0, 0), r

@@ -9,13 +9,14 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_counters import ACCUM, MICRO_BATCHES, ds_counters
+from tests.helpers.tiers import STAGES
 from zerobench.peers.registry import deepspeed_available
 
 # Full grid only: DeepSpeed's first use in a fresh environment builds its ops (35 s on the 2-core CI VM).
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("plain", [False, True], ids=["engine_backward", "loss_backward"])
 def test_deepspeed_loop_queries_match_deepspeed(stage, plain):
     have_ds = deepspeed_available()

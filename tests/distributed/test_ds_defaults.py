@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_defaults import clipping, loss_scales
+from tests.helpers.tiers import STAGES
 from zerobench.peers.registry import deepspeed_available
 
 # Full grid only: DeepSpeed's first use in a fresh environment builds its ops (35 s on the 2-core CI VM).
@@ -21,7 +22,7 @@ def _deepspeed():
         pytest.skip("DeepSpeed is not installed (the test extra installs it)")
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_a_config_without_gradient_clipping_clips_at_one_as_deepspeed(stage):
     """Three fp32 steps whose global gradient norms exceed 1 (DeepSpeed's own measure): both engines answer
     ``gradient_clipping()`` 1.0 and end with the same parameters (unclipped, 3% of the update apart)."""

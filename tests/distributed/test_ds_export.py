@@ -12,11 +12,12 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_export import ds_export, tp_export
+from tests.helpers.tiers import tiered
 
 pytestmark = pytest.mark.dist
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", tiered(("fp32", "bf16", "fp16"), fast=("bf16",)))
 def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
     for rank, res in enumerate(run_distributed(ds_export, 2, precision, str(tmp_path), timeout=240)):
         assert res.pop("mid_window") == (

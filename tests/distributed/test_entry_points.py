@@ -17,12 +17,12 @@ from tests.helpers.entry_points import (
     submodules_called,
     units_by_class,
 )
+from tests.helpers.tiers import STAGES
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 
 pytestmark = pytest.mark.dist
 
-STAGES = (0, 1, 2, 3)
 TOL = 1e-6  # fp32, 3 AdamW steps at lr 1e-2: measured 1.5e-8
 
 

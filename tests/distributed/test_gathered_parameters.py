@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 
@@ -42,7 +43,7 @@ def _worker(rank: int, world: int, stage: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_gathered_parameters_as_deepspeeds(stage):
     for rank, r in enumerate(run_distributed(_worker, 2, stage, timeout=120)):
         assert r["read"] == 0.0 and r["discarded"] == 0.0

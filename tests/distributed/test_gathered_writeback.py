@@ -11,6 +11,7 @@ import pytest
 from tests.helpers.dist import run_distributed
 from tests.helpers.gathered_writeback import run_gathered_writeback
 from tests.helpers.module_load import CASES
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 KEYS = [key for key, _, _ in CASES]
@@ -56,7 +57,7 @@ def test_an_exception_inside_leaves_parameters_and_master_agreeing(ranks, case, 
         assert all(res[k] == 0.0 for k in SAME), (case, res)
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))
 def test_modifier_rank_values_win(ranks, stage, precision):
     """Rank 1 writes the other weights, rank 0 zeroes everything: both end with rank 1's, frozen ones too."""
@@ -78,7 +79,7 @@ BAD_MODIFIER = {
 
 
 @pytest.mark.parametrize("call", BAD_MODIFIER)
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 def test_a_bad_modifier_rank_is_one_line(ranks, stage, call):
     """A rank outside the group, or ``modifier_rank`` with ``writeback=False``."""
     for r in ranks:

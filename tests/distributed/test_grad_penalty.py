@@ -13,13 +13,14 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.grad_penalty import LOOPS, penalty_all
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 
 TOL = 1e-6  # fp32, 3 AdamW steps at lr 1e-2: measured 3e-8
 
 
-@pytest.fixture(scope="module", params=(0, 1, 2, 3))
+@pytest.fixture(scope="module", params=STAGES)
 def ran(request):
     """Every loop at one stage, run once (one spawn of the two ranks per stage)."""
     return run_distributed(penalty_all, 2, request.param, timeout=300)

@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.meta_init import CASES, run_meta_init, run_user_meta
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 FAST = [k for k in CASES if k.startswith("tp1") or k.endswith("fp32") or "ckpt" in k]
@@ -39,7 +40,7 @@ def user_meta():
 
 
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 def test_a_users_meta_built_model_initialised_inside_gathered_params(user_meta, stage, precision):
     """Zero until initialised; then exactly the engine built from the materialised weights, and its training."""
     for r in user_meta:

@@ -8,6 +8,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.module_load import CASES, run_module_load
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 KEYS = [key for key, _, _ in CASES]
@@ -49,7 +50,7 @@ def test_loading_into_a_deepcopy_leaves_the_engine_alone(ranks, case):
         assert r[case]["deepcopy_untouched"] == 0.0
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 def test_bad_state_dicts_read_as_plain_torch(ranks, stage):
     """At stage 3 the parameters are placeholders, yet a wrong shape names the real one, and strict=False
     reports the same missing and unexpected keys as the model without ZeRO; assign=True is refused."""

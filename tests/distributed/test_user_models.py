@@ -58,7 +58,8 @@ def test_user_model_parity(user_grid, variant, stage):
 @pytest.fixture(
     scope="module",
     params=[
-        pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 else [], id=f"w{w}-s{s}")
+        # the full grid: world 3 (uneven shards) and stages 1-2 (tests/helpers/tiers.py)
+        pytest.param((w, s), marks=[pytest.mark.slow] if w == 3 or s in (1, 2) else [], id=f"w{w}-s{s}")
         for w in (2, 3)
         for s in STAGES
     ],

@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.io_containers import run_dataclass_io
+from tests.helpers.tiers import STAGES
 from tests.helpers.user_models_bf16 import VARIANTS, run_bf16_user_cases
 
 pytestmark = pytest.mark.dist
@@ -25,7 +26,7 @@ def grid(request):
     return request.param, run_distributed(run_bf16_user_cases, request.param, timeout=300)
 
 
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bf16_user_model_parity(grid, variant, stage):
     world, ranks = grid
@@ -44,7 +45,7 @@ def dataclass_io():
 
 
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))
-@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+@pytest.mark.parametrize("stage", STAGES)
 def test_dataclass_batch_and_output(dataclass_io, stage, precision):
     """A batch dataclass in (its fp32 features cast under bf16), an output dataclass out: stage 3 sees the output's
     tensors and gathers the root again for its backward (before: a size error inside torch)."""

@@ -141,6 +141,7 @@ def test_dp_not_matching_world(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the fast tier's dead rank: tests/e2e/test_faults.py
 def test_dead_rank_fails_the_run_loudly(tmp_path):
     t0 = time.monotonic()
     r = zb("train", "--dp", "2", "--steps", "6", "--out", str(tmp_path / "x"), env={"ZEROBENCH_FAULT": "1:2"})
@@ -178,6 +179,7 @@ def test_out_of_memory_in_one_process_is_one_line_and_a_row(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the fast tier's out of memory: in one process here, on a host in test_faults.py
 def test_out_of_memory_on_a_launched_rank_is_a_row(tmp_path):
     r = zb(
         "train",

@@ -85,6 +85,7 @@ def test_a_port_in_use_is_one_line_on_every_rank_and_none_hangs(tmp_path, held_p
     assert f"rank 1 could not reach rank 0 at {where} within 1 s" in line1 and "MASTER_PORT" in line1, line1
 
 
+@pytest.mark.slow  # the fast tier's port in use: the test above
 def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held_port):
     # The window between the launcher picking a port and rank 0 listening on it, forced open.
     out = tmp_path / "run"
@@ -105,7 +106,7 @@ def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held
     assert not ranks_running(str(out))
 
 
-@pytest.mark.parametrize("kind", ["exit", "stop"])
+@pytest.mark.parametrize("kind", ["exit", pytest.param("stop", marks=pytest.mark.slow)])  # stop: a hang to time out
 def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_incomplete_run(tmp_path, kind):
     """Ranks started as torchrun starts them (no zerobench launcher above them to record the run's end): rank 1
     dies (``exit``, as a crash) or hangs (``stop``) at step 1. Rank 0 ends in one line naming the lost or stuck
@@ -137,6 +138,7 @@ def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_
     assert row["status"] == "failed" and row["reason"] == line.removeprefix("zerobench: error: "), row
 
 
+@pytest.mark.slow
 def test_a_rank_that_exits_0_early_is_named_as_the_cause(tmp_path):
     out = tmp_path / "run"
     r = zb(

@@ -14,7 +14,7 @@ from zerobench.bench.peers import COMPARISON_FILE
 from zerobench.cli import main
 from zerobench.results.rows import read_rows
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # a whole peers comparison (about 25 s) to stop
 
 
 @pytest.fixture(scope="module")

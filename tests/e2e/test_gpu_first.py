@@ -38,6 +38,7 @@ def test_torchrun_and_table_sections_smoke(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # starts and stops a local Slurm cluster: about 16 s
 @pytest.mark.skipif(not shutil.which("sbatch"), reason="Slurm is not installed: run tests/setup-tools.sh (as root)")
 def test_slurm_section_smoke_submits_with_a_gres_and_stops_the_cluster(tmp_path):
     r = run_smoke(tmp_path, "slurm", timeout=300)

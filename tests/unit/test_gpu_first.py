@@ -11,6 +11,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_first.sh"
 
@@ -32,6 +34,7 @@ def test_the_script_parses_and_refuses_an_unknown_section_in_one_line(tmp_path):
     assert not (tmp_path / "summary.txt").exists()  # nothing ran
 
 
+@pytest.mark.slow  # a pytest collection and the section's archive in subprocesses: about 13 s
 def test_tests_section_smoke_collects_the_cuda_path_cut_and_archives_it(tmp_path):
     r = run_smoke(tmp_path, "tests")
     assert r.returncode == 0, r.stdout + r.stderr

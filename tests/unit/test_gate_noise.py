@@ -269,3 +269,21 @@ def test_a_failed_instrumented_run_beside_its_timed_twin_is_named_and_the_twin_c
     assert any("under callgrind: failed: rank 0 timed out" in n for n in res.not_completed), res.not_completed
     assert any(c.metric == "host_cpu_s" for c in res.comparisons), res.comparisons
     assert any("instructions" in m for m in res.missing), res.missing
+
+
+def test_a_baseline_of_instrumented_runs_only_keeps_its_noise_model(run_rows):
+    """Sweeps run only under callgrind: every row of the run is tagged ``instrumented``, its status row too. The
+    baseline's noise-model rows (written by the gate, untagged) belong to that run: the instruction counts are
+    judged against them, not listed as having no noise model."""
+    rng = random.Random(9)
+
+    def counted() -> list[dict]:
+        rows = [r for r in _host(run_rows, rng) if r["metric"] in ("run_status", "instructions")]
+        return [dict(r, instrumented="callgrind") for r in rows]
+
+    samples = [counted() for _ in range(3)]
+    base = samples[0] + noise_rows(samples)[0]
+    res = gate(base, counted())
+    judged = [c for c in res.comparisons if c.metric.startswith("instructions")]
+    assert len(judged) == 4 and all(c.verdict != "no noise model" for c in judged), judged
+    assert not res.missing and not res.not_completed, (res.missing, res.not_completed)

@@ -90,15 +90,19 @@ def _run_key(r: dict) -> tuple:
 
 
 def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]]:
-    """Each ``_run_key``'s status. An instrumented run's rows without a status row of their own (sweeps before the
-    runner tagged it) take the status of the untagged rows beside them, which then held the run's one status row."""
+    """Each ``_run_key``'s status. Rows without a status row of their own take the status of the same run's rows
+    under another tool that have one, the untagged ones first: an instrumented run's rows from sweeps before the
+    runner tagged its status row, and the untagged noise-model rows a baseline of instrumented runs carries."""
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault(_run_key(r), []).append(r)
     out = {k: statuses(rs)[k[:2]] for k, rs in by.items()}
-    for k, rs in by.items():
-        if k[2] and (*k[:2], "") in by and not any(r.get("metric") == STATUS_METRIC for r in rs):
-            out[k] = out[(*k[:2], "")]
+    has_status = {k for k, rs in by.items() if any(r.get("metric") == STATUS_METRIC for r in rs)}
+    for k in by:
+        if k not in has_status:
+            twin = next((o for o in sorted(has_status, key=lambda o: o[2]) if o[:2] == k[:2]), None)
+            if twin is not None:
+                out[k] = out[twin]
     return out
 
 

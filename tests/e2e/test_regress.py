@@ -62,10 +62,17 @@ def test_unchanged_run_passes(sweeps):
     """Unchanged code against itself, step-time ratios reported (``--timing report``): what is judged is
     deterministic (model states, communication volume, peak tracked memory, fp32 loss, and the counted step's
     operators, allocations and collectives, each exactly), so this cannot fail on a busy machine."""
-    r = zb("regress", "--baseline", sweeps["base"], "--candidate", sweeps["same"], "--timing", "report")
+    verdicts = Path(sweeps["same"]).parent / "unchanged-verdicts"
+    r = zb(
+        "regress", "--baseline", sweeps["base"], "--candidate", sweeps["same"], "--timing", "report", "--out", verdicts
+    )
     assert r.returncode == 0, r.stdout
     assert "0 regressions" in r.stdout and (Path(sweeps["same"]) / "proposed-baseline.jsonl").exists()
-    exact = {line.split()[1] for line in r.stdout.splitlines() if line.rstrip().endswith(" exact")}
+    # from the verdict rows: the printed table lists only what moved when a reported step-time ratio did
+    rows = [json.loads(line) for line in (verdicts / "rows.jsonl").read_text().splitlines()]
+    exact = {
+        v["of"] for v in rows if v["metric"] == "gate_comparison" and v["basis"] == "exact" and v["verdict"] == "ok"
+    }
     assert {
         "model_state_bytes",
         "ops_dispatched",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.tiers import STAGES
+from tests.helpers.tiers import STAGES, tiered
 from tests.helpers.workers_engine import checkpoint_resume, ddp_vs_stage0
 
 pytestmark = pytest.mark.dist
@@ -16,7 +16,7 @@ def test_stage0_matches_torch_ddp():
     assert max(diffs) <= 1e-5, diffs
 
 
-@pytest.mark.parametrize("stage", [*(pytest.param(s, marks=pytest.mark.slow) for s in (0, 1, 2)), 3])
+@pytest.mark.parametrize("stage", tiered((0, 1, 2, 3), fast=(3,)))
 def test_checkpoint_dp4_resumes_at_dp2(stage, tmp_path):
     results = run_distributed(checkpoint_resume, 4, stage, str(tmp_path / "ckpt"))
     for r in results:

@@ -12,11 +12,12 @@ import pytest
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp_resume
 from tests.helpers.ds_checkpoint_options import ds_load_options
+from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
 
 
-@pytest.mark.parametrize("stage", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2)), 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_deepspeed_loop_and_checkpoint_resume_exactly(stage, tmp_path):
     for r in run_distributed(ds_resume, 2, stage, str(tmp_path / "ckpt")):
         assert r["tag"] == "global_step3" and r["latest"] == "global_step3"

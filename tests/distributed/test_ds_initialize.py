@@ -11,6 +11,7 @@ import torch
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.plain_python import run_plain_python
+from tests.helpers.tiers import tiered
 
 pytestmark = pytest.mark.dist
 
@@ -296,7 +297,7 @@ def _resume(rank: int, world: int, stage: int, root: str):
     }
 
 
-@pytest.mark.parametrize("stage", [pytest.param(0, marks=SLOW), pytest.param(2, marks=SLOW), 3])
+@pytest.mark.parametrize("stage", tiered((0, 2, 3), fast=(3,)))
 def test_a_checkpoint_carries_the_schedulers_state(stage, tmp_path):
     """As DeepSpeed's: ``save_checkpoint`` saves ``engine.lr_scheduler``'s state, ``load_checkpoint`` restores it
     (not with ``load_lr_scheduler_states=False``), and training resumed from it is the uninterrupted run's."""

@@ -8,11 +8,12 @@ import pytest
 from tests.distributed.test_user_models import close
 from tests.helpers.dist import run_distributed
 from tests.helpers.external_params import EXTERNAL, engine_from_a_list, refusals, train_declared
+from tests.helpers.tiers import tiered
 
 pytestmark = pytest.mark.dist
 
 
-@pytest.fixture(scope="module", params=[0, pytest.param(1, marks=pytest.mark.slow), 2, 3])
+@pytest.fixture(scope="module", params=tiered((0, 1, 2, 3), fast=(0, 2, 3)))
 def declared(request):
     return request.param, run_distributed(train_declared, 2, request.param, timeout=240)
 

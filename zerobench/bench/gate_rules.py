@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from zerobench.bench import noise
 from zerobench.bench.stats import relative_se_from_mad
 from zerobench.config import ConfigError
-from zerobench.results.status import OK, STATUS_METRIC, statuses
+from zerobench.results.status import OK, STATUS_METRIC, status_of
 
 PHASES = ("forward_backward", "optimizer", "zero_grad")
 COUNTS = ("ops_dispatched", "allocations", "allocated_bytes", "collective_calls", "collective_bytes")
@@ -96,13 +96,11 @@ def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault(_run_key(r), []).append(r)
-    out = {k: statuses(rs)[k[:2]] for k, rs in by.items()}
-    has_status = {k for k, rs in by.items() if any(r.get("metric") == STATUS_METRIC for r in rs)}
-    for k in by:
-        if k not in has_status:
-            twin = next((o for o in sorted(has_status, key=lambda o: o[2]) if o[:2] == k[:2]), None)
-            if twin is not None:
-                out[k] = out[twin]
+    out = {k: status_of(rs) for k, rs in by.items()}
+    recorded = [k for k, rs in by.items() if any(r.get("metric") == STATUS_METRIC for r in rs)]
+    twin = {k[:2]: out[k] for k in sorted(recorded, key=lambda k: k[2], reverse=True)}  # untagged written last
+    for k in by.keys() - set(recorded):
+        out[k] = twin.get(k[:2], out[k])
     return out
 
 

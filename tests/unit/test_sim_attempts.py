@@ -111,7 +111,8 @@ def test_the_recorded_attempts_are_independent_and_their_figures_come_from_their
     reason="issue 62's bar is not met: 0 of 5 attempts meet median <= 10% and worst <= 25% (medians 7.5-16.1%, "
     "worst 25.1-48.7%): the single-process runs, with no collective and no fitted factor, already span 0.67-1.30 "
     "of their profiled pieces' sum, and the fitted interference moved between 0.00 and 1.90 from one attempt to "
-    "the next (results/reference/sim-validation-cpu-2core-attempts/README.md)",
+    "the next; and the runs themselves, predicted by the median of the same runs in the other attempts, meet "
+    "the bar in 1 of 5 (results/reference/sim-validation-cpu-2core-attempts/README.md)",
 )
 def test_issue_62_bar_holds_in_four_of_five_attempts():
     got = _attempts(ATTEMPTS)
@@ -140,3 +141,75 @@ def test_one_round_of_the_earlier_recordings_alone_meets_the_bar_in_two_of_nine(
     medians, worsts = sorted(a["median_abs_error"] for a in got), sorted(a["worst_abs_error"] for a in got)
     assert (f"{medians[0]:.1%}", f"{medians[-1]:.1%}") == ("6.3%", "12.2%")
     assert (f"{worsts[0]:.1%}", f"{worsts[-1]:.1%}") == ("22.5%", "81.1%")
+
+
+def _sweep_copy(src: Path, dst: Path, scale: dict[str, float]) -> Path:
+    """A copy of one sweep's rows with some runs' step times scaled."""
+    import json
+
+    for rows in src.glob("*/rows.jsonl"):
+        (dst / rows.parent.name).mkdir(parents=True)
+        lines = []
+        for line in rows.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("metric") == "step_time_s":
+                r["value"] *= scale.get(r["run_id"], 1.0)
+            lines.append(json.dumps(r))
+        (dst / rows.parent.name / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_reproducibility_holds_each_sweep_against_the_median_of_the_others(tmp_path):
+    src = ROUNDS / "runs" / "round-1"
+    run = "000-tiny-dp1-s0"
+    a = _sweep_copy(src, tmp_path / "a", {})
+    b = _sweep_copy(src, tmp_path / "b", {})
+    c = _sweep_copy(src, tmp_path / "c", {run: 1.5})
+    got = A.reproducibility([a, b, c])
+    assert [g["runs"] for g in got] == [34, 34, 34]
+    # c's run is 1.5x the others' median (a and b agree): 50 %, every other run exact
+    assert got[2]["worst_run"] == run and got[2]["worst_abs_error"] == pytest.approx(0.5)
+    assert got[2]["median_abs_error"] == 0.0 and not got[2]["meets_bar"]
+    # a's run against the median of 1x and 1.5x: 1 / 1.25 - 1 = -20 %, inside the bar
+    assert got[0]["worst_run"] == run and got[0]["worst_abs_error"] == pytest.approx(0.2)
+    assert got[0]["meets_bar"] and got[1]["meets_bar"]
+    with pytest.raises(ValueError, match="at least two sweeps"):
+        A.reproducibility([a])
+
+
+def test_the_floor_command_prints_each_sweep_and_refuses_one(tmp_path, capsys):
+    sweeps = [str(ROUNDS / "runs" / f"round-{k}") for k in (1, 2, 3)]
+    assert A.main(["--floor", *sweeps]) == 0
+    out = capsys.readouterr().out
+    assert out.count("round-") == 3 and "3 of 3 sweeps are within median <= 10% and worst <= 25%" in out
+    assert A.main(["--floor", sweeps[0]]) == 2
+    assert "at least two sweeps" in capsys.readouterr().err
+
+
+SAME_SESSION = {  # recording -> each round's (median, worst) against the median of its session's other rounds
+    "sim-validation-cpu-2core": [("7.1%", "81.3%"), ("5.3%", "31.1%"), ("5.6%", "26.7%")],
+    "sim-validation-cpu-2core-xeon": [("8.6%", "25.2%"), ("7.9%", "42.6%"), ("11.9%", "39.7%")],
+    "sim-validation-cpu-2core-xeon-insitu": [("4.2%", "375.7%"), ("3.5%", "65.8%"), ("5.6%", "64.7%")],
+    "sim-validation-cpu-2core-xeon-4": [("3.6%", "46.3%"), ("2.6%", "24.8%"), ("2.9%", "21.5%")],
+    "sim-validation-cpu-2core-xeon-5": [("3.2%", "17.5%"), ("2.9%", "23.5%"), ("3.5%", "20.8%")],
+}
+ACROSS_ATTEMPTS = [("17.0%", "77.7%"), ("6.5%", "25.5%"), ("5.4%", "19.4%"), ("18.9%", "44.8%"), ("6.8%", "31.9%")]
+"""Each committed attempt's runs against the median of the same runs in the other four attempts."""
+
+
+def test_the_runs_own_reproducibility_misses_the_bar_in_most_sweeps():
+    """What issue 62's bar asks of one sweep, asked of the runs themselves: a predictor that knew each run's
+    time from the same session's other rounds meets median <= 10 % and worst <= 25 % in 5 of 15 rounds, and
+    from the other attempts in 1 of 5 (docs/simulator.md, the attempts' README)."""
+    meets = 0
+    for ref, want in SAME_SESSION.items():
+        got = A.reproducibility([REFS / ref / "runs" / f"round-{k}" for k in (1, 2, 3)])
+        assert [(f"{g['median_abs_error']:.1%}", f"{g['worst_abs_error']:.1%}") for g in got] == want, ref
+        meets += sum(g["meets_bar"] for g in got)
+    assert meets == 5
+    got = A.reproducibility([d / "runs" for d in A.attempt_dirs(ATTEMPTS)])
+    assert [(f"{g['median_abs_error']:.1%}", f"{g['worst_abs_error']:.1%}") for g in got] == ACROSS_ATTEMPTS
+    assert sum(g["meets_bar"] for g in got) == 1
+    readme = (ATTEMPTS / "README.md").read_text()
+    for (name, (median, worst, _, _)), (o_median, o_worst) in zip(RECORDED.items(), ACROSS_ATTEMPTS):
+        assert f"| {name} | {median} / {worst} | {o_median} / {o_worst} |" in readme, name

@@ -5,7 +5,9 @@ An attempt is what a user runs on a machine, once: a fresh profile, the suite's 
 ``attempt-K/runs`` (rows), each attempt validated alone, with the one factor fitted on its own non-ZeRO runs, as
 ``zerobench simulate --profile P --validate R --fit`` does. ``python -m zerobench.sim.attempts OUTDIR`` prints
 each attempt's median and worst |predicted ÷ measured − 1|, how many measured steps fall inside the intervals
-the profile's spreads give, and how many attempts meet the bar (median ≤ 10 % and worst ≤ 25 %).
+the profile's spreads give, and how many attempts meet the bar (median ≤ 10 % and worst ≤ 25 %), beside the
+runs' own reproducibility: each attempt's runs against the median of the same runs in the other attempts
+(``reproducibility``; ``--floor SWEEP...`` prints it for any sweeps of one suite, e.g. one session's rounds).
 """
 
 from __future__ import annotations
@@ -50,6 +52,47 @@ def summarize_attempt(path: str | Path) -> dict:
     }
 
 
+def step_times(path: str | Path) -> dict[str, float]:
+    """Run id -> median step seconds of the ok zerobench runs in one sweep's rows (``validate.measured_runs``)."""
+    from zerobench.results.rows import read_rows
+    from zerobench.sim.validate import measured_runs
+
+    return {rid: t for rid, _, t in measured_runs(read_rows(path))}
+
+
+def reproducibility(sweeps: list[str | Path]) -> list[dict]:
+    """How well the best predictor of a sweep could do: each sweep's runs against the median of the same runs in
+    the other sweeps, an oracle that knows every run's typical time on this machine and nothing of the moment.
+    Per sweep: the runs all sweeps share, median and worst |sweep ÷ others' median − 1|, the worst run and
+    whether the oracle meets ``BAR``. A simulator validated on one sweep cannot be held to a bar that this
+    oracle misses: the distance is the runs' own irreproducibility, not the replay's error."""
+    import statistics
+
+    if len(sweeps) < 2:
+        raise ValueError(f"the runs' reproducibility needs at least two sweeps of one suite, got {len(sweeps)}")
+    times = [step_times(p) for p in sweeps]
+    shared = sorted(set.intersection(*(set(t) for t in times)))
+    if not shared:
+        raise ValueError("the sweeps share no run with an ok step time: give sweeps of one suite")
+    out = []
+    for k, (path, t) in enumerate(zip(sweeps, times)):
+        others = [u for j, u in enumerate(times) if j != k]
+        err = {r: abs(t[r] / statistics.median(u[r] for u in others) - 1) for r in shared}
+        worst = max(shared, key=err.__getitem__)
+        median = statistics.median(err.values())
+        out.append(
+            {
+                "sweep": str(path),
+                "runs": len(shared),
+                "median_abs_error": median,
+                "worst_abs_error": err[worst],
+                "worst_run": worst,
+                "meets_bar": median <= BAR["median"] and err[worst] <= BAR["worst"],
+            }
+        )
+    return out
+
+
 def trim(path: str | Path) -> int:
     """Keep of each run's rows only what the validation reads (``step_time_s`` and ``run_status``) and drop the
     runs' logs, as the committed recordings under ``results/reference`` do; returns the files rewritten."""
@@ -71,9 +114,19 @@ def trim(path: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m zerobench.sim.attempts", description=__doc__.split("\n\n")[0])
-    ap.add_argument("root", help="a directory of attempt-K/{profile,runs}")
+    ap.add_argument("root", nargs="+", help="a directory of attempt-K/{profile,runs} (with --floor: the sweeps)")
     ap.add_argument("--trim", action="store_true", help="first keep only the rows the validation reads (to commit)")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="instead: each sweep given against the median of the same runs in the others (needs 2 or more)",
+    )
     args = ap.parse_args(argv)
+    if args.floor:
+        return print_floor(args.root)
+    if len(args.root) != 1:
+        ap.error("give one directory of attempts (several directories are for --floor)")
+    args.root = args.root[0]
     dirs = attempt_dirs(args.root)
     if not dirs:
         print(
@@ -83,17 +136,48 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.trim:
         trim(args.root)
-    print(f"{'attempt':<12} {'runs':>4} {'median':>7} {'worst':>7}  {'inside':>6}  {'factor':>6}  bar  worst run")
     got = [summarize_attempt(d) for d in dirs]
-    for a in got:
+    floor = reproducibility([d / "runs" for d in dirs]) if len(dirs) >= 2 else [None] * len(dirs)
+    print(
+        f"{'attempt':<12} {'runs':>4} {'median':>7} {'worst':>7}  {'inside':>6}  {'factor':>6}  bar  "
+        f"{'runs vs the other attempts':>26}  worst run"
+    )
+    for a, f in zip(got, floor):
         inside = f"{a['inside_interval']}/{a['runs']}" if a["inside_interval"] is not None else "-"
+        oracle = f"{f['median_abs_error']:.1%} / {f['worst_abs_error']:.1%}" if f else "-"
         print(
             f"{a['attempt']:<12} {a['runs']:>4} {a['median_abs_error']:>7.1%} {a['worst_abs_error']:>7.1%}  "
-            f"{inside:>6}  {a['interference']:>6.2f}  {'yes' if a['meets_bar'] else 'no ':<3}  {a['worst_run']}"
+            f"{inside:>6}  {a['interference']:>6.2f}  {'yes' if a['meets_bar'] else 'no ':<3}  {oracle:>26}  "
+            f"{a['worst_run']}"
         )
     print(
         f"\n{sum(a['meets_bar'] for a in got)} of {len(got)} attempts meet median <= {BAR['median']:.0%} and "
         f"worst <= {BAR['worst']:.0%}"
+    )
+    if floor[0] is not None:
+        print(
+            f"{sum(f['meets_bar'] for f in floor)} of {len(floor)} would, predicted by the median of the same runs "
+            f"in the other attempts (the runs' own reproducibility)"
+        )
+    return 0
+
+
+def print_floor(sweeps: list[str]) -> int:
+    """``--floor``: the runs' reproducibility over several sweeps of one suite, one line per sweep."""
+    try:
+        got = reproducibility(sweeps)
+    except ValueError as e:
+        print(f"zerobench: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'sweep':<40} {'runs':>4} {'median':>7} {'worst':>7}  bar  worst run")
+    for f in got:
+        print(
+            f"{f['sweep'][-40:]:<40} {f['runs']:>4} {f['median_abs_error']:>7.1%} {f['worst_abs_error']:>7.1%}  "
+            f"{'yes' if f['meets_bar'] else 'no ':<3}  {f['worst_run']}"
+        )
+    print(
+        f"\n{sum(f['meets_bar'] for f in got)} of {len(got)} sweeps are within median <= {BAR['median']:.0%} and "
+        f"worst <= {BAR['worst']:.0%} of the median of the others"
     )
     return 0
 

@@ -16,9 +16,12 @@
 # OUTDIR gets what is committed: rows.jsonl (every trial, the gate's flagged comparisons, the A/B verdicts, the
 # totals), baseline.jsonl (with its noise model) and README.md (scripts/gate_campaign_summary.py writes them).
 #
-# Expected duration on a quiet 2-core machine, with the neighbour taking one core in bursts: about 2 hours for
-# N=20, K=5 (a timed sweep ~15 s and an instrumented one ~60 s per gate run: 45 gate runs ~ 1 h; an A/B of 29
-# rounds ~3 min: 20 of them ~1 h). tests/unit/test_gate_campaign.py reads results/reference/gate-campaign-cpu-2core.
+# Expected duration on a quiet 2-core machine, with the neighbour taking one core in bursts: about 6 hours for
+# N=20, K=5 (a gate run, timed and instrumented, ~2 min; an A/B of 29 rounds, each four fresh training processes,
+# ~15 min). A campaign can be taken in parts: GATE_CAMPAIGN_HOURS (e.g. 2) starts no trial that the mean trial so far
+# would carry past that budget, and summarises the trials run; each part records a baseline of its own, and
+# `python scripts/gate_campaign_summary.py --combine OUT PART...` joins the parts (their trials in turn).
+# tests/unit/test_gate_campaign.py reads results/reference/gate-campaign-cpu-2core.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -39,6 +42,7 @@ if ! [[ $N =~ ^[1-9][0-9]*$ && $K =~ ^[2-9][0-9]*$ ]]; then
   echo "scripts/gate_campaign.sh: TRIALS must be a positive integer and GATE_CAMPAIGN_BASELINE_RUNS at least 2" >&2
   exit 2
 fi
+START=$(date +%s)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=${GATE_CAMPAIGN_WORK:-$(mktemp -d /tmp/gate-campaign-XXXXXX)}
@@ -79,7 +83,15 @@ for k in $(seq 1 "$K"); do BASE_RUNS+=("$WORK/baseline/$k"); done
 zb regress --write-baseline "$OUT/baseline.jsonl" --candidate "${BASE_RUNS[@]}" \
   | tee -a "$LOG"
 
+BUDGET_S=$(python -c "import sys; print(int(float(sys.argv[1]) * 3600))" "${GATE_CAMPAIGN_HOURS:-1000}")
+DONE=0
 for i in $(seq 1 "$N"); do
+  NOW=$(date +%s)
+  if ((DONE > 0 && NOW - START + (NOW - TRIALS_START) / DONE > BUDGET_S)); then
+    say "trial $i would run past GATE_CAMPAIGN_HOURS=$GATE_CAMPAIGN_HOURS: stopping after $DONE trials"
+    break
+  fi
+  if ((DONE == 0)); then TRIALS_START=$NOW; fi
   say "trial $i/$N: unchanged"
   gate unchanged "$i"
   say "trial $i/$N: host work planted 10% slower"
@@ -88,9 +100,10 @@ for i in $(seq 1 "$N"); do
   zb regress --ab cpu/gate_ab --baseline-tree "$REPO" --lockstep --cpus "$CPU" --rounds "$AB_ROUNDS" \
     --false-alarm "$AB_ALARM" \
     --candidate-env ZEROBENCH_PLANT_DELAY=0.10:2 --out "$WORK/ab/$i" >>"$LOG" 2>&1 || true
+  DONE=$i
 done
 
 kill "$NEIGHBOUR" 2>/dev/null || true
-python "$REPO/scripts/gate_campaign_summary.py" "$OUT" "$WORK" --trials "$N" --baseline-runs "$K" \
+python "$REPO/scripts/gate_campaign_summary.py" "$OUT" "$WORK" --trials "$DONE" --baseline-runs "$K" \
   --ab-rounds "$AB_ROUNDS" --ab-false-alarm "$AB_ALARM" | tee -a "$LOG"
 say "done: $OUT (work files: $WORK)"

@@ -1,11 +1,16 @@
 """Summarise a gate campaign (``scripts/gate_campaign.sh``): ``python scripts/gate_campaign_summary.py OUT WORK
---trials N --baseline-runs K``.
+--trials N --baseline-runs K``; combine campaigns taken in parts: ``... --combine OUT PART...``.
 
 Reads each trial's gate verdict rows (``WORK/verdicts/<kind>-<i>``) and A/B verdict rows (``WORK/ab/<i>/summary``)
 and writes to ``OUT``: ``rows.jsonl`` (one ``campaign_trial`` row per trial and kind, value 1 when the trial went
 as it must: unchanged code passed, a plant was caught; the gate's flagged comparisons and result of every trial;
 the A/B verdicts; one ``campaign_result`` row per kind with the count) and ``README.md`` (the table). A trial whose
 rows are missing (a gate or an A/B that did not finish) counts as not having gone as it must.
+
+A campaign of 20 trials needs about 6 hours of a quiet 2-core machine; it can be taken in parts (each a
+``gate_campaign.sh`` run with a baseline of its own, recorded under the same neighbour on the machine it runs on,
+so a part never judges one machine's runs by another's noise model). ``--combine`` numbers the parts' trials one
+after another and writes the totals over all of them, with each trial's part.
 """
 
 from __future__ import annotations
@@ -84,7 +89,82 @@ def trials(work: Path, n: int) -> list[dict]:
     return out
 
 
+SKIP = ("metric", "value", "unit", "config", "config_hash", "run_id", "provenance", "schema", "suite", "status")
+"""Fields of a source row that its copy does not carry over (the copy's writer sets its own)."""
+
+
+def combine(out: Path, parts: list[Path]) -> int:
+    """One campaign from its parts (each a summarised ``OUT`` of ``gate_campaign.sh``): their trials numbered one
+    after another, each with its ``part``, and the totals over all; the parts must share their configuration
+    apart from the trial count."""
+    loaded = [(p, _read(p)) for p in parts]
+    for p, rows in loaded:
+        if not rows:
+            print(f"gate_campaign_summary: {p}: no rows.jsonl: summarise that part first", file=sys.stderr)
+            return 2
+    configs = [{k: v for k, v in rows[0]["config"].items() if k != "trials"} for _, rows in loaded]
+    if any(c != configs[0] for c in configs):
+        print(
+            "gate_campaign_summary: the parts ran with different configurations: combine like with like",
+            file=sys.stderr,
+        )
+        return 2
+    total = sum(rows[0]["config"]["trials"] for _, rows in loaded)
+    hardware = {json.dumps(rows[0]["provenance"]["hardware"], sort_keys=True) for _, rows in loaded}
+    w = RowWriter(
+        out,
+        "gate-campaign",
+        {**configs[0], "trials": total, "parts": [p.name for p in parts]},
+        hardware=json.loads(hardware.pop()) if len(hardware) == 1 else None,
+    )
+    recs: list[dict] = []
+    trials = 0
+    for p, rows in loaded:
+        for r in rows:
+            if r["metric"] == "campaign_result":
+                continue
+            extra = {k: v for k, v in r.items() if k not in SKIP and k != "trial"}
+            prov = {k: r["provenance"].get(k) for k in ("commit", "host", "hardware", "timestamp")}
+            w.write(
+                r["metric"],
+                r["value"],
+                r.get("unit", ""),
+                trial=trials + r["trial"],
+                part=p.name,
+                part_provenance=prov,
+                **extra,
+            )
+            if r["metric"] == "campaign_trial":
+                recs.append({"kind": r["kind"], "met": bool(r["value"])})
+        trials += rows[0]["config"]["trials"]
+    table = _totals(w, recs)
+    parts_line = ", ".join(f"`{p.name}` ({_read(p)[0]['config']['trials']} trials)" for p in parts)
+    (out / "README.md").write_text(
+        README.format(n=total, k=configs[0]["baseline_runs"], table=table)
+        + f"\nTaken in parts, each with a baseline of its own: {parts_line}.\n"
+    )
+    print(table)
+    return 0
+
+
+def _totals(w: RowWriter, recs: list[dict]) -> str:
+    lines = ["| what | met | of | required |", "|---|---|---|---|"]
+    for kind, (what, required) in KINDS.items():
+        got = [r for r in recs if r["kind"] == kind]
+        met = sum(r["met"] for r in got)
+        w.write("campaign_result", met, "trials", kind=kind, of=len(got), required=required, definition=what)
+        lines.append(f"| {what} | {met} | {len(got)} | {required} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--combine":
+        if len(argv) < 3:
+            print("usage: gate_campaign_summary.py --combine OUT PART [PART...]", file=sys.stderr)
+            return 2
+        return combine(Path(argv[1]), [Path(p) for p in argv[2:]])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("work")
@@ -126,31 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 r.get("unit", ""),
                 kind=rec["kind"],
                 trial=rec["trial"],
-                **{
-                    k: v
-                    for k, v in r.items()
-                    if k
-                    not in (
-                        "metric",
-                        "value",
-                        "unit",
-                        "config",
-                        "config_hash",
-                        "run_id",
-                        "provenance",
-                        "schema",
-                        "suite",
-                        "status",
-                    )
-                },
+                **{k: v for k, v in r.items() if k not in SKIP},
             )
-    lines = ["| what | met | of | required |", "|---|---|---|---|"]
-    for kind, (what, required) in KINDS.items():
-        got = [r for r in recs if r["kind"] == kind]
-        met = sum(r["met"] for r in got)
-        w.write("campaign_result", met, "trials", kind=kind, of=len(got), required=required, definition=what)
-        lines.append(f"| {what} | {met} | {len(got)} | {required} |")
-    table = "\n".join(lines)
+    table = _totals(w, recs)
     (out / "README.md").write_text(README.format(n=a.trials, k=a.baseline_runs, table=table))
     print(table)
     return 0

@@ -58,9 +58,7 @@ def test_each_trial_agrees_with_its_own_verdict_rows(rows):
             assert t["value"] == (key in ab and ab[key]["verdict"] != "REGRESSION"), t
 
 
-def test_the_summary_counts_what_each_trial_did(tmp_path):
-    """scripts/gate_campaign_summary.py on a synthetic campaign of two trials: a trial counts only when its own
-    verdict rows say it went as it must; a trial without rows (a gate that did not finish) does not."""
+def _summary_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -68,7 +66,45 @@ def test_the_summary_counts_what_each_trial_did(tmp_path):
     )
     summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(summary)
-    work = tmp_path / "work"
+    return summary
+
+
+def test_the_summary_counts_what_each_trial_did(tmp_path):
+    """scripts/gate_campaign_summary.py on a synthetic campaign of two trials: a trial counts only when its own
+    verdict rows say it went as it must; a trial without rows (a gate that did not finish) does not."""
+    summary = _summary_module()
+    _synthetic_campaign(summary, tmp_path / "work", tmp_path / "out")
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    met = {r["kind"]: r["value"] for r in rows if r["metric"] == "campaign_result"}
+    assert met == {"unchanged_gate": 1, "host_planted_gate": 1, "ab_planted": 1, "ab_unchanged": 2}, met
+    trial = {(r["kind"], r["trial"]): r for r in rows if r["metric"] == "campaign_trial"}
+    assert trial[("unchanged_gate", 2)]["flagged"] == ["py_calls"] and trial[("host_planted_gate", 2)]["value"] == 0
+    assert "| the lockstep A/B does not call" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_campaign_taken_in_parts_numbers_their_trials_in_turn(tmp_path):
+    """``--combine``: two parts of two trials each become trials 1-4, each with its part and its own verdict
+    rows, and the totals count all four; parts run with another configuration are refused."""
+    summary = _summary_module()
+    for part in ("part-1", "part-2"):
+        _synthetic_campaign(summary, tmp_path / "work" / part, tmp_path / part)
+    assert summary.main(["--combine", str(tmp_path / "all"), str(tmp_path / "part-1"), str(tmp_path / "part-2")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "all" / "rows.jsonl").read_text().splitlines()]
+    trials = [(r["kind"], r["trial"], r["part"], r["value"]) for r in rows if r["metric"] == "campaign_trial"]
+    assert sorted(t[1] for t in trials if t[0] == "unchanged_gate") == [1, 2, 3, 4]
+    assert ("unchanged_gate", 4, "part-2", 0) in trials and ("unchanged_gate", 3, "part-2", 1) in trials
+    flagged = [r for r in rows if r["metric"] == "trial_gate_comparison" and r["trial"] == 4]
+    assert [r["of"] for r in flagged] == ["py_calls"] and flagged[0]["part_provenance"]["commit"]
+    met = {r["kind"]: (r["value"], r["of"]) for r in rows if r["metric"] == "campaign_result"}
+    assert met == {"unchanged_gate": (2, 4), "host_planted_gate": (2, 4), "ab_planted": (2, 4), "ab_unchanged": (4, 4)}
+    assert {(r["config"]["trials"], tuple(r["config"]["parts"])) for r in rows} == {(4, ("part-1", "part-2"))}
+    assert "Taken in parts" in (tmp_path / "all" / "README.md").read_text()
+    _synthetic_campaign(summary, tmp_path / "work" / "other", tmp_path / "other", ab_rounds="30")
+    code = summary.main(["--combine", str(tmp_path / "mixed"), str(tmp_path / "part-1"), str(tmp_path / "other")])
+    assert code == 2 and not (tmp_path / "mixed" / "rows.jsonl").exists()
+
+
+def _synthetic_campaign(summary, work, out, ab_rounds="28"):
 
     def put(path, rows):
         path.mkdir(parents=True)
@@ -103,10 +139,5 @@ def test_the_summary_counts_what_each_trial_did(tmp_path):
                 for run, v in zip(("000-stage1", "001-stage2"), verdicts)
             ],
         )
-    assert summary.main([str(tmp_path / "out"), str(work), "--trials", "2", "--baseline-runs", "5"]) == 0
-    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
-    met = {r["kind"]: r["value"] for r in rows if r["metric"] == "campaign_result"}
-    assert met == {"unchanged_gate": 1, "host_planted_gate": 1, "ab_planted": 1, "ab_unchanged": 2}, met
-    trial = {(r["kind"], r["trial"]): r for r in rows if r["metric"] == "campaign_trial"}
-    assert trial[("unchanged_gate", 2)]["flagged"] == ["py_calls"] and trial[("host_planted_gate", 2)]["value"] == 0
-    assert "| the lockstep A/B does not call" in (tmp_path / "out" / "README.md").read_text()
+    args = [str(out), str(work), "--trials", "2", "--baseline-runs", "5", "--ab-rounds", ab_rounds]
+    assert summary.main(args) == 0

@@ -228,3 +228,18 @@ def test_two_back_to_back_sweeps_do_not_repeat_within_the_bar():
         assert f"| sweep-{k} | {median} | {worst} | {run} |" in readme
     mini = [A.step_times(repeats / s)["009-mini-dp1-s0"] for s in ("sweep-1", "sweep-2")]
     assert [f"{t * 1e3:.1f}" for t in mini] == ["56.2", "40.0"]
+
+
+def test_validate_says_how_closely_the_measured_sweeps_repeat(capsys):
+    """``simulate --validate`` on a directory of sweeps prints their repeatability under its summary (each sweep
+    against the median of the others: the closest a prediction of one sweep can be held); on one sweep it says
+    that is unknown and how to find out."""
+    from zerobench.cli import main
+
+    profile = ROUNDS / "profile" / "round-1"
+    assert main(["simulate", "--profile", str(profile), "--validate", str(ROUNDS / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "the 3 sweeps against each other (each against the median of the others): median 2.9%-3.5%, worst " in out
+    assert "23.5% (003-tiny-dp2-s2)" in out
+    assert main(["simulate", "--profile", str(profile), "--validate", str(ROUNDS / "runs" / "round-1")]) == 0
+    assert "one sweep: how closely its runs repeat is unknown" in capsys.readouterr().out

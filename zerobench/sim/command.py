@@ -171,6 +171,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
                     f"worst {zero['worst_abs_error']:.1%} ({zero['worst_run']})"
                 )
+            print(_repeatability(Path(args.validate)))
         return 0
     if not args.suite:
         raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
@@ -185,6 +186,34 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise ConfigError(str(e.args[0])) from None
         print(json.dumps({"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers, **r}))
     return 0
+
+
+def _repeatability(results: Path) -> str:
+    """One line on how closely the measured runs repeat themselves, which bounds how closely any prediction can
+    match one sweep: each sweep (a subdirectory of ``results`` holding runs) against the median of the others, or,
+    for a single sweep, how to find out."""
+    from zerobench.sim.attempts import reproducibility
+
+    sweeps = (
+        sorted(d for d in results.iterdir() if d.is_dir() and any(d.glob("*/rows.jsonl"))) if results.is_dir() else []
+    )
+    if len(sweeps) < 2:
+        return (
+            "one sweep: how closely its runs repeat is unknown, and a prediction cannot be held closer than that "
+            "(sweep again into sibling directories and validate their parent, or compare them with "
+            "`python -m zerobench.sim.attempts --floor SWEEP SWEEP...`)"
+        )
+    try:
+        got = reproducibility(sweeps)
+    except ValueError as e:
+        return f"the sweeps' repeatability is not known: {e}"
+    medians = [g["median_abs_error"] for g in got]
+    worst = max(got, key=lambda g: g["worst_abs_error"])
+    return (
+        f"the {len(got)} sweeps against each other (each against the median of the others): median "
+        f"{min(medians):.1%}-{max(medians):.1%}, worst {worst['worst_abs_error']:.1%} ({worst['worst_run']}); "
+        f"a prediction of one sweep cannot be held closer than its runs repeat"
+    )
 
 
 def _paper(args: argparse.Namespace) -> int:

@@ -255,5 +255,39 @@ def test_a_wider_reduction_casts_on_the_reducing_stream():
     assert not [t for t in tasks[None] if t.name.startswith("cast")]
     assert len(casts) == len(copies) > 0 and {t.stream for t in casts} == {"dp"}
     assert [c.seconds for c in casts] == pytest.approx([1.5 * c.seconds for c in copies])
-    compute = {g: sum(t.seconds for t in ts if t.stream == "compute") for g, ts in tasks.items()}
+    # the compute's own work is the same; only NCCL's share of the SMs, charged per collective second, grows
+    compute = {
+        g: sum(t.seconds for t in ts if t.stream == "compute" and t.category != "interference")
+        for g, ts in tasks.items()
+    }
     assert compute[4] == pytest.approx(compute[None])
+    for ts in tasks.values():
+        share = sum(t.seconds for t in ts if t.category == "interference")
+        assert share == pytest.approx(16 / 132 * sum(t.seconds for t in ts if t.category == "dp_comm"))
+
+
+def test_nccl_takes_its_channels_sms_from_the_compute_it_overlaps():
+    """A DP collective runs on NCCL's channels, one SM each: a stated device charges the compute that share of its
+    SMs for the collective's duration (24 of 108 on an A100 node, 16 of 132 on H100 nodes; none stated for a DGX-2).
+    On a published FSDP row the step grows by at most that share of its DP communication, and the critical path
+    names it."""
+    from zerobench.sim import published_validate as V
+    from zerobench.sim.published import load
+
+    assert StatedProfile(DEVICES["a100-dgx"]).interference == pytest.approx(24 / 108)
+    assert StatedProfile(DEVICES["h100-dgx"]).interference == pytest.approx(16 / 132)
+    assert DGX2.interference == 0.0 and DEVICES["h100-dgx"].sources["nccl_channels"].startswith("[nccl-channels]")
+
+    row = next(r for r in load() if r.id == "foundry-h100-13b-64gpu")
+    prof = V._profile(row, 1.0)
+    bare = dataclasses.replace(DEVICES[row.device].with_memory(row.gpu_mem_gb), nccl_channels=None)
+    without = V._simulate(row, StatedProfile(bare, prof.stack, grad_elem=prof.grad_elem))
+    got = V._simulate(row, prof)
+    assert "interference" not in without["breakdown_s"] and got["breakdown_s"]["interference"] > 0
+    from zerobench.sim.simulate import simulate
+
+    dp_comm = sum(
+        t.seconds for t in simulate(V.train_config(V.run_keys(row)), prof)["timeline"].tasks if t.category == "dp_comm"
+    )
+    grew = got["step_time_s"] - without["step_time_s"]
+    assert 0 < grew <= 16 / 132 * dp_comm * (1 + 1e-9)

@@ -24,6 +24,11 @@ multiplied by the device's fitted ``compute_scale``:
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
 
+A data-parallel collective runs on ``nccl_channels`` thread blocks, one SM each, beside the compute it
+overlaps: the compute is charged that share of the SMs for the collective's duration (``interference``, the
+CPU profile's fitted factor, here stated), as a task on the compute stream when the collective is issued.
+Where the compute then waits for the collective, the wait absorbs the charge, up to the wait's length.
+
 Communication. A group of n ranks along ``dp`` (ranks ``tp`` apart) or ``tp`` (adjacent ranks) either fits
 in one node (NVLink/NVSwitch: ``intra_busbw``) or spans nodes with k of its ranks on each. Every group
 of a dimension communicates at once, so the ``gpus_per_node / k`` groups on a node share its network
@@ -60,6 +65,8 @@ class StatedProfile(Profile):
         self.gemm = for_ceiling(dev.sms, dev.gemm_eff, dev.peak_flops)
         self.device_class = dev.name.split("-")[0].lower()
         self._ops: dict[tuple, float] = {}
+        # NCCL's thread blocks take their SMs from the compute a DP collective overlaps (a stated share, not fitted)
+        self.interference = dev.nccl_channels / dev.sms if dev.nccl_channels else 0.0
 
     @property
     def zero_machinery(self):

@@ -160,8 +160,8 @@ class StepReplay:
             return None
         t = self.prof.collective(op, self.dp, self.ranks, nbytes, dim="dp", tp=self.tp)
         idx = self.tl.add(name, "dp", t, "dp_comm", (self.tl.now("compute"),))
-        if self.prof.interference and t:  # the collective's threads share the cores the compute runs on
-            self.dev("collective on the compute's cores", self.prof.interference * t, "interference")
+        if self.prof.interference and t:  # the collective runs on the compute's cores (CPU) or SMs (NCCL's blocks)
+            self.dev("collective beside the compute", self.prof.interference * t, "interference")
         return idx
 
     # -- stage 3 gathers -----------------------------------------------------------------------

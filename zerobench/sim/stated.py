@@ -33,6 +33,10 @@ Sources (cited by address; figures are read from them, nothing is copied):
 - [mamf] S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
   table": the best bf16 ``matmul`` over a search of shapes, CUDA 12.1. A100 SXM 267.9 of 312 TFLOP/s (85.9%);
   H100 SXM 792.1 of 989 (80.1%).
+- [nccl-channels] The channels NCCL runs a collective on (one thread block, so one SM, each), as published
+  NCCL_DEBUG=INFO logs print them ("Channel 23/24"): 24 on an 8-GPU HGX A100 with NVSwitch
+  (https://github.com/NVIDIA/nccl-tests/issues/100), 16 on H100 nodes in a 24-rank ring across three
+  (https://github.com/NVIDIA/nccl/issues/1453). None found for a DGX-2's V100s.
 - [assumed] Assumptions with no measurement behind them here; each is named where used.
 """
 
@@ -77,6 +81,10 @@ class StatedDevice:
     """Network cards per node; every GPU of the node shares them."""
     host_bw: float
     """Device <-> host copy bandwidth per GPU (pinned memory)."""
+    nccl_channels: int | None = None
+    """Thread blocks (one SM each) NCCL runs a collective on, on this node: while a data-parallel collective
+    overlaps the compute, the compute has ``nccl_channels / sms`` fewer SMs (``StatedProfile.interference``).
+    None: no published figure, no share charged."""
     adam_bytes_per_element: float = 32.0
     """Bytes one fused Adam step moves per parameter: fp32 master, momentum, variance read and written (24),
     the 2-byte gradient read, the 2-byte parameter written, and the 4-byte fp32 gradient it works on
@@ -158,6 +166,7 @@ DEVICES: dict[str, StatedDevice] = {
         mem_bytes=80e9,
         gpus_per_node=8,
         sms=108,
+        nccl_channels=24,
         gemm_eff=0.85,
         gemm_max=267.9 / 312,
         hbm_bw_by_mem={40: 1.555e12},
@@ -172,6 +181,7 @@ DEVICES: dict[str, StatedDevice] = {
             "hbm_bw": "[a100-ds] 2.0 TB/s",
             "hbm_bw_by_mem": "[a100-ds] the A100 40GB SXM: 1,555 GB/s HBM2",
             "sms": "[sms] 108",
+            "nccl_channels": "[nccl-channels] 24 (8-GPU HGX A100, NVSwitch)",
             "gemm_eff": "[fa2] 'up to 80-90%' of peak for optimized GEMMs on A100: 0.85",
             "gemm_max": "[mamf] A100 SXM: 267.9 of 312 TFLOP/s at its best shape (CUDA 12.1)",
             "intra_busbw": (
@@ -190,6 +200,7 @@ DEVICES: dict[str, StatedDevice] = {
         mem_bytes=80e9,
         gpus_per_node=8,
         sms=132,
+        nccl_channels=16,
         gemm_eff=0.822,
         gemm_max=792.1 / 989,
         mem_eff=0.8,
@@ -202,6 +213,7 @@ DEVICES: dict[str, StatedDevice] = {
             "peak_flops": "[h100-ds] 989 TFLOP/s dense bf16; 495 TF32",
             "hbm_bw": "[h100-ds] 3.35 TB/s",
             "sms": "[sms] 132",
+            "nccl_channels": "[nccl-channels] 16 (H100 nodes, a ring of 24 ranks across three)",
             "gemm_eff": "[gemm-xla] the model fitted on XLA's H100 table puts an 8192^3 bf16 GEMM at 0.822",
             "gemm_max": "[mamf] H100 SXM: 792.1 of 989 TFLOP/s at its best shape (CUDA 12.1)",
             "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",

@@ -42,6 +42,11 @@ if ! [[ $N =~ ^[1-9][0-9]*$ && $K =~ ^[2-9][0-9]*$ ]]; then
   echo "scripts/gate_campaign.sh: TRIALS must be a positive integer and GATE_CAMPAIGN_BASELINE_RUNS at least 2" >&2
   exit 2
 fi
+HOURS=${GATE_CAMPAIGN_HOURS:-1000}
+if ! [[ $HOURS =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ $HOURS =~ ^0+([.]0+)?$ ]]; then
+  echo "scripts/gate_campaign.sh: GATE_CAMPAIGN_HOURS must be a positive number of hours (e.g. 2.5), got '$HOURS'" >&2
+  exit 2
+fi
 START=$(date +%s)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -83,12 +88,12 @@ for k in $(seq 1 "$K"); do BASE_RUNS+=("$WORK/baseline/$k"); done
 zb regress --write-baseline "$OUT/baseline.jsonl" --candidate "${BASE_RUNS[@]}" \
   | tee -a "$LOG"
 
-BUDGET_S=$(python -c "import sys; print(int(float(sys.argv[1]) * 3600))" "${GATE_CAMPAIGN_HOURS:-1000}")
+BUDGET_S=$(python -c "import sys; print(int(float(sys.argv[1]) * 3600))" "$HOURS")
 DONE=0
 for i in $(seq 1 "$N"); do
   NOW=$(date +%s)
   if ((DONE > 0 && NOW - START + (NOW - TRIALS_START) / DONE > BUDGET_S)); then
-    say "trial $i would run past GATE_CAMPAIGN_HOURS=$GATE_CAMPAIGN_HOURS: stopping after $DONE trials"
+    say "trial $i would run past GATE_CAMPAIGN_HOURS=$HOURS: stopping after $DONE trials"
     break
   fi
   if ((DONE == 0)); then TRIALS_START=$NOW; fi

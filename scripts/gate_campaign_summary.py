@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -97,11 +98,22 @@ def combine(out: Path, parts: list[Path]) -> int:
     """One campaign from its parts (each a summarised ``OUT`` of ``gate_campaign.sh``): their trials numbered one
     after another, each with its ``part``, and the totals over all; the parts must share their configuration
     apart from the trial count."""
+
+    def refuse(why: str) -> int:
+        print(f"gate_campaign_summary: {why}", file=sys.stderr)
+        return 2
+
+    if out.exists() and any(out.iterdir()):
+        return refuse(f"{out} is not empty: combine into a new directory")
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names):
+        return refuse(f"two parts share a directory name ({', '.join(names)}): name each part's directory apart")
     loaded = [(p, _read(p)) for p in parts]
     for p, rows in loaded:
         if not rows:
-            print(f"gate_campaign_summary: {p}: no rows.jsonl: summarise that part first", file=sys.stderr)
-            return 2
+            return refuse(f"{p}: no rows.jsonl: summarise that part first")
+        if not (p / "baseline.jsonl").exists():
+            return refuse(f"{p}: no baseline.jsonl: a part keeps the baseline its trials were judged against")
     configs = [{k: v for k, v in rows[0]["config"].items() if k != "trials"} for _, rows in loaded]
     if any(c != configs[0] for c in configs):
         print(
@@ -110,13 +122,15 @@ def combine(out: Path, parts: list[Path]) -> int:
         )
         return 2
     total = sum(rows[0]["config"]["trials"] for _, rows in loaded)
-    hardware = {json.dumps(rows[0]["provenance"]["hardware"], sort_keys=True) for _, rows in loaded}
     w = RowWriter(
         out,
         "gate-campaign",
-        {**configs[0], "trials": total, "parts": [p.name for p in parts]},
-        hardware=json.loads(hardware.pop()) if len(hardware) == 1 else None,
+        {**configs[0], "trials": total, "parts": names},
+        hardware=_hardware([rows[0]["provenance"]["hardware"] for _, rows in loaded]),
     )
+    for p in parts:  # the baselines the parts' trials were judged against travel with them
+        (out / "baselines").mkdir(exist_ok=True)
+        shutil.copyfile(p / "baseline.jsonl", out / "baselines" / f"{p.name}.jsonl")
     recs: list[dict] = []
     trials = 0
     for p, rows in loaded:
@@ -140,11 +154,26 @@ def combine(out: Path, parts: list[Path]) -> int:
     table = _totals(w, recs)
     parts_line = ", ".join(f"`{p.name}` ({_read(p)[0]['config']['trials']} trials)" for p in parts)
     (out / "README.md").write_text(
-        README.format(n=total, k=configs[0]["baseline_runs"], table=table)
+        README.format(n=total, k=configs[0]["baseline_runs"], table=table, baseline="`baselines/<part>.jsonl`")
         + f"\nTaken in parts, each with a baseline of its own: {parts_line}.\n"
     )
     print(table)
     return 0
+
+
+def _hardware(parts: list[dict]) -> dict:
+    """The machine the combined rows were measured on: the parts' own when they share it, else each part's device
+    (never the machine that happens to run ``--combine``)."""
+    if all(h == parts[0] for h in parts):
+        return parts[0]
+    classes = {h.get("class") for h in parts}
+    return {
+        "kind": "mixed",
+        "class": classes.pop() if len(classes) == 1 else "mixed",
+        "device": "; ".join(str(h.get("device")) for h in parts),
+        "count": None,
+        "parts": parts,
+    }
 
 
 def _totals(w: RowWriter, recs: list[dict]) -> str:
@@ -209,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 **{k: v for k, v in r.items() if k not in SKIP},
             )
     table = _totals(w, recs)
-    (out / "README.md").write_text(README.format(n=a.trials, k=a.baseline_runs, table=table))
+    (out / "README.md").write_text(
+        README.format(n=a.trials, k=a.baseline_runs, table=table, baseline="`baseline.jsonl`")
+    )
     print(table)
     return 0
 
@@ -217,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 README = """# The regression gate under a noisy neighbour (2-core CPU)
 
 `scripts/gate_campaign.sh` with `scripts/noisy_neighbour.py 1` running throughout: {n} trials of each kind,
-interleaved, after a baseline of {k} unchanged runs recorded under the same neighbour (`baseline.jsonl`, with its
+interleaved, after a baseline of {k} unchanged runs recorded under the same neighbour ({baseline}, with its
 noise model). A gate run is `suites/cpu/gate.yaml`'s stage-2 run (tiny GPT, fp32, DP 2) timed and under callgrind
 (`zerobench sweep --instructions`), judged by `zerobench regress --timing report`; the A/B is
 `zerobench regress --ab suites/cpu/gate_ab.yaml --lockstep --cpus 0` (28 rounds).

@@ -6,6 +6,7 @@ caught in at least 19 of 20, and a planted 10% step slowdown was caught by the w
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,28 +84,64 @@ def test_the_summary_counts_what_each_trial_did(tmp_path):
 
 
 def test_a_campaign_taken_in_parts_numbers_their_trials_in_turn(tmp_path):
-    """``--combine``: two parts of two trials each become trials 1-4, each with its part and its own verdict
-    rows, and the totals count all four; parts run with another configuration are refused."""
+    """``--combine``: a part of two trials and a part stopped by its budget after one become trials 1-3, each with
+    its part and its own verdict rows; the totals count all three; each part's baseline travels with them."""
+    summary = _summary_module()
+    _synthetic_campaign(summary, tmp_path / "work" / "part-1", tmp_path / "part-1")
+    _synthetic_campaign(summary, tmp_path / "work" / "part-2", tmp_path / "part-2", trials=1)
+    parts = [str(tmp_path / "part-1"), str(tmp_path / "part-2")]
+    assert summary.main(["--combine", str(tmp_path / "all"), *parts]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "all" / "rows.jsonl").read_text().splitlines()]
+    trials = [(r["kind"], r["trial"], r["part"], r["value"]) for r in rows if r["metric"] == "campaign_trial"]
+    assert sorted(t[1] for t in trials if t[0] == "unchanged_gate") == [1, 2, 3]
+    assert ("unchanged_gate", 2, "part-1", 0) in trials and ("unchanged_gate", 3, "part-2", 1) in trials
+    flagged = [r for r in rows if r["metric"] == "trial_gate_comparison" and r["trial"] == 2]
+    assert [r["of"] for r in flagged] == ["py_calls"] and flagged[0]["part_provenance"]["commit"]
+    met = {r["kind"]: (r["value"], r["of"]) for r in rows if r["metric"] == "campaign_result"}
+    assert met == {"unchanged_gate": (2, 3), "host_planted_gate": (2, 3), "ab_planted": (2, 3), "ab_unchanged": (3, 3)}
+    assert {(r["config"]["trials"], tuple(r["config"]["parts"])) for r in rows} == {(3, ("part-1", "part-2"))}
+    assert sorted(f.name for f in (tmp_path / "all" / "baselines").iterdir()) == ["part-1.jsonl", "part-2.jsonl"]
+    assert "Taken in parts" in (tmp_path / "all" / "README.md").read_text()
+
+
+def test_combining_refuses_what_would_mix_or_lose_rows(tmp_path, capsys):
+    """Parts run with another configuration, an output directory already holding rows (combining again would
+    double them), two parts of one name, and a part without its baseline are each refused in one line; parts
+    measured on different machines say so instead of borrowing the combining machine's name."""
     summary = _summary_module()
     for part in ("part-1", "part-2"):
         _synthetic_campaign(summary, tmp_path / "work" / part, tmp_path / part)
-    assert summary.main(["--combine", str(tmp_path / "all"), str(tmp_path / "part-1"), str(tmp_path / "part-2")]) == 0
-    rows = [json.loads(line) for line in (tmp_path / "all" / "rows.jsonl").read_text().splitlines()]
-    trials = [(r["kind"], r["trial"], r["part"], r["value"]) for r in rows if r["metric"] == "campaign_trial"]
-    assert sorted(t[1] for t in trials if t[0] == "unchanged_gate") == [1, 2, 3, 4]
-    assert ("unchanged_gate", 4, "part-2", 0) in trials and ("unchanged_gate", 3, "part-2", 1) in trials
-    flagged = [r for r in rows if r["metric"] == "trial_gate_comparison" and r["trial"] == 4]
-    assert [r["of"] for r in flagged] == ["py_calls"] and flagged[0]["part_provenance"]["commit"]
-    met = {r["kind"]: (r["value"], r["of"]) for r in rows if r["metric"] == "campaign_result"}
-    assert met == {"unchanged_gate": (2, 4), "host_planted_gate": (2, 4), "ab_planted": (2, 4), "ab_unchanged": (4, 4)}
-    assert {(r["config"]["trials"], tuple(r["config"]["parts"])) for r in rows} == {(4, ("part-1", "part-2"))}
-    assert "Taken in parts" in (tmp_path / "all" / "README.md").read_text()
     _synthetic_campaign(summary, tmp_path / "work" / "other", tmp_path / "other", ab_rounds="30")
-    code = summary.main(["--combine", str(tmp_path / "mixed"), str(tmp_path / "part-1"), str(tmp_path / "other")])
-    assert code == 2 and not (tmp_path / "mixed" / "rows.jsonl").exists()
+    one, two = str(tmp_path / "part-1"), str(tmp_path / "part-2")
+    assert summary.main(["--combine", str(tmp_path / "c1"), one, str(tmp_path / "other")]) == 2
+    assert "different configurations" in capsys.readouterr().err and not (tmp_path / "c1").exists()
+    assert summary.main(["--combine", str(tmp_path / "c2"), one, two]) == 0
+    assert summary.main(["--combine", str(tmp_path / "c2"), one, two]) == 2
+    assert "not empty" in capsys.readouterr().err
+    (tmp_path / "x").mkdir()
+    shutil.copytree(tmp_path / "part-1", tmp_path / "x" / "part-1")
+    assert summary.main(["--combine", str(tmp_path / "c3"), one, str(tmp_path / "x" / "part-1")]) == 2
+    assert "share a directory name" in capsys.readouterr().err
+    (tmp_path / "part-2" / "baseline.jsonl").unlink()
+    assert summary.main(["--combine", str(tmp_path / "c4"), one, two]) == 2
+    assert "no baseline.jsonl" in capsys.readouterr().err
+    (tmp_path / "part-2" / "baseline.jsonl").write_text("{}\n")
+    rows = (tmp_path / "part-2" / "rows.jsonl").read_text().splitlines()
+    moved = []
+    for line in rows:
+        r = json.loads(line)
+        r["provenance"]["hardware"] = {**r["provenance"]["hardware"], "device": "another CPU"}
+        moved.append(json.dumps(r))
+    (tmp_path / "part-2" / "rows.jsonl").write_text("\n".join(moved) + "\n")
+    assert summary.main(["--combine", str(tmp_path / "c5"), one, two]) == 0
+    hw = {json.dumps(json.loads(line)["provenance"]["hardware"]) for line in (tmp_path / "c5" / "rows.jsonl").open()}
+    assert len(hw) == 1 and json.loads(hw.pop())["kind"] == "mixed"
 
 
-def _synthetic_campaign(summary, work, out, ab_rounds="28"):
+def _synthetic_campaign(summary, work, out, ab_rounds="28", trials=2):
+    """Two trials' verdict rows under ``work`` (trial 1 went as it must throughout; in trial 2 the unchanged gate
+    failed, the host plant's gate never finished and the A/B missed the plant), summarised into ``out`` for
+    ``trials`` of them, with a baseline file as gate_campaign.sh leaves one."""
 
     def put(path, rows):
         path.mkdir(parents=True)
@@ -139,5 +176,20 @@ def _synthetic_campaign(summary, work, out, ab_rounds="28"):
                 for run, v in zip(("000-stage1", "001-stage2"), verdicts)
             ],
         )
-    args = [str(out), str(work), "--trials", "2", "--baseline-runs", "5", "--ab-rounds", ab_rounds]
+    args = [str(out), str(work), "--trials", str(trials), "--baseline-runs", "5", "--ab-rounds", ab_rounds]
     assert summary.main(args) == 0
+    (out / "baseline.jsonl").write_text("{}\n")
+
+
+@pytest.mark.parametrize("hours", ["abc", "0", "-1", "1e3"])
+def test_the_campaign_refuses_a_budget_that_is_not_hours_before_it_starts(tmp_path, hours):
+    """A bad GATE_CAMPAIGN_HOURS is one line and exit 2 before anything runs (not a traceback after the baseline's
+    twelve minutes), and nothing is created."""
+    import os
+    import subprocess
+
+    script = DATASET.parents[2] / "scripts" / "gate_campaign.sh"
+    env = {**os.environ, "GATE_CAMPAIGN_HOURS": hours}
+    r = subprocess.run(["bash", str(script), str(tmp_path / "out"), "2"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "GATE_CAMPAIGN_HOURS" in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -118,6 +118,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                         "interference": prof.interference,
                         "summary": summary,
                         "memory_summary": memory,
+                        "sweeps_repeat": _repeatability(Path(args.validate))[1],
                         "runs": recs,
                     },
                     indent=1,
@@ -171,7 +172,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
                     f"worst {zero['worst_abs_error']:.1%} ({zero['worst_run']})"
                 )
-            print(_repeatability(Path(args.validate)))
+            print(_repeatability(Path(args.validate))[0])
         return 0
     if not args.suite:
         raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
@@ -188,32 +189,40 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repeatability(results: Path) -> str:
-    """One line on how closely the measured runs repeat themselves, which bounds how closely any prediction can
-    match one sweep: each sweep (a subdirectory of ``results`` holding runs) against the median of the others, or,
-    for a single sweep, how to find out."""
-    from zerobench.sim.attempts import reproducibility
+def _sweeps(results: Path) -> list[Path]:
+    """The sweeps under ``results``: every directory whose subdirectories hold run rows (``*/rows.jsonl``)."""
+    if not results.is_dir():
+        return []
+    return sorted({rows.parent.parent for rows in results.rglob("rows.jsonl")} - {results, results.parent})
 
-    sweeps = (
-        sorted(d for d in results.iterdir() if d.is_dir() and any(d.glob("*/rows.jsonl"))) if results.is_dir() else []
-    )
+
+def _repeatability(results: Path) -> tuple[str, list[dict] | None]:
+    """One line on how closely the measured sweeps repeat, and the figures: each sweep predicted by the median of
+    the same runs in the others (``validate.sweep_repeatability``), which is what the runs' own variation costs a
+    prediction judged against one of them; for a single sweep, how to find out."""
+    from zerobench.sim.validate import sweep_repeatability
+
+    sweeps = _sweeps(results)
     if len(sweeps) < 2:
-        return (
-            "one sweep: how closely its runs repeat is unknown, and a prediction cannot be held closer than that "
-            "(sweep again into sibling directories and validate their parent, or compare them with "
-            "`python -m zerobench.sim.attempts --floor SWEEP SWEEP...`)"
+        line = (
+            "one sweep: how closely its runs repeat is unknown (sweep again into sibling directories and validate "
+            "their parent, or compare them with `python -m zerobench.sim.attempts --floor SWEEP SWEEP...`)"
         )
+        return line, None
     try:
-        got = reproducibility(sweeps)
+        got = sweep_repeatability(sweeps)
     except ValueError as e:
-        return f"the sweeps' repeatability is not known: {e}"
+        return f"how closely the sweeps repeat is unknown: {e}", None
     medians = [g["median_abs_error"] for g in got]
     worst = max(got, key=lambda g: g["worst_abs_error"])
-    return (
-        f"the {len(got)} sweeps against each other (each against the median of the others): median "
-        f"{min(medians):.1%}-{max(medians):.1%}, worst {worst['worst_abs_error']:.1%} ({worst['worst_run']}); "
-        f"a prediction of one sweep cannot be held closer than its runs repeat"
+    left = f"; {len(got[0]['dropped'])} runs missing from some sweep left out" if got[0]["dropped"] else ""
+    line = (
+        f"the {len(got)} sweeps, each predicted by the median of the others over {got[0]['runs']} runs: median "
+        f"{min(medians):.1%}-{max(medians):.1%}, worst {worst['worst_abs_error']:.1%} ({worst['worst_run']}), "
+        f"what the runs' own variation costs a prediction of one sweep (the table above is scored against each "
+        f"run's median over all of them){left}"
     )
+    return line, got
 
 
 def _paper(args: argparse.Namespace) -> int:

@@ -41,6 +41,45 @@ def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
     return [(rid, cfg, statistics.median(ts)) for (rid, _), (cfg, ts) in found.items()]
 
 
+def step_times(path) -> dict[str, float]:
+    """Run id -> median step seconds of the ok zerobench runs in one sweep's rows (``measured_runs``)."""
+    from zerobench.results.rows import read_rows
+
+    return {rid: t for rid, _, t in measured_runs(read_rows(path))}
+
+
+def sweep_repeatability(sweeps: list) -> list[dict]:
+    """How closely sweeps of one suite repeat: each sweep's runs predicted by the median of the same runs in the
+    other sweeps, scored as the simulator is (|prediction ÷ measured − 1|). That predictor knows every run's
+    typical time on the machine and nothing of the moment; its error is what the runs' own variation costs a
+    prediction judged against one sweep (a median of few sweeps is itself noisy, so this is an estimate, not a
+    bound). Per sweep: the runs every sweep measured (``runs``), those some sweep lacks (``dropped``), the median
+    and worst error and the worst run."""
+    if len(sweeps) < 2:
+        raise ValueError(f"how closely sweeps repeat needs at least two sweeps of one suite, got {len(sweeps)}")
+    times = [step_times(p) for p in sweeps]
+    shared = sorted(set.intersection(*(set(t) for t in times)))
+    if not shared:
+        raise ValueError("the sweeps share no run with an ok step time: give sweeps of one suite")
+    dropped = sorted(set().union(*(set(t) for t in times)) - set(shared))
+    out = []
+    for k, (path, t) in enumerate(zip(sweeps, times)):
+        others = [u for j, u in enumerate(times) if j != k]
+        err = {r: abs(statistics.median(u[r] for u in others) / t[r] - 1) for r in shared}
+        worst = max(shared, key=err.__getitem__)
+        out.append(
+            {
+                "sweep": str(path),
+                "runs": len(shared),
+                "dropped": dropped,
+                "median_abs_error": statistics.median(err.values()),
+                "worst_abs_error": err[worst],
+                "worst_run": worst,
+            }
+        )
+    return out
+
+
 FLAGS_RIDE_SINCE = datetime.fromisoformat("2026-11-26T14:40:00+00:00")
 """Since then stage 0's unused-parameter flags ride in its last gradient all-reduce (``zero/grads/unused.py``); a run
 whose rows were recorded before is replayed with the check as an all-reduce of its own, as the engine that ran it

@@ -100,9 +100,10 @@ class Profile:
     """``op_key`` of ``activations`` / ``step_peak`` -> bytes a step of that shape holds beyond its
     parameters (``measure_compute.step_memory``; GPU profiles)."""
     interference: float = 0.0
-    """Fraction of a data-parallel collective's time that also delays the compute running beside it: on a
-    CPU host gloo's threads share the cores the ranks compute on (on a GPU, NCCL's kernels take SMs:
-    near zero). The profile's one fitted factor, fitted on non-ZeRO runs only (``validate.fit_interference``)."""
+    """Fraction of a data-parallel collective's time that also delays the compute running beside it. On a CPU
+    host gloo's threads share the cores the ranks compute on: a measured profile's one fitted factor, fitted on
+    non-ZeRO runs only (``validate.fit_interference``). On a stated GPU device NCCL's thread blocks take SMs:
+    stated, not fitted (``StatedProfile``: channels ÷ SMs). A measured GPU profile leaves it at zero."""
 
     grad_elem: int | None = None
     """Bytes per gradient element of the data-parallel reductions, where the program reduces in another type than

@@ -36,7 +36,8 @@ Sources (cited by address; figures are read from them, nothing is copied):
 - [nccl-channels] The channels NCCL runs a collective on (one thread block, so one SM, each), as published
   NCCL_DEBUG=INFO logs print them ("Channel 23/24"): 24 on an 8-GPU HGX A100 with NVSwitch
   (https://github.com/NVIDIA/nccl-tests/issues/100), 16 on H100 nodes in a 24-rank ring across three
-  (https://github.com/NVIDIA/nccl/issues/1453). None found for a DGX-2's V100s.
+  (https://github.com/NVIDIA/nccl/issues/1453). NCCL picks the count by topology and version: taking each
+  figure for every node count of its device class is [assumed]. None found for a DGX-2's V100s.
 - [assumed] Assumptions with no measurement behind them here; each is named where used.
 """
 
@@ -181,7 +182,7 @@ DEVICES: dict[str, StatedDevice] = {
             "hbm_bw": "[a100-ds] 2.0 TB/s",
             "hbm_bw_by_mem": "[a100-ds] the A100 40GB SXM: 1,555 GB/s HBM2",
             "sms": "[sms] 108",
-            "nccl_channels": "[nccl-channels] 24 (8-GPU HGX A100, NVSwitch)",
+            "nccl_channels": "[nccl-channels] 24 (8-GPU HGX A100, NVSwitch); other node counts [assumed]",
             "gemm_eff": "[fa2] 'up to 80-90%' of peak for optimized GEMMs on A100: 0.85",
             "gemm_max": "[mamf] A100 SXM: 267.9 of 312 TFLOP/s at its best shape (CUDA 12.1)",
             "intra_busbw": (
@@ -213,7 +214,7 @@ DEVICES: dict[str, StatedDevice] = {
             "peak_flops": "[h100-ds] 989 TFLOP/s dense bf16; 495 TF32",
             "hbm_bw": "[h100-ds] 3.35 TB/s",
             "sms": "[sms] 132",
-            "nccl_channels": "[nccl-channels] 16 (H100 nodes, a ring of 24 ranks across three)",
+            "nccl_channels": "[nccl-channels] 16 (H100 nodes, a 24-rank ring across three); other counts [assumed]",
             "gemm_eff": "[gemm-xla] the model fitted on XLA's H100 table puts an 8192^3 bf16 GEMM at 0.822",
             "gemm_max": "[mamf] H100 SXM: 792.1 of 989 TFLOP/s at its best shape (CUDA 12.1)",
             "intra_busbw": "[assumed] ~450 GB/s all-reduce bus bandwidth over NVLink4 (900 GB/s per GPU)",

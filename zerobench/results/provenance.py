@@ -35,8 +35,49 @@ def cpu_model() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def _torch_build() -> dict:
+    """torch's build facts (``__version__``; ``cuda``, ``hip``, ``xpu``: None where not built for them), read from
+    its ``version.py`` without importing torch: a sweep's parent process writes rows but runs no tensor, and
+    importing torch costs it seconds (an A/B round starts two of them)."""
+    import importlib.util
+    import runpy
+
+    spec = importlib.util.find_spec("torch")
+    return runpy.run_path(str(Path(spec.origin).parent / "version.py"))
+
+
+def _cpu_only_torch() -> bool:
+    """Whether this process can see no accelerator without asking torch: torch is not imported yet and was built
+    for none (a CPU wheel)."""
+    import sys
+
+    if "torch" in sys.modules:
+        return False
+    try:
+        build = _torch_build()
+    except (ImportError, OSError, AttributeError, TypeError, SyntaxError):
+        return False
+    return all(build.get(k) is None for k in ("cuda", "hip", "xpu"))
+
+
+def _torch_version() -> str:
+    import sys
+
+    if "torch" not in sys.modules:
+        try:
+            return str(_torch_build()["__version__"])
+        except (ImportError, OSError, AttributeError, TypeError, SyntaxError, KeyError):
+            pass
+    import torch
+
+    return torch.__version__
+
+
+@functools.lru_cache(maxsize=1)
 def hardware() -> dict:
     """Accelerator (name and count) or CPU model, with a short class used to key baselines."""
+    if _cpu_only_torch():
+        return _cpu_hardware()
     import torch
 
     if torch.cuda.is_available():
@@ -47,6 +88,10 @@ def hardware() -> dict:
             "count": torch.cuda.device_count(),
             "class": name.replace(" ", "-").lower(),
         }
+    return _cpu_hardware()
+
+
+def _cpu_hardware() -> dict:
     import os
 
     cores = os.cpu_count() or 1
@@ -55,8 +100,6 @@ def hardware() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _static() -> dict:
-    import torch
-
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
@@ -66,7 +109,7 @@ def _static() -> dict:
         "dirty": bool(status) if status is not None else None,
         "host": socket.gethostname(),
         "hardware": hardware(),
-        "torch_version": torch.__version__,
+        "torch_version": _torch_version(),
         "zerobench_version": zerobench.__version__,
         "python_version": platform.python_version(),
     }

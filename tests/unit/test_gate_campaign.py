@@ -43,6 +43,33 @@ def test_the_campaign_meets_the_bar(rows, kind):
 
 
 def test_each_trial_agrees_with_its_own_verdict_rows(rows):
+    _agrees_with_its_verdicts(rows)
+
+
+PARTS = sorted(DATASET.glob("part-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+"""The campaign's parts recorded so far (``GATE_CAMPAIGN_HOURS``), each with the baseline it was judged against."""
+
+
+@pytest.mark.parametrize("part", PARTS, ids=[p.name for p in PARTS])
+def test_each_recorded_part_is_whole_and_counts_what_its_trials_did(part):
+    """A part's totals are its trials' own verdicts, every trial has all four kinds, and the part's README
+    tables those totals; it ran under the neighbour with the campaign's plants and A/B rounds."""
+    rows = [json.loads(line) for line in (part / "rows.jsonl").read_text().splitlines() if line.strip()]
+    assert (part / "baseline.jsonl").stat().st_size > 0
+    _agrees_with_its_verdicts(rows)
+    n = rows[0]["config"]["trials"]
+    trials = [r for r in rows if r["metric"] == "campaign_trial"]
+    for kind in REQUIRED:
+        assert sorted(r["trial"] for r in trials if r["kind"] == kind) == list(range(1, n + 1)), kind
+    readme = (part / "README.md").read_text()
+    for r in (r for r in rows if r["metric"] == "campaign_result"):
+        assert r["value"] == sum(t["value"] for t in trials if t["kind"] == r["kind"]) and r["of"] == n
+        assert f"| {r['definition']} | {r['value']} | {n} |" in readme
+    assert {r["config"]["neighbour"] for r in rows} == {"scripts/noisy_neighbour.py 1"}
+    assert {(r["config"]["ab_rounds"], r["config"]["ab_false_alarm"]) for r in rows} == {(28, 0.001)}
+
+
+def _agrees_with_its_verdicts(rows: list[dict]) -> None:
     results = {(r["kind"], r["trial"]): r for r in rows if r["metric"] == "trial_gate_result"}
     ab = {(r["kind"], r["trial"]): r for r in rows if r["metric"] == "trial_ab_time_ratio"}
     for t in (r for r in rows if r["metric"] == "campaign_trial"):

@@ -116,24 +116,21 @@ def combine(out: Path, parts: list[Path]) -> int:
             return refuse(f"{p}: no baseline.jsonl: a part keeps the baseline its trials were judged against")
     configs = [{k: v for k, v in rows[0]["config"].items() if k != "trials"} for _, rows in loaded]
     if any(c != configs[0] for c in configs):
-        print(
-            "gate_campaign_summary: the parts ran with different configurations: combine like with like",
-            file=sys.stderr,
-        )
-        return 2
-    total = sum(rows[0]["config"]["trials"] for _, rows in loaded)
+        return refuse("the parts ran with different configurations: combine like with like")
+    counts = [rows[0]["config"]["trials"] for _, rows in loaded]
+    total = sum(counts)
     w = RowWriter(
         out,
         "gate-campaign",
         {**configs[0], "trials": total, "parts": names},
         hardware=_hardware([rows[0]["provenance"]["hardware"] for _, rows in loaded]),
     )
+    (out / "baselines").mkdir()
     for p in parts:  # the baselines the parts' trials were judged against travel with them
-        (out / "baselines").mkdir(exist_ok=True)
         shutil.copyfile(p / "baseline.jsonl", out / "baselines" / f"{p.name}.jsonl")
     recs: list[dict] = []
     trials = 0
-    for p, rows in loaded:
+    for (p, rows), n in zip(loaded, counts):
         for r in rows:
             if r["metric"] == "campaign_result":
                 continue
@@ -150,9 +147,9 @@ def combine(out: Path, parts: list[Path]) -> int:
             )
             if r["metric"] == "campaign_trial":
                 recs.append({"kind": r["kind"], "met": bool(r["value"])})
-        trials += rows[0]["config"]["trials"]
+        trials += n
     table = _totals(w, recs)
-    parts_line = ", ".join(f"`{p.name}` ({_read(p)[0]['config']['trials']} trials)" for p in parts)
+    parts_line = ", ".join(f"`{name}` ({n} trials)" for name, n in zip(names, counts))
     (out / "README.md").write_text(
         README.format(n=total, k=configs[0]["baseline_runs"], table=table, baseline="`baselines/<part>.jsonl`")
         + f"\nTaken in parts, each with a baseline of its own: {parts_line}.\n"

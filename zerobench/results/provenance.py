@@ -46,28 +46,22 @@ def _torch_build() -> dict:
     return runpy.run_path(str(Path(spec.origin).parent / "version.py"))
 
 
-def _cpu_only_torch() -> bool:
-    """Whether this process can see no accelerator without asking torch: torch is not imported yet and was built
-    for none (a CPU wheel)."""
+def _unimported_torch_build() -> dict | None:
+    """``_torch_build()`` where torch is not imported yet and its ``version.py`` reads; else None (ask torch)."""
     import sys
 
     if "torch" in sys.modules:
-        return False
+        return None
     try:
-        build = _torch_build()
+        return _torch_build()
     except (ImportError, OSError, AttributeError, TypeError, SyntaxError):
-        return False
-    return all(build.get(k) is None for k in ("cuda", "hip", "xpu"))
+        return None
 
 
 def _torch_version() -> str:
-    import sys
-
-    if "torch" not in sys.modules:
-        try:
-            return str(_torch_build()["__version__"])
-        except (ImportError, OSError, AttributeError, TypeError, SyntaxError, KeyError):
-            pass
+    build = _unimported_torch_build()
+    if build is not None and "__version__" in build:
+        return str(build["__version__"])
     import torch
 
     return torch.__version__
@@ -76,7 +70,8 @@ def _torch_version() -> str:
 @functools.lru_cache(maxsize=1)
 def hardware() -> dict:
     """Accelerator (name and count) or CPU model, with a short class used to key baselines."""
-    if _cpu_only_torch():
+    build = _unimported_torch_build()
+    if build is not None and all(build.get(k) is None for k in ("cuda", "hip", "xpu")):  # a CPU wheel
         return _cpu_hardware()
     import torch
 

@@ -65,18 +65,8 @@ def sweep_repeatability(sweeps: list) -> list[dict]:
     out = []
     for k, (path, t) in enumerate(zip(sweeps, times)):
         others = [u for j, u in enumerate(times) if j != k]
-        err = {r: abs(statistics.median(u[r] for u in others) / t[r] - 1) for r in shared}
-        worst = max(shared, key=err.__getitem__)
-        out.append(
-            {
-                "sweep": str(path),
-                "runs": len(shared),
-                "dropped": dropped,
-                "median_abs_error": statistics.median(err.values()),
-                "worst_abs_error": err[worst],
-                "worst_run": worst,
-            }
-        )
+        recs = [{"run_id": r, "ratio": statistics.median(u[r] for u in others) / t[r]} for r in shared]
+        out.append({"sweep": str(path), "dropped": dropped, **summarize(recs)})
     return out
 
 

@@ -5,6 +5,10 @@ Pytrees (tuples, lists, dicts, namedtuples) are not all: a model may return its 
 again before its backward, and the backward passes hook the root's outputs, so a tensor the walk missed would be
 a unit whose backward runs on freed parameters. The walk covers dataclasses, mappings, namedtuples, sequences and
 sets (what FSDP's hooks and input casting walk); anything else is left alone.
+
+A dataclass that is also a mapping (Hugging Face's ``ModelOutput``: its non-None fields are its items too, and
+callers read ``out.loss``, ``out["loss"]`` and ``out[0]`` alike) is one set of values seen two ways: each value is
+walked once, and a rebuilt one holds the same new object under its attribute and its item.
 """
 
 from __future__ import annotations
@@ -25,8 +29,13 @@ def tensors_in(x) -> Iterator[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         yield x
     elif _is_dataclass_instance(x):
-        for f in dataclasses.fields(x):
-            yield from tensors_in(getattr(x, f.name, None))
+        names = [f.name for f in dataclasses.fields(x)]
+        for name in names:
+            yield from tensors_in(getattr(x, name, None))
+        if isinstance(x, Mapping):  # items that are not fields (the fields' were walked above)
+            for k, v in x.items():
+                if k not in names:
+                    yield from tensors_in(v)
     elif isinstance(x, Mapping):
         for v in x.values():
             yield from tensors_in(v)
@@ -40,9 +49,14 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], x):
     if isinstance(x, torch.Tensor):
         return fn(x)
     if _is_dataclass_instance(x):
-        out = copy.copy(x)
+        out, done = copy.copy(x), {}
         for f in dataclasses.fields(x):
-            object.__setattr__(out, f.name, map_tensors(fn, getattr(x, f.name, None)))  # frozen ones too
+            value = getattr(x, f.name, None)
+            done[f.name] = (value, map_tensors(fn, value))
+            object.__setattr__(out, f.name, done[f.name][1])  # frozen ones too
+        if isinstance(x, dict):  # a dict too (ModelOutput): each item is its field's new value, mapped once
+            for k, v in x.items():
+                out[k] = done[k][1] if k in done and done[k][0] is v else map_tensors(fn, v)
         return out
     if isinstance(x, dict):
         out = copy.copy(x)

@@ -1,0 +1,88 @@
+"""Hugging Face ``transformers`` models trained as DeepSpeed users train them, through ``zerobench.zero.initialize``
+(``out = engine(input_ids=ids, labels=ids)``, ``engine.backward(out.loss)``, ``engine.step()``), at world 2 in fp32,
+against single-process ``torch.optim.AdamW`` on the same global batch: a tiny GPT-2 (head tied to the token
+embedding) and a tiny Llama (untied head, RMSNorm, rotary positions), stages 0-3, stage 3 with its default single
+unit and with the decoder layers as units, with HF's gradient checkpointing; the ``ModelOutput`` the engine returns;
+the trained model taken out (``save_16bit_model``, ``zero_to_fp32``, ``gathered_params``) into
+``save_pretrained``/``from_pretrained``, ties kept; ``generate`` on the stage-3 engine. Helpers:
+``tests/helpers/hf_models.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.test_user_models import close  # the same tolerances
+from tests.helpers.dist import run_distributed
+from tests.helpers.hf_models import SEQ, VOCAB, case_key, run_export, run_parity
+
+pytest.importorskip("transformers", reason="Hugging Face transformers is not installed (pip install zerobench[test])")
+
+pytestmark = pytest.mark.dist
+
+STAGES = (0, 1, 2, 3)
+FAST = [("gpt2", s, "", False) for s in STAGES] + [("gpt2", 3, "engine", True)]
+SLOW = [("llama", s, "", False) for s in STAGES] + [
+    ("llama", 3, "engine", True),
+    ("gpt2", 3, "", True),
+    ("llama", 3, "", True),
+    ("gpt2", 3, "model", False),  # enabled on the model before initialize
+    ("llama", 3, "reentrant", True),  # HF's default checkpointing
+]
+OUTPUT_TYPE = {"gpt2": "CausalLMOutputWithCrossAttentions", "llama": "CausalLMOutputWithPast"}
+
+
+@pytest.fixture(scope="module")
+def fast_grid():
+    return run_distributed(run_parity, 2, FAST, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def slow_grid():
+    return run_distributed(run_parity, 2, SLOW, timeout=420)
+
+
+def _check(ranks, kind: str, stage: int, ckpt: str, units: bool) -> None:
+    for r in ranks:
+        res = r[case_key(kind, stage, ckpt, units)]
+        assert "error" not in res, res["error"]
+        assert res["missing"] == [], res
+        assert res["max_update"] > 1e-3, "parameters did not move: the comparison would be vacuous"
+        assert close(res), res
+        assert res["checkpointing"] == [bool(ckpt)] * 2  # on every decoder layer
+        out = res["output"]
+        assert out["type"] == OUTPUT_TYPE[kind] and out["is_model_output"], out
+        assert out["keys"][:2] == ["loss", "logits"] and out["same_loss"] and out["loss_grad"], out
+        assert out["logits_shape"] == (2, SEQ, VOCAB), out
+
+
+@pytest.mark.parametrize("kind, stage, ckpt, units", FAST, ids=[case_key(*c) for c in FAST])
+def test_hf_model_parity(fast_grid, kind, stage, ckpt, units):
+    """Stages 0-3 on GPT-2, whose tied head is one parameter under two names; stage 3 with gradient checkpointing
+    (non-reentrant) re-gathering each decoder layer for its recomputation."""
+    _check(fast_grid, kind, stage, ckpt, units)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, stage, ckpt, units", SLOW, ids=[case_key(*c) for c in SLOW])
+def test_hf_model_parity_full(slow_grid, kind, stage, ckpt, units):
+    _check(slow_grid, kind, stage, ckpt, units)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_stage3_model_saved_for_from_pretrained(kind, tmp_path):
+    """After stage-3 training, the fp32 state dict from ``save_16bit_model`` and from ``save_checkpoint`` +
+    ``get_fp32_state_dict_from_zero_checkpoint`` has the model's own keys (GPT-2's ``lm_head.weight`` too) and, through
+    ``save_pretrained(dir, state_dict=...)`` and ``from_pretrained(dir)``, gives exactly the engine's fp32 master with
+    GPT-2's head still tied; so does ``save_pretrained`` inside ``gathered_params()`` (outside it, refused in one
+    line); and ``generate`` on the engine
+    produces the reloaded model's tokens."""
+    r = run_distributed(run_export, 2, kind, str(tmp_path), timeout=300)[0]
+    assert r["dtypes_16bit"] == ["torch.float32"]
+    for how in ("16bit", "zero_to_fp32"):
+        got = r[how]
+        assert got["keys_match"] and got["max_diff"] == 0.0, (how, got)
+        assert got["tied"] is (kind == "gpt2") and (got["head_diff"] == 0.0) is (kind == "gpt2"), (how, got)
+    assert r["gathered_diff"] == 0.0
+    assert r["refused"] is not None and "gathered_params()" in r["refused"] and "\n" not in r["refused"], r["refused"]
+    assert r["generate_same"] and r["generated_shape"] == (4, 10)

@@ -1,0 +1,221 @@
+"""Hugging Face ``transformers`` causal language models trained by ``zerobench.zero.initialize`` in spawned ranks,
+as DeepSpeed users train them (``out = engine(input_ids=ids, labels=ids)``; ``engine.backward(out.loss)``), and
+compared with single-process ``torch.optim.AdamW`` training on the same global batch.
+
+Two tiny models, built from configs only (no download): GPT-2 (its ``lm_head`` tied to ``wte``, learned positions,
+LayerNorm, Conv1D) and Llama (untied head, RMSNorm, rotary positions, SwiGLU). Dropout is off so that a rank's
+forward and the reference's compute the same function. Each rank trains on its slice of the global batch; the
+loss is the mean over a slice's tokens, so the reference's mean of the per-slice losses is the same objective.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tests.helpers.user_models import error_line, slice_of
+from zerobench.zero.state.shards import full_parameters
+
+VOCAB, SEQ, GLOBAL_BATCH, STEPS = 128, 16, 4, 3
+LR, BETAS, EPS, WD = 1e-2, (0.9, 0.95), 1e-8, 0.1
+
+
+def make_hf(kind: str):
+    """A tiny ``GPT2LMHeadModel`` (``gpt2``) or ``LlamaForCausalLM`` (``llama``) from a config, seeded."""
+    import transformers
+
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )  # fmt: skip
+        cls = transformers.GPT2LMHeadModel
+    elif kind == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=SEQ, tie_word_embeddings=False,
+        )  # fmt: skip
+        cls = transformers.LlamaForCausalLM
+    else:
+        raise ValueError(kind)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return cls(cfg)
+
+
+def ds_config(stage: int, world: int) -> dict:
+    """fp32, no clipping, AdamW on every parameter (``model_parameters`` given: the config's decay on each)."""
+    return {
+        "train_batch_size": GLOBAL_BATCH,
+        "train_micro_batch_size_per_gpu": GLOBAL_BATCH // world,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WD}},
+        "zero_optimization": {"stage": stage},
+    }
+
+
+def batches(steps: int = STEPS) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g) for _ in range(steps)]
+
+
+def reference_params(model, data, world: int) -> dict[str, torch.Tensor]:
+    """A copy trained in one process by ``torch.optim.AdamW``: each step on the mean of the per-slice losses."""
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, foreach=False)
+    for ids in data:
+        slices = [slice_of(ids, r, world) for r in range(world)]
+        torch.stack([ref(input_ids=s, labels=s).loss for s in slices]).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for n, p in ref.named_parameters()}
+
+
+def compare(got: dict[str, torch.Tensor], model_before, ref: dict[str, torch.Tensor]) -> dict:
+    """As ``user_models.compare``: the largest element difference and the relative L2 error of the update."""
+    init = dict(model_before.named_parameters())
+    diff = moved = num = den = 0.0
+    for n, r in ref.items():
+        if n not in got:
+            continue
+        d, u = got[n].float() - r, r - init[n].detach()
+        diff, moved = max(diff, d.abs().max().item()), max(moved, u.abs().max().item())
+        num, den = num + d.pow(2).sum().item(), den + u.pow(2).sum().item()
+    return {
+        "max_diff": diff,
+        "update_rel_err": (num / max(den, 1e-30)) ** 0.5,
+        "max_update": moved,
+        "missing": sorted(set(ref) - set(got)),
+    }
+
+
+def layers(model) -> list:
+    """The decoder layers (stage 3's units when given): GPT-2's ``transformer.h``, Llama's ``model.layers``."""
+    return list(model.transformer.h) if hasattr(model, "transformer") else list(model.model.layers)
+
+
+def train(rank: int, world: int, kind: str, stage: int, checkpointing: str = "", units: bool = False):
+    """(engine, the model before training, the data, the last output): DeepSpeed's loop on this rank's slices.
+    ``units``: the decoder layers as stage 3's units (zerobench's ``units=``); else the default, one unit.
+    ``checkpointing``: HF's gradient checkpointing, non-reentrant, turned on through the engine after ``initialize``
+    (``"engine"``: the module's own method) or on the model before it (``"model"``); ``"reentrant"`` (HF's default),
+    through the engine; ``""``: off."""
+    from zerobench.zero import initialize
+
+    model = make_hf(kind)
+    before = copy.deepcopy(model)
+    kwargs = {"use_reentrant": checkpointing == "reentrant"}
+    if checkpointing == "model":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    engine, _, _, _ = initialize(
+        model=model,
+        model_parameters=model.parameters(),
+        config=ds_config(stage, world),
+        units=layers(model) if units else None,
+    )
+    if checkpointing in ("engine", "reentrant"):
+        engine.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    data = batches()
+    out = None
+    for ids in data:
+        mine = slice_of(ids, rank, world)
+        out = engine(input_ids=mine, labels=mine)
+        engine.backward(out.loss)
+        engine.step()
+    return engine, before, data, out
+
+
+def run_parity(rank: int, world: int, cases: list[tuple]) -> dict[str, dict]:
+    """Each (model kind, stage, gradient checkpointing as ``train`` takes it, layers as units) trained and compared; one case's failure
+    is its result."""
+    import warnings
+
+    results = {}
+    for kind, stage, ckpt, units in cases:
+        key = case_key(kind, stage, ckpt, units)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # stage 3 without units warns that it gathers the whole model
+                engine, before, data, out = train(rank, world, kind, stage, ckpt, units)
+            r = compare(full_parameters(engine), before, reference_params(before, data, world))
+            r["output"] = output_facts(out)
+            r["checkpointing"] = [layer.gradient_checkpointing for layer in layers(engine.module)]
+            results[key] = r
+        except Exception as e:  # noqa: BLE001 - one case's failure is that case's result, not the grid's
+            results[key] = {"error": f"{type(e).__name__}: {e}"}
+    return results
+
+
+def case_key(kind: str, stage: int, ckpt: str = "", units: bool = False) -> str:
+    return f"{kind}-s{stage}{f'-ckpt-{ckpt}' if ckpt else ''}{'-units' if units else ''}"
+
+
+def output_facts(out) -> dict:
+    """What an HF user reads from ``engine(...)``'s output: its class, its keys, the loss by attribute, key and
+    index (one tensor), the logits' shape."""
+    from transformers.utils import ModelOutput
+
+    return {
+        "type": type(out).__name__,
+        "is_model_output": isinstance(out, ModelOutput),
+        "keys": list(out.keys()),
+        "same_loss": out.loss is out["loss"] and out.loss is out[0] and out.to_tuple()[0] is out.loss,
+        "loss_grad": out.loss.requires_grad,
+        "logits_shape": tuple(out.logits.shape),
+    }
+
+
+def _reloaded(kind: str, path, sd: dict, master: dict) -> dict:
+    """``save_pretrained(path, state_dict=sd)`` on a fresh model of ``kind``, ``from_pretrained(path)``: how far its
+    parameters are from the engine's fp32 master, whether the head is still tied, its state dict's keys."""
+    fresh = make_hf(kind)
+    fresh.save_pretrained(path, state_dict=sd)
+    loaded = type(fresh).from_pretrained(path)
+    named = dict(loaded.named_parameters(remove_duplicate=False))
+    return {
+        "keys_match": sorted(sd) == sorted(fresh.state_dict()),
+        "max_diff": max((named[n] - v).abs().max().item() for n, v in master.items()),
+        "head_diff": (loaded.lm_head.weight - loaded.get_input_embeddings().weight).abs().max().item(),
+        "tied": loaded.lm_head.weight is loaded.get_input_embeddings().weight,
+    }
+
+
+def run_export(rank: int, world: int, kind: str, root: str) -> dict:
+    """Stage-3 training on the decoder layers as units, then the model taken out as an HF user does it: the fp32
+    state dict from ``save_16bit_model`` (training in fp32) and from ``save_checkpoint`` +
+    ``get_fp32_state_dict_from_zero_checkpoint``, each given to ``save_pretrained(dir, state_dict=...)`` on DP rank 0
+    and read back by ``from_pretrained(dir)``."""
+    from pathlib import Path
+
+    from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    engine, _, _, _ = train(rank, world, kind, 3, units=True)
+    master = full_parameters(engine)
+    root = Path(root)
+    engine.save_16bit_model(root / "16bit")
+    engine.save_checkpoint(root / "ckpt")
+    refused = error_line(lambda: engine.module.save_pretrained(root / f"sharded{rank}"))  # only a shard is held
+    with engine.gathered_params():  # the module's own save, its full parameters gathered on every rank
+        if rank == 0:
+            engine.module.save_pretrained(root / "gathered")
+    engine.eval()
+    prompt = batches(1)[0][:, :4]
+    with torch.no_grad():
+        generated = engine.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    if rank != 0:
+        return {}
+    out = {"master_names": sorted(master), "refused": refused}
+    gathered = type(make_hf(kind)).from_pretrained(root / "gathered")
+    out["gathered_diff"] = max((p - master[n]).abs().max().item() for n, p in gathered.named_parameters())
+    out["generate_same"] = torch.equal(
+        generated, gathered.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    )
+    out["generated_shape"] = tuple(generated.shape)
+    sd16 = torch.load(root / "16bit" / "pytorch_model.bin", weights_only=True)
+    out["dtypes_16bit"] = sorted({str(v.dtype) for v in sd16.values()})
+    out["16bit"] = _reloaded(kind, root / "hf16", sd16, master)
+    out["zero_to_fp32"] = _reloaded(
+        kind, root / "hf32", get_fp32_state_dict_from_zero_checkpoint(root / "ckpt"), master
+    )
+    return out

@@ -84,5 +84,7 @@ def test_stage3_model_saved_for_from_pretrained(kind, tmp_path):
         assert got["keys_match"] and got["max_diff"] == 0.0, (how, got)
         assert got["tied"] is (kind == "gpt2") and (got["head_diff"] == 0.0) is (kind == "gpt2"), (how, got)
     assert r["gathered_diff"] == 0.0
+    _, inside, plain = r["num_parameters"]  # outside gathered_params() only placeholders are held
+    assert inside == plain > 0
     assert r["refused"] is not None and "gathered_params()" in r["refused"] and "\n" not in r["refused"], r["refused"]
     assert r["generate_same"] and r["generated_shape"] == (4, 10)

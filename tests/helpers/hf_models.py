@@ -18,6 +18,7 @@ from tests.helpers.user_models import error_line, slice_of
 from zerobench.zero.state.shards import full_parameters
 
 VOCAB, SEQ, GLOBAL_BATCH, STEPS = 128, 16, 4, 3
+ATTN = "sdpa"  # what from_config picks on torch with SDPA (no flash-attn)
 LR, BETAS, EPS, WD = 1e-2, (0.9, 0.95), 1e-8, 0.1
 
 
@@ -39,7 +40,7 @@ def make_hf(kind: str):
         cls = transformers.LlamaForCausalLM
     else:
         raise ValueError(kind)
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = ATTN
     torch.manual_seed(0)
     return cls(cfg)
 
@@ -196,7 +197,9 @@ def run_export(rank: int, world: int, kind: str, root: str) -> dict:
     engine.save_16bit_model(root / "16bit")
     engine.save_checkpoint(root / "ckpt")
     refused = error_line(lambda: engine.module.save_pretrained(root / f"sharded{rank}"))  # only a shard is held
+    counted = [engine.num_parameters()]  # placeholders outside a forward: 0
     with engine.gathered_params():  # the module's own save, its full parameters gathered on every rank
+        counted.append(engine.num_parameters())
         if rank == 0:
             engine.module.save_pretrained(root / "gathered")
     engine.eval()
@@ -206,6 +209,7 @@ def run_export(rank: int, world: int, kind: str, root: str) -> dict:
     if rank != 0:
         return {}
     out = {"master_names": sorted(master), "refused": refused}
+    out["num_parameters"] = (*counted, make_hf(kind).num_parameters())
     gathered = type(make_hf(kind)).from_pretrained(root / "gathered")
     out["gathered_diff"] = max((p - master[n]).abs().max().item() for n, p in gathered.named_parameters())
     out["generate_same"] = torch.equal(

@@ -13,7 +13,7 @@ import pytest
 
 from tests.distributed.test_user_models import close  # the same tolerances
 from tests.helpers.dist import run_distributed
-from tests.helpers.hf_models import SEQ, VOCAB, case_key, run_export, run_parity
+from tests.helpers.hf_models import SEQ, VOCAB, case_key, run_encoder_outputs_bf16, run_export, run_parity
 
 pytest.importorskip("transformers", reason="Hugging Face transformers is not installed (pip install zerobench[test])")
 
@@ -88,3 +88,12 @@ def test_stage3_model_saved_for_from_pretrained(kind, tmp_path):
     assert inside == plain > 0
     assert r["refused"] is not None and "gathered_params()" in r["refused"] and "\n" not in r["refused"], r["refused"]
     assert r["generate_same"] and r["generated_shape"] == (4, 10)
+
+
+@pytest.mark.slow
+def test_bf16_encoder_outputs_given_as_a_model_output_are_cast():
+    """The forward-input cast reaches a ``ModelOutput`` argument in both its views: T5's decoder reads
+    ``encoder_outputs[0]``, which must be bf16 like the weights it meets."""
+    for r in run_distributed(run_encoder_outputs_bf16, 2, timeout=200):
+        assert "error" not in r, r["error"]
+        assert r["logits"] == "torch.bfloat16" and r["applied"] and 0 < r["loss"] < 20, r

@@ -223,3 +223,32 @@ def run_export(rank: int, world: int, kind: str, root: str) -> dict:
         kind, root / "hf32", get_fp32_state_dict_from_zero_checkpoint(root / "ckpt"), master
     )
     return out
+
+
+def run_encoder_outputs_bf16(rank: int, world: int) -> dict:
+    """A tiny T5 trained under bf16 from encoder features computed elsewhere in fp32, passed as
+    ``encoder_outputs=BaseModelOutput(...)`` (its decoder reads ``encoder_outputs[0]``): one step's loss and
+    logits' dtype, or the error."""
+    import transformers
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from zerobench.zero import initialize
+
+    cfg = transformers.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, dropout_rate=0.0,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(cfg)
+    config = {**ds_config(2, world), "bf16": {"enabled": True}}
+    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=config)
+    g = torch.Generator().manual_seed(rank)
+    feats = BaseModelOutput(last_hidden_state=torch.randn(GLOBAL_BATCH // world, 5, 32, generator=g))
+    labels = torch.randint(0, 64, (GLOBAL_BATCH // world, 4), generator=g)
+    try:
+        out = engine(encoder_outputs=feats, labels=labels)
+        engine.backward(out.loss)
+        engine.step()
+    except Exception as e:  # noqa: BLE001 - the test reports what the rank saw
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"loss": out.loss.item(), "logits": str(out.logits.dtype), "applied": engine.was_step_applied()}

@@ -1,8 +1,9 @@
 """Hugging Face ``transformers`` models trained as DeepSpeed users train them, through ``zerobench.zero.initialize``
 (``out = engine(input_ids=ids, labels=ids)``, ``engine.backward(out.loss)``, ``engine.step()``), at world 2 in fp32,
 against single-process ``torch.optim.AdamW`` on the same global batch: a tiny GPT-2 (head tied to the token
-embedding) and a tiny Llama (untied head, RMSNorm, rotary positions), stages 0-3, stage 3 with its default single
-unit and with the decoder layers as units, with HF's gradient checkpointing; the ``ModelOutput`` the engine returns;
+embedding) and a tiny Llama (untied head, RMSNorm, rotary positions), stages 0-3, stage 3 with
+initialize's default units (the decoder layers it finds), with the layers given and with none (the whole model one
+unit), with HF's gradient checkpointing; the ``ModelOutput`` the engine returns;
 the trained model taken out (``save_16bit_model``, ``zero_to_fp32``, ``gathered_params``) into
 ``save_pretrained``/``from_pretrained``, ties kept; ``generate`` on the stage-3 engine. Helpers:
 ``tests/helpers/hf_models.py``."""
@@ -20,14 +21,16 @@ pytest.importorskip("transformers", reason="Hugging Face transformers is not ins
 pytestmark = pytest.mark.dist
 
 STAGES = (0, 1, 2, 3)
-FAST = [("gpt2", s, "", False) for s in STAGES] + [("gpt2", 3, "engine", True)]
-SLOW = [("llama", s, "", False) for s in STAGES] + [
-    ("llama", 3, "engine", True),
-    ("gpt2", 3, "", True),
-    ("llama", 3, "", True),
-    ("gpt2", 3, "model", False),  # enabled on the model before initialize
-    ("llama", 3, "reentrant", True),  # HF's default checkpointing
+# units: "" initialize's default (the decoder layers, found), "layers" given, "one" none (units=[]: the whole model)
+FAST = [("gpt2", s, "", "") for s in STAGES] + [("gpt2", 3, "engine", "layers")]
+SLOW = [("llama", s, "", "") for s in STAGES] + [
+    ("llama", 3, "engine", "layers"),
+    ("gpt2", 3, "", "one"),
+    ("llama", 3, "", "one"),
+    ("gpt2", 3, "model", ""),  # enabled on the model before initialize
+    ("llama", 3, "reentrant", "layers"),  # HF's default checkpointing
 ]
+LAYER = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer"}
 OUTPUT_TYPE = {"gpt2": "CausalLMOutputWithCrossAttentions", "llama": "CausalLMOutputWithPast"}
 
 
@@ -41,7 +44,7 @@ def slow_grid():
     return run_distributed(run_parity, 2, SLOW, timeout=420)
 
 
-def _check(ranks, kind: str, stage: int, ckpt: str, units: bool) -> None:
+def _check(ranks, kind: str, stage: int, ckpt: str, units: str) -> None:
     for r in ranks:
         res = r[case_key(kind, stage, ckpt, units)]
         assert "error" not in res, res["error"]
@@ -53,6 +56,9 @@ def _check(ranks, kind: str, stage: int, ckpt: str, units: bool) -> None:
         assert out["type"] == OUTPUT_TYPE[kind] and out["is_model_output"], out
         assert out["keys"][:2] == ["loss", "logits"] and out["same_loss"] and out["loss_grad"], out
         assert out["logits_shape"] == (2, SEQ, VOCAB), out
+        if stage == 3:  # as in DeepSpeed, no forward gathers the whole model unless the user asks for one unit
+            assert res["units"] == ([] if units == "one" else [LAYER[kind]] * 2), res["units"]
+            assert res["one_unit_warnings"] == 0, res
 
 
 @pytest.mark.parametrize("kind, stage, ckpt, units", FAST, ids=[case_key(*c) for c in FAST])

@@ -96,9 +96,10 @@ def layers(model) -> list:
     return list(model.transformer.h) if hasattr(model, "transformer") else list(model.model.layers)
 
 
-def train(rank: int, world: int, kind: str, stage: int, checkpointing: str = "", units: bool = False):
+def train(rank: int, world: int, kind: str, stage: int, checkpointing: str = "", units: str = ""):
     """(engine, the model before training, the data, the last output): DeepSpeed's loop on this rank's slices.
-    ``units``: the decoder layers as stage 3's units (zerobench's ``units=``); else the default, one unit.
+    ``units``: ``"layers"``, the decoder layers given as stage 3's units (zerobench's ``units=``); ``"one"``, none
+    (``units=[]``: the whole model one unit); ``""``, the default (initialize finds the layer lists).
     ``checkpointing``: HF's gradient checkpointing, non-reentrant, turned on through the engine after ``initialize``
     (``"engine"``: the module's own method) or on the model before it (``"model"``); ``"reentrant"`` (HF's default),
     through the engine; ``""``: off."""
@@ -113,7 +114,7 @@ def train(rank: int, world: int, kind: str, stage: int, checkpointing: str = "",
         model=model,
         model_parameters=model.parameters(),
         config=ds_config(stage, world),
-        units=layers(model) if units else None,
+        units={"layers": layers(model), "one": [], "": None}[units],
     )
     if checkpointing in ("engine", "reentrant"):
         engine.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
@@ -136,20 +137,23 @@ def run_parity(rank: int, world: int, cases: list[tuple]) -> dict[str, dict]:
     for kind, stage, ckpt, units in cases:
         key = case_key(kind, stage, ckpt, units)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # stage 3 without units warns that it gathers the whole model
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 engine, before, data, out = train(rank, world, kind, stage, ckpt, units)
             r = compare(full_parameters(engine), before, reference_params(before, data, world))
             r["output"] = output_facts(out)
             r["checkpointing"] = [layer.gradient_checkpointing for layer in layers(engine.module)]
+            gatherer = engine.gatherer
+            r["units"] = None if gatherer is None else [type(b.module).__name__ for b in gatherer.blocks]
+            r["one_unit_warnings"] = sum("ZeRO stage 3" in str(w.message) for w in caught)
             results[key] = r
         except Exception as e:  # noqa: BLE001 - one case's failure is that case's result, not the grid's
             results[key] = {"error": f"{type(e).__name__}: {e}"}
     return results
 
 
-def case_key(kind: str, stage: int, ckpt: str = "", units: bool = False) -> str:
-    return f"{kind}-s{stage}{f'-ckpt-{ckpt}' if ckpt else ''}{'-units' if units else ''}"
+def case_key(kind: str, stage: int, ckpt: str = "", units: str = "") -> str:
+    return f"{kind}-s{stage}{f'-ckpt-{ckpt}' if ckpt else ''}{f'-units-{units}' if units else ''}"
 
 
 def output_facts(out) -> dict:
@@ -191,7 +195,7 @@ def run_export(rank: int, world: int, kind: str, root: str) -> dict:
 
     from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    engine, _, _, _ = train(rank, world, kind, 3, units=True)
+    engine, _, _, _ = train(rank, world, kind, 3, units="layers")
     master = full_parameters(engine)
     root = Path(root)
     engine.save_16bit_model(root / "16bit")

@@ -58,3 +58,34 @@ def test_external_params_as_one_name_or_none():
     m = _net()
     assert resolve_external(m, None) == frozenset()
     assert resolve_external(m, "c.weight") == frozenset({id(m.a.weight)})  # a tied parameter, by its other name
+
+
+def _encoder_decoder() -> nn.Module:
+    """Two stacks of layers, each layer with a list of sublayers and a list of experts inside, a parameter-free
+    list of activations, and a one-entry list."""
+
+    def layer() -> nn.Module:
+        m = nn.Module()
+        m.sub = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+        m.experts = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+        return m
+
+    m = nn.Module()
+    m.embed = nn.Embedding(4, 2)
+    m.encoder, m.decoder = nn.Module(), nn.Module()
+    m.encoder.block = nn.ModuleList([layer() for _ in range(2)])
+    m.decoder.block = nn.ModuleList([layer() for _ in range(3)])
+    m.acts = nn.ModuleList([nn.ReLU(), nn.GELU()])
+    m.single = nn.ModuleList([nn.Linear(2, 2)])
+    return m
+
+
+def test_layer_units_are_every_outermost_list_of_layers():
+    from zerobench.zero.api import layer_lists, layer_units
+
+    m = _encoder_decoder()
+    assert list(layer_lists(m)) == ["encoder.block", "decoder.block"]  # nested, parameter-free, single: not lists
+    assert layer_units(m) == [*m.encoder.block, *m.decoder.block]
+    m.blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # model.blocks, where a model has one, first
+    assert layer_units(m) == list(m.blocks)
+    assert layer_units(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []  # no list: the root is the one unit

@@ -43,17 +43,33 @@ def resolve_units(model: nn.Module, units) -> list[nn.Module]:
     return list(units)
 
 
+def layer_lists(model: nn.Module) -> dict[str, nn.ModuleList]:
+    """The model's lists of layers: every outermost ``ModuleList`` of two or more entries that holds parameters
+    (a list inside another, such as a block's experts, is part of its layer), by name, in registration order."""
+    found: dict[str, nn.ModuleList] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) < 2 or any(name.startswith(f"{n}.") for n in found):
+            continue
+        if any(True for _ in m.parameters()):
+            found[name] = m
+    return found
+
+
+def layer_units(model: nn.Module) -> list[nn.Module]:
+    """Stage-3 units as DeepSpeed's users expect them when they name none: ``model.blocks`` if the model has it,
+    else every entry of its layer lists (``layer_lists``: a Hugging Face decoder's ``model.layers``, an
+    encoder-decoder's two stacks), so that no forward gathers the whole model. DeepSpeed gathers each submodule
+    as it runs; a layer is the coarsest grain that keeps its peak to about one layer's parameters."""
+    return default_units(model) or [layer for lst in layer_lists(model).values() for layer in lst]
+
+
 def warn_if_one_unit(model: nn.Module, units, stage: int) -> None:
     """Stage 3, ``units`` not given and no ``model.blocks``, but a list of layers there: warn that every
     forward gathers the whole model, naming the list (the largest ``ModuleList`` by parameters)."""
     if stage != 3 or units is not None or default_units(model):
         return
-    size = {
-        n: sum(p.numel() for p in m.parameters())
-        for n, m in model.named_modules()
-        if isinstance(m, nn.ModuleList) and len(m) > 1
-    }
-    if not size or max(size.values()) == 0:
+    size = {n: sum(p.numel() for p in m.parameters()) for n, m in layer_lists(model).items()}
+    if not size:
         return
     name = max(size, key=size.get)
     warnings.warn(

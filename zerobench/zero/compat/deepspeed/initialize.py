@@ -128,7 +128,8 @@ def initialize(
         mesh_param: refused in one line, as ``mpu``.
         config_params: DeepSpeed's older name for ``config``.
         dp_group: the data-parallel group (default: the whole world).
-        units: stage 3's gather units (``apply_zero``'s).
+        units: stage 3's gather units (``apply_zero``'s). Default: ``model.blocks``, else every entry of the
+            model's lists of layers (``layer_units``), so that, as in DeepSpeed, no forward gathers the whole model.
         external_params: parameters read outside their stage-3 unit (``apply_zero``'s).
 
     Returns:
@@ -139,7 +140,7 @@ def initialize(
         ConfigError: one line for an invalid or unsupported config key, a batch triple that does not resolve, or an
             argument DeepSpeed takes that zerobench does not.
     """
-    from zerobench.zero.api import apply_zero
+    from zerobench.zero.api import apply_zero, layer_units
     from zerobench.zero.compat.deepspeed.engine import as_deepspeed
 
     del distributed_port
@@ -165,6 +166,8 @@ def initialize(
     cfg = from_deepspeed(config, group.size, client_optimizer=client is not None)
     if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
         model.to(device)
+    if units is None and cfg.zero.stage == 3:  # DeepSpeed never gathers the whole model: one layer at a time
+        units = layer_units(model)
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
     engine = as_deepspeed(engine, cfg.micro_batch)
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)

@@ -89,3 +89,7 @@ def test_layer_units_are_every_outermost_list_of_layers():
     m.blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # model.blocks, where a model has one, first
     assert layer_units(m) == list(m.blocks)
     assert layer_units(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []  # no list: the root is the one unit
+    shared = nn.Linear(2, 2)
+    reused = nn.Module()
+    reused.layers = nn.ModuleList([shared, nn.Linear(2, 2), shared])  # one layer run twice (ALBERT's sharing)
+    assert layer_units(reused) == [shared, reused.layers[1]]

@@ -60,7 +60,8 @@ def layer_units(model: nn.Module) -> list[nn.Module]:
     else every entry of its layer lists (``layer_lists``: a Hugging Face decoder's ``model.layers``, an
     encoder-decoder's two stacks), so that no forward gathers the whole model. DeepSpeed gathers each submodule
     as it runs; a layer is the coarsest grain that keeps its peak to about one layer's parameters."""
-    return default_units(model) or [layer for lst in layer_lists(model).values() for layer in lst]
+    found = default_units(model) or [layer for lst in layer_lists(model).values() for layer in lst]
+    return list({id(m): m for m in found}.values())  # a layer listed twice (reused) is one unit
 
 
 def warn_if_one_unit(model: nn.Module, units, stage: int) -> None:

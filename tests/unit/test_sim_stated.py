@@ -87,20 +87,37 @@ def test_a_large_block_runs_near_its_gemm_ceiling_and_backward_costs_twice():
 
 
 def test_flash_attention_never_touches_the_scores():
-    """The unfused path pays the b·a·s² passes; flash pays half the score FLOPs (causal), at its published fraction
-    of peak, and its backward 2.5 times its forward."""
+    """The unfused path pays the b·a·s² passes; flash pays half the score FLOPs (causal): forward and backward (2.5
+    times the forward's FLOPs) together at the kernel's published forward+backward rate at the head dimension
+    (FlashAttention-2 on an A100 at head dim 64: 140 TFLOP/s), split as its stated fractions split them."""
     shape = {**SHAPE, "h": 768, "heads": 12, "s": 2048, "b": 16}
     a100 = DEVICES["a100-dgx"]
     flash, unfused = StatedProfile(a100, "zerobench"), StatedProfile(a100, "megatron-2019")
     assert flash.op_time("block_fwd", **shape) < 0.6 * unfused.op_time("block_fwd", **shape)
     b, s, h = 16, 2048, 768
-    fwd = flash._attention(b, s, h, 12, 64, 2, a100.peak_flops, backward=False)
-    bwd = flash._attention(b, s, h, 12, 64, 2, a100.peak_flops, backward=True)
-    eff = flash.stack.attention.fwd_eff["a100"]
-    assert fwd == pytest.approx(flash.gemm.launch_s + 2 * b * s * s * h / (a100.peak_flops * eff))
-    assert (bwd - flash.gemm.launch_s) / (fwd - flash.gemm.launch_s) == pytest.approx(
-        2.5 * eff / flash.stack.attention.bwd_eff["a100"]
-    )
+    fwd = flash._attention(b, s, h, 12, 64, 2, a100.peak_flops, backward=False) - flash.gemm.launch_s
+    bwd = flash._attention(b, s, h, 12, 64, 2, a100.peak_flops, backward=True) - flash.gemm.launch_s
+    causal_fwd = 2 * b * s * s * h
+    assert fwd + bwd == pytest.approx(3.5 * causal_fwd / 140e12)
+    att = flash.stack.attention
+    assert bwd / fwd == pytest.approx(2.5 * att.fwd_eff["a100"] / att.bwd_eff["a100"])
+
+
+def test_flash_rates_by_head_dimension():
+    """Between the published head dimensions the forward+backward rate is interpolated, outside them the nearest
+    is taken; a class with no published figure runs at its stated fractions of peak."""
+    from zerobench.sim.software import SDPA_FLASH2, TRITON_FLASH
+
+    def both(att, cls, dh):
+        f, b = att.rates(cls, dh, 312e12)
+        return 3.5 / (1 / f + 2.5 / b) / 1e12
+
+    assert both(SDPA_FLASH2, "a100", 64) == pytest.approx(140)
+    assert both(SDPA_FLASH2, "a100", 96) == pytest.approx(147.5)
+    assert both(SDPA_FLASH2, "a100", 256) == pytest.approx(155)
+    assert both(TRITON_FLASH, "h100", 128) == pytest.approx(108)
+    assert both(TRITON_FLASH, "a100", 64) < both(SDPA_FLASH2, "a100", 64)  # FlashAttention 1 in Triton, slower
+    assert SDPA_FLASH2.rates("v100", 64, 125e12) == (0.40 * 125e12, 0.30 * 125e12)
 
 
 def test_tensor_parallel_shards_the_compute():

@@ -14,8 +14,9 @@ multiplied by the device's fitted ``compute_scale``:
   tensor-parallel GEMMs therefore lose what their shapes lose.
 - Attention, as the stack runs it. ``materialized`` charges the score GEMMs (a_p·b batches of
   s x s x d and s x d x s) and the stack's passes over the b·a_p·s² scores. ``flash`` charges one
-  kernel: forward 2·b·s²·h_p FLOPs (causal, half of 4·b·s²·h_p), backward 2.5 times that, each at the
-  kernel's published fraction of peak on the device class.
+  kernel: forward 2·b·s²·h_p FLOPs (causal, half of 4·b·s²·h_p), backward 2.5 times that, together at the
+  kernel's published forward+backward rate on the device class at the head dimension, where one is published
+  (``Attention.rates``), else at its stated fractions of peak.
 - Elementwise work runs at ``mem_eff`` of HBM bandwidth, with a floor of one kernel launch. It is counted
   as the stack's passes over T x h (LayerNorms, residuals, dropouts, replicated across TP ranks),
   T x h_p and T x 4h_p, with backward twice the forward's passes. Backward also sums each linear's output
@@ -101,9 +102,9 @@ class StatedProfile(Profile):
         att = self.stack.attention
         if att.kind == "flash":
             flops = 2 * b * s * s * hp * (2.5 if backward else 1.0)
-            eff = (att.bwd_eff if backward else att.fwd_eff)[self.device_class]
+            rate = att.rates(self.device_class, dh, peak)[1 if backward else 0]
             nbytes = (8 if backward else 4) * b * s * hp * elem
-            return self.gemm.launch_s + max(flops / (peak * eff), nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
+            return self.gemm.launch_s + max(flops / rate, nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
         per = 2 if backward else 1
         scores = self._gemm(s, s, dh, ap * b, elem, peak) + self._gemm(s, dh, s, ap * b, elem, peak)
         return per * scores + self._stream(per * ap * b * s * s * att.score_passes * elem, per * 4)

@@ -21,7 +21,7 @@ TABLE = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-pub
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "speedup", "weak_scaling_efficiency")
 CONVENTIONS = ("hardware", "model")
 """FLOP readings of a TFLOP/s figure: with the recompute's extra forward (hardware) and without (model)."""
-ATTENTION = ("unfused", "fused-softmax", "flash")
+ATTENTION = ("unfused", "fused-softmax", "flash", "flash-triton")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class Row:
     """The element type gradients are reduced in (fp32 for Composer's DEFAULT mixed precision)."""
     recompute: bool
     attention: str
-    """The attention kernels the run states: ``unfused``, ``fused-softmax`` or ``flash``."""
+    """The attention kernels the run states: ``unfused``, ``fused-softmax``, ``flash`` (FlashAttention-2, CUDA) or
+    ``flash-triton`` (FlashAttention in Triton)."""
     metric: str
     published: float
     relative_to: str
@@ -132,7 +133,7 @@ def stack(row: Row):
     zerobench's engine."""
     import dataclasses
 
-    from zerobench.sim.software import DEEPSPEED_2021, STACKS
+    from zerobench.sim.software import DEEPSPEED_2021, SDPA_FLASH2, STACKS
 
     fw = row.framework
     if fw.startswith("megatron-lm 2019"):
@@ -144,8 +145,11 @@ def stack(row: Row):
             if "deepspeed" in fw
             else base
         )
-    if fw.startswith("llm-foundry"):
-        return STACKS["llm-foundry"]
+    if fw.startswith("llm-foundry"):  # attn_impl: triton (the stack's) or flash (FlashAttention-2's CUDA kernel)
+        base = STACKS["llm-foundry"]
+        if row.attention == "flash":
+            return dataclasses.replace(base, name="llm-foundry+flash-attn-2", attention=SDPA_FLASH2)
+        return base
     raise ValueError(f"row {row.id!r}: no program is described for framework {fw!r} (zerobench/sim/software.py)")
 
 

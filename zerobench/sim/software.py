@@ -38,9 +38,32 @@ class Attention:
     score_passes: float = 0.0
     """Forward passes over b·(a/tp)·s² (``materialized`` only)."""
     fwd_eff: dict[str, float] = field(default_factory=dict)
-    """Device class -> achieved fraction of peak, forward (``flash`` only)."""
+    """Device class -> achieved fraction of peak, forward (``flash`` only). Where ``fwd_bwd`` states the class, only
+    the ratio of ``bwd_eff`` to this is read: how the kernel's time splits between forward and backward."""
     bwd_eff: dict[str, float] = field(default_factory=dict)
+    fwd_bwd: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Device class -> head dimension -> published forward+backward TFLOP/s of the kernel (causal, sequence 2k,
+    FLOPs counted as the FlashAttention papers count them: 3.5 times the causal forward's). Between two stated head
+    dimensions the rate is interpolated linearly; outside them, the nearest is taken (``flash_rate``)."""
     source: str = ""
+
+    def rates(self, device_class: str, head_dim: int, peak: float) -> tuple[float, float]:
+        """(forward, backward) FLOP/s of the ``flash`` kernel on ``device_class`` at ``head_dim``. From the published
+        forward+backward rate R where ``fwd_bwd`` states the class: the forward's F FLOPs and the backward's 2.5 F
+        take 3.5 F / R together, split so that the backward runs ``bwd_eff / fwd_eff`` times the forward's rate.
+        Else the stated fractions of ``peak``."""
+        fwd, bwd = self.fwd_eff[device_class], self.bwd_eff[device_class]
+        table = self.fwd_bwd.get(device_class)
+        if not table:
+            return fwd * peak, bwd * peak
+        dims = sorted(table)
+        d = min(max(head_dim, dims[0]), dims[-1])
+        hi = next(x for x in dims if x >= d)
+        lo = max(x for x in dims if x <= d)
+        both = table[lo] if hi == lo else table[lo] + (table[hi] - table[lo]) * (d - lo) / (hi - lo)
+        k = bwd / fwd
+        rf = (1 + 2.5 / k) * both * 1e12 / 3.5
+        return rf, k * rf
 
 
 @dataclass(frozen=True)
@@ -87,23 +110,41 @@ _FA2_TEXT = (
 
 _A100_TYPICAL = 0.615 / 0.73
 """The A100's typical forward (the midpoint of the stated 50-73%) against its stated best (73%)."""
+_FA2_FIG = (
+    "Dao 2023 (arXiv 2307.08691) Fig. 4(c),(d) (A100 80GB SXM4) and Fig. 7(c),(d) (H100 80GB SXM5), the "
+    "flash-attention README's Performance section: forward+backward TFLOP/s, causal, sequence 2k, hidden 2048, "
+    "16k tokens per batch, read from the bars' labels"
+)
 SDPA_FLASH2 = Attention(
     "flash",
     fwd_eff={"a100": 0.615, "h100": 335 / 989 * _A100_TYPICAL, "v100": 0.40},
     bwd_eff={"a100": 0.60, "h100": 335 / 989 * _A100_TYPICAL, "v100": 0.30},
+    fwd_bwd={"a100": {64: 140.0, 128: 155.0}, "h100": {64: 232.0, 128: 265.0}},
     source=(
-        f"{_FA2_TEXT}. A100: the forward's stated range, midpoint; the backward 2x FlashAttention's 25-35%. "
+        f"{_FA2_TEXT}. A100 and H100: FlashAttention-2's forward+backward, {_FA2_FIG}: A100 140 (head dim 64) and "
+        "155 (128), H100 232 and 265; split between forward and backward as the stated fractions below split it. "
+        "Those fractions: A100, the forward's stated range, midpoint; the backward 2x FlashAttention's 25-35%. "
         "H100: its stated best, 335 of 989 TFLOP/s, taken down as far as the A100's midpoint is below its best "
-        "(0.615 / 0.73). V100 has no flash kernel: PyTorch's SDPA runs its memory-efficient kernel, taken at "
-        "FlashAttention's A100 fractions [assumed]"
+        "(0.615 / 0.73). V100 has no flash kernel and no figure: PyTorch's SDPA runs its memory-efficient kernel, "
+        "taken at FlashAttention's A100 fractions [assumed]"
     ),
 )
+"""FlashAttention-2 (CUDA): PyTorch's SDPA flash backend, and flash-attn 2.x."""
 TRITON_FLASH = Attention(
     "flash",
     fwd_eff={k: v / 1.4 for k, v in SDPA_FLASH2.fwd_eff.items()},
     bwd_eff={k: v / 2.0 for k, v in SDPA_FLASH2.bwd_eff.items()},
-    source=f"{_FA2_TEXT}: FlashAttention-2 over FlashAttention in Triton, 1.4x (1.3-1.5x) forward and 2x backward",
+    fwd_bwd={"a100": {64: 77.0, 128: 69.0}, "h100": {64: 136.0, 128: 108.0}},
+    source=(
+        "FlashAttention in Triton as flash-attn's flash_attn_triton.py (which llm-foundry copies) runs it. Its "
+        "docstring: 'Overall Triton forward + backward is slightly slower than CUDA forward + backward' (CUDA: "
+        f"FlashAttention 1). So it is charged FlashAttention 1 (CUDA)'s forward+backward, {_FA2_FIG}: A100 77 "
+        "(head dim 64) and 69 (128), H100 136 and 108 (an upper bound: 'slightly slower'). The split between "
+        f"forward and backward: {_FA2_TEXT}: FlashAttention-2 over FlashAttention in Triton, 1.4x (1.3-1.5x) forward "
+        "and 2x backward"
+    ),
 )
+"""FlashAttention (1) in Triton, as llm-foundry's ``attn_impl: triton`` runs it."""
 UNFUSED = Attention(
     "materialized",
     score_passes=8.5,

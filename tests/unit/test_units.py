@@ -93,3 +93,32 @@ def test_layer_units_are_every_outermost_list_of_layers():
     reused = nn.Module()
     reused.layers = nn.ModuleList([shared, nn.Linear(2, 2), shared])  # one layer run twice (ALBERT's sharing)
     assert layer_units(reused) == [shared, reused.layers[1]]
+
+
+def test_a_weight_a_unit_shares_with_a_module_outside_every_unit_is_the_roots():
+    """A head tied to the last layer's weight: the root uses it after that layer's forward, so the root owns it
+    (owned by the layer, it was freed before the head read it)."""
+    m = nn.Module()
+    m.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    m.head = nn.Linear(2, 2, bias=False)
+    m.head.weight = m.layers[1].weight
+    got = assign_units(m, list(m.layers))
+    owner = {n: got.unit_of.get(id(p), 0) for n, p in got.named}
+    assert owner == {"layers.0.weight": 1, "layers.0.bias": 1, "layers.1.weight": 0, "layers.1.bias": 2}
+    assert got.units == list(m.layers)
+
+
+def test_parallel_lists_are_not_layer_lists():
+    """Lists that share a parent and run interleaved (XLM's attentions and ffns, one entry of each per layer) give no
+    units: listed one list after the other, they would not be in the order the forward runs them."""
+    from zerobench.zero.api import layer_lists, layer_units
+
+    m = nn.Module()
+    m.attentions = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+    m.ffns = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+    m.decoder = nn.Module()
+    m.decoder.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(2)])
+    assert list(layer_lists(m)) == ["decoder.layers"]
+    assert layer_units(m) == list(m.decoder.layers)
+    del m.decoder
+    assert layer_units(m) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Collection
 
 import torch
@@ -43,9 +44,9 @@ def resolve_units(model: nn.Module, units) -> list[nn.Module]:
     return list(units)
 
 
-def layer_lists(model: nn.Module) -> dict[str, nn.ModuleList]:
-    """The model's lists of layers: every outermost ``ModuleList`` of two or more entries that holds parameters
-    (a list inside another, such as a block's experts, is part of its layer), by name, in registration order."""
+def _outermost_lists(model: nn.Module) -> dict[str, nn.ModuleList]:
+    """Every outermost ``ModuleList`` of two or more entries that holds parameters (a list inside another, such as
+    a block's experts, is part of its layer), by name, in registration order."""
     found: dict[str, nn.ModuleList] = {}
     for name, m in model.named_modules():
         if not isinstance(m, nn.ModuleList) or len(m) < 2 or any(name.startswith(f"{n}.") for n in found):
@@ -53,6 +54,15 @@ def layer_lists(model: nn.Module) -> dict[str, nn.ModuleList]:
         if any(True for _ in m.parameters()):
             found[name] = m
     return found
+
+
+def layer_lists(model: nn.Module) -> dict[str, nn.ModuleList]:
+    """The model's lists of layers (``_outermost_lists``), less those that share their parent module with another:
+    parallel lists (XLM's ``attentions``, ``ffns`` and norms, one entry of each per layer) run interleaved, and
+    units must be listed in the order the forward runs them."""
+    found = _outermost_lists(model)
+    parents = Counter(n.rpartition(".")[0] for n in found)
+    return {n: m for n, m in found.items() if parents[n.rpartition(".")[0]] == 1}
 
 
 def layer_units(model: nn.Module) -> list[nn.Module]:
@@ -66,10 +76,10 @@ def layer_units(model: nn.Module) -> list[nn.Module]:
 
 def warn_if_one_unit(model: nn.Module, units, stage: int) -> None:
     """Stage 3, ``units`` not given and no ``model.blocks``, but a list of layers there: warn that every
-    forward gathers the whole model, naming the list (the largest ``ModuleList`` by parameters)."""
+    forward gathers the whole model, naming the largest outermost ``ModuleList`` (by parameters)."""
     if stage != 3 or units is not None or default_units(model):
         return
-    size = {n: sum(p.numel() for p in m.parameters()) for n, m in layer_lists(model).items()}
+    size = {n: sum(p.numel() for p in m.parameters()) for n, m in _outermost_lists(model).items()}
     if not size:
         return
     name = max(size, key=size.get)

@@ -4,7 +4,8 @@ model's modules: no tensors are touched.
 - Only parameters with ``requires_grad`` are trained (frozen ones stay as the model holds them: whole
   on every rank, no gradient, no optimizer state, never communicated).
 - A parameter belongs to the unit whose module holds it. One reachable from several units (a weight
-  shared between blocks) or from none (embeddings, final norm, a tied head) belongs to the *root* unit,
+  shared between blocks), from a unit and a module outside every unit (a head tied to a layer's weight) or
+  from no unit (embeddings, final norm, a head tied to them) belongs to the *root* unit,
   which stays gathered across the whole forward and the whole backward, so every use of a shared
   weight sees it gathered.
 - A parameter given as *external* (``apply_zero(..., external_params=...)``: read outside the forward of the unit
@@ -58,9 +59,12 @@ def assign_units(model: nn.Module, units: list[nn.Module], external: frozenset[i
         for p in m.parameters():
             if id(p) in trained:
                 owners.setdefault(id(p), set()).add(u)
-    kept = sorted({next(iter(us)) for us in owners.values() if len(us) == 1})
+    inside = {id(s) for m in units for s in m.modules()}
+    at_root = {id(p) for m in model.modules() if id(m) not in inside for p in m.parameters(recurse=False)}
+    sole = {pid: next(iter(us)) for pid, us in owners.items() if len(us) == 1 and pid not in at_root}
+    kept = sorted(set(sole.values()))
     index = {u: i + 1 for i, u in enumerate(kept)}
-    unit_of = {pid: index[next(iter(us))] if len(us) == 1 else 0 for pid, us in owners.items()}
+    unit_of = {pid: index[sole[pid]] if pid in sole else 0 for pid in owners}
     return UnitAssignment(named, [units[u] for u in kept], unit_of)
 
 

@@ -129,7 +129,8 @@ def initialize(
         config_params: DeepSpeed's older name for ``config``.
         dp_group: the data-parallel group (default: the whole world).
         units: stage 3's gather units (``apply_zero``'s). Default: ``model.blocks``, else every entry of the
-            model's lists of layers (``layer_units``), so that, as in DeepSpeed, no forward gathers the whole model.
+            model's lists of layers (``layer_units``), so that, as in DeepSpeed, no forward gathers the whole model;
+            ``[]``: the whole model one unit.
         external_params: parameters read outside their stage-3 unit (``apply_zero``'s).
 
     Returns:
@@ -167,7 +168,7 @@ def initialize(
     if device.type == "cuda" and all(p.device.type == "cpu" for p in model.parameters()):
         model.to(device)
     if units is None and cfg.zero.stage == 3:  # DeepSpeed never gathers the whole model: one layer at a time
-        units = layer_units(model)
+        units = layer_units(model) or None  # none found: apply_zero's default, and its warning
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
     engine = as_deepspeed(engine, cfg.micro_batch)
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)

@@ -29,9 +29,11 @@ SLOW = [("llama", s, "", "") for s in STAGES] + [
     ("llama", 3, "", "one"),
     ("gpt2", 3, "model", ""),  # enabled on the model before initialize
     ("llama", 3, "reentrant", "layers"),  # HF's default checkpointing
+    ("t5", 3, "", ""),  # an encoder-decoder: both stacks' layers are the default units
 ]
-LAYER = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer"}
-OUTPUT_TYPE = {"gpt2": "CausalLMOutputWithCrossAttentions", "llama": "CausalLMOutputWithPast"}
+LAYER = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "t5": "T5Block"}
+N_LAYERS = {"gpt2": 2, "llama": 2, "t5": 4}
+OUTPUT_TYPE = {"gpt2": "CausalLMOutputWithCrossAttentions", "llama": "CausalLMOutputWithPast", "t5": "Seq2SeqLMOutput"}
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +53,13 @@ def _check(ranks, kind: str, stage: int, ckpt: str, units: str) -> None:
         assert res["missing"] == [], res
         assert res["max_update"] > 1e-3, "parameters did not move: the comparison would be vacuous"
         assert close(res), res
-        assert res["checkpointing"] == [bool(ckpt)] * 2  # on every decoder layer
+        assert res["checkpointing"] == [bool(ckpt)] * N_LAYERS[kind]  # on every layer
         out = res["output"]
         assert out["type"] == OUTPUT_TYPE[kind] and out["is_model_output"], out
         assert out["keys"][:2] == ["loss", "logits"] and out["same_loss"] and out["loss_grad"], out
         assert out["logits_shape"] == (2, SEQ, VOCAB), out
         if stage == 3:  # as in DeepSpeed, no forward gathers the whole model unless the user asks for one unit
-            assert res["units"] == ([] if units == "one" else [LAYER[kind]] * 2), res["units"]
+            assert res["units"] == ([] if units == "one" else [LAYER[kind]] * N_LAYERS[kind]), res["units"]
             assert res["one_unit_warnings"] == 0, res
 
 
@@ -90,8 +92,8 @@ def test_stage3_model_saved_for_from_pretrained(kind, tmp_path):
         assert got["keys_match"] and got["max_diff"] == 0.0, (how, got)
         assert got["tied"] is (kind == "gpt2") and (got["head_diff"] == 0.0) is (kind == "gpt2"), (how, got)
     assert r["gathered_diff"] == 0.0
-    _, inside, plain = r["num_parameters"]  # outside gathered_params() only placeholders are held
-    assert inside == plain > 0
+    outside, inside, plain = r["num_parameters"]  # outside gathered_params() only placeholders are held
+    assert outside == 0 and inside == plain > 0
     assert r["refused"] is not None and "gathered_params()" in r["refused"] and "\n" not in r["refused"], r["refused"]
     assert r["generate_same"] and r["generated_shape"] == (4, 10)
 

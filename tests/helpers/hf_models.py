@@ -1,9 +1,10 @@
-"""Hugging Face ``transformers`` causal language models trained by ``zerobench.zero.initialize`` in spawned ranks,
-as DeepSpeed users train them (``out = engine(input_ids=ids, labels=ids)``; ``engine.backward(out.loss)``), and
-compared with single-process ``torch.optim.AdamW`` training on the same global batch.
+"""Hugging Face ``transformers`` models trained by ``zerobench.zero.initialize`` in spawned ranks, as DeepSpeed
+users train them (``out = engine(input_ids=ids, labels=ids)``; ``engine.backward(out.loss)``), and compared with
+single-process ``torch.optim.AdamW`` training on the same global batch.
 
-Two tiny models, built from configs only (no download): GPT-2 (its ``lm_head`` tied to ``wte``, learned positions,
-LayerNorm, Conv1D) and Llama (untied head, RMSNorm, rotary positions, SwiGLU). Dropout is off so that a rank's
+Tiny models, built from configs only (no download): GPT-2 (its ``lm_head`` tied to ``wte``, learned positions,
+LayerNorm, Conv1D), Llama (untied head, RMSNorm, rotary positions, SwiGLU) and T5 (an encoder-decoder, its head
+tied to the shared embedding; also trained in bf16 from encoder features given as a ``ModelOutput``). Dropout is off so that a rank's
 forward and the reference's compute the same function. Each rank trains on its slice of the global batch; the
 loss is the mean over a slice's tokens, so the reference's mean of the per-slice losses is the same objective.
 """
@@ -23,7 +24,8 @@ LR, BETAS, EPS, WD = 1e-2, (0.9, 0.95), 1e-8, 0.1
 
 
 def make_hf(kind: str):
-    """A tiny ``GPT2LMHeadModel`` (``gpt2``) or ``LlamaForCausalLM`` (``llama``) from a config, seeded."""
+    """A tiny ``GPT2LMHeadModel`` (``gpt2``), ``LlamaForCausalLM`` (``llama``) or ``T5ForConditionalGeneration``
+    (``t5``) from a config, seeded."""
     import transformers
 
     if kind == "gpt2":
@@ -38,9 +40,15 @@ def make_hf(kind: str):
             num_key_value_heads=1, max_position_embeddings=SEQ, tie_word_embeddings=False,
         )  # fmt: skip
         cls = transformers.LlamaForCausalLM
+    elif kind == "t5":  # an encoder-decoder: two stacks of layers; its head tied to the shared embedding
+        cfg = transformers.T5Config(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
+            dropout_rate=0.0, decoder_start_token_id=0,
+        )  # fmt: skip
+        cls = transformers.T5ForConditionalGeneration
     else:
         raise ValueError(kind)
-    cfg._attn_implementation = ATTN
+    cfg._attn_implementation = "eager" if kind == "t5" else ATTN  # T5 has no SDPA path
     torch.manual_seed(0)
     return cls(cfg)
 
@@ -92,7 +100,10 @@ def compare(got: dict[str, torch.Tensor], model_before, ref: dict[str, torch.Ten
 
 
 def layers(model) -> list:
-    """The decoder layers (stage 3's units when given): GPT-2's ``transformer.h``, Llama's ``model.layers``."""
+    """The layers (stage 3's units when given): GPT-2's ``transformer.h``, Llama's ``model.layers``, T5's encoder's
+    and decoder's ``block``."""
+    if hasattr(model, "encoder"):
+        return [*model.encoder.block, *model.decoder.block]
     return list(model.transformer.h) if hasattr(model, "transformer") else list(model.model.layers)
 
 
@@ -142,7 +153,7 @@ def run_parity(rank: int, world: int, cases: list[tuple]) -> dict[str, dict]:
                 engine, before, data, out = train(rank, world, kind, stage, ckpt, units)
             r = compare(full_parameters(engine), before, reference_params(before, data, world))
             r["output"] = output_facts(out)
-            r["checkpointing"] = [layer.gradient_checkpointing for layer in layers(engine.module)]
+            r["checkpointing"] = [getattr(layer, "gradient_checkpointing", False) for layer in layers(engine.module)]
             gatherer = engine.gatherer
             r["units"] = None if gatherer is None else [type(b.module).__name__ for b in gatherer.blocks]
             r["one_unit_warnings"] = sum("ZeRO stage 3" in str(w.message) for w in caught)

@@ -33,6 +33,21 @@ def test_the_table_is_split_as_the_issue_asks(rows):
     assert len(rows) >= 25
 
 
+def test_each_row_runs_the_attention_it_states(rows):
+    """llm-foundry's rows run FlashAttention in Triton (``flash-triton``) or FlashAttention-2 (``flash``, with
+    its own source); the Megatron rows their materialized paths."""
+    from zerobench.sim.software import SDPA_FLASH2, TRITON_FLASH
+
+    want = {"flash": SDPA_FLASH2, "flash-triton": TRITON_FLASH}
+    foundry = [r for r in rows if r.framework.startswith("llm-foundry")]
+    assert {r.attention for r in foundry} == {"flash", "flash-triton"}
+    for r in foundry:
+        st = P.stack(r)
+        assert st.attention is want[r.attention], r.id
+        assert ("flash-attn 2.4.2" in st.sources["attention"]) == (r.attention == "flash"), r.id
+    assert all(P.stack(r).attention.kind == "materialized" for r in rows if r.framework.startswith("megatron"))
+
+
 def test_formula_3_is_zerobench_hardware_count(rows):
     """Narayanan et al.'s eq. 3, 96·l·h²·(1 + s/6h + V/16lh) per token, is what zerobench counts with the
     recompute: a ``formula-3`` figure converts to tokens exactly."""

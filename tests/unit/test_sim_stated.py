@@ -117,7 +117,15 @@ def test_flash_rates_by_head_dimension():
     assert both(SDPA_FLASH2, "a100", 256) == pytest.approx(155)
     assert both(TRITON_FLASH, "h100", 128) == pytest.approx(108)
     assert both(TRITON_FLASH, "a100", 64) < both(SDPA_FLASH2, "a100", 64)  # FlashAttention 1 in Triton, slower
+    assert both(SDPA_FLASH2, "a100", 32) == pytest.approx(140)
     assert SDPA_FLASH2.rates("v100", 64, 125e12) == (0.40 * 125e12, 0.30 * 125e12)
+    # fp32: the published figures are half precision; the stated fractions of the fp32 peak apply
+    assert SDPA_FLASH2.rates("a100", 64, 19.5e12, half=False) == (0.615 * 19.5e12, 0.60 * 19.5e12)
+    fp32 = StatedProfile(DEVICES["a100-dgx"], "zerobench")
+    t = fp32._attention(16, 2048, 768, 12, 64, 4, DEVICES["a100-dgx"].peak_flops_fp32, backward=False)
+    assert t - fp32.gemm.launch_s == pytest.approx(
+        2 * 16 * 2048**2 * 768 / (0.615 * DEVICES["a100-dgx"].peak_flops_fp32)
+    )
 
 
 def test_tensor_parallel_shards_the_compute():

@@ -102,7 +102,7 @@ class StatedProfile(Profile):
         att = self.stack.attention
         if att.kind == "flash":
             flops = 2 * b * s * s * hp * (2.5 if backward else 1.0)
-            rate = att.rates(self.device_class, dh, peak)[1 if backward else 0]
+            rate = att.rates(self.device_class, dh, peak, half=peak == self.dev.peak_flops)[1 if backward else 0]
             nbytes = (8 if backward else 4) * b * s * hp * elem
             return self.gemm.launch_s + max(flops / rate, nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
         per = 2 if backward else 1

@@ -148,7 +148,8 @@ def stack(row: Row):
     if fw.startswith("llm-foundry"):  # attn_impl: triton (the stack's) or flash (FlashAttention-2's CUDA kernel)
         base = STACKS["llm-foundry"]
         if row.attention == "flash":
-            return dataclasses.replace(base, name="llm-foundry+flash-attn-2", attention=SDPA_FLASH2)
+            sources = {**base.sources, "attention": f"attn_impl flash (flash-attn 2.4.2). {SDPA_FLASH2.source}"}
+            return dataclasses.replace(base, name="llm-foundry+flash-attn-2", attention=SDPA_FLASH2, sources=sources)
         return base
     raise ValueError(f"row {row.id!r}: no program is described for framework {fw!r} (zerobench/sim/software.py)")
 

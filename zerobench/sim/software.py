@@ -44,16 +44,17 @@ class Attention:
     fwd_bwd: dict[str, dict[int, float]] = field(default_factory=dict)
     """Device class -> head dimension -> published forward+backward TFLOP/s of the kernel (causal, sequence 2k,
     FLOPs counted as the FlashAttention papers count them: 3.5 times the causal forward's). Between two stated head
-    dimensions the rate is interpolated linearly; outside them, the nearest is taken (``flash_rate``)."""
+    dimensions the rate is interpolated linearly; outside them, the nearest is taken (``rates``)."""
     source: str = ""
 
-    def rates(self, device_class: str, head_dim: int, peak: float) -> tuple[float, float]:
+    def rates(self, device_class: str, head_dim: int, peak: float, half: bool = True) -> tuple[float, float]:
         """(forward, backward) FLOP/s of the ``flash`` kernel on ``device_class`` at ``head_dim``. From the published
-        forward+backward rate R where ``fwd_bwd`` states the class: the forward's F FLOPs and the backward's 2.5 F
-        take 3.5 F / R together, split so that the backward runs ``bwd_eff / fwd_eff`` times the forward's rate.
-        Else the stated fractions of ``peak``."""
+        forward+backward rate R where ``fwd_bwd`` states the class and the run is in half precision (``half``: the
+        figures are fp16/bf16): the forward's F FLOPs and the backward's 2.5 F take 3.5 F / R together, split so
+        that the backward runs ``bwd_eff / fwd_eff`` times the forward's rate. Else the stated fractions of
+        ``peak`` (the peak of the run's precision)."""
         fwd, bwd = self.fwd_eff[device_class], self.bwd_eff[device_class]
-        table = self.fwd_bwd.get(device_class)
+        table = self.fwd_bwd.get(device_class) if half else None
         if not table:
             return fwd * peak, bwd * peak
         dims = sorted(table)

@@ -26,7 +26,7 @@ def test_checkpoint_dp4_resumes_at_dp2(stage, tmp_path):
         assert r["single_vs_saved"] == 0.0, r
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", tiered((2, 3), fast=(3,)))
 def test_a_one_parameter_bucket_is_reduced_from_its_gradient(stage):
     from tests.helpers.workers_buckets import sole_buckets
 
@@ -38,7 +38,7 @@ def test_a_one_parameter_bucket_is_reduced_from_its_gradient(stage):
             assert (res[True]["params"][name] == value).all(), name
 
 
-@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize("stage", tiered((0, 1), fast=(0,)))
 def test_grads_are_views_of_the_bucket_buffer(stage):
     from tests.helpers.workers_buckets import grad_views
 
@@ -49,7 +49,7 @@ def test_grads_are_views_of_the_bucket_buffer(stage):
             assert (res[True]["params"][name] == value).all(), name
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", tiered((2, 3), fast=(3,)))
 def test_the_gradient_partition_is_held_from_backward_to_zero_grad(stage):
     """As ``zero_grad(set_to_none=True)``: no gradient shard through forward; during backward each bucket's
     shard appears as its reduce-scatter starts; all are released by ``zero_grad``. The ledger reports the
@@ -89,7 +89,7 @@ def test_overlap_comm_off_waits_for_each_bucket(stage):
             assert (off["params"][name] == value).all(), name
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", tiered((2, 3), fast=(3,)))
 def test_a_tied_parameters_second_gradient_waits_for_the_buckets_in_flight(stage):
     """The tied embedding's lookup gradient (autograd's second full-size one beside the head's) is allocated
     with no bucket being reduced: the collectives in flight finished first, so the peak is lower than without

@@ -140,8 +140,8 @@ SLOW = pytest.mark.slow  # the same wiring at more stages: the full tier
     "stage, mesh, source",
     [
         (0, False, "callable"),
-        (1, False, "callable"),
-        (2, False, "callable"),
+        pytest.param(1, False, "callable", marks=SLOW),
+        pytest.param(2, False, "callable", marks=SLOW),
         (3, False, "callable"),
         (3, True, "callable"),
         pytest.param(1, False, "config", marks=SLOW),

@@ -29,8 +29,28 @@ def test_the_table_is_split_as_the_issue_asks(rows):
     assert all(n == 1 for n in per_class.values()) and not any(r.zero for r in cal)
     assert len(held) >= 20 and len({r.device_class for r in held}) >= 3
     assert sum(r.zero == 3 and r.gpus >= 64 for r in held) >= 5
-    assert all(r.source.startswith("https://") and r.where for r in rows)
-    assert len(rows) >= 25
+    own = [r for r in rows if r.framework.startswith("zerobench")]
+    assert all(r.source.startswith("https://") and r.where for r in rows if r not in own)
+    assert all((REF.parents[2] / r.source).is_file() and r.split == "calibration" for r in own)
+    assert len(rows) - len(own) >= 25
+
+
+def test_the_own_run_calibration_is_its_committed_rows(rows):
+    """The H100's calibration figure is zerobench's own run on a lent H100 (stage 0, a world of 1): the tokens of a
+    step over the mean of the step medians its two rounds recorded, as the row's ``where`` says."""
+    import statistics
+
+    (r,) = [r for r in rows if r.framework.startswith("zerobench")]
+    data = REF.parents[2] / Path(r.source).parent / "sim-validation"
+    steps = [
+        x["value"]
+        for rnd in ("round-1", "round-2")
+        for x in read_rows(data / rnd)
+        if x["metric"] == "step_time_s" and x["run_id"].endswith("-1.3b-s0")
+    ]
+    assert len(steps) == 2
+    assert r.published == pytest.approx(r.micro_batch * r.seq / statistics.mean(steps), abs=0.5)
+    assert (r.zero, r.gpus, r.device_class, P.stack(r).name) == (0, 1, "h100", "zerobench")
 
 
 def test_each_row_runs_the_attention_it_states(rows):
@@ -74,7 +94,7 @@ def test_each_fit_names_its_one_figure(rows):
     fits = V.calibrations(rows)
     assert {f["row"] for f in fits["v100"].values()} == {"meg19-1.2b-1gpu"}
     assert fits["a100"]["exact"]["row"] == "nar21-1.7b-tp1-dp32"
-    assert fits["h100"]["exact"] == {"value": 1.0, "row": None, "published": None}
+    assert fits["h100"]["exact"]["row"] == "zb-h100-1.3b-1gpu"
 
 
 def test_paper_and_table_share_the_v100_fit():
@@ -144,8 +164,8 @@ def test_zero3_at_scale_comes_out_bound_by_its_collectives(predicted):
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "held-out bars not met (median 14.8%, 12 of 48 rows beyond 25%): every miss over-predicts. The llm-foundry "
-        "FSDP rows run 1-33% (A100) and 13-54% (H100, which has no calibration figure) slower than the model built from "
+        "held-out bars not met (median 11.9%, 11 of 48 rows beyond 25%): every miss over-predicts. The llm-foundry "
+        "FSDP rows run 1-33% (A100) and 4-42% (H100; most where they ran FlashAttention-2) slower than the model built from "
         "published GEMM and FlashAttention benchmarks; suspected: GEMMs' sustained clocks under the power limit, "
         "host/allocator overheads and FSDP's rate limiter, which no sourced figure here gives. Megatron-LM 2019 at TP 4 and 8 "
         "(1.2B, strong scaling) +30% and +54%: suspected eager PyTorch's per-op host time, not modelled on stated "

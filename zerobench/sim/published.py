@@ -59,6 +59,8 @@ class Row:
     flop_convention: str
     """``formula-3`` (Narayanan et al. 2021, eq. 3: with the recompute), ``unknown``, or empty."""
     source: str
+    """Where the figure is published (a URL), or, for the project's own measured run, its reference dataset's
+    README (``results/reference/...``), which gives the command, the card and the versions."""
     where: str
     notes: str
 
@@ -145,6 +147,8 @@ def stack(row: Row):
             if "deepspeed" in fw
             else base
         )
+    if fw.startswith("zerobench"):  # the project's own measured run (its GPT, SDPA)
+        return STACKS["zerobench"]
     if fw.startswith("llm-foundry"):  # attn_impl: triton (the stack's) or flash (FlashAttention-2's CUDA kernel)
         base = STACKS["llm-foundry"]
         if row.attention == "flash":
@@ -172,7 +176,9 @@ def run_keys(row: Row) -> dict:
         checkpoint_activations=row.recompute,
         stage=row.zero,
     )
-    if row.zero == 0:
+    if row.framework.startswith("zerobench"):
+        keys.update(system="zerobench")
+    elif row.zero == 0:
         keys.update(system="megatron", bucket_size=None)
     elif "deepspeed" in row.framework:
         keys.update(bucket_size=1)

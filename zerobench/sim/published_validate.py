@@ -1,7 +1,7 @@
 """The published table predicted: predicted ÷ published per row, and the median and worst |error| per device class.
 
 Each device class has at most one calibration row. That row fits the class's one free factor,
-``compute_scale``, and nothing else is fitted. A class with no calibration row (H100) runs as stated, with a
+``compute_scale``, and nothing else is fitted. A class with no calibration row runs as stated, with a
 scale of 1. Where the calibration figure's FLOP convention is unknown (Megatron-LM 2019), each convention is
 fitted on its own reading. Every row that depends on that calibration is then predicted once per
 convention, and compared with its reading in that convention. A row's bar convention (``BAR``) is the

@@ -208,3 +208,22 @@ def test_the_report_draws_the_table(rows):
     )
     t = published_table(given)
     assert list(t["row"]) == ["x"] and t["predicted / published"].iloc[0] == 1.25
+
+
+def test_the_docs_table_is_the_recorded_prediction(rows):
+    """docs/simulator.md's "Every row" table is the recorded prediction: every row of the table, each ratio as the
+    report draws it (a stale copy would tell readers figures the code no longer computes)."""
+    import pandas as pd
+
+    from zerobench.report.sim_figures import published_table
+
+    recorded = published_table(pd.DataFrame())
+    doc = (REF.parents[2] / "docs" / "simulator.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(doc) if ln.startswith("| row ") and "predicted / published" in ln)
+    head = [c.strip() for c in doc[start].strip("|").split("|")]
+    col = head.index("predicted / published")
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in doc[start + 2 :] if ln.startswith("|")]
+    cells = cells[: next((i for i, c in enumerate(cells) if c[0] not in {r.id for r in rows}), len(cells))]
+    assert [c[0] for c in cells] == list(recorded["row"])
+    for c, ratio in zip(cells, recorded["predicted / published"]):
+        assert float(c[col]) == pytest.approx(ratio, abs=5e-4), c[0]

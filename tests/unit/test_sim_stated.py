@@ -317,3 +317,24 @@ def test_nccl_takes_its_channels_sms_from_the_compute_it_overlaps():
     )
     grew = got["step_time_s"] - without["step_time_s"]
     assert 0 < grew <= prof.interference * dp_comm * (1 + 1e-9)
+
+
+def test_llm_foundry_flash2_pays_its_unpadding_copies():
+    """llm-foundry's FlashAttention-2 path gathers q, k and v into unpadded tokens and scatters the output back:
+    9 passes over T x h/tp forward and 11 backward, each at the elementwise rate, on top of the same block with the
+    same kernel and no copies; at TP 2 they shrink with h/tp, down to their kernels' launch floor."""
+    from zerobench.sim.software import SDPA_FLASH2, STACKS
+
+    dev = DEVICES["h100-dgx"]
+    flash2 = STACKS["llm-foundry-flash2"]
+    assert flash2.attention is SDPA_FLASH2 and flash2.attention_io[:2] == (9, 11)
+    assert STACKS["llm-foundry"].attention_io == (0, 0, 0, 0)
+    with_io = StatedProfile(dev, flash2)
+    without = StatedProfile(dev, dataclasses.replace(flash2, attention_io=(0, 0, 0, 0)))
+    b, s, h, heads = 4, 2048, 2048, 16
+    for tp in (1, 2):
+        args = (b, s, h, heads, tp, 2, dev.peak_flops)
+        for backward, passes, kernels in ((False, 9, 22), (True, 11, 7)):
+            extra = with_io._block(*args, backward=backward) - without._block(*args, backward=backward)
+            moved = b * s * (h // tp) * passes * 2 / (dev.hbm_bw * dev.mem_eff)
+            assert extra == pytest.approx(max(moved, kernels * dev.kernel_floor_s)), (tp, backward)

@@ -20,7 +20,9 @@ multiplied by the device's fitted ``compute_scale``:
 - Elementwise work runs at ``mem_eff`` of HBM bandwidth, with a floor of one kernel launch. It is counted
   as the stack's passes over T x h (LayerNorms, residuals, dropouts, replicated across TP ranks),
   T x h_p and T x 4h_p, with backward twice the forward's passes. Backward also sums each linear's output
-  gradient over the T tokens for its bias gradient (one read of T x n per linear).
+  gradient over the T tokens for its bias gradient (one read of T x n per linear). A stack that moves q, k
+  and v into its attention kernel's layout and back states those passes over T x h_p, forward and backward
+  apart (``Stack.attention_io``).
 - The head is the LM-head GEMM (T x V/tp x h) and its two backward GEMMs, the final LayerNorm, and the
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
@@ -116,6 +118,9 @@ class StatedProfile(Profile):
             self._linear(T, n, k, elem, peak, backward) for n, k in ((3 * hp, h), (h, hp), (4 * hp, h), (h, 4 * hp))
         )
         t += self._attention(b, s, hp, ap, dh, elem, peak, backward)
+        io_fwd, io_bwd, k_fwd, k_bwd = st.attention_io
+        if io_bwd if backward else io_fwd:
+            t += self._stream(T * hp * (io_bwd if backward else io_fwd) * elem, k_bwd if backward else k_fwd)
         per = 2 if backward else 1
         passes = ((T * h, st.passes_h, 6), (T * hp, st.passes_hp, 2), (T * 4 * hp, st.passes_ffn, 2))
         t += sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)

@@ -135,7 +135,7 @@ def stack(row: Row):
     zerobench's engine."""
     import dataclasses
 
-    from zerobench.sim.software import DEEPSPEED_2021, SDPA_FLASH2, STACKS
+    from zerobench.sim.software import DEEPSPEED_2021, STACKS
 
     fw = row.framework
     if fw.startswith("megatron-lm 2019"):
@@ -150,11 +150,7 @@ def stack(row: Row):
     if fw.startswith("zerobench"):  # the project's own measured run (its GPT, SDPA)
         return STACKS["zerobench"]
     if fw.startswith("llm-foundry"):  # attn_impl: triton (the stack's) or flash (FlashAttention-2's CUDA kernel)
-        base = STACKS["llm-foundry"]
-        if row.attention == "flash":
-            sources = {**base.sources, "attention": f"attn_impl flash (flash-attn 2.4.2). {SDPA_FLASH2.source}"}
-            return dataclasses.replace(base, name="llm-foundry+flash-attn-2", attention=SDPA_FLASH2, sources=sources)
-        return base
+        return STACKS["llm-foundry-flash2" if row.attention == "flash" else "llm-foundry"]
     raise ValueError(f"row {row.id!r}: no program is described for framework {fw!r} (zerobench/sim/software.py)")
 
 

@@ -98,6 +98,10 @@ class Stack:
     """Forward passes over T x 4h/tp."""
     loss_bytes: tuple[float, float]
     """Bytes moved per logit element by the loss: (forward, backward)."""
+    attention_io: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
+    """Passes over T x h/tp that move q, k and v into the attention kernel's layout and its output back, and
+    their kernels: (forward passes, backward passes, forward kernels, backward kernels). Counted apart from
+    ``passes_hp`` because their backward is not twice their forward."""
     zero: ZeroMachinery = ZeroMachinery()
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -234,6 +238,31 @@ STACKS: dict[str, Stack] = {
             "passes": (
                 "llm-foundry v0.4.0 MPTBlock with resid_pdrop 0: two LayerNorms (2 each), two residual "
                 "adds (3 each); q, k, v are views into the kernel; GeLU (2)"
+            ),
+            "loss": (
+                "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
+                "forward (2), read and the gradient written once backward (4)"
+            ),
+        },
+    ),
+    "llm-foundry-flash2": Stack(
+        "llm-foundry-flash2",
+        SDPA_FLASH2,
+        passes_h=10,
+        passes_hp=0,
+        passes_ffn=2,
+        loss_bytes=(2, 4),
+        attention_io=(9, 11, 22, 7),
+        sources={
+            "attention": f"attn_impl flash (flash-attn 2.4.2). {SDPA_FLASH2.source}",
+            "passes": (
+                "as llm-foundry's; and llm-foundry 5e85bd62d attention.py flash_attn_fn runs the kernel on unpadded "
+                "tokens: flash-attn 2.4.2 bert_padding.unpad_input on q, k and v (a gather each: read, write) and "
+                "pad_input on the output (zeros, then an indexed write: 3), 9 passes forward; backward each "
+                "gather's gradient is zeros and a scatter (3 each) and the pad's a gather (2), 11. Kernels: each "
+                "unpad_input also sums, finds nonzeros, takes a max, a cumsum and a pad of the mask (22 forward "
+                "in all, 7 backward). Its nonzero and .item() make the host wait for the device 6 times a layer: "
+                "not charged (host time is not modelled on stated devices)"
             ),
             "loss": (
                 "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "

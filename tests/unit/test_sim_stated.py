@@ -75,15 +75,55 @@ def test_list_copies_charge_a_kernel_per_rank():
 
 def test_a_large_block_runs_near_its_gemm_ceiling_and_backward_costs_twice():
     """Megatron's 2019 block (score GEMMs materialised): near the GEMM ceiling, and backward is twice the forward up
-    to the quantisation of its differently shaped GEMMs (data gradient m x k x n, weight gradient k x n over m)."""
-    paper = StatedProfile(DEVICES["v100-dgx2"], "megatron-2019")
+    to the quantisation of its differently shaped GEMMs (data gradient m x k x n, weight gradient k x n over m) and
+    the elementwise passes whose gradients are counted op by op (the scores', the bias additions')."""
+    dev = DEVICES["v100-dgx2"]
+    paper = StatedProfile(dev, "megatron-2019")
     fwd = paper.op_time("block_fwd", **SHAPE)
     gemm_flops = 24 * 8 * 1024 * 8192**2 + 4 * 8 * 1024**2 * 8192
-    ceiling = gemm_flops / (125e12 * DEVICES["v100-dgx2"].gemm_eff)
+    ceiling = gemm_flops / (125e12 * dev.gemm_eff)
     assert ceiling < fwd < 1.3 * ceiling  # the GEMMs dominate; elementwise passes add the rest
     bwd = paper.op_time("block_bwd", **SHAPE)
-    assert bwd == pytest.approx(2 * fwd, rel=0.03)
+    att, st = paper.stack.attention, paper.stack
+    b, s, h, a = SHAPE["b"], SHAPE["s"], SHAPE["h"], SHAPE["heads"]
+    per_pass = 2 / (dev.hbm_bw * dev.mem_eff)
+    counted = (b * a * s * s * (att.score_passes_bwd - 2 * att.score_passes) - 2 * b * s * h * sum(st.bias_adds)) * (
+        per_pass
+    )
+    assert bwd - counted == pytest.approx(2 * fwd, rel=0.03)
     assert paper.op_time("block_bwd", **{**SHAPE, "checkpoint": True}) == pytest.approx(bwd + fwd)
+
+
+@pytest.mark.parametrize("stack, fwd_passes, bwd_passes", [("megatron-2019", 10.5, 9.5), ("megatron-2021", 4.5, 5.5)])
+def test_materialized_scores_backward_passes_are_counted_op_by_op(stack, fwd_passes, bwd_passes):
+    """The scores' elementwise backward is what each op's gradient moves, not twice the forward: 2019's eager
+    scale, mask product and subtraction, softmax and dropout 10.5 forward and 9.5 backward; 2021's fused
+    scale+mask+softmax and dropout 4.5 and 5.5. The score GEMMs double."""
+    dev = DEVICES["a100-dgx"]
+    prof = StatedProfile(dev, stack)
+    b, s, ap, dh = 4, 2048, 16, 128
+    peak = dev.peak_flops
+    gemms = prof._gemm(s, s, dh, ap * b, 2, peak) + prof._gemm(s, dh, s, ap * b, 2, peak)
+    pass_s = b * ap * s * s * 2 / (dev.hbm_bw * dev.mem_eff)
+    assert prof._attention(b, s, ap * dh, ap, dh, 2, peak, backward=False) == pytest.approx(gemms + fwd_passes * pass_s)
+    assert prof._attention(b, s, ap * dh, ap, dh, 2, peak, backward=True) == pytest.approx(
+        2 * gemms + bwd_passes * pass_s
+    )
+
+
+def test_bias_additions_of_their_own_cost_forward_passes_only():
+    """A bias the program adds in a kernel of its own (Megatron-LM 2019: QKV's over T x 3h/tp, the row-parallel
+    linears' over T x h after the all-reduce) costs its forward passes; its backward is the identity."""
+    dev = DEVICES["v100-dgx2"]
+    st = StatedProfile(dev, "megatron-2019").stack
+    assert st.bias_adds == (4, 6)
+    bare = StatedProfile(dev, dataclasses.replace(st, bias_adds=(0.0, 0.0)))
+    full = StatedProfile(dev, st)
+    b, s, h, heads, tp = 8, 1024, 1536, 16, 4
+    args = (b, s, h, heads, tp, 2, dev.peak_flops)
+    moved = b * s * (4 * h + 6 * h // tp) * 2 / (dev.hbm_bw * dev.mem_eff)
+    assert full._block(*args, backward=False) - bare._block(*args, backward=False) == pytest.approx(moved)
+    assert full._block(*args, backward=True) == bare._block(*args, backward=True)
 
 
 def test_flash_attention_never_touches_the_scores():

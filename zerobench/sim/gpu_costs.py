@@ -13,7 +13,8 @@ multiplied by the device's fitted ``compute_scale``:
   weight-gradient GEMM (k x n over T) of each, and the recompute runs the forward once more. Thin
   tensor-parallel GEMMs therefore lose what their shapes lose.
 - Attention, as the stack runs it. ``materialized`` charges the score GEMMs (a_p·b batches of
-  s x s x d and s x d x s) and the stack's passes over the b·a_p·s² scores. ``flash`` charges one
+  s x s x d and s x d x s) and the stack's passes over the b·a_p·s² scores, backward's counted from each op's
+  gradient where the stack states them. ``flash`` charges one
   kernel: forward 2·b·s²·h_p FLOPs (causal, half of 4·b·s²·h_p), backward 2.5 times that, together at the
   kernel's published forward+backward rate on the device class at the head dimension, where one is published
   (``Attention.rates``), else at its stated fractions of peak.
@@ -22,7 +23,8 @@ multiplied by the device's fitted ``compute_scale``:
   T x h_p and T x 4h_p, with backward twice the forward's passes. Backward also sums each linear's output
   gradient over the T tokens for its bias gradient (one read of T x n per linear). A stack that moves q, k
   and v into its attention kernel's layout and back states those passes over T x h_p, forward and backward
-  apart (``Stack.attention_io``).
+  apart (``Stack.attention_io``). Bias additions a program runs as kernels of their own (``Stack.bias_adds``)
+  cost their forward passes only.
 - The head is the LM-head GEMM (T x V/tp x h) and its two backward GEMMs, the final LayerNorm, and the
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
@@ -109,7 +111,9 @@ class StatedProfile(Profile):
             return self.gemm.launch_s + max(flops / rate, nbytes / (self.dev.hbm_bw * self.dev.mem_eff))
         per = 2 if backward else 1
         scores = self._gemm(s, s, dh, ap * b, elem, peak) + self._gemm(s, dh, s, ap * b, elem, peak)
-        return per * scores + self._stream(per * ap * b * s * s * att.score_passes * elem, per * 4)
+        passes = att.score_passes if not backward else att.score_passes_bwd
+        passes = 2 * att.score_passes if passes is None else passes
+        return per * scores + self._stream(ap * b * s * s * passes * elem, per * 4)
 
     def _block(self, b: int, s: int, h: int, heads: int, tp: int, elem: int, peak: float, backward: bool) -> float:
         T, hp, ap, dh = b * s, h // tp, heads // tp, h // heads
@@ -126,6 +130,8 @@ class StatedProfile(Profile):
         t += sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
         if backward:  # each bias's gradient: its linear's output gradient summed over the T tokens, read once
             t += self._stream(T * (3 * hp + h + 4 * hp + h) * elem, 4)
+        elif st.bias_adds != (0.0, 0.0):  # bias additions of their own; their backward is the identity
+            t += self._stream(T * (h * st.bias_adds[0] + hp * st.bias_adds[1]) * elem, 3)
         return t
 
     def op_time(

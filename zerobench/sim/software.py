@@ -7,8 +7,9 @@ every figure in it names where it comes from: the framework's code at the versio
 published kernel benchmark.
 
 Elementwise work is counted in passes. One pass reads or writes a tensor once, and the count covers the
-forward; the backward costs twice the passes, and a recompute runs the forward once more
-(``gpu_costs``):
+forward; the backward costs twice the passes, except where a stack counts them from each op's gradient (the
+scores' passes, bias additions, the copies around an attention kernel), and a recompute runs the forward once
+more (``gpu_costs``):
 
 - over T x h, the per-token activations. These passes are replicated across TP ranks: LayerNorms,
   residual adds, dropouts and their masks.
@@ -37,6 +38,10 @@ class Attention:
     (causal: half the score FLOPs), whose achieved fraction of peak is ``fwd_eff`` and ``bwd_eff``."""
     score_passes: float = 0.0
     """Forward passes over b·(a/tp)·s² (``materialized`` only)."""
+    score_passes_bwd: float | None = None
+    """Backward passes over the scores, counted from each op's gradient (``materialized`` only; None: twice the
+    forward's). A softmax's gradient reads its output and the incoming gradient and writes one (3) where its
+    forward read and wrote (2); a mask's subtraction of a constant has no backward kernel."""
     fwd_eff: dict[str, float] = field(default_factory=dict)
     """Device class -> achieved fraction of peak, forward (``flash`` only). Where ``fwd_bwd`` states the class, only
     the ratio of ``bwd_eff`` to this is read: how the kernel's time splits between forward and backward."""
@@ -98,6 +103,10 @@ class Stack:
     """Forward passes over T x 4h/tp."""
     loss_bytes: tuple[float, float]
     """Bytes moved per logit element by the loss: (forward, backward)."""
+    bias_adds: tuple[float, float] = (0.0, 0.0)
+    """Forward passes of bias additions the program runs as kernels of their own after a GEMM, over T x h
+    (replicated across TP ranks) and T x h/tp. Their backward is the identity (no kernel); the bias gradient is
+    counted with every linear's. Zero where the bias rides in the GEMM's epilogue or a fused kernel."""
     attention_io: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
     """Passes over T x h/tp that move q, k and v into the attention kernel's layout and its output back, and
     their kernels: (forward passes, backward passes, forward kernels, backward kernels). Counted apart from
@@ -152,18 +161,24 @@ TRITON_FLASH = Attention(
 """FlashAttention (1) in Triton, as llm-foundry's ``attn_impl: triton`` runs it."""
 UNFUSED = Attention(
     "materialized",
-    score_passes=8.5,
+    score_passes=10.5,
+    score_passes_bwd=9.5,
     source=(
-        "PyTorch 1.x eager attention as Megatron-LM 2019 runs it: scale (2), causal mask (2), softmax (2), dropout "
-        "with its 1-byte mask (2.5) over the scores"
+        "PyTorch 1.x eager attention as Megatron-LM 2019 runs it (mpu/transformer.py, GPT2ParallelSelfAttention): "
+        "scale (2); the causal mask as torch.mul(scores, mask) - 10000.0 * (1.0 - mask), a product and a "
+        "subtraction (4); softmax (2); dropout with its 1-byte mask (2.5): 10.5 forward. Backward: dropout "
+        "(read the gradient and the mask, write: 2.5), softmax (read its output and the gradient, write: 3), the "
+        "mask's product (2; the subtraction of a constant has no kernel), the scale (2): 9.5"
     ),
 )
 FUSED_SOFTMAX = Attention(
     "materialized",
     score_passes=4.5,
+    score_passes_bwd=5.5,
     source=(
         "Narayanan et al. 2021 §4.2: one fused scale+mask+softmax kernel (read and write, 2), then the attention "
-        "dropout with its mask (2.5)"
+        "dropout with its mask (2.5): 4.5 forward. Backward: the dropout's (2.5), then the fused softmax's, which "
+        "reads its output and the gradient and writes one (3): 5.5"
     ),
 )
 
@@ -204,7 +219,14 @@ STACKS: dict[str, Stack] = {
                 "residual adds over T x h (15); splitting and merging heads (8); bias and GeLU (4)"
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
+            "bias": (
+                "Megatron-LM 2019 mpu/layers.py on PyTorch 1.x: ColumnParallelLinear calls F.linear, which for a 3-D "
+                "input runs a matmul and then adds the bias in place; the QKV projection's is 2 passes over "
+                "T x 3h/tp (6 over T x h/tp; the MLP's is in the GeLU count). RowParallelLinear adds its bias after "
+                "the all-reduce, output_ + self.bias, 2 passes over T x h, twice a layer (4)"
+            ),
         },
+        bias_adds=(4, 6),
     ),
     "megatron-2021": Stack(
         "megatron-2021",
@@ -221,7 +243,15 @@ STACKS: dict[str, Stack] = {
                 "transposes; fused bias+GeLU (2)"
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
+            "bias": (
+                "Megatron-LM 2021 (PyTorch 1.8, its README) megatron/model/transformer.py: the QKV projection is a "
+                "ColumnParallelLinear without skip_bias_add, so F.linear adds its bias in a pass of its own (on 1.8 "
+                "either in place after the matmul, or as addmm's copy of the broadcast bias into the output that "
+                "the GEMM then reads): 2 passes over T x 3h/tp, 6 over T x h/tp. The other biases ride in the fused "
+                "bias+GeLU and bias+dropout+add kernels"
+            ),
         },
+        bias_adds=(0, 6),
     ),
     "llm-foundry": Stack(
         "llm-foundry",

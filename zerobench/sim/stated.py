@@ -16,8 +16,10 @@ Sources (cited by address; figures are read from them, nothing is copied):
 - [a100-ds], [h100-ds] NVIDIA A100 (312 TFLOP/s bf16, 2.0 TB/s HBM2e, 80 GB; the 40 GB SXM part 1,555 GB/s
   HBM2) and H100 SXM (989 TFLOP/s
   dense bf16, 3.35 TB/s HBM3, 80 GB) data sheets; DGX A100 (8 x 200 Gb/s HDR) and DGX H100 (8 x 400 Gb/s NDR).
-- [gemm-v100] A public V100 fp16 matmul benchmark: about 85 TFLOP/s at 8192^3
-  (https://raw.githubusercontent.com/yaroslavvb/stuff/master/matmul_benchmark_seq.py), i.e. 0.68 of peak;
+- [gemm-v100] Baidu DeepBench's V100 training GEMMs (https://github.com/baidu-research/DeepBench,
+  results/train/DeepBench_NV_V100.xlsx at da81ba7, sheet "Results - FP16 ip, Mixed math": cublasGemmEx with
+  tensor cores, CUDA 10.1, a DGX-1's V100-SXM2): the fastest of its shapes, 4096 x 7000 x 4096, runs at
+  112.3 TFLOP/s, 0.898 of 125 (large shapes 104-112);
   NVIDIA's "Matrix Multiplication Background" guide
   (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/) for why smaller
   GEMMs fall below it (tile and wave quantisation, arithmetic intensity: the roofline used here).
@@ -116,8 +118,8 @@ _V100_SOURCES = {
     "hbm_bw": "[v100-ds] 900 GB/s HBM2",
     "mem_bytes": "[v100-ds] 32 GB (the paper's GB = 1e9 bytes)",
     "gpus_per_node": "[dgx2] 16 V100 on NVSwitch",
-    "gemm_eff": "[gemm-v100] ~85 TFLOP/s at 8192^3 fp16 = 0.68 of 125",
-    "gemm_max": "no published search over shapes: the shape model's own ceiling",
+    "gemm_eff": "[gemm-v100] DeepBench's fastest V100 fp16 GEMM, 112.3 of 125 TFLOP/s (4096 x 7000 x 4096): 0.898",
+    "gemm_max": "[gemm-v100] the same: no shape of DeepBench's V100 set runs faster",
     "mem_eff": "[assumed] elementwise kernels at 80% of HBM bandwidth",
     "kernel_floor_s": "[assumed] 5 us per kernel (launch latency; PyTorch eager issues one per op)",
     "intra_busbw": "[nccl-issue] ~130 GB/s all-reduce bus bandwidth over NVLink/NVSwitch",
@@ -138,8 +140,8 @@ def _v100(name: str, peak: float, note: str) -> StatedDevice:
         mem_bytes=32e9,
         gpus_per_node=16,
         sms=80,
-        gemm_eff=0.68,
-        gemm_max=None,
+        gemm_eff=0.898,
+        gemm_max=112.3 / 125,
         mem_eff=0.8,
         kernel_floor_s=5e-6,
         intra_busbw=130e9,

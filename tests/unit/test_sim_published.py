@@ -31,7 +31,7 @@ def test_the_table_is_split_as_the_issue_asks(rows):
     assert sum(r.zero == 3 and r.gpus >= 64 for r in held) >= 5
     own = [r for r in rows if r.framework.startswith("zerobench")]
     assert all(r.source.startswith("https://") and r.where for r in rows if r not in own)
-    assert all((REF.parents[2] / r.source).is_file() and r.split == "calibration" for r in own)
+    assert all((REF.parents[2] / r.source).is_file() and r.where and r.split == "calibration" for r in own)
     assert len(rows) - len(own) >= 25
 
 
@@ -165,12 +165,12 @@ def test_zero3_at_scale_comes_out_bound_by_its_collectives(predicted):
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "held-out bars: the median is met (9.5%), the tail is not (10 of 48 rows beyond 25%, 7 allowed); every miss "
-        "over-predicts. llm-foundry's FSDP rows on H100 (three FlashAttention-2 rows at 512 GPUs +28% to +36%, 13b +27%) "
-        "and A100 40GB's 125m "
-        "(+27%): suspected GEMMs' sustained clocks under the power limit, host/allocator overheads and FSDP's rate "
-        "limiter, which no sourced figure here gives. Megatron-LM 2019 at TP 4 and 8 (1.2B, strong scaling) +26% and "
-        "+46%: compute that does not shrink with TP, not communication. DeepSpeed 2021's ZeRO-3 at 530B +35% to +48%"
+        "held-out bars: the median is met (9.9%), the tail is not (11 of 48 rows beyond 25%, 7 allowed); every miss "
+        "over-predicts. llm-foundry's FSDP rows on H100 (three FlashAttention-2 rows at 512 GPUs +30% to +38%, 13b "
+        "+29%) and A100 40GB's 125m (+27%): suspected GEMMs' sustained clocks under the power limit, host/allocator "
+        "overheads and FSDP's rate limiter, which no sourced figure here gives. Megatron-LM 2019 at TP 4 and 8 (1.2B, "
+        "strong scaling) +26% and +47%: compute that does not shrink with TP (the GEMM model runs DeepBench's thin V100 "
+        "GEMMs fast), not communication. DeepSpeed 2021's ZeRO-3: 175B at 768 GPUs +25%, 530B +36% to +48%"
     ),
 )
 def test_held_out_bars(predicted):

@@ -24,7 +24,8 @@ multiplied by the device's fitted ``compute_scale``:
   gradient over the T tokens for its bias gradient (one read of T x n per linear). A stack that moves q, k
   and v into its attention kernel's layout and back states those passes over T x h_p, forward and backward
   apart (``Stack.attention_io``). Bias additions a program runs as kernels of their own (``Stack.bias_adds``)
-  cost their forward passes only.
+  cost their forward passes only, and joining q's, k's and v's gradients back into the projection's costs its
+  backward passes only (``Stack.qkv_split_bwd``).
 - The head is the LM-head GEMM (T x V/tp x h) and its two backward GEMMs, the final LayerNorm, and the
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
@@ -113,7 +114,7 @@ class StatedProfile(Profile):
         scores = self._gemm(s, s, dh, ap * b, elem, peak) + self._gemm(s, dh, s, ap * b, elem, peak)
         passes = att.score_passes if not backward else att.score_passes_bwd
         passes = 2 * att.score_passes if passes is None else passes
-        return per * scores + self._stream(ap * b * s * s * passes * elem, per * 4)
+        return per * scores + self._stream(ap * b * s * s * passes * elem, att.score_kernels[1 if backward else 0])
 
     def _block(self, b: int, s: int, h: int, heads: int, tp: int, elem: int, peak: float, backward: bool) -> float:
         T, hp, ap, dh = b * s, h // tp, heads // tp, h // heads
@@ -130,8 +131,10 @@ class StatedProfile(Profile):
         t += sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
         if backward:  # each bias's gradient: its linear's output gradient summed over the T tokens, read once
             t += self._stream(T * (3 * hp + h + 4 * hp + h) * elem, 4)
-        elif st.bias_adds != (0.0, 0.0):  # bias additions of their own; their backward is the identity
-            t += self._stream(T * (h * st.bias_adds[0] + hp * st.bias_adds[1]) * elem, 3)
+            if st.qkv_split_bwd:  # q's, k's and v's gradients joined into the projection's
+                t += self._stream(T * hp * st.qkv_split_bwd * elem, 1)
+        elif st.bias_adds[2]:  # bias additions of their own; their backward is the identity
+            t += self._stream(T * (h * st.bias_adds[0] + hp * st.bias_adds[1]) * elem, st.bias_adds[2])
         return t
 
     def op_time(

@@ -42,6 +42,8 @@ class Attention:
     """Backward passes over the scores, counted from each op's gradient (``materialized`` only; None: twice the
     forward's). A softmax's gradient reads its output and the incoming gradient and writes one (3) where its
     forward read and wrote (2); a mask's subtraction of a constant has no backward kernel."""
+    score_kernels: tuple[int, int] = (4, 8)
+    """Kernels over the scores, forward and backward (``materialized`` only): each costs at least a launch."""
     fwd_eff: dict[str, float] = field(default_factory=dict)
     """Device class -> achieved fraction of peak, forward (``flash`` only). Where ``fwd_bwd`` states the class, only
     the ratio of ``bwd_eff`` to this is read: how the kernel's time splits between forward and backward."""
@@ -103,10 +105,16 @@ class Stack:
     """Forward passes over T x 4h/tp."""
     loss_bytes: tuple[float, float]
     """Bytes moved per logit element by the loss: (forward, backward)."""
-    bias_adds: tuple[float, float] = (0.0, 0.0)
+    bias_adds: tuple[float, float, int] = (0.0, 0.0, 0)
     """Forward passes of bias additions the program runs as kernels of their own after a GEMM, over T x h
-    (replicated across TP ranks) and T x h/tp. Their backward is the identity (no kernel); the bias gradient is
-    counted with every linear's. Zero where the bias rides in the GEMM's epilogue or a fused kernel."""
+    (replicated across TP ranks) and T x h/tp, and their kernels. Their backward is the identity (no kernel); the
+    bias gradient is counted with every linear's. Zero where the bias rides in the GEMM's epilogue or a fused
+    kernel."""
+    qkv_split_bwd: float = 0.0
+    """Backward passes over T x h/tp that join q's, k's and v's gradients into the QKV projection's output
+    gradient: the backward of the split (``torch.split``, ``chunk``: a concatenation) or ``unbind`` (a stack) of
+    one fused projection, read 3 and written 3 (6), and a copy more where a reshape of the joined gradient is not a
+    view (6). Counted apart because their forward is a view."""
     attention_io: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
     """Passes over T x h/tp that move q, k and v into the attention kernel's layout and its output back, and
     their kernels: (forward passes, backward passes, forward kernels, backward kernels). Counted apart from
@@ -163,6 +171,7 @@ UNFUSED = Attention(
     "materialized",
     score_passes=10.5,
     score_passes_bwd=9.5,
+    score_kernels=(5, 4),
     source=(
         "PyTorch 1.x eager attention as Megatron-LM 2019 runs it (mpu/transformer.py, GPT2ParallelSelfAttention): "
         "scale (2); the causal mask as torch.mul(scores, mask) - 10000.0 * (1.0 - mask), a product and a "
@@ -175,6 +184,7 @@ FUSED_SOFTMAX = Attention(
     "materialized",
     score_passes=4.5,
     score_passes_bwd=5.5,
+    score_kernels=(2, 2),
     source=(
         "Narayanan et al. 2021 §4.2: one fused scale+mask+softmax kernel (read and write, 2), then the attention "
         "dropout with its mask (2.5): 4.5 forward. Backward: the dropout's (2.5), then the fused softmax's, which "
@@ -200,47 +210,52 @@ STACKS: dict[str, Stack] = {
             "passes": (
                 "zerobench/models/gpt.py at dropout 0: two LayerNorms (read + write, 2 each), two "
                 "residual adds (3 each); the merged heads' transpose copy (2); GeLU (2; the bias adds "
-                "ride in the GEMM's epilogue)"
+                "ride in the GEMM's epilogue). Backward joins q's, k's and v's gradients: unbind's stack (6), then "
+                "the view of the permuted projection copies it (6; both seen in torch's profiler)"
             ),
             "loss": f"LMLoss: {_EAGER_LOSS}",
         },
+        qkv_split_bwd=12,
     ),
     "megatron-2019": Stack(
         "megatron-2019",
         UNFUSED,
         passes_h=15,
         passes_hp=8,
-        passes_ffn=4,
+        passes_ffn=2,
         loss_bytes=(18, 18),
         sources={
             "attention": UNFUSED.source,
             "passes": (
                 "Megatron-LM 2019 in eager PyTorch 1.x: two LayerNorms, two dropouts with masks, two "
-                "residual adds over T x h (15); splitting and merging heads (8); bias and GeLU (4)"
+                "residual adds over T x h (15); splitting and merging heads (8; their backward, the views' copies "
+                "and the split's join, is in its doubling); GeLU, a scripted fused kernel (2)"
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
             "bias": (
                 "Megatron-LM 2019 mpu/layers.py on PyTorch 1.x: ColumnParallelLinear calls F.linear, which for a 3-D "
-                "input runs a matmul and then adds the bias in place; the QKV projection's is 2 passes over "
-                "T x 3h/tp (6 over T x h/tp; the MLP's is in the GeLU count). RowParallelLinear adds its bias after "
-                "the all-reduce, output_ + self.bias, 2 passes over T x h, twice a layer (4)"
+                "input runs a matmul and then adds the bias in place: the QKV projection's is 2 passes over "
+                "T x 3h/tp and the MLP's first 2 over T x 4h/tp (14 over T x h/tp). RowParallelLinear adds its bias "
+                "after the all-reduce, output_ + self.bias, 2 passes over T x h, twice a layer (4). 4 kernels"
             ),
         },
-        bias_adds=(4, 6),
+        bias_adds=(4, 14, 4),
     ),
     "megatron-2021": Stack(
         "megatron-2021",
         FUSED_SOFTMAX,
         passes_h=11,
-        passes_hp=0,
+        passes_hp=2,
         passes_ffn=2,
         loss_bytes=(18, 18),
         sources={
             "attention": FUSED_SOFTMAX.source,
             "passes": (
                 "Narayanan et al. 2021 §4.2: two LayerNorms (2 each), two fused bias+dropout+add "
-                "kernels (read 2, write 1, 1-byte mask: 3.5 each); the [s,b,a,h] layout leaves no head "
-                "transposes; fused bias+GeLU (2)"
+                "kernels (read 2, write 1, 1-byte mask: 3.5 each); fused bias+GeLU (2). Over T x h/tp: the "
+                "[s,b,a,h] layout splits q, k and v as views, and the context's permute(2, 0, 1, 3).contiguous() "
+                "copies it once (2; megatron/model/transformer.py at aed2f75e20). Backward joins q's, k's and v's "
+                "gradients (split_tensor_along_last_dim's concatenation, 6)"
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
             "bias": (
@@ -248,10 +263,11 @@ STACKS: dict[str, Stack] = {
                 "ColumnParallelLinear without skip_bias_add, so F.linear adds its bias in a pass of its own (on 1.8 "
                 "either in place after the matmul, or as addmm's copy of the broadcast bias into the output that "
                 "the GEMM then reads): 2 passes over T x 3h/tp, 6 over T x h/tp. The other biases ride in the fused "
-                "bias+GeLU and bias+dropout+add kernels"
+                "bias+GeLU and bias+dropout+add kernels. 1 kernel"
             ),
         },
-        bias_adds=(0, 6),
+        bias_adds=(0, 6, 1),
+        qkv_split_bwd=6,
     ),
     "llm-foundry": Stack(
         "llm-foundry",
@@ -260,6 +276,7 @@ STACKS: dict[str, Stack] = {
         passes_hp=0,
         passes_ffn=2,
         loss_bytes=(2, 4),
+        qkv_split_bwd=6,
         sources={
             "attention": (
                 "llm-foundry scripts/train/benchmarking/submit_benchmarks.py: attn_impl defaults to "
@@ -267,7 +284,8 @@ STACKS: dict[str, Stack] = {
             ),
             "passes": (
                 "llm-foundry v0.4.0 MPTBlock with resid_pdrop 0: two LayerNorms (2 each), two residual "
-                "adds (3 each); q, k, v are views into the kernel; GeLU (2)"
+                "adds (3 each); q, k, v are views into the kernel; GeLU (2). Backward joins q's, k's and v's "
+                "gradients (qkv.split's concatenation, 6)"
             ),
             "loss": (
                 "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
@@ -282,7 +300,8 @@ STACKS: dict[str, Stack] = {
         passes_hp=0,
         passes_ffn=2,
         loss_bytes=(2, 4),
-        attention_io=(9, 11, 22, 7),
+        attention_io=(9, 11, 20, 7),
+        qkv_split_bwd=6,
         sources={
             "attention": f"attn_impl flash (flash-attn 2.4.2). {SDPA_FLASH2.source}",
             "passes": (
@@ -290,7 +309,7 @@ STACKS: dict[str, Stack] = {
                 "tokens: flash-attn 2.4.2 bert_padding.unpad_input on q, k and v (a gather each: read, write) and "
                 "pad_input on the output (zeros, then an indexed write: 3), 9 passes forward; backward each "
                 "gather's gradient is zeros and a scatter (3 each) and the pad's a gather (2), 11. Kernels: each "
-                "unpad_input also sums, finds nonzeros, takes a max, a cumsum and a pad of the mask (22 forward "
+                "unpad_input also sums, finds nonzeros, takes a max, a cumsum and a pad of the mask (20 forward "
                 "in all, 7 backward). Its nonzero and .item() make the host wait for the device 6 times a layer: "
                 "not charged (host time is not modelled on stated devices)"
             ),

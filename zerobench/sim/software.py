@@ -26,7 +26,7 @@ ZeRO-3 machinery. The per-parameter collectives and device synchronisations of D
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,32 @@ _EAGER_LOSS = (
     "gradient (read 8, write 4) and the cast back (read 4, write 2): 36 bytes per logit"
 )
 
+_FOUNDRY = Stack(
+    "llm-foundry",
+    TRITON_FLASH,
+    passes_h=10,
+    passes_hp=0,
+    passes_ffn=2,
+    loss_bytes=(2, 4),
+    qkv_split_bwd=6,
+    sources={
+        "attention": (
+            "llm-foundry scripts/train/benchmarking/submit_benchmarks.py: attn_impl defaults to "
+            f"'triton' (FlashAttention in Triton). {TRITON_FLASH.source}"
+        ),
+        "passes": (
+            "llm-foundry v0.4.0 MPTBlock with resid_pdrop 0: two LayerNorms (2 each), two residual "
+            "adds (3 each); q, k, v are views into the kernel; GeLU (2). Backward joins q's, k's and v's "
+            "gradients (qkv.split's concatenation, 6)"
+        ),
+        "loss": (
+            "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
+            "forward (2), read and the gradient written once backward (4)"
+        ),
+    },
+)
+"""MPT as llm-foundry runs it with ``attn_impl: triton``."""
+
 STACKS: dict[str, Stack] = {
     "zerobench": Stack(
         "zerobench",
@@ -269,53 +295,23 @@ STACKS: dict[str, Stack] = {
         bias_adds=(0, 6, 1),
         qkv_split_bwd=6,
     ),
-    "llm-foundry": Stack(
-        "llm-foundry",
-        TRITON_FLASH,
-        passes_h=10,
-        passes_hp=0,
-        passes_ffn=2,
-        loss_bytes=(2, 4),
-        qkv_split_bwd=6,
-        sources={
-            "attention": (
-                "llm-foundry scripts/train/benchmarking/submit_benchmarks.py: attn_impl defaults to "
-                f"'triton' (FlashAttention in Triton). {TRITON_FLASH.source}"
-            ),
-            "passes": (
-                "llm-foundry v0.4.0 MPTBlock with resid_pdrop 0: two LayerNorms (2 each), two residual "
-                "adds (3 each); q, k, v are views into the kernel; GeLU (2). Backward joins q's, k's and v's "
-                "gradients (qkv.split's concatenation, 6)"
-            ),
-            "loss": (
-                "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
-                "forward (2), read and the gradient written once backward (4)"
-            ),
-        },
-    ),
-    "llm-foundry-flash2": Stack(
-        "llm-foundry-flash2",
-        SDPA_FLASH2,
-        passes_h=10,
-        passes_hp=0,
-        passes_ffn=2,
-        loss_bytes=(2, 4),
+    "llm-foundry": _FOUNDRY,
+    "llm-foundry-flash2": replace(
+        _FOUNDRY,
+        name="llm-foundry-flash2",
+        attention=SDPA_FLASH2,
         attention_io=(9, 11, 20, 7),
-        qkv_split_bwd=6,
         sources={
+            **_FOUNDRY.sources,
             "attention": f"attn_impl flash (flash-attn 2.4.2). {SDPA_FLASH2.source}",
             "passes": (
-                "as llm-foundry's; and llm-foundry 5e85bd62d attention.py flash_attn_fn runs the kernel on unpadded "
-                "tokens: flash-attn 2.4.2 bert_padding.unpad_input on q, k and v (a gather each: read, write) and "
-                "pad_input on the output (zeros, then an indexed write: 3), 9 passes forward; backward each "
-                "gather's gradient is zeros and a scatter (3 each) and the pad's a gather (2), 11. Kernels: each "
-                "unpad_input also sums, finds nonzeros, takes a max, a cumsum and a pad of the mask (20 forward "
-                "in all, 7 backward). Its nonzero and .item() make the host wait for the device 6 times a layer: "
-                "not charged (host time is not modelled on stated devices)"
-            ),
-            "loss": (
-                "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
-                "forward (2), read and the gradient written once backward (4)"
+                f"{_FOUNDRY.sources['passes']}. And llm-foundry 5e85bd62d attention.py flash_attn_fn runs the kernel "
+                "on unpadded tokens: flash-attn 2.4.2 bert_padding.unpad_input on q, k and v (a gather each: read, "
+                "write) and pad_input on the output (zeros, then an indexed write: 3), 9 passes forward; backward "
+                "each gather's gradient is zeros and a scatter (3 each) and the pad's a gather (2), 11. Kernels: "
+                "each unpad_input also sums, finds nonzeros, takes a max, a cumsum and a pad of the mask (20 "
+                "forward in all, 7 backward). Its nonzero and .item() make the host wait for the device 6 times a "
+                "layer: not charged (host time is not modelled on stated devices)"
             ),
         },
     ),

@@ -80,3 +80,41 @@ def test_deepspeed_names_and_the_modules_pass_through(stage):
         assert r["hasattr_private"] is False
         assert r["samples"] == [0, 8, 8, 16] and r["global_steps"] == 2  # train_batch_size() per optimizer step
         assert r["eval_returns_engine"]
+
+
+def _partitioned_sizes(rank: int, world: int, stage: int) -> dict:
+    import zerobench.zero as Z
+
+    torch.manual_seed(0)
+    model = Net()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage}, "optimizer": {"type": "AdamW"}}
+    engine, *_ = Z.initialize(model=model, config=cfg)
+    params = list(engine.parameters())
+
+    def peft_count(ps):  # PEFT's get_nb_trainable_parameters: a freed parameter reads its size from ds_numel
+        return sum(p.ds_numel if p.numel() == 0 and hasattr(p, "ds_numel") else p.numel() for p in ps)
+
+    return {
+        "shapes": shapes,
+        "ds_shape": [tuple(p.ds_shape) if hasattr(p, "ds_shape") else None for p in params],
+        "ds_numel": [getattr(p, "ds_numel", None) for p in params],
+        "ds_id": [getattr(p, "ds_id", None) for p in params],
+        "numel_now": [p.numel() for p in params],
+        "peft_count": peft_count(params),
+    }
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_stage3_parameters_carry_deepspeeds_sizes(stage):
+    """At stage 3 every parameter has DeepSpeed's ``ds_shape``/``ds_numel``/``ds_id``, as ``zero.Init`` sets them:
+    outside a gather its storage is freed, and code written for DeepSpeed (PEFT's trainable-parameter count) reads its
+    size from them. Below stage 3 DeepSpeed sets none and neither does the engine."""
+    for r in run_distributed(_partitioned_sizes, 2, stage):
+        total = sum(torch.Size(s).numel() for s in r["shapes"])
+        assert r["peft_count"] == total
+        if stage == 3:
+            assert r["ds_shape"] == r["shapes"] and r["ds_numel"] == [torch.Size(s).numel() for s in r["shapes"]]
+            assert r["ds_id"] == [0, 1, 2, 3] and r["numel_now"] == [0, 0, 0, 0]  # freed: only ds_* tell the size
+        else:
+            assert r["ds_shape"] == r["ds_numel"] == r["ds_id"] == [None] * 4

@@ -4,7 +4,8 @@
 ``parallelize``) built, by making the same object a ``DeepSpeedEngine``: nothing is copied and every hook stays. The
 names are DeepSpeed's: ``engine(batch)``, its queries and counters (``get_lr()``, ``train_batch_size()``,
 ``global_samples``, ``gradient_clipping()``, ...), ``train()``/``eval()``, tagged
-``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``, and, as DeepSpeed's engine
+``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``, at stage 3 the parameters'
+``ds_shape``/``ds_numel``/``ds_id``, and, as DeepSpeed's engine
 passes them through to its module, the module's attributes under every other name (``engine.parameters()``, a
 model's own methods). The core engine keeps a closed surface of its own; this layer is composed on top of it and the
 core never imports it.
@@ -164,6 +165,21 @@ def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpee
         raise ConfigError(f"as_deepspeed takes the engine apply_zero returns, not a {type(engine).__name__}")
     if not isinstance(engine, DeepSpeedEngine):
         engine.__class__ = DeepSpeedEngine
+        if engine.stage == 3:
+            _mark_partitioned(engine)
     if micro_batch is not None:
         engine.micro_batch = micro_batch
     return engine
+
+
+def _mark_partitioned(engine: ZeroEngine) -> None:
+    """DeepSpeed's attributes on each parameter stage 3 frees between uses, as its ``zero.Init`` sets them:
+    ``ds_shape`` and ``ds_numel`` (the whole shape and size, which ``p.shape`` no longer tells outside a gather) and
+    ``ds_id`` (the parameter's place in ``module.parameters()``). Code written for DeepSpeed reads them (PEFT's
+    trainable-parameter count, the HF Trainer's). They are static facts; where the parameter's values are lives in
+    the engine's own wrappers, never on the parameter."""
+    order = {id(p): i for i, p in enumerate(engine.module.parameters())}
+    for zp in engine.zparams:
+        zp.param.ds_shape = torch.Size(zp.slot.shape)
+        zp.param.ds_numel = zp.param.ds_shape.numel()
+        zp.param.ds_id = order[id(zp.param)]

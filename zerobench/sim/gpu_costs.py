@@ -123,17 +123,16 @@ class StatedProfile(Profile):
             self._linear(T, n, k, elem, peak, backward) for n, k in ((3 * hp, h), (h, hp), (4 * hp, h), (h, 4 * hp))
         )
         t += self._attention(b, s, hp, ap, dh, elem, peak, backward)
-        io_fwd, io_bwd, k_fwd, k_bwd = st.attention_io
-        if io_bwd if backward else io_fwd:
-            t += self._stream(T * hp * (io_bwd if backward else io_fwd) * elem, k_bwd if backward else k_fwd)
+        io = st.attention_io  # (forward passes, backward passes, forward kernels, backward kernels); none cost 0
+        t += self._stream(T * hp * io[int(backward)] * elem, io[2 + int(backward)])
         per = 2 if backward else 1
         passes = ((T * h, st.passes_h, 6), (T * hp, st.passes_hp, 2), (T * 4 * hp, st.passes_ffn, 2))
         t += sum(self._stream(per * n * p * elem, per * kern) for n, p, kern in passes if p)
         if backward:  # each bias's gradient: its linear's output gradient summed over the T tokens, read once
             t += self._stream(T * (3 * hp + h + 4 * hp + h) * elem, 4)
-            if st.qkv_split_bwd:  # q's, k's and v's gradients joined into the projection's
-                t += self._stream(T * hp * st.qkv_split_bwd * elem, 1)
-        elif st.bias_adds[2]:  # bias additions of their own; their backward is the identity
+            # q's, k's and v's gradients joined into the projection's (one kernel, where the stack has one)
+            t += self._stream(T * hp * st.qkv_split_bwd * elem, int(st.qkv_split_bwd > 0))
+        else:  # bias additions of their own; their backward is the identity
             t += self._stream(T * (h * st.bias_adds[0] + hp * st.bias_adds[1]) * elem, st.bias_adds[2])
         return t
 

@@ -5,7 +5,7 @@
 names are DeepSpeed's: ``engine(batch)``, its queries and counters (``get_lr()``, ``train_batch_size()``,
 ``global_samples``, ``gradient_clipping()``, ...), ``train()``/``eval()``, tagged
 ``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``, at stage 3 the parameters'
-``ds_shape``/``ds_numel``/``ds_id``, and, as DeepSpeed's engine
+``ds_shape``/``ds_numel``, and, as DeepSpeed's engine
 passes them through to its module, the module's attributes under every other name (``engine.parameters()``, a
 model's own methods). The core engine keeps a closed surface of its own; this layer is composed on top of it and the
 core never imports it.
@@ -173,13 +173,16 @@ def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpee
 
 
 def _mark_partitioned(engine: ZeroEngine) -> None:
-    """DeepSpeed's attributes on each parameter stage 3 frees between uses, as its ``zero.Init`` sets them:
-    ``ds_shape`` and ``ds_numel`` (the whole shape and size, which ``p.shape`` no longer tells outside a gather) and
-    ``ds_id`` (the parameter's place in ``module.parameters()``). Code written for DeepSpeed reads them (PEFT's
-    trainable-parameter count, the HF Trainer's). They are static facts; where the parameter's values are lives in
-    the engine's own wrappers, never on the parameter."""
-    order = {id(p): i for i, p in enumerate(engine.module.parameters())}
+    """DeepSpeed's size attributes on each parameter stage 3 frees between uses, as its ``zero.Init`` sets them:
+    ``ds_shape`` and ``ds_numel``, the whole shape and size, which ``p.shape`` no longer tells outside a gather. Code
+    written for DeepSpeed counts with them (PEFT's trainable-parameter count, the HF Trainer's, DeepSpeed's own
+    ``get_global_norm``-style helpers). They are static facts; where the parameter's values are lives in the engine's
+    own wrappers, never on the parameter.
+
+    ``ds_id`` is deliberately not set. DeepSpeed reads it as "this is one of my partitioned parameters"
+    (``is_zero_param``), and its patched ``F.linear``, ``GatheredParameters`` and checkpoint paths then drive the
+    parameter's ``ds_status``/``all_gather``, which only DeepSpeed's own parameters have. With DeepSpeed imported in
+    the same process, a zerobench stage-3 step would fail inside DeepSpeed's linear backward."""
     for zp in engine.zparams:
         zp.param.ds_shape = torch.Size(zp.slot.shape)
         zp.param.ds_numel = zp.param.ds_shape.numel()
-        zp.param.ds_id = order[id(zp.param)]

@@ -50,6 +50,17 @@ def test_collective_time_is_ncclss_latency_plus_bus_bytes():
     assert DGX2.collective("all_reduce", 1, 400, nbytes) == 0.0
 
 
+def test_nccl_latencies_are_nccl_2_8s():
+    """``sim/nccl.py`` says it is NCCL 2.8's tuning model: its latency tables are that release's, as
+    NVIDIA/nccl v2.8.4-1 ``src/graph/tuning.cc`` states them (``baseLat`` line 56, ``hwLat`` lines 63-70:
+    NVLink, then the network; tree then ring; LL, LL128, Simple). 2.7.8 had 1.2 and 50 where 2.8 has 1.25 and 28."""
+    from zerobench.sim import nccl
+
+    assert nccl.BASE_LAT == {"tree": (4.4, 4.4, 0.0), "ring": (3.6, 10.0, 8.4)}
+    assert nccl.HW_LAT["nvlink"] == {"tree": (0.52, 1.25, 28.0), "ring": (0.47, 1.9, 3.4)}
+    assert nccl.HW_LAT["net"] == {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 9.6)}
+
+
 def test_collective_latency_grows_with_the_ring():
     """A small all-gather is latency: NCCL's ring takes n-1 steps, so 1536 ranks pay about 4x what 384 do."""
     a100 = StatedProfile(DEVICES["a100-dgx"])

@@ -11,7 +11,9 @@ release of 2020-2021), ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``:
   carries 0.92 of it, or 0.7 with fewer than two ranks per node. The algorithm bandwidth is
   busBw x n / nsteps. A multi-node Simple ring all-reduce pays 1.9x its latency beyond n/16 x 64 KiB.
 - Tree, for an all-reduce. The bandwidth is min(0.9 x busBw, the tree cap): 80 GB/s beyond two nodes
-  (105 for LL128 on sm80), and 110 (130) within two. LL takes 1/3.8 of it and LL128 0.915. The algorithm
+  (105 for LL128 on sm80), and 110 (130) within two. These caps are one figure per node count, a simplification
+  of NCCL's per-channel caps times the channel count (``perChMaxTreeBws``, Volta's 10 GB/s beyond two nodes
+  times 8 channels is the 80). LL takes 1/3.8 of it and LL128 0.915. The algorithm
   bandwidth is half of that. The latency is 2·((ranks per node - 1)·intra + log2(N)·inter) steps, and
   medium sizes are corrected by NCCL's ``treeCorrectionFactor``.
 
@@ -29,10 +31,11 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 BASE_LAT = {"tree": (4.4, 4.4, 0.0), "ring": (3.6, 10.0, 8.4)}
 """Microseconds, per protocol (LL, LL128, Simple)."""
 HW_LAT = {
-    "nvlink": {"tree": (0.52, 1.2, 28.0), "ring": (0.47, 1.9, 3.4)},
-    "net": {"tree": (5.0, 8.5, 50.0), "ring": (2.7, 4.0, 9.6)},
+    "nvlink": {"tree": (0.52, 1.25, 28.0), "ring": (0.47, 1.9, 3.4)},
+    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 9.6)},
 }
-"""Microseconds per step, per link kind, algorithm and protocol."""
+"""Microseconds per step, per link kind, algorithm and protocol: 2.8's ``hwLat`` (the network tree's Simple step
+is 28 us from 2.8.3 on; 2.7 had 50)."""
 TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0, 1.0),
     (1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.5, 0.6, 0.6, 0.7, 0.7, 0.8, 0.9, 0.9, 1.0),

@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             print("usage: gate_campaign_summary.py --combine OUT PART [PART...]", file=sys.stderr)
             return 2
         return combine(Path(argv[1]), [Path(p) for p in argv[2:]])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="To join a campaign taken in parts: gate_campaign_summary.py --combine OUT PART [PART...]",
+    )
     ap.add_argument("out")
     ap.add_argument("work")
     ap.add_argument("--trials", type=int, required=True)

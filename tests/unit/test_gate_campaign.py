@@ -110,6 +110,14 @@ def test_the_summary_counts_what_each_trial_did(tmp_path):
     assert "| the lockstep A/B does not call" in (tmp_path / "out" / "README.md").read_text()
 
 
+def test_help_names_the_way_to_join_parts(capsys):
+    """``--combine`` is parsed before argparse; ``--help`` still tells a user it exists."""
+    with pytest.raises(SystemExit) as e:
+        _summary_module().main(["--help"])
+    assert e.value.code == 0
+    assert "--combine OUT PART" in capsys.readouterr().out
+
+
 def test_a_campaign_taken_in_parts_numbers_their_trials_in_turn(tmp_path):
     """``--combine``: a part of two trials and a part stopped by its budget after one become trials 1-3, each with
     its part and its own verdict rows; the totals count all three; each part's baseline travels with them."""

@@ -175,8 +175,8 @@ def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpee
 def _mark_partitioned(engine: ZeroEngine) -> None:
     """DeepSpeed's size attributes on each parameter stage 3 frees between uses, as its ``zero.Init`` sets them:
     ``ds_shape`` and ``ds_numel``, the whole shape and size, which ``p.shape`` no longer tells outside a gather. Code
-    written for DeepSpeed counts with them (PEFT's trainable-parameter count, the HF Trainer's, DeepSpeed's own
-    ``get_global_norm``-style helpers). They are static facts; where the parameter's values are lives in the engine's
+    written for DeepSpeed counts with them (PEFT's trainable-parameter count, the HF Trainer's
+    ``get_model_param_count``, DeepSpeed's ``is_optimized_parameter``). They are static facts; where the parameter's values are lives in the engine's
     own wrappers, never on the parameter.
 
     ``ds_id`` is deliberately not set. DeepSpeed reads it as "this is one of my partitioned parameters"

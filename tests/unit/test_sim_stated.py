@@ -517,3 +517,40 @@ def test_llm_foundry_flash2_pays_its_unpadding_copies():
             extra = with_io._block(*args, backward=backward) - without._block(*args, backward=backward)
             moved = b * s * (h // tp) * passes * 2 / (dev.hbm_bw * dev.mem_eff)
             assert extra == pytest.approx(max(moved, kernels * dev.kernel_floor_s)), (tp, backward)
+
+
+def test_composers_train_metrics_run_after_every_micro_batchs_backward():
+    """llm-foundry's rows ran Composer, which evaluates MPT's two train metrics (cross entropy and perplexity) on each
+    micro-batch's logits after its backward: 36 bytes per logit at the elementwise rate, once per micro-batch, on the
+    compute stream once the backward's collectives are done, named ``metrics`` on the critical path. zerobench's
+    loop and Megatron-LM compute none."""
+    from zerobench.sim import published_validate as V
+    from zerobench.sim.profile import METRICS
+    from zerobench.sim.published import load
+    from zerobench.sim.simulate import simulate
+    from zerobench.sim.software import STACKS
+
+    assert STACKS["llm-foundry"].metric_bytes == STACKS["llm-foundry-flash2"].metric_bytes == 36
+    assert {STACKS[k].metric_bytes for k in ("zerobench", "megatron-2019", "megatron-2021")} == {0}
+    shape = dict(SHAPE, dtype="bf16")
+    assert not StatedProfile(DEVICES["a100-dgx"]).has_op(METRICS, **shape)
+    with pytest.raises(KeyError, match="no op train_metrics"):
+        StatedProfile(DEVICES["a100-dgx"]).op_time(METRICS, **shape)
+
+    row = next(r for r in load() if r.id == "foundry-a100-125m-8gpu-mb40")
+    assert row.grad_accum == 2
+    prof = V._profile(row, 1.0)
+    assert prof.has_op(METRICS, **shape)
+    tasks = simulate(V.train_config(V.run_keys(row)), prof)["timeline"].tasks
+    metrics = [i for i, t in enumerate(tasks) if t.name == "train metrics"]
+    dev = prof.dev
+    want = row.micro_batch * row.seq * row.vocab * 36 / (dev.hbm_bw * dev.mem_eff)
+    assert len(metrics) == row.grad_accum
+    for i in metrics:
+        t = tasks[i]
+        assert t.stream == "compute" and t.category == "metrics" and t.seconds == pytest.approx(want)
+        # after the micro-batch's last backward piece and the wait for its collectives
+        last_bwd = max(j for j in range(i) if tasks[j].name == "embed_bwd")
+        assert t.start >= max(x.end for x in tasks[last_bwd:i] if x.stream == "dp")
+    zb = StatedProfile(dev, STACKS["zerobench"])
+    assert not [t for t in simulate(V.train_config(V.run_keys(row)), zb)["timeline"].tasks if t.category == "metrics"]

@@ -29,6 +29,8 @@ multiplied by the device's fitted ``compute_scale``:
 - The head is the LM-head GEMM (T x V/tp x h) and its two backward GEMMs, the final LayerNorm, and the
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
+- A training loop that evaluates metrics on every micro-batch's logits (``Stack.metric_bytes``: Composer's
+  train metrics) pays them as a piece of their own, ``METRICS``, after the backward.
 
 A data-parallel collective runs on ``nccl_channels`` thread blocks, one SM each, beside the compute it
 overlaps: the compute is charged that share of the SMs for the collective's duration (``interference``, the
@@ -50,11 +52,13 @@ import dataclasses
 
 from zerobench.sim import nccl
 from zerobench.sim.gemm import for_ceiling
-from zerobench.sim.profile import Profile
+from zerobench.sim.profile import METRICS, Profile
 from zerobench.sim.software import STACKS, Stack
 from zerobench.sim.stated import StatedDevice
 
 _ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
+METRIC_KERNELS = 14
+"""Kernels of the training loop's metrics per micro-batch (``Stack.metric_bytes``'s source counts them)."""
 
 
 class StatedProfile(Profile):
@@ -73,6 +77,10 @@ class StatedProfile(Profile):
         self._ops: dict[tuple, float] = {}
         # NCCL's thread blocks take their SMs from the compute a DP collective overlaps (a stated share, not fitted)
         self.interference = dev.nccl_channels / dev.sms if dev.nccl_channels else 0.0
+
+    def has_op(self, name: str, **shape) -> bool:
+        """The training loop's metrics are a piece only where the stack's loop computes them."""
+        return bool(self.stack.metric_bytes) if name == METRICS else super().has_op(name, **shape)
 
     @property
     def zero_machinery(self):
@@ -183,6 +191,8 @@ class StatedProfile(Profile):
             return self._stream(T * h * 7.5 * elem, 3)
         if name == "embed_bwd":
             return self._stream(T * h * 3 * elem + vp * h * elem, 2)
+        if name == METRICS and self.stack.metric_bytes:
+            return self._stream(T * vp * self.stack.metric_bytes, METRIC_KERNELS)
         raise KeyError(f"the stated profile of {self.device} has no op {name}")
 
     def cost(self, name: str, ranks: int, n: float) -> float:

@@ -119,6 +119,10 @@ class Stack:
     """Passes over T x h/tp that move q, k and v into the attention kernel's layout and its output back, and
     their kernels: (forward passes, backward passes, forward kernels, backward kernels). Counted apart from
     ``passes_hp`` because their backward is not twice their forward."""
+    metric_bytes: float = 0.0
+    """Bytes per logit element that the training loop's own metrics move after every micro-batch's backward,
+    outside the model (a trainer that evaluates train metrics on each micro-batch's logits). Zero where the loop
+    computes none on the logits."""
     zero: ZeroMachinery = ZeroMachinery()
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -219,7 +223,20 @@ _FOUNDRY = Stack(
             "MPT's default loss_fn 'fused_crossentropy' (flash-attn's kernel): the logits read once "
             "forward (2), read and the gradient written once backward (4)"
         ),
+        "metrics": (
+            "Composer's Trainer._train_microbatch updates the model's train metrics after every micro-batch's "
+            "backward (_eval_train_metrics, under the run's autocast; composer v0.13.3 to v0.17.x, the versions "
+            "the rows ran: mosaicml/examples 9fa3ceb9 examples/llm/requirements.txt, llm-foundry v0.3.0 and "
+            "5e85bd62d setup.py). MPT's train metrics are LanguageCrossEntropy and LanguagePerplexity (mosaicml/"
+            "examples 9fa3ceb9 mosaic_gpt.py; llm-foundry modeling_mpt.py, use_train_metrics defaults to true and "
+            "the benchmark scripts do not set it). Each runs torch.nn.CrossEntropyLoss(reduction='sum') on the "
+            "bf16 logits, which autocast runs in fp32 (PyTorch's amp reference lists cross_entropy among the CUDA ops "
+            "that autocast to float32): the cast (read 2, write 4) and log-softmax (read 4 twice, "
+            "write 4), 18 bytes per logit, twice: 36. 14 kernels (each metric's cast, log-softmax, nll, its "
+            "count of the targets and its two state additions, 7)"
+        ),
     },
+    metric_bytes=36,
 )
 """MPT as llm-foundry runs it with ``attn_impl: triton``."""
 

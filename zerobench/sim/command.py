@@ -272,7 +272,7 @@ def _published(args: argparse.Namespace) -> int:
     if args.out:
         from zerobench.results.rows import RowWriter
 
-        w = RowWriter(args.out, "sim-published", {"table": str(path)})
+        w = RowWriter(args.out, "sim-published", _table_identity(Path(path)))
         for row in published_rows(out):
             metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
             w.write(metric, value, unit, **row)
@@ -281,6 +281,19 @@ def _published(args: argparse.Namespace) -> int:
     else:
         print(format_published(out))
     return 0
+
+
+def _table_identity(path: Path) -> dict:
+    """The published table as the rows' config: its path relative to the repository where it lies inside it (so
+    the same table gives the same config hash on every checkout) and the SHA-256 of its bytes (what was read)."""
+    import hashlib
+
+    from zerobench.sim.published import TABLE
+
+    repo = TABLE.parents[3]
+    p = path.resolve()
+    name = str(p.relative_to(repo)) if p.is_relative_to(repo) else str(path)
+    return {"table": name, "table_sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
 
 
 def run_measured_max_size(args: argparse.Namespace) -> int:

@@ -114,6 +114,23 @@ def test_a_bad_table_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--profile" in r.stderr
 
 
+def test_rows_name_the_table_by_its_place_in_the_repository_and_its_bytes(tmp_path):
+    """The rows' config is the table's path relative to the repository (the same config hash on every checkout,
+    never this machine's directories) and the SHA-256 of what was read; a table elsewhere keeps the path given."""
+    import hashlib
+
+    from zerobench.sim.command import _table_identity
+
+    digest = hashlib.sha256(P.TABLE.read_bytes()).hexdigest()
+    committed = {"table": "results/reference/sim-published/published.csv", "table_sha256": digest}
+    assert _table_identity(P.TABLE) == committed
+    other = tmp_path / "t.csv"
+    other.write_bytes(P.TABLE.read_bytes())
+    assert _table_identity(other) == {"table": str(other), "table_sha256": digest}
+    recorded = read_rows(REF / "predicted")
+    assert recorded and all(r["config"] == committed for r in recorded)
+
+
 @pytest.mark.slow  # a subprocess that fits and predicts (~15 s on 2 cores)
 def test_a_small_table_runs_end_to_end(tmp_path):
     """The command on a two-row table: the V100 calibration row and one held-out row, each with its reading."""

@@ -5,6 +5,7 @@ or accepted with a reason (ARCHITECTURE.md draws the arrows this enforces)."""
 from __future__ import annotations
 
 import ast
+import shutil
 import warnings
 from pathlib import Path
 
@@ -34,11 +35,11 @@ HARNESS = (
 SMALL_FUNCTIONS = ("zerobench/zero", "zerobench/parallel", "zerobench/train")
 
 
-def _modules() -> dict[str, Path]:
+def _modules(repo: Path = REPO) -> dict[str, Path]:
     out = {}
     for root in ("zerobench", "kernels"):
-        for p in sorted((REPO / root).rglob("*.py")):
-            rel = p.relative_to(REPO).with_suffix("")
+        for p in sorted((repo / root).rglob("*.py")):
+            rel = p.relative_to(repo).with_suffix("")
             name = ".".join(rel.parts)
             out[name.removesuffix(".__init__")] = p
     return out
@@ -62,8 +63,8 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
+def _graph(repo: Path = REPO) -> dict[str, set[str]]:
+    mods = _modules(repo)
     return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
 
 
@@ -211,18 +212,19 @@ def test_the_core_never_imports_the_compatibility_layers():
     assert _compat_imports(_graph()) == []
 
 
-def test_a_planted_import_of_the_compatibility_layer_is_found():
+def test_a_planted_import_of_the_compatibility_layer_is_found(tmp_path):
     graph = _graph()
     graph["zerobench.zero.engine"] = graph["zerobench.zero.engine"] | {"zerobench.zero.compat.deepspeed.engine"}
     assert _compat_imports(graph) == ["zerobench.zero.engine -> zerobench.zero.compat.deepspeed.engine"]
-    planted = REPO / "zerobench" / "zero" / "grads" / "_planted_probe.py"
-    try:  # through the file walker too, as a real file would be read
-        planted.write_text("from zerobench.zero.compat.deepspeed.config import from_deepspeed\n")
-        assert "zerobench.zero.grads._planted_probe -> zerobench.zero.compat.deepspeed.config" in _compat_imports(
-            _graph()
-        )
-    finally:
-        planted.unlink()
+    # through the file walker too, as a real file would be read: in a copy of the sources, never in the checkout
+    # (a file planted there is what other tests, ruff among them, would read while this one runs)
+    for root in ("zerobench", "kernels"):
+        shutil.copytree(REPO / root, tmp_path / root, ignore=shutil.ignore_patterns("__pycache__"))
+    planted = tmp_path / "zerobench" / "zero" / "grads" / "_planted_probe.py"
+    planted.write_text("from zerobench.zero.compat.deepspeed.config import from_deepspeed\n")
+    assert _compat_imports(_graph(tmp_path)) == [
+        "zerobench.zero.grads._planted_probe -> zerobench.zero.compat.deepspeed.config"
+    ]
 
 
 def _mixins() -> list[str]:

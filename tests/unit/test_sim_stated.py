@@ -531,6 +531,7 @@ def test_composers_train_metrics_run_after_every_micro_batchs_backward():
     from zerobench.sim.software import STACKS
 
     assert STACKS["llm-foundry"].metric_bytes == STACKS["llm-foundry-flash2"].metric_bytes == 36
+    assert STACKS["llm-foundry"].metric_kernels == STACKS["llm-foundry-flash2"].metric_kernels == 14
     assert {STACKS[k].metric_bytes for k in ("zerobench", "megatron-2019", "megatron-2021")} == {0}
     shape = dict(SHAPE, dtype="bf16")
     assert not StatedProfile(DEVICES["a100-dgx"]).has_op(METRICS, **shape)
@@ -541,8 +542,10 @@ def test_composers_train_metrics_run_after_every_micro_batchs_backward():
     assert row.grad_accum == 2
     prof = V._profile(row, 1.0)
     assert prof.has_op(METRICS, **shape)
-    tasks = simulate(V.train_config(V.run_keys(row)), prof)["timeline"].tasks
+    r = simulate(V.train_config(V.run_keys(row)), prof)
+    tasks = r["timeline"].tasks
     metrics = [i for i, t in enumerate(tasks) if t.name == "train metrics"]
+    assert r["breakdown_s"]["metrics"] == pytest.approx(sum(tasks[i].seconds for i in metrics))
     dev = prof.dev
     want = row.micro_batch * row.seq * row.vocab * 36 / (dev.hbm_bw * dev.mem_eff)
     assert len(metrics) == row.grad_accum
@@ -552,5 +555,11 @@ def test_composers_train_metrics_run_after_every_micro_batchs_backward():
         # after the micro-batch's last backward piece and the wait for its collectives
         last_bwd = max(j for j in range(i) if tasks[j].name == "embed_bwd")
         assert t.start >= max(x.end for x in tasks[last_bwd:i] if x.stream == "dp")
+    # stage 0 with accumulation: the first micro-batch has no collectives to wait for; each micro-batch's metrics
+    # still come between its backward and the next micro-batch's forward
+    ddp = V.train_config(dict(V.run_keys(row), stage=0, system="megatron", bucket_size=None))
+    tasks = simulate(ddp, prof)["timeline"].tasks
+    order = [t.name for t in tasks if t.name in ("embed_fwd", "embed_bwd", "train metrics")]
+    assert order == ["embed_fwd", "embed_bwd", "train metrics"] * row.grad_accum
     zb = StatedProfile(dev, STACKS["zerobench"])
     assert not [t for t in simulate(V.train_config(V.run_keys(row)), zb)["timeline"].tasks if t.category == "metrics"]

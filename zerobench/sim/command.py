@@ -261,7 +261,8 @@ def _published(args: argparse.Namespace) -> int:
         )
     path = args.validate_published or TABLE
     try:
-        rows = load(path)
+        data = Path(path).read_bytes()
+        rows = load(path, data)
     except (OSError, ValueError) as e:
         raise ConfigError(str(e)) from None
     if args.out:
@@ -272,7 +273,7 @@ def _published(args: argparse.Namespace) -> int:
     if args.out:
         from zerobench.results.rows import RowWriter
 
-        w = RowWriter(args.out, "sim-published", _table_identity(Path(path)))
+        w = RowWriter(args.out, "sim-published", _table_identity(Path(path), data))
         for row in published_rows(out):
             metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
             w.write(metric, value, unit, **row)
@@ -283,17 +284,17 @@ def _published(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table_identity(path: Path) -> dict:
-    """The published table as the rows' config: its path relative to the repository where it lies inside it (so
-    the same table gives the same config hash on every checkout) and the SHA-256 of its bytes (what was read)."""
+def _table_identity(path: Path, data: bytes) -> dict:
+    """The published table as the rows' config: its path relative to the checkout zerobench runs from where it lies
+    inside it (so the same table gives the same config hash on every checkout; else the path as given) and the
+    SHA-256 of ``data``, the bytes that were read and predicted."""
     import hashlib
 
-    from zerobench.sim.published import TABLE
+    from zerobench.sim.published import REPO
 
-    repo = TABLE.parents[3]
     p = path.resolve()
-    name = str(p.relative_to(repo)) if p.is_relative_to(repo) else str(path)
-    return {"table": name, "table_sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    name = str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+    return {"table": name, "table_sha256": hashlib.sha256(data).hexdigest()}
 
 
 def run_measured_max_size(args: argparse.Namespace) -> int:

@@ -57,8 +57,6 @@ from zerobench.sim.software import STACKS, Stack
 from zerobench.sim.stated import StatedDevice
 
 _ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
-METRIC_KERNELS = 14
-"""Kernels of the training loop's metrics per micro-batch (``Stack.metric_bytes``'s source counts them)."""
 
 
 class StatedProfile(Profile):
@@ -192,7 +190,7 @@ class StatedProfile(Profile):
         if name == "embed_bwd":
             return self._stream(T * h * 3 * elem + vp * h * elem, 2)
         if name == METRICS and self.stack.metric_bytes:
-            return self._stream(T * vp * self.stack.metric_bytes, METRIC_KERNELS)
+            return self._stream(T * vp * self.stack.metric_bytes, self.stack.metric_kernels)
         raise KeyError(f"the stated profile of {self.device} has no op {name}")
 
     def cost(self, name: str, ranks: int, n: float) -> float:

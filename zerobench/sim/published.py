@@ -14,10 +14,13 @@ step times, and ``weak_scaling_efficiency`` a ratio of FLOP/s per GPU.
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-published" / "published.csv"
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout zerobench runs from."""
+TABLE = REPO / "results" / "reference" / "sim-published" / "published.csv"
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "speedup", "weak_scaling_efficiency")
 CONVENTIONS = ("hardware", "model")
 """FLOP readings of a TFLOP/s figure: with the recompute's extra forward (hardware) and without (model)."""
@@ -77,12 +80,14 @@ class Row:
 _INT = {f.name for f in fields(Row) if f.type == "int"}
 
 
-def load(path: str | Path = TABLE) -> list[Row]:
-    """The table's rows, checked: raises ``ValueError`` naming the first bad row and what is wrong with it."""
+def load(path: str | Path = TABLE, data: bytes | None = None) -> list[Row]:
+    """The table's rows, checked: raises ``ValueError`` naming the first bad row and what is wrong with it.
+    ``data``: the file's bytes, already read (then ``path`` only names it in messages)."""
     from zerobench.sim.stated import DEVICES
 
-    with open(path, newline="") as f:
-        raw = list(csv.DictReader(f))
+    if data is None:
+        data = Path(path).read_bytes()
+    raw = list(csv.DictReader(io.StringIO(data.decode("utf-8"), newline="")))
     want = [f.name for f in fields(Row)]
     if not raw or list(raw[0]) != want:
         raise ValueError(f"{path}: the columns must be {','.join(want)}")

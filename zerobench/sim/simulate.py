@@ -3,7 +3,7 @@
 Drives ``StepReplay`` through the micro-batches' forward and backward and the optimizer step in the
 engine's order (see ``zerobench.sim.schedule``), and reports the predicted step time, its critical path
 by category (compute, exposed DP communication, MP communication, rank skew at synchronisations, the
-engine's host work, copies, optimizer, offload) and the
+engine's host work, copies, optimizer, offload, NCCL's share of the SMs, a stated program's loop metrics) and the
 throughput it implies, in both FLOP conventions (model FLOPs, and hardware FLOPs with the recompute), with
 the replayed ``Timeline`` itself.
 """

@@ -121,8 +121,10 @@ class Stack:
     ``passes_hp`` because their backward is not twice their forward."""
     metric_bytes: float = 0.0
     """Bytes per logit element that the training loop's own metrics move after every micro-batch's backward,
-    outside the model (a trainer that evaluates train metrics on each micro-batch's logits). Zero where the loop
-    computes none on the logits."""
+    outside the model (a trainer that evaluates train metrics on each micro-batch's logits), counted for the
+    logits' dtype the program runs in and over this rank's V/tp columns. Zero where the loop computes none."""
+    metric_kernels: int = 0
+    """Kernels those metrics launch per micro-batch (each costs at least a launch)."""
     zero: ZeroMachinery = ZeroMachinery()
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -237,6 +239,7 @@ _FOUNDRY = Stack(
         ),
     },
     metric_bytes=36,
+    metric_kernels=14,
 )
 """MPT as llm-foundry runs it with ``attn_impl: triton``."""
 

@@ -525,7 +525,7 @@ def test_composers_train_metrics_run_after_every_micro_batchs_backward():
     compute stream once the backward's collectives are done, named ``metrics`` on the critical path. zerobench's
     loop and Megatron-LM compute none."""
     from zerobench.sim import published_validate as V
-    from zerobench.sim.profile import METRICS
+    from zerobench.sim.profile import LOOP_METRICS
     from zerobench.sim.published import load
     from zerobench.sim.simulate import simulate
     from zerobench.sim.software import STACKS
@@ -534,14 +534,14 @@ def test_composers_train_metrics_run_after_every_micro_batchs_backward():
     assert STACKS["llm-foundry"].metric_kernels == STACKS["llm-foundry-flash2"].metric_kernels == 14
     assert {STACKS[k].metric_bytes for k in ("zerobench", "megatron-2019", "megatron-2021")} == {0}
     shape = dict(SHAPE, dtype="bf16")
-    assert not StatedProfile(DEVICES["a100-dgx"]).has_op(METRICS, **shape)
+    assert not StatedProfile(DEVICES["a100-dgx"]).has_op(LOOP_METRICS, **shape)
     with pytest.raises(KeyError, match="no op train_metrics"):
-        StatedProfile(DEVICES["a100-dgx"]).op_time(METRICS, **shape)
+        StatedProfile(DEVICES["a100-dgx"]).op_time(LOOP_METRICS, **shape)
 
     row = next(r for r in load() if r.id == "foundry-a100-125m-8gpu-mb40")
     assert row.grad_accum == 2
     prof = V._profile(row, 1.0)
-    assert prof.has_op(METRICS, **shape)
+    assert prof.has_op(LOOP_METRICS, **shape)
     r = simulate(V.train_config(V.run_keys(row)), prof)
     tasks = r["timeline"].tasks
     metrics = [i for i, t in enumerate(tasks) if t.name == "train metrics"]

@@ -290,7 +290,7 @@ def _table_identity(path: Path, data: bytes) -> dict:
     SHA-256 of ``data``, the bytes that were read and predicted."""
     import hashlib
 
-    from zerobench.sim.published import REPO
+    from zerobench.results.provenance import REPO
 
     p = path.resolve()
     name = str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)

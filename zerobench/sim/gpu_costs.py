@@ -30,7 +30,7 @@ multiplied by the device's fitted ``compute_scale``:
   stack's loss bytes per logit. The embedding is a gather, a position add and a dropout (7.5 passes over
   T x h); its backward writes the gradient of the (V/tp x h) table once.
 - A training loop that evaluates metrics on every micro-batch's logits (``Stack.metric_bytes``: Composer's
-  train metrics) pays them as a piece of their own, ``METRICS``, after the backward.
+  train metrics) pays them as a piece of their own, ``LOOP_METRICS``, after the backward.
 
 A data-parallel collective runs on ``nccl_channels`` thread blocks, one SM each, beside the compute it
 overlaps: the compute is charged that share of the SMs for the collective's duration (``interference``, the
@@ -52,7 +52,7 @@ import dataclasses
 
 from zerobench.sim import nccl
 from zerobench.sim.gemm import for_ceiling
-from zerobench.sim.profile import METRICS, Profile
+from zerobench.sim.profile import LOOP_METRICS, Profile
 from zerobench.sim.software import STACKS, Stack
 from zerobench.sim.stated import StatedDevice
 
@@ -78,7 +78,7 @@ class StatedProfile(Profile):
 
     def has_op(self, name: str, **shape) -> bool:
         """The training loop's metrics are a piece only where the stack's loop computes them."""
-        return bool(self.stack.metric_bytes) if name == METRICS else super().has_op(name, **shape)
+        return bool(self.stack.metric_bytes) if name == LOOP_METRICS else super().has_op(name, **shape)
 
     @property
     def zero_machinery(self):
@@ -189,7 +189,7 @@ class StatedProfile(Profile):
             return self._stream(T * h * 7.5 * elem, 3)
         if name == "embed_bwd":
             return self._stream(T * h * 3 * elem + vp * h * elem, 2)
-        if name == METRICS and self.stack.metric_bytes:
+        if name == LOOP_METRICS and self.stack.metric_bytes:
             return self._stream(T * vp * self.stack.metric_bytes, self.stack.metric_kernels)
         raise KeyError(f"the stated profile of {self.device} has no op {name}")
 

@@ -37,7 +37,7 @@ IN_SITU = "+tp"
 """Suffix of a compute piece measured with its TP collectives on the real groups (``measure_units``' ``insitu``)."""
 LAUNCH = "@launch"
 """Suffix of a compute piece's host cost to issue it, on a device the host runs ahead of (a GPU)."""
-METRICS = "train_metrics"
+LOOP_METRICS = "train_metrics"
 """The piece a training loop's own metrics cost after each micro-batch's backward, where a profile has it
 (``has_op``): zerobench's loop computes none, so only a stated program's profile does."""
 

@@ -18,9 +18,7 @@ import io
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-"""The checkout zerobench runs from."""
-TABLE = REPO / "results" / "reference" / "sim-published" / "published.csv"
+TABLE = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-published" / "published.csv"
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "speedup", "weak_scaling_efficiency")
 CONVENTIONS = ("hardware", "model")
 """FLOP readings of a TFLOP/s figure: with the recompute's extra forward (hardware) and without (model)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from zerobench.models.sizes import flops_per_token
 from zerobench.sim.layout import HEAD
-from zerobench.sim.profile import METRICS, Profile
+from zerobench.sim.profile import LOOP_METRICS, Profile
 from zerobench.sim.schedule import StepReplay
 from zerobench.train.config import TrainConfig
 
@@ -64,8 +64,8 @@ def _backward(r: StepReplay) -> None:
     r.compute("embed_bwd")
     r.land(L)
     r.end_backward()
-    if r.prof.has_op(METRICS, **r.shape):  # the loop's metrics on the logits, once the backward has finished
-        r.dev("train metrics", r.piece(METRICS), "metrics")
+    if r.prof.has_op(LOOP_METRICS, **r.shape):  # the loop's metrics on the logits, once the backward has finished
+        r.dev("train metrics", r.piece(LOOP_METRICS), "metrics")
 
 
 def _step(r: StepReplay) -> None:

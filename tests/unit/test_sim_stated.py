@@ -563,3 +563,74 @@ def test_composers_train_metrics_run_after_every_micro_batchs_backward():
     assert order == ["embed_fwd", "embed_bwd", "train metrics"] * row.grad_accum
     zb = StatedProfile(dev, STACKS["zerobench"])
     assert not [t for t in simulate(V.train_config(V.run_keys(row)), zb)["timeline"].tasks if t.category == "metrics"]
+
+
+def test_megatron_2019s_fp16_step_walks_every_tensor_and_reads_two_values_of_each():
+    """Megatron-LM 2019's own step (zero_grad tensor by tensor, DDP's divide and per-tensor copy back, FP16_Optimizer's overflow check, copies
+    and unscale, mpu's clip_grad_norm) launches nine kernels per parameter tensor and reads two values of each on
+    the host. Every TP rank holds a piece of every tensor, so the reads and the kernels' floors are the same at TP 1
+    and TP 8, while the bytes shrink with the pieces. With ZeRO (stage 1-3) the engine steps instead, and the
+    other programs step over flat buffers."""
+    from zerobench.sim import published_validate as V
+    from zerobench.sim.layout import engine_buckets
+    from zerobench.sim.published import load
+    from zerobench.sim.simulate import simulate
+    from zerobench.sim.software import STACKS
+
+    rows = {r.id: r for r in load()}
+    prof = V._profile(rows["meg19-1.2b-1gpu"], 1.0)
+    dev, loop = prof.dev, STACKS["megatron-2019"].step_loop
+    assert [op.read_back for op in loop.per_param].count(True) == 2 and len(loop.per_param) == 9
+    bw = dev.hbm_bw * dev.mem_eff
+    got = {}
+    for rid in ("meg19-1.2b-1gpu", "meg19-1.2b-tp8"):
+        row = rows[rid]
+        cfg = V.train_config(V.run_keys(row))
+        sizes = [x for b in engine_buckets(cfg) for x in b.param_sizes]
+        assert len(sizes) == 12 * row.layers + 4  # every block's 12 tensors, the embeddings and the final norm
+        r = simulate(cfg, prof)
+        tasks = {t.name: t for t in r["timeline"].tasks}
+        reads = tasks["host reads in the optimizer step"]
+        flags = 2 * prof.collective("all_reduce", row.tp, row.gpus, 4, dim="tp", tp=row.tp)
+        assert reads.category == "host_sync" and reads.seconds == pytest.approx(
+            (1 + 2 + 2 * len(sizes)) * 2 * dev.kernel_floor_s + flags
+        )
+        kernels = sum(max(k * op.bytes_per_element / bw, dev.kernel_floor_s) for k in sizes for op in loop.per_param)
+        flat = sum(max(sum(sizes) * b / bw, dev.kernel_floor_s) for b in (2, 4, 28))
+        step = tasks["optimizer step, tensor by tensor"]
+        assert step.category == "optimizer" and step.seconds == pytest.approx(kernels + flat)
+        assert "optimizer step" not in tasks and r["breakdown_s"]["host_sync"] > 0
+        got[rid] = (len(sizes), reads.seconds - flags, step.seconds, sum(sizes))
+    (n1, reads1, step1, elems1), (n8, reads8, step8, elems8) = got.values()
+    assert n1 == n8 and reads1 == pytest.approx(reads8)
+    assert elems8 < elems1 / 7 and step8 < step1 / 4
+    assert step8 > len(loop.per_param) * n8 * dev.kernel_floor_s  # the floors stay: 9 x 484 kernels at TP 8
+
+    row = rows["meg19-1.2b-tp8"]
+    zero = V.train_config(dict(V.run_keys(row), stage=1))
+    names = {t.name for t in simulate(zero, prof)["timeline"].tasks}
+    assert "optimizer step" in names and "host reads in the optimizer step" not in names
+    for other in ("megatron-2021", "zerobench"):
+        assert STACKS[other].step_loop is None
+        plain = StatedProfile(dev, STACKS[other])
+        tasks = simulate(V.train_config(V.run_keys(row)), plain)["timeline"].tasks
+        assert not [t for t in tasks if t.category == "host_sync"]
+
+
+def test_flash_attn_unpadding_reads_six_values_a_layer_on_the_host():
+    """llm-foundry's FlashAttention-2 path unpads q, k and v with flash-attn's unpad_input, whose nonzero and .item()
+    make the host wait for the device twice each: six reads per block forward, the device idle for each round
+    trip (two kernel floors), and none in the backward, whose recompute (with checkpointing) reads them again."""
+    from zerobench.sim.software import STACKS
+
+    flash = STACKS["llm-foundry-flash2"]
+    assert flash.host_reads == 6
+    assert {STACKS[k].host_reads for k in STACKS if k != "llm-foundry-flash2"} == {0}
+    dev = DEVICES["h100-dgx"]
+    with_reads, without = StatedProfile(dev, flash), StatedProfile(dev, dataclasses.replace(flash, host_reads=0))
+    shape = dict(SHAPE, h=4096, heads=32, dtype="bf16")
+    for name, ckpt, reads in (("block_fwd", False, 6), ("block_bwd", False, 0), ("block_bwd", True, 6)):
+        got = with_reads.op_time(name, **dict(shape, checkpoint=ckpt)) - without.op_time(
+            name, **dict(shape, checkpoint=ckpt)
+        )
+        assert got == pytest.approx(reads * 2 * dev.kernel_floor_s, abs=1e-12), (name, ckpt)

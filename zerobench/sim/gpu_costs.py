@@ -31,6 +31,12 @@ multiplied by the device's fitted ``compute_scale``:
   T x h); its backward writes the gradient of the (V/tp x h) table once.
 - A training loop that evaluates metrics on every micro-batch's logits (``Stack.metric_bytes``: Composer's
   train metrics) pays them as a piece of their own, ``LOOP_METRICS``, after the backward.
+- A program whose own optimizer step, in a run without ZeRO, walks the parameter tensors one at a time
+  (``Stack.step_loop``: Megatron-LM 2019's fp16 optimizer) pays every tensor's kernels, each at least a kernel
+  floor, and its host reads (``step_loop``). For each value the host reads back the device idles for two
+  kernel floors: the copy to the host, then the host's next launch. Every TP rank holds a piece of every
+  tensor, so those floors and reads do not shrink with TP. A block whose forward reads values back
+  (``Stack.host_reads``) pays the same for each.
 
 A data-parallel collective runs on ``nccl_channels`` thread blocks, one SM each, beside the compute it
 overlaps: the compute is charged that share of the SMs for the collective's duration (``interference``, the
@@ -140,6 +146,7 @@ class StatedProfile(Profile):
             t += self._stream(T * hp * st.qkv_split_bwd * elem, int(st.qkv_split_bwd > 0))
         else:  # bias additions of their own; their backward is the identity
             t += self._stream(T * (h * st.bias_adds[0] + hp * st.bias_adds[1]) * elem, st.bias_adds[2])
+            t += st.host_reads * self._host_read()
         return t
 
     def op_time(
@@ -202,6 +209,22 @@ class StatedProfile(Profile):
 
     def transfer(self, ranks: int, nbytes: float) -> float:
         return nbytes / self.dev.host_bw + self.dev.kernel_floor_s if nbytes > 0 else 0.0
+
+    def _host_read(self) -> float:
+        """The device's idle time for one value the host reads back: the copy to the host, then the host's next
+        launch after it (a kernel floor each; the host's own work between them is not charged)."""
+        return 2 * self.dev.kernel_floor_s
+
+    def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float] | None:
+        loop = self.stack.step_loop
+        if loop is None:
+            return None
+        n = sum(param_sizes)
+        device = sum(self._stream(n * b) for _, b in (*loop.passes, ("update", loop.adam_bytes_per_element)))
+        device += sum(self._stream(k * op.bytes_per_element) for k in param_sizes for op in loop.per_param)
+        reads = loop.round_trips + loop.tp_reads + len(param_sizes) * sum(op.read_back for op in loop.per_param)
+        flags = loop.tp_reads * self.collective("all_reduce", tp, ranks, 4, dim="tp", tp=tp)
+        return device * self.dev.compute_scale, reads * self._host_read() + flags
 
     # -- communication -------------------------------------------------------------------------
     def placement(self, group: int, dim: str, tp: int) -> tuple[int, int]:

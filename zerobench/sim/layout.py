@@ -38,6 +38,8 @@ class Bucket:
     tied: bool = False
     """Holds a parameter two modules own (the word embedding, tied to the LM head): held back, its second gradient
     waits for the collectives in flight (``zero/grads/staging.py``)."""
+    param_sizes: tuple[int, ...] = ()
+    """Elements of each of its parameters on this rank (their TP pieces), in the bucket's order."""
 
 
 def _landing(name: str, layers: int) -> int:
@@ -97,6 +99,7 @@ def engine_buckets(cfg: TrainConfig) -> tuple[Bucket, ...]:
                     lands,
                     held[b.index],
                     b.index in tied,
+                    tuple(s.end - s.start for s in slots),
                 )
             )
         return tuple(out)

@@ -195,6 +195,13 @@ class Profile:
         """Seconds to move ``nbytes`` between device and host memory (on a CPU host: a copy)."""
         return self.cost("copy", ranks, nbytes)
 
+    def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float] | None:
+        """A stated program's own optimizer step for a run without ZeRO, where it walks the parameter tensors one at
+        a time (``software.StepLoop``; ``param_sizes``: this rank's elements of each): (seconds of its kernels on the
+        device, seconds the device idles while the host reads values back). None where the step is one pass over
+        flat buffers, as zerobench's engine takes it (every measured profile)."""
+        return None
+
     def sync_penalty(self, group: int, ranks: int, compute_s: float) -> float:
         """Extra seconds of a blocking collective over ``group`` ranks after ``compute_s`` of compute since
         the last synchronisation (0 where the profile has no such measurement: stated profiles)."""

@@ -3,9 +3,9 @@
 Drives ``StepReplay`` through the micro-batches' forward and backward and the optimizer step in the
 engine's order (see ``zerobench.sim.schedule``), and reports the predicted step time, its critical path
 by category (compute, exposed DP communication, MP communication, rank skew at synchronisations, the
-engine's host work, copies, optimizer, offload, NCCL's share of the SMs, a stated program's loop metrics) and the
-throughput it implies, in both FLOP conventions (model FLOPs, and hardware FLOPs with the recompute), with
-the replayed ``Timeline`` itself.
+engine's host work, copies, optimizer, offload, NCCL's share of the SMs, a stated program's loop metrics and
+the host reads of its own optimizer step, ``host_sync``) and the throughput it implies, in both FLOP
+conventions (model FLOPs, and hardware FLOPs with the recompute), with the replayed ``Timeline`` itself.
 """
 
 from __future__ import annotations
@@ -74,7 +74,13 @@ def _step(r: StepReplay) -> None:
     offload = r.cfg.zero.offload_optimizer != "none"
     if offload:  # the gradient partition goes to the host, the updated parameters come back
         r.dev("grads to host", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
-    r.dev("optimizer step", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
+    sizes = tuple(x for b in r.buckets for x in b.param_sizes)
+    loop = r.prof.step_loop(sizes, r.tp, r.ranks) if r.stage == 0 else None
+    if loop is None:
+        r.dev("optimizer step", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
+    else:  # the program's own step, tensor by tensor (with ZeRO, the engine's optimizer steps instead)
+        r.dev("optimizer step, tensor by tensor", loop[0], "optimizer")
+        r.dev("host reads in the optimizer step", loop[1], "host_sync")
     if offload:
         r.dev("params to device", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
     if r.stage in (1, 2) and r.dp > 1:

@@ -22,6 +22,11 @@ The loss is counted in bytes per logit element, forward and backward apart.
 ZeRO-3 machinery. The per-parameter collectives and device synchronisations of DeepSpeed's ZeRO-3 in
 2021 are its own cost, and not zerobench's engine. A stack that has them says so here
 (``ZeroMachinery``). The replay charges them (``schedule``).
+
+The optimizer step. Without ZeRO, a program steps with its own optimizer. The other programs here are charged
+one pass over all of a rank's elements (the device's ``adam_bytes_per_element``). Megatron-LM 2019's walks the
+parameter tensors in Python (``StepLoop``): kernels for every tensor and two values of each read back on the host,
+whose floors and round trips cost the same at every TP degree.
 """
 
 from __future__ import annotations
@@ -94,6 +99,39 @@ class ZeroMachinery:
 
 
 @dataclass(frozen=True)
+class ParamOp:
+    """One kernel a program's optimizer step launches for every parameter tensor, one tensor at a time."""
+
+    name: str
+    bytes_per_element: float
+    """Bytes it moves per element of the tensor (reads and writes)."""
+    read_back: bool = False
+    """The host reads its result (``float(t)``, ``.item()``) before it goes on: the device idles for the round trip."""
+
+
+@dataclass(frozen=True)
+class StepLoop:
+    """A program's own mixed-precision optimizer step, where it walks the parameter tensors one at a time in Python
+    instead of over flat buffers (runs without ZeRO: with ZeRO the engine's optimizer steps). Its per-tensor kernels
+    and round trips do not shrink with tensor parallelism: every TP rank holds a piece of every tensor, so a TP rank
+    pays them all whatever the TP degree. The fused Adam update itself stays the device's (``adam_bytes_per_element``)."""
+
+    passes: tuple[tuple[str, float], ...]
+    """Kernels over all of this rank's gradients at once: (name, bytes per element)."""
+    round_trips: int
+    """Host reads of a value the device computed once per step, outside the per-tensor loop (a
+    ``torch.cuda.synchronize()``)."""
+    per_param: tuple[ParamOp, ...]
+    """The kernels launched for every parameter tensor, in order."""
+    tp_reads: int
+    """One-element all-reduces over the TP group whose result the host reads (an overflow flag, a norm)."""
+    adam_bytes_per_element: float
+    """Bytes the update itself moves per element, where the loop's own copies convert the gradient and the
+    parameter (in place of the device's ``adam_bytes_per_element``)."""
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Stack:
     name: str
     attention: Attention
@@ -125,7 +163,13 @@ class Stack:
     logits' dtype the program runs in and over this rank's V/tp columns. Zero where the loop computes none."""
     metric_kernels: int = 0
     """Kernels those metrics launch per micro-batch (each costs at least a launch)."""
+    host_reads: int = 0
+    """Values a block's forward reads back on the host (``.item()``, ``nonzero``): the device idles for each round
+    trip, as for a ``StepLoop``'s reads."""
     zero: ZeroMachinery = ZeroMachinery()
+    step_loop: StepLoop | None = None
+    """The program's own optimizer step for runs without ZeRO, where it loops over the parameters (None: one pass
+    over flat buffers, as the device's ``adam_bytes_per_element`` charges)."""
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -243,6 +287,48 @@ _FOUNDRY = Stack(
 )
 """MPT as llm-foundry runs it with ``attn_impl: triton``."""
 
+_MEGATRON_2019_CODE = "NVIDIA/Megatron-LM 93ab4bea59 (2019-09-12, the code of arXiv 1909.08053)"
+MEGATRON_2019_STEP = StepLoop(
+    passes=(
+        ("autograd adds each gradient into its zeroed .grad: a read more than the replay's copy", 2.0),
+        ("divide by the data-parallel size", 4.0),
+    ),
+    round_trips=1,
+    per_param=(
+        ParamOp("zero the fp32 master gradient", 4.0),
+        ParamOp("zero the fp16 gradient", 2.0),
+        ParamOp("copy the reduced gradient back", 4.0),
+        ParamOp("cast the gradient to fp32 for the overflow check", 6.0),
+        ParamOp("sum it, read on the host", 4.0, read_back=True),
+        ParamOp("copy the gradient to the fp32 master's", 6.0),
+        ParamOp("unscale the master gradient", 8.0),
+        ParamOp("its norm, read on the host", 4.0, read_back=True),
+        ParamOp("copy the updated master to the fp16 parameter", 6.0),
+    ),
+    tp_reads=2,
+    adam_bytes_per_element=28.0,
+    source=(
+        f"{_MEGATRON_2019_CODE}, pretrain_gpt2.py backward_step and train_step with --fp16 (dynamic loss scaling, "
+        "clip_grad 1.0 by default). backward_step first calls FP16_Optimizer.zero_grad(), which zeroes every fp32 "
+        "master gradient and every fp16 gradient tensor by tensor (zero_(), 4 and 2), so autograd adds each new "
+        "gradient into a zeroed .grad (read 2 + 2, write 2: a read more than a copy). Then model/distributed.py allreduce_params flattens every gradient "
+        "(_flatten_dense_tensors: the replay's copy into the bucket), divides it in place (2 + 2), all-reduces it over the data-parallel "
+        "group, calls torch.cuda.synchronize() and copies each tensor's piece back (2 + 2, a kernel per tensor). "
+        "fp16/fp16.py FP16_Optimizer.update_master_grads then runs, per tensor: the overflow check of "
+        "fp16/loss_scaler.py (_has_inf_or_nan: float(x.float().sum()), a cast 2 + 4, a sum 4 and a host read), "
+        "then an all-reduce of the flag over the model-parallel group and .item(); fp16util.model_grads_to_master_grads "
+        "with flat_master False (a copy per tensor, 2 + 4); _downscale_master (mul_ per tensor, 4 + 4). "
+        "clip_master_grads is mpu/grads.py clip_grad_norm: param.grad.data.norm(2) and .item() per tensor (TP rank 0 "
+        "norms every tensor, the others their model-parallel ones, and the model-parallel all-reduce of the sum, "
+        "read with .item(), waits for rank 0), so a rank pays one read per tensor; the clip's own mul_ runs only "
+        "when the norm exceeds 1 and is not charged. The update is apex FusedAdam (apex ad98cc5f, 2019-09-11: "
+        "multi_tensor_applier over the fp32 masters: parameter, gradient, two moments read, three written, 28 bytes), "
+        "then master_params_to_model_params copies each master into its fp16 parameter (4 + 2). A host read is a "
+        "device-to-host copy and the host's next launch after it, each a kernel floor [assumed]"
+    ),
+)
+"""Megatron-LM 2019's fp16 optimizer step and its own data-parallel reduction, tensor by tensor."""
+
 STACKS: dict[str, Stack] = {
     "zerobench": Stack(
         "zerobench",
@@ -278,6 +364,7 @@ STACKS: dict[str, Stack] = {
                 "and the split's join, is in its doubling); GeLU, a scripted fused kernel (2)"
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
+            "step": MEGATRON_2019_STEP.source,
             "bias": (
                 "Megatron-LM 2019 mpu/layers.py on PyTorch 1.x: ColumnParallelLinear calls F.linear, which for a 3-D "
                 "input runs a matmul and then adds the bias in place: the QKV projection's is 2 passes over "
@@ -286,6 +373,7 @@ STACKS: dict[str, Stack] = {
             ),
         },
         bias_adds=(4, 14, 4),
+        step_loop=MEGATRON_2019_STEP,
     ),
     "megatron-2021": Stack(
         "megatron-2021",
@@ -321,6 +409,7 @@ STACKS: dict[str, Stack] = {
         name="llm-foundry-flash2",
         attention=SDPA_FLASH2,
         attention_io=(9, 11, 20, 7),
+        host_reads=6,
         sources={
             **_FOUNDRY.sources,
             "attention": f"attn_impl flash (flash-attn 2.4.2). {SDPA_FLASH2.source}",
@@ -331,7 +420,7 @@ STACKS: dict[str, Stack] = {
                 "each gather's gradient is zeros and a scatter (3 each) and the pad's a gather (2), 11. Kernels: "
                 "each unpad_input also sums, finds nonzeros, takes a max, a cumsum and a pad of the mask (20 "
                 "forward in all, 7 backward). Its nonzero and .item() make the host wait for the device 6 times a "
-                "layer: not charged (host time is not modelled on stated devices)"
+                "layer (host_reads); the host's own time between them is not charged"
             ),
         },
     ),

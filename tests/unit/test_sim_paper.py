@@ -56,10 +56,12 @@ def test_what_the_predictions_say(predicted):
     assert predicted["chosen"] == "hardware"
     hw = predicted["conventions"]["hardware"]
     anchor = hw["anchors"][1]
-    assert not anchor["fitted"] and abs(anchor["error"]) < 0.05  # Megatron-LM at 512 GPUs, predicted
+    # Megatron-LM at 512 GPUs, predicted (-5.3%; -4.3% before its fp16 step was charged tensor by tensor)
+    assert not anchor["fitted"] and -0.06 < anchor["error"] < -0.045
     by = {c["what"]: c for c in hw["claims"]}
     z100 = by["ZeRO 100B on 400 V100"]
-    assert z100["bound_holds"] and abs(z100["error"]) < 0.10
+    # +11.9%: the V100 fit no longer absorbs Megatron-LM's step, which ZeRO's runs do not pay
+    assert z100["bound_holds"] and 0.10 < z100["error"] < 0.13
     assert z100["step_time_s"] == pytest.approx(sum(z100["breakdown_s"].values()))
     fig3 = hw["figures"]["fig3"]
     assert [f["gpus"] for f in fig3] == [64, 128, 256, 400]
@@ -98,8 +100,8 @@ def test_a_stated_profile_predicts_a_paper_suite():
     strict=True,
     reason=(
         "issue 59's bar on the paper's claims is not met, and no cost the model names explains the misses: the 8B-100B "
-        "average +19.2% (a point claim beyond 15%), Megatron-LM at MP 32 across two DGX-2 +200% ('about 5'), and "
-        "Fig 4's DDP baseline at 26 TFLOP/s does not hold 'less than 20'"
+        "average +25.2% (a point claim beyond 15%), Megatron-LM at MP 32 across two DGX-2 +192% ('about 5'), and "
+        "Fig 4's DDP baseline at 20.6 TFLOP/s does not hold 'less than 20'"
     ),
 )
 def test_every_bound_holds_and_every_point_claim_is_within_15_percent(predicted):

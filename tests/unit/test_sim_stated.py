@@ -70,18 +70,32 @@ def test_collective_latency_grows_with_the_ring():
     assert big[1] / big[0] < 1.2  # a large one is bandwidth: the ring's bus bytes barely grow
 
 
-def test_list_copies_charge_a_kernel_per_rank():
-    """DeepSpeed 2021's list collectives copy each of ``world`` tensors: a kernel per rank on top of NCCL's time."""
+def test_deepspeed_2021s_list_collectives_copy_every_tensor_and_zero_and_divide_it():
+    """DeepSpeed 2021's list collectives make torch's ProcessGroupNCCL copy each of ``world`` tensors out of (all-gather)
+    or into (reduce-scatter) a flat buffer: a kernel per rank, together moving the whole tensor once (read and write).
+    Each gather's output is zeroed first (torch.zeros of the gathered size), and each gradient is divided by the
+    data-parallel size in place before its reduce-scatter. All on top of NCCL's time; TP collectives are untouched."""
     import dataclasses as dc
 
     from zerobench.sim.software import DEEPSPEED_2021, STACKS
 
-    dev = DEVICES["a100-dgx"]
+    assert DEEPSPEED_2021.list_copies and DEEPSPEED_2021.zeroed_gathers and DEEPSPEED_2021.predivided_grads
+    dev = dc.replace(DEVICES["a100-dgx"], compute_scale=1.04)
     plain = StatedProfile(dev, "megatron-2021")
     ds = StatedProfile(dev, dc.replace(STACKS["megatron-2021"], zero=DEEPSPEED_2021))
-    extra = ds.collective("all_gather", 1536, 1536, 1e8) - plain.collective("all_gather", 1536, 1536, 1e8)
-    assert extra == pytest.approx(1536 * dev.kernel_floor_s)
+    bw, floor = dev.hbm_bw * dev.mem_eff, dev.kernel_floor_s
+
+    def extra(op, n, nbytes):
+        return ds.collective(op, n, n, nbytes) - plain.collective(op, n, n, nbytes)
+
+    # a small tensor: the copies are a floor per rank; the memset is one floor
+    assert extra("all_gather", 1536, 1e6) == pytest.approx((1536 * floor + floor) * 1.04)
+    # a large one: the copies and the memset are bytes (2 and 1 passes), the division 2 passes
+    big = 3.6e9  # one of GPT-3 175B's MLP weights in fp16
+    assert extra("all_gather", 768, big) == pytest.approx(3 * big / bw * 1.04)
+    assert extra("reduce_scatter", 768, big) == pytest.approx(4 * big / bw * 1.04)
     assert ds.collective("all_reduce", 8, 8, 1e8, "tp", 8) == plain.collective("all_reduce", 8, 8, 1e8, "tp", 8)
+    assert ds.collective("all_gather", 8, 8, 1e8, "tp", 8) == plain.collective("all_gather", 8, 8, 1e8, "tp", 8)
 
 
 def test_a_large_block_runs_near_its_gemm_ceiling_and_backward_costs_twice():

@@ -88,7 +88,11 @@ class ZeroMachinery:
     """One all-gather and one reduce-scatter per parameter tensor, never coalesced."""
     list_copies: bool = False
     """The collective is given a list of ``world`` tensors: torch's ProcessGroupNCCL copies each of them into (or
-    out of) a flat buffer, so one collective launches ``world`` copy kernels."""
+    out of) a flat buffer, so one collective launches ``world`` copy kernels that read and write the whole tensor."""
+    zeroed_gathers: bool = False
+    """Each gather's output is allocated with ``torch.zeros``: a memset of the gathered size first."""
+    predivided_grads: bool = False
+    """Each gradient is divided by the data-parallel size in place before its reduce-scatter (read and write)."""
     sync_per_module: bool = False
     """Before every gather the host waits for the device (``torch.cuda.synchronize``), so no gather is issued
     while compute runs and none is prefetched behind it: each gather and each module's compute run back to back."""
@@ -430,13 +434,18 @@ STACKS: dict[str, Stack] = {
 DEEPSPEED_2021 = ZeroMachinery(
     per_parameter=True,
     list_copies=True,
+    zeroed_gathers=True,
+    predivided_grads=True,
     sync_per_module=True,
     regather_for_recompute=True,
     source=(
         "DeepSpeed v0.3.15 (April 2021) deepspeed/runtime/zero/partition_parameters.py: _allgather_param issues one "
         "torch.distributed.all_gather per parameter into a list of world_size views, after torch.zeros of the "
         "gathered size and a torch.cuda.synchronize(); _reduce_scatter_gradient reduces each parameter with "
-        "torch.distributed.reduce_scatter over a list of world_size inputs. stage3.py fetch_sub_module ends in "
+        "torch.distributed.reduce_scatter over a list of world_size inputs, after stage3.py average_tensor divides "
+        "it in place by the data-parallel size (tensor.div_). With lists, torch 1.8's ProcessGroupNCCL copies every "
+        "input into a flat buffer before the reduce-scatter, and every piece of the all-gather's flat output out to "
+        "its list tensor after it (copy_ per tensor). stage3.py fetch_sub_module ends in "
         "_synchronize_communication (comm_stream.synchronize(); torch.cuda.synchronize()) before every submodule; its "
         "post-forward hook releases a submodule's parameters once no active submodule holds them, the recompute's "
         "forward included"

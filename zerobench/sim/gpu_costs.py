@@ -36,7 +36,8 @@ multiplied by the device's fitted ``compute_scale``:
   floor, and its host reads (``step_loop``). For each value the host reads back the device idles for two
   kernel floors: the copy to the host, then the host's next launch. Every TP rank holds a piece of every
   tensor, so those floors and reads do not shrink with TP. A block whose forward reads values back
-  (``Stack.host_reads``) pays the same for each.
+  (``Stack.host_reads``) pays the same for each, after the block (``host_reads``). Host reads are not scaled by
+  ``compute_scale``, and the critical path names them ``host_sync``.
 
 A data-parallel collective runs on ``nccl_channels`` thread blocks, one SM each, beside the compute it
 overlaps: the compute is charged that share of the SMs for the collective's duration (``interference``, the
@@ -146,7 +147,6 @@ class StatedProfile(Profile):
             t += self._stream(T * hp * st.qkv_split_bwd * elem, int(st.qkv_split_bwd > 0))
         else:  # bias additions of their own; their backward is the identity
             t += self._stream(T * (h * st.bias_adds[0] + hp * st.bias_adds[1]) * elem, st.bias_adds[2])
-            t += st.host_reads * self._host_read()
         return t
 
     def op_time(
@@ -215,7 +215,13 @@ class StatedProfile(Profile):
         launch after it (a kernel floor each; the host's own work between them is not charged)."""
         return 2 * self.dev.kernel_floor_s
 
-    def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float] | None:
+    def host_reads(self, name: str, **shape) -> float:
+        n = self.stack.host_reads
+        if n and (name == "block_fwd" or (name == "block_bwd" and shape["checkpoint"])):  # the recompute reads again
+            return n * self._host_read()
+        return 0.0
+
+    def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float, float] | None:
         loop = self.stack.step_loop
         if loop is None:
             return None
@@ -224,7 +230,7 @@ class StatedProfile(Profile):
         device += sum(self._stream(k * op.bytes_per_element) for k in param_sizes for op in loop.per_param)
         reads = loop.round_trips + loop.tp_reads + len(param_sizes) * sum(op.read_back for op in loop.per_param)
         flags = loop.tp_reads * self.collective("all_reduce", tp, ranks, 4, dim="tp", tp=tp)
-        return device * self.dev.compute_scale, reads * self._host_read() + flags
+        return device * self.dev.compute_scale, reads * self._host_read(), flags
 
     # -- communication -------------------------------------------------------------------------
     def placement(self, group: int, dim: str, tp: int) -> tuple[int, int]:

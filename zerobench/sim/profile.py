@@ -195,11 +195,18 @@ class Profile:
         """Seconds to move ``nbytes`` between device and host memory (on a CPU host: a copy)."""
         return self.cost("copy", ranks, nbytes)
 
-    def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float] | None:
+    def host_reads(self, name: str, **shape) -> float:
+        """Seconds the device idles during compute piece ``name`` at ``shape`` while the host reads values back (a
+        stated program whose forward calls ``.item()``); 0 where the piece's own timing holds them (every measured
+        profile)."""
+        return 0.0
+
+    def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float, float] | None:
         """A stated program's own optimizer step for a run without ZeRO, where it walks the parameter tensors one at
-        a time (``software.StepLoop``; ``param_sizes``: this rank's elements of each): (seconds of its kernels on the
-        device, seconds the device idles while the host reads values back). None where the step is one pass over
-        flat buffers, as zerobench's engine takes it (every measured profile)."""
+        a time (``software.StepLoop``; ``param_sizes``: this rank's elements of each): seconds of its kernels on the
+        device, seconds the device idles while the host reads values back or waits for it to drain, and seconds of
+        its one-element all-reduces over the TP group. None where the step is one pass over flat buffers, as
+        zerobench's engine takes it (every measured profile)."""
         return None
 
     def sync_penalty(self, group: int, ranks: int, compute_s: float) -> float:

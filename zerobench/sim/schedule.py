@@ -110,6 +110,9 @@ class StepReplay:
             launch = self.piece(name + LAUNCH) if self.prof.has_op(name + LAUNCH, **self.shape) else 0.0
             self.tl.add(f"issue {name}", "host", launch, "host")
         self.dev(name, t, "compute")
+        reads = self.prof.host_reads(name, **self.shape)
+        if reads:  # the program's forward reads values back on the host: the device idles for each round trip
+            self.dev(f"host reads in {name}", reads, "host_sync")
         if extra_tp_allreduces and self.prof.has_op(name + IN_SITU, **self.shape):
             # measured with its TP collectives on the real groups: the difference is what they cost here
             self.dev("tp collectives, in situ", max(self.piece(name + IN_SITU) - t, 0.0), "mp_comm")

@@ -79,8 +79,11 @@ def _step(r: StepReplay) -> None:
     if loop is None:
         r.dev("optimizer step", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
     else:  # the program's own step, tensor by tensor (with ZeRO, the engine's optimizer steps instead)
-        r.dev("optimizer step, tensor by tensor", loop[0], "optimizer")
-        r.dev("host reads in the optimizer step", loop[1], "host_sync")
+        kernels, reads, flags = loop
+        r.dev("optimizer step, tensor by tensor", kernels, "optimizer")
+        r.dev("host reads in the optimizer step", reads, "host_sync")
+        if flags:
+            r.dev("the optimizer step's TP all-reduces", flags, "mp_comm")
     if offload:
         r.dev("params to device", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
     if r.stage in (1, 2) and r.dp > 1:

@@ -118,13 +118,14 @@ class StepLoop:
     """A program's own mixed-precision optimizer step, where it walks the parameter tensors one at a time in Python
     instead of over flat buffers (runs without ZeRO: with ZeRO the engine's optimizer steps). Its per-tensor kernels
     and round trips do not shrink with tensor parallelism: every TP rank holds a piece of every tensor, so a TP rank
-    pays them all whatever the TP degree. The fused Adam update itself stays the device's (``adam_bytes_per_element``)."""
+    pays them all whatever the TP degree. The update itself is one fused pass (``adam_bytes_per_element``, in place of
+    the device's)."""
 
     passes: tuple[tuple[str, float], ...]
     """Kernels over all of this rank's gradients at once: (name, bytes per element)."""
     round_trips: int
-    """Host reads of a value the device computed once per step, outside the per-tensor loop (a
-    ``torch.cuda.synchronize()``)."""
+    """Times per step, outside the per-tensor loop, that the host waits for the device to drain
+    (``torch.cuda.synchronize()``): the device idles for the round trip, as for a read."""
     per_param: tuple[ParamOp, ...]
     """The kernels launched for every parameter tensor, in order."""
     tp_reads: int
@@ -293,14 +294,12 @@ _FOUNDRY = Stack(
 
 _MEGATRON_2019_CODE = "NVIDIA/Megatron-LM 93ab4bea59 (2019-09-12, the code of arXiv 1909.08053)"
 MEGATRON_2019_STEP = StepLoop(
-    passes=(
-        ("autograd adds each gradient into its zeroed .grad: a read more than the replay's copy", 2.0),
-        ("divide by the data-parallel size", 4.0),
-    ),
+    passes=(("divide by the data-parallel size", 4.0),),
     round_trips=1,
     per_param=(
         ParamOp("zero the fp32 master gradient", 4.0),
         ParamOp("zero the fp16 gradient", 2.0),
+        ParamOp("autograd adds the new gradient into the zeroed .grad", 6.0),
         ParamOp("copy the reduced gradient back", 4.0),
         ParamOp("cast the gradient to fp32 for the overflow check", 6.0),
         ParamOp("sum it, read on the host", 4.0, read_back=True),
@@ -313,11 +312,12 @@ MEGATRON_2019_STEP = StepLoop(
     adam_bytes_per_element=28.0,
     source=(
         f"{_MEGATRON_2019_CODE}, pretrain_gpt2.py backward_step and train_step with --fp16 (dynamic loss scaling, "
-        "clip_grad 1.0 by default). backward_step first calls FP16_Optimizer.zero_grad(), which zeroes every fp32 "
-        "master gradient and every fp16 gradient tensor by tensor (zero_(), 4 and 2), so autograd adds each new "
-        "gradient into a zeroed .grad (read 2 + 2, write 2: a read more than a copy). Then model/distributed.py allreduce_params flattens every gradient "
-        "(_flatten_dense_tensors: the replay's copy into the bucket), divides it in place (2 + 2), all-reduces it over the data-parallel "
-        "group, calls torch.cuda.synchronize() and copies each tensor's piece back (2 + 2, a kernel per tensor). "
+        "clip_grad 1.0 by default; arguments.py). backward_step first calls FP16_Optimizer.zero_grad(), which "
+        "zeroes every fp32 master gradient and every fp16 gradient tensor by tensor (zero_(), 4 and 2), so autograd "
+        "adds each new gradient into its zeroed .grad in place (read 2 + 2, write 2, a kernel per tensor). Then "
+        "model/distributed.py allreduce_params flattens every gradient (_flatten_dense_tensors: the replay's copy "
+        "into the bucket), divides it in place (2 + 2), all-reduces it over the data-parallel group, calls "
+        "torch.cuda.synchronize() and copies each tensor's piece back (2 + 2, a kernel per tensor). "
         "fp16/fp16.py FP16_Optimizer.update_master_grads then runs, per tensor: the overflow check of "
         "fp16/loss_scaler.py (_has_inf_or_nan: float(x.float().sum()), a cast 2 + 4, a sum 4 and a host read), "
         "then an all-reduce of the flag over the model-parallel group and .item(); fp16util.model_grads_to_master_grads "
@@ -325,10 +325,14 @@ MEGATRON_2019_STEP = StepLoop(
         "clip_master_grads is mpu/grads.py clip_grad_norm: param.grad.data.norm(2) and .item() per tensor (TP rank 0 "
         "norms every tensor, the others their model-parallel ones, and the model-parallel all-reduce of the sum, "
         "read with .item(), waits for rank 0), so a rank pays one read per tensor; the clip's own mul_ runs only "
-        "when the norm exceeds 1 and is not charged. The update is apex FusedAdam (apex ad98cc5f, 2019-09-11: "
-        "multi_tensor_applier over the fp32 masters: parameter, gradient, two moments read, three written, 28 bytes), "
-        "then master_params_to_model_params copies each master into its fp16 parameter (4 + 2). A host read is a "
-        "device-to-host copy and the host's next launch after it, each a kernel floor [assumed]"
+        "when the norm exceeds 1, and is not charged [assumed: the norm stays at or below 1]. The update is apex "
+        "FusedAdam as of apex ad98cc5f (2019-09-11): multi_tensor_applier over the fp32 masters, parameter, gradient "
+        "and two moments read, three written, 28 bytes [assumed: the runs' apex had the multi-tensor FusedAdam, "
+        "which arrived in August 2019; before it, a kernel per tensor]; then master_params_to_model_params copies "
+        "each master into its fp16 parameter (4 + 2). A host read is a device-to-host copy and the host's next "
+        "launch after it, each a kernel floor [assumed]. Not charged: the flag's and the norm's host-to-device "
+        "copies (torch.cuda.ByteTensor, FloatTensor) and the loss's all-reduce over the world, a few latencies "
+        "per step"
     ),
 )
 """Megatron-LM 2019's fp16 optimizer step and its own data-parallel reduction, tensor by tensor."""

@@ -171,6 +171,23 @@ def test_flash_attention_never_touches_the_scores():
     assert bwd / fwd == pytest.approx(2.5 * att.fwd_eff["a100"] / att.bwd_eff["a100"])
 
 
+def test_zerobenchs_sdpa_runs_cudnns_attention_on_h100_and_flashattention_2_on_a100():
+    """zerobench's GPT calls SDPA, which torch 2.11 dispatches to cuDNN's attention on sm90 and FlashAttention-2 on
+    sm80. cuDNN is charged its published forward (484 TFLOP/s, causal) and backward (465) at head dim 128 and seq 2k,
+    3.5 units of work split 1 : 2.5 between them; llm-foundry's flash rows, which ran flash-attn 2.4.2, keep
+    FlashAttention-2's figures."""
+    from zerobench.sim.software import SDPA_2026, SDPA_FLASH2, STACKS
+
+    assert STACKS["zerobench"].attention is SDPA_2026 and STACKS["llm-foundry-flash2"].attention is SDPA_FLASH2
+    f, b = SDPA_2026.rates("h100", 128, 989e12)
+    assert (f, b) == (pytest.approx(484e12), pytest.approx(465e12))
+    assert 3.5 / (1 / f + 2.5 / b) == pytest.approx(SDPA_2026.fwd_bwd["h100"][128] * 1e12)
+    assert SDPA_2026.rates("h100", 64, 989e12) == SDPA_2026.rates("h100", 128, 989e12)  # the one figure
+    assert SDPA_2026.fwd_bwd["h100"][128] > 1.7 * SDPA_FLASH2.fwd_bwd["h100"][128]
+    for cls, dh in (("a100", 64), ("a100", 128), ("v100", 64)):
+        assert SDPA_2026.rates(cls, dh, 312e12) == SDPA_FLASH2.rates(cls, dh, 312e12)
+
+
 def test_flash_rates_by_head_dimension():
     """Between the published head dimensions the forward+backward rate is interpolated, outside them the nearest
     is taken; a class with no published figure runs at its stated fractions of peak."""

@@ -207,6 +207,31 @@ SDPA_FLASH2 = Attention(
     ),
 )
 """FlashAttention-2 (CUDA): PyTorch's SDPA flash backend, and flash-attn 2.x."""
+
+_FA3_FIG = (
+    "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), its BF16 benchmarks on H100 80GB SXM5 at head dim 128 "
+    "and sequence 2k, read from the bars' labels: forward with the causal mask, cuDNN 484 TFLOP/s (FlashAttention-2 "
+    "298); backward, cuDNN 465 (FlashAttention-2 291)"
+)
+_CUDNN_FWD, _CUDNN_BWD = 484.0, 465.0
+SDPA_2026 = replace(
+    SDPA_FLASH2,
+    fwd_eff={**SDPA_FLASH2.fwd_eff, "h100": _CUDNN_FWD / 989},
+    bwd_eff={**SDPA_FLASH2.bwd_eff, "h100": _CUDNN_BWD / 989},
+    # forward F at the forward's rate and backward 2.5 F at the backward's: 3.5 F in all
+    fwd_bwd={**SDPA_FLASH2.fwd_bwd, "h100": {128: 3.5 / (1 / _CUDNN_FWD + 2.5 / _CUDNN_BWD)}},
+    source=(
+        "PyTorch's SDPA as torch 2.11 dispatches it. On sm90 it puts cuDNN's attention first once the bundled cuDNN "
+        "is 9.15.1 or newer (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention), "
+        "which torch 2.11's is (huggingface/transformers#48163, the thread's last comment: the check is in 2.10, and "
+        "2.11's bundled cuDNN crosses the threshold). So on an H100 it runs cuDNN's kernel, charged at "
+        f"{_FA3_FIG}: 470 TFLOP/s forward+backward, for every head dimension [assumed: the one figure at 128; the "
+        "backward figure's mask is taken as causal]. On A100 (sm80) SDPA keeps FlashAttention-2: "
+        f"{SDPA_FLASH2.source}"
+    ),
+)
+"""PyTorch's SDPA as zerobench's recorded runs dispatch it (torch 2.11): cuDNN's attention on H100, FlashAttention-2
+on A100."""
 TRITON_FLASH = Attention(
     "flash",
     fwd_eff={k: v / 1.4 for k, v in SDPA_FLASH2.fwd_eff.items()},
@@ -340,13 +365,13 @@ MEGATRON_2019_STEP = StepLoop(
 STACKS: dict[str, Stack] = {
     "zerobench": Stack(
         "zerobench",
-        SDPA_FLASH2,
+        SDPA_2026,
         passes_h=10,
         passes_hp=2,
         passes_ffn=2,
         loss_bytes=(18, 18),
         sources={
-            "attention": SDPA_FLASH2.source,
+            "attention": SDPA_2026.source,
             "passes": (
                 "zerobench/models/gpt.py at dropout 0: two LayerNorms (read + write, 2 each), two "
                 "residual adds (3 each); the merged heads' transpose copy (2); GeLU (2; the bias adds "

@@ -181,22 +181,26 @@ def test_zero3_at_scale_comes_out_bound_by_its_collectives(predicted):
 
 
 @pytest.mark.slow  # every row of the table simulated (~75 s on 2 cores)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "held-out bars: the median is met (7.4%), the tail is not (9 of 48 rows beyond 25%, 7 allowed); every miss "
-        "over-predicts. llm-foundry's FSDP rows on H100 (three FlashAttention-2 rows at 512 GPUs +27% to +36%, 13b "
-        "+28%): suspected GEMMs' sustained clocks under the power limit, host/allocator overheads and FSDP's rate "
-        "limiter, which no sourced figure here gives. Megatron-LM 2019 at TP 8 (1.2B, strong scaling) +41%, with its "
-        "tensor-by-tensor fp16 step charged: not communication; the GEMM model meets DeepBench's nearest V100 shapes "
-        "within 9%, and TP 8's thinnest GEMMs lie beyond DeepBench's. DeepSpeed 2021's ZeRO-3: 175B at 768 GPUs +25%, "
-        "530B +36% to +48%"
-    ),
-)
 def test_held_out_bars(predicted):
+    """Issue 59's bars on the held-out rows, as the current code predicts them: median |error| at most 10%, and at
+    most 15% of the rows beyond 25%."""
     s = predicted["summary"]["all"]
     assert s["median_abs_error"] <= 0.10
     assert s["beyond_25"] <= 0.15 * s["rows"]
+
+
+def test_held_out_bars_on_the_recorded_prediction():
+    """The same bars on the committed rows (the recorded prediction, which the slow test above recomputes): every
+    held-out row counted once, in the reading its bar counts."""
+    import json
+    import statistics
+
+    recs = [json.loads(line) for line in (REF / "predicted" / "rows.jsonl").read_text().splitlines()]
+    held = [r for r in recs if r["metric"] == "sim_published_ratio" and r["split"] == "held_out" and r["counted"]]
+    assert len(held) == len({r["row_id"] for r in held}) >= 20
+    errs = [abs(r["value"] - 1) for r in held]
+    assert statistics.median(errs) <= 0.10
+    assert sum(e > 0.25 for e in errs) <= 0.15 * len(errs)
 
 
 def test_the_report_draws_the_table(rows):

@@ -17,6 +17,16 @@ for s in $sections; do
     env)
       nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
       "$PY" -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name())'
+      # the attention kernel SDPA gives zerobench's call (the simulator charges cuDNN's on sm90: software.SDPA_2026)
+      "$PY" - <<'PYEOF'
+import torch
+from torch.nn.attention import SDPBackend
+qkv = torch.randn(8, 1024, 3, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+pick = int(torch._fused_sdp_choice(q, k, v, is_causal=True))
+names = {int(b): n for n, b in SDPBackend.__members__.items()}
+print("cudnn", torch.backends.cudnn.version(), "sdpa backend for zerobench's attention:", names.get(pick, pick))
+PYEOF
       which g++ nvcc ;;
     kernels)  # the kernel tests with the Triton kernels compiled for the GPU (no interpreter)
       timeout 400 "$PY" -m pytest tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/kernels-tests.log" | tail -15 ;;

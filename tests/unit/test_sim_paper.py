@@ -56,14 +56,10 @@ def test_what_the_predictions_say(predicted):
     assert predicted["chosen"] == "hardware"
     hw = predicted["conventions"]["hardware"]
     anchor = hw["anchors"][1]
-    # Megatron-LM at 512 GPUs, predicted. The bar was 5% until Megatron-LM 2019's fp16 step was charged tensor by
-    # tensor, which moved it from -4.3% to about -5.3%.
-    assert not anchor["fitted"] and abs(anchor["error"]) < 0.06
+    assert not anchor["fitted"] and abs(anchor["error"]) < 0.06  # Megatron-LM at 512 GPUs, predicted
     by = {c["what"]: c for c in hw["claims"]}
     z100 = by["ZeRO 100B on 400 V100"]
-    # The bound holds, and the point is within issue 59's 15%. It was held to 10% until the same change: the V100
-    # fit, made on Megatron-LM's one-GPU run, no longer absorbs a step that the paper's ZeRO runs do not pay.
-    assert z100["bound_holds"] and abs(z100["error"]) < 0.15
+    assert z100["bound_holds"] and abs(z100["error"]) < 0.15  # the bound holds; the point within issue 59's 15%
     assert z100["step_time_s"] == pytest.approx(sum(z100["breakdown_s"].values()))
     fig3 = hw["figures"]["fig3"]
     assert [f["gpus"] for f in fig3] == [64, 128, 256, 400]

@@ -172,12 +172,15 @@ def test_recorded_predictions_are_what_the_code_computes(predicted):
 def test_zero3_at_scale_comes_out_bound_by_its_collectives(predicted):
     """DeepSpeed's 2021 ZeRO-3 (GPT-3 175B, no model parallelism): the published throughput falls 3.3x from 384 to
     1536 GPUs at a fixed batch. The replay names the cause: per-parameter gathers whose ring latency and list copies
-    grow with the ranks, run back to back with compute, so exposed DP communication becomes most of the step."""
+    (a kernel per rank) grow with the ranks, run back to back with compute, so the DP collectives and their copies
+    become most of the step."""
     by = {x["row"].id: x for x in predicted["records"]}
     tok = [by[f"nar21-z3-175b-{n}"]["readings"]["exact"] for n in (384, 768, 1536)]
     assert tok[0]["predicted"] / tok[2]["predicted"] > 2.5  # published: 144 / 44 = 3.3
     path = tok[2]["breakdown_s"]
-    assert max(path, key=path.get) == "dp_comm" and path["dp_comm"] > 0.5 * sum(path.values())
+    total = sum(path.values())
+    assert path["dp_comm"] + path["copy"] > 0.75 * total and path["compute"] < 0.25 * total
+    assert path["dp_comm"] > path["compute"] and path["copy"] > path["compute"]
 
 
 @pytest.mark.slow  # every row of the table simulated (~75 s on 2 cores)
@@ -189,15 +192,15 @@ def test_held_out_bars(predicted):
     assert s["beyond_25"] <= 0.15 * s["rows"]
 
 
-def test_held_out_bars_on_the_recorded_prediction():
-    """The same bars on the committed rows (the recorded prediction, which the slow test above recomputes): every
-    held-out row counted once, in the reading its bar counts."""
+def test_held_out_bars_on_the_recorded_prediction(rows):
+    """The same bars on the committed rows (the recorded prediction, which the slow tests recompute): every held-out
+    row of the table counted once, in the reading its bar counts."""
     import json
     import statistics
 
     recs = [json.loads(line) for line in (REF / "predicted" / "rows.jsonl").read_text().splitlines()]
     held = [r for r in recs if r["metric"] == "sim_published_ratio" and r["split"] == "held_out" and r["counted"]]
-    assert len(held) == len({r["row_id"] for r in held}) >= 20
+    assert sorted(r["row_id"] for r in held) == sorted(r.id for r in rows if r.split == "held_out")
     errs = [abs(r["value"] - 1) for r in held]
     assert statistics.median(errs) <= 0.10
     assert sum(e > 0.25 for e in errs) <= 0.15 * len(errs)

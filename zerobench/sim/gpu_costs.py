@@ -251,14 +251,17 @@ class StatedProfile(Profile):
             return 0.0
         _, nodes = self.placement(group, dim, tp)
         t = nccl.seconds(op, group, nodes, nbytes, self.bus_bandwidth(group, dim, tp))
-        z = self.stack.zero
-        if dim == "dp" and op != "all_reduce":
-            extra = 0.0
-            if z.list_copies:  # a copy kernel into or out of each of the list's tensors: the whole tensor moved
-                extra += self._stream(2 * nbytes, group)
-            if z.zeroed_gathers and op == "all_gather":  # torch.zeros of the gathered size
-                extra += self._stream(nbytes)
-            if z.predivided_grads and op == "reduce_scatter":  # div_ by the data-parallel size, in place
-                extra += self._stream(2 * nbytes)
-            t += extra * self.dev.compute_scale
         return t
+
+    def collective_copies(self, op: str, group: int, nbytes: float, dim: str = "dp") -> float:
+        z = self.stack.zero
+        if group <= 1 or nbytes <= 0 or dim != "dp" or op == "all_reduce":
+            return 0.0
+        t = 0.0
+        if z.list_copies:  # a copy kernel into or out of each of the list's tensors: the whole tensor moved
+            t += self._stream(2 * nbytes, group)
+        if z.zeroed_gathers and op == "all_gather":  # torch.zeros of the gathered size
+            t += self._stream(nbytes)
+        if z.predivided_grads and op == "reduce_scatter":  # div_ by the data-parallel size, in place
+            t += self._stream(2 * nbytes)
+        return t * self.dev.compute_scale

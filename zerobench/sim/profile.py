@@ -195,6 +195,12 @@ class Profile:
         """Seconds to move ``nbytes`` between device and host memory (on a CPU host: a copy)."""
         return self.cost("copy", ranks, nbytes)
 
+    def collective_copies(self, op: str, group: int, nbytes: float, dim: str = "dp") -> float:
+        """Seconds of the device-side copies a stated program runs around one of its DP collectives (a list
+        collective's per-tensor copies, a zeroed output, a divide before a reduction: ``ZeroMachinery``), on the
+        collective's stream; 0 where the program runs none (every measured profile)."""
+        return 0.0
+
     def host_reads(self, name: str, **shape) -> float:
         """Seconds the device idles during compute piece ``name`` at ``shape`` while the host reads values back (a
         stated program whose forward calls ``.item()``); 0 where the piece's own timing holds them (every measured

@@ -165,6 +165,9 @@ class StepReplay:
         idx = self.tl.add(name, "dp", t, "dp_comm", (self.tl.now("compute"),))
         if self.prof.interference and t:  # the collective runs on the compute's cores (CPU) or SMs (NCCL's blocks)
             self.dev("collective beside the compute", self.prof.interference * t, "interference")
+        copies = self.prof.collective_copies(op, self.dp, nbytes)
+        if copies:  # the program's own copies around it, on its stream
+            idx = self.tl.add(f"{name}: copies", "dp", copies, "copy")
         return idx
 
     # -- stage 3 gathers -----------------------------------------------------------------------

@@ -210,24 +210,36 @@ SDPA_FLASH2 = Attention(
 
 _FA3_FIG = (
     "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), its BF16 benchmarks on H100 80GB SXM5 at head dim 128 "
-    "and sequence 2k, read from the bars' labels: forward with the causal mask, cuDNN 484 TFLOP/s (FlashAttention-2 "
-    "298); backward, cuDNN 465 (FlashAttention-2 291)"
+    "and sequence 2k, read from the bars' labels: forward with the causal mask, cuDNN 484 TFLOP/s and "
+    "FlashAttention-2 298; backward (without the mask), cuDNN 465 and FlashAttention-2 291"
 )
-_CUDNN_FWD, _CUDNN_BWD = 484.0, 465.0
+
+
+def _fwd_bwd(fwd: float, bwd: float) -> float:
+    """Forward+backward TFLOP/s of a kernel from its forward and backward rates: the forward's F FLOPs and the
+    backward's 2.5 F, 3.5 F in all (the FlashAttention papers' count)."""
+    return 3.5 / (1 / fwd + 2.5 / bwd)
+
+
+_CUDNN_OVER_FA2 = _fwd_bwd(484.0, 465.0) / _fwd_bwd(298.0, 291.0)
+"""cuDNN's attention against FlashAttention-2 in one benchmark of one paper (``_FA3_FIG``): 1.61."""
 SDPA_2026 = replace(
     SDPA_FLASH2,
-    fwd_eff={**SDPA_FLASH2.fwd_eff, "h100": _CUDNN_FWD / 989},
-    bwd_eff={**SDPA_FLASH2.bwd_eff, "h100": _CUDNN_BWD / 989},
-    # forward F at the forward's rate and backward 2.5 F at the backward's: 3.5 F in all
-    fwd_bwd={**SDPA_FLASH2.fwd_bwd, "h100": {128: 3.5 / (1 / _CUDNN_FWD + 2.5 / _CUDNN_BWD)}},
+    fwd_eff={**SDPA_FLASH2.fwd_eff, "h100": 484.0 / 989},
+    bwd_eff={**SDPA_FLASH2.bwd_eff, "h100": 465.0 / 989},
+    fwd_bwd={**SDPA_FLASH2.fwd_bwd, "h100": {d: r * _CUDNN_OVER_FA2 for d, r in SDPA_FLASH2.fwd_bwd["h100"].items()}},
     source=(
-        "PyTorch's SDPA as torch 2.11 dispatches it. On sm90 it puts cuDNN's attention first once the bundled cuDNN "
-        "is 9.15.1 or newer (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention), "
-        "which torch 2.11's is (huggingface/transformers#48163, the thread's last comment: the check is in 2.10, and "
-        "2.11's bundled cuDNN crosses the threshold). So on an H100 it runs cuDNN's kernel, charged at "
-        f"{_FA3_FIG}: 470 TFLOP/s forward+backward, for every head dimension [assumed: the one figure at 128; the "
-        "backward figure's mask is taken as causal]. On A100 (sm80) SDPA keeps FlashAttention-2: "
-        f"{SDPA_FLASH2.source}"
+        "PyTorch's SDPA as torch 2.11 dispatches it. On sm90 it puts cuDNN's attention first when the cuDNN it "
+        "runs with is 9.15.1 or newer (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, "
+        "check_prefer_cudnn_attention), which torch 2.11's bundled one is (huggingface/transformers#48163, the "
+        "thread's last comment: the check is in 2.10, and 2.11's bundled cuDNN crosses the threshold); zerobench's "
+        "call (bf16, is_causal, no mask, no dropout, head dim 128) is one cuDNN takes. [inferred: the H100 run "
+        "recorded neither its cuDNN version nor the kernel; a system cuDNN ahead of the wheel's on the library path "
+        "would change it.] cuDNN is charged FlashAttention-2's published forward+backward rate on H100 times "
+        f"cuDNN's advantage over FlashAttention-2 in one benchmark, {_FA3_FIG}: 1.61, and split between forward "
+        "and backward as that benchmark's cuDNN bars split it [assumed: the advantage holds with the causal mask "
+        "in the backward, and at other head dimensions and sequence lengths]. On A100 (sm80) SDPA keeps "
+        f"FlashAttention-2: {SDPA_FLASH2.source}"
     ),
 )
 """PyTorch's SDPA as zerobench's recorded runs dispatch it (torch 2.11): cuDNN's attention on H100, FlashAttention-2
@@ -472,7 +484,10 @@ DEEPSPEED_2021 = ZeroMachinery(
         "torch.distributed.all_gather per parameter into a list of world_size views, after torch.zeros of the "
         "gathered size and a torch.cuda.synchronize(); _reduce_scatter_gradient reduces each parameter with "
         "torch.distributed.reduce_scatter over a list of world_size inputs, after stage3.py average_tensor divides "
-        "it in place by the data-parallel size (tensor.div_). With lists, torch 1.8's ProcessGroupNCCL copies every "
+        "it in place by the data-parallel size (tensor.div_; charged over the gradient's own bytes, a lower bound: "
+        "the code divides the whole bucket buffer at each flush) [assumed: contiguous_gradients true, as DeepSpeed's "
+        "ZeRO-3 configurations set it; v0.3.15's default, false, reduces a flattened bucket with an all-reduce "
+        "instead]. With lists, torch 1.8's ProcessGroupNCCL copies every "
         "input into a flat buffer before the reduce-scatter, and every piece of the all-gather's flat output out to "
         "its list tensor after it (copy_ per tensor). stage3.py fetch_sub_module ends in "
         "_synchronize_communication (comm_stream.synchronize(); torch.cuda.synchronize()) before every submodule; its "

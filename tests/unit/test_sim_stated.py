@@ -686,3 +686,26 @@ def test_flash_attn_unpadding_reads_six_values_a_layer_on_the_host():
     reads = [t for t in tasks if t.name == "host reads in block_fwd"]
     assert len(reads) == row.layers * row.grad_accum and not row.recompute
     assert all(t.category == "host_sync" and t.seconds == pytest.approx(12 * dev.kernel_floor_s) for t in reads)
+
+
+def test_deepspeed_2021s_copies_follow_their_collective_and_the_compute_waits_for_them():
+    """The program's copies around a DP collective run on the collective's stream right after it, and what waits for
+    the collective (a block's forward after its unit's gather) waits for the copies too."""
+    from zerobench.sim import published_validate as V
+    from zerobench.sim.published import load
+    from zerobench.sim.simulate import simulate
+
+    row = next(r for r in load() if r.id == "nar21-z3-175b-384")
+    keys = dict(V.run_keys(row), layers=3, hidden=256, heads=4, vocab=512, seq=128, gpus=64, micro_batch=1)
+    tasks = simulate(V.train_config(keys), V._profile(row, 1.0))["timeline"].tasks
+    copies = [i for i, t in enumerate(tasks) if t.name.endswith(": copies")]
+    assert copies and all(tasks[i].category == "copy" and tasks[i].stream == "dp" for i in copies)
+    for i in copies:
+        prev = max(j for j in range(i) if tasks[j].stream == "dp")
+        assert tasks[i].name == f"{tasks[prev].name}: copies" and tasks[prev].category == "dp_comm"
+        assert tasks[i].start == pytest.approx(tasks[prev].end)
+    fwd = [i for i, t in enumerate(tasks) if t.name == "block_fwd"]
+    assert len(fwd) == 3
+    for k, i in enumerate(fwd, start=1):  # block k-1's forward needs unit k, gathered per parameter
+        gathered = [j for j in copies if j < i and tasks[j].name.startswith(f"gather unit {k}")]
+        assert gathered and tasks[i].start >= max(tasks[j].end for j in gathered)

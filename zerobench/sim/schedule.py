@@ -157,6 +157,9 @@ class StepReplay:
         return self.prof.collective(op, self.tp, self.ranks, nbytes, dim="tp", tp=self.tp)
 
     def dp_collective(self, op: str, nbytes: float, name: str) -> int | None:
+        """Issue ``op`` over the DP group on the ``dp`` stream once the compute issued so far is done; returns the
+        last task it put there (the collective, or the program's copies that follow it), so waiting on it waits for
+        both. NCCL's share of the SMs is charged for the collective's time only, not for those copies."""
         if self.dp == 1:  # a group of one: a copy between distinct buffers, where the engine has them, or nothing
             if (op == "reduce_scatter" and self.stage >= 2) or (op == "all_gather" and self.stage == 3):
                 return self.dev(f"{name} (copy: a group of one)", self.prof.cost("copy", self.ranks, nbytes), "copy")

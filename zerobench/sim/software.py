@@ -233,7 +233,7 @@ SDPA_2026 = replace(
         "runs with is 9.15.1 or newer (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, "
         "check_prefer_cudnn_attention), which torch 2.11's bundled one is (huggingface/transformers#48163, the "
         "thread's last comment: the check is in 2.10, and 2.11's bundled cuDNN crosses the threshold); zerobench's "
-        "call (bf16, is_causal, no mask, no dropout, head dim 128) is one cuDNN takes. [inferred: the H100 run "
+        "call (bf16, is_causal, no mask, no dropout, head dim 128) is one cuDNN takes. [assumed, inferred: the H100 run "
         "recorded neither its cuDNN version nor the kernel; a system cuDNN ahead of the wheel's on the library path "
         "would change it.] cuDNN is charged FlashAttention-2's published forward+backward rate on H100 times "
         f"cuDNN's advantage over FlashAttention-2 in one benchmark, {_FA3_FIG}: 1.61, and split between forward "

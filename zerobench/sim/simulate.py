@@ -74,8 +74,9 @@ def _step(r: StepReplay) -> None:
     offload = r.cfg.zero.offload_optimizer != "none"
     if offload:  # the gradient partition goes to the host, the updated parameters come back
         r.dev("grads to host", r.prof.transfer(r.ranks, n_local * r.elem), "offload")
-    sizes = tuple(x for b in r.buckets for x in b.param_sizes)
-    loop = r.prof.step_loop(sizes, r.tp, r.ranks) if r.stage == 0 else None
+    loop = None
+    if r.stage == 0:  # without ZeRO the program steps with its own optimizer
+        loop = r.prof.step_loop(tuple(x for b in r.buckets for x in b.param_sizes), r.tp, r.ranks)
     if loop is None:
         r.dev("optimizer step", r.prof.cost("adamw", r.ranks, n_local), "optimizer")
     else:  # the program's own step, tensor by tensor (with ZeRO, the engine's optimizer steps instead)

@@ -258,7 +258,7 @@ class StatedProfile(Profile):
         if group <= 1 or nbytes <= 0 or dim != "dp" or op == "all_reduce":
             return 0.0
         t = 0.0
-        if z.list_copies:  # a copy kernel into or out of each of the list's tensors: the whole tensor moved
+        if op in z.list_copies:  # a copy kernel into or out of each of the list's tensors: the whole tensor moved
             t += self._stream(2 * nbytes, group)
         if z.zeroed_gathers and op == "all_gather":  # torch.zeros of the gathered size
             t += self._stream(nbytes)

@@ -92,9 +92,10 @@ def train_config(run: dict):
 CALIBRATED = ("v100-dgx2", "v100-dgx2h")
 """Stated devices with the anchors' GPUs (V100-SXM3): ``--paper`` predicts on them."""
 
-PAPER_STACK = "megatron-2019"
+PAPER_STACK = "megatron-2019+deepspeed-0.2"
 """The program the paper's runs are replayed as: the ZeRO paper's code is built on Megatron-LM's 2019 GPT, in eager
-PyTorch with the attention softmax unfused (``zerobench.sim.software``)."""
+PyTorch with the attention softmax unfused, and its ZeRO is DeepSpeed 0.2's, whose gradient reductions backward
+waits for (``zerobench.sim.software``)."""
 
 
 def stated_profile(device: str, stack: str = "zerobench") -> StatedProfile:

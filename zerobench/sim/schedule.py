@@ -56,11 +56,14 @@ class StepReplay:
         for b in self.buckets:
             self.by_unit.setdefault(b.unit, []).append(b)
             self.by_point.setdefault(b.lands, []).append(b)
-        self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm else 0
+        machinery = prof.zero_machinery
+        blocking = bool(machinery and machinery.blocking_reduce and self.stage >= 1)
+        self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm and not blocking else 0
+        """Reductions outstanding before backward waits for the oldest: none where the engine's ``overlap_comm`` is
+        off or the program's ZeRO reduces in the compute stream's order (``ZeroMachinery.blocking_reduce``)."""
         self.elem = cfg.zero.precision.param_dtype.itemsize
         self.grad_elem = prof.grad_elem or self.elem
         """Bytes per element of a gradient reduction (the profile's program may reduce in a wider type)."""
-        machinery = prof.zero_machinery
         self.prefetch = cfg.zero.prefetch and not (machinery and machinery.sync_per_module)
         """Stage 3 gathers the next unit behind the current one's compute, unless the program waits for the device
         before every gather (``ZeroMachinery.sync_per_module``)."""

@@ -19,9 +19,10 @@ more (``gpu_costs``):
 
 The loss is counted in bytes per logit element, forward and backward apart.
 
-ZeRO-3 machinery. The per-parameter collectives and device synchronisations of DeepSpeed's ZeRO-3 in
-2021 are its own cost, and not zerobench's engine. A stack that has them says so here
-(``ZeroMachinery``). The replay charges them (``schedule``).
+ZeRO machinery. How a program's ZeRO gathers and reduces is its own cost, and not zerobench's engine: DeepSpeed's
+ZeRO-3 in 2021 gathers and reduces each parameter through list collectives and synchronises the device before every
+gather; its ZeRO-2 in 2020, the paper's, reduces in the compute stream's order, so backward waits for every bucket. A
+stack that has such machinery says so here (``ZeroMachinery``). The replay charges it (``schedule``).
 
 The optimizer step. Without ZeRO, a program steps with its own optimizer. The other programs here are charged
 one pass over all of a rank's elements (the device's ``adam_bytes_per_element``). Megatron-LM 2019's walks the
@@ -81,14 +82,19 @@ class Attention:
 
 @dataclass(frozen=True)
 class ZeroMachinery:
-    """How a ZeRO-3 implementation gathers and reduces, where it differs from zerobench's engine (one collective
-    per bucket of a unit, prefetched, no device synchronisation)."""
+    """How a ZeRO implementation gathers and reduces, where it differs from zerobench's engine (one collective per
+    bucket, issued on a stream of its own while backward goes on; at stage 3 prefetched, with no device
+    synchronisation)."""
 
     per_parameter: bool = False
     """One all-gather and one reduce-scatter per parameter tensor, never coalesced."""
-    list_copies: bool = False
-    """The collective is given a list of ``world`` tensors: torch's ProcessGroupNCCL copies each of them into (or
-    out of) a flat buffer, so one collective launches ``world`` copy kernels that read and write the whole tensor."""
+    list_copies: tuple[str, ...] = ()
+    """The collectives (``all_gather``, ``reduce_scatter``) given a list of ``world`` tensors: torch's
+    ProcessGroupNCCL copies each of them into (or out of) a flat buffer, so one collective launches ``world`` copy
+    kernels that read and write the whole tensor."""
+    blocking_reduce: bool = False
+    """The gradient reduction runs in the compute stream's order: backward waits for each bucket's before it goes
+    on, so no reduction overlaps compute (DeepSpeed's ``overlap_comm`` false)."""
     zeroed_gathers: bool = False
     """Each gather's output is allocated with ``torch.zeros``: a memset of the gathered size first."""
     predivided_grads: bool = False
@@ -474,7 +480,7 @@ STACKS: dict[str, Stack] = {
 
 DEEPSPEED_2021 = ZeroMachinery(
     per_parameter=True,
-    list_copies=True,
+    list_copies=("all_gather", "reduce_scatter"),
     zeroed_gathers=True,
     predivided_grads=True,
     sync_per_module=True,
@@ -495,3 +501,35 @@ DEEPSPEED_2021 = ZeroMachinery(
         "forward included"
     ),
 )
+
+DEEPSPEED_2020 = ZeroMachinery(
+    list_copies=("all_gather",),
+    predivided_grads=True,
+    blocking_reduce=True,
+    source=(
+        "DeepSpeed v0.2.0 (May 2020, the ZeRO-2 release behind the paper's ZeRO-100B figures) "
+        "deepspeed/pt/deepspeed_zero_optimizer.py with the paper's C_B and M_D (reduce_bucket_size 5e8, "
+        "contiguous_gradients true): each gradient is copied into the reduce bucket (ipg_buffer) as it lands; a full "
+        "bucket goes to average_tensor, which divides it in place by the data-parallel size (tensor.div_, read and "
+        "write) and reduces each rank's slice to that rank with torch.distributed.reduce, then waits on every handle. "
+        "overlap_comm is false by default (deepspeed_zero_config.py ZERO_OPTIMIZATION_OVERLAP_COMM_DEFAULT; "
+        "documented as 'Attempts to overlap the reduction of the gradients with backward computation', default "
+        "false), and the reduction then runs with torch.cuda.current_stream(): the compute stream waits for each "
+        "bucket's reduces before backward goes on [assumed: the runs left it at its default, as DeepSpeedExamples "
+        "5426d18a (2020-05-14) Megatron-LM/scripts/ds_zero2_config.json does, which sets only stage 2, and the paper "
+        "names no overlap among its settings]. After the step, step() all-gathers the updated fp16 partitions with "
+        "torch.distributed.all_gather over a list of world_size narrow views, in allgather_bucket_size shards: "
+        "torch's ProcessGroupNCCL copies each piece of its flat output into its list tensor. The reduce takes no "
+        "list, so its only copies are the bucket's own"
+    ),
+)
+"""DeepSpeed 2020's ZeRO-2 (P_os+g), as the paper's ZeRO-100B ran it."""
+
+STACKS["megatron-2019+deepspeed-0.2"] = replace(
+    STACKS["megatron-2019"],
+    name="megatron-2019+deepspeed-0.2",
+    zero=DEEPSPEED_2020,
+    sources={**STACKS["megatron-2019"].sources, "zero": DEEPSPEED_2020.source},
+)
+"""The paper's program: Megatron-LM 2019's GPT with DeepSpeed 0.2's ZeRO (runs without ZeRO step as Megatron-LM's
+own, its ``step_loop``)."""

@@ -22,8 +22,8 @@ def _configs(suite: str) -> list:
 
 
 def _software(suite: str) -> str:
-    """The program a suite's runs are: its ``cluster.software`` (the paper's suites: ``megatron-2019+deepspeed-0.2``), else
-    zerobench's own. Only a stated device reads it."""
+    """The program a suite's runs are: its ``cluster.software`` (the paper's suites:
+    ``megatron-2019+deepspeed-0.2``), else zerobench's own. Only a stated device reads it."""
     from zerobench.bench.suite import load
 
     return str(load(suite).cluster.get("software", "zerobench"))

@@ -139,6 +139,37 @@ def test_deepspeed_2020s_zero2_reductions_block_backward_and_its_gathers_copy_ou
 
     base = next(r for r in P._rows("paper/fig2") if r["label"] == "40B Baseline")
     assert simulate(P.train_config(base), ds)["step_time_s"] == simulate(P.train_config(base), own)["step_time_s"]
+    stage0 = P.train_config({**run, "stage": 0})  # the engine's all-reduces, bucket by bucket: untouched
+    assert len(reduces(simulate(stage0, own))) > 10
+    assert simulate(stage0, ds)["step_time_s"] == simulate(stage0, own)["step_time_s"]
+
+
+def test_deepspeed_2020s_zero1_reduce_scatters_a_list_after_backward():
+    """DeepSpeed 0.2's stage 1 (the paper's P_os, Fig 8's C1 and C2) is other code: its reduce-scatter takes a list
+    of world inputs, so torch copies them into a flat buffer (2 passes, a kernel per rank) besides the scaling; no
+    reduction overlaps backward either."""
+    import dataclasses as dc
+
+    from zerobench.sim import paper as P
+    from zerobench.sim.simulate import simulate
+    from zerobench.sim.software import DEEPSPEED_2020
+
+    z1 = DEEPSPEED_2020.at(1)
+    assert z1 is DEEPSPEED_2020.stage1 and DEEPSPEED_2020.at(2) is DEEPSPEED_2020 is DEEPSPEED_2020.at(None)
+    assert z1.blocking_reduce and z1.list_copies == ("all_gather", "reduce_scatter")
+    dev = dc.replace(DEVICES["v100-dgx2"], compute_scale=1.2)
+    ds = StatedProfile(dev, P.PAPER_STACK)
+    bw = dev.hbm_bw * dev.mem_eff
+    assert ds.collective_copies("reduce_scatter", 25, 1e9, stage=1) == pytest.approx(4 * 1e9 / bw * 1.2)
+    assert ds.collective_copies("reduce_scatter", 25, 1e9, stage=2) == pytest.approx(2 * 1e9 / bw * 1.2)
+    c1 = P.train_config({**P._c_config("C1"), **P.FIG8_RUN, "micro_batch": 2})
+    assert c1.zero.stage == 1
+    res = simulate(c1, ds)
+    tasks = res["timeline"].tasks
+    comp = [t for t in tasks if t.stream == "compute" and t.category == "compute"]
+    red = [t for t in tasks if t.category == "dp_comm" and t.name.startswith("reduce bucket")]
+    assert red and all(c.end <= r.start or c.start >= r.end for r in red for c in comp)
+    assert any(t.name.startswith("reduce bucket") and t.name.endswith(": copies") for t in tasks)
 
 
 def test_a_large_block_runs_near_its_gemm_ceiling_and_backward_costs_twice():

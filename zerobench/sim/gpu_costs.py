@@ -253,8 +253,8 @@ class StatedProfile(Profile):
         t = nccl.seconds(op, group, nodes, nbytes, self.bus_bandwidth(group, dim, tp))
         return t
 
-    def collective_copies(self, op: str, group: int, nbytes: float, dim: str = "dp") -> float:
-        z = self.stack.zero
+    def collective_copies(self, op: str, group: int, nbytes: float, dim: str = "dp", stage: int | None = None) -> float:
+        z = self.stack.zero.at(stage)
         if group <= 1 or nbytes <= 0 or dim != "dp" or op == "all_reduce":
             return 0.0
         t = 0.0

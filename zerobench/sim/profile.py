@@ -195,10 +195,11 @@ class Profile:
         """Seconds to move ``nbytes`` between device and host memory (on a CPU host: a copy)."""
         return self.cost("copy", ranks, nbytes)
 
-    def collective_copies(self, op: str, group: int, nbytes: float, dim: str = "dp") -> float:
+    def collective_copies(self, op: str, group: int, nbytes: float, dim: str = "dp", stage: int | None = None) -> float:
         """Seconds of the device-side copies a stated program runs around one of its DP collectives (a list
-        collective's per-tensor copies, a zeroed output, a divide before a reduction: ``ZeroMachinery``), on the
-        collective's stream; 0 where the program runs none (every measured profile)."""
+        collective's per-tensor copies, a zeroed output, a divide before a reduction: ``ZeroMachinery``, as a run
+        at ZeRO ``stage`` meets it), on the collective's stream; 0 where the program runs none (every measured
+        profile)."""
         return 0.0
 
     def host_reads(self, name: str, **shape) -> float:

@@ -56,7 +56,7 @@ class StepReplay:
         for b in self.buckets:
             self.by_unit.setdefault(b.unit, []).append(b)
             self.by_point.setdefault(b.lands, []).append(b)
-        machinery = prof.zero_machinery
+        machinery = prof.zero_machinery.at(self.stage) if prof.zero_machinery else None
         blocking = bool(machinery and machinery.blocking_reduce and self.stage >= 1)
         self.max_inflight = MAX_INFLIGHT if cfg.zero.overlap_comm and not blocking else 0
         """Reductions outstanding before backward waits for the oldest: none where the engine's ``overlap_comm`` is
@@ -171,7 +171,7 @@ class StepReplay:
         idx = self.tl.add(name, "dp", t, "dp_comm", (self.tl.now("compute"),))
         if self.prof.interference and t:  # the collective runs on the compute's cores (CPU) or SMs (NCCL's blocks)
             self.dev("collective beside the compute", self.prof.interference * t, "interference")
-        copies = self.prof.collective_copies(op, self.dp, nbytes)
+        copies = self.prof.collective_copies(op, self.dp, nbytes, stage=self.stage)
         if copies:  # the program's own copies around it, on its stream
             idx = self.tl.add(f"{name}: copies", "dp", copies, "copy")
         return idx

@@ -105,7 +105,13 @@ class ZeroMachinery:
     regather_for_recompute: bool = False
     """With activation checkpointing, the recompute's forward gathers a block's parameters and releases them,
     and its backward gathers them again: three gathers per step, not two."""
+    stage1: ZeroMachinery | None = None
+    """The machinery of the program's stage 1 where that is other code (None: the same)."""
     source: str = ""
+
+    def at(self, stage: int | None) -> ZeroMachinery:
+        """The machinery a run at ZeRO ``stage`` meets."""
+        return self.stage1 if stage == 1 and self.stage1 is not None else self
 
 
 @dataclass(frozen=True)
@@ -502,28 +508,45 @@ DEEPSPEED_2021 = ZeroMachinery(
     ),
 )
 
+_DEEPSPEED_020 = "DeepSpeed v0.2.0 (May 2020, the ZeRO-2 release behind the paper's ZeRO-100B figures)"
+_OVERLAP_DEFAULT = (
+    "overlap_comm is false by default (deepspeed_zero_config.py ZERO_OPTIMIZATION_OVERLAP_COMM_DEFAULT; documented as "
+    "'Attempts to overlap the reduction of the gradients with backward computation', default false) [assumed: the "
+    "runs left it at its default, as DeepSpeedExamples 5426d18a (2020-05-14) Megatron-LM/scripts/ds_zero2_config.json "
+    "does, which sets only stage 2, and the paper names no overlap among its settings]"
+)
 DEEPSPEED_2020 = ZeroMachinery(
     list_copies=("all_gather",),
     predivided_grads=True,
     blocking_reduce=True,
+    stage1=ZeroMachinery(
+        list_copies=("all_gather", "reduce_scatter"),
+        predivided_grads=True,
+        blocking_reduce=True,
+        source=(
+            f"{_DEEPSPEED_020} deepspeed/pt/zero_optimizer_stage1.py, the paper's P_os (C1, C2): once backward has "
+            "ended, the engine's allreduce_gradients calls reduce_scatter_gradients, which flattens every gradient "
+            "into sub-partitions and runs torch.distributed.reduce_scatter over a list of world_size inputs (torch's "
+            "ProcessGroupNCCL copies each into a flat buffer), then scales every partition with mul_ (read and write; "
+            "charged as the divide before it, the same bytes); no reduction overlaps backward. step() all-gathers "
+            "the updated sub-partitions over a list (copies out)"
+        ),
+    ),
     source=(
-        "DeepSpeed v0.2.0 (May 2020, the ZeRO-2 release behind the paper's ZeRO-100B figures) "
-        "deepspeed/pt/deepspeed_zero_optimizer.py with the paper's C_B and M_D (reduce_bucket_size 5e8, "
-        "contiguous_gradients true): each gradient is copied into the reduce bucket (ipg_buffer) as it lands; a full "
-        "bucket goes to average_tensor, which divides it in place by the data-parallel size (tensor.div_, read and "
-        "write) and reduces each rank's slice to that rank with torch.distributed.reduce, then waits on every handle. "
-        "overlap_comm is false by default (deepspeed_zero_config.py ZERO_OPTIMIZATION_OVERLAP_COMM_DEFAULT; "
-        "documented as 'Attempts to overlap the reduction of the gradients with backward computation', default "
-        "false), and the reduction then runs with torch.cuda.current_stream(): the compute stream waits for each "
-        "bucket's reduces before backward goes on [assumed: the runs left it at its default, as DeepSpeedExamples "
-        "5426d18a (2020-05-14) Megatron-LM/scripts/ds_zero2_config.json does, which sets only stage 2, and the paper "
-        "names no overlap among its settings]. After the step, step() all-gathers the updated fp16 partitions with "
-        "torch.distributed.all_gather over a list of world_size narrow views, in allgather_bucket_size shards: "
-        "torch's ProcessGroupNCCL copies each piece of its flat output into its list tensor. The reduce takes no "
-        "list, so its only copies are the bucket's own"
+        f"{_DEEPSPEED_020} deepspeed/pt/deepspeed_zero_optimizer.py, stage 2 with the paper's C_B (reduce_bucket_size "
+        "5e8) and M_D, read as contiguous_gradients true [assumed: the paper's M_D keeps gradients in contiguous "
+        "buffers (§6.3); the flag defaults to false, and the released example leaves it so, which would all-reduce "
+        "each flattened bucket instead, about twice the traffic, and copy it back]: each gradient is copied into the "
+        "reduce bucket (ipg_buffer) as it lands; a full bucket goes to average_tensor, which divides it in place by "
+        "the data-parallel size (tensor.div_, read and write) and reduces each rank's slice to that rank with "
+        f"torch.distributed.reduce, then waits on every handle. {_OVERLAP_DEFAULT}; the waits are then issued on "
+        "torch.cuda.current_stream(), so the compute stream waits for each bucket's reduces before backward goes on. "
+        "After the step, step() all-gathers the updated fp16 partitions with torch.distributed.all_gather over a list "
+        "of world_size narrow views, in allgather_bucket_size shards: torch's ProcessGroupNCCL copies each piece of "
+        "its flat output into its list tensor. The reduce takes no list, so its only copies are the bucket's own"
     ),
 )
-"""DeepSpeed 2020's ZeRO-2 (P_os+g), as the paper's ZeRO-100B ran it."""
+"""DeepSpeed 2020's ZeRO-2 (P_os+g), as the paper's ZeRO-100B ran it, and its ZeRO-1 (P_os) for C1 and C2."""
 
 STACKS["megatron-2019+deepspeed-0.2"] = replace(
     STACKS["megatron-2019"],

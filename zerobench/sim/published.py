@@ -136,20 +136,13 @@ def _card_known(dev, gb: int) -> bool:
 def stack(row: Row):
     """The program the row's framework ran (``software.Stack``), with its ZeRO-3 machinery where it differs from
     zerobench's engine."""
-    import dataclasses
-
-    from zerobench.sim.software import DEEPSPEED_2021, STACKS
+    from zerobench.sim.software import STACKS
 
     fw = row.framework
     if fw.startswith("megatron-lm 2019"):
         return STACKS["megatron-2019"]
     if fw.startswith("megatron-lm 2021"):
-        base = STACKS["megatron-2021"]
-        return (
-            dataclasses.replace(base, name="megatron-2021+deepspeed-0.3", zero=DEEPSPEED_2021)
-            if "deepspeed" in fw
-            else base
-        )
+        return STACKS["megatron-2021+deepspeed-0.3" if "deepspeed" in fw else "megatron-2021"]
     if fw.startswith("zerobench"):  # the project's own measured run (its GPT, SDPA)
         return STACKS["zerobench"]
     if fw.startswith("llm-foundry"):  # attn_impl: triton (the stack's) or flash (FlashAttention-2's CUDA kernel)

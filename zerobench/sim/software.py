@@ -508,6 +508,14 @@ DEEPSPEED_2021 = ZeroMachinery(
     ),
 )
 
+STACKS["megatron-2021+deepspeed-0.3"] = replace(
+    STACKS["megatron-2021"],
+    name="megatron-2021+deepspeed-0.3",
+    zero=DEEPSPEED_2021,
+    sources={**STACKS["megatron-2021"].sources, "zero": DEEPSPEED_2021.source},
+)
+"""Megatron-LM 2021's GPT with DeepSpeed 0.3's ZeRO-3, as Narayanan et al. 2021 compared against it."""
+
 _DEEPSPEED_020 = "DeepSpeed v0.2.0 (May 2020, the ZeRO-2 release behind the paper's ZeRO-100B figures)"
 _OVERLAP_DEFAULT = (
     "overlap_comm is false by default (deepspeed_zero_config.py ZERO_OPTIMIZATION_OVERLAP_COMM_DEFAULT; documented as "

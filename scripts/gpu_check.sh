@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repository root; results under $OUT, default ./gpu-out).
 # Uses the machine's own torch/triton (no install: nothing can be fetched there), zerobench from this tree.
-#   sections: env | kernels | bench | train | multirank | offload | deepspeed-offload | simulate | overheads | attention
+#   sections: env | kernels | bench | train | multirank | offload | deepspeed-offload | simulate | overheads | rates
 #   (default: env kernels bench train)
 # deepspeed-offload (layer counts: DS2_LAYERS, DS3_LAYERS) needs DeepSpeed importable by $PY; the machine has no network, so make the wheels here
 # (scripts/fetch_gpu_wheels.sh writes .whl/), carry `.whl`, and start the device command with
@@ -28,9 +28,9 @@ names = {int(b): n for n, b in SDPBackend.__members__.items()}
 print("cudnn", torch.backends.cudnn.version(), "sdpa backend for zerobench's attention:", names.get(pick, pick))
 PYEOF
       which g++ nvcc ;;
-    attention)  # issue 59: SDPA's flash (FlashAttention-2), cuDNN and efficient kernels at the simulator's shapes,
-      # each beside the rate the replay charges it (about a minute)
-      timeout 180 "$PY" -m zerobench.sim.measure_attention --out "$OUT/attention" 2>&1 | tee "$OUT/attention.log" ;;
+    rates)  # issue 59: the held-out rows' GEMMs by shape, one GEMM sustained for 10 s, and SDPA's flash
+      # (FlashAttention-2), cuDNN and efficient kernels, each beside what the replay charges it (about 2 minutes)
+      timeout 240 "$PY" -m zerobench.sim.card_rates --out "$OUT/rates" 2>&1 | tee "$OUT/rates.log" ;;
     kernels)  # the kernel tests with the Triton kernels compiled for the GPU (no interpreter)
       timeout 400 "$PY" -m pytest tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/kernels-tests.log" | tail -15 ;;
     bench)

@@ -33,7 +33,7 @@ def test_smoke_on_cpu_writes_a_row_per_measurement(tmp_path, capsys):
     }
     assert all(r["value"] > 0 and r["status"] == "ok" and "hardware" in r["provenance"] for r in rows)
     out = capsys.readouterr().out
-    assert "GEMMs: 2 shapes" in out and "MATH" in out and "sustained" in out
+    assert "5 measurements, 0 skipped" in out and "MATH" in out and "gemm_sustained" in out
 
 
 def test_without_a_gpu_it_refuses_in_one_line(capsys, monkeypatch):
@@ -52,16 +52,60 @@ def test_bad_arguments_are_one_line(args, says, capsys):
 
 
 def test_a_blocks_gemms_are_the_ones_the_replay_charges():
-    """The 12 GEMMs timed for a block cost, charged one by one, exactly what the replay charges the block's four
-    linears forward and backward (``StatedProfile._linear``), at TP 1 and TP 4."""
+    """The GEMMs timed for a block cost, charged one by one, exactly what the replay charges its four linears:
+    the forwards the forward, the data and weight gradients the backward, at TP 1 and TP 4."""
     dev, prof = _h100()
     for tp in (1, 4):
         h, tokens = 4096, 6 * 2048
-        timed = sum(CR.gemm_charged(g, "h100") for g in CR._block_gemms("x", tokens, h, tp))
+        gemms = CR._block_gemms("x", tokens, h, tp)
         hp = h // tp
         linears = ((3 * hp, h), (h, hp), (4 * hp, h), (h, 4 * hp))
-        replay = sum(prof._linear(tokens, n, k, 2, dev.peak_flops, bw) for n, k in linears for bw in (False, True))
-        assert timed == pytest.approx(replay, rel=1e-12)
+        for backward, kinds in ((False, ("fwd",)), (True, ("dgrad", "wgrad"))):
+            timed = sum(CR.gemm_charged(g, "h100")[0] for g in gemms if g.label.rsplit(" ", 1)[1] in kinds)
+            replay = sum(prof._linear(tokens, n, k, 2, dev.peak_flops, backward) for n, k in linears)
+            assert timed == pytest.approx(replay, rel=1e-12)
+
+
+def test_the_rates_are_computed_from_the_timers_seconds(monkeypatch):
+    """With a timer that says every sample takes 1 ms, a GEMM is timed in samples of 2 calls (about 2 ms), so a
+    call takes 0.5 ms; the ratio to the charge and its launch-free version follow from it."""
+    monkeypatch.setattr(CR, "_timer", lambda device: lambda fn: 1e-3)
+    g = CR.Gemm("g", 512, 512, 512)
+    (rec,) = CR.measure_gemms([g], CR.torch.device("cpu"), reps=3, warmup=0, klass="h100")
+    charge, launch = CR.gemm_charged(g, "h100")
+    assert rec["calls"] == 2 and rec["seconds"] == 5e-4
+    assert rec["tflops"] == pytest.approx(2 * 512**3 / 5e-4 / 1e12)
+    assert rec["measured_over_charged"] == pytest.approx(charge / 5e-4)
+    assert rec["measured_over_charged_without_launch"] == pytest.approx((charge - launch) / 5e-4)
+    shape = CR.Shape("s", 2, 4, 64, 128)
+    r = CR.attention_rates(shape, 1e-3, 4e-3)
+    assert r["fwd_tflops"] == pytest.approx(shape.forward_flops() / 1e-3 / 1e12)
+    assert r["fwd_bwd_tflops"] == pytest.approx(3.5 * shape.forward_flops() / 4e-3 / 1e12)
+
+
+def test_the_sustained_windows_are_the_first_fifth_second_and_the_last_second():
+    # 10-call samples of 0.1 s for the first 0.3 s, then 0.2 s each: the card slowed down
+    samples, at = [], 0.0
+    for t in [0.1] * 3 + [0.2] * 20:
+        samples.append((at, t))
+        at += t
+    w = CR.sustained_windows(samples, 10)
+    assert w["first 0.2 s"] == pytest.approx(0.01) and w["last 1 s"] == pytest.approx(0.02)
+
+
+def test_a_backend_that_does_not_run_is_a_skipped_row_with_its_reason(tmp_path, capsys):
+    """On a CPU, SDPA has no cuDNN kernel: the measurement is skipped with torch's reason, the run goes on, and
+    the row says so with no value."""
+    recs = list(CR.measure_attention(CR.SMOKE_SHAPES, CR.torch.device("cpu"), 1, 1, None, ("CUDNN_ATTENTION", "MATH")))
+    assert [r["status"] for r in recs] == ["skipped", "ok"]
+    assert recs[0]["reason"].startswith("RuntimeError:") and "skipped:" in CR.line(recs[0])
+    sink = CR.RowSink(tmp_path, {"card_rates": {}})
+    for r in recs:
+        sink(r)
+    rows = read_rows(tmp_path)
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert len(skipped) == 1 and skipped[0]["value"] is None and skipped[0]["backend"] == "CUDNN_ATTENTION"
+    assert "1 skipped" in CR.summary(recs)
 
 
 def test_every_held_out_row_of_the_class_has_its_gemms_once():

@@ -18,16 +18,18 @@ measures both on a card:
 
 - ``gemm``: every GEMM of the published rows of the card's device class (its calibration row and held-out
   rows: each linear's forward, data gradient and weight gradient at the row's tokens per micro-batch; the LM
-  head's forward) and of zerobench's 1.3B at TP 1, 2, 4 and 8, bf16, each beside the time the replay charges it (``StatedProfile._gemm`` at
-  ``compute_scale`` 1); then one large GEMM run back to back for ``--sustain`` seconds, its rate in the first
-  fifth of a second against its last second.
+  head's forward) and of zerobench's 1.3B at TP 1, 2, 4 and 8, bf16, each beside the time the replay charges
+  it (``StatedProfile._gemm`` at ``compute_scale`` 1); then one large GEMM run back to back for ``--sustain``
+  seconds, its rate in the first fifth of a second against its last second.
 - ``attention``: SDPA's flash (torch's FlashAttention-2 kernels, not flash-attn 2.4.2's build), cuDNN and
   memory-efficient backends, each forced, at the published figures' shapes and at the llm-foundry rows' batch
   and heads, forward and forward+backward, with zerobench's own call (q, k and v viewed out of one projection,
   causal), in the FlashAttention papers' FLOP count, the one the replay charges: a causal forward does half of
   4·b·a·s²·d, 2·b·a·s²·d FLOPs, its backward 2.5 times that.
 
-Rows go to ``--out``, one per (kernel, shape, metric). On a CPU, ``--smoke`` runs both at tiny shapes in fp32:
+Each measurement is printed and written as soon as it is made, so a run cut short keeps what it measured, and
+one kernel that fails is a ``skipped`` record with its reason, not the end of the run. The sustained GEMM runs
+first, on a card that has been idle. Rows go to ``--out``, one per (kernel, shape, metric). On a CPU, ``--smoke`` runs both at tiny shapes in fp32:
 the plumbing and the FLOP counts, not a rate anyone should read.
 """
 
@@ -38,6 +40,8 @@ import dataclasses
 import statistics
 import sys
 import time
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -50,6 +54,9 @@ CLASSES = {"H100": "h100", "H200": "h100", "GH200": "h100", "A100": "a100", "V10
 """Card name -> the simulator's device class (an H200 is an H100's SMs with more memory)."""
 STATED = {"h100": "h100-dgx", "a100": "a100-dgx", "v100": "v100-dgx2"}
 """Device class -> the stated device whose figures the replay charges it (``stated.DEVICES``)."""
+SAMPLE_S = 2e-3
+"""About how long one timed sample of a GEMM lasts: as many back-to-back calls as take this long."""
+MAX_CALLS = 200
 
 
 def device_class(name: str) -> str | None:
@@ -57,12 +64,16 @@ def device_class(name: str) -> str | None:
     return next((c for key, c in CLASSES.items() if key in name.upper()), None)
 
 
-def _timer(device: torch.device):
-    """A function that runs ``fn`` and returns its seconds: CUDA events on a GPU, the host clock elsewhere."""
+def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
+    """A function that runs ``fn`` and returns its seconds. On a GPU: CUDA events around ``fn``'s kernels, with a
+    spin kernel queued first, so that the host has issued them all before the start event is reached and the
+    time is the device's alone (from an idle stream it would include the host's launch of the first one). On a
+    CPU: the host clock."""
     if device.type == "cuda":
 
         def timed(fn) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(2_000_000)  # about a millisecond at an H100's clocks
             start.record()
             fn()
             end.record()
@@ -81,6 +92,13 @@ def _timer(device: torch.device):
 
 def _dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _failed(rec: dict, e: BaseException, device: torch.device) -> dict:
+    """``rec`` as a skipped measurement: its one-line reason, the memory it held given back."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {**rec, "status": "skipped", "reason": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"}
 
 
 # -- GEMMs ---------------------------------------------------------------------------------------------------
@@ -116,7 +134,8 @@ def _block_gemms(label: str, tokens: int, h: int, tp: int = 1) -> list[Gemm]:
 
 def gemm_shapes(klass: str | None) -> list[Gemm]:
     """The GEMMs to time on a card of ``klass``: those of every published row of that class, the calibration row
-    and the held-out ones (blocks and LM head, at the row's TP), and zerobench's 1.3B (h 2048, 8 x 2048 tokens) at TP 1, 2, 4 and 8; each (m, n, k) once."""
+    and the held-out ones (blocks and LM head, at the row's TP), and zerobench's 1.3B (h 2048, 8 x 2048 tokens)
+    at TP 1, 2, 4 and 8; each (m, n, k) once."""
     from zerobench.sim.published import load
 
     out = []
@@ -140,20 +159,21 @@ SMOKE_GEMMS = (Gemm("smoke square", 64, 64, 64), Gemm("smoke thin", 256, 16, 64)
 SUSTAINED = Gemm("sustained: MPT-7b fc forward (mb 6)", 6 * 2048, 4 * 4096, 4096)
 
 
-def gemm_charged(g: Gemm, klass: str | None) -> float | None:
-    """Seconds the replay charges ``g`` in half precision on ``klass`` at ``compute_scale`` 1, or None."""
+def gemm_charged(g: Gemm, klass: str | None) -> tuple[float, float] | None:
+    """(seconds, of which the launch) the replay charges ``g`` in half precision on ``klass`` at
+    ``compute_scale`` 1, or None where it states no such device."""
     from zerobench.sim.gpu_costs import StatedProfile
     from zerobench.sim.stated import DEVICES
 
     if klass not in STATED:
         return None
     dev = dataclasses.replace(DEVICES[STATED[klass]], compute_scale=1.0)
-    return StatedProfile(dev)._gemm(g.m, g.n, g.k, 1, 2, dev.peak_flops)
+    prof = StatedProfile(dev)
+    return prof._gemm(g.m, g.n, g.k, 1, 2, dev.peak_flops), prof.gemm.launch_s
 
 
-def _matmul_batch(a: torch.Tensor, b: torch.Tensor, calls: int):
-    """``calls`` back-to-back products: a GEMM's time in a stream of them, as a training step runs them (one short
-    call alone between two events would add the host's launch gap to it)."""
+def _matmul_batch(a: torch.Tensor, b: torch.Tensor, calls: int) -> Callable[[], None]:
+    """``calls`` back-to-back products: a GEMM's time in a stream of them, as a training step runs them."""
 
     def run():
         for _ in range(calls):
@@ -162,63 +182,90 @@ def _matmul_batch(a: torch.Tensor, b: torch.Tensor, calls: int):
     return run
 
 
-def measure_gemms(gemms, device: torch.device, reps: int, warmup: int, klass: str | None) -> list[dict]:
+def _gemm_record(g: Gemm, t: float, klass: str | None, **extra) -> dict:
+    """A GEMM's measured ``t`` seconds a call, beside the replay's charge: ``measured_over_charged`` against the
+    whole charge, ``..._without_launch`` against it less the launch, which back-to-back calls hide."""
+    rec = {"kind": "gemm", **asdict(g), "seconds": t, "tflops": g.flops() / t / 1e12, "status": "ok", **extra}
+    c = gemm_charged(g, klass)
+    if c:
+        charge, launch = c
+        rec.update(
+            charged_tflops=g.flops() / charge / 1e12,
+            measured_over_charged=charge / t,
+            measured_over_charged_without_launch=(charge - launch) / t,
+        )
+    return rec
+
+
+def measure_gemms(gemms, device: torch.device, reps: int, warmup: int, klass: str | None) -> Iterator[dict]:
     """One record per GEMM: the median over ``reps`` samples, per call, beside the replay's charge. A sample is as
-    many back-to-back calls (1 to 10) as take about 2 ms, so that the long GEMMs of the 70B rows do not spend
-    the card's minutes: one pass over an H100's 150 shapes is about 375 TFLOP."""
-    timed, dtype, out = _timer(device), _dtype(device), []
-    for g in gemms:
-        a = torch.randn(g.m, g.k, device=device, dtype=dtype)
-        b = torch.randn(g.k, g.n, device=device, dtype=dtype)
-        once = timed(_matmul_batch(a, b, 1))  # the first call also picks cuBLAS's kernel
-        calls = max(1, min(10, round(2e-3 / max(timed(_matmul_batch(a, b, 1)), once / 10, 1e-9))))
-        run = _matmul_batch(a, b, calls)
-        for _ in range(warmup):
-            run()
-        t = statistics.median(timed(run) for _ in range(reps)) / calls
-        rec = {
-            "kind": "gemm",
-            **asdict(g),
-            "seconds": t,
-            "tflops": g.flops() / t / 1e12,
-            "calls": calls,
-            "status": "ok",
-        }
-        c = gemm_charged(g, klass)
-        if c:
-            rec.update(charged_tflops=g.flops() / c / 1e12, measured_over_charged=c / t)
-        out.append(rec)
-    return out
-
-
-def measure_sustained(g: Gemm, device: torch.device, seconds: float) -> list[dict]:
-    """``g`` back to back for ``seconds``, timed in batches of 10: the rate over the first fifth of a second
-    against the last second (a card that slows under its power limit shows it here)."""
+    many back-to-back calls (up to ``MAX_CALLS``) as take about ``SAMPLE_S``, so that short GEMMs are timed
+    over many calls and the long ones of the 70B rows do not spend the card's minutes (one pass over an H100's
+    150 shapes is about 375 TFLOP)."""
     timed, dtype = _timer(device), _dtype(device)
-    ten = _matmul_batch(
-        torch.randn(g.m, g.k, device=device, dtype=dtype), torch.randn(g.k, g.n, device=device, dtype=dtype), 10
-    )
-    samples, elapsed = [], 0.0
-    while elapsed < seconds:
-        t = timed(ten)
-        samples.append((elapsed, t))
-        elapsed += t
+    for g in gemms:
+        try:
+            a = torch.randn(g.m, g.k, device=device, dtype=dtype)
+            b = torch.randn(g.k, g.n, device=device, dtype=dtype)
+            one = _matmul_batch(a, b, 1)
+            one()  # the first call also picks cuBLAS's kernel
+            calls = max(1, min(MAX_CALLS, round(SAMPLE_S / max(timed(one), 1e-9))))
+            run = _matmul_batch(a, b, calls)
+            for _ in range(warmup):
+                run()
+            t = statistics.median(timed(run) for _ in range(reps)) / calls
+            del a, b
+            yield _gemm_record(g, t, klass, calls=calls)
+        except Exception as e:  # noqa: BLE001 (one shape that fails is a skipped record; the run goes on)
+            yield _failed({"kind": "gemm", **asdict(g)}, e, device)
+
+
+def sustained_windows(samples: list[tuple[float, float]], calls: int) -> dict[str, float]:
+    """Seconds a call over the first 0.2 s and over the last second of a run, from its samples (start, seconds of
+    ``calls`` calls) laid end to end."""
+    end = samples[-1][0] + samples[-1][1]
     first = [t for at, t in samples if at < 0.2] or [samples[0][1]]
-    last = [t for at, t in samples if at >= elapsed - 1.0] or [samples[-1][1]]
-    out = []
-    for window, ts in (("first 0.2 s", first), ("last 1 s", last)):
-        out.append(
-            {
-                "kind": "gemm_sustained",
-                **asdict(g),
+    last = [t for at, t in samples if at >= end - 1.0] or [samples[-1][1]]
+    return {"first 0.2 s": statistics.median(first) / calls, "last 1 s": statistics.median(last) / calls}
+
+
+def measure_sustained(g: Gemm, device: torch.device, seconds: float) -> Iterator[dict]:
+    """``g`` back to back for ``seconds``, timed in samples of 10 calls: its rate over the first fifth of a second
+    against the last second (a card that slows under its power limit shows it here), with the SM clock where
+    torch can read it (``torch.cuda.clock_rate``, through pynvml)."""
+    rec = {"kind": "gemm_sustained", **asdict(g)}
+    try:
+        timed, dtype = _timer(device), _dtype(device)
+        ten = _matmul_batch(
+            torch.randn(g.m, g.k, device=device, dtype=dtype), torch.randn(g.k, g.n, device=device, dtype=dtype), 10
+        )
+        ten()
+        clocks, samples, elapsed = [], [], 0.0
+        while elapsed < seconds:
+            t = timed(ten)
+            samples.append((elapsed, t))
+            elapsed += t
+            if device.type == "cuda" and len(samples) % 50 == 1:
+                clocks.append(_clock_mhz())
+        for window, t in sustained_windows(samples, 10).items():
+            yield {
+                **rec,
                 "window": window,
-                "seconds": statistics.median(ts) / 10,
-                "tflops": 10 * g.flops() / statistics.median(ts) / 1e12,
+                "seconds": t,
+                "tflops": g.flops() / t / 1e12,
                 "run_s": elapsed,
+                "sm_clock_mhz": [c for c in clocks if c is not None],
                 "status": "ok",
             }
-        )
-    return out
+    except Exception as e:  # noqa: BLE001
+        yield _failed({**rec, "window": "both"}, e, device)
+
+
+def _clock_mhz() -> float | None:
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001 (no pynvml on the machine: the clock is optional)
+        return None
 
 
 # -- attention -----------------------------------------------------------------------------------------------
@@ -270,35 +317,17 @@ def attention_charged(backend: str, shape: Shape, klass: str | None) -> dict[str
 
 
 def _attention_inputs(shape: Shape, device: torch.device):
-    """q, k and v as zerobench's attention makes them: strided views of one [b, s, 3, heads, d] projection."""
+    """q, k and v as zerobench's attention makes them (strided views of one [b, s, 3, heads, d] projection), and
+    an output gradient laid out as its backward gets one ([b, s, heads, d] seen as [b, heads, s, d])."""
     b, s, a, d = shape.batch, shape.seq, shape.heads, shape.head_dim
     qkv = torch.randn(b, s, 3 * a * d, device=device, dtype=_dtype(device), requires_grad=True)
     q, k, v = qkv.view(b, s, 3, a, d).permute(2, 0, 3, 1, 4).unbind(0)
-    return qkv, q, k, v
+    grad = torch.randn(b, s, a, d, device=device, dtype=_dtype(device)).transpose(1, 2)
+    return qkv, q, k, v, grad
 
 
-def measure_attention_one(backend: str, shape: Shape, device: torch.device, reps: int, warmup: int) -> dict:
-    """Median forward and forward+backward seconds of one SDPA backend at ``shape``."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    qkv, q, k, v = _attention_inputs(shape, device)
-    grad = torch.randn(shape.batch, shape.heads, shape.seq, shape.head_dim, device=device, dtype=_dtype(device))
-
-    def fwd():
-        with torch.no_grad():
-            F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
-
-    def fwd_bwd():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-        qkv.grad = None
-
-    timed = _timer(device)
-    with sdpa_kernel([getattr(SDPBackend, backend)]):
-        for _ in range(warmup):
-            fwd()
-            fwd_bwd()
-        t_fwd = statistics.median(timed(fwd) for _ in range(reps))
-        t_both = statistics.median(timed(fwd_bwd) for _ in range(reps))
+def attention_rates(shape: Shape, t_fwd: float, t_both: float) -> dict[str, float]:
+    """Forward and forward+backward TFLOP/s from their seconds, in the FlashAttention papers' count."""
     f = shape.forward_flops()
     return {
         "fwd_s": t_fwd,
@@ -308,99 +337,132 @@ def measure_attention_one(backend: str, shape: Shape, device: torch.device, reps
     }
 
 
-def measure_attention(shapes, device: torch.device, reps: int, warmup: int, klass: str | None, backends) -> list[dict]:
+def measure_attention_one(backend: str, shape: Shape, device: torch.device, reps: int, warmup: int) -> dict:
+    """Median forward and forward+backward seconds of one SDPA backend at ``shape``, both as training runs them
+    (the forward on inputs that require gradients, so a kernel that saves statistics for the backward saves
+    them)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qkv, q, k, v, grad = _attention_inputs(shape, device)
+
+    def fwd():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        qkv.grad = None
+
+    timed = _timer(device)
+    with sdpa_kernel([getattr(SDPBackend, backend)]), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            for _ in range(warmup):
+                fwd()
+                fwd_bwd()
+        except RuntimeError as e:  # "No available kernel": torch says why in its warnings
+            why = "; ".join(str(w.message).strip().splitlines()[0] for w in said)[:300]
+            raise RuntimeError(f"{str(e).strip().splitlines()[0]} ({why})" if why else str(e)) from None
+        t_fwd = statistics.median(timed(fwd) for _ in range(reps))
+        t_both = statistics.median(timed(fwd_bwd) for _ in range(reps))
+    return attention_rates(shape, t_fwd, t_both)
+
+
+def measure_attention(
+    shapes, device: torch.device, reps: int, warmup: int, klass: str | None, backends
+) -> Iterator[dict]:
     """One record per (backend, shape): the measured seconds and rates, the charged rates where the simulator
     states them, and ``status`` ``ok`` or ``skipped`` with the reason a backend did not run."""
-    out = []
     for backend in backends:
         for shape in shapes:
             rec = {"kind": "attention", "backend": backend, **asdict(shape)}
             try:
                 rec.update(measure_attention_one(backend, shape, device, reps, warmup), status="ok")
-            except RuntimeError as e:  # "No available kernel": this card or build does not run that backend here
-                rec.update(status="skipped", reason=str(e).strip().splitlines()[0][:200])
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 (a backend this card or build does not run: skipped, with why)
+                yield _failed(rec, e, device)
+                continue
             c = attention_charged(backend, shape, klass)
-            if c and rec["status"] == "ok":
+            if c:
                 rec.update(
                     charged_fwd_tflops=c["fwd"],
                     charged_fwd_bwd_tflops=c["fwd_bwd"],
                     measured_over_charged=rec["fwd_bwd_tflops"] / c["fwd_bwd"],
                 )
-            out.append(rec)
-    return out
+            yield rec
 
 
 # -- the run -------------------------------------------------------------------------------------------------
 
 
-def report(records: list[dict]) -> str:
-    """The records as ``main`` prints them: GEMMs summarised (all, and the worst and best against the replay),
-    the sustained run, and every attention measurement."""
-    lines = []
-    gemms = [r for r in records if r["kind"] == "gemm"]
-    ratios = sorted((r["measured_over_charged"], r) for r in gemms if "measured_over_charged" in r)
-    if gemms:
-        lines.append(f"GEMMs: {len(gemms)} shapes, measured TFLOP/s (and measured / charged by the replay)")
-        if ratios:
-            q = [x for x, _ in ratios]
-            lines.append(
-                f"  measured / charged: median {statistics.median(q):.3f}, from {q[0]:.3f} to {q[-1]:.3f}"
-                f" (1 = the replay's GEMM model at compute_scale 1)"
-            )
-        shown = [r for _, r in ratios[:5] + ratios[-5:]] if len(ratios) > 10 else [r for _, r in ratios] or gemms
-        for r in shown:
-            ch = f"  x{r['measured_over_charged']:.3f} of {r['charged_tflops']:.1f}" if "charged_tflops" in r else ""
-            lines.append(f"  {r['m']:>6} x {r['n']:>6} x {r['k']:>6}  {r['tflops']:9.4g}{ch}   {r['label']}")
-    for r in (r for r in records if r["kind"] == "gemm_sustained"):
-        lines.append(f"sustained {r['label']}, {r['run_s']:.1f} s: {r['window']} {r['tflops']:.4g} TFLOP/s")
-    att = [r for r in records if r["kind"] == "attention"]
-    if att:
-        lines.append(
-            f"  {'attention':<20}{'shape':<44}{'fwd':>8}{'fwd+bwd':>9}{'charged':>9}{'ratio':>7}   (TFLOP/s, causal)"
-        )
-    for r in att:
-        if r["status"] != "ok":
-            lines.append(f"  {r['backend']:<20}{r['label']:<44}  skipped: {r['reason']}")
-            continue
+def line(r: dict) -> str:
+    """One record as the line ``main`` prints when it is measured."""
+    what = r.get("backend") or r.get("window") or ""
+    head = f"  {r['kind']:<15}{what:<20}{r['label'][:44]:<45}"
+    if r["status"] != "ok":
+        return f"{head}skipped: {r['reason']}"
+    if r["kind"] == "attention":
         ch = (
-            f"{r['charged_fwd_bwd_tflops']:9.1f}{r['measured_over_charged']:7.2f}"
-            if "charged_fwd_bwd_tflops" in r
+            f"   x{r['measured_over_charged']:.3f} of {r['charged_fwd_bwd_tflops']:.1f}"
+            if "measured_over_charged" in r
             else ""
         )
-        lines.append(f"  {r['backend']:<20}{r['label']:<44}{r['fwd_tflops']:>8.4g} {r['fwd_bwd_tflops']:>8.4g}{ch}")
+        return f"{head}fwd {r['fwd_tflops']:.4g}  fwd+bwd {r['fwd_bwd_tflops']:.4g} TFLOP/s{ch}"
+    ch = f"   x{r['measured_over_charged']:.3f} of {r['charged_tflops']:.1f}" if "measured_over_charged" in r else ""
+    shape = f"{r['m']} x {r['n']} x {r['k']}"
+    return f"{head}{shape:<24}{r['tflops']:.4g} TFLOP/s{ch}"
+
+
+def summary(records: list[dict]) -> str:
+    """The GEMMs' measured / charged over all shapes (median and range), and how many records were skipped."""
+    lines = []
+    ratios = sorted(r["measured_over_charged"] for r in records if r["kind"] == "gemm" and "measured_over_charged" in r)
+    if ratios:
+        lines.append(
+            f"GEMMs, measured / charged by the replay (compute_scale 1) over {len(ratios)} shapes: median "
+            f"{statistics.median(ratios):.3f}, from {ratios[0]:.3f} to {ratios[-1]:.3f}"
+        )
+    skipped = sum(r["status"] != "ok" for r in records)
+    lines.append(f"{len(records)} measurements, {skipped} skipped")
     return "\n".join(lines)
 
 
-def write_rows(records: list[dict], out_dir, config: dict) -> None:
-    """One row per (kernel, shape, metric), with the run's provenance (``results.rows``)."""
-    from zerobench.results.rows import RowWriter
+class RowSink:
+    """Writes each record's rows as it is made (``results.rows``): one per (kernel, shape, metric)."""
 
-    w = RowWriter(out_dir, "card-rates", config)
-    for r in records:
+    def __init__(self, out_dir, config: dict):
+        from zerobench.results.rows import RowWriter
+
+        self.w = RowWriter(out_dir, "card-rates", config)
+
+    def __call__(self, r: dict) -> None:
+        keys = {
+            "attention": ("backend", "label", "batch", "heads", "head_dim", "seq"),
+            "gemm": ("label", "m", "n", "k"),
+            "gemm_sustained": ("label", "m", "n", "k", "window"),
+        }[r["kind"]]
+        extra = {k: r[k] for k in keys}
+        metric = "attention_fwd_bwd_tflops" if r["kind"] == "attention" else f"{r['kind']}_tflops"
+        if r["status"] != "ok":
+            self.w.write(metric, None, "TFLOP/s", status="skipped", reason=r["reason"], **extra)
+            return
         if r["kind"] == "attention":
-            extra = {k: r[k] for k in ("backend", "label", "batch", "heads", "head_dim", "seq")}
-            if r["status"] != "ok":
-                w.write("attention_fwd_bwd_tflops", None, "TFLOP/s", status="skipped", reason=r["reason"], **extra)
-                continue
-            w.write("attention_fwd_tflops", r["fwd_tflops"], "TFLOP/s", **extra)
-            w.write("attention_fwd_bwd_tflops", r["fwd_bwd_tflops"], "TFLOP/s", **extra)
+            self.w.write("attention_fwd_tflops", r["fwd_tflops"], "TFLOP/s", **extra)
+            self.w.write(metric, r["fwd_bwd_tflops"], "TFLOP/s", **extra)
         else:
-            extra = {k: r[k] for k in ("label", "m", "n", "k") + (("window",) if "window" in r else ())}
-            w.write(f"{r['kind']}_tflops", r["tflops"], "TFLOP/s", **extra)
-        if "measured_over_charged" in r:
-            w.write(f"{r['kind']}_measured_over_charged", r["measured_over_charged"], "ratio", **extra)
+            more = {"sm_clock_mhz": r["sm_clock_mhz"]} if r.get("sm_clock_mhz") else {}
+            self.w.write(metric, r["tflops"], "TFLOP/s", **extra, **more)
+        for ratio in ("measured_over_charged", "measured_over_charged_without_launch"):
+            if ratio in r:
+                self.w.write(f"{r['kind']}_{ratio}", r[ratio], "ratio", **extra)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m zerobench.sim.card_rates",
-        description="Time GEMMs and SDPA's attention kernels on this GPU at the shapes the simulator's held-out "
+        description="Time GEMMs and SDPA's attention kernels on this GPU at the shapes the simulator's published "
         "rows use, each next to the rate the simulator's replay charges it.",
     )
     p.add_argument("--what", nargs="+", choices=KINDS, default=list(KINDS), help="which kernels (default: both)")
-    p.add_argument("--out", help="write the results as rows here")
+    p.add_argument("--out", help="write the results as rows here, each as it is measured")
     p.add_argument("--reps", type=int, default=5, help="timed samples per measurement; the median is kept")
     p.add_argument("--sustain", type=float, default=10.0, help="seconds of the back-to-back GEMM (0: skip it)")
     p.add_argument("--smoke", action="store_true", help="on this CPU, tiny shapes in fp32 (the plumbing only)")
@@ -416,18 +478,24 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     klass = device_class(name) if device.type == "cuda" else None
     print(f"kernel rates on {name} (the simulator's class: {klass}), torch {torch.__version__}", flush=True)
-    recs: list[dict] = []
+    config = {"card_rates": {"what": a.what, "reps": a.reps, "sustain_s": a.sustain, "card": name}}
+    sink = RowSink(a.out, config) if a.out else None
+    runs: list[Iterator[dict]] = []
+    if "gemm" in a.what and a.sustain:  # first, on a card that has been idle
+        runs.append(measure_sustained(SMOKE_GEMMS[0] if a.smoke else SUSTAINED, device, a.sustain))
     if "gemm" in a.what:
-        recs += measure_gemms(SMOKE_GEMMS if a.smoke else gemm_shapes(klass), device, a.reps, 1, klass)
-        if a.sustain:
-            recs += measure_sustained(SMOKE_GEMMS[0] if a.smoke else SUSTAINED, device, a.sustain)
+        runs.append(measure_gemms(SMOKE_GEMMS if a.smoke else gemm_shapes(klass), device, a.reps, 1, klass))
     if "attention" in a.what:
         shapes, backends = (SMOKE_SHAPES, ("MATH",)) if a.smoke else (SHAPES, BACKENDS)
-        recs += measure_attention(shapes, device, a.reps, 1 if a.smoke else 3, klass, backends)
-    print(report(recs))
-    if a.out:
-        config = {"card_rates": {"what": a.what, "reps": a.reps, "sustain_s": a.sustain, "card": name}}
-        write_rows(recs, a.out, config)
+        runs.append(measure_attention(shapes, device, a.reps, 1 if a.smoke else 3, klass, backends))
+    records = []
+    for run in runs:
+        for r in run:
+            records.append(r)
+            print(line(r), flush=True)
+            if sink:
+                sink(r)
+    print(summary(records))
     return 0
 
 

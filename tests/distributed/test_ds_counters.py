@@ -1,4 +1,4 @@
-"""DeepSpeed's loop queries (``is_gradient_accumulation_boundary``, ``was_step_applied``, ``global_steps``,
+"""DeepSpeed's loop queries (what ``engine.backward`` returns, ``is_gradient_accumulation_boundary``, ``was_step_applied``, ``global_steps``,
 ``get_global_grad_norm``, ``gradient_accumulation_steps``, ``zero_optimization_stage``) read what DeepSpeed's
 own engine reads in the same loop, and both engines end with the same parameters
 (``tests/helpers/ds_counters.py``). Without DeepSpeed installed, the sequence is checked against its rule."""
@@ -29,10 +29,19 @@ def test_deepspeed_loop_queries_match_deepspeed(stage, plain):
         assert [m["global_steps"] for m in ours] == [(k + 1) // ACCUM for k in range(MICRO_BATCHES)]
         assert all(m["norm"] > 0 for m in ours if m["boundary_after_backward"])
         assert r["queries"] == (ACCUM, stage)
+        assert [m["returned_over_loss"] for m in ours] == (
+            [None] * MICRO_BATCHES if plain else [1 / ACCUM] * MICRO_BATCHES
+        )
         if "deepspeed" not in r:  # not installed, or loss.backward() at stage 0, which DeepSpeed refuses
             continue
         theirs = r["deepspeed"]
-        for key in ("boundary_before_forward", "boundary_after_backward", "applied", "global_steps"):
+        for key in (
+            "boundary_before_forward",
+            "boundary_after_backward",
+            "applied",
+            "global_steps",
+            "returned_over_loss",
+        ):
             assert [m[key] for m in ours] == [m[key] for m in theirs], key
         # DeepSpeed 0.19.8 keeps no norm at stage 0 with a client torch optimizer (None); ours has it there too.
         pairs = [(a["norm"], b["norm"]) for a, b in zip(ours, theirs) if b["norm"] is not None]

@@ -79,6 +79,7 @@ def test_load_optimizer_states_false_loads_weights_and_counters(load_options):
         assert res["master"] == 0.0 and res["module"] == 0.0, res
         assert res["moments_kept"] and res["step"] == (1, 1) and res["lr"] == ([2e-3], [2e-3]), res
         assert res["global"] == (3, 1), "global_steps comes back with the weights, as DeepSpeed's"
+        assert res["skipped"] == (2, 0), "skipped_steps comes back with the weights, as DeepSpeed's"
         assert res["path"] == "full" and res["client"] == {}
 
 
@@ -88,6 +89,7 @@ def test_load_module_only_loads_the_weights_alone(load_options):
         res = r["module_only"]
         assert res["master"] == 0.0 and res["module"] == 0.0, res
         assert res["moments_kept"] and res["step"] == (1, 1) and res["global"] == (1, 1), res
+        assert res["skipped"] == (0, 0), res
         assert res["lr"] == ([2e-3], [2e-3]), res
 
 

@@ -102,13 +102,14 @@ def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False, sourc
         dp_group=group,
     )
     assert optimizer is engine.optimizer and scheduler.optimizer is optimizer and engine.lr_scheduler is scheduler
+    returned = []
     for x, y in loader:
         loss = F.mse_loss(engine(x), y)
-        engine.backward(loss)
+        returned.append((engine.backward(loss) / loss).item())
         engine.step()
     with engine.gathered_params():
         params = [p.detach().tolist() for p in model.parameters()]  # plain data across the process boundary
-    return params, engine.global_steps, engine.get_lr(), len(loader)
+    return params, engine.global_steps, engine.get_lr(), len(loader), returned
 
 
 def _reference(schedule=_schedule):
@@ -155,8 +156,11 @@ def test_deepspeeds_loop_from_a_deepspeed_config_matches_one_process(stage, mesh
     """``mesh``: the DP group given as a 1-D DeviceMesh, as apply_zero takes it. ``source``: where the optimizer
     and the scheduler come from (``_deepspeed_loop``); the config's is DeepSpeed's WarmupDecayLR."""
     ref, steps, lr = _reference(_config_schedule if source == "config" else _schedule)
-    for params, got_steps, got_lr, batches in run_distributed(_deepspeed_loop, WORLD, stage, mesh, source, timeout=180):
+    for params, got_steps, got_lr, batches, returned in run_distributed(
+        _deepspeed_loop, WORLD, stage, mesh, source, timeout=180
+    ):
         assert batches == SAMPLES // WORLD // MICRO and got_steps == steps == 4
+        assert returned == pytest.approx([1 / ACCUM] * batches)  # backward() returns loss / gas, as DeepSpeed's
         assert got_lr == pytest.approx(lr)  # the scheduler was stepped once per optimizer step
         assert max((torch.tensor(p) - q).abs().max().item() for p, q in zip(params, ref)) < 1e-5
 
@@ -175,7 +179,7 @@ elif sys.argv[1] == "args":  # DeepSpeed's tutorials: deepspeed.add_config_argum
 else:  # deepspeed.initialize's positional order: args, model, optimizer, model_parameters
     engine, opt, _, _ = initialize(None, model, None, model.parameters(), config=config)
 loss = engine(torch.ones(2, 4)).sum()
-assert engine.backward(loss) is loss  # as DeepSpeed's
+assert torch.equal(engine.backward(loss), loss)  # DeepSpeed's: loss / gradient_accumulation_steps() (1 here)
 engine.step()
 print(dist.get_world_size(), engine.global_steps, engine.zero_optimization_stage())
 print(engine.train_micro_batch_size_per_gpu(), engine.train_batch_size(), engine.skipped_steps, engine.get_mom())
@@ -185,6 +189,36 @@ try:
 except Exception as e:
     print(type(e).__name__, "|", e)
 """
+
+
+WEIGHT_DECAY_SCRIPT = """
+import sys, torch
+from torch import nn
+import zerobench.zero as Z
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(3, 2), nn.LayerNorm(2))
+model[1].bias.data.fill_(0.25)
+model[1].bias.requires_grad_(False)
+before = [p.detach().clone() for p in model.parameters()]
+config = {"train_batch_size": 1, "gradient_clipping": 0.0, "zero_optimization": {"stage": int(sys.argv[1])},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1.0, "weight_decay": 0.5}}}
+engine, *_ = Z.initialize(model=model, config=config)
+engine.backward((engine(torch.zeros(1, 3)) * 0).sum())  # zero gradients: the step is the weight decay alone
+engine.step()
+with engine.gathered_params():
+    print([round((p / b).mean().item(), 6) for p, b in zip(model.parameters(), before)])
+"""
+
+
+@pytest.mark.parametrize("stage", [0, pytest.param(3, marks=SLOW)])
+def test_without_model_parameters_the_configs_weight_decay_reaches_every_parameter(stage):
+    """DeepSpeed's engine takes ``module.parameters()`` where ``model_parameters`` is not given, so the config's
+    weight decay reaches biases and norms too (before, zerobench's own default left out every parameter of fewer
+    than 2 dimensions). With zero gradients, lr 1 and weight decay 0.5, AdamW halves each trained parameter; the
+    frozen one stays."""
+    r = run_plain_python("-c", WEIGHT_DECAY_SCRIPT, str(stage))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[-2] == "[0.5, 0.5, 0.5, 1.0]"  # Linear weight, bias; LayerNorm weight; frozen bias
 
 
 @pytest.mark.parametrize(

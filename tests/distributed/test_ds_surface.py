@@ -66,6 +66,14 @@ def _surface(rank: int, world: int, stage: int) -> dict:
         samples.append(engine.global_samples)
     out["samples"], out["global_steps"] = samples, engine.global_steps
     out["eval_returns_engine"] = engine.eval() is engine and not model.training
+    out["dynamic_loss_scale"] = engine.dynamic_loss_scale()  # DeepSpeed's: loss_scale 0 (its default) outside fp16 too
+    out["training_dataloader"] = engine.training_dataloader  # initialize() was given no training_data
+    engine.set_train_micro_batch_size(3)
+    out["batch_after"] = engine.get_batch_info()
+    try:
+        engine.set_train_micro_batch_size(0)
+    except Exception as e:  # noqa: BLE001 (the message is what is checked)
+        out["bad_micro"] = f"{type(e).__name__}: {e}"
     return out
 
 
@@ -80,6 +88,9 @@ def test_deepspeed_names_and_the_modules_pass_through(stage):
         assert r["hasattr_private"] is False
         assert r["samples"] == [0, 8, 8, 16] and r["global_steps"] == 2  # train_batch_size() per optimizer step
         assert r["eval_returns_engine"]
+        assert r["dynamic_loss_scale"] is True and r["training_dataloader"] is None
+        assert r["batch_after"] == (12, 3, 2)  # DeepSpeed's set_train_micro_batch_size: the accumulation stays
+        assert r["bad_micro"] == "ConfigError: set_train_micro_batch_size: give a positive integer, not 0"
 
 
 def _partitioned_sizes(rank: int, world: int, stage: int) -> dict:
@@ -121,3 +132,87 @@ def test_stage3_parameters_carry_deepspeeds_sizes(stage):
         else:
             assert r["ds_shape"] == r["ds_numel"] == [None] * 4
         assert r["has_ds_id"] == [False] * 4
+
+
+def _tags(rank: int, world: int, mode: str, stage: int, root: str) -> dict:
+    """Each rank saves under its own tag (a rank number in it), as DeepSpeed's ``test_checkpoint_unique_tag``."""
+    import os
+    import warnings
+
+    import zerobench.zero as Z
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.manual_seed(0)
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW"},
+        "checkpoint": {"tag_validation": mode},
+    }
+    engine, *_ = Z.initialize(model=Net(), config=cfg)
+    out: dict = {}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            engine.save_checkpoint(root, tag=f"tag-{rank}")
+            out["saved"] = True
+        except Exception as e:  # noqa: BLE001 (the type and message are what is checked)
+            out["error"] = (type(e).__name__, isinstance(e, AssertionError), str(e))
+        engine.save_checkpoint(root, tag="same")  # one tag on every rank: no word from the check
+    out["warned"] = [str(w.message) for w in said if "differs across ranks" in str(w.message)]
+    out["written"] = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    return out
+
+
+@pytest.mark.parametrize("mode, stage", [("Fail", 0), ("Warn", 0), ("Ignore", 0), ("Warn", 1)])
+def test_checkpoint_tag_validation_as_deepspeeds(mode, stage, tmp_path):
+    """DeepSpeed's ``checkpoint.tag_validation`` over ranks that give different tags: ``Fail`` refuses on every rank
+    in one line (an ``AssertionError``, as DeepSpeed's) before anything is written; ``Warn`` (the default) says so
+    and every rank saves under rank 0's tag, one whole checkpoint; ``Ignore`` does that without a word. Before,
+    the key had no effect: a stage-0 save kept rank 0's tag without a word and left rank 1's staging directory.
+    Stage 1 is checked too: there every rank writes a shard, which a tag of its own would have torn."""
+    for r in run_distributed(_tags, 2, mode, stage, str(tmp_path / "ckpt")):
+        if mode == "Fail":
+            name, is_assertion, msg = r["error"]
+            assert name == "CheckpointTagMismatch" and is_assertion and "\n" not in msg
+            assert msg.startswith("checkpoint tag 'tag-") and "differs across ranks (2 tags among 2 ranks" in msg
+            assert r["written"] == ["latest", "same"] and r["warned"] == []
+        else:
+            assert r["saved"] and r["written"] == ["latest", "same", "tag-0"]
+            assert len(r["warned"]) == (1 if mode == "Warn" else 0)
+
+
+class _Recorder:
+    """A scheduler that records the keywords each ``step`` gets (Megatron-style schedulers take some)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.calls = optimizer, []
+
+    def step(self, **kwargs):
+        self.calls.append(kwargs)
+
+    def state_dict(self):
+        return {"calls": len(self.calls)}
+
+
+def _lr_kwargs(rank: int, world: int) -> list:
+    import os
+
+    import zerobench.zero as Z
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.manual_seed(0)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW"}}
+    engine, _, _, sched = Z.initialize(model=Net(), config=cfg, lr_scheduler=_Recorder)  # a class: a callable
+    for kwargs in ({"increment": 4}, None):
+        engine.backward(engine(torch.ones(2, 6)).sum())
+        engine.step(lr_kwargs=kwargs)
+    return sched.calls
+
+
+def test_step_passes_lr_kwargs_to_the_scheduler():
+    """DeepSpeed's ``engine.step(lr_kwargs=...)``: the scheduler's ``step`` gets them after the optimizer step. The
+    scheduler is given as its class, which DeepSpeed calls with the optimizer as any callable (before, its ``step``
+    attribute made it look like a scheduler built on another optimizer, refused)."""
+    for calls in run_distributed(_lr_kwargs, 2):
+        assert calls == [{"increment": 4}, {}]

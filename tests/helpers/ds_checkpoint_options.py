@@ -38,6 +38,7 @@ def _own_state(engine) -> dict:
         "moments": _moments(engine),
         "step": engine.adamw.step_count,
         "global": engine.global_steps,
+        "skipped": engine.skipped_steps,
         "lr": engine.get_lr(),
     }
 
@@ -47,6 +48,7 @@ def _kept(engine, own: dict) -> dict:
         "moments_kept": all(torch.equal(x, y) for x, y in zip(_moments(engine), own["moments"])),
         "step": (engine.adamw.step_count, own["step"]),
         "global": (engine.global_steps, own["global"]),
+        "skipped": (engine.skipped_steps, own["skipped"]),
         "lr": (engine.get_lr(), own["lr"]),
     }
 
@@ -63,6 +65,7 @@ def ds_load_options(rank: int, world: int, stage: int, save_dir: str) -> dict:
     a = _engine(group, stage, seed=0)
     _bn_train(a, rank, range(3))
     a.optimizer.param_groups[0]["lr"] = 5e-3
+    a.scaler.skipped_steps = 2  # as if two of its fp16 steps had overflowed: DeepSpeed's counter, saved with it
     a.save_checkpoint(save_dir, tag="full")
     a.save_checkpoint(save_dir, tag="nofrozen", save_latest=False, exclude_frozen_parameters=True)
     saved_master = full_parameters(a)

@@ -1,7 +1,7 @@
 """DeepSpeed's loop queries on the ZeRO engine, side by side with DeepSpeed's own engine (when installed) in the
 same ranks: the same model, batches, accumulation and clipping, driven by the same loop, recording what a
-DeepSpeed training script reads each micro-batch (``is_gradient_accumulation_boundary()`` before forward and
-after backward, ``was_step_applied()``, ``global_steps``, ``get_global_grad_norm()`` at the boundaries) and the
+DeepSpeed training script reads each micro-batch (what ``engine.backward(loss)`` returns, over the loss;
+``is_gradient_accumulation_boundary()`` before forward and after backward, ``was_step_applied()``, ``global_steps``, ``get_global_grad_norm()`` at the boundaries) and the
 parameters after training. The loop calls ``engine.backward(loss)``, or ``loss.backward()`` (DeepSpeed divides that
 gradient by ``gradient_accumulation_steps`` too)."""
 
@@ -27,7 +27,7 @@ def _loop(engine, data, rank: int, world: int, plain: bool) -> list[dict]:
     for x, y in data:
         before = engine.is_gradient_accumulation_boundary()
         loss = engine(slice_of(x, rank, world), slice_of(y, rank, world))
-        loss.backward() if plain else engine.backward(loss)
+        returned = loss.backward() if plain else (engine.backward(loss) / loss).item()
         after = engine.is_gradient_accumulation_boundary()
         engine.step()
         norm = engine.get_global_grad_norm() if after else None
@@ -38,6 +38,7 @@ def _loop(engine, data, rank: int, world: int, plain: bool) -> list[dict]:
                 "applied": engine.was_step_applied(),
                 "global_steps": engine.global_steps,
                 "norm": None if norm is None else float(norm),
+                "returned_over_loss": returned,
             }
         )
     return seen

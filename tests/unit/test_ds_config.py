@@ -308,3 +308,21 @@ def test_a_config_without_an_optimizer_says_how_to_give_one():
         assert str(e.value).startswith('DeepSpeed config has no optimizer: add {"optimizer"') and "\n" not in str(
             e.value
         )
+
+
+def test_checkpoint_tag_validation_as_deepspeed_reads_it():
+    """``checkpoint.tag_validation``: DeepSpeed's three modes in any case, ``Warn`` by default; another value, and
+    ``load_universal`` (DeepSpeed's universal checkpoints), are one line each; the section's other keys are
+    listed as ignored."""
+    base = {"train_batch_size": 2, "optimizer": {"type": "AdamW"}}
+    assert from_deepspeed(base, dp=1).tag_validation == "WARN"
+    for given, want in (("Fail", "FAIL"), ("ignore", "IGNORE"), ("WARN", "WARN")):
+        assert from_deepspeed({**base, "checkpoint": {"tag_validation": given}}, dp=1).tag_validation == want
+    with pytest.raises(ConfigError, match=r"checkpoint.tag_validation: must be Warn, Ignore or Fail .*got 'foo'"):
+        from_deepspeed({**base, "checkpoint": {"tag_validation": "foo"}}, dp=1)
+    with pytest.raises(
+        ConfigError, match=r"checkpoint\.load_universal: DeepSpeed's universal checkpoints are not read"
+    ):
+        from_deepspeed({**base, "checkpoint": {"load_universal": True}}, dp=1)
+    ds = from_deepspeed({**base, "checkpoint": {"load_universal": False, "use_node_local_storage": True}}, dp=1)
+    assert "checkpoint.use_node_local_storage" in ds.ignored and ds.tag_validation == "WARN"

@@ -155,7 +155,11 @@ def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True
         engine.global_steps = int(meta.get("global_steps", meta["step"]))
         engine.scaler.load_state_dict(meta["scaler"])
     engine.params_from_master()
-    return {"step": int(meta["step"]), "global_steps": int(meta.get("global_steps", meta["step"]))}
+    return {
+        "step": int(meta["step"]),
+        "global_steps": int(meta.get("global_steps", meta["step"])),
+        "skipped_steps": int(meta.get("scaler", {}).get("skipped_steps", 0)),
+    }
 
 
 def union_length(intervals: list[tuple[int, int]]) -> int:

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
@@ -76,6 +77,35 @@ def check_tag(tag: str) -> str:
     return tag
 
 
+class CheckpointTagMismatch(ConfigError, AssertionError):
+    """The ranks gave ``save_checkpoint`` different tags under ``checkpoint.tag_validation`` ``Fail``: an
+    ``AssertionError``, as DeepSpeed's, and a ``ConfigError``, one line."""
+
+
+def validate_tag(engine: Engine, tag: str) -> str:
+    """The tag every rank saves under, by DeepSpeed's ``checkpoint.tag_validation`` (``engine.tag_validation``;
+    ``WARN`` by default). A checkpoint is one transaction under one tag, so ranks that give different tags (a rank
+    number in it) cannot each have theirs: ``FAIL`` refuses in one line before anything is written, ``WARN`` warns
+    and saves under world rank 0's tag, ``IGNORE`` saves under it without a word. A collective over the world (one
+    small all-gather), as DeepSpeed's check is."""
+    mode = getattr(engine, "tag_validation", "WARN")
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tag
+    tags: list = [None] * dist.get_world_size()
+    dist.all_gather_object(tags, tag)
+    if len(set(tags)) == 1:
+        return tag
+    msg = (
+        f"checkpoint tag {tag!r} differs across ranks ({len(set(tags))} tags among {len(tags)} ranks): a "
+        "checkpoint is one tag for every rank; leave the rank out of the tag"
+    )
+    if mode == "FAIL":
+        raise CheckpointTagMismatch(msg)
+    if mode == "WARN":
+        warnings.warn(f"{msg} (saving under rank 0's tag {tags[0]!r})", stacklevel=4)
+    return tags[0]
+
+
 def save_tagged(
     engine: Engine,
     save_dir: str | os.PathLike,
@@ -88,7 +118,7 @@ def save_tagged(
     included) and point ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory.
     Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
     parameters out (load it with ``load_module_strict=False``)."""
-    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
+    tag = validate_tag(engine, check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}"))
     blob = _plain(dict(client_state or {}))
     sched = (
         None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
@@ -147,18 +177,20 @@ def load_tagged(
 ) -> tuple[str | None, dict | None]:
     """Load ``load_dir/<tag>`` (default: the tag ``load_dir/latest`` names); returns (its path, the client
     state). With no tag given and no ``latest``, warns and returns (None, None), as DeepSpeed does. DeepSpeed's
-    options: ``load_optimizer_states=False`` loads the weights and the counters, and keeps this engine's moments,
-    step count, loss scale and learning rates; ``load_module_only=True`` loads the weights alone;
-    ``load_module_strict=False`` skips the buffers and frozen parameters that the checkpoint or the model lacks;
-    ``load_lr_scheduler_states=False`` leaves ``engine.lr_scheduler`` where it is (it loads otherwise, unless
-    ``load_module_only``; a checkpoint saved without one warns that the schedule starts from its beginning)."""
+    options: ``load_optimizer_states=False`` loads the weights and the counters (``global_steps``,
+    ``skipped_steps``), and keeps this engine's moments, step count, loss scale and learning rates;
+    ``load_module_only=True`` loads the weights alone; ``load_module_strict=False`` skips the buffers and frozen
+    parameters that the checkpoint or the model lacks; ``load_lr_scheduler_states=False`` leaves
+    ``engine.lr_scheduler`` where it is (it loads otherwise, unless ``load_module_only``; a checkpoint saved
+    without one warns that the schedule starts from its beginning)."""
     path = tagged_path(load_dir, tag)
     if path is None:
         warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)
         return None, None
     counters = load_sharded(engine, path, optimizer_states=load_optimizer_states and not load_module_only)
-    if not load_module_only:
+    if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
         engine.global_steps = counters["global_steps"]
+        engine.scaler.skipped_steps = counters["skipped_steps"]
     _load_extras(engine, path, load_module_strict)
     if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
         _load_scheduler(engine.lr_scheduler, path)

@@ -62,9 +62,9 @@ def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.
 
 
 def check_scheduler(scheduler, client: torch.optim.Optimizer | None) -> bool:
-    """Whether ``scheduler`` (not None) is one already built, which must be on ``client``; a callable is not (one
-    line for anything else)."""
-    built = hasattr(scheduler, "step")
+    """Whether ``scheduler`` (not None) is one already built, which must be on ``client``; a callable is not, a
+    scheduler class taking the optimizer included (one line for anything else)."""
+    built = hasattr(scheduler, "step") and not isinstance(scheduler, type)  # a class is a callable, as DeepSpeed's
     if (built or not callable(scheduler)) and (client is None or getattr(scheduler, "optimizer", None) is not client):
         raise ConfigError(
             "initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the "

@@ -42,7 +42,6 @@ _NO_EFFECT = {
     "memory_breakdown",
     "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer",
-    "checkpoint",
     "timers",
     "monitor_config",
     "activation_checkpointing",
@@ -103,6 +102,9 @@ class DeepSpeedConfig:
     """Keys read that change nothing here (DeepSpeed's own buffer sizes, logging, profilers), as dotted paths."""
     scheduler: SchedulerSpec | None = None
     """``scheduler``: the learning-rate schedule ``initialize`` builds on the engine's optimizer (None: none)."""
+    tag_validation: str = "WARN"
+    """``checkpoint.tag_validation``: what ``save_checkpoint`` does when the ranks give different tags (``WARN``,
+    DeepSpeed's default; ``FAIL``; ``IGNORE``)."""
 
 
 def load(config) -> dict:
@@ -282,6 +284,7 @@ def _check_top(cfg: dict, ignored: list[str]) -> None:
         "sparse_gradients",
         "dataloader_drop_last",
         "scheduler",
+        "checkpoint",
     }
     for k, v in cfg.items():
         if k in _REFUSED and v not in (None, {}, False) and not (isinstance(v, dict) and v.get("enabled") is False):
@@ -301,6 +304,27 @@ def _check_top(cfg: dict, ignored: list[str]) -> None:
             "DeepSpeed config communication_data_type: gradients are reduced in the training dtype; remove the key"
         )
     ignored += sorted(k for k in cfg if k in _NO_EFFECT)
+
+
+TAG_VALIDATION = ("WARN", "IGNORE", "FAIL")
+
+
+def _checkpoint(cfg: dict, ignored: list[str]) -> str:
+    """``checkpoint.tag_validation`` (DeepSpeed's modes, any case; default ``WARN``), and ``load_universal`` refused;
+    the section's other keys (where DeepSpeed writes from) change nothing here."""
+    sec = section(cfg, "checkpoint")
+    mode = sec.get("tag_validation", "Warn")
+    if not isinstance(mode, str) or mode.upper() not in TAG_VALIDATION:
+        raise ConfigError(
+            f"DeepSpeed config checkpoint.tag_validation: must be Warn, Ignore or Fail (any case), got {mode!r}"
+        )
+    if flag(sec, "load_universal", False, "checkpoint"):
+        raise ConfigError(
+            "DeepSpeed config checkpoint.load_universal: DeepSpeed's universal checkpoints are not read here, and "
+            "a zerobench checkpoint loads at another world size as it is: leave it false"
+        )
+    ignored += [f"checkpoint.{k}" for k in sorted(sec) if k not in ("tag_validation", "load_universal")]
+    return mode.upper()
 
 
 GRADIENT_CLIPPING_DEFAULT = 1.0
@@ -336,6 +360,6 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
         **_zero(cfg, ignored),
     )
     zero.validate()
-    return DeepSpeedConfig(
-        zero, micro, train, flag(cfg, "dataloader_drop_last", False, ""), tuple(ignored), parse(cfg.get("scheduler"))
-    )
+    tags = _checkpoint(cfg, ignored)
+    drop_last = flag(cfg, "dataloader_drop_last", False, "")
+    return DeepSpeedConfig(zero, micro, train, drop_last, tuple(ignored), parse(cfg.get("scheduler")), tags)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from zerobench.config import ConfigError
 from zerobench.distributed.env import detect
 from zerobench.zero.compat.deepspeed.checkpoints import load_tagged, save_tagged
+from zerobench.zero.config import LossScaleRule
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.state.export import full_state_dict, save_whole
@@ -38,6 +39,11 @@ class DeepSpeedEngine(ZeroEngine):
     """The learning-rate scheduler ``initialize`` attached (stepped after every applied step, checkpointed)."""
     micro_batch: int | None = None
     """Samples per DP rank in one micro-batch, from the DeepSpeed config (None from ``as_deepspeed``)."""
+    tag_validation = "WARN"
+    """``checkpoint.tag_validation`` of the DeepSpeed config: what ``save_checkpoint`` does with ranks' differing
+    tags (``checkpoints.validate_tag``)."""
+    training_dataloader = None
+    """The loader ``initialize`` made of ``training_data`` (DeepSpeed's attribute; None without one)."""
 
     def __call__(self, *args, **kwargs):
         """``engine(batch)``: the model's forward."""
@@ -52,6 +58,34 @@ class DeepSpeedEngine(ZeroEngine):
             return found
         where = f" nor has its module ({type(module).__name__})" if module is not None else ""
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}{where}")
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """The engine's backward (``ZeroEngine.backward``); returns what DeepSpeed's returns: ``loss`` divided by
+        ``gradient_accumulation_steps()`` (``scale_wrt_gas``), the share of the window's loss this micro-batch
+        is, which a script summing the returns over a window logs as the window's mean."""
+        super().backward(loss, retain_graph, scale_wrt_gas)
+        return loss / self.config.grad_accum_steps if scale_wrt_gas else loss
+
+    def step(self, lr_kwargs: dict | None = None) -> bool:
+        """``ZeroEngine.step``; ``lr_kwargs`` go to the scheduler's ``step`` after an applied optimizer step, as
+        DeepSpeed's ``engine.step(lr_kwargs=...)`` passes them."""
+        self._lr_kwargs = lr_kwargs or {}
+        try:
+            return super().step()
+        finally:
+            self._lr_kwargs = {}
+
+    def dynamic_loss_scale(self) -> bool:
+        """Whether the loss scale moves (DeepSpeed's: its configured ``loss_scale`` is 0, its default, which it
+        reports outside fp16 too)."""
+        return self.scaler.cfg.rule is not LossScaleRule.STATIC
+
+    def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
+        """DeepSpeed's: the samples per DP rank in one micro-batch from now on (``train_batch_size()`` follows;
+        the accumulation steps stay)."""
+        if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise ConfigError(f"set_train_micro_batch_size: give a positive integer, not {micro_batch_size!r}")
+        self.micro_batch = micro_batch_size
 
     def get_lr(self) -> list[float]:
         """Each param group's learning rate."""

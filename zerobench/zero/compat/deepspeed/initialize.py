@@ -18,9 +18,10 @@ fp16's hysteresis 2 and window 1000) and its rule for moving the fp16 loss scale
 ``GradScaler`` rule.
 
 As DeepSpeed, ``model_parameters`` are the optimizer's groups (the config's weight decay on every parameter
-given); without them every trained parameter is one group with weight decay on 2+-dim parameters
-(zerobench's default). The default process group is initialised from torchrun's or Slurm's environment where
-nothing has initialised it (``zerobench.distributed.env``; a world of one without either), as
+given); without them the model's parameters are one group, and the config's weight decay reaches every one of
+them, biases and norms included, as DeepSpeed's engine takes ``module.parameters()`` (``apply_zero``'s own
+default decays 2+-dim parameters only). The default process group is initialised from torchrun's or Slurm's
+environment where nothing has initialised it (``zerobench.distributed.env``; a world of one without either), as
 ``deepspeed.init_distributed``; the engine uses the group passed as ``dp_group`` (default: the whole world). A
 model on the CPU goes to this rank's GPU where there is one, as DeepSpeed moves it.
 """
@@ -114,7 +115,8 @@ def initialize(
         optimizer: None (the engine builds AdamW from the config's ``optimizer`` section), or the client's: a fresh
             ``torch.optim.AdamW`` or a callable building one from ``model_parameters``, whose param groups the
             engine trains (``client.py``; the returned optimizer is the engine's).
-        model_parameters: the optimizer's parameters or groups (the config's weight decay on every one given).
+        model_parameters: the optimizer's parameters or groups (the config's weight decay on every one given;
+            default: all the model's, as DeepSpeed's).
         training_data: a dataset, returned as a loader of micro-batches of this rank's share.
         lr_scheduler: None (the config's ``scheduler`` section, if any), a callable ``fn(optimizer)`` returning a
             scheduler over the engine's optimizer, or a scheduler built on the client optimizer (rebound to the
@@ -161,6 +163,8 @@ def initialize(
     client, groups = None, None if model_parameters is None else list(model_parameters)
     if optimizer is not None:
         client, groups = client_groups(optimizer, model, groups)
+    elif groups is None:  # DeepSpeed's engine takes module.parameters(): one group the config's weight decay
+        groups = list(model.parameters())  # reaches whole, biases and norms too (apply_zero's decays 2+-dim ones)
     built = lr_scheduler is not None and check_scheduler(lr_scheduler, client)  # before any collective
     device = _init_distributed()
     group = Group.coerce(dp_group, "dp", "initialize's dp_group")
@@ -171,7 +175,9 @@ def initialize(
         units = layer_units(model) or None  # none found: apply_zero's default, and its warning
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
     engine = as_deepspeed(engine, cfg.micro_batch)
+    engine.tag_validation = cfg.tag_validation
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
+    engine.training_dataloader = loader
     scheduler = None
     if built:
         scheduler = rebind(lr_scheduler, engine.optimizer)

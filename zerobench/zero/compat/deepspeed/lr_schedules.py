@@ -418,4 +418,4 @@ def attach(engine: Engine, scheduler) -> None:
     after every optimizer step that was applied (not inside an accumulation window, nor on an fp16 overflow)."""
     engine.lr_scheduler = scheduler
     opt = engine.optimizer
-    opt.register_step_post_hook(lambda *_: scheduler.step() if opt.applied else None)
+    opt.register_step_post_hook(lambda *_: scheduler.step(**getattr(engine, "_lr_kwargs", {})) if opt.applied else None)

@@ -15,6 +15,7 @@ loads with ``weights_only=True``: ``client_state`` must hold tensors and plain P
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
@@ -86,24 +87,29 @@ def validate_tag(engine: Engine, tag: str) -> str:
     """The tag every rank saves under, by DeepSpeed's ``checkpoint.tag_validation`` (``engine.tag_validation``;
     ``WARN`` by default). A checkpoint is one transaction under one tag, so ranks that give different tags (a rank
     number in it) cannot each have theirs: ``FAIL`` refuses in one line before anything is written, ``WARN`` warns
-    and saves under world rank 0's tag, ``IGNORE`` saves under it without a word. A collective over the world (one
-    small all-gather), as DeepSpeed's check is."""
-    mode = getattr(engine, "tag_validation", "WARN")
+    and saves under world rank 0's tag, ``IGNORE`` saves under it without a word.
+
+    The check is DeepSpeed's: one all-reduce over the world of the tag's hash (its maximum and, negated, its
+    minimum: equal on every rank exactly when the tags are), and rank 0's tag is sent only where they differ."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return tag
-    tags: list = [None] * dist.get_world_size()
-    dist.all_gather_object(tags, tag)
-    if len(set(tags)) == 1:
+    h = int.from_bytes(hashlib.sha1(tag.encode()).digest()[:7], "big")
+    seen = torch.tensor([h, -h], dtype=torch.int64, device=getattr(engine, "device", None))
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    if int(seen[0]) == -int(seen[1]):
         return tag
+    box = [tag]
+    dist.broadcast_object_list(box, src=0)
     msg = (
-        f"checkpoint tag {tag!r} differs across ranks ({len(set(tags))} tags among {len(tags)} ranks): a "
-        "checkpoint is one tag for every rank; leave the rank out of the tag"
+        f"checkpoint tag {tag!r} differs across ranks: a checkpoint is one tag for every rank; leave the rank out "
+        "of the tag"
     )
+    mode = getattr(engine, "tag_validation", "WARN")
     if mode == "FAIL":
         raise CheckpointTagMismatch(msg)
     if mode == "WARN":
-        warnings.warn(f"{msg} (saving under rank 0's tag {tags[0]!r})", stacklevel=4)
-    return tags[0]
+        warnings.warn(f"{msg} (saving under rank 0's tag {box[0]!r})", stacklevel=4)
+    return box[0]
 
 
 def save_tagged(

@@ -1,7 +1,7 @@
-"""DeepSpeed's loop queries (what ``engine.backward`` returns, ``is_gradient_accumulation_boundary``, ``was_step_applied``, ``global_steps``,
-``get_global_grad_norm``, ``gradient_accumulation_steps``, ``zero_optimization_stage``) read what DeepSpeed's
-own engine reads in the same loop, and both engines end with the same parameters
-(``tests/helpers/ds_counters.py``). Without DeepSpeed installed, the sequence is checked against its rule."""
+"""DeepSpeed's loop queries (what ``engine.backward`` returns, ``is_gradient_accumulation_boundary``,
+``was_step_applied``, ``global_steps``, ``get_global_grad_norm``, ``gradient_accumulation_steps``,
+``zero_optimization_stage``) read what DeepSpeed's own engine reads in the same loop, and both engines end with
+the same parameters (``tests/helpers/ds_counters.py``). Without DeepSpeed installed, the sequence is checked against its rule."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """DeepSpeed's loop queries on the ZeRO engine, side by side with DeepSpeed's own engine (when installed) in the
 same ranks: the same model, batches, accumulation and clipping, driven by the same loop, recording what a
 DeepSpeed training script reads each micro-batch (what ``engine.backward(loss)`` returns, over the loss;
-``is_gradient_accumulation_boundary()`` before forward and after backward, ``was_step_applied()``, ``global_steps``, ``get_global_grad_norm()`` at the boundaries) and the
-parameters after training. The loop calls ``engine.backward(loss)``, or ``loss.backward()`` (DeepSpeed divides that
+``is_gradient_accumulation_boundary()`` before forward and after backward, ``was_step_applied()``,
+``global_steps``, ``get_global_grad_norm()`` at the boundaries) and the parameters after training. The loop calls ``engine.backward(loss)``, or ``loss.backward()`` (DeepSpeed divides that
 gradient by ``gradient_accumulation_steps`` too)."""
 
 from __future__ import annotations

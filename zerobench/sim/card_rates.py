@@ -29,23 +29,25 @@ measures both on a card:
 
 Each measurement is printed and written as soon as it is made, so a run cut short keeps what it measured, and
 one kernel that fails is a ``skipped`` record with its reason, not the end of the run. The sustained GEMM runs
-first, on a card that has been idle. Rows go to ``--out``, one per (kernel, shape, metric). On a CPU, ``--smoke`` runs both at tiny shapes in fp32:
-the plumbing and the FLOP counts, not a rate anyone should read.
+first, on a card that has been idle. Rows go to ``--out``, one per (kernel, shape, metric). On a CPU,
+``--smoke`` runs both at tiny shapes in fp32: the plumbing and the FLOP counts, not a rate anyone should read.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+
+from zerobench.sim.clocks import DeviceClock, HostClock
 
 KINDS = ("gemm", "attention")
 BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
@@ -65,29 +67,22 @@ def device_class(name: str) -> str | None:
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
-    """A function that runs ``fn`` and returns its seconds. On a GPU: CUDA events around ``fn``'s kernels, with a
-    spin kernel queued first, so that the host has issued them all before the start event is reached and the
-    time is the device's alone (from an idle stream it would include the host's launch of the first one). On a
-    CPU: the host clock."""
-    if device.type == "cuda":
+    """A function that runs ``fn`` and returns its seconds on the profiler's clock for ``device``
+    (``sim.clocks``: CUDA events on a GPU, the host clock on a CPU). On a GPU a spin kernel is queued first, so
+    that the host has issued all of ``fn``'s kernels before the start event is reached and the time is the
+    device's alone (from an idle stream it would include the host's launch of the first one)."""
+    clock = DeviceClock(device) if device.type == "cuda" else HostClock()
 
-        def timed(fn) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def timed(fn) -> float:
+        if device.type == "cuda":
             torch.cuda._sleep(2_000_000)  # about a millisecond at an H100's clocks
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-
-        return timed
-
-    def timed_host(fn) -> float:
-        t0 = time.perf_counter()
+        start = clock.stamp()
         fn()
-        return time.perf_counter() - t0
+        end = clock.stamp()
+        clock.finish()
+        return clock.seconds(end) - clock.seconds(start)
 
-    return timed_host
+    return timed
 
 
 def _dtype(device: torch.device) -> torch.dtype:
@@ -159,17 +154,22 @@ SMOKE_GEMMS = (Gemm("smoke square", 64, 64, 64), Gemm("smoke thin", 256, 16, 64)
 SUSTAINED = Gemm("sustained: MPT-7b fc forward (mb 6)", 6 * 2048, 4 * 4096, 4096)
 
 
-def gemm_charged(g: Gemm, klass: str | None) -> tuple[float, float] | None:
-    """(seconds, of which the launch) the replay charges ``g`` in half precision on ``klass`` at
-    ``compute_scale`` 1, or None where it states no such device."""
+@functools.cache
+def _charging(klass: str):
+    """The stated profile the replay charges ``klass``'s GEMMs with, at ``compute_scale`` 1 (built once)."""
     from zerobench.sim.gpu_costs import StatedProfile
     from zerobench.sim.stated import DEVICES
 
+    return StatedProfile(dataclasses.replace(DEVICES[STATED[klass]], compute_scale=1.0))
+
+
+def gemm_charged(g: Gemm, klass: str | None) -> tuple[float, float] | None:
+    """(seconds, of which the launch) the replay charges ``g`` in half precision on ``klass`` at
+    ``compute_scale`` 1, or None where it states no such device."""
     if klass not in STATED:
         return None
-    dev = dataclasses.replace(DEVICES[STATED[klass]], compute_scale=1.0)
-    prof = StatedProfile(dev)
-    return prof._gemm(g.m, g.n, g.k, 1, 2, dev.peak_flops), prof.gemm.launch_s
+    prof = _charging(klass)
+    return prof._gemm(g.m, g.n, g.k, 1, 2, prof.dev.peak_flops), prof.gemm.launch_s
 
 
 def _matmul_batch(a: torch.Tensor, b: torch.Tensor, calls: int) -> Callable[[], None]:
@@ -301,7 +301,7 @@ def attention_charged(backend: str, shape: Shape, klass: str | None) -> dict[str
     """The (forward, forward+backward) TFLOP/s the replay charges ``backend``'s kernel at ``shape`` on ``klass``:
     FlashAttention-2's figures for flash (``software.SDPA_FLASH2``), torch's SDPA dispatch (``SDPA_2026``, cuDNN
     on H100) for cuDNN there; None where the simulator states no figure for that kernel on that class."""
-    from zerobench.sim.software import SDPA_2026, SDPA_FLASH2
+    from zerobench.sim.software import SDPA_2026, SDPA_FLASH2, fwd_bwd_rate
     from zerobench.sim.stated import DEVICES
 
     if klass not in STATED:
@@ -313,7 +313,7 @@ def attention_charged(backend: str, shape: Shape, klass: str | None) -> dict[str
     else:
         return None
     fwd, bwd = att.rates(klass, shape.head_dim, DEVICES[STATED[klass]].peak_flops)
-    return {"fwd": fwd / 1e12, "fwd_bwd": 3.5 / (1 / fwd + 2.5 / bwd) / 1e12}
+    return {"fwd": fwd / 1e12, "fwd_bwd": fwd_bwd_rate(fwd, bwd) / 1e12}
 
 
 def _attention_inputs(shape: Shape, device: torch.device):

@@ -227,13 +227,13 @@ _FA3_FIG = (
 )
 
 
-def _fwd_bwd(fwd: float, bwd: float) -> float:
+def fwd_bwd_rate(fwd: float, bwd: float) -> float:
     """Forward+backward TFLOP/s of a kernel from its forward and backward rates: the forward's F FLOPs and the
     backward's 2.5 F, 3.5 F in all (the FlashAttention papers' count)."""
     return 3.5 / (1 / fwd + 2.5 / bwd)
 
 
-_CUDNN_OVER_FA2 = _fwd_bwd(484.0, 465.0) / _fwd_bwd(298.0, 291.0)
+_CUDNN_OVER_FA2 = fwd_bwd_rate(484.0, 465.0) / fwd_bwd_rate(298.0, 291.0)
 """cuDNN's attention against FlashAttention-2 in one benchmark of one paper (``_FA3_FIG``): 1.61."""
 SDPA_2026 = replace(
     SDPA_FLASH2,

@@ -4,6 +4,7 @@ target that holds other files; and the default tag that counts skipped steps, so
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -74,6 +75,24 @@ def test_a_save_that_never_committed_is_refused(tmp_path):
         load_sharded(engine(), tmp_path / "c")
     with pytest.raises(CheckpointMismatch, match="its save never finished"):
         consolidate(tmp_path / "c")
+
+
+@pytest.mark.parametrize("tp", [False, True])
+def test_a_whole_checkpoint_under_a_staging_name_is_refused(tmp_path, tp):
+    """What a save stopped inside its commit leaves: the staged save with its manifest, not yet renamed, or the
+    checkpoint an exchange replaced, not yet removed. Both are whole; neither is the checkpoint, so neither loads."""
+    save_sharded(engine(), tmp_path / "c")
+    staged = tmp_path / ".c.saving-00c0ffee00c0ffee"
+    shutil.copytree(tmp_path / "c", staged / "tp-00" if tp else staged)
+    if tp:  # a TP save's layout: the manifest at the top, one directory per TP rank
+        (staged / "tp-00" / MANIFEST).rename(staged / MANIFEST)
+    if not tp:
+        with pytest.raises(CheckpointMismatch, match=r"staging directory, not a checkpoint .*; load .*/c$"):
+            load_sharded(engine(), staged)
+    with pytest.raises(CheckpointMismatch, match=r"staging directory, not a checkpoint .*; load .*/c$"):
+        consolidate(staged / "tp-00" if tp else staged)
+    b = engine()
+    load_sharded(b, tmp_path / "c")  # the checkpoint itself loads
 
 
 def _legacy(path, step_of=None):

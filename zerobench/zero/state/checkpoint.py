@@ -25,6 +25,7 @@ from zerobench.zero.state.transaction import (
     CheckpointMismatch,
     load_file,
     read_json,
+    refuse_staged,
     transaction,
     write_file,
     write_json,
@@ -86,6 +87,7 @@ def _commit_record(d: Path, meta: dict) -> tuple[list[str], str | None]:
     """The shard files of shard directory ``d`` and their save id from the checkpoint's manifest; (the files
     ``meta.json`` implies, None) for a checkpoint saved before manifests."""
     top, key = (d.parent, d.name) if d.name.startswith("tp-") and not (d / MANIFEST).exists() else (d, ".")
+    refuse_staged(top)
     if not (top / MANIFEST).exists():
         if "save_id" in meta:
             raise CheckpointMismatch(

@@ -119,6 +119,20 @@ def is_checkpoint(path: Path) -> bool:
     return any((path / f).exists() for f in (MANIFEST, "meta.json", "tp-00/meta.json"))
 
 
+def refuse_staged(path: Path) -> None:
+    """Refuse a save's staging directory (``.<name>.saving-<id>``) by its name, even when it holds a whole
+    checkpoint: a save stopped between its manifest and its rename, or, after an exchange, the checkpoint it replaced
+    while it is being removed. Either is whole but was never (or is no longer) the checkpoint at ``<name>``, and a
+    reader must not be able to load it by path."""
+    name = Path(path).name
+    if name.startswith(".") and STAGING in name:
+        target = Path(path).parent / name[1 : name.rindex(STAGING)]
+        raise CheckpointMismatch(
+            f"{path} is a save's staging directory, not a checkpoint (a save that stopped before its commit, or the "
+            f"checkpoint a commit replaced); load {target}"
+        )
+
+
 def check_target(path: Path) -> None:
     """Refuse, before anything is written, a target that is a file or a directory holding something else."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):

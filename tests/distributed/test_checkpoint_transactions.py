@@ -95,19 +95,46 @@ def test_a_dp2_resave_over_a_dp4_checkpoint_killed_leaves_the_dp4_one(tmp_path):
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def tags_holding(root: Path, values: dict) -> list[str]:
+    """The tags of ``root`` (not its staged leftovers) that load ``values`` bit for bit."""
+    return [
+        e.name
+        for e in sorted(root.iterdir())
+        if e.is_dir() and not e.name.startswith(".") and equal(loaded(root, e.name), values)
+    ]
+
+
 @pytest.mark.slow
 def test_a_rank_killed_at_a_random_point_of_a_save(tmp_path):
-    """20 seeds: a random rank dies at a random call of the second save (a re-save of the tag, or a new tag)."""
-    counts = {}
+    """A rank dies at a call event of the second save (a re-save of the tag, or a new tag). 20 seeds draw the rank
+    and the event over the whole save; 8 more kill the committing rank just before, inside and after the commit
+    (the rename that puts the staged directory in place), where the outcome is known: before it the first save is
+    the only one there, after it the second is in place. Those 8 make the commit's window certain to be hit, which
+    20 uniform draws over a save of thousands of events are not."""
+    measured = {}
     for tag2 in ("final", None):
         work = tmp_path / f"measure-{tag2}"
         work.mkdir()
-        counts[tag2] = run_distributed(F.measure_save, 2, str(work), 2, tag2)
-    outcomes = []
+        measured[tag2] = run_distributed(F.measure_save, 2, str(work), 2, tag2)
+    margin = 100  # call events: a save's count varies by about a dozen from run to run
+    draws = []
     for seed in range(20):
         rng = random.Random(seed)
         tag2, victim = rng.choice(["final", None]), rng.randrange(2)
-        event = rng.randrange(1, counts[tag2][victim] + 1)
+        draws.append((seed, "anywhere", tag2, victim, rng.randrange(1, measured[tag2][victim]["total"] + 1)))
+    for seed, where in enumerate(["before"] * 2 + ["inside"] * 3 + ["after"] * 3, start=20):
+        rng, tag2 = random.Random(seed), ("final", None)[seed % 2]
+        commit = measured[tag2][0]
+        assert commit["start"] is not None and commit["end"] is not None, commit  # rank 0 commits
+        low, high = {
+            "before": (1, commit["start"] - margin),
+            "inside": (commit["start"], commit["end"]),
+            "after": (commit["end"] + margin, commit["total"]),
+        }[where]
+        assert low < high, (where, commit)
+        draws.append((seed, where, tag2, 0, rng.randint(low, high)))
+    outcomes = []
+    for seed, where, tag2, victim, event in draws:
         out = tmp_path / f"seed{seed}"
         out.mkdir()
         try:
@@ -117,9 +144,17 @@ def test_a_rank_killed_at_a_random_point_of_a_save(tmp_path):
             killed = True
         first, second = expected(out)
         latest = check_whole_or_refused(out, [first, second])
-        outcomes.append((killed, latest, equal(loaded(out / "ckpt"), second)))
-    assert sum(k for k, _, _ in outcomes) >= 15, outcomes  # the kill points fall inside the save
-    assert any(not new for _, _, new in outcomes) and any(new for _, _, new in outcomes), outcomes
+        new = equal(loaded(out / "ckpt"), second)
+        outcomes.append((where, killed, latest, new))
+        root = out / "ckpt"
+        if where == "before":  # the second save never reached its commit: nothing of it is loadable
+            assert killed and latest == "final" and not new and not tags_holding(root, second), (seed, event)
+        if where == "after":  # it was committed: its tag holds it, whether or not ``latest`` was moved yet
+            holding = tags_holding(root, second)
+            assert len(holding) == 1 and (tag2 is None or (holding == ["final"] and new)), (seed, event, holding)
+    uniform = [o for o in outcomes if o[0] == "anywhere"]
+    assert sum(k for _, k, _, _ in uniform) >= 15, uniform  # the kill points fall inside the save
+    assert any(not new for *_, new in outcomes) and any(new for *_, new in outcomes), outcomes
 
 
 def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(tmp_path):

@@ -81,19 +81,27 @@ def kill_at_event(n: int) -> None:
     sys.setprofile(profile)
 
 
-def count_events(fn) -> int:
-    """How many call events ``kill_at_event`` would count while ``fn()`` runs."""
+def count_events(fn, mark: str | None = None) -> dict[str, int | None]:
+    """How many call events ``kill_at_event`` would count while ``fn()`` runs (``total``), and, for the function
+    named ``mark``, the events at which its first call begins (``start``) and returns (``end``); None where it is
+    not called on this rank."""
     count = [0]
+    span: dict[str, int | None] = {"start": None, "end": None}
 
     def profile(frame, event, arg):
         count[0] += 1
+        if mark is not None and frame.f_code.co_name == mark:
+            if event == "call" and span["start"] is None:
+                span["start"] = count[0]
+            elif event == "return" and span["end"] is None:
+                span["end"] = count[0]
 
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
-    return count[0]
+    return {"total": count[0], **span}
 
 
 def resave_killed(
@@ -123,14 +131,15 @@ def save_first(rank: int, world: int, out: str, stage: int) -> None:
     engine.save_checkpoint(os.path.join(out, "ckpt"), tag="final")
 
 
-def measure_save(rank: int, world: int, out: str, stage: int, tag2: str | None) -> int:
-    """The call events of the second save on this rank, for choosing a kill point within it."""
+def measure_save(rank: int, world: int, out: str, stage: int, tag2: str | None) -> dict[str, int | None]:
+    """The call events of the second save on this rank, for choosing a kill point within it, with the span of the
+    commit (the staged directory put in place, ``_put_in_place``: on the first rank only)."""
     group = dp_groups(rank, world, [world])[world]
     engine = engine_for(group, stage)
     train(engine, rank, world, range(2))
     engine.save_checkpoint(os.path.join(out, "ckpt"), tag="final")
     train(engine, rank, world, range(2, 4))
-    return count_events(lambda: engine.save_checkpoint(os.path.join(out, "ckpt"), tag=tag2))
+    return count_events(lambda: engine.save_checkpoint(os.path.join(out, "ckpt"), tag=tag2), "_put_in_place")
 
 
 def killed_at_random(rank: int, world: int, out: str, stage: int, tag2: str | None, victim: int, event: int) -> None:

@@ -157,6 +157,81 @@ def test_a_rank_killed_at_a_random_point_of_a_save(tmp_path):
     assert any(not new for *_, new in outcomes) and any(new for *_, new in outcomes), outcomes
 
 
+def tp_saves(out: Path, tp: int) -> dict[int, list[dict[str, torch.Tensor]]]:
+    """Each save's values, one dict per TP rank (``ckpt_faults._tp_record``)."""
+    return {k: [torch.load(out / f"expected-{k}-tp{t:02d}.pt", weights_only=True) for t in range(tp)] for k in (1, 2)}
+
+
+def tp_save_held(d: Path, saves: dict[int, list[dict]]) -> int | None:
+    """Which save the TP checkpoint ``d`` holds, every one of its ``tp-XX`` directories from that one save (read
+    by zero_to_fp32's path); None if they do not all hold the same save."""
+    parts = [consolidate(d / f"tp-{t:02d}") for t in range(len(saves[1]))]
+    for k, ranks in saves.items():
+        if all(equal(want, {n: got[n] for n in want}) for want, got in zip(ranks, parts, strict=True)):
+            return k
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_of_a_tp_save_killed_at_a_random_point(tmp_path):
+    """TP 2 x DP 2: a rank dies at a call event of the second save. Every tag then holds one save in all its
+    ``tp-XX`` directories (never one TP rank's slices from each save), ``latest`` names one, and a staged
+    leftover is refused. As above, 8 seeds draw over the whole save and 6 kill the committing rank before,
+    inside and after its commit, where the outcome is asserted."""
+    tp, stage, margin = 2, 2, 100
+    measured = {}
+    for tag2 in ("final", None):
+        work = tmp_path / f"measure-{tag2}"
+        work.mkdir()
+        measured[tag2] = run_distributed(F.tp_measure_save, 4, str(work), tp, stage, tag2)
+    draws = []
+    for seed in range(8):
+        rng = random.Random(seed)
+        tag2, victim = rng.choice(["final", None]), rng.randrange(4)
+        draws.append((seed, "anywhere", tag2, victim, rng.randrange(1, measured[tag2][victim]["total"] + 1)))
+    for seed, where in enumerate(["before", "inside", "after"] * 2, start=8):
+        rng, tag2 = random.Random(seed), ("final", None)[seed % 2]
+        first = next(r for r, m in enumerate(measured[tag2]) if m["start"] is not None)
+        commit = measured[tag2][first]
+        low, high = {
+            "before": (1, commit["start"] - margin),
+            "inside": (commit["start"], commit["end"]),
+            "after": (commit["end"] + margin, commit["total"]),
+        }[where]
+        assert low < high, (where, commit)
+        draws.append((seed, where, tag2, first, rng.randint(low, high)))
+    outcomes = []
+    for seed, where, tag2, victim, event in draws:
+        out = tmp_path / f"seed{seed}"
+        out.mkdir()
+        try:
+            run_distributed(F.tp_killed_at_random, 4, str(out), tp, stage, tag2, victim, event)
+            killed = False
+        except DistributedFailure:
+            killed = True
+        saves, root = tp_saves(out, tp), out / "ckpt"
+        held = {}
+        for entry in sorted(root.iterdir()):
+            if entry.name == "latest":
+                continue
+            if entry.name.startswith("."):  # a save's leftovers: never loadable, whole or not
+                for part in [entry, *sorted(entry.glob("tp-*"))]:
+                    with pytest.raises(REFUSED):
+                        consolidate(part)
+                continue
+            held[entry.name] = tp_save_held(entry, saves)
+            assert held[entry.name] is not None, (seed, event, entry.name)  # torn across TP ranks
+        latest = held[(root / "latest").read_text()]
+        outcomes.append((where, killed, latest))
+        if where == "before":
+            assert killed and latest == 1 and 2 not in held.values(), (seed, event, held)
+        if where == "after":
+            assert list(held.values()).count(2) == 1 and (tag2 is None or held["final"] == 2), (seed, event, held)
+    uniform = [o for o in outcomes if o[0] == "anywhere"]
+    assert sum(k for _, k, _ in uniform) >= 6, uniform  # the kill points fall inside the save
+    assert {latest for *_, latest in outcomes} == {1, 2}, outcomes
+
+
 def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(tmp_path):
     errors = run_distributed(F.resave_with_a_full_disk, 2, str(tmp_path), 1, timeout=120)
     assert errors[1].startswith("OSError: [Errno 28] No space left on device"), errors

@@ -182,3 +182,63 @@ def resave_with_a_full_disk(rank: int, world: int, out: str, victim: int) -> str
     except Exception as e:  # noqa: BLE001 - the message is what is checked
         return f"{type(e).__name__}: {e}"
     return "saved"
+
+
+def _tp_engine(world: int, tp: int, stage: int):
+    """A tiny GPT under TP ``tp`` x DP ``world // tp`` (``parallelize``), with DeepSpeed's engine names; the same
+    initialisation on every call."""
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.models.gpt import GPT
+    from zerobench.models.sizes import PRESETS
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
+    from zerobench.zero import as_deepspeed
+
+    mesh = build_mesh(tp, world // tp)
+    torch.manual_seed(0)
+    spec = ParallelSpec(zero=ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=5_000))
+    return as_deepspeed(parallelize(GPT(PRESETS["tiny"]), mesh, spec).engine), mesh
+
+
+def _tp_train(engine, mesh, steps: range) -> None:
+    from zerobench.models.sizes import PRESETS
+    from zerobench.train.data import SyntheticTokens
+
+    cfg = PRESETS["tiny"]
+    data = SyntheticTokens(cfg.vocab, cfg.seq, seed=5)
+    for s in steps:
+        x, y = data.micro_batch(s, mesh.dp.rank, mesh.dp.size, 0, 2)
+        engine.backward(engine(x, y))
+        engine.step()
+
+
+def _tp_record(engine, mesh, out: str, k: int) -> None:
+    """DP rank 0 of each TP rank records that TP rank's slices, as ``expected-<k>-tp<t>.pt``."""
+    values = full_parameters(engine)
+    if mesh.dp.rank == 0:
+        _save(values, os.path.join(out, f"expected-{k}-tp{mesh.tp.rank:02d}.pt"))
+
+
+def tp_measure_save(rank: int, world: int, out: str, tp: int, stage: int, tag2: str | None) -> dict[str, int | None]:
+    """``measure_save`` under TP ``tp`` x DP ``world // tp``."""
+    engine, mesh = _tp_engine(world, tp, stage)
+    _tp_train(engine, mesh, range(2))
+    engine.save_checkpoint(os.path.join(out, "ckpt"), tag="final")
+    _tp_train(engine, mesh, range(2, 4))
+    return count_events(lambda: engine.save_checkpoint(os.path.join(out, "ckpt"), tag=tag2), "_put_in_place")
+
+
+def tp_killed_at_random(
+    rank: int, world: int, out: str, tp: int, stage: int, tag2: str | None, victim: int, event: int
+) -> None:
+    """``killed_at_random`` under TP ``tp`` x DP ``world // tp``: each TP rank's two saves recorded."""
+    engine, mesh = _tp_engine(world, tp, stage)
+    _tp_train(engine, mesh, range(2))
+    _tp_record(engine, mesh, out, 1)
+    engine.save_checkpoint(os.path.join(out, "ckpt"), tag="final")
+    _tp_train(engine, mesh, range(2, 4))
+    _tp_record(engine, mesh, out, 2)
+    torch.distributed.barrier()
+    if rank == victim:
+        kill_at_event(event)
+    engine.save_checkpoint(os.path.join(out, "ckpt"), tag=tag2)
+    sys.setprofile(None)

@@ -124,3 +124,19 @@ def test_a_run_measured_in_several_rounds_is_its_median():
     assert got == [("000-x", 0.2), ("001-y", 0.5)]
     with pytest.raises(ValueError, match="two different configurations"):
         V.measured_runs([*rounds, _step_row("000-x", 0.2, {**cfg, "seed": cfg.get("seed", 0) + 1}, "other")])
+
+
+def test_a_run_whose_status_does_not_count_is_not_a_measurement():
+    """A run killed or timed out after writing its step time (its launcher's ``run_status`` row says so, or it has
+    none) is no measurement: in a directory of rounds, only the rounds whose run counts are taken."""
+    rows = read_rows(REF / "runs")
+    one = next(r for r in rows if r["metric"] == "step_time_s" and r["status"] == "ok")
+    cfg, h = one["config"], one["config_hash"]
+
+    def attempt(run_id: str, t: float, status: str | None) -> list[dict]:
+        step = {**_step_row(run_id, t, cfg, h), "suite": "cpu/x", "schema": 2}
+        return [step] + ([{**step, "metric": "run_status", "value": None, "status": status}] if status else [])
+
+    rounds = [*attempt("000-x", 0.1, "ok"), *attempt("000-x", 9.0, "timeout"), *attempt("000-x", 0.3, "ok")]
+    rounds += [*attempt("001-y", 0.5, "failed"), *attempt("002-z", 0.7, None)]  # 002-z: incomplete (killed)
+    assert [(rid, t) for rid, _, t in V.measured_runs(rounds)] == [("000-x", 0.2)]

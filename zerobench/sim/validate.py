@@ -12,17 +12,41 @@ import statistics
 from datetime import datetime
 
 from zerobench.config import from_dict
+from zerobench.results.status import COUNTED, STATUS_METRIC, status_of
 from zerobench.sim.profile import Profile
 from zerobench.sim.simulate import interval, simulate
 from zerobench.train.config import TrainConfig
 
 
-def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
-    """(run id, config, median step seconds) of every zerobench run with an ok step time. A run measured
-    more than once (the same run id and configuration in several sweeps, e.g. ``--validate`` given a
-    directory of rounds) is one run: the median of its measurements, in the order first seen."""
-    found: dict[tuple[str, str], tuple[TrainConfig, list[float]]] = {}
+def _attempts(rows: list[dict]) -> list[list[dict]]:
+    """``rows`` cut into one list per run attempt. An attempt's rows are written together (``read_rows`` reads
+    file by file) and hold one ``step_time_s``, then its launcher's ``run_status`` row last, so an attempt ends
+    where the (run id, config hash) changes, after a ``run_status`` row, and before a second ``step_time_s``: a
+    run measured in several sweeps is several attempts, each with its own status, even where they are adjacent."""
+    out: list[list[dict]] = []
     for r in rows:
+        key = (r.get("run_id"), r.get("config_hash"))
+        cur = out[-1] if out else None
+        if (
+            cur is None
+            or (cur[0].get("run_id"), cur[0].get("config_hash")) != key
+            or cur[-1].get("metric") == STATUS_METRIC
+            or (r.get("metric") == "step_time_s" and any(x.get("metric") == "step_time_s" for x in cur))
+        ):
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
+    """(run id, config, median step seconds) of every zerobench run with an ok step time whose run's status
+    counts (``results.status.COUNTED``: a run killed, failed or timed out after writing its step time is not a
+    measurement). A run measured more than once (the same run id and configuration in several sweeps, e.g.
+    ``--validate`` given a directory of rounds) is one run: the median of its measurements, in the order first
+    seen."""
+    found: dict[tuple[str, str], tuple[TrainConfig, list[float]]] = {}
+    counted = [r for rs in _attempts(rows) if status_of(rs)[0] in COUNTED for r in rs]
+    for r in counted:
         if r.get("metric") != "step_time_s" or r.get("status") != "ok" or r.get("value") is None:
             continue
         key = (r["run_id"], r.get("config_hash", ""))

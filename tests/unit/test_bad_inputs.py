@@ -177,6 +177,26 @@ def test_a_torn_last_row_is_skipped_with_a_warning(tmp_path, capsys):
         read_rows(tmp_path)
 
 
+def test_a_row_appended_after_a_torn_one_is_whole_and_the_file_reads(tmp_path, capsys):
+    """A rank killed mid-row, then its launcher's status row: the fragment is cut before the append (with a
+    warning), so the file reads, with every whole row, instead of one line glued from both."""
+    from zerobench.results.rows import RowWriter, read_rows
+
+    w = RowWriter(tmp_path, "r1", {"a": 1})
+    w.write("loss", 1.0, "nats")
+    torn = '{"metric": "step_time_s", "val' + "x" * 70_000  # longer than one read-back chunk
+    with open(tmp_path / "rows.jsonl", "a") as f:
+        f.write(torn)
+    w.write("run_status", None, "", status="failed", reason="rank 0 was killed")
+    assert f"cut {len(torn)} byte(s) of a torn last row" in capsys.readouterr().err
+    rows = read_rows(tmp_path)
+    assert [(r["metric"], r["status"]) for r in rows] == [("loss", "ok"), ("run_status", "failed")]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "rows.jsonl").write_bytes(b"torn, no line before it")
+    RowWriter(tmp_path / "b", "r2", {"a": 1}).write("loss", 2.0, "nats")
+    assert [r["value"] for r in read_rows(tmp_path / "b")] == [2.0]
+
+
 @pytest.mark.parametrize("text", ["1.2.3GB", "GB", "-1GB", "0", "nan", "1e400", ".GB", True])
 def test_parse_bytes_refuses(text):
     with pytest.raises(ConfigError):

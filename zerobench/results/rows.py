@@ -5,12 +5,14 @@ hash, provenance and the rows format (``schema``; ``results/status.py`` says wha
 without a status row). A row is written whole or not at all: appended on an ``O_APPEND`` descriptor,
 short writes continued, fsynced; if the disk fills (or any write fails) the file is cut back to where
 the row began and ``RowWriteError`` says so in one line. Readers skip a torn last line (a writer killed
-mid-row) with a warning, and refuse a file whose other lines are not rows.
+mid-row) with a warning, and refuse a file whose other lines are not rows; the next append cuts that line off
+first, with a warning, so a status row written after a killed rank's fragment is a row of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -76,14 +78,45 @@ class RowWriteError(RunFailed):
     """A row could not be written (disk full, file system gone); nothing of it was left behind."""
 
 
+def _cut_torn_tail(fd: int, path: Path) -> int:
+    """The file's size once a torn last line (no newline: its writer died mid-row) is cut off, with a warning.
+    Appending after it would glue the next row onto the fragment, a line that is neither, and the file would no
+    longer read (``read_rows`` skips only a torn *last* line)."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end, chunk = size, 1 << 16
+    while end > 0:
+        start = max(0, end - chunk)
+        block = os.pread(fd, end - start, start)
+        if (i := block.rfind(b"\n")) >= 0:
+            end = start + i + 1
+            break
+        end = start
+    os.ftruncate(fd, end)
+    print(
+        f"zerobench: warning: {path}: cut {size - end} byte(s) of a torn last row (its writer stopped mid-row) "
+        "before appending",
+        file=sys.stderr,
+    )
+    return end
+
+
 def append_whole(path: Path, data: bytes) -> None:
-    """Append ``data`` to ``path`` entirely, or leave the file as it was and raise ``RowWriteError``."""
+    """Append ``data`` to ``path`` entirely, or leave the file as it was and raise ``RowWriteError``. Appenders
+    take the file's lock (``flock``), so a row of another writer is never half there; a fragment a dead writer
+    left is cut first (``_cut_torn_tail``)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as e:
         raise RowWriteError(f"cannot open {path} to write results: {e.strerror}") from None
     try:
-        start = os.fstat(fd).st_size
+        with contextlib.suppress(OSError):  # a file system without locks: appends are still whole per writer
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
+        try:
+            start = _cut_torn_tail(fd, path)
+        except OSError as e:
+            raise RowWriteError(f"cannot write results to {path}: {e.strerror}") from None
         view = memoryview(data)
         try:
             while view:

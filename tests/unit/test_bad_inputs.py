@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 
 from zerobench.cli import main
 from zerobench.config import ConfigError, parse_bytes
+
+REPO = Path(__file__).resolve().parents[2]
 
 CPU_PROFILE = Path(__file__).resolve().parents[2] / "results/reference/sim-validation-cpu-2core-xeon-5/profile"
 
@@ -195,6 +198,33 @@ def test_a_row_appended_after_a_torn_one_is_whole_and_the_file_reads(tmp_path, c
     (tmp_path / "b" / "rows.jsonl").write_bytes(b"torn, no line before it")
     RowWriter(tmp_path / "b", "r2", {"a": 1}).write("loss", 2.0, "nats")
     assert [r["value"] for r in read_rows(tmp_path / "b")] == [2.0]
+
+
+def test_a_profile_cut_short_while_written_is_never_read_as_whole(tmp_path):
+    """``zerobench profile`` writes its rows as one unit: a writer that stops part way (here a full disk at the
+    234th row, where a kill would do the same) leaves no ``rows.jsonl``, and ``simulate --profile`` says so in one
+    line, instead of replaying a profile whose last rows (the sync penalties, a curve's last points) are gone."""
+    from zerobench.results.rows import ROWS_FILE, RowWriteError, RowWriter, read_rows, written_whole
+    from zerobench.sim.command import _load_profile
+
+    ref = read_rows(REPO / "results/reference/sim-validation-cpu-2core/profile/round-1")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for out, stop in ((whole, None), (cut, 233)):
+        w = RowWriter(out, "profile", {})
+        with pytest.raises(RowWriteError) if stop else contextlib.nullcontext(), written_whole(w):
+            for n, row in enumerate(ref):
+                if n == stop:
+                    raise RowWriteError(f"cannot write results to {w.path}: No space left on device")
+                extra = {k: v for k, v in row.items() if k not in ("metric", "value", "unit", "status")}
+                w.write(
+                    row["metric"], row["value"], row["unit"], **{k: extra[k] for k in ("key", "bytes") if k in extra}
+                )
+    assert _load_profile(str(whole)).ops  # the whole one loads
+    assert not (cut / ROWS_FILE).exists()
+    with pytest.raises(ConfigError, match=r"the profile stopped while its rows were written .* run `zerobench prof"):
+        _load_profile(str(cut))
+    with pytest.raises(ConfigError, match="already holds rows"), written_whole(RowWriter(whole, "profile", {})):
+        pass
 
 
 @pytest.mark.parametrize("text", ["1.2.3GB", "GB", "-1GB", "0", "nan", "1e400", ".GB", True])

@@ -74,6 +74,36 @@ class RowWriter:
         append_whole(self.path, (json.dumps(row, sort_keys=True, default=str) + "\n").encode())
 
 
+def partial_path(path: Path) -> Path:
+    """Where ``written_whole`` stages the rows of ``path`` (a rows file): hidden, and not named ``rows.jsonl``, so
+    no reader takes it for results."""
+    return path.parent / f".{path.name}.partial"
+
+
+@contextlib.contextmanager
+def written_whole(writer: RowWriter):
+    """Rows ``writer`` writes inside the block appear in its rows file all at once when the block ends, or not at
+    all: for a result that is one unit (a profile), of which a part would read as the whole. They are appended to
+    ``partial_path`` and renamed into place; a block that raises (a kill, a full disk) leaves only that file."""
+    final = writer.path
+    if final.exists() and final.stat().st_size:
+        raise ConfigError(f"{final} already holds rows: give a new directory")
+    staged = partial_path(final)
+    staged.unlink(missing_ok=True)
+    writer.path = staged
+    try:
+        yield writer
+    finally:
+        writer.path = final
+    os.replace(staged, final)
+    with contextlib.suppress(OSError):  # not every file system lets a directory be opened for fsync
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class RowWriteError(RunFailed):
     """A row could not be written (disk full, file system gone); nothing of it was left behind."""
 

@@ -54,7 +54,7 @@ def _device_kind(asked: str) -> str:
 def _load_profile(path: str, software: str = "zerobench"):
     """A measured profile's rows, or a stated device by name running ``software`` (a program of
     ``zerobench.sim.software.STACKS``), at its device class's fitted compute_scale."""
-    from zerobench.results.rows import read_rows
+    from zerobench.results.rows import ROWS_FILE, partial_path, read_rows
     from zerobench.sim.profile import Profile
     from zerobench.sim.stated import DEVICES
 
@@ -69,8 +69,16 @@ def _load_profile(path: str, software: str = "zerobench"):
             )
         return stated_profile(path, software)
 
+    rows = read_rows(path)
+    if Path(path).is_dir() and not any(r.get("metric", "").startswith("profile_") for r in rows):
+        cut = next(Path(path).rglob(partial_path(Path(ROWS_FILE)).name), None)
+        if cut is not None:
+            raise ConfigError(
+                f"{path}: the profile stopped while its rows were written ({cut} holds part of them, never read): "
+                "run `zerobench profile` again into a new directory"
+            )
     try:
-        return Profile.from_rows(read_rows(path))
+        return Profile.from_rows(rows)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
 

@@ -35,7 +35,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     from zerobench.launch.local import usable_cpus
     from zerobench.results.outdir import check_fresh_run_dir
-    from zerobench.results.rows import RowWriter
+    from zerobench.results.rows import RowWriter, written_whole
     from zerobench.sim.measure import jobs_for
     from zerobench.sim.measure_compute import STATISTIC
     from zerobench.sim.profiler import profile_suite
@@ -77,9 +77,10 @@ def run_profile(args: argparse.Namespace) -> int:
             "time_limit_s": done.time_limit_s,
         },
     )
-    for row in prof.rows():
-        metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
-        w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)
+    with written_whole(w):  # a profile cut short (killed, disk full) must not read as a whole one
+        for row in prof.rows():
+            metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
+            w.write(metric, value, unit, kind="profile", device=device, cores=cores, **row)
     noisy = done.noisy()
     if noisy:
         print(noisy, file=sys.stderr)

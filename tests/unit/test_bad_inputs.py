@@ -227,6 +227,43 @@ def test_a_profile_cut_short_while_written_is_never_read_as_whole(tmp_path):
         pass
 
 
+@pytest.mark.parametrize("writer", ["baseline", "16-bit model"])
+def test_a_file_replaced_by_a_writer_that_stops_is_the_old_one_whole(tmp_path, monkeypatch, writer):
+    """The regression gate's baselines (and the recordings ``trim`` rewrites) and ``save_16bit_model``'s file are
+    replaced through a temporary file of their own: a writer stopped before the rename leaves the old file whole
+    and nothing beside it (``write_text`` emptied the old baseline first)."""
+    import os
+
+    import torch
+
+    from zerobench.results.rows import replace_whole
+    from zerobench.zero.state.export import save_whole
+
+    path = tmp_path / ("baseline.jsonl" if writer == "baseline" else "pytorch_model.bin")
+    old, new = ('{"metric": "a"}\n', '{"metric": "b"}\n') if writer == "baseline" else ({"w": torch.ones(3)}, {})
+
+    def write(v):
+        return replace_whole(path, v) if writer == "baseline" else save_whole(v, path)
+
+    def read():
+        return path.read_text() if writer == "baseline" else torch.load(path, weights_only=True)
+
+    write(old)
+
+    def stopped(*a):
+        raise KeyboardInterrupt  # as a kill between the write and the rename
+
+    monkeypatch.setattr(os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        write(new)
+    monkeypatch.undo()
+    got = read()
+    assert got == old if writer == "baseline" else torch.equal(got["w"], old["w"])
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    write(new)
+    assert read() == new
+
+
 @pytest.mark.parametrize("text", ["1.2.3GB", "GB", "-1GB", "0", "nan", "1e400", ".GB", True])
 def test_parse_bytes_refuses(text):
     with pytest.raises(ConfigError):

@@ -13,7 +13,7 @@ from zerobench.bench import noise
 from zerobench.bench.gate_rules import COUNTS, GATED, MODELLED, Comparison, GateResult, gate, summarize
 from zerobench.config import ConfigError
 from zerobench.results.outdir import check_writable_file
-from zerobench.results.rows import read_rows
+from zerobench.results.rows import read_rows, replace_whole
 from zerobench.results.status import OK, statuses
 
 
@@ -81,8 +81,7 @@ def write_baseline(candidate_rows: list[dict], path: str | Path, more: Sequence[
     ]
     if more:
         keep += noise_rows([candidate_rows, *more])[0]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    replace_whole(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return len(keep)
 
 

@@ -68,6 +68,8 @@ def trim(path: str | Path) -> int:
     runs' logs, as the committed recordings under ``results/reference`` do; returns the files rewritten."""
     import json
 
+    from zerobench.results.rows import replace_whole
+
     n = 0
     for rows in Path(path).glob("attempt-*/runs/**/rows.jsonl"):
         kept = [
@@ -75,7 +77,7 @@ def trim(path: str | Path) -> int:
             for line in rows.read_text().splitlines()
             if json.loads(line).get("metric") in ("step_time_s", "run_status")
         ]
-        rows.write_text("".join(line + "\n" for line in kept))
+        replace_whole(rows, "".join(line + "\n" for line in kept))
         n += 1
     for log in Path(path).glob("attempt-*/runs/**/run.log"):
         log.unlink()

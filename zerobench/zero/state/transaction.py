@@ -83,10 +83,10 @@ def replace_small(path: Path, text: str) -> None:
     tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
     write_file(tmp, text.encode())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # not every file system lets a directory be opened for fsync
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -246,7 +246,7 @@ def _put_in_place(staging: Path, path: Path) -> None:
         os.rename(path, aside)
         os.rename(staging, path)
         shutil.rmtree(aside)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _sweep_stale(path: Path) -> None:

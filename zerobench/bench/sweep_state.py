@@ -62,11 +62,13 @@ def completed_runs(out: Path) -> set[tuple[str, str]]:
 
 
 def attempt_id(out: Path, run: ResolvedRun) -> str:
-    """The run id (and directory name) of this run's next attempt: the first without rows."""
+    """The run id (and directory name) of this run's next attempt: the first with no directory. A directory
+    without rows is an attempt too: a job that an interrupted sweep left queued or running under Slurm (nothing
+    cancels it) writes its rows there later, and must not write them into a retry's."""
     k = 1
     while True:
         rid = run.run_id if k == 1 else f"{run.run_id}-r{k}"
-        if not (out / rid / ROWS_FILE).exists():
+        if not (out / rid).exists():
             return rid
         k += 1
 

@@ -4,6 +4,7 @@ target that holds other files; and the default tag that counts skipped steps, so
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -213,3 +214,57 @@ def test_the_default_tag_counts_skipped_steps(tmp_path):
     assert sorted(get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt", "global_step1")) == sorted(
         get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
     )
+
+
+@pytest.mark.parametrize("lost", ["client_state.pt", "module_extra.pt", "shard-00000.pt"])
+def test_a_checkpoint_that_lost_a_file_beside_its_shards_is_refused(tmp_path, lost):
+    """The manifest lists every file of the save, not only the shards: a checkpoint missing its client state or
+    its buffers is torn, not loaded with a warning and a default."""
+    e = engine()
+    e.save_checkpoint(tmp_path / "ckpt", tag="t", client_state={"epoch": 3})
+    (tmp_path / "ckpt" / "t" / lost).unlink()
+    with pytest.raises((CheckpointMismatch, FileNotFoundError), match=f"lacks {lost}"):
+        engine().load_checkpoint(tmp_path / "ckpt", "t")
+
+
+def test_a_replacement_without_an_atomic_exchange(tmp_path, monkeypatch):
+    """Where the file system has no ``RENAME_EXCHANGE``, the old checkpoint is renamed aside, the new one renamed
+    in, and the old one removed. Stopped between the two renames, the old one is whole under the aside name and a
+    load says where; the next committed save to the tag removes that copy."""
+    import zerobench.zero.state.transaction as T
+
+    monkeypatch.setattr(T, "_exchange", lambda a, b: False)
+    e = engine()
+    e.save_checkpoint(tmp_path / "ckpt", tag="t")
+    first = full_parameters(e)
+    step(e)
+    e.save_checkpoint(tmp_path / "ckpt", tag="t")  # a whole replacement, nothing left beside it
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["latest", "t"]
+    second = full_parameters(e)
+    step(e)
+    renames, real = [], os.rename
+
+    def rename(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:  # the new one's rename into place: a crash here
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        e.save_checkpoint(tmp_path / "ckpt", tag="t")
+    monkeypatch.setattr(os, "rename", real)
+    aside = T.replaced_copy(tmp_path / "ckpt" / "t")
+    with pytest.raises(CheckpointMismatch, match=f"the previous one is whole in {aside}; rename it to"):
+        engine().load_checkpoint(tmp_path / "ckpt", "t")
+    aside.rename(tmp_path / "ckpt" / "restored")  # as the message says (under another tag, to keep the copy)
+    b = engine()
+    b.load_checkpoint(tmp_path / "ckpt", "restored")  # it is the second save, whole
+    assert all(torch.equal(x, second[k]) for k, x in full_parameters(b).items())
+    shutil.copytree(tmp_path / "ckpt" / "restored", aside)
+    e.save_checkpoint(tmp_path / "ckpt", tag="t")  # the next committed save sweeps the copy away
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["latest", "restored", "t"]
+    c = engine()
+    c.load_checkpoint(tmp_path / "ckpt", "t")
+    assert all(torch.equal(x, full_parameters(e)[k]) for k, x in full_parameters(c).items())
+    assert not all(torch.equal(x, first[k]) for k, x in full_parameters(c).items())

@@ -95,6 +95,10 @@ def _commit_record(d: Path, meta: dict) -> tuple[list[str], str | None]:
             )
         return _files_of(d, meta), None
     man = read_json(top / MANIFEST)
+    mine = [f for f in man.get("files", []) if "/" not in f or f.startswith(f"{key}/")]  # top level's, and d's
+    lost = [f for f in mine if not (top / f).is_file()]  # ("files": in manifests of later saves)
+    if lost:
+        raise CheckpointMismatch(f"checkpoint {top} is torn: it lacks {', '.join(lost[:4])}, which its save wrote")
     files = man.get("dirs", {}).get(key)
     if man.get("save_id") != meta.get("save_id") or not isinstance(files, list):
         raise CheckpointMismatch(f"checkpoint {d} is torn: its meta.json is not the save its {MANIFEST} records")

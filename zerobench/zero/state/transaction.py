@@ -203,7 +203,9 @@ def _settle(engine: Engine, staging: Path, failed: BaseException | None, what: s
 
 def manifest(staging: Path, save_id: str) -> dict:
     """The commit record of what every rank staged: each shard directory's ``meta.json`` and shard files, all of
-    this save (a shard directory without its ``meta.json`` or one of its shards fails the commit)."""
+    this save (a shard directory without its ``meta.json`` or one of its shards fails the commit), and every file
+    of the save (``files``: the shards and what lies beside them, e.g. a scheduler's state), which a reader checks
+    are all there."""
     dirs = sorted(staging.glob("tp-*")) or [staging]
     listing = {}
     for d in dirs:
@@ -215,7 +217,8 @@ def manifest(staging: Path, save_id: str) -> dict:
         if missing:
             raise CheckpointSaveError(f"{d} lacks {', '.join(missing[:4])} after every rank wrote its files")
         listing["." if d == staging else d.name] = files
-    return {"format": "zerobench-checkpoint/1", "save_id": save_id, "dirs": listing}
+    every = sorted(str(f.relative_to(staging)) for f in staging.rglob("*") if f.is_file() and f.name != MANIFEST)
+    return {"format": "zerobench-checkpoint/1", "save_id": save_id, "dirs": listing, "files": every}
 
 
 _RENAME_EXCHANGE = 2
@@ -250,8 +253,10 @@ def _put_in_place(staging: Path, path: Path) -> None:
 
 
 def _sweep_stale(path: Path) -> None:
-    """Remove what earlier saves to ``path`` left staged when a rank died (never loadable: no manifest there)."""
-    for d in path.parent.glob(f".{path.name}{STAGING}*"):
+    """Remove, once a save to ``path`` is committed, what earlier saves to it left when a rank died: staging
+    directories (never loadable) and previous checkpoints set aside by a replacement that stopped (``path`` now
+    holds a newer one, and a copy left half-removed must not be offered by ``replaced_copy`` later)."""
+    for d in [*path.parent.glob(f".{path.name}{STAGING}*"), *path.parent.glob(f".{path.name}.replaced-*")]:
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -320,3 +320,25 @@ def test_the_train_command_builds_its_config_with_the_suite_resolver(monkeypatch
     assert code == 2 and "sequence length 33 is not divisible by TP degree 2" in err  # resolved, then refused
     assert len(seen) == 1 and seen[0].pa and seen[0].tp == 2
     assert to_train_config(RunSpec(pa=True)).activation.checkpoint
+
+
+def test_a_maxsize_search_that_stopped_between_its_answer_rows_is_left_out(tmp_path, capsys):
+    """A search's answer is two rows; one stopped between them has only ``max_layers``: the report's table
+    leaves that search out with a warning naming it (it indexed the missing row and failed), and keeps the
+    whole ones."""
+    import shutil
+
+    from zerobench.report.aggregate import maxsize_table
+    from zerobench.results import load
+
+    ref = REPO / "results/reference/maxsize-cpu-2core"
+    shutil.copytree(ref, tmp_path / "ref")
+    whole = len(maxsize_table(load(tmp_path / "ref")))
+    from zerobench.results.rows import RowWriter
+
+    RowWriter(tmp_path / "ref" / "cut", "maxsize-stage9", {"stage": 2, "budget": "1GB"}).write(
+        "max_layers", 3, "layers"
+    )
+    table = maxsize_table(load(tmp_path / "ref"))
+    assert len(table) == whole and "maxsize-stage9" not in set(table["run_id"])
+    assert "maxsize search maxsize-stage9 lacks its max_params row" in capsys.readouterr().err

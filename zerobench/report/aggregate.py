@@ -10,6 +10,7 @@ identical across DP ranks by construction; the tests check that). Only runs whos
 from __future__ import annotations
 
 import math
+import sys
 
 import pandas as pd
 
@@ -118,6 +119,14 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     out = []
     for (run, _), g in d.groupby(["run_id", "config_hash"], sort=False):  # run ids repeat across searches
+        lacking = sorted({"max_params", "max_layers"} - set(g["metric"]))
+        if lacking:  # the search stopped between its two answer rows
+            print(
+                f"zerobench: warning: maxsize search {run} lacks its {lacking[0]} row (it stopped while writing "
+                "its answer): left out of the table",
+                file=sys.stderr,
+            )
+            continue
         first = g.iloc[0]
 
         def col(name, default=None, first=first):

@@ -13,6 +13,7 @@ core never imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class DeepSpeedEngine(ZeroEngine):
     tag_validation = "WARN"
     """``checkpoint.tag_validation`` of the DeepSpeed config: what ``save_checkpoint`` does with ranks' differing
     tags (``checkpoints.validate_tag``)."""
+    _window_start = 0
+    """``micro_steps`` when ``set_train_batch_size`` last changed the accumulation steps (windows count from it)."""
     training_dataloader = None
     """The loader ``initialize`` made of ``training_data`` (DeepSpeed's attribute; None without one)."""
 
@@ -87,6 +90,29 @@ class DeepSpeedEngine(ZeroEngine):
             raise ConfigError(f"set_train_micro_batch_size: give a positive integer, not {micro_batch_size!r}")
         self.micro_batch = micro_batch_size
 
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """DeepSpeed's: the samples per optimizer step over the DP group from now on, reached by changing the
+        accumulation steps (the micro-batch stays). It must be a multiple of micro-batch x DP ranks (a
+        ``ValueError``, as DeepSpeed's), and it changes only between windows: inside one, micro-batches already
+        run were scaled by the old count, and the step would average them wrongly (DeepSpeed does not check)."""
+        per = self.train_micro_batch_size_per_gpu() * self.group.size
+        if isinstance(train_batch_size, bool) or not isinstance(train_batch_size, int) or train_batch_size < 1:
+            raise ConfigError(f"set_train_batch_size: give a positive integer, not {train_batch_size!r}")
+        if train_batch_size % per:
+            raise ValueError(
+                f"set_train_batch_size({train_batch_size}): give a multiple of micro-batch "
+                f"{self.train_micro_batch_size_per_gpu()} x {self.group.size} DP rank(s) = {per}"
+            )
+        if self.window.open:
+            raise RuntimeError(
+                f"set_train_batch_size() inside an accumulation window ({self.window.open} of "
+                f"{self.config.grad_accum_steps} micro-batches run): call it after the step() that ends the window"
+            )
+        gas = train_batch_size // per
+        self.config = dataclasses.replace(self.config, grad_accum_steps=gas)
+        self.window.accum, self.window.counted = gas, 0
+        self._window_start = self.micro_steps
+
     def get_lr(self) -> list[float]:
         """Each param group's learning rate."""
         return [g["lr"] for g in self.optimizer.param_groups]
@@ -130,8 +156,9 @@ class DeepSpeedEngine(ZeroEngine):
         return detect().local_rank
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """Whether the current micro-batch ends a window, counted in ``step()`` calls."""
-        return (self.micro_steps + 1) % self.config.grad_accum_steps == 0
+        """Whether the current micro-batch ends a window, counted in ``step()`` calls (since the accumulation steps
+        were last set)."""
+        return (self.micro_steps - self._window_start + 1) % self.config.grad_accum_steps == 0
 
     def gradient_accumulation_steps(self) -> int:
         return self.config.grad_accum_steps

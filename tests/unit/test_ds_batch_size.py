@@ -1,0 +1,56 @@
+"""DeepSpeed's ``engine.set_train_batch_size``: the accumulation steps change between windows, the micro-batch stays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers.ds import ds_apply_zero
+from zerobench.config import ConfigError
+from zerobench.distributed.collectives import Group
+from zerobench.zero import ZeroConfig
+from zerobench.zero.state.shards import full_parameters
+
+ONE = Group(None, "dp", 1, 0)
+
+
+def engine():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    return ds_apply_zero(model, ONE, ZeroConfig(stage=2, bucket_numel=40), micro_batch=2)
+
+
+def test_a_larger_batch_accumulates_over_more_micro_batches():
+    """Growing the batch from 2 to 8 samples makes the next window 4 micro-batches of 2; its step equals one step
+    on the 8 samples as one micro-batch (the mean loss over them), up to rounding."""
+    x = torch.randn(10, 6, generator=torch.Generator().manual_seed(1))
+    a, b = engine(), engine()
+    for e in (a, b):
+        e.backward(e(x[:2]).pow(2).mean())
+        assert e.step()
+    a.set_train_batch_size(8)
+    assert a.get_batch_info() == (8, 2, 4)
+    flags = []
+    for i in range(4):
+        flags.append(a.is_gradient_accumulation_boundary())
+        a.backward(a(x[2 + 2 * i : 4 + 2 * i]).pow(2).mean())
+        assert a.step() == (i == 3)
+    assert flags == [False, False, False, True]
+    b.backward(b(x[2:]).pow(2).mean())  # b stays at one micro-batch a step: all 8 samples in it
+    b.step()
+    for name, value in full_parameters(b).items():
+        torch.testing.assert_close(full_parameters(a)[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_that_is_not_a_multiple_or_changes_inside_a_window_is_refused():
+    e = engine()
+    with pytest.raises(ValueError, match=r"give a multiple of micro-batch 2 x 1 DP rank\(s\) = 2"):
+        e.set_train_batch_size(7)
+    with pytest.raises(ConfigError, match="give a positive integer"):
+        e.set_train_batch_size(0)
+    e.set_train_batch_size(4)
+    e.backward(e(torch.ones(2, 6)).sum())
+    with pytest.raises(RuntimeError, match=r"inside an accumulation window \(1 of 2 micro-batches run\)"):
+        e.set_train_batch_size(8)
+    assert e.gradient_accumulation_steps() == 2

@@ -52,6 +52,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.hyper()  # a bad value in a group fails at construction, not at the first step
         self.applied = False
         """Whether the last ``step()`` updated the parameters (False: no gradient, or an fp16 overflow)."""
+        self.overflow = False
+        """Whether the last ``step()`` was skipped on an fp16 overflow (DeepSpeed's fp16 optimizers' flag, which
+        Accelerate reads as ``step_was_skipped``; always False outside fp16)."""
 
     def add_param_group(self, param_group: dict) -> None:
         if self._ready:
@@ -83,11 +86,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         unscale = amp_unscale(self)
-        if unscale is None:
-            self.applied = False
+        if unscale is None:  # a GradScaler found an overflow on some rank
+            self.applied, self.overflow = False, True
             return loss
         self._engine._clip *= unscale  # the step multiplies the gradients by _clip / loss scale
+        skipped = self._engine.scaler.skipped_steps
+        self.overflow = False
         self.applied = optimizer_step(self._engine, self.hyper())  # zero/optim/step.py
+        self.overflow = self._engine.scaler.skipped_steps > skipped
         return loss
 
     step._wrapped_by_lr_sched = True

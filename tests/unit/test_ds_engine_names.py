@@ -1,4 +1,5 @@
-"""DeepSpeed's ``engine.set_train_batch_size``: the accumulation steps change between windows, the micro-batch stays."""
+"""DeepSpeed engine names on one process: ``set_train_batch_size`` (the accumulation steps change between windows,
+the micro-batch stays) and the optimizer's ``overflow`` flag."""
 
 from __future__ import annotations
 
@@ -54,3 +55,22 @@ def test_a_batch_that_is_not_a_multiple_or_changes_inside_a_window_is_refused():
     with pytest.raises(RuntimeError, match=r"inside an accumulation window \(1 of 2 micro-batches run\)"):
         e.set_train_batch_size(8)
     assert e.gradient_accumulation_steps() == 2
+
+
+def test_the_optimizer_says_whether_the_last_step_overflowed():
+    """Accelerate asks ``engine.optimizer.overflow`` whether DeepSpeed skipped the step (``step_was_skipped``): True
+    after an fp16 overflow, False after an applied step, and False where a step ran with no gradient."""
+    from zerobench.zero import LossScaleConfig
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    e = ds_apply_zero(
+        model, ONE, ZeroConfig(stage=2, precision="fp16", loss_scale=LossScaleConfig(init_scale=2.0**8)), micro_batch=2
+    )
+    seen = []
+    for scale in (float("inf"), 1.0, None):
+        if scale is not None:
+            e.backward(e(torch.ones(2, 6)).sum() * scale)
+        e.step()
+        seen.append((e.optimizer.overflow, e.was_step_applied(), e.skipped_steps))
+    assert seen == [(True, False, 1), (False, True, 1), (False, False, 1)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.ds_counters import ACCUM, MICRO_BATCHES, ds_counters
+from tests.helpers.ds_counters import ACCUM, BOUNDARIES, MICRO_BATCHES, ds_counters, ds_manual_boundaries
 from tests.helpers.tiers import STAGES
 from zerobench.peers.registry import deepspeed_available
 
@@ -49,3 +49,27 @@ def test_deepspeed_loop_queries_match_deepspeed(stage, plain):
         assert [a for a, _ in pairs] == pytest.approx([b for _, b in pairs], rel=1e-5)
         assert r["queries_deepspeed"] == r["queries"]
         assert r["moved"] > 1e-3 and r["param_diff"] < 1e-5, r
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("step_every", [False, True], ids=["step_at_boundary", "step_every_micro_batch"])
+def test_boundaries_set_by_hand_match_deepspeed(stage, step_every):
+    """Accelerate's loop (``set_gradient_accumulation_boundary`` before each backward, windows of 2, 3 and 1
+    micro-batches where the config says 2): the engine steps where the boundary is set, each window's gradients
+    averaged by the configured accumulation steps, as the one-process reference and DeepSpeed's engine do."""
+    have_ds = deepspeed_available()
+    for r in run_distributed(ds_manual_boundaries, 2, stage, have_ds, step_every, timeout=300):
+        ours = r["ours"]
+        assert [m["boundary"] for m in ours] == BOUNDARIES
+        assert [m["global_steps"] for m in ours] == [0, 1, 1, 1, 2, 3]
+        assert [m.get("applied") for m in ours] == [
+            False if step_every else None,
+            True,
+            *[False if step_every else None] * 2,
+            True,
+            True,
+        ]
+        assert r["moved"] > 1e-3 and r["reference_diff"] < 1e-5, r
+        if "deepspeed" in r:
+            assert r["deepspeed"] == ours
+            assert r["param_diff"] < 1e-5, r

@@ -45,6 +45,11 @@ class AccumulationWindow:
         self.plain = False
         """This window's micro-batches come from plain ``loss.backward()`` calls."""
         self.suspended = False
+        self.boundary: bool | None = None
+        """A boundary set by hand (DeepSpeed's ``set_gradient_accumulation_boundary``), for every backward until
+        it is set again: True ends the window at this micro-batch whatever the count (a window shorter or longer
+        than ``accum``, e.g. an epoch's last); False makes it one more micro-batch of the window that does not
+        synchronise, as under ``no_sync()``. None: windows are counted."""
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -63,9 +68,13 @@ class AccumulationWindow:
                 "of a window"
             )
         self.plain = plain
-        if self.suspended:
+        if self.suspended or self.boundary is False:
             self.unsynced += 1
             return MicroBatch(sync=False, first=first)
+        if self.boundary:  # the window ends here: count it whole
+            self.counted = (self.counted // self.accum + 1) * self.accum
+            self.unsynced = 0
+            return MicroBatch(sync=True, first=first)
         self.counted += 1
         sync = self.counted % self.accum == 0
         if sync:

@@ -71,7 +71,13 @@ class DeepSpeedEngine(ZeroEngine):
 
     def step(self, lr_kwargs: dict | None = None) -> bool:
         """``ZeroEngine.step``; ``lr_kwargs`` go to the scheduler's ``step`` after an applied optimizer step, as
-        DeepSpeed's ``engine.step(lr_kwargs=...)`` passes them."""
+        DeepSpeed's ``engine.step(lr_kwargs=...)`` passes them. With the boundary set to False by hand
+        (``set_gradient_accumulation_boundary``) it is not a boundary: nothing is stepped, as DeepSpeed's."""
+        if self.window.boundary is False:
+            check_live(self, "step()")
+            self.micro_steps += 1
+            self.optimizer.applied = self.optimizer.overflow = False
+            return False
         self._lr_kwargs = lr_kwargs or {}
         try:
             return super().step()
@@ -156,9 +162,21 @@ class DeepSpeedEngine(ZeroEngine):
         return detect().local_rank
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """Whether the current micro-batch ends a window, counted in ``step()`` calls (since the accumulation steps
+        """Whether the current micro-batch ends a window: the boundary set by hand
+        (``set_gradient_accumulation_boundary``), else counted in ``step()`` calls (since the accumulation steps
         were last set)."""
+        if self.window.boundary is not None:
+            return self.window.boundary
         return (self.micro_steps - self._window_start + 1) % self.config.grad_accum_steps == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's (what Accelerate calls before every backward, with its ``sync_gradients``): from now on
+        each backward ends its window (True: it synchronises, and ``step()`` steps, however many micro-batches the
+        window had) or does not (False: one more micro-batch of the window; ``step()`` does nothing). Gradients
+        stay averaged by ``gradient_accumulation_steps()``, as DeepSpeed's."""
+        if not isinstance(is_boundary, bool):
+            raise ConfigError(f"set_gradient_accumulation_boundary: give True or False, not {is_boundary!r}")
+        self.window.boundary = is_boundary
 
     def gradient_accumulation_steps(self) -> int:
         return self.config.grad_accum_steps

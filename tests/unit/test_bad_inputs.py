@@ -342,3 +342,34 @@ def test_a_maxsize_search_that_stopped_between_its_answer_rows_is_left_out(tmp_p
     table = maxsize_table(load(tmp_path / "ref"))
     assert len(table) == whole and "maxsize-stage9" not in set(table["run_id"])
     assert "maxsize search maxsize-stage9 lacks its max_params row" in capsys.readouterr().err
+
+
+def test_a_suite_that_is_not_text_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bin.yaml"
+    bad.write_bytes(bytes(range(128, 256)))
+    for argv in (["sweep", "--check", str(bad)], ["plan", "--dry-run", "--suite", str(bad)]):
+        assert_one_line(main(argv), capsys.readouterr().err, "not a YAML suite (not UTF-8 text: byte 0 is 0x80)")
+
+
+@pytest.mark.parametrize("config", [None, {}, "two"], ids=["no-config", "empty-config", "stage-not-a-number"])
+def test_report_rows_without_a_training_config_are_one_line(tmp_path, capsys, config):
+    """Rows with training metrics but no usable ``config`` (edited, or not a zerobench run's): one line naming
+    the run, where the report's figures failed on ``int(None)``."""
+    import json
+
+    from zerobench.results.rows import read_rows
+
+    rows = read_rows(REPO / "results/reference/quick-cpu-2core")
+    out = []
+    for row in rows:
+        r = dict(row)
+        if config is None:
+            r.pop("config")
+        elif config == "two":
+            r["config"] = {**r["config"], "zero": {**r["config"]["zero"], "stage": "two"}}
+        else:
+            r["config"] = config
+        out.append(json.dumps(r) + "\n")
+    (tmp_path / "rows.jsonl").write_text("".join(out))
+    code = main(["report", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "r")])
+    assert_one_line(code, capsys.readouterr().err, ": its rows carry training metrics, but their config")

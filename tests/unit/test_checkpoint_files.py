@@ -268,3 +268,29 @@ def test_a_replacement_without_an_atomic_exchange(tmp_path, monkeypatch):
     c.load_checkpoint(tmp_path / "ckpt", "t")
     assert all(torch.equal(x, full_parameters(e)[k]) for k, x in full_parameters(c).items())
     assert not all(torch.equal(x, first[k]) for k, x in full_parameters(c).items())
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda d: (d / "t" / "shard-00000.pt").write_text("junk"), r"shard-00000.pt is damaged: "),
+        (lambda d: ((d / "latest").unlink(), (d / "latest").mkdir()), r"latest is not a file naming a tag"),
+        (lambda d: (d / "t" / "meta.json").write_text("{}"), r"meta.json is damaged: it has no 'params' object"),
+        (lambda d: (d / "t" / "frozen.json").write_text("[1]"), r"frozen.json is damaged: not a list of names"),
+        (lambda d: (d / "t" / "frozen.json").write_text('["x"]'), r"frozen.json is damaged: it names \['x'\]"),
+    ],
+    ids=["shard-is-text", "latest-is-a-directory", "meta-without-params", "frozen-not-names", "frozen-unknown"],
+)
+def test_a_damaged_file_is_one_line_for_zero_to_fp32(tmp_path, capsys, damage, words):
+    """What a hand-edited or half-copied checkpoint does to ``zero-to-fp32`` (a helper's fuzzing found each as a
+    traceback, or, for frozen.json, an exit 0 with the frozen parameters still in the output)."""
+    from zerobench.cli import main
+
+    e = engine()
+    e.save_checkpoint(tmp_path / "ckpt", tag="t")
+    damage(tmp_path / "ckpt")
+    assert main(["zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--exclude-frozen-parameters"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("zerobench: error: "), err
+    with pytest.raises((CheckpointMismatch, FileNotFoundError), match=words):
+        get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt", None, exclude_frozen_parameters=True)

@@ -151,7 +151,15 @@ SuiteLoader.add_constructor("tag:yaml.org,2002:float", SuiteLoader.construct_yam
 def load_yaml(path: Path) -> Any:
     """The YAML document in ``path`` (a suite), or a one-line ``ConfigError`` naming the file and line."""
     try:
-        return yaml.load(path.read_text(), Loader=SuiteLoader)  # SuiteLoader is a SafeLoader
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not a YAML suite (not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x})"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the suite: {e.strerror or e}") from None
+    try:
+        return yaml.load(text, Loader=SuiteLoader)  # SuiteLoader is a SafeLoader
     except SuiteYAMLError as e:
         raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:

@@ -10,10 +10,12 @@ identical across DP ranks by construction; the tests check that). Only runs whos
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 
 import pandas as pd
 
+from zerobench.config import ConfigError
 from zerobench.results.status import COUNTED, counted_rows, frame_statuses, with_run_key
 
 RUN_METRICS = (
@@ -50,6 +52,20 @@ def _paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
     if pa_cpu:
         return "C5" if stage == 2 else None
     return {(1, False): "C1", (1, True): "C2", (2, False): "C3", (2, True): "C4"}[(int(stage), bool(pa))]
+
+
+def _check_layout(run_id, rec: dict) -> None:
+    """A run's training metrics are drawn by its stage and process layout: refuse, in one line naming the run,
+    rows whose ``config`` does not give them as integers (rows not written by a zerobench run, or edited)."""
+    for name, key in (("stage", "zero.stage"), ("dp", "dp"), ("tp", "tp")):
+        v = rec[name]
+        if name != "stage" and _missing(v):
+            continue  # no DP or TP field: one process
+        if _missing(v) or isinstance(v, bool) or not isinstance(v, numbers.Real) or v != int(v):
+            raise ConfigError(
+                f"run {run_id}: its rows carry training metrics, but their config's {key} is {v!r}, not an "
+                "integer: they are not rows a zerobench run wrote; leave them out of the report's inputs"
+            )
 
 
 def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
@@ -98,6 +114,8 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         rec = {"config_hash": key, "repeats": g["run_id"].nunique()}
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
+        if g["metric"].isin(RUN_METRICS).any():
+            _check_layout(first["run_id"], rec)
         rec["world"] = (rec["dp"] or 1) * (rec["tp"] or 1) if rec["dp"] == rec["dp"] else None
         if rec["offload"] is None or rec["offload"] != rec["offload"]:
             rec["offload"] = "none"

@@ -133,7 +133,10 @@ def _files_of(d: Path, meta: dict) -> list[str]:
 def _meta(d: Path) -> dict:
     if not (d / "meta.json").exists():
         raise FileNotFoundError(f"no zerobench checkpoint at {d} (meta.json missing)")
-    return read_json(d / "meta.json")
+    meta = read_json(d / "meta.json")
+    if not isinstance(meta.get("params"), dict):
+        raise CheckpointMismatch(f"checkpoint file {d / 'meta.json'} is damaged: it has no 'params' object")
+    return meta
 
 
 def iter_shards(path: str | os.PathLike):

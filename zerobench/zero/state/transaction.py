@@ -16,7 +16,6 @@ import contextlib
 import ctypes
 import json
 import os
-import pickle
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -46,7 +45,9 @@ def load_file(path: str | os.PathLike):
     """``torch.load(path)`` on the CPU, ``weights_only=True``; a damaged file is a one-line ``CheckpointMismatch``."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # truncated, overwritten, or not torch.save's
+    except OSError:  # missing, unreadable: the caller's message says which checkpoint lacks it
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated, overwritten, not torch.save's: the unpickler raises anything
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointMismatch(f"checkpoint file {path} is damaged: {first}") from None
 

@@ -158,7 +158,9 @@ def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
     if tag is None:
         if not (root / LATEST).exists():
             return None
-        tag = (root / LATEST).read_text().strip()
+        if not (root / LATEST).is_file():
+            raise CheckpointMismatch(f"{root / LATEST} is not a file naming a tag: remove it, or give the tag to load")
+        tag = (root / LATEST).read_text(errors="replace").strip()
     path = root / check_tag(str(tag))
     if not path.is_dir():
         aside = replaced_copy(path)

@@ -20,7 +20,7 @@ from torch import nn
 from zerobench.zero.compat.deepspeed.checkpoints import FROZEN, LATEST, tagged_path
 from zerobench.zero.state.checkpoint import consolidate
 from zerobench.zero.state.export import save_whole
-from zerobench.zero.state.transaction import load_file
+from zerobench.zero.state.transaction import CheckpointMismatch, load_file
 
 
 def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
@@ -48,7 +48,19 @@ def get_fp32_state_dict_from_zero_checkpoint(
                 f"checkpoint {path} does not say which saved tensors are frozen parameters (no "
                 f"{FROZEN}: saved before it was written): load it without exclude_frozen_parameters"
             )
-        frozen = set(json.loads((path / FROZEN).read_text()))
+        try:
+            names = json.loads((path / FROZEN).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointMismatch(f"checkpoint file {path / FROZEN} is damaged: {e}") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise CheckpointMismatch(f"checkpoint file {path / FROZEN} is damaged: not a list of names")
+        frozen = set(names)
+        unknown = sorted(frozen - set(extra))
+        if unknown:
+            raise CheckpointMismatch(
+                f"checkpoint file {path / FROZEN} is damaged: it names {unknown[:4]}, which the checkpoint does not "
+                "hold as buffers or frozen parameters"
+            )
         extra = {k: v for k, v in extra.items() if k not in frozen}
     out.update({k: v.float() if v.is_floating_point() else v for k, v in extra.items()})
     return out

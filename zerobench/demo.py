@@ -38,14 +38,23 @@ def run_demo(out: Path | None) -> int:
 
 def print_stage_table(out: Path) -> None:
     from zerobench.results import load
+    from zerobench.results.status import counted_rows, with_run_key
 
-    df = load(out)
-    dp = df["config.dp"].max()
+    every = with_run_key(load(out))
+    df = counted_rows(every)  # a failed or incomplete run has no figures to print
+    if "config.dp" not in every or every["config.dp"].isna().all():
+        print("\nno run of the suite wrote rows: no stages to compare")
+        return
+    dp = every["config.dp"].max()
     sel = df[(df["config.dp"] == dp) & ((df["rank"].isna()) | (df["rank"] == 0))]
     print(f"\nZeRO stages side by side at DP={dp} (rank 0; bytes measured from the engine's tensors):")
     print(
         f"  {'stage':>5} {'model states':>14} {'paper formula':>14} {'comm/step (elem)':>17} {'step time':>10} {'final loss':>10}"
     )
+    for stage in sorted(
+        set(every[every["config.dp"] == dp]["config.zero.stage"].dropna()) - set(sel["config.zero.stage"])
+    ):
+        print(f"  {int(stage):>5}  did not complete (its status is above)")
     for stage, g in sorted(sel.groupby("config.zero.stage")):
         v = {m: g[g["metric"] == m]["value"].iloc[-1] for m in g["metric"].unique()}
         losses = g[g["metric"] == "loss"].sort_values("step")["value"]

@@ -373,3 +373,29 @@ def test_report_rows_without_a_training_config_are_one_line(tmp_path, capsys, co
     (tmp_path / "rows.jsonl").write_text("".join(out))
     code = main(["report", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "r")])
     assert_one_line(code, capsys.readouterr().err, ": its rows carry training metrics, but their config")
+
+
+def test_the_demo_table_names_a_stage_whose_run_failed(tmp_path, capsys):
+    """A stage's run that failed has no figures: the demo's table says so (it indexed the run's missing loss and
+    failed with a traceback before the failed runs were listed)."""
+    import json
+    import shutil
+
+    from zerobench.demo import print_stage_table
+    from zerobench.results.rows import read_rows
+
+    shutil.copytree(REPO / "results/reference/quick-cpu-2core", tmp_path / "q")
+    rows = read_rows(tmp_path / "q")
+    dp = max(r["config"]["dp"] for r in rows)
+    victim = next(r["run_id"] for r in rows if r["config"]["dp"] == dp and r["config"]["zero"]["stage"] == 2)
+    kept = [r for r in rows if r["run_id"] != victim or r["metric"] == "run_status"]
+    for r in kept:
+        if r["run_id"] == victim:
+            r.update(status="failed", reason="rank 1 was killed")
+    for f in (tmp_path / "q").rglob("rows.jsonl"):
+        f.unlink()
+    (tmp_path / "q" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    print_stage_table(tmp_path / "q")
+    out = capsys.readouterr().out
+    assert "      2  did not complete (its status is above)" in out
+    assert sum(line.strip().startswith(("0 ", "1 ", "3 ")) for line in out.splitlines()) == 3, out

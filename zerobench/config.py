@@ -100,6 +100,8 @@ def from_dict(cls: type, data: Any, where: str = "config") -> Any:
             return tuple(value)
         if tp is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
+        if tp in (int, float) and isinstance(value, bool):  # YAML's true is an int to Python: never a count
+            raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
         if tp in (int, float, str, bool) and not isinstance(value, tp):
             raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
         return value

@@ -137,3 +137,28 @@ def test_sigterm_exits_143_in_one_line_keeping_the_finished_stages_rows(monkeypa
         }
         and rows[("maxsize-stage0", "max_params")] > 0
     )
+
+
+def test_a_search_whose_limit_fits_says_at_least_and_its_rows_say_so(monkeypatch, tmp_path, capsys):
+    """Every probe fits up to ``--max-layers``: the maximum is beyond the search, so the answer is a lower bound,
+    printed and recorded as one (it was printed as "at most"); a start above the limit is refused up front."""
+    from zerobench.cli import main
+    from zerobench.report.aggregate import maxsize_table
+    from zerobench.results import load
+
+    def zb(*argv):
+        code = main(["maxsize", "--budget", "8MiB", *argv])
+        got = capsys.readouterr()
+        return code, got.out, got.err
+
+    planted_probes(monkeypatch, lambda n: "ok")
+    code, out, err = zb("--max-layers", "6", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "stage 0: at least 6 layers" in out and "the --max-layers limit fits: raise it" in out, out
+    assert {r["bound"] for r in read_rows(tmp_path) if r["metric"] in ("max_layers", "max_params")} == {"at least"}
+    assert maxsize_table(load(tmp_path))["at_least"].tolist() == [True, True]  # stages 0 and 3, the default
+    planted_probes(monkeypatch, lambda n: "ok" if n <= 3 else "oom")
+    code, out, err = zb("--max-layers", "6")
+    assert code == 0 and "stage 0: at most 3 layers" in out and "raise it" not in out, out
+    code, out, err = zb("--max-layers", "10", "--start-layers", "300")
+    assert code == 2 and "--start-layers 300 is above --max-layers 10" in err, err

@@ -304,6 +304,11 @@ def _maxsize(args: argparse.Namespace) -> int:
         bucket_size=args.bucket_size,
         **_offload_kwargs(args),
     )
+    if args.start_layers > args.max_layers:
+        raise ConfigError(
+            f"--start-layers {args.start_layers} is above --max-layers {args.max_layers}: start the search "
+            "inside it, or raise --max-layers"
+        )
     for flag, where, what in (("--out", args.out, "max-size rows"), ("--probes", args.probes, "probe logs")):
         if where:
             check_writable_dir(where, flag, what)
@@ -332,9 +337,11 @@ def _maxsize(args: argparse.Namespace) -> int:
                 return EXIT_CANCELLED
             results[stage] = res
             world = f"dp {base.dp} x tp {base.tp or 1}: {base.dp * (base.tp or 1)} process(es) on this host"
+            capped = res.max_layers == args.max_layers  # the limit itself fits: the maximum is beyond it
             print(
-                f"stage {stage}: at most {res.max_layers} layers = {res.max_params / 1e6:.2f}M params within "
-                f"{args.budget} per process ({world})"
+                f"stage {stage}: {'at least' if capped else 'at most'} {res.max_layers} layers = "
+                f"{res.max_params / 1e6:.2f}M params within {args.budget} per process ({world})"
+                + (" (the --max-layers limit fits: raise it to find the maximum)" if capped else "")
             )
             if args.out:  # each stage's rows as soon as it is found: a cancel later loses none
                 _write_maxsize_rows(args, dataclasses.replace(base, stage=stage), res)
@@ -360,8 +367,9 @@ def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:
     )
     off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
     w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", {**dataclasses.asdict(spec), "budget": args.budget})
-    w.write("max_layers", res.max_layers, "layers")
-    w.write("max_params", res.max_params, "params", probes=json.dumps(res.probes))
+    bound = {"bound": "at least"} if res.max_layers == args.max_layers else {}  # the search limit fits
+    w.write("max_layers", res.max_layers, "layers", **bound)
+    w.write("max_params", res.max_params, "params", probes=json.dumps(res.probes), **bound)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

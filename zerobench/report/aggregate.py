@@ -170,6 +170,7 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
                 "device": first.get("provenance.hardware.device"),
                 "max_params": float(g[g["metric"] == "max_params"]["value"].iloc[-1]),
                 "max_layers": float(g[g["metric"] == "max_layers"]["value"].iloc[-1]),
+                "at_least": "bound" in g and g["bound"].eq("at least").any(),  # the search's limit fitted
             }
         )
     return pd.DataFrame(out)

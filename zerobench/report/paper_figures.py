@@ -89,7 +89,10 @@ def fig4_measured(maxsize: pd.DataFrame, out: Path):
     if maxsize is None or maxsize.empty:
         return None
     d = maxsize.copy()
-    d["config"] = [f"stage {s}" + ("" if o == "none" else f" + offload {o}") for s, o in zip(d["stage"], d["offload"])]
+    d["config"] = [
+        f"stage {s}" + ("" if o == "none" else f" + offload {o}") + (" (at least: the search limit fit)" if a else "")
+        for s, o, a in zip(d["stage"], d["offload"], d.get("at_least", [False] * len(d)))
+    ]
     d["setting"] = [f"{b} budget, DP {dp} [{hw}]" for b, dp, hw in zip(d["budget"], d["dp"], d["hardware"])]
     d["max M params"] = d["max_params"] / 1e6
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(d) + 1.8))

@@ -79,6 +79,22 @@ CASES = [
     (["plan", "--model", "100B", "--cb-size", "5"], "--cb-size is now spelled --bucket-size"),
     (["peers", "--dp", "0"], "--dp: must be >= 1"),
     (["regress", "--timing-tolerance", "0"], "--timing-tolerance: must be > 0"),
+    # flags that were silently ignored (a helper's CLI fuzz): refused, saying which goes with what
+    (["plan", "--model", "100B", "--params", "5e9"], "give the model once: --model NAME or --params N"),
+    (["plan", "--params", "5e9", "--layers", "4"], "--params solves for the layers"),
+    (["plan", "--model", "100B", "--layers", "2", "--hidden", "64", "--heads", "4"], "replace all of --model 100B"),
+    (["plan", "--model", "100B", "--rank", "2"], "--rank is for --dry-run"),
+    (["plan", "--model", "100B", "--suite", "paper/fig2"], "--suite is for --dry-run"),
+    (["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--out", "x"], "--out is for --validate"),
+    (["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--fit"], "--fit is for --validate"),
+    (["bench-kernels", "--compile"], "--compile is for --ops"),
+    (["bench-kernels", "--hidden", "100"], "--hidden is for --ops"),
+    (["train", "--run-id", ""], "--run-id must be a non-empty name"),
+    (["regress", "--history", "a", "b", "--candidate", "c"], "--candidate is for the gate; --history does not"),
+    (["regress", "--ab", "cpu/quick", "--history", "a"], "choose one of --ab SUITE"),
+    (["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--max-rounds", "20"], "--max-rounds 20 is below"),
+    (["regress", "--ab", "no/such", "--baseline-tree", "."], "suite 'no/such' not found"),
+    (["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "no=1"], "no run matches {'no': '1'}"),
 ]
 
 
@@ -399,3 +415,22 @@ def test_the_demo_table_names_a_stage_whose_run_failed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "      2  did not complete (its status is above)" in out
     assert sum(line.strip().startswith(("0 ", "1 ", "3 ")) for line in out.splitlines()) == 3, out
+
+
+def test_a_refused_command_leaves_no_directory_behind(tmp_path, capsys):
+    """Output directories are proved writable (so created) before the rest of the input is checked: a refusal
+    found after that removes what it created, if still empty, and nothing that was there before."""
+    (tmp_path / "kept").mkdir()
+    garbage = tmp_path / "kept" / "rows.jsonl"
+    garbage.write_text("not json\n")
+    cases = [
+        ["report", str(garbage), "--out", str(tmp_path / "r" / "deep")],
+        ["sweep", "cpu/quick", "--only", "nokey=1", "--out", str(tmp_path / "s")],
+        ["zero-to-fp32", str(tmp_path / "kept"), str(tmp_path / "z"), "--tag", "nope"],
+        ["report", str(garbage), "--out", str(tmp_path / "kept")],  # there before: stays
+    ]
+    for argv in cases:
+        code, err = run(argv, capsys)
+        assert code == 2 and err.count("\n") == 1, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["rows.jsonl"]

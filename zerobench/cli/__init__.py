@@ -27,9 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from zerobench.results.outdir import CREATED, remove_created
+
+    CREATED.clear()
     try:
         return args.func(args)
     except ConfigError as e:
+        remove_created()  # bad input found after an output directory was proved writable: leave nothing behind
         print(f"zerobench: error: {e}", file=sys.stderr)
         return 2
     except RunFailed as e:

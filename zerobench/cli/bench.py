@@ -216,6 +216,18 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     )
     if args.numel < 1 or args.rounds < 1:
         raise ConfigError("--numel and --rounds must be >= 1")
+    if not args.ops:
+        given = [
+            f
+            for f, v, d in (
+                ("--compile", args.compile, False),
+                ("--rows", args.rows, 8192),
+                ("--hidden", args.hidden, 1024),
+            )
+            if v != d
+        ]
+        if given:
+            raise ConfigError(f"{given[0]} is for --ops (the bias+GeLU and LayerNorm kernels): add --ops, or drop it")
     if cfg.device not in ("cpu", "cuda") or (cfg.device == "cuda" and not torch.cuda.is_available()):
         raise ConfigError(f"--device {cfg.device!r}: choose cpu, or cuda on a machine with a GPU")
     run_id = "bench-kernels-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

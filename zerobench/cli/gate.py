@@ -15,6 +15,11 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
     if not args.false_alarm < 1:
         raise ConfigError(f"--false-alarm is a probability below 1, got {args.false_alarm}")
+    if args.ab and args.history:
+        raise ConfigError("choose one of --ab SUITE (an A/B timing) and --history DIR... (a history plot)")
+    if (args.ab or args.history) and (args.candidate or args.write_baseline):
+        given = "--candidate" if args.candidate else "--write-baseline"
+        raise ConfigError(f"{given} is for the gate; --{'ab' if args.ab else 'history'} does not read it: drop it")
     if args.ab:
         return _cmd_ab(args)
     if args.history:
@@ -91,6 +96,17 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     if bool(args.baseline_ref) == bool(args.baseline_tree):
         raise ConfigError("--ab needs exactly one of --baseline-ref REF or --baseline-tree DIR")
+    if args.max_rounds and args.max_rounds < args.rounds:
+        raise ConfigError(
+            f"--max-rounds {args.max_rounds} is below --rounds {args.rounds}: it is the most rounds with the extra "
+            "pairs, so give at least --rounds (or 0 for no extra rounds)"
+        )
+    from zerobench.bench import suite as suites
+
+    suite = suites.load(args.ab)  # a bad suite is one line before a worktree is checked out and sides launched
+    only = dict(item.partition("=")[::2] for item in args.only if "=" in item)  # ABConfig refuses items without
+    if only and not any(all(str(getattr(r.spec, k, None)) == v for k, v in only.items()) for r in suite.runs):
+        raise ConfigError(f"{suite.path}: no run matches {only} (--only takes KEY=VALUE of a run's field)")
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     check_writable_dir(out)  # before a baseline worktree is checked out

@@ -63,7 +63,27 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offload-param", action="store_true", help="stage 3: parameter partition in host memory too")
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that would be ignored, or two that say the model twice: one line, before anything runs."""
+    from zerobench.config import ConfigError
+
+    if not args.dry_run:
+        for flag, given in (("--rank", args.rank != 0), ("--suite", args.suite is not None)):
+            if given:
+                raise ConfigError(f"{flag} is for --dry-run: add --dry-run, or drop {flag}")
+    if args.model and args.params:
+        raise ConfigError("give the model once: --model NAME or --params N, not both")
+    if args.params and args.layers:
+        raise ConfigError("--params solves for the layers: give --params N or --layers N, not both")
+    if args.model and args.layers and args.hidden and args.heads:
+        raise ConfigError(
+            f"--layers, --hidden and --heads replace all of --model {args.model}'s shape: drop --model, or give "
+            "only what changes"
+        )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    _check_flags(args)
     if args.profile:
         from zerobench.sim.command import run_measured_max_size
 

@@ -209,7 +209,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         **_offload_kwargs(args),
     )
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
-    run_id = args.run_id or "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_id = args.run_id if args.run_id is not None else "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     check_name(run_id, "--run-id", ": give e.g. --run-id my-run (a directory name under runs/)")
     out = Path(args.out) if args.out else Path("runs") / run_id
     for flag, where, what in (

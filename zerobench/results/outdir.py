@@ -6,6 +6,7 @@ directory inside ``runs/``. A bad location is one ``ConfigError`` line before an
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -14,12 +15,26 @@ from pathlib import Path
 from zerobench.config import ConfigError
 from zerobench.results.rows import ROWS_FILE
 
+CREATED: list[Path] = []
+"""Directories this process created to prove them writable, deepest first: a command refused afterwards (bad
+input found later) removes those still empty (``remove_created``), so a refusal leaves nothing behind."""
+
+
+def remove_created() -> None:
+    """Remove the directories ``_prove_writable`` created that are still empty (a refused command's)."""
+    while CREATED:
+        d = CREATED.pop(0)
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only an empty one: whatever a command wrote stays
+
 
 def _prove_writable(directory: Path) -> None:
     """Create ``directory`` if needed and write (then remove) a file in it; raises ``OSError`` otherwise."""
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
+    CREATED[:0] = missing
     fd, probe = tempfile.mkstemp(prefix=".zerobench-probe-", dir=directory)
     os.close(fd)
     os.unlink(probe)

@@ -184,6 +184,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 0
     if not args.suite:
         raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
+    for flag, given in (("--out", args.out), ("--fit", args.fit)):
+        if given:  # a suite's prediction prints JSON lines; it writes no rows and fits nothing
+            raise ConfigError(f"{flag} is for --validate RESULTS (or --paper): drop it, or validate measured runs")
     bounds = (prof.bound(-1), prof.bound(+1)) if prof.has_spread else None
     for cfg in _configs(args.suite):
         try:

@@ -95,6 +95,12 @@ CASES = [
     (["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--max-rounds", "20"], "--max-rounds 20 is below"),
     (["regress", "--ab", "no/such", "--baseline-tree", "."], "suite 'no/such' not found"),
     (["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "no=1"], "no run matches {'no': '1'}"),
+    # messages that named no fix, or a wrong one
+    (["simulate", "--profile", "bogus-device", "--suite", "cpu/quick"], "nor a stated device (v100-dgx2, "),
+    (["simulate", "--validate-published", "no/such.csv"], "cannot read it: No such file or directory: give a"),
+    (["sweep", "--check", "paper/c1_c5"], "or plan it (zerobench plan --dry-run --suite "),
+    (["train", "--system", "megatron", "--precision", "fp16"], "trains in fp32 or bf16 (it has no fp16 loss"),
+    (["plan", "--model", "100B", "--stage", "3", "--offload-param"], "optimizer offload (--offload-optimizer cpu"),
 ]
 
 

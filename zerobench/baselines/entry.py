@@ -16,8 +16,12 @@ def validate(cfg) -> None:
         raise ConfigError("--sp is zerobench's sequence parallelism: drop it for the megatron baseline")
     if cfg.zero.stage != 0:
         raise ConfigError("the megatron baseline is Megatron-LM's DDP (stage 0): drop --stage")
-    if cfg.zero.clip_grad_norm is not None or cfg.zero.precision.value == "fp16":
-        raise ConfigError("the megatron baseline supports fp32/bf16 without --clip")
+    if cfg.zero.precision.value == "fp16":
+        raise ConfigError(
+            "the megatron baseline trains in fp32 or bf16 (it has no fp16 loss scaling): give --precision bf16"
+        )
+    if cfg.zero.clip_grad_norm is not None:
+        raise ConfigError("the megatron baseline does not clip gradients: drop --clip")
     a = cfg.activation
     if a.partition or a.cpu_offload or a.contiguous:
         raise ConfigError(

@@ -38,7 +38,9 @@ def check_local(suite: Suite) -> None:
         r = too_big[0]
         raise ConfigError(
             f"{suite.path}: run {r.label!r} needs {r.config.world_size} processes; the local launcher runs at most "
-            f"{MAX_LOCAL_WORLD}: submit it to a cluster (slurm/) or plan it (zerobench plan --project {suite.name})"
+            f"{MAX_LOCAL_WORLD}: submit it to a cluster (sbatch slurm/scale_400gpu.sh with SUITE={suite.path}), or "
+            f"plan it (zerobench plan --dry-run --suite {suite.path}; zerobench simulate --profile v100-dgx2 --suite "
+            f"{suite.path})"
         )
 
 

@@ -59,8 +59,20 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments: fp32 (K=12) or 8-bit (K~6)"
     )
-    g.add_argument("--offload-optimizer", action="store_true", help="ZeRO-Offload: optimizer states in host memory")
-    g.add_argument("--offload-param", action="store_true", help="stage 3: parameter partition in host memory too")
+    g.add_argument(
+        "--offload-optimizer",
+        nargs="?",
+        const="cpu",
+        choices=("cpu",),
+        help="ZeRO-Offload: optimizer states in host memory (train's flag; NVMe frees the GPU the same way)",
+    )
+    g.add_argument(
+        "--offload-param",
+        nargs="?",
+        const="cpu",
+        choices=("cpu",),
+        help="stage 3: the parameter partition in host memory too",
+    )
 
 
 def _check_flags(args: argparse.Namespace) -> None:

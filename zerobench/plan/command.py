@@ -65,8 +65,8 @@ def plan_run_spec(args):
         bucket_size=args.bucket_size,
         md=args.md,
         optim_bits=args.optim_bits,
-        offload_optimizer="cpu" if args.offload_optimizer else "none",
-        offload_param="cpu" if args.offload_param else "none",
+        offload_optimizer=args.offload_optimizer or "none",
+        offload_param=args.offload_param or "none",
     )
 
 

@@ -15,10 +15,11 @@ def _configs(suite: str) -> list:
     from zerobench.bench.suite import load
 
     s = load(suite)
-    bad = [r for r in s.runs if r.config is None]
+    ours = [r for r in s.runs if r.spec.system == "zerobench"]  # the simulator replays zerobench's own runs
+    bad = [r for r in ours if r.config is None]
     if bad:
         raise ConfigError(f"{s.path}: run {bad[0].label!r} is invalid: {bad[0].error}")
-    return [r.config for r in s.runs if r.config.system == "zerobench"]
+    return [r.config for r in ours]
 
 
 def _software(suite: str) -> str:
@@ -69,6 +70,11 @@ def _load_profile(path: str, software: str = "zerobench"):
             )
         return stated_profile(path, software)
 
+    if not Path(path).exists():
+        raise ConfigError(
+            f"--profile {path}: neither a profile's results (`zerobench profile --out DIR`) nor a stated device "
+            f"({', '.join(DEVICES)})"
+        )
     rows = read_rows(path)
     if Path(path).is_dir() and not any(r.get("metric", "").startswith("profile_") for r in rows):
         cut = next(Path(path).rglob(partial_path(Path(ROWS_FILE)).name), None)
@@ -273,8 +279,16 @@ def _published(args: argparse.Namespace) -> int:
     path = args.validate_published or TABLE
     try:
         data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(
+            f"--validate-published {path}: cannot read it: {e.strerror or e}: give a published table's CSV "
+            f"(default {TABLE})"
+        ) from None
+    try:
         rows = load(path, data)
-    except (OSError, ValueError) as e:
+    except UnicodeDecodeError:
+        raise ConfigError(f"--validate-published {path}: not a CSV table (not UTF-8 text)") from None
+    except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.out:
         from zerobench.results.outdir import check_fresh_run_dir

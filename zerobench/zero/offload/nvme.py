@@ -72,7 +72,10 @@ class NvmeStore:
             os.makedirs(directory, exist_ok=True)
             self.dir = tempfile.mkdtemp(prefix=f"zerobench-states-rank{rank}-", dir=directory)
         except OSError as e:
-            raise ConfigError(f"cannot use NVMe path {directory!r} for optimizer states: {e.strerror}") from None
+            what = "it is a file" if os.path.isfile(directory) else e.strerror
+            raise ConfigError(
+                f"cannot use NVMe path {directory!r} for optimizer states: {what}: give a writable directory"
+            ) from None
         self.path = os.path.join(self.dir, "optimizer_states.bin")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerobench-nvme")

@@ -25,7 +25,8 @@ from zerobench.zero.state.transaction import CheckpointMismatch, load_file
 
 def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
     if not Path(checkpoint_dir).is_dir():
-        raise FileNotFoundError(f"no checkpoint directory {checkpoint_dir}")
+        what = " (it is a file: give the directory save_checkpoint wrote)" if Path(checkpoint_dir).exists() else ""
+        raise FileNotFoundError(f"no checkpoint directory {checkpoint_dir}{what}")
     path = tagged_path(checkpoint_dir, tag)
     if path is None:
         raise FileNotFoundError(f"no {LATEST} file in {checkpoint_dir}: name the checkpoint's tag (e.g. global_step10)")

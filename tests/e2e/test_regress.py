@@ -290,3 +290,45 @@ def test_ab_bad_input_is_one_line(ab_suite, tmp_path):
     ]:
         r = zb("regress", "--ab", str(ab_suite), *args, "--out", str(tmp_path / "x"))
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+@pytest.mark.slow
+def test_an_ab_stopped_by_sigterm_removes_its_worktree_and_sides(tmp_path):
+    """Slurm's time limit or scancel stops an A/B with SIGTERM: the baseline's git worktree is removed and both
+    sides stopped on the way out, the exit is 143 with one line (SIGTERM's default action left the worktree
+    registered in the repository, and its sides running)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def worktrees() -> list[str]:
+        got = subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "list", "--porcelain"], capture_output=True, text=True
+        )
+        return [line.split(" ", 1)[1] for line in got.stdout.splitlines() if line.startswith("worktree ")]
+
+    before = worktrees()
+    (tmp_path / "ab.yaml").write_text(AB_FAST_SUITE)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "zerobench", "regress", "--ab", str(tmp_path / "ab.yaml")),
+            *("--baseline-ref", "HEAD", "--rounds", "20", "--out", str(tmp_path / "ab")),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(worktrees()) == len(before) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    added = sorted(set(worktrees()) - set(before))
+    assert added, "the A/B never checked out its baseline"
+    time.sleep(2)  # the sides start
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("zerobench: error")]
+    assert lines == [f"zerobench: error: A/B cancelled (SIGTERM); its rounds so far are under {tmp_path / 'ab'}"], err
+    assert worktrees() == before and not any(Path(w).exists() for w in added)

@@ -88,10 +88,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     import contextlib
     from pathlib import Path
 
-    from tabulate import tabulate
-
-    from zerobench.bench.ab import ABConfig, run_ab
-    from zerobench.bench.ab_sources import parse_cpus, worktree
+    from zerobench.bench.ab_sources import worktree
+    from zerobench.launch.cancel import EXIT_CANCELLED, Cancelled, sigterm_raises
     from zerobench.results.outdir import check_writable_dir
 
     if bool(args.baseline_ref) == bool(args.baseline_tree):
@@ -112,24 +110,41 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     check_writable_dir(out)  # before a baseline worktree is checked out
     tol = args.timing_tolerance
     ctx = worktree(args.baseline_ref, here) if args.baseline_ref else contextlib.nullcontext(args.baseline_tree)
-    with ctx as base:
-        cfg = ABConfig(
-            suite=args.ab,
-            baseline_tree=base,
-            candidate_tree=str(here),
-            rounds=args.rounds,
-            max_rounds=args.max_rounds,
-            false_alarm=args.false_alarm,
-            only=tuple(args.only),
-            tolerance=tol,
-            baseline_env=tuple(args.baseline_env),
-            candidate_env=tuple(args.candidate_env),
-            metric=args.ab_metric,
-            concurrent=args.concurrent,
-            lockstep=args.lockstep,
-            cpus=parse_cpus(args.cpus) if args.cpus else (),
-        )
-        verdicts = run_ab(cfg, out, say=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        with sigterm_raises(), ctx as base:
+            verdicts = _ab_rounds(args, base, here, out, tol)
+    except Cancelled as e:  # the worktree is removed and both sides are stopped on the way out
+        print(f"zerobench: error: A/B {e}; its rounds so far are under {out}", file=sys.stderr)
+        return EXIT_CANCELLED
+    return _print_verdicts(verdicts, tol, out, args.false_alarm)
+
+
+def _ab_rounds(args: argparse.Namespace, base, here, out, tol: float) -> list[dict]:
+    from zerobench.bench.ab import ABConfig, run_ab
+    from zerobench.bench.ab_sources import parse_cpus
+
+    cfg = ABConfig(
+        suite=args.ab,
+        baseline_tree=base,
+        candidate_tree=str(here),
+        rounds=args.rounds,
+        max_rounds=args.max_rounds,
+        false_alarm=args.false_alarm,
+        only=tuple(args.only),
+        tolerance=tol,
+        baseline_env=tuple(args.baseline_env),
+        candidate_env=tuple(args.candidate_env),
+        metric=args.ab_metric,
+        concurrent=args.concurrent,
+        lockstep=args.lockstep,
+        cpus=parse_cpus(args.cpus) if args.cpus else (),
+    )
+    return run_ab(cfg, out, say=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def _print_verdicts(verdicts: list[dict], tol: float, out, false_alarm: float) -> int:
+    from tabulate import tabulate
+
     print(
         tabulate(
             [
@@ -154,7 +169,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if undecided:
         print(
             f"zerobench: error: undecided: {', '.join(undecided)} lost rounds and kept too few AB/BA pairs for the "
-            f"sign test at --false-alarm {cfg.false_alarm:g}; see each side's logs under {out}",
+            f"sign test at --false-alarm {false_alarm:g}; see each side's logs under {out}",
             file=sys.stderr,
         )
     return 1 if bad or undecided else 0

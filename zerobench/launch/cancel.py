@@ -46,6 +46,24 @@ class Cancellation:
         self._old.clear()
 
 
+@contextlib.contextmanager
+def sigterm_raises():
+    """Inside, SIGTERM raises ``Cancelled`` in the main thread, so ``finally`` blocks run (a temporary git worktree
+    removed, child processes killed) where the default action would end the process at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        raise Cancelled("cancelled (SIGTERM)")
+
+    old = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def die_with_parent(parent_pid: int | None) -> None:
     """Called first thing in a launched rank: receive SIGTERM when the launcher (``parent_pid``) dies
     (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), and stop at once if it already has."""

@@ -258,14 +258,14 @@ def test_a_file_replaced_by_a_writer_that_stops_is_the_old_one_whole(tmp_path, m
 
     import torch
 
-    from zerobench.results.rows import replace_whole
+    from zerobench.files import replace_file
     from zerobench.zero.state.export import save_whole
 
     path = tmp_path / ("baseline.jsonl" if writer == "baseline" else "pytorch_model.bin")
     old, new = ('{"metric": "a"}\n', '{"metric": "b"}\n') if writer == "baseline" else ({"w": torch.ones(3)}, {})
 
     def write(v):
-        return replace_whole(path, v) if writer == "baseline" else save_whole(v, path)
+        return replace_file(path, v) if writer == "baseline" else save_whole(v, path)
 
     def read():
         return path.read_text() if writer == "baseline" else torch.load(path, weights_only=True)

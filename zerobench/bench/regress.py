@@ -12,8 +12,9 @@ from pathlib import Path
 from zerobench.bench import noise
 from zerobench.bench.gate_rules import COUNTS, GATED, MODELLED, Comparison, GateResult, gate, summarize
 from zerobench.config import ConfigError
+from zerobench.files import replace_file
 from zerobench.results.outdir import check_writable_file
-from zerobench.results.rows import read_rows, replace_whole
+from zerobench.results.rows import read_rows
 from zerobench.results.status import OK, statuses
 
 
@@ -81,7 +82,7 @@ def write_baseline(candidate_rows: list[dict], path: str | Path, more: Sequence[
     ]
     if more:
         keep += noise_rows([candidate_rows, *more])[0]
-    replace_whole(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    replace_file(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return len(keep)
 
 

@@ -15,12 +15,12 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from zerobench.config import ConfigError, RunFailed, config_hash, to_dict
+from zerobench.files import fsync_dir
 from zerobench.results.provenance import provenance
 from zerobench.results.status import SCHEMA
 
@@ -97,34 +97,7 @@ def written_whole(writer: RowWriter):
     finally:
         writer.path = final
     os.replace(staged, final)
-    _fsync_dir(final.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a directory be opened for fsync
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def replace_whole(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` as the file ``path``, replacing it atomically: a temporary file of its own beside it, flushed
-    to the disk, then renamed over it. A reader (or a crash) sees the old file or the new one, never a cut one;
-    ``write_text`` would empty the old one first."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(final.parent)
 
 
 class RowWriteError(RunFailed):

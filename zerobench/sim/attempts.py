@@ -68,7 +68,7 @@ def trim(path: str | Path) -> int:
     runs' logs, as the committed recordings under ``results/reference`` do; returns the files rewritten."""
     import json
 
-    from zerobench.results.rows import replace_whole
+    from zerobench.files import replace_file
 
     n = 0
     for rows in Path(path).glob("attempt-*/runs/**/rows.jsonl"):
@@ -77,7 +77,7 @@ def trim(path: str | Path) -> int:
             for line in rows.read_text().splitlines()
             if json.loads(line).get("metric") in ("step_time_s", "run_status")
         ]
-        replace_whole(rows, "".join(line + "\n" for line in kept))
+        replace_file(rows, "".join(line + "\n" for line in kept))
         n += 1
     for log in Path(path).glob("attempt-*/runs/**/run.log"):
         log.unlink()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from zerobench.files import write_file
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.shards import FORMAT, load_shard_state_dicts, shard_state_dict, union_length
 from zerobench.zero.state.transaction import (
@@ -27,7 +28,6 @@ from zerobench.zero.state.transaction import (
     read_json,
     refuse_staged,
     transaction,
-    write_file,
     write_json,
 )
 

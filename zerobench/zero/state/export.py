@@ -11,17 +11,15 @@ consolidate each with ``zero/state/checkpoint.py``'s ``consolidate``).
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from zerobench.config import ConfigError
+from zerobench.files import replace_file
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.shards import iter_full
-from zerobench.zero.state.transaction import fsync_dir, write_file
 
 
 def state_entries(model: nn.Module, trained: set[int], frozen: bool = True) -> list[tuple[str, torch.Tensor]]:
@@ -63,13 +61,6 @@ def full_state_dict(
 
 
 def save_whole(obj, path: Path) -> None:
-    """``torch.save`` through a temporary file of its own beside ``path``, flushed to the disk before it is renamed
-    over ``path``: a reader, or a machine that loses power, sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    try:
-        write_file(tmp, lambda f: torch.save(obj, f))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+    """``torch.save`` to ``path`` through ``files.replace_file``: a reader, or a machine that loses power, sees the
+    old file or the new one, never half of one."""
+    replace_file(path, lambda f: torch.save(obj, f))

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench.config import ConfigError
+from zerobench.files import fsync_dir, write_file
 from zerobench.zero.protocols import Engine
 
 MANIFEST = "manifest.json"
@@ -63,37 +64,8 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def write_file(path: Path, data: bytes | Callable[[object], None]) -> None:
-    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` and flush it to the disk."""
-    with open(path, "wb") as f:
-        if isinstance(data, bytes):
-            f.write(data)
-        else:
-            data(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def write_json(path: Path, obj) -> None:
     write_file(path, json.dumps(obj, indent=1).encode())
-
-
-def replace_small(path: Path, text: str) -> None:
-    """Replace a small file in place atomically (a temporary file beside it, then a rename): readers see the old
-    content or the new, never half of it."""
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    write_file(tmp, text.encode())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a directory be opened for fsync
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _groups(engine: Engine):

@@ -27,16 +27,15 @@ import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
+from zerobench.files import replace_file, write_file
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import state_entries
 from zerobench.zero.state.transaction import (
     CheckpointMismatch,
     load_file,
-    replace_small,
     replaced_copy,
     transaction,
-    write_file,
     write_json,
 )
 
@@ -130,7 +129,7 @@ def save_tagged(
         None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     )
     path = Path(save_dir) / tag
-    point = (lambda: replace_small(Path(save_dir) / LATEST, tag)) if save_latest else None
+    point = (lambda: replace_file(Path(save_dir) / LATEST, tag)) if save_latest else None
     with transaction(engine, path, after_commit=point) as staged:
         write_shard(engine, staged.dir, staged.save_id)
         if engine.group.rank == 0:

@@ -104,6 +104,29 @@ def tags_holding(root: Path, values: dict) -> list[str]:
     ]
 
 
+def kill_points(measured: dict, world: int, uniform: int, targeted: list[str], margin: int) -> list[tuple]:
+    """(seed, where, tag, victim rank, call event) for each kill: ``uniform`` seeds draw the tag, the rank and the
+    event over the whole second save; then one per entry of ``targeted`` kills the committing rank ``before``,
+    ``inside`` or ``after`` its commit (``margin`` events clear of it), alternating the tag."""
+    draws = []
+    for seed in range(uniform):
+        rng = random.Random(seed)
+        tag2, victim = rng.choice(["final", None]), rng.randrange(world)
+        draws.append((seed, "anywhere", tag2, victim, rng.randrange(1, measured[tag2][victim]["total"] + 1)))
+    for seed, where in enumerate(targeted, start=uniform):
+        rng, tag2 = random.Random(seed), ("final", None)[seed % 2]
+        first = next(r for r, m in enumerate(measured[tag2]) if m["start"] is not None)  # the rank that commits
+        commit = measured[tag2][first]
+        low, high = {
+            "before": (1, commit["start"] - margin),
+            "inside": (commit["start"], commit["end"]),
+            "after": (commit["end"] + margin, commit["total"]),
+        }[where]
+        assert low < high, (where, commit)
+        draws.append((seed, where, tag2, first, rng.randint(low, high)))
+    return draws
+
+
 @pytest.mark.slow
 def test_a_rank_killed_at_a_random_point_of_a_save(tmp_path):
     """A rank dies at a call event of the second save (a re-save of the tag, or a new tag). 20 seeds draw the rank
@@ -117,22 +140,7 @@ def test_a_rank_killed_at_a_random_point_of_a_save(tmp_path):
         work.mkdir()
         measured[tag2] = run_distributed(F.measure_save, 2, str(work), 2, tag2)
     margin = 100  # call events: a save's count varies by about a dozen from run to run
-    draws = []
-    for seed in range(20):
-        rng = random.Random(seed)
-        tag2, victim = rng.choice(["final", None]), rng.randrange(2)
-        draws.append((seed, "anywhere", tag2, victim, rng.randrange(1, measured[tag2][victim]["total"] + 1)))
-    for seed, where in enumerate(["before"] * 2 + ["inside"] * 3 + ["after"] * 3, start=20):
-        rng, tag2 = random.Random(seed), ("final", None)[seed % 2]
-        commit = measured[tag2][0]
-        assert commit["start"] is not None and commit["end"] is not None, commit  # rank 0 commits
-        low, high = {
-            "before": (1, commit["start"] - margin),
-            "inside": (commit["start"], commit["end"]),
-            "after": (commit["end"] + margin, commit["total"]),
-        }[where]
-        assert low < high, (where, commit)
-        draws.append((seed, where, tag2, 0, rng.randint(low, high)))
+    draws = kill_points(measured, 2, 20, ["before"] * 2 + ["inside"] * 3 + ["after"] * 3, margin)
     outcomes = []
     for seed, where, tag2, victim, event in draws:
         out = tmp_path / f"seed{seed}"
@@ -184,22 +192,7 @@ def test_a_rank_of_a_tp_save_killed_at_a_random_point(tmp_path):
         work = tmp_path / f"measure-{tag2}"
         work.mkdir()
         measured[tag2] = run_distributed(F.tp_measure_save, 4, str(work), tp, stage, tag2)
-    draws = []
-    for seed in range(8):
-        rng = random.Random(seed)
-        tag2, victim = rng.choice(["final", None]), rng.randrange(4)
-        draws.append((seed, "anywhere", tag2, victim, rng.randrange(1, measured[tag2][victim]["total"] + 1)))
-    for seed, where in enumerate(["before", "inside", "after"] * 2, start=8):
-        rng, tag2 = random.Random(seed), ("final", None)[seed % 2]
-        first = next(r for r, m in enumerate(measured[tag2]) if m["start"] is not None)
-        commit = measured[tag2][first]
-        low, high = {
-            "before": (1, commit["start"] - margin),
-            "inside": (commit["start"], commit["end"]),
-            "after": (commit["end"] + margin, commit["total"]),
-        }[where]
-        assert low < high, (where, commit)
-        draws.append((seed, where, tag2, first, rng.randint(low, high)))
+    draws = kill_points(measured, 4, 8, ["before", "inside", "after"] * 2, margin)
     outcomes = []
     for seed, where, tag2, victim, event in draws:
         out = tmp_path / f"seed{seed}"

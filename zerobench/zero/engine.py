@@ -39,6 +39,7 @@ from zerobench.zero.grads.backward import BackwardPasses
 from zerobench.zero.grads.buckets import GradBucketGroup, SyncMode
 from zerobench.zero.grads.stats import clip_coefficient, window_grad_norm
 from zerobench.zero.grads.unused import UnusedCheck, start_unused_check
+from zerobench.zero.interop.foreign import install as install_foreign_guards
 from zerobench.zero.interop.forward_inputs import cast_forward_inputs
 from zerobench.zero.interop.module_zero_grad import route_zero_grad
 from zerobench.zero.interop.teardown import check_live, destroy_engine
@@ -116,6 +117,7 @@ class ZeroEngine:
             self.grads, self.gatherer, st, self.adamw, config, self.placement, self.numel, group.size
         )
         register(self)  # safe_get_full_fp32_param(p) and the rest find the engine by the parameter
+        install_foreign_guards()  # a torch optimizer or clip_grad_norm_ on these parameters is loud, not silent
 
     # -- construction helpers ------------------------------------------------------------------
     def _lay_out(self, model: nn.Module, units, param_groups, device: torch.device | None):

@@ -1,0 +1,67 @@
+"""Torch calls a ported FSDP or DDP loop makes on the model's parameters (``zero/interop/foreign.py``): a torch
+optimizer's ``step()`` is refused in one line, and ``torch.nn.utils.clip_grad_norm_`` over the model's parameters
+clips the engine's window as FSDP's ``clip_grad_norm_`` does (both were silent: no update, a norm of 0)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from zerobench.distributed.collectives import Group
+from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.state.shards import full_parameters
+
+ONE = Group(None, "dp", 1, 0)
+ADAM = AdamWConfig(lr=1e-2, weight_decay=0.0)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_torch_optimizer_on_the_models_parameters_is_refused(stage):
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM), units=nn.Linear)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m(torch.ones(2, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match=rf"SGD.step\(\) on parameters a ZeRO engine \(stage {stage}\) trains"):
+        opt.step()
+    other = nn.Linear(2, 2)  # an optimizer of anything else is untouched
+    other(torch.ones(1, 2)).sum().backward()
+    torch.optim.SGD(other.parameters(), lr=0.1).step()
+    engine.destroy()  # the parameters are the user's again: so is stepping them
+    m(torch.ones(2, 4)).sum().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_torch_clip_grad_norm_over_the_model_clips_the_engines_window(stage):
+    """The norm returned and the clipped step equal one process's torch training with the same clip."""
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM), units=nn.Linear)
+    opt = torch.optim.AdamW(ref.parameters(), lr=ADAM.lr, betas=ADAM.betas, eps=ADAM.eps, weight_decay=0.0)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        m(x).pow(2).sum().backward()
+        got = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        engine.optimizer.step()
+        engine.zero_grad()
+        ref(x).pow(2).sum().backward()
+        want = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for name, value in full_parameters(engine).items():
+        torch.testing.assert_close(value, dict(ref.named_parameters())[name], rtol=1e-5, atol=1e-6)
+    m(x).sum().backward()
+    with pytest.raises(RuntimeError, match="given part of a ZeRO engine's trained parameters"):
+        torch.nn.utils.clip_grad_norm_(list(m.parameters())[:2], 0.5)
+    plain = copy.deepcopy(ref)  # parameters of no engine: torch's own function
+    plain(x).sum().backward()
+    assert torch.nn.utils.clip_grad_norm_(plain.parameters(), 1e9) > 0

@@ -1,0 +1,84 @@
+"""Torch calls that would silently do nothing, or the wrong thing, on a ZeRO engine's parameters, made loud.
+
+The engine keeps each trained parameter's fp32 master and optimizer state in its partition, and at stages 2-3 its
+gradient too (``.grad`` stays None; at stage 1 it holds only this rank's reduced shard). Two torch calls a ported
+FSDP or DDP loop makes read ``.grad`` and would go wrong without a word:
+
+- **A torch optimizer built on ``model.parameters()``** steps nothing at stages 2-3, steps each rank on its own
+  shard at stage 1 (the ranks drift apart), and at every stage leaves the master the engine checkpoints stale. A
+  global optimizer step pre-hook refuses its ``step()`` in one line naming ``engine.optimizer``.
+- **``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)``** returns 0 and clips nothing at stages 2-3 (and a
+  rank's own norm at stage 1). Given exactly an engine's trained parameters (what ``model.parameters()`` holds,
+  frozen ones aside), it is routed to ``engine.clip_grad_norm_``, FSDP's global norm; given some of them, refused.
+
+Both are installed once per process, by the first engine, and pass every other optimizer and parameter through.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from zerobench.zero.registry import owner
+
+
+def install() -> None:
+    """Install the step pre-hook and wrap ``torch.nn.utils.clip_grad_norm_`` (once per process)."""
+    if getattr(torch.nn.utils.clip_grad_norm_, "zerobench_routed", False):
+        return
+    register_optimizer_step_pre_hook(_refuse_foreign_step)
+    wrapped = _routed(torch.nn.utils.clip_grad_norm_)
+    torch.nn.utils.clip_grad_norm_ = wrapped
+    torch.nn.utils.clip_grad.clip_grad_norm_ = wrapped
+
+
+def _engines(params) -> dict[int, tuple[object, set[int]]]:
+    """id(engine) -> (engine, indices in ``engine.zparams``) of the trained parameters among ``params``."""
+    found: dict[int, tuple[object, set[int]]] = {}
+    for p in params:
+        engine, i = owner(p)
+        if engine is not None:
+            found.setdefault(id(engine), (engine, set()))[1].add(i)
+    return found
+
+
+def _refuse_foreign_step(optimizer, args, kwargs) -> None:
+    from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
+
+    if isinstance(optimizer, ZeroOptimizer):
+        return
+    found = _engines(p for g in optimizer.param_groups for p in g["params"])
+    if found:
+        engine = next(iter(found.values()))[0]
+        raise RuntimeError(
+            f"{type(optimizer).__name__}.step() on parameters a ZeRO engine (stage {engine.stage}) trains: their "
+            "gradients, fp32 master and optimizer state live in the engine's partition, so this step would "
+            "update nothing or the wrong values. Step engine.optimizer (or engine.step()), and give your "
+            "optimizer's groups to initialize(optimizer=...) or apply_zero(param_groups=...)"
+        )
+
+
+def _routed(clip):
+    @functools.wraps(clip)
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        found = _engines(params)
+        if not found:
+            return clip(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        (engine, given), *others = found.values()
+        rest = [p for p in params if owner(p)[0] is None and p.requires_grad]
+        if others or rest or len(given) != len(engine.zparams):
+            raise RuntimeError(
+                "torch.nn.utils.clip_grad_norm_ given part of a ZeRO engine's trained parameters (or them and "
+                "others): its gradients live in the engine's partition, so torch sees none. Clip the whole "
+                "window with engine.clip_grad_norm_(max_norm) (model.clip_grad_norm_), as FSDP's"
+            )
+        norm = engine.clip_grad_norm_(max_norm, norm_type)
+        if error_if_nonfinite and not torch.isfinite(norm):
+            raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite: {norm.item()}")
+        return norm
+
+    clip_grad_norm_.zerobench_routed = True
+    return clip_grad_norm_

@@ -65,3 +65,22 @@ def test_torch_clip_grad_norm_over_the_model_clips_the_engines_window(stage):
     plain = copy.deepcopy(ref)  # parameters of no engine: torch's own function
     plain(x).sum().backward()
     assert torch.nn.utils.clip_grad_norm_(plain.parameters(), 1e9) > 0
+
+
+def test_clip_grad_norm_edge_cases_answer_as_torchs():
+    """``max_norm=inf`` measures the norm and clips nothing; with no backward since ``zero_grad()`` the norm is 0
+    (FSDP's and torch's answer), where both raised; the norm lives on the engine's device."""
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=2, optimizer=ADAM), units=nn.Linear)
+    zero = engine.clip_grad_norm_(1.0)
+    assert zero.item() == 0.0 and zero.device == engine.device
+    assert torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0).item() == 0.0  # torch's, with no gradients
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    m(x).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    torch.testing.assert_close(
+        engine.clip_grad_norm_(float("inf")), torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf"))
+    )
+    assert engine._clip == 1.0  # nothing clipped
+    with pytest.raises(Exception, match="needs a positive max_norm, got nan"):
+        engine.clip_grad_norm_(float("nan"))

@@ -86,17 +86,23 @@ def clip_coefficient(norm: float, max_norm: float) -> float:
     return min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
 
 
-@torch.no_grad()
-def window_grad_norm(engine: Engine, max_norm: float, sharded: bool, norm_type: float = 2.0) -> float:
-    """For ``engine.clip_grad_norm_(max_norm)``: the norm of this window's reduced gradient, loss scale removed,
-    once the window is reduced; one line for a bad ``max_norm`` or ``norm_type``, or a window still open."""
-    if not 0 < max_norm < float("inf"):
-        raise ConfigError(f"clip_grad_norm_ needs a positive finite max_norm, got {max_norm}")
+def check_clip_args(max_norm: float, norm_type: float) -> None:
+    """One line for a ``max_norm`` that is not positive (``inf`` measures and clips nothing, as torch's) or a
+    ``norm_type`` that is not a p-norm."""
+    if not max_norm > 0:  # NaN too
+        raise ConfigError(f"clip_grad_norm_ needs a positive max_norm, got {max_norm}")
     if not (float(norm_type) > 0):
         raise ConfigError(
             f"clip_grad_norm_(norm_type={norm_type}): the ZeRO engine clips by a global p-norm, "
             "p > 0 or inf (2 by default)"
         )
+
+
+@torch.no_grad()
+def window_grad_norm(engine: Engine, max_norm: float, sharded: bool, norm_type: float = 2.0) -> float:
+    """For ``engine.clip_grad_norm_(max_norm)``: the norm of this window's reduced gradient, loss scale removed,
+    once the window is reduced; one line for a bad ``max_norm`` or ``norm_type``, or a window still open."""
+    check_clip_args(max_norm, norm_type)
     return (
         global_grad_norm(engine, reduced_grads(engine, "clip_grad_norm_()"), sharded, norm_type) / engine.scaler.scale
     )

@@ -128,7 +128,7 @@ def test_simulate_predicts_a_suite_from_the_recorded_profile():
 
 def test_bad_input_is_one_line():
     r = zb("simulate", "--profile", "/nonexistent/profile", "--suite", "cpu/sim_validation")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no results at" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "neither a profile's results" in r.stderr
     r = zb("simulate", "--profile", f"{REF}/profile")
     assert r.returncode == 2 and "--suite" in r.stderr and r.stderr.count("\n") == 1
     r = zb("simulate", "--profile", f"{REF}/runs", "--suite", "cpu/sim_validation")  # rows, but no profile

@@ -37,7 +37,7 @@ from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.grads.accumulation import AccumulationWindow
 from zerobench.zero.grads.backward import BackwardPasses
 from zerobench.zero.grads.buckets import GradBucketGroup, SyncMode
-from zerobench.zero.grads.stats import check_clip_args, clip_coefficient, window_grad_norm
+from zerobench.zero.grads.stats import clip_coefficient, window_grad_norm
 from zerobench.zero.grads.unused import UnusedCheck, start_unused_check
 from zerobench.zero.interop.foreign import install as install_foreign_guards
 from zerobench.zero.interop.forward_inputs import cast_forward_inputs
@@ -294,9 +294,6 @@ class ZeroEngine:
             The averaged gradient's norm before clipping, as a tensor.
         """
         check_live(self, "clip_grad_norm_()")
-        if not self.window.open and not self.grads.reduced:  # no backward since zero_grad(): torch's answer, 0
-            check_clip_args(max_norm, norm_type)
-            return torch.zeros((), device=self.device)
         norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
         self.last_grad_norm = norm
         self._clip *= clip_coefficient(norm, max_norm)

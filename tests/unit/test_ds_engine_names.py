@@ -54,7 +54,13 @@ def test_a_batch_that_is_not_a_multiple_or_changes_inside_a_window_is_refused():
     e.backward(e(torch.ones(2, 6)).sum())
     with pytest.raises(RuntimeError, match=r"inside an accumulation window \(1 of 2 micro-batches run\)"):
         e.set_train_batch_size(8)
+    e.backward(e(torch.ones(2, 6)).sum())  # the window is complete, its step not taken yet
+    with pytest.raises(RuntimeError, match=r"inside an accumulation window \(2 of 2 micro-batches run\)"):
+        e.set_train_batch_size(8)
     assert e.gradient_accumulation_steps() == 2
+    e.step()
+    e.set_train_batch_size(8)  # between windows
+    assert e.gradient_accumulation_steps() == 4 and not e.is_gradient_accumulation_boundary()
 
 
 def test_the_optimizer_says_whether_the_last_step_overflowed():

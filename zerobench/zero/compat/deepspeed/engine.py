@@ -109,9 +109,10 @@ class DeepSpeedEngine(ZeroEngine):
                 f"set_train_batch_size({train_batch_size}): give a multiple of micro-batch "
                 f"{self.train_micro_batch_size_per_gpu()} x {self.group.size} DP rank(s) = {per}"
             )
-        if self.window.open:
+        if self.window.open or self.grads.reduced:  # mid-window, or a window complete but not stepped yet
+            run = self.window.open or self.config.grad_accum_steps
             raise RuntimeError(
-                f"set_train_batch_size() inside an accumulation window ({self.window.open} of "
+                f"set_train_batch_size() inside an accumulation window ({run} of "
                 f"{self.config.grad_accum_steps} micro-batches run): call it after the step() that ends the window"
             )
         gas = train_batch_size // per

@@ -81,18 +81,12 @@ def segments_by_param(engine: Engine) -> dict[int, list]:
 
 @torch.no_grad()
 def write_segments(engine: Engine, segs, value: torch.Tensor) -> None:
-    """Write this rank's segments ``segs`` of one parameter's full value into the fp32 master and the shards. A
-    value in a narrower dtype than the master (``model.state_dict()`` under bf16 or fp16) leaves each master
-    element that already rounds to it: saving and loading the model's state dict keeps the fp32 master exact (as
-    ``gathered.write_back`` keeps elements a context did not change), where copying would round it."""
+    """Write this rank's segments ``segs`` of one parameter's full value into the fp32 master and the shards."""
     flat = value.detach().reshape(-1)
     storage, layout = engine.storage, engine.layout
     for seg in segs:
         master = segment_view(storage.master, layout, seg)
-        src = flat[seg.param_start : seg.param_end].to(master.device)
-        if src.is_floating_point() and src.element_size() < master.element_size():
-            src = torch.where(master.to(src.dtype) == src, master, src.to(master.dtype))
-        master.copy_(src)
+        master.copy_(flat[seg.param_start : seg.param_end])
         shard = segment_view(storage.shards, layout, seg)
         if shard.data_ptr() != master.data_ptr():  # (fp32 without offload: the shards are the master)
             shard.copy_(master)

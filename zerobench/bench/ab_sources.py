@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -31,16 +32,21 @@ def worktree(ref: str, repo: str | Path = "."):
     """A temporary detached git worktree of ``ref`` (removed afterwards)."""
     tmp = tempfile.mkdtemp(prefix="zerobench-ab-")
     tree = os.path.join(tmp, "tree")
-    r = subprocess.run(
-        ["git", "-C", str(repo), "worktree", "add", "--detach", tree, ref], capture_output=True, text=True, check=False
-    )
-    if r.returncode:
-        raise ConfigError(
-            f"cannot check out {ref!r} as the baseline: {(r.stderr.strip().splitlines() or ['git failed'])[-1]}"
+    try:  # from the checkout on: a failure or a signal (Cancelled) at any point unregisters and removes it
+        r = subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", tree, ref],
+            capture_output=True,
+            text=True,
+            check=False,
         )
-    try:
+        if r.returncode:
+            raise ConfigError(
+                f"cannot check out {ref!r} as the baseline: {(r.stderr.strip().splitlines() or ['git failed'])[-1]}"
+            )
         yield tree
     finally:
         subprocess.run(
             ["git", "-C", str(repo), "worktree", "remove", "--force", tree], capture_output=True, check=False
         )
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -32,9 +32,14 @@ def _prove_writable(directory: Path) -> None:
     """Create ``directory`` if needed and write (then remove) a file in it; raises ``OSError`` otherwise."""
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
-    missing = [d for d in (directory, *directory.parents) if not d.exists()]  # deepest first
-    directory.mkdir(parents=True, exist_ok=True)
-    CREATED[:0] = missing
+    made = []
+    for d in reversed([d for d in (directory, *directory.parents) if not d.exists()]):  # shallowest first
+        try:
+            d.mkdir()
+            made.append(d)  # only what this call created: another process's directory is never ours to remove
+        except FileExistsError:
+            pass
+    CREATED[:0] = made[::-1]  # deepest first
     fd, probe = tempfile.mkstemp(prefix=".zerobench-probe-", dir=directory)
     os.close(fd)
     os.unlink(probe)

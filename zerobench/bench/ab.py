@@ -116,6 +116,11 @@ class ABConfig:
             raise ConfigError(f"--rounds must be even and >= 2 (AB/BA pairs), got {self.rounds}")
         if self.max_rounds % 2:
             raise ConfigError(f"--max-rounds must be even (AB/BA pairs), got {self.max_rounds}")
+        if self.max_rounds and self.max_rounds < self.rounds:
+            raise ConfigError(
+                f"--max-rounds {self.max_rounds} is below --rounds {self.rounds}: it is the most rounds with the "
+                "extra pairs, so give at least --rounds (or 0 for no extra rounds)"
+            )
         if not 0 < self.false_alarm < 1:
             raise ConfigError(f"--false-alarm must lie between 0 and 1, got {self.false_alarm}")
         need = 2 * min_pairs(self.false_alarm)

@@ -32,6 +32,14 @@ from zerobench.results.rows import RowWriteError
 MAX_LOCAL_WORLD = 16
 
 
+def matching_runs(suite: Suite, only: dict[str, str]) -> list:
+    """The runs of ``suite`` whose fields equal every ``only`` KEY=VALUE (``--only``), or one line if none does."""
+    runs = [r for r in suite.runs if all(str(getattr(r.spec, k, None)) == v for k, v in only.items())]
+    if not runs:
+        raise ConfigError(f"{suite.path}: no run matches {only}")
+    return runs
+
+
 def check_local(suite: Suite) -> None:
     too_big = [r for r in suite.runs if r.config is not None and r.config.world_size > MAX_LOCAL_WORLD]
     if too_big:
@@ -70,10 +78,7 @@ def run_sweep(
     if instructions and launcher != "local":
         raise ConfigError("--instructions starts ranks under valgrind with the local launcher only: drop --launcher")
     if only:
-        runs = [r for r in suite.runs if all(str(getattr(r.spec, k, None)) == v for k, v in only.items())]
-        if not runs:
-            raise ConfigError(f"{suite.path}: no run matches {only}")
-        suite = dataclasses.replace(suite, runs=runs)
+        suite = dataclasses.replace(suite, runs=matching_runs(suite, only))
     if launcher == "local":
         check_local(suite)
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:

@@ -95,11 +95,12 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if bool(args.baseline_ref) == bool(args.baseline_tree):
         raise ConfigError("--ab needs exactly one of --baseline-ref REF or --baseline-tree DIR")
     from zerobench.bench import suite as suites
+    from zerobench.bench.runner import matching_runs
 
     suite = suites.load(args.ab)  # a bad suite is one line before a worktree is checked out and sides launched
     only = dict(item.partition("=")[::2] for item in args.only if "=" in item)  # ABConfig refuses items without
-    if only and not any(all(str(getattr(r.spec, k, None)) == v for k, v in only.items()) for r in suite.runs):
-        raise ConfigError(f"{suite.path}: no run matches {only} (--only takes KEY=VALUE of a run's field)")
+    if only:
+        matching_runs(suite, only)  # the sweep each side runs would refuse it after the checkout
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     check_writable_dir(out)  # before a baseline worktree is checked out

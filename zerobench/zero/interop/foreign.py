@@ -10,8 +10,14 @@ FSDP or DDP loop makes read ``.grad`` and would go wrong without a word:
 - **``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)``** returns 0 and clips nothing at stages 2-3 (and a
   rank's own norm at stage 1). Given exactly an engine's trained parameters (what ``model.parameters()`` holds,
   frozen ones aside), it is routed to ``engine.clip_grad_norm_``, FSDP's global norm; given some of them, refused.
+- **The same function imported by name before the first engine** (``from torch.nn.utils import clip_grad_norm_`` at
+  the top of a script) is torch's own and cannot be rerouted. It reaches the engine's parameters through
+  ``torch.nn.utils.clip_grad._clip_grads_with_norm_``, which it looks up as it runs, and that is where it is refused
+  wherever ``.grad`` is not the whole gradient. So are ``torch.nn.utils.clip_grads_with_norm_`` and
+  ``clip_grad_value_`` over such parameters. Where ``.grad`` is the whole averaged gradient (stage 0, or stage 1 on
+  one rank, without TP, fp16 loss scaling or offload) torch's functions are right and pass through.
 
-Both are installed once per process, by the first engine, and pass every other optimizer and parameter through.
+All are installed once per process, by the first engine, and pass every other optimizer and parameter through.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ def install() -> None:
     if getattr(torch.nn.utils.clip_grad_norm_, "zerobench_routed", False):
         return
     register_optimizer_step_pre_hook(_refuse_foreign_step)
+    module = torch.nn.utils.clip_grad
     wrapped = _routed(torch.nn.utils.clip_grad_norm_)
-    torch.nn.utils.clip_grad_norm_ = wrapped
-    torch.nn.utils.clip_grad.clip_grad_norm_ = wrapped
+    torch.nn.utils.clip_grad_norm_ = module.clip_grad_norm_ = wrapped
+    with_norm = _guarded(module._clip_grads_with_norm_, "clip_grads_with_norm_")
+    module._clip_grads_with_norm_ = torch.nn.utils.clip_grads_with_norm_ = with_norm
+    torch.nn.utils.clip_grad_value_ = module.clip_grad_value_ = _guarded(module.clip_grad_value_, "clip_grad_value_")
 
 
 def _engines(params) -> dict[int, tuple[object, set[int]]]:
@@ -82,3 +91,39 @@ def _routed(clip):
 
     clip_grad_norm_.zerobench_routed = True
     return clip_grad_norm_
+
+
+def _grads_whole(engine) -> bool:
+    """Whether the ``.grad`` of ``engine``'s parameters holds the whole averaged gradient, as torch's clipping functions
+    assume: not a partition (stages 2-3 keep none, stage 1 on several ranks only this rank's shard), not a TP shard
+    whose norm misses the other TP ranks', not times fp16's loss scale, and not a copy the step does not read
+    (offload streams the gradient to the host during backward)."""
+    return (
+        (engine.stage == 0 or not engine.grads_sharded)
+        and engine.stage < 2
+        and engine.tp_group is None
+        and not engine.scaler.enabled
+        and engine.storage.host is None
+    )
+
+
+def _guarded(fn, name: str):
+    """``fn`` (a torch clipping function whose first argument is the parameters), refused in one line over a ZeRO
+    engine's parameters whose ``.grad`` is not the whole gradient (``_grads_whole``)."""
+
+    @functools.wraps(fn)
+    def guarded(parameters, *args, **kwargs):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        for p in params:
+            engine = owner(p)[0]
+            if engine is not None and not _grads_whole(engine):
+                raise RuntimeError(
+                    f"torch's {name} reached parameters a ZeRO engine (stage {engine.stage}) trains, whose .grad is not "
+                    "their whole averaged gradient, so torch would clip by the wrong norm or nothing at all (a "
+                    "clip_grad_norm_ imported by name before the engine was built is torch's own and gets here). "
+                    "Clip with engine.clip_grad_norm_(max_norm), or call torch.nn.utils.clip_grad_norm_ through the module"
+                )
+        return fn(params, *args, **kwargs)
+
+    guarded.zerobench_routed = True
+    return guarded

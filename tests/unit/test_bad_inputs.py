@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -220,6 +223,66 @@ def test_a_row_appended_after_a_torn_one_is_whole_and_the_file_reads(tmp_path, c
     (tmp_path / "b" / "rows.jsonl").write_bytes(b"torn, no line before it")
     RowWriter(tmp_path / "b", "r2", {"a": 1}).write("loss", 2.0, "nats")
     assert [r["value"] for r in read_rows(tmp_path / "b")] == [2.0]
+
+
+def test_a_row_another_node_is_writing_is_waited_for_not_cut(tmp_path, monkeypatch, capsys):
+    """On a shared file system the lock may not reach another node (NFS ``nolock``, Lustre ``localflock``; here
+    ``flock`` does nothing), so a torn tail can be a row a live rank is still writing. The appender waits for it to
+    settle: the row completes and both are whole, where cutting it at once lost it."""
+    import threading
+
+    from zerobench.results import rows as R
+
+    monkeypatch.setattr(R.fcntl, "flock", lambda fd, op: None)
+    w = R.RowWriter(tmp_path, "r1", {"a": 1})
+    w.write("loss", 1.0, "nats")
+    line = json.dumps({**w.base, "metric": "oom", "value": 0, "unit": "bool", "status": "oom"}) + "\n"
+    fd = os.open(w.path, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, line[:40].encode())  # the other rank's row, part way
+
+    def finish():
+        time.sleep(0.3)
+        os.write(fd, line[40:].encode())
+        os.close(fd)
+
+    other = threading.Thread(target=finish)
+    other.start()
+    w.write("run_status", 0, "bool", status="oom")
+    other.join()
+    assert [r["metric"] for r in R.read_rows(tmp_path)] == ["loss", "oom", "run_status"]
+    assert "torn" not in capsys.readouterr().err
+
+
+def test_without_a_lock_a_failed_write_leaves_later_rows_alone(tmp_path, monkeypatch, capsys):
+    """With no lock on the file system, a write that fails part way is not truncated back (another writer's rows may
+    follow it): the fragment stays a torn last line that readers skip, and the next appender cuts it once settled."""
+    from zerobench.results import rows as R
+
+    def no_locks(fd, op):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(R.fcntl, "flock", no_locks)
+    monkeypatch.setattr(R, "TORN_SETTLE_S", 0.1)
+    w = R.RowWriter(tmp_path, "r1", {"a": 1})
+    w.write("loss", 1.0, "nats")
+    real_write, truncated = os.write, []
+
+    def full_disk(fd, data):
+        real_write(fd, bytes(data[:25]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(R.os, "write", full_disk)
+    monkeypatch.setattr(R.os, "ftruncate", lambda fd, n: truncated.append(n))
+    with pytest.raises(R.RowWriteError, match="No space left on device"):
+        w.write("step_time_s", 0.5, "s")
+    assert truncated == []
+    assert [r["metric"] for r in R.read_rows(tmp_path)] == ["loss"]
+    monkeypatch.undo()
+    monkeypatch.setattr(R.fcntl, "flock", no_locks)
+    monkeypatch.setattr(R, "TORN_SETTLE_S", 0.1)
+    w.write("run_status", 0, "bool", status="failed")
+    assert [r["metric"] for r in R.read_rows(tmp_path)] == ["loss", "run_status"]
+    assert "cut 25 byte(s) of a torn last row" in capsys.readouterr().err
 
 
 def test_a_profile_cut_short_while_written_is_never_read_as_whole(tmp_path):

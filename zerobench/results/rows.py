@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +105,36 @@ class RowWriteError(RunFailed):
     """A row could not be written (disk full, file system gone); nothing of it was left behind."""
 
 
+TORN_SETTLE_S = 1.0
+"""How long a torn last row must stay unchanged before it is taken for a dead writer's and cut."""
+TORN_WAIT_S = 30.0
+"""The longest an appender waits for a torn last row to settle."""
+
+
+def _tail_torn(fd: int, size: int) -> bool:
+    return bool(size) and os.pread(fd, 1, size - 1) != b"\n"
+
+
 def _cut_torn_tail(fd: int, path: Path) -> int:
     """The file's size once a torn last line (no newline: its writer died mid-row) is cut off, with a warning.
     Appending after it would glue the next row onto the fragment, a line that is neither, and the file would no
-    longer read (``read_rows`` skips only a torn *last* line)."""
+    longer read (``read_rows`` skips only a torn *last* line).
+
+    A torn tail is cut only once it has stayed unchanged for ``TORN_SETTLE_S``. Under a lock every writer honours
+    it would be a dead writer's at once, but on a shared file system the lock can be missing (``flock`` fails) or
+    local to one node (NFS mounted ``nolock``, Lustre's ``localflock``), and then a rank on another node may be
+    writing that row right now: it finishes within milliseconds, and the wait ends as its newline lands."""
     size = os.fstat(fd).st_size
-    if not size or os.pread(fd, 1, size - 1) == b"\n":
+    if not _tail_torn(fd, size):
         return size
+    began = settled = time.monotonic()
+    while time.monotonic() - settled < TORN_SETTLE_S and time.monotonic() - began < TORN_WAIT_S:
+        time.sleep(0.05)
+        now = os.fstat(fd).st_size
+        if now != size:
+            size, settled = now, time.monotonic()
+            if not _tail_torn(fd, size):
+                return size
     end, chunk = size, 1 << 16
     while end > 0:
         start = max(0, end - chunk)
@@ -131,14 +155,19 @@ def _cut_torn_tail(fd: int, path: Path) -> int:
 def append_whole(path: Path, data: bytes) -> None:
     """Append ``data`` to ``path`` entirely, or leave the file as it was and raise ``RowWriteError``. Appenders
     take the file's lock (``flock``), so a row of another writer is never half there; a fragment a dead writer
-    left is cut first (``_cut_torn_tail``)."""
+    left is cut first (``_cut_torn_tail``). Where the file system has no lock, a failed write's fragment is left
+    for the next appender to cut once it has settled: truncating it at once could cut rows other writers appended
+    after it."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as e:
         raise RowWriteError(f"cannot open {path} to write results: {e.strerror}") from None
     try:
-        with contextlib.suppress(OSError):  # a file system without locks: appends are still whole per writer
+        locked = True
+        try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
+        except OSError:  # a file system without locks: appends are still whole per writer
+            locked = False
         try:
             start = _cut_torn_tail(fd, path)
         except OSError as e:
@@ -149,8 +178,9 @@ def append_whole(path: Path, data: bytes) -> None:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
         except OSError as e:
-            with contextlib.suppress(OSError):  # else the row may be torn; readers skip a torn last line
-                os.ftruncate(fd, start)
+            if locked:  # unlocked, rows of other writers may follow: the fragment is left for the next appender
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
             raise RowWriteError(f"cannot write results to {path}: {e.strerror}") from None
     finally:
         os.close(fd)

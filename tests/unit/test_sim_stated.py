@@ -763,6 +763,35 @@ def test_flash_attn_unpadding_reads_six_values_a_layer_on_the_host():
     assert all(t.category == "host_sync" and t.seconds == pytest.approx(12 * dev.kernel_floor_s) for t in reads)
 
 
+def test_megatron_2019_on_pytorch_1_1_copies_the_cuda_rng_state_around_every_block():
+    """Megatron-LM 2019 forks its model-parallel RNG tracker around each layer's attention dropout (a get and a set
+    of the CUDA RNG state, twice) and its activation checkpoint gets the state in the forward and gets, sets and
+    sets it again around the recompute: 5 copies a layer forward, 7 backward with recompute. On its container's
+    PyTorch 1.1 the state is 200 MTGP32 generators on the device, 824,000 bytes, and every get and set is a
+    synchronous copy: the device idles for it (at the host bandwidth) and the host's next launch. The paper's own
+    runs, on DeepSpeed 0.2's PyTorch 1.2, keep a seed and an offset on the host and pay nothing."""
+    from zerobench.sim.software import STACKS
+
+    meg, paper = STACKS["megatron-2019"], STACKS["megatron-2019+deepspeed-0.2"]
+    assert meg.rng.state_bytes == 824_000 and paper.rng.state_bytes == 0
+    assert {k for k in STACKS if STACKS[k].rng.state_bytes} == {"megatron-2019"}
+    assert meg.sources["rng"] and paper.sources["rng"]
+    dev = DEVICES["v100-dgx2h"]
+    copy = 824_000 / dev.host_bw + dev.kernel_floor_s
+    on11, on12 = StatedProfile(dev, meg), StatedProfile(dev, paper)
+    for name, ckpt, copies in (
+        ("block_fwd", False, 4),
+        ("block_bwd", False, 0),
+        ("block_fwd", True, 5),
+        ("block_bwd", True, 7),
+        ("head_fwd", True, 0),
+    ):
+        s = dict(SHAPE, checkpoint=ckpt)
+        assert on11.host_reads(name, **s) == pytest.approx(copies * copy), (name, ckpt)
+        assert on12.host_reads(name, **s) == 0.0
+        assert on11.op_time(name, **s) == on12.op_time(name, **s)  # the kernels alone
+
+
 def test_deepspeed_2021s_copies_follow_their_collective_and_the_compute_waits_for_them():
     """The program's copies around a DP collective run on the collective's stream right after it, and what waits for
     the collective (a block's forward after its unit's gather) waits for the copies too."""

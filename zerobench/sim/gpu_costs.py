@@ -36,8 +36,10 @@ multiplied by the device's fitted ``compute_scale``:
   floor, and its host reads (``step_loop``). For each value the host reads back the device idles for two
   kernel floors: the copy to the host, then the host's next launch. Every TP rank holds a piece of every
   tensor, so those floors and reads do not shrink with TP. A block whose forward reads values back
-  (``Stack.host_reads``) pays the same for each, after the block (``host_reads``). Host reads are not scaled by
-  ``compute_scale``, and the critical path names them ``host_sync``.
+  (``Stack.host_reads``) pays the same for each, after the block (``host_reads``). So does a program that copies
+  the CUDA RNG state to and from the device around each block's dropouts (``Stack.rng``: Megatron-LM 2019 on
+  PyTorch 1.1), each copy at the host bandwidth and a floor. Host reads are not scaled by ``compute_scale``, and
+  the critical path names them ``host_sync``.
 
 A data-parallel collective runs on ``nccl_channels`` thread blocks, one SM each, beside the compute it
 overlaps: the compute is charged that share of the SMs for the collective's duration (``interference``, the
@@ -216,10 +218,15 @@ class StatedProfile(Profile):
         return 2 * self.dev.kernel_floor_s
 
     def host_reads(self, name: str, **shape) -> float:
-        n = self.stack.host_reads
-        if n and (name == "block_fwd" or (name == "block_bwd" and shape["checkpoint"])):  # the recompute reads again
-            return n * self._host_read()
-        return 0.0
+        """The device's idle time in a block's pass while the host reads values back (``Stack.host_reads``) and
+        copies the CUDA RNG state to and from the device (``Stack.rng``): each copy, then the host's next launch."""
+        if name not in ("block_fwd", "block_bwd"):
+            return 0.0
+        backward, recompute = name == "block_bwd", bool(shape["checkpoint"])
+        reads = self.stack.host_reads if not backward or recompute else 0  # the recompute reads again
+        rng = self.stack.rng
+        copies = rng.copies(backward, recompute)
+        return reads * self._host_read() + copies * (rng.state_bytes / self.dev.host_bw + self.dev.kernel_floor_s)
 
     def step_loop(self, param_sizes: tuple[int, ...], tp: int, ranks: int) -> tuple[float, float, float] | None:
         loop = self.stack.step_loop

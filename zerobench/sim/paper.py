@@ -100,8 +100,8 @@ waits for (``zerobench.sim.software``)."""
 
 ANCHOR_STACK = "megatron-2019"
 """The program Megatron-LM's own figures (the anchors) are replayed as: Megatron-LM 2019's code on its container's
-PyTorch 1.1, as the published table replays them. The paper's runs differ from it only where their PyTorch 1.2 does
-(the CUDA RNG state lives on the host) and in their ZeRO."""
+PyTorch 1.1, as the published table replays them. The paper's runs differ from it only where their PyTorch 1.2 (the
+version the paper's artifact description lists) does, keeping the CUDA RNG state on the host, and in their ZeRO."""
 
 
 def stated_profile(device: str, stack: str = "zerobench") -> StatedProfile:

@@ -153,8 +153,9 @@ class RngState:
     """The CUDA RNG state a program saves and restores around each block: Megatron-LM's model-parallel RNG tracker
     forks it around the attention dropout (``fork``: get, set, and after the dropout get and set again), and its
     activation checkpoint saves it before the forward (a get) and around the recompute (a get, a set, and a set
-    after). Where the state lives on the device, each get and set is a synchronous copy of ``state_bytes`` between
-    the device and the host's pageable memory: the device idles for the copy and the host's next launch."""
+    after). Where the state lives on the device, each get and set is a blocking copy of ``state_bytes`` between
+    the device and the host's pageable memory, ordered after the queued kernels: the device idles for the copy and
+    the host's next launch."""
 
     forks: int = 0
     """Tracker forks per block forward (4 copies each)."""
@@ -427,10 +428,12 @@ MEGATRON_2019_RNG = RngState(
         "forward and 7 backward. The repository's docker/Dockerfile builds on nvcr.io/nvidia/pytorch:19.05-py3, "
         "PyTorch 1.1 [assumed: the paper's runs used it], whose CUDA generator keeps 200 MTGP32 states on the device "
         "(torch 1.1.0 wheel, include/THC/THCGenerator.hpp: THCGeneratorState.gen_states): THCRandom_getRNGState "
-        "and setRNGState (aten/src/THC/THCTensorRandom.cu) cudaMemcpy MAX_NUM_BLOCKS (200) x "
-        "sizeof(curandStateMtgp32) (4120) bytes to or from pageable host memory, which synchronises the stream "
-        "(CUDA Runtime API, API synchronization behavior). Charged at the node's pinned host bandwidth, a lower "
-        "bound: a pageable copy is slower"
+        "and setRNGState (aten/src/THC/THCTensorRandom.cu) run a blocking cudaMemcpy of MAX_NUM_BLOCKS (200) x "
+        "sizeof(curandStateMtgp32) (4120) bytes to or from pageable host memory on the legacy default stream, "
+        "which PyTorch 1.1 computes on: it waits for the queued kernels, and the device then idles until the host "
+        "launches again. Charged at the node's pinned host bandwidth and one kernel floor, a lower bound: a pageable "
+        "copy is slower, the set's own kernel and the host's Python between the copies are not charged, and a "
+        "node's 16 GPUs share its PCIe links"
     ),
 )
 """Megatron-LM 2019's RNG state handling on its PyTorch 1.1: a synchronous 824 KB copy for every get and set."""
@@ -607,25 +610,25 @@ DEEPSPEED_2020 = ZeroMachinery(
 )
 """DeepSpeed 2020's ZeRO-2 (P_os+g), as the paper's ZeRO-100B ran it, and its ZeRO-1 (P_os) for C1 and C2."""
 
+PYTORCH_12_RNG = RngState(
+    forks=1,
+    checkpoint=True,
+    source=(
+        "The paper's artifact description lists PyTorch 1.2, which DeepSpeed v0.2.0's Dockerfile installs "
+        "(torch==1.2.0): its CUDA generator is a seed and a Philox offset on the host (torch 1.2.0 wheel, "
+        "include/ATen/CUDAGenerator.h), so getting and setting the state around Megatron-LM's forks and DeepSpeed's "
+        "activation checkpoint (deepspeed/pt/deepspeed_checkpointing.py, synchronize_checkpoint_boundary off by "
+        "default) costs the device nothing"
+    ),
+)
+"""The paper's runs' RNG state handling on PyTorch 1.2: host-side, free for the device."""
+
 STACKS["megatron-2019+deepspeed-0.2"] = replace(
     STACKS["megatron-2019"],
     name="megatron-2019+deepspeed-0.2",
     zero=DEEPSPEED_2020,
-    rng=RngState(
-        forks=1,
-        checkpoint=True,
-        source=(
-            f"{_DEEPSPEED_020} Dockerfile installs torch 1.2.0, whose CUDA generator is a seed and a Philox offset on "
-            "the host (torch 1.2.0 wheel, include/ATen/CUDAGenerator.h): getting and setting the state around "
-            "Megatron-LM's forks and DeepSpeed's activation checkpoint (deepspeed/pt/deepspeed_checkpointing.py, "
-            "synchronize_checkpoint_boundary off by default) costs the device nothing"
-        ),
-    ),
-    sources={**STACKS["megatron-2019"].sources, "zero": DEEPSPEED_2020.source},
-)
-STACKS["megatron-2019+deepspeed-0.2"] = replace(
-    STACKS["megatron-2019+deepspeed-0.2"],
-    sources={**STACKS["megatron-2019+deepspeed-0.2"].sources, "rng": STACKS["megatron-2019+deepspeed-0.2"].rng.source},
+    rng=PYTORCH_12_RNG,
+    sources={**STACKS["megatron-2019"].sources, "zero": DEEPSPEED_2020.source, "rng": PYTORCH_12_RNG.source},
 )
 """The paper's program: Megatron-LM 2019's GPT with DeepSpeed 0.2's ZeRO (runs without ZeRO step as Megatron-LM's
 own, its ``step_loop``)."""

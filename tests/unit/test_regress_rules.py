@@ -82,3 +82,170 @@ def test_a_gated_metric_the_candidate_lacks_is_missing(tmp_path, rows, capsys):
     assert gone
     code, out = _gate(tmp_path, rows, [r for i, r in enumerate(rows) if i not in gone], capsys)
     assert code == 1 and "missing: stage=3: peak_memory_bytes" in out, out
+
+
+# -- rows the gate used to read wrongly without a word (an audit's mutations of the committed baselines) ----------
+
+CAMPAIGN = BASELINE.parents[1] / "reference" / "gate-campaign-cpu-2core" / "part-1" / "baseline.jsonl"
+
+
+@pytest.fixture(scope="module")
+def host_rows() -> list[dict]:
+    """A baseline with per-rank host-work counts (DP 2) and a noise model of unchanged runs."""
+    return [json.loads(line) for line in CAMPAIGN.read_text().splitlines()]
+
+
+def _refused(tmp_path, baseline, candidate, capsys, match: str) -> None:
+    from zerobench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        _gate(tmp_path, baseline, candidate, capsys)
+
+
+def test_two_rows_of_one_measurement_are_refused_not_last_one_wins(tmp_path, rows, capsys):
+    """Rows of two rounds in one directory: the last row used to win (a +20% round hidden by a clean one)."""
+    i = _where(rows, "step_time_s", "002-stage-2")[0]
+    worse = dict(rows[i], value=rows[i]["value"] * 1.5)
+    _refused(tmp_path, rows, [*rows[:i], worse, *rows[i:]], capsys, r"candidate: run 002-stage-2: step_time_s is meas")
+
+
+def test_two_completed_runs_of_one_configuration_are_refused(tmp_path, rows, capsys):
+    again = [dict(r, run_id="001-stage-1-r2") for r in rows if r["run_id"] == "001-stage-1"]
+    _refused(tmp_path, [*rows, *again], rows, capsys, r"baseline: two completed runs of .* \(001-stage-1 and 001-st")
+
+
+@pytest.mark.parametrize(
+    "metric,value,match",
+    [
+        ("step_time_s", 0.0, "is 0 s: a step takes time"),
+        ("step_time_s", -0.02, "is -0.02: a size, count or time is never negative"),
+        ("peak_memory_bytes", -1, "a size, count or time is never negative"),
+        ("model_state_bytes", True, "has the value True, not a number"),
+        ("comm_volume_elements_per_step", "12", "'value' must be a number or null, got '12'"),
+    ],
+)
+def test_a_value_that_is_no_measurement_is_one_line(tmp_path, rows, capsys, metric, value, match):
+    """A zero or negative step time used to raise ZeroDivisionError or pass as IMPROVED; a negative size or a
+    bool passed as IMPROVED."""
+    cand = copy.deepcopy(rows)
+    cand[_where(cand, metric, "003-stage-3")[0]]["value"] = value
+    _refused(tmp_path, rows, cand, capsys, match)
+
+
+def test_a_null_step_time_is_missing_not_a_traceback(tmp_path, rows, capsys):
+    cand = copy.deepcopy(rows)
+    for i in _where(cand, "step_time_s", "003-stage-3"):
+        cand[i]["value"] = None
+    code, out = _gate(tmp_path, rows, cand, capsys)
+    assert code == 1 and "missing: stage=3: step_time_ratio" in out, out
+
+
+def test_a_metric_in_another_unit_is_refused(tmp_path, rows, capsys):
+    """Peak memory in MiB used to read as a 100% improvement, a step time in ms as a +99900% 'improvement'."""
+    cand = copy.deepcopy(rows)
+    for i in _where(cand, "peak_memory_bytes", "001-stage-1"):
+        cand[i] = dict(cand[i], unit="MiB", value=cand[i]["value"] / 2**20)
+    _refused(tmp_path, rows, cand, capsys, r"peak_memory_bytes is in MiB in the candidate and bytes in the baseline")
+
+
+def test_a_candidate_without_hardware_provenance_is_refused(tmp_path, rows, capsys):
+    cand = [{k: v for k, v in r.items() if k != "provenance"} for r in rows]
+    _refused(tmp_path, rows, cand, capsys, "the candidate's rows carry no hardware provenance")
+
+
+def test_a_rank_whose_rows_are_lost_fails_as_missing(tmp_path, host_rows, capsys):
+    """Rank 1's counts gone used to read as -50% IMPROVED (the sum over ranks halves); a rank's size gone, or
+    null, was left out of the max over ranks."""
+    measured = [r for r in host_rows if r["metric"] != "gate_noise"]  # a sweep's rows: no noise model
+    cand = [r for r in measured if not (r["metric"] == "ops_dispatched" and r.get("rank") == 1)]
+    code, out = _gate(tmp_path, host_rows, cand, capsys)
+    assert code == 1 and "ops_dispatched (measured on ranks 0, the baseline on 0, 1)" in out, out
+    assert "IMPROVED" not in out
+    cand = copy.deepcopy(measured)
+    timed = (r for r in cand if not r.get("instrumented"))  # a run under callgrind counts only its instructions
+    next(r for r in timed if r["metric"] == "model_state_bytes" and r.get("rank") == 1)["value"] = None
+    code, out = _gate(tmp_path, host_rows, cand, capsys)
+    assert code == 1 and ": model_state_bytes" in out and "missing" in out, out
+
+
+def test_a_damaged_baseline_fails(tmp_path, rows, capsys):
+    """A baseline with a torn last row, or cut so that a run lost its status row, used to compare what was left
+    and pass."""
+    from zerobench.config import ConfigError
+
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"metric": "loss", "va')
+    (tmp_path / "cand.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match="its last row is torn: a damaged baseline"):
+        run_gate(str(torn), str(tmp_path / "cand.jsonl"), 0.05, str(tmp_path / "p.jsonl"), timing="report")
+    cut = [r for r in rows if not (r["run_id"] == "002-stage-2" and r["metric"] == "run_status")]
+    code, out = _gate(tmp_path, cut, rows, capsys)
+    assert code == 1 and "not compared: 002-stage-2 (the baseline's run is incomplete) (a damaged baseline" in out, out
+
+
+def test_a_new_configuration_that_failed_fails_the_gate(tmp_path, rows, capsys):
+    """A run the pull request adds that runs out of memory used to be listed as not completed, with exit 0."""
+    new = [
+        dict(r, run_id="008-new", config_hash="f" * 16, value=0, status="oom", reason="rank 0 ran out of memory")
+        for r in rows
+        if r["run_id"] == "000-stage-0" and r["metric"] == "run_status"
+    ]
+    code, out = _gate(tmp_path, rows, [*rows, *new], capsys)
+    assert code == 1 and "failed: stage=0 (oom; not in the baseline)" in out, out
+
+
+def test_a_slower_step_under_report_is_not_counted_as_an_improvement(tmp_path, rows, capsys):
+    cand = copy.deepcopy(rows)
+    for i in _where(cand, "step_time_s", "002-stage-2"):
+        cand[i]["value"] *= 2
+    code, out = _gate(tmp_path, rows, cand, capsys)
+    assert code == 0 and "0 improvements, 1 slower (not gated: --timing report)" in out, out
+    assert "update the baseline?" not in out
+
+
+def test_a_candidate_whose_own_spread_hides_a_slowdown_is_too_noisy_not_ok(tmp_path, rows, capsys):
+    """A step twice as slow with a per-step spread as large used to widen its own tolerance and pass as ok."""
+    cand = copy.deepcopy(rows)
+    for i in _where(cand, "step_time_s", "002-stage-2"):
+        cand[i]["value"] *= 2
+        cand[i]["mad"] = cand[i]["value"] * 3
+    paths = []
+    for name, rs in (("base.jsonl", rows), ("cand.jsonl", cand)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in rs))
+    code = run_gate(str(paths[0]), str(paths[1]), 0.05, str(tmp_path / "p.jsonl"), timing="gate")
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "step_time_ratio" in x)
+    assert "TOO NOISY" in line and "1 comparisons too noisy to judge" in out, out
+    assert code == 0
+
+
+def test_a_noise_model_too_wide_to_catch_a_doubling_is_too_noisy_not_ok(host_rows):
+    """A noise model of few runs gives tolerances over 100%: a +50% change used to pass as ok."""
+    from zerobench.bench.gate_rules import MAX_TOLERANCE, gate
+
+    base = copy.deepcopy(host_rows)
+    for r in base:
+        if r["metric"] == "gate_noise" and r["of"] == "host_cpu_s":
+            r["value"], r["n"] = 0.5, 2  # sigma 50% from two runs
+    cand = copy.deepcopy(host_rows)
+    for r in cand:
+        if r["metric"] == "host_cpu_s" and r.get("phase") == "step":
+            r["value"] *= 1.5
+    res = gate(base, cand, false_alarm=0.001)
+    x = next(c for c in res.comparisons if c.metric == "host_cpu_s")
+    assert x.tolerance > MAX_TOLERANCE and x.verdict == "too noisy", x
+
+
+def test_a_callgrind_run_without_its_own_status_row_is_incomplete(tmp_path, host_rows, capsys):
+    """A run under callgrind that stopped before its status row used to take its timed twin's ``ok`` and have its
+    instruction counts compared. Only sweeps from before the runner tagged that row (which left both tools' status
+    rows untagged) are read that way."""
+    measured = [r for r in host_rows if r["metric"] != "gate_noise"]
+    cand = [r for r in measured if not (r["metric"] == "run_status" and r.get("instrumented"))]
+    code, out = _gate(tmp_path, host_rows, cand, capsys)
+    assert code == 1 and "not completed: stage=2 (run 001-stage-2 under callgrind: incomplete" in out, out
+    assert "missing: stage=2: instructions" in out, out
+    legacy = [dict(r, instrumented=None) if r["metric"] == "run_status" else r for r in measured]  # both untagged
+    code, out = _gate(tmp_path, host_rows, legacy, capsys)
+    assert code == 0 and "not completed" not in out, out

@@ -18,11 +18,22 @@ moved by more than its noise allows at a false-alarm rate ``false_alarm`` for th
 never moved stays exact.
 
 A change beyond tolerance in the bad direction is a regression (exit 1); in the good direction it is
-flagged ("update the baseline?"). A candidate value that is not finite (a diverged run's NaN loss, a NaN or
+flagged ("update the baseline?"). A tolerance wider than ``MAX_TOLERANCE`` (a noise model of a few runs, a
+step time whose per-step spread is as large as the change) cannot tell a doubling from noise: such a comparison
+is "too noisy", listed as not gated, never "ok".
+
+The rows are checked before anything is compared, and refused in one line (``ConfigError``) where a verdict
+would be wrong without a word: two rows of one measurement (rows of several sweeps or rounds in one directory,
+whose last row would win), two completed runs of one configuration, a gated value that is not a number, a
+negative count or size, a step time that is not positive, a metric in another unit than the baseline's, a
+candidate without hardware provenance against a baseline with it. A per-rank metric measured on other ranks
+than the baseline's (a rank's rows lost) fails as missing, and a configuration the candidate ran and none of
+whose runs completed fails whether or not the baseline has it. A candidate value that is not finite (a diverged run's NaN loss, a NaN or
 infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline
 has but the candidate's run lacks fails as missing: neither is ever compared away as "ok". Only runs whose
 status is ``ok`` are compared (``results/status.py``): a candidate run that failed, or is incomplete (no
-``run_status`` row), is listed as not completed, and fails as missing where the baseline has the run. What
+``run_status`` row), is listed as not completed; a configuration none of whose candidate runs completed fails,
+as missing where the baseline has the run and as failed where it does not (a retry that completed passes). What
 the candidate has and the baseline lacks (a run, or a gated metric of a run) is listed as "not in the
 baseline": there is nothing to compare it with, so it does not fail the gate unless ``strict`` (as pytorch's
 pr_time_benchmarks report a benchmark without an expected value). Either way a proposed new baseline is
@@ -41,7 +52,7 @@ from dataclasses import dataclass, field
 from zerobench.bench import noise
 from zerobench.bench.stats import relative_se_from_mad
 from zerobench.config import ConfigError
-from zerobench.results.status import OK, STATUS_METRIC, status_of
+from zerobench.results.status import OK, SCHEMA, STATUS_METRIC, status_of
 
 PHASES = ("forward_backward", "optimizer", "zero_grad")
 COUNTS = ("ops_dispatched", "allocations", "allocated_bytes", "collective_calls", "collective_bytes")
@@ -60,6 +71,14 @@ GATED = (
 )
 
 
+MAX_TOLERANCE = 1.0
+"""The widest tolerance a comparison may have and still be judged: beyond it a doubling passes as noise."""
+MEASURED = (*EXACT, "peak_memory_bytes", "loss", "step_time_s", *COUNTS, *MODELLED, noise.NOISE_METRIC)
+"""Row metrics the gate reads as measurements: one row per (run, metric, rank, phase, step, noise-modelled metric)."""
+SIGNED = ("loss",)
+"""Measurements that may be negative; every other one is a size, a count or a time."""
+
+
 @dataclass(frozen=True)
 class Comparison:
     key: str
@@ -68,7 +87,7 @@ class Comparison:
     baseline: float
     candidate: float
     tolerance: float
-    verdict: str  # ok / regression / improved / slower / not finite / no noise model
+    verdict: str  # ok / regression / improved / slower / not finite / no noise model / too noisy
     basis: str = ""
     """Where the tolerance comes from: ``exact``, a fixed rule, or the noise model (runs, sigma)."""
 
@@ -91,8 +110,11 @@ def _run_key(r: dict) -> tuple:
 
 def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]]:
     """Each ``_run_key``'s status. Rows without a status row of their own take the status of the same run's rows
-    under another tool that have one, the untagged ones first: an instrumented run's rows from sweeps before the
-    runner tagged its status row, and the untagged noise-model rows a baseline of instrumented runs carries."""
+    under another tool that have one, the untagged ones first, only where that is how they were written: an
+    instrumented run's rows from sweeps before the runner tagged its status row (the untagged run then holds both
+    tools' status rows), the untagged noise-model rows a baseline of instrumented runs carries, and rows from
+    before every launcher wrote a status row. An instrumented run of a later sweep that lacks its own is
+    incomplete, whatever its timed twin's status."""
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault(_run_key(r), []).append(r)
@@ -100,15 +122,40 @@ def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]
     recorded = [k for k, rs in by.items() if any(r.get("metric") == STATUS_METRIC for r in rs)]
     twin = {k[:2]: out[k] for k in sorted(recorded, key=lambda k: k[2], reverse=True)}  # untagged written last
     for k in by.keys() - set(recorded):
-        out[k] = twin.get(k[:2], out[k])
+        untagged = by.get((*k[:2], ""), [])
+        legacy = sum(r.get("metric") == STATUS_METRIC for r in untagged) > 1  # both tools' status rows, untagged
+        if legacy or all(r.get("metric") == noise.NOISE_METRIC or (r.get("schema") or 1) < SCHEMA for r in by[k]):
+            out[k] = twin.get(k[:2], out[k])
     return out
+
+
+def _where(r: dict) -> str:
+    rank = f" rank {r['rank']}" if r.get("rank") is not None else ""
+    return f"run {r.get('run_id')}{' under ' + r['instrumented'] if r.get('instrumented') else ''}: {r['metric']}{rank}"
+
+
+def _check_value(r: dict) -> None:
+    """Refuse a measurement the gate would read wrongly: not a number, a negative size, count or time, a step
+    time that is not positive. NaN and infinities pass: the gate fails them as NOT FINITE."""
+    m, v = r["metric"], r.get("value")
+    if m == noise.NOISE_METRIC or v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{_where(r)} has the value {v!r}, not a number: a damaged or hand-edited row")
+    if m not in SIGNED and v < 0:
+        raise ConfigError(f"{_where(r)} is {v:g}: a size, count or time is never negative (a damaged row)")
+    if m == "step_time_s" and v == 0:
+        raise ConfigError(f"{_where(r)} is 0 s: a step takes time (a damaged row)")
 
 
 def summarize(rows: list[dict]) -> dict[str, dict]:
     """Per configuration (config hash): the gated metrics of its ``ok`` runs, a label, what the timing ratio
-    needs, whether any run completed (``ok``) and the runs that did not (``not_ok``: run id -> status, reason)."""
+    needs, whether any run completed (``ok``) and the runs that did not (``not_ok``: run id -> status, reason),
+    each metric's unit (``units``) and the ranks a per-rank metric was measured on (``ranks``). Raises
+    ``ConfigError`` where the rows cannot be read as one measurement of each configuration (module docstring)."""
     status = _run_statuses(rows)
     runs: dict[str, dict] = {}
+    seen: set[tuple] = set()
     for r in rows:
         run_status, reason = status[_run_key(r)]
         if (r.get("status", "ok") != "ok" and r["metric"] != STATUS_METRIC) or run_status is None:
@@ -123,7 +170,11 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
                 "ok": False,
                 "not_ok": {},
                 "noise": {},
+                "units": {},
+                "ranks": {},
                 "_ranks": {},
+                "_max": {},
+                "_ok_runs": {},
             },
         )
         m, v = r["metric"], r.get("value")
@@ -134,8 +185,27 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             )
             continue
         d["ok"] = True
+        tool = r.get("instrumented") or ""
+        other = d["_ok_runs"].setdefault(tool, r.get("run_id"))
+        if other != r.get("run_id"):
+            raise ConfigError(
+                f"two completed runs of {d['label']} ({other} and {r.get('run_id')}): rows of more than one sweep; "
+                "gate one sweep's results (several unchanged sweeps make a baseline's noise model: --write-baseline "
+                "FILE --candidate DIR1 DIR2 ...)"
+            )
         if r.get("instrumented") and m not in ("instructions", STATUS_METRIC):
             continue  # a run under callgrind: only its instruction counts are measurements
+        if m in MEASURED:
+            ident = (_run_key(r), m, r.get("rank"), r.get("phase"), r.get("step"), r.get("of"))
+            if ident in seen:
+                raise ConfigError(
+                    f"{_where(r)} is measured twice: rows of more than one sweep or round in one directory "
+                    "(the last would win); gate one sweep's results"
+                )
+            seen.add(ident)
+            _check_value(r)
+            if m != noise.NOISE_METRIC and r.get("unit") is not None:
+                d["units"].setdefault(m, r["unit"])
         if m == STATUS_METRIC:
             d["label"] = r.get("label") or d["label"]
         elif m == noise.NOISE_METRIC:
@@ -143,15 +213,21 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         elif "phase" in r and m in (*COUNTS, *MODELLED):  # per rank and phase: summed over ranks below
             key = m if r["phase"] == "step" else f"{m}.{r['phase']}"
             d["_ranks"].setdefault(key, {})[r.get("rank")] = v
-        elif m in EXACT or m == "peak_memory_bytes":
-            if v is not None:  # max over ranks; a NaN on any rank stays NaN, whatever the rows' order
-                d[m] = v if m not in d or v > d[m] or _nan(v) else d[m]
+        elif m in EXACT or m == "peak_memory_bytes":  # max over ranks below
+            d["_max"].setdefault(m, {})[r.get("rank")] = v
         elif m == "loss":  # the last step's; a NaN on any rank at that step stays
             step, last = r.get("step", 0), d.get("_loss_step", -1)
             if step > last or (step == last and not _nan(d.get("final_loss"))):
                 d["_loss_step"], d["final_loss"] = step, v
-        elif m == "step_time_s":
+        elif m == "step_time_s" and v is not None:
             d["step_time_s"], d["mad"], d["n"] = v, r.get("mad") or 0.0, r.get("n") or 1
+
+    for d in runs.values():
+        for key, per_rank in d.pop("_max").items():  # a rank that measured nothing (None): not measured, no max
+            d["ranks"][key] = frozenset(per_rank)
+            vals = list(per_rank.values())
+            d[key] = None if any(v is None for v in vals) else next((v for v in vals if _nan(v)), max(vals))
+        d.pop("_ok_runs")
 
     # timing as a ratio to the stage-0 run of the same shape in the same results
     def shape(c: dict) -> tuple:
@@ -177,6 +253,7 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
                 relative_se_from_mad(base["mad"], base["step_time_s"], base["n"]),
             )
         for key, per_rank in d.pop("_ranks").items():  # None on any rank: not measured there, no sum
+            d["ranks"][key] = frozenset(per_rank)
             d[key] = None if any(v is None for v in per_rank.values()) else sum(per_rank.values())
         for key, row in d["noise"].items():  # a noise model's mean is the baseline's value
             if key in GATED and row.get("center") is not None:
@@ -196,7 +273,11 @@ class GateResult:
     not_completed: list[str] = field(default_factory=list)
     """Candidate runs whose status is not ``ok`` (failed, incomplete, ...), with it: listed, never compared."""
     not_compared: list[str] = field(default_factory=list)
-    """Baseline configurations without an ``ok`` run: listed, nothing to compare against."""
+    """Baseline configurations without an ``ok`` run (a damaged baseline: ``write_baseline`` keeps ok runs only):
+    fails."""
+    failed: list[str] = field(default_factory=list)
+    """Candidate configurations none of whose runs completed, that the baseline lacks (where it has them, they are
+    ``missing``): fails."""
     false_alarm: float | None = None
     """The false-alarm rate the noise-modelled comparisons were held to (None: there were none)."""
 
@@ -210,7 +291,13 @@ def gate(
 ) -> GateResult:
     """Compare ``candidate`` with ``baseline`` run by run (matched by config hash) and metric by metric; the
     noise-modelled comparisons share the false-alarm rate ``false_alarm`` (``bench/noise.py``)."""
-    b, c = summarize(baseline), summarize(candidate)
+    sides = {}
+    for side, rows in (("baseline", baseline), ("candidate", candidate)):
+        try:
+            sides[side] = summarize(rows)
+        except ConfigError as e:
+            raise ConfigError(f"{side}: {e}") from None
+    b, c = sides["baseline"], sides["candidate"]
     hb = {d["hardware"] for d in b.values()} - {None}
     hc = {d["hardware"] for d in c.values()} - {None}
     if hb and hc and hb != hc:
@@ -218,6 +305,18 @@ def gate(
             f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
             f"use results/baselines/{min(hc)}.jsonl or record one with --write-baseline"
         )
+    if hb and not hc and any(d["ok"] for d in c.values()):
+        raise ConfigError(
+            f"the candidate's rows carry no hardware provenance, the baseline is for {', '.join(sorted(hb))}: "
+            "rows not written by zerobench's runs (or damaged); gate a sweep's own results"
+        )
+    for key in b.keys() & c.keys():
+        for m, unit in c[key]["units"].items():
+            if b[key]["units"].get(m, unit) != unit:
+                raise ConfigError(
+                    f"{c[key]['label']}: {m} is in {unit} in the candidate and {b[key]['units'][m]} in the baseline: "
+                    "rows of another version or edited by hand; record the baseline again"
+                )
     res = GateResult([])
     for key, cd in c.items():
         label = b[key]["label"] if key in b else cd["label"]  # a run without a status row has no label of its own
@@ -226,6 +325,8 @@ def gate(
     for key, cd in c.items():
         if key not in b and cd["ok"]:
             res.not_in_baseline.append(f"{cd['label']} (no run of this configuration in the baseline)")
+        elif key not in b:
+            res.failed.append(f"{cd['label']} ({_statuses(cd)}; not in the baseline)")
     for key, bd in b.items():
         if not bd["ok"]:
             res.not_compared.append(f"{bd['label']} (the baseline's run is {_statuses(bd)})")
@@ -237,6 +338,10 @@ def gate(
         _compare_run(bd, cd, key, timing_tolerance, gate_timing, res)
     _apply_noise(res, b, false_alarm, gate_timing)
     return res
+
+
+def _ranks(ranks: frozenset) -> str:
+    return ", ".join(str(r) for r in sorted(ranks, key=str)) or "none"
 
 
 def _statuses(d: dict) -> str:
@@ -255,6 +360,10 @@ def _compare_run(bd: dict, cd: dict, key: str, timing_tolerance: float, gate_tim
         if cd.get(m) is None:
             res.missing.append(f"{label}: {m}")
             continue
+        rb, rc = bd["ranks"].get(m), cd["ranks"].get(m)
+        if rb is not None and rc is not None and rb != rc:  # a rank's rows lost: its share of a sum or a max is gone
+            res.missing.append(f"{label}: {m} (measured on ranks {_ranks(rc)}, the baseline on {_ranks(rb)})")
+            continue
         if not (math.isfinite(cd[m]) and math.isfinite(bd[m])):
             res.comparisons.append(Comparison(key, label, m, bd[m], cd[m], 0.0, "not finite"))
             continue
@@ -266,8 +375,15 @@ def _compare_run(bd: dict, cd: dict, key: str, timing_tolerance: float, gate_tim
         elif m == "final_loss":
             tol, basis = 1e-4, "1e-4"
         elif m == "step_time_ratio":
-            tol = max(timing_tolerance, 3 * max(bd.get("ratio_se", 0), cd.get("ratio_se", 0)) * math.sqrt(2))
-            basis = "timing"
+            # the baseline's spread sets the tolerance; a candidate whose own spread would hide the change is
+            # too noisy to judge, never "ok" (its per-step spread must not widen its own tolerance)
+            tol = max(timing_tolerance, 3 * bd.get("ratio_se", 0) * math.sqrt(2))
+            own = 3 * cd.get("ratio_se", 0) * math.sqrt(2)
+            verdict = _verdict(m, bd[m], cd[m], tol, gate_timing)
+            if verdict != "ok" and own > tol and _verdict(m, bd[m], cd[m], own, gate_timing) == "ok":
+                verdict = "too noisy"
+            res.comparisons.append(Comparison(key, label, m, bd[m], cd[m], tol, verdict, "timing"))
+            continue
         elif not modelled:  # a host-work metric moves between unchanged runs: without a noise model, not judged
             res.comparisons.append(Comparison(key, label, m, bd[m], cd[m], math.nan, "no noise model", "none"))
             continue
@@ -310,16 +426,10 @@ def _apply_noise(res: GateResult, b: dict[str, dict], false_alarm: float, gate_t
             tol, basis = noise.floor(x.metric, x.baseline), f"floor (noise 0 in {_sigma(b[x.key], x.metric)[1]} runs)"
         else:
             continue
-        res.comparisons[i] = Comparison(
-            x.key,
-            x.label,
-            x.metric,
-            x.baseline,
-            x.candidate,
-            tol,
-            _verdict(x.metric, x.baseline, x.candidate, tol, gate_timing),
-            basis,
-        )
+        verdict = _verdict(x.metric, x.baseline, x.candidate, tol, gate_timing)
+        if i in idx and tol > MAX_TOLERANCE and verdict == "ok":  # noise that hides a doubling: not a judgement
+            verdict = "too noisy"
+        res.comparisons[i] = Comparison(x.key, x.label, x.metric, x.baseline, x.candidate, tol, verdict, basis)
 
 
 def _sigma(d: dict, metric: str) -> tuple[float, int]:

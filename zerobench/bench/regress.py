@@ -4,24 +4,43 @@ recording a baseline with the noise model of several unchanged runs. The rules, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from zerobench.bench import noise
-from zerobench.bench.gate_rules import COUNTS, GATED, MODELLED, Comparison, GateResult, gate, summarize
+from zerobench.bench.gate_rules import (
+    COUNTS,
+    GATED,
+    MAX_TOLERANCE,
+    MODELLED,
+    Comparison,
+    GateResult,
+    gate,
+    summarize,
+)
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.results.outdir import check_writable_file
-from zerobench.results.rows import read_rows
+from zerobench.results.rows import ROWS_FILE, read_rows
 from zerobench.results.status import OK, statuses
 
 
-def _rows(path: str | Path) -> list[dict]:
+def _rows(path: str | Path, whole: bool = False) -> list[dict]:
+    """The rows at ``path``. ``whole``: refuse a file whose last row is torn (a baseline must be the file that was
+    recorded; readers otherwise skip a torn last row, a writer killed mid-row)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}")
+    for f in ([p] if p.is_file() else sorted(p.rglob(ROWS_FILE))) if whole else []:
+        torn = False
+        with contextlib.suppress(OSError), open(f, "rb") as fh:
+            size = fh.seek(0, 2)
+            torn = size > 0 and fh.seek(size - 1) >= 0 and fh.read(1) != b"\n"
+        if torn:
+            raise ConfigError(f"{f}: its last row is torn: a damaged baseline; restore it or record it again")
     try:
         rows = read_rows(p)
     except ValueError as e:
@@ -141,8 +160,9 @@ def run_gate(
     false_alarm: float = 0.001,
     out: str | None = None,
 ) -> int:
-    """Print the gate's verdicts; 1 on a regression, a non-finite value or something missing from the candidate
-    (and, when ``strict``, on anything not in the baseline), else 0. ``out``: also write them as rows there."""
+    """Print the gate's verdicts; 1 on a regression, a non-finite value, something missing from the candidate, a
+    configuration of the candidate none of whose runs completed, or a baseline run that never did (and, when
+    ``strict``, on anything not in the baseline), else 0. ``out``: also write them as rows there."""
     for p in (baseline, candidate):
         if not Path(p).exists():
             raise ConfigError(f"no results at {p}")
@@ -157,35 +177,44 @@ def run_gate(
         "proposed baseline",
         "choose a writable path" if propose else "give --propose FILE",
     )
-    base_rows, cand_rows = _rows(baseline), _rows(candidate)
+    base_rows, cand_rows = _rows(baseline, whole=True), _rows(candidate)
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate", false_alarm=false_alarm)
     comps = res.comparisons
     if not comps:
         raise ConfigError(f"no run of {candidate} matches a run of the baseline {baseline} (different configs?)")
     regressions = [x for x in comps if x.verdict in ("regression", "not finite")]
-    improved = [x for x in comps if x.verdict in ("improved", "slower")]
+    improved = [x for x in comps if x.verdict == "improved"]
+    slower = [x for x in comps if x.verdict == "slower"]
     unmodelled = [x for x in comps if x.verdict == "no noise model"]
+    noisy = [x for x in comps if x.verdict == "too noisy"]
+    moved = regressions or improved or slower or noisy
     rate = f"; noise-modelled comparisons at a false-alarm rate of {res.false_alarm:g}" if res.false_alarm else ""
     print(
         f"regression gate: {len(comps)} comparisons over {len({x.key for x in comps})} runs; "
-        f"{len(regressions)} regressions, {len(improved)} improvements{rate}"
+        f"{len(regressions)} regressions, {len(improved)} improvements"
+        + (f", {len(slower)} slower (not gated: --timing report)" if slower else "")
+        + rate
     )
-    print(
-        format_table(comps, only_moved=bool(regressions or improved))
-        if (regressions or improved)
-        else format_table(comps)
-    )
+    print(format_table(comps, only_moved=bool(moved)))
     if unmodelled:
         print(
             f"  not gated: {len(unmodelled)} host-work metrics have no noise model in the baseline (record it from "
             f"several unchanged runs: --write-baseline FILE --candidate DIR1 DIR2 ...)"
+        )
+    if noisy:
+        print(
+            f"  not gated: {len(noisy)} comparisons too noisy to judge (a tolerance over {MAX_TOLERANCE:.0%}, or a "
+            "candidate step time whose own spread hides the change): record the baseline's noise model from more "
+            "unchanged runs, or measure more steps"
         )
     for label in res.missing:
         print(f"  missing: {label} (in the baseline, not completed in the candidate)")  # a run, or a run's metric
     for label in res.not_completed:
         print(f"  not completed: {label}")
     for label in res.not_compared:
-        print(f"  not compared: {label}")
+        print(f"  not compared: {label} (a damaged baseline: record it again)")
+    for label in res.failed:
+        print(f"  failed: {label}")
     for label in res.not_in_baseline:
         print(f"  not in the baseline: {label}" + (" (fails: --strict)" if strict else ""))
     n = write_baseline(cand_rows, proposal)
@@ -193,7 +222,8 @@ def run_gate(
         print(f"improvements beyond tolerance: update the baseline? proposed: {proposal} ({n} rows)")
     else:
         print(f"proposed baseline written to {proposal} ({n} rows)")
-    code = 1 if regressions or res.missing or (strict and res.not_in_baseline) else 0
+    failing = regressions or res.missing or res.not_compared or res.failed or (strict and res.not_in_baseline)
+    code = 1 if failing else 0
     if out is not None:
         write_verdicts(
             out,
@@ -241,6 +271,8 @@ def write_verdicts(out: str | Path, res: GateResult, cand_rows: list[dict], code
         "exit code",
         regressions=sum(x.verdict in ("regression", "not finite") for x in res.comparisons),
         missing=res.missing,
+        failed=res.failed,
+        not_compared=res.not_compared,
         not_in_baseline=res.not_in_baseline,
         not_completed=res.not_completed,
         false_alarm=res.false_alarm,

@@ -71,6 +71,11 @@ def _cmd_write_baseline(args: argparse.Namespace) -> int:
         )
         for gap in gaps:
             print(f"  no noise model: {gap}")
+        if len(samples) < 5:
+            print(
+                f"  {len(samples)} runs give wide tolerances at the gate's false-alarm rate, and a comparison whose "
+                "tolerance exceeds 100% is reported as too noisy, not judged: 5 or more unchanged runs recommended"
+            )
     return 0
 
 

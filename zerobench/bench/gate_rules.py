@@ -72,7 +72,9 @@ GATED = (
 
 
 MAX_TOLERANCE = 1.0
-"""The widest tolerance a comparison may have and still be judged: beyond it a doubling passes as noise."""
+"""The widest tolerance noise may set and a comparison still be judged: beyond it a doubling passes as noise. (An
+absolute floor, which keeps a phase doing almost nothing from being called for a garbage collection, may be
+wider: it is a chosen minimum change, not noise.)"""
 MEASURED = (*EXACT, "peak_memory_bytes", "loss", "step_time_s", *COUNTS, *MODELLED, noise.NOISE_METRIC)
 """Row metrics the gate reads as measurements: one row per (run, metric, rank, phase, step, noise-modelled metric)."""
 SIGNED = ("loss",)
@@ -418,16 +420,18 @@ def _apply_noise(res: GateResult, b: dict[str, dict], false_alarm: float, gate_t
     }
     res.false_alarm = false_alarm if idx else None
     for i, x in enumerate(res.comparisons):
+        wide = False
         if i in idx:
             sigma, n = _sigma(b[x.key], x.metric)
             tol = max(x.tolerance, noise.tolerance(x.metric, sigma, n, false_alarm / len(idx), center=x.baseline))
+            wide = noise.factor(n, false_alarm / len(idx)) * sigma > MAX_TOLERANCE  # the noise, not a floor
             basis = f"noise: {n} runs, sigma {sigma:.2%}"
         elif x.basis == "noise":
             tol, basis = noise.floor(x.metric, x.baseline), f"floor (noise 0 in {_sigma(b[x.key], x.metric)[1]} runs)"
         else:
             continue
         verdict = _verdict(x.metric, x.baseline, x.candidate, tol, gate_timing)
-        if i in idx and tol > MAX_TOLERANCE and verdict == "ok":  # noise that hides a doubling: not a judgement
+        if wide and verdict == "ok":  # noise that hides a doubling: not a judgement
             verdict = "too noisy"
         res.comparisons[i] = Comparison(x.key, x.label, x.metric, x.baseline, x.candidate, tol, verdict, basis)
 

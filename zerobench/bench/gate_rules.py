@@ -24,11 +24,14 @@ is "too noisy", listed as not gated, never "ok".
 
 The rows are checked before anything is compared, and refused in one line (``ConfigError``) where a verdict
 would be wrong without a word: two rows of one measurement (rows of several sweeps or rounds in one directory,
-whose last row would win), two completed runs of one configuration, a gated value that is not a number, a
+whose last row would win), two completed runs of one configuration (two sweeps, or two suite entries that
+resolve to one configuration: runs are matched by it), a gated value that is not a number, a
 negative count or size, a step time that is not positive, a metric in another unit than the baseline's, a
 candidate without hardware provenance against a baseline with it. A per-rank metric measured on other ranks
 than the baseline's (a rank's rows lost) fails as missing, and a configuration the candidate ran and none of
-whose runs completed fails whether or not the baseline has it. A candidate value that is not finite (a diverged run's NaN loss, a NaN or
+whose runs completed fails whether or not the baseline has it (unless the suite's checker refused it as invalid).
+A baseline run that stopped without a status row fails the gate as a damaged baseline; one that failed (a sweep
+given as the baseline) is listed as not compared. A candidate value that is not finite (a diverged run's NaN loss, a NaN or
 infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline
 has but the candidate's run lacks fails as missing: neither is ever compared away as "ok". Only runs whose
 status is ``ok`` are compared (``results/status.py``): a candidate run that failed, or is incomplete (no
@@ -52,7 +55,10 @@ from dataclasses import dataclass, field
 from zerobench.bench import noise
 from zerobench.bench.stats import relative_se_from_mad
 from zerobench.config import ConfigError
-from zerobench.results.status import OK, SCHEMA, STATUS_METRIC, status_of
+from zerobench.results.status import INCOMPLETE, OK, SCHEMA, STATUS_METRIC, status_of
+
+INVALID = "invalid"
+"""The status of a suite entry whose configuration the checker refused (``bench/sweep_state.py``)."""
 
 PHASES = ("forward_backward", "optimizer", "zero_grad")
 COUNTS = ("ops_dispatched", "allocations", "allocated_bytes", "collective_calls", "collective_bytes")
@@ -75,8 +81,8 @@ MAX_TOLERANCE = 1.0
 """The widest tolerance noise may set and a comparison still be judged: beyond it a doubling passes as noise. (An
 absolute floor, which keeps a phase doing almost nothing from being called for a garbage collection, may be
 wider: it is a chosen minimum change, not noise.)"""
-MEASURED = (*EXACT, "peak_memory_bytes", "loss", "step_time_s", *COUNTS, *MODELLED, noise.NOISE_METRIC)
-"""Row metrics the gate reads as measurements: one row per (run, metric, rank, phase, step, noise-modelled metric)."""
+MEASURED = (*EXACT, "peak_memory_bytes", "loss", "step_time_s", *COUNTS, *MODELLED)
+"""Row metrics the gate reads as measurements: one row per (run, metric, rank, phase, step)."""
 SIGNED = ("loss",)
 """Measurements that may be negative; every other one is a size, a count or a time."""
 
@@ -102,7 +108,7 @@ def _nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def _run_key(r: dict) -> tuple:
+def run_key(r: dict) -> tuple:
     """A run in the gate's rows: (run id, config hash, the tool it ran under). A run timed and the same run counted
     under callgrind (``sweep --instructions``, rows tagged ``instrumented``) share run id and configuration when
     one directory holds both sweeps; each keeps its own status, so a failed instrumented run is named as such and
@@ -110,8 +116,8 @@ def _run_key(r: dict) -> tuple:
     return (r.get("run_id"), r.get("config_hash"), r.get("instrumented") or "")
 
 
-def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]]:
-    """Each ``_run_key``'s status. Rows without a status row of their own take the status of the same run's rows
+def run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]]:
+    """Each ``run_key``'s status. Rows without a status row of their own take the status of the same run's rows
     under another tool that have one, the untagged ones first, only where that is how they were written: an
     instrumented run's rows from sweeps before the runner tagged its status row (the untagged run then holds both
     tools' status rows), the untagged noise-model rows a baseline of instrumented runs carries, and rows from
@@ -119,13 +125,15 @@ def _run_statuses(rows: list[dict]) -> dict[tuple, tuple[str | None, str | None]
     incomplete, whatever its timed twin's status."""
     by: dict[tuple, list[dict]] = {}
     for r in rows:
-        by.setdefault(_run_key(r), []).append(r)
+        by.setdefault(run_key(r), []).append(r)
     out = {k: status_of(rs) for k, rs in by.items()}
     recorded = [k for k, rs in by.items() if any(r.get("metric") == STATUS_METRIC for r in rs)]
     twin = {k[:2]: out[k] for k in sorted(recorded, key=lambda k: k[2], reverse=True)}  # untagged written last
     for k in by.keys() - set(recorded):
         untagged = by.get((*k[:2], ""), [])
-        legacy = sum(r.get("metric") == STATUS_METRIC for r in untagged) > 1  # both tools' status rows, untagged
+        statuses_there = sum(r.get("metric") == STATUS_METRIC for r in untagged)
+        # both tools' status rows untagged, or an --instructions sweep whose only untagged rows are its status row
+        legacy = statuses_there > 1 or (statuses_there == len(untagged) > 0)
         if legacy or all(r.get("metric") == noise.NOISE_METRIC or (r.get("schema") or 1) < SCHEMA for r in by[k]):
             out[k] = twin.get(k[:2], out[k])
     return out
@@ -140,7 +148,7 @@ def _check_value(r: dict) -> None:
     """Refuse a measurement the gate would read wrongly: not a number, a negative size, count or time, a step
     time that is not positive. NaN and infinities pass: the gate fails them as NOT FINITE."""
     m, v = r["metric"], r.get("value")
-    if m == noise.NOISE_METRIC or v is None:
+    if v is None:
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ConfigError(f"{_where(r)} has the value {v!r}, not a number: a damaged or hand-edited row")
@@ -155,20 +163,17 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
     needs, whether any run completed (``ok``) and the runs that did not (``not_ok``: run id -> status, reason),
     each metric's unit (``units``) and the ranks a per-rank metric was measured on (``ranks``). Raises
     ``ConfigError`` where the rows cannot be read as one measurement of each configuration (module docstring)."""
-    status = _run_statuses(rows)
+    status = run_statuses(rows)
     runs: dict[str, dict] = {}
     seen: set[tuple] = set()
-    for r in rows:
-        run_status, reason = status[_run_key(r)]
-        if (r.get("status", "ok") != "ok" and r["metric"] != STATUS_METRIC) or run_status is None:
-            continue  # a failed row, or rows of no training run (no status applies: results/status.py)
-        hardware = (r.get("provenance") or {}).get("hardware", {}).get("class")
-        d = runs.setdefault(
+
+    def entry(r: dict) -> dict:
+        return runs.setdefault(
             r["config_hash"],
             {
                 "label": r.get("label") or r.get("run_id"),
                 "config": r.get("config", {}),
-                "hardware": hardware,
+                "hardware": (r.get("provenance") or {}).get("hardware", {}).get("class"),
                 "ok": False,
                 "not_ok": {},
                 "noise": {},
@@ -179,7 +184,20 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
                 "_ok_runs": {},
             },
         )
+
+    for r in rows:
         m, v = r["metric"], r.get("value")
+        if m == noise.NOISE_METRIC:  # a baseline's noise model is the configuration's, whatever run it was copied from
+            ident = (r["config_hash"], m, r.get("of"))
+            if ident in seen:
+                raise ConfigError(f"{_where(r)} of {r.get('of')} is recorded twice: a damaged or merged baseline")
+            seen.add(ident)
+            entry(r)["noise"][r.get("of")] = r
+            continue
+        run_status, reason = status[run_key(r)]
+        if (r.get("status", "ok") != "ok" and m != STATUS_METRIC) or run_status is None:
+            continue  # a failed row, or rows of no training run (no status applies: results/status.py)
+        d = entry(r)
         if run_status != OK:
             d["not_ok"][f"{r.get('run_id')}{' under ' + r['instrumented'] if r.get('instrumented') else ''}"] = (
                 run_status,
@@ -191,14 +209,15 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         other = d["_ok_runs"].setdefault(tool, r.get("run_id"))
         if other != r.get("run_id"):
             raise ConfigError(
-                f"two completed runs of {d['label']} ({other} and {r.get('run_id')}): rows of more than one sweep; "
-                "gate one sweep's results (several unchanged sweeps make a baseline's noise model: --write-baseline "
-                "FILE --candidate DIR1 DIR2 ...)"
+                f"two completed runs of one configuration ({other} and {r.get('run_id')}): two suite entries that "
+                "resolve to the same configuration (the gate matches runs by configuration: make them differ), or "
+                "rows of more than one sweep (gate one sweep's results; several unchanged sweeps make a baseline's "
+                "noise model: --write-baseline FILE --candidate DIR1 DIR2 ...)"
             )
         if r.get("instrumented") and m not in ("instructions", STATUS_METRIC):
             continue  # a run under callgrind: only its instruction counts are measurements
         if m in MEASURED:
-            ident = (_run_key(r), m, r.get("rank"), r.get("phase"), r.get("step"), r.get("of"))
+            ident = (run_key(r), m, r.get("rank"), r.get("phase"), r.get("step"), r.get("of"))
             if ident in seen:
                 raise ConfigError(
                     f"{_where(r)} is measured twice: rows of more than one sweep or round in one directory "
@@ -206,12 +225,10 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
                 )
             seen.add(ident)
             _check_value(r)
-            if m != noise.NOISE_METRIC and r.get("unit") is not None:
+            if r.get("unit") is not None:
                 d["units"].setdefault(m, r["unit"])
         if m == STATUS_METRIC:
             d["label"] = r.get("label") or d["label"]
-        elif m == noise.NOISE_METRIC:
-            d["noise"][r.get("of")] = r
         elif "phase" in r and m in (*COUNTS, *MODELLED):  # per rank and phase: summed over ranks below
             key = m if r["phase"] == "step" else f"{m}.{r['phase']}"
             d["_ranks"].setdefault(key, {})[r.get("rank")] = v
@@ -275,11 +292,15 @@ class GateResult:
     not_completed: list[str] = field(default_factory=list)
     """Candidate runs whose status is not ``ok`` (failed, incomplete, ...), with it: listed, never compared."""
     not_compared: list[str] = field(default_factory=list)
-    """Baseline configurations without an ``ok`` run (a damaged baseline: ``write_baseline`` keeps ok runs only):
-    fails."""
+    """Baseline configurations whose runs failed or were refused as invalid (a sweep given as the baseline):
+    listed, nothing to compare against."""
+    damaged: list[str] = field(default_factory=list)
+    """Baseline configurations whose run stopped without a status row (a baseline cut short or damaged:
+    ``write_baseline`` keeps completed runs only): fails."""
     failed: list[str] = field(default_factory=list)
-    """Candidate configurations none of whose runs completed, that the baseline lacks (where it has them, they are
-    ``missing``): fails."""
+    """Candidate configurations that the baseline lacks, none of whose runs completed, failed (not refused as
+    invalid: a suite may hold configurations its checker refuses by design): fails. Where the baseline has them
+    they are ``missing``."""
     false_alarm: float | None = None
     """The false-alarm rate the noise-modelled comparisons were held to (None: there were none)."""
 
@@ -327,11 +348,14 @@ def gate(
     for key, cd in c.items():
         if key not in b and cd["ok"]:
             res.not_in_baseline.append(f"{cd['label']} (no run of this configuration in the baseline)")
-        elif key not in b:
+        elif key not in b and {status for status, _ in cd["not_ok"].values()} - {INVALID}:
             res.failed.append(f"{cd['label']} ({_statuses(cd)}; not in the baseline)")
     for key, bd in b.items():
         if not bd["ok"]:
-            res.not_compared.append(f"{bd['label']} (the baseline's run is {_statuses(bd)})")
+            stopped = INCOMPLETE in {status for status, _ in bd["not_ok"].values()}
+            (res.damaged if stopped else res.not_compared).append(
+                f"{bd['label']} (the baseline's run is {_statuses(bd)})"
+            )
             continue
         cd = c.get(key)
         if cd is None or not cd["ok"]:
@@ -382,7 +406,8 @@ def _compare_run(bd: dict, cd: dict, key: str, timing_tolerance: float, gate_tim
             tol = max(timing_tolerance, 3 * bd.get("ratio_se", 0) * math.sqrt(2))
             own = 3 * cd.get("ratio_se", 0) * math.sqrt(2)
             verdict = _verdict(m, bd[m], cd[m], tol, gate_timing)
-            if verdict != "ok" and own > tol and _verdict(m, bd[m], cd[m], own, gate_timing) == "ok":
+            hidden = verdict != "ok" and own > tol and _verdict(m, bd[m], cd[m], own, gate_timing) == "ok"
+            if hidden or (verdict == "ok" and tol > MAX_TOLERANCE):
                 verdict = "too noisy"
             res.comparisons.append(Comparison(key, label, m, bd[m], cd[m], tol, verdict, "timing"))
             continue

@@ -19,13 +19,15 @@ from zerobench.bench.gate_rules import (
     Comparison,
     GateResult,
     gate,
+    run_key,
+    run_statuses,
     summarize,
 )
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.results.outdir import check_writable_file
 from zerobench.results.rows import ROWS_FILE, read_rows
-from zerobench.results.status import OK, statuses
+from zerobench.results.status import OK
 
 
 def _rows(path: str | Path, whole: bool = False) -> list[dict]:
@@ -35,12 +37,17 @@ def _rows(path: str | Path, whole: bool = False) -> list[dict]:
     if not p.exists():
         raise ConfigError(f"no results at {p}")
     for f in ([p] if p.is_file() else sorted(p.rglob(ROWS_FILE))) if whole else []:
-        torn = False
-        with contextlib.suppress(OSError), open(f, "rb") as fh:
-            size = fh.seek(0, 2)
-            torn = size > 0 and fh.seek(size - 1) >= 0 and fh.read(1) != b"\n"
-        if torn:
-            raise ConfigError(f"{f}: its last row is torn: a damaged baseline; restore it or record it again")
+        data = b"\n"
+        with contextlib.suppress(OSError):
+            data = f.read_bytes() or b"\n"
+        last = data.rsplit(b"\n", 1)[-1]
+        if last.strip():  # no newline after the last row: whole only if that row parses
+            try:
+                json.loads(last)
+            except ValueError:
+                raise ConfigError(
+                    f"{f}: its last row is torn: a damaged baseline; restore it or record it again"
+                ) from None
     try:
         rows = read_rows(p)
     except ValueError as e:
@@ -91,13 +98,11 @@ BASELINE_METRICS = {
 def write_baseline(candidate_rows: list[dict], path: str | Path, more: Sequence[list[dict]] = ()) -> int:
     """Keep the rows the gate reads, of runs whose status is ``ok`` only, one JSON row per line; with ``more``
     (the rows of further unchanged runs of the same suite) add the noise model: ``noise_rows``."""
-    status = statuses(candidate_rows)
+    status = run_statuses(candidate_rows)  # each tool's run its own: a timed run's retry, its callgrind twin
     keep = [
         r
         for r in candidate_rows
-        if r["metric"] in BASELINE_METRICS
-        and r.get("status", "ok") == "ok"
-        and status[(r.get("run_id"), r.get("config_hash"))][0] == OK
+        if r["metric"] in BASELINE_METRICS and r.get("status", "ok") == "ok" and status[run_key(r)][0] == OK
     ]
     if more:
         keep += noise_rows([candidate_rows, *more])[0]
@@ -116,8 +121,13 @@ def noise_rows(samples: Sequence[list[dict]]) -> tuple[list[dict], list[str]]:
         oks = [(S[key], rs) for S, rs in zip(summaries, samples) if key in S and S[key]["ok"]]
         if not oks:
             continue
-        d0 = oks[0][0]
-        template = next(r for r in oks[0][1] if r["config_hash"] == key)
+        d0, rows0 = oks[0]
+        done = run_statuses(rows0)
+        mine = [r for r in rows0 if r["config_hash"] == key]
+        template = next(  # the completed timed run's identity (a failed attempt's would leave the model orphaned)
+            (r for r in mine if not r.get("instrumented") and done[run_key(r)][0] == OK),
+            next((r for r in mine if done[run_key(r)][0] == OK), mine[0]),
+        )
         for m in GATED:
             # a metric is modelled when any run measured it; fewer than two runs that did is a gap
             if m == "final_loss" or all(d.get(m) is None for d, _ in oks):
@@ -212,7 +222,9 @@ def run_gate(
     for label in res.not_completed:
         print(f"  not completed: {label}")
     for label in res.not_compared:
-        print(f"  not compared: {label} (a damaged baseline: record it again)")
+        print(f"  not compared: {label}")
+    for label in res.damaged:
+        print(f"  damaged baseline: {label}: a baseline keeps completed runs only; record it again")
     for label in res.failed:
         print(f"  failed: {label}")
     for label in res.not_in_baseline:
@@ -222,7 +234,7 @@ def run_gate(
         print(f"improvements beyond tolerance: update the baseline? proposed: {proposal} ({n} rows)")
     else:
         print(f"proposed baseline written to {proposal} ({n} rows)")
-    failing = regressions or res.missing or res.not_compared or res.failed or (strict and res.not_in_baseline)
+    failing = regressions or res.missing or res.damaged or res.failed or (strict and res.not_in_baseline)
     code = 1 if failing else 0
     if out is not None:
         write_verdicts(
@@ -272,6 +284,7 @@ def write_verdicts(out: str | Path, res: GateResult, cand_rows: list[dict], code
         regressions=sum(x.verdict in ("regression", "not finite") for x in res.comparisons),
         missing=res.missing,
         failed=res.failed,
+        damaged=res.damaged,
         not_compared=res.not_compared,
         not_in_baseline=res.not_in_baseline,
         not_completed=res.not_completed,

@@ -74,7 +74,8 @@ def _cmd_write_baseline(args: argparse.Namespace) -> int:
         if len(samples) < 5:
             print(
                 f"  {len(samples)} runs give wide tolerances at the gate's false-alarm rate, and a comparison whose "
-                "tolerance exceeds 100% is reported as too noisy, not judged: 5 or more unchanged runs recommended"
+                "noise allows over 100% is reported as too noisy, not judged: 5 or more unchanged runs for counts and "
+                "instructions, about 10 for CPU time on a busy machine"
             )
     return 0
 

@@ -18,9 +18,9 @@ moved by more than its noise allows at a false-alarm rate ``false_alarm`` for th
 never moved stays exact.
 
 A change beyond tolerance in the bad direction is a regression (exit 1); in the good direction it is
-flagged ("update the baseline?"). A tolerance wider than ``MAX_TOLERANCE`` (a noise model of a few runs, a
-step time whose per-step spread is as large as the change) cannot tell a doubling from noise: such a comparison
-is "too noisy", listed as not gated, never "ok".
+flagged ("update the baseline?"). Noise that allows more than ``MAX_TOLERANCE`` (a noise model of a few runs,
+a step time whose per-step spread is as large as the change) cannot tell a doubling from noise: such a
+comparison is "too noisy", listed as not gated, never "ok".
 
 The rows are checked before anything is compared, and refused in one line (``ConfigError``) where a verdict
 would be wrong without a word: two rows of one measurement (rows of several sweeps or rounds in one directory,
@@ -31,8 +31,8 @@ candidate without hardware provenance against a baseline with it. A per-rank met
 than the baseline's (a rank's rows lost) fails as missing, and a configuration the candidate ran and none of
 whose runs completed fails whether or not the baseline has it (unless the suite's checker refused it as invalid).
 A baseline run that stopped without a status row fails the gate as a damaged baseline; one that failed (a sweep
-given as the baseline) is listed as not compared. A candidate value that is not finite (a diverged run's NaN loss, a NaN or
-infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline
+given as the baseline) is listed as not compared. A candidate value that is not finite (a diverged run's NaN
+loss, a NaN or infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline
 has but the candidate's run lacks fails as missing: neither is ever compared away as "ok". Only runs whose
 status is ``ok`` are compared (``results/status.py``): a candidate run that failed, or is incomplete (no
 ``run_status`` row), is listed as not completed; a configuration none of whose candidate runs completed fails,

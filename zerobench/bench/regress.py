@@ -4,7 +4,6 @@ recording a baseline with the noise model of several unchanged runs. The rules, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -26,30 +25,18 @@ from zerobench.bench.gate_rules import (
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.results.outdir import check_writable_file
-from zerobench.results.rows import ROWS_FILE, read_rows
+from zerobench.results.rows import read_rows
 from zerobench.results.status import OK
 
 
-def _rows(path: str | Path, whole: bool = False) -> list[dict]:
-    """The rows at ``path``. ``whole``: refuse a file whose last row is torn (a baseline must be the file that was
-    recorded; readers otherwise skip a torn last row, a writer killed mid-row)."""
+def _rows(path: str | Path, whole: str | None = None) -> list[dict]:
+    """The rows at ``path``. ``whole``: what the file is, where it must be as it was recorded (a baseline): a torn
+    last row is refused instead of skipped (``read_rows``)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}")
-    for f in ([p] if p.is_file() else sorted(p.rglob(ROWS_FILE))) if whole else []:
-        data = b"\n"
-        with contextlib.suppress(OSError):
-            data = f.read_bytes() or b"\n"
-        last = data.rsplit(b"\n", 1)[-1]
-        if last.strip():  # no newline after the last row: whole only if that row parses
-            try:
-                json.loads(last)
-            except ValueError:
-                raise ConfigError(
-                    f"{f}: its last row is torn: a damaged baseline; restore it or record it again"
-                ) from None
     try:
-        rows = read_rows(p)
+        rows = read_rows(p, whole=whole)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not rows:
@@ -187,7 +174,7 @@ def run_gate(
         "proposed baseline",
         "choose a writable path" if propose else "give --propose FILE",
     )
-    base_rows, cand_rows = _rows(baseline, whole=True), _rows(candidate)
+    base_rows, cand_rows = _rows(baseline, whole="baseline"), _rows(candidate)
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate", false_alarm=false_alarm)
     comps = res.comparisons
     if not comps:
@@ -213,8 +200,8 @@ def run_gate(
         )
     if noisy:
         print(
-            f"  not gated: {len(noisy)} comparisons too noisy to judge (a tolerance over {MAX_TOLERANCE:.0%}, or a "
-            "candidate step time whose own spread hides the change): record the baseline's noise model from more "
+            f"  not gated: {len(noisy)} comparisons too noisy to judge (noise that allows over {MAX_TOLERANCE:.0%}, or "
+            "a candidate step time whose own spread hides the change): record the baseline's noise model from more "
             "unchanged runs, or measure more steps"
         )
     for label in res.missing:

@@ -186,9 +186,11 @@ def append_whole(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
+def read_rows(path: str | os.PathLike, whole: str | None = None) -> list[dict]:
     """Rows from a rows file or every ``rows.jsonl`` under a directory. A torn last line (no newline,
-    not JSON: a writer died mid-row) is skipped with a warning; any other bad line is a ``ConfigError``."""
+    not JSON: a writer died mid-row) is skipped with a warning, or, where the file must be as it was recorded,
+    ``whole`` names what it is (the gate's ``"baseline"``) and it is a ``ConfigError``; any other bad line is a
+    ``ConfigError``."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}: pass a results directory or a rows.jsonl file")
@@ -207,6 +209,10 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 if n == len(lines) and not text.endswith("\n"):
+                    if whole:
+                        raise ConfigError(
+                            f"{f}:{n}: its last row is torn: a damaged {whole}; restore it or record it again"
+                        ) from None
                     print(
                         f"zerobench: warning: {f}:{n}: skipped a torn last row (its writer stopped mid-row)",
                         file=sys.stderr,

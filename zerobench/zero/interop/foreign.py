@@ -99,8 +99,8 @@ def _grads_whole(engine) -> bool:
     whose norm misses the other TP ranks', not times fp16's loss scale, and not a copy the step does not read
     (offload streams the gradient to the host during backward)."""
     return (
-        (engine.stage == 0 or not engine.grads_sharded)
-        and engine.stage < 2
+        engine.stage < 2
+        and not engine.grads_sharded
         and engine.tp_group is None
         and not engine.scaler.enabled
         and engine.storage.host is None
@@ -114,9 +114,8 @@ def _guarded(fn, name: str):
     @functools.wraps(fn)
     def guarded(parameters, *args, **kwargs):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        for p in params:
-            engine = owner(p)[0]
-            if engine is not None and not _grads_whole(engine):
+        for engine, _ in _engines(params).values():
+            if not _grads_whole(engine):
                 raise RuntimeError(
                     f"torch's {name} reached parameters a ZeRO engine (stage {engine.stage}) trains, whose .grad is not "
                     "their whole averaged gradient, so torch would clip by the wrong norm or nothing at all (a "

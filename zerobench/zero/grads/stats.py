@@ -10,6 +10,7 @@ import torch
 
 from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
+from zerobench.zero.grads.replaced import adopt_replaced
 from zerobench.zero.protocols import Engine
 
 
@@ -32,7 +33,9 @@ def agree_max(engine: Engine, t: torch.Tensor, sharded: bool, tag: str) -> torch
 
 def reduced_grads(engine: Engine, caller: str) -> list[torch.Tensor]:
     """This rank's reduced gradient chunks for ``caller`` (host copies finished), or one line if the window is
-    not reduced yet."""
+    not reduced yet. A ``.grad`` assigned since backward is taken in first, or refused (``replaced.py``)."""
+    if not engine.window.open:
+        adopt_replaced(engine, caller)
     if engine.window.open or not engine.grads.reduced:
         raise RuntimeError(
             f"{caller} before this window's gradients are reduced: call it after the last backward() "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from zerobench.zero.config import AdamWConfig
+from zerobench.zero.grads.replaced import adopt_replaced
 from zerobench.zero.grads.stats import found_nonfinite, global_grad_norm
 from zerobench.zero.grads.unused import check_unused
 from zerobench.zero.interop.teardown import check_live
@@ -20,6 +21,7 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
     check_live(engine, "step()")
     engine.window.check_step()
+    adopt_replaced(engine, "step()")  # a .grad assigned since backward: stepped as torch would, or refused
     engine.global_steps += 1
     if not engine.grads.reduced:
         return False

@@ -1,6 +1,7 @@
 """One parameter's full fp32 value, gradient and Adam moments, read and written by the parameter itself:
 DeepSpeed's ``deepspeed.utils`` functions ``safe_get_full_fp32_param``, ``safe_set_full_fp32_param``,
-``safe_get_full_grad``, ``safe_get_full_optimizer_state`` and ``safe_set_full_optimizer_state``.
+``safe_get_full_grad``, ``safe_set_full_grad``, ``safe_get_full_optimizer_state`` and
+``safe_set_full_optimizer_state``.
 
 Each rank holds its segments of the parameter (``layout.segments``) in the engine's per-bucket chunks; the
 full value is those pieces written into a zero tensor and summed over the DP group (each element lives on
@@ -73,6 +74,27 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     if engine is None or (not engine.window.open and not engine.grads.reduced):
         return None
     return _assemble(engine, i, reduced_grads(engine, "safe_get_full_grad")) / engine.scaler.scale
+
+
+@torch.no_grad()
+def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Set the parameter's reduced gradient to ``value``, its full shape as ``safe_get_full_grad`` returns it
+    (averaged over DP ranks, the loss scale removed), between the window's last ``backward()`` and ``step()``: the
+    step trains on it, and at stages 0-1 ``.grad`` shows it. The way to change a gradient where ``p.grad = ...``
+    cannot reach it (stages 2-3, stage 1 on several ranks, offload). Each rank writes its own pieces, so give every
+    DP rank the same value."""
+    engine, i = _owner(param)
+    if engine is None:
+        return
+    zp = engine.zparams[i]
+    if tuple(value.shape) != tuple(zp.slot.shape):
+        raise ValueError(
+            f"safe_set_full_grad: {zp.name} has shape {tuple(zp.slot.shape)}, the value {tuple(value.shape)}"
+        )
+    chunks = reduced_grads(engine, "safe_set_full_grad")
+    flat = (value.detach().float() * engine.scaler.scale).reshape(-1).to(engine.device)
+    for seg in segments_by_param(engine).get(i, ()):
+        segment_view(chunks, engine.layout, seg).copy_(flat[seg.param_start : seg.param_end])
 
 
 def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor | None:

@@ -1,0 +1,149 @@
+"""A ``.grad`` assigned by the user (``p.grad = g``) after backward, or with no backward (``zero/grads/replaced.py``),
+on one process: stepped as torch's optimizer steps it where ``.grad`` is the engine's whole gradient, refused in one
+line elsewhere. Both used to be silent: the step trained on the engine's buffer and the assignment was lost. Two
+ranks, and DeepSpeed's fp16 optimizer names driven as DeepSpeed's tests drive them:
+``tests/distributed/test_replaced_grads.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from zerobench.distributed.collectives import Group
+from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.state.shards import full_parameters
+
+ONE = Group(None, "dp", 1, 0)
+ADAM = AdamWConfig(lr=1e-2, weight_decay=0.0)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def reference(m: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(m.parameters(), lr=ADAM.lr, betas=ADAM.betas, eps=ADAM.eps, weight_decay=0.0)
+
+
+def surgery(g: torch.Tensor) -> torch.Tensor:
+    """A new tensor, not ``g`` changed in place: what ``p.grad = ...`` assigns."""
+    return g.sign() * g.abs().sqrt() + 0.01
+
+
+def assert_trained_alike(engine, ref: nn.Module) -> None:
+    got = full_parameters(engine)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+X = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_grad_assigned_after_backward_is_the_one_stepped(stage):
+    """Gradient surgery by assignment, three steps: the engine ends where torch's AdamW does with the same surgery,
+    and away from where it ends without it (the comparison is not vacuous)."""
+    m, ref, plain = model(), model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM))
+    untouched = apply_zero(plain, ONE, ZeroConfig(stage=stage, optimizer=ADAM))
+    opt = reference(ref)
+    for _ in range(3):
+        for net in (m, ref, plain):
+            net(X).pow(2).sum().backward()
+        for net in (m, ref):
+            for p in net.parameters():
+                p.grad = surgery(p.grad)
+        assert engine.step() and untouched.step()
+        opt.step()
+        opt.zero_grad()
+    assert_trained_alike(engine, ref)
+    moved = max((a - b).abs().max().item() for a, b in zip(full_parameters(engine).values(), plain.parameters()))
+    assert moved > 1e-3, "the surgery changed nothing: the test would pass with the assignment ignored"
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_engine_clipping_sees_the_assigned_grad(stage):
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM))
+    m(X).pow(2).sum().backward()
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    numel = sum(p.numel() for p in m.parameters())
+    assert float(engine.clip_grad_norm_(1.0)) == pytest.approx(math.sqrt(numel))
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_grads_set_by_hand_with_no_backward_train_one_rank_as_torch(stage):
+    """DeepSpeed's own fp16 tests set ``.grad`` and call ``step()`` with no backward. On one rank that is the
+    gradient, as torch's optimizer takes it; before, the step reported False and nothing moved."""
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM))
+    opt = reference(ref)
+    gen = torch.Generator().manual_seed(2)
+    m(X).pow(2).sum().backward()  # a first window through backward: stale values the hand-set window must not see
+    engine.step()
+    (ref(X).pow(2).sum()).backward()
+    opt.step()
+    opt.zero_grad()
+    for _ in range(2):
+        for p, q in zip(m.parameters(), ref.parameters()):
+            p.grad = q.grad = torch.randn(p.shape, generator=gen)
+        assert engine.step()
+        opt.step()
+        opt.zero_grad()
+    assert_trained_alike(engine, ref)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_an_assigned_grad_at_stages_2_3_is_refused_in_one_line(stage):
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM), units=nn.Linear)
+    m(X).pow(2).sum().backward()
+    p = next(m.parameters())
+    p.grad = torch.zeros_like(p)
+    with pytest.raises(
+        RuntimeError, match=rf"step\(\): parameter '0.weight''s .grad was assigned.*at stage {stage}"
+    ) as e:
+        engine.step()
+    assert "\n" not in str(e.value) and "safe_set_full_grad(param, value)" in str(e.value)
+
+
+def test_an_assigned_grad_under_offload_is_refused_in_one_line():
+    """Under optimizer offload the gradient went to the host during backward: ``.grad`` is no longer what steps."""
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=1, optimizer=ADAM, offload_optimizer="cpu"))
+    m(X).pow(2).sum().backward()
+    p = next(m.parameters())
+    p.grad = torch.zeros_like(p)
+    with pytest.raises(RuntimeError, match=r"was assigned .*under optimizer offload.*safe_set_full_grad") as e:
+        engine.step()
+    assert "\n" not in str(e.value)
+
+
+def test_a_grad_set_to_none_after_backward_is_refused():
+    """torch's optimizer would skip the parameter; the fused step cannot, and would step the gradient ``.grad`` no
+    longer shows."""
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=0, optimizer=ADAM))
+    m(X).pow(2).sum().backward()
+    m[2].bias.grad = None
+    with pytest.raises(RuntimeError, match=r"'2.bias''s .grad was set to None after backward.*requires_grad_\(False\)"):
+        engine.optimizer.step()
+
+
+def test_in_place_changes_need_nothing():
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=0, optimizer=ADAM))
+    opt = reference(ref)
+    for net in (m, ref):
+        net(X).pow(2).sum().backward()
+        for p in net.parameters():
+            p.grad.mul_(3.0)
+    engine.step()
+    opt.step()
+    assert_trained_alike(engine, ref)

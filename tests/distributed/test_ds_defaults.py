@@ -65,10 +65,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [0, 1, 3])
 @pytest.mark.parametrize("fp16, overflow", CASES)
 def test_the_fp16_loss_scale_moves_as_deepspeeds(stage, fp16, overflow, deepspeed_fp16):
-    """The scale and DeepSpeed's ``skipped_steps`` after every step equal DeepSpeed's own, on every rank."""
+    """The scale and DeepSpeed's ``skipped_steps`` after every step equal DeepSpeed's own, on every rank (at stage 0
+    DeepSpeed's fp16 optimizer, which has no hysteresis; at stages 1-3 its ZeRO optimizers')."""
     for r in run_distributed(loss_scales, 2, stage, fp16, overflow, timeout=300):
         assert r["ours"] == r["theirs"], r
         assert r["theirs"]["skipped"][-1] == sum(overflow) and r["theirs"]["raised"] is None
@@ -84,3 +85,12 @@ def test_an_overflow_at_the_minimum_scale_stops_training_where_deepspeed_does(st
         assert r["ours"] == r["theirs"] and r["theirs"]["raised"] == 3, r
         kind, msg = r["error"]
         assert kind == "LossScaleAtMinimum" and "\n" not in msg and "lower the learning rate" in msg, r
+
+
+def test_without_zero_an_overflow_at_the_minimum_scale_skips_as_deepspeed(deepspeed_fp16):
+    """Stage 0 (DeepSpeed's fp16 optimizer): the same run backs off at every overflow, hysteresis or not, and at the
+    minimum only skips: neither engine raises, and the scales and skipped steps agree."""
+    fp16 = {"initial_scale_power": 2, "min_loss_scale": 1, "hysteresis": 2}
+    for r in run_distributed(loss_scales, 2, 0, fp16, [T] * 4 + [F] * 3 + [T], timeout=300):
+        assert r["ours"] == r["theirs"] and r["theirs"]["raised"] is None, r
+        assert r["theirs"]["scales"][:4] == [2, 1, 1, 1], r

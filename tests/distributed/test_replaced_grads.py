@@ -1,9 +1,13 @@
 """A ``.grad`` assigned by the user on two ranks, where it would be ignored or the replicas would step apart: refused
-on every rank in one line (``zero/grads/replaced.py``); and DeepSpeed's ``safe_set_full_grad``, which sets a
-gradient at every stage."""
+on every rank in one line (``zero/grads/replaced.py``); DeepSpeed's ``safe_set_full_grad``, which sets a gradient at
+every stage; and the loss-scale names of DeepSpeed's fp16 optimizer on ``engine.optimizer``, driven the way
+DeepSpeed's own tests drive them: ``.grad`` set by hand, then ``step()``
+(``tests/unit/runtime/half_precision/test_dynamic_loss_scale.py`` in DeepSpeed's repository)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 
 import pytest
@@ -44,6 +48,69 @@ def test_on_several_ranks_what_would_be_ignored_or_diverge_is_refused(stage, bac
     for msg in run_distributed(_on_two_ranks, 2, stage, backward, timeout=120):
         assert "\n" not in msg and msg.startswith("step(): parameter '0.weight''s .grad was "), msg
         assert re.search(says, msg), msg
+
+
+def _ds_engine(fp16: dict, stage: int = 0):
+    from zerobench.zero import initialize
+
+    torch.manual_seed(0)
+    cfg = {
+        "train_batch_size": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1.5e-4}},
+        "fp16": {"enabled": True, "loss_scale": 0, **fp16},
+        "zero_optimization": {"stage": stage},
+    }
+    engine, optim, _, _ = initialize(config=cfg, model=nn.Linear(1, 1), model_parameters=None)
+    return engine, optim
+
+
+def _step_with(engine, values) -> None:
+    """DeepSpeed's tests' way: every ``.grad`` set to ``value``, then ``step()`` (no backward)."""
+    for value in values:
+        for p in engine.module.parameters():
+            p.grad = torch.full_like(p, value)
+        engine.step()
+
+
+def test_deepspeeds_fp16_optimizer_names_follow_its_scale():
+    run_distributed(_fp16_names, 1, timeout=120)
+
+
+def _fp16_names(rank: int, world: int) -> None:
+    engine, optim = _ds_engine({"initial_scale_power": 8, "loss_scale_window": 2})
+    assert optim is engine.optimizer and optim.dynamic_loss_scale is True
+    assert (optim.cur_scale, optim.loss_scale, optim.scale_window, optim.min_loss_scale, optim.cur_iter) == (
+        256,
+        256,
+        2,
+        1,
+        0,
+    )
+    want = 256
+    for i, value in enumerate((0.05, -0.02, 0.03, 0.01, -0.04, 0.02)):  # clean: grows after steps 3, 5, 7, ...
+        _step_with(engine, [value])
+        assert (optim.cur_scale, optim.cur_iter) == (want, i + 1), i
+        if optim.cur_iter % 2 == 0:
+            want *= 2
+    engine, optim = _ds_engine({"initial_scale_power": 4, "loss_scale_window": 2})
+    for i, value in enumerate([math.inf, -math.inf] + [math.nan] * 4):  # every overflow halves, down to 1, no raise
+        with pytest.warns(RuntimeWarning) if i >= 4 else contextlib.nullcontext():
+            _step_with(engine, [value])
+        assert (optim.cur_scale, optim.cur_iter, engine.skipped_steps) == (max(16 / 2 ** (i + 1), 1), i + 1, i + 1)
+    engine, optim = _ds_engine({"initial_scale_power": 8, "loss_scale_window": 2})
+    _step_with(engine, [math.inf, math.nan])
+    assert (optim.cur_scale, optim.cur_iter) == (64, 2)
+    _step_with(engine, [0.01, -0.02, 0.03])  # window + 1 clean steps grow it once
+    assert (optim.cur_scale, optim.cur_iter) == (128, 5)
+    _step_with(engine, [math.inf])
+    assert (optim.cur_scale, optim.cur_iter) == (64, 6)
+    optim.cur_scale = 1024  # DeepSpeed's setter
+    assert engine.loss_scale == 1024
+    engine, optim = _ds_engine({"initial_scale_power": 8, "loss_scale_window": 2}, stage=1)
+    _step_with(engine, [math.inf])  # a ZeRO optimizer's scale keeps DeepSpeed's hysteresis 2: skipped, not backed off
+    assert (optim.cur_scale, optim.cur_iter, engine.skipped_steps) == (256, 1, 1)
+    _step_with(engine, [math.inf])
+    assert optim.cur_scale == 128
 
 
 def _set_full_grad(rank: int, world: int, stage: int) -> dict:

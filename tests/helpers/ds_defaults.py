@@ -72,9 +72,9 @@ def clipping(rank: int, world: int, stage: int, steps: int = 3) -> dict:
 
 
 def _scale(engine) -> float:
-    """DeepSpeed's current loss scale (its ZeRO optimizers' scaler) or zerobench's."""
-    loss_scaler = getattr(engine.optimizer, "loss_scaler", None)
-    return float(loss_scaler.cur_scale if loss_scaler is not None else engine.loss_scale)
+    """The current loss scale, by the name both engines' optimizers give it (DeepSpeed's fp16 optimizer at stage 0,
+    its ZeRO optimizers at stages 1-3, zerobench's DeepSpeed names)."""
+    return float(engine.optimizer.cur_scale)
 
 
 def loss_scales(rank: int, world: int, stage: int, fp16: dict, overflow: list[bool]) -> dict:

@@ -71,6 +71,7 @@ def test_fp16_loss_scaling():
     cfg = {
         "train_micro_batch_size_per_gpu": 1,
         "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 1},  # a ZeRO optimizer's scaler; stage 0's is the next test's
         "fp16": {
             "enabled": True,
             "loss_scale": 0,
@@ -98,6 +99,26 @@ def test_fp16_loss_scaling():
         1000,
         2.0**16,
     )  # DeepSpeed's defaults where a key is absent
+
+
+def test_without_zero_the_fp16_scale_has_no_hysteresis_and_skips_at_its_minimum():
+    """At stage 0 DeepSpeed's fp16 optimizer (``FP16_Optimizer``) backs the scale off at every overflow, whatever
+    ``hysteresis`` says, and at ``min_loss_scale`` only skips the step; its growth rule is the ZeRO optimizers'."""
+    fp16 = {"enabled": True, "initial_scale_power": 3, "loss_scale_window": 2, "hysteresis": 2, "min_loss_scale": 2}
+    ds = from_deepspeed({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}, "fp16": fp16}, dp=1)
+    ls = ds.zero.loss_scale
+    assert (ls.rule, ls.hysteresis, ls.stop_at_min, ls.growth_interval) == (LossScaleRule.DEEPSPEED, 1, False, 2)
+    assert "fp16.hysteresis" in ds.ignored
+    scaler = DynamicLossScaler(ls, enabled=True)
+    scales = []
+    with pytest.warns(RuntimeWarning, match="loss scale at its minimum 2: step skipped"):
+        for overflow in (True, True, True, False, False, False, True):
+            scaler.update(overflow)
+            scales.append(scaler.scale)
+    assert scales == [4, 2, 2, 2, 2, 4, 2] and scaler.skipped_steps == 4 and scaler.updates == 7
+    one = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 1}}
+    zero = from_deepspeed({**one, "fp16": fp16}, dp=1)
+    assert (zero.zero.loss_scale.hysteresis, zero.zero.loss_scale.stop_at_min) == (2, True)  # a ZeRO optimizer's
 
 
 def test_a_static_fp16_loss_scale_skips_overflowing_steps_and_never_moves():

@@ -88,6 +88,9 @@ class LossScaleConfig:
     ``consecutive_hysteresis``): only that many overflows in a row back the scale off."""
     rule: LossScaleRule = LossScaleRule.TORCH
     """When the scale grows (see ``LossScaleRule``): torch's for ``ZeroConfig``, DeepSpeed's for a DeepSpeed config."""
+    stop_at_min: bool = True
+    """An overflow with the scale already at ``min_scale`` ends training (``LossScaleAtMinimum``), as DeepSpeed's ZeRO
+    optimizers do; False only skips the step and warns, as DeepSpeed's fp16 optimizer without ZeRO (stage 0) does."""
 
     def __post_init__(self) -> None:
         """``rule="deepspeed"`` is ``LossScaleRule.DEEPSPEED`` (an unknown name is left for ``validate`` to name)."""

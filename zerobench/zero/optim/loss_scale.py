@@ -5,8 +5,9 @@
 ``LossScaleConfig.rule`` says when it grows: torch's ``GradScaler`` rule (``ZeroConfig``'s default), DeepSpeed's
 (a DeepSpeed config), or never (a static scale). Both dynamic rules share DeepSpeed's ``hysteresis``: the first
 ``hysteresis - 1`` overflows since it was last restored only skip their step. An overflow that would back off a
-scale already at ``min_scale`` raises ``LossScaleAtMinimum``: every later step would overflow too, as DeepSpeed
-stops there.
+scale already at ``min_scale`` raises ``LossScaleAtMinimum``: every later step would overflow too, as DeepSpeed's
+ZeRO optimizers stop there (with ``stop_at_min`` off it skips the step and warns, as DeepSpeed's fp16 optimizer at
+stage 0 goes on).
 
 ``ShardedGradScaler`` is FSDP's ``ShardedGradScaler`` for this engine. torch's ``GradScaler`` unscales and
 checks the ``.grad`` of the optimizer's parameters on this rank; under ZeRO that is not the reduced gradient (at
@@ -22,6 +23,8 @@ loss itself and refuses both.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -48,7 +51,8 @@ class LossScaleAtMinimum(TrainingHalted):
 class DynamicLossScaler:
     """The loss scale of one engine and its counters: ``good_steps`` (overflow-free steps since the scale last
     grew or backed off: torch's counter), ``clean_steps`` (since the last overflow or the start: DeepSpeed's),
-    ``skipped_steps`` and ``hysteresis_left``."""
+    ``skipped_steps``, ``hysteresis_left`` and ``updates`` (every step it judged, skipped ones too: DeepSpeed's
+    ``cur_iter``)."""
 
     def __init__(self, cfg: LossScaleConfig, enabled: bool):
         self.cfg = cfg
@@ -58,6 +62,7 @@ class DynamicLossScaler:
         self.clean_steps = 0
         self.skipped_steps = 0
         self.hysteresis_left = cfg.hysteresis
+        self.updates = 0
 
     def update(self, overflow: bool) -> None:
         """After a step: ``overflow`` says whether its gradients held a non-finite value (the step was skipped).
@@ -66,7 +71,9 @@ class DynamicLossScaler:
             return
         if overflow:
             self._overflow()
+            self.updates += 1
             return
+        self.updates += 1
         cfg = self.cfg
         self.good_steps += 1
         self.clean_steps += 1
@@ -91,8 +98,15 @@ class DynamicLossScaler:
         if cfg.rule is not LossScaleRule.STATIC:
             if self.hysteresis_left > 1:
                 self.hysteresis_left -= 1
-            elif self.scale == cfg.min_scale:
+            elif self.scale == cfg.min_scale and cfg.stop_at_min:
                 raise LossScaleAtMinimum(self.scale, cfg.min_scale, self.skipped_steps)
+            elif self.scale == cfg.min_scale:
+                warnings.warn(
+                    f"fp16 gradients overflowed with the loss scale at its minimum {self.scale:g}: step skipped "
+                    f"({self.skipped_steps + 1} so far); lower the learning rate or train in bf16",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             else:
                 self.scale = max(self.scale * cfg.backoff_factor, cfg.min_scale)
         self.good_steps = 0
@@ -106,17 +120,19 @@ class DynamicLossScaler:
             "clean_steps": self.clean_steps,
             "skipped_steps": self.skipped_steps,
             "hysteresis_left": self.hysteresis_left,
+            "updates": self.updates,
         }
 
     def load_state_dict(self, sd: dict) -> None:
         """Counters a checkpoint saved before they existed take what the older ones say: ``hysteresis_left`` the
         configured hysteresis, ``clean_steps`` ``good_steps`` (the overflow-free steps since the last growth, a
-        lower bound of those since the last overflow)."""
+        lower bound of those since the last overflow), ``updates`` 0."""
         self.scale = float(sd["scale"])
         self.good_steps = int(sd["good_steps"])
         self.clean_steps = int(sd.get("clean_steps", self.good_steps))
         self.skipped_steps = int(sd["skipped_steps"])
         self.hysteresis_left = int(sd.get("hysteresis_left", self.cfg.hysteresis))
+        self.updates = int(sd.get("updates", 0))
 
 
 class ShardedGradScaler(torch.amp.GradScaler):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
-from zerobench.zero.compat.deepspeed.precision import read_precision
+from zerobench.zero.compat.deepspeed.precision import read_precision, stage0_loss_scale
 from zerobench.zero.compat.deepspeed.values import flag, is_num, known, num, section
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 
@@ -351,13 +351,16 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     _check_top(cfg, ignored)
     micro, gas, train = batch_sizes(cfg, dp)
     precision, loss_scale = read_precision(cfg, ignored)
+    zero_keys = _zero(cfg, ignored)
+    if zero_keys["stage"] == 0:
+        loss_scale = stage0_loss_scale(loss_scale, section(cfg, "fp16"), ignored)
     zero = ZeroConfig(
         precision=precision,
         grad_accum_steps=gas,
         clip_grad_norm=_clipping(cfg),
         optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg),
         loss_scale=loss_scale,
-        **_zero(cfg, ignored),
+        **zero_keys,
     )
     zero.validate()
     tags = _checkpoint(cfg, ignored)

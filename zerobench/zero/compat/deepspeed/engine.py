@@ -5,7 +5,8 @@
 names are DeepSpeed's: ``engine(batch)``, its queries and counters (``get_lr()``, ``train_batch_size()``,
 ``global_samples``, ``gradient_clipping()``, ...), ``train()``/``eval()``, tagged
 ``save_checkpoint``/``load_checkpoint`` (``checkpoints.py``), ``save_16bit_model``, at stage 3 the parameters'
-``ds_shape``/``ds_numel``, and, as DeepSpeed's engine
+``ds_shape``/``ds_numel``, the fp16 optimizers' loss-scale names on ``engine.optimizer`` (``cur_scale``, ...), and,
+as DeepSpeed's engine
 passes them through to its module, the module's attributes under every other name (``engine.parameters()``, a
 model's own methods). The core engine keeps a closed surface of its own; this layer is composed on top of it and the
 core never imports it.
@@ -14,6 +15,7 @@ core never imports it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from zerobench.zero.compat.deepspeed.checkpoints import load_tagged, save_tagged
 from zerobench.zero.config import LossScaleRule
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.interop.teardown import check_live
+from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 from zerobench.zero.state.export import full_state_dict, save_whole
 
 _MISSING = object()
@@ -238,6 +241,45 @@ class DeepSpeedEngine(ZeroEngine):
         return True
 
 
+class DeepSpeedOptimizer(ZeroOptimizer):
+    """``engine.optimizer`` with the loss-scale names of DeepSpeed's fp16 optimizers, which DeepSpeed's tests and
+    Megatron-style loops read: ``cur_scale`` (also ``loss_scale``; setting it sets the scale), ``dynamic_loss_scale``,
+    ``scale_window``, ``min_loss_scale`` and ``cur_iter`` (steps judged, skipped ones included). Outside fp16 the
+    scale is 1 and nothing moves it. Made by ``as_deepspeed``, never constructed."""
+
+    @property
+    def cur_scale(self) -> float:
+        return self._engine.scaler.scale
+
+    @cur_scale.setter
+    def cur_scale(self, value: float) -> None:
+        value = float(value)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"loss scale {value!r}: must be a positive finite number")
+        if not self._engine.scaler.enabled:
+            raise ValueError("the loss scale applies to fp16 training only; this engine trains without one")
+        self._engine.scaler.scale = value
+
+    loss_scale = cur_scale
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        s = self._engine.scaler
+        return s.enabled and s.cfg.rule is not LossScaleRule.STATIC
+
+    @property
+    def scale_window(self) -> int:
+        return self._engine.scaler.cfg.growth_interval
+
+    @property
+    def min_loss_scale(self) -> float:
+        return self._engine.scaler.cfg.min_scale
+
+    @property
+    def cur_iter(self) -> int:
+        return self._engine.scaler.updates
+
+
 def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpeedEngine:
     """``engine`` with DeepSpeed's engine names (the same object; see the module docstring). ``micro_batch``:
     samples per DP rank in one micro-batch, which ``train_batch_size()`` and ``global_samples`` need."""
@@ -245,6 +287,8 @@ def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpee
         raise ConfigError(f"as_deepspeed takes the engine apply_zero returns, not a {type(engine).__name__}")
     if not isinstance(engine, DeepSpeedEngine):
         engine.__class__ = DeepSpeedEngine
+        if type(engine.optimizer) is ZeroOptimizer:
+            engine.optimizer.__class__ = DeepSpeedOptimizer
         if engine.stage == 3:
             _mark_partitioned(engine)
     if micro_batch is not None:

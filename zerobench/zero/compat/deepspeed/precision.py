@@ -4,6 +4,8 @@ Pure."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.values import flag, known, num, section
 from zerobench.zero.config import LossScaleConfig, LossScaleRule, Precision
@@ -81,3 +83,14 @@ def _dynamic(fp16: dict) -> LossScaleConfig:
         consecutive_hysteresis=flag(fp16, "consecutive_hysteresis", False, "fp16"),
         rule=LossScaleRule.DEEPSPEED,
     )
+
+
+def stage0_loss_scale(loss_scale: LossScaleConfig, fp16: dict, ignored: list[str]) -> LossScaleConfig:
+    """Without ZeRO (stage 0) DeepSpeed trains fp16 with its fp16 optimizer (``FP16_Optimizer``), whose dynamic scale
+    has no hysteresis (every overflow backs it off) and, at ``min_loss_scale``, only skips the step: so does this
+    one, and ``hysteresis``/``consecutive_hysteresis`` are listed as read without effect. Its growth rule is the
+    ZeRO optimizers' (``LossScaleRule.DEEPSPEED``)."""
+    if loss_scale.rule is not LossScaleRule.DEEPSPEED:
+        return loss_scale
+    ignored += [f"fp16.{k}" for k in ("hysteresis", "consecutive_hysteresis") if k in fp16]
+    return dataclasses.replace(loss_scale, hysteresis=1, consecutive_hysteresis=False, stop_at_min=False)

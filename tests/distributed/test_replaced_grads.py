@@ -139,6 +139,30 @@ def _set_full_grad(rank: int, world: int, stage: int) -> dict:
     return out
 
 
+def _roundtrip_low_precision(rank: int, world: int, stage: int, precision: str) -> bool:
+    """DeepSpeed's tensor-fragment test's check: a gradient set in the training dtype reads back equal."""
+    from tests.unit.test_replaced_grads import ADAM, X, model
+    from zerobench.zero.compat.deepspeed.tensor_fragment import safe_get_full_grad, safe_set_full_grad
+
+    m = model()
+    cfg = ZeroConfig(stage=stage, optimizer=ADAM, precision=precision)
+    engine = apply_zero(m, Group.of(None, "dp"), cfg, units=nn.Linear)
+    dtype = engine.param_dtype
+    engine.backward(m(X[rank::world].to(dtype)).pow(2).sum())
+    gen = torch.Generator().manual_seed(4)
+    values = {zp.name: torch.rand(zp.slot.shape, generator=gen).to(dtype) for zp in engine.zparams}
+    for n, p in m.named_parameters():
+        safe_set_full_grad(p, values[n])
+    same = all(torch.equal(safe_get_full_grad(p), values[n]) for n, p in m.named_parameters())
+    return same and engine.step()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_gradient_set_in_the_training_dtype_reads_back_equal(stage, precision):
+    assert all(run_distributed(_roundtrip_low_precision, 2, stage, precision, timeout=120))
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_safe_set_full_grad_is_the_gradient_the_step_trains_on(stage):
     """DeepSpeed's ``safe_set_full_grad`` at every stage on two ranks: read back as set, and two steps on set

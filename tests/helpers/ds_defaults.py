@@ -72,9 +72,10 @@ def clipping(rank: int, world: int, stage: int, steps: int = 3) -> dict:
 
 
 def _scale(engine) -> float:
-    """The current loss scale, by the name both engines' optimizers give it (DeepSpeed's fp16 optimizer at stage 0,
-    its ZeRO optimizers at stages 1-3, zerobench's DeepSpeed names)."""
-    return float(engine.optimizer.cur_scale)
+    """The current loss scale, by the name every optimizer involved gives it: ``loss_scale`` (DeepSpeed 0.19.8's fp16
+    optimizer at stage 0, which has no ``cur_scale``; its ZeRO optimizers at stages 1-3; zerobench's DeepSpeed
+    names)."""
+    return float(engine.optimizer.loss_scale)
 
 
 def loss_scales(rank: int, world: int, stage: int, fp16: dict, overflow: list[bool]) -> dict:

@@ -280,6 +280,10 @@ class ZeroEngine:
         """
         check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
+        self._clip = 1.0  # the discarded window's clip coefficient and unused-parameter check go with it
+        if self._unused_check is not None:
+            self._unused_check.wait()
+            self._unused_check = None
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip this window's gradient to a global norm of ``max_norm`` over every DP and TP partition, as FSDP's

@@ -178,6 +178,11 @@ class BackwardPasses:
         for p in self._params:
             with torch.enable_grad():
                 acc = p.view_as(p).grad_fn.next_functions[0][0]  # the parameter's AccumulateGrad node
-            if torch._C._will_engine_execute_node(acc):
-                return True
+            try:
+                if torch._C._will_engine_execute_node(acc):
+                    return True
+            except RuntimeError as e:  # torch.autograd.grad(out, params): it refuses a leaf node, and never
+                if "autograd.grad()" not in str(e):  # accumulates into .grad either
+                    raise
+                return False
         return False

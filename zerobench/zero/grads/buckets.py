@@ -73,6 +73,8 @@ class GradBucketGroup:
         self.full: FullBuffer | None = FullBuffer(layout, grad_dtype, device, tail) if self.keep_full else None
         self.views = [self.full.param_view(zp.slot.index) for zp in zparams] if self.keep_full else []
         """Stages 0-1: each parameter's gradient view of the full buffer (its ``.grad``)."""
+        self.view_ptrs = [v.data_ptr() for v in self.views]
+        """Where each view's data is: ``p.grad.data = t`` re-points the view object itself off the buffer."""
         self.sink = sink
         self.local: BucketShards | None = None if self.keep_full or sink else BucketShards(layout, grad_dtype, device)
         self.staging = StagingBuckets(layout, grad_dtype, device)
@@ -126,17 +128,31 @@ class GradBucketGroup:
         for zp, view in zip(self.zparams, self.views):
             zp.param.grad = view
 
+    def owns_grad(self, i: int, grad: torch.Tensor) -> bool:
+        """Whether ``grad`` is parameter ``i``'s view of the buffer, still over the buffer's memory."""
+        return grad is self.views[i] and grad.data_ptr() == self.view_ptrs[i]
+
+    def restore_view(self, i: int, value: torch.Tensor | None) -> None:
+        """Parameter ``i``'s ``.grad`` becomes its view of the buffer again (made anew: an assignment to
+        ``.grad.data`` moved the old one off it), holding ``value`` (None: zeros)."""
+        view = self.full.param_view(i)
+        if value is None:
+            view.zero_()
+        elif value.data_ptr() != view.data_ptr():
+            view.copy_(value)
+        self.views[i] = view
+        self.zparams[i].param.grad = view
+
     def grad_landed(self, zp: ZeroParam, param: torch.Tensor) -> None:
         """Stages 0-1, from the post-accumulate-grad hook: autograd has accumulated into ``param.grad``,
-        normally the view itself. If ``.grad`` was replaced, it holds the parameter's whole gradient as torch
-        defines it (set to None: the new one alone; to another tensor, or ``create_graph``: that sum), so its
-        value replaces the view's and the view is put back; another dtype (a module's ``.half()``) is refused."""
-        view = self.views[zp.slot.index]
-        grad = param.grad
-        if grad is not view or grad.dtype is not self.grad_dtype:
+        normally the view itself. If ``.grad`` was replaced (or its ``.data``), it holds the parameter's whole
+        gradient as torch defines it (set to None: the new one alone; to another tensor, or ``create_graph``: that
+        sum), so its value replaces the view's and the view is put back; another dtype (a module's ``.half()``) is
+        refused."""
+        i, grad = zp.slot.index, param.grad
+        if not self.owns_grad(i, grad) or grad.dtype is not self.grad_dtype:
             zp.check_grad(grad, self.grad_dtype)
-            view.copy_(grad)
-            param.grad = view
+            self.restore_view(i, grad)
         self._landed(zp)
 
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:

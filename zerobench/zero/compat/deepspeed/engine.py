@@ -244,8 +244,9 @@ class DeepSpeedEngine(ZeroEngine):
 class DeepSpeedOptimizer(ZeroOptimizer):
     """``engine.optimizer`` with the loss-scale names of DeepSpeed's fp16 optimizers, which DeepSpeed's tests and
     Megatron-style loops read: ``cur_scale`` (also ``loss_scale``; setting it sets the scale), ``dynamic_loss_scale``,
-    ``scale_window``, ``min_loss_scale`` and ``cur_iter`` (steps judged, skipped ones included). Outside fp16 the
-    scale is 1 and nothing moves it. Made by ``as_deepspeed``, never constructed."""
+    ``scale_window``, ``min_loss_scale`` and ``cur_iter`` (steps judged, skipped ones included), as DeepSpeed's older
+    releases name them (0.16), and the same under ``loss_scale_config`` as 0.19.8 keeps them. Outside fp16 the scale is 1 and
+    nothing moves it. Made by ``as_deepspeed``, never constructed."""
 
     @property
     def cur_scale(self) -> float:
@@ -278,6 +279,26 @@ class DeepSpeedOptimizer(ZeroOptimizer):
     @property
     def cur_iter(self) -> int:
         return self._engine.scaler.updates
+
+    @property
+    def loss_scale_config(self) -> LossScaleView:
+        """Where DeepSpeed 0.19.8 keeps these figures (``optimizer.loss_scale_config.cur_scale``, ...)."""
+        return LossScaleView(self)
+
+
+class LossScaleView:
+    """DeepSpeed's ``optimizer.loss_scale_config`` over ``DeepSpeedOptimizer``: its figures, read live."""
+
+    def __init__(self, optimizer: DeepSpeedOptimizer):
+        self._opt = optimizer
+
+    use_grad_scaling = property(lambda self: self._opt._engine.scaler.enabled)
+    dynamic_loss_scale = property(lambda self: self._opt.dynamic_loss_scale)
+    cur_scale = property(lambda self: self._opt.cur_scale)
+    cur_iter = property(lambda self: self._opt.cur_iter)
+    scale_window = property(lambda self: self._opt.scale_window)
+    min_loss_scale = property(lambda self: self._opt.min_loss_scale)
+    scale_factor = property(lambda self: self._opt._engine.scaler.cfg.growth_factor)
 
 
 def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpeedEngine:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from zerobench.distributed import collectives as C
+from zerobench.zero.grads.replaced import adopt_replaced
 from zerobench.zero.grads.stats import reduced_grads
 from zerobench.zero.protocols import Engine
 from zerobench.zero.registry import owner as _owner
@@ -71,7 +72,11 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     """The parameter's reduced gradient in fp32 (averaged over DP ranks, the loss scale removed), between the
     window's last ``backward()`` and ``step()``; None when no gradient is held (after ``zero_grad()``)."""
     engine, i = _owner(param)
-    if engine is None or (not engine.window.open and not engine.grads.reduced):
+    if engine is None:
+        return None
+    if not engine.window.open:  # a .grad set by hand with no backward is the gradient too (zero/grads/replaced.py)
+        adopt_replaced(engine, "safe_get_full_grad")
+    if not engine.window.open and not engine.grads.reduced:
         return None
     return _assemble(engine, i, reduced_grads(engine, "safe_get_full_grad")) / engine.scaler.scale
 
@@ -80,7 +85,7 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
 def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
     """Set the parameter's reduced gradient to ``value``, its full shape as ``safe_get_full_grad`` returns it
     (averaged over DP ranks, the loss scale removed), between the window's last ``backward()`` and ``step()``: the
-    step trains on it, and at stages 0-1 ``.grad`` shows it. The way to change a gradient where ``p.grad = ...``
+    step trains on it, and at stage 0 ``.grad`` shows it (at stage 1, in this rank's shard). The way to change a gradient where ``p.grad = ...``
     cannot reach it (stages 2-3, stage 1 on several ranks, offload). Each rank writes its own pieces, so give every
     DP rank the same value."""
     engine, i = _owner(param)

@@ -38,6 +38,15 @@ def _assemble(engine: Engine, i: int, chunks: list[torch.Tensor]) -> torch.Tenso
     return out.view(slot.shape)
 
 
+def _target(param: torch.Tensor, value: torch.Tensor, caller: str) -> tuple[Engine | None, int]:
+    """The engine training ``param`` and its index (None: no engine does), ``value`` checked against its full
+    shape in one line."""
+    engine, i = _owner(param)
+    if engine is not None and tuple(value.shape) != tuple((zp := engine.zparams[i]).slot.shape):
+        raise ValueError(f"{caller}: {zp.name} has shape {tuple(zp.slot.shape)}, the value {tuple(value.shape)}")
+    return engine, i
+
+
 def _state(engine: Engine, key: str) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     if key not in MOMENTS:
         raise KeyError(f"optimizer state {key!r}: the engine's AdamW keeps {' and '.join(MOMENTS)}")
@@ -55,14 +64,10 @@ def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
 def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
     """Set the parameter's fp32 master to ``value`` (its full shape), and the parameter (or this rank's shard of it,
     at stage 3) to ``value`` in the training dtype. Adam's moments are kept."""
-    engine, i = _owner(param)
+    engine, i = _target(param, value, "safe_set_full_fp32_param")
     if engine is None:
         return
     zp = engine.zparams[i]
-    if tuple(value.shape) != tuple(zp.slot.shape):
-        raise ValueError(
-            f"safe_set_full_fp32_param: {zp.name} has shape {tuple(zp.slot.shape)}, the value {tuple(value.shape)}"
-        )
     write_segments(engine, segments_by_param(engine).get(i, ()), value.float().to(engine.device))
     if zp.param.shape == zp.slot.shape:  # the replica at stages 0-2 (a stage-3 placeholder holds nothing)
         zp.param.copy_(value)
@@ -85,17 +90,12 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
 def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
     """Set the parameter's reduced gradient to ``value``, its full shape as ``safe_get_full_grad`` returns it
     (averaged over DP ranks, the loss scale removed), between the window's last ``backward()`` and ``step()``: the
-    step trains on it, and at stage 0 ``.grad`` shows it (at stage 1, in this rank's shard). The way to change a gradient where ``p.grad = ...``
-    cannot reach it (stages 2-3, stage 1 on several ranks, offload). Each rank writes its own pieces, so give every
-    DP rank the same value."""
-    engine, i = _owner(param)
+    step trains on it, and at stage 0 ``.grad`` shows it (at stage 1, in this rank's shard). The way to change a
+    gradient where ``p.grad = ...`` cannot reach it (stages 2-3, stage 1 on several ranks, offload). Each rank writes
+    its own pieces, so give every DP rank the same value."""
+    engine, i = _target(param, value, "safe_set_full_grad")
     if engine is None:
         return
-    zp = engine.zparams[i]
-    if tuple(value.shape) != tuple(zp.slot.shape):
-        raise ValueError(
-            f"safe_set_full_grad: {zp.name} has shape {tuple(zp.slot.shape)}, the value {tuple(value.shape)}"
-        )
     chunks = reduced_grads(engine, "safe_set_full_grad")
     flat = (value.detach().float() * engine.scaler.scale).reshape(-1).to(engine.device)
     for seg in segments_by_param(engine).get(i, ()):

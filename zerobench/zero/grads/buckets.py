@@ -129,19 +129,29 @@ class GradBucketGroup:
             zp.param.grad = view
 
     def owns_grad(self, i: int, grad: torch.Tensor) -> bool:
-        """Whether ``grad`` is parameter ``i``'s view of the buffer, still over the buffer's memory."""
-        return grad is self.views[i] and grad.data_ptr() == self.view_ptrs[i]
+        """Whether ``grad`` is parameter ``i``'s view of the buffer, still over the buffer's memory in its layout
+        (``p.grad.data = t`` moves the view object itself, even onto a transposed alias of its own memory)."""
+        return grad is self.views[i] and grad.data_ptr() == self.view_ptrs[i] and grad.is_contiguous()
 
+    @torch.no_grad()  # a create_graph gradient's value, not its history: the buffer stays a plain tensor
     def restore_view(self, i: int, value: torch.Tensor | None) -> None:
         """Parameter ``i``'s ``.grad`` becomes its view of the buffer again (made anew: an assignment to
         ``.grad.data`` moved the old one off it), holding ``value`` (None: zeros)."""
         view = self.full.param_view(i)
         if value is None:
             view.zero_()
-        elif value.data_ptr() != view.data_ptr():
+        elif not (value.data_ptr() == view.data_ptr() and value.stride() == view.stride()):
+            if value.untyped_storage().data_ptr() == self.full.data.untyped_storage().data_ptr():
+                value = value.clone()  # an alias of the buffer in another layout (p.grad = p.grad.t())
             view.copy_(value)
         self.views[i] = view
         self.zparams[i].param.grad = view
+
+    def _rebuild_moved_views(self) -> None:
+        """Views an assignment to ``.grad.data`` moved off the buffer, made anew (before they are re-attached)."""
+        for i, view in enumerate(self.views):
+            if view.data_ptr() != self.view_ptrs[i] or not view.is_contiguous():
+                self.views[i] = self.full.param_view(i)
 
     def grad_landed(self, zp: ZeroParam, param: torch.Tensor) -> None:
         """Stages 0-1, from the post-accumulate-grad hook: autograd has accumulated into ``param.grad``,
@@ -275,8 +285,8 @@ class GradBucketGroup:
             self.staging.fill_missing(bucket)
             return
         for i in b.params:
-            if (zp := self.zparams[i]).grad_state is GradState.NONE:
-                zp.param.grad = self.views[i].zero_()
+            if self.zparams[i].grad_state is GradState.NONE:
+                self.restore_view(i, None)
 
     def zero(self, set_to_none: bool = True) -> None:
         """Start a new window. Stages 0-1, as ``torch.optim``: ``.grad`` None (no memset; the next gradient is
@@ -289,6 +299,7 @@ class GradBucketGroup:
                 zp.param.grad = None
         elif self.keep_full:
             self.full.data.zero_()
+            self._rebuild_moved_views()
             self.attach_grad_views()
         elif self.local is not None:  # stages 2-3: released; the next window's reduce-scatters write anew
             self.local.release()

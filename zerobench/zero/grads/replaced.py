@@ -11,8 +11,9 @@ be ignored without a word. Before anything reads the reduced gradient (the step,
   back, so the step trains on what ``.grad`` says, as torch's optimizer would. Under fp16 ``.grad`` is times the
   loss scale, as DeepSpeed's fp16 optimizer reads it. At stage 0 on several ranks an assigned ``.grad`` must be the
   same on every rank, as under DDP: each replica steps its own. A window with no backward since ``zero_grad()``
-  trains on one rank on what ``.grad`` holds, assigned or written in place, and a ``.grad`` left None counts as
-  zero (the fused step has no per-parameter skip; DeepSpeed's fp16 optimizer counts None as zero too).
+  in which some ``.grad`` was assigned trains on one rank on what ``.grad`` holds (the others' views, written in
+  place or not), and a ``.grad`` left None counts as zero (the fused step has no per-parameter skip; DeepSpeed's
+  fp16 optimizer counts None as zero too).
 - Everywhere else an assignment is refused in one line naming the parameter: at stages 2-3 the step reads this
   rank's reduced gradient partition and keeps no ``.grad``; at stage 1 on several ranks the ``.grad`` views hold the
   reduced gradient only in this rank's shard; under offload the gradient went to the host during backward; and a
@@ -22,9 +23,10 @@ be ignored without a word. Before anything reads the reduced gradient (the step,
   fused step cannot, and stepping it with the gradient ``.grad`` no longer shows would be a silent difference.
 
 What cannot be seen: element-wise changes in place (``p.grad.mul_(...)``) need nothing at stages 0-1 without offload
-(they change the view itself); under offload they come too late, and on several ranks with no backward they cannot
-be told from the zeros ``zero_grad(set_to_none=False)`` left, which do not step, as before. An assignment to
-``p.grad.data``, which moves the view object itself off the buffer, is caught by where its data is.
+(they change the view itself); under offload they come too late, and in a window with no backward and no
+assignment they cannot be told from the zeros ``zero_grad(set_to_none=False)`` left, so such a window does not step,
+as one with no gradient. An assignment to ``p.grad.data``, which moves the view object itself off the buffer, is
+caught by where its data is and its layout.
 """
 
 from __future__ import annotations
@@ -61,11 +63,11 @@ def adopt_replaced(engine: Engine, caller: str) -> None:
             "moves it by momentum and weight decay): freeze it before apply_zero (requires_grad_(False)), or zero "
             "its gradient in place (p.grad.zero_()) if that is what you mean"
         )
-    # nothing assigned: the engine's own gradients (reduced), none at all, or views written in place with no
-    # backward, which on several ranks cannot be told from untouched zeros and are left unstepped as before
-    if not assigned and (grads.reduced or not kept or engine.group.size > 1):
+    # nothing assigned: the engine's own gradients (reduced), or none since zero_grad(); views written in place
+    # with no backward cannot be told from the zeros zero_grad(set_to_none=False) left, and do not step
+    if not assigned:
         return
-    _check_whole(engine, caller, grads.zparams[(assigned or kept)[0]].name, bool(assigned))
+    _check_whole(engine, caller, grads.zparams[assigned[0]].name)
     with torch.no_grad():
         for i in assigned:
             grads.zparams[i].check_grad(grads.zparams[i].param.grad, grads.grad_dtype)
@@ -92,9 +94,9 @@ def _sort(grads) -> tuple[list[int], list[int], list[int]]:
     return assigned, nulled, kept
 
 
-def _check_whole(engine: Engine, caller: str, name: str, assigned: bool) -> None:
+def _check_whole(engine: Engine, caller: str, name: str) -> None:
     """Refuse, naming parameter ``name``, a ``.grad`` to take where it is not the whole gradient the step reads."""
-    how = "assigned (p.grad = ...)" if assigned else "written in place with no backward"
+    how = "assigned (p.grad = ...)"
     if engine.grads_sharded:
         raise _refused(
             caller,

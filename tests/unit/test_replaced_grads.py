@@ -41,6 +41,13 @@ def assert_trained_alike(engine, ref: nn.Module) -> None:
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)
 
 
+def step_both(engine, opt: torch.optim.Optimizer) -> None:
+    """One applied engine step and one torch step, each window cleared after."""
+    assert engine.step()
+    opt.step()
+    opt.zero_grad()
+
+
 X = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
 
 
@@ -93,9 +100,7 @@ def test_grads_set_by_hand_with_no_backward_train_one_rank_as_torch(stage):
     for _ in range(2):
         for p, q in zip(m.parameters(), ref.parameters()):
             p.grad = q.grad = torch.randn(p.shape, generator=gen)
-        assert engine.step()
-        opt.step()
-        opt.zero_grad()
+        step_both(engine, opt)
     assert_trained_alike(engine, ref)
 
 
@@ -163,9 +168,7 @@ def test_a_grad_whose_data_was_replaced_still_trains_as_torch():
             if step == 0:
                 for p in net.parameters():
                     p.grad.data = p.grad.data.clone()
-        assert engine.step()
-        opt.step()
-        opt.zero_grad()
+        step_both(engine, opt)
     assert_trained_alike(engine, ref)
 
 

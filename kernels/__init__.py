@@ -115,6 +115,7 @@ def fused_adamw_(
     grad_scale: float = 1.0,
     out: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
+    adopt: bool = False,
 ) -> None:
     """One AdamW step over the flat fp32 partition ``param`` in place, in a single pass.
 
@@ -122,6 +123,11 @@ def fused_adamw_(
     times the clip coefficient). ``blocks`` comes from ``adamw_blocks`` and says where weight decay applies.
     ``out`` (bf16/fp16/fp32, optional) receives the updated partition rounded to nearest even — the
     low-precision parameter copy — in the same pass. A nonzero ``found_inf`` skips the step entirely.
+
+    ``adopt`` (a bf16/fp16 ``out`` that this kernel wrote last step): an element of ``out`` whose bits are no longer
+    ``param``'s rounding was changed in place since (by the user, between steps), and the step starts from that
+    value instead of ``param``'s, as ``torch.optim`` steps whatever a parameter holds. It costs one more read of
+    ``out`` in the same pass.
     """
     n, dev = param.numel(), param.device
     if param.dtype != torch.float32:
@@ -150,6 +156,7 @@ def fused_adamw_(
         weight_decay,
         step,
         grad_scale,
+        adopt,
     )
 
 

@@ -26,7 +26,7 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "zb_cpu_kernels.cpp"
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
 MARCH_ENV = "ZEROBENCH_KERNEL_MARCH"
 LIBS = ["-lmvec"]  # glibc's vector math (erff/expf in the GeLU and softmax loops)
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -97,7 +97,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     P, I, L, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float  # noqa: E741 - ctypes letters
     sig = {
         "zb_abi_version": ([], I),
-        "zb_adamw": ([P, P, I, P, P, P, I, P, L, F, F, F, F, F, F, F, F, I], None),
+        "zb_adamw": ([P, P, I, P, P, P, I, I, P, L, F, F, F, F, F, F, F, F, I], None),
         "zb_adamw_bandwidth_probe": ([P, P, P, P, L, I], None),
         "zb_nonfinite": ([P, I, L, I], I),
         "zb_bias_gelu_fwd": ([P, P, P, L, L, I, I], None),

@@ -46,10 +46,13 @@ def adamw_(
     weight_decay: float,
     step: int,
     grad_scale: float,
+    adopt: bool = False,
 ) -> None:
     """AdamW step ``step`` (1-based) over flat fp32 ``param``; see ``kernels.fused_adamw_``."""
     if found_inf is not None and found_inf.item() != 0:
         return
+    if adopt and out is not None:
+        reference.adopt_(param, out)
     mask = torch.zeros(param.numel(), dtype=torch.bool, device=param.device)
     for s, e, d in blocks.tolist():
         mask[s:e] = bool(d)
@@ -90,7 +93,21 @@ def adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale) -> tupl
 
 @adamw_.register_kernel("cpu")
 def _adamw_cpu(
-    param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay, step, grad_scale
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    out,
+    blocks,
+    found_inf,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    step,
+    grad_scale,
+    adopt=False,
 ):
     if found_inf is not None and found_inf.item() != 0:
         return
@@ -102,6 +119,7 @@ def _adamw_cpu(
         exp_avg_sq.data_ptr(),
         _ptr(out),
         _code(out) if out is not None else 0,
+        int(adopt),
         blocks.data_ptr(),
         blocks.shape[0],
         *adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale),
@@ -111,7 +129,21 @@ def _adamw_cpu(
 
 @adamw_.register_kernel("cuda")
 def _adamw_cuda(
-    param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, lr, beta1, beta2, eps, weight_decay, step, grad_scale
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    out,
+    blocks,
+    found_inf,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    step,
+    grad_scale,
+    adopt=False,
 ):
     _triton()[0].adamw_(
         param,
@@ -122,6 +154,7 @@ def _adamw_cuda(
         blocks,
         found_inf,
         adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale),
+        adopt,
     )
 
 

@@ -42,6 +42,20 @@ def adamw(
     return p, m, v
 
 
+@torch.no_grad()
+def adopt_(param: torch.Tensor, out: torch.Tensor, chunk: int = 1 << 22) -> None:
+    """Where ``out`` (bf16/fp16) no longer holds the bits of ``param`` (fp32) rounded to its dtype, something
+    changed it since it was written from ``param``: set ``param`` to it. ``chunk`` elements at a time, so the
+    temporaries stay small. The kernels' ``adopt`` does this inside the AdamW pass."""
+    if out.dtype not in (torch.bfloat16, torch.float16):
+        return
+    p, o = param.reshape(-1), out.reshape(-1)
+    for lo in range(0, p.numel(), chunk):
+        pc, oc = p[lo : lo + chunk], o[lo : lo + chunk]
+        changed = oc.view(torch.int16) != pc.to(oc.dtype).view(torch.int16)
+        pc.copy_(torch.where(changed, oc, pc))
+
+
 def nonfinite(x: torch.Tensor) -> bool:
     return not bool(torch.isfinite(x).all())
 

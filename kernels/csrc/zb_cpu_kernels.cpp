@@ -71,9 +71,15 @@ struct AdamArgs {
   float decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale;
 };
 
+// The bits of x rounded to bf16 (K = 1) or fp16 (K = 2), as store<K> writes them.
+template <int K> inline uint16_t low_bits(float x);
+template <> inline uint16_t low_bits<1>(float x) { return f32_to_bf16(x); }
+template <> inline uint16_t low_bits<2>(float x) { return f32_to_f16(x); }
+
 // One block [start, end) of the block table; `decay` says whether weight decay applies to all of it.
-// OUT < 0: no low-precision copy-out.
-template <int G, int OUT>
+// OUT < 0: no low-precision copy-out. ADOPT (OUT 1 or 2): an element of `out` whose bits are no longer p's
+// rounding was changed since the last step wrote it, and the step starts from it instead of p.
+template <int G, int OUT, bool ADOPT>
 inline void adamw_block(float* __restrict p, const void* __restrict g, float* __restrict m, float* __restrict v,
                         void* __restrict out, int64_t start, int64_t end, bool decay, const AdamArgs& a) {
   const float keep = decay ? a.decay_keep : 1.0f;
@@ -84,8 +90,12 @@ inline void adamw_block(float* __restrict p, const void* __restrict g, float* __
     const float mi = m[i] + one_m_b1 * (gi - m[i]);
     const float vi = a.beta2 * v[i] + one_m_b2 * gi * gi;
     const float denom = std::sqrt(vi) / a.bc2_sqrt + a.eps;
+    float p0 = p[i];
+    if constexpr (ADOPT && OUT >= 1) {
+      if (static_cast<const uint16_t*>(out)[i] != low_bits<OUT>(p0)) p0 = load<OUT>(out, i);
+    }
     // addcdiv_(m, denom, value=-step_size) as torch's CPU kernel evaluates it: one fused multiply-add.
-    const float pi = std::fma(-a.step_size, mi / denom, p[i] * keep);
+    const float pi = std::fma(-a.step_size, mi / denom, p0 * keep);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
@@ -93,21 +103,23 @@ inline void adamw_block(float* __restrict p, const void* __restrict g, float* __
   }
 }
 
-template <int G, int OUT>
+template <int G, int OUT, bool ADOPT>
 void adamw_all(float* p, const void* g, float* m, float* v, void* out, const int64_t* blocks, int64_t nblocks,
                const AdamArgs& a, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < nblocks; ++b)
-    adamw_block<G, OUT>(p, g, m, v, out, blocks[3 * b], blocks[3 * b + 1], blocks[3 * b + 2] != 0, a);
+    adamw_block<G, OUT, ADOPT>(p, g, m, v, out, blocks[3 * b], blocks[3 * b + 1], blocks[3 * b + 2] != 0, a);
 }
 
 template <int G>
-void adamw_out(float* p, const void* g, float* m, float* v, void* out, int out_kind, const int64_t* blocks,
-               int64_t nblocks, const AdamArgs& a, int threads) {
-  if (out == nullptr) adamw_all<G, -1>(p, g, m, v, out, blocks, nblocks, a, threads);
-  else if (out_kind == 1) adamw_all<G, 1>(p, g, m, v, out, blocks, nblocks, a, threads);
-  else if (out_kind == 2) adamw_all<G, 2>(p, g, m, v, out, blocks, nblocks, a, threads);
-  else adamw_all<G, 0>(p, g, m, v, out, blocks, nblocks, a, threads);
+void adamw_out(float* p, const void* g, float* m, float* v, void* out, int out_kind, bool adopt,
+               const int64_t* blocks, int64_t nblocks, const AdamArgs& a, int threads) {
+  if (out == nullptr) adamw_all<G, -1, false>(p, g, m, v, out, blocks, nblocks, a, threads);
+  else if (out_kind == 1 && adopt) adamw_all<G, 1, true>(p, g, m, v, out, blocks, nblocks, a, threads);
+  else if (out_kind == 1) adamw_all<G, 1, false>(p, g, m, v, out, blocks, nblocks, a, threads);
+  else if (out_kind == 2 && adopt) adamw_all<G, 2, true>(p, g, m, v, out, blocks, nblocks, a, threads);
+  else if (out_kind == 2) adamw_all<G, 2, false>(p, g, m, v, out, blocks, nblocks, a, threads);
+  else adamw_all<G, 0, false>(p, g, m, v, out, blocks, nblocks, a, threads);
 }
 
 template <int K>
@@ -129,18 +141,20 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 extern "C" {
 
-int zb_abi_version() { return 4; }
+int zb_abi_version() { return 5; }
 
 // Fused AdamW step over a flat fp32 partition. blocks: [nblocks, 3] int64 rows (start, end, decay).
 // decay_keep = 1 - lr * weight_decay (applied to blocks flagged for decay), step_size = lr / (1 - beta1^t),
-// bc2_sqrt = sqrt(1 - beta2^t).
-void zb_adamw(float* p, const void* g, int g_kind, float* m, float* v, void* out, int out_kind,
+// bc2_sqrt = sqrt(1 - beta2^t). adopt != 0 (bf16/fp16 out): elements of out changed since the last step are
+// where the step starts from (see adamw_block).
+void zb_adamw(float* p, const void* g, int g_kind, float* m, float* v, void* out, int out_kind, int adopt,
               const int64_t* blocks, int64_t nblocks, float decay_keep, float beta2, float one_minus_beta1,
               float one_minus_beta2, float eps, float step_size, float bc2_sqrt, float grad_scale, int threads) {
   const AdamArgs a{decay_keep, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, grad_scale};
-  if (g_kind == 1) adamw_out<1>(p, g, m, v, out, out_kind, blocks, nblocks, a, threads);
-  else if (g_kind == 2) adamw_out<2>(p, g, m, v, out, out_kind, blocks, nblocks, a, threads);
-  else adamw_out<0>(p, g, m, v, out, out_kind, blocks, nblocks, a, threads);
+  const bool ad = adopt != 0;
+  if (g_kind == 1) adamw_out<1>(p, g, m, v, out, out_kind, ad, blocks, nblocks, a, threads);
+  else if (g_kind == 2) adamw_out<2>(p, g, m, v, out, out_kind, ad, blocks, nblocks, a, threads);
+  else adamw_out<0>(p, g, m, v, out, out_kind, ad, blocks, nblocks, a, threads);
 }
 
 // The bandwidth limit of AdamW's access pattern: 4 streams read (p, g, m, v), 3 written in place (p, m, v).

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_kernels.common import dtype_code, store_cast
+from kernels.triton_kernels.common import dtype_code, store_cast, to_bf16_rne
 
 BLOCK = 1024
 
@@ -35,6 +35,7 @@ def _adamw_kernel(
     OUT_DTYPE: tl.constexpr,
     HAS_OUT: tl.constexpr,
     HAS_FLAG: tl.constexpr,
+    ADOPT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64) * 3
@@ -50,6 +51,14 @@ def _adamw_kernel(
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    if ADOPT:  # an element of out changed since the last step wrote it: the step starts from it
+        o = tl.load(out_ptr + offs, mask=mask, other=0.0)
+        if OUT_DTYPE == 1:
+            mine = to_bf16_rne(p)
+        else:
+            mine = p.to(tl.float16)
+        changed = o.to(tl.uint16, bitcast=True) != mine.to(tl.uint16, bitcast=True)
+        p = tl.where(changed, o.to(tl.float32), p)
     keep = tl.where(decay != 0, decay_keep, 1.0)
     m = m + one_minus_beta1 * (g - m)
     v = beta2 * v + one_minus_beta2 * g * g
@@ -62,8 +71,9 @@ def _adamw_kernel(
         store_cast(out_ptr + offs, p, mask, OUT_DTYPE)
 
 
-def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars) -> None:
-    """Launch over ``blocks`` (block size <= ``BLOCK``); ``scalars`` from ``kernels.ops.adamw_scalars``.
+def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars, adopt: bool = False) -> None:
+    """Launch over ``blocks`` (block size <= ``BLOCK``); ``scalars`` from ``kernels.ops.adamw_scalars``;
+    ``adopt`` (bf16/fp16 ``out``): see ``kernels.fused_adamw_``.
 
     The step size is negated here, in Python: compiled Triton negates a scalar as ``0 - x``, which turns
     lr = 0 into +0 and would flip -0.0 parameters to +0.0 (torch's addcdiv keeps -0.0)."""
@@ -83,6 +93,7 @@ def adamw_(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, scalars) ->
         OUT_DTYPE=dtype_code(out.dtype) if out is not None else 0,
         HAS_OUT=out is not None,
         HAS_FLAG=found_inf is not None,
+        ADOPT=adopt and out is not None and out.dtype in (torch.bfloat16, torch.float16),
         BLOCK=BLOCK,
     )
 

@@ -41,7 +41,23 @@ def triton_mod(name: str):
 
 
 def adamw(
-    impl, p, g, m, v, ranges, *, out=None, found_inf=None, lr, betas, eps, weight_decay, step, grad_scale, spans=None
+    impl,
+    p,
+    g,
+    m,
+    v,
+    ranges,
+    *,
+    out=None,
+    found_inf=None,
+    lr,
+    betas,
+    eps,
+    weight_decay,
+    step,
+    grad_scale,
+    spans=None,
+    adopt=False,
 ):
     if impl == "cpu":
         blocks = kernels.adamw_blocks(p.numel(), ranges, "cpu", spans)
@@ -59,12 +75,13 @@ def adamw(
             grad_scale=grad_scale,
             out=out,
             found_inf=found_inf,
+            adopt=adopt,
         )
     else:
         blocks = tables.adamw_blocks(p.numel(), ranges, kernels.TRITON_ADAMW_BLOCK, spans)
         scalars = adamw_scalars(lr, betas[0], betas[1], eps, weight_decay, step, grad_scale)
         d = _dev(p, g, m, v, out, blocks, found_inf)
-        triton_mod("adamw").adamw_(*d[:6], d[6], scalars)
+        triton_mod("adamw").adamw_(*d[:6], d[6], scalars, adopt)
         _back([(p, d[0]), (m, d[2]), (v, d[3]), (out, d[4]), (found_inf, d[6])])
 
 

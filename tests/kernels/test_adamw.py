@@ -98,6 +98,38 @@ def test_fused_adamw_matches_fp64_reference(impl, grad_dtype, out_dtype):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_adopt_steps_from_the_elements_changed_in_the_copy(impl, out_dtype):
+    """``adopt=True``: where the parameter copy no longer holds the master's rounding (changed in place since the
+    last step wrote it), the step starts from the copy's value; everywhere else from the master, bit for bit as
+    without ``adopt``. Outside the launch's spans nothing is taken. Without ``adopt`` the copy is only written."""
+    spans = [(0, 20_000), (25_000, N)]
+    p0 = make(N, seed=1)
+    out0 = p0.to(out_dtype)  # what the last step wrote
+    edited = torch.zeros(N, dtype=torch.bool)
+    edited[[5, 6, 7, 19_999, 22_000, 25_000, 39_999]] = True
+    out0[[5, 19_999, 22_000, 25_000]] = 0.0  # zeroed (22_000 is outside the spans)
+    out0[6] = -out0[6]
+    out0[7] = 0.125
+    out0[39_999] = out0[39_999] * 2
+    g = make(N, seed=5, scale=3.0)
+    runs = {}
+    for flag in (True, False):
+        p, m, v, out = p0.clone(), torch.zeros(N), torch.zeros(N), out0.clone()
+        adamw(impl, p, g, m, v, RANGES, out=out, step=1, grad_scale=0.5, spans=spans, adopt=flag, **HP)
+        runs[flag] = (p, out)
+    inside = _mask(N, spans)
+    start = torch.where(edited & inside, out0.float(), p0)
+    p, m, v, out = start.clone(), torch.zeros(N), torch.zeros(N), out0.clone()
+    adamw(impl, p, g, m, v, RANGES, out=out, step=1, grad_scale=0.5, spans=spans, **HP)
+    assert torch.equal(runs[True][0], p) and torch.equal(runs[True][1].view(torch.int16), out.view(torch.int16))
+    assert runs[True][0][22_000] == p0[22_000]  # outside the spans: neither stepped nor taken
+    assert not torch.equal(runs[False][0][edited & inside], p[edited & inside])  # the copy was ignored
+    unchanged = inside & ~edited
+    assert torch.equal(runs[True][0][unchanged], runs[False][0][unchanged])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_copy_out_rounds_to_nearest_even_on_ties_and_specials(impl):
     # fp32 values exactly halfway between two bf16 values, plus inf/nan/tiny: lr=0 leaves p unchanged.
     base = torch.tensor([1.0, 1.0078125, -3.0, 65504.0, 1e-40, 3.0e38], dtype=torch.float32)

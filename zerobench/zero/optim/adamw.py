@@ -120,8 +120,11 @@ class ShardedAdamW:
         out: list[torch.Tensor] | None = None,
         on_chunk=None,
         hyper: AdamWConfig | list[AdamWConfig] | None = None,
+        adopt: bool = False,
     ) -> None:
         """One step; ``out`` (optional) receives the updated chunks in their dtype (the parameter copy);
+        ``adopt``: ``out`` is the parameter copy this step wrote last time, and an element changed there since is
+        where the step starts from (``kernels.fused_adamw_``);
         ``on_chunk(i)`` is called as soon as chunk ``i`` is final (offload streams it back meanwhile);
         ``hyper``: this step's hyperparameters per param group (a learning-rate schedule's; one config for
         one group), the construction's if None."""
@@ -133,16 +136,20 @@ class ShardedAdamW:
             enc = self.store.acquire(i)
             m, v = self.codec.decode(enc)
             o = out[i] if out is not None else None
+            fused_adopt = adopt and o is not None
+            if fused_adopt and self.path != "fused":
+                kernels.reference.adopt_(p, o)
+                fused_adopt = False
             for part in self.parts[i]:
-                self._update(part, hypers[part.group], p, g, m, v, o, grad_scale)
+                self._update(part, hypers[part.group], p, g, m, v, o, grad_scale, fused_adopt)
             self.codec.encode(m, v, enc)
             self.store.release(i, enc)
             if on_chunk is not None:
                 on_chunk(i)
         self.store.flush()
 
-    def _update(self, part: _Part, cfg: AdamWConfig, p, g, m, v, o, grad_scale: float) -> None:
-        """One group's share of one chunk."""
+    def _update(self, part: _Part, cfg: AdamWConfig, p, g, m, v, o, grad_scale: float, adopt: bool) -> None:
+        """One group's share of one chunk; ``adopt`` (fused path only) as ``kernels.fused_adamw_``'s."""
         if self.path == "fused":
             kernels.fused_adamw_(
                 p,
@@ -157,6 +164,7 @@ class ShardedAdamW:
                 step=self.step_count,
                 grad_scale=grad_scale,
                 out=o,
+                adopt=adopt,
             )
         elif part.spans is None:
             self._reference(cfg, [p], [g], [m], [v], [part.decay], grad_scale, None if o is None else [o])

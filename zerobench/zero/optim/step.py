@@ -57,7 +57,8 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         if coef < 1.0:
             scale *= coef
     out, on_chunk = storage.step_output()
-    engine.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper)
+    # a parameter changed in place since the last step (storage.adopt_edits) is stepped from its new value
+    engine.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper, adopt=storage.adopts_edits)
     storage.finish_step()
     scaler.update(overflow=False)
     return True, norm

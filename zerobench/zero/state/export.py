@@ -51,6 +51,7 @@ def full_state_dict(
     dtype = dtype if dtype is not None else engine.param_dtype
     keep = not rank0_only or engine.group.rank == 0
     full = {}
+    engine.storage.adopt_edits()
     for i, value in iter_full(engine, engine.adamw.master):
         if keep:
             full[id(engine.zparams[i].param)] = value.to(device="cpu", dtype=dtype, copy=True)

@@ -26,9 +26,9 @@ nothing.
 
 Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
 exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so
-the parameters and the master never disagree. Without the context an in-place change is not safe: at stage 3
-the parameters are 0-element placeholders outside forward, and under bf16/fp16 the next step recomputes the
-parameters from the master.
+the parameters and the master never disagree. Without the context, at stage 3 the parameters are 0-element
+placeholders outside forward, and under offload the step recomputes the parameters from the host's master; at
+stages 0-2 otherwise an in-place change is taken in by the next step (``ParamStorage.adopt_edits``).
 """
 
 from __future__ import annotations

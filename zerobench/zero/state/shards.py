@@ -25,6 +25,7 @@ FORMAT = "zerobench-zero-shard/1"
 def shard_state_dict(engine: Engine) -> dict:
     """This rank's shard: segments with master/exp_avg/exp_avg_sq values and engine counters."""
     segs = engine.layout.segments(engine.rank_in_shards)
+    engine.storage.adopt_edits()  # parameters changed in place since the last step are what is saved
     opt = engine.adamw
     ms, vs = opt.moments()
     empty = torch.empty(0, dtype=torch.float32)
@@ -222,6 +223,7 @@ def iter_full(engine: Engine, chunks: list[torch.Tensor]):
 @torch.no_grad()
 def full_parameters(engine: Engine) -> dict[str, torch.Tensor]:
     """Every parameter's fp32 master value, gathered onto every rank (collective over the DP group)."""
+    engine.storage.adopt_edits()
     return {engine.layout.params[i].name: full.clone() for i, full in iter_full(engine, engine.adamw.master)}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.config import ZeroConfig
@@ -117,6 +118,31 @@ class ParamStorage:
                 self.host.finish_copy_back()
         elif self._device_master is not None:
             torch._foreach_copy_(self.shards, self.master)
+
+    @property
+    def adopts_edits(self) -> bool:
+        """Whether a parameter changed in place between steps can go unseen by the master, which the step then
+        takes in (``adopt_edits``): stages 0-2 under bf16/fp16 with the master on the device. In fp32 the
+        parameters are the master; at stage 3 they are placeholders outside forward (``gathered_params`` writes
+        changes back); under offload the master is on the host, which does not see the device's parameters, so a
+        change there is overwritten by the step (use ``gathered_params``)."""
+        return self.replica is not None and self._device_master is not None
+
+    @torch.no_grad()
+    def adopt_edits(self) -> None:
+        """Take parameters changed in place since the step last wrote them into the fp32 master, as
+        ``torch.optim`` steps whatever value a parameter holds: every element of this rank's shard whose bits
+        are no longer the master's rounding (``p.mul_(...)``, ``p.data.copy_(...)``, ``model.apply(init_fn)``
+        or zeroing a padding row outside ``gathered_params``). Without it the step would recompute the parameter
+        from the stale master and silently undo the change (DeepSpeed does).
+
+        The optimizer step does this inside its own pass (``ShardedAdamW.step(adopt=True)``); readers of the
+        master between steps (checkpoints, exports, ``safe_get_full_fp32_param``) call this first. At stages
+        1-2 each rank takes its own shard's changes, and the step's all-gather gives every rank the owners'
+        values: a change made on every rank is kept everywhere."""
+        if self.adopts_edits:
+            for shard, master in zip(self.shards, self.master):
+                kernels.reference.adopt_(master, shard)
 
     def publish(self, group: C.Group, ledger: CommLedger) -> None:
         """Stages 1-2: all-gather every bucket's updated shard into the replica (nothing to do with one shard, or

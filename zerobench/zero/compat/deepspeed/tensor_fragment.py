@@ -57,7 +57,10 @@ def _state(engine: Engine, key: str) -> tuple[list[torch.Tensor], list[torch.Ten
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
     """The parameter's full fp32 master value (collective over DP)."""
     engine, i = _owner(param)
-    return None if engine is None else _assemble(engine, i, engine.adamw.master)
+    if engine is None:
+        return None
+    engine.storage.adopt_edits()  # a parameter changed in place since the last step holds the current value
+    return _assemble(engine, i, engine.adamw.master)
 
 
 @torch.no_grad()

@@ -1,0 +1,49 @@
+"""A parameter changed in place between steps under bf16/fp16 at stages 0-2 (``tests/helpers/param_edits.py``):
+the next step starts from the change, checkpoints and ``safe_get_full_fp32_param`` hold it, and writes that change
+nothing leave training bit for bit as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dist import run_distributed
+from tests.helpers.param_edits import CASES, case_key, run_param_edits
+from tests.helpers.user_models import ADAM
+
+pytestmark = pytest.mark.dist
+
+# tests/distributed/test_user_models_bf16.py's bound on the whole update against the bf16 recipe.
+BF16_UPDATE_RTOL = 0.05
+# One Adam step moves an element by at most a few learning rates (|m_hat| / sqrt(v_hat) stays near 1): a row zeroed
+# before the last step ends within this of zero, where the row it replaced was about 0.8 in magnitude.
+ONE_STEP = 5 * ADAM.lr
+
+
+@pytest.fixture(scope="module")
+def edits():
+    return run_distributed(run_param_edits, 2, timeout=300)
+
+
+@pytest.mark.parametrize("case", [case_key(*c) for c in CASES])
+def test_a_change_in_place_is_what_the_next_step_starts_from(edits, case):
+    for r in edits:
+        res = r[case]
+        assert res["row0_max"] <= ONE_STEP, res
+        assert res["row0_module"] <= ONE_STEP, res
+        assert res["head_from_fixed"] <= 2 * ONE_STEP, res
+        if "bf16" in case:
+            assert res["update_rel_err"] <= BF16_UPDATE_RTOL, res
+            assert res["row0_ref_diff"] <= ONE_STEP / 2, res
+
+
+@pytest.mark.parametrize("case", [case_key(*c) for c in CASES])
+def test_a_change_after_the_last_step_is_saved_and_read(edits, case):
+    for r in edits:
+        assert r[case]["row1_safe_get"] == 0.0, r[case]
+        assert r[case]["row1_loaded"] == 0.0, r[case]
+
+
+@pytest.mark.parametrize("case", [case_key(*c) for c in CASES])
+def test_writes_that_change_nothing_change_no_master(edits, case):
+    for r in edits:
+        assert r[case]["noop_identical"], r[case]

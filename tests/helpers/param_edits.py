@@ -1,0 +1,123 @@
+"""Parameters changed in place between steps, outside ``gathered_params``, under bf16/fp16 at stages 0-2, inside
+spawned ranks: the change must be what the next step starts from, as ``torch.optim`` steps whatever a parameter
+holds.
+
+Two idioms, as training loops write them: ``with torch.no_grad(): emb.weight[0].zero_()`` (a padding row kept at
+zero) and ``head.weight.data.copy_(values)`` (re-initialising a layer; ``.data`` writes do not bump the version
+counter, so only comparing values can see them). The reference is the single-process bf16 recipe
+(``tests/helpers/user_models_bf16.py``) with the same changes made to the parameter and its fp32 master, which is
+what one parameter means to a torch user.
+
+Before, the step recomputed every parameter from the fp32 master, which never saw the change: the zeroed row came
+back at its old values (about 0.8 in magnitude) one step later.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tests.helpers.reference import make_adamw
+from tests.helpers.user_models import ADAM, batches, compare, engine_for, make_model, reference_loss, slice_of
+from zerobench.distributed.collectives import Group
+from zerobench.zero import Precision
+from zerobench.zero.compat.deepspeed.tensor_fragment import safe_get_full_fp32_param
+from zerobench.zero.state.shards import full_parameters
+
+CASES = [(s, Precision.BF16, "auto") for s in (0, 1, 2)] + [
+    (2, Precision.FP16, "auto"),
+    (1, Precision.BF16, "reference"),
+]
+"""(stage, precision, kernels): the fused kernel takes the change inside its pass, the reference path before it."""
+
+
+def case_key(stage: int, precision: Precision, kernels: str) -> str:
+    return f"s{stage}-{precision.value}" + ("" if kernels == "auto" else f"-{kernels}")
+
+
+def fixed_head(dtype: torch.dtype) -> torch.Tensor:
+    """The values ``head.weight`` is re-initialised to after the first step (seeded, in the training dtype)."""
+    g = torch.Generator().manual_seed(5)
+    return (0.05 * torch.randn(make_model("mlp").head.weight.shape, generator=g)).to(dtype)
+
+
+def edit(model, step: int, dtype: torch.dtype, masters: dict | None = None) -> None:
+    """The loop's changes after step ``step``; with ``masters`` (the reference's fp32 copies by name) those too."""
+    with torch.no_grad():
+        model.emb.weight[0].zero_()
+        if masters is not None:
+            masters["emb.weight"][0].zero_()
+    if step == 0:
+        model.head.weight.data.copy_(fixed_head(dtype))
+        if masters is not None:
+            masters["head.weight"].data.copy_(fixed_head(dtype).float())
+
+
+def reference(model, data, world: int) -> dict[str, torch.Tensor]:
+    """The bf16 recipe with the loop's changes made to each parameter and its master."""
+    work = copy.deepcopy(model).bfloat16()
+    names = [n for n, _ in work.named_parameters()]
+    master = [p.detach().float().clone().requires_grad_(True) for p in work.parameters()]
+    opt = make_adamw(master, ADAM)
+    for step, (x, y) in enumerate(data):
+        reference_loss(work, x, y, world).backward()
+        for m, p in zip(master, work.parameters()):
+            m.grad, p.grad = p.grad.float(), None
+        opt.step()
+        with torch.no_grad():
+            for m, p in zip(master, work.parameters()):
+                p.copy_(m)
+        if step < len(data) - 1:
+            edit(work, step, torch.bfloat16, dict(zip(names, master)))
+    return {n: m.detach() for n, m in zip(names, master)}
+
+
+def _train(model, group, case, data, rank, world, loop_edit) -> object:
+    stage, precision, kernels = case
+    engine = engine_for(copy.deepcopy(model), group, stage, precision=precision, kernels=kernels)
+    for step, (x, y) in enumerate(data):
+        engine.backward(engine.module(slice_of(x, rank, world), slice_of(y, rank, world)))
+        engine.step()
+        if step < len(data) - 1:
+            loop_edit(engine.module, step)
+    return engine
+
+
+def _noop(module, step: int) -> None:
+    """Writes that change nothing: every parameter copied onto itself, both idioms."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.data.copy_(p.data.clone())
+            p.add_(0)
+
+
+def run_param_edits(rank: int, world: int) -> dict[str, dict]:
+    group = Group.of(torch.distributed.new_group(backend="gloo"), "dp")
+    model, data = make_model("mlp"), batches(3, 6)
+    ref = reference(model, data, world)
+    out = {}
+    for case in CASES:
+        stage, precision, kernels = case
+        dtype = precision.param_dtype
+        engine = _train(model, group, case, data, rank, world, lambda m, s, d=dtype: edit(m, s, d))
+        res = compare(engine, model, ref)
+        full = full_parameters(engine)
+        res["row0_max"] = full["emb.weight"][0].abs().max().item()
+        res["row0_ref_diff"] = (full["emb.weight"][0] - ref["emb.weight"][0]).abs().max().item()
+        res["head_from_fixed"] = (full["head.weight"] - fixed_head(dtype).float()).abs().max().item()
+        res["row0_module"] = engine.module.emb.weight[0].float().abs().max().item()
+        # changed after the last step, then read or saved before any other step
+        with torch.no_grad():
+            engine.module.emb.weight[1].zero_()
+        res["row1_safe_get"] = safe_get_full_fp32_param(engine.module.emb.weight)[1].abs().max().item()
+        saved = copy.deepcopy(engine.optimizer.state_dict())
+        fresh = engine_for(copy.deepcopy(model), group, stage, precision=precision, kernels=kernels)
+        fresh.optimizer.load_state_dict(saved)
+        res["row1_loaded"] = fresh.module.emb.weight[1].float().abs().max().item()
+        # no-op writes change nothing: the untouched run's masters, bit for bit
+        quiet = full_parameters(_train(model, group, case, data, rank, world, lambda m, s: None))
+        noisy = full_parameters(_train(model, group, case, data, rank, world, _noop))
+        res["noop_identical"] = all(torch.equal(quiet[n], noisy[n]) for n in quiet)
+        out[case_key(*case)] = res
+    return out

@@ -259,11 +259,12 @@ class Stage3Gatherer:
         """Each unit's last bucket in backward: the one whose completion normally frees it."""
         return frozenset(max(b.index for b in u.buckets) for u in self.units if u.buckets)
 
-    def reshard_all(self) -> None:
-        """Free every unit (after an optimizer step: a gathered unit would hold pre-step values)."""
+    def reshard_all(self, keep_values: bool = False) -> None:
+        """Free every unit (after an optimizer step: a gathered unit would hold pre-step values); ``keep_values``
+        as ``ParamUnit.free``'s (leaving ``gathered_params``)."""
         for u in self.units:
             if u.state is not ParamState.SHARDED:
-                u.free()
+                u.free(keep_values)
 
     def _check_readable(self, name: str, units: list[ParamUnit], module, prefix, keep_vars) -> None:
         if self.reading or all(u.state is ParamState.UNSHARDED for u in units):

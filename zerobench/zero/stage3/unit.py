@@ -53,12 +53,10 @@ class ParamUnit:
             assert b.start == prev.end, "a unit's buckets must be consecutive"
         dtype = shards[0].dtype
         device = shards[0].device if device is None else device
-        self.full = torch.empty(buckets[-1].end - start, dtype=dtype, device=device)
+        self._new_buffer(buckets[-1].end - start, dtype, device)
         self.nbytes = self.full.untyped_storage().nbytes()
         self.held = 0
         """Device bytes this unit holds now (its gathered buffer and any parameter-offload staging)."""
-        self.bucket_views = [self.full[b.start - start : b.end - start] for b in buckets]
-        self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in zparams]
         self.placeholder = torch.empty(0, dtype=dtype, device=device)
         self.param_ids = frozenset(id(zp.param) for zp in zparams)
         self.works: list = []
@@ -67,6 +65,13 @@ class ParamUnit:
         """The autograd graph task this unit was gathered for in backward (None since its last forward): a second
         backward through a retained graph (``retain_graph=True``, two losses) is a new task and gathers again."""
         self.free()
+
+    def _new_buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        """A new full-size buffer, and the bucket and parameter views of it."""
+        start = self.buckets[0].start
+        self.full = torch.empty(numel, dtype=dtype, device=device)
+        self.bucket_views = [self.full[b.start - start : b.end - start] for b in self.buckets]
+        self.views = [self.full[zp.slot.start - start : zp.slot.end - start].view(zp.slot.shape) for zp in self.zparams]
 
     def _set_state(self, state: ParamState) -> None:
         self.state = state
@@ -108,11 +113,21 @@ class ParamUnit:
                 zp.param.data = view
             self._set_state(ParamState.UNSHARDED)
 
-    def free(self) -> None:
+    def free(self, keep_values: bool = False) -> None:
+        """Free the gathered buffer: its storage is resized to 0 in place, so views autograd saved see the values
+        again once re-gathered. ``keep_values`` (leaving ``gathered_params``): the storage is left to whatever
+        outside still views it -- a ``state_dict()`` taken inside the context, to be saved after it -- and the unit
+        gathers into a new buffer next time, as DeepSpeed's freeing rebinds ``param.data`` and leaves tensors
+        taken earlier their values. Resized in place, those tensors would point at freed memory (a crash when
+        read, or a file of the right keys and no data when saved). Nothing outside: the old storage is freed."""
         if self.state is ParamState.GATHERING:
             self.finish_gather()
         for zp in self.zparams:
             zp.param.data = self.placeholder
+        if keep_values and self.full.untyped_storage().nbytes():
+            numel, dtype, device = self.full.numel(), self.full.dtype, self.full.device
+            self.full = self.bucket_views = self.views = None  # dropped first: unshared, it is freed before the next
+            self._new_buffer(numel, dtype, device)
         self.allocator.resize(self.full, 0)
         self.held = 0
         self.complete.clear()

@@ -95,7 +95,7 @@ class GatheredParams:
             s = e.gatherer
             if s is not None and not self._nested:
                 s.reading = False
-                s.reshard_all()
+                s.reshard_all(keep_values=True)  # a state dict taken inside keeps its values after the exit
 
 
 def full_values(engine: Engine) -> list[torch.Tensor]:

@@ -146,7 +146,7 @@ def iter_shards(path: str | os.PathLike):
     files, save_id = _commit_record(d, _meta(d))
     first = None
     for name in files:
-        sd = load_file(d / name)
+        sd = load_file(d / name, mmap=True)  # read as copied: a load checks every shard before it copies any
         if not isinstance(sd, dict) or sd.get("format") != FORMAT:
             raise CheckpointMismatch(f"checkpoint file {d / name} is not a zerobench ZeRO shard")
         mark = (sd.get("save_id"), sd.get("step"), sd.get("global_steps"), sd.get("num_shards"))
@@ -160,16 +160,17 @@ def iter_shards(path: str | os.PathLike):
         yield sd
 
 
-def load_sharded(engine: Engine, path: str | os.PathLike, optimizer_states: bool = True) -> dict:
+def load_sharded(engine: Engine, path: str | os.PathLike, optimizer_states: bool = True, also_check=None) -> dict:
     """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with);
-    returns its counters. ``optimizer_states=False`` loads the fp32 master only (``load_shard_state_dicts``)."""
+    returns its counters. ``optimizer_states=False`` loads the fp32 master only; a transaction over the ranks, with
+    ``also_check()`` among its checks (``load_shard_state_dicts``)."""
     saved, size = saved_tp(path), _tp(engine)[0]
     if saved != size:
         raise CheckpointMismatch(
             f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
             f"with the TP degree it was saved with (DP may differ)"
         )
-    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states)
+    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states, also_check)
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:

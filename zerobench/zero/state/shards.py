@@ -5,8 +5,9 @@ Each rank's shard holds the pieces of parameters it owns as (name, start, end) s
 parameter with their fp32 master values and Adam moments (and the step counts, the loss scale and the
 param groups' hyperparameters and members: a schedule's current learning rate resumes with them), so a checkpoint
 does not depend on bucket sizes, padding or the number of ranks that wrote it. Loading copies, for every
-local segment, the overlapping parts of every saved segment (one shard in memory at a time), and refuses shards
-that leave an element of this rank's partition unwritten. Shards hold only tensors and plain data.
+local segment, the overlapping parts of every saved segment (shards are memory-mapped, so their data is read as it
+is copied), and refuses, before anything changes, shards that leave an element of this rank's partition unwritten.
+Shards hold only tensors and plain data.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from zerobench.distributed import collectives as C
 from zerobench.zero.protocols import Engine
-from zerobench.zero.state.transaction import CheckpointMismatch
+from zerobench.zero.state.transaction import CheckpointMismatch, agree
 
 FORMAT = "zerobench-zero-shard/1"
 
@@ -70,11 +71,14 @@ def _groups(engine: Engine) -> list[dict]:
     ]
 
 
-def _restore_groups(engine: Engine, meta: dict) -> None:
-    """Put the saved hyperparameters back into ``param_groups``, as ``torch.optim``'s ``load_state_dict``;
-    groups other than the saved ones are refused before any is changed (shards before param groups hold one
-    group's ``hyper``)."""
-    saved = meta.get("groups") or ([{"hyper": meta["hyper"], "params": None}] if "hyper" in meta else [])
+def _saved_groups(meta: dict) -> list[dict]:
+    """The shard's param groups (shards before param groups hold one group's ``hyper``)."""
+    return meta.get("groups") or ([{"hyper": meta["hyper"], "params": None}] if "hyper" in meta else [])
+
+
+def _check_groups(engine: Engine, meta: dict) -> None:
+    """Refuse param groups other than the saved ones (``_restore_groups`` then changes nothing but values)."""
+    saved = _saved_groups(meta)
     groups = engine.optimizer.param_groups
     if saved and len(saved) != len(groups):
         raise CheckpointMismatch(
@@ -89,7 +93,11 @@ def _restore_groups(engine: Engine, meta: dict) -> None:
                 f"{len(s['params'])}, here {len(names)}): build the engine with the same "
                 f"param_groups"
             )
-    for s, group in zip(saved, groups):
+
+
+def _restore_groups(engine: Engine, meta: dict) -> None:
+    """Put the saved hyperparameters back into ``param_groups``, as ``torch.optim``'s ``load_state_dict``."""
+    for s, group in zip(_saved_groups(meta), engine.optimizer.param_groups):
         group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in s["hyper"].items()})
 
 
@@ -111,45 +119,33 @@ def segment_view(chunks: list[torch.Tensor], layout, seg) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True) -> dict:
+def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True, also_check=None) -> dict:
     """Fill this rank's partition from saved shards (any number, any order, any source world size); returns the
     last shard's counters. ``optimizer_states=False``: the fp32 master only (moments, step count, loss scale and
-    param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``)."""
-    segs = engine.layout.segments(engine.rank_in_shards)
-    by_name: dict[str, list] = {}
-    for k, s in enumerate(segs):
-        by_name.setdefault(engine.zparams[s.param].name, []).append((k, s))
-    covered: list[list[tuple[int, int]]] = [[] for _ in segs]
+    param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``).
+
+    A transaction, collective over the DP and TP groups: every shard is read and checked, and ``also_check()``
+    (a caller's own checks) run, before anything changes, and the ranks agree on the outcome; a load refused on
+    any rank changes nothing on any rank (each raises: the refusing rank its reason)."""
+    failed: Exception | None = None
+    try:
+        plan, first, meta = _plan(engine, shards)
+        if also_check is not None:
+            also_check()
+    except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below, whatever went wrong here
+        failed = e
+    if agree(engine, int(failed is not None)):
+        if failed is not None:
+            raise failed
+        raise CheckpointMismatch("another rank refused this checkpoint (its error says why): nothing was loaded")
     opt = engine.adamw
     ms, vs = opt.moments() if optimizer_states else ([], [])
     keys = ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq"))[: 3 if optimizer_states else 1]
-    meta = None
-    expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
-    for sd in shards:
-        if sd.get("format") != FORMAT:
-            raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
-        if meta is None:
-            check_compatible(sd, expected)
-            if optimizer_states:
-                _restore_groups(engine, sd)
-        else:
-            check_compatible(sd, expected, check_params=False)
-        meta = sd
-        off = 0
-        for name, start, end in sd["segments"]:
-            for k, s in by_name.get(name, ()):
-                lo, hi = max(start, s.param_start), min(end, s.param_end)
-                if lo < hi:
-                    src = slice(off + lo - start, off + hi - start)
-                    for chunks, key in keys:
-                        dst = segment_view(chunks, engine.layout, s)[lo - s.param_start : hi - s.param_start]
-                        dst.copy_(sd[key][src])
-                    covered[k].append((lo, hi))
-            off += end - start
-    filled, needed = sum(union_length(c) for c in covered), sum(s.numel for s in segs)
-    if meta is None or filled != needed:
-        raise CheckpointMismatch(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+    for sd, src, s, lo, hi in plan:
+        for chunks, key in keys:
+            segment_view(chunks, engine.layout, s)[lo - s.param_start : hi - s.param_start].copy_(sd[key][src])
     if optimizer_states:
+        _restore_groups(engine, first)
         opt.load_moments(ms, vs)
         opt.step_count = int(meta["step"])
         # DeepSpeed's counter (optimizer steps, overflow-skipped ones included); older shards have only the step
@@ -161,6 +157,39 @@ def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True
         "global_steps": int(meta.get("global_steps", meta["step"])),
         "skipped_steps": int(meta.get("scaler", {}).get("skipped_steps", 0)),
     }
+
+
+def _plan(engine: Engine, shards) -> tuple[list, dict, dict]:
+    """Read and check every shard, and list what each copies where: (shard, its slice, the local segment, the
+    segment's range); with the first and the last shard. Changes nothing."""
+    segs = engine.layout.segments(engine.rank_in_shards)
+    by_name: dict[str, list] = {}
+    for k, s in enumerate(segs):
+        by_name.setdefault(engine.zparams[s.param].name, []).append((k, s))
+    covered: list[list[tuple[int, int]]] = [[] for _ in segs]
+    first = meta = None
+    expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
+    plan = []
+    for sd in shards:
+        if sd.get("format") != FORMAT:
+            raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
+        check_compatible(sd, expected, check_params=first is None)
+        if first is None:
+            _check_groups(engine, sd)
+            first = sd
+        meta = sd
+        off = 0
+        for name, start, end in sd["segments"]:
+            for k, s in by_name.get(name, ()):
+                lo, hi = max(start, s.param_start), min(end, s.param_end)
+                if lo < hi:
+                    plan.append((sd, slice(off + lo - start, off + hi - start), s, lo, hi))
+                    covered[k].append((lo, hi))
+            off += end - start
+    filled, needed = sum(union_length(c) for c in covered), sum(s.numel for s in segs)
+    if meta is None or filled != needed:
+        raise CheckpointMismatch(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+    return plan, first, meta
 
 
 def union_length(intervals: list[tuple[int, int]]) -> int:

@@ -42,9 +42,16 @@ class CheckpointSaveError(RuntimeError):
     """A save that did not complete on every rank: nothing was written where the checkpoint goes."""
 
 
-def load_file(path: str | os.PathLike):
-    """``torch.load(path)`` on the CPU, ``weights_only=True``; a damaged file is a one-line ``CheckpointMismatch``."""
+def load_file(path: str | os.PathLike, mmap: bool = False):
+    """``torch.load(path)`` on the CPU, ``weights_only=True``; a damaged file is a one-line ``CheckpointMismatch``.
+    ``mmap``: the tensors are mapped from the file and read as they are used (a file ``torch.save`` wrote before
+    torch 2.1's aligned format is read whole instead)."""
     try:
+        if mmap:
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # not mappable (an older torch.save format); damaged ones fail again below
+                pass
         return torch.load(path, map_location="cpu", weights_only=True)
     except OSError:  # missing, unreadable: the caller's message says which checkpoint lacks it
         raise

@@ -194,19 +194,30 @@ def load_tagged(
     if path is None:
         warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)
         return None, None
-    counters = load_sharded(engine, path, optimizer_states=load_optimizer_states and not load_module_only)
+    # Everything is read and checked before anything changes (load_sharded's transaction), so a refused load, on
+    # any rank, leaves every rank's engine, model and scheduler as they were.
+    read: dict = {}
+
+    def check() -> None:
+        read["extras"] = _check_extras(engine, path, load_module_strict)
+        read["client"] = load_file(path / "client_state.pt")
+        if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
+            read["scheduler"] = _read_scheduler(path)
+
+    counters = load_sharded(engine, path, load_optimizer_states and not load_module_only, also_check=check)
     if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
         engine.global_steps = counters["global_steps"]
         engine.scaler.skipped_steps = counters["skipped_steps"]
-    _load_extras(engine, path, load_module_strict)
-    if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
-        _load_scheduler(engine.lr_scheduler, path)
-    client = load_file(path / "client_state.pt")
-    return str(path), client
+    for target, value in read["extras"]:
+        target.copy_(value)
+    if read.get("scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(read["scheduler"])
+    return str(path), read["client"]
 
 
-def _load_extras(engine: Engine, path: Path, strict: bool) -> None:
-    """The saved buffers and frozen parameters into the model; under ``strict`` the names must match both ways."""
+def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The saved buffers and frozen parameters, as (the model's tensor, its saved value) to copy; under ``strict``
+    the names must match both ways, and the shapes always. Changes nothing."""
     extra = load_file(rank_dir(engine, path) / "module_extra.pt")
     here = _extras(engine)
     missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
@@ -217,6 +228,7 @@ def _load_extras(engine: Engine, path: Path, strict: bool) -> None:
             else f"holds {unexpected[:4]}, which this model lacks"
         )
         raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
+    copies = []
     for name, value in extra.items():
         target = here.get(name)
         if target is not None and target.shape != value.shape:
@@ -224,16 +236,17 @@ def _load_extras(engine: Engine, path: Path, strict: bool) -> None:
                 f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model has as {tuple(target.shape)}"
             )
         if target is not None:
-            target.copy_(value)
+            copies.append((target, value))
+    return copies
 
 
-def _load_scheduler(scheduler, path: Path) -> None:
-    """The saved schedule state into ``scheduler``; a checkpoint without one warns (DeepSpeed's would fail)."""
+def _read_scheduler(path: Path) -> dict | None:
+    """The saved schedule state; None, with a warning, for a checkpoint without one (DeepSpeed's would fail)."""
     if not (path / SCHEDULER).exists():
         warnings.warn(
             f"checkpoint {path} holds no learning-rate scheduler state (saved by an engine without one): "
             "the scheduler starts from its beginning",
-            stacklevel=4,
+            stacklevel=7,
         )
-        return
-    scheduler.load_state_dict(load_file(path / SCHEDULER))
+        return None
+    return load_file(path / SCHEDULER)

@@ -3,7 +3,8 @@
 ``full_state_dict(engine)`` is called on every DP rank (each bucket of the fp32 master is all-gathered in turn, so
 a rank holds one bucket's full values on its device at a time). Its keys are the model's own ``state_dict()`` keys
 in its order: every trained parameter's full value (a tied one under each name it is registered by), the persistent
-buffers (DP rank 0's) and the frozen parameters (unless ``exclude_frozen_parameters``). Trained values come from
+buffers (DP rank 0's) and the frozen parameters (unless ``exclude_frozen_parameters``), then each module's extra
+state (``get_extra_state()``, under ``<module>._extra_state``). Trained values come from
 the fp32 master, in the training dtype by default. Under tensor parallelism each TP rank holds its own slices: a
 whole state dict is refused in one line (save a sharded checkpoint, one ``tp-XX`` directory per TP rank, and
 consolidate each with ``zero/state/checkpoint.py``'s ``consolidate``).
@@ -38,6 +39,21 @@ def state_entries(model: nn.Module, trained: set[int], frozen: bool = True) -> l
     return out
 
 
+EXTRA_STATE = "_extra_state"
+"""torch's ``state_dict`` key for a module's ``get_extra_state()`` (``nn.modules.module._EXTRA_STATE_KEY_SUFFIX``)."""
+
+
+def extra_states(model: nn.Module) -> dict[str, nn.Module]:
+    """``{state_dict key: module}`` for every module that keeps extra state (overrides ``get_extra_state``, as
+    Transformer Engine's FP8 layers do), which ``state_dict()`` saves beside its tensors and ``load_state_dict``
+    hands to ``set_extra_state``; a shared module under each of its names."""
+    return {
+        f"{prefix}.{EXTRA_STATE}" if prefix else EXTRA_STATE: mod
+        for prefix, mod in model.named_modules(remove_duplicate=False)
+        if type(mod).get_extra_state is not nn.Module.get_extra_state
+    }
+
+
 def full_state_dict(
     engine: Engine, dtype: torch.dtype | None = None, exclude_frozen_parameters: bool = False, rank0_only: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -58,7 +74,9 @@ def full_state_dict(
     if not keep:
         return {}
     named = state_entries(engine.module, {id(zp.param) for zp in engine.zparams}, not exclude_frozen_parameters)
-    return {k: full[id(t)] if id(t) in full else t.detach().to("cpu", copy=True) for k, t in named}
+    out = {k: full[id(t)] if id(t) in full else t.detach().to("cpu", copy=True) for k, t in named}
+    out.update({k: mod.get_extra_state() for k, mod in extra_states(engine.module).items()})
+    return out
 
 
 def save_whole(obj, path: Path) -> None:

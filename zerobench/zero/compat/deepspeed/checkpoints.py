@@ -30,7 +30,7 @@ from zerobench.config import ConfigError
 from zerobench.files import replace_file, write_file
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
-from zerobench.zero.state.export import state_entries
+from zerobench.zero.state.export import extra_states, state_entries
 from zerobench.zero.state.transaction import (
     CheckpointMismatch,
     load_file,
@@ -128,21 +128,34 @@ def save_tagged(
     sched = (
         None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     )
+    states = _extra_states(engine)
     path = Path(save_dir) / tag
     point = (lambda: replace_file(Path(save_dir) / LATEST, tag)) if save_latest else None
     with transaction(engine, path, after_commit=point) as staged:
         write_shard(engine, staged.dir, staged.save_id)
         if engine.group.rank == 0:
-            _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters)
+            _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters, states)
     return path
 
 
-def _write_extras(engine: Engine, root: Path, blob: bytes, sched: bytes | None, exclude_frozen: bool) -> None:
-    """DP rank 0's files beside the shards: the buffers and frozen parameters (per TP rank), the client state and
+def _extra_states(engine: Engine) -> dict:
+    """Each module's ``get_extra_state()`` by ``state_dict`` key, refused in one line (on every rank, before a
+    save starts) when it would not load back with ``weights_only=True``."""
+    states = {key: mod.get_extra_state() for key, mod in extra_states(engine.module).items()}
+    for key, value in states.items():
+        _plain({key: value}, f"{key} (the module's get_extra_state())")
+    return states
+
+
+def _write_extras(
+    engine: Engine, root: Path, blob: bytes, sched: bytes | None, exclude_frozen: bool, states: dict
+) -> None:
+    """DP rank 0's files beside the shards: the buffers, frozen parameters and extra states (per TP rank), the client state and
     the scheduler's (once)."""
     extra = _extras(engine, not exclude_frozen)
     d = rank_dir(engine, root)
-    write_file(d / "module_extra.pt", lambda f: torch.save({n: t.detach().cpu().clone() for n, t in extra.items()}, f))
+    saved = {**{n: t.detach().cpu().clone() for n, t in extra.items()}, **states}
+    write_file(d / "module_extra.pt", lambda f: torch.save(saved, f))
     write_json(d / FROZEN, sorted(n for n, t in extra.items() if isinstance(t, nn.Parameter)))
     if engine.tp_group is None or engine.tp_group.rank == 0:
         write_file(root / "client_state.pt", blob)
@@ -209,21 +222,25 @@ def load_tagged(
         engine.global_steps = counters["global_steps"]
         engine.scaler.skipped_steps = counters["skipped_steps"]
     for target, value in read["extras"]:
-        target.copy_(value)
+        if torch.is_tensor(target):
+            target.copy_(value)
+        else:
+            target.set_extra_state(value)
     if read.get("scheduler") is not None:
         engine.lr_scheduler.load_state_dict(read["scheduler"])
     return str(path), read["client"]
 
 
-def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The saved buffers and frozen parameters, as (the model's tensor, its saved value) to copy; under ``strict``
-    the names must match both ways, and the shapes always. Changes nothing."""
+def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:
+    """The saved buffers, frozen parameters and modules' extra state, as (the model's tensor or module, its saved
+    value) to copy or hand to ``set_extra_state``; under ``strict`` the names must match both ways, and tensor
+    shapes always. Changes nothing."""
     extra = load_file(rank_dir(engine, path) / "module_extra.pt")
-    here = _extras(engine)
+    here = {**_extras(engine), **extra_states(engine.module)}
     missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
     if strict and (missing or unexpected):
         what = (
-            f"lacks {missing[:4]} of this model's buffers and frozen parameters"
+            f"lacks {missing[:4]} of this model's buffers, frozen parameters and extra state"
             if missing
             else f"holds {unexpected[:4]}, which this model lacks"
         )
@@ -231,13 +248,17 @@ def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple[torch.
     copies = []
     for name, value in extra.items():
         target = here.get(name)
-        if target is not None and target.shape != value.shape:
+        if torch.is_tensor(target) and (not torch.is_tensor(value) or target.shape != value.shape):
             raise ValueError(
-                f"checkpoint {path} holds {name!r} {tuple(value.shape)}, which this model has as {tuple(target.shape)}"
+                f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as {tuple(target.shape)}"
             )
         if target is not None:
             copies.append((target, value))
     return copies
+
+
+def _shape(value) -> str:
+    return str(tuple(value.shape)) if torch.is_tensor(value) else f"as a {type(value).__name__}"
 
 
 def _read_scheduler(path: Path) -> dict | None:

@@ -63,7 +63,7 @@ def get_fp32_state_dict_from_zero_checkpoint(
                 "hold as buffers or frozen parameters"
             )
         extra = {k: v for k, v in extra.items() if k not in frozen}
-    out.update({k: v.float() if v.is_floating_point() else v for k, v in extra.items()})
+    out.update({k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in extra.items()})
     return out
 
 

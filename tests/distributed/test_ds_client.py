@@ -53,3 +53,57 @@ def test_a_client_adam_without_weight_decay_is_adamws_groups():
         (0.25, (0.8, 0.9), 0, True),
     ]
     assert not any(k in g for g in groups for k in ("fused", "foreach", "capturable", "differentiable"))
+
+
+NESTED_SCRIPT = """
+import torch
+from torch.optim import lr_scheduler as S
+from zerobench.zero import initialize
+
+def run(kind):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    client = torch.optim.AdamW(model.parameters(), lr=0.01)
+    if kind == "sequential":
+        sched = S.SequentialLR(client, [S.LinearLR(client, 0.5, total_iters=2), S.ExponentialLR(client, 0.5)], [2])
+    elif kind == "chained":
+        sched = S.ChainedScheduler([S.ExponentialLR(client, 0.8), S.LambdaLR(client, lambda s: 1 / (1 + s))])
+    else:
+        sched = None
+    engine, _, _, _ = initialize(model, config={"train_batch_size": 2, "zero_optimization": {"stage": 2}},
+                                 optimizer=client, lr_scheduler=sched)
+    lrs = []
+    for step in range(4):
+        if kind == "by_hand":  # a warm-up written into the client's groups, as loops do
+            for g in client.param_groups:
+                g["lr"] = 0.0 if step < 2 else 0.01
+        engine.backward(engine(torch.ones(2, 4)).sum())
+        engine.step()
+        lrs.append(round(engine.get_lr()[0], 8))
+    return lrs
+
+def torch_lrs(kind):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    if kind == "sequential":
+        sched = S.SequentialLR(opt, [S.LinearLR(opt, 0.5, total_iters=2), S.ExponentialLR(opt, 0.5)], [2])
+    else:
+        sched = S.ChainedScheduler([S.ExponentialLR(opt, 0.8), S.LambdaLR(opt, lambda s: 1 / (1 + s))])
+    out = []
+    for _ in range(4):
+        opt.step()
+        sched.step()
+        out.append(round(opt.param_groups[0]["lr"], 8))
+    return out
+
+print(run("sequential") == torch_lrs("sequential"), run("chained") == torch_lrs("chained"), run("by_hand"))
+"""
+
+
+def test_nested_schedulers_and_rates_written_to_the_client_move_the_engine():
+    """``SequentialLR`` and ``ChainedScheduler`` write through the schedulers they hold, each on the client
+    optimizer, and loops write ``client.param_groups[i]["lr"]`` by hand: before, the engine's rate never moved (the
+    client's groups were copies, and only the outer scheduler was rebound)."""
+    r = run_plain_python("-W", "error::UserWarning", "-c", NESTED_SCRIPT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True", "[0.0,", "0.0,", "0.01,", "0.01]"], r.stdout

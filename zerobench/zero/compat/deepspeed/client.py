@@ -5,7 +5,8 @@
 callable building one from ``model_parameters``. Its param groups, with every hyperparameter, become the engine's
 (``apply_zero(param_groups=...)``); the engine's own optimizer takes its place, as DeepSpeed's ZeRO optimizer wraps
 the client's. ``lr_scheduler=`` may then be a scheduler already built on that client optimizer: it is rebound to
-the engine's optimizer, whose groups start from the rates the scheduler has written. Anything else is one line:
+the engine's optimizer, whose groups start from the rates the scheduler has written; the client's ``param_groups``
+are the engine's from then on. Anything else is one line:
 another optimizer class (the engine's update is AdamW's), an Adam whose weight decay is added to the gradient, a
 client optimizer that has already stepped (the engine's moments start at zero), a scheduler built on another
 optimizer.
@@ -75,6 +76,17 @@ def check_scheduler(scheduler, client: torch.optim.Optimizer | None) -> bool:
 
 
 def rebind(scheduler, engine_optimizer: torch.optim.Optimizer):
-    """``scheduler`` (built on the client optimizer) now moves ``engine_optimizer``'s learning rates; returns it."""
+    """``scheduler`` (built on the client optimizer) now moves ``engine_optimizer``'s learning rates, and so do the
+    schedulers it drives (``SequentialLR``'s and ``ChainedScheduler``'s, which write their own optimizer's rates);
+    returns it."""
     scheduler.optimizer = engine_optimizer
+    for inner in getattr(scheduler, "_schedulers", ()):
+        rebind(inner, engine_optimizer)
     return scheduler
+
+
+def share_groups(client: torch.optim.Optimizer, engine_optimizer: torch.optim.Optimizer) -> None:
+    """The client optimizer's ``param_groups`` become the engine's: a rate the loop writes there by hand (a
+    warm-up, ``g["lr"] = ...``), or a scheduler that still holds the client, moves the engine's, as the
+    client's groups are DeepSpeed's ZeRO optimizer's own. (Its ``step()`` is refused: the engine steps.)"""
+    client.param_groups = engine_optimizer.param_groups

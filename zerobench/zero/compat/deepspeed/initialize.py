@@ -36,7 +36,7 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
-from zerobench.zero.compat.deepspeed.client import check_scheduler, client_groups, rebind
+from zerobench.zero.compat.deepspeed.client import check_scheduler, client_groups, rebind, share_groups
 from zerobench.zero.compat.deepspeed.config import DeepSpeedConfig, from_deepspeed
 from zerobench.zero.compat.deepspeed.lr_schedules import attach, build
 
@@ -178,6 +178,8 @@ def initialize(
     engine.tag_validation = cfg.tag_validation
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     engine.training_dataloader = loader
+    if client is not None:
+        share_groups(client, engine.optimizer)
     scheduler = None
     if built:
         scheduler = rebind(lr_scheduler, engine.optimizer)

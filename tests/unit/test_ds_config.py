@@ -51,6 +51,21 @@ def test_a_zero2_bf16_config():
     }
 
 
+def test_torch_adam_takes_torch_adamws_default_weight_decay():
+    """DeepSpeed builds ``torch.optim.AdamW(params, **params)`` under ``torch_adam``, whose weight decay defaults to
+    0.01 (FusedAdam's and DeepSpeedCPUAdam's to 0); before, it was 0 here, and the weights drifted from
+    DeepSpeed's by lr x 0.01 x |w| a step."""
+    for kind in ("Adam", "AdamW"):
+        torch_adam = {"type": kind, "params": {"lr": 1e-3, "torch_adam": True, "foreach": False}}
+        fused = {"type": kind, "params": {"lr": 1e-3}}
+        got = [from_deepspeed({"train_micro_batch_size_per_gpu": 2, "optimizer": o}, dp=1) for o in (torch_adam, fused)]
+        assert [c.zero.optimizer.weight_decay for c in got] == [0.01, 0.0]
+    given = {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True, "weight_decay": 0.2}}
+    assert (
+        from_deepspeed({"train_micro_batch_size_per_gpu": 2, "optimizer": given}, 1).zero.optimizer.weight_decay == 0.2
+    )
+
+
 def test_deepspeeds_defaults():
     """Adam's betas (0.9, 0.999) and weight decay 0; overlap_comm on at stage 3 only; clipping at 1.0 (0: none);
     fp32."""

@@ -251,7 +251,11 @@ def _optimizer(cfg: dict) -> AdamWConfig:
             "DeepSpeed config optimizer.params: only decoupled weight decay with bias correction and "
             "without amsgrad (AdamW) is supported"
         )
-    p.pop("torch_adam", None)
+    # DeepSpeed builds torch.optim.AdamW(params, **params) under torch_adam, whose weight_decay defaults to 0.01;
+    # FusedAdam and DeepSpeedCPUAdam default it to 0 (DeepSpeed 0.19.8, get_optimizer_configuration)
+    torch_adam = bool(p.pop("torch_adam", False))
+    if torch_adam:
+        p.pop("foreach", None)  # how torch runs it, as DeepSpeed passes it on
     extra = set(p) - {"lr", "betas", "eps", "weight_decay"}
     if extra:
         raise ConfigError(f"DeepSpeed config optimizer.params: unknown {', '.join(sorted(extra))}")
@@ -263,7 +267,7 @@ def _optimizer(cfg: dict) -> AdamWConfig:
         lr=num(p, "lr", 1e-3, float, where),
         betas=(float(betas[0]), float(betas[1])),
         eps=num(p, "eps", 1e-8, float, where),
-        weight_decay=num(p, "weight_decay", 0.0, float, where),
+        weight_decay=num(p, "weight_decay", 0.01 if torch_adam else 0.0, float, where),
     )
 
 

@@ -96,6 +96,11 @@ def refused(request):
         ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
         ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
         (
+            "frozen_after_unused_allowed",
+            "UnusedParametersError",
+            "['0.weight'] were frozen (requires_grad=False) after",
+        ),
+        (
             "unfrozen_after",
             "RuntimeError",
             "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero",

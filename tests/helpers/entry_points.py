@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -156,6 +157,17 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
+    def frozen_after_unused_allowed():
+        """With unused parameters allowed the check used not to run, and the frozen weight went on being stepped
+        (momentum, weight decay) where torch.optim skips it."""
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = ds_apply_zero(m, None, dataclasses.replace(cfg, find_unused_parameters=True))
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+        m[0].weight.requires_grad_(False)
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
     def unfrozen_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
         m[0].requires_grad_(False)
@@ -198,6 +210,7 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         "mixed_dtypes": mixed_dtypes,
         "sparse_functional": sparse_functional,
         "frozen_after": frozen_after,
+        "frozen_after_unused_allowed": frozen_after_unused_allowed,
         "unfrozen_after": unfrozen_after,
         "wrong_group": wrong_group,
         "applied_twice": applied_twice,

@@ -73,6 +73,17 @@ def check_unused(engine: Engine, pending: UnusedCheck | None) -> None:
     """Raise ``UnusedParametersError`` on every DP rank if any rank's last window left a parameter unused; and
     refuse parameters unfrozen after ``apply_zero`` (``check_unfrozen``)."""
     check_unfrozen(engine.frozen)
+    # Frozen since apply_zero: refused whether unused parameters are allowed or not. Allowed, they would go on
+    # being stepped with a zero gradient (momentum, weight decay), where torch.optim skips a parameter without one.
+    frozen = [zp.name for zp in engine.zparams if not zp.param.requires_grad]
+    if frozen:
+        if pending is not None:
+            pending.wait()  # its collective completes on every rank before any raises
+        raise UnusedParametersError(
+            f"parameter(s) {frozen[:4]}{' ...' if len(frozen) > 4 else ''} were frozen (requires_grad=False) after "
+            "apply_zero: the engine's partition is fixed when it is built, and it would go on stepping them; "
+            "freeze them before apply_zero (or build a new engine)"
+        )
     if pending is None:
         return
     flags, unused, group = pending.wait(), pending.unused, engine.group
@@ -80,12 +91,6 @@ def check_unused(engine: Engine, pending: UnusedCheck | None) -> None:
     if not ranks:
         return
     names = [engine.zparams[i].name for i in unused]
-    frozen = [engine.zparams[i].name for i in unused if not engine.zparams[i].param.requires_grad]
-    if frozen:
-        raise UnusedParametersError(
-            f"parameter(s) {frozen[:4]}{' ...' if len(frozen) > 4 else ''} were frozen (requires_grad=False) after "
-            "apply_zero: the engine's partition is fixed when it is built; freeze them before apply_zero"
-        )
     here = f"here (rank {group.rank}, {len(names)}): {names[:4]}{' ...' if len(names) > 4 else ''}; " if names else ""
     raise UnusedParametersError(
         f"trained parameter(s) got no gradient on rank(s) {ranks}: unused in forward; {here}"

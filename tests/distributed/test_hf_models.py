@@ -14,7 +14,15 @@ import pytest
 
 from tests.distributed.test_user_models import close  # the same tolerances
 from tests.helpers.dist import run_distributed
-from tests.helpers.hf_models import SEQ, VOCAB, case_key, run_encoder_outputs_bf16, run_export, run_parity
+from tests.helpers.hf_models import (
+    SEQ,
+    VOCAB,
+    case_key,
+    run_encoder_outputs_bf16,
+    run_export,
+    run_generate_lengths,
+    run_parity,
+)
 
 pytest.importorskip("transformers", reason="Hugging Face transformers is not installed (pip install zerobench[test])")
 
@@ -105,3 +113,13 @@ def test_bf16_encoder_outputs_given_as_a_model_output_are_cast():
     for r in run_distributed(run_encoder_outputs_bf16, 2, timeout=200):
         assert "error" not in r, r["error"]
         assert r["logits"] == "torch.bfloat16" and r["applied"] and 0 < r["loss"] < 20, r
+
+
+def test_stage3_generate_where_ranks_end_at_other_lengths():
+    """Each rank generates from its own prompt and rank 0's ends at once: at stage 3 every rank must run every
+    forward (a unit's gather is a collective), and HF syncs them only under DeepSpeed's ZeRO-3 or FSDP. Before, rank 1
+    waited on rank 0's gathers until the collective timed out; the module's ``generate`` now defaults
+    ``synced_gpus`` to True, and ``destroy()`` takes that off again."""
+    for r in run_distributed(run_generate_lengths, 2, timeout=180, coll_timeout=30):
+        assert r["lengths"][0] < r["lengths"][1], r  # the case is real: the ranks' ends differ
+        assert r["same"] and r["stepped"] and r["unwrapped"], r

@@ -267,3 +267,35 @@ def run_encoder_outputs_bf16(rank: int, world: int) -> dict:
     except Exception as e:  # noqa: BLE001 - the test reports what the rank saw
         return {"error": f"{type(e).__name__}: {e}"}
     return {"loss": out.loss.item(), "logits": str(out.logits.dtype), "applied": engine.was_step_applied()}
+
+
+def run_generate_lengths(rank: int, world: int) -> dict:
+    """Stage-3 ``generate`` where each rank's prompt ends at another length (its EOS comes early on rank 0), then a
+    training step: each rank's tokens, the single model's, and whether the step ran. HF syncs the ranks' forwards
+    (``synced_gpus``) only when it sees DeepSpeed's ZeRO-3 or FSDP."""
+    from zerobench.zero import initialize
+
+    model = make_hf("gpt2")
+    plain = copy.deepcopy(model).eval()
+    prompts = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        eos = int(plain.generate(prompts[:1], **kw)[0, 4])  # rank 0's first new token: it stops at once
+        expected = [plain.generate(prompts[r : r + 1], eos_token_id=eos, **kw) for r in range(world)]
+    engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=ds_config(3, world))
+    engine.eval()
+    with torch.no_grad():
+        by_engine = engine.generate(prompts[rank : rank + 1], eos_token_id=eos, **kw)
+        by_module = engine.module.generate(prompts[rank : rank + 1], eos_token_id=eos, **kw)
+    engine.train()
+    ids = batches(1)[0][rank : rank + 1]
+    out = engine(input_ids=ids, labels=ids)
+    engine.backward(out.loss)
+    engine.step()
+    engine.destroy()
+    return {
+        "lengths": [e.shape[1] for e in expected],
+        "same": torch.equal(by_engine, expected[rank]) and torch.equal(by_module, expected[rank]),
+        "stepped": engine.global_steps == 1,
+        "unwrapped": "generate" not in model.__dict__,
+    }

@@ -15,6 +15,8 @@ core never imports it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import os
 from pathlib import Path
@@ -64,6 +66,12 @@ class DeepSpeedEngine(ZeroEngine):
             return found
         where = f" nor has its module ({type(module).__name__})" if module is not None else ""
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}{where}")
+
+    def destroy(self) -> None:
+        """``ZeroEngine.destroy``, and the module's ``generate`` is its class's again (``_sync_generate``)."""
+        super().destroy()
+        if getattr(self.module.__dict__.get("generate"), "synced_by_engine", False):
+            del self.module.__dict__["generate"]
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """The engine's backward (``ZeroEngine.backward``); returns what DeepSpeed's returns: ``loss`` divided by
@@ -312,6 +320,7 @@ def as_deepspeed(engine: ZeroEngine, micro_batch: int | None = None) -> DeepSpee
             engine.optimizer.__class__ = DeepSpeedOptimizer
         if engine.stage == 3:
             _mark_partitioned(engine)
+            _sync_generate(engine)
     if micro_batch is not None:
         engine.micro_batch = micro_batch
     return engine
@@ -331,3 +340,24 @@ def _mark_partitioned(engine: ZeroEngine) -> None:
     for zp in engine.zparams:
         zp.param.ds_shape = torch.Size(zp.slot.shape)
         zp.param.ds_numel = zp.param.ds_shape.numel()
+
+
+def _sync_generate(engine: ZeroEngine) -> None:
+    """At stage 3 every DP rank must run every forward, since a unit's gather is a collective. Hugging Face's
+    ``generate`` stops a rank at its own end of sequence unless ``synced_gpus``, which it turns on by itself only
+    under DeepSpeed's ZeRO-3 or FSDP (``is_deepspeed_zero3_enabled``, ``is_fsdp_managed_module``), neither of which
+    it can see here: ranks whose prompts end at different lengths then waited on each other's gathers until the
+    collective timed out. The module's ``generate`` (any that takes ``synced_gpus``) now defaults it to True, on the
+    module instance, as HF would under DeepSpeed; ``destroy()`` takes it off again."""
+    gen = getattr(engine.module, "generate", None)
+    if engine.group.size < 2 or not callable(gen) or "synced_gpus" not in inspect.signature(gen).parameters:
+        return
+
+    @functools.wraps(gen)
+    def generate(*args, **kwargs):
+        if kwargs.get("synced_gpus") is None:
+            kwargs["synced_gpus"] = True
+        return gen(*args, **kwargs)
+
+    generate.synced_by_engine = True
+    engine.module.generate = generate

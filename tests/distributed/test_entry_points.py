@@ -100,6 +100,7 @@ def refused(request):
             "UnusedParametersError",
             "['0.weight'] were frozen (requires_grad=False) after",
         ),
+        ("added_after", "RuntimeError", "['1.weight', '1.bias'] were added to the model after apply_zero"),
         (
             "unfrozen_after",
             "RuntimeError",

@@ -168,6 +168,14 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
+    def added_after():
+        """A module assigned after apply_zero: before, it trained without a word and its weights never moved."""
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = ds_apply_zero(m, None, dataclasses.replace(cfg, find_unused_parameters=True))
+        m[1] = nn.Linear(4, 1)
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
     def unfrozen_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
         m[0].requires_grad_(False)
@@ -211,6 +219,7 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         "sparse_functional": sparse_functional,
         "frozen_after": frozen_after,
         "frozen_after_unused_allowed": frozen_after_unused_allowed,
+        "added_after": added_after,
         "unfrozen_after": unfrozen_after,
         "wrong_group": wrong_group,
         "applied_twice": applied_twice,

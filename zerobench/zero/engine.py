@@ -136,6 +136,10 @@ class ZeroEngine:
             for (_, p), slot in zip(ordered.named, self.layout.params)
         ]
         self.frozen = settle_frozen(model, ordered.frozen, self.param_dtype, device)  # refused at step() if unfrozen
+        self._known_param_ids = frozenset(
+            id(p) for p in [*(zp.param for zp in self.zparams), *(p for _, p in self.frozen)]
+        )
+        """Every parameter the model had when built: one it gains after is refused at ``step()`` (``check_added``)."""
         self.rank_in_shards = 0 if self.stage == 0 else group.rank
         return ordered, groups
 

@@ -36,6 +36,7 @@ class Engine(Protocol):
     rank_in_shards: int
     replicated_ranges: list
     frozen: list[tuple[str, nn.Parameter]]
+    _known_param_ids: frozenset[int]
     destroyed: bool
     global_steps: int
     last_grad_norm: float | None

@@ -40,6 +40,20 @@ def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
         )
 
 
+def check_added(engine: Engine) -> None:
+    """Refuse, in one line, trainable parameters the model gained after ``apply_zero`` (a module assigned or
+    replaced: ``model.head = nn.Linear(...)``, ``resize_token_embeddings``): the engine trains the parameters it was
+    built with, so these would silently never be stepped. One walk of the model's parameters per step."""
+    known = engine._known_param_ids
+    added = [n for n, p in engine.module.named_parameters() if p.requires_grad and id(p) not in known]
+    if added:
+        raise RuntimeError(
+            f"parameter(s) {added[:4]}{' ...' if len(added) > 4 else ''} were added to the model after apply_zero "
+            "(a module assigned or replaced): the engine trains the parameters it was built with and would never "
+            "step these; give the model its final modules before apply_zero (or build a new engine)"
+        )
+
+
 class UnusedCheck:
     """Whether each rank left a parameter unused in a window (1 or 0 per rank), being summed over the DP group."""
 
@@ -71,8 +85,9 @@ def start_unused_check(engine: Engine, unused: list[int]) -> UnusedCheck | None:
 
 def check_unused(engine: Engine, pending: UnusedCheck | None) -> None:
     """Raise ``UnusedParametersError`` on every DP rank if any rank's last window left a parameter unused; and
-    refuse parameters unfrozen after ``apply_zero`` (``check_unfrozen``)."""
+    refuse parameters unfrozen, frozen or added after ``apply_zero`` (``check_unfrozen``, ``check_added``)."""
     check_unfrozen(engine.frozen)
+    check_added(engine)
     # Frozen since apply_zero: refused whether unused parameters are allowed or not. Allowed, they would go on
     # being stepped with a zero gradient (momentum, weight decay), where torch.optim skips a parameter without one.
     frozen = [zp.name for zp in engine.zparams if not zp.param.requires_grad]

@@ -70,6 +70,10 @@ def _surface(rank: int, world: int, stage: int) -> dict:
     out["training_dataloader"] = engine.training_dataloader  # initialize() was given no training_data
     engine.set_train_micro_batch_size(3)
     out["batch_after"] = engine.get_batch_info()
+    for _ in range(2):  # one more optimizer step, of 12 samples
+        engine.backward(engine(torch.randn(3, 6, generator=g)).pow(2).mean())
+        engine.step()
+    out["samples_after"] = engine.global_samples
     try:
         engine.set_train_micro_batch_size(0)
     except Exception as e:  # noqa: BLE001 (the message is what is checked)
@@ -90,6 +94,7 @@ def test_deepspeed_names_and_the_modules_pass_through(stage):
         assert r["eval_returns_engine"]
         assert r["dynamic_loss_scale"] is True and r["training_dataloader"] is None
         assert r["batch_after"] == (12, 3, 2)  # DeepSpeed's set_train_micro_batch_size: the accumulation stays
+        assert r["samples_after"] == 16 + 12  # each step at the batch size it ran with (before: 3 x 12)
         assert r["bad_micro"] == "ConfigError: set_train_micro_batch_size: give a positive integer, not 0"
 
 
@@ -216,3 +221,36 @@ def test_step_passes_lr_kwargs_to_the_scheduler():
     attribute made it look like a scheduler built on another optimizer, refused)."""
     for calls in run_distributed(_lr_kwargs, 2):
         assert calls == [{"increment": 4}, {}]
+
+
+def _samples_saved(rank: int, world: int, root: str) -> int:
+    """Two optimizer steps of 8 samples at DP 2 saved; loaded at DP 1 (4 a step) and stepped once."""
+    import zerobench.zero as Z
+
+    torch.manual_seed(0)
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW"},
+    }
+    engine, *_ = Z.initialize(model=Net(), config=cfg)
+    if world == 2:
+        for _ in range(4):
+            engine.backward(engine(torch.ones(2, 6)).pow(2).mean())
+            engine.step()
+        engine.save_checkpoint(root, tag="t")
+        return engine.global_samples
+    engine.load_checkpoint(root, tag="t")
+    loaded = engine.global_samples
+    for _ in range(2):
+        engine.backward(engine(torch.ones(2, 6)).pow(2).mean())
+        engine.step()
+    return loaded, engine.global_samples
+
+
+def test_global_samples_resume_at_another_dp_size(tmp_path):
+    """DeepSpeed saves ``global_samples`` and goes on from it; before, it was steps x the current batch size, so a
+    run resumed at half the DP size counted half its samples (12, not 16)."""
+    assert run_distributed(_samples_saved, 2, str(tmp_path)) == [16, 16]
+    assert run_distributed(_samples_saved, 1, str(tmp_path)) == [(16, 20)]

@@ -34,6 +34,7 @@ from zerobench.zero.state.export import extra_states, state_entries
 from zerobench.zero.state.transaction import (
     CheckpointMismatch,
     load_file,
+    read_json,
     replaced_copy,
     transaction,
     write_json,
@@ -41,6 +42,8 @@ from zerobench.zero.state.transaction import (
 
 LATEST = "latest"
 SCHEDULER = "lr_scheduler.pt"
+COUNTERS = "counters.json"
+"""DeepSpeed's counters no shard holds: ``global_samples`` (samples at the batch size each step ran with)."""
 FROZEN = "frozen.json"
 """Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
 
@@ -159,6 +162,8 @@ def _write_extras(
     write_json(d / FROZEN, sorted(n for n, t in extra.items() if isinstance(t, nn.Parameter)))
     if engine.tp_group is None or engine.tp_group.rank == 0:
         write_file(root / "client_state.pt", blob)
+        if getattr(engine, "micro_batch", None) is not None:  # (no batch size given: no sample count)
+            write_json(root / COUNTERS, {"global_samples": int(engine.global_samples)})
         if sched is not None:
             write_file(root / SCHEDULER, sched)
 
@@ -214,6 +219,7 @@ def load_tagged(
     def check() -> None:
         read["extras"] = _check_extras(engine, path, load_module_strict)
         read["client"] = load_file(path / "client_state.pt")
+        read["samples"] = read_json(path / COUNTERS).get("global_samples") if (path / COUNTERS).exists() else None
         if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
             read["scheduler"] = _read_scheduler(path)
 
@@ -221,6 +227,11 @@ def load_tagged(
     if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
         engine.global_steps = counters["global_steps"]
         engine.scaler.skipped_steps = counters["skipped_steps"]
+        if getattr(engine, "micro_batch", None) is not None:  # without a count saved, DeepSpeed's fallback
+            samples = read["samples"]
+            if not isinstance(samples, int) or isinstance(samples, bool):
+                samples = engine.global_steps * engine.train_batch_size()
+            engine._samples_at = (engine.global_steps, samples)
     for target, value in read["extras"]:
         if torch.is_tensor(target):
             target.copy_(value)

@@ -52,6 +52,9 @@ class DeepSpeedEngine(ZeroEngine):
     """``micro_steps`` when ``set_train_batch_size`` last changed the accumulation steps (windows count from it)."""
     training_dataloader = None
     """The loader ``initialize`` made of ``training_data`` (DeepSpeed's attribute; None without one)."""
+    _samples_at = (0, 0)
+    """(``global_steps``, ``global_samples``) when the batch size last changed or a checkpoint was loaded: steps since
+    count at the current ``train_batch_size()``."""
 
     def __call__(self, *args, **kwargs):
         """``engine(batch)``: the model's forward."""
@@ -105,6 +108,7 @@ class DeepSpeedEngine(ZeroEngine):
         the accumulation steps stay)."""
         if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise ConfigError(f"set_train_micro_batch_size: give a positive integer, not {micro_batch_size!r}")
+        self._samples_at = (self.global_steps, self.global_samples)  # steps so far counted at the old size
         self.micro_batch = micro_batch_size
 
     def set_train_batch_size(self, train_batch_size: int) -> None:
@@ -127,6 +131,7 @@ class DeepSpeedEngine(ZeroEngine):
                 f"{self.config.grad_accum_steps} micro-batches run): call it after the step() that ends the window"
             )
         gas = train_batch_size // per
+        self._samples_at = (self.global_steps, self.global_samples)  # steps so far counted at the old size
         self.config = dataclasses.replace(self.config, grad_accum_steps=gas)
         self.window.accum, self.window.counted = gas, 0
         self._window_start = self.micro_steps
@@ -159,9 +164,11 @@ class DeepSpeedEngine(ZeroEngine):
 
     @property
     def global_samples(self) -> int:
-        """Samples trained over the DP group: ``train_batch_size()`` per optimizer step, as DeepSpeed counts them
-        (an fp16 step skipped on an overflow included)."""
-        return self.global_steps * self.train_batch_size()
+        """Samples trained over the DP group: ``train_batch_size()`` per optimizer step at the batch size it ran with,
+        as DeepSpeed counts them (an fp16 step skipped on an overflow included); checkpoints keep it, so a run resumed
+        at another DP size or batch size goes on from the saved count."""
+        steps, samples = self._samples_at
+        return samples + (self.global_steps - steps) * self.train_batch_size()
 
     @property
     def skipped_steps(self) -> int:

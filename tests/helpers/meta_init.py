@@ -73,7 +73,7 @@ CASES = {
         2,
         ParallelSpec(
             zero=ZeroConfig(stage=3, bucket_numel=20_000),
-            activation=ActivationConfig(checkpoint=True, partition=True),
+            activation=ActivationConfig(checkpoint=True),  # P_a with SP is refused (validate_sp)
             sequence_parallel=True,
         ),
     ),

@@ -504,3 +504,14 @@ def test_a_refused_command_leaves_no_directory_behind(tmp_path, capsys):
         assert code == 2 and err.count("\n") == 1, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["rows.jsonl"]
+
+
+@pytest.mark.parametrize("flag", ["--pa", "--pa-cpu"])
+def test_partitioned_activations_with_sequence_parallelism_are_refused(flag, tmp_path, capsys):
+    """Under SP each TP rank's block input is its own slice of the sequence; P_a gathered the slices of different
+    tensors into the recompute's input, and training went on with gradients 1.8x off (relative) without a word.
+    Megatron-LM refuses the pair too."""
+    argv = ["train", "--tp", "2", "--dp", "1", "--steps", "1", "--sp", "--checkpoint-activations", flag]
+    code, err = run([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "P_a (--pa, --pa-cpu, --paper-config C2/C4/C5) with sequence parallelism (--sp)" in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -39,3 +39,15 @@ def validate_tp(cfg: GPTConfig, tp: int) -> None:
                 else "choose a TP degree dividing it"
             )
             raise ConfigError(f"{what} {n} is not divisible by TP degree {tp}: {fix}")
+
+
+def validate_sp(activation: ActivationConfig, sequence_parallel: bool, tp: int) -> None:
+    """Refuse P_a (or P_a+cpu) under sequence parallelism: there each TP rank's block input is its own slice of the
+    sequence, and P_a, which keeps 1/TP of a checkpoint it takes to be the same on every TP rank, would gather the
+    slices of different tensors back into a wrong input for the recompute. Megatron-LM refuses the pair too
+    (``distribute_saved_activations`` with ``sequence_parallel``); SP already keeps 1/TP of each checkpoint."""
+    if sequence_parallel and tp > 1 and (activation.partition or activation.cpu_offload):
+        raise ConfigError(
+            "P_a (--pa, --pa-cpu, --paper-config C2/C4/C5) with sequence parallelism (--sp): under SP each TP rank's "
+            "checkpoint is already its own 1/TP of the sequence, which P_a cannot partition again; drop one of them"
+        )

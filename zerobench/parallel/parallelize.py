@@ -21,7 +21,7 @@ from torch import nn
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.parallel.checkpointing import CheckpointStore, apply_activation_checkpointing
-from zerobench.parallel.config import ActivationConfig
+from zerobench.parallel.config import ActivationConfig, validate_sp
 from zerobench.parallel.fused import apply_fused_kernels
 from zerobench.parallel.tensor_parallel import TPInfo, apply_tp
 from zerobench.zero.api import apply_zero
@@ -93,6 +93,7 @@ def parallelize(
         ``Parallelized(model, tp, store, engine)``: the model, TP's record (its sharded parameter names and RNG),
         the checkpoint store, and the engine (``None`` without ZeRO).
     """
+    validate_sp(spec.activation, spec.sequence_parallel, mesh.tp.size)
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel, device=device)
     apply_fused_kernels(model, spec.kernels, device=device)
     store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)

@@ -86,7 +86,7 @@ class TrainConfig:
 
     def validate(self, world_size: int | None = None) -> None:
         """System-independent checks; ``zerobench.systems.validate_run`` adds the system's own."""
-        from zerobench.parallel.config import validate_tp
+        from zerobench.parallel.config import validate_sp, validate_tp
 
         self.model.validate()
         self.zero.validate()
@@ -94,6 +94,7 @@ class TrainConfig:
         if self.dp < 1 or self.tp < 1:
             raise ConfigError(f"--dp and --tp must be >= 1, got dp {self.dp}, tp {self.tp}")
         validate_tp(self.model, self.tp)
+        validate_sp(self.activation, self.sequence_parallel, self.tp)
         if self.sequence_parallel and self.model.seq % self.tp:
             raise ConfigError(
                 f"sequence length {self.model.seq} is not divisible by TP degree {self.tp}: "

@@ -51,8 +51,15 @@ def vocab_parallel_cross_entropy(
     return _VocabParallelCE.apply(logits, target, group, ledger)
 
 
+IGNORE_INDEX = -100
+"""``F.cross_entropy``'s default ``ignore_index``: a target the loss leaves out (padding, a prompt's tokens)."""
+
+
 class VocabParallelLMLoss(nn.Module):
-    """Drop-in for the plain model's ``LMLoss``: mean token loss from vocabulary-parallel logits."""
+    """Drop-in for the plain model's ``LMLoss`` (``F.cross_entropy``'s mean): the mean token loss from
+    vocabulary-parallel logits over the targets that are not ``IGNORE_INDEX``, which add neither loss nor gradient
+    (no such target: NaN, as torch's). A target outside the vocabulary is an error, as torch's, raised without a
+    host sync on the GPU (``torch._assert_async``)."""
 
     def __init__(self, group: Group, ledger: CommLedger | None = None):
         super().__init__()
@@ -60,4 +67,12 @@ class VocabParallelLMLoss(nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         flat = logits.reshape(-1, logits.shape[-1])
-        return vocab_parallel_cross_entropy(flat, targets.reshape(-1), self.group, self.ledger).mean()
+        t = targets.reshape(-1)
+        keep = t != IGNORE_INDEX
+        vocab = flat.shape[-1] * self.group.size
+        torch._assert_async(
+            ((t >= 0) & (t < vocab) | ~keep).all(),
+            f"a target is outside the vocabulary [0, {vocab}) and is not the ignore index {IGNORE_INDEX}",
+        )
+        per_token = vocab_parallel_cross_entropy(flat, t.masked_fill(~keep, 0), self.group, self.ledger)
+        return (per_token * keep).sum() / keep.sum()

@@ -94,12 +94,12 @@ class TrainConfig:
         if self.dp < 1 or self.tp < 1:
             raise ConfigError(f"--dp and --tp must be >= 1, got dp {self.dp}, tp {self.tp}")
         validate_tp(self.model, self.tp)
-        validate_sp(self.activation, self.sequence_parallel, self.tp)
         if self.sequence_parallel and self.model.seq % self.tp:
             raise ConfigError(
                 f"sequence length {self.model.seq} is not divisible by TP degree {self.tp}: "
                 "sequence parallelism splits the sequence evenly"
             )
+        validate_sp(self.activation, self.sequence_parallel, self.tp)
         if world_size is not None and world_size != self.world_size:
             if world_size % self.tp:
                 raise ConfigError(f"world size {world_size} is not divisible by TP degree {self.tp}")

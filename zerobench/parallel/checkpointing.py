@@ -17,7 +17,9 @@ hence checkpoints) are unchanged.
 
 from __future__ import annotations
 
+import itertools
 import types
+import weakref
 
 import torch
 from torch import nn
@@ -29,14 +31,24 @@ from zerobench.parallel.config import ActivationConfig
 
 
 class CheckpointStore:
-    """Holds the saved block inputs of the current micro-batch: partitioned, offloaded, contiguous."""
+    """Keeps each checkpointed block's saved input until that block's backward: partitioned, offloaded, contiguous.
+
+    A saved input belongs to the forward that made it (its autograd node holds it), not to the block: forwards run
+    before one backward -- a second micro-batch's loss summed with the first's, or an extra forward with gradients
+    whose loss is thrown away -- each recompute from their own input. M_D's pool has one slot per block; a forward
+    that finds its block's slot held by one not yet backwarded takes a tensor of its own (the slot frees when its
+    holder's backward runs, or its graph is dropped)."""
 
     def __init__(self, cfg: ActivationConfig, layers: int, tp: Group, ledger: CommLedger | None, rng=None):
         self.cfg, self.layers, self.tp, self.ledger = cfg, layers, tp, ledger
         self.rng = rng  # the TP region RNG tracker, replayed with the default RNG on recompute
         self.partition = (cfg.partition or cfg.cpu_offload) and tp.size > 1
-        self.saved: dict[int, torch.Tensor] = {}
+        self.live: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        """Every saved input still held by a forward's node (for ``bytes``), by the order they were saved."""
+        self._count = itertools.count()
         self.pool: torch.Tensor | None = None  # M_D buffer [layers, piece]
+        self.taken: set[int] = set()
+        """M_D slots held by a forward whose backward has not run."""
         self.pinned = False
         self.peak = {"activation_checkpoints": 0, "activation_checkpoints_host": 0}
 
@@ -50,37 +62,39 @@ class CheckpointStore:
             if self.pool is None or self.pool.shape[1] != numel or self.pool.dtype != like.dtype:
                 self.pinned = host and torch.cuda.is_available()
                 self.pool = torch.empty(self.layers, numel, dtype=like.dtype, device=device, pin_memory=self.pinned)
-            return self.pool[index]
+                self.taken = set()
+            if index not in self.taken:
+                self.taken.add(index)
+                view = self.pool[index]
+                weakref.finalize(view, self.taken.discard, index)  # freed with the node that holds it
+                return view
         pin = host and torch.cuda.is_available()
         return torch.empty(numel, dtype=like.dtype, device=device, pin_memory=pin)
 
     @torch.no_grad()
-    def save(self, index: int, x: torch.Tensor) -> None:
+    def save(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Keep block ``index``'s input ``x``: returns what the forward's node holds until its backward."""
         flat = x.detach().reshape(-1)
         piece = self._piece_numel(flat.numel())
-        if self.partition:
-            lo = self.tp.rank * piece
-            part = flat[lo : lo + piece]
-        else:
-            part = flat
         if not (self.cfg.cpu_offload or self.cfg.contiguous or self.partition):
-            self.saved[index] = x.detach()
-            self._update_peak()
-            return
-        slot = self._slot(index, piece, flat)
-        slot[: part.numel()].copy_(part, non_blocking=slot.is_pinned())
-        if part.numel() < piece:
-            slot[part.numel() :].zero_()
-        self.saved[index] = slot
+            kept = x.detach()
+        else:
+            part = flat[self.tp.rank * piece : (self.tp.rank + 1) * piece] if self.partition else flat
+            kept = self._slot(index, piece, flat)
+            kept[: part.numel()].copy_(part, non_blocking=kept.is_pinned())
+            if part.numel() < piece:
+                kept[part.numel() :].zero_()
+        self.live[next(self._count)] = kept
         self._update_peak()
+        return kept
 
     def _update_peak(self) -> None:
         for k, v in self.bytes().items():
             self.peak[k] = max(self.peak[k], v)
 
     @torch.no_grad()
-    def load(self, index: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
-        saved = self.saved[index]
+    def load(self, saved: torch.Tensor, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """The block input ``save`` kept as ``saved``, whole and on ``device`` (P_a: all-gathered over TP)."""
         if saved.shape == shape and saved.device == device:
             return saved
         piece = saved.to(device, non_blocking=True)
@@ -91,16 +105,13 @@ class CheckpointStore:
             return full[:numel].view(shape)
         return piece[:numel].view(shape)
 
-    def release(self, index: int) -> None:
-        self.saved.pop(index, None)
-
     def bytes(self) -> dict[str, int]:
         """Checkpoint bytes held now, on the device and in the host pool."""
-        tensors = list(self.saved.values()) + ([self.pool] if self.pool is not None else [])
+        tensors = list(self.live.values()) + ([self.pool] if self.pool is not None else [])
         seen: dict[int, tuple[int, bool]] = {}
         for t in tensors:
             st = t.untyped_storage()
-            seen[st._cdata] = (st.nbytes(), self.cfg.cpu_offload)
+            seen[st._cdata] = (st.nbytes(), t.device.type == "cpu" and self.cfg.cpu_offload)
         host = sum(n for n, h in seen.values() if h)
         return {
             "activation_checkpoints": sum(n for n, h in seen.values() if not h),
@@ -125,14 +136,20 @@ class _CheckpointFn(torch.autograd.Function):
         ctx.shape, ctx.device = x.shape, x.device
         ctx.rng = _rng_state(x.device)
         ctx.tp_rng = store.rng.get_state() if store.rng is not None else None
-        store.save(index, x)
+        ctx.saved = store.save(index, x)  # this forward's own, whatever other forwards run before its backward
         with torch.no_grad():
             return run(x)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x = ctx.store.load(ctx.index, ctx.shape, ctx.device).detach().requires_grad_(True)
-        ctx.store.release(ctx.index)
+        saved, ctx.saved = ctx.saved, None  # released as the recompute ends (an M_D slot frees for the next forward)
+        if saved is None:
+            raise RuntimeError(
+                f"block {ctx.index}'s checkpointed backward ran a second time (retain_graph=True): its saved input "
+                "is released by the first; run one backward per forward, or turn activation checkpointing off"
+            )
+        x = ctx.store.load(saved, ctx.shape, ctx.device).detach().requires_grad_(True)
+        del saved
         now = _rng_state(ctx.device)
         tracker = ctx.store.rng
         now_tp = tracker.get_state() if tracker is not None else None

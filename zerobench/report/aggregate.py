@@ -73,16 +73,25 @@ def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
     ids, sorted."""
     st = frame_statuses(with_run_key(df))
     out: dict[str, list[str]] = {}
-    for (run_id, _), status in st["status"].items():
+    for (_, run_id, _), status in st["status"].items():
         if status is not None and status not in COUNTED:
             out.setdefault(status, []).append(str(run_id))
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
+def timed_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs no measuring tool changed: not those tagged ``instrumented`` (``sweep --instructions`` runs
+    under callgrind, whose times, memory and losses are not a training run's)."""
+    if "instrumented" not in df:
+        return df
+    return df[df["instrumented"].isna() | (df["instrumented"] == "") | (df["instrumented"] == False)]  # noqa: E712
+
+
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per config hash: configuration columns and the median (and spread) of each metric, over the runs
-    that count (``counted_rows``)."""
-    df = counted_rows(with_run_key(df))
+    """One row per configuration and hardware class: configuration columns and the median (and spread) of each
+    metric over the runs that count (``counted_rows``; each run a (rows file, run id), so the same suite swept in two
+    directories gives two repeats), runs under a measuring tool left out (``timed_rows``)."""
+    df = counted_rows(with_run_key(timed_rows(df)))
     df = df[
         (df["status"].fillna("ok") == "ok")
         & ~df["metric"].str.startswith("peer_")
@@ -109,9 +118,11 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         "md": "config.activation.contiguous",
     }
     records = []
-    for key, g in df.groupby("config_hash"):
+    hw = "provenance.hardware.class"
+    by = ["config_hash", hw] if hw in df else ["config_hash"]
+    for keys, g in df.groupby(by, dropna=False):
         first = g.iloc[0]
-        rec = {"config_hash": key, "repeats": g["run_id"].nunique()}
+        rec = {"config_hash": keys[0], "repeats": len(g.groupby(["rows_file", "run_id"]))}
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
         if g["metric"].isin(RUN_METRICS).any():
@@ -123,7 +134,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         for m in RUN_METRICS:
             vals = g[g["metric"] == m]["value"].dropna()
             if len(vals):
-                per_run = g[g["metric"] == m].groupby("run_id")["value"].last()
+                per_run = g[g["metric"] == m].groupby(["rows_file", "run_id"])["value"].last()
                 rec[m] = float(per_run.median())
                 rec[m + "_spread"] = float(per_run.max() - per_run.min())
         records.append(rec)
@@ -177,8 +188,8 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def losses_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-step losses of the runs that count (``counted_rows``)."""
-    df = counted_rows(with_run_key(df))
+    """Per-step losses of the runs that count (``counted_rows``), runs under a measuring tool left out."""
+    df = counted_rows(with_run_key(timed_rows(df)))
     loss = df[(df["metric"] == "loss") & (df["status"].fillna("ok") == "ok")]
     cols = ["run_id", "step", "value", "config.zero.stage", "config.dp", "provenance.hardware.class"]
     return loss[[c for c in cols if c in loss]].rename(columns={"config.zero.stage": "stage", "config.dp": "dp"})

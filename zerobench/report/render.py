@@ -17,6 +17,7 @@ import pandas as pd
 from zerobench.config import ConfigError
 from zerobench.report import aggregate, figures, paper_figures, sim_figures
 from zerobench.report.offload import offload_table
+from zerobench.results.status import with_run_key
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
 
@@ -36,7 +37,7 @@ def _provenance(df: pd.DataFrame) -> dict:
         if "provenance.timestamp" in df
         else None,
         "suites": uniq("suite"),
-        "runs": df["run_id"].nunique(),
+        "runs": len(with_run_key(df).groupby(["rows_file", "run_id"])),
         "rows": len(df),
         # training runs that are not data points: incomplete (no run_status row), failed, oom, ... (not counted)
         "not_counted": aggregate.run_statuses(df),
@@ -127,7 +128,9 @@ def render(results: list[str], out_dir: str) -> Path:
         "published_sim_html": published.to_html(index=False, classes="t") if len(published) else "",
         "published_sim_md": published.to_markdown(index=False) if len(published) else "",
     }
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html"]))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html", "html.j2"])
+    )
     (out / "index.html").write_text(env.get_template("report.html.j2").render(**ctx))
     (out / "summary.md").write_text(env.get_template("summary.md.j2").render(**ctx))
     return out / "index.html"

@@ -10,7 +10,8 @@ def load(path: str | os.PathLike):
     """All rows under ``path`` (a rows file or a directory searched recursively) as a DataFrame.
 
     Columns: the row's own fields (metric, value, unit, status, run_id, suite, step, rank, ...), the resolved
-    config flattened as ``config.<key>`` (e.g. ``config.zero.stage``), and ``provenance.<key>``.
+    config flattened as ``config.<key>`` (e.g. ``config.zero.stage``), ``provenance.<key>``, and ``rows_file``: the
+    file a row was read from, which tells apart runs of the same id in different directories (``RUN_KEY``).
     Raises ``ValueError`` with one line when there is nothing to load.
     """
     import pandas as pd
@@ -20,7 +21,7 @@ def load(path: str | os.PathLike):
     p = Path(path)
     if not p.exists():
         raise ValueError(f"no results at {p}: run a sweep first (zerobench sweep SUITE --out {p})")
-    rows = read_rows(p)  # raises ValueError naming the file and line for a malformed row
+    rows = read_rows(p, source=True)  # raises ValueError naming the file and line for a malformed row
     if not rows:
         raise ValueError(f"no result rows under {p} (empty or no rows.jsonl files)")
     return pd.json_normalize(rows, sep=".")

@@ -186,11 +186,11 @@ def append_whole(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def read_rows(path: str | os.PathLike, whole: str | None = None) -> list[dict]:
+def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = False) -> list[dict]:
     """Rows from a rows file or every ``rows.jsonl`` under a directory. A torn last line (no newline,
     not JSON: a writer died mid-row) is skipped with a warning, or, where the file must be as it was recorded,
     ``whole`` names what it is (the gate's ``"baseline"``) and it is a ``ConfigError``; any other bad line is a
-    ``ConfigError``."""
+    ``ConfigError``. ``source``: each row also says which file it came from (``rows_file``)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}: pass a results directory or a rows.jsonl file")
@@ -222,6 +222,8 @@ def read_rows(path: str | os.PathLike, whole: str | None = None) -> list[dict]:
             if not (isinstance(row, dict) and "metric" in row and "run_id" in row):
                 raise ConfigError(f"{f}:{n}: not a zerobench result row (a JSON object with 'metric' and 'run_id')")
             _check_types(row, f"{f}:{n}")
+            if source:
+                row["rows_file"] = str(f)
             rows.append(row)
     return rows
 

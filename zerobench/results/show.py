@@ -31,12 +31,12 @@ def summarize(path: str | Path):
 
 def _runs(path: str | Path) -> list[dict]:
     from zerobench.results import load
-    from zerobench.results.status import frame_statuses, with_run_key
+    from zerobench.results.status import RUN_KEY, frame_statuses, with_run_key
 
     df = with_run_key(load(path))
     st = frame_statuses(df)
     runs = []
-    for (run_id, key), g in df.groupby(["run_id", "config_hash"], sort=True):
+    for (rows_file, run_id, key), g in df.groupby(RUN_KEY, sort=True):
 
         def metric(name, rank0=True, g=g):
             m = g[g["metric"] == name]
@@ -44,7 +44,7 @@ def _runs(path: str | Path) -> list[dict]:
                 m = m[(m["rank"].isna()) | (m["rank"] == 0)]
             return m["value"].iloc[-1] if len(m) else None
 
-        status, reason = st.loc[(run_id, key)]
+        status, reason = st.loc[(rows_file, run_id, key)]
         loss = g[g["metric"] == "loss"].sort_values("step") if "step" in g else g.iloc[0:0]
         first = g.iloc[0]
         runs.append(

@@ -12,8 +12,9 @@ Whoever launches a training run writes its one ``run_status`` row once the ranks
   they always were, under their own name.
 
 Rows of other kinds (a maxsize search's answer, a peers summary, a simulator validation) are analyses, not runs:
-no status applies to them (None). Runs are keyed by (run id, config hash): a report over several directories
-may hold the same run id for different runs.
+no status applies to them (None). Runs are keyed by (run id, config hash), and in a loaded frame by the file
+their rows came from too (``RUN_KEY``): two sweeps of one suite in two directories give their runs the same ids and
+hashes, and each is a run of its own (a repeat, with its own status).
 """
 
 from __future__ import annotations
@@ -60,17 +61,25 @@ def statuses(rows) -> dict[tuple[str, str], tuple[str | None, str | None]]:
     return {k: status_of(rs) for k, rs in runs.items()}
 
 
+RUN_KEY = ["rows_file", "run_id", "config_hash"]
+"""What keys one run in a ``results.load`` frame (passed through ``with_run_key``)."""
+
+
 def with_run_key(df):
-    """``df`` with a ``config_hash`` column (empty where rows lack one) so that (run_id, config_hash) keys a run."""
-    return df.assign(config_hash=df["config_hash"].fillna("") if "config_hash" in df else "")
+    """``df`` with ``config_hash`` and ``rows_file`` columns (empty where rows lack them) so that ``RUN_KEY`` keys a
+    run."""
+    return df.assign(
+        config_hash=df["config_hash"].fillna("") if "config_hash" in df else "",
+        rows_file=df["rows_file"].fillna("") if "rows_file" in df else "",
+    )
 
 
 def frame_statuses(df):
-    """The same for a ``results.load`` DataFrame (passed through ``with_run_key``): one row per (run_id,
-    config_hash) with ``status`` and ``reason`` (None where no status applies), in linear time."""
+    """The same for a ``results.load`` DataFrame (passed through ``with_run_key``): one row per run (``RUN_KEY``)
+    with ``status`` and ``reason`` (None where no status applies), in linear time."""
     import pandas as pd
 
-    key = ["run_id", "config_hash"]
+    key = RUN_KEY
     flags = pd.DataFrame(
         {
             "training": df["config.zero.stage"].notna() if "config.zero.stage" in df else False,
@@ -85,7 +94,8 @@ def frame_statuses(df):
     rec = df[df["metric"] == STATUS_METRIC]
     cols = [c for c in ("status", "reason") if c in rec]
     if len(rec):
-        out = out.join(rec.groupby(key, sort=False)[cols].last(), how="left")
+        # the last status row's fields as written (groupby's last() would take an earlier row's reason past a null)
+        out = out.join(rec.drop_duplicates(subset=key, keep="last").set_index(key)[cols], how="left")
     for c in ("status", "reason"):
         if c not in out:
             out[c] = None
@@ -104,4 +114,4 @@ def counted_rows(df):
     ``unrecorded``), with the rows of analyses no status applies to."""
     st = frame_statuses(df)
     keep = st.index[st["status"].isna() | st["status"].isin(COUNTED)]
-    return df[df.set_index(["run_id", "config_hash"]).index.isin(keep)]
+    return df[df.set_index(RUN_KEY).index.isin(keep)]

@@ -1,0 +1,111 @@
+"""What the report and ``results show`` count as one run, from real rows (the committed ``cpu-2core`` baseline's
+sweep, copied and changed): a run is its rows file's (run id, config hash), so the same suite swept into two
+directories is two repeats, each with its own status; a configuration is drawn per hardware class; rows of runs
+under a measuring tool (``instrumented``) are not a training run's figures; and the HTML escapes what rows say.
+
+Before, runs of one id in two directories were merged into one (the last directory's value, spread 0, one repeat),
+and a failed copy could take an ok one's place or the reverse; a CPU and a GPU run of one configuration were averaged
+under the first one's label; callgrind's peak RSS and losses were mixed into the timed run's; a suite name of
+``<script>`` went into index.html as markup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zerobench.report import aggregate
+from zerobench.results import load
+from zerobench.results.show import summarize
+
+BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "cpu-2core.jsonl"
+ROWS = [json.loads(line) for line in BASELINE.read_text().splitlines() if line.strip()]
+STAGE0 = "000-stage-0"
+
+
+def _write(d: Path, change=None) -> Path:
+    d.mkdir(parents=True)
+    rows = [json.loads(json.dumps(r)) for r in ROWS]
+    for r in rows:
+        if change is not None:
+            change(r)
+    (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _times(scale: float):
+    def change(r):
+        if r["metric"] == "step_time_s":
+            r["value"] *= scale
+
+    return change
+
+
+def _frame(*dirs: Path):
+    import pandas as pd
+
+    return pd.concat([load(d) for d in dirs], ignore_index=True)
+
+
+def _stage0(table):
+    return table[(table["stage"] == 0) & (table["tp"] == 1)]
+
+
+def test_the_same_suite_in_two_directories_is_two_repeats(tmp_path):
+    a, b = _write(tmp_path / "a"), _write(tmp_path / "b", _times(3.0))
+    one = _stage0(aggregate.runs_table(load(a))).iloc[0]
+    both = _stage0(aggregate.runs_table(_frame(a, b))).iloc[0]
+    assert both["repeats"] == 2
+    assert both["step_time_s"] == pytest.approx(2.0 * one["step_time_s"])  # the median of 1x and 3x
+    assert both["step_time_s_spread"] == pytest.approx(2.0 * one["step_time_s"])
+
+
+def test_a_failed_copy_neither_hides_nor_joins_an_ok_one(tmp_path):
+    def fail(r):
+        if r["run_id"] == STAGE0 and r["metric"] == "run_status":
+            r["status"], r["reason"] = "failed", "rank 1 exited with code 1 (RuntimeError: boom)"
+
+    ok, failed = _write(tmp_path / "ok"), _write(tmp_path / "failed", fail)
+    for order in ((ok, failed), (failed, ok)):
+        df = _frame(*order)
+        assert aggregate.run_statuses(df) == {"failed": [STAGE0]}
+        assert _stage0(aggregate.runs_table(df)).iloc[0]["repeats"] == 1
+    lines = summarize(tmp_path)
+    mine = lines[lines["run"] == STAGE0].sort_values("status")
+    assert list(mine["status"]) == ["failed", "ok"]
+    assert list(mine["reason"].fillna("-")) == ["rank 1 exited with code 1 (RuntimeError: boom)", "-"]
+
+
+def test_each_hardware_class_is_its_own_record(tmp_path):
+    def gpu(r):
+        r["provenance"]["hardware"]["class"] = "nvidia-h100"
+        _times(0.01)(r)
+
+    table = _stage0(aggregate.runs_table(_frame(_write(tmp_path / "cpu"), _write(tmp_path / "gpu", gpu))))
+    assert sorted(table["hardware"]) == ["cpu-2core", "nvidia-h100"]
+    assert list(table["repeats"]) == [1, 1]
+
+
+def test_runs_under_a_measuring_tool_are_not_figures(tmp_path):
+    def counted(r):
+        r["instrumented"] = "callgrind"
+        _times(100.0)(r)
+
+    timed = _write(tmp_path / "timed")
+    alone = _stage0(aggregate.runs_table(load(timed))).iloc[0]
+    mixed = _stage0(aggregate.runs_table(_frame(timed, _write(tmp_path / "counted", counted)))).iloc[0]
+    assert mixed["repeats"] == 1 and mixed["step_time_s"] == alone["step_time_s"]
+    losses = aggregate.losses_table(_frame(timed, tmp_path / "counted"))
+    assert len(losses) == len(aggregate.losses_table(load(timed)))
+
+
+def test_the_html_report_escapes_what_rows_say(tmp_path):
+    from zerobench.report.render import render
+
+    def hostile(r):
+        r["suite"] = "<script>alert(1)</script>"
+
+    html = render([str(_write(tmp_path / "x", hostile))], str(tmp_path / "report")).read_text()
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

@@ -109,3 +109,16 @@ def test_the_html_report_escapes_what_rows_say(tmp_path):
     html = render([str(_write(tmp_path / "x", hostile))], str(tmp_path / "report")).read_text()
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_resumed_sweep_of_one_kind_does_not_skip_the_others_runs(tmp_path):
+    """``sweep --resume --instructions`` into a directory holding the timed sweep (docs: each directory may hold
+    both) took the timed runs as done, ran nothing and recorded no instructions; and the reverse."""
+    from zerobench.bench.sweep_state import completed_runs
+
+    timed = _write(tmp_path / "timed")
+    labels = {r.get("label") for r in ROWS if r["metric"] == "run_status"}
+    assert {label for label, _ in completed_runs(timed)} == labels
+    assert completed_runs(timed, instructions=True) == set()
+    counted = _write(tmp_path / "counted", lambda r: r.update(instrumented="callgrind"))
+    assert completed_runs(counted) == set() and len(completed_runs(counted, instructions=True)) == len(labels)

@@ -104,7 +104,7 @@ def _run_all(
     instructions: bool = False,
 ) -> SweepSummary:
     """Each run in turn on ``launcher`` (local or srun), until the last or a stop (cancel, disk full)."""
-    done = completed_runs(out) if resume else None
+    done = completed_runs(out, instructions) if resume else None
     summary = SweepSummary()
     with Progress(len(suite.runs), enabled=progress) as bar, Cancellation() as cancel:
         try:

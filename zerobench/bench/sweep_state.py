@@ -50,14 +50,16 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
         )
 
 
-def completed_runs(out: Path) -> set[tuple[str, str]]:
-    """(label, config hash) of every run with an ``ok`` status row under ``out``."""
+def completed_runs(out: Path, instructions: bool = False) -> set[tuple[str, str]]:
+    """(label, config hash) of every run with an ``ok`` status row under ``out`` of the sweep's kind: run under
+    callgrind (``instructions``; its rows are tagged ``instrumented``) or timed. A directory may hold both sweeps
+    of a suite, and one kind's runs are not the other's measurements."""
     if not out.exists():
         return set()
     return {
         (r.get("label"), r["config_hash"])
         for r in read_rows(out)
-        if r.get("metric") == "run_status" and r.get("status") == "ok"
+        if r.get("metric") == "run_status" and r.get("status") == "ok" and bool(r.get("instrumented")) == instructions
     }
 
 

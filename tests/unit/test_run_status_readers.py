@@ -129,3 +129,17 @@ def test_a_proposed_baseline_keeps_only_ok_runs(tmp_path, rows):
     n = write_baseline(cand, tmp_path / "b.jsonl")
     kept = {json.loads(line)["run_id"] for line in (tmp_path / "b.jsonl").read_text().splitlines()}
     assert kept == {r["run_id"] for r in rows} - {"001-stage-1", "002-stage-2"} and n > 0
+
+
+def test_write_baseline_refuses_a_configuration_with_no_completed_run(tmp_path, rows, capsys):
+    """``regress --write-baseline`` from a sweep with an incomplete or failed configuration wrote the rest without
+    a word, and the gate then listed that configuration as "not in the baseline" and passed, for good."""
+    from zerobench.cli import main
+
+    cand = _without_status(copy.deepcopy(rows), "001-stage-1")
+    (tmp_path / "cand").mkdir()
+    (tmp_path / "cand" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cand))
+    code = main(["regress", "--write-baseline", str(tmp_path / "b.jsonl"), "--candidate", str(tmp_path / "cand")])
+    err = capsys.readouterr().err
+    assert code == 2 and "1 configuration(s) with no completed run: 001-stage-1 (incomplete)" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "b.jsonl").exists()

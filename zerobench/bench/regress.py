@@ -82,10 +82,16 @@ BASELINE_METRICS = {
 }
 
 
-def write_baseline(candidate_rows: list[dict], path: str | Path, more: Sequence[list[dict]] = ()) -> int:
+def write_baseline(
+    candidate_rows: list[dict], path: str | Path, more: Sequence[list[dict]] = (), whole: bool = False
+) -> int:
     """Keep the rows the gate reads, of runs whose status is ``ok`` only, one JSON row per line; with ``more``
-    (the rows of further unchanged runs of the same suite) add the noise model: ``noise_rows``."""
+    (the rows of further unchanged runs of the same suite) add the noise model: ``noise_rows``. ``whole``
+    (``--write-baseline``; not a gate's ``--propose``, which keeps what passed): refuse a candidate with a
+    configuration none of whose runs completed."""
     status = run_statuses(candidate_rows)  # each tool's run its own: a timed run's retry, its callgrind twin
+    if whole:
+        _check_whole(candidate_rows, status)
     keep = [
         r
         for r in candidate_rows
@@ -95,6 +101,24 @@ def write_baseline(candidate_rows: list[dict], path: str | Path, more: Sequence[
         keep += noise_rows([candidate_rows, *more])[0]
     replace_file(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return len(keep)
+
+
+def _check_whole(rows: list[dict], status: dict) -> None:
+    """Refuse, in one line, a baseline from a sweep with a configuration none of whose runs completed: it would
+    leave that configuration out, and the gate would then never compare it ("not in the baseline")."""
+    runs: dict[tuple, list[tuple[str, str]]] = {}
+    for r in rows:
+        st = status.get(run_key(r), (None, None))[0]
+        if st is not None:
+            key = (r.get("config_hash"), r.get("instrumented") or "")
+            runs.setdefault(key, []).append((r.get("label") or r.get("run_id"), st))
+    missing = sorted({f"{ids[0][0]} ({ids[-1][1]})" for ids in runs.values() if all(s != OK for _, s in ids)})
+    if missing:
+        raise ConfigError(
+            f"the candidate has {len(missing)} configuration(s) with no completed run: {', '.join(missing[:4])}"
+            f"{' ...' if len(missing) > 4 else ''}; a baseline without them would never gate them: rerun them "
+            "(zerobench sweep SUITE --out DIR --resume) and write the baseline again"
+        )
 
 
 def noise_rows(samples: Sequence[list[dict]]) -> tuple[list[dict], list[str]]:

@@ -60,7 +60,7 @@ def _cmd_write_baseline(args: argparse.Namespace) -> int:
 
     check_writable_file(args.write_baseline, "--write-baseline", "baseline")
     samples = [_rows(c) for c in args.candidate]
-    n = write_baseline(samples[0], args.write_baseline, more=samples[1:])
+    n = write_baseline(samples[0], args.write_baseline, more=samples[1:], whole=True)
     print(f"baseline written: {args.write_baseline} ({n} rows)")
     if len(samples) > 1:
         rows, gaps = noise_rows(samples)

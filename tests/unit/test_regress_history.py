@@ -113,3 +113,19 @@ def test_bad_gate_arguments_are_one_line(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0], err
+
+
+def test_a_configuration_whose_hash_moved_keeps_both_plots(run_rows, tmp_path):
+    """From commit 5 on the configuration's hash changes (a default that moved) and its label does not: both keep
+    a plot and a table label of their own. Before, both drew to history-stage-2.png and the second plot replaced the
+    one that showed the planted regression."""
+    dirs = _history(run_rows, tmp_path)
+    for d in dirs[4:]:
+        path = tmp_path / d / "rows.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "config_hash": "0123456789abcdef"}) + "\n" for r in rows))
+    out = tmp_path / "history"
+    assert run_history(dirs, out, metrics="instructions") == 0
+    plots = sorted(p.name for p in out.glob("history-*.png"))
+    assert len(plots) == 2 and all(p.startswith("history-stage-2-") for p in plots), plots
+    assert "| stage=2 [" in (out / "history.md").read_text()

@@ -175,8 +175,12 @@ def run_history(
         "|---|---|---|---|---|---|",
     ]
     w = RowWriter(out, "history", {"dirs": [str(d) for d in dirs], "baseline": baseline, "false_alarm": false_alarm})
+    labels = {key: next(r[key]["label"] for p in points for r in p.runs if key in r) for key in keys}
+    shared = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
     for key in keys:
-        label = next(r[key]["label"] for p in points for r in p.runs if key in r)
+        # a configuration whose hash changed over the history (a default that moved) keeps its label: the hash tells
+        # the two apart, in the table and in the plot's file name (else the second plot replaced the first)
+        label = f"{labels[key]} [{key[:8]}]" if labels[key] in shared else labels[key]
         series = {m: s for m in wanted if (s := _series(points, key, m, models.get(key), false_alarm)) is not None}
         if not series:
             continue

@@ -287,3 +287,17 @@ def test_a_noise_model_from_a_resumed_sweep_keeps_every_tool(tmp_path, host_rows
     (d,) = summarize(base).values()
     assert d["ok"] and {"instructions", "host_cpu_s", "ops_dispatched"} <= set(d["noise"]), sorted(d["noise"])
     assert any(r.get("instrumented") and r["metric"] == "instructions" for r in base)  # the callgrind run is kept
+
+
+def test_a_loss_row_without_a_step_is_no_traceback(tmp_path, rows, capsys):
+    """A hand-made loss row with ``"step": null`` stopped the gate with ``'>' not supported between NoneType and
+    int``; it reads as step 0, and the last step's loss is still the one compared."""
+    cand = copy.deepcopy(rows)
+    first = next(
+        i
+        for i in _where(cand, "loss", "000-stage-0")
+        if cand[i]["step"] == min(cand[j]["step"] for j in _where(cand, "loss", "000-stage-0"))
+    )
+    cand[first]["step"] = None
+    code, out = _gate(tmp_path, rows, cand, capsys)
+    assert code == 0, out

@@ -122,3 +122,30 @@ def test_a_resumed_sweep_of_one_kind_does_not_skip_the_others_runs(tmp_path):
     assert completed_runs(timed, instructions=True) == set()
     counted = _write(tmp_path / "counted", lambda r: r.update(instrumented="callgrind"))
     assert completed_runs(counted) == set() and len(completed_runs(counted, instructions=True)) == len(labels)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda r: r["provenance"].update(hardware=None), "'provenance.hardware' must be an object, got None"),
+        (lambda r: r["provenance"].update(hardware="cpu-2core"), "'provenance.hardware' must be an object"),
+        (lambda r: r["config"].update(zero=None), "'config.zero' must be an object, got None"),
+    ],
+)
+def test_malformed_rows_are_one_line_naming_the_line(tmp_path, change, words):
+    """Typed right at the top level and wrong inside, they reached the gate and the report as tracebacks
+    (``'NoneType' object has no attribute 'get'``)."""
+    from zerobench.config import ConfigError
+
+    d = _write(tmp_path / "bad", change)
+    with pytest.raises(ConfigError, match=r"rows\.jsonl:\d+: not a zerobench result row: ") as e:
+        load(d)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rows_without_hardware_provenance_render_as_their_own_class(tmp_path):
+    """Before, the measured Fig 2 asked matplotlib for zero panels and the report died with a ValueError."""
+    from zerobench.report.render import render
+
+    html = render([str(_write(tmp_path / "x", lambda r: r["provenance"].pop("hardware")))], str(tmp_path / "r"))
+    assert aggregate.UNKNOWN_HARDWARE in html.read_text()

@@ -235,7 +235,7 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         elif m in EXACT or m == "peak_memory_bytes":  # max over ranks below
             d["_max"].setdefault(m, {})[r.get("rank")] = v
         elif m == "loss":  # the last step's; a NaN on any rank at that step stays
-            step, last = r.get("step", 0), d.get("_loss_step", -1)
+            step, last = r.get("step") or 0, d.get("_loss_step", -1)  # a loss row with no step: step 0
             if step > last or (step == last and not _nan(d.get("final_loss"))):
                 d["_loss_step"], d["final_loss"] = step, v
         elif m == "step_time_s" and v is not None:

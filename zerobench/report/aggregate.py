@@ -40,6 +40,9 @@ RUN_METRICS = (
 )
 
 
+UNKNOWN_HARDWARE = "unknown (no hardware provenance)"
+
+
 def _missing(v) -> bool:
     """None or a float NaN (pandas' marker for a config key a row does not have)."""
     return v is None or (isinstance(v, float) and math.isnan(v))
@@ -125,6 +128,8 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         rec = {"config_hash": keys[0], "repeats": len(g.groupby(["rows_file", "run_id"]))}
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
+        if _missing(rec["hardware"]):  # rows without hardware provenance: a class of their own, named so
+            rec["hardware"] = UNKNOWN_HARDWARE
         if g["metric"].isin(RUN_METRICS).any():
             _check_layout(first["run_id"], rec)
         rec["world"] = (rec["dp"] or 1) * (rec["tp"] or 1) if rec["dp"] == rec["dp"] else None

@@ -247,6 +247,10 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 """The fields every reader relies on, with the JSON types a writer gives them (``RowWriter``)."""
 
 
+NESTED_OBJECTS = (("provenance", "hardware"), ("config", "zero"), ("config", "model"), ("config", "activation"))
+"""Sections inside ``provenance`` and ``config`` that readers look into: objects wherever a row has them."""
+
+
 def _check_types(row: dict, where: str) -> None:
     """Refuse a row whose known fields have other types (a hand-edited or foreign file), naming the line:
     readers compare, sort and sum these fields, and a string among numbers fails there, far from its line."""
@@ -254,3 +258,9 @@ def _check_types(row: dict, where: str) -> None:
         v = row.get(key)
         if key in row and (not isinstance(v, types) or (isinstance(v, bool) and key in ("step", "rank"))):
             raise ConfigError(f"{where}: not a zerobench result row: {key!r} must be {expected}, got {v!r:.40}")
+    for outer, inner in NESTED_OBJECTS:
+        section = row.get(outer)
+        if isinstance(section, dict) and inner in section and not isinstance(section[inner], dict):
+            raise ConfigError(
+                f"{where}: not a zerobench result row: '{outer}.{inner}' must be an object, got {section[inner]!r:.40}"
+            )

@@ -515,3 +515,13 @@ def test_partitioned_activations_with_sequence_parallelism_are_refused(flag, tmp
     code, err = run([*argv, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "P_a (--pa, --pa-cpu, --paper-config C2/C4/C5) with sequence parallelism (--sp)" in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("ref", ["-q", "--orphan=x", ""])
+def test_a_baseline_ref_git_would_read_as_an_option_is_refused(ref, tmp_path):
+    """``--baseline-ref=-q`` reached ``git worktree add --detach TREE -q``, which checked out HEAD as the baseline."""
+    from zerobench.bench.ab_sources import worktree
+    from zerobench.config import ConfigError
+
+    with pytest.raises(ConfigError, match="a ref never starts with '-'"), worktree(ref, tmp_path):
+        pass

@@ -29,7 +29,10 @@ def parse_cpus(spec: str) -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def worktree(ref: str, repo: str | Path = "."):
-    """A temporary detached git worktree of ``ref`` (removed afterwards)."""
+    """A temporary detached git worktree of ``ref`` (removed afterwards). A ref starting with ``-`` is refused:
+    git would read it as an option (``--baseline-ref=-q`` checked out HEAD as the baseline)."""
+    if not ref or ref.startswith("-"):
+        raise ConfigError(f"--baseline-ref {ref!r}: give a commit, branch or tag (a ref never starts with '-')")
     tmp = tempfile.mkdtemp(prefix="zerobench-ab-")
     tree = os.path.join(tmp, "tree")
     try:  # from the checkout on: a failure or a signal (Cancelled) at any point unregisters and removes it

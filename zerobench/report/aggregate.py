@@ -87,7 +87,7 @@ def timed_rows(df: pd.DataFrame) -> pd.DataFrame:
     under callgrind, whose times, memory and losses are not a training run's)."""
     if "instrumented" not in df:
         return df
-    return df[df["instrumented"].isna() | (df["instrumented"] == "") | (df["instrumented"] == False)]  # noqa: E712
+    return df[~df["instrumented"].fillna("").astype(bool)]
 
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -153,8 +153,8 @@ def _extra_states(engine: Engine) -> dict:
 def _write_extras(
     engine: Engine, root: Path, blob: bytes, sched: bytes | None, exclude_frozen: bool, states: dict
 ) -> None:
-    """DP rank 0's files beside the shards: the buffers, frozen parameters and extra states (per TP rank), the client state and
-    the scheduler's (once)."""
+    """DP rank 0's files beside the shards: the buffers, frozen parameters and extra states (per TP rank), the client
+    state and the scheduler's (once)."""
     extra = _extras(engine, not exclude_frozen)
     d = rank_dir(engine, root)
     saved = {**{n: t.detach().cpu().clone() for n, t in extra.items()}, **states}

@@ -430,6 +430,33 @@ def test_a_maxsize_search_that_stopped_between_its_answer_rows_is_left_out(tmp_p
     assert "maxsize search maxsize-stage9 lacks its max_params row" in capsys.readouterr().err
 
 
+def test_a_torn_search_is_not_completed_by_another_directorys(tmp_path, capsys):
+    """The same search run into two directories is two searches: one stopped before its ``max_params`` row is left
+    out with its warning, not completed by the other directory's row (before, they were merged by run id and
+    config hash, and the table showed one search with the other's answer)."""
+    import shutil
+
+    from zerobench.report.aggregate import maxsize_table
+    from zerobench.results import load
+    from zerobench.results.rows import read_rows
+
+    ref = REPO / "results/reference/maxsize-cpu-2core"
+    shutil.copytree(ref, tmp_path / "a")
+    shutil.copytree(ref, tmp_path / "b")
+    torn = tmp_path / "b" / "rows.jsonl"
+    rows = read_rows(torn)
+    first = next(i for i, r in enumerate(rows) if r["metric"] == "max_params")
+    gone = rows[first]["run_id"]
+    torn.write_text("".join(json.dumps(r) + "\n" for i, r in enumerate(rows) if i != first))
+    import pandas as pd
+
+    whole = maxsize_table(load(tmp_path / "a"))
+    table = maxsize_table(pd.concat([load(tmp_path / "a"), load(tmp_path / "b")], ignore_index=True))
+    assert len(table) == 2 * len(whole) - 1
+    assert list(table["run_id"]).count(gone) == list(whole["run_id"]).count(gone)
+    assert f"maxsize search {gone} lacks its max_params row" in capsys.readouterr().err
+
+
 def test_a_suite_that_is_not_text_is_one_line(tmp_path, capsys):
     bad = tmp_path / "bin.yaml"
     bad.write_bytes(bytes(range(128, 256)))

@@ -75,3 +75,33 @@ def test_fits_oom_and_medians():
 
 def test_no_budget_or_offload_rows_give_an_empty_table():
     assert offload_table(frame([row("e", "step_time_s", 0.5, budget=None)])).empty
+
+
+def _runs(rows_file, hardware="gpu-x", step=1.0, **kw):
+    """One stage-2 offload run "a" of one configuration, as read from ``rows_file``."""
+    out = []
+    for metric, value in (("step_time_s", step), ("peak_memory_bytes", 7 * GiB)):
+        r = row("a", metric, value, offload="cpu", **kw)
+        r["rows_file"], r["provenance"]["hardware"]["class"] = rows_file, hardware
+        out.append(r)
+    return out
+
+
+def test_one_run_id_in_two_directories_is_two_repeats():
+    t = offload_table(frame(_runs("x/rows.jsonl", step=1.0) + _runs("y/rows.jsonl", step=3.0)))
+    assert len(t) == 1
+    assert (t.loc[0, "runs"], t.loc[0, "step_ms"]) == (2, 2000)  # the median of both, not the last one's 3000
+
+
+def test_each_hardware_class_is_its_own_row():
+    t = offload_table(frame(_runs("x/rows.jsonl", "cpu-2core", 1.0) + _runs("y/rows.jsonl", "gpu-x", 0.01)))
+    got = dict(zip(t["hardware"], t["step_ms"]))
+    assert got == {"cpu-2core": 1000, "gpu-x": 10}
+
+
+def test_runs_under_a_measuring_tool_are_not_timings():
+    slow = _runs("y/rows.jsonl", step=30.0)
+    for r in slow:
+        r["instrumented"] = "callgrind"
+    t = offload_table(frame(_runs("x/rows.jsonl", step=1.0) + slow))
+    assert (t.loc[0, "runs"], t.loc[0, "step_ms"]) == (1, 1000)

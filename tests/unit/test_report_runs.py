@@ -100,6 +100,22 @@ def test_runs_under_a_measuring_tool_are_not_figures(tmp_path):
     assert len(losses) == len(aggregate.losses_table(load(timed)))
 
 
+def test_loss_curves_name_each_run_once(tmp_path):
+    """Two directories' runs of one id are two curves, each named so; an id only one run has keeps its plain name
+    (before, seaborn drew them as one line by run id, with the other's losses as its band)."""
+
+    def shift(r):
+        if r["metric"] == "loss":
+            r["value"] += 1.0
+
+    losses = aggregate.losses_table(_frame(_write(tmp_path / "a"), _write(tmp_path / "b", shift)))
+    mine = losses[losses["run_id"] == STAGE0]
+    assert mine.groupby("run")["value"].mean().diff().dropna().round(6).tolist() == [1.0]
+    assert sorted(n.split(" (")[1][0] for n in mine["run"].unique()) == ["a", "b"]
+    alone = aggregate.losses_table(load(tmp_path / "a"))
+    assert set(alone["run"]) == set(alone["run_id"])
+
+
 def test_the_html_report_escapes_what_rows_say(tmp_path):
     from zerobench.report.render import render
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from pathlib import Path
 
 import pandas as pd
 
 from zerobench.config import ConfigError
-from zerobench.results.status import COUNTED, counted_rows, frame_statuses, with_run_key
+from zerobench.results.status import COUNTED, RUN_KEY, counted_rows, frame_statuses, with_run_key
 
 RUN_METRICS = (
     "step_time_s",
@@ -152,7 +153,9 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
     if d.empty:
         return pd.DataFrame()
     out = []
-    for (run, _), g in d.groupby(["run_id", "config_hash"], sort=False):  # run ids repeat across searches
+    # a search is its rows file's (run id, config hash): run ids repeat across searches and directories, and one
+    # search's answer must not be completed by another's
+    for (_, run, _), g in with_run_key(d).groupby(RUN_KEY, sort=False):
         lacking = sorted({"max_params", "max_layers"} - set(g["metric"]))
         if lacking:  # the search stopped between its two answer rows
             print(
@@ -193,11 +196,33 @@ def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def losses_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-step losses of the runs that count (``counted_rows``), runs under a measuring tool left out."""
+    """Per-step losses of the runs that count (``counted_rows``), runs under a measuring tool left out. ``run`` names
+    a run (``RUN_KEY``) for a legend: its run id, and where that id names more than one run (two directories, or two
+    configurations under one id), the directory it was read from and its config hash's first 8 characters too, so
+    two runs are never drawn as one."""
     df = counted_rows(with_run_key(timed_rows(df)))
     loss = df[(df["metric"] == "loss") & (df["status"].fillna("ok") == "ok")]
     cols = ["run_id", "step", "value", "config.zero.stage", "config.dp", "provenance.hardware.class"]
-    return loss[[c for c in cols if c in loss]].rename(columns={"config.zero.stage": "stage", "config.dp": "dp"})
+    out = loss[[c for c in cols if c in loss]].rename(columns={"config.zero.stage": "stage", "config.dp": "dp"})
+    return out.assign(run=loss[RUN_KEY].apply(tuple, axis=1).map(run_labels(loss)) if len(loss) else [])
+
+
+def run_labels(df: pd.DataFrame) -> dict[tuple, str]:
+    """``RUN_KEY`` -> a short name that no other run in ``df`` has: the run id, and where that id is shared, the
+    directory and config hash prefix too (the whole rows file and hash if those still collide)."""
+    runs = sorted({tuple(k) for k in df[RUN_KEY].itertuples(index=False)}, key=str)
+    ids = [str(r[1]) for r in runs]
+
+    def short(r):
+        return f"{r[1]} ({Path(str(r[0])).parent.name or '?'} {str(r[2])[:8]})"
+
+    labels = {r: (str(r[1]) if ids.count(str(r[1])) == 1 else short(r)) for r in runs}
+    if len(set(labels.values())) < len(labels):
+        labels = {
+            r: (lab if list(labels.values()).count(lab) == 1 else f"{r[1]} ({r[0]} {r[2]})")
+            for r, lab in labels.items()
+        }
+    return labels
 
 
 def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -143,10 +143,10 @@ def loss_curves(losses: pd.DataFrame, out: Path):
         data=losses,
         x="step",
         y="value",
-        hue="run_id",
+        hue="run",
         errorbar=("pi", 100),
         ax=ax,
-        legend=len(losses["run_id"].unique()) <= 12,
+        legend=len(losses["run"].unique()) <= 12,
     )
     ax.set_ylabel("loss")
     ax.set_title("Loss curves")

@@ -1,10 +1,12 @@
 """The report's "offload on one card" table: runs under a device memory budget or with offload, the ones
 that ran out of memory included, so the largest model per system reads straight off the rows.
 
-One row per configuration (config hash): which system (zerobench's stage and offload, or a peer such as
+One row per configuration (config hash) and hardware class: which system (zerobench's stage and offload, or a peer such as
 ``deepspeed-2-offload``), the budget, the model size, whether it fit (a ``run_status`` row with status
 ``oom`` and no timing means it did not; a failed or incomplete run's figures are left out), and the median
-step time, TFLOPs, device peak, host model states and peak RSS over repeats (rank 0).
+step time, TFLOPs, device peak, host model states and peak RSS over repeats (rank 0). A repeat is a run as the
+rest of the report counts one (``RUN_KEY``: the same suite swept into two directories is two repeats), and runs
+under a measuring tool are left out (``timed_rows``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import pandas as pd
 
 from zerobench.models.config import GPTConfig
 from zerobench.models.sizes import num_params
-from zerobench.results.status import counted_rows, with_run_key
+from zerobench.report.aggregate import UNKNOWN_HARDWARE, timed_rows
+from zerobench.results.status import RUN_KEY, counted_rows, with_run_key
 
 GiB = 2**30
 METRICS = {
@@ -62,28 +65,30 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("config.zero.offload_optimizer", "config.zero.offload_param"):
         if col in df:
             sel |= df[col].fillna("none") != "none"
-    d = df[sel & ~df["metric"].str.startswith("peer_")]
+    d = with_run_key(timed_rows(df[sel & ~df["metric"].str.startswith("peer_")]))
     if "rank" in d:
         d = d[d["rank"].isna() | (d["rank"] == 0)]
     # a failed or incomplete run's figures are no data (results/status.py)
-    counts = pd.Series(d.index.isin(counted_rows(with_run_key(d)).index), index=d.index)
+    counts = pd.Series(d.index.isin(counted_rows(d).index), index=d.index)
+    hw = "provenance.hardware.class"
+    d = d.assign(**{hw: d[hw].fillna(UNKNOWN_HARDWARE) if hw in d else UNKNOWN_HARDWARE})
     out = []
-    for _, g in d.groupby("config_hash", sort=False):
+    for _, g in d.groupby(["config_hash", hw], sort=False):
         ok = g[(g["status"].fillna("ok") == "ok") & counts[g.index]]
         timed = ok[ok["metric"] == "step_time_s"]
         oom = (g["metric"] == "run_status") & (g["status"] == "oom")
         budget, params = _col(g, "config.memory_budget_bytes"), _params(g)
         rec = {
-            "hardware": _col(g, "provenance.hardware.class"),
+            "hardware": _col(g, hw),
             "system": _system(g),
             "budget_GiB": budget / GiB if budget is not None else None,
             "layers": _col(g, "config.model.layers"),
             "params_B": params / 1e9 if params else None,
             "fits": "yes" if len(timed) else ("OOM" if oom.any() else "no result"),
-            "runs": g["run_id"].nunique(),
+            "runs": len(g.groupby(RUN_KEY[:2])),
         }
         for metric, name in METRICS.items():
-            per_run = ok[ok["metric"] == metric].groupby("run_id")["value"].last()
+            per_run = ok[ok["metric"] == metric].groupby(RUN_KEY[:2])["value"].last()
             rec[name] = float(per_run.median()) / SCALE.get(name, 1) if len(per_run) else None
         out.append(rec)
     if not out:

@@ -140,6 +140,27 @@ def test_a_resumed_sweep_of_one_kind_does_not_skip_the_others_runs(tmp_path):
     assert completed_runs(counted) == set() and len(completed_runs(counted, instructions=True)) == len(labels)
 
 
+def test_a_resume_at_another_commit_is_refused(tmp_path, monkeypatch):
+    """``sweep --resume`` skipped the runs another commit completed and ran the rest at this one: one directory, read
+    as one sweep by the report and the gate, held two commits' measurements. Resuming at the runs' own commit
+    goes on."""
+    from zerobench.bench import sweep_state
+    from zerobench.config import ConfigError
+
+    suite = next(r["suite"] for r in ROWS if r.get("suite"))
+    theirs = next(r["provenance"]["commit"] for r in ROWS if r["metric"] == "run_status")
+    out = _write(tmp_path / "x")
+    monkeypatch.setattr(sweep_state, "source_commit", lambda: "f" * 40)
+    with pytest.raises(
+        ConfigError, match=f"holds runs measured at commit {theirs[:12]} and this checkout is at f{{12}}"
+    ):
+        sweep_state.check_out(out, True, suite)
+    monkeypatch.setattr(sweep_state, "source_commit", lambda: theirs)
+    sweep_state.check_out(out, True, suite)
+    monkeypatch.setattr(sweep_state, "source_commit", lambda: None)  # not a git checkout: nothing to compare
+    sweep_state.check_out(out, True, suite)
+
+
 @pytest.mark.parametrize(
     "change, words",
     [

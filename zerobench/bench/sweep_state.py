@@ -14,6 +14,7 @@ from pathlib import Path
 from zerobench.bench.progress import Progress
 from zerobench.bench.suite import ResolvedRun, Suite
 from zerobench.config import ConfigError, to_dict
+from zerobench.results.provenance import source_commit
 from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
 
 
@@ -29,11 +30,14 @@ class SweepSummary:
 def check_out(out: Path, resume: bool, suite: str) -> None:
     """Without ``--resume`` a sweep starts in a directory holding no rows (else two sweeps' runs mix); with it,
     the rows there must be suite ``suite``'s (its definition may have changed: changed runs are new runs), else
-    another suite's runs would read as this one's. Called with the directory locked."""
+    another suite's runs would read as this one's, and its completed runs must have been measured at this
+    checkout's commit, else the directory would hold two commits' measurements as one sweep's (a report or the
+    regression gate reading it would compare them as one). Called with the directory locked."""
     if not out.exists():
         return
     if resume:
-        others = {r.get("suite") for r in read_rows(out)} - {suite}
+        rows = read_rows(out)
+        others = {r.get("suite") for r in rows} - {suite}
         if others:
             other = min(others, key=str)
             whose = f"suite {other!r}" if other is not None else "a run of no suite (zerobench train)"
@@ -41,12 +45,29 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
                 f"--out {out} holds the rows of {whose}, not of suite {suite!r}: --resume continues "
                 "the same suite; choose another --out for this one"
             )
+        _check_commit(out, rows)
         return
     held = next(out.rglob(ROWS_FILE), None)
     if held is not None:
         raise ConfigError(
             f"--out {out} already holds result rows ({held}): pass --resume to continue that sweep, "
             "or choose another --out"
+        )
+
+
+def _check_commit(out: Path, rows: list[dict]) -> None:
+    mine = source_commit()
+    done = {
+        (r.get("provenance") or {}).get("commit")
+        for r in rows
+        if r.get("metric") == "run_status" and r.get("status") == "ok" and isinstance(r.get("provenance"), dict)
+    }
+    other = min(done - {mine, None}, default=None)
+    if mine is not None and other is not None:
+        raise ConfigError(
+            f"--out {out} holds runs measured at commit {other[:12]} and this checkout is at {mine[:12]}: "
+            f"resuming would mix two commits' measurements in one sweep; resume from a checkout of {other[:12]}, "
+            "or sweep into another --out"
         )
 
 

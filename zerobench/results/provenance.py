@@ -110,6 +110,11 @@ def _static() -> dict:
     }
 
 
+def source_commit() -> str | None:
+    """The commit this checkout is at (None outside a git checkout)."""
+    return _static()["commit"]
+
+
 def slurm() -> dict | None:
     """The Slurm job this process runs in (job id, node list, cluster, step), if any."""
     import os

@@ -43,3 +43,28 @@ def test_reference_mode_leaves_the_model_alone():
     before = [type(m) for m in model.modules()]
     assert apply_fused_kernels(model, "reference") == "reference"
     assert [type(m) for m in model.modules()] == before
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [
+        lambda: torch.nn.LayerNorm((4, 8)),
+        lambda: torch.nn.LayerNorm(8, elementwise_affine=False),
+        lambda: torch.nn.LayerNorm(8, bias=False),
+    ],
+    ids=["two-dims", "no-affine", "no-bias"],
+)
+def test_layer_norms_the_kernel_cannot_compute_stay_torchs(norm):
+    """The fused LayerNorm normalises the last dimension with a weight and a bias. A model's other LayerNorms were
+    swapped too: a (4, 8) one gave outputs 3.08 off with no error, and one without affine parameters crashed in
+    forward. They are now left as torch's, and the model's output is the plain model's."""
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(norm(), torch.nn.Linear(8, 8))
+    if plain[0].weight is not None:
+        with torch.no_grad():
+            plain[0].weight.normal_()
+    fused = copy.deepcopy(plain)
+    assert apply_fused_kernels(fused, "fused") == "fused"
+    assert type(fused[0]) is torch.nn.LayerNorm
+    x = torch.randn(3, 4, 8)
+    torch.testing.assert_close(fused(x), plain(x), rtol=0, atol=0)

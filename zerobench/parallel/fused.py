@@ -41,10 +41,16 @@ class FusedMLP(nn.Module):
         return self.proj(kernels.bias_gelu(h, self.fc.bias, "none", mode="fused"))
 
 
+def _fusable(norm: nn.LayerNorm) -> bool:
+    """The fused kernel normalises over the last dimension with a weight and a bias: any other LayerNorm (several
+    normalised dimensions, ``elementwise_affine=False`` or ``bias=False``) is left as torch's."""
+    return len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
+
+
 def apply_fused_kernels(
     model: GPT, mode: str = "auto", softmax_attention: bool = False, device: torch.device | None = None
 ) -> str:
-    """Swap in the fused kernels; return the path taken ("fused", or "reference" when ``mode`` resolves so,
+    """Swap in the fused kernels (LayerNorms the kernel computes exactly, ``_fusable``; the GPT's MLPs); return the path taken ("fused", or "reference" when ``mode`` resolves so,
     in which case the model is left as it is).
 
     ``softmax_attention`` replaces SDPA by explicit attention with the fused causal softmax (Megatron's
@@ -56,7 +62,7 @@ def apply_fused_kernels(
         return path
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm:
+            if type(child) is nn.LayerNorm and _fusable(child):
                 fused = FusedLayerNorm(child.normalized_shape, child.eps, device="meta")
                 fused.weight, fused.bias = child.weight, child.bias
                 setattr(parent, name, fused)

@@ -11,6 +11,7 @@ and the reference otherwise, ``"fused"`` requires them, ``"reference"`` forces t
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -100,6 +101,42 @@ def _check_flat(name: str, t: torch.Tensor, numel: int, device: torch.device) ->
         )
 
 
+_CHECKED_TABLES: dict[int, tuple] = {}
+"""id -> (a weak reference to a block table already checked, the version and sizes it was checked at): the engine
+passes the same table every step, so a CUDA table's rows are read back to the host once, not every step."""
+
+
+def _check_blocks(blocks: torch.Tensor, numel: int, device: torch.device) -> None:
+    """A table the kernels can run: ``[n, 3]`` int64 rows on ``device``, each inside ``[0, numel)`` and at most the
+    device's block long (the C++ kernel would write past the partition, the Triton kernel would leave the rest of a
+    longer row unstepped)."""
+    if blocks.dtype != torch.int64 or blocks.dim() != 2 or blocks.shape[1] != 3 or blocks.device != device:
+        raise ValueError(
+            f"blocks must be an [n, 3] int64 table on {device} (kernels.adamw_blocks), got {tuple(blocks.shape)} "
+            f"{blocks.dtype} on {blocks.device}"
+        )
+    if torch.compiler.is_compiling():  # traced: the rows are data, checked where the table was made
+        return
+    limit = {"cuda": TRITON_ADAMW_BLOCK, "cpu": CPU_ADAMW_BLOCK}.get(device.type)
+    key = (blocks._version, numel, limit)
+    seen = _CHECKED_TABLES.get(id(blocks))
+    if seen is not None and seen[0]() is blocks and seen[1] == key:
+        return
+    rows = blocks.cpu()
+    start, end = rows[:, 0], rows[:, 1]
+    bad = (start < 0) | (end < start) | (end > numel)
+    if limit is not None:
+        bad |= end - start > limit
+    if bool(bad.any()):
+        s, e, _ = rows[bad.nonzero()[0, 0]].tolist()
+        raise ValueError(
+            f"blocks row ({s}, {e}) is not a range of at most {limit or numel} elements inside the partition's "
+            f"{numel}: build the table with kernels.adamw_blocks for this partition and device"
+        )
+    ident = id(blocks)
+    _CHECKED_TABLES[ident] = (weakref.ref(blocks, lambda _: _CHECKED_TABLES.pop(ident, None)), key)
+
+
 def fused_adamw_(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -140,6 +177,7 @@ def fused_adamw_(
         _check_flat("out", out, n, dev)
     if step < 1:
         raise ValueError(f"step is 1-based, got {step}")
+    _check_blocks(blocks, n, dev)
     eager = None if torch.compiler.is_compiling() else ops.EAGER_ADAMW.get(dev.type)
     (eager or ops.adamw_)(
         param,
@@ -165,11 +203,21 @@ def nonfinite_(x: torch.Tensor, flag: torch.Tensor) -> None:
     ops.nonfinite_(x.contiguous(), flag)
 
 
+def _check_last_dim(x: torch.Tensor, **params: torch.Tensor) -> None:
+    """The fused bodies index each parameter by ``x``'s last dimension: anything but a 1-D tensor of that size on
+    ``x``'s device would be read past its end or broadcast differently from torch's op, so it is refused."""
+    for name, t in params.items():
+        if t is None or t.dim() != 1 or t.numel() != x.shape[-1] or t.device != x.device:
+            got = "None" if t is None else f"{tuple(t.shape)} on {t.device}"
+            raise ValueError(f"{name} must be 1-D of x's last dimension ({x.shape[-1]}) on {x.device}, got {got}")
+
+
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", mode: str = "auto") -> torch.Tensor:
     """``gelu(x + bias)`` fused (erf form, or ``approximate="tanh"``); differentiable."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    if resolve(mode, x.device) == "reference":
+    _check_last_dim(x, bias=bias)
+    if resolve(mode, x.device) == "reference" or x.numel() == 0:
         return reference.bias_gelu(x, bias, approximate)
     return ops.bias_gelu_op(x, bias, approximate)
 
@@ -178,7 +226,8 @@ def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, mode: str = "auto"
 ) -> torch.Tensor:
     """LayerNorm over the last dimension with affine ``weight``/``bias``; differentiable."""
-    if resolve(mode, x.device) == "reference":
+    _check_last_dim(x, weight=weight, bias=bias)
+    if resolve(mode, x.device) == "reference" or x.numel() == 0:
         return reference.layer_norm(x, weight, bias, eps)
     return ops.layer_norm_op(x.contiguous(), weight, bias, eps)[0]
 
@@ -187,12 +236,16 @@ def causal_softmax(x: torch.Tensor, scale: float, mode: str = "auto") -> torch.T
     """softmax(scale * x) over ``[..., s, s]`` attention scores with the causal mask; differentiable."""
     if x.shape[-1] != x.shape[-2]:
         raise ValueError(f"causal softmax takes square [..., s, s] scores, got {tuple(x.shape)}")
-    if resolve(mode, x.device) == "reference":
+    if resolve(mode, x.device) == "reference" or x.numel() == 0:
         return reference.causal_softmax(x, scale)
     return ops.causal_softmax_op(x.contiguous(), scale)
 
 
 def _check_copy(flat: torch.Tensor, tensors: list[torch.Tensor], offsets: list[int]) -> None:
+    if flat.dim() != 1 or not flat.is_contiguous():
+        raise ValueError(
+            f"the flat buffer must be 1-D and contiguous, got shape {tuple(flat.shape)} with strides {flat.stride()}"
+        )
     if len(tensors) != len(offsets):
         raise ValueError(f"{len(tensors)} tensors but {len(offsets)} offsets")
     for i, (t, off) in enumerate(zip(tensors, offsets)):

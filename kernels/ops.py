@@ -30,6 +30,55 @@ from kernels.transformer_ops import (  # noqa: F401 - re-exported: torch.ops.zer
 
 
 # -- fused AdamW ------------------------------------------------------------------------------------
+def adamw_any_device(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    out: Tensor | None,
+    blocks: Tensor,
+    found_inf: Tensor | None,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+    grad_scale: float,
+    adopt: bool = False,
+) -> None:
+    """The op's default body (any device without a kernel): the reference arithmetic over the table's rows only,
+    as the kernels update them (a table over spans leaves every other element as it was)."""
+    if found_inf is not None and found_inf.item() != 0:
+        return
+    mask = torch.zeros(param.numel(), dtype=torch.bool, device=param.device)
+    covered = torch.zeros_like(mask)  # the table's rows: elements outside them are not this call's (spans)
+    for s, e, d in blocks.tolist():
+        mask[s:e], covered[s:e] = bool(d), True
+    if adopt and out is not None:
+        base = param.clone()
+        reference.adopt_(base, out)
+        param.copy_(torch.where(covered, base, param))
+    p, m, v = reference.adamw(
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        mask,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        step=step,
+        grad_scale=grad_scale,
+    )
+    param.copy_(torch.where(covered, p, param))
+    exp_avg.copy_(torch.where(covered, m, exp_avg)), exp_avg_sq.copy_(torch.where(covered, v, exp_avg_sq))
+    if out is not None:
+        out.copy_(torch.where(covered, p.to(out.dtype), out))
+
+
 @torch.library.custom_op("zerobench::adamw_", mutates_args=("param", "exp_avg", "exp_avg_sq", "out"))
 def adamw_(
     param: Tensor,
@@ -49,30 +98,23 @@ def adamw_(
     adopt: bool = False,
 ) -> None:
     """AdamW step ``step`` (1-based) over flat fp32 ``param``; see ``kernels.fused_adamw_``."""
-    if found_inf is not None and found_inf.item() != 0:
-        return
-    if adopt and out is not None:
-        reference.adopt_(param, out)
-    mask = torch.zeros(param.numel(), dtype=torch.bool, device=param.device)
-    for s, e, d in blocks.tolist():
-        mask[s:e] = bool(d)
-    p, m, v = reference.adamw(
+    adamw_any_device(
         param,
         grad,
         exp_avg,
         exp_avg_sq,
-        mask,
-        lr=lr,
-        beta1=beta1,
-        beta2=beta2,
-        eps=eps,
-        weight_decay=weight_decay,
-        step=step,
-        grad_scale=grad_scale,
+        out,
+        blocks,
+        found_inf,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        step,
+        grad_scale,
+        adopt,
     )
-    param.copy_(p), exp_avg.copy_(m), exp_avg_sq.copy_(v)
-    if out is not None:
-        out.copy_(p)
 
 
 def adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale) -> tuple[float, ...]:

@@ -191,6 +191,48 @@ def test_nonfinite_flag(impl, dtype, bad):
     assert flag.item() == (0.0 if bad is None else 1.0)
 
 
+def test_the_any_device_body_updates_only_the_tables_rows():
+    """The op's default body (devices with no kernel) used the table only for weight decay and stepped, and adopted,
+    every element: a param group's launch over spans moved the other groups' elements once per group. It now
+    matches the C++ kernel inside the spans and leaves everything else as it was."""
+    from kernels.ops import _adamw_cpu, adamw_any_device
+
+    spans = [(100, 5_000), (20_000, 20_016)]
+    blocks = kernels.adamw_blocks(N, RANGES, "cpu", spans)
+    inside = _mask(N, spans)
+    runs = []
+    for body in (adamw_any_device, _adamw_cpu):
+        p, m, v = make(N, seed=1), torch.zeros(N), torch.zeros(N)
+        out = p.to(torch.bfloat16)
+        out[::7] = 0.5  # edits the adopt flag takes in, inside and outside the spans
+        g = make(N, torch.float32, seed=5, scale=3.0)
+        body(p, g, m, v, out, blocks, None, HP["lr"], *HP["betas"], HP["eps"], HP["weight_decay"], 1, 0.5, True)
+        runs.append((p, m, v, out))
+    start = make(N, seed=1)
+    for got, cpu in zip(*runs):
+        torch.testing.assert_close(got[inside], cpu[inside], rtol=1e-6, atol=1e-7)
+    assert torch.equal(runs[0][0][~inside], start[~inside]) and not runs[0][1][~inside].any()
+
+
+def test_a_table_the_kernel_cannot_run_is_refused():
+    """A table from another partition or device: the C++ kernel wrote past the partition (heap corruption), and the
+    Triton kernel steps at most its block of a row, leaving the rest unstepped with no error."""
+    p, g = torch.zeros(100), torch.zeros(100)
+    kw = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, step=1)
+    with pytest.raises(ValueError, match=r"blocks row \(0, 200\) is not a range of at most 16384"):
+        kernels.fused_adamw_(p, g, g.clone(), g.clone(), blocks=kernels.adamw_blocks(200, [], "cpu"), **kw)
+    long = torch.tensor([[0, 100, 0]])
+    from kernels import tables
+
+    too_long = tables.adamw_blocks(40_000, [], 20_000)
+    with pytest.raises(ValueError, match=r"blocks row \(0, 20000\) is not a range of at most 16384"):
+        big = torch.zeros(40_000)
+        kernels.fused_adamw_(big, big.clone(), big.clone(), big.clone(), blocks=too_long, **kw)
+    with pytest.raises(ValueError, match="blocks must be an \\[n, 3\\] int64 table"):
+        kernels.fused_adamw_(p, g, g.clone(), g.clone(), blocks=long.int(), **kw)
+    kernels.fused_adamw_(p, g, g.clone(), g.clone(), blocks=long, **kw)  # a valid hand-made table runs
+
+
 def test_bad_arguments_get_one_line_errors():
     p, g = torch.zeros(10), torch.zeros(10)
     blocks = kernels.adamw_blocks(10, [], "cpu")

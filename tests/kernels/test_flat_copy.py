@@ -44,3 +44,12 @@ def test_copy_errors_are_one_line():
         kernels.flatten_into_(flat, [torch.zeros(4, dtype=torch.float64)], [0])
     with pytest.raises(ValueError, match="2 tensors but 1 offsets"):
         kernels.unflatten_from_(flat, [torch.zeros(2), torch.zeros(2)], [0])
+
+
+def test_a_strided_flat_buffer_is_refused():
+    """The kernel copies from the flat buffer's first address as if it were contiguous: a strided view was written
+    over the storage between its elements."""
+    buf = torch.zeros(20)
+    with pytest.raises(ValueError, match="flat buffer must be 1-D and contiguous"):
+        kernels.flatten_into_(buf[::2], [torch.ones(3)], [0])
+    assert not buf.any()

@@ -125,3 +125,28 @@ def test_composes_with_torch_compile():
     torch.testing.assert_close(compiled, eager)
     for a, b in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: kernels.bias_gelu(torch.randn(2, 3, 4), torch.randn(3, 1), mode="fused"), r"bias must be 1-D of x's"),
+        (lambda: kernels.bias_gelu(torch.randn(4, 6), torch.randn(4), mode="fused"), r"last dimension \(6\)"),
+        (lambda: kernels.layer_norm(torch.randn(3, 6), torch.ones(4), torch.zeros(4), mode="fused"), "weight must"),
+        (lambda: kernels.layer_norm(torch.randn(3, 4), torch.ones(4), None, mode="fused"), "bias must .* got None"),
+    ],
+    ids=["bias-2d", "bias-short", "weight-short", "no-bias"],
+)
+def test_parameters_not_of_the_last_dimension_are_refused(call, words):
+    """The fused bodies index weight and bias by x's last dimension: a (3, 1) bias gave outputs 0.66 off where
+    torch broadcasts it, and a short weight was read past its end."""
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_empty_inputs_give_empty_outputs():
+    """An empty last dimension (LayerNorm) or sequence (softmax) divided by zero in the fused wrappers; torch returns
+    empty tensors."""
+    ln = kernels.layer_norm(torch.randn(3, 0), torch.ones(0), torch.zeros(0), mode="fused")
+    sm = kernels.causal_softmax(torch.randn(2, 0, 0), 0.5, mode="fused")
+    assert ln.shape == (3, 0) and sm.shape == (2, 0, 0)

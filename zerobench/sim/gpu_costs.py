@@ -3,7 +3,8 @@
 with it.
 
 Compute. Every kernel of the piece (Megatron's GPT block, per TP rank) is costed, and the sum is
-multiplied by the device's fitted ``compute_scale``:
+multiplied by the device's fitted ``compute_scale`` (divided by its ``relative_speed`` where the node sells the
+class's GPU at other clocks and power than the node the class was fitted on):
 
 - GEMMs. A GEMM's time is the launch plus the larger of its tiles' arithmetic (``gemm.GemmModel``: tile and
   wave quantisation, per-tile prologue, split-K; never above the best fraction of peak a published search over
@@ -11,7 +12,9 @@ multiplied by the device's fitted ``compute_scale``:
   T = b x s tokens, h_p = h / tp runs QKV (T x 3h_p x h), the attention projection (T x h x h_p) and the
   MLP's two (T x 4h_p x h, T x h x 4h_p). Backward runs the data-gradient GEMM (T x k x n) and the
   weight-gradient GEMM (k x n over T) of each, and the recompute runs the forward once more. Thin
-  tensor-parallel GEMMs therefore lose what their shapes lose.
+  tensor-parallel GEMMs therefore lose what their shapes lose. Under a program whose cuBLAS needs every
+  dimension a multiple of 8 for tensor cores (``Stack.tensor_core_multiple``: CUDA 10), a GEMM with one that is
+  not (a head dimension of 100, h / tp = 238) runs at the CUDA cores' half-precision peak.
 - Attention, as the stack runs it. ``materialized`` charges the score GEMMs (a_p·b batches of
   s x s x d and s x d x s) and the stack's passes over the b·a_p·s² scores, backward's counted from each op's
   gradient where the stack states them. ``flash`` charges one
@@ -59,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from zerobench.models.sizes import padded_vocab
 from zerobench.sim import nccl
 from zerobench.sim.gemm import for_ceiling
 from zerobench.sim.profile import LOOP_METRICS, Profile
@@ -93,6 +97,12 @@ class StatedProfile(Profile):
     def zero_machinery(self):
         return self.stack.zero
 
+    @property
+    def scale(self) -> float:
+        """What device times are multiplied by: the fitted ``compute_scale`` over the node's measured speed relative
+        to the node the class was fitted on (``StatedDevice.relative_speed``)."""
+        return self.dev.compute_scale / self.dev.relative_speed
+
     def with_scale(self, compute_scale: float) -> StatedProfile:
         return StatedProfile(dataclasses.replace(self.dev, compute_scale=compute_scale), self.stack, self.grad_elem)
 
@@ -101,6 +111,9 @@ class StatedProfile(Profile):
         return self.dev.peak_flops_fp32 if dtype == "fp32" else self.dev.peak_flops
 
     def _gemm(self, m: float, n: float, k: float, batch: float, elem: int, peak: float) -> float:
+        multiple = self.stack.tensor_core_multiple
+        if multiple and peak == self.dev.peak_flops and any(int(x) % multiple for x in (m, n, k)):
+            peak = self.dev.peak_flops_fp16_simt  # off the tensor cores (``Stack.tensor_core_multiple``)
         nbytes = elem * (m * k + k * n + m * n) * batch
         arith = self.gemm.compute_seconds(int(m), int(n), int(k), int(batch), peak)
         if self.dev.gemm_max and peak == self.dev.peak_flops:  # no shape beats the best one measured
@@ -170,11 +183,13 @@ class StatedProfile(Profile):
         key = (name, b, s, h, heads, vocab, tp, dtype, checkpoint)
         if key not in self._ops:
             self._ops[key] = self._op_time(name, b, s, h, heads, vocab, tp, dtype, checkpoint)
-        return self._ops[key] * self.dev.compute_scale
+        return self._ops[key] * self.scale
 
     def _op_time(
         self, name: str, b: int, s: int, h: int, heads: int, vocab: int, tp: int, dtype: str, checkpoint: bool
     ) -> float:
+        if self.stack.vocab_multiple:  # the program's own padding, at every TP degree
+            vocab = padded_vocab(vocab, tp, self.stack.vocab_multiple)
         elem, peak, T, vp = _ELEM[dtype], self._peak(dtype), b * s, vocab // tp
         loss_fwd, loss_bwd = self.stack.loss_bytes
         if name == "block_fwd":
@@ -207,7 +222,7 @@ class StatedProfile(Profile):
         passes = {"adamw": self.dev.adam_bytes_per_element, "copy": 2, "add": 3, "memset": 1}
         if name not in passes:
             raise KeyError(f"the stated profile of {self.device} has no cost {name}")
-        return self._stream(n * passes[name]) * self.dev.compute_scale if n > 0 else 0.0
+        return self._stream(n * passes[name]) * self.scale if n > 0 else 0.0
 
     def transfer(self, ranks: int, nbytes: float) -> float:
         return nbytes / self.dev.host_bw + self.dev.kernel_floor_s if nbytes > 0 else 0.0
@@ -237,7 +252,7 @@ class StatedProfile(Profile):
         device += sum(self._stream(k * op.bytes_per_element) for k in param_sizes for op in loop.per_param)
         reads = loop.round_trips + loop.tp_reads + len(param_sizes) * sum(op.read_back for op in loop.per_param)
         flags = loop.tp_reads * self.collective("all_reduce", tp, ranks, 4, dim="tp", tp=tp)
-        return device * self.dev.compute_scale, reads * self._host_read(), flags
+        return device * self.scale, reads * self._host_read(), flags
 
     # -- communication -------------------------------------------------------------------------
     def placement(self, group: int, dim: str, tp: int) -> tuple[int, int]:
@@ -271,4 +286,4 @@ class StatedProfile(Profile):
             t += self._stream(nbytes)
         if z.predivided_grads and op == "reduce_scatter":  # div_ by the data-parallel size, in place
             t += self._stream(2 * nbytes)
-        return t * self.dev.compute_scale
+        return t * self.scale

@@ -351,7 +351,14 @@ def predict_paper(device: str = "v100-dgx2", progress=None) -> dict:
     Megatron-LM anchor supports (``chosen``)."""
     say = progress or (lambda msg: None)
     mem = DEVICES[device].mem_bytes
-    out: dict = {"device": DEVICES[device].name, "conventions": {}, "max_size": max_size_claims(mem)}
+    dev = DEVICES[device]
+    out: dict = {
+        "device": dev.name,
+        "relative_speed": dev.relative_speed,
+        "relative_speed_source": dev.sources.get("relative_speed"),
+        "conventions": {},
+        "max_size": max_size_claims(mem),
+    }
     for conv in CONVENTIONS:
         prof, fit = fitted_profile(device, conv)
         say(f"{conv} FLOPs: compute_scale {fit['value']:.3f} fitted on {fit['fitted_on']}")

@@ -32,6 +32,12 @@ def format_paper(out: dict) -> str:
         ),
         f"  {'figure':<66} {'paper':>12} {'simulated':>10}  {'error':>7}",
     ]
+    if out.get("relative_speed", 1.0) != 1.0:  # stated, not fitted: the node against the one the fit ran on
+        lines.insert(
+            2,
+            f"stated, not fitted: device times / {out['relative_speed']:.3f} against the fit's node "
+            f"({out['relative_speed_source']})",
+        )
     lines += [_claim_line(c) for c in r["anchors"] + r["claims"] + out["max_size"]]
     lines.append(
         f"\nFig 3, 60B (MP 16) from 64 to 400 GPUs ({conv} FLOPs; x: aggregate vs the previous point, "

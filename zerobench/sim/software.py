@@ -217,8 +217,23 @@ class Stack:
     step_loop: StepLoop | None = None
     """The program's own optimizer step for runs without ZeRO, where it loops over the parameters (None: one pass
     over flat buffers, as the device's ``adam_bytes_per_element`` charges)."""
+    vocab_multiple: int | None = None
+    """The program pads its vocabulary to a multiple of this times the TP degree (Megatron-LM's
+    ``--make-vocab-size-divisible-by``, 128), at every TP degree: the head's GEMMs run at the padded width. None: the
+    vocabulary as the run states it."""
+    tensor_core_multiple: int | None = None
+    """Where the program's cuBLAS runs a half-precision GEMM on tensor cores only when every dimension (m, n, k) is a
+    multiple of this (cuBLAS before 11.0: 8), else on the CUDA cores at the device's ``peak_flops_fp16_simt``. None:
+    tensor cores whatever the shape (cuBLAS 11 and later)."""
     sources: dict[str, str] = field(default_factory=dict)
 
+
+CUBLAS_10_TENSOR_CORES = (
+    "NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication Background User's Guide', 'Tensor Core "
+    "Requirements' (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/): with "
+    "cuBLAS before 11.0, an FP16 GEMM uses Tensor Cores only when M, N and K are multiples of 8; the program's PyTorch "
+    "1.1/1.2 builds link CUDA 10's cuBLAS"
+)
 
 FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
 _FA2_TEXT = (
@@ -473,6 +488,11 @@ STACKS: dict[str, Stack] = {
                 "and the split's join, is in its doubling); GeLU, a scripted fused kernel (2)"
             ),
             "loss": f"vocab-parallel cross-entropy in fp32: {_EAGER_LOSS}",
+            "tensor_cores": CUBLAS_10_TENSOR_CORES,
+            "vocab": (
+                "Megatron-LM 2019 arguments.py, --make-vocab-size-divisible-by (default 128): the GPT-2 tokenizer's "
+                "50,257 tokens padded to a multiple of 128 x the model-parallel size, at every size (50,304 at MP 1)"
+            ),
             "step": MEGATRON_2019_STEP.source,
             "rng": MEGATRON_2019_RNG.source,
             "bias": (
@@ -485,6 +505,8 @@ STACKS: dict[str, Stack] = {
         bias_adds=(4, 14, 4),
         step_loop=MEGATRON_2019_STEP,
         rng=MEGATRON_2019_RNG,
+        vocab_multiple=128,
+        tensor_core_multiple=8,
     ),
     "megatron-2021": Stack(
         "megatron-2021",

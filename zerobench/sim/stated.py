@@ -11,6 +11,8 @@ Sources (cited by address; figures are read from them, nothing is copied):
 - [v100-ds] NVIDIA Tesla V100 data sheet: 125 TFLOP/s fp16 tensor core (SXM3 32 GB, 130 in DGX-2H's
   higher-clocked V100s, which is what Megatron-LM's "39 TFLOP/s = 30% of peak" implies), 15.7 TFLOP/s fp32,
   900 GB/s HBM2.
+- [volta-wp] NVIDIA Tesla V100 GPU Architecture whitepaper (2017), Table 1: peak FP16 (non-Tensor) 31.4 TFLOP/s
+  on the SXM2 V100; taken at the same clock ratio as the tensor-core peak here.
 - [dgx2] NVIDIA DGX-2 data sheet and the ZeRO paper's §10.1: 16 GPUs on NVSwitch, 8 x 100 Gb/s EDR
   InfiniBand per node; PCIe gen3 x16 to the host.
 - [a100-ds], [h100-ds] NVIDIA A100 (312 TFLOP/s bf16, 2.0 TB/s HBM2e, 80 GB; the 40 GB SXM part 1,555 GB/s
@@ -42,6 +44,15 @@ Sources (cited by address; figures are read from them, nothing is copied):
   (https://github.com/NVIDIA/nccl-tests/issues/100), 16 on H100 nodes in a 24-rank ring across three
   (https://github.com/NVIDIA/nccl/issues/1453). NCCL picks the count by topology and version: taking each
   figure for every node count of its device class is [assumed]. None found for a DGX-2's V100s.
+- [mlperf-dgx2] MLPerf Training v0.6, NVIDIA's closed-division results
+  (https://github.com/mlcommons/training_results_v0.6 at f312518, ``NVIDIA/results/dgx2_ngc19.05_*`` and
+  ``dgx2h_ngc19.05_*``, systems ``dgx2_ngc19.05_pytorch.json`` and ``dgx2h_ngc19.05_pytorch.json``): the same five
+  benchmarks in the same containers (PyTorch/MXNet 19.05, CUDA 10.1, cuBLAS 10.2, NCCL 2.4.6) on one DGX-2 (16
+  "Tesla V100-SXM3-32GB", Xeon 8168) and one DGX-2H (16 "Tesla V100-SXM3-32GB-H", Xeon 8174). Median training
+  epoch, DGX-2H's over DGX-2's: Transformer 192.37 / 216.82 s = 0.887, GNMT 146.92 / 162.66 = 0.903, ResNet-50
+  52.00 / 57.08 = 0.911, SSD 12.70 / 13.92 = 0.912, Mask R-CNN 367.49 / 389.97 = 0.942. Their median, 0.911, is
+  the DGX-2's speed relative to the DGX-2H; the epochs include what does not scale with the GPU's clock, so the
+  GPU-bound part differs by at least that much.
 - [assumed] Assumptions with no measurement behind them here; each is named where used.
 """
 
@@ -86,6 +97,14 @@ class StatedDevice:
     """Network cards per node; every GPU of the node shares them."""
     host_bw: float
     """Device <-> host copy bandwidth per GPU (pinned memory)."""
+    peak_flops_fp16_simt: float | None = None
+    """Half-precision peak off the tensor cores (the CUDA cores' FMAs), for programs whose GEMMs leave them on
+    shapes they cannot tile (``Stack.tensor_core_multiple``); None where no such program runs on the device."""
+    relative_speed: float = 1.0
+    """Measured speed of this node relative to the node its device class's ``compute_scale`` is fitted on, where
+    both sell the same GPU at other clocks and power (a DGX-2 against Megatron-LM's DGX-2H), divided by the ratio
+    of their ``peak_flops``: the part of the difference the data sheets' peaks do not state. Device times are
+    divided by it (``StatedProfile.scale``); 1 where no such figure is published."""
     nccl_channels: int | None = None
     """Thread blocks (one SM each) NCCL runs a collective on, on this node: while a data-parallel collective
     overlaps the compute, the compute has ``nccl_channels / sms`` fewer SMs (``StatedProfile.interference``).
@@ -117,6 +136,7 @@ class StatedDevice:
 _V100_SOURCES = {
     "peak_flops": "[v100-ds] 125 TFLOP/s fp16 tensor core (SXM3)",
     "peak_flops_fp32": "[v100-ds] 15.7 TFLOP/s fp32",
+    "peak_flops_fp16_simt": "[volta-wp] 31.4 TFLOP/s FP16 off the tensor cores (at 125 TFLOP/s's clock)",
     "hbm_bw": "[v100-ds] 900 GB/s HBM2",
     "mem_bytes": "[v100-ds] 32 GB (the paper's GB = 1e9 bytes)",
     "gpus_per_node": "[dgx2] 16 V100 on NVSwitch",
@@ -138,6 +158,7 @@ def _v100(name: str, peak: float, note: str) -> StatedDevice:
         name=name,
         peak_flops=peak,
         peak_flops_fp32=15.7e12,
+        peak_flops_fp16_simt=31.4e12 * peak / 125e12,
         hbm_bw=900e9,
         mem_bytes=32e9,
         gpus_per_node=16,
@@ -154,9 +175,22 @@ def _v100(name: str, peak: float, note: str) -> StatedDevice:
     )
 
 
+DGX2_VS_DGX2H = 0.911
+"""[mlperf-dgx2] The median of five MLPerf v0.6 benchmarks' DGX-2H/DGX-2 epoch-time ratios (0.887-0.942)."""
+
+
 DEVICES: dict[str, StatedDevice] = {
     # The ZeRO paper's cluster: 25 DGX-2 (V100-SXM3-32GB).
-    "v100-dgx2": _v100("V100-SXM3-32GB DGX-2 (stated)", 125e12, _V100_SOURCES["peak_flops"]),
+    # Its V100s are the DGX-2H's at 350 W and lower clocks: measured 0.911 of its speed, of which the peaks say 125/130.
+    "v100-dgx2": dataclasses.replace(
+        _v100("V100-SXM3-32GB DGX-2 (stated)", 125e12, _V100_SOURCES["peak_flops"]),
+        relative_speed=DGX2_VS_DGX2H / (125 / 130),
+        sources={
+            **_V100_SOURCES,
+            "relative_speed": "[mlperf-dgx2] 0.911 of a DGX-2H's speed (median of 5 MLPerf v0.6 benchmarks), over "
+            "the peaks' 125/130",
+        },
+    ),
     # Megatron-LM's 2019 cluster: DGX-2H (the same node with 450 W, higher-clocked V100s).
     "v100-dgx2h": _v100(
         "V100-SXM3-32GB DGX-2H (stated)",

@@ -139,6 +139,8 @@ def stack(row: Row):
     from zerobench.sim.software import STACKS
 
     fw = row.framework
+    if fw.startswith("megatron-lm 2019") and ("deepspeed" in fw or "zero paper's cluster" in fw):
+        return STACKS["megatron-2019+deepspeed-0.2"]  # the ZeRO team's Megatron-LM and DeepSpeed, as the paper's runs
     if fw.startswith("megatron-lm 2019"):
         return STACKS["megatron-2019"]
     if fw.startswith("megatron-lm 2021"):
@@ -153,7 +155,8 @@ def stack(row: Row):
 def run_keys(row: Row) -> dict:
     """The row as ``RunSpec`` keys (``zerobench.bench.spec``). Megatron-LM's data parallelism is one all-reduce of
     all gradients after backward (no C_B). FSDP gathers and reduces one flat parameter per wrapped block (one bucket
-    per unit). DeepSpeed's 2021 ZeRO-3 does it per parameter (a bucket per parameter)."""
+    per unit). DeepSpeed's 2021 ZeRO-3 does it per parameter (a bucket per parameter); its 2020 ZeRO-1 in
+    sub-partitions of at most 5e8 elements (``max_elements_per_comm``'s default)."""
     keys = dict(
         layers=row.layers,
         hidden=row.hidden,
@@ -172,6 +175,8 @@ def run_keys(row: Row) -> dict:
         keys.update(system="zerobench")
     elif row.zero == 0:
         keys.update(system="megatron", bucket_size=None)
+    elif "deepspeed 0.1" in row.framework:  # ZeRO-1's reduce-scatter in sub-partitions of 5e8 elements at most
+        keys.update(bucket_size=500_000_000)
     elif "deepspeed" in row.framework:
         keys.update(bucket_size=1)
     else:

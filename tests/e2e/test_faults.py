@@ -143,6 +143,30 @@ def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_whole_job_records_cancelled(tmp_path):
+    """scancel, a time limit or preemption signal every process of the job, the ranks with the launcher: a rank
+    killed by that SIGTERM was seen first and the run read 'failed: rank 0 was killed by signal 15'."""
+    suite = write_suite(tmp_path, 100000, "  - {label: long, dp: 2}\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "zerobench", "sweep", str(suite), "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a job step's
+    )
+    log = out / "000-long" / "run.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "step" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(ranks_running(str(out))) == 2, "the run never started"
+    os.killpg(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert [r["status"] for r in status_rows(out)] == ["cancelled"], status_rows(out)
+
+
+@pytest.mark.slow
 def test_a_full_disk_stops_the_sweep_cleanly(tmp_path):
     suite = write_suite(tmp_path, 3, '  - {label: a, fault: "0:1:enospc"}\n  - {label: b}\n')
     out = tmp_path / "out"

@@ -176,6 +176,9 @@ def _watch(
     try:
         while True:
             codes = [p.poll() for p in procs]
+            if cancel.requested:  # first: a SIGTERM to the job (scancel, preemption) reaches the ranks too
+                status, reason = "cancelled", f"cancelled ({cancel.requested}): the ranks were stopped"
+                break
             early = [r for r, c in enumerate(codes) if c == 0 and not ends.report(r).done]
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if early:
@@ -184,6 +187,10 @@ def _watch(
                 if bad:
                     reason += f"; then {describe_exit(f'rank {bad[0][0]}', bad[0][1])[1]}"
                 break
+            if bad and bad[0][1] in (-signal.SIGTERM, -signal.SIGINT) and not cancel.requested:
+                time.sleep(0.5)  # a signal to the whole job reaches this process too: let its handler run first
+                if cancel.requested:
+                    continue
             if bad:
                 blamed = bad[0][0]
                 status, reason = describe_exit(f"rank {blamed}", bad[0][1])
@@ -191,9 +198,6 @@ def _watch(
                     reason = _stuck(procs, reason)
                 break
             if all(c == 0 for c in codes):
-                break
-            if cancel.requested:
-                status, reason = "cancelled", f"cancelled ({cancel.requested}): the ranks were stopped"
                 break
             if time.monotonic() - t0 > timeout_s:
                 status, reason = "timeout", f"timed out after {timeout_s:.0f}s"

@@ -7,7 +7,9 @@
 #
 # Account, partition, QoS: SBATCH_ACCOUNT / SBATCH_PARTITION / SBATCH_QOS (sbatch reads them) or
 # slurm/cluster.env, which is sourced first (modules, virtualenv, NCCL settings; see cluster.env.example).
-# Rows go to results/<suite>/<job id>/ (ZEROBENCH_RESULTS overrides results/).
+# Rows go to results/<suite>/<job id>/ (ZEROBENCH_RESULTS overrides results/). A requeued job resumes there.
+# Each run is one srun step laid out as whole nodes of --ntasks-per-node tasks, on a rendezvous port derived from
+# the job id (MASTER_PORT overrides it).
 #SBATCH --job-name=zerobench-scale400
 #SBATCH --nodes=25
 #SBATCH --ntasks-per-node=16
@@ -46,4 +48,9 @@ export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-22}
 echo "zerobench: job $SLURM_JOB_ID, $SLURM_NNODES nodes, $SLURM_NTASKS tasks, master $MASTER_ADDR, suite $suite_file -> $out"
 args=(sweep "$suite_file" --launcher srun --out "$out" --no-progress --allow-failures)
 [[ -n "$only" ]] && args+=(--only "$only")
+# A requeued job (node failure, preemption) keeps its id, and so its directory: go on from the runs it finished.
+if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then
+  args+=(--resume)
+  echo "zerobench: restart ${SLURM_RESTART_COUNT} of job $SLURM_JOB_ID: resuming the sweep in $out"
+fi
 python -m zerobench "${args[@]}"

@@ -181,3 +181,82 @@ def test_sbatch_launcher_runs_a_job_and_reports_how_it_ended(slurm_env, tmp_path
         )
     )
     assert not res.ok and res.status == "failed" and "FAILED" in res.reason, res
+
+
+FAILING = """
+name: failing
+base: {preset: tiny, dp: 2, stage: 1, steps: 4, warmup: 1, timeout: 180, collective_timeout: 30}
+runs:
+  - {label: oom, fault: "1:2:oom"}
+  - {label: dies, fault: "1:2"}
+  - {label: full-disk, fault: "1:2:enospc"}
+  - {label: after-full-disk}
+"""
+
+
+def _scale_job(slurm_env, tmp_path, suite: str, *extra: str):
+    (tmp_path / "s.yaml").write_text(suite)
+    env = {**slurm_env, "SUITE": str(tmp_path / "s.yaml"), "ZEROBENCH_RESULTS": str(tmp_path / "results")}
+    cmd = ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1"]
+    cmd += [f"--output={tmp_path}/job-%j.out", *extra, "slurm/scale_400gpu.sh"]
+    r = run(cmd, env)
+    job = r.stdout.strip().split(";")[0]
+    assert job.isdigit(), r.stderr  # with --wait sbatch exits as the job did: the caller judges that
+    return job, env
+
+
+def _statuses(out: Path) -> dict[str, tuple[str, str]]:
+    df = load(out)
+    st = df[df["metric"] == "run_status"]
+    return {rid: (s, reason) for rid, s, reason in zip(st["run_id"], st["status"], st["reason"].fillna(""))}
+
+
+def _wait(cond, what: str, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_srun_steps_blame_the_first_failing_rank_with_its_own_code(slurm_env, tmp_path):
+    """Under srun a failed step exited 143 whatever its failing task returned (--kill-on-bad-exit ends the rest
+    with SIGTERM): an OOM read as 'failed, code 143', and a full disk did not stop the sweep. Each rank now says how
+    it ended in a file of its own, and the first to fail is blamed with its own code and line."""
+    job, _ = _scale_job(slurm_env, tmp_path, FAILING, "--wait")
+    st = _statuses(tmp_path / "results" / "s" / job)
+    assert st["000-oom"][0] == "oom" and st["000-oom"][1].startswith("rank 1 ran out of memory"), st
+    assert st["001-dies"] == ("failed", "rank 1 exited with code 17"), st
+    assert st["002-full-disk"][0] == "failed" and "rank 1 could not write its results" in st["002-full-disk"][1], st
+    assert "003-after-full-disk" not in st  # the disk is full: the sweep stops, as it does on local ranks
+    text = (tmp_path / f"job-{job}.out").read_text()
+    assert "results could not be written, the sweep stopped" in text, text[-2000:]
+
+
+LONG = """
+name: long
+base: {preset: tiny, dp: 2, stage: 1, warmup: 1, timeout: 600}
+runs:
+  - {label: quick, steps: 3}
+  - {label: long, steps: 100000}
+"""
+
+
+def test_a_requeued_job_resumes_and_a_cancelled_step_reads_cancelled(slurm_env, tmp_path):
+    """A requeued job keeps its id and so its directory: it died at once ('already holds result rows') and the rest
+    of the sweep was lost. It now resumes. A step stopped by scancel read 'failed, code 143'; it reads cancelled."""
+    job, env = _scale_job(slurm_env, tmp_path, LONG, "--requeue")
+    out = tmp_path / "results" / "s" / job
+    _wait(
+        lambda: (out / "001-long" / "run.log").is_file() and "loss" in (out / "001-long" / "run.log").read_text(),
+        "the long run's first steps",
+    )
+    assert run(["scontrol", "requeue", job], env).returncode == 0
+    _wait((out / "001-long-r2" / "run.log").is_file, "the requeued job's attempt at the long run")
+    run(["scancel", job], env)
+    _wait(lambda: "001-long-r2" in _statuses(out), "the cancelled attempt's status row", 120)
+    st = _statuses(out)
+    assert st["000-quick"][0] == "ok" and "000-quick-r2" not in st, st  # done once, skipped on the restart
+    assert st["001-long-r2"][0] == "cancelled", st
+    assert st.get("001-long", ("cancelled", ""))[0] == "cancelled", st  # the requeue's SIGTERM, if it was recorded

@@ -6,8 +6,11 @@ library's ``os._exit(0)``) looks like one that finished, and leaves its peers wa
 line that names a failure, printed to the rank's stderr, is lost when that stderr is a log on a full disk. The
 pipe needs no disk: the launcher reads it after the rank has exited (what was written stays in the pipe).
 
-Messages are lines: ``done`` or ``error <text>``. A rank started by anything else (torchrun, srun) has no pipe
-and sends nothing.
+Messages are lines: ``done`` or ``error <text>``. A rank started by anything else (torchrun, srun) has no pipe.
+Under zerobench's srun launcher each rank writes the same lines, each with the wall-clock time, to a file of its
+own instead (``RankFile``, in the run's directory), and its exit code last: srun's own exit code says only that
+some task failed (``--kill-on-bad-exit`` ends the others with SIGTERM), and the launcher blames the rank whose
+failure came first, as torchelastic's error files do.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ENV = "ZEROBENCH_REPORT_FD"
 """The rank's end of its pipe (a file descriptor number), set by the local launcher."""
@@ -40,6 +44,62 @@ class RankChannel:
             return
         with contextlib.suppress(OSError):
             os.write(self.fd, (message + "\n").encode(errors="replace"))
+
+
+FILE_ENV = "ZEROBENCH_REPORT_DIR"
+"""The directory each srun task writes its ``RankFile`` into, set by the srun launcher."""
+
+
+class RankFile(RankChannel):
+    """A rank's end under srun: ``done``, ``error <text>`` and ``exit <code>`` lines, each after the time it was
+    written, appended to ``<dir>/rank<N>`` (a line per write: what was written before a kill stays)."""
+
+    def __init__(self, directory: str | os.PathLike, rank: int):
+        super().__init__(None)
+        self.path = os.path.join(directory, f"rank{rank}")
+
+    def exited(self, code: int) -> None:
+        self._send(f"exit {code}")
+
+    def _send(self, message: str) -> None:
+        import time
+
+        with contextlib.suppress(OSError), open(self.path, "a") as f:
+            f.write(f"{time.time():.6f} {message}\n")
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """What a ``RankFile`` says: the rank, when it first failed (None: it did not say), why, and its exit code."""
+
+    rank: int
+    failed_at: float | None
+    error: str | None
+    code: int | None
+    done: bool
+
+
+def read_rank_files(directory: str | os.PathLike) -> list[RankEnd]:
+    """Every ``rank<N>`` file under ``directory``, in rank order."""
+    ends = []
+    for path in sorted(Path(directory).glob("rank*"), key=lambda p: (len(p.name), p.name)):
+        if not path.name[4:].isdigit():
+            continue
+        failed_at = error = code = None
+        done = False
+        with contextlib.suppress(OSError):
+            for line in path.read_text(errors="replace").splitlines():
+                when, _, message = line.partition(" ")
+                if message == "done":
+                    done = True
+                elif message.startswith("error ") and failed_at is None:
+                    failed_at, error = float(when), message.removeprefix("error ")
+                elif message.startswith("exit ") and message[5:].lstrip("-").isdigit():
+                    code = int(message[5:])
+                    if code != 0 and failed_at is None:
+                        failed_at = float(when)
+        ends.append(RankEnd(int(path.name[4:]), failed_at, error, code, done))
+    return ends
 
 
 @dataclass

@@ -37,7 +37,16 @@ class SrunLauncher:
         from zerobench.launch.slurm import launch_srun
 
         return launch_srun(
-            req.cfg, req.out_dir, req.run_id, req.timeout_s, req.log_path, req.suite, 29500 + req.index, req.extra_env
+            req.cfg,
+            req.out_dir,
+            req.run_id,
+            req.timeout_s,
+            req.log_path,
+            req.suite,
+            req.index,
+            req.extra_env,
+            cancel=req.cancel,
+            on_poll=req.on_poll,
         )
 
 

@@ -11,14 +11,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
+from zerobench.launch import channel
 from zerobench.launch.base import LaunchResult, describe_exit
+from zerobench.launch.cancel import Cancellation
+from zerobench.launch.channel import read_rank_files
 from zerobench.train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,36 +70,127 @@ def launch_srun(
     timeout_s: float,
     log_path: Path,
     suite: str | None,
-    port: int,
+    index: int = 0,
     env: dict[str, str] | None = None,
+    cancel: Cancellation | None = None,
+    on_poll=None,
 ) -> LaunchResult:
-    """One job step of ``cfg.world_size`` tasks inside the current allocation."""
+    """One job step of ``cfg.world_size`` tasks inside the current allocation, laid out as torchrun's nnodes x
+    nproc-per-node would be (``step_layout``), each task with the allocation's CPUs per task. Stopped (SIGTERM to
+    srun, which passes it to the tasks) on ``cancel`` or past ``timeout_s``. How it failed is read from the ranks'
+    report files (``channel.RankFile``): the first rank to fail is blamed, with its own exit code and line, since
+    srun's exit code is the survivors' SIGTERM whatever the failing task returned."""
     total = int(os.environ.get("SLURM_NTASKS", "0"))
     if cfg.world_size > total:
         return LaunchResult(False, f"needs {cfg.world_size} tasks, the allocation has {total}", "invalid", [], 0.0)
     spec = write_spec(out_dir / "run.json", cfg, run_id, out_dir, suite, env)
-    env = {**os.environ, "MASTER_ADDR": master_address(), "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        "srun",
-        f"--ntasks={cfg.world_size}",
-        "--kill-on-bad-exit=1",
-        "--exact",
-        "python",
-        "-m",
-        "zerobench.launch.task",
-        str(spec),
-    ]
+    reports = out_dir / "ranks"
+    reports.mkdir(parents=True, exist_ok=True)
+    for stale in reports.glob("rank*"):
+        stale.unlink()
+    port = os.environ.get("MASTER_PORT") or str(step_port(index))
+    step_env = {
+        **os.environ,
+        "MASTER_ADDR": master_address(),
+        "MASTER_PORT": port,
+        "PYTHONUNBUFFERED": "1",
+        channel.FILE_ENV: str(reports),
+    }
+    cmd = ["srun", *step_layout(cfg.world_size), "--kill-on-bad-exit=1", "--exact"]
+    cmd += ["python", "-m", "zerobench.launch.task", str(spec)]
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
-        try:
-            r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-            code = r.returncode
-        except subprocess.TimeoutExpired:
-            return LaunchResult(False, f"timed out after {timeout_s:.0f}s", "timeout", [], time.monotonic() - t0)
-    if code == 0:
-        return LaunchResult(True, "", "ok", [0], time.monotonic() - t0)
-    status, reason = describe_exit("srun step", code)
-    return LaunchResult(False, reason, status, [code], time.monotonic() - t0)
+        proc = subprocess.Popen(cmd, env=step_env, stdout=log, stderr=subprocess.STDOUT)
+        stopped = _wait_step(proc, timeout_s, cancel, on_poll)
+    elapsed = time.monotonic() - t0
+    if stopped == "timeout":
+        return LaunchResult(False, f"timed out after {timeout_s:.0f}s", "timeout", [proc.returncode], elapsed)
+    if stopped is not None:
+        return LaunchResult(False, f"cancelled ({stopped}): the step was stopped", "cancelled", [], elapsed)
+    if proc.returncode == 0:
+        return LaunchResult(True, "", "ok", [0], elapsed)
+    status, reason, code = blame(reports, log_path, proc.returncode)
+    return LaunchResult(False, reason, status, [code], elapsed)
+
+
+def step_port(index: int) -> int:
+    """The rendezvous port of a sweep's ``index``-th step, where ``MASTER_PORT`` is not set: derived from the job id
+    as ``distributed/env.py`` derives it, so that two jobs sharing a node do not take the same port."""
+    job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
+    return 20000 + (job * 97 + index) % 12000  # below Linux's ephemeral ports (32768 up)
+
+
+def step_layout(world: int) -> list[str]:
+    """srun options placing ``world`` tasks as torchrun would place nnodes x nproc-per-node: whole nodes of the
+    allocation's tasks per node (a TP group inside a node stays inside one), and the allocation's CPUs per task
+    (srun does not take them from the job on Slurm 22.05-23.02)."""
+    from zerobench.distributed.env import tasks_per_node
+
+    per_node = tasks_per_node(os.environ.get("SLURM_TASKS_PER_NODE", "")) or tasks_per_node(
+        os.environ.get("SLURM_NTASKS_PER_NODE", "")
+    )
+    opts = [f"--ntasks={world}"]
+    if per_node:
+        opts += [f"--nodes={-(-world // per_node)}", f"--ntasks-per-node={min(per_node, world)}"]
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK")
+    if cpus:
+        opts.append(f"--cpus-per-task={cpus}")
+    return opts
+
+
+def _wait_step(proc: subprocess.Popen, timeout_s: float, cancel: Cancellation | None, on_poll) -> str | None:
+    """Wait for the step; stop it on a cancel request (returns why) or past the timeout (``"timeout"``)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        why = cancel.requested if cancel is not None and cancel.requested else None
+        if why is None and time.monotonic() > deadline:
+            why = "timeout"
+        if why is not None:
+            proc.terminate()  # srun passes SIGTERM to every task, then ends the step
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return why
+        if on_poll is not None:
+            on_poll()
+        time.sleep(0.2)
+    # scancel, a time limit or preemption signals srun and the tasks too: the step can end before the request is
+    # seen above, and it is still a stop, not a failure
+    return cancel.requested if cancel is not None and cancel.requested else None
+
+
+_SRUN_TASK = re.compile(r"task (\d+): (?:Exited with exit code (\d+)|(Killed|Segmentation fault|Aborted))")
+"""srun's line for a task that ended on its own (``Terminated`` is srun's own SIGTERM to the others)."""
+
+
+def blame(reports: Path, log_path: Path, srun_code: int) -> tuple[str, str, int]:
+    """(status, reason, exit code) of a failed step. A task srun saw end (its log's ``task 1: Exited with exit code
+    17``) that wrote no exit code of its own died abruptly: it is the cause, with the code srun saw. Else the rank
+    whose report file says it failed first, with its own code and line (a peer's lost connection comes later);
+    else srun's own code."""
+    ends = {e.rank: e for e in read_rank_files(reports)}
+    with contextlib.suppress(OSError):
+        for m in _SRUN_TASK.finditer(log_path.read_text(errors="replace")):
+            rank = int(m.group(1))
+            if rank in ends and ends[rank].code is not None:
+                continue
+            if m.group(2) is not None:
+                code = int(m.group(2))
+                status, reason = describe_exit(f"rank {rank}", code)
+                return status, reason, code
+            return "failed", f"rank {rank} ended: {m.group(3).lower()} (srun)", srun_code
+    failed = sorted((e for e in ends.values() if e.failed_at is not None), key=lambda e: e.failed_at)
+    if failed:
+        first = failed[0]
+        code = first.code if first.code is not None else 1
+        status, reason = describe_exit(f"rank {first.rank}", code)
+        if first.error:
+            reason = first.error if status == "oom" and first.error.startswith("rank ") else f"{reason}: {first.error}"
+        return status, reason, code
+    status, reason = describe_exit("srun step", srun_code)
+    return status, reason, srun_code
 
 
 def submit(

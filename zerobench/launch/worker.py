@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             data = json.load(f)
         code = run(data, run_id, argv[2] if len(argv) > 2 else None, argv[3] if len(argv) > 3 else None, to_launcher)
     except Exception as e:  # the traceback goes to stderr (the log); the launcher gets its last line
-        to_launcher.error(f"{type(e).__name__}: {_first_line(e)}")
+        to_launcher.error(f"{type(e).__name__}: {first_line(e)}")
         raise
     if code == 0:
         to_launcher.done()
@@ -146,10 +146,10 @@ def run_rank(
         if kind in ("timeout", "peer"):
             reason = (
                 f"rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: a peer rank is "
-                f"stuck or dead ({_first_line(e)})"
+                f"stuck or dead ({first_line(e)})"
                 if kind == "timeout"
                 else f"rank {denv.rank} lost its connection to a peer rank in a collective: the peer died "
-                f"({_first_line(e)})"
+                f"({first_line(e)})"
             )
             code = say(f"error: {reason}", EXIT_PEER_TIMEOUT if kind == "timeout" else 1)
             # under torchrun or srun nobody above rank 0 records the run's end: a dead peer must not leave it
@@ -230,7 +230,8 @@ def classify(e: BaseException) -> str | None:
     return None
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception's first non-empty line (at most 200 characters), for a one-line reason."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0][:200] if lines else type(e).__name__
 
@@ -238,7 +239,7 @@ def _first_line(e: BaseException) -> str:
 def _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say) -> int:
     """Out of (device, budgeted or host) memory: one line, exit ``EXIT_OOM``; with ``record_status`` an
     ``oom`` status row too."""
-    reason = f"rank {denv.rank} ran out of memory: {_first_line(e)}"
+    reason = f"rank {denv.rank} ran out of memory: {first_line(e)}"
     say(reason, EXIT_OOM)
     if record_status and out_dir is not None:
         RowWriter(out_dir, run_id, cfg, suite=suite).write(

@@ -1,0 +1,79 @@
+"""The srun launcher's pure parts, without Slurm: who a failed step blames, how a step is laid out on the
+allocation, and which rendezvous port it takes (``tests/slurm`` runs them on a real Slurm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobench.launch import slurm
+from zerobench.launch.channel import RankFile
+
+
+def _ends(tmp_path, *lines_per_rank):
+    d = tmp_path / "ranks"
+    d.mkdir()
+    for rank, lines in enumerate(lines_per_rank):
+        (d / f"rank{rank}").write_text("".join(f"{t:.6f} {m}\n" for t, m in lines))
+    return d
+
+
+def test_the_first_rank_to_fail_is_blamed_with_its_own_code(tmp_path):
+    reports = _ends(
+        tmp_path,
+        [(20.0, "error rank 0 lost its connection to a peer rank in a collective: the peer died"), (20.1, "exit 1")],
+        [(10.0, "error rank 1 ran out of memory: CUDA out of memory"), (10.2, "exit 75")],
+    )
+    log = tmp_path / "run.log"
+    log.write_text("srun: error: n1: task 1: Exited with exit code 75\nsrun: error: n1: task 0: Terminated\n")
+    assert slurm.blame(reports, log, 143) == ("oom", "rank 1 ran out of memory: CUDA out of memory", 75)
+
+
+def test_a_rank_that_died_without_a_word_is_blamed_from_sruns_line(tmp_path):
+    reports = _ends(tmp_path, [(5.0, "error RuntimeError: Connection reset by peer"), (5.1, "exit 1")])
+    log = tmp_path / "run.log"
+    log.write_text("srun: error: n1: task 1: Exited with exit code 17\nsrun: error: n1: task 0: Terminated\n")
+    assert slurm.blame(reports, log, 143) == ("failed", "rank 1 exited with code 17", 17)
+    log.write_text("srun: error: n2: task 1: Killed\n")
+    assert slurm.blame(reports, log, 137)[:2] == ("failed", "rank 1 ended: killed (srun)")
+
+
+def test_with_nothing_said_the_step_is_blamed_with_sruns_code(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    log = tmp_path / "run.log"
+    log.write_text("")
+    assert slurm.blame(tmp_path / "ranks", log, 1) == ("failed", "srun step exited with code 1", 1)
+
+
+def test_a_rank_file_keeps_its_first_error_and_its_code(tmp_path):
+    f = RankFile(tmp_path, 3)
+    f.error("rank 3 could not write its results")
+    f.error("a later line")
+    f.exited(74)
+    (end,) = slurm.read_rank_files(tmp_path)
+    assert (end.rank, end.error, end.code, end.done) == (3, "rank 3 could not write its results", 74, False)
+
+
+@pytest.mark.parametrize(
+    "world, per_node, want",
+    [
+        (2, "2(x2)", ["--ntasks=2", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=6"]),
+        (64, "16(x25)", ["--ntasks=64", "--nodes=4", "--ntasks-per-node=16", "--cpus-per-task=6"]),
+        (24, "16(x25)", ["--ntasks=24", "--nodes=2", "--ntasks-per-node=16", "--cpus-per-task=6"]),
+        (3, "2,1", ["--ntasks=3", "--cpus-per-task=6"]),
+    ],
+)
+def test_a_step_takes_whole_nodes_and_the_jobs_cpus_per_task(monkeypatch, world, per_node, want):
+    """Without --nodes, srun spread a step smaller than the allocation one task per node, so a TP group of 16 in a
+    400-GPU job crossed nodes; and Slurm 22.05-23.02's srun does not take the job's --cpus-per-task."""
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", per_node)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    assert slurm.step_layout(world) == want
+
+
+def test_steps_of_two_jobs_take_different_ports(monkeypatch):
+    """Every step took 29500 + its index, so two jobs sharing a node took the same port."""
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    a = [slurm.step_port(i) for i in range(3)]
+    monkeypatch.setenv("SLURM_JOB_ID", "1235")
+    b = [slurm.step_port(i) for i in range(3)]
+    assert len(set(a)) == 3 and not set(a) & set(b) and all(20000 <= p < 32768 for p in a + b)

@@ -138,6 +138,33 @@ def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_
     assert row["status"] == "failed" and row["reason"] == line.removeprefix("zerobench: error: "), row
 
 
+def test_a_peer_out_of_memory_under_torchrun_stays_the_runs_status(tmp_path):
+    """Rank 1 runs out of memory and records the run as ``oom``; rank 0 then loses its connection to it. Rank 0's
+    ``failed`` row came last and the run read failed (the last status row wins): it now leaves the peer's row."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = torchrun_env(rank, port, ZEROBENCH_FAULT="1:1:oom")
+            cmd = [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "20"]
+            procs.append(
+                subprocess.Popen(
+                    [*cmd, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
+        errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] != [0, 0], errs
+    (row,) = status_rows(out)
+    assert row["status"] == "oom" and row["reason"].startswith("rank 1 ran out of memory"), row
+
+
 @pytest.mark.slow
 def test_a_rank_that_exits_0_early_is_named_as_the_cause(tmp_path):
     out = tmp_path / "run"

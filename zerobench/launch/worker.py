@@ -153,8 +153,9 @@ def run_rank(
             )
             code = say(f"error: {reason}", EXIT_PEER_TIMEOUT if kind == "timeout" else 1)
             # under torchrun or srun nobody above rank 0 records the run's end: a dead peer must not leave it
-            # reading as incomplete, with no cause
-            if record_status and denv.rank == 0:
+            # reading as incomplete, with no cause; but a peer that recorded its own end (it ran out of memory)
+            # named the cause, which this rank's later loss of it must not replace
+            if record_status and denv.rank == 0 and not _recorded_by_a_peer(out_dir, run_id):
                 return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
             return code
         return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say)
@@ -164,6 +165,17 @@ def run_rank(
     if record_status and denv.rank == 0:
         return _status_row(cfg, out_dir, run_id, suite, t0, "ok", None, code=0)
     return 0
+
+
+def _recorded_by_a_peer(out_dir, run_id: str) -> bool:
+    """Whether another rank already wrote this run's ``run_status`` row (the rank that ran out of memory does)."""
+    if out_dir is None:
+        return False
+    from zerobench.results.rows import read_rows
+
+    with contextlib.suppress(OSError, ValueError):
+        return any(r.get("run_id") == run_id and r.get("metric") == "run_status" for r in read_rows(out_dir))
+    return False
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -49,10 +49,33 @@ def test_torchrun_wins_over_slurm():
         ("gpu[003-005,9],cpu1", "gpu003"),
         ("a[1,3]", "a1"),
         ("x-y[10-12]", "x-y10"),
+        ("rack[1-2]-node[01-02]", "rack1-node01"),  # was rack1: the name stopped at the first range
+        ("rack[3,1]-n[07-09,01],login1", "rack3-n07"),
     ],
 )
 def test_first_host(nodelist, host):
     assert first_host(nodelist) == host
+
+
+def test_rank_0_is_on_the_steps_first_node_not_the_jobs():
+    """A step on part of the allocation (``node[03-04,07]`` of ``node[01-08]``) has rank 0 on node03: the job's
+    first node was taken as the rendezvous host."""
+    e = detect(
+        {
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "3",
+            "SLURM_STEP_ID": "2",
+            "SLURM_JOB_NODELIST": "node[01-08]",
+            "SLURM_STEP_NODELIST": "node[03-04,07]",
+        }
+    )
+    assert e.master_addr == "node03"
+
+
+@pytest.mark.parametrize("bad", ["", "a[1-2", "a]b", "a b"])
+def test_a_node_list_that_is_not_one_is_one_line(bad):
+    with pytest.raises(ValueError, match="cannot parse the Slurm node list"):
+        first_host(bad)
 
 
 @pytest.mark.parametrize(

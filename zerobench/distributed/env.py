@@ -48,14 +48,18 @@ class DistEnv:
 
 
 def first_host(nodelist: str) -> str:
-    """First host of a Slurm hostlist expression, e.g. ``gpu[003-005,9],cpu1`` -> ``gpu003``."""
-    m = re.match(r"\s*([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if not m or not m.group(1):
-        raise ConfigError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
-    prefix, ranges = m.group(1), m.group(2)
-    if ranges is None:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    """First host of a Slurm hostlist expression: ``gpu[003-005,9],cpu1`` -> ``gpu003``, and with several ranges in
+    one name, ``rack[1-2]-node[01-02]`` -> ``rack1-node01`` (each range at its first value)."""
+    entry, depth = "", 0
+    for ch in nodelist.strip():  # the first entry: up to the first comma outside brackets
+        if ch == "," and depth == 0:
+            break
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        entry += ch
+    host = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], entry)
+    if not entry or depth != 0 or not re.fullmatch(r"[\w.-]+", host):
+        raise ConfigError(f"cannot parse the Slurm node list {nodelist!r}")
+    return host
 
 
 def tasks_per_node(value: str) -> int | None:
@@ -117,8 +121,8 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single")
         if "MASTER_ADDR" in env:
             addr = env["MASTER_ADDR"]
-        elif "SLURM_JOB_NODELIST" in env:
-            addr = first_host(env["SLURM_JOB_NODELIST"])
+        elif "SLURM_STEP_NODELIST" in env or "SLURM_JOB_NODELIST" in env:  # rank 0 is on the step's first node
+            addr = first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
         else:
             raise ConfigError("under Slurm but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set")
         if "MASTER_PORT" in env:

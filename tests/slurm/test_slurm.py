@@ -260,3 +260,26 @@ def test_a_requeued_job_resumes_and_a_cancelled_step_reads_cancelled(slurm_env, 
     assert st["000-quick"][0] == "ok" and "000-quick-r2" not in st, st  # done once, skipped on the restart
     assert st["001-long-r2"][0] == "cancelled", st
     assert st.get("001-long", ("cancelled", ""))[0] == "cancelled", st  # the requeue's SIGTERM, if it was recorded
+
+
+REFUSED = """
+name: refused
+base: {preset: tiny, steps: 3, warmup: 1, timeout: 300}
+runs:
+  - {label: too-many-tasks, stage: 0, dp: 64}
+  - {label: good, stage: 1, dp: 2}
+"""
+
+
+def test_a_job_sbatch_refuses_is_a_row_and_the_sweep_goes_on(slurm_env, tmp_path):
+    """sbatch refusing one job ('More processors requested than permitted') ended the whole sweep: the jobs already
+    submitted read incomplete, the later runs were never submitted, and the refused one had no row."""
+    (tmp_path / "s.yaml").write_text(REFUSED)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "zerobench", "sweep", str(tmp_path / "s.yaml"), "--launcher", "slurm"]
+    r = run([*cmd, "--out", str(out), "--no-progress"], slurm_env, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the jobs request no GPUs and run on CPU" in r.stderr
+    st = _statuses(out)
+    assert st["000-too-many-tasks"][0] == "invalid" and "sbatch" in st["000-too-many-tasks"][1], st
+    assert st["001-good"][0] == "ok", st

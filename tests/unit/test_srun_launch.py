@@ -77,3 +77,64 @@ def test_steps_of_two_jobs_take_different_ports(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "1235")
     b = [slurm.step_port(i) for i in range(3)]
     assert len(set(a)) == 3 and not set(a) & set(b) and all(20000 <= p < 32768 for p in a + b)
+
+
+class _Slurm:
+    """``subprocess.run`` for the Slurm commands: each answer in turn (an int is a failure with that code)."""
+
+    def __init__(self, *answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, cmd, **kw):
+        import subprocess
+
+        self.calls.append(cmd)
+        a = self.answers.pop(0)
+        if isinstance(a, int):
+            return subprocess.CompletedProcess(cmd, a, "", "slurm_load_jobs error: Socket timed out on send/recv")
+        return subprocess.CompletedProcess(cmd, 0, a, "")
+
+
+def test_a_failed_query_is_asked_again_before_it_counts(monkeypatch):
+    """One failed scontrol read as 'UNKNOWN', which was final: a job that went on to complete was recorded failed."""
+    fake = _Slurm(1, 1, "JobId=7 JobState=COMPLETED ExitCode=0:0")
+    monkeypatch.setattr(slurm.subprocess, "run", fake)
+    monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
+    assert slurm.job_state("7") == ("COMPLETED", "0:0") and len(fake.calls) == 3
+    fake = _Slurm(*[1] * 5)
+    monkeypatch.setattr(slurm.subprocess, "run", fake)
+    state, code = slurm.job_state("7")
+    assert state == "UNKNOWN" and len(fake.calls) == 5
+    assert slurm.status_of(state, code) == (
+        "failed",
+        "Slurm no longer reports the job (scontrol show job failed): how it ended is not known",
+    )
+
+
+def test_a_slurm_failure_is_one_line_of_slurms_own(monkeypatch):
+    monkeypatch.setattr(
+        slurm.subprocess,
+        "run",
+        lambda cmd, **kw: slurm.subprocess.CompletedProcess(
+            cmd, 1, "", "sbatch: error: Batch job submission failed: Requested node configuration is not available\n"
+        ),
+    )
+    with pytest.raises(slurm.SlurmCommandFailed) as e:
+        slurm._run(["sbatch", "--parsable", "x.sh"])
+    assert str(e.value) == (
+        "sbatch --parsable failed: sbatch: error: Batch job submission failed: Requested node configuration is not "
+        "available"
+    )
+
+
+@pytest.mark.parametrize(
+    "launcher, gpus, words",
+    [("local", 1, "--gpus-per-task is what each job of --launcher slurm requests"), ("slurm", -1, "0 or more")],
+)
+def test_gpus_per_task_belongs_to_the_slurm_launcher(tmp_path, launcher, gpus, words):
+    from zerobench.bench import suite
+    from zerobench.bench.runner import run_sweep
+    from zerobench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        run_sweep(suite.load("cpu/quick"), tmp_path / "out", launcher=launcher, gpus_per_task=gpus)

@@ -69,10 +69,12 @@ def run_sweep(
     launcher: str = "local",
     only: dict | None = None,
     instructions: bool = False,
+    gpus_per_task: int | None = None,
 ) -> SweepSummary:
     """Run ``suite``'s runs (those matching ``only``: run key -> value) with ``launcher``:
-    ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run. ``instructions``:
-    rank 0 of each run runs under callgrind and records its counted step's instructions (local launcher)."""
+    ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run, each task of which
+    requests ``gpus_per_task`` GPUs. ``instructions``: rank 0 of each run runs under callgrind and records its
+    counted step's instructions (local launcher)."""
     if launcher not in SWEEP_LAUNCHERS:
         raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
     if instructions and launcher != "local":
@@ -81,6 +83,13 @@ def run_sweep(
         suite = dataclasses.replace(suite, runs=matching_runs(suite, only))
     if launcher == "local":
         check_local(suite)
+    if gpus_per_task is not None and gpus_per_task < 0:
+        raise ConfigError(f"--gpus-per-task must be 0 or more, got {gpus_per_task}")
+    if gpus_per_task is not None and launcher != "slurm":
+        raise ConfigError(
+            "--gpus-per-task is what each job of --launcher slurm requests; under srun a run uses the allocation's "
+            "GPUs (sbatch --gpus-per-node), locally this host's"
+        )
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
         raise ConfigError(
             "--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit"
@@ -90,7 +99,12 @@ def run_sweep(
         if launcher == "slurm":
             from zerobench.bench.slurm_sweep import run_sweep_sbatch
 
-            return run_sweep_sbatch(suite, out, resume=resume, progress=progress)
+            if not gpus_per_task:
+                print(
+                    "zerobench: note: the jobs request no GPUs and run on CPU; on a GPU cluster pass --gpus-per-task 1",
+                    file=sys.stderr,
+                )
+            return run_sweep_sbatch(suite, out, resume=resume, progress=progress, gpus_per_task=gpus_per_task or 0)
         return _run_all(suite, out, resume, progress, tensorboard, launcher, instructions)
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from zerobench.bench.progress import Progress
 from zerobench.bench.suite import Suite
 from zerobench.bench.sweep_state import SweepSummary, attempt_id, completed_runs, should_run, status_row
-from zerobench.launch.slurm import FINAL, _run, job_state, status_of, submit
+from zerobench.launch.slurm import FINAL, SlurmCommandFailed, job_state, query, status_of, submit
 
 
 def run_sweep_sbatch(
-    suite: Suite, out: Path, resume: bool = False, progress: bool = True, poll_s: float = 1.0
+    suite: Suite, out: Path, resume: bool = False, progress: bool = True, poll_s: float = 1.0, gpus_per_task: int = 0
 ) -> SweepSummary:
     out.mkdir(parents=True, exist_ok=True)
     done = completed_runs(out) if resume else None
@@ -33,10 +33,18 @@ def run_sweep_sbatch(
             run_id = attempt_id(out, run)
             run_dir = (out / run_id).resolve()
             run_dir.mkdir(parents=True, exist_ok=True)
-            job_id = submit(run.config, run_dir, run_id, run.spec.timeout, suite.name, env=run.spec.rank_env())
+            try:
+                job_id = submit(
+                    run.config, run_dir, run_id, run.spec.timeout, suite.name, gpus_per_task, run.spec.rank_env()
+                )
+            except SlurmCommandFailed as e:  # sbatch refused this job: a row of its own, and the sweep goes on
+                status_row(out, run_id, suite, run, "invalid", str(e), 0.0)
+                summary.failed[run.label] = str(e)
+                bar.advance(run.label, failed=True)
+                continue
             jobs[job_id] = (run, run_id, time.monotonic())
         while jobs:
-            listed = _run(["squeue", "-h", "-t", "all", "-j", ",".join(jobs), "-o", "%i|%T"]) if jobs else ""
+            listed = query(["squeue", "-h", "-t", "all", "-j", ",".join(jobs), "-o", "%i|%T"])
             active = {}
             for line in listed.splitlines():
                 jid, _, state = line.partition("|")

@@ -56,6 +56,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         launcher=args.launcher,
         only=only or None,
         instructions=args.instructions,
+        gpus_per_task=args.gpus_per_task,
     )
     if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
         print(show(out))
@@ -304,6 +305,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="local",
         help="local (processes on this host), srun (job steps inside a Slurm allocation), "
         "slurm (one sbatch job per run, tracked to its final state)",
+    )
+    sw.add_argument(
+        "--gpus-per-task",
+        type=int,
+        metavar="N",
+        help="GPUs each task of a --launcher slurm job requests (sbatch --gpus-per-task; default none: CPU jobs)",
     )
     sw.add_argument("--only", action="append", metavar="KEY=VALUE", help="run only runs with this key (repeatable)")
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")

@@ -30,6 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_ONE = REPO / "slurm" / "run_one.sh"
 
 
+class SlurmCommandFailed(ConfigError):
+    """A Slurm command ran and failed (sbatch refused a job, slurmctld did not answer): one line, Slurm's own."""
+
+
 def _run(cmd: list[str], timeout: float = 60) -> str:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
@@ -37,9 +41,25 @@ def _run(cmd: list[str], timeout: float = 60) -> str:
         raise ConfigError(
             f"{cmd[0]} not found: is this a Slurm login node? (or start one: slurm/local/start.sh)"
         ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmCommandFailed(f"{' '.join(cmd[:2])} did not answer within {timeout:.0f}s") from None
     if r.returncode != 0:
-        raise ConfigError(f"{' '.join(cmd[:2])} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        said = (r.stderr or r.stdout).strip().splitlines()
+        raise SlurmCommandFailed(f"{' '.join(cmd[:2])} failed: {said[-1] if said else f'exit code {r.returncode}'}")
     return r.stdout
+
+
+def query(cmd: list[str], tries: int = 5, wait_s: float = 2.0) -> str:
+    """``_run`` for a read-only query, retried with a growing wait: a busy or restarting slurmctld answers a moment
+    later, and one failed poll must not end a sweep whose jobs are still running."""
+    for attempt in range(tries):
+        try:
+            return _run(cmd)
+        except SlurmCommandFailed:
+            if attempt == tries - 1:
+                raise
+            time.sleep(wait_s * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def master_address() -> str:
@@ -221,10 +241,11 @@ def submit(
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(state, exit code) from ``scontrol show job -o``; ('UNKNOWN', '') if Slurm forgot the job."""
+    """(state, exit code) from ``scontrol show job -o``, asked again on a failed query (``query``); ('UNKNOWN', '')
+    only when Slurm still does not report the job (it forgot it: ``MinJobAge`` passed)."""
     try:
-        out = _run(["scontrol", "show", "job", "-o", job_id])
-    except ConfigError:
+        out = query(["scontrol", "show", "job", "-o", job_id])
+    except SlurmCommandFailed:
         return "UNKNOWN", ""
     fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
     return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "")
@@ -247,6 +268,8 @@ FINAL = {
 def status_of(state: str, exit_code: str) -> tuple[str, str]:
     if state == "COMPLETED" and exit_code.startswith("0:"):
         return "ok", ""
+    if state == "UNKNOWN":
+        return "failed", "Slurm no longer reports the job (scontrol show job failed): how it ended is not known"
     kind = {"TIMEOUT": "timeout", "CANCELLED": "cancelled", "OUT_OF_MEMORY": "oom"}.get(state, "failed")
     code = exit_code.split(":")[0] if exit_code else ""
     if code == "75":

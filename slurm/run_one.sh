@@ -10,4 +10,8 @@ addr=$(scontrol show node "$first" -o | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
 export MASTER_ADDR=${MASTER_ADDR:-${addr:-$first}}
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export PYTHONUNBUFFERED=1
+# each rank writes how it ended here: srun's exit code is its SIGTERM to the others, whatever the first one returned
+export ZEROBENCH_REPORT_DIR
+ZEROBENCH_REPORT_DIR="$(dirname "$spec")/ranks"
+mkdir -p "$ZEROBENCH_REPORT_DIR"
 exec srun --kill-on-bad-exit=1 python -m zerobench.launch.task "$spec"

@@ -108,6 +108,7 @@ def test_sweep_with_slurm_launcher(slurm_env, tmp_path):
     st = st[st["metric"] == "run_status"].set_index("label")
     assert st.loc["good", "status"] == "ok" and st.loc["good", "slurm_state"] == "COMPLETED"
     assert st.loc["dies", "status"] == "failed" and "FAILED" in st.loc["dies", "reason"]
+    assert st.loc["dies", "reason"].startswith("rank 1 exited with code 17")  # not the step's SIGTERM code
     assert st.loc["cancelme", "status"] == "cancelled" and st.loc["cancelme", "slurm_state"] == "CANCELLED"
     # --resume resubmits only what did not complete
     r = run([*cmd[:-1], "--resume", "--no-progress", "--only", "label=good", "--allow-failures"], slurm_env)

@@ -138,3 +138,27 @@ def test_gpus_per_task_belongs_to_the_slurm_launcher(tmp_path, launcher, gpus, w
 
     with pytest.raises(ConfigError, match=words):
         run_sweep(suite.load("cpu/quick"), tmp_path / "out", launcher=launcher, gpus_per_task=gpus)
+
+
+@pytest.mark.parametrize(
+    "state, code, want",
+    [
+        ("PREEMPTED", "0:15", "cancelled"),
+        ("DEADLINE", "0:0", "timeout"),
+        ("FAILED", "2:0", "invalid"),
+        ("FAILED", "75:0", "oom"),
+        ("NODE_FAIL", "0:0", "failed"),
+    ],
+)
+def test_slurm_states_read_as_the_other_launchers_statuses(state, code, want):
+    assert slurm.status_of(state, code)[0] == want
+
+
+def test_a_failed_job_blames_its_first_failing_rank(tmp_path):
+    """run_one.sh's srun exits 143 for a rank 1 that ran out of memory; the job read 'failed, exit code 143'."""
+    _ends(tmp_path, [], [(3.0, "error rank 1 ran out of memory: CUDA out of memory"), (3.1, "exit 75")])
+    (tmp_path / "slurm-9.out").write_text("srun: error: n1: task 1: Exited with exit code 75\n")
+    assert slurm.status_of("FAILED", "143:0", tmp_path, "9") == (
+        "oom",
+        "rank 1 ran out of memory: CUDA out of memory (Slurm state FAILED, exit code 143:0)",
+    )

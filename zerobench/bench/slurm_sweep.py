@@ -57,7 +57,7 @@ def run_sweep_sbatch(
                 if final not in FINAL:
                     continue
                 run, run_id, t0 = jobs.pop(jid)
-                status, reason = status_of(final, exit_code)
+                status, reason = status_of(final, exit_code, out / run_id, jid)
                 status_row(
                     out,
                     run_id,

@@ -64,7 +64,7 @@ class SbatchLauncher:
         while True:
             state, code = job_state(job)
             if state in FINAL:
-                status, reason = status_of(state, code)
+                status, reason = status_of(state, code, req.out_dir, job)
                 return LaunchResult(status == "ok", reason, status, [], time.monotonic() - t0)
             if req.cancel is not None and req.cancel.requested:
                 from zerobench.launch.slurm import _run

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
 from zerobench.launch import channel
-from zerobench.launch.base import LaunchResult, describe_exit
+from zerobench.launch.base import EXIT_CONFIG, EXIT_OOM, LaunchResult, describe_exit
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.channel import read_rank_files
 from zerobench.train.config import TrainConfig
@@ -231,7 +231,7 @@ def submit(
         f"--job-name=zb-{run_id}"[:64],
         f"--ntasks={cfg.world_size}",
         f"--time={minutes}",
-        f"--output={run_dir / 'slurm-%j.out'}",
+        f"--output={str(run_dir).replace('%', '%%')}/slurm-%j.out",  # a % of the path is not a pattern
         f"--chdir={REPO}",
     ]
     if gpus_per_task:
@@ -265,13 +265,29 @@ FINAL = {
 }
 
 
-def status_of(state: str, exit_code: str) -> tuple[str, str]:
+def status_of(state: str, exit_code: str, run_dir: Path | None = None, job_id: str = "") -> tuple[str, str]:
+    """A finished job's (status, reason). A failed job of ``slurm/run_one.sh`` is its srun step's: the rank blamed
+    from the ranks' report files and the job's log (``blame``), where ``run_dir`` holds them; its exit code is the
+    step's SIGTERM to the survivors, whatever the failing rank returned."""
     if state == "COMPLETED" and exit_code.startswith("0:"):
         return "ok", ""
     if state == "UNKNOWN":
         return "failed", "Slurm no longer reports the job (scontrol show job failed): how it ended is not known"
-    kind = {"TIMEOUT": "timeout", "CANCELLED": "cancelled", "OUT_OF_MEMORY": "oom"}.get(state, "failed")
+    said = f"Slurm state {state}, exit code {exit_code or 'unknown'}"
+    kind = {
+        "TIMEOUT": "timeout",
+        "DEADLINE": "timeout",
+        "CANCELLED": "cancelled",
+        "PREEMPTED": "cancelled",
+        "OUT_OF_MEMORY": "oom",
+    }.get(state, "failed")
     code = exit_code.split(":")[0] if exit_code else ""
-    if code == "75":
+    if kind == "failed" and run_dir is not None and (run_dir / "ranks").is_dir():
+        status, reason, _ = blame(run_dir / "ranks", run_dir / f"slurm-{job_id}.out", int(code or 1))
+        if not reason.startswith("srun step"):
+            return status, f"{reason} ({said})"
+    if code == str(EXIT_OOM):
         kind = "oom"
-    return kind, f"Slurm state {state}, exit code {exit_code or 'unknown'}"
+    elif code == str(EXIT_CONFIG):
+        kind = "invalid"
+    return kind, said

@@ -38,17 +38,12 @@ def adamw_any_device(
     out: Tensor | None,
     blocks: Tensor,
     found_inf: Tensor | None,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    step: int,
-    grad_scale: float,
+    *scalars: float,
     adopt: bool = False,
 ) -> None:
     """The op's default body (any device without a kernel): the reference arithmetic over the table's rows only,
     as the kernels update them (a table over spans leaves every other element as it was)."""
+    lr, beta1, beta2, eps, weight_decay, step, grad_scale = scalars  # adamw_'s, in its order
     if found_inf is not None and found_inf.item() != 0:
         return
     mask = torch.zeros(param.numel(), dtype=torch.bool, device=param.device)
@@ -98,23 +93,8 @@ def adamw_(
     adopt: bool = False,
 ) -> None:
     """AdamW step ``step`` (1-based) over flat fp32 ``param``; see ``kernels.fused_adamw_``."""
-    adamw_any_device(
-        param,
-        grad,
-        exp_avg,
-        exp_avg_sq,
-        out,
-        blocks,
-        found_inf,
-        lr,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-        step,
-        grad_scale,
-        adopt,
-    )
+    scalars = (lr, beta1, beta2, eps, weight_decay, step, grad_scale)
+    adamw_any_device(param, grad, exp_avg, exp_avg_sq, out, blocks, found_inf, *scalars, adopt=adopt)
 
 
 def adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, grad_scale) -> tuple[float, ...]:

@@ -118,21 +118,28 @@ def test_resume_identifies_runs_by_label_and_keeps_every_attempt(tmp_path):
     assert ids == set(attempts)  # no attempt's rows merged into another's
 
 
-@pytest.mark.slow
-def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
-    suite = write_suite(tmp_path, 100000, "  - {label: long, dp: 2}\n  - {label: next}\n")
-    out = tmp_path / "out"
+def _sweep_in_training(tmp_path, runs: str, out, **popen):
+    """A sweep of ``runs`` (long ones) started in the background, returned once its first run's ranks train."""
+    suite = write_suite(tmp_path, 100000, runs)
     p = subprocess.Popen(
         [sys.executable, "-m", "zerobench", "sweep", str(suite), "--out", str(out), "--no-progress"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        **popen,
     )
     log = out / "000-long" / "run.log"
     deadline = time.monotonic() + 120
     while not (log.exists() and "step" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert ranks_running(str(out)), "the run never started"
+    assert len(ranks_running(str(out))) == 2, "the run never started"
+    return p
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
+    out = tmp_path / "out"
+    p = _sweep_in_training(tmp_path, "  - {label: long, dp: 2}\n  - {label: next}\n", out)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
@@ -146,20 +153,8 @@ def test_sigterm_stops_the_ranks_and_records_cancelled(tmp_path):
 def test_sigterm_to_the_whole_job_records_cancelled(tmp_path):
     """scancel, a time limit or preemption signal every process of the job, the ranks with the launcher: a rank
     killed by that SIGTERM was seen first and the run read 'failed: rank 0 was killed by signal 15'."""
-    suite = write_suite(tmp_path, 100000, "  - {label: long, dp: 2}\n")
     out = tmp_path / "out"
-    p = subprocess.Popen(
-        [sys.executable, "-m", "zerobench", "sweep", str(suite), "--out", str(out), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, as a job step's
-    )
-    log = out / "000-long" / "run.log"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and "step" in log.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert len(ranks_running(str(out))) == 2, "the run never started"
+    p = _sweep_in_training(tmp_path, "  - {label: long, dp: 2}\n", out, start_new_session=True)  # a job step's group
     os.killpg(p.pid, signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err

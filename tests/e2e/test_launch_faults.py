@@ -106,31 +106,39 @@ def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held
     assert not ranks_running(str(out))
 
 
-@pytest.mark.parametrize("kind", ["exit", pytest.param("stop", marks=pytest.mark.slow)])  # stop: a hang to time out
-def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_incomplete_run(tmp_path, kind):
-    """Ranks started as torchrun starts them (no zerobench launcher above them to record the run's end): rank 1
-    dies (``exit``, as a crash) or hangs (``stop``) at step 1. Rank 0 ends in one line naming the lost or stuck
-    peer and writes the run's one ``failed`` status row with that reason; the run does not read ``incomplete``."""
+def _torchrun_pair(out, fault: str):
+    """Two ranks of ``zerobench train --out out`` started as torchrun starts them, with ``fault`` planted; both waited
+    for (rank 0 first: rank 1 may hang until it is killed). Returns the processes and their standard errors."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = tmp_path / "run"
-    procs = []
+    procs, errs = [], []
     try:
         for rank in (0, 1):
-            env = torchrun_env(rank, port, ZEROBENCH_FAULT=f"1:1:{kind}")
+            env = torchrun_env(rank, port, ZEROBENCH_FAULT=fault)
             cmd = [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "20"]
             procs.append(
                 subprocess.Popen(
                     [*cmd, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
                 )
             )
-        err0 = procs[0].communicate(timeout=240)[1]
+        errs.append(procs[0].communicate(timeout=240)[1])
     finally:
-        for p in procs:
+        for p in procs[len(errs) :]:
             if p.poll() is None:
                 p.kill()
-            p.communicate()
+            errs.append(p.communicate()[1])
+    return procs, errs
+
+
+@pytest.mark.parametrize("kind", ["exit", pytest.param("stop", marks=pytest.mark.slow)])  # stop: a hang to time out
+def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_incomplete_run(tmp_path, kind):
+    """Ranks started as torchrun starts them (no zerobench launcher above them to record the run's end): rank 1
+    dies (``exit``, as a crash) or hangs (``stop``) at step 1. Rank 0 ends in one line naming the lost or stuck
+    peer and writes the run's one ``failed`` status row with that reason; the run does not read ``incomplete``."""
+    out = tmp_path / "run"
+    procs, errs = _torchrun_pair(out, f"1:1:{kind}")
+    err0 = errs[0]
     line = one_line(err0)
     assert procs[0].returncode != 0 and line.startswith("zerobench: error: rank 0 "), err0
     assert ("lost its connection to a peer rank" in line) or ("a peer rank is stuck or dead" in line), line
@@ -141,25 +149,8 @@ def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_
 def test_a_peer_out_of_memory_under_torchrun_stays_the_runs_status(tmp_path):
     """Rank 1 runs out of memory and records the run as ``oom``; rank 0 then loses its connection to it. Rank 0's
     ``failed`` row came last and the run read failed (the last status row wins): it now leaves the peer's row."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "run"
-    procs = []
-    try:
-        for rank in (0, 1):
-            env = torchrun_env(rank, port, ZEROBENCH_FAULT="1:1:oom")
-            cmd = [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "20"]
-            procs.append(
-                subprocess.Popen(
-                    [*cmd, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-                )
-            )
-        errs = [p.communicate(timeout=240)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    procs, errs = _torchrun_pair(out, "1:1:oom")
     assert [p.returncode for p in procs] != [0, 0], errs
     (row,) = status_rows(out)
     assert row["status"] == "oom" and row["reason"].startswith("rank 1 ran out of memory"), row

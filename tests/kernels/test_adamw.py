@@ -206,7 +206,7 @@ def test_the_any_device_body_updates_only_the_tables_rows():
         out = p.to(torch.bfloat16)
         out[::7] = 0.5  # edits the adopt flag takes in, inside and outside the spans
         g = make(N, torch.float32, seed=5, scale=3.0)
-        body(p, g, m, v, out, blocks, None, HP["lr"], *HP["betas"], HP["eps"], HP["weight_decay"], 1, 0.5, True)
+        body(p, g, m, v, out, blocks, None, HP["lr"], *HP["betas"], HP["eps"], HP["weight_decay"], 1, 0.5, adopt=True)
         runs.append((p, m, v, out))
     start = make(N, seed=1)
     for got, cpu in zip(*runs):

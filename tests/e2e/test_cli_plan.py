@@ -85,6 +85,10 @@ def test_the_projection_is_the_simulators_now_and_plan_says_so():
         (["--model", "8B", "--stage", "0", "--offload-optimizer"], "offload"),
         (["--model", "999B"], "unknown model size"),
         (["--gpu-mem", "lots", "--model", "8B"], "cannot read memory size"),
+        # a report that would ignore the flags given with it (before, something else was planned without a word)
+        (["--table", "1", "--max-size"], "--table prints the paper's table alone"),
+        (["--dry-run", "--max-size", "--hidden", "64", "--heads", "4"], "solve the size first"),
+        (["--dry-run", "--suite", "paper/fig2", "--layers", "2"], "plans the suite's own rows"),
     ],
 )
 def test_invalid_plans_are_one_line(args, msg):
@@ -131,3 +135,29 @@ def test_planning_does_not_import_torch():
     ]
     assert not imports_torch([["plan", *args] for args in plans])
     assert imports_torch([["plan", "--model", "1.5B", "--gpus", "8", "--optim-bits", "8"]])
+
+
+def test_a_dry_run_suite_builds_rows_that_leave_the_system_at_its_default(tmp_path):
+    """Rows that did not spell out ``system: zerobench`` (its default) were skipped without a word, and the command
+    printed nothing and exited 0."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: s\nbase: {seq: 32, vocab: 128, precision: bf16}\nruns:\n"
+        "  - {label: a, layers: 2, hidden: 64, heads: 4, gpus: 4, stage: 2}\n"
+        "  - {label: b, layers: 2, hidden: 64, heads: 4, gpus: 4, stage: 0, system: megatron}\n"
+    )
+    r = zb("plan", "--dry-run", "--suite", str(suite))
+    assert r.returncode == 0, r.stderr
+    assert "  a " in r.stdout and "  b " not in r.stdout, r.stdout
+    assert "1 row(s) of" in r.stderr and "not built" in r.stderr
+
+
+def test_a_dry_run_builds_the_precision_asked_for():
+    """The dry run built every engine in fp16 with 500M-element buckets whatever was asked: an fp32 plan's 'engine
+    measured' bytes were an fp16 engine's."""
+    args = ["--dry-run", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--seq", "32"]
+    r16, r32 = (zb("plan", *args, "--gpus", "2", "--stage", "1", "--precision", p, "--json") for p in ("fp16", "fp32"))
+    (a,), (b,) = json.loads(r16.stdout)["rows"], json.loads(r32.stdout)["rows"]
+    psi = a["params_per_mp_rank"]
+    assert a["measured_model_state_bytes"] == a["analytic_model_state_bytes"] == 4 * psi + 12 * psi / 2
+    assert b["measured_model_state_bytes"] == b["analytic_model_state_bytes"] == 8 * psi + 8 * psi / 2

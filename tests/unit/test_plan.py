@@ -128,3 +128,53 @@ def test_offload_and_8bit_states_in_the_planner():
     assert _plan(optim_bits=8).k == pytest.approx(6 + 8 / 2048) and _plan().k == 12
     p3 = memory_per_gpu(_plan(stage=3, offload_optimizer=True, offload_param=True, **one))
     assert p3["model_states"] == 0 and p3["model_states_host"] == pytest.approx(16 * psi)
+
+
+def test_fp32_plans_4_byte_states_with_no_master():
+    """--precision was dropped: an fp32 plan counted 2-byte parameters and gradients and an fp32 master, the same
+    bytes as fp16, where the fp32 engine holds 4Ψ + 12Ψ/N_d at stage 1 (the parameters are the master)."""
+    model = paper_model("fig4-13B", 1)
+    half, full = (memory_per_gpu(_plan(stage=1, gpus=64, mp=1, model=model, precision=p)) for p in ("fp16", "fp32"))
+    psi = half["params_per_mp_rank"]
+    assert half["model_states"] == pytest.approx(4 * psi + 12 * psi / 64)
+    assert full["model_states"] == pytest.approx(4 * psi + 4 * psi + 8 * psi / 64)  # params, grads; moments
+    assert full["activation_checkpoints"] == pytest.approx(2 * half["activation_checkpoints"])
+    small = dict(stage=1, gpus=64, mp=1, micro_batch=1, model=GPTConfig(layers=1, hidden=2048, heads=16, vocab=50304))
+    assert 0 < max_size(_plan(**small, precision="fp32"))["max_layers"] < max_size(_plan(**small))["max_layers"]
+
+
+def test_the_output_layer_and_stage_3s_gathered_units_are_counted():
+    """Two terms the planner left out: the logits and the loss over them, 12 bytes per logit of the MP rank (a 150 MB
+    plan said 'fits' for a run that ran out of memory at 221 MiB), and at stage 3 the root unit and one block
+    gathered whole (2.45 GB at h 8192, vocabulary 50k)."""
+    model = GPTConfig(layers=4, hidden=8192, heads=64, vocab=50304, seq=1024)
+    m2, m3 = (memory_per_gpu(_plan(stage=s, gpus=64, mp=2, micro_batch=3, model=model)) for s in (2, 3))
+    assert m2["output_layer"] == m3["output_layer"] == pytest.approx(12 * 1024 * 3 * 50304 / 2)
+    assert m2["stage3_gathered"] == 0
+    h = 8192
+    assert m3["stage3_gathered"] == pytest.approx(
+        2 * (50304 * h / 2 + 1024 * h + 2 * h + 12 * h * h / 2 + 7 * h / 2 + 6 * h)
+    )
+
+
+def test_a_communication_bucket_never_plans_more_than_one_copy_of_the_gradients():
+    """Two C_B buckets were capped at twice the gradients, so for a model under 1e9 parameters turning C_B off
+    planned less memory than turning it on. Buckets partition the gradients: two of them never exceed one copy."""
+    model = GPTConfig(layers=8, hidden=2048, heads=16, vocab=50304, seq=1024)
+    on, off = (memory_per_gpu(_plan(stage=0, gpus=8, mp=1, model=model, cb_elements=cb)) for cb in (500_000_000, None))
+    assert on["buffers"] == off["buffers"] == pytest.approx(2 * on["params_per_mp_rank"])
+    small = memory_per_gpu(_plan(stage=0, gpus=8, mp=1, model=model, cb_elements=1000))
+    assert small["buffers"] == 2 * 2 * 1000
+
+
+def test_no_model_parallelism_moves_no_mp_traffic():
+    assert comm_per_gpu(_plan(mp=1, gpus=64))["paper_mp_elements"] == 0.0
+    assert comm_per_gpu(_plan(mp=4, gpus=64))["paper_mp_elements"] > 0
+
+
+def test_a_search_whose_limit_fits_says_at_least():
+    p = _plan(stage=3, gpus=16, mp=1, micro_batch=1, model=paper_model("fig4-13B", 1), offload_optimizer=True)
+    p = dataclasses.replace(p, offload_param=True, pa_cpu=True, checkpoint_activations=True)
+    got = max_size(p, limit=64)
+    assert got["at_least"] and got["max_layers"] == 64
+    assert not max_size(_plan(stage=0, gpus=1, mp=1, model=paper_model("fig4-13B", 1)), limit=64)["at_least"]

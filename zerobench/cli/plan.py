@@ -35,7 +35,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden", type=count(1))
     g.add_argument("--heads", type=count(1))
     g.add_argument("--seq", type=count(1), default=1024)
-    g.add_argument("--vocab", type=count(1), default=50257, help="padded to a multiple of 128 x MP, as Megatron does")
+    g.add_argument(
+        "--vocab", type=count(1), default=50257, help="padded to a multiple of 128 x MP where MP does not divide it"
+    )
     g = p.add_argument_group("cluster and parallelism")
     g.add_argument("--gpus", type=count(1), default=400)
     g.add_argument("--gpus-per-node", type=count(1), default=16)

@@ -27,5 +27,5 @@ def comm_per_gpu(p: PlanConfig) -> dict[str, float]:
         "dp_elements": dp,
         "mp_elements": mp_vol,
         "pa_elements": pa,
-        "paper_mp_elements": m.layers * 12 * bsh if p.checkpoint_activations else m.layers * 8 * bsh,
+        "paper_mp_elements": (m.layers * (12 if p.checkpoint_activations else 8) * bsh) if mp > 1 else 0.0,
     }

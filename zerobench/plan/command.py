@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 from zerobench.config import ConfigError, parse_bytes, to_dict
 from zerobench.models.sizes import num_params
@@ -80,7 +81,24 @@ def _emit(obj, as_json: bool, text: str) -> None:
     print(json.dumps(obj, indent=1, default=float) if as_json else text)
 
 
+_MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads")
+
+
+def _check_combination(args) -> None:
+    """One line for flags that the report asked for would ignore (before, a plan of something else was printed)."""
+    if args.table and (args.max_size or args.dry_run):
+        raise ConfigError("--table prints the paper's table alone: drop --max-size/--dry-run, or drop --table")
+    if args.dry_run and args.max_size:
+        raise ConfigError(
+            "--dry-run builds the engine for a given model: solve the size first (--max-size without --dry-run), "
+            "then dry-run that many --layers"
+        )
+    if args.dry_run and args.suite and any(getattr(args, k, None) for k in _MODEL_FLAGS):
+        raise ConfigError("--dry-run --suite plans the suite's own rows: drop the model flags, or drop --suite")
+
+
 def run_plan(args) -> int:
+    _check_combination(args)
     if args.table:
         return _tables(args)
     if args.dry_run:
@@ -96,6 +114,12 @@ def run_plan(args) -> int:
         from zerobench.plan.tables import max_size
 
         solved = max_size(p)
+        if solved["at_least"]:
+            print(
+                f"zerobench: warning: the search's limit of {solved['max_layers']} layers fits: the largest model is "
+                "at least that (check the host memory an offloaded plan needs: model_states_host)",
+                file=sys.stderr,
+            )
         if solved["max_layers"]:
             p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=solved["max_layers"]))
     mem, comm = memory_per_gpu(p), comm_per_gpu(p)
@@ -115,7 +139,7 @@ def run_plan(args) -> int:
     lines = [
         (
             f"model: {p.model.layers} layers, hidden {p.model.hidden}, heads {p.model.heads}, vocab "
-            f"{p.model.vocab} (padded), seq {p.model.seq}: {out['params'] / 1e9:.2f}B params, "
+            f"{p.model.vocab}, seq {p.model.seq}: {out['params'] / 1e9:.2f}B params, "
             f"{out['params_per_mp_rank'] / 1e9:.3f}B per MP rank"
         ),
         (
@@ -134,8 +158,8 @@ def run_plan(args) -> int:
     if solved is not None:
         out.update(solved)
         lines.append(
-            f"max size: {solved['max_layers']} layers = {solved['max_params'] / 1e9:.2f}B params fit "
-            "(the model and memory above are at that size)"
+            f"max size: {'at least ' if solved['at_least'] else ''}{solved['max_layers']} layers = "
+            f"{solved['max_params'] / 1e9:.2f}B params fit (the model and memory above are at that size)"
         )
     _emit(out, args.json, "\n".join(lines))
     return 0
@@ -178,18 +202,21 @@ def _dry_run(args) -> int:
     from zerobench.plan.dry_run import dry_run
 
     if args.suite:
-        todo = [
-            (r["label"], p)
-            for r, p in plan_configs(load_suite(args.suite), args.suite)
-            if r.get("system") == "zerobench"
-        ]
+        rows = plan_configs(load_suite(args.suite), args.suite)
+        todo = [(r["label"], p) for r, p in rows if (r.get("system") or "zerobench") == "zerobench"]
+        left = len(load_suite(args.suite).get("runs") or []) - len(todo)
+        if left:  # a peer's row (a baseline system) or one without a layer count: not this engine's to build
+            print(
+                f"zerobench: note: {left} row(s) of {args.suite} are not zerobench runs with --layers: not built",
+                file=sys.stderr,
+            )
     else:
         todo = [("config", _plan_config(args))]
     rows = []
     for label, p in todo:
         if args.rank >= p.gpus:
             raise ConfigError(f"--rank {args.rank} is outside the {p.gpus}-GPU world")
-        r = dry_run(p.model, p.gpus, p.mp, p.stage, rank=args.rank)
+        r = dry_run(p, rank=args.rank)
         rows.append({"label": label, **r})
         if not args.json:
             diff = r["measured_model_state_bytes"] / r["analytic_model_state_bytes"] - 1

@@ -13,31 +13,33 @@ import torch
 import torch.distributed as dist
 
 from zerobench.distributed.fake import init_fake_world
-from zerobench.models.gpt import GPT, GPTConfig
-from zerobench.plan.memory_model import params_per_mp_rank
+from zerobench.models.gpt import GPT
+from zerobench.plan.memory_model import PlanConfig, memory_per_gpu, params_per_mp_rank
 from zerobench.zero.config import Precision, ZeroConfig
 
 
-def dry_run(
-    model: GPTConfig,
-    gpus: int,
-    mp: int,
-    stage: int,
-    rank: int = 0,
-    precision: str = "fp16",
-    bucket_numel: int = 500_000_000,
-) -> dict:
-    """Engine-measured vs analytic model-state bytes on ``rank`` of a ``gpus``-rank world."""
+def dry_run(p: PlanConfig, rank: int = 0) -> dict:
+    """Engine-measured vs analytic model-state bytes on ``rank`` of ``p``'s world, the engine built with ``p``'s
+    ZeRO settings (stage, precision, C_B, 8-bit moments, offload); the analytic figure is the planner's for the
+    same settings (``memory_per_gpu``), the paper's formula only where they are the paper's."""
     from zerobench.distributed.mesh import build_mesh
-    from zerobench.metrics.analytic import paper_model_state_bytes
     from zerobench.parallel.parallelize import ParallelSpec, parallelize
+    from zerobench.zero.config import NO_BUCKET_LIMIT
 
+    model, gpus, mp, stage = p.model, p.gpus, p.mp, p.stage
     init_fake_world(gpus, rank)
     try:
         mesh = build_mesh(mp)
         with torch.device("meta"):
             gpt = GPT(model)
-        zero = ZeroConfig(stage=stage, precision=Precision(precision), bucket_numel=bucket_numel)
+        zero = ZeroConfig(
+            stage=stage,
+            precision=Precision(p.precision),
+            bucket_numel=p.cb_elements if p.cb_elements is not None else NO_BUCKET_LIMIT,
+            optim_bits=p.optim_bits,
+            offload_optimizer="cpu" if p.offload_optimizer else "none",
+            offload_param="cpu" if p.offload_param else "none",
+        )
         # The production composition; fused kernels would only swap modules (reference on meta).
         engine = parallelize(gpt, mesh, ParallelSpec(zero=zero, kernels="reference")).engine
         ledger = engine.accounting.memory_ledger()
@@ -52,7 +54,7 @@ def dry_run(
             "stage": stage,
             "params_per_mp_rank": psi,
             "measured_model_state_bytes": measured,
-            "analytic_model_state_bytes": paper_model_state_bytes(psi, mesh.dp.size, stage),
+            "analytic_model_state_bytes": memory_per_gpu(p)["model_states"],
             "padding_elements": engine.layout.numel - engine.layout.unpadded_numel,
             "ledger": ledger,
         }

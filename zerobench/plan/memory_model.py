@@ -1,18 +1,26 @@
 """Per-GPU memory of a training configuration, by the paper's analysis (§3, §5, §6) plus stated terms.
 
 - Model states: the paper's formulas for mixed-precision Adam (2-byte params and grads, K = 12 bytes of
-  fp32 master + moments) on Ψ_mp, this MP rank's parameters (exact count, see ``params_per_mp_rank``).
+  fp32 master + moments) on Ψ_mp, this MP rank's parameters (exact count, see ``params_per_mp_rank``); in fp32
+  4-byte params and grads and no separate master (the parameters are the master).
   8-bit moments make K = 4 + 2 + 8/2048; optimizer offload moves the master, the moments and (stages 2-3)
   the gradient partition to host memory, parameter offload (stage 3) the parameter partition too
   (``model_states_host``, not counted against the GPU).
-- Activation checkpoints: L * b * s * h * 2 bytes (one fp16 block input per layer), divided by MP with
-  P_a, moved to host memory with P_a+cpu.
+- Activation checkpoints: L * b * s * h * e bytes (one block input per layer, e = 2 bytes in fp16/bf16, 4 in
+  fp32), divided by MP with P_a, moved to host memory with P_a+cpu.
 - Working memory of one block while it is recomputed (or every block without checkpointing): the
   per-layer activation bytes of Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models" (MLSys 2023), eq. 2 with tensor parallelism t and no sequence parallelism:
-  s * b * h * (10 + 24/t + 5 * a * s / (h * t)).
-- Constant buffers: the fused communication bucket (C_B), ``cb_elements`` x 2 bytes, twice (one being
-  filled while one is reduced); without C_B a buffer as large as the model's gradients (the paper's point).
+  s * b * h * (10 + 24/t + 5 * a * s / (h * t)) for 2-byte activations (twice it in fp32).
+- The output layer: the logits and the loss over them, 12 bytes per logit of this MP rank (s * b * V / t):
+  the logits, their fp32 copy for the cross-entropy and its fp32 gradient, as zerobench's engine was measured
+  to hold them (its working peak grows by 12 bytes per logit with the micro-batch, in bf16 and fp32 alike).
+  Korthikanti et al. count 4 bytes per logit for Megatron-LM's fused loss.
+- Stage 3's gathered parameters: the root unit (embeddings, final LayerNorm) and one block, each whole beside
+  its shard while it computes (as ``sim/memory.py`` counts them).
+- Constant buffers: the fused communication bucket (C_B), ``cb_elements`` x e bytes, twice (one being
+  filled while one is reduced), and never more than one copy of the gradients: the buckets partition them.
+  Without C_B one buffer as large as the model's gradients (the paper's point).
 - An explicit allocator/fragmentation allowance: ``frag`` x the sum above (default 10% with M_D, 30%
   without — assumptions, not measurements; calibrate from GPU rows where available).
 """
@@ -61,6 +69,13 @@ class PlanConfig:
     """ZeRO-Offload: master, moments and (stages 2-3) the gradient partition in host memory."""
     offload_param: bool = False
     """Stage 3: the parameter partition in host memory too."""
+    precision: str = "fp16"
+    """fp16 or bf16 (2-byte parameters, gradients and activations, an fp32 master) or fp32 (4-byte, no master)."""
+
+    @property
+    def elem(self) -> int:
+        """Bytes of a parameter, a gradient and an activation element."""
+        return 4 if self.precision == "fp32" else 2
 
     @property
     def k(self) -> float:
@@ -89,31 +104,49 @@ def block_activation_bytes(cfg: GPTConfig, b: int, mp: int) -> float:
     return s * b * h * (10 + 24 / mp + 5 * a * s / (h * mp))
 
 
+LOGIT_BYTES = 12
+"""Bytes per logit of the output layer and its loss (the logits, their fp32 copy for the cross-entropy and its
+fp32 gradient), as zerobench's engine was measured to hold them: its working peak grows by 12 bytes per logit
+with the micro-batch (``mini`` preset, vocabulary 32,768, bf16 and fp32 alike)."""
+
+
+def gathered_param_bytes(cfg: GPTConfig, mp: int, elem: int) -> float:
+    """Stage 3: the root unit (embeddings, final LayerNorm) and one block, gathered whole while they compute."""
+    h = cfg.hidden
+    root = cfg.vocab * h // mp + cfg.seq * h + 2 * h
+    block = 12 * h * h // mp + 7 * h // mp + 6 * h
+    return (root + block) * elem
+
+
 def memory_per_gpu(p: PlanConfig) -> dict[str, float]:
     """Bytes per GPU by category (device), plus host checkpoint bytes and whether it fits."""
-    m = p.model
+    m, e = p.model, p.elem
     psi = params_per_mp_rank(m, p.mp)
-    optim = p.k - 4
+    optim, master = p.k - 4, (0 if p.precision == "fp32" else 4)
     states = sum(
-        model_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, 4, optim, p.offload_optimizer, p.offload_param).values()
+        model_state_bytes_analytic(
+            psi, p.dp, p.stage, e, e, master, optim, p.offload_optimizer, p.offload_param
+        ).values()
     )
     host_states = (
-        sum(host_state_bytes_analytic(psi, p.dp, p.stage, 2, 2, optim, p.offload_param).values())
+        sum(host_state_bytes_analytic(psi, p.dp, p.stage, e, e, optim, p.offload_param).values())
         if p.offload_optimizer
         else 0.0
     )
     b, s, h, L = p.micro_batch, m.seq, m.hidden, m.layers
     ckpt = ckpt_host = 0.0
     if p.checkpoint_activations:
-        ckpt = L * b * s * h * 2 / (p.mp if (p.pa or p.pa_cpu) else 1)
+        ckpt = L * b * s * h * e / (p.mp if (p.pa or p.pa_cpu) else 1)
         if p.pa_cpu:
             ckpt, ckpt_host = 0.0, ckpt
-        working = block_activation_bytes(m, b, p.mp)
+        working = block_activation_bytes(m, b, p.mp) * e / 2
     else:
-        working = L * block_activation_bytes(m, b, p.mp)
-    buffers = 2 * 2 * p.cb_elements if p.cb_elements is not None else 2 * psi
-    buffers = min(buffers, 2 * 2 * psi) if p.cb_elements is not None else buffers
-    subtotal = states + ckpt + working + buffers
+        working = L * block_activation_bytes(m, b, p.mp) * e / 2
+    output = LOGIT_BYTES * s * b * m.vocab / p.mp
+    gathered = gathered_param_bytes(m, p.mp, e) if p.stage == 3 else 0.0
+    grads = psi * e  # one copy of this rank's gradients: no set of buckets holds more
+    buffers = float(min(2 * e * p.cb_elements, grads) if p.cb_elements is not None else grads)
+    subtotal = states + ckpt + working + output + gathered + buffers
     frag = p.frag if p.frag is not None else (0.10 if p.md else 0.30)
     total = subtotal * (1 + frag)
     return {
@@ -123,6 +156,8 @@ def memory_per_gpu(p: PlanConfig) -> dict[str, float]:
         "activation_checkpoints": ckpt,
         "activation_checkpoints_host": ckpt_host,
         "working_activations": working,
+        "output_layer": output,
+        "stage3_gathered": gathered,
         "buffers": buffers,
         "fragmentation_allowance": subtotal * frag,
         "total": total,

@@ -40,6 +40,7 @@ def plan_config(spec, gpus_per_node: int, gpu_mem_bytes: float) -> PlanConfig:
         optim_bits=z.optim_bits,
         offload_optimizer=z.offload_optimizer != "none",
         offload_param=z.offload_param != "none",
+        precision=z.precision.value,
     )
 
 

@@ -56,8 +56,10 @@ def max_layers(p: PlanConfig, limit: int = 100_000) -> int:
     return largest_fitting(fits, limit)
 
 
-def max_size(p: PlanConfig) -> dict:
-    layers = max_layers(p)
+def max_size(p: PlanConfig, limit: int = 100_000) -> dict:
+    """The largest model that fits, by layers; ``at_least``: the search's ``limit`` itself fits (the answer is a
+    lower bound, as ``zerobench maxsize`` says of its own)."""
+    layers = max_layers(p, limit)
     model = dataclasses.replace(p.model, layers=max(layers, 1))
     from zerobench.models.sizes import num_params
 
@@ -65,4 +67,5 @@ def max_size(p: PlanConfig) -> dict:
         "max_layers": layers,
         "max_params": num_params(model) if layers else 0,
         "params_per_mp_rank": params_per_mp_rank(model, p.mp) if layers else 0,
+        "at_least": layers == limit,
     }

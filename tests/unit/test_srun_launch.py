@@ -162,3 +162,25 @@ def test_a_failed_job_blames_its_first_failing_rank(tmp_path):
         "oom",
         "rank 1 ran out of memory: CUDA out of memory (Slurm state FAILED, exit code 143:0)",
     )
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
+        (
+            "NCCL error in: ProcessGroupNCCL.cpp:1270, unhandled cuda error, NCCL version 2.21.5\nCUDA error: out of memory",
+            "oom",
+        ),
+        ("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory", "oom"),
+        ("Connection reset by peer", "peer"),
+        ("Watchdog caught collective operation timeout", "timeout"),
+        ("shape mismatch", None),
+    ],
+)
+def test_a_device_allocation_outside_the_caching_allocator_is_out_of_memory(text, kind):
+    """cuBLAS's workspace and NCCL's buffers fail as RuntimeErrors, not torch.OutOfMemoryError: a maxsize probe that
+    ran out of memory there aborted the search as a run failure instead of reading 'does not fit'."""
+    from zerobench.launch.worker import classify
+
+    assert classify(RuntimeError(text)) == kind

@@ -221,7 +221,17 @@ def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None
     return code
 
 
-_OOM_TEXT = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory", "Cannot allocate memory")
+_OOM_TEXT = (
+    "DefaultCPUAllocator",
+    "can't allocate memory",
+    "not enough memory",
+    "Cannot allocate memory",
+    # device allocations outside the caching allocator (which raises torch.OutOfMemoryError): cuBLAS's workspace,
+    # NCCL's buffers, a raw CUDA call
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDA error: out of memory",
+    "cudaErrorMemoryAllocation",
+)
 _TIMEOUT_TEXT = ("timed out", "timeout")
 _PEER_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe")
 """How gloo reports a collective whose peer process is gone (NCCL reports it as a timeout or an async error)."""

@@ -87,6 +87,9 @@ class TorchFSDP1(PeerBase):
         super().__init__(name, cfg, ledger)
         strategy = ShardingStrategy.FULL_SHARD if name == "fsdp1-full-shard" else ShardingStrategy.SHARD_GRAD_OP
         model = build_model(cfg, device)
+        # grouped before wrapping: FSDP (use_orig_params) keeps these Parameter objects but flattens them to 1-D
+        # shards, which the 2+ dims rule would put all in the group without weight decay
+        groups = param_groups(model, cfg)
         self.module = FSDP(
             model,
             process_group=mesh.dp.pg,
@@ -98,7 +101,7 @@ class TorchFSDP1(PeerBase):
             if bf16(cfg)
             else None,
         )
-        self.optimizer = _adamw(param_groups(self.module, cfg), cfg)
+        self.optimizer = _adamw(groups, cfg)
 
     def _no_sync(self):
         return self.module.no_sync()

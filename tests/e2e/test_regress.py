@@ -332,3 +332,28 @@ def test_an_ab_stopped_by_sigterm_removes_its_worktree_and_sides(tmp_path):
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("zerobench: error")]
     assert lines == [f"zerobench: error: A/B cancelled (SIGTERM); its rounds so far are under {tmp_path / 'ab'}"], err
     assert worktrees() == before and not any(Path(w).parent.exists() for w in added)  # its temporary dir too
+
+
+AB_TINY = """
+name: ab-tiny
+base: {preset: tiny, dp: 1, steps: 3, warmup: 1, precision: fp32, timeout: 300}
+runs:
+  - {label: one, stage: 1}
+"""
+
+
+@pytest.mark.slow
+def test_an_ab_with_a_relative_out_writes_there(tmp_path):
+    """Each side ran its sweep with its own tree as the working directory, so a relative --out (the default, and
+    every documented recipe) put the baseline's rows in its worktree, and the comparison stopped at the warm-up
+    with 'no results'. The suite both sides ran is the one given, copied into the comparison."""
+    import subprocess
+    import sys
+
+    (tmp_path / "ab.yaml").write_text(AB_TINY)
+    cmd = [sys.executable, "-m", "zerobench", "regress", "--ab", "ab.yaml", "--baseline-tree", str(REPO)]
+    cmd += ["--rounds", "2", "--false-alarm", "0.5", "--out", "rel"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert (tmp_path / "rel" / "summary" / "rows.jsonl").is_file(), r.stdout + r.stderr
+    assert (tmp_path / "rel" / "suite" / "ab.yaml").read_text() == AB_TINY

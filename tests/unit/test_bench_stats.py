@@ -180,3 +180,22 @@ def test_a_coin_orients_each_pair_so_unchanged_code_lies_above_one_half_the_time
     assert 0.45 < above / len(orders) < 0.55, above
     fixed = pair(("baseline", "candidate"), ("candidate", "baseline"))
     assert fixed > 1  # what a fixed orientation would have done, every pair
+
+
+def test_an_ab_suite_named_is_the_candidate_trees_for_both_sides(tmp_path):
+    """A suite given by name was resolved by each side in its own tree: a baseline whose suites/ said micro_batch 8
+    was compared with a candidate's micro_batch 2 and called an improvement. The candidate tree's file is copied
+    into the comparison, and both sides run that copy."""
+    from zerobench.bench.ab import ABConfig, _pin_suite
+    from zerobench.config import ConfigError
+
+    for side, mb in (("base", 8), ("cand", 2)):
+        (tmp_path / side / "suites" / "cpu").mkdir(parents=True)
+        (tmp_path / side / "suites" / "cpu" / "g.yaml").write_text(f"name: g\nbase: {{micro_batch: {mb}}}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = ABConfig("cpu/g", str(tmp_path / "base"), str(tmp_path / "cand"))
+    pinned = _pin_suite(cfg, out)
+    assert pinned.parent == out / "suite" and "micro_batch: 2" in pinned.read_text()
+    with pytest.raises(ConfigError, match="suite 'cpu/nope' not found"):
+        _pin_suite(ABConfig("cpu/nope", str(tmp_path / "base"), str(tmp_path / "cand")), tmp_path / "out2")

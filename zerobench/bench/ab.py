@@ -22,8 +22,10 @@ runs started one after the other differed by up to 20% in step time, run side by
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,7 +55,8 @@ class ABConfig:
     """One interleaved comparison."""
 
     suite: str
-    """Suite file (or name under ``suites/``) whose runs both sides run; resolved in the candidate tree."""
+    """Suite file (or name under ``suites/``) whose runs both sides run; a name is resolved in the candidate tree,
+    and the file is copied into the comparison's directory, which both sides then read (``_pin_suite``)."""
     baseline_tree: str
     """Source tree of the baseline code (a checkout; ``worktree`` makes one from a git ref)."""
     candidate_tree: str
@@ -176,8 +179,7 @@ def _start(
         **(extra or {}),
         "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     }
-    suite = str(Path(cfg.suite).resolve()) if Path(cfg.suite).exists() else cfg.suite
-    cmd = [sys.executable, "-m", "zerobench", "sweep", suite, "--out", str(out), "--no-progress"]
+    cmd = [sys.executable, "-m", "zerobench", "sweep", cfg.suite, "--out", str(out), "--no-progress"]  # pinned
     for item in cfg.only:
         cmd += ["--only", item]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
@@ -287,12 +289,36 @@ def round_order(r: int, seed: int) -> tuple[str, str]:
     return first if r % 2 == 0 else (ba if first == ab else ab)
 
 
+def _pin_suite(cfg: ABConfig, out: Path) -> Path:
+    """The suite file both sides run, the same bytes for both: a file given by path, or a name resolved in the
+    candidate tree's ``suites/``, copied into ``out``. Each side resolving a name in its own tree would run the
+    baseline's definition against the candidate's, and compare two workloads."""
+    given = Path(cfg.suite)
+    if given.is_file():
+        src = given
+    else:
+        suites = Path(cfg.candidate_tree) / "suites"
+        src = next((c for c in (suites / cfg.suite, suites / f"{cfg.suite}.yaml") if c.is_file()), None)
+        if src is None:
+            raise ConfigError(
+                f"suite {cfg.suite!r} not found: give a YAML file or a name under the candidate tree's {suites}"
+            )
+    pinned = out / "suite" / src.name
+    pinned.parent.mkdir()
+    shutil.copyfile(src, pinned)
+    return pinned
+
+
 def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list[dict]:
-    """Run the interleaved comparison; return one verdict per run (and write them as rows)."""
+    """Run the interleaved comparison; return one verdict per run (and write them as rows). ``out`` is taken from
+    this process's directory, not each side's tree (a relative one would land in the baseline's worktree)."""
     cfg.validate()
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: choose a new --out (an A/B comparison never mixes rows)")
+    named = cfg.suite
+    cfg = dataclasses.replace(cfg, suite=str(_pin_suite(cfg, out)))
     ratios: dict[str, dict[int, float]] = {}
     sides = {"baseline": (cfg.baseline_tree, cfg.baseline_env), "candidate": (cfg.candidate_tree, cfg.candidate_env)}
     bounds = sign_boundaries(cfg.rounds // 2, max(cfg.rounds, cfg.max_rounds) // 2, cfg.false_alarm)
@@ -323,7 +349,7 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
             f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare "
             f"(each side's runs and logs are under {out})"
         )
-    _write(cfg, out, verdicts)
+    _write(dataclasses.replace(cfg, suite=named), out, verdicts)
     return verdicts
 
 

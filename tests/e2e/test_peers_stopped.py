@@ -69,6 +69,21 @@ def test_a_stopped_comparison_is_tabled_from_the_runs_it_finished(finished, tmp_
     assert hardware == {r["provenance"]["hardware"]["class"] for r in read_rows(finished / "r0-torch-ddp")}
 
 
+def test_a_run_that_failed_makes_its_candidate_failed_in_a_stopped_summary(finished, tmp_path, capsys):
+    """``--summarize`` looked only for a rows file: a candidate whose run crashed after writing rows read "ok",
+    with no figures, and the command exited 0."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(finished, stopped, ignore=shutil.ignore_patterns("summary"))
+    rows = stopped / "r0-zerobench-3" / "rows.jsonl"
+    lines = rows.read_text().splitlines()
+    status = [json.loads(x) for x in lines if json.loads(x)["metric"] == "run_status"][-1]
+    status.update(status="failed", value=0, reason="rank 0 exited with code 17")
+    rows.write_text("\n".join([*lines, json.dumps(status)]) + "\n")
+    assert main(["peers", "--summarize", str(stopped)]) == 1
+    got = _summary(stopped)[("zerobench-3", "peer_step_time_s")]
+    assert got["status"] == "failed" and got["reason"] == "r0-zerobench-3 failed: rank 0 exited with code 17"
+
+
 def test_bad_summarize_input_is_one_line(finished, tmp_path, capsys):
     def refused(path) -> str:
         assert main(["peers", "--summarize", str(path)]) == 2

@@ -199,3 +199,33 @@ def test_bar_says_when_the_rounds_spread_too_much_to_place_the_ratio_against_it(
     one = {**zb0, "round_step_time_s": ddp[:1]}
     (v,) = bar([one, {**_rec("torch-ddp", 1.0, 10), "round_step_time_s": ddp[:1]}])
     assert math.isinf(v["time_noise"]) and not v["speed_decided"]
+
+
+def test_a_system_named_twice_is_refused():
+    """Both runs of a doubled candidate wrote into one directory and the summary listed it twice."""
+    with pytest.raises(ConfigError, match="names torch-ddp twice"):
+        PeersConfig(systems=("torch-ddp", "torch-ddp")).validate()
+
+
+def test_nothing_measured_is_no_memory_verdict():
+    """With --no-memory-run every stage's memory verdict read 'NO' though nothing was measured."""
+    recs = [_rec("zerobench-2", 0.9, None), _rec("fsdp2-no-reshard", 1.2, None), _rec("torch-ddp", 1.0, None)]
+    (v,) = [x for x in bar(recs) if x["candidate"] == "zerobench-2"]
+    assert v["memory_vs_leanest"] is None and v["memory_ok"] is None
+
+
+def test_peak_rss_comes_from_memory_runs_alone_when_the_comparison_has_them(tmp_path):
+    """A candidate whose memory run was missing took its RSS from round 0, which runs under the default allocator
+    settings: torch-ddp's 1044 MiB beside zerobench's 777 from its memory run (874 in its round), a stopped
+    comparison's bias in zerobench's favour."""
+    from zerobench.bench.peers import summarize
+    from zerobench.results.rows import RowWriter
+
+    MiB = 2**20
+    for run_id, rss in (("r0-torch-ddp", 1044), ("r0-zerobench-2", 874), ("mem-zerobench-2", 777)):
+        w = RowWriter(tmp_path / run_id, run_id, {"system": run_id})
+        w.write("step_time_s", 1.0, "s")
+        w.write("peak_rss_bytes", rss * MiB, "bytes")
+    p = PeersConfig(systems=("torch-ddp", "zerobench-2"), rounds=1, memory_run=True, reference_run=False)
+    got = {r["candidate"]: r for r in summarize(p, tmp_path, p.systems, {})}
+    assert got["zerobench-2"]["peak_rss_bytes"] == 777 * MiB and "peak_rss_bytes" not in got["torch-ddp"]

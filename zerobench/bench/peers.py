@@ -106,6 +106,13 @@ class PeersConfig:
         for s in self.candidates():
             if s not in known:
                 raise ConfigError(f"unknown system {s!r}: choose from {', '.join(ZEROBENCH_ALL + tuple(SHARDING))}")
+        seen = set()
+        for s in self.candidates():
+            if s in seen:
+                raise ConfigError(
+                    f"--systems names {s} twice: each system runs once a round (its runs share one directory)"
+                )
+            seen.add(s)
         if "torch-ddp" not in self.candidates():
             raise ConfigError("the comparison is relative to torch-ddp: include it in --systems")
         if self.dp < 1 or self.rounds < 1 or self.steps <= self.warmup:
@@ -233,7 +240,10 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
         rec.update(_device_memory([rows(f"r{r}-{c}") for r in range(p.rounds)]))
         mem = rows(f"mem-{c}")
         live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
-        rss = [r["value"] for r in _metric(mem or rows(f"r0-{c}"), "peak_rss_bytes") if r["value"] is not None]
+        # peak RSS from the memory runs where the comparison has them (a round's run is measured under another
+        # allocator setting: one candidate's round figure beside another's memory-run figure is no comparison)
+        rss_from = mem if p.memory_run else rows(f"r0-{c}")
+        rss = [r["value"] for r in _metric(rss_from, "peak_rss_bytes") if r["value"] is not None]
         if live:
             rec["peak_live_bytes"] = max(live)
         if rss:
@@ -365,7 +375,7 @@ def bar(records: list[dict]) -> list[dict]:
                 "speed_decided": abs(speed - 0.95) >= noise,
                 "leanest_peer": leanest["candidate"] if leanest else None,
                 "memory_vs_leanest": mem,
-                "memory_ok": mem is not None and mem <= 1.0,
+                "memory_ok": None if mem is None else mem <= 1.0,  # None: nothing measured to judge
             }
         )
     return out

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from zerobench.bench.peers import COMPARISON_FILE, PeersConfig, summarize
 from zerobench.config import ConfigError
-from zerobench.results.rows import ROWS_FILE
+from zerobench.results.rows import ROWS_FILE, read_rows
+from zerobench.results.status import status_of
 
 NOT_RUN = "not run: the comparison stopped before any of its timed runs"
 
@@ -36,4 +37,10 @@ def summarize_stopped(out: Path) -> list[dict]:
     if (out / "summary").exists():
         raise ConfigError(f"{out} is summarised already ({out / 'summary'}): remove that directory to summarise again")
     failed = {c: NOT_RUN for c in cands if not any((out / f"r{r}-{c}" / ROWS_FILE).is_file() for r in range(p.rounds))}
+    for c in cands:  # a run that ended other than ok makes its candidate failed, as run_peers records it
+        for run_id in [f"r{r}-{c}" for r in range(p.rounds)] + [f"mem-{c}"]:
+            if c not in failed and (out / run_id / ROWS_FILE).is_file():
+                status, reason = status_of(read_rows(out / run_id))
+                if status not in (None, "ok"):
+                    failed[c] = f"{run_id} {status}: {reason}" if reason else f"{run_id} {status}"
     return summarize(p, out, cands, failed)

@@ -173,7 +173,7 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
                         _speed_verdict(v),
                         v["leanest_peer"] or "-",
                         f"{v['memory_vs_leanest']:.3f}" if v["memory_vs_leanest"] else "-",
-                        "yes" if v["memory_ok"] else "NO",
+                        "-" if v["memory_ok"] is None else "yes" if v["memory_ok"] else "NO",
                     ]
                     for v in verdicts
                 ],

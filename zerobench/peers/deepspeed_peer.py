@@ -42,6 +42,9 @@ def ds_config(name: str, cfg) -> dict:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if stage == 3:
         zero["stage3_prefetch_bucket_size"] = cfg.zero.bucket_numel
+        # every parameter sharded, as zerobench's stage 3 shards them: DeepSpeed's default (1e5 elements) keeps
+        # smaller ones whole on every rank, which at the tiny preset is all of them
+        zero["stage3_param_persistence_threshold"] = 0
     return {
         "bf16": {"enabled": cfg.zero.precision.value == "bf16"},
         "train_micro_batch_size_per_gpu": cfg.micro_batch,
@@ -123,7 +126,9 @@ class DeepSpeedSystem(PeerBase):
         master = storage_bytes(masters)
         # fp32 gradient partitions DeepSpeed keeps on its master partitions (with offload a pinned host
         # buffer that gradients stream into); staging/bucket buffers are not counted
-        grads = storage_bytes(m.grad for m in masters if m.grad is not None)
+        grad_tensors = [m.grad for m in masters if m.grad is not None]
+        flat = getattr(self.engine.optimizer, "grad_partitions_flat_buffer", None)  # stage 3's, held from init
+        grads = storage_bytes(grad_tensors + ([flat] if isinstance(flat, torch.Tensor) else []))
         states = storage_bytes(optimizer_tensors(self._inner_optimizer()))
         if self.offload:
             led.update(

@@ -156,6 +156,10 @@ def test_a_search_whose_limit_fits_says_at_least_and_its_rows_say_so(monkeypatch
     assert code == 0, err
     assert "stage 0: at least 6 layers" in out and "the --max-layers limit fits: raise it" in out, out
     assert {r["bound"] for r in read_rows(tmp_path) if r["metric"] in ("max_layers", "max_params")} == {"at least"}
+    from zerobench.bench.maxsize import PROBE_STEPS
+
+    # the rows say what each probe ran (they said the spec's 6 steps and 2 of warm-up)
+    assert {(r["config"]["steps"], r["config"]["warmup"]) for r in read_rows(tmp_path)} == {(PROBE_STEPS, 0)}
     assert maxsize_table(load(tmp_path))["at_least"].tolist() == [True, True]  # stages 0 and 3, the default
     planted_probes(monkeypatch, lambda n: "ok" if n <= 3 else "oom")
     code, out, err = zb("--max-layers", "6")

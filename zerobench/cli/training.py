@@ -366,7 +366,11 @@ def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:
         else f"-offload-{args.offload_optimizer}" + ("-param" if args.offload_param != "none" else "")
     )
     off += "" if args.optim_bits == 32 else f"-adam{args.optim_bits}"
-    w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", {**dataclasses.asdict(spec), "budget": args.budget})
+    from zerobench.bench.maxsize import PROBE_STEPS
+
+    # the configuration each probe ran: PROBE_STEPS steps from the first, not the spec's steps and warm-up
+    ran = {**dataclasses.asdict(spec), "steps": PROBE_STEPS, "warmup": 0, "budget": args.budget}
+    w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", ran)
     bound = {"bound": "at least"} if res.max_layers == args.max_layers else {}  # the search limit fits
     w.write("max_layers", res.max_layers, "layers", **bound)
     w.write("max_params", res.max_params, "params", probes=json.dumps(res.probes), **bound)

@@ -152,6 +152,7 @@ def test_a_dry_run_suite_builds_rows_that_leave_the_system_at_its_default(tmp_pa
     assert "1 row(s) of" in r.stderr and "not built" in r.stderr
 
 
+@pytest.mark.slow  # two processes that build the engine on the fake backend: about 20 s
 def test_a_dry_run_builds_the_precision_asked_for():
     """The dry run built every engine in fp16 with 500M-element buckets whatever was asked: an fp32 plan's 'engine
     measured' bytes were an fp16 engine's."""

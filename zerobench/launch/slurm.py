@@ -177,7 +177,9 @@ def _wait_step(proc: subprocess.Popen, timeout_s: float, cancel: Cancellation | 
             on_poll()
         time.sleep(0.2)
     # scancel, a time limit or preemption signals srun and the tasks too: the step can end before the request is
-    # seen above, and it is still a stop, not a failure
+    # seen above, and it is still a stop, not a failure (half a second for this process's own handler to run)
+    if cancel is not None and not cancel.requested and proc.returncode in (-15, 143, -2, 130):
+        time.sleep(0.5)
     return cancel.requested if cancel is not None and cancel.requested else None
 
 

@@ -75,3 +75,18 @@ def test_the_step_clock_starts_after_the_steps_samples_are_made(fake_world, monk
     # the samples are the ones a single process draws for that step and micro-batch
     data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
     assert torch.equal(system.seen[3], real(data, 1, 0, 1, 1, cfg.micro_batch)[0])
+
+
+def test_the_reference_workload_is_not_the_runs_memory():
+    """The fixed matmul timed after each step (``step_time_norm``) was made and kept under the live-tensor tracker:
+    every CPU run's peak (and its memory budget) counted the harness's 256 KiB matrix, 15% of the tiny preset's
+    working peak at stage 3."""
+    import torch
+
+    from zerobench.metrics.memory import LiveTensorTracker
+    from zerobench.train import loop
+
+    loop._reference_matrix.cache_clear()
+    with LiveTensorTracker() as t:
+        assert loop._reference_seconds(torch.device("cpu")) > 0
+    assert (t.current, t.peak) == (0, 0)

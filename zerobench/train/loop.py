@@ -24,7 +24,7 @@ from zerobench.config import ConfigError, RunFailed, TrainingHalted
 from zerobench.distributed.env import DistEnv, init_distributed
 from zerobench.distributed.mesh import Mesh, build_mesh
 from zerobench.metrics.comm import CommLedger
-from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss
+from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_peak_rss, untracked
 from zerobench.models.sizes import flops_per_token, num_params
 from zerobench.results.rows import RowWriter
 from zerobench.train.config import TrainConfig
@@ -306,12 +306,15 @@ def _reference_matrix(device: torch.device) -> torch.Tensor:
 
 def _reference_seconds(device: torch.device) -> float:
     """Time a fixed workload (a 256x256 fp32 matmul chain) right after each step: step / reference is a
-    speed ratio measured side by side in the same process, so machine drift (clock, contention) cancels."""
-    a = _reference_matrix(device)
-    _sync(device)
-    t0 = time.perf_counter()
-    x = a
-    for _ in range(8):
-        x = x @ a
-    _sync(device)
-    return time.perf_counter() - t0
+    speed ratio measured side by side in the same process, so machine drift (clock, contention) cancels. The
+    harness's own tensors are not the run's: they are made outside the live-tensor tracker (its peak, and a
+    memory budget, count the training's tensors only)."""
+    with untracked():
+        a = _reference_matrix(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        x = a
+        for _ in range(8):
+            x = x @ a
+        _sync(device)
+        return time.perf_counter() - t0

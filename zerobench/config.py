@@ -14,6 +14,10 @@ import json
 import re
 from typing import Any
 
+SEED_MAX = 2**40 - 1
+"""The largest run seed: the synthetic data stream derives each sample's generator seed from it
+(``train.data.sample_stream``), which must stay a non-negative int64 (``torch.manual_seed``'s range)."""
+
 
 class ConfigError(ValueError):
     """An invalid configuration. Its message is one line saying what is wrong and how to fix it."""

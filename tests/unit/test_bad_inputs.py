@@ -43,7 +43,8 @@ def a_file(tmp_path):
 CASES = [
     (["train", "--memory-budget", "1.2.3GB"], "cannot read memory size '1.2.3GB'"),
     (["train", "--memory-budget", "0GB"], "must be positive"),
-    (["train", "--seed", str(2**70)], "--seed: must be at most 2**63-1"),
+    (["train", "--seed", str(2**70)], "--seed: must be at most 2**40-1"),
+    (["train", "--seed", str(10**14)], "--seed: must be at most 2**40-1"),  # was a traceback from manual_seed
     (["train", "--hidden", "0"], "--hidden: must be >= 1, got 0"),
     (["train", "--layers", "-3"], "--layers: must be >= 1, got -3"),
     (["train", "--tp", "0"], "--tp: must be >= 1"),

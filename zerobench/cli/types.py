@@ -9,10 +9,7 @@ import math
 import sys
 from typing import NoReturn
 
-from zerobench.config import ConfigError, parse_bytes
-
-SEED_MAX = 2**63 - 1
-"""torch.manual_seed takes any int64; seeds are non-negative here."""
+from zerobench.config import SEED_MAX, ConfigError, parse_bytes
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -64,7 +61,7 @@ def number(minimum: float | None = None, above: float | None = None, maximum: fl
 def seed(text: str) -> int:
     v = count(0)(text)
     if v > SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most 2**63-1, got {text}")
+        raise argparse.ArgumentTypeError(f"must be at most 2**40-1 (the data stream's seeds stay int64), got {text}")
     return v
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from zerobench.config import ConfigError
+from zerobench.config import SEED_MAX, ConfigError
 from zerobench.distributed.backends import BACKENDS
 from zerobench.models.config import GPTConfig
 from zerobench.parallel.config import ActivationConfig
@@ -126,8 +126,8 @@ class TrainConfig:
                 f"{self.warmup_steps} warm-up (the traced steps are left out of the medians): "
                 f"give --steps {need} or more"
             )
-        if not 0 <= self.seed <= 2**63 - 1:
-            raise ConfigError(f"--seed must be in [0, 2**63-1], got {self.seed}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"--seed must be in [0, 2**40-1] (the data stream's seeds stay int64), got {self.seed}")
         if not (math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0):
             raise ConfigError(
                 f"collective timeout must be a positive number of seconds, got {self.collective_timeout_s}"

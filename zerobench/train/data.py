@@ -10,6 +10,20 @@ from __future__ import annotations
 
 import torch
 
+STRIDE = 10_007
+"""Samples a step's seeds are spaced by: sample ``i`` of step ``t`` is drawn from a generator seeded with
+``seed * 1,000,003 + t * STRIDE + i mod STRIDE``, as every recorded run drew the first ``STRIDE`` of a step."""
+
+
+def sample_stream(seed: int, step: int, index: int) -> tuple[int, int]:
+    """(generator seed, draws to skip) of sample ``index`` of step ``step``. Seeding by ``index`` itself made sample
+    ``STRIDE + i`` of a step sample ``i`` of the next (a global batch over 10,007 sequences repeated samples every
+    step), and torch's CPU generator keeps only a seed's low 32 bits, so no larger offset could set it apart. Each
+    further block of ``STRIDE`` samples instead continues the stream of its step's sample ``i mod STRIDE`` past the
+    draws of the blocks before it: different draws, and the first block's values as every recorded run drew them."""
+    block, i = divmod(index, STRIDE)
+    return seed * 1_000_003 + step * STRIDE + i, block
+
 
 class SyntheticTokens:
     """Global batch ``step`` is samples ``0..global_batch-1``; ranks take contiguous slices."""
@@ -24,9 +38,11 @@ class SyntheticTokens:
         first = torch.empty(count, dtype=torch.long)
         choices = torch.empty(count, self.seq, dtype=torch.long)
         for j in range(count):
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 10_007 + start + j)
-            first[j] = torch.randint(0, self.vocab, (1,), generator=g)
-            choices[j] = torch.randint(0, self.branching, (self.seq,), generator=g)
+            g_seed, skip = sample_stream(self.seed, step, start + j)
+            g = torch.Generator().manual_seed(g_seed)
+            for _ in range(skip + 1):  # the last draw is this sample's
+                first[j] = torch.randint(0, self.vocab, (1,), generator=g)
+                choices[j] = torch.randint(0, self.branching, (self.seq,), generator=g)
         tokens = torch.empty(count, self.seq + 1, dtype=torch.long)
         tokens[:, 0] = first
         for t in range(self.seq):

@@ -289,20 +289,25 @@ def round_order(r: int, seed: int) -> tuple[str, str]:
     return first if r % 2 == 0 else (ba if first == ab else ab)
 
 
-def _pin_suite(cfg: ABConfig, out: Path) -> Path:
-    """The suite file both sides run, the same bytes for both: a file given by path, or a name resolved in the
-    candidate tree's ``suites/``, copied into ``out``. Each side resolving a name in its own tree would run the
-    baseline's definition against the candidate's, and compare two workloads."""
+def _suite_source(cfg: ABConfig) -> Path:
+    """The suite file both sides run: a file given by path, or a name resolved in the candidate tree's ``suites/``
+    (each side resolving a name in its own tree would run the baseline's definition against the candidate's, and
+    compare two workloads)."""
     given = Path(cfg.suite)
     if given.is_file():
-        src = given
-    else:
-        suites = Path(cfg.candidate_tree) / "suites"
-        src = next((c for c in (suites / cfg.suite, suites / f"{cfg.suite}.yaml") if c.is_file()), None)
-        if src is None:
-            raise ConfigError(
-                f"suite {cfg.suite!r} not found: give a YAML file or a name under the candidate tree's {suites}"
-            )
+        return given
+    suites = Path(cfg.candidate_tree) / "suites"
+    src = next((c for c in (suites / cfg.suite, suites / f"{cfg.suite}.yaml") if c.is_file()), None)
+    if src is None:
+        raise ConfigError(
+            f"suite {cfg.suite!r} not found: give a YAML file or a name under the candidate tree's {suites}"
+        )
+    return src
+
+
+def _pin_suite(cfg: ABConfig, out: Path) -> Path:
+    """``_suite_source`` copied into ``out``: both sides read the same bytes, whatever their trees hold."""
+    src = _suite_source(cfg)
     pinned = out / "suite" / src.name
     pinned.parent.mkdir()
     shutil.copyfile(src, pinned)
@@ -313,6 +318,7 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
     """Run the interleaved comparison; return one verdict per run (and write them as rows). ``out`` is taken from
     this process's directory, not each side's tree (a relative one would land in the baseline's worktree)."""
     cfg.validate()
+    _suite_source(cfg)  # a suite that is not there is one line before anything is made
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):

@@ -553,3 +553,24 @@ def test_a_baseline_ref_git_would_read_as_an_option_is_refused(ref, tmp_path):
 
     with pytest.raises(ConfigError, match="a ref never starts with '-'"), worktree(ref, tmp_path):
         pass
+
+
+def test_profile_advice_names_steps_that_then_run(capsys):
+    """With the warm-up clamped to steps - 1, --steps 4 --warmup 5 --profile said 'give --steps 6', and --steps 6
+    then said 'give --steps 8': the advice is now from the warm-up asked for."""
+    from zerobench.cli import main
+
+    code = main(["train", "--steps", "4", "--warmup", "5", "--profile", "/nonexistent/p", "--dp", "1"])
+    assert code == 2 and "give --steps 8 or more" in capsys.readouterr().err
+
+
+def test_maxsize_checks_every_stage_before_its_first_probe(capsys, monkeypatch):
+    """A bad stage later in --stage was found only when its turn came, after the earlier stages' whole searches."""
+    from zerobench.bench import maxsize
+    from zerobench.cli import main
+
+    monkeypatch.setattr(
+        maxsize, "launch_local", lambda *a, **k: pytest.fail("a probe ran before every stage was checked")
+    )
+    assert main(["maxsize", "--budget", "1KiB", "--dp", "1", "--stage", "0", "5"]) == 2
+    assert "unknown ZeRO stage 5" in capsys.readouterr().err

@@ -223,6 +223,12 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
         tensorboard_dir=spec.tensorboard,
         profile=ProfileConfig(spec.profile, spec.profile_steps) if spec.profile else None,
     )
+    if spec.profile and spec.steps <= spec.warmup + spec.profile_steps:  # advice from the warm-up asked for, not
+        need = spec.warmup + spec.profile_steps + 1  # the clamped one (which grows as --steps does)
+        raise ConfigError(
+            f"--profile-steps {spec.profile_steps} leaves no timed step of {spec.steps} after {spec.warmup} warm-up "
+            f"(the traced steps are left out of the medians): give --steps {need} or more"
+        )
     if check_system:
         validate_run(cfg, world_size)
     else:

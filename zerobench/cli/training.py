@@ -282,7 +282,7 @@ def _maxsize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from zerobench.bench.maxsize import search_max_layers
-    from zerobench.bench.spec import RunSpec
+    from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancellation, Cancelled
     from zerobench.results.outdir import check_writable_dir
 
@@ -312,6 +312,8 @@ def _maxsize(args: argparse.Namespace) -> int:
     for flag, where, what in (("--out", args.out, "max-size rows"), ("--probes", args.probes, "probe logs")):
         if where:
             check_writable_dir(where, flag, what)
+    for stage in args.stage:  # every stage's configuration checked before the first probe, not when its turn comes
+        to_train_config(dataclasses.replace(base, stage=stage, layers=1, memory_budget=args.budget))
     results = {}
     with Cancellation() as cancel:  # SIGTERM/SIGINT stop the search, not only the probe in progress
         for stage in args.stage:

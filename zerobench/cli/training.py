@@ -107,7 +107,13 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         help="per-device memory budget, e.g. 16GiB (GPU: a smaller card emulated with "
         "set_per_process_memory_fraction; CPU: the live-tensor tracker); past it the run fails as OOM",
     )
-    g.add_argument("--timeout", type=number(above=0), default=3600.0, help="wall-clock limit of a local launch (s)")
+    g.add_argument(
+        "--timeout",
+        type=number(above=0),
+        default=3600.0,
+        help="wall-clock limit of a launch of several local processes (s); a one-process run trains in this "
+        "process and has none (sweeps launch every run, and limit it)",
+    )
     g.add_argument(
         "--collective-timeout",
         type=number(above=0),

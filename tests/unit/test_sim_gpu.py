@@ -326,3 +326,20 @@ def test_two_validations_in_one_results_directory_stay_apart():
     t = sim_validation_table(load(H100_REF / "sim-validation"))
     assert len(t) == 18 and t["predicted_ms"].notna().all() and t["memory_ratio"].between(0.99, 1.0).all()
     assert sorted(t["run"]).count("007-1.3b-s3") == 2
+
+
+def test_a_profile_plan_whose_limit_fits_says_at_least(capsys, monkeypatch):
+    """`plan --max-size --profile` printed the search's limit (4096 layers) as the answer when the limit itself fit."""
+    from zerobench.cli import main
+    from zerobench.sim import command
+
+    monkeypatch.setattr(command, "PROFILE_MAX_LAYERS", 12)  # 4096 layers' layouts take minutes to build
+
+    shape = ["--hidden", "2048", "--heads", "16", "--vocab", "50304", "--seq", "1024", "--micro-batch", "8"]
+    shape += ["--precision", "bf16", "--stage", "2", "--gpus", "1", "--bucket-size", "6250000"]
+    args = ["plan", "--max-size", "--profile", str(H100_REF / "profile-1"), *shape]
+    assert main([*args, "--gpu-mem", "100TiB"]) == 0
+    assert "max size: at least 12 layers" in capsys.readouterr().out
+    assert main([*args, "--gpu-mem", "12GiB"]) == 0
+    got = capsys.readouterr().out
+    assert "max size: " in got and "at least" not in got

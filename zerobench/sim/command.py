@@ -10,6 +10,9 @@ from pathlib import Path
 
 from zerobench.config import ConfigError
 
+PROFILE_MAX_LAYERS = 4096
+"""The most layers ``plan --max-size --profile`` searches; where that many fit, it says "at least"."""
+
 
 def _configs(suite: str) -> list:
     from zerobench.bench.suite import load
@@ -342,8 +345,9 @@ def run_measured_max_size(args: argparse.Namespace) -> int:
         )
     cfg = to_train_config(plan_run_spec(args), check_system=False)
     budget = parse_bytes(args.gpu_mem)
+    limit = PROFILE_MAX_LAYERS
     try:
-        layers = max_layers(cfg, prof, budget)
+        layers = max_layers(cfg, prof, budget, limit)
         solved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=max(layers, 1)))
         mem = predict_memory(solved, prof)
     except KeyError as e:
@@ -353,6 +357,7 @@ def run_measured_max_size(args: argparse.Namespace) -> int:
         "budget_bytes": budget,
         "max_layers": layers,
         "max_params": num_params(solved.model) if layers else 0,
+        "at_least": layers == limit,  # the search's limit fits: a lower bound
         "memory_bytes": mem if layers else {},
     }
     if args.json:
@@ -368,7 +373,8 @@ def run_measured_max_size(args: argparse.Namespace) -> int:
         print(f"max size: not even one layer fits {budget / 2**30:.2f} GiB")
         return 0
     print(
-        f"max size: {layers} layers = {out['max_params'] / 1e9:.3f}B params fit {budget / 2**30:.2f} GiB; "
+        f"max size: {'at least ' if out['at_least'] else ''}{layers} layers = {out['max_params'] / 1e9:.3f}B params "
+        f"fit {budget / 2**30:.2f} GiB; "
         "predicted peak there (max_memory_allocated), GiB:"
     )
     for k, v in mem.items():

@@ -64,6 +64,7 @@ def _ds3_ledger(rank, world_size):
     }
 
 
+@pytest.mark.slow  # DeepSpeed's initialise in two ranks: 8 s on a quiet machine, over a minute under load
 def test_deepspeed_3_shards_every_parameter_and_its_ledger_counts_its_gradient_buffer():
     """At the default tiny preset DeepSpeed's persistence threshold (1e5 elements) kept all 28 parameters whole on
     every rank, so deepspeed-3 did not shard like stage 3; and its ledger missed the flat buffer its gradient

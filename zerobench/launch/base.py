@@ -39,6 +39,14 @@ def describe_exit(who: str, code: int) -> tuple[str, str]:
     return "failed", f"{who} exited with code {code}"
 
 
+def with_detail(status: str, reason: str, detail: str | None) -> str:
+    """``reason`` with the blamed rank's own line: the line alone for an OOM that names its rank (the rank that ran
+    out, which may not be the first to exit), else after the reason."""
+    if not detail:
+        return reason
+    return detail if status == "oom" and detail.startswith("rank ") else f"{reason}: {detail}"
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     """How a launch ended."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,8 +63,6 @@ class RankFile(RankChannel):
         self._send(f"exit {code}")
 
     def _send(self, message: str) -> None:
-        import time
-
         with contextlib.suppress(OSError), open(self.path, "a") as f:
             f.write(f"{time.time():.6f} {message}\n")
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from zerobench.config import to_dict
-from zerobench.launch.base import EXIT_PEER_TIMEOUT, LaunchResult, describe_exit
+from zerobench.launch.base import EXIT_PEER_TIMEOUT, LaunchResult, describe_exit, with_detail
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.channel import ENV as REPORT_ENV
 from zerobench.launch.channel import LauncherEnds
@@ -136,8 +136,7 @@ def launch_local(
                 detail = detail.removeprefix(f"rank {blamed}: ")
         elif status not in ("ok", "cancelled"):
             detail = _first_error(log_path)
-    if detail:  # an OOM's own line names the rank that ran out, which may not be the first to exit
-        reason = detail if status == "oom" and detail.startswith("rank ") else f"{reason}: {detail}"
+    reason = with_detail(status, reason, detail)
     return LaunchResult(
         status == "ok", reason if status != "ok" else "", status, [p.returncode for p in procs], time.monotonic() - t0
     )

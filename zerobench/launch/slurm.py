@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
 from zerobench.launch import channel
-from zerobench.launch.base import EXIT_CONFIG, EXIT_OOM, LaunchResult, describe_exit
+from zerobench.launch.base import EXIT_CONFIG, EXIT_OOM, LaunchResult, describe_exit, with_detail
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.channel import read_rank_files
 from zerobench.train.config import TrainConfig
@@ -187,32 +187,38 @@ _SRUN_TASK = re.compile(r"task (\d+): (?:Exited with exit code (\d+)|(Killed|Seg
 """srun's line for a task that ended on its own (``Terminated`` is srun's own SIGTERM to the others)."""
 
 
-def blame(reports: Path, log_path: Path, srun_code: int) -> tuple[str, str, int]:
-    """(status, reason, exit code) of a failed step. A task srun saw end (its log's ``task 1: Exited with exit code
-    17``) that wrote no exit code of its own died abruptly: it is the cause, with the code srun saw. Else the rank
-    whose report file says it failed first, with its own code and line (a peer's lost connection comes later);
-    else srun's own code."""
+def first_failure(reports: Path, log_path: Path) -> tuple[str, str, int | None] | None:
+    """(status, reason, exit code: None where srun saw no code) of the rank a failed step blames, or None where
+    nothing names one. A task srun
+    saw end (its log's ``task 1: Exited with exit code 17``) that wrote no exit code of its own died abruptly: it is
+    the cause, with the code srun saw. Else the rank whose report file says it failed first, with its own code and
+    line (a peer's lost connection comes later)."""
     ends = {e.rank: e for e in read_rank_files(reports)}
     with contextlib.suppress(OSError):
         for m in _SRUN_TASK.finditer(log_path.read_text(errors="replace")):
             rank = int(m.group(1))
             if rank in ends and ends[rank].code is not None:
                 continue
-            if m.group(2) is not None:
-                code = int(m.group(2))
-                status, reason = describe_exit(f"rank {rank}", code)
-                return status, reason, code
-            return "failed", f"rank {rank} ended: {m.group(3).lower()} (srun)", srun_code
+            if m.group(2) is None:
+                return "failed", f"rank {rank} ended: {m.group(3).lower()} (srun)", None
+            code = int(m.group(2))
+            return (*describe_exit(f"rank {rank}", code), code)
     failed = sorted((e for e in ends.values() if e.failed_at is not None), key=lambda e: e.failed_at)
-    if failed:
-        first = failed[0]
-        code = first.code if first.code is not None else 1
-        status, reason = describe_exit(f"rank {first.rank}", code)
-        if first.error:
-            reason = first.error if status == "oom" and first.error.startswith("rank ") else f"{reason}: {first.error}"
-        return status, reason, code
-    status, reason = describe_exit("srun step", srun_code)
-    return status, reason, srun_code
+    if not failed:
+        return None
+    first = failed[0]
+    code = first.code if first.code is not None else 1
+    status, reason = describe_exit(f"rank {first.rank}", code)
+    return status, with_detail(status, reason, first.error), code
+
+
+def blame(reports: Path, log_path: Path, srun_code: int) -> tuple[str, str, int]:
+    """``first_failure`` (with srun's own code where the rank's is not known), else the step's."""
+    found = first_failure(reports, log_path)
+    if found is None:
+        return (*describe_exit("srun step", srun_code), srun_code)
+    status, reason, code = found
+    return status, reason, srun_code if code is None else code
 
 
 def submit(
@@ -285,9 +291,9 @@ def status_of(state: str, exit_code: str, run_dir: Path | None = None, job_id: s
     }.get(state, "failed")
     code = exit_code.split(":")[0] if exit_code else ""
     if kind == "failed" and run_dir is not None and (run_dir / "ranks").is_dir():
-        status, reason, _ = blame(run_dir / "ranks", run_dir / f"slurm-{job_id}.out", int(code or 1))
-        if not reason.startswith("srun step"):
-            return status, f"{reason} ({said})"
+        found = first_failure(run_dir / "ranks", run_dir / f"slurm-{job_id}.out")
+        if found is not None:
+            return found[0], f"{found[1]} ({said})"
     if code == str(EXIT_OOM):
         kind = "oom"
     elif code == str(EXIT_CONFIG):

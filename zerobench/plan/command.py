@@ -202,9 +202,10 @@ def _dry_run(args) -> int:
     from zerobench.plan.dry_run import dry_run
 
     if args.suite:
-        rows = plan_configs(load_suite(args.suite), args.suite)
+        suite = load_suite(args.suite)
+        rows = plan_configs(suite, args.suite)
         todo = [(r["label"], p) for r, p in rows if (r.get("system") or "zerobench") == "zerobench"]
-        left = len(load_suite(args.suite).get("runs") or []) - len(todo)
+        left = len(suite.get("runs") or []) - len(todo)
         if left:  # a peer's row (a baseline system) or one without a layer count: not this engine's to build
             print(
                 f"zerobench: note: {left} row(s) of {args.suite} are not zerobench runs with --layers: not built",

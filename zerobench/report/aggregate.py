@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -204,24 +205,22 @@ def losses_table(df: pd.DataFrame) -> pd.DataFrame:
     loss = df[(df["metric"] == "loss") & (df["status"].fillna("ok") == "ok")]
     cols = ["run_id", "step", "value", "config.zero.stage", "config.dp", "provenance.hardware.class"]
     out = loss[[c for c in cols if c in loss]].rename(columns={"config.zero.stage": "stage", "config.dp": "dp"})
-    return out.assign(run=loss[RUN_KEY].apply(tuple, axis=1).map(run_labels(loss)) if len(loss) else [])
+    labels = run_labels(loss)
+    return out.assign(run=[labels[k] for k in zip(*(loss[c] for c in RUN_KEY))])
 
 
 def run_labels(df: pd.DataFrame) -> dict[tuple, str]:
     """``RUN_KEY`` -> a short name that no other run in ``df`` has: the run id, and where that id is shared, the
     directory and config hash prefix too (the whole rows file and hash if those still collide)."""
-    runs = sorted({tuple(k) for k in df[RUN_KEY].itertuples(index=False)}, key=str)
-    ids = [str(r[1]) for r in runs]
-
-    def short(r):
-        return f"{r[1]} ({Path(str(r[0])).parent.name or '?'} {str(r[2])[:8]})"
-
-    labels = {r: (str(r[1]) if ids.count(str(r[1])) == 1 else short(r)) for r in runs}
-    if len(set(labels.values())) < len(labels):
-        labels = {
-            r: (lab if list(labels.values()).count(lab) == 1 else f"{r[1]} ({r[0]} {r[2]})")
-            for r, lab in labels.items()
-        }
+    runs = set(zip(*(df[c] for c in RUN_KEY)))
+    ids = Counter(str(r[1]) for r in runs)
+    labels = {
+        r: str(r[1]) if ids[str(r[1])] == 1 else f"{r[1]} ({Path(str(r[0])).parent.name or '?'} {str(r[2])[:8]})"
+        for r in runs
+    }
+    taken = Counter(labels.values())
+    if len(taken) < len(labels):
+        labels = {r: lab if taken[lab] == 1 else f"{r[1]} ({r[0]} {r[2]})" for r, lab in labels.items()}
     return labels
 
 

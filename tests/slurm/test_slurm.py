@@ -284,3 +284,55 @@ def test_a_job_sbatch_refuses_is_a_row_and_the_sweep_goes_on(slurm_env, tmp_path
     st = _statuses(out)
     assert st["000-too-many-tasks"][0] == "invalid" and "sbatch" in st["000-too-many-tasks"][1], st
     assert st["001-good"][0] == "ok", st
+
+
+QUEUED = """
+name: queued
+base: {preset: tiny, dp: 2, steps: 3, warmup: 1, timeout: 300}
+runs:
+  - {label: a, stage: 1}
+  - {label: b, stage: 2}
+"""
+
+
+def _queued(env, prefix: str) -> dict[str, str]:
+    """The job id -> state of this test's jobs still in the queue (job names ``zb-<run id>``)."""
+    out = run(["squeue", "-h", "-o", "%i|%j|%T"], env).stdout
+    return {j: s for j, n, s in (line.split("|") for line in out.splitlines()) if n.startswith(prefix)}
+
+
+def test_queued_jobs_are_the_sweeps_own(slurm_env, tmp_path):
+    """A job pending forever kept the sweep waiting forever, and a sweep stopped by SIGINT left its queued jobs to
+    run unobserved (and ``--resume`` would submit those runs again). Now a job pending past ``--pending-limit`` is
+    scancelled and recorded as a timeout with Slurm's reason, and SIGINT scancels every job the sweep tracks and
+    records it as cancelled."""
+    (tmp_path / "s.yaml").write_text(QUEUED)
+    cmd = [sys.executable, "-m", "zerobench", "sweep", str(tmp_path / "s.yaml"), "--launcher", "slurm", "--no-progress"]
+    assert run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], slurm_env).returncode == 0
+    try:
+        out = tmp_path / "limit"
+        r = run([*cmd, "--out", str(out), "--pending-limit", "3", "--only", "label=a"], slurm_env, timeout=300)
+        assert r.returncode == 1, r.stdout + r.stderr
+        ((status, reason),) = _statuses(out).values()
+        assert status == "timeout" and "still pending after 3s" in reason and "PartitionDown" in reason, reason
+        assert _queued(slurm_env, "zb-000-a") == {}
+
+        out = tmp_path / "interrupted"
+        proc = subprocess.Popen(
+            [*cmd, "--out", str(out)],
+            env=slurm_env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait(lambda: len(_queued(slurm_env, "zb-00")) == 2, "both jobs queued")
+        proc.send_signal(subprocess.signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 143 and "2 job(s) scancelled" in stderr, stdout + stderr
+        st = _statuses(out)
+        assert sorted(s for s, _ in st.values()) == ["cancelled", "cancelled"], st
+        assert all("SIGINT" in why for _, why in st.values()), st
+        assert _queued(slurm_env, "zb-00") == {}
+    finally:
+        run(["scontrol", "update", "PartitionName=debug", "State=UP"], slurm_env)

@@ -70,10 +70,12 @@ def run_sweep(
     only: dict | None = None,
     instructions: bool = False,
     gpus_per_task: int | None = None,
+    pending_limit_s: float | None = None,
 ) -> SweepSummary:
     """Run ``suite``'s runs (those matching ``only``: run key -> value) with ``launcher``:
     ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run, each task of which
-    requests ``gpus_per_task`` GPUs. ``instructions``: rank 0 of each run runs under callgrind and records its
+    requests ``gpus_per_task`` GPUs and is given up on (scancelled, a ``timeout`` row) when still pending after
+    ``pending_limit_s``. ``instructions``: rank 0 of each run runs under callgrind and records its
     counted step's instructions (local launcher)."""
     if launcher not in SWEEP_LAUNCHERS:
         raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
@@ -90,6 +92,12 @@ def run_sweep(
             "--gpus-per-task is what each job of --launcher slurm requests; under srun a run uses the allocation's "
             "GPUs (sbatch --gpus-per-node), locally this host's"
         )
+    if pending_limit_s is not None and (launcher != "slurm" or not pending_limit_s > 0):
+        raise ConfigError(
+            f"--pending-limit must be a positive number of seconds, got {pending_limit_s:g}"
+            if launcher == "slurm"
+            else "--pending-limit is how long a job of --launcher slurm may wait in Slurm's queue: add --launcher slurm"
+        )
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
         raise ConfigError(
             "--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit"
@@ -104,7 +112,14 @@ def run_sweep(
                     "zerobench: note: the jobs request no GPUs and run on CPU; on a GPU cluster pass --gpus-per-task 1",
                     file=sys.stderr,
                 )
-            return run_sweep_sbatch(suite, out, resume=resume, progress=progress, gpus_per_task=gpus_per_task or 0)
+            return run_sweep_sbatch(
+                suite,
+                out,
+                resume=resume,
+                progress=progress,
+                gpus_per_task=gpus_per_task or 0,
+                pending_limit_s=pending_limit_s,
+            )
         return _run_all(suite, out, resume, progress, tensorboard, launcher, instructions)
 
 

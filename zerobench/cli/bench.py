@@ -57,6 +57,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         only=only or None,
         instructions=args.instructions,
         gpus_per_task=args.gpus_per_task,
+        pending_limit_s=args.pending_limit,
     )
     if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
         print(show(out))
@@ -311,6 +312,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="GPUs each task of a --launcher slurm job requests (sbatch --gpus-per-task; default none: CPU jobs)",
+    )
+    sw.add_argument(
+        "--pending-limit",
+        type=float,
+        metavar="SECONDS",
+        help="with --launcher slurm: scancel a job still queued after this long and record it as timed out, with "
+        "Slurm's reason for the wait (default: wait as long as Slurm keeps it queued)",
     )
     sw.add_argument("--only", action="append", metavar="KEY=VALUE", help="run only runs with this key (repeatable)")
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")

@@ -57,7 +57,7 @@ class SbatchLauncher:
         self.poll_s = poll_s
 
     def launch(self, req: LaunchRequest) -> LaunchResult:
-        from zerobench.launch.slurm import FINAL, job_state, status_of, submit
+        from zerobench.launch.slurm import FINAL, job_state, scancel, status_of, submit
 
         t0 = time.monotonic()
         job = submit(req.cfg, req.out_dir, req.run_id, req.timeout_s, req.suite, env=req.extra_env)
@@ -67,9 +67,7 @@ class SbatchLauncher:
                 status, reason = status_of(state, code, req.out_dir, job)
                 return LaunchResult(status == "ok", reason, status, [], time.monotonic() - t0)
             if req.cancel is not None and req.cancel.requested:
-                from zerobench.launch.slurm import _run
-
-                _run(["scancel", job])
+                scancel(job)
                 return LaunchResult(False, f"cancelled (job {job} scancelled)", "cancelled", [], time.monotonic() - t0)
             if req.on_poll is not None:
                 req.on_poll()

@@ -248,6 +248,11 @@ def submit(
     return _run(cmd).strip().split(";")[0]
 
 
+def scancel(job_id: str) -> None:
+    """Ask Slurm to stop job ``job_id`` (queued or running); ``SlurmCommandFailed`` if it cannot be asked."""
+    _run(["scancel", job_id])
+
+
 def job_state(job_id: str) -> tuple[str, str]:
     """(state, exit code) from ``scontrol show job -o``, asked again on a failed query (``query``); ('UNKNOWN', '')
     only when Slurm still does not report the job (it forgot it: ``MinJobAge`` passed)."""

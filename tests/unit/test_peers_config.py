@@ -229,3 +229,26 @@ def test_peak_rss_comes_from_memory_runs_alone_when_the_comparison_has_them(tmp_
     p = PeersConfig(systems=("torch-ddp", "zerobench-2"), rounds=1, memory_run=True, reference_run=False)
     got = {r["candidate"]: r for r in summarize(p, tmp_path, p.systems, {})}
     assert got["zerobench-2"]["peak_rss_bytes"] == 777 * MiB and "peak_rss_bytes" not in got["torch-ddp"]
+
+
+def test_each_round_starts_one_candidate_later(tmp_path, monkeypatch):
+    """Every round ran the candidates in the same order, so whatever a round's first run meets (a cold page cache,
+    the previous round's last processes still exiting) always fell on the same candidate. Over as many rounds as
+    candidates, each candidate now holds each place once."""
+    from zerobench.bench import peers
+    from zerobench.launch.base import LaunchResult
+
+    started = []
+
+    def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None, cancel=None):
+        started.append(run_id)
+        return LaunchResult(ok=True, reason="", status="ok", returncodes=[0], elapsed_s=0.0)
+
+    monkeypatch.setattr(peers, "launch_local", fake_launch)
+    cands = ("torch-ddp", "zerobench-1", "zerobench-3")
+    p = PeersConfig(systems=cands, rounds=3, memory_run=False, reference_run=False)
+    peers.run_peers(p, tmp_path, say=lambda m: None)
+    rounds = [[rid.split("-", 1)[1] for rid in started if rid.startswith(f"r{r}-")] for r in range(3)]
+    assert all(sorted(r) == sorted(cands) for r in rounds), rounds
+    for place in range(3):
+        assert sorted(r[place] for r in rounds) == sorted(cands), rounds

@@ -1,11 +1,12 @@
 """``zerobench peers``: zerobench's stages and the peer systems trained side by side, measured alike.
 
-Every candidate trains the same GPT (same init, same synthetic data, same global batch, same AdamW) on the
-same number of local processes, as the same plain modules (zerobench's fused model kernels off, so the
-engines are what differs; each system keeps its own optimizer kernel: torch's fused AdamW, zerobench's). Candidates are interleaved round by round (A B C ... A B C ...), each run a
-fresh set of processes, so slow drift of the machine hits all of them alike; a candidate's speed is the
-median over rounds of (its median step time / torch-ddp's in the same round). Peak memory per rank comes
-from one extra run per candidate under the same live-tensor tracker (every tensor allocated through torch,
+Every candidate trains the same GPT (same init, same synthetic data, same global batch, same AdamW) on the same
+number of local processes, as the same plain modules (zerobench's fused model kernels off, so the engines are what
+differs; each system keeps its own optimizer kernel: torch's fused AdamW, zerobench's). Candidates are interleaved
+round by round, each round starting one candidate later (A B C, B C A, C A B ...), each run a fresh set of
+processes, so slow drift of the machine, and whatever the first or last run of a round meets, hits all of them
+alike; a candidate's speed is the median over rounds of (its median step time / torch-ddp's in the same round).
+Peak memory per rank comes from one extra run per candidate under the same live-tensor tracker (every tensor allocated through torch,
 whoever allocates it) and from VmHWM with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed memory returns to the OS;
 the same run breaks its highest sampled RSS down by category (tensors, libraries, heap, native buffers;
 ``metrics/rss.py``), which says where host memory beyond the tensors goes. Only that run sets the malloc
@@ -166,8 +167,9 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
     cands = p.candidates()
     out.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, str, TrainConfig]] = []
-    for r in range(p.rounds):
-        runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in cands]
+    for r in range(p.rounds):  # each round starts one candidate later: no candidate always runs first (or last)
+        k = r % len(cands)
+        runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in (*cands[k:], *cands[:k])]
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
     if p.reference_run:

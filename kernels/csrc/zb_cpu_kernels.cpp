@@ -292,7 +292,8 @@ void zb_layer_norm_bwd(const float* dy, const float* x, const float* w, const fl
   }
 }
 
-// Causal scaled softmax over [batch, s, s] fp32 scores: row i keeps columns <= i; masked entries are 0.
+// Causal scaled softmax over [batch, s, s] fp32 scores: row i keeps columns <= i; masked entries are 0, or NaN
+// where the row's sum is (a NaN or an inf in the row), as torch's softmax over the -inf-filled row gives.
 void zb_causal_softmax_fwd(const float* x, float* y, int64_t batch, int64_t s, float scale, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < batch * s; ++r) {
@@ -311,23 +312,26 @@ void zb_causal_softmax_fwd(const float* x, float* y, int64_t batch, int64_t s, f
     const float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t j = 0; j <= i; ++j) yr[j] *= inv;
-    for (int64_t j = i + 1; j < s; ++j) yr[j] = 0.0f;
+    for (int64_t j = i + 1; j < s; ++j) yr[j] = 0.0f * inv;
   }
 }
 
-// dx = scale * y * (dy - sum_j dy*y) (masked entries have y = 0, hence dx = 0).
+// dx = scale * y * (dy - sum_j dy*y) over the kept columns j <= i; masked entries get 0 (the mask's gradient),
+// also in a row whose y is NaN.
 void zb_causal_softmax_bwd(const float* dy, const float* y, float* dx, int64_t batch, int64_t s, float scale,
                            int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < batch * s; ++r) {
+    const int64_t i = r % s;
     const float* dyr = dy + r * s;
     const float* yr = y + r * s;
     float* dxr = dx + r * s;
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < s; ++j) dot += dyr[j] * yr[j];
+    for (int64_t j = 0; j <= i; ++j) dot += dyr[j] * yr[j];
 #pragma omp simd
-    for (int64_t j = 0; j < s; ++j) dxr[j] = scale * yr[j] * (dyr[j] - dot);
+    for (int64_t j = 0; j <= i; ++j) dxr[j] = scale * yr[j] * (dyr[j] - dot);
+    for (int64_t j = i + 1; j < s; ++j) dxr[j] = 0.0f;
   }
 }
 

@@ -124,11 +124,11 @@ def _softmax_fwd(x_ptr, y_ptr, s, scale, DTYPE: tl.constexpr, BLOCK: tl.constexp
 def _softmax_bwd(dy_ptr, y_ptr, dx_ptr, s, scale, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    mask = cols < s
-    dy = tl.load(dy_ptr + row * s + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row * s + cols, mask=mask, other=0.0).to(tl.float32)
+    valid = cols <= row % s  # masked entries' gradient is 0, also where y is NaN
+    dy = tl.load(dy_ptr + row * s + cols, mask=valid, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * s + cols, mask=valid, other=0.0).to(tl.float32)
     dot = tl.sum(dy * y, axis=0)
-    store_cast(dx_ptr + row * s + cols, scale * y * (dy - dot), mask, DTYPE)
+    store_cast(dx_ptr + row * s + cols, tl.where(valid, scale * y * (dy - dot), 0.0), cols < s, DTYPE)
 
 
 def causal_softmax_fwd(x: torch.Tensor, scale: float) -> torch.Tensor:

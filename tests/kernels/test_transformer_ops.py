@@ -62,6 +62,21 @@ def test_causal_softmax(impl, dtype, s):
     assert not y.float().triu(1).any() and not dx.float().triu(1).any()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_causal_softmax_of_a_row_with_nan_or_inf_is_nan_as_torch_says(impl, bad):
+    """torch's softmax makes a whole row NaN, masked entries included, when the row holds a NaN or an inf; the C++
+    kernel wrote 0 in the masked entries of such a row (the Triton kernel did not). Rows without one are as
+    before."""
+    x, dy = make((1, 2, 8, 8), torch.float32, 8, 4.0), make((1, 2, 8, 8), torch.float32, 9)
+    x[0, 1, 5, 2] = bad
+    y, dx = causal_softmax_fwd_bwd(impl, x, dy, 0.5)
+    want_y, want_dx = _ref_grads(lambda x: reference.causal_softmax(x, 0.5), [x], dy)
+    torch.testing.assert_close(y.double(), want_y, equal_nan=True, **TOL[torch.float32])
+    torch.testing.assert_close(dx.double(), want_dx, equal_nan=True, **TOL[torch.float32])
+    assert y[0, 1, 5].isnan().all() and not y[0, 0].isnan().any()
+
+
 def test_modes_agree_and_reference_mode_never_calls_kernels(monkeypatch):
     x, b = make((4, 32), seed=1), make(32, seed=2)
     fused = kernels.bias_gelu(x, b, mode="fused")

@@ -156,6 +156,13 @@ def _check_value(r: dict) -> None:
         raise ConfigError(f"{_where(r)} is {v:g}: a size, count or time is never negative (a damaged row)")
     if m == "step_time_s" and v == 0:
         raise ConfigError(f"{_where(r)} is 0 s: a step takes time (a damaged row)")
+    if m == "step_time_s":  # its spread sets the timing tolerance
+        for field, least in (("mad", 0), ("n", 1)):
+            x = r.get(field)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= least):
+                raise ConfigError(
+                    f"{_where(r)} has {field} {x!r}, not a number of at least {least}: a damaged or hand-edited row"
+                )
 
 
 def summarize(rows: list[dict]) -> dict[str, dict]:
@@ -248,29 +255,12 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             d[key] = None if any(v is None for v in vals) else next((v for v in vals if _nan(v)), max(vals))
         d.pop("_ok_runs")
 
-    # timing as a ratio to the stage-0 run of the same shape in the same results
-    def shape(c: dict) -> tuple:
-        return (
-            json.dumps(c.get("model"), sort_keys=True),
-            c.get("dp"),
-            c.get("tp"),
-            c.get("system"),
-            json.dumps({k: v for k, v in c.get("zero", {}).items() if k != "stage"}, sort_keys=True),
-        )
-
-    ref = {
-        shape(d["config"]): d
-        for d in runs.values()
-        if d["config"].get("zero", {}).get("stage") == 0 and "step_time_s" in d
-    }
     for d in runs.values():
-        base = ref.get(shape(d["config"]))
-        if base is not None and "step_time_s" in d and d is not base:
-            d["step_time_ratio"] = d["step_time_s"] / base["step_time_s"]
-            d["ratio_se"] = math.hypot(
-                relative_se_from_mad(d["mad"], d["step_time_s"], d["n"]),
-                relative_se_from_mad(base["mad"], base["step_time_s"], base["n"]),
-            )
+        if "step_time_s" in d:
+            ref = _timing_reference(d, runs)
+            if ref is not None:
+                _set_ratio(d, ref)
+    for d in runs.values():
         for key, per_rank in d.pop("_ranks").items():  # None on any rank: not measured there, no sum
             d["ranks"][key] = frozenset(per_rank)
             d[key] = None if any(v is None for v in per_rank.values()) else sum(per_rank.values())
@@ -278,6 +268,62 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             if key in GATED and row.get("center") is not None:
                 d[key] = row["center"]
     return runs
+
+
+REFERENCE_SYSTEM = "torch-ddp"
+"""The system whose stage-0 run times zerobench's own stage 0: another system's code, measured in the same sweep."""
+NOT_WORKLOAD = ("system", "preset", "tensorboard_dir", "collective_timeout_s")
+"""Config keys that do not change what a step computes (besides ``zero.stage``): a timing reference matches the
+rest."""
+
+
+def _workload(c: dict) -> str:
+    rest = {k: v for k, v in c.items() if k not in NOT_WORKLOAD}
+    rest["zero"] = {k: v for k, v in c.get("zero", {}).items() if k != "stage"}
+    return json.dumps(rest, sort_keys=True)
+
+
+def _timing_reference(d: dict, runs: dict[str, dict]) -> dict | None:
+    """The run ``d``'s step time is gated as a ratio to: for a ZeRO stage above 0, the stage-0 run of its system
+    with the same workload (every config key but the stage and ``NOT_WORKLOAD``); for zerobench's stage 0, the
+    ``REFERENCE_SYSTEM`` run of that workload, where the results hold one (else its time is the others' reference
+    and is not gated itself: a slower stage 0 would read as faster ZeRO stages). ``ConfigError`` where two runs
+    could be the reference."""
+    c = d["config"]
+    system, stage = c.get("system", "zerobench"), c.get("zero", {}).get("stage")
+    if stage != 0:
+        want = (system, 0)
+    elif system == "zerobench":
+        want = (REFERENCE_SYSTEM, 0)
+    else:
+        return None
+    found = [
+        r
+        for r in runs.values()
+        if r is not d
+        and "step_time_s" in r
+        and (r["config"].get("system", "zerobench"), r["config"].get("zero", {}).get("stage")) == want
+        and _workload(r["config"]) == _workload(c)
+    ]
+    if len(found) > 1:
+        raise ConfigError(
+            f"{d['label']}: {found[0]['label']} and {found[1]['label']} are both its timing reference (the same "
+            f"workload, differing only in {', '.join(NOT_WORKLOAD)}): gate results with one of them"
+        )
+    return found[0] if found else None
+
+
+def _set_ratio(d: dict, ref: dict) -> None:
+    """``d``'s step time over ``ref``'s, with its standard error; NaN (gated as not finite) where either time is
+    not finite, never a ratio of 0 or infinity read as a change."""
+    t, t0 = d["step_time_s"], ref["step_time_s"]
+    if not (math.isfinite(t) and math.isfinite(t0)):
+        d["step_time_ratio"], d["ratio_se"] = math.nan, 0.0
+        return
+    d["step_time_ratio"] = t / t0
+    d["ratio_se"] = math.hypot(
+        relative_se_from_mad(d["mad"], t, d["n"]), relative_se_from_mad(ref["mad"], t0, ref["n"])
+    )
 
 
 @dataclass

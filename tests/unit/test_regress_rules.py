@@ -142,6 +142,66 @@ def test_a_null_step_time_is_missing_not_a_traceback(tmp_path, rows, capsys):
     assert code == 1 and "missing: stage=3: step_time_ratio" in out, out
 
 
+def test_a_step_time_rows_spread_that_is_no_number_is_one_line(tmp_path, rows, capsys):
+    """A ``mad`` or ``n`` that is not a number used to be a TypeError traceback (exit 1, a regression's code)."""
+    for field, value in (("mad", "0.001"), ("n", "5"), ("n", 0)):
+        cand = copy.deepcopy(rows)
+        cand[_where(cand, "step_time_s", "002-stage-2")[0]][field] = value
+        _refused(tmp_path, rows, cand, capsys, f"has {field} {value!r}, not a number of at least")
+
+
+def _slowed(rows: list[dict], run: str, factor: float) -> list[dict]:
+    cand = copy.deepcopy(rows)
+    for i in _where(cand, "step_time_s", run):
+        cand[i]["value"] *= factor
+    return cand
+
+
+def test_a_slower_stage_0_regresses_against_torch_ddp(rows):
+    """Stage 0's own time was never gated: it is the other stages' reference, so a 3x slower stage 0 passed and
+    stages 1-3 read as improved. It is now timed against the torch-ddp run of the same workload."""
+    assert _where(rows, "step_time_s", "008-torch-ddp")  # the committed baseline has the reference run
+    comps, _ = compare(rows, _slowed(rows, "000-stage-0", 3.0))
+    verdicts = {(c.label, c.metric): c.verdict for c in comps}
+    assert verdicts[("stage=0", "step_time_ratio")] == "regression", verdicts
+
+
+def test_an_infinite_reference_time_fails_every_ratio_taken_from_it(rows):
+    """An infinite stage-0 time read as stages 1-3 IMPROVED by 100%."""
+    comps, _ = compare(rows, _slowed(rows, "000-stage-0", math.inf))
+    bad = sorted(c.label for c in comps if c.metric == "step_time_ratio" and c.verdict == "not finite")
+    assert bad == ["stage=0", "stage=1", "stage=2", "stage=3"], bad
+
+
+def test_the_timing_reference_is_a_run_of_the_same_workload(rows):
+    """A stage-0 run of another micro-batch in the same results (2x slower) became every stage's reference, and
+    stages 1-3 read as 50% faster; a real slowdown beside it passed as ok."""
+    other = []
+    for row in (r for r in rows if r["run_id"] == "000-stage-0"):
+        r = copy.deepcopy(row)
+        r["run_id"], r["config_hash"] = "009-stage-0-mb4", "f" * 16
+        r["config"]["micro_batch"] = 4
+        if r.get("label"):
+            r["label"] = "stage=0,mb4"
+        if r["metric"] == "step_time_s":
+            r["value"] *= 2
+        other.append(r)
+    comps, _ = compare(rows, [*_slowed(rows, "001-stage-1", 1.6), *other])
+    verdicts = {(c.label, c.metric): c.verdict for c in comps if c.metric == "step_time_ratio"}
+    assert verdicts[("stage=1", "step_time_ratio")] == "regression", verdicts
+    assert verdicts[("stage=2", "step_time_ratio")] == "ok", verdicts
+
+
+def test_two_runs_that_could_be_the_timing_reference_are_refused(tmp_path, rows, capsys):
+    again = []
+    for row in (r for r in rows if r["run_id"] == "008-torch-ddp"):
+        r = copy.deepcopy(row)
+        r["run_id"], r["config_hash"] = "009-torch-ddp-again", "e" * 16
+        r["config"]["collective_timeout_s"] = 60.0
+        again.append(r)
+    _refused(tmp_path, rows, [*rows, *again], capsys, "are both its timing reference")
+
+
 def test_a_metric_in_another_unit_is_refused(tmp_path, rows, capsys):
     """Peak memory in MiB used to read as a 100% improvement, a step time in ms as a +99900% 'improvement'."""
     cand = copy.deepcopy(rows)

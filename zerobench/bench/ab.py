@@ -23,6 +23,7 @@ runs started one after the other differed by up to 20% in step time, run side by
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import shutil
@@ -46,6 +47,7 @@ from zerobench.bench.stats import (
 from zerobench.config import ConfigError, RunFailed
 from zerobench.launch.local import allowed_cpus
 from zerobench.results.rows import RowWriter, read_rows
+from zerobench.results.status import STATUS_METRIC
 
 METRICS = ("auto", "step_time_s", "step_cpu_s", "step_time_norm")
 
@@ -266,6 +268,11 @@ def _times(out: Path, metric: str) -> dict[str, dict]:
     return {r["run_id"]: r for r in read_rows(out) if r["metric"] == metric and r.get("status", "ok") == "ok"}
 
 
+def _runs(out: Path) -> set[str]:
+    """The runs a side's round ran (each has its status row, whatever its end)."""
+    return {r["run_id"] for r in read_rows(out) if r["metric"] == STATUS_METRIC}
+
+
 def _ratio(cand: dict, base: dict, stepwise: bool) -> float | None:
     """Candidate / baseline for one run and round. ``stepwise`` (lockstep rounds, where candidate step k ran
     right next to baseline step k): the median over k of the per-step ratios, so a burst of machine noise
@@ -326,6 +333,8 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
     named = cfg.suite
     cfg = dataclasses.replace(cfg, suite=str(_pin_suite(cfg, out)))
     ratios: dict[str, dict[int, float]] = {}
+    ran: set[str] = set()  # every run of a measured round, on either side: each gets a verdict
+    not_finite: set[str] = set()
     sides = {"baseline": (cfg.baseline_tree, cfg.baseline_env), "candidate": (cfg.candidate_tree, cfg.candidate_env)}
     bounds = sign_boundaries(cfg.rounds // 2, max(cfg.rounds, cfg.max_rounds) // 2, cfg.false_alarm)
     r, last = -cfg.warmup_rounds, cfg.rounds
@@ -333,9 +342,14 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
         order = round_order(r, cfg.seed)
         dirs = _round(cfg, r, order, sides, out, say)
         got = {name: _times(d, cfg.compared) for name, d in dirs.items()}
+        if r >= 0:
+            ran |= set().union(*(_runs(d) for d in dirs.values()))
         for run_id, row in got["candidate"].items() if r >= 0 else ():
             if run_id in got["baseline"] and (q := _ratio(row, got["baseline"][run_id], cfg.lockstep)) is not None:
-                ratios.setdefault(run_id, {})[r] = q
+                if math.isfinite(q) and q > 0:
+                    ratios.setdefault(run_id, {})[r] = q
+                else:  # a NaN or infinite time on a side: never a ratio the sign test could call ok
+                    not_finite.add(run_id)
         r += 1
         if (
             r == last
@@ -348,9 +362,13 @@ def run_ab(cfg: ABConfig, out: Path, say: Callable[[str], None] = print) -> list
             last += 2
             say(f"a median lies beyond the tolerance, not yet beyond chance: 2 more rounds (at most {cfg.max_rounds})")
     verdicts = [
-        _verdict(run_id, abba_pairs(rs), bounds, cfg) for run_id, rs in sorted(ratios.items()) if abba_pairs(rs)
+        _verdict(run_id, abba_pairs(rs), bounds, cfg)
+        for run_id, rs in sorted(ratios.items())
+        if abba_pairs(rs) and run_id not in not_finite
     ]
-    if not verdicts:
+    judged = {v["run"] for v in verdicts}
+    verdicts += [_unjudged(run_id, run_id in not_finite, cfg) for run_id in sorted((ran | not_finite) - judged)]
+    if not judged:
         raise RunFailed(
             f"no run produced {cfg.compared!r} rows on both sides of an AB/BA pair: nothing to compare "
             f"(each side's runs and logs are under {out})"
@@ -367,6 +385,24 @@ def _verdict(run_id: str, pairs: list[float], bounds: dict[int, int | None], cfg
         "max": max(pairs),
         "rounds": 2 * len(pairs),
         **sign_test(pairs, bounds, cfg.false_alarm, cfg.tolerance),
+    }
+
+
+def _unjudged(run_id: str, not_finite: bool, cfg: ABConfig) -> dict:
+    """The verdict of a run no AB/BA pair judged: ``not finite`` where a side measured a NaN or infinite time,
+    else ``missing`` (a side failed it, or wrote no ``cfg.compared`` row, in every pair). Both fail the gate."""
+    return {
+        "run": run_id,
+        "median_ratio": None,
+        "min": None,
+        "max": None,
+        "rounds": 0,
+        "verdict": "NOT FINITE" if not_finite else "missing",
+        "lower": None,
+        "upper": None,
+        "pairs_above": 0,
+        "critical": None,
+        "false_alarm": cfg.false_alarm,
     }
 
 

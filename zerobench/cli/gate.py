@@ -147,14 +147,17 @@ def _ab_rounds(args: argparse.Namespace, base, here, out, tol: float) -> list[di
 def _print_verdicts(verdicts: list[dict], tol: float, out, false_alarm: float) -> int:
     from tabulate import tabulate
 
+    def f(x) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
     print(
         tabulate(
             [
                 [
                     v["run"],
-                    f"{v['median_ratio']:.3f}",
-                    f"{v['lower']:.3f}-{v['upper']:.3f}",
-                    f"{v['min']:.3f}-{v['max']:.3f}",
+                    f(v["median_ratio"]),
+                    f"{f(v['lower'])}-{f(v['upper'])}",
+                    f"{f(v['min'])}-{f(v['max'])}",
                     f"{v['pairs_above']}/{v['rounds'] // 2} (>= {v['critical']})",
                     v["rounds"],
                     v["verdict"],
@@ -165,16 +168,24 @@ def _print_verdicts(verdicts: list[dict], tol: float, out, false_alarm: float) -
         )
     )
     bad = [v for v in verdicts if v["verdict"] == "REGRESSION"]
+    unjudged = [v for v in verdicts if v["verdict"] in ("missing", "NOT FINITE")]
     undecided = [v["run"] for v in verdicts if v["verdict"] == "undecided"]
     rate = max(v["false_alarm"] for v in verdicts)
     print(f"{len(bad)} regressions (tolerance {tol:.0%}; false-alarm rate {rate:.2g} per run); rows: {out / 'summary'}")
+    if unjudged:
+        print(
+            "zerobench: error: not compared: "
+            + ", ".join(f"{v['run']} ({v['verdict']})" for v in unjudged)
+            + f": a side failed the run or measured no finite time in every AB/BA pair; see each side's logs under {out}",
+            file=sys.stderr,
+        )
     if undecided:
         print(
             f"zerobench: error: undecided: {', '.join(undecided)} lost rounds and kept too few AB/BA pairs for the "
             f"sign test at --false-alarm {false_alarm:g}; see each side's logs under {out}",
             file=sys.stderr,
         )
-    return 1 if bad or undecided else 0
+    return 1 if bad or undecided or unjudged else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

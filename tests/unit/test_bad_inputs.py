@@ -83,6 +83,7 @@ CASES = [
     (["plan", "--model", "100B", "--cb-size", "5"], "--cb-size is now spelled --bucket-size"),
     (["peers", "--dp", "0"], "--dp: must be >= 1"),
     (["regress", "--timing-tolerance", "0"], "--timing-tolerance: must be > 0"),
+    (["regress", "--false-alarm", "1e-17", "--candidate", "x"], "--false-alarm is a probability from 1e-12"),
     # flags that were silently ignored (a helper's CLI fuzz): refused, saying which goes with what
     (["plan", "--model", "100B", "--params", "5e9"], "give the model once: --model NAME or --params N"),
     (["plan", "--params", "5e9", "--layers", "4"], "--params solves for the layers"),

@@ -289,3 +289,61 @@ def test_a_baseline_of_instrumented_runs_only_keeps_its_noise_model(run_rows):
     judged = [c for c in res.comparisons if c.metric.startswith("instructions")]
     assert len(judged) == 4 and all(c.verdict != "no noise model" for c in judged), judged
     assert not res.missing and not res.not_completed, (res.missing, res.not_completed)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_the_proposal_keeps_the_baselines_noise_model(run_rows, tmp_path, capsys):
+    """Adopting the proposal of a passing gate run dropped the noise model, so host work was gated no more: a
+    doubling of the instructions then read 'no noise model' and passed. The proposal keeps it, centred on the
+    candidate's values."""
+    rng = random.Random(21)
+    samples = [_host(run_rows, rng) for _ in range(5)]
+    write_baseline(samples[0], tmp_path / "b.jsonl", more=samples[1:])
+    cand = _host(run_rows, rng)
+    proposal = tmp_path / "proposal.jsonl"
+    assert run_gate(str(tmp_path / "b.jsonl"), _jsonl(tmp_path / "c.jsonl", cand), 0.05, str(proposal)) == 0
+    assert "keeps the baseline's noise model" in capsys.readouterr().out
+    kept = [json.loads(line) for line in proposal.read_text().splitlines()]
+    instr = next(r for r in kept if r["metric"] == "gate_noise" and r["of"] == "instructions")
+    assert instr["center"] == pytest.approx(summarize(cand)[instr["config_hash"]]["instructions"])
+    doubled = _host(run_rows, rng, instr=4e8)
+    code = run_gate(str(proposal), _jsonl(tmp_path / "d.jsonl", doubled), 0.05, str(tmp_path / "p2.jsonl"))
+    out = capsys.readouterr().out
+    assert code == 1 and "no noise model" not in out, out
+
+
+def test_strict_fails_what_was_not_judged(run_rows, tmp_path, capsys):
+    """--strict failed only on what the baseline lacked: a host-work metric without a noise model, or a comparison
+    too noisy to judge, still passed under it."""
+    rng = random.Random(2)
+    base, cand = _host(run_rows, rng), _host(run_rows, rng, instr=4e8)  # no noise model: not judged
+    args = (_jsonl(tmp_path / "b.jsonl", base), _jsonl(tmp_path / "c.jsonl", cand), 0.05, str(tmp_path / "p.jsonl"))
+    assert run_gate(*args) == 0
+    assert (
+        run_gate(*args, strict=True) == 1 and "not judged (too noisy, no noise model) fail" in capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize("field,value,said", [("class", "nvidia-h100", "hardware"), ("commit", "f" * 40, "commits")])
+def test_a_noise_model_from_two_machines_or_commits_is_refused(run_rows, tmp_path, field, value, said):
+    """Unchanged runs of two machine classes or commits gave one noise model, whose spread (their difference)
+    widened every tolerance drawn from it."""
+    import copy
+
+    from zerobench.config import ConfigError
+
+    rng = random.Random(6)
+    samples = [_host(run_rows, rng) for _ in range(3)]
+    samples[1] = copy.deepcopy(samples[1])
+    for r in samples[1]:
+        if "provenance" in r:
+            if field == "class":
+                r["provenance"]["hardware"]["class"] = value
+            else:
+                r["provenance"]["commit"] = value
+    with pytest.raises(ConfigError, match=f"results mix {said} .* \\(result 2\\)"):
+        write_baseline(samples[0], tmp_path / "b.jsonl", more=samples[1:], whole=True)

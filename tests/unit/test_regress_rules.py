@@ -215,6 +215,24 @@ def test_a_candidate_without_hardware_provenance_is_refused(tmp_path, rows, caps
     _refused(tmp_path, rows, cand, capsys, "the candidate's rows carry no hardware provenance")
 
 
+def test_a_baseline_without_hardware_provenance_is_refused(tmp_path, rows, capsys):
+    """Refused one way only: a baseline without provenance was compared with a candidate of any machine."""
+    base = [{k: v for k, v in r.items() if k != "provenance"} for r in rows]
+    _refused(tmp_path, base, rows, capsys, "the baseline's rows carry no hardware provenance")
+
+
+def test_a_second_gate_run_into_one_out_is_refused(tmp_path, rows, capsys):
+    """Two gate runs' verdicts in one --out gave two gate_result rows: which verdict stood was not said."""
+    from zerobench.cli import main
+
+    base = tmp_path / "b.jsonl"
+    base.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["regress", "--baseline", str(base), "--candidate", str(base), "--timing", "report"]
+    assert main([*argv, "--out", str(tmp_path / "v"), "--propose", str(tmp_path / "p.jsonl")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "v"), "--propose", str(tmp_path / "p.jsonl")]) == 2
+    assert "already holds result rows" in capsys.readouterr().err
+
+
 def test_a_rank_whose_rows_are_lost_fails_as_missing(tmp_path, host_rows, capsys):
     """Rank 1's counts gone used to read as -50% IMPROVED (the sum over ranks halves); a rank's size gone, or
     null, was left out of the max over ranks."""

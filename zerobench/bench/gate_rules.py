@@ -379,6 +379,11 @@ def gate(
             f"the candidate's rows carry no hardware provenance, the baseline is for {', '.join(sorted(hb))}: "
             "rows not written by zerobench's runs (or damaged); gate a sweep's own results"
         )
+    if hc and not hb and any(d["ok"] for d in b.values()):
+        raise ConfigError(
+            f"the baseline's rows carry no hardware provenance, the candidate ran on {', '.join(sorted(hc))}: "
+            "a baseline not written by --write-baseline from a sweep (or damaged); record it again"
+        )
     for key in b.keys() & c.keys():
         for m, unit in c[key]["units"].items():
             if b[key]["units"].get(m, unit) != unit:

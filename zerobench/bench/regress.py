@@ -83,15 +83,21 @@ BASELINE_METRICS = {
 
 
 def write_baseline(
-    candidate_rows: list[dict], path: str | Path, more: Sequence[list[dict]] = (), whole: bool = False
+    candidate_rows: list[dict],
+    path: str | Path,
+    more: Sequence[list[dict]] = (),
+    whole: bool = False,
+    carried: Sequence[dict] = (),
 ) -> int:
     """Keep the rows the gate reads, of runs whose status is ``ok`` only, one JSON row per line; with ``more``
-    (the rows of further unchanged runs of the same suite) add the noise model: ``noise_rows``. ``whole``
-    (``--write-baseline``; not a gate's ``--propose``, which keeps what passed): refuse a candidate with a
-    configuration none of whose runs completed."""
+    (the rows of further unchanged runs of the same suite) add the noise model: ``noise_rows``; ``carried``: noise
+    rows kept from an earlier baseline (``recentred_noise``). ``whole`` (``--write-baseline``; not a gate's
+    ``--propose``, which keeps what passed): refuse a candidate with a configuration none of whose runs completed,
+    and samples of another hardware class or commit than the first."""
     status = run_statuses(candidate_rows)  # each tool's run its own: a timed run's retry, its callgrind twin
     if whole:
         _check_whole(candidate_rows, status)
+        _check_same_source([candidate_rows, *more])
     keep = [
         r
         for r in candidate_rows
@@ -99,8 +105,45 @@ def write_baseline(
     ]
     if more:
         keep += noise_rows([candidate_rows, *more])[0]
+    keep += carried
     replace_file(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return len(keep)
+
+
+def _check_same_source(samples: Sequence[list[dict]]) -> None:
+    """Refuse, in one line, unchanged runs that are not one machine class and one commit: their spread would be the
+    difference between machines or commits, and every tolerance drawn from it that much wider."""
+    seen: dict[tuple, int] = {}
+    for i, rows in enumerate(samples):
+        for r in rows:
+            prov = r.get("provenance") or {}
+            seen.setdefault(((prov.get("hardware") or {}).get("class"), prov.get("commit")), i)
+    if len(seen) > 1:
+        (h0, c0), (h1, c1) = list(seen)[:2]
+        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {str(c0)[:12]} and {str(c1)[:12]}"
+        raise ConfigError(
+            f"the --candidate results mix {what} (result {seen[(h1, c1)] + 1}): a baseline and its noise model come "
+            "from unchanged runs of one commit on one machine class"
+        )
+
+
+def recentred_noise(base_rows: list[dict], cand_rows: list[dict]) -> list[dict]:
+    """The baseline's noise model (``gate_noise`` rows) for the candidate's proposal: each row of a configuration
+    and metric the candidate measured (a completed run), its centre moved to the candidate's value; a proposal
+    without them would gate host work no more once adopted."""
+    try:
+        cand = summarize(cand_rows)
+    except ConfigError:
+        return []
+    out = []
+    for r in base_rows:
+        if r.get("metric") != noise.NOISE_METRIC:
+            continue
+        d = cand.get(r.get("config_hash"))
+        value = d.get(r.get("of")) if d is not None and d["ok"] else None
+        if value is not None and math.isfinite(value):
+            out.append(dict(r, center=value))
+    return out
 
 
 def _check_whole(rows: list[dict], status: dict) -> None:
@@ -200,6 +243,12 @@ def run_gate(
     )
     base_rows, cand_rows = _rows(baseline, whole="baseline"), _rows(candidate)
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate", false_alarm=false_alarm)
+    versions = {side: _torch_versions(rows) for side, rows in (("baseline", base_rows), ("candidate", cand_rows))}
+    if all(versions.values()) and versions["baseline"] != versions["candidate"]:
+        print(
+            f"note: the baseline ran torch {', '.join(sorted(versions['baseline']))}, the candidate torch "
+            f"{', '.join(sorted(versions['candidate']))}: exact counts and peak memory can differ for that alone"
+        )
     comps = res.comparisons
     if not comps:
         raise ConfigError(f"no run of {candidate} matches a run of the baseline {baseline} (different configs?)")
@@ -240,12 +289,23 @@ def run_gate(
         print(f"  failed: {label}")
     for label in res.not_in_baseline:
         print(f"  not in the baseline: {label}" + (" (fails: --strict)" if strict else ""))
-    n = write_baseline(cand_rows, proposal)
+    if strict and (noisy or unmodelled):
+        print(f"  --strict: {len(noisy) + len(unmodelled)} comparisons not judged (too noisy, no noise model) fail")
+    carried = recentred_noise(base_rows, cand_rows)
+    n = write_baseline(cand_rows, proposal, carried=carried)
+    if carried:
+        print(f"  the proposal keeps the baseline's noise model ({len(carried)} metrics), centred on these values")
     if improved:
         print(f"improvements beyond tolerance: update the baseline? proposed: {proposal} ({n} rows)")
     else:
         print(f"proposed baseline written to {proposal} ({n} rows)")
-    failing = regressions or res.missing or res.damaged or res.failed or (strict and res.not_in_baseline)
+    failing = (
+        regressions
+        or res.missing
+        or res.damaged
+        or res.failed
+        or (strict and (res.not_in_baseline or noisy or unmodelled))
+    )
     code = 1 if failing else 0
     if out is not None:
         write_verdicts(
@@ -263,6 +323,10 @@ def run_gate(
             },
         )
     return code
+
+
+def _torch_versions(rows: list[dict]) -> set[str]:
+    return {v for r in rows if (v := (r.get("provenance") or {}).get("torch_version"))}
 
 
 def write_verdicts(out: str | Path, res: GateResult, cand_rows: list[dict], code: int, config: dict) -> None:

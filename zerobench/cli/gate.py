@@ -9,12 +9,19 @@ import sys
 from zerobench.cli.types import count, number
 from zerobench.config import ConfigError
 
+MIN_FALSE_ALARM = 1e-12
+"""The smallest false-alarm rate the gate takes: the noise model's Student-t bound is at 1 - rate / comparisons,
+which rounds to 1 in double precision well before 1e-16."""
+
 
 def cmd_regress(args: argparse.Namespace) -> int:
     from zerobench.bench.regress import run_gate
 
-    if not args.false_alarm < 1:
-        raise ConfigError(f"--false-alarm is a probability below 1, got {args.false_alarm}")
+    if not MIN_FALSE_ALARM <= args.false_alarm < 1:
+        raise ConfigError(
+            f"--false-alarm is a probability from {MIN_FALSE_ALARM:g} to below 1, got {args.false_alarm:g} (below "
+            f"{MIN_FALSE_ALARM:g} no bound can be computed in double precision)"
+        )
     if args.ab and args.history:
         raise ConfigError("choose one of --ab SUITE (an A/B timing) and --history DIR... (a history plot)")
     if (args.ab or args.history) and (args.candidate or args.write_baseline):
@@ -38,10 +45,12 @@ def cmd_regress(args: argparse.Namespace) -> int:
             f"the gate compares one candidate, got {len(args.candidate)}: several --candidate results "
             f"go with --write-baseline (a noise model from unchanged runs)"
         )
-    if args.out:
-        from zerobench.results.outdir import check_writable_dir
+    if args.out:  # one gate run's verdicts per directory: a second run's rows would make its verdict ambiguous
+        from pathlib import Path
 
-        check_writable_dir(args.out)
+        from zerobench.results.outdir import check_fresh_run_dir
+
+        check_fresh_run_dir(Path(args.out))
     return run_gate(
         args.baseline,
         args.candidate[0],
@@ -218,8 +227,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rg.add_argument(
         "--strict",
         action="store_true",
-        help="also fail on what the baseline lacks: a candidate run or gated metric with nothing to "
-        "compare it with (default: listed as 'not in the baseline', not failing)",
+        help="also fail on what was not judged: a candidate run or gated metric the baseline lacks, a comparison "
+        "too noisy to judge, a host-work metric without a noise model (default: listed, not failing)",
     )
     rg.add_argument("--propose", help="where to write the proposed baseline (default next to the candidate)")
     rg.add_argument(

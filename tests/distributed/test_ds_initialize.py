@@ -341,3 +341,37 @@ def test_a_checkpoint_carries_the_schedulers_state(stage, tmp_path):
         assert r["lr"] == r["whole_lr"] and r["lr"] != [SCHEDULER["params"]["warmup_min_lr"]]
         assert r["diff"] < 1e-6
         assert any("holds no learning-rate scheduler state" in w for w in r["warned"]), r["warned"]
+
+
+TIMEOUT_SCRIPT = """
+import torch, torch.distributed as dist
+from zerobench.zero import initialize
+initialize(torch.nn.Linear(4, 1), {"train_batch_size": 1, "optimizer": {"type": "AdamW"}})
+backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+print(backend.options._timeout.total_seconds())
+"""
+
+
+@pytest.mark.parametrize("launched", [False, True])
+@pytest.mark.parametrize("minutes", [None, "2"])
+def test_the_group_initialize_creates_has_deepspeeds_timeout(launched, minutes):
+    """The process group ``initialize`` created had a 5-minute collective timeout, whatever the user set: a rank 0
+    evaluating or saving for longer killed the job. It is now DeepSpeed's: 30 minutes, or DEEPSPEED_TIMEOUT."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.helpers.plain_python import LAUNCHER_VARS
+
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM")}
+    if launched:  # torchrun's variables, a world of one
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if minutes is not None:
+        env["DEEPSPEED_TIMEOUT"] = minutes
+    r = subprocess.run([sys.executable, "-c", TIMEOUT_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert float(r.stdout.split()[-1]) == 60 * float(minutes or 30)

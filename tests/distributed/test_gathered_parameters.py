@@ -91,3 +91,32 @@ def test_a_state_dict_taken_inside_keeps_its_values_after(stage, tmp_path):
         if stage == 3:  # DeepSpeed's: a snapshot; at stages 0-2 it aliases the live parameters, as torch's does
             assert r["still_the_snapshot"] == 0.0, r
         assert r["held_after_exit"] == 0, r
+
+
+def _one_rank_raises_worker(rank: int, world: int, stage: int) -> dict:
+    """Rank 0 raises inside a ``modifier_rank=1`` context and catches it; both ranks then train on."""
+    from zerobench.zero import ZeroConfig, apply_zero
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    engine = apply_zero(model, None, ZeroConfig(stage=stage, bucket_numel=16))
+    try:
+        with engine.gathered_params(modifier_rank=1):
+            model[0].weight.data.fill_(float(rank + 5))
+            if rank == 0:
+                raise ValueError("planted")
+    except ValueError:
+        pass
+    with engine.gathered_params():
+        kept = model[0].weight.detach().unique().tolist()
+    engine.backward(model(torch.ones(2, 4)).sum())
+    return {"kept": kept, "stepped": engine.step()}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_rank_that_raised_inside_still_takes_the_modifiers_values(stage):
+    """A rank that raised inside ``modifier_rank``'s context skipped its broadcast: the other rank's broadcast then
+    paired with the raising rank's next collective, and both failed later in an unrelated step (a gloo timeout or
+    reset). As DeepSpeed's, the broadcast now happens on every exit."""
+    for r in run_distributed(_one_rank_raises_worker, 2, stage, timeout=60):
+        assert r["kept"] == [6.0] and r["stepped"] is True, r

@@ -25,8 +25,9 @@ whole model. As DeepSpeed's, without ``modifier_rank`` changes made inside are d
 nothing.
 
 Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
-exception inside the context skips ``modifier_rank``'s broadcast; the rest happens as on a normal exit, so
-the parameters and the master never disagree. Without the context, at stage 3 the parameters are 0-element
+exception inside the context exits as a normal exit does, ``modifier_rank``'s broadcast included (as DeepSpeed's):
+the ranks stay paired in their collectives even where only some of them raised, and the parameters and the
+master never disagree. Without the context, at stage 3 the parameters are 0-element
 placeholders outside forward, and under offload the step recomputes the parameters from the host's master; at
 stages 0-2 otherwise an in-place change is taken in by the next step (``ParamStorage.adopt_edits``).
 """
@@ -87,8 +88,8 @@ class GatheredParams:
                 for t, copy in self._saved:
                     t.copy_(copy)
             elif self.writeback:
-                if self.modifier_rank is not None and exc_type is None and e.group.size > 1:
-                    broadcast_tensors(full_values(e), e.group, self.modifier_rank)
+                if self.modifier_rank is not None and e.group.size > 1:
+                    self._broadcast(exc_type is not None)
                 write_back(e)
         finally:
             self._saved = []
@@ -96,6 +97,16 @@ class GatheredParams:
             if s is not None and not self._nested:
                 s.reading = False
                 s.reshard_all(keep_values=True)  # a state dict taken inside keeps its values after the exit
+
+    def _broadcast(self, raised: bool) -> None:
+        """``modifier_rank``'s values to the group, also when the body raised (as DeepSpeed's ``__exit__``): a rank
+        that raised and skipped it would leave its peers' broadcast to pair with its next collective. When the body
+        raised, a broadcast that fails too (the group is broken) does not replace the body's exception."""
+        try:
+            broadcast_tensors(full_values(self.engine), self.engine.group, self.modifier_rank)
+        except Exception:
+            if not raised:
+                raise
 
 
 def full_values(engine: Engine) -> list[torch.Tensor]:

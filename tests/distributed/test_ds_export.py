@@ -51,3 +51,45 @@ def test_a_tp_model_has_no_one_state_dict(tmp_path):
         assert (dp, mp) == (1, 2)  # engine.dp_world_size, engine.mp_world_size
         assert slices and wte == (256, 64), sizes  # tiny: half of the 512 vocabulary rows on each TP rank
         assert msg.startswith("ConfigError: a TP-sharded model has no one state dict") and "\n" not in msg, msg
+
+
+def _failed_save_worker(rank: int, world: int, root: str) -> dict:
+    """save_16bit_model to a file (refused on every rank), then a write that fails on DP rank 0."""
+    import torch
+
+    from zerobench.config import ConfigError
+    from zerobench.zero import ZeroConfig, apply_zero, as_deepspeed
+    from zerobench.zero.compat.deepspeed import engine as ds_engine
+    from zerobench.zero.state.transaction import CheckpointSaveError
+
+    engine = as_deepspeed(apply_zero(torch.nn.Linear(4, 2), None, ZeroConfig(stage=2)), micro_batch=1)
+    out = {}
+    try:
+        engine.save_16bit_model(f"{root}/a-file")
+    except ConfigError as e:
+        out["file"] = f"{type(e).__name__}: {e}"
+
+    def full_disk(sd, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    ds_engine.save_whole = full_disk
+    try:
+        engine.save_16bit_model(f"{root}/export")
+    except (OSError, CheckpointSaveError) as e:
+        out["write"] = f"{type(e).__name__}: {e}"
+    engine.backward(engine(torch.ones(1, 4)).sum())  # the ranks are still paired
+    out["stepped"] = engine.step()
+    return out
+
+
+def test_a_save_16bit_model_that_fails_fails_on_every_rank(tmp_path):
+    """A file as save_dir was rank 0's FileExistsError traceback while rank 1 waited in the barrier (then 'Connection
+    closed by peer'); a failed write left the other ranks to fail in their next collective. Both are now settled
+    across the ranks: one line on each, or the write's error on rank 0 and CheckpointSaveError naming it elsewhere."""
+    (tmp_path / "a-file").write_text("x")
+    r0, r1 = run_distributed(_failed_save_worker, 2, str(tmp_path), timeout=120)
+    for r in (r0, r1):
+        assert r["file"].startswith("ConfigError: save_16bit_model: save_dir") and "is a file" in r["file"], r
+        assert r["stepped"] is True, r
+    assert r0["write"].startswith("OSError: [Errno 28] No space left on device"), r0
+    assert r1["write"].startswith("CheckpointSaveError: DP rank 0 could not write"), r1

@@ -22,7 +22,6 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from zerobench.config import ConfigError
 from zerobench.distributed.env import detect
@@ -32,6 +31,7 @@ from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 from zerobench.zero.state.export import full_state_dict, save_whole
+from zerobench.zero.state.transaction import CheckpointSaveError, agree
 
 _MISSING = object()
 
@@ -244,15 +244,30 @@ class DeepSpeedEngine(ZeroEngine):
         self, save_dir: str | os.PathLike, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False
     ) -> bool:
         """``full_state_dict`` in the training dtype, written by DP rank 0 to ``save_dir/save_filename`` through a
-        temporary file (a reader never sees half of it). Call it on every rank; True once the file is written."""
+        temporary file (a reader never sees half of it). Call it on every rank; True once the file is written.
+
+        A ``save_dir`` that is a file, or a target that is a directory, is one line on every rank before anything is
+        gathered. Every rank learns whether the write succeeded: rank 0 raises its own error, the others
+        ``CheckpointSaveError`` naming it (a barrier would leave them to fail in their next collective)."""
         check_live(self, "save_16bit_model()")
         if not save_filename or Path(save_filename).name != save_filename:
             raise ConfigError(f"save_filename {save_filename!r} must be one file name (no directory)")
+        target = Path(save_dir) / save_filename
+        if Path(save_dir).exists() and not Path(save_dir).is_dir():
+            raise ConfigError(f"save_16bit_model: save_dir {save_dir} is a file: give a directory")
+        if target.is_dir():
+            raise ConfigError(f"save_16bit_model: {target} is a directory: give another save_filename")
         sd = full_state_dict(self, exclude_frozen_parameters=exclude_frozen_parameters)
+        failed = None
         if self.group.rank == 0:
-            save_whole(sd, Path(save_dir) / save_filename)
-        if self.group.size > 1:  # on return the file is there for every rank to read
-            dist.barrier(group=self.group.pg)
+            try:
+                save_whole(sd, target)
+            except OSError as e:
+                failed = e
+        if agree(self, 1 if failed is not None else 0):  # on return the file is there for every rank to read
+            if failed is not None:
+                raise failed
+            raise CheckpointSaveError(f"DP rank 0 could not write {target}; see that rank's error")
         return True
 
 

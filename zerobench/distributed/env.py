@@ -168,6 +168,25 @@ def default_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+DEEPSPEED_TIMEOUT_MIN = 30.0
+"""Minutes a collective of a process group ``zerobench.zero.initialize`` creates may wait: DeepSpeed's default (its
+``default_pg_timeout``), which DeepSpeed users widen with ``DEEPSPEED_TIMEOUT`` (minutes)."""
+
+
+def deepspeed_timeout_s(environ=None) -> float:
+    """Seconds: ``DEEPSPEED_TIMEOUT`` minutes, as DeepSpeed reads it, else 30 minutes; a bad value is one line."""
+    raw = (os.environ if environ is None else environ).get("DEEPSPEED_TIMEOUT")
+    if raw is None:
+        return DEEPSPEED_TIMEOUT_MIN * 60
+    try:
+        minutes = float(raw)
+    except ValueError:
+        minutes = -1.0
+    if not minutes > 0:
+        raise ConfigError(f"DEEPSPEED_TIMEOUT={raw!r}: give the collective timeout in minutes, a number above 0")
+    return minutes * 60
+
+
 def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "auto") -> torch.device:
     """Initialise the default process group (``choose_backend``); return this rank's device (ranks beyond a
     node's GPU count share them round-robin). The rendezvous is bounded by ``timeout_s`` and a failed one is

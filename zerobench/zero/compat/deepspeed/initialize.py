@@ -41,35 +41,14 @@ from zerobench.zero.compat.deepspeed.client import check_scheduler, client_group
 from zerobench.zero.compat.deepspeed.config import DeepSpeedConfig, from_deepspeed
 from zerobench.zero.compat.deepspeed.lr_schedules import attach, build
 
-DEFAULT_TIMEOUT_MIN = 30.0
-"""Minutes a collective of the process group ``initialize`` creates may wait: DeepSpeed's default (its
-``default_pg_timeout``), which DeepSpeed users widen with ``DEEPSPEED_TIMEOUT`` (minutes), read here too. A group the
-caller initialised keeps its own timeout."""
-
-
-def pg_timeout_s(environ=None) -> float:
-    """The timeout, in seconds, of a process group ``initialize`` creates: ``DEEPSPEED_TIMEOUT`` minutes, else 30."""
-    import os
-
-    raw = (os.environ if environ is None else environ).get("DEEPSPEED_TIMEOUT")
-    if raw is None:
-        return DEFAULT_TIMEOUT_MIN * 60
-    try:
-        minutes = float(raw)
-    except ValueError:
-        minutes = -1.0
-    if not minutes > 0:
-        raise ConfigError(f"DEEPSPEED_TIMEOUT={raw!r}: give the collective timeout in minutes, a number above 0")
-    return minutes * 60
-
 
 def _init_distributed() -> torch.device:
     """The default process group from torchrun's or Slurm's environment where nothing has initialised it (a world
     of one on an in-memory store without either: no port to collide on), with DeepSpeed's collective timeout
-    (``pg_timeout_s``); this rank's device."""
-    from zerobench.distributed.env import choose_backend, default_device, detect, init_distributed
+    (``distributed.env.deepspeed_timeout_s``); this rank's device."""
+    from zerobench.distributed.env import choose_backend, deepspeed_timeout_s, default_device, detect, init_distributed
 
-    timeout_s = pg_timeout_s()
+    timeout_s = deepspeed_timeout_s()
     denv = detect()
     if denv.source == "single" and not dist.is_initialized():  # a plain `python train.py`
         device = default_device(0)

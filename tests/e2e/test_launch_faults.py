@@ -134,14 +134,17 @@ def _torchrun_pair(out, fault: str):
 @pytest.mark.parametrize("kind", ["exit", pytest.param("stop", marks=pytest.mark.slow)])  # stop: a hang to time out
 def test_a_peer_that_dies_or_hangs_under_torchrun_leaves_a_failed_status_not_an_incomplete_run(tmp_path, kind):
     """Ranks started as torchrun starts them (no zerobench launcher above them to record the run's end): rank 1
-    dies (``exit``, as a crash) or hangs (``stop``) at step 1. Rank 0 ends in one line naming the lost or stuck
-    peer and writes the run's one ``failed`` status row with that reason; the run does not read ``incomplete``."""
+    dies (``exit``, as a crash) or hangs (``stop``) at step 1. Rank 0 ends in one line naming the dead or stuck
+    peer (from the ranks' reports: rank 1's process is gone without an end written, or it has said nothing) and
+    what rank 0 saw, and writes the run's one ``failed`` status row with that reason; the run does not read
+    ``incomplete``. Before, the line said only that a peer died."""
     out = tmp_path / "run"
     procs, errs = _torchrun_pair(out, f"1:1:{kind}")
     err0 = errs[0]
     line = one_line(err0)
-    assert procs[0].returncode != 0 and line.startswith("zerobench: error: rank 0 "), err0
-    assert ("lost its connection to a peer rank" in line) or ("a peer rank is stuck or dead" in line), line
+    named = "rank 1 ended without a report" if kind == "exit" else "rank 1 did not report how it ended"
+    assert procs[0].returncode != 0 and line.startswith(f"zerobench: error: {named}"), err0
+    assert ("rank 0 lost its connection to a peer rank" in line) or ("a peer rank is stuck or dead" in line), line
     (row,) = status_rows(out)
     assert row["status"] == "failed" and row["reason"] == line.removeprefix("zerobench: error: "), row
 
@@ -223,3 +226,24 @@ def test_a_file_size_limit_reaches_the_one_line_when_neither_log_nor_status_can_
     assert "status row could not be written" in line, line
     assert (out / "run.log").stat().st_size == LIMIT  # nothing reached the log
     assert not ranks_running(str(out))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dead", [0, 2])
+def test_under_real_torchrun_the_status_row_names_the_rank_that_died(tmp_path, dead):
+    """torchrun SIGTERMs the survivors once a rank exits with an error, often before rank 0 sees the lost connection:
+    rank 0 died by the signal and the run had no status row at all, nor any row naming the rank that died (rank 2
+    here); with rank 0 itself dead, nobody recorded the run. Each rank now reports how it ended, rank 0 (or, where
+    rank 0 died, the first survivor to see it) names the rank whose process ended without a report."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(port)]
+    cmd += ["-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "30", "--out", str(out)]
+    env = {**os.environ, "ZEROBENCH_FAULT": f"{dead}:2:exit"}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, r.stderr[-3000:]
+    (row,) = status_rows(out)
+    assert row["status"] == "failed", row
+    assert row["reason"].startswith(f"rank {dead} ended without a report (killed, or exited abruptly"), row

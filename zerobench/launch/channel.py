@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,18 @@ class RankFile(RankChannel):
     def exited(self, code: int) -> None:
         self._send(f"exit {code}")
 
+    def started(self) -> None:
+        """Where this rank runs: its host and process id, so a peer on the same host can tell whether it is alive."""
+        self._send(f"start {socket.gethostname()} {os.getpid()}")
+
+    def lost(self, line: str) -> None:
+        """The rank failed because a peer did (a lost connection, a collective that timed out): not a cause."""
+        self._send("lost " + " ".join(line.split())[:MAX_LINE])
+
+    def stopped(self) -> None:
+        """The launcher above the rank stopped it (SIGTERM): not a cause."""
+        self._send("stopped")
+
     def _send(self, message: str) -> None:
         with contextlib.suppress(OSError), open(self.path, "a") as f:
             f.write(f"{time.time():.6f} {message}\n")
@@ -76,6 +89,11 @@ class RankEnd:
     error: str | None
     code: int | None
     done: bool
+    secondary: bool = False
+    """It failed only because a peer did (``RankFile.lost``) or was stopped (``RankFile.stopped``)."""
+    host: str | None = None
+    pid: int | None = None
+    """Where it runs (``RankFile.started``), where it said."""
 
 
 def read_rank_files(directory: str | os.PathLike) -> list[RankEnd]:
@@ -84,20 +102,24 @@ def read_rank_files(directory: str | os.PathLike) -> list[RankEnd]:
     for path in sorted(Path(directory).glob("rank*"), key=lambda p: (len(p.name), p.name)):
         if not path.name[4:].isdigit():
             continue
-        failed_at = error = code = None
-        done = False
+        failed_at = error = code = host = pid = None
+        done = secondary = False
         with contextlib.suppress(OSError):
             for line in path.read_text(errors="replace").splitlines():
                 when, _, message = line.partition(" ")
                 if message == "done":
                     done = True
+                elif message == "stopped" or message.startswith("lost "):
+                    secondary = True
+                elif message.startswith("start ") and len(message.split()) == 3 and message.split()[2].isdigit():
+                    host, pid = message.split()[1], int(message.split()[2])
                 elif message.startswith("error ") and failed_at is None:
                     failed_at, error = float(when), message.removeprefix("error ")
                 elif message.startswith("exit ") and message[5:].lstrip("-").isdigit():
                     code = int(message[5:])
                     if code != 0 and failed_at is None:
                         failed_at = float(when)
-        ends.append(RankEnd(int(path.name[4:]), failed_at, error, code, done))
+        ends.append(RankEnd(int(path.name[4:]), failed_at, error, code, done, secondary, host, pid))
     return ends
 
 

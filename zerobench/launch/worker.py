@@ -29,7 +29,8 @@ from zerobench.config import ConfigError, RunFailed, from_dict
 from zerobench.distributed.env import DistEnv, detect
 from zerobench.launch import channel
 from zerobench.launch.base import EXIT_CONFIG, EXIT_IO, EXIT_OOM, EXIT_PEER_TIMEOUT
-from zerobench.launch.cancel import die_with_parent
+from zerobench.launch.cancel import EXIT_CANCELLED, die_with_parent
+from zerobench.launch.peer_ends import LauncherStopped, PeerEnds
 from zerobench.metrics.callgrind import ENV as CALLGRIND_ENV
 from zerobench.metrics.memory import TrackedOutOfMemory
 from zerobench.metrics.rss import ENV as RSS_BREAKDOWN_ENV
@@ -108,20 +109,43 @@ def run_rank(
     to_launcher: channel.RankChannel | None = None,
 ) -> int:
     """Train this rank; return 0, ``EXIT_CONFIG``, ``EXIT_OOM``, ``EXIT_IO`` (results not written, or the disk
-    full), ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck) or 1 (a run failure: a failed
-    rendezvous, any other OSError).
+    full), ``EXIT_PEER_TIMEOUT`` (a collective timed out: a peer is stuck), ``EXIT_CANCELLED`` (stopped by the
+    launcher above it) or 1 (a run failure: a failed rendezvous, any other OSError).
 
     Each failure is one line on stderr and, when a launcher listens (``to_launcher``), on the rank's pipe too:
     stderr may be a log on the very disk that filled. With ``record_status`` (no launcher above this process to
     do it: ``zerobench train`` in one process or under torchrun / srun) the run's end is also written to its rows
     as the one ``run_status`` row a launcher would write: ``ok`` or ``failed`` with the reason by rank 0, ``oom``
     by the rank that ran out, so a probe that did not fit is a result, not a missing run, and a run without the
-    row reads as incomplete."""
+    row reads as incomplete. Under torchrun or srun each rank also reports how it ended, so that rank 0's row names
+    the rank that ended the run (``peer_ends``)."""
+    ends = None
+    if record_status and denv.source != "single":
+        ends = PeerEnds.for_run(denv.rank, denv.world_size, out_dir)
+    if ends is None:
+        return _run_rank(cfg, denv, out_dir, run_id, suite, record_status, to_launcher, None)
+    try:
+        with ends.stopping():
+            code = _run_rank(cfg, denv, out_dir, run_id, suite, record_status, to_launcher or ends.file, ends)
+            ends.disarm()
+    except BaseException as e:  # not one of the ends above: the traceback follows, the report says it first
+        ends.file.error(f"{type(e).__name__}: {first_line(e)}")
+        ends.file.exited(1)
+        raise
+    if code == 0:
+        ends.file.done()
+    ends.file.exited(code)
+    return code
+
+
+def _run_rank(cfg, denv, out_dir, run_id, suite, record_status, to_launcher, ends: PeerEnds | None) -> int:
     t0 = time.monotonic()
     say = functools.partial(_say, to_launcher or channel.RankChannel(None))
     try:
         system = validate_run(cfg, denv.world_size)
         train(cfg, denv, system, out_dir, run_id, suite=suite, settings=rank_settings())
+    except LauncherStopped:
+        return _stopped(cfg, denv, out_dir, run_id, suite, t0, ends)
     except ConfigError as e:
         return say(f"error: {e}", EXIT_CONFIG)
     except RowWriteError as e:
@@ -144,20 +168,7 @@ def run_rank(
         if kind is None or (kind == "peer" and not record_status):
             raise  # under zerobench's launcher the peer's own exit names the cause, not this rank's loss of it
         if kind in ("timeout", "peer"):
-            reason = (
-                f"rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: a peer rank is "
-                f"stuck or dead ({first_line(e)})"
-                if kind == "timeout"
-                else f"rank {denv.rank} lost its connection to a peer rank in a collective: the peer died "
-                f"({first_line(e)})"
-            )
-            code = say(f"error: {reason}", EXIT_PEER_TIMEOUT if kind == "timeout" else 1)
-            # under torchrun or srun nobody above rank 0 records the run's end: a dead peer must not leave it
-            # reading as incomplete, with no cause; but a peer that recorded its own end (it ran out of memory)
-            # named the cause, which this rank's later loss of it must not replace
-            if record_status and denv.rank == 0 and not _recorded_by_a_peer(out_dir, run_id):
-                return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
-            return code
+            return _peer_failed(e, kind, cfg, denv, out_dir, run_id, suite, record_status, t0, say, ends)
         return _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say)
     finally:
         if dist.is_initialized():
@@ -165,6 +176,59 @@ def run_rank(
     if record_status and denv.rank == 0:
         return _status_row(cfg, out_dir, run_id, suite, t0, "ok", None, code=0)
     return 0
+
+
+def _peer_failed(e, kind, cfg, denv, out_dir, run_id, suite, record_status, t0, say, ends) -> int:
+    """This rank failed because a peer did: it lost its connection (``peer``) or timed out waiting (``timeout``).
+    Under torchrun or srun nobody above the ranks records the run's end: rank 0 does, naming the peer from the
+    ranks' reports (``peer_ends``), or the rank that takes the recording over from a rank 0 that died. A peer that
+    recorded its own end (it ran out of memory) named the cause, which this rank's later loss of it must not
+    replace."""
+    reason = (
+        f"rank {denv.rank} timed out in a collective after {cfg.collective_timeout_s:.0f}s: a peer rank is "
+        f"stuck or dead ({first_line(e)})"
+        if kind == "timeout"
+        else f"rank {denv.rank} lost its connection to a peer rank in a collective: the peer died ({first_line(e)})"
+    )
+    code = EXIT_PEER_TIMEOUT if kind == "timeout" else 1
+    if ends is None:
+        say(f"error: {reason}", code)
+        if record_status and denv.rank == 0 and not _recorded_by_a_peer(out_dir, run_id):
+            return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
+        return code
+    ends.disarm()
+    ends.file.lost(reason)  # not this rank's own failure: whoever records the run looks past it
+    return _record_end(cfg, denv, out_dir, run_id, suite, t0, ends, "failed", reason, code, reason)
+
+
+def _stopped(cfg, denv, out_dir, run_id, suite, t0, ends: PeerEnds | None) -> int:
+    """The launcher above the ranks stopped this one (SIGTERM). The recorder records the run: failed, naming the rank
+    that ended it where a peer did (torchrun stops every rank once one fails), else cancelled (stopped from
+    outside)."""
+    reason = "stopped by the launcher (SIGTERM)"
+    if ends is None:  # no report to read: not stopped through PeerEnds.stopping
+        return _say(channel.RankChannel(None), f"error: {reason}", EXIT_CANCELLED)
+    ends.disarm()
+    ends.file.stopped()
+    after = f"rank {denv.rank} was then stopped by the launcher (SIGTERM)"
+    return _record_end(cfg, denv, out_dir, run_id, suite, t0, ends, "cancelled", reason, EXIT_CANCELLED, after)
+
+
+def _record_end(cfg, denv, out_dir, run_id, suite, t0, ends: PeerEnds, status, reason, code, after) -> int:
+    """This rank's one line; and where it records the run (rank 0, or the rank that took over from a rank 0 that
+    died), the status row: the blamed rank first (``PeerEnds.blame``) and ``after`` it what this rank saw, else
+    ``status`` with this rank's ``reason``."""
+    line = functools.partial(_say, channel.RankChannel(None))
+    if not (denv.rank == 0 or (ends.recorder_gone() and ends.claim())):
+        return line(f"error: {reason}", code)
+    found = ends.blame()
+    if found is not None:
+        status, reason = found[0], f"{found[1]}; {after}"
+        code = EXIT_OOM if status == "oom" else (code if code != EXIT_CANCELLED else 1)
+    line(f"error: {reason}", code)
+    if not _recorded_by_a_peer(out_dir, run_id):
+        return _status_row(cfg, out_dir, run_id, suite, t0, status, reason, code=code)
+    return code
 
 
 def _recorded_by_a_peer(out_dir, run_id: str) -> bool:

@@ -43,7 +43,14 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-node", type=count(1), default=16)
     g.add_argument("--tp", type=count(1), default=1, help="tensor (model) parallel degree: the paper's MP")
     g.add_argument("--mp", action=Renamed, new="--tp", help=argparse.SUPPRESS)
-    g.add_argument("--gpu-mem", type=byte_size, default="32GB", help="memory per GPU, e.g. 32GB (1e9 bytes) or 80GiB")
+    g.add_argument(
+        "--gpu-mem",
+        type=byte_size,
+        default="32GB",
+        help="memory per GPU, e.g. 32GB (1e9 bytes) or 80GiB (default 32GB: the paper's figure for its V100s, 32e9 "
+        "bytes; nvidia-smi reports 32510MiB for a V100-32GB, less the CUDA context's share: give that to plan for the "
+        "card)",
+    )
     g.add_argument("--micro-batch", type=count(1), default=1, help="sequences per DP replica per micro-batch")
     g.add_argument(
         "--precision",

@@ -78,8 +78,9 @@ class PeerEnds:
 
     @contextlib.contextmanager
     def stopping(self):
-        """Inside, the first SIGTERM raises ``LauncherStopped`` in the main thread; later ones, and any once a failure
-        is being recorded (``disarm``), do nothing: the record is written before the launcher's SIGKILL."""
+        """Inside, SIGTERM is this object's: during ``training`` the first one raises ``LauncherStopped`` in the main
+        thread; outside it (a failure or the run's end being recorded) and after the first, it does nothing, so the
+        record is written before the launcher's SIGKILL."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -90,15 +91,21 @@ class PeerEnds:
                 raise LauncherStopped("stopped by SIGTERM")
 
         old = signal.signal(signal.SIGTERM, handle)
-        self.armed = True
         try:
             yield
         finally:
             self.armed = False
             signal.signal(signal.SIGTERM, old)
 
-    def disarm(self) -> None:
-        self.armed = False
+    @contextlib.contextmanager
+    def training(self):
+        """The span in which SIGTERM stops the rank (``stopping``): it ends, also by an exception, before that
+        exception's handler records anything."""
+        self.armed = True
+        try:
+            yield
+        finally:
+            self.armed = False
 
     def _gone(self, e: RankEnd | None) -> bool:
         """A rank on this host whose process ended without writing its end."""

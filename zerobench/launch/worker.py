@@ -127,7 +127,6 @@ def run_rank(
     try:
         with ends.stopping():
             code = _run_rank(cfg, denv, out_dir, run_id, suite, record_status, to_launcher or ends.file, ends)
-            ends.disarm()
     except BaseException as e:  # not one of the ends above: the traceback follows, the report says it first
         ends.file.error(f"{type(e).__name__}: {first_line(e)}")
         ends.file.exited(1)
@@ -142,8 +141,9 @@ def _run_rank(cfg, denv, out_dir, run_id, suite, record_status, to_launcher, end
     t0 = time.monotonic()
     say = functools.partial(_say, to_launcher or channel.RankChannel(None))
     try:
-        system = validate_run(cfg, denv.world_size)
-        train(cfg, denv, system, out_dir, run_id, suite=suite, settings=rank_settings())
+        with ends.training() if ends is not None else contextlib.nullcontext():
+            system = validate_run(cfg, denv.world_size)
+            train(cfg, denv, system, out_dir, run_id, suite=suite, settings=rank_settings())
     except LauncherStopped:
         return _stopped(cfg, denv, out_dir, run_id, suite, t0, ends)
     except ConfigError as e:
@@ -196,7 +196,6 @@ def _peer_failed(e, kind, cfg, denv, out_dir, run_id, suite, record_status, t0, 
         if record_status and denv.rank == 0 and not _recorded_by_a_peer(out_dir, run_id):
             return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
         return code
-    ends.disarm()
     ends.file.lost(reason)  # not this rank's own failure: whoever records the run looks past it
     return _record_end(cfg, denv, out_dir, run_id, suite, t0, ends, "failed", reason, code, reason)
 
@@ -208,7 +207,6 @@ def _stopped(cfg, denv, out_dir, run_id, suite, t0, ends: PeerEnds | None) -> in
     reason = "stopped by the launcher (SIGTERM)"
     if ends is None:  # no report to read: not stopped through PeerEnds.stopping
         return _say(channel.RankChannel(None), f"error: {reason}", EXIT_CANCELLED)
-    ends.disarm()
     ends.file.stopped()
     after = f"rank {denv.rank} was then stopped by the launcher (SIGTERM)"
     return _record_end(cfg, denv, out_dir, run_id, suite, t0, ends, "cancelled", reason, EXIT_CANCELLED, after)

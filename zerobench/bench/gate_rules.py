@@ -48,7 +48,6 @@ mean anything.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -56,6 +55,7 @@ from zerobench.bench import noise
 from zerobench.bench.stats import relative_se_from_mad
 from zerobench.config import ConfigError
 from zerobench.results.status import INCOMPLETE, OK, SCHEMA, STATUS_METRIC, status_of
+from zerobench.results.workload import NOT_WORKLOAD, flatten, workload
 
 INVALID = "invalid"
 """The status of a suite entry whose configuration the checker refused (``bench/sweep_state.py``)."""
@@ -272,20 +272,15 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
 
 REFERENCE_SYSTEM = "torch-ddp"
 """The system whose stage-0 run times zerobench's own stage 0: another system's code, measured in the same sweep."""
-NOT_WORKLOAD = ("system", "preset", "tensorboard_dir", "collective_timeout_s")
-"""Config keys that do not change what a step computes (besides ``zero.stage``): a timing reference matches the
-rest."""
 
 
 def _workload(c: dict) -> str:
-    rest = {k: v for k, v in c.items() if k not in NOT_WORKLOAD}
-    rest["zero"] = {k: v for k, v in c.get("zero", {}).items() if k != "stage"}
-    return json.dumps(rest, sort_keys=True)
+    return workload(flatten(c))
 
 
 def _timing_reference(d: dict, runs: dict[str, dict]) -> dict | None:
     """The run ``d``'s step time is gated as a ratio to: for a ZeRO stage above 0, the stage-0 run of its system
-    with the same workload (every config key but the stage and ``NOT_WORKLOAD``); for zerobench's stage 0, the
+    with the same workload (every config key but the stage and ``results.workload.NOT_WORKLOAD``); for zerobench's stage 0, the
     ``REFERENCE_SYSTEM`` run of that workload, where the results hold one (else its time is the others' reference
     and is not gated itself: a slower stage 0 would read as faster ZeRO stages). ``ConfigError`` where two runs
     could be the reference."""

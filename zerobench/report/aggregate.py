@@ -9,6 +9,7 @@ identical across DP ranks by construction; the tests check that). Only runs whos
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import sys
@@ -19,6 +20,7 @@ import pandas as pd
 
 from zerobench.config import ConfigError
 from zerobench.results.status import COUNTED, RUN_KEY, counted_rows, frame_statuses, with_run_key
+from zerobench.results.workload import differences, workload
 
 RUN_METRICS = (
     "step_time_s",
@@ -73,15 +75,34 @@ def _check_layout(run_id, rec: dict) -> None:
             )
 
 
+NON_FINITE = "non-finite"
+"""The report's status for a run that completed but measured an infinite figure (a damaged row, a broken
+measurement: a zero step time): not a data point, named as such."""
+
+
 def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
-    """The training runs that are not data points, by status (``incomplete``, ``failed``, ``oom``, ...): their run
-    ids, sorted."""
-    st = frame_statuses(with_run_key(df))
+    """The training runs that are not data points, by status (``incomplete``, ``failed``, ``oom``, ...,
+    ``non-finite``): their run ids, sorted."""
+    df = with_run_key(df)
+    st = frame_statuses(df)
     out: dict[str, list[str]] = {}
     for (_, run_id, _), status in st["status"].items():
         if status is not None and status not in COUNTED:
             out.setdefault(status, []).append(str(run_id))
+    for _, run_id, _ in _non_finite_runs(counted_rows(df)):
+        out.setdefault(NON_FINITE, []).append(str(run_id))
     return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _non_finite_runs(df: pd.DataFrame) -> set[tuple]:
+    """``RUN_KEY`` of every run with an infinite value of a figure the report draws (``RUN_METRICS``)."""
+    if df.empty or "metric" not in df:
+        return set()
+    d = df[df["metric"].isin(RUN_METRICS) & (df["status"].fillna("ok") == "ok")]
+    # infinite only: a NaN cannot be told from a null once loaded (both NaN in the frame), and a null is a figure
+    # the run did not measure (no tokens timed, no RSS on this platform), drawn as missing
+    bad = d[d["value"].map(lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isinf(v))]
+    return set(zip(*(bad[c] for c in RUN_KEY))) if len(bad) else set()
 
 
 def timed_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -97,6 +118,9 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     metric over the runs that count (``counted_rows``; each run a (rows file, run id), so the same suite swept in two
     directories gives two repeats), runs under a measuring tool left out (``timed_rows``)."""
     df = counted_rows(with_run_key(timed_rows(df)))
+    broken = _non_finite_runs(df)  # named by run_statuses, not drawn: a NaN is no median, an inf no ratio
+    if broken:
+        df = df[[k not in broken for k in zip(*(df[c] for c in RUN_KEY))]]
     df = df[
         (df["status"].fillna("ok") == "ok")
         & ~df["metric"].str.startswith("peer_")
@@ -122,14 +146,20 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         "pa_cpu": "config.activation.cpu_offload",
         "md": "config.activation.contiguous",
     }
-    records = []
-    hw = "provenance.hardware.class"
-    by = ["config_hash", hw] if hw in df else ["config_hash"]
+    records, flats = [], []
+    by = [c for c in ("config_hash", "provenance.hardware.class", "provenance.commit") if c in df]
+    config_cols = [c for c in df.columns if c.startswith("config.")]
     for keys, g in df.groupby(by, dropna=False):
         first = g.iloc[0]
         rec = {"config_hash": keys[0], "repeats": len(g.groupby(["rows_file", "run_id"]))}
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
+        commit = first.get("provenance.commit")
+        rec["commit"] = None if _missing(commit) else str(commit)[:12]
+        flat = {c.removeprefix("config."): first[c] for c in config_cols if not _missing_leaf(first[c])}
+        rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
+        rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
+        flats.append(flat)
         if _missing(rec["hardware"]):  # rows without hardware provenance: a class of their own, named so
             rec["hardware"] = UNKNOWN_HARDWARE
         if g["metric"].isin(RUN_METRICS).any():
@@ -145,7 +175,57 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
                 rec[m] = float(per_run.median())
                 rec[m + "_spread"] = float(per_run.max() - per_run.min())
         records.append(rec)
+    _name_variants(records, flats)
     return pd.DataFrame(records)
+
+
+RUN_LENGTH = ("steps", "warmup_steps", "seed")
+"""Config paths that change how long a run measures, not what a step computes: runs differing only in them are
+the same workload to the report (a longer stage-0 run is still the baseline)."""
+LABELLED = (
+    "system",
+    "zero.stage",
+    "dp",
+    "tp",
+    "preset",
+    "model.layers",
+    "model.hidden",
+    "zero.precision",
+    "zero.offload_optimizer",
+)
+"""Config paths every figure's label already shows."""
+SHOWN = ("hardware", "system", "stage", "dp", "tp", "preset", "layers", "hidden", "precision", "offload")
+"""The same, as the record's columns (offload normalised: rows of before the field read ``none``)."""
+
+
+def _name_variants(records: list[dict], flats: list[dict]) -> None:
+    """Set each record's ``variant``: what sets it apart from the other records its figures would draw under the same
+    label (same system, stage, DP, TP, model, precision, offload and hardware): the config paths that differ, and the
+    commit where they were measured at several. Empty where nothing does."""
+    for r in records:
+        r["variant"] = ""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(records):
+        if _missing(r["system"]):
+            continue  # not a training run's record (a simulator's validation, a peers summary)
+        groups.setdefault(tuple(json.dumps(_plain(r[k]), default=str) for k in SHOWN), []).append(i)
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        texts = differences([flats[i] for i in idx], shown=(*LABELLED, *RUN_LENGTH))
+        commits = {records[i]["commit"] for i in idx}
+        for i, text in zip(idx, texts):
+            at = f"@{records[i]['commit'][:7]}" if len(commits) > 1 and records[i]["commit"] else ""
+            records[i]["variant"] = ", ".join(x for x in (text, at) if x)
+
+
+def _plain(v):
+    return None if _missing(v) else v
+
+
+def _missing_leaf(v) -> bool:
+    """A flattened config cell that holds nothing (pandas' NaN for a key this run's config lacks)."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -225,44 +305,28 @@ def run_labels(df: pd.DataFrame) -> dict[tuple, str]:
 
 
 def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Baseline DP (stage 0) vs each ZeRO stage at the same DP/TP/model/hardware, with ratios; the max
-    model size (from ``zerobench maxsize`` rows at the same stage, DP, TP, preset, precision, hardware and
-    offload, at the preset's own width and vocabulary) where one was searched."""
-    maxsize = maxsize if maxsize is not None else pd.DataFrame()
-
-    def max_params(r) -> float:
-        if maxsize.empty:
-            return float("nan")
-        m = maxsize[
-            maxsize["preset_shape"]
-            & (maxsize["stage"] == r["stage"])
-            & (maxsize["dp"] == r["dp"])
-            & (maxsize["tp"] == r["tp"])
-            & (maxsize["preset"] == r["preset"])
-            & (maxsize["precision"] == r["precision"])
-            & (maxsize["hardware"] == r["hardware"])
-            & (maxsize["offload"] == r.get("offload", "none"))
-        ]
-        return float(m["max_params"].max()) if len(m) else float("nan")
-
-    out = []
-    keys = ["dp", "tp", "preset", "layers", "hidden", "precision", "hardware", "system"]
+    """Baseline DP (stage 0) vs each ZeRO stage of the same workload (every config key but the stage and the run's
+    length: ``workload``), hardware and commit, with ratios; ``variant`` says what sets a workload apart from others
+    drawn under the same model label. The max model size comes from ``zerobench maxsize`` rows at the same stage,
+    DP, TP, preset, precision, hardware and offload, at the preset's own width and vocabulary, and a ratio only from
+    searches within the same memory budget (``max_model_budget``; several budgets searched: no single answer)."""
     if runs.empty or "system" not in runs:  # no successful training run among the rows (maxsize, peers only)
         return pd.DataFrame()
     runs = runs[runs["system"].fillna("zerobench") == "zerobench"]
-    for _, g in runs.groupby([k for k in keys if k in runs], dropna=False):
+    out = []
+    for _, g in runs.groupby(["workload", "hardware", "commit"], dropna=False):
         base = g[g["stage"] == 0]
         if base.empty:
             continue
         b = base.iloc[0]
-        b_max = max_params(b)
         for _, r in g.sort_values("stage").iterrows():
-            r_max = max_params(r)
+            budget, r_max, b_max = _max_sizes(maxsize, r, b)
             out.append(
                 {
                     "dp": r["dp"],
                     "tp": r["tp"],
                     "model": f"{r['preset']} L{r['layers']} h{r['hidden']}",
+                    "variant": r.get("variant", ""),
                     "precision": r["precision"],
                     "hardware": r["hardware"],
                     "stage": r["stage"],
@@ -272,11 +336,40 @@ def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) ->
                     "peak_MiB": r.get("peak_memory_bytes", float("nan")) / 2**20,
                     "tflops_per_gpu": r.get("tflops_per_gpu"),
                     "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
+                    "max_model_budget": budget,
                     "max_model_M_params": r_max / 1e6,
                     "vs_DP_max_model": r_max / b_max if not _missing(b_max) and b_max else float("nan"),
                 }
             )
     return pd.DataFrame(out)
+
+
+def _max_sizes(maxsize: pd.DataFrame | None, r: pd.Series, b: pd.Series) -> tuple[object, float, float]:
+    """(budget, the largest model of ``r``'s searches, of the baseline ``b``'s) from searches at one budget both
+    have; (None, NaN, NaN) where none, or where several budgets were searched (which one the row means is not said)."""
+    nan = float("nan")
+    if maxsize is None or maxsize.empty:
+        return None, nan, nan
+
+    def found(x) -> pd.DataFrame:
+        return maxsize[
+            maxsize["preset_shape"]
+            & (maxsize["stage"] == x["stage"])
+            & (maxsize["dp"] == x["dp"])
+            & (maxsize["tp"] == x["tp"])
+            & (maxsize["preset"] == x["preset"])
+            & (maxsize["precision"] == x["precision"])
+            & (maxsize["hardware"] == x["hardware"])
+            & (maxsize["offload"] == x.get("offload", "none"))
+        ]
+
+    mine, theirs = found(r), found(b)
+    budgets = set(mine["budget"])
+    if len(budgets) != 1:
+        return None, nan, nan
+    (budget,) = budgets
+    at = theirs[theirs["budget"] == budget]
+    return budget, float(mine["max_params"].max()), float(at["max_params"].max()) if len(at) else nan
 
 
 PEER_METRICS = {

@@ -40,6 +40,20 @@ def _by_hardware(d: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(str(k), g) for k, g in d.groupby(hw, sort=True)]
 
 
+def _unique(labels: list[str], within: list | None = None) -> list[str]:
+    """``labels`` with a ``#k`` added where two records (at one ``within`` value: a bar position) would share one,
+    so that a figure never draws two measurements as one bar, or their mean as a value nobody measured."""
+    keys = list(zip(within, labels)) if within is not None else [(None, x) for x in labels]
+    seen: dict[tuple, int] = {}
+    counts = {k: keys.count(k) for k in set(keys)}
+    out = []
+    for k, label in zip(keys, labels):
+        if counts[k] > 1:
+            seen[k] = seen.get(k, 0) + 1
+        out.append(f"{label} #{seen[k]}" if counts[k] > 1 else label)
+    return out
+
+
 def _save(fig, out: Path, name: str) -> Path:
     """The figure as ``out/name.png``. Matplotlib warns when placing a legend at ``loc="best"`` took over a second:
     a statement about this machine's load, not about the figure, so it is not passed on to the user (it failed the
@@ -67,8 +81,11 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
             f"s{int(r.stage)} dp{int(r.dp)} tp{int(r.tp)}"
             + (" off" if getattr(r, "offload", "none") != "none" else "")
             + f" {r.preset}"
+            + (f" {r.paper_config}" if isinstance(getattr(r, "paper_config", None), str) else "")
+            + (f" ({r.variant})" if getattr(r, "variant", "") else "")
             for r in g.itertuples()
         ]
+        labels = _unique(labels)
         bottom = pd.Series(0.0, index=g.index)
         for col, name in CATS:
             if col in g:
@@ -123,11 +140,16 @@ def throughput(runs: pd.DataFrame, out: Path):
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 3.6), squeeze=False)
     for ax, (hw, hw_rows) in zip(axes[0], groups):
         g = hw_rows.assign(
-            config=[
-                f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
-                + (" offload" if getattr(r, "offload", "none") != "none" else "")
-                for r in hw_rows.itertuples()
-            ]
+            config=_unique(
+                [
+                    f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
+                    + (" offload" if getattr(r, "offload", "none") != "none" else "")
+                    + ("" if getattr(r, "system", "zerobench") in (None, "zerobench") else f" {r.system}")
+                    + (f" ({r.variant})" if getattr(r, "variant", "") else "")
+                    for r in hw_rows.itertuples()
+                ],
+                [int(r.stage) for r in hw_rows.itertuples()],
+            )
         )
         sns.barplot(data=g, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
@@ -197,7 +219,9 @@ def sim_validation(table: pd.DataFrame, out: Path):
     d = table.assign(
         **{"model hidden size": [str(h) for h in table["hidden"]], "ZeRO stage": [str(s) for s in table["stage"]]}
     )
-    sns.scatterplot(data=d, x="measured_ms", y="predicted_ms", hue="model hidden size", style="ZeRO stage", s=60, ax=ax)
+    several = d["device"].nunique() > 1  # then the marker says the device (and the caption gives each its errors)
+    style = "device" if several else "ZeRO stage"
+    sns.scatterplot(data=d, x="measured_ms", y="predicted_ms", hue="model hidden size", style=style, s=60, ax=ax)
     lo, hi = (
         0.8 * min(d["measured_ms"].min(), d["predicted_ms"].min()),
         1.25 * max(d["measured_ms"].max(), d["predicted_ms"].max()),
@@ -209,10 +233,12 @@ def sim_validation(table: pd.DataFrame, out: Path):
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
     ax.legend(fontsize=7)
-    errs = [abs(r - 1) for r in d["ratio"]]
-    cap = (
-        f"{len(d)} runs, predicted from a profile of the host without looking at them: median |predicted / "
-        f"measured - 1| = {statistics.median(errs):.1%}, worst {max(errs):.1%}. Profile: "
-        f"{'; '.join(sorted(set(map(str, d['device']))))}."
-    )
+    per_device = []  # one figure of merit per profiled device: two machines' errors are never pooled
+    for dev, g in d.groupby(d["device"].astype(str), sort=True):
+        errs = [abs(r - 1) for r in g["ratio"]]
+        per_device.append(
+            f"{dev}: {len(g)} runs, median |predicted / measured - 1| = {statistics.median(errs):.1%}, worst "
+            f"{max(errs):.1%}"
+        )
+    cap = "Predicted from a profile of the host without looking at the runs. " + "; ".join(per_device) + "."
     return _save(fig, out, "sim_validation"), cap

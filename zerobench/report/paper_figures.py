@@ -15,53 +15,90 @@ import seaborn as sns
 
 from zerobench.report.figures import _hw, _save
 
+BASELINES = ("zerobench", "torch-ddp", "megatron")
+"""Systems whose stage-0 runs are the paper's baseline: data parallelism (zerobench's stage 0, torch's DDP) and
+Megatron-LM (the baseline the paper's Fig 2 is drawn against). Other systems (DeepSpeed, FSDP) are peers: not
+drawn in Fig 2."""
+
 
 def _family(d: pd.DataFrame) -> pd.Series:
-    base = (d["stage"] == 0) | (d["system"].fillna("zerobench") != "zerobench")
+    """Each record's bar in Fig 2: ``baseline`` (a baseline system at stage 0), ``ZeRO`` or ``ZeRO-Offload``
+    (zerobench above stage 0), else None (a peer, left out)."""
+    system = d["system"].fillna("zerobench")
     off = d.get("offload", pd.Series("none", index=d.index)).fillna("none")
-    return pd.Series(
-        ["baseline DP" if b else ("ZeRO-Offload" if o != "none" else "ZeRO") for b, o in zip(base, off)], index=d.index
-    )
+    out = []
+    for s, stage, o in zip(system, d["stage"], off):
+        if s in BASELINES and stage == 0:
+            out.append("baseline")
+        elif s == "zerobench":
+            out.append("ZeRO-Offload" if o != "none" else "ZeRO")
+        else:
+            out.append(None)
+    return pd.Series(out, index=d.index, dtype=object)
 
 
 def fig2_measured(runs: pd.DataFrame, out: Path):
-    """Best TFLOPs/GPU per model size and family (baseline DP vs ZeRO), per hardware class."""
-    need = {"tflops_per_gpu", "num_params"}
+    """Best TFLOPs/GPU per model size and family (baseline vs ZeRO), one panel per hardware class and number of
+    GPUs: the paper compares at one cluster size, and a ratio across two would compare the clusters."""
+    need = {"tflops_per_gpu", "num_params", "world"}
     if not need <= set(runs) or runs["tflops_per_gpu"].notna().sum() == 0:
         return None
-    d = runs[runs["tflops_per_gpu"].notna()].copy()
+    d = runs[runs["tflops_per_gpu"].notna() & runs["world"].notna()].copy()
     d["family"] = _family(d)
+    d = d[d["family"].notna()]
+    if d.empty:
+        return None
     d["size"] = (d["num_params"] / 1e6).round(2)
-    best = d.groupby(["hardware", "size", "family"], as_index=False)["tflops_per_gpu"].max()
-    hws = sorted(best["hardware"].dropna().unique())
-    fig, axes = plt.subplots(1, len(hws), figsize=(6 * len(hws), 3.8), squeeze=False)
-    for ax, hw in zip(axes[0], hws):
-        b = best[best["hardware"] == hw]
+    best = d.groupby(["hardware", "world", "size", "family"], as_index=False)["tflops_per_gpu"].max()
+    panels = sorted(best.groupby(["hardware", "world"]).groups)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
+    for ax, (hw, world) in zip(axes[0], panels):
+        b = best[(best["hardware"] == hw) & (best["world"] == world)]
         sns.barplot(data=b, x="size", y="tflops_per_gpu", hue="family", ax=ax)
         for i, size in enumerate(sorted(b["size"].unique())):
             s = b[b["size"] == size].set_index("family")["tflops_per_gpu"]
-            if "baseline DP" in s and "ZeRO" in s and s["baseline DP"] > 0:
-                ax.text(i, s.max(), f"{s['ZeRO'] / s['baseline DP']:.2f}x", ha="center", va="bottom", fontsize=8)
+            if "baseline" in s and "ZeRO" in s and s["baseline"] > 0:
+                ax.text(i, s.max(), f"{s['ZeRO'] / s['baseline']:.2f}x", ha="center", va="bottom", fontsize=8)
         ax.set_xlabel("model size (M parameters)")
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
-        ax.set_title(f"Fig 2 (measured): {hw}", fontsize=10)
+        ax.set_title(f"Fig 2 (measured): {hw}, {int(world)} GPUs", fontsize=10)
     cap = (
-        f"Best measured TFLOPs per GPU at each model size; labels: ZeRO / baseline where both exist. "
+        "Best measured TFLOPs per GPU at each model size, at one number of GPUs per panel; baseline: data "
+        "parallelism (stage 0: zerobench, torch DDP) or Megatron-LM; labels: ZeRO / baseline where both exist. "
         f"Hardware: {_hw(d)}."
     )
     return _save(fig, out, "fig2_measured"), cap
 
 
-def fig3_measured(runs: pd.DataFrame, out: Path):
-    """Aggregate and per-GPU throughput vs world size for each (model, stage, precision, hardware)."""
+def scaling_lines(runs: pd.DataFrame) -> pd.DataFrame:
+    """Fig 3's points: records of one workload at two or more DP degrees (everything else equal: TP,
+    checkpointing, micro-batch, system, commit), each with its line's ``series`` label, no two of whose points share
+    a number of GPUs."""
     if "tflops_per_gpu" not in runs or "world" not in runs:
-        return None
+        return runs.iloc[0:0]
     d = runs[runs["tflops_per_gpu"].notna() & runs["world"].notna()].copy()
-    keys = ["hardware", "preset", "layers", "hidden", "precision", "stage"]
-    d = d.groupby([k for k in keys if k in d], dropna=False).filter(lambda g: g["world"].nunique() >= 2)
+    keys = [k for k in ("hardware", "system", "stage", "scaling", "commit") if k in d]
+    d = d.groupby(keys, dropna=False).filter(lambda g: g["world"].nunique() >= 2)
+    if d.empty:
+        return d
+    d["series"] = [
+        f"stage {int(r.stage)} {r.precision} {r.preset} tp{int(r.tp)}"
+        + ("" if r.system in (None, "zerobench") else f" {r.system}")
+        + (f" ({r.variant})" if getattr(r, "variant", "") else "")
+        + f" [{r.hardware}]"
+        for r in d.itertuples()
+    ]
+    if d.groupby("series")["world"].apply(lambda w: w.duplicated().any()).any():
+        # two lines under one label (what sets them apart is in neither's variant): numbered, never averaged
+        d["series"] = d["series"] + " #" + d.groupby(keys, dropna=False).ngroup().astype(str)
+    return d
+
+
+def fig3_measured(runs: pd.DataFrame, out: Path):
+    """Aggregate and per-GPU throughput vs world size, one line per workload (``scaling_lines``)."""
+    d = scaling_lines(runs)
     if d.empty:
         return None
-    d["series"] = [f"stage {int(r.stage)} {r.precision} {r.preset} [{r.hardware}]" for r in d.itertuples()]
     d["aggregate TFLOP/s"] = d["tflops_per_gpu"] * d["world"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     sns.lineplot(data=d, x="world", y="aggregate TFLOP/s", hue="series", marker="o", ax=axes[0])
@@ -93,7 +130,10 @@ def fig4_measured(maxsize: pd.DataFrame, out: Path):
         f"stage {s}" + ("" if o == "none" else f" + offload {o}") + (" (at least: the search limit fit)" if a else "")
         for s, o, a in zip(d["stage"], d["offload"], d.get("at_least", [False] * len(d)))
     ]
-    d["setting"] = [f"{b} budget, DP {dp} [{hw}]" for b, dp, hw in zip(d["budget"], d["dp"], d["hardware"])]
+    d["setting"] = [
+        f"{b} budget, {p} {pr}, DP {dp} TP {tp} [{hw}]"
+        for b, p, pr, dp, tp, hw in zip(d["budget"], d["preset"], d["precision"], d["dp"], d["tp"], d["hardware"])
+    ]
     d["max M params"] = d["max_params"] / 1e6
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(d) + 1.8))
     sns.barplot(data=d, y="setting", x="max M params", hue="config", ax=ax)

@@ -32,7 +32,9 @@ def test_a_stage_0_row_is_its_own_baseline_whatever_else_was_measured():
     base = table[table["stage"] == 0]
     assert len(base) >= 3 and (base["vs_DP_throughput"] == 1.0).all(), base
     small = table[table["model"].str.contains("h768") & (table["precision"] == "bf16")]
-    assert small["variant"].str.contains("micro_batch=8").any() and small["variant"].str.contains("micro_batch=32").any()
+    assert (
+        small["variant"].str.contains("micro_batch=8").any() and small["variant"].str.contains("micro_batch=32").any()
+    )
 
 
 def test_fig2_baseline_is_data_parallelism_or_megatron_at_one_cluster_size():
@@ -59,7 +61,8 @@ def test_fig3_lines_are_one_workload_each():
 
 
 def test_two_commits_are_two_records_not_repeats(tmp_path):
-    rows = [json.loads(line) for f in sorted((REF / "quick-cpu-2core").rglob("rows.jsonl")) for line in open(f)]
+    files = sorted((REF / "quick-cpu-2core").rglob("rows.jsonl"))
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     other = [dict(r, provenance={**r["provenance"], "commit": "f" * 40}) for r in rows if "provenance" in r]
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -294,3 +294,48 @@ def test_a_damaged_file_is_one_line_for_zero_to_fp32(tmp_path, capsys, damage, w
     assert err.count("\n") == 1 and err.startswith("zerobench: error: "), err
     with pytest.raises((CheckpointMismatch, FileNotFoundError), match=words):
         get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt", None, exclude_frozen_parameters=True)
+
+
+@pytest.mark.parametrize("tag", ["v1 ", " v1", "a\nb"])
+def test_a_tag_with_surrounding_whitespace_is_refused(tmp_path, tag):
+    """'latest' is read back stripped (as DeepSpeed reads it): a save under 'v1 ' made the default load pick an older
+    'v1' without a word, or fail to find its own checkpoint."""
+    with pytest.raises(ConfigError, match="begins or ends with whitespace or holds a line break"):
+        engine().save_checkpoint(tmp_path / "ckpt", tag=tag)
+
+
+def test_a_save_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match=r"save_dir .* is a file: give a directory"):
+        engine().save_checkpoint(tmp_path / "f")
+
+
+def test_a_schedule_of_another_kind_is_refused_before_anything_loads(tmp_path):
+    """A torch StepLR's state loaded into an engine scheduled by a LambdaLR: the weights and counters were loaded, then
+    the scheduler failed (a DeepSpeed schedule: KeyError) or silently took the other's state (a torch one). It is
+    refused in one line first, and the engine is left as it was."""
+    saved = engine()
+    saved.lr_scheduler = torch.optim.lr_scheduler.StepLR(saved.optimizer, 2)
+    step(saved)
+    saved.save_checkpoint(tmp_path / "ckpt")
+    fresh = engine()
+    fresh.lr_scheduler = torch.optim.lr_scheduler.LinearLR(fresh.optimizer)
+    before = {k: v.clone() for k, v in full_parameters(fresh).items()}
+    with pytest.raises(CheckpointMismatch, match="another learning-rate schedule than this engine's LinearLR"):
+        fresh.load_checkpoint(tmp_path / "ckpt")
+    after = full_parameters(fresh)
+    assert all(torch.equal(before[k], after[k]) for k in before) and fresh.global_steps == 0
+
+
+def test_an_optimizer_state_dict_refused_leaves_the_hyperparameters(tmp_path):
+    """ZeroOptimizer.load_state_dict set the groups' lr from the state dict, then refused its shard: 'nothing was
+    loaded', yet the learning rate was the other's."""
+    a, b = engine(), engine()
+    for g in a.optimizer.param_groups:
+        g["lr"] = 0.5
+    sd = a.optimizer.state_dict()
+    sd["zero_shard"] = {**sd["zero_shard"], "segments": []}  # a shard refused (its segments hold nothing)
+    lr = [g["lr"] for g in b.optimizer.param_groups]
+    with pytest.raises(CheckpointMismatch, match="damaged shard 0"):
+        b.optimizer.load_state_dict(sd)
+    assert [g["lr"] for g in b.optimizer.param_groups] == lr

@@ -119,8 +119,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
                 "engine.optimizer.state_dict() on every rank"
             )
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "zero_shard"})
+        rest = {k: v for k, v in state_dict.items() if k != "zero_shard"}
+        groups = rest.get("param_groups")
+        if not isinstance(groups, list) or [len(g.get("params", ())) for g in groups] != [
+            len(g["params"]) for g in self.param_groups
+        ]:  # torch's own check, made before the shard is loaded: a refused load changes nothing
+            raise ValueError(
+                "loaded state dict's param groups do not match this optimizer's (their number or their parameters' "
+                "counts differ): load a state dict of the same model and param groups"
+            )
+        # the shard first: a transaction over the ranks, refused on any rank before anything changes on any; the
+        # groups' hyperparameters after it, so a refused shard leaves them as they were
         load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])
+        super().load_state_dict(rest)
 
 
 def _hyper(i: int, g: dict) -> AdamWConfig:

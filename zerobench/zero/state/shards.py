@@ -188,7 +188,11 @@ def _plan(engine: Engine, shards) -> tuple[list, dict, dict]:
             off += end - start
     filled, needed = sum(union_length(c) for c in covered), sum(s.numel for s in segs)
     if meta is None or filled != needed:
-        raise CheckpointMismatch(f"checkpoint covers {filled} of this rank's {needed} elements: shards missing?")
+        raise CheckpointMismatch(
+            f"checkpoint covers {filled} of this rank's {needed} elements: shards missing, or a state dict another "
+            "rank saved (each rank loads its own engine.optimizer.state_dict(); save_checkpoint / load_checkpoint "
+            "load any DP size)"
+        )
     return plan, first, meta
 
 

@@ -77,6 +77,11 @@ def check_tag(tag: str) -> str:
             f"checkpoint tag {tag!r} must be one directory name, not {LATEST!r} and not starting with "
             "'.' (e.g. global_step100)"
         )
+    if tag != tag.strip() or "\n" in tag or "\r" in tag:  # `latest` is read back stripped, as DeepSpeed reads it
+        raise ConfigError(
+            f"checkpoint tag {tag!r} begins or ends with whitespace or holds a line break: the 'latest' file would "
+            "name another tag; give it without (e.g. global_step100)"
+        )
     return tag
 
 
@@ -127,6 +132,8 @@ def save_tagged(
     Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
     parameters out (load it with ``load_module_strict=False``)."""
     tag = validate_tag(engine, check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}"))
+    if Path(save_dir).exists() and not Path(save_dir).is_dir():
+        raise ConfigError(f"save_checkpoint: save_dir {save_dir} is a file: give a directory")
     blob = _plain(dict(client_state or {}))
     sched = (
         None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
@@ -222,6 +229,7 @@ def load_tagged(
         read["samples"] = read_json(path / COUNTERS).get("global_samples") if (path / COUNTERS).exists() else None
         if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
             read["scheduler"] = _read_scheduler(path)
+            _check_scheduler(engine.lr_scheduler, read["scheduler"], path)
 
     counters = load_sharded(engine, path, load_optimizer_states and not load_module_only, also_check=check)
     if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
@@ -270,6 +278,25 @@ def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:
 
 def _shape(value) -> str:
     return str(tuple(value.shape)) if torch.is_tensor(value) else f"as a {type(value).__name__}"
+
+
+def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:
+    """Refuse, before anything is loaded, a saved schedule state that is not this scheduler's kind: its keys differ
+    from the state this scheduler gives (a torch ``StepLR`` saved, a DeepSpeed ``WarmupDecayLR`` loading). Loading it
+    would fail half way, after the weights and counters were loaded, or (a torch scheduler's ``__dict__`` update)
+    silently restart the schedule."""
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise CheckpointMismatch(f"{path / SCHEDULER} holds no scheduler state: a damaged checkpoint")
+    mine = set(scheduler.state_dict())
+    if set(state) != mine:
+        lacks, extra = sorted(mine - set(state))[:3], sorted(set(state) - mine)[:3]
+        raise CheckpointMismatch(
+            f"checkpoint {path} holds the state of another learning-rate schedule than this engine's "
+            f"{type(scheduler).__name__} (it lacks {lacks}, has {extra}): build the engine with the scheduler it was "
+            "saved with, or load with load_lr_scheduler_states=False"
+        )
 
 
 def _read_scheduler(path: Path) -> dict | None:

@@ -61,3 +61,15 @@ def test_unchanged_runs_pass(tmp_path, monkeypatch):
     _plant(monkeypatch, lambda run, v: v)
     verdicts, code = _verdicts(tmp_path)
     assert set(verdicts.values()) == {"ok"} and code == 0, verdicts
+
+
+def test_a_run_the_suites_checker_refused_is_not_a_run_to_judge(tmp_path, monkeypatch):
+    """A suite may hold an entry its checker refuses by design (an ``invalid`` status row on both sides): it was
+    given a 'missing' verdict and failed the gate."""
+    rows = [
+        {"run_id": "000-ok", "metric": "run_status", "status": "ok"},
+        {"run_id": "001-refused", "metric": "run_status", "status": "invalid"},
+        {"run_id": "000-ok", "metric": "step_time_s", "status": "ok", "value": 1.0},
+    ]
+    monkeypatch.setattr(ab, "read_rows", lambda out: rows)
+    assert ab._runs(tmp_path) == {"000-ok"}

@@ -339,3 +339,15 @@ def test_an_optimizer_state_dict_refused_leaves_the_hyperparameters(tmp_path):
     with pytest.raises(CheckpointMismatch, match="damaged shard 0"):
         b.optimizer.load_state_dict(sd)
     assert [g["lr"] for g in b.optimizer.param_groups] == lr
+
+
+def test_a_schedule_saved_under_another_torch_version_loads(tmp_path):
+    """torch adds and drops its schedulers' private keys between versions (``_is_initial`` now, ``verbose`` before):
+    only the schedule's own keys must be there."""
+    from zerobench.zero.compat.deepspeed.checkpoints import _check_scheduler
+
+    live = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1), 2)
+    older = {k: v for k, v in live.state_dict().items() if k != "_is_initial"} | {"verbose": False}
+    _check_scheduler(live, older, tmp_path)
+    with pytest.raises(CheckpointMismatch, match=r"lacks \['step_size'\]"):
+        _check_scheduler(live, {k: v for k, v in older.items() if k != "step_size"}, tmp_path)

@@ -347,3 +347,20 @@ def test_a_noise_model_from_two_machines_or_commits_is_refused(run_rows, tmp_pat
                 r["provenance"]["commit"] = value
     with pytest.raises(ConfigError, match=f"results mix {said} .* \\(result 2\\)"):
         write_baseline(samples[0], tmp_path / "b.jsonl", more=samples[1:], whole=True)
+
+
+def test_status_rows_of_another_machine_do_not_refuse_a_noise_model(run_rows, tmp_path):
+    """Under --launcher slurm the status rows are written on the login node, the training rows on the compute nodes:
+    the same-machine check refused every such sweep. It reads the training rows only."""
+    import copy
+
+    rng = random.Random(7)
+    samples = [copy.deepcopy(_host(run_rows, rng)) for _ in range(3)]
+    for rows in samples:
+        for r in rows:
+            if r["metric"] == "run_status" and "provenance" in r:  # its own provenance (the others share one)
+                r["provenance"] = {
+                    **r["provenance"],
+                    "hardware": {**r["provenance"]["hardware"], "class": "cpu-64core"},
+                }
+    assert write_baseline(samples[0], tmp_path / "b.jsonl", more=samples[1:], whole=True) > 0

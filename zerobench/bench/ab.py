@@ -269,8 +269,9 @@ def _times(out: Path, metric: str) -> dict[str, dict]:
 
 
 def _runs(out: Path) -> set[str]:
-    """The runs a side's round ran (each has its status row, whatever its end)."""
-    return {r["run_id"] for r in read_rows(out) if r["metric"] == STATUS_METRIC}
+    """The runs a side's round ran (each has its status row, whatever its end), not those its suite's checker
+    refused (``invalid``: a suite may hold such entries by design, and they run on neither side)."""
+    return {r["run_id"] for r in read_rows(out) if r["metric"] == STATUS_METRIC and r.get("status") != "invalid"}
 
 
 def _ratio(cand: dict, base: dict, stepwise: bool) -> float | None:

@@ -62,10 +62,8 @@ def run_sweep_sbatch(
                 time.sleep(poll_s)
         if cancel.requested:
             summary.stopped = f"cancelled ({cancel.requested}): {len(jobs)} job(s) scancelled"
-            for jid in list(jobs):
-                _end(
-                    jobs, jid, out, suite, summary, bar, "cancelled", f"cancelled ({cancel.requested}): job scancelled"
-                )
+            why = f"cancelled ({cancel.requested}): job scancelled"
+            _end(jobs, list(jobs), out, suite, summary, bar, "cancelled", why)
     return summary
 
 
@@ -98,8 +96,11 @@ def _poll(jobs: dict, out: Path, suite: Suite, summary: SweepSummary, bar: Progr
             job.pending_since = job.pending_since or now
             if pending_limit_s is not None and now - job.pending_since > pending_limit_s:
                 why = f"still pending after {pending_limit_s:g}s (Slurm reason: {reason or 'none given'}): scancelled"
-                _end(jobs, jid, out, suite, summary, bar, "timeout", f"{why}; raise --pending-limit or free the nodes")
+                _end(
+                    jobs, [jid], out, suite, summary, bar, "timeout", f"{why}; raise --pending-limit or free the nodes"
+                )
             continue
+        job.pending_since = None  # a requeued job waits its limit again
         if state is not None and state not in FINAL:
             continue
         final, exit_code = job_state(jid)
@@ -109,21 +110,30 @@ def _poll(jobs: dict, out: Path, suite: Suite, summary: SweepSummary, bar: Progr
         _record(jobs.pop(jid), jid, out, suite, summary, bar, status, why, final, exit_code)
 
 
-def _end(jobs: dict, jid: str, out: Path, suite: Suite, summary: SweepSummary, bar: Progress, status: str, why: str):
-    """Stop a job the sweep gives up on (scancel) and record it as ``status`` once Slurm reports it ended (up to
-    ``STOP_WAIT_S``). A job that ended on its own before the request reached it is recorded as it ended."""
-    try:
-        scancel(jid)
-    except SlurmCommandFailed as e:
-        why = f"{why}, but scancel failed ({e}): check squeue for job {jid}"
+def _end(jobs: dict, jids: list[str], out: Path, suite, summary: SweepSummary, bar: Progress, status: str, why: str):
+    """Stop jobs the sweep gives up on: scancel every one first, then record each as ``status`` once Slurm reports it
+    ended, all waited for together (up to ``STOP_WAIT_S`` in all). A job that ended on its own before the request
+    reached it is recorded as it ended."""
+    said = dict.fromkeys(jids, why)
+    for jid in jids:
+        try:
+            scancel(jid)
+        except SlurmCommandFailed as e:
+            said[jid] = f"{why}, but scancel failed ({e}): check squeue for job {jid}"
     deadline = time.monotonic() + STOP_WAIT_S
-    final, exit_code = job_state(jid)
-    while final not in FINAL and time.monotonic() < deadline:
-        time.sleep(0.5)
-        final, exit_code = job_state(jid)
-    if final in FINAL and final not in ("CANCELLED", "UNKNOWN"):
-        status, why = status_of(final, exit_code, out / jobs[jid].run_id, jid)
-    _record(jobs.pop(jid), jid, out, suite, summary, bar, status, why, final, exit_code)
+    waiting = list(jids)
+    while waiting:
+        for jid in list(waiting):
+            final, exit_code = job_state(jid)
+            if final not in FINAL and time.monotonic() < deadline:
+                continue
+            waiting.remove(jid)
+            kind, reason = status, said[jid]
+            if final in FINAL and final not in ("CANCELLED", "UNKNOWN"):
+                kind, reason = status_of(final, exit_code, out / jobs[jid].run_id, jid)
+            _record(jobs.pop(jid), jid, out, suite, summary, bar, kind, reason, final, exit_code)
+        if waiting:
+            time.sleep(0.5)
 
 
 def _record(job: _Job, jid, out, suite, summary: SweepSummary, bar: Progress, status, why, final, exit_code) -> None:

@@ -11,6 +11,7 @@ built from), always with a collective timeout so that a dead rank fails the run 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -182,8 +183,8 @@ def deepspeed_timeout_s(environ=None) -> float:
         minutes = float(raw)
     except ValueError:
         minutes = -1.0
-    if not minutes > 0:
-        raise ConfigError(f"DEEPSPEED_TIMEOUT={raw!r}: give the collective timeout in minutes, a number above 0")
+    if not (minutes > 0 and math.isfinite(minutes)):
+        raise ConfigError(f"DEEPSPEED_TIMEOUT={raw!r}: give the collective timeout in minutes, a finite number above 0")
     return minutes * 60
 
 

@@ -64,8 +64,10 @@ class RankFile(RankChannel):
         self._send(f"exit {code}")
 
     def started(self) -> None:
-        """Where this rank runs: its host and process id, so a peer on the same host can tell whether it is alive."""
-        self._send(f"start {socket.gethostname()} {os.getpid()}")
+        """Where this rank runs: its host and process id, so a peer on the same host can tell whether it is alive. The
+        file's first line: what an earlier run in the same directory left there is dropped."""
+        with contextlib.suppress(OSError), open(self.path, "w") as f:
+            f.write(f"{time.time():.6f} start {socket.gethostname()} {os.getpid()}\n")
 
     def lost(self, line: str) -> None:
         """The rank failed because a peer did (a lost connection, a collective that timed out): not a cause."""

@@ -73,7 +73,10 @@ class PeerEnds:
         where = Path(out_dir) / "ranks"
         where.mkdir(parents=True, exist_ok=True)
         ends = cls(RankFile(where, rank), where, rank, world)
-        ends.file.started()
+        ends.file.started()  # before the rendezvous: once training starts, no rank's file is an earlier run's
+        if rank == 0:  # an earlier run's claim would stop this run's survivors from recording it
+            with contextlib.suppress(FileNotFoundError):
+                (where / RECORDER).unlink()
         return ends
 
     @contextlib.contextmanager
@@ -111,9 +114,20 @@ class PeerEnds:
         """A rank on this host whose process ended without writing its end."""
         return e is not None and e.code is None and e.host == socket.gethostname() and e.pid and not alive(e.pid)
 
-    def recorder_gone(self) -> bool:
-        """Whether rank 0, the run's recorder, died without writing its end (seen from its host)."""
-        return self._gone(next((e for e in read_rank_files(self.dir) if e.rank == 0), None))
+    def recorder_gone(self, wait_s: float = REPORT_WAIT_S) -> bool:
+        """Whether rank 0, the run's recorder, died without writing its end (seen from its host). A rank that lost
+        its connection to rank 0 may look before rank 0's process has ended: it waits until rank 0 has written its
+        end (False) or is gone (True), at most ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            zero = next((e for e in read_rank_files(self.dir) if e.rank == 0), None)
+            if zero is not None and zero.code is not None:
+                return False
+            if self._gone(zero):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def claim(self) -> bool:
         """Take the recording over from a rank 0 that died: True for the one rank that claims it first."""

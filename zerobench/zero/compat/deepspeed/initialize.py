@@ -48,8 +48,10 @@ def _init_distributed() -> torch.device:
     (``distributed.env.deepspeed_timeout_s``); this rank's device."""
     from zerobench.distributed.env import choose_backend, deepspeed_timeout_s, default_device, detect, init_distributed
 
-    timeout_s = deepspeed_timeout_s()
     denv = detect()
+    if dist.is_initialized():  # the caller's group, with the caller's timeout
+        return init_distributed(denv)
+    timeout_s = deepspeed_timeout_s()
     if denv.source == "single" and not dist.is_initialized():  # a plain `python train.py`
         device = default_device(0)
         dist.init_process_group(

@@ -76,15 +76,19 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
     fig, axes = plt.subplots(
         len(groups), 1, figsize=(max(6, 0.55 * max(len(g) for _, g in groups)), 4 * len(groups)), squeeze=False
     )
+    variants: dict[str, str] = {}  # a bar's long description goes in the caption, under a short key on the axis
     for ax, (hw, g) in zip(axes[:, 0], groups):
-        labels = [
-            f"s{int(r.stage)} dp{int(r.dp)} tp{int(r.tp)}"
-            + (" off" if getattr(r, "offload", "none") != "none" else "")
-            + f" {r.preset}"
-            + (f" {r.paper_config}" if isinstance(getattr(r, "paper_config", None), str) else "")
-            + (f" ({r.variant})" if getattr(r, "variant", "") else "")
-            for r in g.itertuples()
-        ]
+        labels = []
+        for r in g.itertuples():
+            v = getattr(r, "variant", "") or ""
+            key = variants.setdefault(v, f"v{len(variants) + 1}") if v else ""
+            labels.append(
+                f"s{int(r.stage)} dp{int(r.dp)} tp{int(r.tp)}"
+                + (" off" if getattr(r, "offload", "none") != "none" else "")
+                + f" {r.preset}"
+                + (f" {r.paper_config}" if isinstance(getattr(r, "paper_config", None), str) else "")
+                + (f" {key}" if key else "")
+            )
         labels = _unique(labels)
         bottom = pd.Series(0.0, index=g.index)
         for col, name in CATS:
@@ -106,9 +110,10 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
         ax.set_title(f"Memory ledger per rank, measured from the engine's tensors [{hw}]", fontsize=10)
         ax.tick_params(axis="x", rotation=60)
         ax.legend(fontsize=7)
+    keys = "".join(f" {k}: {v}." for v, k in variants.items())
     return _save(
         fig, out, "memory_ledger"
-    ), f"Measured bytes per rank by category vs the paper's §5 formula. Hardware: {_hw(d)}."
+    ), f"Measured bytes per rank by category vs the paper's §5 formula.{keys} Hardware: {_hw(d)}."
 
 
 def comm_volume(runs: pd.DataFrame, out: Path):

@@ -117,3 +117,13 @@ def test_the_simulators_errors_are_given_per_device(tmp_path):
     _, caption = figures.sim_validation(table, tmp_path)
     for device in table["device"].unique():
         assert f"{device}: " in caption, caption
+
+
+def test_communication_is_measured_in_the_groups_own_psi():
+    """The figure divided by the model's parameters over TP, which leaves out those every TP rank holds whole: C1-C5
+    read 2.07x where the traffic is exactly the paper's 2Ψ. Ψ is now what the rank's DP group reduces."""
+    runs = aggregate.runs_table(_frame("quick-cpu-2core", "c1-c5-cpu-2core"))
+    d = runs[runs["comm_volume_elements_per_step"].notna() & (runs["dp"] > 1)]
+    ratio = d["comm_volume_elements_per_step"] / (figures._psi_rank(d) * (d["dp"] - 1) / d["dp"])
+    assert len(d) >= 10
+    assert list(ratio.round(6)) == [3.0 if s == 3 else 2.0 for s in d["stage"]], list(zip(d["stage"], ratio))

@@ -116,14 +116,28 @@ def memory_ledger(runs: pd.DataFrame, out: Path):
     ), f"Measured bytes per rank by category vs the paper's §5 formula.{keys} Hardware: {_hw(d)}."
 
 
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def _psi_rank(d: pd.DataFrame) -> pd.Series:
+    """Ψ of a rank's DP group: the parameters its TP rank holds, the ones every TP rank holds whole (LayerNorms,
+    row-parallel biases) included. From the ledger's parameter bytes (a stage-3 rank holds 1/N of them) where a run
+    has it, else the model's parameters over TP (which leaves the replicated ones out)."""
+    fallback = d["num_params"] / d["tp"]
+    if "memory_params_bytes" not in d:
+        return fallback
+    elem = d["precision"].map(ELEMENT_BYTES)
+    held = d["memory_params_bytes"] / elem * d["dp"].where(d["stage"] == 3, 1)
+    return held.where(held.notna() & (held > 0), fallback)
+
+
 def comm_volume(runs: pd.DataFrame, out: Path):
     if "comm_volume_elements_per_step" not in runs or "num_params" not in runs:
         return None
     d = runs[runs["comm_volume_elements_per_step"].notna() & runs["num_params"].notna() & (runs["dp"] > 1)].copy()
     if d.empty:
         return None
-    psi_rank = d["num_params"] / d["tp"]
-    d["measured / Ψ·(N-1)/N"] = d["comm_volume_elements_per_step"] / (psi_rank * (d["dp"] - 1) / d["dp"])
+    d["measured / Ψ·(N-1)/N"] = d["comm_volume_elements_per_step"] / (_psi_rank(d) * (d["dp"] - 1) / d["dp"])
     d["config"] = _series(d)
     fig, ax = plt.subplots(figsize=(6, 3.6))
     sns.barplot(data=d, x="stage", y="measured / Ψ·(N-1)/N", hue="config", ax=ax)

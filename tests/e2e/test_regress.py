@@ -278,7 +278,7 @@ def test_ab_bad_input_is_one_line(ab_suite, tmp_path):
         (["--baseline-tree", str(REPO), "--rounds", "3"], "--rounds must be even"),
         (["--baseline-tree", str(REPO), "--max-rounds", "9"], "--max-rounds must be even"),
         (["--baseline-tree", str(REPO), "--rounds", "6"], "cannot reach a false-alarm rate of 0.001"),
-        (["--baseline-tree", str(REPO), "--false-alarm", "1.5"], "is a probability below 1"),
+        (["--baseline-tree", str(REPO), "--false-alarm", "1.5"], "is a probability from 1e-12 to below 1"),
         (["--baseline-tree", str(REPO), "--cpus", "9999"], "may only use CPUs"),
         (["--baseline-tree", str(REPO), "--cpus", "x"], "expected CPU ids"),
         (["--baseline-tree", str(REPO), "--lockstep", "--concurrent"], "choose one of --concurrent"),

@@ -256,6 +256,8 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         d.pop("_ok_runs")
 
     for d in runs.values():
+        d["workload"] = workload(flatten(d["config"]))  # once per run: every run is matched against every other
+    for d in runs.values():
         if "step_time_s" in d:
             ref = _timing_reference(d, runs)
             if ref is not None:
@@ -272,10 +274,6 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
 
 REFERENCE_SYSTEM = "torch-ddp"
 """The system whose stage-0 run times zerobench's own stage 0: another system's code, measured in the same sweep."""
-
-
-def _workload(c: dict) -> str:
-    return workload(flatten(c))
 
 
 def _timing_reference(d: dict, runs: dict[str, dict]) -> dict | None:
@@ -298,7 +296,7 @@ def _timing_reference(d: dict, runs: dict[str, dict]) -> dict | None:
         if r is not d
         and "step_time_s" in r
         and (r["config"].get("system", "zerobench"), r["config"].get("zero", {}).get("stage")) == want
-        and _workload(r["config"]) == _workload(c)
+        and r["workload"] == d["workload"]
     ]
     if len(found) > 1:
         raise ConfigError(

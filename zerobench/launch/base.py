@@ -47,6 +47,19 @@ def with_detail(status: str, reason: str, detail: str | None) -> str:
     return detail if status == "oom" and detail.startswith("rank ") else f"{reason}: {detail}"
 
 
+def first_failure_of(ends) -> tuple[str, str, int] | None:
+    """(status, reason, exit code) of the rank whose own failure came first among ``ends`` (``channel.RankEnd``:
+    its report's line after the reason, code 1 where it wrote none), or None where none failed on its own (a rank
+    that lost a peer or was stopped is not a cause)."""
+    failed = sorted((e for e in ends if e.failed_at is not None and not e.secondary), key=lambda e: e.failed_at)
+    if not failed:
+        return None
+    first = failed[0]
+    code = first.code if first.code is not None else 1
+    status, reason = describe_exit(f"rank {first.rank}", code)
+    return status, with_detail(status, reason, first.error), code
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     """How a launch ended."""

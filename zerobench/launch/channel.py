@@ -66,8 +66,7 @@ class RankFile(RankChannel):
     def started(self) -> None:
         """Where this rank runs: its host and process id, so a peer on the same host can tell whether it is alive. The
         file's first line: what an earlier run in the same directory left there is dropped."""
-        with contextlib.suppress(OSError), open(self.path, "w") as f:
-            f.write(f"{time.time():.6f} start {socket.gethostname()} {os.getpid()}\n")
+        self._send(f"start {socket.gethostname()} {os.getpid()}", mode="w")
 
     def lost(self, line: str) -> None:
         """The rank failed because a peer did (a lost connection, a collective that timed out): not a cause."""
@@ -77,8 +76,8 @@ class RankFile(RankChannel):
         """The launcher above the rank stopped it (SIGTERM): not a cause."""
         self._send("stopped")
 
-    def _send(self, message: str) -> None:
-        with contextlib.suppress(OSError), open(self.path, "a") as f:
+    def _send(self, message: str, mode: str = "a") -> None:
+        with contextlib.suppress(OSError), open(self.path, mode) as f:
             f.write(f"{time.time():.6f} {message}\n")
 
 
@@ -113,8 +112,10 @@ def read_rank_files(directory: str | os.PathLike) -> list[RankEnd]:
                     done = True
                 elif message == "stopped" or message.startswith("lost "):
                     secondary = True
-                elif message.startswith("start ") and len(message.split()) == 3 and message.split()[2].isdigit():
-                    host, pid = message.split()[1], int(message.split()[2])
+                elif message.startswith("start "):
+                    words = message.split()
+                    if len(words) == 3 and words[2].isdigit():
+                        host, pid = words[1], int(words[2])
                 elif message.startswith("error ") and failed_at is None:
                     failed_at, error = float(when), message.removeprefix("error ")
                 elif message.startswith("exit ") and message[5:].lstrip("-").isdigit():

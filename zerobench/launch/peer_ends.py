@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zerobench.launch.base import describe_exit, with_detail
+from zerobench.launch.base import first_failure_of
 from zerobench.launch.channel import RankEnd, RankFile, read_rank_files
 
 REPORT_WAIT_S = 5.0
@@ -145,17 +145,13 @@ class PeerEnds:
         while True:
             ends = {e.rank: e for e in read_rank_files(self.dir) if e.rank != self.rank}
             pending = [r for r in others if r not in ends or ends[r].code is None]
-            primary = sorted(
-                (e for e in ends.values() if e.failed_at is not None and not e.secondary), key=lambda e: e.failed_at
-            )
+            primary = first_failure_of(ends.values())
             dead = [r for r in pending if self._gone(ends.get(r))]
             if primary or dead or not pending or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
         if primary:
-            first = primary[0]
-            status, reason = describe_exit(f"rank {first.rank}", first.code if first.code is not None else 1)
-            return status, with_detail(status, reason, first.error)
+            return primary[:2]
         if dead:
             return (
                 "failed",

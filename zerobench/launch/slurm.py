@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError, to_dict
 from zerobench.launch import channel
-from zerobench.launch.base import EXIT_CONFIG, EXIT_OOM, LaunchResult, describe_exit, with_detail
+from zerobench.launch.base import EXIT_CONFIG, EXIT_OOM, LaunchResult, describe_exit, first_failure_of
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.channel import read_rank_files
 from zerobench.train.config import TrainConfig
@@ -203,13 +203,7 @@ def first_failure(reports: Path, log_path: Path) -> tuple[str, str, int | None] 
                 return "failed", f"rank {rank} ended: {m.group(3).lower()} (srun)", None
             code = int(m.group(2))
             return (*describe_exit(f"rank {rank}", code), code)
-    failed = sorted((e for e in ends.values() if e.failed_at is not None), key=lambda e: e.failed_at)
-    if not failed:
-        return None
-    first = failed[0]
-    code = first.code if first.code is not None else 1
-    status, reason = describe_exit(f"rank {first.rank}", code)
-    return status, with_detail(status, reason, first.error), code
+    return first_failure_of(ends.values())
 
 
 def blame(reports: Path, log_path: Path, srun_code: int) -> tuple[str, str, int]:

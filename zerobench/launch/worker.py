@@ -200,13 +200,11 @@ def _peer_failed(e, kind, cfg, denv, out_dir, run_id, suite, record_status, t0, 
     return _record_end(cfg, denv, out_dir, run_id, suite, t0, ends, "failed", reason, code, reason)
 
 
-def _stopped(cfg, denv, out_dir, run_id, suite, t0, ends: PeerEnds | None) -> int:
-    """The launcher above the ranks stopped this one (SIGTERM). The recorder records the run: failed, naming the rank
-    that ended it where a peer did (torchrun stops every rank once one fails), else cancelled (stopped from
-    outside)."""
+def _stopped(cfg, denv, out_dir, run_id, suite, t0, ends: PeerEnds) -> int:
+    """The launcher above the ranks stopped this one (SIGTERM: ``LauncherStopped``, raised only inside
+    ``PeerEnds.training``). The recorder records the run: failed, naming the rank that ended it where a peer did
+    (torchrun stops every rank once one fails), else cancelled (stopped from outside)."""
     reason = "stopped by the launcher (SIGTERM)"
-    if ends is None:  # no report to read: not stopped through PeerEnds.stopping
-        return _say(channel.RankChannel(None), f"error: {reason}", EXIT_CANCELLED)
     ends.file.stopped()
     after = f"rank {denv.rank} was then stopped by the launcher (SIGTERM)"
     return _record_end(cfg, denv, out_dir, run_id, suite, t0, ends, "cancelled", reason, EXIT_CANCELLED, after)

@@ -156,7 +156,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
             rec[name] = first.get(col) if col in g else None
         commit = first.get("provenance.commit")
         rec["commit"] = None if _missing(commit) else str(commit)[:12]
-        flat = {c.removeprefix("config."): first[c] for c in config_cols if not _missing_leaf(first[c])}
+        flat = {c.removeprefix("config."): first[c] for c in config_cols if not _missing(first[c])}
         rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
         rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
         flats.append(flat)
@@ -221,11 +221,6 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
 
 def _plain(v):
     return None if _missing(v) else v
-
-
-def _missing_leaf(v) -> bool:
-    """A flattened config cell that holds nothing (pandas' NaN for a key this run's config lacks)."""
-    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -4,6 +4,7 @@ the rows it needs do not exist) and a caption that names the hardware the rows c
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -45,7 +46,7 @@ def _unique(labels: list[str], within: list | None = None) -> list[str]:
     so that a figure never draws two measurements as one bar, or their mean as a value nobody measured."""
     keys = list(zip(within, labels)) if within is not None else [(None, x) for x in labels]
     seen: dict[tuple, int] = {}
-    counts = {k: keys.count(k) for k in set(keys)}
+    counts = Counter(keys)
     out = []
     for k, label in zip(keys, labels):
         if counts[k] > 1:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp_resume
-from tests.helpers.ds_checkpoint_options import ds_load_options
+from tests.helpers.ds_checkpoint_options import ds_load_by_name, ds_load_options
 from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
@@ -106,3 +106,54 @@ def test_exclude_frozen_parameters_and_load_module_strict(load_options):
         res = r["not_strict"]
         assert res["master"] == 0.0 and res["buffers"] == 0.0 and res["frozen_kept"] == 0.0, res
         assert res["step"] == 3 and res["lr"] == [5e-3], "a full load otherwise: moments, step and lr are the saved"
+
+
+@pytest.fixture(
+    scope="module", params=[0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3]
+)
+def by_name(request, tmp_path_factory):
+    return run_distributed(ds_load_by_name, 2, request.param, str(tmp_path_factory.mktemp("ckpt")))
+
+
+def _loaded_alone(res: dict) -> None:
+    """The saved weights came in where the names match, the engine's own moments and step stayed, and training
+    goes on from there."""
+    assert res["loaded"] == 0.0 and res["moved"] > 1e-4, res
+    assert res["master_vs_module"] == 0.0, "the fp32 master must hold what the module holds"
+    assert res["moments_kept"] and res["step"] == (1, 1), res
+    assert res["trains"], res
+
+
+def test_load_module_only_takes_a_layer_unfrozen_or_frozen_since_the_save(by_name):
+    """DeepSpeed loads the module's state dict for ``load_module_only``: the trained set at save time does not
+    matter. Before, a layer unfrozen since the save (or frozen) refused the load ("checkpoint is of another
+    model")."""
+    for r in by_name:
+        for kind in ("unfrozen", "frozen_now"):
+            _loaded_alone(r[kind])
+            assert r[kind]["global"] == (1, 1), "load_module_only leaves the counters"
+
+
+def test_load_optimizer_states_false_takes_other_param_groups(by_name):
+    """Two param groups where the checkpoint has one: the weights and counters load, the groups' learning rates stay
+    this engine's; a full load (which restores the groups) is refused in one line and changes nothing."""
+    for r in by_name:
+        res = r["groups"]
+        _loaded_alone(res)
+        assert res["global"] == (3, 1) and res["lr"] == ([1e-2, 3e-3], [1e-2, 3e-3]), res
+        msg = res["full_load"]
+        assert msg and msg.startswith("CheckpointMismatch: checkpoint has 1 param group(s), this engine 2"), msg
+        assert "\n" not in msg and res["unchanged_after_refusal"], res
+
+
+def test_load_module_strict_false_warm_starts_a_model_with_other_layers(by_name):
+    """A warm start: a model with a layer the checkpoint lacks keeps that layer's own values and loads the rest; one
+    lacking a saved layer loads what it has. Strict, both are refused in one line naming the keys, unchanged."""
+    for r in by_name:
+        for kind, keys in (("wider", "lacks ['extra.bias', 'extra.weight']"), ("narrower", "holds ['frozen.bias'")):
+            res = r[kind]
+            _loaded_alone(res)
+            assert res["own_kept"] == 0.0, "the layer the checkpoint lacks must keep its own values"
+            msg = res["strict"]
+            assert msg and msg.startswith("ValueError: checkpoint ") and keys in msg, msg
+            assert "load_module_strict=False" in msg and "\n" not in msg and res["unchanged_after_refusal"], res

@@ -10,6 +10,7 @@ A's, what it leaves must be their own, bit for bit.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from tests.helpers.ds import ds_apply_zero
 from tests.helpers.ds_checkpoint import ADAM, BNNet, _bn_state, _bn_train
@@ -121,3 +122,113 @@ def _rank0(state: dict, group) -> dict:
     box = [state]
     torch.distributed.broadcast_object_list(box, src=torch.distributed.get_global_rank(group.pg, 0), group=group.pg)
     return box[0]
+
+
+class _WiderNet(BNNet):
+    """BNNet and a layer of its own that a checkpoint of BNNet lacks (a warm start)."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.out(self.extra(self.frozen(torch.relu(self.bn(self.inp(x)))))).pow(2).mean()
+
+
+class _NarrowerNet(nn.Module):
+    """BNNet without its frozen layer: a checkpoint of BNNet holds keys this model lacks."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.bn, self.out = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.inp(x)))).pow(2).mean()
+
+
+def _model(kind: str) -> nn.Module:
+    model = {"wider": _WiderNet, "narrower": _NarrowerNet}.get(kind, BNNet)()
+    if kind == "unfrozen":  # the layer frozen when the checkpoint was saved trains here
+        model.frozen.requires_grad_(True)
+    if kind == "frozen_now":  # a layer trained when it was saved is frozen here
+        model.out.requires_grad_(False)
+    return model
+
+
+def _by_name_engine(group, stage: int, kind: str, rank: int):
+    torch.manual_seed(1)
+    model = _model(kind)
+    groups = None
+    if kind == "groups":  # two param groups where the checkpoint has one
+        first = [*model.inp.parameters(), *model.bn.parameters()]
+        groups = [{"params": first}, {"params": list(model.out.parameters()), "lr": 3e-3}]
+    engine = ds_apply_zero(model, group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200), param_groups=groups)
+    _bn_train(engine, rank, range(7, 8))
+    return engine
+
+
+def _state(engine) -> dict[str, torch.Tensor]:
+    with engine.gathered_params():
+        return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+
+
+def _attempt(fn, *args, **kwargs) -> str | None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _diff_on(a: dict, b: dict, keys) -> float:
+    return _diff({k: a[k] for k in keys}, {k: b[k] for k in keys}) if keys else 0.0
+
+
+CASES = (
+    ("unfrozen", {"load_module_only": True}),
+    ("frozen_now", {"load_module_only": True}),
+    ("groups", {"load_optimizer_states": False, "load_lr_scheduler_states": False}),
+    ("wider", {"load_module_only": True, "load_module_strict": False}),
+    ("narrower", {"load_module_only": True, "load_module_strict": False}),
+)
+
+
+def _load_case(b, kind: str, kwargs: dict, saved: dict, save_dir: str, rank: int) -> dict:
+    before, own = _state(b), _own_state(b)
+    res: dict = {"strict": None, "full_load": None, "unchanged_after_refusal": True}
+    if kind in ("wider", "narrower"):
+        res["strict"] = _attempt(b.load_checkpoint, save_dir, load_module_only=True)
+        res["unchanged_after_refusal"] = _diff(_state(b), before) == 0.0
+    if kind == "groups":
+        res["full_load"] = _attempt(b.load_checkpoint, save_dir)
+        res["unchanged_after_refusal"] = _diff(_state(b), before) == 0.0
+    b.load_checkpoint(save_dir, **kwargs)
+    after = _state(b)
+    common = sorted(set(after) & set(saved))
+    masters = full_parameters(b)
+    res.update(
+        loaded=_diff_on(after, saved, common),
+        moved=_diff_on(after, before, common),
+        own_kept=_diff_on(after, before, sorted(set(after) - set(saved))),
+        master_vs_module=max((masters[n] - after[n]).abs().max().item() for n in masters),
+        **_kept(b, own),
+    )
+    _bn_train(b, rank, range(8, 9))  # trains on from the loaded weights
+    res["trains"] = _diff(_state(b), after) > 0.0
+    return res
+
+
+def ds_load_by_name(rank: int, world: int, stage: int, save_dir: str) -> dict:
+    """The weights-only loads read the weights by name, as DeepSpeed loads the module's state dict for them: a
+    trained set or param groups changed since the save, a warm start with a new layer (``load_module_strict=False``),
+    a model lacking a saved layer. Per case: how far the loaded state is from the saved one, and what the engine
+    kept of its own."""
+    group = dp_groups(rank, world, [world])[world]
+    a = _engine(group, stage, seed=0)
+    _bn_train(a, rank, range(3))
+    a.save_checkpoint(save_dir, tag="a")
+    saved = _rank0(_state(a), group)
+    return {
+        kind: _load_case(_by_name_engine(group, stage, kind, rank), kind, kwargs, saved, save_dir, rank)
+        for kind, kwargs in CASES
+    }

@@ -160,17 +160,20 @@ def iter_shards(path: str | os.PathLike):
         yield sd
 
 
-def load_sharded(engine: Engine, path: str | os.PathLike, optimizer_states: bool = True, also_check=None) -> dict:
+def load_sharded(
+    engine: Engine, path: str | os.PathLike, optimizer_states: bool = True, also_check=None, by_name=None
+) -> dict:
     """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with);
-    returns its counters. ``optimizer_states=False`` loads the fp32 master only; a transaction over the ranks, with
-    ``also_check()`` among its checks (``load_shard_state_dicts``)."""
+    returns its counters. ``optimizer_states=False`` loads the fp32 master only (``by_name``: by name, whatever the
+    saved trained set); a transaction over the ranks, with ``also_check()`` among its checks
+    (``load_shard_state_dicts``)."""
     saved, size = saved_tp(path), _tp(engine)[0]
     if saved != size:
         raise CheckpointMismatch(
             f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
             f"with the TP degree it was saved with (DP may differ)"
         )
-    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states, also_check)
+    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states, also_check, by_name)
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -13,6 +13,8 @@ Shards hold only tensors and plain data.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -118,18 +120,46 @@ def segment_view(chunks: list[torch.Tensor], layout, seg) -> torch.Tensor:
     return chunks[seg.bucket][lo : lo + seg.numel]
 
 
+@dataclass
+class ByName:
+    """A load of the weights alone, by name, whatever the checkpoint's trained set and param groups were: what
+    DeepSpeed's ``load_module_only`` and ``load_optimizer_states=False`` load (the module's state dict). The caller
+    (``zero/compat/deepspeed/checkpoints.py``) has matched the names, and says where the rest comes from:
+
+    - a parameter trained here that the checkpoint holds whole beside its shards (frozen when it was saved) takes
+      its value from ``whole``;
+    - a parameter the shards hold that is not trained here (frozen now) is named in ``gather``: the load assembles
+      it whole from every shard into ``gathered``, for the caller to copy;
+    - a parameter trained here that the checkpoint lacks keeps its value (``load_module_strict=False``)."""
+
+    whole: dict[str, torch.Tensor] = field(default_factory=dict)
+    gather: frozenset[str] = frozenset()
+    gathered: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
 @torch.no_grad()
-def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True, also_check=None) -> dict:
+def load_shard_state_dicts(
+    engine: Engine,
+    shards,
+    optimizer_states: bool = True,
+    also_check=None,
+    by_name: Callable[[], ByName] | None = None,
+) -> dict:
     """Fill this rank's partition from saved shards (any number, any order, any source world size); returns the
     last shard's counters. ``optimizer_states=False``: the fp32 master only (moments, step count, loss scale and
-    param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``).
+    param-group hyperparameters stay this engine's: DeepSpeed's ``load_optimizer_states=False``). ``by_name``
+    (with ``optimizer_states=False``) returns a ``ByName``: the weights are loaded by name, and the checkpoint's
+    trained set and param groups may differ from this engine's.
 
-    A transaction, collective over the DP and TP groups: every shard is read and checked, and ``also_check()``
-    (a caller's own checks) run, before anything changes, and the ranks agree on the outcome; a load refused on
-    any rank changes nothing on any rank (each raises: the refusing rank its reason)."""
+    A transaction, collective over the DP and TP groups: ``by_name()`` runs, every shard is read and checked, and
+    ``also_check()`` (a caller's own checks) runs, before anything changes, and the ranks agree on the outcome; a load
+    refused on any rank changes nothing on any rank (each raises: the refusing rank its reason)."""
+    if by_name is not None and optimizer_states:
+        raise ValueError("a load by name loads the weights alone: pass optimizer_states=False")
     failed: Exception | None = None
     try:
-        plan, first, meta = _plan(engine, shards)
+        spec = by_name() if by_name is not None else None
+        plan, first, meta = _plan(engine, shards, spec)
         if also_check is not None:
             also_check()
     except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below, whatever went wrong here
@@ -159,23 +189,28 @@ def load_shard_state_dicts(engine: Engine, shards, optimizer_states: bool = True
     }
 
 
-def _plan(engine: Engine, shards) -> tuple[list, dict, dict]:
+def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dict, dict]:
     """Read and check every shard, and list what each copies where: (shard, its slice, the local segment, the
-    segment's range); with the first and the last shard. Changes nothing."""
+    segment's range); with the first and the last shard. Under ``spec`` (a load by name) the copies from
+    ``spec.whole`` too, and ``spec.gathered`` filled. Changes nothing of the engine's."""
     segs = engine.layout.segments(engine.rank_in_shards)
     by_name: dict[str, list] = {}
     for k, s in enumerate(segs):
         by_name.setdefault(engine.zparams[s.param].name, []).append((k, s))
     covered: list[list[tuple[int, int]]] = [[] for _ in segs]
+    gathered: dict[str, list[tuple[int, int]]] = {}
     first = meta = None
     expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
     plan = []
     for sd in shards:
         if sd.get("format") != FORMAT:
             raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
-        check_compatible(sd, expected, check_params=first is None)
+        check_compatible(sd, expected, check_params=first is None, exact=spec is None)
         if first is None:
-            _check_groups(engine, sd)
+            if spec is None:
+                _check_groups(engine, sd)
+            else:
+                spec.gathered = {n: torch.zeros(math.prod(sd["params"][n])) for n in spec.gather if n in sd["params"]}
             first = sd
         meta = sd
         off = 0
@@ -185,15 +220,41 @@ def _plan(engine: Engine, shards) -> tuple[list, dict, dict]:
                 if lo < hi:
                     plan.append((sd, slice(off + lo - start, off + hi - start), s, lo, hi))
                     covered[k].append((lo, hi))
+            if spec is not None and name in spec.gathered:
+                spec.gathered[name][start:end] = sd["master"][off : off + end - start]
+                gathered.setdefault(name, []).append((start, end))
             off += end - start
-    filled, needed = sum(union_length(c) for c in covered), sum(s.numel for s in segs)
-    if meta is None or filled != needed:
+    saved = set(meta["params"]) if meta is not None else set()
+    needed = [k for k, s in enumerate(segs) if spec is None or meta is None or engine.zparams[s.param].name in saved]
+    filled, total = sum(union_length(covered[k]) for k in needed), sum(segs[k].numel for k in needed)
+    holes = [n for n, t in (spec.gathered.items() if spec else ()) if union_length(gathered.get(n, [])) != t.numel()]
+    if meta is None or filled != total or holes:
         raise CheckpointMismatch(
-            f"checkpoint covers {filled} of this rank's {needed} elements: shards missing, or a state dict another "
-            "rank saved (each rank loads its own engine.optimizer.state_dict(); save_checkpoint / load_checkpoint "
-            "load any DP size)"
+            f"checkpoint covers {filled} of this rank's {total} elements"
+            + (f" and leaves {holes[:3]} unwritten" if holes else "")
+            + ": shards missing, or a state dict another rank saved (each rank loads its own "
+            "engine.optimizer.state_dict(); save_checkpoint / load_checkpoint load any DP size)"
         )
+    if spec is not None:
+        plan += _whole_copies(engine, segs, spec)
     return plan, first, meta
+
+
+def _whole_copies(engine: Engine, segs, spec: ByName) -> list:
+    """The copies, in ``_plan``'s form, of this rank's segments of the parameters ``spec.whole`` holds."""
+    plan = []
+    for s in segs:
+        zp = engine.zparams[s.param]
+        value = spec.whole.get(zp.name)
+        if value is None:
+            continue
+        if tuple(value.shape) != tuple(zp.slot.shape):
+            raise CheckpointMismatch(
+                f"checkpoint holds {zp.name!r} as {tuple(value.shape)}, this model has it as {tuple(zp.slot.shape)}"
+            )
+        flat = {"master": value.detach().reshape(-1).float()}
+        plan.append((flat, slice(s.param_start, s.param_end), s, s.param_start, s.param_end))
+    return plan
 
 
 def union_length(intervals: list[tuple[int, int]]) -> int:
@@ -207,16 +268,16 @@ def union_length(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: bool = True) -> None:
-    """The checkpoint holds exactly this model's parameters with the same shapes, and its segments and
-    tensors agree with each other; else one line naming the first difference."""
+def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: bool = True, exact: bool = True) -> None:
+    """The checkpoint holds exactly this model's parameters (not ``exact``: the names both have) with the same
+    shapes, and its segments and tensors agree with each other; else one line naming the first difference."""
     saved = {n: list(shape) for n, shape in sd["params"].items()}
     missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    if check_params and (missing or extra):
+    if check_params and exact and (missing or extra):
         what = f"lacks {missing[:3]}" if missing else f"has parameters this model does not: {extra[:3]}"
         raise CheckpointMismatch(f"checkpoint is of another model: it {what}")
     for name, shape in expected.items() if check_params else ():
-        if saved[name] != shape:
+        if name in saved and saved[name] != shape:
             raise CheckpointMismatch(
                 f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
                 f"{tuple(shape)}: it was saved from another model size"

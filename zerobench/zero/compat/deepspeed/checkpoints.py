@@ -31,6 +31,7 @@ from zerobench.files import replace_file, write_file
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import extra_states, state_entries
+from zerobench.zero.state.shards import ByName
 from zerobench.zero.state.transaction import (
     CheckpointMismatch,
     load_file,
@@ -214,24 +215,35 @@ def load_tagged(
     ``load_module_only=True`` loads the weights alone; ``load_module_strict=False`` skips the buffers and frozen
     parameters that the checkpoint or the model lacks; ``load_lr_scheduler_states=False`` leaves
     ``engine.lr_scheduler`` where it is (it loads otherwise, unless ``load_module_only``; a checkpoint saved
-    without one warns that the schedule starts from its beginning)."""
+    without one warns that the schedule starts from its beginning).
+
+    The two weights-only loads read the weights by name, as DeepSpeed loads the module's state dict for them: the
+    parameters trained here need not be the ones trained when it was saved (a layer unfrozen since, new param
+    groups), and with ``load_module_strict=False`` a model with layers the checkpoint lacks keeps their values
+    (a warm start), as ``load_state_dict(strict=False)`` does. A full load needs the saved trained set and groups."""
     path = tagged_path(load_dir, tag)
     if path is None:
         warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)
         return None, None
     # Everything is read and checked before anything changes (load_sharded's transaction), so a refused load, on
     # any rank, leaves every rank's engine, model and scheduler as they were.
-    read: dict = {}
+    read: dict = {"gathered": []}
+    weights_only = load_module_only or not load_optimizer_states
 
     def check() -> None:
-        read["extras"] = _check_extras(engine, path, load_module_strict)
+        if not weights_only:
+            read["extras"] = _check_extras(engine, path, load_module_strict)
         read["client"] = load_file(path / "client_state.pt")
         read["samples"] = read_json(path / COUNTERS).get("global_samples") if (path / COUNTERS).exists() else None
         if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
             read["scheduler"] = _read_scheduler(path)
             _check_scheduler(engine.lr_scheduler, read["scheduler"], path)
 
-    counters = load_sharded(engine, path, load_optimizer_states and not load_module_only, also_check=check)
+    def by_name() -> ByName:
+        read["spec"], read["extras"], read["gathered"] = _route_by_name(engine, path, load_module_strict)
+        return read["spec"]
+
+    counters = load_sharded(engine, path, not weights_only, also_check=check, by_name=by_name if weights_only else None)
     if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
         engine.global_steps = counters["global_steps"]
         engine.scaler.skipped_steps = counters["skipped_steps"]
@@ -245,9 +257,66 @@ def load_tagged(
             target.copy_(value)
         else:
             target.set_extra_state(value)
+    for target, name in read["gathered"]:  # saved trained, frozen here
+        target.copy_(read["spec"].gathered[name].view(target.shape))
     if read.get("scheduler") is not None:
         engine.lr_scheduler.load_state_dict(read["scheduler"])
     return str(path), read["client"]
+
+
+def _route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, list[tuple], list[tuple]]:
+    """Where each of this model's state dict entries comes from in a weights-only load (see ``ByName``): (the spec
+    for the shards, (tensor or module, saved value) to copy from ``module_extra.pt``, (frozen tensor, saved name)
+    to copy from the gathered values). Under ``strict`` the model's and the checkpoint's state dict keys must
+    match both ways (a trained set that changed since the save does not matter); shapes always. Changes nothing."""
+    d = rank_dir(engine, path)
+    meta = read_json(d / "meta.json")
+    params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
+    aliases = {a: n for a, n in (meta.get("aliases") or {}).items() if n in params}
+    extra = load_file(d / "module_extra.pt")
+    trained = {id(zp.param): zp for zp in engine.zparams}  # (at stage 3 the module holds placeholders)
+    here = {**dict(state_entries(engine.module, set(trained))), **extra_states(engine.module)}
+    missing = sorted(set(here) - set(params) - set(aliases) - set(extra))
+    unexpected = sorted((set(params) | set(aliases) | set(extra)) - set(here))
+    if strict and (missing or unexpected):
+        what = (
+            f"lacks {missing[:4]} of this model's parameters, buffers and extra state"
+            if missing
+            else f"holds {unexpected[:4]}, which this model lacks"
+        )
+        raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
+    whole, gather, copies = {}, [], []
+    for key, target in here.items():
+        zp = trained.get(id(target)) if torch.is_tensor(target) else None
+        if zp is not None:  # trained here: from the shards (by its own name), or whole from module_extra.pt
+            name = zp.name
+            if name not in params and name in extra:
+                whole[name] = _fits(path, name, extra[name], zp.slot.shape)
+            elif name not in params and key in set(params) | set(aliases) | set(extra):
+                raise CheckpointMismatch(
+                    f"checkpoint {path} holds {key!r} tied to another parameter than this model does: tie the "
+                    "model's weights as they were when it was saved"
+                )
+        elif key in extra:
+            copies.append(
+                (target, _fits(path, key, extra[key], target.shape) if torch.is_tensor(target) else extra[key])
+            )
+        elif key in params or key in aliases:  # trained when saved, frozen (or a buffer) here
+            saved = aliases.get(key, key)
+            if list(target.shape) != list(params[saved]):
+                raise ValueError(
+                    f"checkpoint {path} holds {key!r} {tuple(params[saved])}, which this model has as "
+                    f"{tuple(target.shape)}"
+                )
+            gather.append((target, saved))
+    return ByName(whole=whole, gather=frozenset(n for _, n in gather)), copies, gather
+
+
+def _fits(path: Path, name: str, value, shape: torch.Size) -> torch.Tensor:
+    """``value``, the checkpoint's ``name``, if it is a tensor of this model's ``shape``; else one line."""
+    if not torch.is_tensor(value) or tuple(shape) != tuple(value.shape):
+        raise ValueError(f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as {tuple(shape)}")
+    return value
 
 
 def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:

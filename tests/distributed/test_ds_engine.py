@@ -11,7 +11,12 @@ import pytest
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp_resume
-from tests.helpers.ds_checkpoint_options import ds_load_by_name, ds_load_options
+from tests.helpers.ds_checkpoint_options import (
+    ds_load_by_name,
+    ds_load_edited_and_scheduled,
+    ds_load_options,
+    ds_load_tied,
+)
 from tests.helpers.tiers import STAGES
 
 pytestmark = pytest.mark.dist
@@ -157,3 +162,26 @@ def test_load_module_strict_false_warm_starts_a_model_with_other_layers(by_name)
             msg = res["strict"]
             assert msg and msg.startswith("ValueError: checkpoint ") and keys in msg, msg
             assert "load_module_strict=False" in msg and "\n" not in msg and res["unchanged_after_refusal"], res
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_weights_tied_otherwise_load_as_torch_load_state_dict(stage, tmp_path):
+    """Saved tied and loaded untied, or the other way round: every key holds what ``load_state_dict`` of the saved
+    state dict gives (DeepSpeed's module load). The same tie with the head registered first loads as saved (before,
+    it was refused as tied otherwise)."""
+    for r in run_distributed(ds_load_tied, 2, stage, str(tmp_path)):
+        for case in ("same", "untie", "tie"):
+            assert r[case]["vs_torch"] == 0.0, (case, r)
+        assert r["same"]["head_is_saved_head"] and r["untie"]["head_is_saved_head"], r
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_warm_start_keeps_the_new_layers_init_and_refuses_a_schedule_of_other_groups(stage, tmp_path):
+    """bf16: the new layer's init, made in place after the engine was built, survives the load (before, the stale
+    master was written back over it). A schedule saved for one param group would leave a second undriven: one line,
+    nothing loaded."""
+    for r in run_distributed(ds_load_edited_and_scheduled, 2, stage, str(tmp_path / "ckpt")):
+        assert r["kept"] == 0.0, r
+        msg = r["refused"]
+        assert msg and msg.startswith("CheckpointMismatch: checkpoint ") and "1 param group(s)" in msg, msg
+        assert "load_lr_scheduler_states=False" in msg and "\n" not in msg and r["unchanged"], r

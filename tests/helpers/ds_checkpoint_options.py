@@ -9,13 +9,15 @@ A's, what it leaves must be their own, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from tests.helpers.ds import ds_apply_zero
 from tests.helpers.ds_checkpoint import ADAM, BNNet, _bn_state, _bn_train
 from tests.helpers.scenarios import dp_groups
-from zerobench.zero import ZeroConfig
+from zerobench.zero import Precision, ZeroConfig
 from zerobench.zero.state.shards import full_parameters
 
 
@@ -232,3 +234,73 @@ def ds_load_by_name(rank: int, world: int, stage: int, save_dir: str) -> dict:
         kind: _load_case(_by_name_engine(group, stage, kind, rank), kind, kwargs, saved, save_dir, rank)
         for kind, kwargs in CASES
     }
+
+
+class _Tied(nn.Module):
+    """An embedding-like layer and a head that may share one weight (GPT-2's ``lm_head.weight``)."""
+
+    def __init__(self, tied: bool, head_first: bool = False):
+        super().__init__()
+        layers = {"emb": nn.Linear(8, 8, bias=False), "head": nn.Linear(8, 8, bias=False)}
+        for name in ("head", "emb") if head_first else ("emb", "head"):
+            setattr(self, name, layers[name])
+        self.mid = nn.Linear(8, 8)
+        if tied:
+            self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid(self.emb(x)))).pow(2).mean()
+
+
+TIES = {"same": ({"tied": True}, {"tied": True, "head_first": True}), "untie": ({"tied": True}, {"tied": False})}
+TIES["tie"] = ({"tied": False}, {"tied": True})
+
+
+def ds_load_tied(rank: int, world: int, stage: int, save_dir: str) -> dict:
+    """Weights tied otherwise than when saved load as ``model.load_state_dict`` takes them from the saved state dict
+    (of a tied parameter's keys, the last one saved wins); the same tie registered in another order loads as is.
+    Per case: whether every key holds what torch's ``load_state_dict`` gives."""
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for case, (saved_kw, here_kw) in TIES.items():
+        torch.manual_seed(0)
+        a = ds_apply_zero(_Tied(**saved_kw), group, ZeroConfig(stage=stage, optimizer=ADAM))
+        a.save_checkpoint(f"{save_dir}/{case}", tag="a")
+        saved = _state(a)
+        torch.manual_seed(1)
+        b = ds_apply_zero(_Tied(**here_kw), group, ZeroConfig(stage=stage, optimizer=ADAM))
+        b.load_checkpoint(f"{save_dir}/{case}", load_module_only=True)
+        after = _state(b)
+        torch.manual_seed(1)
+        ref = _Tied(**here_kw)
+        ref.load_state_dict(saved)
+        out[case] = {
+            "vs_torch": _diff(after, ref.state_dict()),
+            "head_is_saved_head": torch.equal(after["head.weight"], saved["head.weight"]),
+        }
+    return out
+
+
+def ds_load_edited_and_scheduled(rank: int, world: int, stage: int, save_dir: str) -> dict:
+    """A warm start in bf16 keeps the new layer's init made in place after the engine was built (the module's value,
+    not the master's rounding of the old one); a schedule saved for one param group is refused, in one line, by a
+    load that would drive two with it."""
+    group = dp_groups(rank, world, [world])[world]
+    torch.manual_seed(0)
+    a = ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, precision=Precision.BF16))
+    a.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 0.5**s)
+    _bn_train(a, rank, range(2))
+    a.save_checkpoint(save_dir, tag="a")
+    torch.manual_seed(1)
+    b = ds_apply_zero(_WiderNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, precision=Precision.BF16))
+    # the user's own init of the new layer, in place (at stage 3 inside a gather: the module holds placeholders)
+    with b.gathered_params(modifier_rank=0) if stage == 3 else contextlib.nullcontext(), torch.no_grad():
+        b.module.extra.weight.fill_(0.25)
+    b.load_checkpoint(save_dir, load_module_only=True, load_module_strict=False)
+    with b.gathered_params():
+        kept = (b.module.extra.weight.float() - 0.25).abs().max().item()
+    c = _by_name_engine(group, stage, "groups", rank)
+    c.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(c.optimizer, lambda s: 0.5**s)
+    before = _state(c)
+    refused = _attempt(c.load_checkpoint, save_dir, load_optimizer_states=False)
+    return {"kept": kept, "refused": refused, "unchanged": _diff(_state(c), before) == 0.0}

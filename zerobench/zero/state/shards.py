@@ -124,15 +124,16 @@ def segment_view(chunks: list[torch.Tensor], layout, seg) -> torch.Tensor:
 class ByName:
     """A load of the weights alone, by name, whatever the checkpoint's trained set and param groups were: what
     DeepSpeed's ``load_module_only`` and ``load_optimizer_states=False`` load (the module's state dict). The caller
-    (``zero/compat/deepspeed/checkpoints.py``) has matched the names, and says where the rest comes from:
+    (``zero/compat/deepspeed/checkpoints.py``) has matched the names, and says where each value comes from:
 
-    - a parameter trained here that the checkpoint holds whole beside its shards (frozen when it was saved) takes
-      its value from ``whole``;
+    - a parameter trained here takes the shards' values saved under its own name, or under ``sources[its name]``
+      (weights tied otherwise when saved), or, where the checkpoint holds it whole beside its shards (frozen when
+      it was saved), ``whole[its name]``; one the checkpoint lacks keeps its value (``load_module_strict=False``);
     - a parameter the shards hold that is not trained here (frozen now) is named in ``gather``: the load assembles
-      it whole from every shard into ``gathered``, for the caller to copy;
-    - a parameter trained here that the checkpoint lacks keeps its value (``load_module_strict=False``)."""
+      it whole from every shard into ``gathered`` (filled by the load), for the caller to copy."""
 
     whole: dict[str, torch.Tensor] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
     gather: frozenset[str] = frozenset()
     gathered: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -168,6 +169,8 @@ def load_shard_state_dicts(
         if failed is not None:
             raise failed
         raise CheckpointMismatch("another rank refused this checkpoint (its error says why): nothing was loaded")
+    if spec is not None:  # what the load leaves (a new layer's init, edited in place) is the module's, not the master's
+        engine.storage.adopt_edits()
     opt = engine.adamw
     ms, vs = opt.moments() if optimizer_states else ([], [])
     keys = ((opt.master, "master"), (ms, "exp_avg"), (vs, "exp_avg_sq"))[: 3 if optimizer_states else 1]
@@ -194,9 +197,10 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
     segment's range); with the first and the last shard. Under ``spec`` (a load by name) the copies from
     ``spec.whole`` too, and ``spec.gathered`` filled. Changes nothing of the engine's."""
     segs = engine.layout.segments(engine.rank_in_shards)
+    source = {zp.name: zp.name for zp in engine.zparams} | (spec.sources if spec else {})
     by_name: dict[str, list] = {}
     for k, s in enumerate(segs):
-        by_name.setdefault(engine.zparams[s.param].name, []).append((k, s))
+        by_name.setdefault(source[engine.zparams[s.param].name], []).append((k, s))
     covered: list[list[tuple[int, int]]] = [[] for _ in segs]
     gathered: dict[str, list[tuple[int, int]]] = {}
     first = meta = None
@@ -205,12 +209,12 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
     for sd in shards:
         if sd.get("format") != FORMAT:
             raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
-        check_compatible(sd, expected, check_params=first is None, exact=spec is None)
+        check_compatible(sd, expected if spec is None else {}, check_params=first is None)
         if first is None:
             if spec is None:
                 _check_groups(engine, sd)
             else:
-                spec.gathered = {n: torch.zeros(math.prod(sd["params"][n])) for n in spec.gather if n in sd["params"]}
+                _start_by_name(engine, spec, sd, source)
             first = sd
         meta = sd
         off = 0
@@ -225,7 +229,7 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
                 gathered.setdefault(name, []).append((start, end))
             off += end - start
     saved = set(meta["params"]) if meta is not None else set()
-    needed = [k for k, s in enumerate(segs) if spec is None or meta is None or engine.zparams[s.param].name in saved]
+    needed = [k for k, s in enumerate(segs) if meta is None or source[engine.zparams[s.param].name] in saved]
     filled, total = sum(union_length(covered[k]) for k in needed), sum(segs[k].numel for k in needed)
     holes = [n for n, t in (spec.gathered.items() if spec else ()) if union_length(gathered.get(n, [])) != t.numel()]
     if meta is None or filled != total or holes:
@@ -235,9 +239,24 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
             + ": shards missing, or a state dict another rank saved (each rank loads its own "
             "engine.optimizer.state_dict(); save_checkpoint / load_checkpoint load any DP size)"
         )
-    if spec is not None:
-        plan += _whole_copies(engine, segs, spec)
-    return plan, first, meta
+    return plan + (_whole_copies(engine, segs, spec) if spec is not None else []), first, meta
+
+
+def _start_by_name(engine: Engine, spec: ByName, sd: dict, source: dict[str, str]) -> None:
+    """Check a load by name against the first shard (the shapes of what each trained parameter loads from, what
+    is to be gathered), and make ``spec.gathered``'s buffers."""
+    saved = sd["params"]
+    for zp in engine.zparams:
+        src = source[zp.name]
+        if src in saved and list(saved[src]) != list(zp.slot.shape):
+            raise CheckpointMismatch(
+                f"checkpoint holds {src!r} as {tuple(saved[src])}, this model's {zp.name!r} is "
+                f"{tuple(zp.slot.shape)}: it was saved from another model size"
+            )
+    lost = sorted(n for n in spec.gather if n not in saved)
+    if lost:
+        raise CheckpointMismatch(f"checkpoint's shards lack {lost[:3]}: its meta.json and shards disagree")
+    spec.gathered = {n: torch.zeros(math.prod(saved[n])) for n in spec.gather}
 
 
 def _whole_copies(engine: Engine, segs, spec: ByName) -> list:
@@ -250,7 +269,8 @@ def _whole_copies(engine: Engine, segs, spec: ByName) -> list:
             continue
         if tuple(value.shape) != tuple(zp.slot.shape):
             raise CheckpointMismatch(
-                f"checkpoint holds {zp.name!r} as {tuple(value.shape)}, this model has it as {tuple(zp.slot.shape)}"
+                f"checkpoint holds {zp.name!r} as {tuple(value.shape)}, this model has it as "
+                f"{tuple(zp.slot.shape)}: it was saved from another model size"
             )
         flat = {"master": value.detach().reshape(-1).float()}
         plan.append((flat, slice(s.param_start, s.param_end), s, s.param_start, s.param_end))
@@ -268,16 +288,16 @@ def union_length(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: bool = True, exact: bool = True) -> None:
-    """The checkpoint holds exactly this model's parameters (not ``exact``: the names both have) with the same
-    shapes, and its segments and tensors agree with each other; else one line naming the first difference."""
+def check_compatible(sd: dict, expected: dict[str, list[int]], check_params: bool = True) -> None:
+    """The checkpoint holds exactly this model's parameters (``expected``; none given: any) with the same shapes,
+    and its segments and tensors agree with each other; else one line naming the first difference."""
     saved = {n: list(shape) for n, shape in sd["params"].items()}
     missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    if check_params and exact and (missing or extra):
+    if check_params and expected and (missing or extra):
         what = f"lacks {missing[:3]}" if missing else f"has parameters this model does not: {extra[:3]}"
         raise CheckpointMismatch(f"checkpoint is of another model: it {what}")
     for name, shape in expected.items() if check_params else ():
-        if name in saved and saved[name] != shape:
+        if saved[name] != shape:
             raise CheckpointMismatch(
                 f"checkpoint shape of {name!r} is {tuple(saved[name])}, this model's is "
                 f"{tuple(shape)}: it was saved from another model size"

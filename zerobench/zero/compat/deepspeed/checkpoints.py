@@ -245,13 +245,7 @@ def load_tagged(
 
     counters = load_sharded(engine, path, not weights_only, also_check=check, by_name=by_name if weights_only else None)
     if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
-        engine.global_steps = counters["global_steps"]
-        engine.scaler.skipped_steps = counters["skipped_steps"]
-        if getattr(engine, "micro_batch", None) is not None:  # without a count saved, DeepSpeed's fallback
-            samples = read["samples"]
-            if not isinstance(samples, int) or isinstance(samples, bool):
-                samples = engine.global_steps * engine.train_batch_size()
-            engine._samples_at = (engine.global_steps, samples)
+        _set_counters(engine, counters, read["samples"])
     for target, value in read["extras"]:
         if torch.is_tensor(target):
             target.copy_(value)
@@ -264,20 +258,31 @@ def load_tagged(
     return str(path), read["client"]
 
 
+def _set_counters(engine: Engine, counters: dict, samples) -> None:
+    engine.global_steps = counters["global_steps"]
+    engine.scaler.skipped_steps = counters["skipped_steps"]
+    if getattr(engine, "micro_batch", None) is not None:  # without a count saved, DeepSpeed's fallback
+        if not isinstance(samples, int) or isinstance(samples, bool):
+            samples = engine.global_steps * engine.train_batch_size()
+        engine._samples_at = (engine.global_steps, samples)
+
+
 def _route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, list[tuple], list[tuple]]:
-    """Where each of this model's state dict entries comes from in a weights-only load (see ``ByName``): (the spec
-    for the shards, (tensor or module, saved value) to copy from ``module_extra.pt``, (frozen tensor, saved name)
-    to copy from the gathered values). Under ``strict`` the model's and the checkpoint's state dict keys must
-    match both ways (a trained set that changed since the save does not matter); shapes always. Changes nothing."""
+    """Where each of this model's state dict entries comes from in a weights-only load, as
+    ``model.load_state_dict`` would take them from the saved state dict (see ``ByName``): (the spec for the shards,
+    (tensor or module, saved value) to copy from ``module_extra.pt``, (frozen tensor, saved name) to copy from the
+    gathered values). Under ``strict`` the model's and the checkpoint's keys must match both ways (the trained set
+    at save time does not matter); shapes always. Changes nothing."""
     d = rank_dir(engine, path)
     meta = read_json(d / "meta.json")
     params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
-    aliases = {a: n for a, n in (meta.get("aliases") or {}).items() if n in params}
+    # where each saved key's value is: a shard's parameter (under its own name, or the one it is tied to)
+    in_shards = {**{n: n for n in params}, **{a: n for a, n in (meta.get("aliases") or {}).items() if n in params}}
     extra = load_file(d / "module_extra.pt")
     trained = {id(zp.param): zp for zp in engine.zparams}  # (at stage 3 the module holds placeholders)
     here = {**dict(state_entries(engine.module, set(trained))), **extra_states(engine.module)}
-    missing = sorted(set(here) - set(params) - set(aliases) - set(extra))
-    unexpected = sorted((set(params) | set(aliases) | set(extra)) - set(here))
+    missing = sorted(set(here) - set(in_shards) - set(extra))
+    unexpected = sorted((set(in_shards) | set(extra)) - set(here))
     if strict and (missing or unexpected):
         what = (
             f"lacks {missing[:4]} of this model's parameters, buffers and extra state"
@@ -285,38 +290,43 @@ def _route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, li
             else f"holds {unexpected[:4]}, which this model lacks"
         )
         raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
-    whole, gather, copies = {}, [], []
-    for key, target in here.items():
+    spec, copies, gather = ByName(), [], []
+    for key, target in here.items():  # in state_dict order: of a tied parameter's keys, the last one saved wins
         zp = trained.get(id(target)) if torch.is_tensor(target) else None
-        if zp is not None:  # trained here: from the shards (by its own name), or whole from module_extra.pt
-            name = zp.name
-            if name not in params and name in extra:
-                whole[name] = _fits(path, name, extra[name], zp.slot.shape)
-            elif name not in params and key in set(params) | set(aliases) | set(extra):
-                raise CheckpointMismatch(
-                    f"checkpoint {path} holds {key!r} tied to another parameter than this model does: tie the "
-                    "model's weights as they were when it was saved"
-                )
+        if zp is not None:  # trained here
+            if key in in_shards:
+                spec.sources[zp.name] = in_shards[key]
+                spec.whole.pop(zp.name, None)
+            elif key in extra:
+                spec.whole[zp.name] = _fits(path, key, extra[key], zp.slot.shape)
+                spec.sources[zp.name] = ""  # (no shard's values)
         elif key in extra:
             copies.append(
                 (target, _fits(path, key, extra[key], target.shape) if torch.is_tensor(target) else extra[key])
             )
-        elif key in params or key in aliases:  # trained when saved, frozen (or a buffer) here
-            saved = aliases.get(key, key)
-            if list(target.shape) != list(params[saved]):
-                raise ValueError(
-                    f"checkpoint {path} holds {key!r} {tuple(params[saved])}, which this model has as "
-                    f"{tuple(target.shape)}"
-                )
-            gather.append((target, saved))
-    return ByName(whole=whole, gather=frozenset(n for _, n in gather)), copies, gather
+        elif key in in_shards:  # trained when saved, frozen (or a buffer) here
+            _check_shape(path, key, tuple(params[in_shards[key]]), target.shape)
+            gather.append((target, in_shards[key]))
+    for zp in engine.zparams:  # a parameter the checkpoint lacks keeps its own values (not strict)
+        spec.sources.setdefault(zp.name, "")
+    spec.gather = frozenset(n for _, n in gather)
+    return spec, copies, gather
 
 
 def _fits(path: Path, name: str, value, shape: torch.Size) -> torch.Tensor:
     """``value``, the checkpoint's ``name``, if it is a tensor of this model's ``shape``; else one line."""
-    if not torch.is_tensor(value) or tuple(shape) != tuple(value.shape):
-        raise ValueError(f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as {tuple(shape)}")
+    if not torch.is_tensor(value):
+        raise ValueError(f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as a tensor")
+    _check_shape(path, name, tuple(value.shape), shape)
     return value
+
+
+def _check_shape(path: Path, name: str, saved: tuple, shape: torch.Size) -> None:
+    if tuple(saved) != tuple(shape):
+        raise ValueError(
+            f"checkpoint {path} holds {name!r} as {tuple(saved)}, which this model has as {tuple(shape)}: it was "
+            "saved from another model size"
+        )
 
 
 def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:
@@ -365,6 +375,18 @@ def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:
             f"checkpoint {path} holds the state of another learning-rate schedule than this engine's "
             f"{type(scheduler).__name__} (it lacks {lacks[:3]}): build the engine with the scheduler it was saved "
             "with, or load with load_lr_scheduler_states=False"
+        )
+    # per-group lists (torch's base_lrs): a schedule saved for other param groups would leave a group undriven
+    mine = scheduler.state_dict()
+    other = next(
+        (k for k, v in mine.items() if isinstance(v, list) and isinstance(state[k], list) and len(v) != len(state[k])),
+        None,
+    )
+    if other is not None:
+        raise CheckpointMismatch(
+            f"checkpoint {path} holds a learning-rate schedule of {len(state[other])} param group(s) ({other}), this "
+            f"engine's drives {len(mine[other])}: load with load_lr_scheduler_states=False, or build the engine with "
+            "the param groups it was saved with"
         )
 
 

@@ -28,10 +28,10 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.files import replace_file, write_file
+from zerobench.zero.compat.deepspeed.module_load import check_extras, engine_extras, route_by_name
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
-from zerobench.zero.state.export import extra_states, state_entries
-from zerobench.zero.state.shards import ByName
+from zerobench.zero.state.export import extra_states
 from zerobench.zero.state.transaction import (
     CheckpointMismatch,
     load_file,
@@ -47,13 +47,6 @@ COUNTERS = "counters.json"
 """DeepSpeed's counters no shard holds: ``global_samples`` (samples at the batch size each step ran with)."""
 FROZEN = "frozen.json"
 """Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
-
-
-def _extras(engine: Engine, frozen: bool = True) -> dict[str, torch.Tensor]:
-    """The model's persistent buffers and (unless ``frozen=False``) frozen parameters, by ``state_dict`` name:
-    what the engine does not hold (at stage 3 frozen parameters stay whole on every rank)."""
-    trained = {id(zp.param) for zp in engine.zparams}
-    return {k: t for k, t in state_entries(engine.module, trained, frozen) if id(t) not in trained}
 
 
 def _plain(state: dict, what: str = "client_state") -> bytes:
@@ -163,7 +156,7 @@ def _write_extras(
 ) -> None:
     """DP rank 0's files beside the shards: the buffers, frozen parameters and extra states (per TP rank), the client
     state and the scheduler's (once)."""
-    extra = _extras(engine, not exclude_frozen)
+    extra = engine_extras(engine, not exclude_frozen)
     d = rank_dir(engine, root)
     saved = {**{n: t.detach().cpu().clone() for n, t in extra.items()}, **states}
     write_file(d / "module_extra.pt", lambda f: torch.save(saved, f))
@@ -232,15 +225,15 @@ def load_tagged(
 
     def check() -> None:
         if not weights_only:
-            read["extras"] = _check_extras(engine, path, load_module_strict)
+            read["extras"] = check_extras(engine, path, load_module_strict)
         read["client"] = load_file(path / "client_state.pt")
         read["samples"] = read_json(path / COUNTERS).get("global_samples") if (path / COUNTERS).exists() else None
         if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
             read["scheduler"] = _read_scheduler(path)
             _check_scheduler(engine.lr_scheduler, read["scheduler"], path)
 
-    def by_name() -> ByName:
-        read["spec"], read["extras"], read["gathered"] = _route_by_name(engine, path, load_module_strict)
+    def by_name():
+        read["spec"], read["extras"], read["gathered"] = route_by_name(engine, path, load_module_strict)
         return read["spec"]
 
     counters = load_sharded(engine, path, not weights_only, also_check=check, by_name=by_name if weights_only else None)
@@ -265,98 +258,6 @@ def _set_counters(engine: Engine, counters: dict, samples) -> None:
         if not isinstance(samples, int) or isinstance(samples, bool):
             samples = engine.global_steps * engine.train_batch_size()
         engine._samples_at = (engine.global_steps, samples)
-
-
-def _route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, list[tuple], list[tuple]]:
-    """Where each of this model's state dict entries comes from in a weights-only load, as
-    ``model.load_state_dict`` would take them from the saved state dict (see ``ByName``): (the spec for the shards,
-    (tensor or module, saved value) to copy from ``module_extra.pt``, (frozen tensor, saved name) to copy from the
-    gathered values). Under ``strict`` the model's and the checkpoint's keys must match both ways (the trained set
-    at save time does not matter); shapes always. Changes nothing."""
-    d = rank_dir(engine, path)
-    meta = read_json(d / "meta.json")
-    params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
-    # where each saved key's value is: a shard's parameter (under its own name, or the one it is tied to)
-    in_shards = {**{n: n for n in params}, **{a: n for a, n in (meta.get("aliases") or {}).items() if n in params}}
-    extra = load_file(d / "module_extra.pt")
-    trained = {id(zp.param): zp for zp in engine.zparams}  # (at stage 3 the module holds placeholders)
-    here = {**dict(state_entries(engine.module, set(trained))), **extra_states(engine.module)}
-    missing = sorted(set(here) - set(in_shards) - set(extra))
-    unexpected = sorted((set(in_shards) | set(extra)) - set(here))
-    if strict and (missing or unexpected):
-        what = (
-            f"lacks {missing[:4]} of this model's parameters, buffers and extra state"
-            if missing
-            else f"holds {unexpected[:4]}, which this model lacks"
-        )
-        raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
-    spec, copies, gather = ByName(), [], []
-    for key, target in here.items():  # in state_dict order: of a tied parameter's keys, the last one saved wins
-        zp = trained.get(id(target)) if torch.is_tensor(target) else None
-        if zp is not None:  # trained here
-            if key in in_shards:
-                spec.sources[zp.name] = in_shards[key]
-                spec.whole.pop(zp.name, None)
-            elif key in extra:
-                spec.whole[zp.name] = _fits(path, key, extra[key], zp.slot.shape)
-                spec.sources[zp.name] = ""  # (no shard's values)
-        elif key in extra:
-            copies.append(
-                (target, _fits(path, key, extra[key], target.shape) if torch.is_tensor(target) else extra[key])
-            )
-        elif key in in_shards:  # trained when saved, frozen (or a buffer) here
-            _check_shape(path, key, tuple(params[in_shards[key]]), target.shape)
-            gather.append((target, in_shards[key]))
-    for zp in engine.zparams:  # a parameter the checkpoint lacks keeps its own values (not strict)
-        spec.sources.setdefault(zp.name, "")
-    spec.gather = frozenset(n for _, n in gather)
-    return spec, copies, gather
-
-
-def _fits(path: Path, name: str, value, shape: torch.Size) -> torch.Tensor:
-    """``value``, the checkpoint's ``name``, if it is a tensor of this model's ``shape``; else one line."""
-    if not torch.is_tensor(value):
-        raise ValueError(f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as a tensor")
-    _check_shape(path, name, tuple(value.shape), shape)
-    return value
-
-
-def _check_shape(path: Path, name: str, saved: tuple, shape: torch.Size) -> None:
-    if tuple(saved) != tuple(shape):
-        raise ValueError(
-            f"checkpoint {path} holds {name!r} as {tuple(saved)}, which this model has as {tuple(shape)}: it was "
-            "saved from another model size"
-        )
-
-
-def _check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:
-    """The saved buffers, frozen parameters and modules' extra state, as (the model's tensor or module, its saved
-    value) to copy or hand to ``set_extra_state``; under ``strict`` the names must match both ways, and tensor
-    shapes always. Changes nothing."""
-    extra = load_file(rank_dir(engine, path) / "module_extra.pt")
-    here = {**_extras(engine), **extra_states(engine.module)}
-    missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
-    if strict and (missing or unexpected):
-        what = (
-            f"lacks {missing[:4]} of this model's buffers, frozen parameters and extra state"
-            if missing
-            else f"holds {unexpected[:4]}, which this model lacks"
-        )
-        raise ValueError(f"checkpoint {path} {what}: load it with load_module_strict=False to skip them")
-    copies = []
-    for name, value in extra.items():
-        target = here.get(name)
-        if torch.is_tensor(target) and (not torch.is_tensor(value) or target.shape != value.shape):
-            raise ValueError(
-                f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as {tuple(target.shape)}"
-            )
-        if target is not None:
-            copies.append((target, value))
-    return copies
-
-
-def _shape(value) -> str:
-    return str(tuple(value.shape)) if torch.is_tensor(value) else f"as a {type(value).__name__}"
 
 
 def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:

@@ -351,3 +351,20 @@ def test_a_schedule_saved_under_another_torch_version_loads(tmp_path):
     _check_scheduler(live, older, tmp_path)
     with pytest.raises(CheckpointMismatch, match=r"lacks \['step_size'\]"):
         _check_scheduler(live, {k: v for k, v in older.items() if k != "step_size"}, tmp_path)
+
+
+def test_a_schedule_of_other_param_groups_is_refused_and_a_missing_private_list_is_not(tmp_path):
+    """A torch schedule's per-group lists (``base_lrs``) must be as long as the engine's groups, or the load would
+    leave a group undriven; a private list torch's other version lacks (``_last_lr``) does not matter."""
+    from zerobench.zero.compat.deepspeed.checkpoints import _check_scheduler
+
+    def sched(groups: int):
+        params = [{"params": [nn.Parameter(torch.ones(1))]} for _ in range(groups)]
+        return torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(params, lr=0.1), lambda s: 0.5**s)
+
+    two = sched(2)
+    _check_scheduler(two, {k: v for k, v in sched(2).state_dict().items() if k != "_last_lr"}, tmp_path)
+    with pytest.raises(
+        CheckpointMismatch, match=r"schedule of 1 param group\(s\) \(base_lrs\), this engine's drives 2"
+    ):
+        _check_scheduler(two, sched(1).state_dict(), tmp_path)

@@ -280,7 +280,11 @@ def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:
     # per-group lists (torch's base_lrs): a schedule saved for other param groups would leave a group undriven
     mine = scheduler.state_dict()
     other = next(
-        (k for k, v in mine.items() if isinstance(v, list) and isinstance(state[k], list) and len(v) != len(state[k])),
+        (
+            k
+            for k, v in mine.items()
+            if isinstance(v, list) and isinstance(state.get(k), list) and len(v) != len(state[k])
+        ),
         None,
     )
     if other is not None:

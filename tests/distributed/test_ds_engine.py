@@ -166,11 +166,12 @@ def test_load_module_strict_false_warm_starts_a_model_with_other_layers(by_name)
 
 @pytest.mark.parametrize("stage", [1, 3])
 def test_weights_tied_otherwise_load_as_torch_load_state_dict(stage, tmp_path):
-    """Saved tied and loaded untied, or the other way round: every key holds what ``load_state_dict`` of the saved
+    """Saved tied and loaded untied, or the other way round (trained, or frozen here with one of the saved weights
+    frozen when saved): every key holds what ``load_state_dict`` of the saved
     state dict gives (DeepSpeed's module load). The same tie with the head registered first loads as saved (before,
     it was refused as tied otherwise)."""
     for r in run_distributed(ds_load_tied, 2, stage, str(tmp_path)):
-        for case in ("same", "untie", "tie"):
+        for case in ("same", "untie", "tie", "tie_frozen"):
             assert r[case]["vs_torch"] == 0.0, (case, r)
         assert r["same"]["head_is_saved_head"] and r["untie"]["head_is_saved_head"], r
 

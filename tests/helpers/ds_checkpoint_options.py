@@ -239,7 +239,7 @@ def ds_load_by_name(rank: int, world: int, stage: int, save_dir: str) -> dict:
 class _Tied(nn.Module):
     """An embedding-like layer and a head that may share one weight (GPT-2's ``lm_head.weight``)."""
 
-    def __init__(self, tied: bool, head_first: bool = False):
+    def __init__(self, tied: bool, head_first: bool = False, frozen: tuple[str, ...] = ()):
         super().__init__()
         layers = {"emb": nn.Linear(8, 8, bias=False), "head": nn.Linear(8, 8, bias=False)}
         for name in ("head", "emb") if head_first else ("emb", "head"):
@@ -247,6 +247,8 @@ class _Tied(nn.Module):
         self.mid = nn.Linear(8, 8)
         if tied:
             self.head.weight = self.emb.weight
+        for name in frozen:
+            getattr(self, name).requires_grad_(False)
 
     def forward(self, x):
         return self.head(torch.relu(self.mid(self.emb(x)))).pow(2).mean()
@@ -254,6 +256,7 @@ class _Tied(nn.Module):
 
 TIES = {"same": ({"tied": True}, {"tied": True, "head_first": True}), "untie": ({"tied": True}, {"tied": False})}
 TIES["tie"] = ({"tied": False}, {"tied": True})
+TIES["tie_frozen"] = ({"tied": False, "frozen": ("head",)}, {"tied": True, "frozen": ("emb", "head")})
 
 
 def ds_load_tied(rank: int, world: int, stage: int, save_dir: str) -> dict:

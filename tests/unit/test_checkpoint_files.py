@@ -364,6 +364,9 @@ def test_a_schedule_of_other_param_groups_is_refused_and_a_missing_private_list_
 
     two = sched(2)
     _check_scheduler(two, {k: v for k, v in sched(2).state_dict().items() if k != "_last_lr"}, tmp_path)
+    own = sched(2)
+    own.history = [1, 2, 3]  # a list of a scheduler's own, not per group: another length is no refusal
+    _check_scheduler(own, {**sched(2).state_dict(), "history": [1]}, tmp_path)
     with pytest.raises(
         CheckpointMismatch, match=r"schedule of 1 param group\(s\) \(base_lrs\), this engine's drives 2"
     ):

@@ -229,7 +229,9 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
                 gathered.setdefault(name, []).append((start, end))
             off += end - start
     saved = set(meta["params"]) if meta is not None else set()
-    needed = [k for k, s in enumerate(segs) if meta is None or source[engine.zparams[s.param].name] in saved]
+    needed = [
+        k for k, s in enumerate(segs) if spec is None or meta is None or source[engine.zparams[s.param].name] in saved
+    ]
     filled, total = sum(union_length(covered[k]) for k in needed), sum(segs[k].numel for k in needed)
     holes = [n for n, t in (spec.gathered.items() if spec else ()) if union_length(gathered.get(n, [])) != t.numel()]
     if meta is None or filled != total or holes:

@@ -28,7 +28,7 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.files import replace_file, write_file
-from zerobench.zero.compat.deepspeed.module_load import check_extras, engine_extras, route_by_name
+from zerobench.zero.compat.deepspeed.module_load import Gathered, check_extras, engine_extras, route_by_name
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import extra_states
@@ -45,6 +45,8 @@ LATEST = "latest"
 SCHEDULER = "lr_scheduler.pt"
 COUNTERS = "counters.json"
 """DeepSpeed's counters no shard holds: ``global_samples`` (samples at the batch size each step ran with)."""
+PER_GROUP = ("base_lrs", "_last_lr", "min_lrs", "max_lrs", "lr_lambdas")
+"""Keys of torch's schedulers' states that hold one entry per param group."""
 FROZEN = "frozen.json"
 """Beside ``module_extra.pt``: which of its names are frozen parameters (the rest are buffers)."""
 
@@ -220,7 +222,7 @@ def load_tagged(
         return None, None
     # Everything is read and checked before anything changes (load_sharded's transaction), so a refused load, on
     # any rank, leaves every rank's engine, model and scheduler as they were.
-    read: dict = {"gathered": []}
+    read: dict = {}
     weights_only = load_module_only or not load_optimizer_states
 
     def check() -> None:
@@ -233,19 +235,18 @@ def load_tagged(
             _check_scheduler(engine.lr_scheduler, read["scheduler"], path)
 
     def by_name():
-        read["spec"], read["extras"], read["gathered"] = route_by_name(engine, path, load_module_strict)
+        read["spec"], read["extras"] = route_by_name(engine, path, load_module_strict)
         return read["spec"]
 
     counters = load_sharded(engine, path, not weights_only, also_check=check, by_name=by_name if weights_only else None)
     if not load_module_only:  # DeepSpeed's counters come back with the weights, optimizer states or not
         _set_counters(engine, counters, read["samples"])
-    for target, value in read["extras"]:
+    for target, saved in read["extras"]:  # in state_dict order (of a frozen tied weight's keys, the last wins)
+        value = read["spec"].gathered[saved.name].view(target.shape) if isinstance(saved, Gathered) else saved
         if torch.is_tensor(target):
             target.copy_(value)
         else:
             target.set_extra_state(value)
-    for target, name in read["gathered"]:  # saved trained, frozen here
-        target.copy_(read["spec"].gathered[name].view(target.shape))
     if read.get("scheduler") is not None:
         engine.lr_scheduler.load_state_dict(read["scheduler"])
     return str(path), read["client"]
@@ -277,13 +278,13 @@ def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:
             f"{type(scheduler).__name__} (it lacks {lacks[:3]}): build the engine with the scheduler it was saved "
             "with, or load with load_lr_scheduler_states=False"
         )
-    # per-group lists (torch's base_lrs): a schedule saved for other param groups would leave a group undriven
+    # per-group lists: a schedule saved for other param groups would leave a group undriven
     mine = scheduler.state_dict()
     other = next(
         (
             k
-            for k, v in mine.items()
-            if isinstance(v, list) and isinstance(state.get(k), list) and len(v) != len(state[k])
+            for k in PER_GROUP
+            if isinstance(mine.get(k), list) and isinstance(state.get(k), list) and len(mine[k]) != len(state[k])
         ),
         None,
     )

@@ -5,6 +5,7 @@ a weights-only load every entry by name, as ``model.load_state_dict`` takes them
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,11 +24,18 @@ def engine_extras(engine: Engine, frozen: bool = True) -> dict[str, torch.Tensor
     return {k: t for k, t in state_entries(engine.module, trained, frozen) if id(t) not in trained}
 
 
-def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, list[tuple], list[tuple]]:
+@dataclass(frozen=True)
+class Gathered:
+    """In ``route_by_name``'s copies: the value ``ByName.gathered[name]`` will hold once the shards are read."""
+
+    name: str
+
+
+def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, list[tuple]]:
     """Where each of this model's state dict entries comes from in a weights-only load, as
     ``model.load_state_dict`` would take them from the saved state dict (see ``ByName``): (the spec for the shards,
-    (tensor or module, saved value) to copy from ``module_extra.pt``, (frozen tensor, saved name) to copy from the
-    gathered values). Under ``strict`` the model's and the checkpoint's keys must match both ways (the trained set
+    (tensor or module, its value) to copy or set, in state_dict order, the value from ``module_extra.pt`` or, for a
+    frozen tensor saved trained, ``Gathered`` from the shards). Under ``strict`` the model's and the checkpoint's keys must match both ways (the trained set
     at save time does not matter); shapes always. Changes nothing."""
     d = rank_dir(engine, path)
     meta = read_json(d / "meta.json")
@@ -41,7 +49,7 @@ def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, lis
     unexpected = sorted((set(in_shards) | set(extra)) - set(here))
     if strict:
         _refuse_keys(path, missing, unexpected, "parameters, buffers and extra state")
-    spec, copies, gather = ByName(), [], []
+    spec, copies = ByName(), []
     for key, target in here.items():  # in state_dict order: of a tied parameter's keys, the last one saved wins
         zp = trained.get(id(target)) if torch.is_tensor(target) else None
         if zp is not None:  # trained here
@@ -57,11 +65,11 @@ def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, lis
             )
         elif key in in_shards:  # trained when saved, frozen (or a buffer) here
             _check_shape(path, key, tuple(params[in_shards[key]]), target.shape)
-            gather.append((target, in_shards[key]))
+            copies.append((target, Gathered(in_shards[key])))
     for zp in engine.zparams:  # a parameter the checkpoint lacks keeps its own values (not strict)
         spec.sources.setdefault(zp.name, "")
-    spec.gather = frozenset(n for _, n in gather)
-    return spec, copies, gather
+    spec.gather = frozenset(v.name for _, v in copies if isinstance(v, Gathered))
+    return spec, copies
 
 
 def _fits(path: Path, name: str, value, shape: torch.Size) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""A parameter changed in place between steps under bf16/fp16 at stages 0-2 (``tests/helpers/param_edits.py``):
-the next step starts from the change, checkpoints and ``safe_get_full_fp32_param`` hold it, and writes that change
-nothing leave training bit for bit as it was."""
+"""A parameter changed in place between steps under bf16/fp16 at stages 0-2, and under optimizer offload
+(``tests/helpers/param_edits.py``): the next step starts from the change, checkpoints and
+``safe_get_full_fp32_param`` hold it, and writes that change nothing leave training bit for bit as it was."""
 
 from __future__ import annotations
 

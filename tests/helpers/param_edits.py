@@ -1,5 +1,5 @@
-"""Parameters changed in place between steps, outside ``gathered_params``, under bf16/fp16 at stages 0-2, inside
-spawned ranks: the change must be what the next step starts from, as ``torch.optim`` steps whatever a parameter
+"""Parameters changed in place between steps, outside ``gathered_params``, under bf16/fp16 at stages 0-2 (and under
+optimizer offload, fp32 too), inside spawned ranks: the change must be what the next step starts from, as ``torch.optim`` steps whatever a parameter
 holds.
 
 Two idioms, as training loops write them: ``with torch.no_grad(): emb.weight[0].zero_()`` (a padding row kept at
@@ -25,15 +25,23 @@ from zerobench.zero import Precision
 from zerobench.zero.compat.deepspeed.tensor_fragment import safe_get_full_fp32_param
 from zerobench.zero.state.shards import full_parameters
 
-CASES = [(s, Precision.BF16, "auto") for s in (0, 1, 2)] + [
-    (2, Precision.FP16, "auto"),
-    (1, Precision.BF16, "reference"),
+CASES = [(s, Precision.BF16, "auto", "none") for s in (0, 1, 2)] + [
+    (2, Precision.FP16, "auto", "none"),
+    (1, Precision.BF16, "reference", "none"),
+    (1, Precision.BF16, "auto", "cpu"),
+    (2, Precision.FP16, "auto", "cpu"),
+    (2, Precision.FP32, "auto", "cpu"),
 ]
-"""(stage, precision, kernels): the fused kernel takes the change inside its pass, the reference path before it."""
+"""(stage, precision, kernels, optimizer offload): the fused kernel takes the change inside its pass, the reference
+path before it; under offload the master is on the host, and the step finds a change by each shard's checksum."""
 
 
-def case_key(stage: int, precision: Precision, kernels: str) -> str:
-    return f"s{stage}-{precision.value}" + ("" if kernels == "auto" else f"-{kernels}")
+def case_key(stage: int, precision: Precision, kernels: str, offload: str = "none") -> str:
+    return (
+        f"s{stage}-{precision.value}"
+        + ("" if kernels == "auto" else f"-{kernels}")
+        + ("" if offload == "none" else f"-offload-{offload}")
+    )
 
 
 def fixed_head(dtype: torch.dtype) -> torch.Tensor:
@@ -74,8 +82,10 @@ def reference(model, data, world: int) -> dict[str, torch.Tensor]:
 
 
 def _train(model, group, case, data, rank, world, loop_edit) -> object:
-    stage, precision, kernels = case
-    engine = engine_for(copy.deepcopy(model), group, stage, precision=precision, kernels=kernels)
+    stage, precision, kernels, offload = case
+    engine = engine_for(
+        copy.deepcopy(model), group, stage, precision=precision, kernels=kernels, offload_optimizer=offload
+    )
     for step, (x, y) in enumerate(data):
         engine.backward(engine.module(slice_of(x, rank, world), slice_of(y, rank, world)))
         engine.step()
@@ -98,7 +108,7 @@ def run_param_edits(rank: int, world: int) -> dict[str, dict]:
     ref = reference(model, data, world)
     out = {}
     for case in CASES:
-        stage, precision, kernels = case
+        stage, precision, kernels, offload = case
         dtype = precision.param_dtype
         engine = _train(model, group, case, data, rank, world, lambda m, s, d=dtype: edit(m, s, d))
         res = compare(engine, model, ref)
@@ -112,7 +122,9 @@ def run_param_edits(rank: int, world: int) -> dict[str, dict]:
             engine.module.emb.weight[1].zero_()
         res["row1_safe_get"] = safe_get_full_fp32_param(engine.module.emb.weight)[1].abs().max().item()
         saved = copy.deepcopy(engine.optimizer.state_dict())
-        fresh = engine_for(copy.deepcopy(model), group, stage, precision=precision, kernels=kernels)
+        fresh = engine_for(
+            copy.deepcopy(model), group, stage, precision=precision, kernels=kernels, offload_optimizer=offload
+        )
         fresh.optimizer.load_state_dict(saved)
         res["row1_loaded"] = fresh.module.emb.weight[1].float().abs().max().item()
         # no-op writes change nothing: the untouched run's masters, bit for bit

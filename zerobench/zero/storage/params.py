@@ -69,6 +69,8 @@ class ParamStorage:
             self.master = self._device_master.bucket_views()
         else:  # fp32 without offload: the parameters are the master
             self.master = self.shards
+        self._sums: torch.Tensor | None = None
+        """Under optimizer offload at stages 1-2: each device shard's bits summed when the step last wrote it."""
 
     @property
     def shards_on_host(self) -> bool:
@@ -104,6 +106,8 @@ class ParamStorage:
     def finish_step(self) -> None:
         if self.host is not None:
             self.host.finish_copy_back()
+            if self.watches_edits:
+                self._sums = self._checksums()
 
     @torch.no_grad()
     def refresh_from_master(self) -> None:
@@ -124,9 +128,35 @@ class ParamStorage:
         """Whether a parameter changed in place between steps can go unseen by the master, which the step then
         takes in (``adopt_edits``): stages 0-2 under bf16/fp16 with the master on the device. In fp32 the
         parameters are the master; at stage 3 they are placeholders outside forward (``gathered_params`` writes
-        changes back); under offload the master is on the host, which does not see the device's parameters, so a
-        change there is overwritten by the step (use ``gathered_params``)."""
+        changes back); under optimizer offload the master is on the host (``watches_edits``: the step adopts
+        a change before it runs)."""
         return self.replica is not None and self._device_master is not None
+
+    @property
+    def watches_edits(self) -> bool:
+        """Stages 1-2 under optimizer offload: the master is on the host and the parameters on the device, so
+        ``adopt_edits`` finds a change by each shard's checksum and brings only a changed shard down."""
+        return self.replica is not None and self.host is not None and not self.shards_on_host
+
+    def _checksums(self) -> torch.Tensor:
+        """Each device shard's bits summed (one int64 per bucket, computed on the device: a read of the shard).
+        A change in place shows as another sum; one that keeps it (values swapped within a shard) does not."""
+        ints = {2: torch.int16, 4: torch.int32}
+        sums = [s.view(ints[s.element_size()]).sum(dtype=torch.int64) for s in self.shards]
+        return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+
+    @torch.no_grad()
+    def _adopt_offloaded(self) -> None:
+        now = self._checksums()
+        changed = [True] * len(self.shards) if self._sums is None else (now != self._sums).tolist()
+        for shard, master, moved in zip(self.shards, self.master, changed):
+            if moved:  # the shard down to the host, where the master is
+                here = shard.detach().to(master.device)
+                if here.dtype == torch.float32:
+                    master.copy_(here)
+                else:
+                    kernels.reference.adopt_(master, here)
+        self._sums = now
 
     @torch.no_grad()
     def adopt_edits(self) -> None:
@@ -139,10 +169,13 @@ class ParamStorage:
         The optimizer step does this inside its own pass (``ShardedAdamW.step(adopt=True)``); readers of the
         master between steps (checkpoints, exports, ``safe_get_full_fp32_param``) call this first. At stages
         1-2 each rank takes its own shard's changes, and the step's all-gather gives every rank the owners'
-        values: a change made on every rank is kept everywhere."""
+        values: a change made on every rank is kept everywhere. Under optimizer offload (``watches_edits``) the
+        step calls this first; a shard whose checksum is the one the step left is not read."""
         if self.adopts_edits:
             for shard, master in zip(self.shards, self.master):
                 kernels.reference.adopt_(master, shard)
+        elif self.watches_edits:
+            self._adopt_offloaded()
 
     def publish(self, group: C.Group, ledger: CommLedger) -> None:
         """Stages 1-2: all-gather every bucket's updated shard into the replica (nothing to do with one shard, or

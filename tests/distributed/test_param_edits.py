@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.param_edits import CASES, case_key, run_param_edits
+from tests.helpers.param_edits import CASES, case_key, run_param_edits, run_restore_after_write
 from tests.helpers.user_models import ADAM
 
 pytestmark = pytest.mark.dist
@@ -47,3 +47,11 @@ def test_a_change_after_the_last_step_is_saved_and_read(edits, case):
 def test_writes_that_change_nothing_change_no_master(edits, case):
     for r in edits:
         assert r[case]["noop_identical"], r[case]
+
+
+def test_under_offload_a_restore_after_a_load_is_taken_in():
+    """Under offload the step's checksum is not trusted after a write outside the step: the values copied back in
+    place (equal to the checksummed ones) reach the master, after ``model.load_state_dict``,
+    ``safe_set_full_fp32_param`` or a checkpoint load. Before, the master kept the written values silently."""
+    for r in run_distributed(run_restore_after_write, 2, timeout=300):
+        assert r == {"load_state_dict": 0.0, "safe_set": 0.0, "optimizer_load": 0.0}, r

@@ -133,3 +133,34 @@ def run_param_edits(rank: int, world: int) -> dict[str, dict]:
         res["noop_identical"] = all(torch.equal(quiet[n], noisy[n]) for n in quiet)
         out[case_key(*case)] = res
     return out
+
+
+def run_restore_after_write(rank: int, world: int) -> dict[str, float]:
+    """Under offload, a write outside the step (``model.load_state_dict``, ``safe_set_full_fp32_param``, a checkpoint
+    load) then the step's own values copied back in place (an EMA swap undone): the master must take the copy back.
+    A checksum taken before the write matches the restored shard, so it must not be trusted after one. Per case:
+    how far the master, in the training dtype, ends from the restored values."""
+    from zerobench.zero.compat.deepspeed.tensor_fragment import safe_set_full_fp32_param
+
+    group = Group.of(torch.distributed.new_group(backend="gloo"), "dp")
+    model, data = make_model("mlp"), batches(2, 6)
+    out = {}
+    for how in ("load_state_dict", "safe_set", "optimizer_load"):
+        engine = _train(model, group, (2, Precision.BF16, "auto", "cpu"), data[:1], rank, world, lambda m, s: None)
+        saved = copy.deepcopy(engine.optimizer.state_dict())
+        engine.backward(engine.module(slice_of(data[1][0], rank, world), slice_of(data[1][1], rank, world)))
+        engine.step()
+        live = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+        if how == "load_state_dict":
+            engine.module.load_state_dict({n: torch.full_like(p, 0.5) for n, p in live.items()})
+        elif how == "safe_set":
+            for p in engine.module.parameters():
+                safe_set_full_fp32_param(p, torch.full(p.shape, 0.5))
+        else:  # the state one step back
+            engine.optimizer.load_state_dict(saved)
+        with torch.no_grad():
+            for n, p in engine.module.named_parameters():
+                p.data.copy_(live[n])
+        full = full_parameters(engine)
+        out[how] = max((full[n].to(live[n].dtype).float() - live[n].float()).abs().max().item() for n in full)
+    return out

@@ -57,8 +57,9 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         if coef < 1.0:
             scale *= coef
     out, on_chunk = storage.step_output()
-    # a parameter changed in place since the last step (storage.adopt_edits) is stepped from its new value
-    if storage.watches_edits:  # (the device master's kernels take it inside their own pass)
+    # a parameter changed in place since the last step (storage.adopt_edits) is stepped from its new value: under
+    # offload adopted here, with a device master inside the kernels' own pass (adopt=)
+    if storage.watches_edits:
         storage.adopt_edits()
     engine.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper, adopt=storage.adopts_edits)
     storage.finish_step()

@@ -28,8 +28,8 @@ Contexts nest: an inner one writes back or discards its own changes and leaves t
 exception inside the context exits as a normal exit does, ``modifier_rank``'s broadcast included (as DeepSpeed's):
 the ranks stay paired in their collectives even where only some of them raised, and the parameters and the
 master never disagree. Without the context, at stage 3 the parameters are 0-element
-placeholders outside forward, and under offload the step recomputes the parameters from the host's master; at
-stages 0-2 otherwise an in-place change is taken in by the next step (``ParamStorage.adopt_edits``).
+placeholders outside forward; at stages 0-2 an in-place change is taken in by the next step
+(``ParamStorage.adopt_edits``; under offload unless it keeps the shard's checksum, a permutation of its values).
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def write_back(engine: Engine) -> None:
     st, layout, stage3 = engine.storage, engine.layout, engine.gatherer is not None
     if not stage3 and st.master is st.shards:  # fp32 at stages 0-2: the parameters are the master
         return
+    st.rewritten()
     for seg in layout.segments(engine.rank_in_shards):
         new = engine.zparams[seg.param].param.detach().reshape(-1)[seg.param_start : seg.param_end]
         shard = segment_view(st.shards, layout, seg)

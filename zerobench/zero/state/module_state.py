@@ -84,6 +84,7 @@ def write_segments(engine: Engine, segs, value: torch.Tensor) -> None:
     """Write this rank's segments ``segs`` of one parameter's full value into the fp32 master and the shards."""
     flat = value.detach().reshape(-1)
     storage, layout = engine.storage, engine.layout
+    storage.rewritten()
     for seg in segs:
         master = segment_view(storage.master, layout, seg)
         master.copy_(flat[seg.param_start : seg.param_end])

@@ -70,7 +70,8 @@ class ParamStorage:
         else:  # fp32 without offload: the parameters are the master
             self.master = self.shards
         self._sums: torch.Tensor | None = None
-        """Under optimizer offload at stages 1-2: each device shard's bits summed when the step last wrote it."""
+        """Under optimizer offload at stages 1-2: each device shard's bits summed when shard and master last agreed
+        (after the step's copy-back, or an adopt); None when something else wrote them since (``rewritten``)."""
 
     @property
     def shards_on_host(self) -> bool:
@@ -93,6 +94,8 @@ class ParamStorage:
             _copy_segments(self.host.master, segments, init)
         if self._device_master is not None:
             _copy_segments(self._device_master.data, segments, init)
+        if self.watches_edits:  # (shards and master agree: a first adopt need not read them)
+            self._sums = self._checksums()
 
     # -- the optimizer step's output -------------------------------------------------------------
     def step_output(self):
@@ -109,9 +112,16 @@ class ParamStorage:
             if self.watches_edits:
                 self._sums = self._checksums()
 
+    def rewritten(self) -> None:
+        """The shards and master were written outside the step (a load, ``safe_set_full_fp32_param``, a
+        ``gathered_params`` write-back): the next ``adopt_edits`` under offload compares every shard whole, as a
+        checksum taken before the write could match a later change in place back to the step's values."""
+        self._sums = None
+
     @torch.no_grad()
     def refresh_from_master(self) -> None:
         """Rewrite the shards from the master (after loading a checkpoint); ``publish`` follows."""
+        self.rewritten()
         if self.host is not None:
             out = self.host.chunks(self.host.param_out)
             if out is not None:
@@ -135,12 +145,15 @@ class ParamStorage:
     @property
     def watches_edits(self) -> bool:
         """Stages 1-2 under optimizer offload: the master is on the host and the parameters on the device, so
-        ``adopt_edits`` finds a change by each shard's checksum and brings only a changed shard down."""
+        ``adopt_edits`` finds a change by each shard's checksum and brings only a changed shard down. It costs two
+        reads of the shard on the device per step (after the copy-back, and before the next step) and a wait for
+        the device to read the sums back."""
         return self.replica is not None and self.host is not None and not self.shards_on_host
 
     def _checksums(self) -> torch.Tensor:
         """Each device shard's bits summed (one int64 per bucket, computed on the device: a read of the shard).
-        A change in place shows as another sum; one that keeps it (values swapped within a shard) does not."""
+        A change in place shows as another sum; one that keeps it (a permutation of the values: a transpose or a
+        flip in place) does not."""
         ints = {2: torch.int16, 4: torch.int32}
         sums = [s.view(ints[s.element_size()]).sum(dtype=torch.int64) for s in self.shards]
         return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)

@@ -375,3 +375,55 @@ def test_the_group_initialize_creates_has_deepspeeds_timeout(launched, minutes):
     r = subprocess.run([sys.executable, "-c", TIMEOUT_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert float(r.stdout.split()[-1]) == 60 * float(minutes or 30)
+
+
+def _initialize_twice(rank: int, world: int, stage: int, destroy_first: bool):
+    """DeepSpeed's tests build a second engine on the same model (``test_load_immediate_save``): train two steps,
+    ``initialize`` again, train on. Returns what the second engine started from against what the first left, the
+    warnings, what the first engine says when used, and whether the second trains."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    from zerobench.zero import initialize
+
+    model = _model()
+    config = _config(stage)
+    config["train_batch_size"] = MICRO * WORLD  # no accumulation: every step() steps
+    first, *_ = initialize(model, config=config, model_parameters=model.parameters())
+    x, y = _data()[: MICRO * WORLD]
+    mine = slice(rank * MICRO, (rank + 1) * MICRO)
+    for _ in range(2):
+        first.backward(F.mse_loss(first(x[mine]), y[mine]))
+        first.step()
+    with first.gathered_params():
+        left = [p.detach().clone() for p in model.parameters()]
+    if destroy_first:
+        first.destroy()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second, *_ = initialize(model, config=config, model_parameters=model.parameters())
+    with second.gathered_params():
+        start = max((p.detach() - v).abs().max().item() for p, v in zip(model.parameters(), left))
+    try:
+        first.step()
+        first_says = None
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        first_says = f"{type(e).__name__}: {e}"
+    second.backward(F.mse_loss(second(x[mine]), y[mine]))
+    second.step()
+    with second.gathered_params():
+        moved = max((p.detach() - v).abs().max().item() for p, v in zip(model.parameters(), left))
+    return start, [str(w.message) for w in caught if "earlier engine" in str(w.message)], first_says, moved
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_second_initialize_on_one_model_takes_it_over(stage):
+    """As DeepSpeed's second ``initialize`` on a model: the new engine starts from the values the first left (which
+    is destroyed, saying so in a warning, none after an explicit ``destroy()``) and trains on. Before, it was
+    refused ("already trained by a ZeRO engine")."""
+    for destroy_first in (False, True):
+        for start, warned, first_says, moved in run_distributed(_initialize_twice, WORLD, stage, destroy_first):
+            assert start == 0.0 and moved > 1e-4, (start, moved)
+            assert len(warned) == (0 if destroy_first else 1), warned
+            assert first_says is not None and "destroy" in first_says and "\n" not in first_says, first_says

@@ -29,6 +29,7 @@ model on the CPU goes to this rank's GPU where there is one, as DeepSpeed moves 
 from __future__ import annotations
 
 import datetime
+import warnings
 from pathlib import Path
 
 import torch
@@ -93,6 +94,25 @@ def _config_of(args, model, config):
     if not isinstance(model, nn.Module):
         raise ConfigError(f"initialize: model= must be a torch.nn.Module, not {type(model).__name__}")
     return model, config if config is not None else from_args
+
+
+def _take_over(model: nn.Module) -> None:
+    """A model an earlier engine trains is handed over, as DeepSpeed's second ``initialize`` on one model builds a
+    new engine from the module's current values (its tests resume so): the earlier engine is destroyed (every rank
+    calls ``initialize``, so its stage-3 gather is collective) and its optimizer state does not carry over. A warning
+    says so; ``engine.destroy()`` before the call says it is meant."""
+    from zerobench.zero.registry import engine_of
+
+    earlier = {id(e): e for e in (engine_of(m) for m in model.modules()) if e is not None}
+    if earlier:
+        warnings.warn(
+            "initialize: the model is trained by an earlier engine; that engine is destroyed and the new one starts "
+            "from the model's current values (the earlier optimizer state does not carry over). Call "
+            "engine.destroy() first to say it is meant",
+            stacklevel=3,
+        )
+    for engine in earlier.values():
+        engine.destroy()
 
 
 def initialize(
@@ -182,6 +202,7 @@ def initialize(
         model.to(device)
     if units is None and cfg.zero.stage == 3:  # DeepSpeed never gathers the whole model: one layer at a time
         units = layer_units(model) or None  # none found: apply_zero's default, and its warning
+    _take_over(model)
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
     engine = as_deepspeed(engine, cfg.micro_batch)
     engine.tag_validation = cfg.tag_validation

@@ -427,3 +427,61 @@ def test_a_second_initialize_on_one_model_takes_it_over(stage):
             assert start == 0.0 and moved > 1e-4, (start, moved)
             assert len(warned) == (0 if destroy_first else 1), warned
             assert first_says is not None and "destroy" in first_says and "\n" not in first_says, first_says
+
+
+def _refused_takeovers(rank: int, world: int) -> dict:
+    """A second ``initialize`` refused before the takeover (bad units) leaves the earlier engine training; one
+    refused after it (a scheduler callable that raises on rank 1 only) leaves the model plain, with its values, on
+    every rank (no engine left hooked to it); ``initialize`` and ``apply_zero`` on a part of a trained model are
+    refused in one line."""
+    import torch.nn.functional as F
+
+    from zerobench.zero import ZeroConfig, apply_zero, engine_of, initialize
+
+    model = _model()
+    config = _config(3)
+    config["train_batch_size"] = MICRO * WORLD
+    first, *_ = initialize(model, config=config, model_parameters=model.parameters())
+    x, y = _data()[: MICRO * WORLD]
+    first.backward(F.mse_loss(first(x[:MICRO]), y[:MICRO]))
+    first.step()
+    out = {}
+    try:
+        initialize(model, config=config, model_parameters=model.parameters(), units=["no_such_layer"])
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        out["units"] = f"{type(e).__name__}: {e}"
+    out["first_alive"] = engine_of(model) is first and not first.destroyed
+    for name, call in (
+        ("part_initialize", lambda: initialize(model[0], config=config)),
+        ("part_apply", lambda: apply_zero(model[0], None, ZeroConfig(stage=3))),
+    ):
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the message is what is checked
+            out[name] = f"{type(e).__name__}: {e}"
+    with first.gathered_params():
+        left = [p.detach().clone() for p in model.parameters()]
+
+    def scheduler(opt):
+        if rank == 1:
+            raise RuntimeError("a scheduler that fails")
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+    try:
+        initialize(model, config=config, model_parameters=model.parameters(), lr_scheduler=scheduler)
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        out["scheduler"] = f"{type(e).__name__}: {e}"
+    out["plain"] = engine_of(model) is None and all(engine_of(p) is None for p in model.parameters())
+    out["values"] = max((p.detach() - v).abs().max().item() for p, v in zip(model.parameters(), left))
+    return out
+
+
+def test_a_refused_second_initialize_leaves_the_model_whole():
+    r0, r1 = run_distributed(_refused_takeovers, WORLD)
+    for r in (r0, r1):
+        assert r["units"].startswith("ConfigError: ") and r["first_alive"], r
+        for part in ("part_initialize", "part_apply"):
+            assert r[part].startswith("ConfigError: ") and "destroy" in r[part] and "\n" not in r[part], r
+        assert r["plain"] and r["values"] == 0.0, r
+    assert r1["scheduler"] == "RuntimeError: a scheduler that fails", r1
+    assert r0["scheduler"].startswith("ConfigError: initialize failed on another rank"), r0

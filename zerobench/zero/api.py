@@ -155,6 +155,12 @@ def apply_zero(
                 f"{'the model' if not name else f'its submodule {name!r}'} is already trained by a ZeRO "
                 "engine (apply_zero was called on it before): apply it once, or build a fresh model"
             )
+    taken = next((n for n, p in model.named_parameters() if engine_of(p) is not None), None)
+    if taken is not None:  # the model is part of a larger one an engine trains
+        raise ConfigError(
+            f"the model's parameter {taken!r} is already trained by a ZeRO engine (of a model this one is part "
+            "of): apply it to the whole model once, or destroy that engine first (engine.destroy())"
+        )
     warn_if_one_unit(model, units, config.stage)
     plan = UnitPlan(resolve_units(model, units), resolve_external(model, external_params))
     device = None if device is None else torch.device(device)

@@ -133,7 +133,8 @@ class ByName:
       it whole from every shard into ``gathered`` (filled by the load), for the caller to copy."""
 
     whole: dict[str, torch.Tensor] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str | None] = field(default_factory=dict)
+    """Trained parameter -> the shards' name its values come from; None: none (``whole``'s, or its own kept)."""
     gather: frozenset[str] = frozenset()
     gathered: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -198,9 +199,9 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
     ``spec.whole`` too, and ``spec.gathered`` filled. Changes nothing of the engine's."""
     segs = engine.layout.segments(engine.rank_in_shards)
     source = {zp.name: zp.name for zp in engine.zparams} | (spec.sources if spec else {})
-    by_name: dict[str, list] = {}
+    segments_of: dict[str | None, list] = {}  # a saved name -> this rank's segments that load from it
     for k, s in enumerate(segs):
-        by_name.setdefault(source[engine.zparams[s.param].name], []).append((k, s))
+        segments_of.setdefault(source[engine.zparams[s.param].name], []).append((k, s))
     covered: list[list[tuple[int, int]]] = [[] for _ in segs]
     gathered: dict[str, list[tuple[int, int]]] = {}
     first = meta = None
@@ -219,7 +220,7 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
         meta = sd
         off = 0
         for name, start, end in sd["segments"]:
-            for k, s in by_name.get(name, ()):
+            for k, s in segments_of.get(name, ()):
                 lo, hi = max(start, s.param_start), min(end, s.param_end)
                 if lo < hi:
                     plan.append((sd, slice(off + lo - start, off + hi - start), s, lo, hi))

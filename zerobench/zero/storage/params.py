@@ -114,8 +114,9 @@ class ParamStorage:
 
     def rewritten(self) -> None:
         """The shards and master were written outside the step (a load, ``safe_set_full_fp32_param``, a
-        ``gathered_params`` write-back): the next ``adopt_edits`` under offload compares every shard whole, as a
-        checksum taken before the write could match a later change in place back to the step's values."""
+        ``gathered_params`` write-back): the next ``adopt_edits`` under offload brings every shard down and compares
+        it whole, as a checksum taken before the write could match a later change in place back to the step's
+        values."""
         self._sums = None
 
     @torch.no_grad()
@@ -152,8 +153,8 @@ class ParamStorage:
 
     def _checksums(self) -> torch.Tensor:
         """Each device shard's bits summed (one int64 per bucket, computed on the device: a read of the shard).
-        A change in place shows as another sum; one that keeps it (a permutation of the values: a transpose or a
-        flip in place) does not."""
+        A change in place shows as another sum; one that keeps it (a permutation of the values, or negating as many
+        positive as negative values) does not."""
         ints = {2: torch.int16, 4: torch.int32}
         sums = [s.view(ints[s.element_size()]).sum(dtype=torch.int64) for s in self.shards]
         return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)

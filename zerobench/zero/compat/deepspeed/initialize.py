@@ -103,7 +103,14 @@ def _take_over(model: nn.Module) -> None:
     says so; ``engine.destroy()`` before the call says it is meant."""
     from zerobench.zero.registry import engine_of
 
-    earlier = {id(e): e for e in (engine_of(m) for m in model.modules()) if e is not None}
+    engines = [engine_of(m) for m in model.modules()] + [engine_of(p) for p in model.parameters()]
+    earlier = {id(e): e for e in engines if e is not None}
+    mine = {id(m) for m in model.modules()}
+    if any(id(e.module) not in mine for e in earlier.values()):
+        raise ConfigError(
+            "initialize: the model is part of a larger model an engine trains: initialize that whole model, or "
+            "destroy its engine first (engine.destroy())"
+        )
     if earlier:
         warnings.warn(
             "initialize: the model is trained by an earlier engine; that engine is destroyed and the new one starts "
@@ -172,8 +179,9 @@ def initialize(
         ConfigError: one line for an invalid or unsupported config key, a batch triple that does not resolve, or an
             argument DeepSpeed takes that zerobench does not.
     """
-    from zerobench.zero.api import apply_zero, layer_units
-    from zerobench.zero.compat.deepspeed.engine import as_deepspeed
+    from zerobench.zero.api import apply_zero, layer_units, resolve_units
+    from zerobench.zero.state.transaction import agree
+    from zerobench.zero.units import assign_units, resolve_external
 
     del distributed_port
     model, config = _config_of(args, model, config if config is not None else config_params)
@@ -202,8 +210,28 @@ def initialize(
         model.to(device)
     if units is None and cfg.zero.stage == 3:  # DeepSpeed never gathers the whole model: one layer at a time
         units = layer_units(model) or None  # none found: apply_zero's default, and its warning
+    external = resolve_external(model, external_params)  # (what apply_zero would refuse, refused before the takeover)
+    if cfg.zero.stage == 3:
+        assign_units(model, resolve_units(model, units), external)
     _take_over(model)
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
+    failed = None
+    try:
+        done = _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler, built)
+    except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below, whatever went wrong here
+        failed = e
+    # A refusal after the engine was built, on any rank, leaves the model plain with its values on every rank (the
+    # ranks agree first: destroying gathers at stage 3).
+    if agree(engine, int(failed is not None)):
+        engine.destroy()
+        raise failed if failed is not None else ConfigError("initialize failed on another rank (its error says why)")
+    return done
+
+
+def _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler, built):
+    """``initialize``'s rest once the engine exists: DeepSpeed's names, the loader, the optimizer and scheduler."""
+    from zerobench.zero.compat.deepspeed.engine import as_deepspeed
+
     engine = as_deepspeed(engine, cfg.micro_batch)
     engine.tag_validation = cfg.tag_validation
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)

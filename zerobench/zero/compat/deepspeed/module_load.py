@@ -35,8 +35,8 @@ def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, lis
     """Where each of this model's state dict entries comes from in a weights-only load, as
     ``model.load_state_dict`` would take them from the saved state dict (see ``ByName``): (the spec for the shards,
     (tensor or module, its value) to copy or set, in state_dict order, the value from ``module_extra.pt`` or, for a
-    frozen tensor saved trained, ``Gathered`` from the shards). Under ``strict`` the model's and the checkpoint's keys must match both ways (the trained set
-    at save time does not matter); shapes always. Changes nothing."""
+    frozen tensor saved trained, ``Gathered`` from the shards). Under ``strict`` the model's and the checkpoint's
+    keys must match both ways (the trained set at save time does not matter); shapes always. Changes nothing."""
     d = rank_dir(engine, path)
     meta = read_json(d / "meta.json")
     params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
@@ -58,7 +58,7 @@ def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, lis
                 spec.whole.pop(zp.name, None)
             elif key in extra:
                 spec.whole[zp.name] = _fits(path, key, extra[key], zp.slot.shape)
-                spec.sources[zp.name] = ""  # (no shard's values)
+                spec.sources[zp.name] = None
         elif key in extra:
             copies.append(
                 (target, _fits(path, key, extra[key], target.shape) if torch.is_tensor(target) else extra[key])
@@ -67,7 +67,7 @@ def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, lis
             _check_shape(path, key, tuple(params[in_shards[key]]), target.shape)
             copies.append((target, Gathered(in_shards[key])))
     for zp in engine.zparams:  # a parameter the checkpoint lacks keeps its own values (not strict)
-        spec.sources.setdefault(zp.name, "")
+        spec.sources.setdefault(zp.name, None)
     spec.gather = frozenset(v.name for _, v in copies if isinstance(v, Gathered))
     return spec, copies
 

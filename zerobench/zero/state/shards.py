@@ -246,14 +246,15 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
 
 
 def _start_by_name(engine: Engine, spec: ByName, sd: dict, source: dict[str, str]) -> None:
-    """Check a load by name against the first shard (the shapes of what each trained parameter loads from, what
-    is to be gathered), and make ``spec.gathered``'s buffers."""
+    """Check a load by name against the first shard (the shapes of what each trained parameter loads from, in the
+    shards or ``spec.whole``; what is to be gathered), and make ``spec.gathered``'s buffers."""
     saved = sd["params"]
     for zp in engine.zparams:
         src = source[zp.name]
-        if src in saved and list(saved[src]) != list(zp.slot.shape):
+        shape = saved[src] if src in saved else spec.whole[zp.name].shape if zp.name in spec.whole else None
+        if shape is not None and list(shape) != list(zp.slot.shape):
             raise CheckpointMismatch(
-                f"checkpoint holds {src!r} as {tuple(saved[src])}, this model's {zp.name!r} is "
+                f"checkpoint holds {src or zp.name!r} as {tuple(shape)}, this model's {zp.name!r} is "
                 f"{tuple(zp.slot.shape)}: it was saved from another model size"
             )
     lost = sorted(n for n in spec.gather if n not in saved)
@@ -267,14 +268,9 @@ def _whole_copies(engine: Engine, segs, spec: ByName) -> list:
     plan = []
     for s in segs:
         zp = engine.zparams[s.param]
-        value = spec.whole.get(zp.name)
+        value = spec.whole.get(zp.name)  # (its shape checked by _start_by_name)
         if value is None:
             continue
-        if tuple(value.shape) != tuple(zp.slot.shape):
-            raise CheckpointMismatch(
-                f"checkpoint holds {zp.name!r} as {tuple(value.shape)}, this model has it as "
-                f"{tuple(zp.slot.shape)}: it was saved from another model size"
-            )
         flat = {"master": value.detach().reshape(-1).float()}
         plan.append((flat, slice(s.param_start, s.param_end), s, s.param_start, s.param_end))
     return plan

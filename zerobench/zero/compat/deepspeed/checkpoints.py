@@ -271,7 +271,8 @@ def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:
     if not isinstance(state, dict):
         raise CheckpointMismatch(f"{path / SCHEDULER} holds no scheduler state: a damaged checkpoint")
     # the schedule's own (public) keys: torch's private bookkeeping keys come and go between versions
-    lacks = sorted(k for k in scheduler.state_dict() if not str(k).startswith("_") and k not in state)
+    mine = scheduler.state_dict()
+    lacks = sorted(k for k in mine if not str(k).startswith("_") and k not in state)
     if lacks:
         raise CheckpointMismatch(
             f"checkpoint {path} holds the state of another learning-rate schedule than this engine's "
@@ -279,7 +280,6 @@ def _check_scheduler(scheduler, state: dict | None, path: Path) -> None:
             "with, or load with load_lr_scheduler_states=False"
         )
     # per-group lists: a schedule saved for other param groups would leave a group undriven
-    mine = scheduler.state_dict()
     other = next(
         (
             k

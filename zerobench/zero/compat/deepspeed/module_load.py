@@ -100,10 +100,8 @@ def check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:
     copies = []
     for name, value in extra.items():
         target = here.get(name)
-        if torch.is_tensor(target) and (not torch.is_tensor(value) or target.shape != value.shape):
-            raise ValueError(
-                f"checkpoint {path} holds {name!r} {_shape(value)}, which this model has as {tuple(target.shape)}"
-            )
+        if torch.is_tensor(target):
+            _fits(path, name, value, target.shape)
         if target is not None:
             copies.append((target, value))
     return copies

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.param_edits import CASES, case_key, run_param_edits, run_restore_after_write
+from tests.helpers.param_edits import (
+    CASES,
+    case_key,
+    run_param_edits,
+    run_restore_after_write,
+    run_sum_keeping_edits,
+)
 from tests.helpers.user_models import ADAM
 
 pytestmark = pytest.mark.dist
@@ -55,3 +61,16 @@ def test_under_offload_a_restore_after_a_load_is_taken_in():
     ``safe_set_full_fp32_param`` or a checkpoint load. Before, the master kept the written values silently."""
     for r in run_distributed(run_restore_after_write, 2, timeout=300):
         assert r == {"load_state_dict": 0.0, "safe_set": 0.0, "optimizer_load": 0.0}, r
+
+
+def test_under_offload_a_change_that_keeps_the_sum_of_bits_is_taken_in():
+    """Under offload the step finds a changed shard by its signature. A permutation in place and negating as many
+    positive as negative values keep a plain sum of the shard's bits; the master must take them in all the same, when
+    read and at the next step. Before, the next step silently restored the values the step had left."""
+    for r in run_distributed(run_sum_keeping_edits, 2, timeout=300):
+        assert set(r) == {case_key(*c) for c in CASES if c[3] != "none"}, r
+        for case, res in r.items():
+            assert res["edit_size"] > 4 * ONE_STEP, (case, res)  # each edit moves some value by several steps' moves
+            assert res["read"] == 0.0, (case, res)
+            assert res["from_edited"] <= 2 * ONE_STEP, (case, res)
+            assert res["from_before"] > 2 * ONE_STEP, (case, res)  # not undone: undone, it would be one step's move

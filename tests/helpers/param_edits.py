@@ -164,3 +164,53 @@ def run_restore_after_write(rank: int, world: int) -> dict[str, float]:
         full = full_parameters(engine)
         out[how] = max((full[n].to(live[n].dtype).float() - live[n].float()).abs().max().item() for n in full)
     return out
+
+
+def _swap_pairs(p: torch.Tensor) -> None:
+    """Elements 2i and 2i+1 of ``p`` swapped in place: every even-aligned span keeps its values, so each shard
+    keeps the sum of its bits."""
+    flat = p.data.view(-1)
+    even = flat[: flat.numel() // 2 * 2].view(-1, 2)
+    even.copy_(even.flip(1))
+
+
+def _negate_mixed_pairs(p: torch.Tensor) -> None:
+    """Each even-aligned pair of one positive and one negative element negated in place: the sum of each shard's
+    bits is kept (one sign bit set, one cleared)."""
+    flat = p.data.view(-1)
+    even = flat[: flat.numel() // 2 * 2].view(-1, 2)
+    mixed = (even[:, 0] > 0) != (even[:, 1] > 0)
+    even[mixed] = -even[mixed]
+
+
+def run_sum_keeping_edits(rank: int, world: int) -> dict[str, dict]:
+    """Under optimizer offload, changes in place that keep each shard's sum of bits: a permutation
+    (``_swap_pairs``) and balanced sign flips (``_negate_mixed_pairs``). Per case: how far the master ends from the
+    edited values when read (``safe_get_full_fp32_param``), and after the next step how far each parameter is from
+    its edited value (one step's move) and from the value it had before the edit (the edit undone)."""
+    group = Group.of(torch.distributed.new_group(backend="gloo"), "dp")
+    model, data = make_model("mlp"), batches(2, 6)
+    out = {}
+    for case in [c for c in CASES if c[3] != "none"]:
+        engine = _train(model, group, case, data[:1], rank, world, lambda m, s: None)
+        head, emb = engine.module.head.weight, engine.module.emb.weight
+        before = {"head": head.detach().float().clone(), "emb": emb.detach().float().clone()}
+        with torch.no_grad():
+            _swap_pairs(head)
+            _negate_mixed_pairs(emb)
+        edited = {"head": head.detach().float().clone(), "emb": emb.detach().float().clone()}
+        res = {
+            "edit_size": min((edited[k] - before[k]).abs().max().item() for k in edited),
+            "read": max(
+                (safe_get_full_fp32_param(p).to(p.dtype).float() - edited[k]).abs().max().item()
+                for k, p in (("head", head), ("emb", emb))
+            ),
+        }
+        x, y = data[1]
+        engine.backward(engine.module(slice_of(x, rank, world), slice_of(y, rank, world)))
+        engine.step()
+        after = {"head": head.detach().float(), "emb": emb.detach().float()}
+        res["from_edited"] = max((after[k] - edited[k]).abs().max().item() for k in after)
+        res["from_before"] = min((after[k] - before[k]).abs().max().item() for k in after)
+        out[case_key(*case)] = res
+    return out

@@ -29,7 +29,7 @@ exception inside the context exits as a normal exit does, ``modifier_rank``'s br
 the ranks stay paired in their collectives even where only some of them raised, and the parameters and the
 master never disagree. Without the context, at stage 3 the parameters are 0-element
 placeholders outside forward; at stages 0-2 an in-place change is taken in by the next step
-(``ParamStorage.adopt_edits``; under offload unless it keeps the shard's checksum, the sum of its bits).
+(``ParamStorage.adopt_edits``; under offload found by the shard's signature, ``zero/storage/signature.py``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from zerobench.zero.param import ZeroParam
 from zerobench.zero.storage.allocator import Allocator
 from zerobench.zero.storage.buffer import FullBuffer, LocalBuffer
 from zerobench.zero.storage.placement import Placement, Tier
+from zerobench.zero.storage.signature import changed, signature
 
 
 def _copy_segments(dst: torch.Tensor, segments: list[Segment], init: list[torch.Tensor]) -> None:
@@ -69,9 +70,10 @@ class ParamStorage:
             self.master = self._device_master.bucket_views()
         else:  # fp32 without offload: the parameters are the master
             self.master = self.shards
-        self._sums: torch.Tensor | None = None
-        """Under optimizer offload at stages 1-2: each device shard's bits summed when shard and master last agreed
-        (after the step's copy-back, or an adopt); None when something else wrote them since (``rewritten``)."""
+        self._sums: list[torch.Tensor] | None = None
+        """Under optimizer offload at stages 1-2: each device shard's signature (``storage/signature.py``) when shard
+        and master last agreed (after the step's copy-back, or an adopt); None when something else wrote them since
+        (``rewritten``)."""
 
     @property
     def shards_on_host(self) -> bool:
@@ -115,7 +117,7 @@ class ParamStorage:
     def rewritten(self) -> None:
         """The shards and master were written outside the step (a load, ``safe_set_full_fp32_param``, a
         ``gathered_params`` write-back): the next ``adopt_edits`` under offload brings every shard down and compares
-        it whole, as a checksum taken before the write could match a later change in place back to the step's
+        it whole, as a signature taken before the write could match a later change in place back to the step's
         values."""
         self._sums = None
 
@@ -146,24 +148,20 @@ class ParamStorage:
     @property
     def watches_edits(self) -> bool:
         """Stages 1-2 under optimizer offload: the master is on the host and the parameters on the device, so
-        ``adopt_edits`` finds a change by each shard's checksum and brings only a changed shard down. It costs two
-        reads of the shard on the device per step (after the copy-back, and before the next step) and a wait for
-        the device to read the sums back."""
+        ``adopt_edits`` finds a change by each shard's signature (position-weighted sums of its bits) and brings
+        only a changed shard down. It costs two reads of the shard on the device per step (after the copy-back, and
+        before the next step), a temporary of at most 32 MiB, and a wait for the device to read the sums back."""
         return self.replica is not None and self.host is not None and not self.shards_on_host
 
-    def _checksums(self) -> torch.Tensor:
-        """Each device shard's bits summed (one int64 per bucket, computed on the device: a read of the shard).
-        A change in place shows as another sum; one that keeps it (a permutation of the values, or negating as many
-        positive as negative values) does not."""
-        ints = {2: torch.int16, 4: torch.int32}
-        sums = [s.view(ints[s.element_size()]).sum(dtype=torch.int64) for s in self.shards]
-        return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+    def _checksums(self) -> list[torch.Tensor]:
+        """Each device shard's signature (``storage/signature.py``: position-weighted sums of its bits, computed
+        on the device in one read of the shard), so that a permutation in place shows as a change too."""
+        return [signature(s) for s in self.shards]
 
     @torch.no_grad()
     def _adopt_offloaded(self) -> None:
         now = self._checksums()
-        changed = [True] * len(self.shards) if self._sums is None else (now != self._sums).tolist()
-        for shard, master, moved in zip(self.shards, self.master, changed):
+        for shard, master, moved in zip(self.shards, self.master, changed(self._sums, now)):
             if moved:  # the shard down to the host, where the master is
                 here = shard.detach().to(master.device)
                 if here.dtype == torch.float32:
@@ -184,7 +182,7 @@ class ParamStorage:
         master between steps (checkpoints, exports, ``safe_get_full_fp32_param``) call this first. At stages
         1-2 each rank takes its own shard's changes, and the step's all-gather gives every rank the owners'
         values: a change made on every rank is kept everywhere. Under optimizer offload (``watches_edits``) the
-        step calls this first; a shard whose checksum is the one the step left is not read."""
+        step calls this first; a shard whose signature is the one the step left is not read."""
         if self.adopts_edits:
             for shard, master in zip(self.shards, self.master):
                 kernels.reference.adopt_(master, shard)

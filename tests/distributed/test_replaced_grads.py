@@ -50,6 +50,77 @@ def test_on_several_ranks_what_would_be_ignored_or_diverge_is_refused(stage, bac
         assert re.search(says, msg), msg
 
 
+def _zeros_with_no_backward(rank: int, world: int, stage: int) -> dict:
+    """One trained step on the global batch, then ``zero_grad(set_to_none=False)`` and two steps with no backward:
+    the parameters, and how far the no-backward steps moved them."""
+    from tests.unit.test_replaced_grads import ADAM, X, model
+    from zerobench.zero.state.shards import full_parameters
+
+    m = model()
+    engine = apply_zero(m, Group.of(None, "dp"), ZeroConfig(stage=stage, optimizer=ADAM))
+    m(X[rank::world]).pow(2).sum().mul(world).backward()  # the mean over ranks is the global batch's sum
+    engine.optimizer.step()
+    before = {n: v.clone() for n, v in full_parameters(engine).items()}
+    for _ in range(2):
+        engine.optimizer.zero_grad(set_to_none=False)
+        engine.optimizer.step()
+    after = full_parameters(engine)
+    moved = max((after[n] - before[n]).abs().max().item() for n in after)
+    return {"params": {n: v.tolist() for n, v in after.items()}, "moved": moved}  # plain data across processes
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zeros_with_no_backward_step_on_every_rank_as_torch(stage):
+    """``zero_grad(set_to_none=False)`` then ``step()`` with no backward, on two ranks: every rank steps on the zeros,
+    as torch's AdamW does on one process (momentum moves the parameters), and the replicas agree."""
+    from tests.unit.test_replaced_grads import X, model, reference
+
+    ref = model()
+    opt = reference(ref)
+    ref(X).pow(2).sum().backward()
+    opt.step()
+    for _ in range(2):
+        opt.zero_grad(set_to_none=False)
+        opt.step()
+    for r in run_distributed(_zeros_with_no_backward, 2, stage, timeout=120):
+        assert r["moved"] > 1e-3, r["moved"]
+        for name, p in ref.named_parameters():
+            torch.testing.assert_close(torch.tensor(r["params"][name]), p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _written_on_one_rank(rank: int, world: int, stage: int, how: str) -> str:
+    from tests.unit.test_replaced_grads import ADAM, X, model
+
+    m = model()
+    engine = apply_zero(m, Group.of(None, "dp"), ZeroConfig(stage=stage, optimizer=ADAM))
+    m(X[rank::world]).pow(2).sum().backward()
+    engine.optimizer.step()
+    engine.optimizer.zero_grad(set_to_none=False)
+    p = next(m.parameters())
+    if rank == 1 and how == "in place":
+        p.grad.copy_(torch.ones_like(p))
+    elif rank == 1:
+        p.grad = torch.ones_like(p)
+    try:
+        engine.optimizer.step()
+    except RuntimeError as e:
+        return str(e)
+    return "stepped"
+
+
+@pytest.mark.parametrize("stage, how", [(0, "in place"), (0, "assigned"), (1, "in place")])
+def test_a_grad_set_with_no_backward_on_one_rank_is_refused_on_every_rank(stage, how):
+    """Rank 1 alone sets a ``.grad`` with no backward: it is never averaged, so the replicas would step apart. Every
+    rank refuses in one line, the other naming the rank, so no rank goes on alone into the step's collectives (a
+    hang until the timeout). Before, rank 0 returned as if nothing happened while rank 1 raised, or, written in
+    place, both ignored it."""
+    zero, one = run_distributed(_written_on_one_rank, 2, stage, how, timeout=120)
+    assert "\n" not in zero and "\n" not in one, (zero, one)
+    assert zero.startswith("step(): a .grad was set with no backward in this window on rank 1"), zero
+    assert one.startswith("step(): the .grad of parameter '0.weight' was "), one
+    assert "never averaged over the 2 DP ranks, so the replicas would step apart" in one, one
+
+
 def _ds_engine(fp16: dict, stage: int = 0):
     from zerobench.zero import initialize
 

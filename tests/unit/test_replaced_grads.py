@@ -308,3 +308,72 @@ def test_a_create_graph_backward_steps_as_torch(stage):
     opt.step()
     assert_trained_alike(engine, ref)
     assert not engine.grads.full.data.requires_grad
+
+
+def _trained_once(stage: int, **config):
+    """An engine and a torch reference after one step each on the same batch: the optimizers hold momentum."""
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM, **config))
+    opt = reference(ref)
+    m(X).pow(2).sum().backward()
+    ref(X).pow(2).sum().backward()
+    engine.optimizer.step()
+    opt.step()
+    return m, engine, ref, opt
+
+
+def _moved_from(engine, before: dict) -> float:
+    return max((full_parameters(engine)[n] - v).abs().max().item() for n, v in before.items())
+
+
+@pytest.mark.parametrize("stage, offload", [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu")])
+def test_zero_grad_keeping_zeros_then_a_step_with_no_backward_steps_as_torch(stage, offload):
+    """``zero_grad(set_to_none=False)`` then ``step()`` with no backward: torch's AdamW steps on the zeros (momentum
+    moves the parameters), twice here. Before, the engine did not step, silently."""
+    _, engine, ref, opt = _trained_once(stage, offload_optimizer=offload)
+    before = {n: v.clone() for n, v in full_parameters(engine).items()}
+    for _ in range(2):
+        engine.optimizer.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=False)
+        engine.optimizer.step()
+        opt.step()
+    assert_trained_alike(engine, ref)
+    assert _moved_from(engine, before) > 1e-3, "momentum moved nothing: the test would pass with no step"
+
+
+@pytest.mark.parametrize("stage, offload", [(0, "none"), (1, "none"), (1, "cpu")])
+def test_grads_written_in_place_with_no_backward_train_as_torch(stage, offload):
+    """After ``zero_grad(set_to_none=False)`` a loop writes ``.grad`` in place (``p.grad.copy_(g)``) and steps with no
+    backward: torch trains on what ``.grad`` holds. Before, the engine ignored the writes and did not step."""
+    m, engine, ref, opt = _trained_once(stage, offload_optimizer=offload)
+    gen = torch.Generator().manual_seed(4)
+    engine.optimizer.zero_grad(set_to_none=False)
+    opt.zero_grad(set_to_none=False)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        value = torch.randn(p.shape, generator=gen)
+        p.grad.copy_(value)
+        q.grad.copy_(value)
+    engine.optimizer.step()
+    opt.step()
+    assert_trained_alike(engine, ref)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_with_no_backward_and_every_grad_none_nothing_steps(stage):
+    """Where torch's ``.grad`` is None, torch's AdamW skips every parameter, momentum and weight decay included: a
+    fresh engine, even after ``zero_grad(set_to_none=False)`` (torch leaves a None ``.grad`` alone), and a trained
+    window cleared with ``zero_grad()``. The engine does not step either."""
+    decay = AdamWConfig(lr=1e-2, weight_decay=0.1)
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=decay))
+    before = {n: v.clone() for n, v in full_parameters(engine).items()}
+    engine.optimizer.zero_grad(set_to_none=False)
+    engine.optimizer.step()
+    assert _moved_from(engine, before) == 0.0
+    m(X).pow(2).sum().backward()
+    engine.optimizer.step()
+    engine.optimizer.zero_grad()
+    engine.optimizer.zero_grad(set_to_none=False)  # over None: stays None
+    before = {n: v.clone() for n, v in full_parameters(engine).items()}
+    engine.optimizer.step()
+    assert _moved_from(engine, before) == 0.0

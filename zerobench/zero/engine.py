@@ -235,8 +235,9 @@ class ZeroEngine:
         ``zero_grad()``; before it, nothing. ``engine.optimizer.step()`` is torch's (it does not zero).
 
         Returns:
-            Whether the parameters were updated: not inside a window, not when no gradient came since ``zero_grad()``,
-            not on an fp16 overflow.
+            Whether the parameters were updated: not inside a window, not when no gradient came since ``zero_grad()``
+            (``.grad`` None; after ``zero_grad(set_to_none=False)`` the zeros step, as torch's), not on an fp16
+            overflow.
 
         Raises:
             LossScaleAtMinimum: an fp16 overflow with the loss scale already at its minimum.

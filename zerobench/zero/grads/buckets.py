@@ -90,6 +90,11 @@ class GradBucketGroup:
         """What a plain backward's gradients are multiplied by before their collective (None: already scaled)."""
         self.reduced = False
         """Whether the buffers hold reduced gradients since the last ``zero()``."""
+        self.zeroed = False
+        """Whether the window was opened by ``zero(set_to_none=False)`` over gradients that existed (a window reduced
+        or zeroed so before it): torch's ``.grad`` is then zeros, not None, and ``torch.optim`` steps such zeros
+        (momentum and weight decay move the parameters). Over none (after ``set_to_none``, or before any backward)
+        ``.grad`` stays None, as torch's ``zero_grad`` leaves a None ``.grad`` alone."""
         self.seen, self.seen_count = [False] * len(zparams), 0
         self.unused: list[int] = []
         """Parameters (indices) that got no gradient in the last synchronised window on this rank."""
@@ -291,9 +296,10 @@ class GradBucketGroup:
     def zero(self, set_to_none: bool = True) -> None:
         """Start a new window. Stages 0-1, as ``torch.optim``: ``.grad`` None (no memset; the next gradient is
         copied into its view instead of added to zeros), or the buffer zeroed (``set_to_none=False``)."""
+        had = self.reduced or self.zeroed or any(zp.grad_state is not GradState.NONE for zp in self.zparams)
         for zp in self.zparams:
             zp.grad_state = GradState.NONE
-        self.reduced = False
+        self.reduced, self.zeroed = False, had and not set_to_none
         if self.keep_full and set_to_none:
             for zp in self.zparams:
                 zp.param.grad = None

@@ -10,29 +10,32 @@ be ignored without a word. Before anything reads the reduced gradient (the step,
   offload: ``.grad`` is a view of the full buffer), an assigned tensor is taken into the buffer and the view put
   back, so the step trains on what ``.grad`` says, as torch's optimizer would. Under fp16 ``.grad`` is times the
   loss scale, as DeepSpeed's fp16 optimizer reads it. At stage 0 on several ranks an assigned ``.grad`` must be the
-  same on every rank, as under DDP: each replica steps its own. A window with no backward since ``zero_grad()``
-  in which some ``.grad`` was assigned trains on one rank on what ``.grad`` holds (the others' views, written in
-  place or not), and a ``.grad`` left None counts as zero (the fused step has no per-parameter skip; DeepSpeed's
-  fp16 optimizer counts None as zero too).
+  same on every rank, as under DDP: each replica steps its own.
+- A window with no backward since ``zero_grad()`` steps where torch's optimizer would, on what ``.grad`` holds:
+  after ``zero_grad(set_to_none=False)`` (zeros, momentum and weight decay still move the parameters; zeros at
+  stages 2-3 too), or where a ``.grad`` was assigned or written in place. A ``.grad`` left None counts as zero (the
+  fused step has no per-parameter skip; DeepSpeed's fp16 optimizer counts None as zero too). Otherwise (every
+  ``.grad`` None, or the views untouched since the engine was built, where torch's would be None) it does not step.
+  Under offload the views' shards go to the host first. On several DP or TP ranks such a ``.grad`` is its rank's
+  alone, never averaged, so the replicas would step apart: the ranks agree on whether any set one (one all-reduce)
+  and all refuse in one line if one did.
 - Everywhere else an assignment is refused in one line naming the parameter: at stages 2-3 the step reads this
   rank's reduced gradient partition and keeps no ``.grad``; at stage 1 on several ranks the ``.grad`` views hold the
-  reduced gradient only in this rank's shard; under offload the gradient went to the host during backward; and a
-  ``.grad`` assigned with no backward on several DP ranks is this rank's alone, never averaged, so the replicas
-  would step apart. ``safe_set_full_grad`` (DeepSpeed's name) sets a parameter's reduced gradient at every stage.
+  reduced gradient only in this rank's shard; under offload the gradient went to the host during backward.
+  ``safe_set_full_grad`` (DeepSpeed's name) sets a parameter's reduced gradient at every stage.
 - A ``.grad`` set to None after backward is refused too: torch's optimizers skip such a parameter, which the
   fused step cannot, and stepping it with the gradient ``.grad`` no longer shows would be a silent difference.
 
-What cannot be seen: element-wise changes in place (``p.grad.mul_(...)``) need nothing at stages 0-1 without offload
-(they change the view itself); under offload they come too late, and in a window with no backward and no
-assignment they cannot be told from the zeros ``zero_grad(set_to_none=False)`` left, so such a window does not step,
-as one with no gradient. An assignment to ``p.grad.data``, which moves the view object itself off the buffer, is
-caught by where its data is and its layout.
+What cannot be seen: element-wise changes in place after backward (``p.grad.mul_(...)``) need nothing at stages
+0-1 without offload (they change the view itself); under offload they come too late. An assignment to
+``p.grad.data``, which moves the view object itself off the buffer, is caught by where its data is and its layout.
 """
 
 from __future__ import annotations
 
 import torch
 
+from zerobench.distributed import collectives as C
 from zerobench.zero.param import GradState
 from zerobench.zero.protocols import Engine
 
@@ -54,6 +57,8 @@ def adopt_replaced(engine: Engine, caller: str) -> None:
                 f"at stage {engine.stage} the step reads this rank's reduced gradient partition and keeps no .grad",
                 fix=f"set it with {SET_FULL_GRAD}(param, value) between backward and step",
             )
+        if not grads.reduced and grads.zeroed:  # zero_grad(set_to_none=False), no backward: zeros, stepped
+            _take_as_reduced(grads)
         return
     assigned, nulled, kept = _sort(grads)
     if grads.reduced and nulled:
@@ -63,20 +68,92 @@ def adopt_replaced(engine: Engine, caller: str) -> None:
             "moves it by momentum and weight decay): freeze it before apply_zero (requires_grad_(False)), or zero "
             "its gradient in place (p.grad.zero_()) if that is what you mean"
         )
-    # nothing assigned: the engine's own gradients (reduced), or none since zero_grad(); views written in place
-    # with no backward cannot be told from the zeros zero_grad(set_to_none=False) left, and do not step
-    if not assigned:
+    if not grads.reduced:
+        _no_backward(engine, caller, assigned, kept)
+        return
+    if not assigned:  # the engine's own reduced gradients, the views perhaps changed in place
         return
     _check_whole(engine, caller, grads.zparams[assigned[0]].name)
     with torch.no_grad():
         for i in assigned:
             grads.zparams[i].check_grad(grads.zparams[i].param.grad, grads.grad_dtype)
             grads.restore_view(i, grads.zparams[i].param.grad)
-        if not grads.reduced:  # a window with no backward: a .grad left None counts as zero
-            for i in nulled:
+
+
+def _no_backward(engine: Engine, caller: str, assigned: list[int], kept: list[int]) -> None:
+    """Stages 0-1, a window with no backward since ``zero_grad()``: it steps on what ``.grad`` holds where torch's
+    optimizer would step, that is where some ``.grad`` is not None: after ``zero_grad(set_to_none=False)`` (zeros,
+    or values written in place) or where one was assigned or written. Otherwise (every ``.grad`` None, or the views
+    untouched since the engine was built, where torch's would be None) nothing steps. On several ranks a
+    ``.grad`` set with no backward is its rank's alone, never averaged, so the ranks first agree that none was
+    set anywhere, and all refuse if one was."""
+    grads = engine.grads
+    written = assigned[:1]
+    if not written and kept:
+        changed = torch.stack([grads.views[i].any() for i in kept]).tolist()
+        written = [i for i, c in zip(kept, changed) if c][:1]
+    _agree_nothing_set(engine, caller, written, "assigned (p.grad = ...)" if assigned else "written in place")
+    if not (grads.zeroed or written):
+        return
+    if assigned:
+        _check_whole(engine, caller, grads.zparams[assigned[0]].name, after_backward=False)
+    with torch.no_grad():
+        for i in assigned:
+            grads.zparams[i].check_grad(grads.zparams[i].param.grad, grads.grad_dtype)
+            grads.restore_view(i, grads.zparams[i].param.grad)
+    _take_as_reduced(grads)  # under offload the views' shards go to the host, as a backward's would
+
+
+def _agree_nothing_set(engine: Engine, caller: str, written: list[int], how: str) -> None:
+    """On several DP or TP ranks: every rank learns the lowest global rank that set a ``.grad`` with no backward
+    (one all-reduce per group), and every rank refuses, so none goes on into the step's collectives alone."""
+    groups = [g for g in (engine.group, engine.tp_group) if g is not None and g.size > 1]
+    if not groups:
+        return
+    nobody = 1 << 62
+    first = torch.tensor([engine.global_rank if written else nobody], dtype=torch.int64, device=engine.device)
+    for g in groups:
+        C.all_reduce(first, g, engine.ledger, "no_backward", op=torch.distributed.ReduceOp.MIN)
+    at = int(first.item())
+    if at == nobody:
+        return
+    n = engine.group.size
+    if written:
+        raise _refused(
+            caller,
+            engine.grads.zparams[written[0]].name,
+            f"{how} with no backward in this window",
+            f"it is this rank's alone, never averaged over the {n} DP ranks",
+            then="the replicas would step apart",
+            fix="compute it with a backward through the engine",
+        )
+    raise RuntimeError(
+        f"{caller}: a .grad was set with no backward in this window on rank {at}, never averaged over the {n} DP "
+        "ranks, so the replicas would step apart: compute it with a backward through the engine"
+    )
+
+
+@torch.no_grad()
+def _take_as_reduced(grads) -> None:
+    """A window with no backward that steps all the same: what ``.grad`` holds at stages 0-1 (a view left None
+    counts as zero), zeros at stages 2-3, becomes the window's reduced gradient where the step reads it (under
+    offload, the host's copy), as a backward would have made it."""
+    if grads.keep_full:
+        for i, zp in enumerate(grads.zparams):
+            if zp.param.grad is None:
                 grads.restore_view(i, None)
-            for i in (*assigned, *kept):  # a backward accumulated next must not zero them as unused
-                grads.zparams[i].grad_state = GradState.ACCUMULATED
+            zp.grad_state = GradState.ACCUMULATED  # a backward next sums onto them, as onto .grad
+        if grads.sink is not None:
+            rank = grads.group.rank if grads.layout.shards > 1 else 0
+            for b in grads.layout.buckets:
+                grads.sink(b.index, grads.full.shard_view(b.index, rank), False)
+    elif grads.sink is not None:
+        most = max((b.shard_numel for b in grads.layout.buckets), default=0)
+        zeros = torch.zeros(most, dtype=grads.grad_dtype, device=grads.device)
+        for b in grads.layout.buckets:
+            grads.sink(b.index, zeros[: b.shard_numel], False)
+    else:
+        grads.local.views()  # every bucket's shard held, as zeros
     grads.reduced = True
 
 
@@ -94,8 +171,9 @@ def _sort(grads) -> tuple[list[int], list[int], list[int]]:
     return assigned, nulled, kept
 
 
-def _check_whole(engine: Engine, caller: str, name: str) -> None:
-    """Refuse, naming parameter ``name``, a ``.grad`` to take where it is not the whole gradient the step reads."""
+def _check_whole(engine: Engine, caller: str, name: str, after_backward: bool = True) -> None:
+    """Refuse, naming parameter ``name``, a ``.grad`` to take where it is not the whole gradient the step reads.
+    With no backward in the window (``after_backward=False``) the host copy under offload is made from ``.grad``."""
     how = "assigned (p.grad = ...)"
     if engine.grads_sharded:
         raise _refused(
@@ -106,22 +184,13 @@ def _check_whole(engine: Engine, caller: str, name: str) -> None:
             "which .grad holds only in part",
             fix=f"change it element-wise in place (p.grad.mul_(...)), or set it with {SET_FULL_GRAD}(param, value)",
         )
-    if engine.storage.host is not None:
+    if engine.storage.host is not None and after_backward:
         raise _refused(
             caller,
             name,
             how,
             "under optimizer offload the gradient went to the host during backward",
             fix=f"set it with {SET_FULL_GRAD}(param, value) between backward and step",
-        )
-    if not engine.grads.reduced and engine.group.size > 1:
-        raise _refused(
-            caller,
-            name,
-            "assigned (p.grad = ...) with no backward in this window",
-            f"it is this rank's alone, never averaged over the {engine.group.size} DP ranks",
-            then="the replicas would step apart",
-            fix="compute it with a backward through the engine",
         )
 
 

@@ -377,3 +377,18 @@ def test_with_no_backward_and_every_grad_none_nothing_steps(stage):
     before = {n: v.clone() for n, v in full_parameters(engine).items()}
     engine.optimizer.step()
     assert _moved_from(engine, before) == 0.0
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_step_after_no_sync_passes_cleared_by_zero_grad_is_a_no_op(stage):
+    """A micro-batch under ``no_sync()``, then ``zero_grad()`` (a bad batch dropped), then ``step()``: torch's step has
+    no ``.grad`` to read and does nothing. Before, the engine refused it as a window missing its synchronising
+    backward."""
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=AdamWConfig(lr=1e-2, weight_decay=0.1)))
+    before = {n: v.clone() for n, v in full_parameters(engine).items()}
+    with engine.no_sync():
+        m(X).pow(2).sum().backward()
+    engine.optimizer.zero_grad()
+    engine.optimizer.step()
+    assert _moved_from(engine, before) == 0.0

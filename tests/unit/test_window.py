@@ -47,6 +47,22 @@ def test_step_after_only_unsynchronised_passes_is_refused():
         w.check_step()
 
 
+def test_zero_grad_drops_the_unsynchronised_passes_and_keeps_the_count():
+    """``zero_grad()`` after passes under ``no_sync()`` cleared their gradients: a step next has nothing missing, and
+    the next pass starts a window. Counted micro-batches keep counting, as DeepSpeed's boundaries do."""
+    w = AccumulationWindow(1)
+    run(w, "P")
+    w.cleared()
+    w.check_step()
+    assert run(w, "p") == [(True, True)]
+    w = AccumulationWindow(2)
+    run(w, "e")
+    w.cleared()
+    assert w.open == 1
+    with pytest.raises(RuntimeError, match=r"^step\(\) after 1 of 2 micro-batches"):
+        w.check_step()
+
+
 def test_a_window_mixing_the_two_backwards_is_refused_and_windows_may_differ():
     w = AccumulationWindow(2)
     run(w, "e")

@@ -285,6 +285,7 @@ class ZeroEngine:
         """
         check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
+        self.window.cleared()
         self._clip = 1.0  # the discarded window's clip coefficient and unused-parameter check go with it
         if self._unused_check is not None:
             self._unused_check.wait()

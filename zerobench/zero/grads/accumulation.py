@@ -81,6 +81,12 @@ class AccumulationWindow:
             self.unsynced = 0
         return MicroBatch(sync=sync, first=first)
 
+    def cleared(self) -> None:
+        """``zero_grad()`` dropped the gradients of the passes under ``no_sync()``: nothing of them is left to
+        synchronise, so a ``step()`` next is torch's no-op, not a window missing its last backward. Counted
+        micro-batches keep counting (DeepSpeed's boundaries do not move with ``zero_grad()``)."""
+        self.unsynced = 0
+
     @property
     def open(self) -> int:
         """Micro-batches of the current window run so far (0: none, or the window is complete)."""

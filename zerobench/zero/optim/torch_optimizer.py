@@ -16,7 +16,9 @@ partitions.
   anything.
 - ``state_dict()`` holds the groups' hyperparameters and *this rank's* shard of the master and moments
   (``zero_shard``); ``load_state_dict`` restores both on a model with the same partitioning (the same DP
-  size), on every DP rank. To change the number of ranks, use ``zerobench.zero.state.checkpoint.save_sharded``.
+  size and a stage that cuts the partition alike; stage 0's shard is the whole model), on every DP rank, and
+  refuses another partition in one line naming both. To change the number of ranks or the stage, use
+  ``zerobench.zero.state.checkpoint.save_sharded`` / ``load_sharded`` (or DeepSpeed's ``save_checkpoint``).
 """
 
 from __future__ import annotations

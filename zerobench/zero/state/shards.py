@@ -39,6 +39,7 @@ def shard_state_dict(engine: Engine) -> dict:
         "format": FORMAT,
         "shard": engine.rank_in_shards,
         "num_shards": engine.layout.shards,
+        "stage": engine.stage,
         "step": opt.step_count,
         "global_steps": engine.global_steps,
         "groups": _groups(engine),
@@ -239,10 +240,24 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
         raise CheckpointMismatch(
             f"checkpoint covers {filled} of this rank's {total} elements"
             + (f" and leaves {holes[:3]} unwritten" if holes else "")
-            + ": shards missing, or a state dict another rank saved (each rank loads its own "
-            "engine.optimizer.state_dict(); save_checkpoint / load_checkpoint load any DP size)"
+            + _partition_note(engine, meta)
+            + " (each rank loads its own engine.optimizer.state_dict(), into the same partition; "
+            "save_sharded / load_sharded, or DeepSpeed's save_checkpoint / load_checkpoint, load any DP size and stage)"
         )
     return plan + (_whole_copies(engine, segs, spec) if spec is not None else []), first, meta
+
+
+def _partition_note(engine: Engine, meta: dict | None) -> str:
+    """Why a shard may not cover this rank's partition: the partition it was saved from, where that differs."""
+    if meta is None:
+        return ": no shard given"
+    saved = (meta.get("stage"), meta.get("num_shards"))
+    if saved[0] is not None and saved != (engine.stage, engine.layout.shards):
+        return (
+            f": it is shard {meta.get('shard')} of {saved[1]} of a stage-{saved[0]} partition, and this engine's "
+            f"stage-{engine.stage} partition has {engine.layout.shards} shard(s)"
+        )
+    return ": shards missing, or a state dict another rank saved"
 
 
 def _start_by_name(engine: Engine, spec: ByName, sd: dict, source: dict[str, str]) -> None:

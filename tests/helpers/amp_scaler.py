@@ -93,6 +93,10 @@ def run_amp_scaler(rank: int, world: int) -> dict:
         out[f"s{stage}-plain"] = _error(lambda e=engine: _train(e, _scaler(), data[:1], rank, world, False))
         if stage == 0:
             out["s0-plain-params"] = compare(engine, model, reference(model, data[:1], world, False)[0])
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as FSDPScaler
+
+        engine = engine_for(copy.deepcopy(model), group, stage)
+        out[f"s{stage}-fsdp"] = _error(lambda e=engine: _train(e, _scaler(FSDPScaler), data[:1], rank, world, False))
         fp16 = engine_for(copy.deepcopy(model), group, stage, precision=Precision.FP16)
         out[f"s{stage}-fp16"] = _error(
             lambda e=fp16: _train(e, _scaler(ShardedGradScaler), data[:1], rank, world, False)

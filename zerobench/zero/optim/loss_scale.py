@@ -180,9 +180,9 @@ def amp_unscale(optimizer) -> float | None:
     check_amp(engine)
     if not checked and (engine.stage >= 2 or (engine.stage == 1 and engine.group.size > 1)):
         raise ConfigError(
-            f"torch.amp.GradScaler checks the .grad this rank holds, which at ZeRO stage "
-            f"{engine.stage} is not the reduced gradient: use zerobench.zero.ShardedGradScaler, "
-            "as FSDP's ShardedGradScaler"
+            "torch's GradScaler (torch.amp's, or FSDP's ShardedGradScaler) checks the .grad this rank holds, which "
+            f"at ZeRO stage {engine.stage} is not the reduced gradient: use zerobench.zero.ShardedGradScaler, this "
+            "engine's counterpart of FSDP's"
         )
     if float(optimizer.found_inf) > 0:
         return None

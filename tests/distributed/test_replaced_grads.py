@@ -121,6 +121,82 @@ def test_a_grad_set_with_no_backward_on_one_rank_is_refused_on_every_rank(stage,
     assert "never averaged over the 2 DP ranks, so the replicas would step apart" in one, one
 
 
+def _reader_on_rank_0(rank: int, world: int, stage: int) -> str:
+    from tests.unit.test_replaced_grads import ADAM, X, model
+    from zerobench.zero.compat.deepspeed.tensor_fragment import safe_get_full_grad
+
+    m = model()
+    engine = apply_zero(m, Group.of(None, "dp"), ZeroConfig(stage=stage, optimizer=ADAM))
+    m(X[rank::world]).pow(2).sum().backward()
+    engine.optimizer.step()
+    engine.optimizer.zero_grad()
+    got = repr(safe_get_full_grad(next(m.parameters()))) if rank == 0 else "no call"
+    engine.optimizer.step()  # every rank: a no-op, agreed
+    return got
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_gradient_read_on_one_rank_in_a_window_with_no_backward_is_local(stage):
+    """``safe_get_full_grad`` on rank 0 alone (logging) after ``zero_grad()``: no gradient, answered locally. A
+    reader called on some ranks alone must not enter the ranks' agreement (it would pair with their next
+    collective)."""
+    assert run_distributed(_reader_on_rank_0, 2, stage, timeout=120, coll_timeout=20) == ["None", "no call"]
+
+
+def _tp_only(rank: int, world: int, how: str) -> float:
+    import torch.distributed as dist
+
+    from tests.unit.test_replaced_grads import ADAM, model
+
+    alone = [dist.new_group([r]) for r in range(world)]
+    m = model()
+    engine = apply_zero(
+        m, Group.of(alone[rank], "dp"), ZeroConfig(stage=0, optimizer=ADAM), tp_group=Group.of(None, "tp")
+    )
+    before = next(m.parameters()).detach().clone()
+    for p in m.parameters():
+        if how == "assigned":
+            p.grad = torch.ones_like(p)
+        else:
+            p.grad.copy_(torch.ones_like(p))
+    engine.optimizer.step()
+    return (next(m.parameters()) - before).abs().max().item()
+
+
+@pytest.mark.parametrize("how", ["assigned", "in place"])
+def test_with_one_dp_rank_a_grad_set_with_no_backward_steps_under_tp(how):
+    """DP 1 x TP 2: a ``.grad`` set with no backward is averaged with nobody, so every TP rank steps it (as one
+    process would). Refusing it said "never averaged over the 1 DP ranks"."""
+    moved = run_distributed(_tp_only, 2, how, timeout=120, coll_timeout=20)
+    assert all(abs(x - ADAM_LR) < 1e-6 for x in moved), moved
+
+
+ADAM_LR = 1e-2
+"""One AdamW step from zero moments on a constant gradient moves each element by the learning rate."""
+
+
+def _cleared_unalike(rank: int, world: int) -> str:
+    from tests.unit.test_replaced_grads import ADAM, X, model
+
+    m = model()
+    engine = apply_zero(m, Group.of(None, "dp"), ZeroConfig(stage=0, optimizer=ADAM))
+    m(X[rank::world]).pow(2).sum().backward()
+    engine.optimizer.step()
+    engine.optimizer.zero_grad(set_to_none=rank == 1)
+    try:
+        engine.optimizer.step()
+    except RuntimeError as e:
+        return str(e)
+    return "stepped"
+
+
+def test_ranks_that_would_step_and_ranks_that_would_not_refuse_alike():
+    """Rank 0 keeps zeros (``zero_grad(set_to_none=False)``), rank 1 clears to None: torch would step rank 0 only,
+    and the replicas would part. Both refuse in one line, so neither goes on into the step's collectives alone."""
+    for msg in run_distributed(_cleared_unalike, 2, timeout=120, coll_timeout=20):
+        assert "\n" not in msg and msg.startswith("step(): with no backward in this window, some ranks hold"), msg
+
+
 def _ds_engine(fp16: dict, stage: int = 0):
     from zerobench.zero import initialize
 

@@ -43,9 +43,12 @@ SET_FULL_GRAD = "zerobench.zero.compat.deepspeed.tensor_fragment.safe_set_full_g
 """Where a gradient can be set at every stage (DeepSpeed's ``safe_set_full_grad``); named, never imported."""
 
 
-def adopt_replaced(engine: Engine, caller: str) -> None:
+def adopt_replaced(engine: Engine, caller: str, collective: bool = True) -> None:
     """Take assigned ``.grad`` tensors into the engine's gradient buffer where that is what ``.grad`` means, or
-    refuse them in one line (see the module docstring). Nothing happens when every ``.grad`` is the engine's."""
+    refuse them in one line (see the module docstring). Nothing happens when every ``.grad`` is the engine's.
+    ``collective``: every rank of the DP and TP groups calls this (the step, clipping, a scaler's unscale); a reader
+    called on some ranks alone (``safe_get_full_grad``) passes False, and then settles a window with no backward
+    only where the rank has no peers."""
     grads = engine.grads
     if not grads.keep_full:  # stages 2-3: .grad is None between backward and step, always
         stray = next((zp for zp in grads.zparams if zp.param.grad is not None), None)
@@ -57,8 +60,8 @@ def adopt_replaced(engine: Engine, caller: str) -> None:
                 f"at stage {engine.stage} the step reads this rank's reduced gradient partition and keeps no .grad",
                 fix=f"set it with {SET_FULL_GRAD}(param, value) between backward and step",
             )
-        if not grads.reduced and grads.zeroed:  # zero_grad(set_to_none=False), no backward: zeros, stepped
-            _take_as_reduced(grads)
+        if not grads.reduced and _settles(engine, collective, grads.zeroed, [], caller, ""):
+            _take_as_reduced(grads)  # zero_grad(set_to_none=False) and no backward: zeros, stepped
         return
     assigned, nulled, kept = _sort(grads)
     if grads.reduced and nulled:
@@ -69,7 +72,7 @@ def adopt_replaced(engine: Engine, caller: str) -> None:
             "its gradient in place (p.grad.zero_()) if that is what you mean"
         )
     if not grads.reduced:
-        _no_backward(engine, caller, assigned, kept)
+        _no_backward(engine, caller, assigned, kept, collective)
         return
     if not assigned:  # the engine's own reduced gradients, the views perhaps changed in place
         return
@@ -80,20 +83,20 @@ def adopt_replaced(engine: Engine, caller: str) -> None:
             grads.restore_view(i, grads.zparams[i].param.grad)
 
 
-def _no_backward(engine: Engine, caller: str, assigned: list[int], kept: list[int]) -> None:
+def _no_backward(engine: Engine, caller: str, assigned: list[int], kept: list[int], collective: bool) -> None:
     """Stages 0-1, a window with no backward since ``zero_grad()``: it steps on what ``.grad`` holds where torch's
-    optimizer would step, that is where some ``.grad`` is not None: after ``zero_grad(set_to_none=False)`` (zeros,
-    or values written in place) or where one was assigned or written. Otherwise (every ``.grad`` None, or the views
-    untouched since the engine was built, where torch's would be None) nothing steps. On several ranks a
-    ``.grad`` set with no backward is its rank's alone, never averaged, so the ranks first agree that none was
-    set anywhere, and all refuse if one was."""
+    optimizer would step, that is where some ``.grad`` is not None and holds a gradient: after
+    ``zero_grad(set_to_none=False)`` (zeros, or values written in place), or where one was assigned or written.
+    Otherwise (every ``.grad`` None, or the views untouched since the engine was built, where torch's would be None)
+    nothing steps."""
     grads = engine.grads
     written = assigned[:1]
     if not written and kept:
         changed = torch.stack([grads.views[i].any() for i in kept]).tolist()
         written = [i for i, c in zip(kept, changed) if c][:1]
-    _agree_nothing_set(engine, caller, written, "assigned (p.grad = ...)" if assigned else "written in place")
-    if not (grads.zeroed or written):
+    steps = bool(written) or (grads.zeroed and bool(kept))
+    how = "assigned (p.grad = ...)" if assigned else "written in place"
+    if not _settles(engine, collective, steps, written, caller, how):
         return
     if assigned:
         _check_whole(engine, caller, grads.zparams[assigned[0]].name, after_backward=False)
@@ -104,22 +107,43 @@ def _no_backward(engine: Engine, caller: str, assigned: list[int], kept: list[in
     _take_as_reduced(grads)  # under offload the views' shards go to the host, as a backward's would
 
 
-def _agree_nothing_set(engine: Engine, caller: str, written: list[int], how: str) -> None:
-    """On several DP or TP ranks: every rank learns the lowest global rank that set a ``.grad`` with no backward
-    (one all-reduce per group), and every rank refuses, so none goes on into the step's collectives alone."""
-    groups = [g for g in (engine.group, engine.tp_group) if g is not None and g.size > 1]
-    if not groups:
-        return
+def _settles(engine: Engine, collective: bool, steps: bool, written: list[int], caller: str, how: str) -> bool:
+    """Whether a window with no backward steps (``steps``, this rank's answer), agreed by every rank that meets in
+    the step's collectives. With DP peers a ``.grad`` set with no backward (``written``) is its rank's alone, never
+    averaged, so the replicas would step apart: every rank refuses in one line if any set one, and if the ranks'
+    answers differ. One all-reduce over the DP and TP groups, only where the caller is collective; a reader on some
+    ranks alone settles nothing that has peers (it refuses what it sees here, and reports no gradient)."""
+    peers = [g for g in (engine.group, engine.tp_group) if g is not None and g.size > 1]
+    dp = engine.group.size
+    if not peers:
+        return steps
+    if not collective:
+        if written and dp > 1:
+            raise _set_alone(engine, caller, written, how, None)
+        return False
     nobody = 1 << 62
-    first = torch.tensor([engine.global_rank if written else nobody], dtype=torch.int64, device=engine.device)
-    for g in groups:
-        C.all_reduce(first, g, engine.ledger, "no_backward", op=torch.distributed.ReduceOp.MIN)
-    at = int(first.item())
-    if at == nobody:
-        return
+    # one MIN all-reduce carries: the lowest rank that set a .grad with DP peers, whether any rank steps, whether all do
+    mine = [engine.global_rank if written and dp > 1 else nobody, -int(steps), int(steps)]
+    agreed = torch.tensor(mine, dtype=torch.int64, device=engine.device)
+    for g in peers:
+        C.all_reduce(agreed, g, engine.ledger, "no_backward", op=torch.distributed.ReduceOp.MIN)
+    at, any_steps, all_step = agreed.tolist()
+    if at != nobody:
+        raise _set_alone(engine, caller, written if dp > 1 else [], how, at)
+    if -any_steps != all_step:
+        raise RuntimeError(
+            f"{caller}: with no backward in this window, some ranks hold a gradient to step (a .grad kept by "
+            "zero_grad(set_to_none=False), or set by hand) and others none, so some would step and others not: "
+            "clear the gradients alike on every rank (zero_grad with the same set_to_none)"
+        )
+    return steps
+
+
+def _set_alone(engine: Engine, caller: str, written: list[int], how: str, at: int | None) -> RuntimeError:
+    """The refusal of a ``.grad`` set with no backward on several DP ranks: this rank's, or rank ``at``'s."""
     n = engine.group.size
     if written:
-        raise _refused(
+        return _refused(
             caller,
             engine.grads.zparams[written[0]].name,
             f"{how} with no backward in this window",
@@ -127,7 +151,7 @@ def _agree_nothing_set(engine: Engine, caller: str, written: list[int], how: str
             then="the replicas would step apart",
             fix="compute it with a backward through the engine",
         )
-    raise RuntimeError(
+    return RuntimeError(
         f"{caller}: a .grad was set with no backward in this window on rank {at}, never averaged over the {n} DP "
         "ranks, so the replicas would step apart: compute it with a backward through the engine"
     )

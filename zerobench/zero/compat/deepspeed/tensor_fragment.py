@@ -83,7 +83,7 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     if engine is None:
         return None
     if not engine.window.open:  # a .grad set by hand with no backward is the gradient too (zero/grads/replaced.py)
-        adopt_replaced(engine, "safe_get_full_grad")
+        adopt_replaced(engine, "safe_get_full_grad", collective=False)
     if not engine.window.open and not engine.grads.reduced:
         return None
     return _assemble(engine, i, reduced_grads(engine, "safe_get_full_grad")) / engine.scaler.scale

@@ -148,9 +148,10 @@ class ParamStorage:
     @property
     def watches_edits(self) -> bool:
         """Stages 1-2 under optimizer offload: the master is on the host and the parameters on the device, so
-        ``adopt_edits`` finds a change by each shard's signature (position-weighted sums of its bits) and brings
-        only a changed shard down. It costs two reads of the shard on the device per step (after the copy-back, and
-        before the next step), a temporary of at most 32 MiB, and a wait for the device to read the sums back."""
+        ``adopt_edits`` finds a change by each shard's signature (position-weighted sums of its elements) and
+        brings only a changed shard down. It costs signing the shard twice per step (after the copy-back, and
+        before the next step: each a read of the shard and a few passes over temporaries of about 12.5 MiB), and a
+        wait for the device to read the sums back."""
         return self.replica is not None and self.host is not None and not self.shards_on_host
 
     def _checksums(self) -> list[torch.Tensor]:

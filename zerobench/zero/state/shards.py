@@ -248,13 +248,15 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
 
 
 def _partition_note(engine: Engine, meta: dict | None) -> str:
-    """Why a shard may not cover this rank's partition: the partition it was saved from, where that differs."""
+    """Why a shard may not cover this rank's partition: another rank's shard, or another partition."""
     if meta is None:
         return ": no shard given"
-    saved = (meta.get("stage"), meta.get("num_shards"))
-    if saved[0] is not None and saved != (engine.stage, engine.layout.shards):
+    stage, shards, index = meta.get("stage"), meta.get("num_shards"), meta.get("shard")
+    if shards == engine.layout.shards and index is not None and index != engine.rank_in_shards:
+        return f": it is shard {index}'s state and this rank holds shard {engine.rank_in_shards}, a state dict another rank saved"
+    if stage is not None and (stage, shards) != (engine.stage, engine.layout.shards):
         return (
-            f": it is shard {meta.get('shard')} of {saved[1]} of a stage-{saved[0]} partition, and this engine's "
+            f": it is shard {index} of {shards} of a stage-{stage} partition, and this engine's "
             f"stage-{engine.stage} partition has {engine.layout.shards} shard(s)"
         )
     return ": shards missing, or a state dict another rank saved"

@@ -224,7 +224,8 @@ class Stage3Gatherer:
         self._gather(unit, j - 1)
         if self._complete is not None:
             self._complete([b.index for b in unit.buckets])
-        unit.free()
+        if not self.reading:
+            unit.free()
 
     def _end_backward(self, task: int) -> None:
         """Autograd's callback at the end of the model's backward (queued before the pass's close)."""
@@ -252,7 +253,7 @@ class Stage3Gatherer:
         backward reads the unit's parameters again, and they go before the gradients are staged."""
         unit = self.by_bucket[bucket]
         unit.complete.add(bucket)
-        if len(unit.complete) == len(unit.buckets):
+        if len(unit.complete) == len(unit.buckets) and not self.reading:  # inside gathered_params() it stays whole
             unit.free()
 
     def last_buckets(self) -> frozenset[int]:

@@ -1,0 +1,44 @@
+"""A loss term over ``model.parameters()`` at stage 3 (an L2 penalty), computed inside ``engine.gathered_params()`` as
+the docs say, with its backward inside the context too: trained as torch trains it on one process. Before, the
+backward freed the units as an ordinary backward does, and the context's exit failed on the freed parameters with a
+raw torch error."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zerobench.distributed.collectives import Group
+from zerobench.zero import ZeroConfig, apply_zero
+from zerobench.zero.config import AdamWConfig
+from zerobench.zero.state.shards import full_parameters
+
+ONE = Group(None, "dp", 1, 0)
+ADAM = AdamWConfig(lr=1e-2, weight_decay=0.0)
+X = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def loss_and_penalty(m: nn.Module) -> torch.Tensor:
+    return m(X).pow(2).sum() + 0.5 * sum(p.pow(2).sum() for p in m.parameters())
+
+
+def test_a_penalty_and_its_backward_inside_gathered_params_train_as_torch():
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=3, optimizer=ADAM), units=nn.Linear)
+    opt = torch.optim.AdamW(ref.parameters(), lr=ADAM.lr, betas=ADAM.betas, eps=ADAM.eps, weight_decay=0.0)
+    for _ in range(2):
+        with engine.gathered_params():
+            loss_and_penalty(m).backward()
+        assert engine.step()
+        loss_and_penalty(ref).backward()
+        opt.step()
+        opt.zero_grad()
+    got = full_parameters(engine)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)
+    assert all(p.numel() == 0 for p in m.parameters()), "the units are not freed after the context"

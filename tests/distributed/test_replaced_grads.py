@@ -143,10 +143,31 @@ def test_a_gradient_read_on_one_rank_in_a_window_with_no_backward_is_local(stage
     assert run_distributed(_reader_on_rank_0, 2, stage, timeout=120, coll_timeout=20) == ["None", "no call"]
 
 
+def _read_zeros(rank: int, world: int, stage: int) -> list:
+    from tests.unit.test_replaced_grads import ADAM, X, model
+    from zerobench.zero.compat.deepspeed.tensor_fragment import safe_get_full_grad
+
+    m = model()
+    engine = apply_zero(m, Group.of(None, "dp"), ZeroConfig(stage=stage, optimizer=ADAM))
+    m(X[rank::world]).pow(2).sum().backward()
+    engine.optimizer.step()
+    engine.optimizer.zero_grad(set_to_none=False)
+    got = safe_get_full_grad(next(m.parameters()))
+    return None if got is None else [list(got.shape), got.abs().max().item()]
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_reader_sees_the_zeros_the_next_step_trains_on(stage):
+    """``zero_grad(set_to_none=False)`` and no backward, on two ranks: ``safe_get_full_grad`` reads the zeros the next
+    step trains on, as on one process, without settling anything (it may be called on some ranks alone)."""
+    assert run_distributed(_read_zeros, 2, stage, timeout=120, coll_timeout=20) == [[[8, 4], 0.0]] * 2
+
+
 def _tp_only(rank: int, world: int, how: str) -> float:
     import torch.distributed as dist
 
     from tests.unit.test_replaced_grads import ADAM, model
+    from zerobench.zero.compat.deepspeed.tensor_fragment import safe_get_full_grad
 
     alone = [dist.new_group([r]) for r in range(world)]
     m = model()
@@ -159,6 +180,8 @@ def _tp_only(rank: int, world: int, how: str) -> float:
             p.grad = torch.ones_like(p)
         else:
             p.grad.copy_(torch.ones_like(p))
+    read = safe_get_full_grad(next(m.parameters()))  # no DP peers: the .grad set, read before the step
+    assert read is not None and torch.equal(read, torch.ones_like(read)), read
     engine.optimizer.step()
     return (next(m.parameters()) - before).abs().max().item()
 

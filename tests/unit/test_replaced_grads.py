@@ -377,6 +377,15 @@ def test_with_no_backward_and_every_grad_none_nothing_steps(stage):
     before = {n: v.clone() for n, v in full_parameters(engine).items()}
     engine.optimizer.step()
     assert _moved_from(engine, before) == 0.0
+    if stage <= 1:  # after a backward, every .grad set to None by hand, then zero_grad(set_to_none=False): no gradient
+        m(X).pow(2).sum().backward()
+        engine.optimizer.step()
+        for p in m.parameters():
+            p.grad = None
+        engine.optimizer.zero_grad(set_to_none=False)  # (.grad is the engine's zero view again, usable in place)
+        before = {n: v.clone() for n, v in full_parameters(engine).items()}
+        engine.optimizer.step()
+        assert _moved_from(engine, before) == 0.0
     if stage <= 1:  # zeros kept, then every .grad set to None by hand: torch skips them all, then and after
         m(X).pow(2).sum().backward()
         engine.optimizer.step()

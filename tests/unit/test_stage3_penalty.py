@@ -42,3 +42,26 @@ def test_a_penalty_and_its_backward_inside_gathered_params_train_as_torch():
     for name, p in ref.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)
     assert all(p.numel() == 0 for p in m.parameters()), "the units are not freed after the context"
+
+
+def test_a_step_inside_gathered_params_is_refused_and_one_after_it_trains():
+    """At stage 3 the context's units hold the values gathered for it, and its exit writes changes back: a step
+    inside would be undone by the exit (before, the exit failed with a raw torch error). Refused in one line; the
+    same step after the exit trains as torch."""
+    m, ref = model(), model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=3, optimizer=ADAM), units=nn.Linear)
+    opt = torch.optim.AdamW(ref.parameters(), lr=ADAM.lr, betas=ADAM.betas, eps=ADAM.eps, weight_decay=0.0)
+    with engine.gathered_params():
+        loss_and_penalty(m).backward()
+        try:
+            engine.step()
+            said = "stepped"
+        except RuntimeError as e:
+            said = str(e)
+    assert said.startswith("step() inside gathered_params() at stage 3") and "\n" not in said, said
+    assert engine.step()
+    loss_and_penalty(ref).backward()
+    opt.step()
+    got = full_parameters(engine)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)

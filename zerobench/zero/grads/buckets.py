@@ -296,9 +296,11 @@ class GradBucketGroup:
     def zero(self, set_to_none: bool = True) -> None:
         """Start a new window. Stages 0-1, as ``torch.optim``: ``.grad`` None (no memset; the next gradient is
         copied into its view instead of added to zeros), or the buffer zeroed (``set_to_none=False``)."""
-        # torch's .grad exists (and set_to_none=False zeroes it): since a backward, or zeros kept so, not all None
-        kept = self.zeroed and (not self.keep_full or any(zp.param.grad is not None for zp in self.zparams))
-        had = self.reduced or kept or any(zp.grad_state is not GradState.NONE for zp in self.zparams)
+        # torch's .grad exists (and set_to_none=False zeroes it): since a backward, or zeros kept so; at stages 0-1
+        # only where some .grad is not None (set to None by hand, torch's zero_grad leaves it None)
+        had = self.reduced or self.zeroed or any(zp.grad_state is not GradState.NONE for zp in self.zparams)
+        if self.keep_full:
+            had = had and any(zp.param.grad is not None for zp in self.zparams)
         for zp in self.zparams:
             zp.grad_state = GradState.NONE
         self.reduced, self.zeroed = False, had and not set_to_none

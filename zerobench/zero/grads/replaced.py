@@ -181,6 +181,25 @@ def _take_as_reduced(grads) -> None:
     grads.reduced = True
 
 
+@torch.no_grad()
+def unsettled_gradient(engine: Engine, i: int) -> torch.Tensor | None:
+    """Parameter ``i``'s gradient in a window with no backward that a reader on some ranks alone cannot settle
+    (``adopt_replaced(collective=False)`` with peers): what the step would train on, read without changing anything
+    (the loss scale still in it), or None where it would not step. At stages 0-1 that is ``.grad`` (None counts as
+    zero) where this rank would step: a ``.grad`` set by hand with no DP peers, or the zeros ``zero_grad(
+    set_to_none=False)`` kept; at stages 2-3 the zeros ``zero_grad(set_to_none=False)`` kept."""
+    grads, zp = engine.grads, engine.grads.zparams[i]
+    shape = zp.slot.shape
+    if not grads.keep_full:
+        return torch.zeros(shape, dtype=torch.float32, device=engine.device) if grads.zeroed else None
+    assigned, _, kept = _sort(grads)
+    written = bool(assigned) or any(bool(grads.views[j].any()) for j in kept)
+    if not (written or (grads.zeroed and kept)):
+        return None
+    g = zp.param.grad
+    return torch.zeros(shape, dtype=torch.float32, device=engine.device) if g is None else g.detach().float().clone()
+
+
 def _sort(grads) -> tuple[list[int], list[int], list[int]]:
     """Stages 0-1: the parameters whose ``.grad`` was assigned, is None, or is still the engine's view."""
     assigned, nulled, kept = [], [], []

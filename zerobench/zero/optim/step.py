@@ -20,6 +20,12 @@ from zerobench.zero.protocols import Engine
 def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
     check_live(engine, "step()")
+    if engine.gatherer is not None and engine.gatherer.reading:
+        raise RuntimeError(
+            "step() inside gathered_params() at stage 3: the units hold the values gathered for the context, which "
+            "its exit would write back over the step's: call step() after the context exits (a backward inside "
+            "it is fine)"
+        )
     engine.window.check_step()
     adopt_replaced(engine, "step()")  # a .grad assigned since backward: stepped as torch would, or refused
     engine.global_steps += 1

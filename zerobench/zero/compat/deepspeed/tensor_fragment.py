@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from zerobench.distributed import collectives as C
-from zerobench.zero.grads.replaced import adopt_replaced
+from zerobench.zero.grads.replaced import adopt_replaced, unsettled_gradient
 from zerobench.zero.grads.stats import reduced_grads
 from zerobench.zero.protocols import Engine
 from zerobench.zero.registry import owner as _owner
@@ -78,14 +78,16 @@ def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
 
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     """The parameter's reduced gradient in fp32 (averaged over DP ranks, the loss scale removed), between the
-    window's last ``backward()`` and ``step()``; None when no gradient is held (after ``zero_grad()``)."""
+    window's last ``backward()`` and ``step()``; None when no gradient is held (after ``zero_grad()``). In a window
+    with no backward it is what the next step would train on (``zero/grads/replaced.py``), read on this rank alone."""
     engine, i = _owner(param)
     if engine is None:
         return None
     if not engine.window.open:  # a .grad set by hand with no backward is the gradient too (zero/grads/replaced.py)
         adopt_replaced(engine, "safe_get_full_grad", collective=False)
-    if not engine.window.open and not engine.grads.reduced:
-        return None
+    if not engine.window.open and not engine.grads.reduced:  # no backward, and peers: read, settle nothing
+        g = unsettled_gradient(engine, i)
+        return None if g is None else g / engine.scaler.scale
     return _assemble(engine, i, reduced_grads(engine, "safe_get_full_grad")) / engine.scaler.scale
 
 

@@ -5,6 +5,7 @@ raw torch error."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -65,3 +66,46 @@ def test_a_step_inside_gathered_params_is_refused_and_one_after_it_trains():
     got = full_parameters(engine)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_step_inside_a_discarding_context_is_refused(stage):
+    """``gathered_params(writeback=False)`` (DeepSpeed's ``GatheredParameters`` with no ``modifier_rank``) puts back
+    the values it saved at its exit: a step inside was undone there, parameters and master, while Adam's moments
+    and the step count advanced (silently). Refused in one line; the step after the exit trains."""
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=stage, optimizer=ADAM))
+    before = {n: v.clone() for n, v in full_parameters(engine).items()}
+    m(X).pow(2).sum().backward()
+    refused = pytest.raises(RuntimeError, match=r"^step\(\) inside gathered_params\(writeback=False\)")
+    with engine.gathered_params(writeback=False), refused:
+        engine.optimizer.step()
+    assert engine.global_steps == 0
+    engine.optimizer.step()
+    assert max((full_parameters(engine)[n] - v).abs().max().item() for n, v in before.items()) > 1e-3
+
+
+def test_a_refused_step_counts_nothing():
+    """DeepSpeed's loop at stage 3 with two micro-batches a window: the window's last ``engine.step()`` inside
+    ``gathered_params()`` is refused before it counts, so the retry after the exit ends the window and the next
+    window's boundary is where DeepSpeed's is. Before, the refused call counted a micro-step and every later
+    boundary came one micro-batch early."""
+    from zerobench.zero import initialize
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": 5,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 3},
+    }
+    engine, _, _, _ = initialize(model=model(), config=cfg, units=nn.Linear)
+    boundaries = []
+    for micro in range(4):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        engine.backward(engine(X).pow(2).sum())
+        if micro == 1:
+            with engine.gathered_params(), pytest.raises(RuntimeError, match=r"^step\(\) inside gathered_params"):
+                engine.step()
+        engine.step()
+    assert boundaries == [False, True, False, True], boundaries
+    assert (engine.micro_steps, engine.global_steps) == (4, 2)

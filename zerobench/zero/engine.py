@@ -46,6 +46,7 @@ from zerobench.zero.interop.teardown import check_live, destroy_engine
 from zerobench.zero.layout import build_layout
 from zerobench.zero.optim.loss_scale import DynamicLossScaler
 from zerobench.zero.optim.param_groups import resolve_param_groups
+from zerobench.zero.optim.step import check_steppable
 from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 from zerobench.zero.param import ZeroParam
 from zerobench.zero.registry import register
@@ -92,6 +93,8 @@ class ZeroEngine:
         self.gatherer = attach_params(
             model, ordered.units, st, self.layout, self.zparams, group, self.ledger, config, self.allocator, device
         )
+        self._gathered_open: list = []
+        """The ``gathered_params()`` contexts open now, innermost last (``zero/state/gathered.py``)."""
         # 4. Optimizer over this rank's chunks, with weight-decay and param-group ranges per chunk.
         decay, self.replicated_ranges, spans = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
         self.adamw = build_optimizer(
@@ -243,6 +246,8 @@ class ZeroEngine:
             LossScaleAtMinimum: an fp16 overflow with the loss scale already at its minimum.
         """
         check_live(self, "step()")
+        if not (self.window.open and not self.window.unsynced):  # a step would run: refused before anything counts
+            check_steppable(self, "step()")
         self.micro_steps += 1
         if self.window.open and not self.window.unsynced:
             self.optimizer.applied = False

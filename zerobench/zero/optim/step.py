@@ -20,12 +20,7 @@ from zerobench.zero.protocols import Engine
 def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
     check_live(engine, "step()")
-    if engine.gatherer is not None and engine.gatherer.reading:
-        raise RuntimeError(
-            "step() inside gathered_params() at stage 3: the units hold the values gathered for the context, which "
-            "its exit would write back over the step's: call step() after the context exits (a backward inside "
-            "it is fine)"
-        )
+    check_steppable(engine, "step()")
     engine.window.check_step()
     adopt_replaced(engine, "step()")  # a .grad assigned since backward: stepped as torch would, or refused
     engine.global_steps += 1
@@ -43,6 +38,29 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)
         engine.storage.publish(engine.group, engine.ledger)
     return stepped
+
+
+def check_steppable(engine: Engine, caller: str) -> None:
+    """One line, before anything changes (counters, a closure), where an open ``gathered_params()`` context would undo
+    the step at its exit: at stage 3 any (the units hold the values gathered for it, which its exit writes back over
+    the step's), and at any stage one that discards its changes (``writeback=False``, DeepSpeed's
+    ``GatheredParameters`` with no ``modifier_rank``: its exit puts back the values it saved). The contexts are
+    entered on every rank, so every rank refuses alike."""
+    open_ = engine._gathered_open
+    if not open_:
+        return
+    if engine.gatherer is not None:
+        raise RuntimeError(
+            f"{caller} inside gathered_params() at stage 3: the units hold the values gathered for the context, "
+            f"which its exit would write back over the step's: call {caller} after the context exits (a backward "
+            "inside it is fine)"
+        )
+    if any(not g.writeback for g in open_):
+        raise RuntimeError(
+            f"{caller} inside gathered_params(writeback=False) (DeepSpeed's GatheredParameters with no "
+            "modifier_rank): its exit puts back the values it saved, undoing the step's: call "
+            f"{caller} after the context exits"
+        )
 
 
 def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[bool, float | None]:

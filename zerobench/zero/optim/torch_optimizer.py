@@ -30,7 +30,7 @@ import torch
 from zerobench.config import ConfigError
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.optim.loss_scale import amp_unscale
-from zerobench.zero.optim.step import optimizer_step
+from zerobench.zero.optim.step import check_steppable, optimizer_step
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.shards import load_shard_state_dicts, shard_state_dict
 
@@ -82,6 +82,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The engine's step (see ``ZeroEngine.step``); returns ``closure()``'s loss when given one. Driven by a
         GradScaler (``zero/optim/loss_scale.py``) it is skipped on an overflow, and folds the scaler's 1/scale into
         its own."""
+        check_steppable(self._engine, "step()")  # before the closure runs or anything counts
         self._opt_called = True  # what torch's schedulers check before their first step (see ``_wrapped_by_lr_sched``)
         loss = None
         if closure is not None:

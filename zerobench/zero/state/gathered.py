@@ -68,6 +68,7 @@ class GatheredParams:
 
     def __enter__(self) -> None:
         e, s = self.engine, self.engine.gatherer
+        e._gathered_open.append(self)
         self._nested = s is not None and s.reading  # inside another one: gathered already, and left so on exit
         if not self.writeback:  # what a discard puts back (stage 3's trained parameters come back from the shards)
             kept = [p.data for _, p in e.frozen]
@@ -93,6 +94,8 @@ class GatheredParams:
                 write_back(e)
         finally:
             self._saved = []
+            if self in e._gathered_open:
+                e._gathered_open.remove(self)
             s = e.gatherer
             if s is not None and not self._nested:
                 s.reading = False

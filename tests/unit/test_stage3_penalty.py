@@ -109,3 +109,22 @@ def test_a_refused_step_counts_nothing():
         engine.step()
     assert boundaries == [False, True, False, True], boundaries
     assert (engine.micro_steps, engine.global_steps) == (4, 2)
+
+
+def test_a_context_whose_gather_raised_leaves_no_refusal_behind(monkeypatch):
+    """``gathered_params()`` counts as open once it has entered: a gather that raises on entry (a collective that
+    failed) must not leave later steps refused as "inside gathered_params"."""
+    from zerobench.zero.stage3.unit import ParamUnit
+
+    m = model()
+    engine = apply_zero(m, ONE, ZeroConfig(stage=3, optimizer=ADAM), units=nn.Linear)
+
+    def broken(self):
+        raise RuntimeError("gather failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ParamUnit, "finish_gather", broken)
+        with pytest.raises(RuntimeError, match="gather failed"), engine.gathered_params():
+            pass
+    m(X).pow(2).sum().backward()
+    assert engine.step()

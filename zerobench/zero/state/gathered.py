@@ -68,7 +68,6 @@ class GatheredParams:
 
     def __enter__(self) -> None:
         e, s = self.engine, self.engine.gatherer
-        e._gathered_open.append(self)
         self._nested = s is not None and s.reading  # inside another one: gathered already, and left so on exit
         if not self.writeback:  # what a discard puts back (stage 3's trained parameters come back from the shards)
             kept = [p.data for _, p in e.frozen]
@@ -80,6 +79,7 @@ class GatheredParams:
             for u in s.units:
                 u.finish_gather()
             s.reading = True
+        e._gathered_open.append(self)  # once entered: a gather that raised leaves no open context behind
 
     @torch.no_grad()
     def __exit__(self, exc_type, exc, tb) -> None:

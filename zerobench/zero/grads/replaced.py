@@ -16,9 +16,11 @@ be ignored without a word. Before anything reads the reduced gradient (the step,
   stages 2-3 too), or where a ``.grad`` was assigned or written in place. A ``.grad`` left None counts as zero (the
   fused step has no per-parameter skip; DeepSpeed's fp16 optimizer counts None as zero too). Otherwise (every
   ``.grad`` None, or the views untouched since the engine was built, where torch's would be None) it does not step.
-  Under offload the views' shards go to the host first. On several DP or TP ranks such a ``.grad`` is its rank's
-  alone, never averaged, so the replicas would step apart: the ranks agree on whether any set one (one all-reduce)
-  and all refuse in one line if one did.
+  Under offload the views' shards go to the host first. On several DP ranks such a ``.grad`` is its rank's alone,
+  never averaged, so the replicas would step apart: the ranks of the DP and TP groups agree on whether any set one
+  (one all-reduce, from the step, clipping and a scaler's unscale) and all refuse in one line if one did, or if some
+  would step and others not. A reader on some ranks alone (``safe_get_full_grad``) reads what the step would train
+  on (``unsettled_gradient``) and settles nothing.
 - Everywhere else an assignment is refused in one line naming the parameter: at stages 2-3 the step reads this
   rank's reduced gradient partition and keeps no ``.grad``; at stage 1 on several ranks the ``.grad`` views hold the
   reduced gradient only in this rank's shard; under offload the gradient went to the host during backward.
@@ -112,7 +114,8 @@ def _settles(engine: Engine, collective: bool, steps: bool, written: list[int], 
     the step's collectives. With DP peers a ``.grad`` set with no backward (``written``) is its rank's alone, never
     averaged, so the replicas would step apart: every rank refuses in one line if any set one, and if the ranks'
     answers differ. One all-reduce over the DP and TP groups, only where the caller is collective; a reader on some
-    ranks alone settles nothing that has peers (it refuses what it sees here, and reports no gradient)."""
+    ranks alone settles nothing that has peers (it refuses what it sees here; ``unsettled_gradient`` reads the
+    rest)."""
     peers = [g for g in (engine.group, engine.tp_group) if g is not None and g.size > 1]
     dp = engine.group.size
     if not peers:

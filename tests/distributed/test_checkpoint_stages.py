@@ -67,11 +67,12 @@ def _across_stages(rank: int, world: int, directory: str) -> dict:
         _, plain = _engine(b)
         load_sharded(plain, path + "-sharded")
         got_plain = full_parameters(plain)
+        untrained = full_parameters(_engine(b)[1])
         out[f"{a}->{b}"] = {
             "state_dict": said,
             "checkpoint": max((got[n] - want[n]).abs().max().item() for n in got),
             "sharded": max((got_plain[n] - want[n]).abs().max().item() for n in got_plain),
-            "moved": max((want[n] - full_parameters(_engine(b)[1])[n]).abs().max().item() for n in want),
+            "moved": max((want[n] - untrained[n]).abs().max().item() for n in want),
         }
     # the other rank's state dict, stages 1 -> 2 (which cut the partition alike): blamed on the rank, not the stage
     _, saved = _trained(rank, world, 1)

@@ -140,7 +140,7 @@ def test_a_gradient_read_on_one_rank_in_a_window_with_no_backward_is_local(stage
     """``safe_get_full_grad`` on rank 0 alone (logging) after ``zero_grad()``: no gradient, answered locally. A
     reader called on some ranks alone must not enter the ranks' agreement (it would pair with their next
     collective)."""
-    assert run_distributed(_reader_on_rank_0, 2, stage, timeout=120, coll_timeout=20) == ["None", "no call"]
+    assert run_distributed(_reader_on_rank_0, 2, stage, timeout=120) == ["None", "no call"]
 
 
 def _read_zeros(rank: int, world: int, stage: int) -> list:
@@ -160,7 +160,7 @@ def _read_zeros(rank: int, world: int, stage: int) -> list:
 def test_a_reader_sees_the_zeros_the_next_step_trains_on(stage):
     """``zero_grad(set_to_none=False)`` and no backward, on two ranks: ``safe_get_full_grad`` reads the zeros the next
     step trains on, as on one process, without settling anything (it may be called on some ranks alone)."""
-    assert run_distributed(_read_zeros, 2, stage, timeout=120, coll_timeout=20) == [[[8, 4], 0.0]] * 2
+    assert run_distributed(_read_zeros, 2, stage, timeout=120) == [[[8, 4], 0.0]] * 2
 
 
 def _tp_only(rank: int, world: int, how: str) -> float:
@@ -190,7 +190,7 @@ def _tp_only(rank: int, world: int, how: str) -> float:
 def test_with_one_dp_rank_a_grad_set_with_no_backward_steps_under_tp(how):
     """DP 1 x TP 2: a ``.grad`` set with no backward is averaged with nobody, so every TP rank steps it (as one
     process would). Refusing it said "never averaged over the 1 DP ranks"."""
-    moved = run_distributed(_tp_only, 2, how, timeout=120, coll_timeout=20)
+    moved = run_distributed(_tp_only, 2, how, timeout=120)
     assert all(abs(x - ADAM_LR) < 1e-6 for x in moved), moved
 
 
@@ -216,7 +216,7 @@ def _cleared_unalike(rank: int, world: int) -> str:
 def test_ranks_that_would_step_and_ranks_that_would_not_refuse_alike():
     """Rank 0 keeps zeros (``zero_grad(set_to_none=False)``), rank 1 clears to None: torch would step rank 0 only,
     and the replicas would part. Both refuse in one line, so neither goes on into the step's collectives alone."""
-    for msg in run_distributed(_cleared_unalike, 2, timeout=120, coll_timeout=20):
+    for msg in run_distributed(_cleared_unalike, 2, timeout=120):
         assert "\n" not in msg and msg.startswith("step(): with no backward in this window, some ranks hold"), msg
 
 

@@ -246,10 +246,11 @@ class ZeroEngine:
             LossScaleAtMinimum: an fp16 overflow with the loss scale already at its minimum.
         """
         check_live(self, "step()")
-        if not (self.window.open and not self.window.unsynced):  # a step would run: refused before anything counts
+        inside = self.window.open and not self.window.unsynced
+        if not inside:  # a step would run: refused before anything counts
             check_steppable(self, "step()")
         self.micro_steps += 1
-        if self.window.open and not self.window.unsynced:
+        if inside:
             self.optimizer.applied = False
             return False
         self.optimizer.step()

@@ -293,17 +293,19 @@ class GradBucketGroup:
             if self.zparams[i].grad_state is GradState.NONE:
                 self.restore_view(i, None)
 
+    def _has_grad(self) -> bool:
+        """Whether torch's ``.grad`` would exist now: since a backward, or zeros kept so; at stages 0-1 only where some
+        ``.grad`` is not None (set to None by hand, torch's ``zero_grad`` leaves it None)."""
+        had = self.reduced or self.zeroed or any(zp.grad_state is not GradState.NONE for zp in self.zparams)
+        return had and (not self.keep_full or any(zp.param.grad is not None for zp in self.zparams))
+
     def zero(self, set_to_none: bool = True) -> None:
         """Start a new window. Stages 0-1, as ``torch.optim``: ``.grad`` None (no memset; the next gradient is
         copied into its view instead of added to zeros), or the buffer zeroed (``set_to_none=False``)."""
-        # torch's .grad exists (and set_to_none=False zeroes it): since a backward, or zeros kept so; at stages 0-1
-        # only where some .grad is not None (set to None by hand, torch's zero_grad leaves it None)
-        had = self.reduced or self.zeroed or any(zp.grad_state is not GradState.NONE for zp in self.zparams)
-        if self.keep_full:
-            had = had and any(zp.param.grad is not None for zp in self.zparams)
+        self.zeroed = not set_to_none and self._has_grad()
         for zp in self.zparams:
             zp.grad_state = GradState.NONE
-        self.reduced, self.zeroed = False, had and not set_to_none
+        self.reduced = False
         if self.keep_full and set_to_none:
             for zp in self.zparams:
                 zp.param.grad = None

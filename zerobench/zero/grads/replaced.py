@@ -92,11 +92,7 @@ def _no_backward(engine: Engine, caller: str, assigned: list[int], kept: list[in
     Otherwise (every ``.grad`` None, or the views untouched since the engine was built, where torch's would be None)
     nothing steps."""
     grads = engine.grads
-    written = assigned[:1]
-    if not written and kept:
-        changed = torch.stack([grads.views[i].any() for i in kept]).tolist()
-        written = [i for i, c in zip(kept, changed) if c][:1]
-    steps = bool(written) or (grads.zeroed and bool(kept))
+    written, steps = _would_step(grads, assigned, kept)
     how = "assigned (p.grad = ...)" if assigned else "written in place"
     if not _settles(engine, collective, steps, written, caller, how):
         return
@@ -107,6 +103,16 @@ def _no_backward(engine: Engine, caller: str, assigned: list[int], kept: list[in
             grads.zparams[i].check_grad(grads.zparams[i].param.grad, grads.grad_dtype)
             grads.restore_view(i, grads.zparams[i].param.grad)
     _take_as_reduced(grads)  # under offload the views' shards go to the host, as a backward's would
+
+
+def _would_step(grads, assigned: list[int], kept: list[int]) -> tuple[list[int], bool]:
+    """Stages 0-1, a window with no backward: (the first parameter whose ``.grad`` was set by hand, assigned or
+    written in place, as a list of at most one; whether this rank would step), with one read back from the device."""
+    written = assigned[:1]
+    if not written and kept:
+        nonzero = torch.stack([grads.views[i].any() for i in kept]).tolist()
+        written = [i for i, c in zip(kept, nonzero) if c][:1]
+    return written, bool(written) or (grads.zeroed and bool(kept))
 
 
 def _settles(engine: Engine, collective: bool, steps: bool, written: list[int], caller: str, how: str) -> bool:
@@ -196,8 +202,7 @@ def unsettled_gradient(engine: Engine, i: int) -> torch.Tensor | None:
     if not grads.keep_full:
         return torch.zeros(shape, dtype=torch.float32, device=engine.device) if grads.zeroed else None
     assigned, _, kept = _sort(grads)
-    written = bool(assigned) or any(bool(grads.views[j].any()) for j in kept)
-    if not (written or (grads.zeroed and kept)):
+    if not _would_step(grads, assigned, kept)[1]:
         return None
     g = zp.param.grad
     return torch.zeros(shape, dtype=torch.float32, device=engine.device) if g is None else g.detach().float().clone()

@@ -19,8 +19,7 @@ from zerobench.zero.protocols import Engine
 @torch.no_grad()
 def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     """``engine``'s optimizer step with ``hyper`` (one per param group); whether it updated the parameters."""
-    check_live(engine, "step()")
-    check_steppable(engine, "step()")
+    check_live(engine, "step()")  # (check_steppable ran first, in ZeroOptimizer.step: before any closure)
     engine.window.check_step()
     adopt_replaced(engine, "step()")  # a .grad assigned since backward: stepped as torch would, or refused
     engine.global_steps += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from zerobench.train.data import SyntheticTokens
@@ -34,3 +35,63 @@ def test_a_global_batch_over_10007_sequences_repeats_no_sample():
     assert not any(torch.equal(later[k], d.samples(1, k, 1)[0][0]) for k in range(3))
     assert not any(torch.equal(later[k], d.samples(0, k, 1)[0][0]) for k in range(3))
     assert torch.equal(d.samples(0, STRIDE + 1, 1)[0][0], later[1])  # still any split's same sample
+
+
+def test_a_vocabulary_padded_for_tp_keeps_the_samples_of_one_process():
+    """A sweep pads a vocabulary TP does not divide (129 -> 256 at TP 2, Megatron-LM's rule); the data drew from the
+    padded one, so a TP 2 run trained on other samples than the single-process run of the same config (another
+    successor table, tokens up to 255). The data keeps the tokenizer's vocabulary; the padding is embedding rows."""
+    from zerobench.bench.spec import RunSpec, to_train_config
+    from zerobench.train.data import data_source
+
+    one, two = (to_train_config(RunSpec(vocab=129, tp=tp, dp=1, steps=3)) for tp in (1, 2))
+    assert (one.model.vocab, two.model.vocab, two.data_vocab) == (129, 256, 129)
+    a, b = data_source(one), data_source(two)
+    assert torch.equal(a.successors, b.successors)
+    for step in range(3):
+        assert torch.equal(a.samples(step, 0, 6)[0], b.samples(step, 0, 6)[0])
+    assert int(b.samples(0, 0, 64)[0].max()) < 129
+    assert to_train_config(RunSpec(vocab=256, tp=2, dp=1)).data_vocab is None  # nothing padded: the model's
+
+
+def test_a_data_vocabulary_beyond_the_model_s_is_refused():
+    import dataclasses
+
+    from zerobench.config import ConfigError
+    from zerobench.train.config import TrainConfig
+
+    cfg = TrainConfig()
+    for bad in (0, cfg.model.vocab + 1):
+        with pytest.raises(ConfigError, match=r"data vocabulary .* must be in \[1, "):
+            dataclasses.replace(cfg, data_vocab=bad).validate()
+    dataclasses.replace(cfg, data_vocab=cfg.model.vocab).validate()
+
+
+def test_the_training_loop_feeds_the_data_vocabulary_s_samples(tmp_path, monkeypatch):
+    """The loop itself (one gloo process, ``launch.worker.run_rank`` as ``zerobench train`` calls it) trains on the
+    samples of ``data_vocab``, not of the padded model vocabulary: the stand-in system records what it is fed."""
+    import dataclasses
+
+    from tests.unit.test_run_outcome import _Scripted
+    from zerobench.distributed.env import DistEnv
+    from zerobench.launch import worker
+    from zerobench.launch.local import free_port
+    from zerobench.models.config import GPTConfig
+    from zerobench.train.config import TrainConfig
+    from zerobench.train.entry import SystemEntry
+
+    fed: list[torch.Tensor] = []
+
+    class Recording(_Scripted):
+        def forward_backward(self, x, y):
+            fed.append(x.clone())
+            return super().forward_backward(x, y)
+
+    entry = SystemEntry("recording", lambda cfg, mesh, ledger, device: Recording([6.0, 5.0], [True, True]))
+    monkeypatch.setattr(worker, "validate_run", lambda cfg, world: entry)
+    model = GPTConfig(layers=1, hidden=32, heads=2, vocab=256, seq=16)
+    cfg = TrainConfig(model=model, data_vocab=129, steps=2, warmup_steps=1, micro_batch=2, track_memory=False)
+    cfg = dataclasses.replace(cfg, backend="gloo")
+    assert worker.run_rank(cfg, DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), tmp_path / "run", "r") == 0
+    want = SyntheticTokens(129, 16, seed=cfg.seed)
+    assert len(fed) == 2 and all(torch.equal(x, want.samples(t, 0, 2)[0]) for t, x in enumerate(fed))

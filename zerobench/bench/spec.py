@@ -175,9 +175,11 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
     model = get_preset(spec.preset)
     shape = {k: getattr(spec, k) for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(spec, k) is not None}
     model = dataclasses.replace(model, **shape)
+    data_vocab = None
     if model.vocab % tp:  # Megatron-LM's make_vocab_size_divisible_by: pad to a multiple of 128 x TP
         from zerobench.models.sizes import padded_vocab
 
+        data_vocab = model.vocab  # the data keeps the tokenizer's vocabulary: the same samples at every TP
         model = dataclasses.replace(model, vocab=padded_vocab(model.vocab, tp))
     try:
         precision = Precision(spec.precision)
@@ -214,6 +216,7 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
         steps=spec.steps,
         warmup_steps=min(spec.warmup, max(spec.steps - 1, 0)),
         seed=spec.seed,
+        data_vocab=data_vocab,
         system=spec.system,
         memory_budget_bytes=budget,
         kernels=spec.kernels,

@@ -54,6 +54,10 @@ class TrainConfig:
     ``zerobench.systems.validate_run`` checks what the system can run."""
     seed: int = 1234
     """Seed of the model init and the synthetic data."""
+    data_vocab: int | None = None
+    """The vocabulary the synthetic data draws tokens from; None: the model's. A sweep sets it where it pads the
+    model's vocabulary for TP (Megatron-LM's ``make_vocab_size_divisible_by``), so every TP degree trains on the
+    samples of a single-process run: the padding adds embedding rows, never tokens."""
     track_memory: bool = True
     """On CPU, track live tensor bytes (peak memory); costs some Python overhead per op."""
     tensorboard_dir: str | None = None
@@ -125,6 +129,11 @@ class TrainConfig:
                 f"--profile-steps {self.profile.steps} leaves no timed step of {self.steps} after "
                 f"{self.warmup_steps} warm-up (the traced steps are left out of the medians): "
                 f"give --steps {need} or more"
+            )
+        if self.data_vocab is not None and not 1 <= self.data_vocab <= self.model.vocab:
+            raise ConfigError(
+                f"data vocabulary {self.data_vocab} must be in [1, {self.model.vocab}] (the model's vocabulary): "
+                "the data's tokens index the embedding"
             )
         if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"--seed must be in [0, 2**40-1] (the data stream's seeds stay int64), got {self.seed}")

@@ -54,3 +54,9 @@ class SyntheticTokens:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch ``micro`` of ``dp_rank`` at ``step`` (global batch = dp_size*accum*micro_batch)."""
         return self.samples(step, (micro * dp_size + dp_rank) * micro_batch, micro_batch)
+
+
+def data_source(cfg) -> SyntheticTokens:
+    """The synthetic data of a run (a ``TrainConfig``): tokens of ``cfg.data_vocab`` where the model's vocabulary
+    was padded for TP, so that every TP degree trains on the same samples as a single-process run."""
+    return SyntheticTokens(cfg.data_vocab or cfg.model.vocab, cfg.model.seq, seed=cfg.seed)

@@ -28,7 +28,7 @@ from zerobench.metrics.memory import LiveTensorTracker, peak_rss_bytes, reset_pe
 from zerobench.models.sizes import flops_per_token, num_params
 from zerobench.results.rows import RowWriter
 from zerobench.train.config import TrainConfig
-from zerobench.train.data import SyntheticTokens
+from zerobench.train.data import data_source
 from zerobench.train.entry import SystemEntry
 from zerobench.train.hooks import LoopHooks, RankSettings, StepRecord, build_hooks
 from zerobench.train.outcome import failure, timed_steps
@@ -160,7 +160,7 @@ def _steps(
     A halting step (``TrainingHalted``, raised on every rank alike) applied no update: it is recorded as skipped
     and is the last."""
     cfg, device, system = run.cfg, run.device, run.system
-    data = SyntheticTokens(cfg.model.vocab, cfg.model.seq, seed=cfg.seed)
+    data = data_source(cfg)
     fpt = flops_per_token(cfg.model)
     planted = torch.empty(hooks.extra_buffer_bytes, dtype=torch.uint8, device=device)
     if run.tracker is not None:

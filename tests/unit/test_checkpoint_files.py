@@ -69,6 +69,41 @@ def test_a_directory_of_other_files_is_not_overwritten(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.parametrize(
+    "record, text",
+    [("meta.json", '{"experiment": "run1"}'), ("meta.json", "{}"), (MANIFEST, '{"name": "app"}')],
+    ids=["meta-json-of-an-experiment", "empty-meta-json", "web-app-manifest"],
+)
+def test_a_directory_holding_a_file_named_like_a_checkpoint_s_record_is_not_deleted(tmp_path, record, text):
+    """A directory was taken for a checkpoint, and replaced whole (its files deleted), by the mere presence of a
+    ``meta.json`` or ``manifest.json``; it is a checkpoint only by its own records (a manifest of this format, or a
+    shard directory's ``meta.json``), and only the files they name may be replaced."""
+    target = tmp_path / "run1"
+    target.mkdir()
+    (target / record).write_text(text)
+    (target / "train_log.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds files that are not a checkpoint's \(.*train_log.txt"):
+        save_sharded(engine(), target)
+    with pytest.raises(ConfigError, match=r"holds files that are not a checkpoint's"):
+        engine().save_checkpoint(tmp_path, tag="run1")
+    assert sorted(p.name for p in target.iterdir()) == sorted([record, "train_log.txt"])
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_file_added_inside_a_checkpoint_is_not_deleted_by_a_resave(tmp_path, legacy):
+    """A checkpoint's own files are replaced by a re-save (this format's, and one saved before manifests); a file
+    someone put beside them is not the checkpoint's, so the save is refused rather than deleting it."""
+    a = engine(stage=0)
+    save_sharded(a, tmp_path / "c")
+    if legacy:
+        _legacy(tmp_path / "c")
+    save_sharded(a, tmp_path / "c")  # a checkpoint alone is replaced
+    (tmp_path / "c" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"not a checkpoint's \(notes.txt\)"):
+        save_sharded(a, tmp_path / "c")
+    assert (tmp_path / "c" / "notes.txt").read_text() == "mine"
+
+
 def test_a_save_that_never_committed_is_refused(tmp_path):
     save_sharded(engine(), tmp_path / "c")
     (tmp_path / "c" / MANIFEST).unlink()
@@ -162,6 +197,21 @@ def _two_shards(rank: int, world: int, path: str) -> None:
     torch.manual_seed(0)
     e = ds_apply_zero(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)), group, ZeroConfig(stage=2, bucket_numel=40))
     save_sharded(e, path)
+
+
+@pytest.mark.parametrize("tag", ["global_step*", "global_step[5]", "global_step?"])
+def test_a_tag_with_pattern_characters_leaves_another_tag_s_set_aside_copy(tmp_path, tag):
+    """The sweep after a commit globbed the tag unescaped: a save under ``global_step*`` deleted
+    ``.global_step5.replaced-*``, the only whole copy of ``global_step5`` after a replacement that stopped."""
+    import zerobench.zero.state.transaction as T
+
+    e = engine()
+    e.save_checkpoint(tmp_path, tag="global_step5")
+    aside = tmp_path / ".global_step5.replaced-0123456789abcdef"
+    (tmp_path / "global_step5").rename(aside)  # the replacement that stopped between its renames
+    e.save_checkpoint(tmp_path, tag=tag)
+    assert aside.is_dir() and T.replaced_copy(tmp_path / "global_step5") == aside
+    assert T.replaced_copy(tmp_path / tag) is None
 
 
 @pytest.mark.parametrize(

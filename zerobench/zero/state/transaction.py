@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import json
 import os
 import secrets
@@ -94,9 +95,36 @@ def _global_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def is_checkpoint(path: Path) -> bool:
-    """Whether ``path`` holds a checkpoint's files (this format's or an earlier one's)."""
-    return any((path / f).exists() for f in (MANIFEST, "meta.json", "tp-00/meta.json"))
+def _checkpoint_files(path: Path) -> set[str] | None:
+    """The files a checkpoint at ``path`` consists of, from its own records: its manifest's list (this format), or
+    for a checkpoint saved before manifests each shard directory's ``meta.json`` and the shards it names; None where
+    ``path`` holds no such record, or a damaged one (a file that merely has the name is not a checkpoint)."""
+    try:
+        if (path / MANIFEST).is_file():
+            man = read_json(path / MANIFEST)
+            files = man.get("files")
+            if not str(man.get("format", "")).startswith("zerobench-checkpoint/") or not isinstance(files, list):
+                return None
+            return {str(f) for f in files} | {MANIFEST}
+        dirs = [path] if (path / "meta.json").is_file() else sorted(d for d in path.glob("tp-*") if d.is_dir())
+        owned: set[str] = set()
+        for d in dirs:
+            meta = read_json(d / "meta.json")
+            if not isinstance(meta.get("params"), dict) or not isinstance(meta.get("num_shards"), int):
+                return None
+            prefix = "" if d == path else f"{d.name}/"
+            owned |= {f"{prefix}meta.json", *(f"{prefix}shard-{i:05d}.pt" for i in range(meta["num_shards"]))}
+        return owned or None
+    except (OSError, CheckpointMismatch):
+        return None
+
+
+def foreign_files(path: Path) -> list[str]:
+    """The files under directory ``path`` that are not a checkpoint's (``_checkpoint_files``): all of them where it
+    holds no checkpoint. A save replaces ``path`` whole, so it may only where this is empty."""
+    present = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_file() or f.is_symlink())
+    owned = _checkpoint_files(path) if present else set()
+    return [f for f in present if owned is None or f not in owned]
 
 
 def refuse_staged(path: Path) -> None:
@@ -117,10 +145,12 @@ def check_target(path: Path) -> None:
     """Refuse, before anything is written, a target that is a file or a directory holding something else."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise ConfigError(f"cannot save a checkpoint to {path}: it is a file; give a directory")
-    if path.is_dir() and any(path.iterdir()) and not is_checkpoint(path):
+    other = foreign_files(path) if path.is_dir() else []
+    if other:
         raise ConfigError(
-            f"cannot save a checkpoint to {path}: it holds files that are not a checkpoint; give a new "
-            "or empty directory (a checkpoint is replaced whole, never merged into other files)"
+            f"cannot save a checkpoint to {path}: it holds files that are not a checkpoint's ({', '.join(other[:3])}"
+            f"{' ...' if len(other) > 3 else ''}); give a new or empty directory (a checkpoint is replaced whole, "
+            "never merged into other files)"
         )
 
 
@@ -236,10 +266,11 @@ def _sweep_stale(path: Path) -> None:
     """Remove, once a save to ``path`` is committed, what earlier saves to it left when a rank died: staging
     directories (never loadable) and previous checkpoints set aside by a replacement that stopped (``path`` now
     holds a newer one, and a copy left half-removed must not be offered by ``replaced_copy`` later)."""
-    for d in [*path.parent.glob(f".{path.name}{STAGING}*"), *path.parent.glob(f".{path.name}.replaced-*")]:
+    name = glob.escape(path.name)  # a tag is a name, never a pattern: "*" must not reach another tag's copies
+    for d in [*path.parent.glob(f".{name}{STAGING}*"), *path.parent.glob(f".{name}.replaced-*")]:
         shutil.rmtree(d, ignore_errors=True)
 
 
 def replaced_copy(path: Path) -> Path | None:
     """The previous checkpoint of ``path`` set aside by a replacement that stopped between its two renames."""
-    return next(iter(sorted(path.parent.glob(f".{path.name}.replaced-*"))), None)
+    return next(iter(sorted(path.parent.glob(f".{glob.escape(path.name)}.replaced-*"))), None)

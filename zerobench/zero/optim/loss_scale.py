@@ -115,6 +115,7 @@ class DynamicLossScaler:
 
     def state_dict(self) -> dict:
         return {
+            "enabled": self.enabled,
             "scale": self.scale,
             "good_steps": self.good_steps,
             "clean_steps": self.clean_steps,
@@ -124,9 +125,15 @@ class DynamicLossScaler:
         }
 
     def load_state_dict(self, sd: dict) -> None:
-        """Counters a checkpoint saved before they existed take what the older ones say: ``hysteresis_left`` the
-        configured hysteresis, ``clean_steps`` ``good_steps`` (the overflow-free steps since the last growth, a
-        lower bound of those since the last overflow), ``updates`` 0."""
+        """The scaler of another precision's run is not this one's, as with torch's ``GradScaler``: a disabled
+        scaler (fp32, bf16) loads nothing, and an enabled one (fp16) given a disabled one's state keeps its own
+        (its initial scale: an fp32 run's scale of 1.0 would flush fp16's small gradients to zero). Counters a
+        checkpoint saved before they existed take what the older ones say: ``hysteresis_left`` the configured
+        hysteresis, ``clean_steps`` ``good_steps`` (the overflow-free steps since the last growth, a lower bound
+        of those since the last overflow), ``updates`` 0; one saved before ``enabled`` was recorded loads as it
+        says."""
+        if not self.enabled or not sd.get("enabled", True):
+            return
         self.scale = float(sd["scale"])
         self.good_steps = int(sd["good_steps"])
         self.clean_steps = int(sd.get("clean_steps", self.good_steps))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.ds_checkpoint import ds_bad_input, ds_resume, tp_mismatch, tp_resume
+from tests.helpers.ds_checkpoint import ds_bad_input, ds_client_per_rank, ds_resume, tp_mismatch, tp_resume
 from tests.helpers.ds_checkpoint_options import (
     ds_load_by_name,
     ds_load_edited_and_scheduled,
@@ -35,6 +35,21 @@ def test_deepspeed_loop_and_checkpoint_resume_exactly(stage, tmp_path):
         assert r["state_diff"] == 0.0, "BatchNorm statistics or the frozen layer did not come back"
         assert r["moved"] > 1e-4, "training after the checkpoint changed nothing: vacuous comparison"
         assert r["param_diff"] == 0.0 and r["loss_diff"] == 0.0, r
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_each_rank_gets_its_own_client_state_back(tmp_path, stage):
+    """Each rank got rank 0's ``client_state`` back (a helper's review), where DeepSpeed gives each its own at stage
+    3; and a state only rank 1 could not save raised there alone, before the transaction's agreement."""
+    ranks = run_distributed(ds_client_per_rank, 2, str(tmp_path / "ckpt"), stage)
+    for rank, r in enumerate(ranks):
+        assert r["own"] == {"rank": rank, "offset": 1000 + rank}, r
+        assert r["shared"] == {"epoch": 3} and r["shared_files"] == ["client_state.pt"], r
+        assert r["own_files"] == ["client_state-rank00000.pt", "client_state-rank00001.pt", "client_state.pt"], r
+        assert r["bad"].startswith("ConfigError: ") and "client_state must hold only tensors" in r["bad"], r
+        assert "\n" not in r["bad"] and not r["bad_saved"], r
+        assert r["agreed"] == "t2", r
+    assert ranks[0]["bad"].startswith("ConfigError: rank 1's client_state cannot be saved: "), ranks[0]
 
 
 def test_deepspeed_checkpoint_bad_input_is_one_line(tmp_path):

@@ -189,3 +189,26 @@ def tp_mismatch(rank: int, world: int, save_dir: str) -> str:
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
     return "loaded"
+
+
+def ds_client_per_rank(rank: int, world: int, save_dir: str, stage: int) -> dict:
+    """Each rank's own ``client_state`` back (DeepSpeed's at stage 3; a data position per rank), one shared state
+    written once, and a state one rank alone cannot save refused on every rank in one line, none left waiting."""
+    group = dp_groups(rank, world, [world])[world]
+    engine = ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM))
+    out: dict = {}
+    engine.save_checkpoint(save_dir, tag="own", client_state={"rank": rank, "offset": 1000 + rank})
+    out["own"] = engine.load_checkpoint(save_dir, tag="own")[1]
+    path = engine.save_checkpoint(save_dir, tag="shared", client_state={"epoch": 3})
+    out["shared"] = engine.load_checkpoint(save_dir, tag="shared")[1]
+    out["shared_files"] = sorted(p.name for p in path.glob("client_state*"))
+    out["own_files"] = sorted(p.name for p in (path.parent / "own").glob("client_state*"))
+    try:
+        engine.save_checkpoint(save_dir, tag="bad", client_state={"fn": BNNet()} if rank == 1 else {"epoch": 3})
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        out["bad"] = f"{type(e).__name__}: {e}"
+    out["bad_saved"] = (path.parent / "bad").exists()
+    with warnings.catch_warnings(record=True):  # a tag only rank 1 gets wrong: rank 0's is agreed, then checked
+        warnings.simplefilter("always")
+        out["agreed"] = engine.save_checkpoint(save_dir, tag="t2" if rank == 0 else "../x").name
+    return out

@@ -5,7 +5,7 @@ and ``engine.load_checkpoint(load_dir, tag)``, called on every rank, as DeepSpee
 moments, step count, loss scale, the param groups' hyperparameters; any DP size can load it), plus, from the
 first rank, ``module_extra.pt`` (the model's state the engine does not hold: persistent buffers such as
 BatchNorm's running statistics, and frozen parameters, named in ``frozen.json``; under TP one file per TP rank)
-and ``client_state.pt`` (the caller's dict), and ``lr_scheduler.pt`` (``engine.lr_scheduler``'s state, where the engine
+and ``client_state.pt`` (the caller's dict; where the ranks' differ, each rank's own beside it), and ``lr_scheduler.pt`` (``engine.lr_scheduler``'s state, where the engine
 has one). The tag's directory is written as one transaction (``zero/state/transaction.py``): every rank stages its
 files, all agree, and the directory appears, or replaces an earlier one under the same tag, whole; only then does
 ``save_dir/latest`` move to it, so it never names a half-written or torn checkpoint. The default tag counts the
@@ -127,10 +127,11 @@ def save_tagged(
     included) and point ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory.
     Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
     parameters out (load it with ``load_module_strict=False``)."""
-    tag = validate_tag(engine, check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}"))
+    # the tag is agreed before it is checked, so every rank checks the same one and refuses alike
+    tag = check_tag(validate_tag(engine, str(tag) if tag is not None else f"global_step{engine.global_steps}"))
     if Path(save_dir).exists() and not Path(save_dir).is_dir():
         raise ConfigError(f"save_checkpoint: save_dir {save_dir} is a file: give a directory")
-    blob = _plain(dict(client_state or {}))
+    blob, own = _client_blobs(client_state)
     sched = (
         None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     )
@@ -139,9 +140,60 @@ def save_tagged(
     point = (lambda: replace_file(Path(save_dir) / LATEST, tag)) if save_latest else None
     with transaction(engine, path, after_commit=point) as staged:
         write_shard(engine, staged.dir, staged.save_id)
+        if own is not None:
+            write_file(staged.dir / own[0], own[1])
         if engine.group.rank == 0:
             _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters, states)
     return path
+
+
+def _client_blobs(client_state: dict | None) -> tuple[bytes, tuple[str, bytes] | None]:
+    """This rank's ``client_state`` serialised, and, where the ranks' differ, the file of its own: (name, bytes).
+
+    DeepSpeed gives each rank its own client state back at stage 3 (every rank writes its own model-states file)
+    and the first rank's at stages 0-2; here ``client_state.pt`` is the first rank's, and where any rank's differs
+    (a data position per rank) every rank also writes ``client_state-rank<NNNNN>.pt``, which its load returns. The
+    ranks compare digests in one gather over the world, which also carries a rank's refusal of its state (not
+    loadable with ``weights_only=True``), so every rank refuses alike instead of leaving the others waiting."""
+    try:
+        blob, err = _plain(dict(client_state or {})), None
+    except ConfigError as e:
+        blob, err = b"", str(e)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        if err:
+            raise ConfigError(err)
+        return blob, None
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (err, hashlib.sha256(blob).hexdigest()))
+    if err:
+        raise ConfigError(err)
+    bad = next((r for r, (e, _) in enumerate(seen) if e), None)
+    if bad is not None:
+        raise ConfigError(f"rank {bad}'s client_state cannot be saved: {seen[bad][0]}")
+    if len({d for _, d in seen}) == 1:
+        return blob, None
+    return blob, (_client_file(dist.get_rank()), blob)
+
+
+def _client_file(rank: int) -> str:
+    return f"client_state-rank{rank:05d}.pt"
+
+
+def _read_client(path: Path):
+    """The client state this rank saved (its own file, where the ranks' differed), else the first rank's; a world
+    of another size than the one that saved per-rank states is warned about (ranks beyond it get the first's)."""
+    per_rank = sorted(path.glob("client_state-rank*.pt"))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    own = path / _client_file(rank)
+    if per_rank and len(per_rank) != world:
+        gets = "the one it saved" if own.is_file() else "rank 0's"
+        warnings.warn(
+            f"checkpoint {path} holds a client_state per rank, saved by {len(per_rank)} ranks, and this run has "
+            f"{world}: rank {rank} gets {gets}",
+            stacklevel=4,
+        )
+    return load_file(own if own.is_file() else path / "client_state.pt")
 
 
 def _extra_states(engine: Engine) -> dict:
@@ -228,7 +280,7 @@ def load_tagged(
     def check() -> None:
         if not weights_only:
             read["extras"] = check_extras(engine, path, load_module_strict)
-        read["client"] = load_file(path / "client_state.pt")
+        read["client"] = _read_client(path)
         read["samples"] = read_json(path / COUNTERS).get("global_samples") if (path / COUNTERS).exists() else None
         if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None:
             read["scheduler"] = _read_scheduler(path)

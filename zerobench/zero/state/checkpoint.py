@@ -54,7 +54,17 @@ def saved_tp(path: str | os.PathLike) -> int:
 
 
 def write_shard(engine: Engine, root: Path, save_id: str) -> None:
-    """This rank's shard (and, from shard 0, ``meta.json``) into ``root`` (stage 0: DP rank 0 only)."""
+    """This rank's shard (and, from shard 0, ``meta.json``) into ``root`` (stage 0: DP rank 0 only). Refused inside
+    an accumulation window: the gradients of its micro-batches are no part of a checkpoint (as in DeepSpeed's and
+    torch's), so a run resumed from it would lose them and start its windows elsewhere, silently. Raised inside the
+    save's transaction, so every rank refuses."""
+    run = engine.window.open
+    if run:
+        raise RuntimeError(
+            f"checkpoint saved inside an accumulation window ({run} of {engine.config.grad_accum_steps} "
+            "micro-batches run): their gradients are not saved, so a resumed run would lose them and its windows "
+            "would start elsewhere; save after the step() that ends the window"
+        )
     path = rank_dir(engine, root)
     path.mkdir(parents=True, exist_ok=True)
     if engine.layout.shards == 1 and engine.group.rank != 0:

@@ -50,6 +50,19 @@ def test_failures_are_rows_with_reasons(sweep):
 
 
 @pytest.mark.slow
+def test_the_sweep_records_its_plan(sweep):
+    """``sweep-plan.json``: every run with a configuration and its hash, as its status row says, so a baseline
+    refuses a sweep stopped before some of them (``regress.check_planned``)."""
+    d, _ = sweep
+    plan = json.loads((d / "out" / "sweep-plan.json").read_text())
+    st = status_rows(d / "out")
+    assert plan["suite"] == "faults"
+    assert [r["label"] for r in plan["runs"]] == ["good-s0", "oom", "killed", "hangs", "good-s3"]
+    hashes = dict(zip(st["label"], st["config_hash"]))
+    assert all(hashes[r["label"]] == r["config_hash"] for r in plan["runs"])
+
+
+@pytest.mark.slow
 def test_good_runs_keep_all_their_rows(sweep):
     d, _ = sweep
     df = load(d / "out")

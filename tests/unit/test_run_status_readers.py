@@ -149,3 +149,27 @@ def test_write_baseline_refuses_a_configuration_with_no_completed_run(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and "1 configuration(s) with no completed run: 001-stage-1 (incomplete)" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "b.jsonl").exists()
+
+
+def test_write_baseline_refuses_a_sweep_stopped_before_some_of_its_runs(tmp_path, rows, capsys):
+    """A sweep killed before its last runs left no row of them, so no check saw them missing: ``--write-baseline``
+    wrote the rest and the gate then listed those configurations as "not in the baseline" and passed (a helper's
+    review). The sweep's plan (``sweep-plan.json``, written as it starts) names them."""
+    from zerobench.bench.sweep_state import PLAN_FILE
+    from zerobench.cli import main
+
+    status = [r for r in rows if r["metric"] == "run_status"]
+    plan = {"suite": "ci", "runs": [{"label": r["label"], "config_hash": r["config_hash"]} for r in status]}
+    last = status[-1]["run_id"]
+    stopped = [r for r in rows if r["run_id"] != last]  # its directory never written
+    _write(tmp_path / "cand" / "rows.jsonl", stopped)
+    (tmp_path / "cand" / PLAN_FILE).write_text(json.dumps(plan))
+    code = main(["regress", "--write-baseline", str(tmp_path / "b.jsonl"), "--candidate", str(tmp_path / "cand")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"the sweep stopped before 1 of its planned runs ({status[-1]['label']})" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "b.jsonl").exists()
+    _write(tmp_path / "cand" / "rows.jsonl", rows)  # the sweep finished (--resume)
+    assert main(["regress", "--write-baseline", str(tmp_path / "b.jsonl"), "--candidate", str(tmp_path / "cand")]) == 0
+    (tmp_path / "cand" / PLAN_FILE).write_text("{")
+    code = main(["regress", "--write-baseline", str(tmp_path / "c.jsonl"), "--candidate", str(tmp_path / "cand")])
+    assert code == 2 and "sweep-plan.json is damaged" in capsys.readouterr().err

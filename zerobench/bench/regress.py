@@ -166,6 +166,23 @@ def _check_whole(rows: list[dict], status: dict) -> None:
         )
 
 
+def check_planned(path: str | Path, rows: list[dict]) -> None:
+    """Refuse, in one line, a baseline from a sweep stopped before some of its runs (``sweep-plan.json`` lists them
+    and they left no row): ``_check_whole`` sees only configurations that left rows, so these would be missing from
+    the baseline and never gated."""
+    from zerobench.bench.sweep_state import never_ran
+
+    if not Path(path).is_dir():
+        return
+    left = never_ran(Path(path), rows)
+    if left:
+        raise ConfigError(
+            f"{path}: the sweep stopped before {len(left)} of its planned runs ({', '.join(left[:4])}"
+            f"{' ...' if len(left) > 4 else ''}); a baseline without them would never gate them: finish the sweep "
+            "(zerobench sweep SUITE --out DIR --resume) and write the baseline again"
+        )
+
+
 def noise_rows(samples: Sequence[list[dict]]) -> tuple[list[dict], list[str]]:
     """The noise model of unchanged runs ``samples`` (each the rows of one sweep of the same suite): one
     ``gate_noise`` row per configuration and gated metric measured in at least two of them, and what was

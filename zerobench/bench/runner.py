@@ -21,7 +21,15 @@ from pathlib import Path
 
 from zerobench.bench.progress import Progress
 from zerobench.bench.suite import Suite
-from zerobench.bench.sweep_state import SweepSummary, attempt_id, check_out, completed_runs, should_run, status_row
+from zerobench.bench.sweep_state import (
+    SweepSummary,
+    attempt_id,
+    check_out,
+    completed_runs,
+    record_plan,
+    should_run,
+    status_row,
+)
 from zerobench.config import ConfigError
 from zerobench.launch.base import EXIT_IO, LaunchRequest
 from zerobench.launch.cancel import Cancellation
@@ -104,6 +112,7 @@ def run_sweep(
         )
     with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
         check_out(out, resume, suite.name)
+        record_plan(out, suite, resume)
         if launcher == "slurm":
             from zerobench.bench.slurm_sweep import run_sweep_sbatch
 

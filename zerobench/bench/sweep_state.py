@@ -8,14 +8,20 @@ merges its rows with an earlier attempt's, and nothing an earlier attempt wrote 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerobench.bench.progress import Progress
 from zerobench.bench.suite import ResolvedRun, Suite
 from zerobench.config import ConfigError, to_dict
+from zerobench.files import replace_file
 from zerobench.results.provenance import source_commit
 from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
+
+PLAN_FILE = "sweep-plan.json"
+"""The runs a sweep set out to measure (label and config hash), written when it starts, so that what an
+interrupted sweep never ran is known: a baseline recorded from it would leave those configurations ungated."""
 
 
 @dataclass
@@ -130,3 +136,35 @@ def status_row(
         elapsed_s=round(elapsed, 3),
         **extra,
     )
+
+
+def record_plan(out: Path, suite: Suite, resume: bool) -> None:
+    """Write ``out/sweep-plan.json``: the suite's runs with a configuration (an invalid one has its status row at
+    once); resumed, joined to the runs planned before (a resume with ``--only`` runs a part of them)."""
+    planned = [{"label": r.label, "config_hash": run_hash(r.config)} for r in suite.runs if r.config is not None]
+    path = out / PLAN_FILE
+    if resume and path.is_file():
+        try:
+            earlier = json.loads(path.read_text()).get("runs", [])
+        except (OSError, ValueError, AttributeError):
+            earlier = []
+        seen = {(r["label"], r["config_hash"]) for r in planned}
+        planned = [
+            r for r in earlier if isinstance(r, dict) and (r.get("label"), r.get("config_hash")) not in seen
+        ] + planned
+    replace_file(path, json.dumps({"suite": suite.name, "runs": planned}, indent=1) + "\n")
+
+
+def never_ran(out: Path, rows: list[dict]) -> list[str]:
+    """Labels of the runs ``out``'s sweep planned (``PLAN_FILE``) that left no status row (it was stopped before
+    them); [] where ``out`` holds no plan (a single run, or a sweep of before plans)."""
+    path = Path(out) / PLAN_FILE
+    if not path.is_file():
+        return []
+    try:
+        planned = json.loads(path.read_text())["runs"]
+        keys = [(str(r["label"]), str(r["config_hash"])) for r in planned]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} is damaged ({type(e).__name__}): the sweep's plan cannot be read") from None
+    ran = {(r.get("label"), r.get("config_hash")) for r in rows if r.get("metric") == "run_status"}
+    return [label for label, h in keys if (label, h) not in ran]

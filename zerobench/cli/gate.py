@@ -64,11 +64,12 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 
 def _cmd_write_baseline(args: argparse.Namespace) -> int:
-    from zerobench.bench.regress import _rows, noise_rows, write_baseline
+    from zerobench.bench.regress import _rows, check_planned, noise_rows, write_baseline
     from zerobench.results.outdir import check_writable_file
 
     check_writable_file(args.write_baseline, "--write-baseline", "baseline")
     samples = [_rows(c) for c in args.candidate]
+    check_planned(args.candidate[0], samples[0])
     n = write_baseline(samples[0], args.write_baseline, more=samples[1:], whole=True)
     print(f"baseline written: {args.write_baseline} ({n} rows)")
     if len(samples) > 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -120,8 +121,8 @@ def test_a_configuration_whose_hash_moved_keeps_both_plots(run_rows, tmp_path):
     """From commit 5 on the configuration's hash changes (a default that moved) and its label does not: both keep
     a plot and a table label of their own. Before, both drew to history-stage-2.png and the second plot replaced the
     one that showed the planted regression."""
-    dirs = _history(run_rows, tmp_path)
-    for d in dirs[4:]:
+    dirs = _history(run_rows, tmp_path, n=12)  # six commits a hash: enough to judge each without a baseline
+    for d in dirs[6:]:
         path = tmp_path / d / "rows.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         path.write_text("".join(json.dumps({**r, "config_hash": "0123456789abcdef"}) + "\n" for r in rows))
@@ -130,3 +131,66 @@ def test_a_configuration_whose_hash_moved_keeps_both_plots(run_rows, tmp_path):
     plots = sorted(p.name for p in out.glob("history-*.png"))
     assert len(plots) == 2 and all(p.startswith("history-stage-2-") for p in plots), plots
     assert "| stage=2 [" in (out / "history.md").read_text()
+
+
+def _edit(d: str, fn) -> None:
+    path = Path(d) / "rows.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(fn(r)) + "\n" for r in rows))
+
+
+def test_a_deterministic_metric_is_exact_in_the_history_as_in_the_gate(run_rows, tmp_path):
+    """Five commits, the third with model states +10%, the fourth reverting it: the history took its noise from its
+    own commit-to-commit changes (this one among them), drew a band of +-64% and flagged nothing, where the gate
+    calls the same change a regression (a helper's review)."""
+    dirs = _history(run_rows, tmp_path, planted=0, n=5)
+    _edit(dirs[2], lambda r: {**r, "value": r["value"] * 1.1} if r["metric"] == "model_state_bytes" else r)
+    out = tmp_path / "h"
+    run_history(dirs, out, metrics="model_state_bytes")
+    flags = {(f["commit"], f["verdict"], f["tolerance"]) for f in _flags(out)}
+    assert flags == {(_commit(3), "regression", 0.0), (_commit(4), "improvement", 0.0)}, flags
+
+
+def _flags(out) -> list[dict]:
+    path = out / "rows.jsonl"  # written with the first flag
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_noisy_metric_over_few_commits_is_drawn_not_judged(run_rows, tmp_path, capsys):
+    dirs = _history(run_rows, tmp_path, n=5)  # commit 4 planted: +10% instructions
+    out = tmp_path / "h"
+    run_history(dirs, out, metrics="instructions")
+    md = (out / "history.md").read_text()
+    assert not _flags(out) and "## Not judged" in md and "- stage=2: instructions" in md, md
+    assert (out / "history-stage-2.png").exists() and "1 series not judged" in capsys.readouterr().out
+
+
+def test_a_failed_run_is_listed_not_skipped(run_rows, tmp_path):
+    """A configuration that failed at one commit was left out of its series without a word ("No commit was
+    flagged"); it is listed with its status."""
+    dirs = _history(run_rows, tmp_path, planted=0, n=3)
+    _edit(dirs[1], lambda r: {**r, "value": 0, "status": "failed", "reason": "x"} if r["metric"] == "run_status" else r)
+    out = tmp_path / "h"
+    run_history(dirs, out, metrics="model_state_bytes")
+    assert f"| stage=2 | {_commit(2)[:8]} | failed |" in (out / "history.md").read_text()
+
+
+def test_results_of_two_machine_classes_or_two_commits_in_one_directory_are_refused(run_rows, tmp_path):
+    dirs = _history(run_rows, tmp_path, planted=0, n=3)
+    hw = lambda r: {**r, "provenance": {**r["provenance"], "hardware": {"class": "nvidia-h100"}}}  # noqa: E731
+    _edit(dirs[1], hw)
+    with pytest.raises(ConfigError, match=r"mixes hardware cpu-2core \(.*c1\) and nvidia-h100 \(.*c2\)"):
+        run_history(dirs, tmp_path / "o")
+    (tmp_path / "b").mkdir()
+    dirs = _history(run_rows, tmp_path / "b", planted=0, n=3)
+    first = [True]
+
+    def other_commit(r):
+        if first[0]:
+            first[0] = False
+            return {**r, "provenance": {**r["provenance"], "commit": "e" * 40}}
+        return r
+
+    _edit(dirs[1], other_commit)
+    with pytest.raises(ConfigError, match=r"c2 holds the results of .* and .*: a history takes one directory per"):
+        run_history(dirs, tmp_path / "o2")

@@ -27,6 +27,7 @@ from zerobench.bench import noise
 from zerobench.bench.gate_rules import EXACT, GATED, summarize
 from zerobench.bench.regress import _rows
 from zerobench.config import ConfigError
+from zerobench.results.status import STATUS_METRIC
 
 DEFAULT_METRICS = tuple(m for m in GATED if "." not in m and m != "final_loss")
 RULE_FLOORS = {"peak_memory_bytes": 0.02, "step_time_ratio": 0.05}
@@ -48,12 +49,45 @@ class Point:
         return (self.commit or "unknown")[:8] + ("+" if self.dirty else "")
 
 
+def _source(d: str, rows: list[dict]) -> tuple[dict, str | None]:
+    """The provenance of directory ``d``'s measurement and its hardware class, refusing in one line a directory
+    that holds two commits (or a clean and a dirty tree): it is one gate run's results, one point of the history.
+    (Status rows are written by whoever recorded the run, a login node under Slurm: their machine is not read.)"""
+    provs = [r["provenance"] for r in rows if isinstance(r.get("provenance"), dict)]
+    code = {(p.get("commit"), bool(p.get("dirty"))) for p in provs}
+    if len(code) > 1:
+        (c0, d0), (c1, d1) = sorted(code, key=str)[:2]
+        raise ConfigError(
+            f"{d} holds the results of {str(c0)[:12]}{'+' if d0 else ''} and {str(c1)[:12]}{'+' if d1 else ''}: a "
+            "history takes one directory per commit (one gate run's results)"
+        )
+    classes = {
+        (p.get("hardware") or {}).get("class")
+        for r in rows
+        if r.get("metric") != STATUS_METRIC and isinstance(p := r.get("provenance"), dict)
+    }
+    if len(classes) > 1:
+        raise ConfigError(
+            f"{d} mixes hardware {' and '.join(sorted(map(str, classes)))}: one machine class per history"
+        )
+    return (provs[0] if provs else {}), next(iter(classes), None)
+
+
 def collect(dirs: list[str]) -> list[Point]:
-    """One point per commit of ``dirs``, in history order."""
+    """One point per commit of ``dirs``, in history order; refused in one line where the directories are of
+    several hardware classes (one series would mix machines: draw a history per class)."""
     points: dict[str, Point] = {}
+    hardware: dict[str | None, str] = {}
     for d in dirs:
         rows = _rows(d)
-        prov = next((r["provenance"] for r in rows if isinstance(r.get("provenance"), dict)), {})
+        prov, cls = _source(d, rows)
+        hardware.setdefault(cls, d)
+        if len(hardware) > 1:
+            (c0, d0), (c1, d1) = list(hardware.items())[:2]
+            raise ConfigError(
+                f"the history mixes hardware {c0} ({d0}) and {c1} ({d1}): a series over commits compares one machine "
+                "class; draw a history per class"
+            )
         key = f"{prov.get('commit')}{'+' if prov.get('dirty') else ''}"
         p = points.setdefault(
             key,
@@ -89,6 +123,20 @@ def order(points: list[Point]) -> list[Point]:
     return out
 
 
+MIN_HISTORY_FOR_NOISE = 6
+"""Commits a metric's noise is estimated from when no baseline gives it (its commit-to-commit changes): fewer, and
+one change moves the estimate enough to hide itself (a +10% step and its revert among four changes)."""
+
+
+def _not_measured(p: Point, key: str) -> str | None:
+    """Why configuration ``key`` has no measurement at ``p`` though some result of it exists there: its runs' status
+    (failed, incomplete, ...), or None."""
+    runs = [r[key] for r in p.runs if key in r]
+    if not runs or any(r.get("ok") for r in runs):
+        return None
+    return ", ".join(sorted({st for r in runs for st, _ in r["not_ok"].values()}) or {"not completed"})
+
+
 def _value(p: Point, key: str, metric: str) -> tuple[float, float, float] | None:
     """(median, min, max) of ``metric`` over the point's measurements of configuration ``key``."""
     vals = [r[key][metric] for r in p.runs if key in r and r[key].get("ok") and r[key].get(metric) is not None]
@@ -122,11 +170,15 @@ def _series(points: list[Point], key: str, metric: str, model: dict | None, fals
     if len(have) < 2:
         return None
     row = (model or {}).get(metric)
-    sigma, n = (
-        (float(row["value"]), int(row["n"]))
-        if row and (row.get("n") or 0) >= 2
-        else _sigma_from_history([v[0] for _, v in have])
-    )
+    if row and (row.get("n") or 0) >= 2:
+        sigma, n, source = float(row["value"]), int(row["n"]), "baseline noise model"
+    elif metric in ("model_state_bytes", "comm_volume_elements_per_step"):  # deterministic: the gate's exact rule
+        sigma, n, source = 0.0, len(have), "exact"
+    elif len(have) >= MIN_HISTORY_FOR_NOISE:
+        sigma, n = _sigma_from_history([v[0] for _, v in have])
+        source = "spread of the history"
+    else:  # drawn, not judged
+        return {"points": have, "tol": None, "sigma": None, "n": len(have), "flags": [], "source": "not judged"}
     # A change between consecutive commits is the difference of two single measurements (sigma * sqrt 2), judged
     # in both directions (alpha / 2 a side).
     tol = tolerance(metric, sigma * math.sqrt(2), n, false_alarm / 2, statistics.median(v[0] for _, v in have))
@@ -141,7 +193,7 @@ def _series(points: list[Point], key: str, metric: str, model: dict | None, fals
         "sigma": sigma,
         "n": n,
         "flags": flags,
-        "source": "baseline noise model" if row else "spread of the history",
+        "source": source,
     }
 
 
@@ -175,13 +227,20 @@ def run_history(
         "|---|---|---|---|---|---|",
     ]
     w = RowWriter(out, "history", {"dirs": [str(d) for d in dirs], "baseline": baseline, "false_alarm": false_alarm})
+    gaps: list[str] = []
+    unjudged: list[str] = []
     labels = {key: next(r[key]["label"] for p in points for r in p.runs if key in r) for key in keys}
     shared = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
     for key in keys:
         # a configuration whose hash changed over the history (a default that moved) keeps its label: the hash tells
         # the two apart, in the table and in the plot's file name (else the second plot replaced the first)
         label = f"{labels[key]} [{key[:8]}]" if labels[key] in shared else labels[key]
+        for p in points:
+            why = _not_measured(p, key)
+            if why is not None:
+                gaps.append(f"| {label} | {p.name} | {why} |")
         series = {m: s for m in wanted if (s := _series(points, key, m, models.get(key), false_alarm)) is not None}
+        unjudged += [f"{label}: {m}" for m, s in series.items() if s["tol"] is None]
         if not series:
             continue
         path = draw(points, label, series, out / f"history-{_slug(label)}.png")
@@ -203,8 +262,25 @@ def run_history(
                     noise_source=s["source"],
                 )
     flagged = len(lines) - 4
-    (out / "history.md").write_text("\n".join(lines + ([] if flagged else ["", "No commit was flagged."])) + "\n")
-    print(f"{flagged} flagged (commit, metric) pairs; {out / 'history.md'}")
+    lines += [] if flagged else ["", "No commit was flagged."]
+    if gaps:  # a failed run is no point of its series: said, never skipped without a word
+        lines += ["", "## Not measured", "", "| configuration | commit | status |", "|---|---|---|", *gaps]
+    if unjudged:
+        lines += [
+            "",
+            f"## Not judged: no noise model, and fewer than {MIN_HISTORY_FOR_NOISE} commits to estimate one from",
+            "",
+            "Give `--baseline` (a baseline with its noise model) to judge them.",
+            "",
+            *(f"- {u}" for u in unjudged),
+        ]
+    (out / "history.md").write_text("\n".join(lines) + "\n")
+    print(
+        f"{flagged} flagged (commit, metric) pairs"
+        + (f"; {len(gaps)} (configuration, commit) pairs not measured" if gaps else "")
+        + (f"; {len(unjudged)} series not judged (no noise model)" if unjudged else "")
+        + f"; {out / 'history.md'}"
+    )
     return 0
 
 
@@ -223,7 +299,7 @@ def draw(points: list[Point], label: str, series: dict[str, dict], path: Path) -
         err = [[v[0] - v[1] for _, v in s["points"]], [v[2] - v[0] for _, v in s["points"]]]
         ax.errorbar(xs, med, yerr=err, color="#345", marker="o", ms=3.5, lw=1.2, capsize=2, zorder=3)
         for prev, x1 in zip(med, xs[1:]):  # the band each commit is judged in: its predecessor's value +- tol
-            if s["tol"] > 0:  # an exact metric has none: any change is flagged
+            if s["tol"]:  # an exact metric has none (any change is flagged), an unjudged one none either
                 ax.bar(
                     x1,
                     2 * s["tol"] * abs(prev),
@@ -245,8 +321,12 @@ def draw(points: list[Point], label: str, series: dict[str, dict], path: Path) -
                 color="#c22" if verdict == "regression" else "#2a2",
             )
         ax.set_ylabel(metric, fontsize=8)
-        band = f"band ±{s['tol']:.2%}" if s["tol"] > 0 else "exact"
-        ax.set_title(f"{metric}: {band} ({s['source']}, sigma {s['sigma']:.2%})", fontsize=8, loc="left")
+        if s["tol"] is None:
+            title = f"{metric}: not judged (no noise model, {s['n']} commits: give --baseline)"
+        else:
+            band = f"band ±{s['tol']:.2%}" if s["tol"] > 0 else "exact"
+            title = f"{metric}: {band} ({s['source']}, sigma {s['sigma']:.2%})"
+        ax.set_title(title, fontsize=8, loc="left")
         ax.tick_params(labelsize=7)
     axes[-1, 0].set_xticks(range(len(points)), [p.name for p in points], rotation=45, ha="right", fontsize=7)
     fig.suptitle(f"{label}: gated metrics over commits (red: regression, green: improvement)", fontsize=9)

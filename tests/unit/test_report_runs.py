@@ -62,6 +62,21 @@ def test_the_same_suite_in_two_directories_is_two_repeats(tmp_path):
     assert both["step_time_s_spread"] == pytest.approx(2.0 * one["step_time_s"])
 
 
+def test_one_directory_given_twice_is_one_measurement(tmp_path, monkeypatch):
+    """``report base /abs/path/base``: the same rows file in two spellings was two repeats of one run with a spread
+    of 0 (a helper's review: "18 runs" from a sweep of 9); so was a directory given with one inside it."""
+    from zerobench.report.render import render
+
+    a = _write(tmp_path / "a")
+    monkeypatch.chdir(tmp_path)
+    render(["a", str(a), str(a / "rows.jsonl")], str(tmp_path / "r"))
+    runs = len({r["run_id"] for r in ROWS})
+    assert f"suites ci · {runs} runs" in (tmp_path / "r" / "summary.md").read_text()
+    b = _write(tmp_path / "b")  # a copy is another measurement, as before
+    render([str(a), str(b)], str(tmp_path / "r2"))
+    assert f"suites ci · {2 * runs} runs" in (tmp_path / "r2" / "summary.md").read_text()
+
+
 def test_a_failed_copy_neither_hides_nor_joins_an_ok_one(tmp_path):
     def fail(r):
         if r["run_id"] == STAGE0 and r["metric"] == "run_status":

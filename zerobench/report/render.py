@@ -48,12 +48,16 @@ def render(results: list[str], out_dir: str) -> Path:
     from zerobench.plan.tables import table1, table2
     from zerobench.results import load
 
-    frames = []
+    frames, seen = [], set()
     for r in results:
         try:
-            frames.append(load(r))
+            frame = load(r)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        # a rows file reached twice (a path given in two spellings, a directory and one inside it) is read once:
+        # twice, its runs would count as two repeats of one measurement, with a spread of 0
+        frames.append(frame[~frame["rows_file"].isin(seen)])
+        seen |= set(frame["rows_file"])
     df = pd.concat(frames, ignore_index=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -222,8 +222,8 @@ def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = 
             if not (isinstance(row, dict) and "metric" in row and "run_id" in row):
                 raise ConfigError(f"{f}:{n}: not a zerobench result row (a JSON object with 'metric' and 'run_id')")
             _check_types(row, f"{f}:{n}")
-            if source:
-                row["rows_file"] = str(f)
+            if source:  # resolved: one file given by two spellings (a relative and an absolute path) is one source
+                row["rows_file"] = str(f.resolve())
             rows.append(row)
     return rows
 

@@ -228,3 +228,27 @@ def test_a_slow_legend_placement_is_not_a_warning_at_the_user(tmp_path, monkeypa
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         assert _save(fig, tmp_path, "f").is_file()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_run_with_a_figure_that_is_no_number_is_named_not_counted(tmp_path, bad):
+    """A NaN step time was dropped from the frame without a word (NaN and null merge once loaded): stage 1 showed
+    the clean copy's value as two repeats with a spread of 0 (a helper's review). Named and left out, as an inf."""
+    from zerobench.report.aggregate import NON_FINITE, run_statuses
+
+    def change(r):
+        if r["run_id"] == "001-stage-1" and r["metric"] in ("step_time_s", "tflops_per_gpu"):
+            r["value"] = bad
+
+    df = _frame(_write(tmp_path / "a"), _write(tmp_path / "b", change))
+    assert run_statuses(df)[NON_FINITE] == ["001-stage-1"]
+    table = aggregate.runs_table(df)
+    one = table[(table["stage"] == 1) & (table["tp"] == 1)].iloc[0]
+    assert one["repeats"] == 1
+
+    def unmeasured(r):
+        if r["metric"] == "tflops_per_gpu":
+            r["value"] = None
+
+    null = _frame(_write(tmp_path / "c", unmeasured))
+    assert NON_FINITE not in run_statuses(null)  # a null is a figure not measured, drawn as missing

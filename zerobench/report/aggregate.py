@@ -95,13 +95,15 @@ def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def _non_finite_runs(df: pd.DataFrame) -> set[tuple]:
-    """``RUN_KEY`` of every run with an infinite value of a figure the report draws (``RUN_METRICS``)."""
+    """``RUN_KEY`` of every run with an infinite or NaN value of a figure the report draws (``RUN_METRICS``). A null
+    is a figure the run did not measure (no tokens timed, no RSS on this platform), drawn as missing; a NaN, told
+    from it by ``results.load``'s ``value_nan``, is a figure it measured as no number."""
     if df.empty or "metric" not in df:
         return set()
     d = df[df["metric"].isin(RUN_METRICS) & (df["status"].fillna("ok") == "ok")]
-    # infinite only: a NaN cannot be told from a null once loaded (both NaN in the frame), and a null is a figure
-    # the run did not measure (no tokens timed, no RSS on this platform), drawn as missing
-    bad = d[d["value"].map(lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isinf(v))]
+    inf = d["value"].map(lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isinf(v))
+    nan = d["value_nan"].fillna(False) if "value_nan" in d else pd.Series(False, index=d.index)
+    bad = d[inf.astype(bool) | nan.astype(bool)]
     return set(zip(*(bad[c] for c in RUN_KEY))) if len(bad) else set()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -11,7 +12,8 @@ def load(path: str | os.PathLike):
 
     Columns: the row's own fields (metric, value, unit, status, run_id, suite, step, rank, ...), the resolved
     config flattened as ``config.<key>`` (e.g. ``config.zero.stage``), ``provenance.<key>``, and ``rows_file``: the
-    file a row was read from, which tells apart runs of the same id in different directories (``RUN_KEY``).
+    file a row was read from, which tells apart runs of the same id in different directories (``RUN_KEY``), and
+    ``value_nan``: True where the row's value is a NaN, not a null.
     Raises ``ValueError`` with one line when there is nothing to load.
     """
     import pandas as pd
@@ -24,4 +26,8 @@ def load(path: str | os.PathLike):
     rows = read_rows(p, source=True)  # raises ValueError naming the file and line for a malformed row
     if not rows:
         raise ValueError(f"no result rows under {p} (empty or no rows.jsonl files)")
+    for r in rows:  # a NaN measured and a null (not measured) are both NaN once in a frame: marked while they differ
+        v = r.get("value")
+        if isinstance(v, float) and math.isnan(v):
+            r["value_nan"] = True
     return pd.json_normalize(rows, sep=".")

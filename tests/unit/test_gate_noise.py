@@ -328,7 +328,10 @@ def test_strict_fails_what_was_not_judged(run_rows, tmp_path, capsys):
     )
 
 
-@pytest.mark.parametrize("field,value,said", [("class", "nvidia-h100", "hardware"), ("commit", "f" * 40, "commits")])
+@pytest.mark.parametrize(
+    "field,value,said",
+    [("class", "nvidia-h100", "hardware"), ("commit", "f" * 40, "commits"), ("dirty", "0a1b2c3d4e5f", "commits")],
+)
 def test_a_noise_model_from_two_machines_or_commits_is_refused(run_rows, tmp_path, field, value, said):
     """Unchanged runs of two machine classes or commits gave one noise model, whose spread (their difference)
     widened every tolerance drawn from it."""
@@ -343,6 +346,8 @@ def test_a_noise_model_from_two_machines_or_commits_is_refused(run_rows, tmp_pat
         if "provenance" in r:
             if field == "class":
                 r["provenance"]["hardware"]["class"] = value
+            elif field == "dirty":  # the same commit with uncommitted changes (before: taken for the commit's)
+                r["provenance"].update(dirty=True, dirty_diff=value)
             else:
                 r["provenance"]["commit"] = value
     with pytest.raises(ConfigError, match=f"results mix {said} .* \\(result 2\\)"):

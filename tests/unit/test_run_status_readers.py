@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from zerobench.bench.regress import run_gate, write_baseline
+from zerobench.config import ConfigError
 from zerobench.report import aggregate
 from zerobench.results.show import show
 from zerobench.results.status import INCOMPLETE, UNRECORDED, status_of
@@ -173,3 +174,17 @@ def test_write_baseline_refuses_a_sweep_stopped_before_some_of_its_runs(tmp_path
     (tmp_path / "cand" / PLAN_FILE).write_text("{")
     code = main(["regress", "--write-baseline", str(tmp_path / "c.jsonl"), "--candidate", str(tmp_path / "cand")])
     assert code == 2 and "sweep-plan.json is damaged" in capsys.readouterr().err
+
+
+def test_the_gate_refuses_a_candidate_of_two_code_versions(tmp_path, rows, capsys):
+    """A candidate whose stage-0 rows came from another commit (or the same one with uncommitted changes) was
+    gated without a word: step-time ratios taken across code versions, verdicts stamped with one (a helper's
+    review)."""
+    for change in ({"commit": "f" * 40}, {"dirty": True, "dirty_diff": "0a1b2c3d4e5f"}):
+        cand = copy.deepcopy(rows)
+        for r in cand:
+            if r["run_id"] == "000-stage-0":
+                r["provenance"].update(change)
+        path = _write(tmp_path / "c.jsonl", cand)
+        with pytest.raises(ConfigError, match=r"the candidate mixes runs of code .* and .*: a gate run judges one"):
+            run_gate(str(BASELINE), str(path), 0.05, str(tmp_path / "p.jsonl"))

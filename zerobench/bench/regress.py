@@ -25,6 +25,7 @@ from zerobench.bench.gate_rules import (
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.results.outdir import check_writable_file
+from zerobench.results.provenance import code_version
 from zerobench.results.rows import read_rows
 from zerobench.results.status import OK, STATUS_METRIC
 
@@ -113,19 +114,44 @@ def write_baseline(
 def _check_same_source(samples: Sequence[list[dict]]) -> None:
     """Refuse, in one line, unchanged runs that are not one machine class and one commit: their spread would be the
     difference between machines or commits, and every tolerance drawn from it that much wider."""
-    seen: dict[tuple, int] = {}
-    for i, rows in enumerate(samples):
-        for r in rows:
-            if r.get("metric") == STATUS_METRIC:  # written by whoever recorded the run (a login node under Slurm)
-                continue
-            prov = r.get("provenance") or {}
-            seen.setdefault(((prov.get("hardware") or {}).get("class"), prov.get("commit")), i)
+    seen = _sources(samples)
     if len(seen) > 1:
         (h0, c0), (h1, c1) = list(seen)[:2]
-        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {str(c0)[:12]} and {str(c1)[:12]}"
+        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {_version(c0)} and {_version(c1)}"
         raise ConfigError(
             f"the --candidate results mix {what} (result {seen[(h1, c1)] + 1}): a baseline and its noise model come "
             "from unchanged runs of one commit on one machine class"
+        )
+
+
+def _sources(samples: Sequence[list[dict]]) -> dict[tuple, int]:
+    """(hardware class, code version) -> the first sample holding it, over every row but the status rows (written
+    by whoever recorded the run: a login node under Slurm). The code version is the commit with the hash of any
+    uncommitted changes (``provenance.code_version``): a dirty tree's runs are not the commit's."""
+    seen: dict[tuple, int] = {}
+    for i, rows in enumerate(samples):
+        for r in rows:
+            if r.get("metric") == STATUS_METRIC:
+                continue
+            prov = r.get("provenance") or {}
+            seen.setdefault(((prov.get("hardware") or {}).get("class"), code_version(prov)), i)
+    return seen
+
+
+def _version(v) -> str:
+    commit, _, diff = str(v).partition("+")
+    return commit[:12] + (f" with uncommitted changes ({diff})" if diff else "")
+
+
+def check_one_version(rows: list[dict], what: str) -> None:
+    """Refuse, in one line, gate input measured with two code versions (a sweep resumed at another commit, rows of
+    two sweeps copied together): its step-time ratios would be taken across them and its verdicts stamped with one."""
+    versions = {c for _, c in _sources([rows])}
+    if len(versions) > 1:
+        a, b = sorted(versions, key=str)[:2]
+        raise ConfigError(
+            f"the {what} mixes runs of code {_version(a)} and {_version(b)}: a gate run judges one code version's "
+            "results; sweep it again at one checkout"
         )
 
 
@@ -261,6 +287,7 @@ def run_gate(
         "choose a writable path" if propose else "give --propose FILE",
     )
     base_rows, cand_rows = _rows(baseline, whole="baseline"), _rows(candidate)
+    check_one_version(cand_rows, "candidate")
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate", false_alarm=false_alarm)
     versions = {side: _torch_versions(rows) for side, rows in (("baseline", base_rows), ("candidate", cand_rows))}
     if all(versions.values()) and versions["baseline"] != versions["candidate"]:

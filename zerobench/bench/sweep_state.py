@@ -16,7 +16,7 @@ from zerobench.bench.progress import Progress
 from zerobench.bench.suite import ResolvedRun, Suite
 from zerobench.config import ConfigError, to_dict
 from zerobench.files import replace_file
-from zerobench.results.provenance import source_commit
+from zerobench.results.provenance import code_version, source_version
 from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
 
 PLAN_FILE = "sweep-plan.json"
@@ -62,19 +62,28 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
 
 
 def _check_commit(out: Path, rows: list[dict]) -> None:
-    mine = source_commit()
+    """The completed runs must have been measured with this checkout's code: its commit and, with uncommitted
+    changes, the same changes (``provenance.code_version``: the diff's hash), else the sweep would hold two code
+    versions' measurements as one's."""
+    mine = source_version()
     done = {
-        (r.get("provenance") or {}).get("commit")
+        code_version(r.get("provenance"))
         for r in rows
         if r.get("metric") == "run_status" and r.get("status") == "ok" and isinstance(r.get("provenance"), dict)
     }
     other = min(done - {mine, None}, default=None)
     if mine is not None and other is not None:
         raise ConfigError(
-            f"--out {out} holds runs measured at commit {other[:12]} and this checkout is at {mine[:12]}: "
-            f"resuming would mix two commits' measurements in one sweep; resume from a checkout of {other[:12]}, "
-            "or sweep into another --out"
+            f"--out {out} holds runs measured at commit {_short(other)} and this checkout is at {_short(mine)}: "
+            "resuming would mix two code versions' measurements in one sweep; resume from a checkout of "
+            f"{_short(other)} (its commit, with the same uncommitted changes), or sweep into another --out"
         )
+
+
+def _short(version: str) -> str:
+    """``commit[:12]``, with ``+<diff hash>`` (uncommitted changes) where there are."""
+    commit, _, diff = version.partition("+")
+    return commit[:12] + (f" with uncommitted changes ({diff})" if diff else "")
 
 
 def completed_runs(out: Path, instructions: bool = False) -> set[tuple[str, str]]:

@@ -149,15 +149,17 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         "md": "config.activation.contiguous",
     }
     records, flats = [], []
-    by = [c for c in ("config_hash", "provenance.hardware.class", "provenance.commit") if c in df]
+    if "provenance.commit" in df:  # the code measured: a dirty tree's runs are not their commit's (nor another's)
+        df = df.assign(code=[_code(r) for r in df.filter(like="provenance.").to_dict("records")])
+    by = [c for c in ("config_hash", "provenance.hardware.class", "code") if c in df]
     config_cols = [c for c in df.columns if c.startswith("config.")]
     for keys, g in df.groupby(by, dropna=False):
         first = g.iloc[0]
         rec = {"config_hash": keys[0], "repeats": len(g.groupby(["rows_file", "run_id"]))}
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
-        commit = first.get("provenance.commit")
-        rec["commit"] = None if _missing(commit) else str(commit)[:12]
+        code = first.get("code")
+        rec["commit"] = None if _missing(code) else _short_code(code)
         flat = {c.removeprefix("config."): first[c] for c in config_cols if not _missing(first[c])}
         rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
         rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
@@ -217,8 +219,22 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
         texts = differences([flats[i] for i in idx], shown=(*LABELLED, *RUN_LENGTH))
         commits = {records[i]["commit"] for i in idx}
         for i, text in zip(idx, texts):
-            at = f"@{records[i]['commit'][:7]}" if len(commits) > 1 and records[i]["commit"] else ""
+            at = f"@{records[i]['commit']}" if len(commits) > 1 and records[i]["commit"] else ""
             records[i]["variant"] = ", ".join(x for x in (text, at) if x)
+
+
+def _code(prov: dict) -> str | None:
+    """``code_version`` of a row's flattened provenance."""
+    from zerobench.results.provenance import code_version
+
+    flat = {k.removeprefix("provenance."): (None if _missing(v) else v) for k, v in prov.items()}
+    return code_version(flat)
+
+
+def _short_code(code: str) -> str:
+    """A record's code, short: the commit's first 7 characters, ``+<diff hash>`` with uncommitted changes."""
+    commit, plus, diff = str(code).partition("+")
+    return commit[:7] + plus + diff[:7]
 
 
 def _plain(v):

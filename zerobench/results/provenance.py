@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import platform
 import socket
 import subprocess
@@ -102,6 +103,7 @@ def _static() -> dict:
         "parent": _git("rev-parse", "--verify", "--quiet", "HEAD^") or None,  # the first parent; None at a root
         "commit_time": _git("show", "-s", "--format=%cI", "HEAD") or None,
         "dirty": bool(status) if status is not None else None,
+        "dirty_diff": _diff_hash() if status else None,
         "host": socket.gethostname(),
         "hardware": hardware(),
         "torch_version": _torch_version(),
@@ -110,9 +112,32 @@ def _static() -> dict:
     }
 
 
+def _diff_hash() -> str | None:
+    """A short hash of the tracked files' uncommitted changes (``git diff HEAD``): two runs of a dirty tree at one
+    commit are the same code only where it is equal."""
+    diff = _git("diff", "HEAD", "--binary")
+    return None if diff is None else hashlib.sha256(diff.encode()).hexdigest()[:12]
+
+
 def source_commit() -> str | None:
     """The commit this checkout is at (None outside a git checkout)."""
     return _static()["commit"]
+
+
+def source_version() -> str | None:
+    """This checkout's code: its commit, and with uncommitted changes to tracked files ``+<hash of the diff>``
+    (``code_version`` of a row's provenance is the same); None outside a git checkout."""
+    return code_version(_static())
+
+
+def code_version(prov: dict | None) -> str | None:
+    """The code a row's provenance was measured with: ``commit``, or ``commit+<diff hash>`` for a dirty tree
+    (``commit+dirty`` where its rows predate the diff's hash: edits unknown)."""
+    if not isinstance(prov, dict) or not prov.get("commit"):
+        return None
+    if not prov.get("dirty"):
+        return str(prov["commit"])
+    return f"{prov['commit']}+{prov.get('dirty_diff') or 'dirty'}"
 
 
 def slurm() -> dict | None:

@@ -52,7 +52,7 @@ def test_failures_are_rows_with_reasons(sweep):
 @pytest.mark.slow
 def test_the_sweep_records_its_plan(sweep):
     """``sweep-plan.json``: every run with a configuration and its hash, as its status row says, so a baseline
-    refuses a sweep stopped before some of them (``regress.check_planned``)."""
+    refuses a sweep stopped before some of them (``gate_inputs.check_planned``)."""
     d, _ = sweep
     plan = json.loads((d / "out" / "sweep-plan.json").read_text())
     st = status_rows(d / "out")

@@ -64,7 +64,8 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 
 def _cmd_write_baseline(args: argparse.Namespace) -> int:
-    from zerobench.bench.regress import _rows, check_planned, noise_rows, write_baseline
+    from zerobench.bench.gate_inputs import check_planned
+    from zerobench.bench.regress import _rows, noise_rows, write_baseline
     from zerobench.results.outdir import check_writable_file
 
     check_writable_file(args.write_baseline, "--write-baseline", "baseline")

@@ -1,0 +1,93 @@
+"""What the regression gate's inputs must be before any comparison: whole (every configuration a sweep planned,
+each with a completed run) and of one source (one machine class, one code version: the commit and any uncommitted
+changes). A baseline, a noise model or a candidate that is not is refused in one line, since what it lacks or mixes
+would otherwise pass, or widen every tolerance, without a word."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from zerobench.bench.gate_rules import run_key
+from zerobench.config import ConfigError
+from zerobench.results.provenance import code_version
+from zerobench.results.status import OK, STATUS_METRIC
+
+
+def check_same_source(samples: Sequence[list[dict]]) -> None:
+    """Refuse, in one line, unchanged runs that are not one machine class and one commit: their spread would be the
+    difference between machines or commits, and every tolerance drawn from it that much wider."""
+    seen = _sources(samples)
+    if len(seen) > 1:
+        (h0, c0), (h1, c1) = list(seen)[:2]
+        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {_version(c0)} and {_version(c1)}"
+        raise ConfigError(
+            f"the --candidate results mix {what} (result {seen[(h1, c1)] + 1}): a baseline and its noise model come "
+            "from unchanged runs of one commit on one machine class"
+        )
+
+
+def _sources(samples: Sequence[list[dict]]) -> dict[tuple, int]:
+    """(hardware class, code version) -> the first sample holding it, over every row but the status rows (written
+    by whoever recorded the run: a login node under Slurm). The code version is the commit with the hash of any
+    uncommitted changes (``provenance.code_version``): a dirty tree's runs are not the commit's."""
+    seen: dict[tuple, int] = {}
+    for i, rows in enumerate(samples):
+        for r in rows:
+            if r.get("metric") == STATUS_METRIC:
+                continue
+            prov = r.get("provenance") or {}
+            seen.setdefault(((prov.get("hardware") or {}).get("class"), code_version(prov)), i)
+    return seen
+
+
+def _version(v) -> str:
+    commit, _, diff = str(v).partition("+")
+    return commit[:12] + (f" with uncommitted changes ({diff})" if diff else "")
+
+
+def check_one_version(rows: list[dict], what: str) -> None:
+    """Refuse, in one line, gate input measured with two code versions (a sweep resumed at another commit, rows of
+    two sweeps copied together): its step-time ratios would be taken across them and its verdicts stamped with one."""
+    versions = {c for _, c in _sources([rows])}
+    if len(versions) > 1:
+        a, b = sorted(versions, key=str)[:2]
+        raise ConfigError(
+            f"the {what} mixes runs of code {_version(a)} and {_version(b)}: a gate run judges one code version's "
+            "results; sweep it again at one checkout"
+        )
+
+
+def check_whole(rows: list[dict], status: dict) -> None:
+    """Refuse, in one line, a baseline from a sweep with a configuration none of whose runs completed: it would
+    leave that configuration out, and the gate would then never compare it ("not in the baseline")."""
+    runs: dict[tuple, list[tuple[str, str]]] = {}
+    for r in rows:
+        st = status.get(run_key(r), (None, None))[0]
+        if st is not None:
+            key = (r.get("config_hash"), r.get("instrumented") or "")
+            runs.setdefault(key, []).append((r.get("label") or r.get("run_id"), st))
+    missing = sorted({f"{ids[0][0]} ({ids[-1][1]})" for ids in runs.values() if all(s != OK for _, s in ids)})
+    if missing:
+        raise ConfigError(
+            f"the candidate has {len(missing)} configuration(s) with no completed run: {', '.join(missing[:4])}"
+            f"{' ...' if len(missing) > 4 else ''}; a baseline without them would never gate them: rerun them "
+            "(zerobench sweep SUITE --out DIR --resume) and write the baseline again"
+        )
+
+
+def check_planned(path: str | Path, rows: list[dict]) -> None:
+    """Refuse, in one line, a baseline from a sweep stopped before some of its runs (``sweep-plan.json`` lists them
+    and they left no row): ``_check_whole`` sees only configurations that left rows, so these would be missing from
+    the baseline and never gated."""
+    from zerobench.bench.sweep_state import never_ran
+
+    if not Path(path).is_dir():
+        return
+    left = never_ran(Path(path), rows)
+    if left:
+        raise ConfigError(
+            f"{path}: the sweep stopped before {len(left)} of its planned runs ({', '.join(left[:4])}"
+            f"{' ...' if len(left) > 4 else ''}); a baseline without them would never gate them: finish the sweep "
+            "(zerobench sweep SUITE --out DIR --resume) and write the baseline again"
+        )

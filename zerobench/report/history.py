@@ -27,6 +27,7 @@ from zerobench.bench import noise
 from zerobench.bench.gate_rules import EXACT, GATED, summarize
 from zerobench.bench.regress import _rows
 from zerobench.config import ConfigError
+from zerobench.results.provenance import code_version
 from zerobench.results.status import STATUS_METRIC
 
 DEFAULT_METRICS = tuple(m for m in GATED if "." not in m and m != "final_loss")
@@ -54,12 +55,12 @@ def _source(d: str, rows: list[dict]) -> tuple[dict, str | None]:
     that holds two commits (or a clean and a dirty tree): it is one gate run's results, one point of the history.
     (Status rows are written by whoever recorded the run, a login node under Slurm: their machine is not read.)"""
     provs = [r["provenance"] for r in rows if isinstance(r.get("provenance"), dict)]
-    code = {(p.get("commit"), bool(p.get("dirty"))) for p in provs}
+    code = {code_version(p) for p in provs}
     if len(code) > 1:
-        (c0, d0), (c1, d1) = sorted(code, key=str)[:2]
+        c0, c1 = sorted(code, key=str)[:2]
         raise ConfigError(
-            f"{d} holds the results of {str(c0)[:12]}{'+' if d0 else ''} and {str(c1)[:12]}{'+' if d1 else ''}: a "
-            "history takes one directory per commit (one gate run's results)"
+            f"{d} holds the results of {_name(c0)} and {_name(c1)}: a history takes one directory per commit (one "
+            "gate run's results)"
         )
     classes = {
         (p.get("hardware") or {}).get("class")
@@ -71,6 +72,11 @@ def _source(d: str, rows: list[dict]) -> tuple[dict, str | None]:
             f"{d} mixes hardware {' and '.join(sorted(map(str, classes)))}: one machine class per history"
         )
     return (provs[0] if provs else {}), next(iter(classes), None)
+
+
+def _name(version) -> str:
+    commit, plus, diff = str(version).partition("+")
+    return commit[:12] + plus + diff
 
 
 def collect(dirs: list[str]) -> list[Point]:
@@ -88,7 +94,7 @@ def collect(dirs: list[str]) -> list[Point]:
                 f"the history mixes hardware {c0} ({d0}) and {c1} ({d1}): a series over commits compares one machine "
                 "class; draw a history per class"
             )
-        key = f"{prov.get('commit')}{'+' if prov.get('dirty') else ''}"
+        key = str(code_version(prov))  # a dirty tree's runs are a point of their own, one per set of changes
         p = points.setdefault(
             key,
             Point(

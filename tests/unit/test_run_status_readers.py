@@ -188,3 +188,17 @@ def test_the_gate_refuses_a_candidate_of_two_code_versions(tmp_path, rows, capsy
         path = _write(tmp_path / "c.jsonl", cand)
         with pytest.raises(ConfigError, match=r"the candidate mixes runs of code .* and .*: a gate run judges one"):
             run_gate(str(BASELINE), str(path), 0.05, str(tmp_path / "p.jsonl"))
+
+
+def test_the_gate_notes_another_processor_of_the_same_class(tmp_path, rows, capsys):
+    """Instruction counts, CPU time and their noise model hold for the processor they were measured on; a candidate
+    on another processor of the same class was gated without a word (a helper's review), as a torch version is not."""
+    cand = copy.deepcopy(rows)
+    for r in cand:
+        r["provenance"]["hardware"]["device"] = "Intel Xeon Gold 6338"
+    path = _write(tmp_path / "c.jsonl", cand)
+    run_gate(str(BASELINE), str(path), 0.05, str(tmp_path / "p.jsonl"))
+    out = capsys.readouterr().out
+    assert "note: the baseline ran on AMD EPYC, the candidate on Intel Xeon Gold 6338 (one hardware class)" in out
+    run_gate(str(BASELINE), str(BASELINE), 0.05, str(tmp_path / "q.jsonl"))
+    assert "note: the baseline ran on" not in capsys.readouterr().out

@@ -27,7 +27,7 @@ from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.results.outdir import check_writable_file
 from zerobench.results.rows import read_rows
-from zerobench.results.status import OK
+from zerobench.results.status import OK, STATUS_METRIC
 
 
 def _rows(path: str | Path, whole: str | None = None) -> list[dict]:
@@ -216,6 +216,13 @@ def run_gate(
             f"note: the baseline ran torch {', '.join(sorted(versions['baseline']))}, the candidate torch "
             f"{', '.join(sorted(versions['candidate']))}: exact counts and peak memory can differ for that alone"
         )
+    devices = {side: _devices(rows) for side, rows in (("baseline", base_rows), ("candidate", cand_rows))}
+    if all(devices.values()) and devices["baseline"] != devices["candidate"]:
+        print(
+            f"note: the baseline ran on {', '.join(sorted(devices['baseline']))}, the candidate on "
+            f"{', '.join(sorted(devices['candidate']))} (one hardware class): instruction counts, CPU time and their "
+            "noise model hold for the processor they were measured on; record a baseline on this one"
+        )
     comps = res.comparisons
     if not comps:
         raise ConfigError(f"no run of {candidate} matches a run of the baseline {baseline} (different configs?)")
@@ -294,6 +301,15 @@ def run_gate(
 
 def _torch_versions(rows: list[dict]) -> set[str]:
     return {v for r in rows if (v := (r.get("provenance") or {}).get("torch_version"))}
+
+
+def _devices(rows: list[dict]) -> set[str]:
+    """The processors the rows were measured on (not the status rows': written by whoever recorded the run)."""
+    return {
+        str(v)
+        for r in rows
+        if r.get("metric") != STATUS_METRIC and (v := ((r.get("provenance") or {}).get("hardware") or {}).get("device"))
+    }
 
 
 def write_verdicts(out: str | Path, res: GateResult, cand_rows: list[dict], code: int, config: dict) -> None:

@@ -210,3 +210,52 @@ def test_the_lock_names_a_holder_that_has_not_written_its_pid_yet(tmp_path, monk
         claim(out)
     assert time.monotonic() - t0 < 5
     os.close(fd)
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(tmp_path):
+    """``DIR/.zerobench.lock`` planted as a symbolic link: the claim opened it through the link and wrote the holder's
+    record over the target, outside the directory, then removed the link (a helper's review)."""
+    from zerobench.config import ConfigError
+
+    target = tmp_path / "precious.txt"
+    target.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(target)
+    with pytest.raises(ConfigError, match=r"lock file .* is a symbolic link; remove it"):
+        claim(out)
+    assert target.read_text() == "mine" and (out / LOCK_FILE).is_symlink()
+    (out / LOCK_FILE).unlink()
+    os.mkfifo(out / LOCK_FILE)
+    with pytest.raises(ConfigError, match=r"lock file .* is not a regular file: remove it"):
+        claim(out)
+
+
+def test_report_and_history_files_replace_a_link_instead_of_writing_through_it(tmp_path):
+    """``history.md``, ``index.html``, ``summary.md`` and the figures were written through a link planted at their
+    name, overwriting its target; they are replaced whole."""
+    from zerobench.report.render import render
+    from zerobench.results.rows import read_rows
+
+    base = Path(__file__).resolve().parents[2] / "results" / "baselines" / "cpu-2core.jsonl"
+    rows = tmp_path / "in"
+    rows.mkdir()
+    (rows / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_rows(base)))
+    out = tmp_path / "report"
+    out.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("mine")
+    for name in ("index.html", "summary.md", "loss_curves.png", "sim_fig2.png"):
+        (out / name).symlink_to(target)
+    render([str(rows)], str(out))
+    assert target.read_text() == "mine"
+    assert not any((out / n).is_symlink() for n in ("index.html", "summary.md", "loss_curves.png", "sim_fig2.png"))
+
+
+def test_a_backslash_in_a_slurm_sweep_s_out_is_refused_before_anything(tmp_path):
+    """sbatch's ``--output`` reads a backslash as "no patterns here" and drops it: the job's log would go to a sibling
+    directory, with ``%j`` unexpanded, and a failed run would lose its blamed rank (a helper's review)."""
+    out = tmp_path / "a\\b"
+    r = zb("sweep", str(suite_file(tmp_path)), "--launcher", "slurm", "--out", str(out))
+    assert r.returncode == 2 and "a backslash in the path turns off Slurm's log file patterns" in one_line(r.stderr)
+    assert not out.exists()

@@ -194,3 +194,17 @@ def test_results_of_two_machine_classes_or_two_commits_in_one_directory_are_refu
     _edit(dirs[1], other_commit)
     with pytest.raises(ConfigError, match=r"c2 holds the results of .* and .*: a history takes one directory per"):
         run_history(dirs, tmp_path / "o2")
+
+
+def test_labels_that_share_a_file_name_keep_a_plot_each(run_rows, tmp_path):
+    """``stage=2`` and ``stage 2`` both drew to history-stage-2.png, the second replacing the first (a helper's
+    review); labels whose file names collide take the configuration's hash, as equal labels do."""
+    dirs = _history(run_rows, tmp_path, planted=0, n=6)
+    for d in dirs:
+        path = Path(d) / "rows.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        twin = [{**r, "config_hash": "feedfacefeedface", "label": "stage 2"} for r in rows]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows + twin))
+    out = tmp_path / "h"
+    run_history(dirs, out, metrics="model_state_bytes")
+    assert len(list(out.glob("history-*.png"))) == 2

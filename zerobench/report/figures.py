@@ -3,6 +3,7 @@ the rows it needs do not exist) and a caption that names the hardware the rows c
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+
+from zerobench.files import replace_file
 
 CATS = [
     ("memory_params_bytes", "params"),
@@ -63,7 +66,8 @@ def _save(fig, out: Path, name: str) -> Path:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message='Creating legend with loc="best" can be slow')
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(buf := io.BytesIO(), format="png", dpi=110)
+        replace_file(path, buf.getvalue())  # never through a link planted at the name
     plt.close(fig)
     return path
 

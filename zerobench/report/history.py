@@ -12,6 +12,7 @@ improvement (green). Written to ``OUT``: one PNG per configuration, ``history.md
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import statistics
@@ -27,6 +28,7 @@ from zerobench.bench import noise
 from zerobench.bench.gate_rules import EXACT, GATED, summarize
 from zerobench.bench.regress import _rows
 from zerobench.config import ConfigError
+from zerobench.files import replace_file
 from zerobench.results.provenance import code_version
 from zerobench.results.status import STATUS_METRIC
 
@@ -236,7 +238,8 @@ def run_history(
     gaps: list[str] = []
     unjudged: list[str] = []
     labels = {key: next(r[key]["label"] for p in points for r in p.runs if key in r) for key in keys}
-    shared = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
+    slugs = [_slug(lab) for lab in labels.values()]  # "stage=2" and "stage 2" would share history-stage-2.png
+    shared = {lab for lab in labels.values() if slugs.count(_slug(lab)) > 1}
     for key in keys:
         # a configuration whose hash changed over the history (a default that moved) keeps its label: the hash tells
         # the two apart, in the table and in the plot's file name (else the second plot replaced the first)
@@ -280,7 +283,7 @@ def run_history(
             "",
             *(f"- {u}" for u in unjudged),
         ]
-    (out / "history.md").write_text("\n".join(lines) + "\n")
+    replace_file(out / "history.md", "\n".join(lines) + "\n")
     print(
         f"{flagged} flagged (commit, metric) pairs"
         + (f"; {len(gaps)} (configuration, commit) pairs not measured" if gaps else "")
@@ -337,6 +340,7 @@ def draw(points: list[Point], label: str, series: dict[str, dict], path: Path) -
     axes[-1, 0].set_xticks(range(len(points)), [p.name for p in points], rotation=45, ha="right", fontsize=7)
     fig.suptitle(f"{label}: gated metrics over commits (red: regression, green: improvement)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(buf := io.BytesIO(), format="png", dpi=110)
+    replace_file(path, buf.getvalue())  # never through a link planted at the name
     plt.close(fig)
     return path

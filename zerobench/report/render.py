@@ -15,6 +15,7 @@ import jinja2
 import pandas as pd
 
 from zerobench.config import ConfigError
+from zerobench.files import replace_file
 from zerobench.report import aggregate, figures, paper_figures, sim_figures
 from zerobench.report.offload import offload_table
 from zerobench.results.status import with_run_key
@@ -135,6 +136,7 @@ def render(results: list[str], out_dir: str) -> Path:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html", "html.j2"])
     )
-    (out / "index.html").write_text(env.get_template("report.html.j2").render(**ctx))
-    (out / "summary.md").write_text(env.get_template("summary.md.j2").render(**ctx))
+    # replaced, never written through a link planted at the name (its target would be overwritten)
+    replace_file(out / "index.html", env.get_template("report.html.j2").render(**ctx))
+    replace_file(out / "summary.md", env.get_template("summary.md.j2").render(**ctx))
     return out / "index.html"

@@ -21,6 +21,7 @@ import json
 import os
 import shlex
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -63,10 +64,14 @@ def claim(path: str | os.PathLike, flag: str = "--out") -> DirLock:
     check_writable_dir(path, flag)
     lock = path / LOCK_FILE
     while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # never through a link: its target, outside the directory perhaps, would be overwritten
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            raise ConfigError(f"cannot create the lock file {lock}: {e.strerror}: choose a writable {flag}") from None
+            why = "it is a symbolic link; remove it" if lock.is_symlink() else f"{e.strerror}: choose a writable {flag}"
+            raise ConfigError(f"cannot create the lock file {lock}: {why}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted under the name
+            os.close(fd)
+            raise ConfigError(f"the lock file {lock} is not a regular file: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -49,9 +49,9 @@ PYEOF
           tee -a "$OUT/torchrun.log" | grep -E "^step +8|median|Error|error" ;
       done ;;
     offload)  # one card emulated as 8 GiB: the largest GPT with and without ZeRO-Offload (bf16, h=2048)
-      common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
-              --checkpoint-activations --precision bf16 --steps 3 --warmup 1 --memory-budget 8GiB --out $OUT/offload"
-      run() { echo "--- $*"; timeout 200 "$PY" -m zerobench train $common "$@" 2>&1 | tee -a "$OUT/offload.log" |
+      common=(--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
+              --checkpoint-activations --precision bf16 --steps 3 --warmup 1 --memory-budget 8GiB --out "$OUT/offload")
+      run() { echo "--- $*"; timeout 200 "$PY" -m zerobench train "${common[@]}" "$@" 2>&1 | tee -a "$OUT/offload.log" |
               grep -E "GPT |median step|out of memory|OutOfMemory|Error|^ +0 " ; }
       [ -n "${SKIP_BASELINE:-}" ] || { run --stage 2 --layers 6 --run-id nooff-L6; run --stage 2 --layers 8 --run-id nooff-L8; }
       run --stage 2 --layers 56 --offload-optimizer cpu --run-id off-L56
@@ -84,9 +84,10 @@ PYEOF
       done ;;
     deepspeed-offload)  # DeepSpeed's ZeRO-Offload and zerobench's, side by side on the same emulated 8 GiB card and model
       "$PY" -c 'import deepspeed' || { echo "DeepSpeed is not importable: see the header"; continue; }
-      common="--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
-              --checkpoint-activations --precision bf16 --steps ${STEPS:-5} --warmup 1 --memory-budget 8GiB --out $OUT/ds-offload"
-      run() { echo "--- $*"; timeout 300 "$PY" -m zerobench train $common "$@" 2>&1 | tee -a "$OUT/ds-offload.log" |
+      common=(--preset small --hidden 2048 --heads 16 --seq 1024 --vocab 16384 --micro-batch 2
+              --checkpoint-activations --precision bf16 --steps "${STEPS:-5}" --warmup 1 --memory-budget 8GiB
+              --out "$OUT/ds-offload")
+      run() { echo "--- $*"; timeout 300 "$PY" -m zerobench train "${common[@]}" "$@" 2>&1 | tee -a "$OUT/ds-offload.log" |
               grep -E "GPT |median step|out of memory|OutOfMemory|Error|^ +0 " ; }
       # DeepSpeedCPUAdam is built just in time on first use (ninja + the host compiler): build it once, timed.
       t0=$SECONDS; "$PY" -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' 2>&1 | tail -3

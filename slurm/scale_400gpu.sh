@@ -35,6 +35,8 @@ suite_file=suites/${suite%.yaml}.yaml
 [[ -f "$suite" ]] && suite_file=$suite
 [[ -f "$suite_file" ]] || die "suite '$suite' not found (looked for $suite_file): set SUITE to a file or a name under suites/"
 name=$(basename "${suite_file%.yaml}")
+# the results go under $ZEROBENCH_RESULTS/<name>: a name of dots (a file '...yaml') would climb out of it
+[[ "$name" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] || die "suite file name '$name' cannot name a results directory: rename the file (letters, digits, _ . -, not starting with .)"
 out=${ZEROBENCH_RESULTS:-$repo/results}/$name/$SLURM_JOB_ID
 
 # Rendezvous: the first node of the allocation; NCCL defaults a cluster can override in cluster.env.

@@ -149,3 +149,13 @@ def test_instruction_counts_pass_unchanged_code_and_catch_planted_host_work(coun
     )
     caught = {line.split()[1] for line in r.stdout.splitlines() if "REGRESSION" in line}
     assert r.returncode == 1 and {"instructions", "instructions.forward_backward"} <= caught, r.stdout
+
+
+def test_a_percent_in_the_output_directory_is_no_valgrind_pattern(tmp_path):
+    """valgrind expands ``%p`` and ``%q{VAR}`` in ``--callgrind-out-file``: an --out holding ``%q{VAR}`` sent the
+    dumps where the variable pointed (a helper's review); the path's ``%`` is doubled, the pid pattern kept."""
+    from zerobench.metrics import callgrind
+
+    cmd = callgrind.valgrind_command(["true"], tmp_path / "out100%q{HOME}", "probe")
+    (arg,) = [a for a in cmd if a.startswith("--callgrind-out-file=")]
+    assert arg == f"--callgrind-out-file={tmp_path}/out100%%q{{HOME}}/callgrind.out.probe.%p"

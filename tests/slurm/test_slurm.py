@@ -128,6 +128,17 @@ def test_script_fails_fast_outside_slurm_or_without_suite(tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and "suite 'no/such' not found" in r.stderr
+    dots = tmp_path / "...yaml"  # its results directory would be results/../<job>: outside results/
+    dots.write_text("name: dots\nbase: {preset: tiny}\nruns: [{label: a}]\n")
+    r = subprocess.run(
+        ["bash", "slurm/scale_400gpu.sh"],
+        env={**env, "SLURM_JOB_ID": "1", "SUITE": str(dots)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "suite file name '..' cannot name a results directory" in r.stderr, r.stderr
     r = subprocess.run(["bash", "slurm/run_one.sh", "x.json"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and "not inside a Slurm job" in r.stderr
 

@@ -106,6 +106,11 @@ def run_sweep(
             if launcher == "slurm"
             else "--pending-limit is how long a job of --launcher slurm may wait in Slurm's queue: add --launcher slurm"
         )
+    if launcher == "slurm" and "\\" in str(out.resolve()):  # sbatch --output: a backslash turns off %j, and is dropped
+        raise ConfigError(
+            f"--out {out}: a backslash in the path turns off Slurm's log file patterns, and Slurm drops it (the job's "
+            "log would go to another directory): choose an --out without one"
+        )
     if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
         raise ConfigError(
             "--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit"

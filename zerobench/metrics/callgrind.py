@@ -127,7 +127,8 @@ def valgrind_command(cmd: list[str], out_dir: str | Path, name: str) -> list[str
     """``cmd`` under callgrind, counting nothing until a client request says so; its dumps are written to
     ``out_dir/callgrind.out.<name>.<pid>.<n>-<thread>``, one per thread (``read_counts`` reads the main thread's:
     the host work; the communication library's threads move with the peer's timing)."""
-    out = Path(out_dir) / f"{OUT_PREFIX}.{name}.%p"
+    # valgrind expands %p and %q{VAR} in the file name: a % of the directory or the name is doubled, not a pattern
+    out = str(Path(out_dir) / f"{OUT_PREFIX}.{name}").replace("%", "%%") + ".%p"
     return [
         check(),
         "--tool=callgrind",

@@ -206,3 +206,80 @@ def test_placement_from_the_config(opt, param, want):
 
     p = Placement.of(ZeroConfig(stage=3, offload_optimizer=opt, offload_param=param, nvme_path="/tmp"))
     assert (p.params.value, p.master.value, p.states.value, p.offloaded) == want
+
+
+def test_a_failed_nvme_write_refuses_every_later_use_of_the_store(tmp_path, monkeypatch):
+    """A write that failed mid-step (ENOSPC once) left chunks of two steps in the file beside an updated master, and
+    the engine went on: the next save raised the stale error, the one after saved the mixed state, training drifted
+    (a helper's review). Every later use of the store is now refused, naming the first failure."""
+    from zerobench.config import RunFailed
+    from zerobench.zero.offload import nvme
+
+    codec, sizes = Fp32Codec(), [100, 100]
+    store = NvmeStore(codec, sizes, str(tmp_path / "nvme"))
+    real, calls = os.pwritev, []
+
+    def pwritev(fd, bufs, off):
+        calls.append(off)
+        if len(calls) == 2:  # chunk 1's first tensor
+            raise OSError(28, "No space left on device")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(nvme.os, "pwritev", pwritev)
+    with pytest.raises(RunFailed, match="No space left on device"):  # where the step next meets the store
+        for i in range(2):
+            store.release(i, store.acquire(i))
+        store.flush()
+    monkeypatch.setattr(nvme.os, "pwritev", real)  # the disk has room again
+    for use in (
+        lambda: store.acquire(0),
+        store.flush,
+        store.read_all,
+        lambda: store.release(0, codec.alloc(100, torch.device("cpu"))),
+    ):
+        with pytest.raises(RunFailed, match=r"No space left on device.*torn since .*restart from the last checkpoint"):
+            use()
+
+
+def test_destroy_removes_the_nvme_file_and_a_dead_process_s_is_reclaimed(tmp_path):
+    """The state file went only when the store was collected: a forked rank (``os._exit``), a killed one, or a kept
+    reference left a partition-sized file per run that nothing removed (a helper's review). ``close()`` (called by
+    ``destroy()``) removes it; the next store under the path removes a dead process's, never a live one's, another
+    host's or a look-alike's."""
+    import json
+    import subprocess
+    import sys
+
+    from zerobench.zero.offload.nvme import OWNER, reclaim
+
+    root = tmp_path / "nvme"
+    store = NvmeStore(Fp32Codec(), [10], str(root))
+    store.close()
+    assert not os.path.exists(store.dir)
+    child = (
+        "import os, sys; from zerobench.zero.offload.nvme import NvmeStore; "
+        "from zerobench.zero.optim.states import Fp32Codec; "
+        f"s = NvmeStore(Fp32Codec(), [10], {str(root)!r}); print(s.dir, flush=True); os._exit(0)"
+    )
+    dead = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip()
+    assert os.path.isdir(dead)
+    live = NvmeStore(Fp32Codec(), [10], str(root))  # reclaims the dead one's as it starts
+    assert not os.path.exists(dead) and os.path.isdir(live.dir)
+    kept = []
+    for name, owner in (("keepme", None), ("other-host", {"pid": 1, "host": "elsewhere"})):
+        d = root / f"zerobench-states-rank0-{name}"
+        d.mkdir()
+        if owner is not None:
+            (d / OWNER).write_text(json.dumps(owner))
+        kept.append(d)
+    assert reclaim(str(root)) == [] and all(d.is_dir() for d in kept) and os.path.isdir(live.dir)
+
+
+def test_engine_destroy_removes_its_nvme_states_at_once(tmp_path):
+    from tests.unit.test_checkpoint_files import engine, step
+
+    e = engine(stage=2, offload_optimizer="nvme", nvme_path=str(tmp_path / "nvme"))
+    step(e)
+    (d,) = list((tmp_path / "nvme").iterdir())
+    e.destroy()
+    assert not d.exists() and e.module is not None

@@ -5,7 +5,8 @@ model's class) is torch's again, and the parameters are no longer registered to 
 wrap the model again. At stages 0-2 each parameter keeps its trained value as it is (a view of the engine's replica,
 in the training dtype); stage 3 first gathers the full values (an all-gather: call ``destroy()`` on every DP rank)
 and gives each parameter its own copy, where DeepSpeed leaves them partitioned. The fp32 master and the optimizer
-states go with the engine, which refuses any further training step in one line.
+states go with the engine, which refuses any further training step in one line; an NVMe store's file is removed at
+once.
 """
 
 from __future__ import annotations
@@ -49,4 +50,5 @@ def destroy_engine(engine: Engine) -> None:
         p.data = value
     for zp in engine.zparams:  # a .grad left as a view of the engine's gradient bucket (stages 0-1)
         zp.param.grad = None
+    engine.adamw.store.close()  # NVMe: the state file goes now, not when (or if) the engine is collected
     engine.destroyed = True

@@ -1,7 +1,7 @@
 """The NVMe tier (ZeRO-Infinity style): optimizer-state chunks swapped to a file, read ahead, written behind.
 
-One file per rank and engine (under a fresh directory inside the configured path, removed when the
-engine goes away) holds every chunk's encoded state (``zerobench.zero.optim.states``) back to back. During a
+One file per rank and engine (under a fresh directory inside the configured path, removed by ``destroy()`` or
+when the engine is collected; one left by a process that died is removed by the next store under the path) holds every chunk's encoded state (``zerobench.zero.optim.states``) back to back. During a
 step the optimizer acquires chunk i — waiting for its read, and starting the read of chunk i+1 on a
 background thread — updates it, and releases it, which queues its write. One chunk is read ahead and at
 most two writes are pending, so host memory holds a few chunks of state, not the partition. Reads and writes go
@@ -15,8 +15,12 @@ removes its file first.
 
 from __future__ import annotations
 
+import fcntl
+import glob
+import json
 import os
 import shutil
+import socket
 import tempfile
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,10 +59,62 @@ def _free(directory: str) -> int | None:
         return None
 
 
-def _cleanup(fd: int, directory: str, pool: ThreadPoolExecutor) -> None:
+OWNER = "owner.lock"
+"""In each store's directory: the owner's pid and host, under an ``flock`` the owner holds for its life."""
+
+
+def _cleanup(fd: int, directory: str, pool: ThreadPoolExecutor, owner: int) -> None:
     pool.shutdown(wait=True)
     os.close(fd)
     shutil.rmtree(directory, ignore_errors=True)
+    os.close(owner)
+
+
+def _own(directory: str) -> int:
+    """Lock ``directory`` for this process (its ``OWNER`` file, recording pid and host); the descriptor."""
+    fd = os.open(os.path.join(directory, OWNER), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+    return fd
+
+
+def reclaim(root: str) -> list[str]:
+    """Remove what stores of dead processes left under ``root`` (a rank killed, or forked and ended with
+    ``os._exit``, never runs its cleanup): a directory is removed only where its ``OWNER`` file names this host and a
+    pid no longer running, and its lock can be taken. Anything else is left alone (another host's, a live one's, a
+    look-alike without the file). Returns what was removed."""
+    removed = []
+    for d in sorted(glob.glob(os.path.join(glob.escape(root), "zerobench-states-rank*-*"))):
+        path = os.path.join(d, OWNER)
+        try:
+            with open(path, "rb") as f:
+                owner = json.loads(f.read() or b"{}")
+            if owner.get("host") != socket.gethostname() or _alive(int(owner.get("pid", 0))):
+                continue
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held after all (a forked child of the owner lives on)
+            os.close(fd)
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        os.close(fd)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # no pid recorded: not known to be dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
 
 
 class NvmeStore:
@@ -70,7 +126,13 @@ class NvmeStore:
         self.root = directory
         try:
             os.makedirs(directory, exist_ok=True)
+            reclaim(directory)
             self.dir = tempfile.mkdtemp(prefix=f"zerobench-states-rank{rank}-", dir=directory)
+            try:
+                owner = _own(self.dir)
+            except OSError:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
         except OSError as e:
             what = "it is a file" if os.path.isfile(directory) else e.strerror
             raise ConfigError(
@@ -79,7 +141,7 @@ class NvmeStore:
         self.path = os.path.join(self.dir, "optimizer_states.bin")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerobench-nvme")
-        self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool)
+        self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool, owner)
         self.offsets: list[int] = []
         self.total = 0
         for n in sizes:  # each chunk's place in the file: its encoded tensors back to back
@@ -93,6 +155,8 @@ class NvmeStore:
             raise
         self.reads: dict[int, Future] = {}
         self.writes: dict[int, Future] = {}
+        self.broken: str | None = None
+        """Why a write failed, once one has: the file then holds chunks of two steps, so nothing reads it again."""
 
     def _read(self, i: int) -> State:
         enc = self.codec.alloc(self.sizes[i], torch.device("cpu"))
@@ -109,11 +173,22 @@ class NvmeStore:
                 _io(os.pwritev, self.fd, _bytes(t.contiguous()), off)
                 off += t.numel() * t.element_size()
         except OSError as e:  # ENOSPC, EIO, a quota: one line that says how much room the states need
-            raise RunFailed(
+            self.broken = (
                 f"cannot write optimizer states under NVMe path {self.root!r}: {e.strerror or e}: they "
                 f"need {_size(self.total)} there, {_size(_free(self.root))} is free: give a path on a "
                 "disk with room for them"
-            ) from None
+            )
+            raise RunFailed(self.broken) from None
+
+    def _check(self) -> None:
+        """Refuse every use of a store a write failed in: its chunks are of two steps (the step that failed wrote
+        some, not others), and the master beside them was already updated, so a later step, save or load would
+        go on from a torn state, as no checkpoint was."""
+        if self.broken is not None:
+            raise RunFailed(
+                f"{self.broken}; the optimizer states on NVMe are torn since (some chunks of the failed step were "
+                "written, others not): this engine cannot go on; restart from the last checkpoint"
+            )
 
     def _start_read(self, i: int) -> None:
         if i < len(self.sizes) and i not in self.reads:
@@ -123,30 +198,41 @@ class NvmeStore:
             self.reads[i] = self.pool.submit(self._read, i)
 
     def acquire(self, i: int) -> State:
+        self._check()
         self._start_read(i)
         enc = self.reads.pop(i).result()
         self._start_read(i + 1)  # read ahead while chunk i is updated
         return enc
 
     def release(self, i: int, enc: State) -> None:
+        self._check()
         self.writes[i] = self.pool.submit(self._write, i, enc)
         if len(self.writes) > 2:  # bound the state held in memory by pending writes
             oldest = next(iter(self.writes))
             self.writes.pop(oldest).result()
 
     def flush(self) -> None:
-        """Wait for every pending write and drop read-ahead (e.g. at the end of a step)."""
-        for f in self.reads.values():
-            f.result()
+        """Wait for every pending read and write (all of them, a failed one too) and drop read-ahead (e.g. at the end
+        of a step); then raise if any write has ever failed (``_check``)."""
+        pending = [*self.reads.values(), *self.writes.values()]
         self.reads.clear()
-        for f in self.writes.values():
-            f.result()
         self.writes.clear()
+        for f in pending:
+            f.exception()  # waits; a failure is recorded by the write itself
+        self._check()
+        for f in pending:
+            f.result()  # a failed read
 
     def read_all(self) -> list[State]:
         """Every chunk's encoded state (checkpoints, tests)."""
         self.flush()
         return [self._read(i) for i in range(len(self.sizes))]
+
+    def close(self) -> None:
+        """Remove the file and its directory now (``engine.destroy()``), not when the store is collected."""
+        self.reads.clear()
+        self.writes.clear()
+        self._finalizer()
 
     def tensors(self) -> list[torch.Tensor]:
         return []

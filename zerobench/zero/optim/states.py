@@ -105,6 +105,9 @@ class MemoryStore:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        """Nothing to remove: the chunks are memory, freed with the store."""
+
     def tensors(self) -> list[torch.Tensor]:
         return list(self.flat)
 

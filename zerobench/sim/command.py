@@ -14,15 +14,24 @@ PROFILE_MAX_LAYERS = 4096
 """The most layers ``plan --max-size --profile`` searches; where that many fit, it says "at least"."""
 
 
-def _configs(suite: str) -> list:
+def _configs(suite: str) -> list[tuple[str, object]]:
+    """(label, config) of the suite's zerobench runs; the others (a Megatron-LM baseline, a peer) are named on
+    stderr, never dropped without a word."""
     from zerobench.bench.suite import load
 
     s = load(suite)
     ours = [r for r in s.runs if r.spec.system == "zerobench"]  # the simulator replays zerobench's own runs
+    others = [r.label for r in s.runs if r.spec.system != "zerobench"]
+    if others:
+        print(
+            f"note: {len(others)} runs of other systems are not predicted (the simulator replays zerobench's engine): "
+            f"{', '.join(others[:6])}{' ...' if len(others) > 6 else ''}",
+            file=sys.stderr,
+        )
     bad = [r for r in ours if r.config is None]
     if bad:
         raise ConfigError(f"{s.path}: run {bad[0].label!r} is invalid: {bad[0].error}")
-    return [r.config for r in ours]
+    return [(r.label, r.config) for r in ours]
 
 
 def _software(suite: str) -> str:
@@ -93,9 +102,7 @@ def _load_profile(path: str, software: str = "zerobench"):
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from zerobench.results.rows import read_rows
-    from zerobench.sim.simulate import interval, simulate
-    from zerobench.sim.validate import fit_interference, summarize, validate
+    from zerobench.sim.simulate import interval, simulate, undescribed
 
     if args.paper:
         return _paper(args)
@@ -108,96 +115,23 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     prof = _load_profile(args.profile, _software(args.suite) if args.suite and not args.validate else "zerobench")
     if args.validate:
-        try:
-            rows = read_rows(args.validate)
-            if args.fit:
-                prof.interference = fit_interference(rows, prof)
-                print(
-                    f"fitted on the non-ZeRO runs (stage 0, more than one process): interference "
-                    f"{prof.interference:.2f}",
-                    file=sys.stderr,
-                )
-            recs = validate(rows, prof)
-            if args.out:
-                from zerobench.results.outdir import check_fresh_run_dir
-                from zerobench.sim.validate import write_rows
+        from zerobench.sim.validate_command import run_validate
 
-                check_fresh_run_dir(Path(args.out))
-                write_rows(args.out, recs, prof, args.validate)
-        except (KeyError, ValueError) as e:
-            raise ConfigError(str(e.args[0])) from None
-        summary, memory = summarize(recs), summarize(recs, "memory_ratio")
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "profile": prof.device,
-                        "interference": prof.interference,
-                        "summary": summary,
-                        "memory_summary": memory,
-                        "sweeps_repeat": _repeatability(Path(args.validate))[1],
-                        "runs": recs,
-                    },
-                    indent=1,
-                )
-            )
-            return 0
-        spans = "inside_interval" in summary
-        span_head = f" {'interval ms':>17} {'in':>3}" if spans else ""
-        print(f"{'run':<28} {'predicted ms':>12}{span_head} {'measured ms':>12} {'ratio':>6}  critical path (ms)")
-        for r in recs:
-            parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(r["breakdown_s"].items(), key=lambda kv: -kv[1]))
-            fit = "*" if r["in_fit"] and args.fit else " "
-            mem = (
-                (
-                    f"  memory {r['predicted_peak_bytes'] / 2**20:.0f} / {r['measured_peak_bytes'] / 2**20:.0f} MiB = "
-                    f"{r['memory_ratio']:.3f}"
-                )
-                if "memory_ratio" in r
-                else ""
-            )
-            span = (
-                (
-                    f" {r['predicted_low_s'] * 1e3:8.2f}-{r['predicted_high_s'] * 1e3:<8.2f} "
-                    f"{'yes' if r['inside'] else 'no':>3}"
-                )
-                if spans
-                else ""
-            )
-            print(
-                f"{r['run_id']:<27}{fit} {r['predicted_s'] * 1e3:12.2f}{span} {r['measured_s'] * 1e3:12.2f} "
-                f"{r['ratio']:6.2f}  {parts}{mem}"
-            )
-        if summary["runs"]:
-            print(
-                f"\n{summary['runs']} runs: median |predicted/measured - 1| = {summary['median_abs_error']:.1%}, "
-                f"worst {summary['worst_abs_error']:.1%} ({summary['worst_run']})"
-            )
-            if spans:
-                print(
-                    f"{summary['inside_interval']} of {summary['runs']} measured steps inside the interval the "
-                    f"profile's spreads give"
-                )
-            if memory["runs"]:
-                print(
-                    f"{memory['runs']} runs' peak memory (max_memory_allocated): median |predicted/measured - 1| = "
-                    f"{memory['median_abs_error']:.1%}, worst {memory['worst_abs_error']:.1%} ({memory['worst_run']})"
-                )
-            zero = summarize([r for r in recs if not r["in_fit"]])
-            if args.fit and zero["runs"]:
-                print(
-                    f"{zero['runs']} runs outside the fit (*): median {zero['median_abs_error']:.1%}, "
-                    f"worst {zero['worst_abs_error']:.1%} ({zero['worst_run']})"
-                )
-            print(_repeatability(Path(args.validate))[0])
-        return 0
+        return run_validate(args, prof)
     if not args.suite:
         raise ConfigError("give --suite SUITE to predict its runs, or --validate RESULTS to check measured ones")
     for flag, given in (("--out", args.out), ("--fit", args.fit)):
         if given:  # a suite's prediction prints JSON lines; it writes no rows and fits nothing
             raise ConfigError(f"{flag} is for --validate RESULTS (or --paper): drop it, or validate measured runs")
     bounds = (prof.bound(-1), prof.bound(+1)) if prof.has_spread else None
-    for cfg in _configs(args.suite):
+    for label, cfg in _configs(args.suite):
+        missing = undescribed(cfg)
+        if missing:
+            print(
+                f"note: run {label!r} is not predicted: the simulator does not describe {', '.join(missing)}",
+                file=sys.stderr,
+            )
+            continue
         try:
             r = simulate(cfg, prof)
             r.pop("timeline")
@@ -205,44 +139,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                 r["step_time_interval_s"] = list(interval(cfg, prof, bounds))
         except KeyError as e:
             raise ConfigError(str(e.args[0])) from None
-        print(json.dumps({"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers, **r}))
+        shape = {"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers}
+        print(json.dumps({"label": label, **shape, **r}))
     return 0
-
-
-def _sweeps(results: Path) -> list[Path]:
-    """The sweeps under ``results``: every directory whose subdirectories hold run rows (``*/rows.jsonl``)."""
-    if not results.is_dir():
-        return []
-    return sorted({rows.parent.parent for rows in results.rglob("rows.jsonl")} - {results, results.parent})
-
-
-def _repeatability(results: Path) -> tuple[str, list[dict] | None]:
-    """One line on how closely the measured sweeps repeat, and the figures: each sweep predicted by the median of
-    the same runs in the others (``validate.sweep_repeatability``), which is what the runs' own variation costs a
-    prediction judged against one of them; for a single sweep, how to find out."""
-    from zerobench.sim.validate import sweep_repeatability
-
-    sweeps = _sweeps(results)
-    if len(sweeps) < 2:
-        line = (
-            "one sweep: how closely its runs repeat is unknown (sweep again into sibling directories and validate "
-            "their parent, or compare them with `python -m zerobench.sim.attempts --floor SWEEP SWEEP...`)"
-        )
-        return line, None
-    try:
-        got = sweep_repeatability(sweeps)
-    except ValueError as e:
-        return f"how closely the sweeps repeat is unknown: {e}", None
-    medians = [g["median_abs_error"] for g in got]
-    worst = max(got, key=lambda g: g["worst_abs_error"])
-    left = f"; {len(got[0]['dropped'])} runs missing from some sweep left out" if got[0]["dropped"] else ""
-    line = (
-        f"the {len(got)} sweeps, each predicted by the median of the others over {got[0]['runs']} runs: median "
-        f"{min(medians):.1%}-{max(medians):.1%}, worst {worst['worst_abs_error']:.1%} ({worst['worst_run']}), "
-        f"what the runs' own variation costs a prediction of one sweep (the table above is scored against each "
-        f"run's median over all of them){left}"
-    )
-    return line, got
 
 
 def _paper(args: argparse.Namespace) -> int:

@@ -117,6 +117,10 @@ class Profile:
     quality: dict[str, dict] = field(default_factory=dict)
     """Entry id -> how it was measured: ``replicates`` kept, ``rejected`` outliers, whether it ``settled``
     (``zerobench.sim.replicates``) and why a check across pieces ``flagged`` it; written with its rows."""
+    hardware: tuple[str, str] | None = None
+    """(hardware class, device) of the machine measured, from its rows' provenance; None for a stated device."""
+    torch_version: str | None = None
+    """The torch the profile measured (its rows' provenance)."""
 
     @property
     def zero_machinery(self):
@@ -316,7 +320,15 @@ class Profile:
         prof = [r for r in rows if r.get("metric", "").startswith("profile_") and r.get("status") == "ok"]
         if not prof:
             raise ValueError("no profile rows: run `zerobench profile --out DIR` first")
+        devices = {str(r.get("device", "unknown")) for r in prof}
+        if len(devices) > 1:  # its entries would be medians over machines, labelled with one of them
+            a, b = sorted(devices)[:2]
+            raise ValueError(f"the profile's rows were measured on {a} and {b}: read one machine's profiles at a time")
         p = cls(device=prof[-1].get("device", "unknown"), cores=int(prof[-1].get("cores", 1)))
+        prov = next((r["provenance"] for r in prof if isinstance(r.get("provenance"), dict)), {})
+        hw = prov.get("hardware") or {}
+        p.hardware = (str(hw.get("class")), str(hw.get("device"))) if hw else None
+        p.torch_version = prov.get("torch_version")
         ops: dict[str, list[float]] = {}
         memory: dict[str, list[float]] = {}
         fitted: list[float] = []

@@ -48,7 +48,7 @@ def run_profile(args: argparse.Namespace) -> int:
         raise ConfigError(f"--time-limit {limit}: give seconds >= 0 (0: the two passes every profile takes)")
     check_fresh_run_dir(out)
     cores = usable_cpus()
-    configs = _configs(args.suite)
+    configs = [cfg for _, cfg in _configs(args.suite)]
     kind = _device_kind(getattr(args, "device", "cpu"))
     device = _device(kind, cores)
     jobs = jobs_for(configs, cores, device=kind, gpus=torch.cuda.device_count() if kind == "cuda" else 0)

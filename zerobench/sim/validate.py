@@ -14,7 +14,7 @@ from datetime import datetime
 from zerobench.config import from_dict
 from zerobench.results.status import COUNTED, STATUS_METRIC, status_of
 from zerobench.sim.profile import Profile
-from zerobench.sim.simulate import interval, simulate
+from zerobench.sim.simulate import interval, simulate, undescribed
 from zerobench.train.config import TrainConfig
 
 
@@ -45,14 +45,15 @@ def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
     ``--validate`` given a directory of rounds) is one run: the median of its measurements, in the order first
     seen."""
     found: dict[tuple[str, str], tuple[TrainConfig, list[float]]] = {}
-    counted = [r for rs in _attempts(rows) if status_of(rs)[0] in COUNTED for r in rs]
+    counted = _counted(rows)
+    machines(counted)  # one machine's runs, or refused
     for r in counted:
         if r.get("metric") != "step_time_s" or r.get("status") != "ok" or r.get("value") is None:
             continue
         key = (r["run_id"], r.get("config_hash", ""))
         if key not in found:
             cfg = from_dict(TrainConfig, r["config"], where=f"run {r['run_id']}")
-            if cfg.system != "zerobench":
+            if cfg.system != "zerobench" or undescribed(cfg):  # (``not_predicted`` names the latter)
                 continue
             found[key] = (cfg, [])
         found[key][1].append(float(r["value"]))
@@ -63,6 +64,77 @@ def measured_runs(rows: list[dict]) -> list[tuple[str, TrainConfig, float]]:
             f"run {dup!r} appears with two different configurations: validate one suite's rounds at a time"
         )
     return [(rid, cfg, statistics.median(ts)) for (rid, _), (cfg, ts) in found.items()]
+
+
+def _counted(rows: list[dict]) -> list[dict]:
+    """The rows of the run attempts whose status counts (``results.status.COUNTED``)."""
+    return [r for rs in _attempts(rows) if status_of(rs)[0] in COUNTED for r in rs]
+
+
+def machines(rows: list[dict]) -> tuple[str, str] | None:
+    """The (hardware class, device) the runs of ``rows`` were measured on (their ``step_time_s`` rows), None where
+    they say none; refused (``ValueError``) where they are several: a directory of rounds from two machines would
+    give each run the median of two machines' times, and call their difference the runs' own variation."""
+    seen = {
+        (str(hw.get("class")), str(hw.get("device")))
+        for r in rows
+        if r.get("metric") == "step_time_s" and (hw := (r.get("provenance") or {}).get("hardware"))
+    }
+    if len(seen) > 1:
+        (c0, d0), (c1, d1) = sorted(seen)[:2]
+        raise ValueError(
+            f"the measured runs were taken on {c0} ({d0}) and {c1} ({d1}): validate one machine's rounds at a time"
+        )
+    return next(iter(seen), None)
+
+
+def not_predicted(rows: list[dict]) -> dict[str, str]:
+    """Run id -> what the replay does not describe (``simulate.undescribed``), for the counted zerobench runs that
+    ``validate`` leaves out for it."""
+    out = {}
+    for r in _counted(rows):
+        if r.get("metric") == "step_time_s" and r.get("status") == "ok" and isinstance(r.get("config"), dict):
+            cfg = from_dict(TrainConfig, r["config"], where=f"run {r['run_id']}")
+            if cfg.system == "zerobench" and undescribed(cfg):
+                out[r["run_id"]] = ", ".join(undescribed(cfg))
+    return out
+
+
+def check_profile_machine(prof: Profile, rows: list[dict]) -> list[str]:
+    """Refuse (``ValueError``) a profile of another hardware class than the measured runs' (its costs are another
+    machine's: every ratio would be that machine's speed); the notes where it is of the same class but another
+    processor or torch version, which the predictions then carry."""
+    runs = machines(_counted(rows))
+    if runs is None:
+        return []
+    from zerobench.sim.gpu_costs import StatedProfile
+
+    cls, device = runs
+    if isinstance(prof, StatedProfile):  # it predicts its own card only
+        card = prof.device.split()[0].lower().split("-")[0]
+        if card not in cls.lower():
+            raise ValueError(
+                f"the profile is a stated device ({prof.device}) and the runs were measured on {cls}: a stated "
+                "device predicts runs on its own card; take a profile of this machine (`zerobench profile`)"
+            )
+        return []
+    if prof.hardware is None:  # a profile's rows from before provenance said the machine
+        return []
+    p_cls, p_device = prof.hardware
+    if p_cls != cls:
+        raise ValueError(
+            f"the profile was measured on {p_cls} ({p_device}) and the runs on {cls} ({device}): a profile predicts "
+            "the machine it measured; take one on the runs' machine (`zerobench profile`)"
+        )
+    notes = []
+    if p_device != device:
+        notes.append(f"the profile's processor is {p_device}, the runs' {device}: the predictions carry the difference")
+    torch_runs = {(r.get("provenance") or {}).get("torch_version") for r in rows if r.get("metric") == "step_time_s"}
+    if prof.torch_version and torch_runs - {None} and torch_runs - {None} != {prof.torch_version}:
+        notes.append(
+            f"the profile ran torch {prof.torch_version}, the runs {', '.join(sorted(map(str, torch_runs - {None})))}"
+        )
+    return notes
 
 
 def step_times(path) -> dict[str, float]:
@@ -121,8 +193,13 @@ def fit_interference(rows: list[dict], prof: Profile, grid: int = 41, top: float
     |log(predicted / measured)|. No ZeRO run is looked at."""
     old = recorded_before_flags_rode(rows)
     runs = [(cfg, m, rid in old) for rid, cfg, m in measured_runs(rows) if not is_zero(cfg) and cfg.world_size > 1]
+    if not prof.device.startswith("cpu:"):
+        raise ValueError(f"--fit fits a CPU profile's one factor (gloo's threads on the cores); {prof.device} has none")
     if not runs:
-        return 0.0
+        raise ValueError(
+            "--fit has nothing to fit on: no counted non-ZeRO run with more than one process (stage 0, DP or TP) "
+            "among the measured runs"
+        )
     saved, best = prof.interference, (float("inf"), 0.0)
     try:
         for i in range(grid):
@@ -131,13 +208,18 @@ def fit_interference(rows: list[dict], prof: Profile, grid: int = 41, top: float
             best = min(best, (statistics.median(errs), prof.interference))
     finally:
         prof.interference = saved
+    if best[1] >= top:
+        raise ValueError(
+            f"--fit: the best interference is the grid's top, {top:g}: the runs want more than the factor allows "
+            "(a profile of another load than the runs'?); no value was fitted"
+        )
     return best[1]
 
 
 def measured_peaks(rows: list[dict]) -> dict[str, float]:
     """Run id -> peak device bytes (``peak_memory_bytes``, the largest over its ranks; the median over rounds)."""
     per: dict[tuple[str, int], float] = {}
-    for r in rows:
+    for r in _counted(rows):  # a failed run's peak is no measurement of its configuration
         if r.get("metric") == "peak_memory_bytes" and r.get("status") == "ok" and r.get("value") is not None:
             key = (r["run_id"], (r.get("provenance") or {}).get("timestamp", ""))  # one measurement: one run's write
             per[key] = max(per.get(key, 0.0), float(r["value"]))

@@ -27,6 +27,7 @@ from torch import nn
 from zerobench.distributed import collectives as C
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
+from zerobench.metrics.memory import untracked
 from zerobench.parallel.config import ActivationConfig
 
 
@@ -80,10 +81,13 @@ class CheckpointStore:
             kept = x.detach()
         else:
             part = flat[self.tp.rank * piece : (self.tp.rank + 1) * piece] if self.partition else flat
-            kept = self._slot(index, piece, flat)
-            kept[: part.numel()].copy_(part, non_blocking=kept.is_pinned())
-            if part.numel() < piece:
-                kept[part.numel() :].zero_()
+            # P_a+cpu's slot is host memory, outside a (CPU-emulated) device budget, as optimizer offload's: its
+            # allocation and the copies into it are not the device's (a tracker counts every op's output storage)
+            with untracked(self.cfg.cpu_offload):
+                kept = self._slot(index, piece, flat)
+                kept[: part.numel()].copy_(part, non_blocking=kept.is_pinned())
+                if part.numel() < piece:
+                    kept[part.numel() :].zero_()
         self.live[next(self._count)] = kept
         self._update_peak()
         return kept
@@ -95,9 +99,11 @@ class CheckpointStore:
     @torch.no_grad()
     def load(self, saved: torch.Tensor, shape: torch.Size, device: torch.device) -> torch.Tensor:
         """The block input ``save`` kept as ``saved``, whole and on ``device`` (P_a: all-gathered over TP)."""
-        if saved.shape == shape and saved.device == device:
+        if saved.shape == shape and saved.device == device and not self.cfg.cpu_offload:
             return saved
-        piece = saved.to(device, non_blocking=True)
+        # P_a+cpu: always a copy onto the device, also where the device is the CPU (an emulated one), so that the
+        # host slot never becomes a device tensor a budget would count (with M_D, the whole pool)
+        piece = saved.to(device, non_blocking=True, copy=self.cfg.cpu_offload)
         numel = shape.numel()
         if self.partition:
             full = torch.empty(piece.numel() * self.tp.size, dtype=piece.dtype, device=device)

@@ -40,11 +40,12 @@ def planted_probes(monkeypatch, outcome):
             status = "ok"
         reason = {
             "ok": "",
-            "oom": "out of memory",
+            "oom": "rank 0 ran out of memory: tracked memory 9.0 MiB would exceed the budget of 8.0 MiB",
+            "host-oom": "rank 0 ran out of memory: DefaultCPUAllocator: can't allocate memory",
             "failed": "rank 0 exited with code 1",
             "cancelled": f"cancelled ({cancel.requested}): the ranks were stopped" if cancel else "",
         }[status]
-        return LaunchResult(status == "ok", reason, status, [0], 0.1)
+        return LaunchResult(status == "ok", reason, status.removeprefix("host-"), [0], 0.1)
 
     monkeypatch.setattr("zerobench.bench.maxsize.launch_local", launch_local)
     return logs
@@ -166,3 +167,12 @@ def test_a_search_whose_limit_fits_says_at_least_and_its_rows_say_so(monkeypatch
     assert code == 0 and "stage 0: at most 3 layers" in out and "raise it" not in out, out
     code, out, err = zb("--max-layers", "10", "--start-layers", "300")
     assert code == 2 and "--start-layers 300 is above --max-layers 10" in err, err
+
+
+def test_a_probe_that_ran_out_of_host_memory_is_no_answer(monkeypatch, tmp_path):
+    """A probe whose host allocator failed (the host ran out, not the emulated budget) was counted as "does not
+    fit", and the search reported the host's limit as the budget's answer (a helper's review, under ulimit -v)."""
+    planted_probes(monkeypatch, lambda layers: "ok" if layers <= 3 else "host-oom")
+    spec = RunSpec(preset="tiny", dp=1, memory_budget="8MiB")
+    with pytest.raises(RunFailed, match=r"ran out of this host's memory, not of the 8MiB budget"):
+        search_max_layers(spec, "8MiB", limit=16, work_dir=tmp_path)

@@ -42,6 +42,14 @@ host and not on CI's (tiny, DP 2, 3 MiB: 4 layers), where one step had passed in
 nothing measured showed a size that took its first step failing a later one."""
 
 
+def _host_oom(reason: str | None) -> bool:
+    """Whether an ``oom`` probe on a CPU host ran out of the host's memory (the allocator failed) rather than out of
+    the emulated device budget (the tracker's refusal): only the latter is an answer of the search."""
+    import torch
+
+    return not torch.cuda.is_available() and "would exceed the budget" not in (reason or "")
+
+
 def search_max_layers(
     spec: RunSpec,
     budget: str,
@@ -82,6 +90,13 @@ def search_max_layers(
         if res.status not in ("ok", "oom"):
             keep = True
             raise RunFailed(f"probe with {layers} layers failed ({res.reason}); see {d / 'run.log'}")
+        if res.status == "oom" and _host_oom(res.reason):
+            keep = True
+            raise RunFailed(
+                f"probe with {layers} layers ran out of this host's memory, not of the {spec.memory_budget or 'device'} "
+                f"budget ({res.reason}): its answer would be the host's limit; free memory or lower the budget; see "
+                f"{d / 'run.log'}"
+            )
         probes[layers] = res.status
         if on_probe is not None:
             on_probe(layers, res.status)

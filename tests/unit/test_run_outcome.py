@@ -137,3 +137,19 @@ def test_timed_steps_and_failure_rules():
     assert "the loss is inf at the last step (2)" in failure([3.0, INF], [], 1)
     assert "1 of 2 steps skipped" in failure([3.0, NAN], [2], 0)
     assert "no step time" in failure([3.0, 2.5], [2], 0)
+
+
+def test_one_run_end_is_recorded_once_whichever_rank_writes_first(tmp_path):
+    """Under torchrun the rank that ran out of memory writes the run's ``oom`` row, and rank 0, losing it, records
+    the run's end too unless it finds that row: a check then a write, which a loaded host could interleave (a
+    clean-clone CI run: two status rows). The row is written once, under the rows file's lock, by whichever rank
+    comes first."""
+    cfg = TrainConfig(steps=1)
+    t0 = time.monotonic()
+    assert worker._status_row(cfg, tmp_path, "r", None, t0, "oom", "rank 1 ran out of memory: x; rank 0 lost it", 75)
+    worker._oom(MemoryError("x"), cfg, DistEnv(1, 2, 1, "127.0.0.1", 1, "single"), tmp_path, "r", None, True, t0, print)
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in rows if r["metric"] == "run_status"] == ["oom"]
+    worker._status_row(cfg, tmp_path, "other", None, t0, "ok", None, 0)  # another run's row is its own
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["run_id"] for r in rows if r["metric"] == "run_status"] == ["r", "other"]

@@ -265,12 +265,13 @@ def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None
     row cannot be written."""
     if out_dir is None:
         return code
-    try:
+    try:  # once: a peer that ran out of memory may be writing the run's row at this moment (its own, first)
         RowWriter(out_dir, run_id, cfg, suite=suite).write(
             "run_status",
             1 if status == "ok" else 0,
             "bool",
             status=status,
+            once=True,
             reason=reason,
             elapsed_s=round(time.monotonic() - t0, 3),
         )
@@ -324,11 +325,12 @@ def _oom(e, cfg, denv, out_dir, run_id, suite, record_status, t0, say) -> int:
     reason = f"rank {denv.rank} ran out of memory: {first_line(e)}"
     say(reason, EXIT_OOM)
     if record_status and out_dir is not None:
-        RowWriter(out_dir, run_id, cfg, suite=suite).write(
+        RowWriter(out_dir, run_id, cfg, suite=suite).write(  # once: rank 0 may have recorded the run's end first
             "run_status",
             0,
             "bool",
             status="oom",
+            once=True,
             reason=reason,
             rank=denv.rank,
             elapsed_s=round(time.monotonic() - t0, 3),

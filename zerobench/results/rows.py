@@ -71,9 +71,29 @@ class RowWriter:
             **(tags or {}),
         }
 
-    def write(self, metric: str, value: float | None, unit: str, status: str = "ok", **extra: Any) -> None:
+    def write(
+        self, metric: str, value: float | None, unit: str, status: str = "ok", once: bool = False, **extra: Any
+    ) -> bool:
+        """Append one row; ``once``: unless the file already holds this run's row of ``metric``, checked under the
+        file's lock, so that of two ranks recording one run's end only the first writes (whether it did: the
+        return value)."""
         row = {"metric": metric, "value": value, "unit": unit, "status": status, **extra, **self.base}
-        append_whole(self.path, (json.dumps(row, sort_keys=True, default=str) + "\n").encode())
+        data = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
+        return append_whole(self.path, data, skip_if=_holds(self.base["run_id"], metric) if once else None)
+
+
+def _holds(run_id: str, metric: str):
+    """Whether rows (a file's bytes) hold a row of ``run_id``'s ``metric`` (a torn or foreign line is skipped)."""
+
+    def check(data: bytes) -> bool:
+        for line in data.decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                r = json.loads(line)
+                if isinstance(r, dict) and r.get("run_id") == run_id and r.get("metric") == metric:
+                    return True
+        return False
+
+    return check
 
 
 def partial_path(path: Path) -> Path:
@@ -152,12 +172,12 @@ def _cut_torn_tail(fd: int, path: Path) -> int:
     return end
 
 
-def append_whole(path: Path, data: bytes) -> None:
+def append_whole(path: Path, data: bytes, skip_if=None) -> bool:
     """Append ``data`` to ``path`` entirely, or leave the file as it was and raise ``RowWriteError``. Appenders
     take the file's lock (``flock``), so a row of another writer is never half there; a fragment a dead writer
     left is cut first (``_cut_torn_tail``). Where the file system has no lock, a failed write's fragment is left
     for the next appender to cut once it has settled: truncating it at once could cut rows other writers appended
-    after it."""
+    after it. ``skip_if(the file's bytes)``, read under the lock: True leaves the file as it is (returns False)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as e:
@@ -170,6 +190,8 @@ def append_whole(path: Path, data: bytes) -> None:
             locked = False
         try:
             start = _cut_torn_tail(fd, path)
+            if skip_if is not None and skip_if(os.pread(fd, start, 0)):
+                return False
         except OSError as e:
             raise RowWriteError(f"cannot write results to {path}: {e.strerror}") from None
         view = memoryview(data)
@@ -184,6 +206,7 @@ def append_whole(path: Path, data: bytes) -> None:
             raise RowWriteError(f"cannot write results to {path}: {e.strerror}") from None
     finally:
         os.close(fd)
+    return True
 
 
 def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = False) -> list[dict]:

@@ -112,8 +112,9 @@ def test_resume_identifies_runs_by_label_and_keeps_every_attempt(tmp_path):
     assert r.returncode == 2 and "pass --resume" in one_line(r.stderr)
     r = zb("sweep", str(suite), "--out", str(out), "--no-progress", "--resume", timeout=300)
     assert "1 ran, 1 skipped" in r.stdout, r.stdout
-    attempts = sorted(p.name for p in out.iterdir())
+    attempts = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert attempts == ["000-a", "001-b", "001-b-r2"]
+    assert sorted(p.name for p in out.iterdir() if not p.is_dir()) == ["sweep-plan.json"]  # beside them, the plan
     ids = {row["run_id"] for row in status_rows(out)}
     assert ids == set(attempts)  # no attempt's rows merged into another's
 

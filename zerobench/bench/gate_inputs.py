@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zerobench.bench.gate_rules import run_key
 from zerobench.config import ConfigError
-from zerobench.results.provenance import code_version
+from zerobench.results.provenance import code_version, describe_version
 from zerobench.results.status import OK, STATUS_METRIC
 
 
@@ -20,7 +20,7 @@ def check_same_source(samples: Sequence[list[dict]]) -> None:
     seen = _sources(samples)
     if len(seen) > 1:
         (h0, c0), (h1, c1) = list(seen)[:2]
-        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {_version(c0)} and {_version(c1)}"
+        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {describe_version(c0)} and {describe_version(c1)}"
         raise ConfigError(
             f"the --candidate results mix {what} (result {seen[(h1, c1)] + 1}): a baseline and its noise model come "
             "from unchanged runs of one commit on one machine class"
@@ -41,11 +41,6 @@ def _sources(samples: Sequence[list[dict]]) -> dict[tuple, int]:
     return seen
 
 
-def _version(v) -> str:
-    commit, _, diff = str(v).partition("+")
-    return commit[:12] + (f" with uncommitted changes ({diff})" if diff else "")
-
-
 def check_one_version(rows: list[dict], what: str) -> None:
     """Refuse, in one line, gate input measured with two code versions (a sweep resumed at another commit, rows of
     two sweeps copied together): its step-time ratios would be taken across them and its verdicts stamped with one."""
@@ -53,8 +48,8 @@ def check_one_version(rows: list[dict], what: str) -> None:
     if len(versions) > 1:
         a, b = sorted(versions, key=str)[:2]
         raise ConfigError(
-            f"the {what} mixes runs of code {_version(a)} and {_version(b)}: a gate run judges one code version's "
-            "results; sweep it again at one checkout"
+            f"the {what} mixes runs of code {describe_version(a)} and {describe_version(b)}: a gate run judges one "
+            "code version's results; sweep it again at one checkout"
         )
 
 

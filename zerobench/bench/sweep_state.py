@@ -16,7 +16,7 @@ from zerobench.bench.progress import Progress
 from zerobench.bench.suite import ResolvedRun, Suite
 from zerobench.config import ConfigError, to_dict
 from zerobench.files import replace_file
-from zerobench.results.provenance import code_version, source_version
+from zerobench.results.provenance import code_version, describe_version, source_version
 from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
 
 PLAN_FILE = "sweep-plan.json"
@@ -74,16 +74,10 @@ def _check_commit(out: Path, rows: list[dict]) -> None:
     other = min(done - {mine, None}, default=None)
     if mine is not None and other is not None:
         raise ConfigError(
-            f"--out {out} holds runs measured at commit {_short(other)} and this checkout is at {_short(mine)}: "
-            "resuming would mix two code versions' measurements in one sweep; resume from a checkout of "
-            f"{_short(other)} (its commit, with the same uncommitted changes), or sweep into another --out"
+            f"--out {out} holds runs measured at commit {describe_version(other)} and this checkout is at "
+            f"{describe_version(mine)}: resuming would mix two code versions' measurements in one sweep; resume from a checkout of "
+            f"{describe_version(other)} (its commit, with the same uncommitted changes), or sweep into another --out"
         )
-
-
-def _short(version: str) -> str:
-    """``commit[:12]``, with ``+<diff hash>`` (uncommitted changes) where there are."""
-    commit, _, diff = version.partition("+")
-    return commit[:12] + (f" with uncommitted changes ({diff})" if diff else "")
 
 
 def completed_runs(out: Path, instructions: bool = False) -> set[tuple[str, str]]:

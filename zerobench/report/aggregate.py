@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.config import ConfigError
+from zerobench.results.provenance import code_version, short_version
 from zerobench.results.status import COUNTED, RUN_KEY, counted_rows, frame_statuses, with_run_key
 from zerobench.results.workload import differences, workload
 
@@ -159,7 +160,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
         code = first.get("code")
-        rec["commit"] = None if _missing(code) else _short_code(code)
+        rec["commit"] = None if _missing(code) else short_version(code, 7)
         flat = {c.removeprefix("config."): first[c] for c in config_cols if not _missing(first[c])}
         rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
         rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
@@ -225,16 +226,8 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
 
 def _code(prov: dict) -> str | None:
     """``code_version`` of a row's flattened provenance."""
-    from zerobench.results.provenance import code_version
-
     flat = {k.removeprefix("provenance."): (None if _missing(v) else v) for k, v in prov.items()}
     return code_version(flat)
-
-
-def _short_code(code: str) -> str:
-    """A record's code, short: the commit's first 7 characters, ``+<diff hash>`` with uncommitted changes."""
-    commit, plus, diff = str(code).partition("+")
-    return commit[:7] + plus + diff[:7]
 
 
 def _plain(v):

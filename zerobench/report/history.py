@@ -29,7 +29,7 @@ from zerobench.bench.gate_rules import EXACT, GATED, summarize
 from zerobench.bench.regress import _rows
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
-from zerobench.results.provenance import code_version
+from zerobench.results.provenance import code_version, short_version
 from zerobench.results.status import STATUS_METRIC
 
 DEFAULT_METRICS = tuple(m for m in GATED if "." not in m and m != "final_loss")
@@ -61,8 +61,8 @@ def _source(d: str, rows: list[dict]) -> tuple[dict, str | None]:
     if len(code) > 1:
         c0, c1 = sorted(code, key=str)[:2]
         raise ConfigError(
-            f"{d} holds the results of {_name(c0)} and {_name(c1)}: a history takes one directory per commit (one "
-            "gate run's results)"
+            f"{d} holds the results of {short_version(c0)} and {short_version(c1)}: a history takes one directory "
+            "per commit (one gate run's results)"
         )
     classes = {
         (p.get("hardware") or {}).get("class")
@@ -74,11 +74,6 @@ def _source(d: str, rows: list[dict]) -> tuple[dict, str | None]:
             f"{d} mixes hardware {' and '.join(sorted(map(str, classes)))}: one machine class per history"
         )
     return (provs[0] if provs else {}), next(iter(classes), None)
-
-
-def _name(version) -> str:
-    commit, plus, diff = str(version).partition("+")
-    return commit[:12] + plus + diff
 
 
 def collect(dirs: list[str]) -> list[Point]:

@@ -140,6 +140,20 @@ def code_version(prov: dict | None) -> str | None:
     return f"{prov['commit']}+{prov.get('dirty_diff') or 'dirty'}"
 
 
+def describe_version(version, width: int = 12) -> str:
+    """A ``code_version`` in words: ``commit[:width]``, and ``with uncommitted changes (<diff hash>)`` where there
+    are (messages)."""
+    commit, _, diff = str(version).partition("+")
+    return commit[:width] + (f" with uncommitted changes ({diff})" if diff else "")
+
+
+def short_version(version, width: int = 12) -> str:
+    """A ``code_version`` in short: ``commit[:width]``, and ``+<diff hash>[:width]`` where there are changes
+    (labels, file names)."""
+    commit, plus, diff = str(version).partition("+")
+    return commit[:width] + plus + diff[:width]
+
+
 def slurm() -> dict | None:
     """The Slurm job this process runs in (job id, node list, cluster, step), if any."""
     import os

@@ -93,8 +93,8 @@ def search_max_layers(
         if res.status == "oom" and _host_oom(res.reason):
             keep = True
             raise RunFailed(
-                f"probe with {layers} layers ran out of this host's memory, not of the {spec.memory_budget or 'device'} "
-                f"budget ({res.reason}): its answer would be the host's limit; free memory or lower the budget; see "
+                f"probe with {layers} layers ran out of this host's memory, not of the "
+                f"{spec.memory_budget or 'device'} budget ({res.reason}): its answer would be the host's limit; free memory or lower the budget; see "
                 f"{d / 'run.log'}"
             )
         probes[layers] = res.status

@@ -75,8 +75,8 @@ def _check_commit(out: Path, rows: list[dict]) -> None:
     if mine is not None and other is not None:
         raise ConfigError(
             f"--out {out} holds runs measured at commit {describe_version(other)} and this checkout is at "
-            f"{describe_version(mine)}: resuming would mix two code versions' measurements in one sweep; resume from a checkout of "
-            f"{describe_version(other)} (its commit, with the same uncommitted changes), or sweep into another --out"
+            f"{describe_version(mine)}: resuming would mix two code versions' measurements in one sweep; resume "
+            f"from a checkout of {describe_version(other)} (its commit, with the same uncommitted changes), or sweep into another --out"
         )
 
 

@@ -193,7 +193,7 @@ def _peer_failed(e, kind, cfg, denv, out_dir, run_id, suite, record_status, t0, 
     code = EXIT_PEER_TIMEOUT if kind == "timeout" else 1
     if ends is None:
         say(f"error: {reason}", code)
-        if record_status and denv.rank == 0 and not _recorded_by_a_peer(out_dir, run_id):
+        if record_status and denv.rank == 0:  # (written once: not over a peer's own row)
             return _status_row(cfg, out_dir, run_id, suite, t0, "failed", reason, code=code)
         return code
     ends.file.lost(reason)  # not this rank's own failure: whoever records the run looks past it
@@ -222,20 +222,7 @@ def _record_end(cfg, denv, out_dir, run_id, suite, t0, ends: PeerEnds, status, r
         status, reason = found[0], f"{found[1]}; {after}"
         code = EXIT_OOM if status == "oom" else (code if code != EXIT_CANCELLED else 1)
     line(f"error: {reason}", code)
-    if not _recorded_by_a_peer(out_dir, run_id):
-        return _status_row(cfg, out_dir, run_id, suite, t0, status, reason, code=code)
-    return code
-
-
-def _recorded_by_a_peer(out_dir, run_id: str) -> bool:
-    """Whether another rank already wrote this run's ``run_status`` row (the rank that ran out of memory does)."""
-    if out_dir is None:
-        return False
-    from zerobench.results.rows import read_rows
-
-    with contextlib.suppress(OSError, ValueError):
-        return any(r.get("run_id") == run_id and r.get("metric") == "run_status" for r in read_rows(out_dir))
-    return False
+    return _status_row(cfg, out_dir, run_id, suite, t0, status, reason, code=code)  # once: not over a peer's row
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -261,8 +248,9 @@ def _say(to_launcher: channel.RankChannel, line: str, code: int) -> int:
 
 
 def _status_row(cfg, out_dir, run_id, suite, t0, status: str, reason: str | None, code: int) -> int:
-    """Write the run's ``run_status`` row (when it has an output directory); ``code``, or ``EXIT_IO`` if the
-    row cannot be written."""
+    """Write the run's ``run_status`` row (when it has an output directory) unless one is there already (a peer
+    that ran out of memory records its own, which this rank's later loss of it must not replace); ``code``, or
+    ``EXIT_IO`` if the row cannot be written."""
     if out_dir is None:
         return code
     try:  # once: a peer that ran out of memory may be writing the run's row at this moment (its own, first)

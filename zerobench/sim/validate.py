@@ -95,8 +95,8 @@ def not_predicted(rows: list[dict]) -> dict[str, str]:
     for r in _counted(rows):
         if r.get("metric") == "step_time_s" and r.get("status") == "ok" and isinstance(r.get("config"), dict):
             cfg = from_dict(TrainConfig, r["config"], where=f"run {r['run_id']}")
-            if cfg.system == "zerobench" and undescribed(cfg):
-                out[r["run_id"]] = ", ".join(undescribed(cfg))
+            if cfg.system == "zerobench" and (missing := undescribed(cfg)):
+                out[r["run_id"]] = ", ".join(missing)
     return out
 
 

@@ -58,8 +58,8 @@ def test_report_files(report):
     # the paper's cluster figures come from the simulator (the recorded prediction), next to the paper's
     assert "The paper's figures, simulated" in md and "ZeRO 100B on 400 V100" in md and "> 38" in md
     assert "Fig 4: largest ZeRO (P_os+g) model" in md and "Fig 3 (simulated)" in html
-    # the max-model-size column comes from the maxsize rows of the same configuration (tiny, bf16, DP 2):
-    # stage 3 fits 1.80x the parameters of stage 0 within 4 MiB
+    # the max-model-size column comes only from searches of a run's own workload and code: the committed searches of
+    # tiny bf16 DP 2 ran micro-batch 1 at another commit than these runs (micro-batch 2), so no cell takes them
     assert "max_model_M_params" in md and "vs_DP_max_model" in md
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("|")]
     header = next(c for c in cells if "vs_DP_max_model" in c)
@@ -73,7 +73,7 @@ def test_report_files(report):
         and r["hardware"] == "cpu-2core"
         and r["model"].startswith("tiny")
     )
-    assert float(s3["vs_DP_max_model"]) == 1.8, s3
+    assert s3["vs_DP_max_model"] == "nan" and s3["max_model_budget"] == "", s3
     # every figure names the hardware its rows came from; GPU and CPU rows are separate panels/series
     assert "NVIDIA H100 80GB HBM3" in html and "C1-C5" in html
     # the one-card offload table, from the H100 rows: zerobench's offload next to DeepSpeed's at 64 layers

@@ -416,7 +416,7 @@ def test_a_maxsize_search_that_stopped_between_its_answer_rows_is_left_out(tmp_p
     whole ones."""
     import shutil
 
-    from zerobench.report.aggregate import maxsize_table
+    from zerobench.report.maxsize import maxsize_table
     from zerobench.results import load
 
     ref = REPO / "results/reference/maxsize-cpu-2core"
@@ -433,12 +433,12 @@ def test_a_maxsize_search_that_stopped_between_its_answer_rows_is_left_out(tmp_p
 
 
 def test_a_torn_search_is_not_completed_by_another_directorys(tmp_path, capsys):
-    """The same search run into two directories is two searches: one stopped before its ``max_params`` row is left
-    out with its warning, not completed by the other directory's row (before, they were merged by run id and
-    config hash, and the table showed one search with the other's answer)."""
+    """The same search run into two directories is two searches (one record, its repeats counted): one stopped
+    before its ``max_params`` row is left out with its warning, not completed by the other directory's row (before,
+    they were merged by run id and config hash, and the table showed one search with the other's answer)."""
     import shutil
 
-    from zerobench.report.aggregate import maxsize_table
+    from zerobench.report.maxsize import maxsize_table
     from zerobench.results import load
     from zerobench.results.rows import read_rows
 
@@ -454,8 +454,9 @@ def test_a_torn_search_is_not_completed_by_another_directorys(tmp_path, capsys):
 
     whole = maxsize_table(load(tmp_path / "a"))
     table = maxsize_table(pd.concat([load(tmp_path / "a"), load(tmp_path / "b")], ignore_index=True))
-    assert len(table) == 2 * len(whole) - 1
-    assert list(table["run_id"]).count(gone) == list(whole["run_id"]).count(gone)
+    assert len(table) == len(whole) and (whole["repeats"] == 1).all()
+    assert sorted(table["repeats"]) == [1] + [2] * (len(whole) - 1)
+    assert table[table["repeats"] == 1]["run_id"].tolist() == [gone]
     assert f"maxsize search {gone} lacks its max_params row" in capsys.readouterr().err
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from zerobench.report import aggregate, figures, paper_figures
+from zerobench.report.comparison import comparison_table
 from zerobench.results import load
 
 REF = Path(__file__).resolve().parents[2] / "results" / "reference"
@@ -28,7 +29,7 @@ def test_a_stage_0_row_is_its_own_baseline_whatever_else_was_measured():
     """gpu-h100 2026-11-22 and -26 hold stage-0 runs of one model at micro-batch 8 (vocab 16384) and 32 (50304): the
     first read 'vs DP 0.377', divided by the other."""
     runs = aggregate.runs_table(_frame("gpu-h100-2026-11-22", "gpu-h100-2026-11-26"))
-    table = aggregate.comparison_table(runs)
+    table = comparison_table(runs)
     base = table[table["stage"] == 0]
     assert len(base) >= 3 and (base["vs_DP_throughput"] == 1.0).all(), base
     small = table[table["model"].str.contains("h768") & (table["precision"] == "bf16")]
@@ -82,31 +83,6 @@ def test_an_infinite_figure_is_named_and_not_drawn():
     runs = aggregate.runs_table(df)
     assert len(runs) == len(aggregate.runs_table(load(REF / "quick-cpu-2core"))) - 1
     assert runs["tflops_per_gpu"].map(math.isfinite).all()
-
-
-def test_the_max_model_column_compares_one_budget():
-    """A stage-0 search at another budget beside the stage-3 one gave 'vs DP max model 0.812': 4 MiB against
-    8 MiB."""
-    maxsize = pd.DataFrame(
-        {
-            "preset_shape": [True, True, True],
-            "stage": [0, 0, 3],
-            "dp": [2, 2, 2],
-            "tp": [1, 1, 1],
-            "preset": ["tiny"] * 3,
-            "precision": ["fp32"] * 3,
-            "hardware": ["cpu-2core"] * 3,
-            "offload": ["none"] * 3,
-            "budget": ["4MiB", "8MiB", "4MiB"],
-            "max_params": [1e6, 4e6, 3e6],
-        }
-    )
-    row = {"stage": 3, "dp": 2, "tp": 1, "preset": "tiny", "precision": "fp32", "hardware": "cpu-2core"}
-    budget, mine, base = aggregate._max_sizes(maxsize, pd.Series(row), pd.Series({**row, "stage": 0}))
-    assert (budget, mine, base) == ("4MiB", 3e6, 1e6)
-    again = pd.concat([maxsize, maxsize.iloc[[2]].assign(budget="8MiB", max_params=5e6)], ignore_index=True)
-    budget, mine, base = aggregate._max_sizes(again, pd.Series(row), pd.Series({**row, "stage": 0}))
-    assert budget is None and math.isnan(mine)
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -48,12 +47,12 @@ RUN_METRICS = (
 UNKNOWN_HARDWARE = "unknown (no hardware provenance)"
 
 
-def _missing(v) -> bool:
+def missing(v) -> bool:
     """None or a float NaN (pandas' marker for a config key a row does not have)."""
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
+def paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
     """The paper's Table 3 name (C1-C5) of a run's switches, or None."""
     if not (ckpt and md) or stage not in (1, 2):
         return None
@@ -67,9 +66,9 @@ def _check_layout(run_id, rec: dict) -> None:
     rows whose ``config`` does not give them as integers (rows not written by a zerobench run, or edited)."""
     for name, key in (("stage", "zero.stage"), ("dp", "dp"), ("tp", "tp")):
         v = rec[name]
-        if name != "stage" and _missing(v):
+        if name != "stage" and missing(v):
             continue  # no DP or TP field: one process
-        if _missing(v) or isinstance(v, bool) or not isinstance(v, numbers.Real) or v != int(v):
+        if missing(v) or isinstance(v, bool) or not isinstance(v, numbers.Real) or v != int(v):
             raise ConfigError(
                 f"run {run_id}: its rows carry training metrics, but their config's {key} is {v!r}, not an "
                 "integer: they are not rows a zerobench run wrote; leave them out of the report's inputs"
@@ -151,7 +150,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     }
     records, flats = [], []
     if "provenance.commit" in df:  # the code measured: a dirty tree's runs are not their commit's (nor another's)
-        df = df.assign(code=[_code(r) for r in df.filter(like="provenance.").to_dict("records")])
+        df = df.assign(code=[code_of(r) for r in df.filter(like="provenance.").to_dict("records")])
     by = [c for c in ("config_hash", "provenance.hardware.class", "code") if c in df]
     config_cols = [c for c in df.columns if c.startswith("config.")]
     for keys, g in df.groupby(by, dropna=False):
@@ -160,19 +159,21 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         for name, col in cfg_cols.items():
             rec[name] = first.get(col) if col in g else None
         code = first.get("code")
-        rec["commit"] = None if _missing(code) else short_version(code, 7)
-        flat = {c.removeprefix("config."): first[c] for c in config_cols if not _missing(first[c])}
+        rec["code"] = None if missing(code) else code
+        rec["commit"] = None if missing(code) else short_version(code, 7)
+        flat = {c.removeprefix("config."): first[c] for c in config_cols if not missing(first[c])}
         rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
         rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
+        rec["sized"] = workload(comparable(flat), without=UNSIZED)  # what a max-size search of it shares
         flats.append(flat)
-        if _missing(rec["hardware"]):  # rows without hardware provenance: a class of their own, named so
+        if missing(rec["hardware"]):  # rows without hardware provenance: a class of their own, named so
             rec["hardware"] = UNKNOWN_HARDWARE
         if g["metric"].isin(RUN_METRICS).any():
             _check_layout(first["run_id"], rec)
         rec["world"] = (rec["dp"] or 1) * (rec["tp"] or 1) if rec["dp"] == rec["dp"] else None
         if rec["offload"] is None or rec["offload"] != rec["offload"]:
             rec["offload"] = "none"
-        rec["paper_config"] = _paper_config(rec["stage"], rec["ckpt"], rec["pa"], rec["pa_cpu"], rec["md"])
+        rec["paper_config"] = paper_config(rec["stage"], rec["ckpt"], rec["pa"], rec["pa_cpu"], rec["md"])
         for m in RUN_METRICS:
             vals = g[g["metric"] == m]["value"].dropna()
             if len(vals):
@@ -187,6 +188,10 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 RUN_LENGTH = ("steps", "warmup_steps", "seed")
 """Config paths that change how long a run measures, not what a step computes: runs differing only in them are
 the same workload to the report (a longer stage-0 run is still the baseline)."""
+UNSIZED = ("zero.stage", "model.layers", *RUN_LENGTH, "memory_budget_bytes", "track_memory", "profile")
+"""Config paths in which a training run and the ``zerobench maxsize`` search that sizes it may differ: the stage
+(each stage's searches are compared), the depth (what a search varies), the run's length (a probe runs from the first
+step), the budget (a search's own), the live-tensor tracker (on in every probe) and the profiler's output."""
 LABELLED = (
     "system",
     "zero.stage",
@@ -211,7 +216,7 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
         r["variant"] = ""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(records):
-        if _missing(r["system"]):
+        if missing(r["system"]):
             continue  # not a training run's record (a simulator's validation, a peers summary)
         groups.setdefault(tuple(json.dumps(_plain(r[k]), default=str) for k in SHOWN), []).append(i)
     for idx in groups.values():
@@ -224,62 +229,24 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
             records[i]["variant"] = ", ".join(x for x in (text, at) if x)
 
 
-def _code(prov: dict) -> str | None:
+def code_of(prov: dict) -> str | None:
     """``code_version`` of a row's flattened provenance."""
-    flat = {k.removeprefix("provenance."): (None if _missing(v) else v) for k, v in prov.items()}
+    flat = {k.removeprefix("provenance."): (None if missing(v) else v) for k, v in prov.items()}
     return code_version(flat)
 
 
+def comparable(flat: dict) -> dict:
+    """A flattened config with its integral floats as integers (a rows column with a gap reads its integers as
+    floats) and numpy scalars as Python's: two readings of one config give one ``workload`` key."""
+    out = {}
+    for k, raw in flat.items():
+        v = raw.item() if hasattr(raw, "item") else raw
+        out[k] = int(v) if isinstance(v, float) and v.is_integer() else v
+    return out
+
+
 def _plain(v):
-    return None if _missing(v) else v
-
-
-def maxsize_table(df: pd.DataFrame) -> pd.DataFrame:
-    """``zerobench maxsize`` rows: one row per search (stage, DP, TP, model, budget, offload)."""
-    d = df[df["metric"].isin(["max_params", "max_layers"])]
-    if d.empty:
-        return pd.DataFrame()
-    out = []
-    # a search is its rows file's (run id, config hash): run ids repeat across searches and directories, and one
-    # search's answer must not be completed by another's
-    for (_, run, _), g in with_run_key(d).groupby(RUN_KEY, sort=False):
-        lacking = sorted({"max_params", "max_layers"} - set(g["metric"]))
-        if lacking:  # the search stopped between its two answer rows
-            print(
-                f"zerobench: warning: maxsize search {run} lacks its {lacking[0]} row (it stopped while writing "
-                "its answer): left out of the table",
-                file=sys.stderr,
-            )
-            continue
-        first = g.iloc[0]
-
-        def col(name, default=None, first=first):
-            v = first.get(f"config.{name}", default)
-            return default if _missing(v) else v
-
-        offload = col("offload_optimizer", "none")
-        out.append(
-            {
-                "run_id": run,
-                "stage": int(col("stage", 0)),
-                "dp": int(col("dp", 1) or 1),
-                "tp": int(col("tp", 1) or 1),
-                "preset": col("preset"),
-                "precision": col("precision", "fp32"),
-                "budget": col("budget"),
-                "preset_shape": all(col(k) is None for k in ("hidden", "heads", "vocab", "seq")),
-                "offload": offload + ("+param" if col("offload_param", "none") != "none" else ""),
-                "paper_config": _paper_config(
-                    col("stage", 0), col("checkpoint_activations") or col("pa"), col("pa"), col("pa_cpu"), col("md")
-                ),
-                "hardware": first.get("provenance.hardware.class"),
-                "device": first.get("provenance.hardware.device"),
-                "max_params": float(g[g["metric"] == "max_params"]["value"].iloc[-1]),
-                "max_layers": float(g[g["metric"] == "max_layers"]["value"].iloc[-1]),
-                "at_least": "bound" in g and g["bound"].eq("at least").any(),  # the search's limit fitted
-            }
-        )
-    return pd.DataFrame(out)
+    return None if missing(v) else v
 
 
 def losses_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -310,74 +277,6 @@ def run_labels(df: pd.DataFrame) -> dict[tuple, str]:
     return labels
 
 
-def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Baseline DP (stage 0) vs each ZeRO stage of the same workload (every config key but the stage and the run's
-    length: ``workload``), hardware and commit, with ratios; ``variant`` says what sets a workload apart from others
-    drawn under the same model label. The max model size comes from ``zerobench maxsize`` rows at the same stage,
-    DP, TP, preset, precision, hardware and offload, at the preset's own width and vocabulary, and a ratio only from
-    searches within the same memory budget (``max_model_budget``; several budgets searched: no single answer)."""
-    if runs.empty or "system" not in runs:  # no successful training run among the rows (maxsize, peers only)
-        return pd.DataFrame()
-    runs = runs[runs["system"].fillna("zerobench") == "zerobench"]
-    out = []
-    for _, g in runs.groupby(["workload", "hardware", "commit"], dropna=False):
-        base = g[g["stage"] == 0]
-        if base.empty:
-            continue
-        b = base.iloc[0]
-        for _, r in g.sort_values("stage").iterrows():
-            budget, r_max, b_max = _max_sizes(maxsize, r, b)
-            out.append(
-                {
-                    "dp": r["dp"],
-                    "tp": r["tp"],
-                    "model": f"{r['preset']} L{r['layers']} h{r['hidden']}",
-                    "variant": r.get("variant", ""),
-                    "precision": r["precision"],
-                    "hardware": r["hardware"],
-                    "stage": r["stage"],
-                    "offload": r.get("offload", "none"),
-                    "model_states_MiB": r.get("model_state_bytes", float("nan")) / 2**20,
-                    "vs_DP_memory": r.get("model_state_bytes", float("nan")) / b.get("model_state_bytes", float("nan")),
-                    "peak_MiB": r.get("peak_memory_bytes", float("nan")) / 2**20,
-                    "tflops_per_gpu": r.get("tflops_per_gpu"),
-                    "vs_DP_throughput": r.get("tflops_per_gpu", float("nan")) / b.get("tflops_per_gpu", float("nan")),
-                    "max_model_budget": budget,
-                    "max_model_M_params": r_max / 1e6,
-                    "vs_DP_max_model": r_max / b_max if not _missing(b_max) and b_max else float("nan"),
-                }
-            )
-    return pd.DataFrame(out)
-
-
-def _max_sizes(maxsize: pd.DataFrame | None, r: pd.Series, b: pd.Series) -> tuple[object, float, float]:
-    """(budget, the largest model of ``r``'s searches, of the baseline ``b``'s) from searches at one budget both
-    have; (None, NaN, NaN) where none, or where several budgets were searched (which one the row means is not said)."""
-    nan = float("nan")
-    if maxsize is None or maxsize.empty:
-        return None, nan, nan
-
-    def found(x) -> pd.DataFrame:
-        return maxsize[
-            maxsize["preset_shape"]
-            & (maxsize["stage"] == x["stage"])
-            & (maxsize["dp"] == x["dp"])
-            & (maxsize["tp"] == x["tp"])
-            & (maxsize["preset"] == x["preset"])
-            & (maxsize["precision"] == x["precision"])
-            & (maxsize["hardware"] == x["hardware"])
-            & (maxsize["offload"] == x.get("offload", "none"))
-        ]
-
-    mine, theirs = found(r), found(b)
-    budgets = set(mine["budget"])
-    if len(budgets) != 1:
-        return None, nan, nan
-    (budget,) = budgets
-    at = theirs[theirs["budget"] == budget]
-    return budget, float(mine["max_params"].max()), float(at["max_params"].max()) if len(at) else nan
-
-
 PEER_METRICS = {
     "peer_time_vs_torch_ddp": "time_vs_torch_ddp",
     "peer_step_time_s": "step_time_s",
@@ -392,7 +291,7 @@ def _comparison(row: pd.Series) -> str:
 
     def get(key):
         v = row.get(f"config.peers.{key}")
-        return None if _missing(v) else v
+        return None if missing(v) else v
 
     parts = [str(get("preset") or "?")]
     parts += [f"{int(get(k))} {name}" for k, name in (("layers", "layers"), ("hidden", "hidden")) if get(k)]
@@ -402,8 +301,8 @@ def _comparison(row: pd.Series) -> str:
     tail = " ".join(
         str(x)
         for x in (
-            None if _missing(commit) else str(commit)[:7],
-            None if _missing(when) else str(when)[:16].replace("T", " "),
+            None if missing(commit) else str(commit)[:7],
+            None if missing(when) else str(when)[:16].replace("T", " "),
         )
         if x
     )

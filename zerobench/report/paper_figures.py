@@ -122,21 +122,19 @@ def fig3_measured(runs: pd.DataFrame, out: Path):
 
 
 def fig4_measured(maxsize: pd.DataFrame, out: Path):
-    """Max model size per stage (and offload) from ``zerobench maxsize`` rows, per budget and hardware."""
+    """Max model size per stage (and offload) from ``zerobench maxsize`` rows: one group of bars per search setting
+    (``maxsize.maxsize_table``'s ``label``: budget, model, DP, TP, hardware, and what sets it apart from another
+    setting of that label)."""
     if maxsize is None or maxsize.empty:
         return None
     d = maxsize.copy()
     d["config"] = [
         f"stage {s}" + ("" if o == "none" else f" + offload {o}") + (" (at least: the search limit fit)" if a else "")
-        for s, o, a in zip(d["stage"], d["offload"], d.get("at_least", [False] * len(d)))
-    ]
-    d["setting"] = [
-        f"{b} budget, {p} {pr}, DP {dp} TP {tp} [{hw}]"
-        for b, p, pr, dp, tp, hw in zip(d["budget"], d["preset"], d["precision"], d["dp"], d["tp"], d["hardware"])
+        for s, o, a in zip(d["stage"], d["offload"], d["at_least"])
     ]
     d["max M params"] = d["max_params"] / 1e6
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(d) + 1.8))
-    sns.barplot(data=d, y="setting", x="max M params", hue="config", ax=ax)
+    sns.barplot(data=d, y="label", x="max M params", hue="config", ax=ax)
     ax.set_ylabel("")
     ax.set_title("Fig 4 (measured): largest model that trains within the budget", fontsize=10)
     cap = (
@@ -144,6 +142,16 @@ def fig4_measured(maxsize: pd.DataFrame, out: Path):
         f"OOM on GPU). Hardware: {_hw(d)}."
     )
     return _save(fig, out, "fig4_measured"), cap
+
+
+def fig678_series(d: pd.DataFrame) -> list[str]:
+    """The legend entry of each record of Figs 6-8: a search's ``label``; a run's model and hardware, and what sets it
+    apart from other runs of that label (``variant``). One entry is one bar: seaborn would average the records under
+    one entry."""
+    if "label" in d:
+        return list(d["label"])
+    variant = d["variant"] if "variant" in d else [""] * len(d)
+    return [f"{p} [{h}]" + (f", {v}" if v else "") for p, h, v in zip(d["preset"], d["hardware"], variant)]
 
 
 def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):
@@ -168,8 +176,9 @@ def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):
             ax.text(0.5, 0.5, "no rows", ha="center", transform=ax.transAxes)
             continue
         s = src[src[col].notna()]
-        s = s.assign(v=s[col] / div)
-        s = s.assign(series=[f"{p} [{h}]" for p, h in zip(s.get("preset", ""), s["hardware"])])
+        s = s.assign(v=s[col] / div, series=fig678_series(s))
+        if "at_least" in s:  # a capped search: its bar is a lower bound
+            s["paper_config"] = [c + (" (at least)" if a else "") for c, a in zip(s["paper_config"], s["at_least"])]
         sns.barplot(data=s.sort_values("paper_config"), x="paper_config", y="v", hue="series", ax=ax)
         ax.set_xlabel("")
         ax.set_ylabel("")

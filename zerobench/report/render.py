@@ -17,6 +17,8 @@ import pandas as pd
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.report import aggregate, figures, paper_figures, sim_figures
+from zerobench.report.comparison import comparison_table
+from zerobench.report.maxsize import maxsize_table
 from zerobench.report.offload import offload_table
 from zerobench.results.status import with_run_key
 
@@ -74,7 +76,7 @@ def render(results: list[str], out_dir: str) -> Path:
         res = fn(*args, out)
         if res:
             figs.append({"path": res[0].name, "title": title, "caption": res[1]})
-    maxsize = aggregate.maxsize_table(df)
+    maxsize = maxsize_table(df)
     for fn, title, args in (
         (paper_figures.fig2_measured, "Fig 2 (measured): throughput vs model size", (runs,)),
         (paper_figures.fig3_measured, "Fig 3 (measured): scaling with devices", (runs,)),
@@ -96,7 +98,7 @@ def render(results: list[str], out_dir: str) -> Path:
     figs += sim_figures.simulated_figures(predicted, out)
     paper_claims = sim_figures.claims_table(predicted)
     published = sim_figures.published_table(df)
-    comparison = aggregate.comparison_table(runs, maxsize)
+    comparison = comparison_table(runs, maxsize)
     one_card = offload_table(df)
     t1 = pd.DataFrame(table1()).set_index("dp")
     t2 = pd.DataFrame(table2())

@@ -18,7 +18,13 @@ REFERENCE = REPO / "results/reference/quick-cpu-2core"
 # the stages and offload; DeepSpeed ZeRO-Offload next to zerobench's).
 MORE = [
     REPO / "results/reference" / d
-    for d in ("maxsize-cpu-2core", "c1-c5-cpu-2core", "gpu-h100-2026-11-22", "gpu-h100-2026-11-23")
+    for d in (
+        "maxsize-cpu-2core",
+        "maxsize-paired-cpu-2core",
+        "c1-c5-cpu-2core",
+        "gpu-h100-2026-11-22",
+        "gpu-h100-2026-11-23",
+    )
 ]
 ARTIFACTS = Path(os.environ.get("ZEROBENCH_ARTIFACTS", REPO / "test-artifacts"))
 
@@ -58,13 +64,15 @@ def test_report_files(report):
     # the paper's cluster figures come from the simulator (the recorded prediction), next to the paper's
     assert "The paper's figures, simulated" in md and "ZeRO 100B on 400 V100" in md and "> 38" in md
     assert "Fig 4: largest ZeRO (P_os+g) model" in md and "Fig 3 (simulated)" in html
-    # the max-model-size column comes only from searches of a run's own workload and code: the committed searches of
-    # tiny bf16 DP 2 ran micro-batch 1 at another commit than these runs (micro-batch 2), so no cell takes them
+    # the max-model-size column comes only from searches of a run's own workload and code: maxsize-paired-cpu-2core
+    # searched its runs' configuration at their commit (stage 3 fits 1.73x stage 0's parameters within 4 MiB); the
+    # searches of maxsize-cpu-2core ran micro-batch 1 at other commits, so quick-cpu-2core's runs (micro-batch 2) get
+    # no cell
     assert "max_model_M_params" in md and "vs_DP_max_model" in md
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("|")]
     header = next(c for c in cells if "vs_DP_max_model" in c)
     rows = [dict(zip(header, c)) for c in cells if len(c) == len(header)]
-    s3 = next(
+    s3 = [
         r
         for r in rows
         if r["dp"] == "2"
@@ -72,8 +80,10 @@ def test_report_files(report):
         and r["stage"] == "3"
         and r["hardware"] == "cpu-2core"
         and r["model"].startswith("tiny")
-    )
-    assert s3["vs_DP_max_model"] == "nan" and s3["max_model_budget"] == "", s3
+    ]
+    paired = [r for r in s3 if r["max_model_M_params"] != "nan"]
+    assert len(s3) == 2 and len(paired) == 1, s3
+    assert float(paired[0]["vs_DP_max_model"]) == 1.73 and paired[0]["max_model_budget"] == "4MiB", paired
     # every figure names the hardware its rows came from; GPU and CPU rows are separate panels/series
     assert "NVIDIA H100 80GB HBM3" in html and "C1-C5" in html
     # the one-card offload table, from the H100 rows: zerobench's offload next to DeepSpeed's at 64 layers

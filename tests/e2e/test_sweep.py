@@ -181,3 +181,43 @@ def test_maxsize_with_optimizer_offload_fits_a_larger_model(tmp_path):
     got = {row["run_id"]: row["value"] for _, row in df[df["metric"] == "max_params"].iterrows()}
     plain, offload = got["maxsize-stage2"], got["maxsize-stage2-offload-cpu"]
     assert 0 < plain < offload, (plain, offload)
+
+
+def _peak(out) -> int:
+    df = load(out)
+    return int(df[df["metric"] == "peak_memory_bytes"]["value"].max())
+
+
+@pytest.mark.slow
+def test_a_maxsize_answer_trains_on_past_its_first_step(tmp_path):
+    """A few hundred bytes (at stage 3: state the first step leaves behind) are live from the second step on. With
+    the budget between a size's first-step peak and its later peak, a one-step probe called that size a fit, and
+    training it then ran out of memory at step 2. The search's answer must train on under the same budget."""
+    shape = ["--stage", "3", "--dp", "2", "--vocab", "128", "--seq", "32", "--micro-batch", "1"]
+    peaks = []
+    for steps in ("1", "3"):
+        out = tmp_path / f"steps{steps}"
+        r = zb("train", *shape, "--layers", "4", "--steps", steps, "--warmup", "0", "--out", str(out), timeout=300)
+        assert r.returncode == 0, r.stderr
+        peaks.append(_peak(out))
+    first, later = peaks
+    assert later > first, peaks  # the bytes this test is about; if they vanish, the test needs another edge
+    budget = str((first + later) // 2)
+    r = zb("maxsize", "--budget", budget, *shape, "--max-layers", "8", "--out", str(tmp_path / "ms"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    df = load(tmp_path / "ms")
+    layers = int(df[df["metric"] == "max_layers"]["value"].iloc[0])
+    assert layers < 4, (layers, peaks, budget)
+    r = zb(
+        "train",
+        *shape,
+        "--layers",
+        str(layers),
+        "--steps",
+        "4",
+        "--memory-budget",
+        budget,
+        "--out",
+        str(tmp_path / "t"),
+    )
+    assert r.returncode == 0, r.stderr  # the answer trains on under the budget

@@ -36,10 +36,12 @@ class MaxSizeResult:
     """layers -> status of each probe (ok / oom)."""
 
 
-PROBE_STEPS = 1
-"""Steps each probe trains. Three were tried: a stage-3 probe at the edge of its budget then fitted on this
-host and not on CI's (tiny, DP 2, 3 MiB: 4 layers), where one step had passed in every earlier run; and
-nothing measured showed a size that took its first step failing a later one."""
+PROBE_STEPS = 2
+"""Steps each probe trains: a size must train on, not only take its first step. The first step leaves state that
+lives from the second on (at stage 3, DP 2, a few hundred bytes), and later steps measured add nothing to the
+second's peak; a one-step probe called a size at that edge a fit that then ran out of memory at step 2. (Three
+steps were tried once and reverted after a test whose budget sat at that edge failed on CI: the answer was the
+honest one.)"""
 
 
 def _host_oom(reason: str | None) -> bool:

@@ -121,8 +121,8 @@ def test_sweep_check_and_cluster_suites():
 
 @pytest.mark.slow
 def test_maxsize_stage3_fits_more_than_stage0(tmp_path):
-    # DP 2 (stage 3 holds 8 of stage 0's 16 bytes per parameter, so at most 2x; measured 1.91x): DP 4
-    # probes run 4 processes on CI's 2 cores and took 2 minutes for the same check.
+    # DP 2 (stage 3 holds 8 of stage 0's 16 bytes per parameter, so at most 2x; measured 1.62x with two-step probes:
+    # 3 and 5 layers): DP 4 probes run 4 processes on CI's 2 cores and took 2 minutes for the same check.
     r = zb(
         "maxsize",
         "--budget",

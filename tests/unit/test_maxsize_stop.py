@@ -144,7 +144,7 @@ def test_a_search_whose_limit_fits_says_at_least_and_its_rows_say_so(monkeypatch
     """Every probe fits up to ``--max-layers``: the maximum is beyond the search, so the answer is a lower bound,
     printed and recorded as one (it was printed as "at most"); a start above the limit is refused up front."""
     from zerobench.cli import main
-    from zerobench.report.aggregate import maxsize_table
+    from zerobench.report.maxsize import maxsize_table
     from zerobench.results import load
 
     def zb(*argv):

@@ -53,6 +53,27 @@ def check_one_version(rows: list[dict], what: str) -> None:
         )
 
 
+def check_same_kernels(samples: Sequence[list[dict]], names: Sequence[str]) -> None:
+    """Refuse, in one line, runs of one configuration whose kernels took two paths across ``samples`` (each named by
+    ``names``): ``auto`` takes the reference path where the fused kernels do not load (no C++ compiler, no Triton,
+    or a change that broke their build), and times or working memory compared across the paths compare kernel paths,
+    not code. Rows of before runs recorded their path (``kernels_ran``) are not judged."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, rows in zip(names, samples, strict=True):
+        for r in rows:
+            k = r.get("kernels_ran")
+            if not isinstance(k, dict):
+                continue
+            path = ", ".join(f"{part}={v}" for part, v in sorted(k.items()))
+            where, first = seen.setdefault(str(r.get("config_hash")), (name, path))
+            if first != path:
+                raise ConfigError(
+                    f"run {r.get('run_id')}'s kernels took {path} in {name} and {first} in {where}: its times would "
+                    "compare kernel paths, not code; where 'reference' ran, the fused kernels did not load (the run's "
+                    "log says why: fix that), or measure both on one machine"
+                )
+
+
 def check_whole(rows: list[dict], status: dict) -> None:
     """Refuse, in one line, a baseline from a sweep with a configuration none of whose runs completed: it would
     leave that configuration out, and the gate would then never compare it ("not in the baseline")."""

@@ -34,6 +34,9 @@ class MaxSizeResult:
     max_params: int
     probes: dict[int, str]
     """layers -> status of each probe (ok / oom)."""
+    kernels: dict[str, str] | None = None
+    """The paths the fitting probes' kernels took (their rows' ``kernels_ran``): ``auto`` takes the reference path
+    where the fused kernels do not load, and its working memory is not the fused path's."""
 
 
 PROBE_STEPS = 2
@@ -42,6 +45,14 @@ lives from the second on (at stage 3, DP 2, a few hundred bytes), and later step
 second's peak; a one-step probe called a size at that edge a fit that then ran out of memory at step 2. (Three
 steps were tried once and reverted after a test whose budget sat at that edge failed on CI: the answer was the
 honest one.)"""
+
+
+def _kernels_ran(probe_dir: Path) -> dict[str, str]:
+    """The kernels' paths a probe's rows record (empty where they record none)."""
+    from zerobench.results.rows import read_rows
+
+    rows = read_rows(probe_dir / "rows.jsonl") if (probe_dir / "rows.jsonl").exists() else []
+    return next((dict(r["kernels_ran"]) for r in rows if isinstance(r.get("kernels_ran"), dict)), {})
 
 
 def _host_oom(reason: str | None) -> bool:
@@ -70,6 +81,7 @@ def search_max_layers(
     probe's ranks are stopped and the search ends at once, where a cancelled probe would else read as a
     failure."""
     probes: dict[int, str] = {}
+    ran: dict[str, str] = {}
     tmp = work_dir is None
     work_dir = Path(tempfile.mkdtemp(prefix="zerobench-maxsize-")) if tmp else work_dir
     keep = not tmp
@@ -100,6 +112,8 @@ def search_max_layers(
                 f"{d / 'run.log'}"
             )
         probes[layers] = res.status
+        if res.ok:
+            ran.update(_kernels_ran(d))
         if on_probe is not None:
             on_probe(layers, res.status)
         return res.ok
@@ -111,7 +125,7 @@ def search_max_layers(
         if lo == 0:
             return MaxSizeResult(0, 0, probes)
         model = dataclasses.replace(to_train_config(spec).model, layers=lo)
-        return MaxSizeResult(lo, num_params(model), probes)
+        return MaxSizeResult(lo, num_params(model), probes, ran or None)
     finally:
         if not keep:
             shutil.rmtree(work_dir, ignore_errors=True)

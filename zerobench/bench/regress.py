@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zerobench.bench import noise
-from zerobench.bench.gate_inputs import check_one_version, check_same_source, check_whole
+from zerobench.bench.gate_inputs import check_one_version, check_same_kernels, check_same_source, check_whole
 from zerobench.bench.gate_rules import (
     COUNTS,
     GATED,
@@ -99,6 +99,7 @@ def write_baseline(
     if whole:
         check_whole(candidate_rows, status)
         check_same_source([candidate_rows, *more])
+        check_same_kernels([candidate_rows, *more], [f"--candidate result {i + 1}" for i in range(1 + len(more))])
     keep = [
         r
         for r in candidate_rows
@@ -209,6 +210,7 @@ def run_gate(
     )
     base_rows, cand_rows = _rows(baseline, whole="baseline"), _rows(candidate)
     check_one_version(cand_rows, "candidate")
+    check_same_kernels([base_rows, cand_rows], ["the baseline", "the candidate"])
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate", false_alarm=false_alarm)
     versions = {side: _torch_versions(rows) for side, rows in (("baseline", base_rows), ("candidate", cand_rows))}
     if all(versions.values()) and versions["baseline"] != versions["candidate"]:

@@ -378,7 +378,8 @@ def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:
 
     # the configuration each probe ran: PROBE_STEPS steps from the first, not the spec's steps and warm-up
     ran = {**dataclasses.asdict(spec), "steps": PROBE_STEPS, "warmup": 0, "budget": args.budget}
-    w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", ran)
+    tags = {"kernels_ran": res.kernels} if res.kernels else None  # the path the probes' kernels took
+    w = RowWriter(args.out, f"maxsize-stage{spec.stage}{off}", ran, tags=tags)
     bound = {"bound": "at least"} if res.max_layers == args.max_layers else {}  # the search limit fits
     w.write("max_layers", res.max_layers, "layers", **bound)
     w.write("max_params", res.max_params, "params", probes=json.dumps(res.probes), **bound)

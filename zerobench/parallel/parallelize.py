@@ -58,6 +58,9 @@ class Parallelized:
     """Activation checkpoint store (None without checkpointing)."""
     engine: ZeroEngine | None
     """The ZeRO engine (None when the spec has no ZeRO config)."""
+    kernels: str
+    """The path the model's kernels took: "fused", or "reference" (asked for, or ``auto`` where the device has no
+    fused kernels: the same config computes differently there, so a run records it)."""
 
 
 def parallelize(
@@ -90,12 +93,12 @@ def parallelize(
             storage go there (then ``zerobench.parallel.init.init_gpt`` fills it).
 
     Returns:
-        ``Parallelized(model, tp, store, engine)``: the model, TP's record (its sharded parameter names and RNG),
-        the checkpoint store, and the engine (``None`` without ZeRO).
+        ``Parallelized(model, tp, store, engine, kernels)``: the model, TP's record (its sharded parameter names and
+        RNG), the checkpoint store, the engine (``None`` without ZeRO) and the kernels' path.
     """
     validate_sp(spec.activation, spec.sequence_parallel, mesh.tp.size)
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel, device=device)
-    apply_fused_kernels(model, spec.kernels, device=device)
+    kernels = apply_fused_kernels(model, spec.kernels, device=device)
     store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)
     engine = None
     if spec.zero is not None:
@@ -111,4 +114,4 @@ def parallelize(
             param_groups=param_groups,
             device=device,
         )
-    return Parallelized(model, tp, store, engine)
+    return Parallelized(model, tp, store, engine, kernels)

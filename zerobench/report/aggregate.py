@@ -20,7 +20,7 @@ import pandas as pd
 from zerobench.config import ConfigError
 from zerobench.results.provenance import code_version, short_version
 from zerobench.results.status import COUNTED, RUN_KEY, counted_rows, frame_statuses, with_run_key
-from zerobench.results.workload import differences, workload
+from zerobench.results.workload import comparable, differences, with_kernels, workload
 
 RUN_METRICS = (
     "step_time_s",
@@ -151,7 +151,8 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     records, flats = [], []
     if "provenance.commit" in df:  # the code measured: a dirty tree's runs are not their commit's (nor another's)
         df = df.assign(code=[code_of(r) for r in df.filter(like="provenance.").to_dict("records")])
-    by = [c for c in ("config_hash", "provenance.hardware.class", "code") if c in df]
+    df = with_kernels(df)
+    by = [c for c in ("config_hash", "provenance.hardware.class", "code", "kernels") if c in df]
     config_cols = [c for c in df.columns if c.startswith("config.")]
     for keys, g in df.groupby(by, dropna=False):
         first = g.iloc[0]
@@ -162,6 +163,8 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         rec["code"] = None if missing(code) else code
         rec["commit"] = None if missing(code) else short_version(code, 7)
         flat = {c.removeprefix("config."): first[c] for c in config_cols if not missing(first[c])}
+        if not missing(first.get("kernels")):  # what "auto" resolved to: runs of two paths are two workloads
+            flat["kernels_ran"] = first["kernels"]
         rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
         rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
         rec["sized"] = workload(comparable(flat), without=UNSIZED)  # what a max-size search of it shares
@@ -233,16 +236,6 @@ def code_of(prov: dict) -> str | None:
     """``code_version`` of a row's flattened provenance."""
     flat = {k.removeprefix("provenance."): (None if missing(v) else v) for k, v in prov.items()}
     return code_version(flat)
-
-
-def comparable(flat: dict) -> dict:
-    """A flattened config with its integral floats as integers (a rows column with a gap reads its integers as
-    floats) and numpy scalars as Python's: two readings of one config give one ``workload`` key."""
-    out = {}
-    for k, raw in flat.items():
-        v = raw.item() if hasattr(raw, "item") else raw
-        out[k] = int(v) if isinstance(v, float) and v.is_integer() else v
-    return out
 
 
 def _plain(v):

@@ -19,10 +19,10 @@ import pandas as pd
 
 from zerobench.bench.spec import FIELDS, RENAMED, RunSpec, to_train_config
 from zerobench.config import ConfigError, parse_bytes, to_dict
-from zerobench.report.aggregate import UNKNOWN_HARDWARE, UNSIZED, code_of, comparable, missing, paper_config
+from zerobench.report.aggregate import UNKNOWN_HARDWARE, UNSIZED, code_of, missing, paper_config
 from zerobench.results.provenance import short_version
 from zerobench.results.status import RUN_KEY, with_run_key
-from zerobench.results.workload import differences, flatten, workload
+from zerobench.results.workload import comparable, differences, flatten, kernels_text, workload
 
 BARS = ("zero.offload_optimizer", "zero.offload_param", "zero.nvme_path")
 """Config paths Fig 4 draws as bars of one setting, beside the stage."""
@@ -86,6 +86,9 @@ def _search(run, layers: pd.Series, params: pd.Series) -> dict:
         return default if missing(v) else v
 
     resolved = _resolved(params)
+    kernels = kernels_text(params)
+    if resolved is not None and kernels is not None:  # the path its probes' kernels took, as a run records it
+        resolved["kernels_ran"] = kernels
     prov = {k: v for k, v in params.items() if str(k).startswith("provenance.")}
     offload = col("offload_optimizer", "none")
     hardware = params.get("provenance.hardware.class")

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
+
+from zerobench.results.status import RUN_KEY
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NOT_WORKLOAD = ("system", "preset", "tensorboard_dir", "collective_timeout_s")
 """Config keys that do not change what a step computes: the system's name (compared runs say which system they
@@ -66,3 +72,37 @@ def differences(flats: list[dict[str, object]], shown: tuple[str, ...] = ()) -> 
 def _short(v) -> str:
     v = _leaf(v)
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def kernels_text(row) -> str | None:
+    """A row's ``kernels_ran`` (the paths its run's kernels took, flattened as ``kernels_ran.<part>`` columns) as
+    ``model=fused, optimizer=fused``; None where it has none (rows of before runs recorded them)."""
+    parts = sorted(
+        (str(k)[12:], v) for k, v in row.items() if str(k).startswith("kernels_ran.") and _leaf(v) is not None
+    )
+    return ", ".join(f"{part}={v}" for part, v in parts) or None
+
+
+def with_kernels(df: pd.DataFrame) -> pd.DataFrame:
+    """``kernels``: each run's ``kernels_text`` on every row of it (its status row, written by whoever recorded the
+    run's end, carries none)."""
+    cols = [c for c in df.columns if str(c).startswith("kernels_ran.")]
+    if not cols or df.empty:
+        return df
+    text = [kernels_text(dict(zip(cols, vals))) for vals in zip(*(df[c] for c in cols))]
+    keys = list(zip(*(df[c] for c in RUN_KEY)))
+    per_run: dict = {}
+    for k, t in zip(keys, text):
+        if t is not None:
+            per_run.setdefault(k, t)
+    return df.assign(kernels=[per_run.get(k) for k in keys])
+
+
+def comparable(flat: dict) -> dict:
+    """A flattened config with its integral floats as integers (a rows column with a gap reads its integers as
+    floats) and numpy scalars as Python's: two readings of one config give one ``workload`` key."""
+    out = {}
+    for k, raw in flat.items():
+        v = raw.item() if hasattr(raw, "item") else raw
+        out[k] = int(v) if isinstance(v, float) and v.is_integer() else v
+    return out

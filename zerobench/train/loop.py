@@ -97,7 +97,9 @@ def train(
     if rank == 0:
         report(summary, cfg, say)
         if out_dir is not None:
-            tags = {"instrumented": "callgrind"} if settings.callgrind is not None else None
+            tags = {"instrumented": "callgrind"} if settings.callgrind is not None else {}
+            if summary["kernels"] is not None:  # what "auto" resolved to on these ranks: part of what was measured
+                tags["kernels_ran"] = summary["kernels"]
             write_rows(RowWriter(out_dir, run_id, cfg, suite=suite, tags=tags), summary, cfg, summary["n_measured"])
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()
@@ -250,6 +252,7 @@ def _summarize(
         "model_state_bytes": system.model_state_bytes(),
         "analytic": system.model_state_bytes_analytic(),
         "host": system.host_state_bytes() if hasattr(system, "host_state_bytes") else None,
+        "kernels": system.kernel_paths() if hasattr(system, "kernel_paths") else None,
         "comm_volume": ledger.volume_elements(group="dp") if entry.records_dp_comm else None,
         "mp_volume": ledger.volume_elements(group="tp", tag="mp"),
         "pa_volume": ledger.volume_elements(group="tp", tag="pa"),
@@ -279,10 +282,20 @@ def _summarize(
             else None
         ),
         "ranks": everyone,
+        "kernels": _kernels_ran(everyone),
         "psi": num_params(cfg.model),
         # every rank judged its own figures; the first failure any rank saw is the run's, on every rank
         "failure": next((r["failure"] for r in everyone if r["failure"] is not None), None),
     }
+
+
+def _kernels_ran(ranks: list[dict]) -> dict[str, str] | None:
+    """The kernels' paths of the run (``kernel_paths``): each part's path where every rank took it, else "mixed"
+    (a node whose fused kernels did not load); None for a system without them."""
+    paths = [r["kernels"] for r in ranks if r["kernels"] is not None]
+    if not paths:
+        return None
+    return {part: paths[0][part] if len({p[part] for p in paths}) == 1 else "mixed" for part in paths[0]}
 
 
 def _host(probe: StepProbe, step_cpu: list[float], timed: list[int]) -> dict:

@@ -57,6 +57,7 @@ class ZeroSystem:
         init_gpt(built.engine, cfg.model, built.tp)
         self.store, self.engine = built.store, built.engine
         self.module, self.ledger = model, ledger
+        self.model_kernels = built.kernels
 
     def forward_backward(self, x, y):
         loss = self.module(x, y)
@@ -84,6 +85,12 @@ class ZeroSystem:
 
     def tensors(self) -> list[torch.Tensor]:
         return self.engine.accounting.tensors()
+
+    def kernel_paths(self) -> dict[str, str]:
+        """The paths the model's and the optimizer's kernels took ("fused" or "reference"): ``auto`` takes the
+        reference where the fused kernels do not load (no C++ compiler, no Triton), and such a run's times and
+        working memory are not the fused run's."""
+        return {"model": self.model_kernels, "optimizer": self.engine.adamw.path}
 
     def host_state_bytes(self) -> dict | None:
         """Offloaded model states: measured host bytes and the analytic figure (None without offload)."""

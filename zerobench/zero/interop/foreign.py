@@ -17,6 +17,13 @@ FSDP or DDP loop makes read ``.grad`` and would go wrong without a word:
   ``clip_grad_value_`` over such parameters. Where ``.grad`` is the whole averaged gradient (stage 0, or stage 1 on
   one rank, without TP, fp16 loss scaling or offload) torch's functions are right and pass through.
 
+- **``zero_grad()`` of a module other than the model ``apply_zero`` was given** (``torch.compile(model)``'s
+  ``OptimizedModule``, an outer module holding the model) is ``nn.Module``'s: it clears ``.grad``, which at stages
+  2-3 is None, and left the engine's gradients to add into the next window's. Where such a module holds every
+  parameter an engine trains it also calls ``engine.zero_grad()``, as the model's own does; where it holds some of
+  them (a submodule) at stages 2-3, which keep one partition for them all, it is refused. At stages 0-1 ``.grad`` is
+  cleared by hand as torch clears it.
+
 All are installed once per process, by the first engine, and pass every other optimizer and parameter through.
 """
 
@@ -41,6 +48,7 @@ def install() -> None:
     with_norm = _guarded(module._clip_grads_with_norm_, "clip_grads_with_norm_")
     module._clip_grads_with_norm_ = torch.nn.utils.clip_grads_with_norm_ = with_norm
     torch.nn.utils.clip_grad_value_ = module.clip_grad_value_ = _guarded(module.clip_grad_value_, "clip_grad_value_")
+    torch.nn.Module.zero_grad = _module_zero_grad(torch.nn.Module.zero_grad)
 
 
 def _engines(params) -> dict[int, tuple[object, set[int]]]:
@@ -126,3 +134,25 @@ def _guarded(fn, name: str):
 
     guarded.zerobench_routed = True
     return guarded
+
+
+def _module_zero_grad(zero_grad):
+    """``nn.Module.zero_grad``, then the engines' whose trained parameters the module holds (module docstring)."""
+
+    @functools.wraps(zero_grad)
+    def routed(self, set_to_none: bool = True) -> None:
+        found = _engines(self.parameters())
+        for engine, given in found.values():
+            if len(given) != len(engine.zparams) and engine.stage >= 2:
+                raise RuntimeError(
+                    f"{type(self).__name__}.zero_grad() on part of a ZeRO engine's trained parameters (stage "
+                    f"{engine.stage}): their gradients live in one partition with the others', so it cannot clear "
+                    "these alone. Call zero_grad() on the model apply_zero was given, or engine.zero_grad()"
+                )
+        zero_grad(self, set_to_none)
+        for engine, given in found.values():
+            if len(given) == len(engine.zparams):
+                engine.zero_grad(set_to_none)
+
+    routed.zerobench_routed = True
+    return routed

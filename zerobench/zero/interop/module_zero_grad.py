@@ -9,8 +9,9 @@ holds, and the next window's gradients would be added to the last one's.
 ``route_zero_grad`` gives the model a class made for it, deriving from the model's, whose ``zero_grad`` calls the
 engine's ``zero_grad()`` and clears any other parameter's ``.grad`` as ``nn.Module.zero_grad`` does. The class keeps
 the model's name and ``isinstance`` answers; ``copy.deepcopy`` gives back an object of the model's own class without
-the link (a copy, e.g. an EMA model, is not trained by the engine). A submodule's own ``zero_grad()`` is not routed:
-call the model's or the engine's.
+the link (a copy, e.g. an EMA model, is not trained by the engine). A module built around the model (``torch.compile``,
+an outer module) and a submodule keep ``nn.Module.zero_grad``, which ``interop/foreign.py`` routes: the first to the
+engine, the second refused at stages 2-3.
 
 The class's ``_apply`` (what ``.to()``, ``.half()``, ``.cuda()``, ``.to_empty()`` and the like are made of) refuses,
 in one line, a conversion that would give the parameters new tensors: they are views of the engine's buffers (or

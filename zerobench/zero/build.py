@@ -161,6 +161,7 @@ def attach_params(
         for zp in zparams:
             zp.param.data = st.replica.param_view(zp.slot.index)
             zp.state = ParamState.REPLICATED
+        st.viewers = list(zparams)
         return None
     transfer = st.host.transfer if st.shards_on_host else None
     return Stage3Gatherer.build(

@@ -66,6 +66,18 @@ class ZeroParam:
         if grad.dtype is not dtype:
             raise self.converted(f"got a {grad.dtype} gradient", dtype)
 
+    def check_assigned(self, data: torch.Tensor, view: torch.Tensor) -> None:
+        """Refuse, in one line, a tensor assigned to the parameter's ``.data`` that its view of the engine's buffer
+        cannot take: another dtype (a conversion), shape or device."""
+        if data.dtype != view.dtype:
+            raise self.converted(f"is {data.dtype}", view.dtype)
+        if data.shape != view.shape or data.device != view.device:
+            raise RuntimeError(
+                f"parameter {self.name!r} was assigned a tensor of shape {tuple(data.shape)} on {data.device} after "
+                f"apply_zero, where it is {tuple(view.shape)} on {view.device}: assign one of its shape and device "
+                "(or load values with load_state_dict)"
+            )
+
     def converted(self, what: str, dtype: torch.dtype) -> RuntimeError:
         """The one-line error for a parameter converted after ``apply_zero`` (found by ``what``)."""
         return RuntimeError(

@@ -81,7 +81,9 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
             scale *= coef
     out, on_chunk = storage.step_output()
     # a parameter changed in place since the last step (storage.adopt_edits) is stepped from its new value: under
-    # offload adopted here, with a device master inside the kernels' own pass (adopt=)
+    # offload adopted here, with a device master inside the kernels' own pass (adopt=); one whose .data was
+    # assigned is taken back into its view first
+    storage.reattach()
     if storage.watches_edits:
         storage.adopt_edits()
     engine.adamw.step(grads, scale, out=out, on_chunk=on_chunk, hyper=hyper, adopt=storage.adopts_edits)

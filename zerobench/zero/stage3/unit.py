@@ -110,8 +110,30 @@ class ParamUnit:
             for zp, view in zip(self.zparams, self.views):
                 if zp.param.dtype is not view.dtype:  # a submodule's .half() after apply_zero: refused, not undone
                     raise zp.converted(f"is {zp.param.dtype}", view.dtype)
+                if zp.param.numel():  # .data assigned while freed: the gather would silently replace it
+                    raise RuntimeError(
+                        f"parameter {zp.name!r} was assigned .data (shape {tuple(zp.param.shape)}) while stage 3 held "
+                        "it partitioned, and the gather would replace those values: assign inside "
+                        "engine.gathered_params(modifier_rank=0), or load them with load_state_dict"
+                    )
                 zp.param.data = view
             self._set_state(ParamState.UNSHARDED)
+
+    @torch.no_grad()
+    def reattach(self, keep: bool = True) -> None:
+        """While gathered: take back a parameter whose ``.data`` was assigned (inside ``gathered_params``): its values
+        into its view of the gathered buffer and the view put back, so that what the context's exit broadcasts and
+        writes back is what the model holds (``keep=False``: the view put back, the values discarded)."""
+        if self.state is not ParamState.UNSHARDED:
+            return
+        for zp, view in zip(self.zparams, self.views):
+            data = zp.param.data
+            if data.shape == view.shape and (data.numel() == 0 or data.data_ptr() == view.data_ptr()):
+                continue
+            if keep:
+                zp.check_assigned(data, view)
+                view.copy_(data)
+            zp.param.data = view
 
     def free(self, keep_values: bool = False) -> None:
         """Free the gathered buffer: its storage is resized to 0 in place, so views autograd saved see the values

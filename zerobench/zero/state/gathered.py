@@ -85,6 +85,11 @@ class GatheredParams:
     def __exit__(self, exc_type, exc, tb) -> None:
         e = self.engine
         try:
+            # a parameter whose .data was assigned inside goes back into the buffers first: what is broadcast and
+            # written back is what the model holds (discarded with the rest under writeback=False)
+            e.storage.reattach(self.writeback)
+            for unit in e.gatherer.units if e.gatherer is not None else []:
+                unit.reattach(self.writeback)
             if self._saved:
                 for t, copy in self._saved:
                     t.copy_(copy)

@@ -70,6 +70,9 @@ class ParamStorage:
             self.master = self._device_master.bucket_views()
         else:  # fp32 without offload: the parameters are the master
             self.master = self.shards
+        self.viewers: list = []
+        """Stages 0-2: the ``ZeroParam`` of each trained parameter, whose ``.data`` is a view of the replica
+        (``reattach`` checks that it still is); set when the views are attached."""
         self._sums: list[torch.Tensor] | None = None
         """Under optimizer offload at stages 1-2: each device shard's signature (``storage/signature.py``) when shard
         and master last agreed (after the step's copy-back, or an adopt); None when something else wrote them since
@@ -172,6 +175,31 @@ class ParamStorage:
         self._sums = now
 
     @torch.no_grad()
+    def reattach(self, keep: bool = True) -> None:
+        """Stages 0-2: take back a parameter whose ``.data`` was assigned since ``apply_zero`` (``p.data = t``,
+        ``torch.nn.utils.vector_to_parameters``, an ``_init_weights`` that assigns). It no longer viewed the replica:
+        the model read the assigned tensor and never saw another step, while the engine stepped (and checkpointed)
+        the buffer's values. Its values are copied into its view and the view put back, as torch's optimizer steps
+        whatever tensor the parameter holds; ``adopt_edits`` then takes them into the master. A tensor of another
+        shape, dtype or device is refused in one line. One pointer comparison per parameter. ``keep=False``
+        (``gathered_params(writeback=False)``'s exit) puts the views back and discards the assigned values."""
+        if self.replica is None:
+            return
+        buf = self.replica.data
+        base, size = buf.data_ptr(), buf.element_size()
+        for zp in self.viewers:
+            s = self.layout.params[zp.slot.index]
+            data = zp.param.data
+            if data.shape == s.shape and (data.numel() == 0 or data.data_ptr() == base + s.start * size):
+                continue
+            view = self.replica.param_view(zp.slot.index)
+            if keep:
+                zp.check_assigned(data, view)
+                view.copy_(data)
+                self.rewritten()
+            zp.param.data = view
+
+    @torch.no_grad()
     def adopt_edits(self) -> None:
         """Take parameters changed in place since the step last wrote them into the fp32 master, as
         ``torch.optim`` steps whatever value a parameter holds: every element of this rank's shard whose bits
@@ -183,7 +211,9 @@ class ParamStorage:
         master between steps (checkpoints, exports, ``safe_get_full_fp32_param``) call this first. At stages
         1-2 each rank takes its own shard's changes, and the step's all-gather gives every rank the owners'
         values: a change made on every rank is kept everywhere. Under optimizer offload (``watches_edits``) the
-        step calls this first; a shard whose signature is the one the step left is not read."""
+        step calls this first; a shard whose signature is the one the step left is not read. A parameter whose
+        ``.data`` was assigned is taken back first (``reattach``)."""
+        self.reattach()
         if self.adopts_edits:
             for shard, master in zip(self.shards, self.master):
                 kernels.reference.adopt_(master, shard)

@@ -84,6 +84,12 @@ class DynamicLossScaler:
             self.good_steps = 0
             self.hysteresis_left = cfg.hysteresis
 
+    def skip_nonfinite(self) -> None:
+        """A step skipped outside fp16 on a non-finite gradient (``engine.skip_nonfinite``): counted in
+        ``skipped_steps`` and ``updates``, as DeepSpeed counts it; there is no scale to move."""
+        self.skipped_steps += 1
+        self.updates += 1
+
     def _grows(self) -> bool:
         cfg = self.cfg
         if cfg.rule is LossScaleRule.TORCH:
@@ -131,7 +137,12 @@ class DynamicLossScaler:
         checkpoint saved before they existed take what the older ones say: ``hysteresis_left`` the configured
         hysteresis, ``clean_steps`` ``good_steps`` (the overflow-free steps since the last growth, a lower bound
         of those since the last overflow), ``updates`` 0; one saved before ``enabled`` was recorded loads as it
-        says."""
+        says. A disabled scaler given a disabled one's state takes its counters (steps skipped on a non-finite
+        gradient: ``skip_nonfinite``)."""
+        if not self.enabled and sd.get("enabled", True) is False:
+            self.skipped_steps = int(sd.get("skipped_steps", 0))
+            self.updates = int(sd.get("updates", 0))
+            return
         if not self.enabled or not sd.get("enabled", True):
             return
         self.scale = float(sd["scale"])

@@ -70,8 +70,8 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         storage.host.finish_grad_copies()
     grads = engine.grad_chunks()
     sharded = engine.grads_sharded
-    if scaler.enabled and found_nonfinite(engine, grads, sharded):
-        scaler.update(overflow=True)
+    if (scaler.enabled or engine.skip_nonfinite) and found_nonfinite(engine, grads, sharded):
+        scaler.update(overflow=True) if scaler.enabled else scaler.skip_nonfinite()
         return False, float("inf")
     scale, norm = clip / scaler.scale, None
     if engine.config.clip_grad_norm is not None:

@@ -53,10 +53,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._groups = len(self.param_groups)
         self.hyper()  # a bad value in a group fails at construction, not at the first step
         self.applied = False
-        """Whether the last ``step()`` updated the parameters (False: no gradient, or an fp16 overflow)."""
+        """Whether the last ``step()`` updated the parameters (False: no gradient, or a skipped overflow)."""
         self.overflow = False
-        """Whether the last ``step()`` was skipped on an fp16 overflow (DeepSpeed's fp16 optimizers' flag, which
-        Accelerate reads as ``step_was_skipped``; always False outside fp16)."""
+        """Whether the last ``step()`` was skipped on a non-finite gradient: an fp16 overflow, or outside fp16 under
+        ``engine.skip_nonfinite`` (DeepSpeed's optimizers' flag, which Accelerate reads as ``step_was_skipped``)."""
 
     def add_param_group(self, param_group: dict) -> None:
         if self._ready:

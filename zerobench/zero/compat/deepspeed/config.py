@@ -25,7 +25,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
-from zerobench.zero.compat.deepspeed.precision import read_precision, stage0_loss_scale
+from zerobench.zero.compat.deepspeed.precision import read_precision, skips_nonfinite, stage0_loss_scale
 from zerobench.zero.compat.deepspeed.values import flag, is_num, known, num, section
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 
@@ -105,6 +105,9 @@ class DeepSpeedConfig:
     tag_validation: str = "WARN"
     """``checkpoint.tag_validation``: what ``save_checkpoint`` does when the ranks give different tags (``WARN``,
     DeepSpeed's default; ``FAIL``; ``IGNORE``)."""
+    skip_nonfinite: bool = False
+    """Whether DeepSpeed would skip the step of a window with a non-finite gradient outside fp16
+    (``precision.skips_nonfinite``): the engine's ``skip_nonfinite``."""
 
 
 def load(config) -> dict:
@@ -369,4 +372,5 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     zero.validate()
     tags = _checkpoint(cfg, ignored)
     drop_last = flag(cfg, "dataloader_drop_last", False, "")
-    return DeepSpeedConfig(zero, micro, train, drop_last, tuple(ignored), parse(cfg.get("scheduler")), tags)
+    skip = skips_nonfinite(cfg, precision, zero.stage)
+    return DeepSpeedConfig(zero, micro, train, drop_last, tuple(ignored), parse(cfg.get("scheduler")), tags, skip)

@@ -38,8 +38,9 @@ _MISSING = object()
 
 class DeepSpeedEngine(ZeroEngine):
     """A ``ZeroEngine`` with DeepSpeed's engine names (see the module docstring). Counters: ``micro_steps`` counts
-    ``step()`` calls, ``global_steps`` optimizer steps (fp16-skipped ones included), ``skipped_steps`` fp16
-    overflows; the batch sizes are the config ``initialize`` read. Made by ``as_deepspeed``, never constructed."""
+    ``step()`` calls, ``global_steps`` optimizer steps (skipped ones included), ``skipped_steps`` those skipped on a
+    non-finite gradient (an fp16 overflow, or ``skip_nonfinite``'s); the batch sizes are the config ``initialize``
+    read. Made by ``as_deepspeed``, never constructed."""
 
     lr_scheduler = None
     """The learning-rate scheduler ``initialize`` attached (stepped after every applied step, checkpointed)."""
@@ -172,7 +173,8 @@ class DeepSpeedEngine(ZeroEngine):
 
     @property
     def skipped_steps(self) -> int:
-        """Optimizer steps skipped on an fp16 overflow (DeepSpeed's counter)."""
+        """Optimizer steps skipped on a non-finite gradient: fp16 overflows, and outside fp16 those ``skip_nonfinite``
+        skips (DeepSpeed's counter)."""
         return self.scaler.skipped_steps
 
     @property
@@ -215,7 +217,8 @@ class DeepSpeedEngine(ZeroEngine):
         return self.param_dtype == torch.bfloat16
 
     def was_step_applied(self) -> bool:
-        """Whether the latest step updated the parameters (not inside a window, nor on an fp16 overflow)."""
+        """Whether the latest step updated the parameters (not inside a window, nor skipped on a non-finite
+        gradient)."""
         return self.optimizer.applied
 
     def get_global_grad_norm(self) -> float | None:

@@ -47,7 +47,7 @@ def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleC
     if bf16_on and fp16_on:
         raise ConfigError("DeepSpeed config enables both bf16 and fp16: choose one")
     if not fp16_on:
-        ignored += [f"bf16.{k}" for k in bf16 if k != "enabled"]
+        ignored += [f"bf16.{k}" for k in bf16 if k not in ("enabled", "check_grad_overflow")]
         return (Precision.BF16 if bf16_on else Precision.FP32), LossScaleConfig()
     static = num(fp16, "loss_scale", 0, float, "fp16")
     if static < 0:
@@ -94,3 +94,17 @@ def stage0_loss_scale(loss_scale: LossScaleConfig, fp16: dict, ignored: list[str
         return loss_scale
     ignored += [f"fp16.{k}" for k in ("hysteresis", "consecutive_hysteresis") if k in fp16]
     return dataclasses.replace(loss_scale, hysteresis=1, consecutive_hysteresis=False, stop_at_min=False)
+
+
+def skips_nonfinite(cfg: dict, precision: Precision, stage: int) -> bool:
+    """Whether DeepSpeed skips the optimizer step of a window whose gradient holds an inf or NaN, outside fp16
+    (whose loss scaler always does): its ZeRO optimizers do in fp32 (stages 1-3, where they compute the gradient's
+    norm), its bf16 optimizer at stage 0 and its stage-3 optimizer in bf16 too, and at bf16 stages 1-2 where
+    ``bf16.check_grad_overflow`` is on (its default). fp32 at stage 0 is a torch optimizer's step, which runs on it."""
+    if precision is Precision.FP16:
+        return False
+    if precision is Precision.FP32:
+        return stage >= 1
+    if stage in (1, 2):
+        return flag(section(cfg, "bf16") or section(cfg, "bfloat16"), "check_grad_overflow", True, "bf16")
+    return True

@@ -20,6 +20,7 @@ two scale the loss differently (``zero/grads/backward.py``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -50,6 +51,10 @@ class AccumulationWindow:
         it is set again: True ends the window at this micro-batch whatever the count (a window shorter or longer
         than ``accum``, e.g. an epoch's last); False makes it one more micro-batch of the window that does not
         synchronise, as under ``no_sync()``. None: windows are counted."""
+        self.rule: Callable[[], bool] | None = None
+        """Where no boundary is set by hand: whether the current micro-batch ends its window, asked at each
+        backward (``initialize``'s engine: DeepSpeed counts micro-batches in ``engine.step()`` calls, so every
+        backward between two of them belongs to one micro-batch). None: each backward is a micro-batch."""
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -68,10 +73,11 @@ class AccumulationWindow:
                 "of a window"
             )
         self.plain = plain
-        if self.suspended or self.boundary is False:
+        boundary = self.boundary if self.boundary is not None or self.rule is None else self.rule()
+        if self.suspended or boundary is False:
             self.unsynced += 1
             return MicroBatch(sync=False, first=first)
-        if self.boundary:  # the window ends here: count it whole
+        if boundary:  # the window ends here: count it whole
             self.counted = (self.counted // self.accum + 1) * self.accum
             self.unsynced = 0
             return MicroBatch(sync=True, first=first)
@@ -98,6 +104,12 @@ class AccumulationWindow:
             raise RuntimeError(
                 f"step() after {self.counted % self.accum} of {self.accum} micro-batches: call "
                 f"backward() for every micro-batch first"
+            )
+        if self.unsynced and self.rule is not None and self.boundary is None:
+            raise RuntimeError(
+                f"step() after {self.unsynced} backward pass(es) of a window that has not ended: this engine counts "
+                "micro-batches in engine.step() calls, as DeepSpeed's does; call engine.step() after each "
+                "micro-batch's backward (it steps at the window's end)"
             )
         if self.unsynced:
             raise RuntimeError(

@@ -87,8 +87,11 @@ class DeepSpeedEngine(ZeroEngine):
     def step(self, lr_kwargs: dict | None = None) -> bool:
         """``ZeroEngine.step``; ``lr_kwargs`` go to the scheduler's ``step`` after an applied optimizer step, as
         DeepSpeed's ``engine.step(lr_kwargs=...)`` passes them. With the boundary set to False by hand
-        (``set_gradient_accumulation_boundary``) it is not a boundary: nothing is stepped, as DeepSpeed's."""
-        if self.window.boundary is False:
+        (``set_gradient_accumulation_boundary``) it is not a boundary: nothing is stepped, as DeepSpeed's; so with
+        windows counted in ``step()`` calls (``initialize``'s engine: ``count_micro_batches_in_steps``) before the
+        window's last micro-batch."""
+        counted = self.window.boundary is None and self.window.rule is not None
+        if self.window.boundary is False or (counted and not self.is_gradient_accumulation_boundary()):
             check_live(self, "step()")
             self.micro_steps += 1
             self.optimizer.applied = self.optimizer.overflow = False
@@ -189,6 +192,13 @@ class DeepSpeedEngine(ZeroEngine):
         if self.window.boundary is not None:
             return self.window.boundary
         return (self.micro_steps - self._window_start + 1) % self.config.grad_accum_steps == 0
+
+    def count_micro_batches_in_steps(self) -> None:
+        """Count a window's micro-batches in ``step()`` calls, as DeepSpeed's engine does (``initialize`` sets it):
+        every backward between two ``step()`` calls belongs to one micro-batch (two losses, or a ``retain_graph``
+        backward, before one ``step()``), and the window ends with the ``gradient_accumulation_steps()``-th. Counted
+        in backward calls, such a loop stepped every micro-batch, on part of the window's gradient."""
+        self.window.rule = self.is_gradient_accumulation_boundary
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """DeepSpeed's (what Accelerate calls before every backward, with its ``sync_gradients``): from now on

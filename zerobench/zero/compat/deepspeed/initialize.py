@@ -235,6 +235,7 @@ def _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler,
     engine = as_deepspeed(engine, cfg.micro_batch)
     engine.tag_validation = cfg.tag_validation
     engine.skip_nonfinite = cfg.skip_nonfinite  # DeepSpeed's optimizers skip a non-finite window outside fp16 too
+    engine.count_micro_batches_in_steps()  # as DeepSpeed's engine: a micro-batch ends at step()
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     engine.training_dataloader = loader
     if client is not None:

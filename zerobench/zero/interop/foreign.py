@@ -24,12 +24,23 @@ FSDP or DDP loop makes read ``.grad`` and would go wrong without a word:
   them (a submodule) at stages 2-3, which keep one partition for them all, it is refused. At stages 0-1 ``.grad`` is
   cleared by hand as torch clears it.
 
+- **``torch.distributed.checkpoint``'s state-dict API** (``get_state_dict``, ``get_optimizer_state_dict``,
+  ``set_state_dict``, ``set_optimizer_state_dict``) over an engine's optimizer: its ``state`` is empty (the
+  moments are this rank's partition of flat buffers, in ``state_dict()``'s ``zero_shard``), so DCP took it for
+  uninitialised and ran a step with zero gradients at lr 0 to create it (the moments decayed, the step count
+  moved), then saved no optimizer state at all. Its ``_init_optim_state``, which all four call as they run, refuses a
+  ZeRO optimizer in one line; the module is patched when it is imported (importing it costs most of a second, so it
+  is not imported for this).
+
 All are installed once per process, by the first engine, and pass every other optimizer and parameter through.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
+import sys
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -49,6 +60,10 @@ def install() -> None:
     module._clip_grads_with_norm_ = torch.nn.utils.clip_grads_with_norm_ = with_norm
     torch.nn.utils.clip_grad_value_ = module.clip_grad_value_ = _guarded(module.clip_grad_value_, "clip_grad_value_")
     torch.nn.Module.zero_grad = _module_zero_grad(torch.nn.Module.zero_grad)
+    if _DCP in sys.modules:
+        _guard_dcp(sys.modules[_DCP])
+    else:
+        sys.meta_path.insert(0, _DcpFinder())
 
 
 def _engines(params) -> dict[int, tuple[object, set[int]]]:
@@ -156,3 +171,48 @@ def _module_zero_grad(zero_grad):
 
     routed.zerobench_routed = True
     return routed
+
+
+_DCP = "torch.distributed.checkpoint.state_dict"
+
+
+class _DcpFinder(importlib.abc.MetaPathFinder):
+    """Patches ``torch.distributed.checkpoint.state_dict`` as it is imported (``_guard_dcp``), then leaves."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _DCP:
+            return None
+        sys.meta_path.remove(self)  # the module's own spec, from the finders after this one
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _guard_dcp(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _guard_dcp(module) -> None:
+    init = module._init_optim_state
+    if getattr(init, "zerobench_routed", False):
+        return
+
+    @functools.wraps(init)
+    def guarded(optim):
+        from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
+
+        if isinstance(optim, ZeroOptimizer):
+            raise RuntimeError(
+                "torch.distributed.checkpoint's state dicts cannot hold a ZeRO engine's optimizer state (this rank's "
+                "partition of flat buffers): DCP would save none, after running a step to create it. Checkpoint with "
+                "engine.save_checkpoint() or zerobench.zero.state.checkpoint's save_sharded(), and take the weights "
+                "alone with get_model_state_dict(model)"
+            )
+        return init(optim)
+
+    guarded.zerobench_routed = True
+    module._init_optim_state = guarded

@@ -49,10 +49,13 @@ def _across_stages(rank: int, world: int, directory: str) -> dict:
 
     out = {}
     for a, b in PAIRS:
-        _, saved = _trained(rank, world, a)
+        trained, saved = _trained(rank, world, a)
         want = full_parameters(saved)
-        _, fresh = _engine(b)
-        try:
+        with saved.gathered_params():
+            weights = {k: v.clone() for k, v in trained.state_dict().items()}
+        fresh_model, fresh = _engine(b)
+        try:  # torch's resume: the model's weights, then the optimizer's state (which leaves the weights alone)
+            fresh_model.load_state_dict(weights)
             fresh.optimizer.load_state_dict(saved.optimizer.state_dict())
             got = full_parameters(fresh)
             said = max((got[n] - want[n]).abs().max().item() for n in got)

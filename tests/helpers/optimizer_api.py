@@ -174,7 +174,9 @@ def _clip_p(rank, world, stage, model, data, group, p: float, max_norm: float) -
 
 
 def _resume(rank, world, stage, model, data, group) -> dict:
-    """Stop after 3 steps (lr at half its peak), carry the optimizer's and the scheduler's state dicts into fresh objects, train on."""
+    """Stop after 3 steps (lr at half its peak), carry the model's, the optimizer's and the scheduler's state dicts
+    into fresh objects, train on. As torch's, the optimizer's state leaves the model's weights alone: they come from
+    the model's state dict, loaded first (the optimizer's fp32 master then keeps its bits under bf16)."""
     straight = engine_for(copy.deepcopy(model), group, stage)
     _train(straight, LambdaLR(straight.optimizer, schedule), data, rank, world)
 
@@ -182,7 +184,9 @@ def _resume(rank, world, stage, model, data, group) -> dict:
     sched = LambdaLR(first.optimizer, schedule)
     _train(first, sched, data[:3], rank, world)
     buf = io.BytesIO()
-    torch.save({"optim": first.optimizer.state_dict(), "sched": sched.state_dict()}, buf)
+    with first.gathered_params():
+        weights = {k: v.clone() for k, v in first.module.state_dict().items()}
+    torch.save({"model": weights, "optim": first.optimizer.state_dict(), "sched": sched.state_dict()}, buf)
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
     fresh = make_model("mlp")
@@ -192,6 +196,7 @@ def _resume(rank, world, stage, model, data, group) -> dict:
     second = engine_for(fresh, group, stage)
     sched2 = LambdaLR(second.optimizer, schedule)  # torch's order: the scheduler, then the optimizer's state
     sched2.load_state_dict(saved["sched"])
+    fresh.load_state_dict(saved["model"])
     second.optimizer.load_state_dict(saved["optim"])
     lr_after_load = second.get_lr()[0]
     _train(second, sched2, data[3:], rank, world)

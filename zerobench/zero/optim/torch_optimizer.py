@@ -33,6 +33,7 @@ from zerobench.zero.optim.loss_scale import amp_unscale
 from zerobench.zero.optim.step import check_steppable, optimizer_step
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.shards import load_shard_state_dicts, shard_state_dict
+from zerobench.zero.state.transaction import agree
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 UNSUPPORTED = {"amsgrad": False, "maximize": False, "decoupled_weight_decay": True}
@@ -116,7 +117,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore hyperparameters and this rank's shard (on every DP rank: stages 1-2 re-gather parameters)."""
+        """Restore hyperparameters and this rank's shard (on every DP rank: stages 1-2 re-gather parameters).
+
+        As torch's ``Optimizer.load_state_dict`` it leaves the model's weights as they are: the shard's fp32 master
+        is taken only where the parameter still holds its rounding (a model loaded from the same save: the master
+        then keeps its fp32 bits), and a weight changed since (new or pretrained weights loaded before the
+        optimizer's state, a head re-initialised) is kept, the master taking its value."""
         if "zero_shard" not in state_dict:
             raise ValueError(
                 "not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
@@ -133,7 +139,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             )
         # the shard first: a transaction over the ranks, refused on any rank before anything changes on any; the
         # groups' hyperparameters after it, so a refused shard leaves them as they were
+        storage = self._engine.storage
+        storage.adopt_edits()  # an assigned or edited parameter is what the model holds
+        held = [s.detach().clone() for s in storage.shards]
         load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])
+        keep_held_weights(self._engine, held)
         super().load_state_dict(rest)
 
 
@@ -161,3 +171,20 @@ def _hyper(i: int, g: dict) -> AdamWConfig:
             f"param_groups[{i}] needs eps > 0 and betas in [0, 1), got eps {g['eps']}, betas {g['betas']}"
         )
     return AdamWConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+
+
+@torch.no_grad()
+def keep_held_weights(engine, held: list[torch.Tensor]) -> None:
+    """After a load wrote the master (and the shards from it): where this rank's parameter shard held, before it, a
+    value other than the loaded master's rounding, put that value back, in the master too (``load_state_dict``)."""
+    storage, moved = engine.storage, False
+    for before, shard, master in zip(held, storage.shards, storage.master):
+        same = (before == shard) | (before.isnan() & shard.isnan())
+        if bool(same.all()):
+            continue
+        moved = True
+        keep = ~same.to(master.device)
+        master.copy_(torch.where(keep, before.to(master.device, master.dtype), master))
+    if agree(engine, int(moved)):  # the re-publish is collective: every rank does it if any rank kept a weight
+        storage.rewritten()
+        engine.params_from_master()

@@ -44,7 +44,7 @@ def _call(rank: int, world: int, stage: int, early: bool) -> dict:
     return {"refused": refused, "unchanged": repr(before) == repr(after), "weights": sorted(weights)}
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("early", [False, True], ids=["imported-after", "imported-before"])
 def test_dcp_state_dicts_over_a_zero_optimizer_are_refused_unchanged(world, early):
     for r in run_distributed(_call, world, 1, early, timeout=240):

@@ -17,7 +17,7 @@ from tests.helpers.ds_checkpoint_options import (
     ds_load_options,
     ds_load_tied,
 )
-from tests.helpers.tiers import STAGES
+from tests.helpers.tiers import STAGES, tiered
 
 pytestmark = pytest.mark.dist
 
@@ -191,7 +191,7 @@ def test_weights_tied_otherwise_load_as_torch_load_state_dict(stage, tmp_path):
         assert r["same"]["head_is_saved_head"] and r["untie"]["head_is_saved_head"], r
 
 
-@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("stage", tiered((0, 2, 3), fast=(3,)))
 def test_a_warm_start_keeps_the_new_layers_init_and_refuses_a_schedule_of_other_groups(stage, tmp_path):
     """bf16: the new layer's init, made in place after the engine was built, survives the load (before, the stale
     master was written back over it). A schedule saved for one param group would leave a second undriven: one line,

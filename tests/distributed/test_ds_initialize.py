@@ -352,8 +352,8 @@ print(backend.options._timeout.total_seconds())
 """
 
 
-@pytest.mark.parametrize("launched", [False, True])
-@pytest.mark.parametrize("minutes", [None, "2"])
+@pytest.mark.parametrize("launched", tiered((False, True), fast=(True,)))
+@pytest.mark.parametrize("minutes", tiered((None, "2"), fast=("2",)))
 def test_the_group_initialize_creates_has_deepspeeds_timeout(launched, minutes):
     """The process group ``initialize`` created had a 5-minute collective timeout, whatever the user set: a rank 0
     evaluating or saving for longer killed the job. It is now DeepSpeed's: 30 minutes, or DEEPSPEED_TIMEOUT."""
@@ -417,7 +417,7 @@ def _initialize_twice(rank: int, world: int, stage: int, destroy_first: bool):
     return start, [str(w.message) for w in caught if "earlier engine" in str(w.message)], first_says, moved
 
 
-@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("stage", tiered((0, 2, 3), fast=(3,)))
 def test_a_second_initialize_on_one_model_takes_it_over(stage):
     """As DeepSpeed's second ``initialize`` on a model: the new engine starts from the values the first left (which
     is destroyed, saying so in a warning, none after an explicit ``destroy()``) and trains on. Before, it was

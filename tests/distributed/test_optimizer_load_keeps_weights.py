@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.tiers import STAGES
+from tests.helpers.tiers import tiered
 
 pytestmark = pytest.mark.dist
 
@@ -71,7 +71,7 @@ def _load(rank: int, world: int, stage: int, precision: str) -> dict:
 
 
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", tiered((0, 1, 2, 3), fast=(3,)))
 def test_loading_optimizer_state_keeps_the_models_weights(stage, precision):
     for r in run_distributed(_load, 2, stage, precision, timeout=240):
         assert r["kept"] and r["warm_master"], r

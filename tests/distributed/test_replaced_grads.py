@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.tiers import STAGES
 from zerobench.distributed.collectives import Group
 from zerobench.zero import ZeroConfig, apply_zero
 
@@ -69,7 +70,7 @@ def _zeros_with_no_backward(rank: int, world: int, stage: int) -> dict:
     return {"params": {n: v.tolist() for n, v in after.items()}, "moved": moved}  # plain data across processes
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_zeros_with_no_backward_step_on_every_rank_as_torch(stage):
     """``zero_grad(set_to_none=False)`` then ``step()`` with no backward, on two ranks: every rank steps on the zeros,
     as torch's AdamW does on one process (momentum moves the parameters), and the replicas agree."""
@@ -335,7 +336,7 @@ def test_a_gradient_set_in_the_training_dtype_reads_back_equal(stage, precision)
     assert all(run_distributed(_roundtrip_low_precision, 2, stage, precision, timeout=120))
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", STAGES)
 def test_safe_set_full_grad_is_the_gradient_the_step_trains_on(stage):
     """DeepSpeed's ``safe_set_full_grad`` at every stage on two ranks: read back as set, and two steps on set
     gradients end where torch's AdamW does on them."""

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.tiers import STAGES
+from tests.helpers.tiers import tiered
 
 pytestmark = pytest.mark.dist
 
@@ -54,7 +54,7 @@ def _train(rank: int, world: int, stage: int, wrapper: str) -> dict:
     return {"params": params.tolist(), "refused": refused}
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", tiered((0, 1, 2, 3), fast=(3,)))
 def test_a_wrappers_zero_grad_clears_the_engines_gradients(stage):
     plain = run_distributed(_train, 2, stage, "none", timeout=240)
     for wrapper in ("compiled", "outer"):

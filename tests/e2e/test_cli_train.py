@@ -226,6 +226,7 @@ def test_tensorboard_export(tmp_path):
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
 
 
+@pytest.mark.slow  # two training runs under the tracker with P_a+cpu (19 s on the 2-core VM): the full grid
 def test_p_a_cpu_checkpoints_are_host_memory_outside_the_device_budget(tmp_path):
     """P_a+cpu (the paper's C5) keeps the checkpoints in host memory, which a (CPU-emulated) device budget leaves out,
     as it leaves out optimizer offload's. The tracker counted them anyway (the copy into the host slot, and with M_D

@@ -61,6 +61,12 @@ from zerobench.zero.storage.placement import Placement
 class ZeroEngine:
     """The engine ``apply_zero`` returns; see the module docstring and docs/engine.md."""
 
+    skip_nonfinite: bool = False
+    """Outside fp16: skip the step of a window whose gradient holds an inf or NaN on any rank (counted in
+    ``scaler.skipped_steps``; ``optimizer.overflow`` says so), as DeepSpeed's ZeRO and bf16 optimizers do, which
+    ``initialize`` sets from a DeepSpeed config. Off, the step runs on it, as ``torch.optim``'s does. Under fp16 the
+    loss scaler always skips such a step."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -110,11 +116,6 @@ class ZeroEngine:
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
         self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
-        self.skip_nonfinite = False
-        """Outside fp16: skip the step of a window whose gradient holds an inf or NaN on any rank (counted in
-        ``scaler.skipped_steps``; ``optimizer.overflow`` says so), as DeepSpeed's ZeRO and bf16 optimizers do, which
-        ``initialize`` sets from a DeepSpeed config. Off, the step runs on it, as ``torch.optim``'s does. Under fp16
-        the loss scaler always skips such a step."""
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
         self.global_rank, self.world_size = (

@@ -188,10 +188,11 @@ class ParamStorage:
         buf = self.replica.data
         base, size = buf.data_ptr(), buf.element_size()
         for zp in self.viewers:
-            s = self.layout.params[zp.slot.index]
-            data = zp.param.data
-            if data.shape == s.shape and (data.numel() == 0 or data.data_ptr() == base + s.start * size):
+            s, p = self.layout.params[zp.slot.index], zp.param
+            # read on the parameter itself: .data would dispatch an op per parameter per step
+            if p.shape == s.shape and (p.numel() == 0 or p.data_ptr() == base + s.start * size):
                 continue
+            data = p.data
             view = self.replica.param_view(zp.slot.index)
             if keep:
                 zp.check_assigned(data, view)

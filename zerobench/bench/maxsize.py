@@ -41,10 +41,11 @@ class MaxSizeResult:
 
 PROBE_STEPS = 2
 """Steps each probe trains: a size must train on, not only take its first step. The first step leaves state that
-lives from the second on (at stage 3, DP 2, a few hundred bytes), and later steps measured add nothing to the
-second's peak; a one-step probe called a size at that edge a fit that then ran out of memory at step 2. (Three
-steps were tried once and reverted after a test whose budget sat at that edge failed on CI: the answer was the
-honest one.)"""
+lives from the second on (840 B for the tiny GPT at DP 1, where the tracked peak is the same in every run), and
+later steps measured add nothing to the second's peak; a one-step probe called a size at that edge a fit that
+then ran out of memory at step 2. With several ranks the overlap of their collectives moves a stage-3 peak by up
+to kilobytes from run to run, so an answer at the edge can differ by a layer between searches. (Three steps were
+tried once and reverted after a test whose budget sat at such an edge failed on CI.)"""
 
 
 def _kernels_ran(probe_dir: Path) -> dict[str, str]:

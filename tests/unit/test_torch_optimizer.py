@@ -95,6 +95,13 @@ def test_one_cycle_momentum_schedules_write_betas():
                 "no decoupled_weight_decay variant"
             ),
         ),
+        # accepted and stepped as if absent before: the step runs under no_grad and is not built for graph capture
+        (
+            "differentiable",
+            True,
+            "param_groups[0]['differentiable']=True: the ZeRO engine's AdamW has no differentiable",
+        ),
+        ("capturable", True, "param_groups[0]['capturable']=True: the ZeRO engine's AdamW has no capturable variant"),
     ],
 )
 def test_bad_values_are_one_line(key, value, message):
@@ -112,6 +119,56 @@ def test_groups_added_after_construction_are_refused():
     opt.param_groups.append(dict(opt.param_groups[0]))
     with pytest.raises(ConfigError, match=r"has 1 param group\(s\), fixed at construction, found 2"):
         opt.hyper()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda g: g[1]["params"].append(g[0]["params"][0]),
+        lambda g: g[0]["params"].remove(g[0]["params"][0]),
+        lambda g: g[0]["params"].pop(),
+        lambda g: g[0]["params"].__setitem__(0, g[1]["params"][0]),
+        lambda g: g[0]["params"].extend([]),
+        lambda g: g[0]["params"].reverse(),
+    ],
+)
+def test_a_groups_parameters_cannot_be_edited(edit):
+    """The partition holds each group's parameters from construction: torch steps each group's current list, so an
+    edit (a parameter moved to a group of lr 0, a bias dropped from decay) used to change nothing the step did."""
+    opt = two_groups()
+    with pytest.raises(ValueError, match=r"hold the parameters given at construction .* apply_zero\(param_groups="):
+        edit(opt.param_groups)
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 1]
+    assert opt.hyper()[1].lr == 1e-3
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [lambda o: o.param_groups.reverse(), lambda o: o.param_groups[0].update(params=list(o.param_groups[0]["params"]))],
+    ids=["reordered", "replaced"],
+)
+def test_reordered_or_replaced_groups_are_refused_at_the_step(edit):
+    """Hyperparameters go to the partition's groups by position: reordered groups stepped the weights with the
+    biases' lr, and the biases with the weights'."""
+    opt = two_groups()
+    edit(opt)
+    with pytest.raises(ConfigError, match=r"param_groups\[0\]\['params'\] is not the list this group was built"):
+        opt.hyper()
+
+
+def test_a_copied_state_dict_has_plain_lists():
+    import copy
+    import pickle
+
+    opt = two_groups()
+    groups = copy.deepcopy(opt.param_groups)
+    assert type(groups[0]["params"]) is list and type(pickle.loads(pickle.dumps(opt.param_groups[0]["params"]))) is list
+    groups[0]["params"].append(1)  # a copy is the caller's to edit
+
+
+def two_groups() -> ZeroOptimizer:
+    a, b = torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))
+    return ZeroOptimizer(None, [{"params": [a]}, {"params": [b], "lr": 1e-3}], CFG)
 
 
 def test_a_plain_torch_state_dict_is_refused():

@@ -23,7 +23,9 @@ partitions.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -36,8 +38,34 @@ from zerobench.zero.state.shards import load_shard_state_dicts, shard_state_dict
 from zerobench.zero.state.transaction import agree
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
-UNSUPPORTED = {"amsgrad": False, "maximize": False, "decoupled_weight_decay": True}
-"""``torch.optim.AdamW`` group keys the engine's step does not implement, with the value it does (refused otherwise)."""
+UNSUPPORTED = {
+    "amsgrad": False,
+    "maximize": False,
+    "decoupled_weight_decay": True,
+    "differentiable": False,
+    "capturable": False,
+}
+"""``torch.optim.AdamW`` group keys the engine's step does not implement, with the value it does (refused otherwise):
+its step runs under ``no_grad`` (no ``differentiable`` graph) and is not written for CUDA-graph capture."""
+
+
+class FixedParams(list):
+    """A param group's ``params`` after construction: the engine laid these parameters out in its partition under
+    this group's hyperparameters, so editing the list (moving a parameter to another group, dropping one) would
+    change nothing the step does. torch's optimizer steps each group's current list; here an edit is refused."""
+
+    def _refuse(self, *args, **kwargs):
+        raise ValueError(
+            "a ZeRO optimizer's param groups hold the parameters given at construction (the engine lays them out "
+            "in its partition): pass the groups you want to apply_zero(param_groups=...) instead of editing "
+            "param_groups[i]['params']"
+        )
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+    def __reduce__(self):  # a copy is a plain list (copy.deepcopy, pickling)
+        return list, (list(self),)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -52,6 +80,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         )
         self._ready = True
         self._groups = len(self.param_groups)
+        for g in self.param_groups:
+            g["params"] = FixedParams(g["params"])
+        self._lists = [g["params"] for g in self.param_groups]
+        """Each group's parameter list, in the order the partition laid the groups out (``hyper`` checks it)."""
         self.hyper()  # a bad value in a group fails at construction, not at the first step
         self.applied = False
         """Whether the last ``step()`` updated the parameters (False: no gradient, or a skipped overflow)."""
@@ -74,6 +106,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 f"the ZeRO optimizer has {self._groups} param group(s), fixed at construction, "
                 f"found {len(self.param_groups)}: pass every group to apply_zero(param_groups=...)"
             )
+        for i, (g, held) in enumerate(zip(self.param_groups, self._lists)):
+            if g["params"] is not held:  # replaced, or the groups reordered: hyperparameters go by position
+                raise ConfigError(
+                    f"param_groups[{i}]['params'] is not the list this group was built with (the groups were "
+                    "reordered, or the list replaced): the engine laid the groups out in its partition at "
+                    "construction; pass the groups you want to apply_zero(param_groups=...)"
+                )
         return [_hyper(i, g) for i, g in enumerate(self.param_groups)]
 
     _step_supports_amp_scaling = True
@@ -111,9 +150,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """torch's format (``param_groups`` with parameter indices, an empty per-parameter ``state``) plus
-        ``zero_shard``: this rank's master and moments (collective at no stage; plain tensors and data)."""
-        sd = super().state_dict()
+        ``zero_shard``: this rank's master and moments (collective at no stage; plain tensors and data). Post-hooks
+        see the whole dict, ``zero_shard`` included, and may return another, as torch's."""
+        with _held(self, "_optimizer_state_dict_post_hooks") as post:
+            sd = super().state_dict()
         sd["zero_shard"] = shard_state_dict(self._engine)
+        for hook in post.values():
+            sd = _or(hook(self, sd), sd)
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -122,7 +165,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         As torch's ``Optimizer.load_state_dict`` it leaves the model's weights as they are: the shard's fp32 master
         is taken only where the parameter still holds its rounding (a model loaded from the same save: the master
         then keeps its fp32 bits), and a weight changed since (new or pretrained weights loaded before the
-        optimizer's state, a head re-initialised) is kept, the master taking its value."""
+        optimizer's state, a head re-initialised) is kept, the master taking its value.
+
+        Pre-hooks run first, on the whole dict (``zero_shard`` included), and the dict they return is the one
+        loaded, as torch's; a hook that raises leaves everything as it was."""
+        state_dict = state_dict.copy()  # shallow, as torch's: a hook's edits stay off the caller's dict
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = _or(hook(self, state_dict), state_dict)
         if "zero_shard" not in state_dict:
             raise ValueError(
                 "not a ZeRO optimizer state dict (no 'zero_shard'): save it with "
@@ -144,7 +193,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
         held = [s.detach().clone() for s in storage.shards]
         load_shard_state_dicts(self._engine, [state_dict["zero_shard"]])
         keep_held_weights(self._engine, held)
-        super().load_state_dict(rest)
+        with _held(self, "_optimizer_load_state_dict_pre_hooks"):  # they ran above
+            super().load_state_dict(rest)
+
+
+@contextlib.contextmanager
+def _held(optimizer, hooks: str):
+    """Run torch's ``state_dict``/``load_state_dict`` without the hooks ``hooks`` names (yielded: the caller runs
+    them where the ZeRO shard puts them in torch's order)."""
+    held = getattr(optimizer, hooks)
+    setattr(optimizer, hooks, OrderedDict())
+    try:
+        yield held
+    finally:
+        setattr(optimizer, hooks, held)
+
+
+def _or(result, state_dict: dict) -> dict:
+    return state_dict if result is None else result
 
 
 def _hyper(i: int, g: dict) -> AdamWConfig:

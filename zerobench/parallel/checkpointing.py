@@ -13,10 +13,18 @@
 
 Applied after TP and before ZeRO. It wraps each block's ``forward`` in place, so parameter names (and
 hence checkpoints) are unchanged.
+
+The recompute is what ``torch.utils.checkpoint`` promises: it replays the forward's RNG states and its autocast
+state, a block input changed in place since its forward is refused as autograd refuses it, and a block whose input
+needs no gradient (frozen embeddings) is still checkpointed. Like torch's reentrant checkpoint, it runs its own
+backward through the block, which accumulates into every parameter of the block: ``torch.autograd.grad`` and
+``backward(inputs=...)`` through it are refused in one line (they would fill ``.grad`` they were not asked for).
+Extra arguments of a block (a mask, a flag) reach it at the recompute too; one that needs a gradient is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import types
 import weakref
@@ -53,6 +61,11 @@ class CheckpointStore:
         self.pinned = False
         self.peak = {"activation_checkpoints": 0, "activation_checkpoints_host": 0}
 
+    @property
+    def aliases(self) -> bool:
+        """Whether ``save`` keeps the input itself (a detached alias sharing its version counter), not a copy."""
+        return not (self.cfg.cpu_offload or self.cfg.contiguous or self.partition)
+
     def _piece_numel(self, numel: int) -> int:
         return -(-numel // self.tp.size) if self.partition else numel
 
@@ -77,7 +90,7 @@ class CheckpointStore:
         """Keep block ``index``'s input ``x``: returns what the forward's node holds until its backward."""
         flat = x.detach().reshape(-1)
         piece = self._piece_numel(flat.numel())
-        if not (self.cfg.cpu_offload or self.cfg.contiguous or self.partition):
+        if self.aliases:
             kept = x.detach()
         else:
             part = flat[self.tp.rank * piece : (self.tp.rank + 1) * piece] if self.partition else flat
@@ -135,26 +148,66 @@ def _set_rng_state(state, device: torch.device) -> None:
         torch.cuda.set_rng_state(state[1], device)
 
 
+def _autocast_state(device: torch.device) -> list[tuple]:
+    """The forward's autocast state for the CPU and the input's device, to re-enter around the recompute."""
+    kinds = ["cpu"] + ([device.type] if device.type == "cuda" else [])
+    return [
+        (k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k), torch.is_autocast_cache_enabled()) for k in kinds
+    ]
+
+
+def _autocast(state: list[tuple]) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for kind, enabled, dtype, cache in state:
+        stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled, cache_enabled=cache))
+    return stack
+
+
+def _versions(tensors) -> list[int]:
+    return [t._version for t in tensors]
+
+
 class _CheckpointFn(torch.autograd.Function):
+    """``forward(x, anchor, run, store, index, extra)``: ``run(x)`` without keeping its activations. ``anchor`` is a
+    tensor that needs a gradient where ``x`` does not (the block's parameters still do), else None. ``extra``: the
+    tensors among the block's other arguments, whose versions the backward checks as it checks ``x``'s."""
+
     @staticmethod
-    def forward(ctx, x, run, store: CheckpointStore, index: int):
+    def forward(ctx, x, anchor, run, store: CheckpointStore, index: int, extra: tuple):
         ctx.run, ctx.store, ctx.index = run, store, index
         ctx.shape, ctx.device = x.shape, x.device
         ctx.rng = _rng_state(x.device)
         ctx.tp_rng = store.rng.get_state() if store.rng is not None else None
+        ctx.autocast = _autocast_state(x.device)
         ctx.saved = store.save(index, x)  # this forward's own, whatever other forwards run before its backward
+        # an alias of x (plain recompute) or of another argument must read at the recompute what the forward read
+        ctx.watched = ((ctx.saved,) if store.aliases else ()) + extra
+        ctx.versions = _versions(ctx.watched)
         with torch.no_grad():
             return run(x)
 
     @staticmethod
     def backward(ctx, grad_out):
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError(
+                f"torch.autograd.grad or backward(inputs=...) through activation-checkpointed block {ctx.index}: "
+                "its recompute runs a backward of its own, which would accumulate into every .grad of the block; "
+                "call loss.backward(), or turn activation checkpointing off for this gradient"
+            )
         saved, ctx.saved = ctx.saved, None  # released as the recompute ends (an M_D slot frees for the next forward)
         if saved is None:
             raise RuntimeError(
                 f"block {ctx.index}'s checkpointed backward ran a second time (retain_graph=True): its saved input "
                 "is released by the first; run one backward per forward, or turn activation checkpointing off"
             )
-        x = ctx.store.load(saved, ctx.shape, ctx.device).detach().requires_grad_(True)
+        if _versions(ctx.watched) != ctx.versions:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"an input of activation-checkpointed block {ctx.index} changed in place after its forward; "
+                "change a copy (x = x * 0, not x.mul_(0))"
+            )
+        ctx.watched = ()
+        x = ctx.store.load(saved, ctx.shape, ctx.device).detach().requires_grad_(ctx.needs_input_grad[0])
         del saved
         now = _rng_state(ctx.device)
         tracker = ctx.store.rng
@@ -163,14 +216,38 @@ class _CheckpointFn(torch.autograd.Function):
         if tracker is not None:
             tracker.set_state(ctx.tp_rng)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), _autocast(ctx.autocast):
                 y = ctx.run(x)
         finally:
             _set_rng_state(now, ctx.device)
             if tracker is not None:
                 tracker.set_state(now_tp)
         torch.autograd.backward(y, grad_out)
-        return x.grad, None, None, None
+        return x.grad, None, None, None, None, None
+
+
+def _checkpointed(block: nn.Module, inner, store: CheckpointStore, index: int):
+    """Block ``index``'s forward, checkpointed: ``inner`` is its original bound forward."""
+
+    def forward(self, x, *args, **kwargs):
+        extra = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not torch.is_grad_enabled():
+            return inner(x, *args, **kwargs)
+        if any(a.requires_grad for a in extra):
+            raise ValueError(
+                f"activation-checkpointed block {index} got an argument besides its input that needs a gradient: "
+                "the recompute differentiates the block's input and parameters only; pass it as the input, or "
+                "detach it"
+            )
+        anchor = None
+        if not x.requires_grad:
+            if not any(p.requires_grad for p in self.parameters()):
+                return inner(x, *args, **kwargs)  # nothing to differentiate: nothing to recompute
+            anchor = torch.empty(0, requires_grad=True)  # the output needs a gradient: the parameters do
+        run = inner if not (args or kwargs) else (lambda h: inner(h, *args, **kwargs))
+        return _CheckpointFn.apply(x, anchor, run, store, index, tuple(extra))
+
+    return types.MethodType(forward, block)
 
 
 def apply_activation_checkpointing(
@@ -190,12 +267,5 @@ def apply_activation_checkpointing(
     tp = Group(None, "tp", 1, 0) if tp is None else Group.coerce(tp, "tp", "apply_activation_checkpointing's tp")
     store = CheckpointStore(cfg, len(blocks), tp, ledger, rng)
     for i, block in enumerate(blocks):
-        inner = block.forward  # the bound original forward
-
-        def forward(self, x, _inner=inner, _i=i):
-            if not torch.is_grad_enabled() or not x.requires_grad:
-                return _inner(x)
-            return _CheckpointFn.apply(x, _inner, store, _i)
-
-        block.forward = types.MethodType(forward, block)
+        block.forward = _checkpointed(block, block.forward, store, i)  # block.forward: the bound original
     return store

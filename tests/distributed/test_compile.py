@@ -26,7 +26,7 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Sequential(nn.Linear(32, 32), nn.GELU()), nn.Linear(32, 4))
 
 
-def _train(rank: int, world: int, stage: int, precision: str, compiled: bool) -> dict:
+def _train(rank: int, world: int, stage: int, precision: str, compiled: str | None) -> dict:
     import warnings
 
     import torch._dynamo
@@ -40,7 +40,14 @@ def _train(rank: int, world: int, stage: int, precision: str, compiled: bool) ->
     engine = apply_zero(
         model, None, ZeroConfig(stage=stage, precision=Precision(precision), bucket_numel=500), units=units
     )
-    forward = torch.compile(model, backend="aot_eager") if compiled else model
+    forward = torch.compile(model, backend="aot_eager") if compiled == "torch.compile" else model
+    if compiled == "engine.compile":  # DeepSpeed's engine.compile, as Accelerate calls it: the module in place
+        from zerobench.zero import as_deepspeed
+
+        forward = as_deepspeed(engine)
+        forward.compile(backend="aot_eager", compile_kwargs={})
+        forward.compile(backend="aot_eager", compile_kwargs={})  # a second call does nothing, as DeepSpeed's
+        assert forward.is_compiled
     g = torch.Generator().manual_seed(rank)
     losses = []
     with warnings.catch_warnings(record=True) as caught:
@@ -59,11 +66,12 @@ def _train(rank: int, world: int, stage: int, precision: str, compiled: bool) ->
     return {"losses": losses, "params": params, "warnings": [str(w.message)[:300] for w in caught]}
 
 
+@pytest.mark.parametrize("how", ["torch.compile", pytest.param("engine.compile", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("stage", tiered((0, 1, 2, 3), fast=(3,)))
-def test_a_compiled_model_trains_as_the_eager_one_without_recompiling(stage, precision):
-    eager = run_distributed(_train, 2, stage, precision, False, timeout=300)
-    compiled = run_distributed(_train, 2, stage, precision, True, timeout=300)
+def test_a_compiled_model_trains_as_the_eager_one_without_recompiling(stage, precision, how):
+    eager = run_distributed(_train, 2, stage, precision, None, timeout=300)
+    compiled = run_distributed(_train, 2, stage, precision, how, timeout=300)
     for e, c in zip(eager, compiled):
         assert c["warnings"] == [], c["warnings"]
         assert c["losses"] == pytest.approx(e["losses"], rel=1e-5 if precision == "fp32" else 1e-2)

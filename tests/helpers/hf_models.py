@@ -12,6 +12,7 @@ loss is the mean over a slice's tokens, so the reference's mean of the per-slice
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 
@@ -284,9 +285,12 @@ def run_generate_lengths(rank: int, world: int) -> dict:
         expected = [plain.generate(prompts[r : r + 1], eos_token_id=eos, **kw) for r in range(world)]
     engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=ds_config(3, world))
     engine.eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         by_engine = engine.generate(prompts[rank : rank + 1], eos_token_id=eos, **kw)
         by_module = engine.module.generate(prompts[rank : rank + 1], eos_token_id=eos, **kw)
+        # HF's Seq2SeqTrainer passes synced_gpus=is_deepspeed_zero3_enabled(): False, since it cannot see this engine
+        by_trainer = engine.module.generate(prompts[rank : rank + 1], eos_token_id=eos, synced_gpus=False, **kw)
     engine.train()
     ids = batches(1)[0][rank : rank + 1]
     out = engine(input_ids=ids, labels=ids)
@@ -295,7 +299,8 @@ def run_generate_lengths(rank: int, world: int) -> dict:
     engine.destroy()
     return {
         "lengths": [e.shape[1] for e in expected],
-        "same": torch.equal(by_engine, expected[rank]) and torch.equal(by_module, expected[rank]),
+        "same": all(torch.equal(t, expected[rank]) for t in (by_engine, by_module, by_trainer)),
+        "warned": [str(w.message) for w in caught if "synced_gpus=False" in str(w.message)],
         "stepped": engine.global_steps == 1,
         "unwrapped": "generate" not in model.__dict__,
     }

@@ -66,6 +66,10 @@ class ZeroEngine:
     ``scaler.skipped_steps``; ``optimizer.overflow`` says so), as DeepSpeed's ZeRO and bf16 optimizers do, which
     ``initialize`` sets from a DeepSpeed config. Off, the step runs on it, as ``torch.optim``'s does. Under fp16 the
     loss scaler always skips such a step."""
+    always_norm: bool = False
+    """Compute the global gradient norm at every step (``last_grad_norm``), not only when clipping needs it, as
+    DeepSpeed's ZeRO, bf16 and fp16 optimizers do, which ``initialize`` sets from a DeepSpeed config (its
+    ``get_global_grad_norm()``). Off, a step without clipping computes none (no extra collective)."""
 
     def __init__(
         self,

@@ -74,8 +74,9 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         scaler.update(overflow=True) if scaler.enabled else scaler.skip_nonfinite()
         return False, float("inf")
     scale, norm = clip / scaler.scale, None
-    if engine.config.clip_grad_norm is not None:
+    if engine.config.clip_grad_norm is not None or engine.always_norm:
         norm = global_grad_norm(engine, grads, sharded) * scale
+    if engine.config.clip_grad_norm is not None:
         coef = engine.config.clip_grad_norm / (norm + 1e-6)
         if coef < 1.0:
             scale *= coef

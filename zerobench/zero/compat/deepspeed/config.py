@@ -65,8 +65,6 @@ _ZERO_TUNING = {
     "stage3_param_persistence_threshold",
     "stage3_max_live_parameters",
     "stage3_max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save",
     "sub_group_size",
     "round_robin_gradients",
     "elastic_checkpoint",
@@ -108,6 +106,10 @@ class DeepSpeedConfig:
     skip_nonfinite: bool = False
     """Whether DeepSpeed would skip the step of a window with a non-finite gradient outside fp16
     (``precision.skips_nonfinite``): the engine's ``skip_nonfinite``."""
+    gather_16bit_on_save: bool = False
+    """``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (or its fp16 name; DeepSpeed's default false):
+    what ``engine.zero_gather_16bit_weights_on_model_save()`` answers, which Accelerate and HF's Trainer read
+    before asking a stage-3 engine for the whole 16-bit state dict."""
 
 
 def load(config) -> dict:
@@ -204,6 +206,8 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
         "cpu_offload_params",
         "stage3_prefetch_bucket_size",
         "ignore_unused_parameters",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save",
     }
     for k, v in zo.items():
         if k in _ZERO_REFUSED and _ZERO_REFUSED[k][1](v):
@@ -373,4 +377,16 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     tags = _checkpoint(cfg, ignored)
     drop_last = flag(cfg, "dataloader_drop_last", False, "")
     skip = skips_nonfinite(cfg, precision, zero.stage)
-    return DeepSpeedConfig(zero, micro, train, drop_last, tuple(ignored), parse(cfg.get("scheduler")), tags, skip)
+    gather = _gather_16bit_on_save(section(cfg, "zero_optimization"))
+    return DeepSpeedConfig(
+        zero, micro, train, drop_last, tuple(ignored), parse(cfg.get("scheduler")), tags, skip, gather
+    )
+
+
+def _gather_16bit_on_save(zo: dict) -> bool:
+    """``stage3_gather_16bit_weights_on_model_save``, or the older ``stage3_gather_fp16_weights_on_model_save``
+    where only it is given (DeepSpeed reads either)."""
+    for key in ("stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"):
+        if key in zo:
+            return flag(zo, key, False, "zero_optimization")
+    return False

@@ -19,6 +19,7 @@ import functools
 import inspect
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -243,15 +244,65 @@ class DeepSpeedEngine(ZeroEngine):
     def eval(self):
         return self.train(False)
 
-    def save_checkpoint(self, save_dir, tag: str | None = None, client_state: dict | None = None, **options) -> Path:
-        """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``checkpoints.py``); collective."""
+    def save_checkpoint(
+        self,
+        save_dir,
+        tag: str | None = None,
+        client_state: dict | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> Path:
+        """``save_dir/<tag>`` and ``save_dir/latest``, with DeepSpeed's options (``checkpoints.py``); collective. The
+        options are named in the signature, as DeepSpeed's are: HF's Trainer passes ``exclude_frozen_parameters``
+        only where ``inspect.signature`` shows it."""
         check_live(self, "save_checkpoint()")
-        return save_tagged(self, save_dir, tag, client_state, **options)
+        return save_tagged(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag: str | None = None, **options):
         """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``checkpoints.py``)."""
         check_live(self, "load_checkpoint()")
         return load_tagged(self, load_dir, tag, **options)
+
+    gather_16bit_on_save = False
+    """``stage3_gather_16bit_weights_on_model_save`` of the DeepSpeed config (``initialize`` sets it)."""
+    _is_compiled = False
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """DeepSpeed's: whether the config asks a stage-3 save to gather the 16-bit weights; Accelerate's and HF
+        Trainer's ``get_state_dict`` read it before ``_zero3_consolidated_16bit_state_dict()`` (false: they save a
+        checkpoint instead)."""
+        return self.gather_16bit_on_save
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """DeepSpeed's: the whole state dict in the training dtype on the host, on DP rank 0, None on the others;
+        stage 3 only (as DeepSpeed's, which raises ``ValueError`` below it). Collective: call it on every rank."""
+        check_live(self, "_zero3_consolidated_16bit_state_dict()")
+        if self.stage < 3:
+            raise ValueError("this function requires ZeRO-3 mode")
+        sd = full_state_dict(self, exclude_frozen_parameters=exclude_frozen_parameters)
+        return sd if self.group.rank == 0 else None
+
+    def compile(self, backend=None, compile_kwargs: dict | None = None, schedule=None, compiled_autograd_enabled=False):
+        """DeepSpeed's ``engine.compile``: the module compiled in place (``nn.Module.compile``) with ``backend``
+        (torch's default where None) and ``compile_kwargs``; the engine's hooks stay eager (``docs/engine.md``). A
+        second call does nothing. DeepCompile's ``schedule`` and compiled autograd are refused in one line."""
+        check_live(self, "compile()")
+        if schedule is not None or compiled_autograd_enabled:
+            raise ConfigError(
+                "engine.compile(): DeepCompile schedules and compiled autograd are DeepSpeed's own passes, not "
+                "supported here; call engine.compile(backend=..., compile_kwargs=...) without them"
+            )
+        if self._is_compiled:
+            return
+        kwargs = dict(compile_kwargs or {})
+        if backend is not None:
+            kwargs["backend"] = backend
+        self.module.compile(**kwargs)
+        self._is_compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._is_compiled
 
     def save_16bit_model(
         self, save_dir: str | os.PathLike, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False
@@ -382,17 +433,28 @@ def _sync_generate(engine: ZeroEngine) -> None:
     ``generate`` stops a rank at its own end of sequence unless ``synced_gpus``, which it turns on by itself only
     under DeepSpeed's ZeRO-3 or FSDP (``is_deepspeed_zero3_enabled``, ``is_fsdp_managed_module``), neither of which
     it can see here: ranks whose prompts end at different lengths then waited on each other's gathers until the
-    collective timed out. The module's ``generate`` (any that takes ``synced_gpus``) now defaults it to True, on the
-    module instance, as HF would under DeepSpeed; ``destroy()`` takes it off again."""
+    collective timed out. The module's ``generate`` (any that takes ``synced_gpus``) now runs with it True, on the
+    module instance, as HF would under DeepSpeed; ``destroy()`` takes it off again. An explicit False (HF's
+    ``Seq2SeqTrainer`` passes ``is_deepspeed_zero3_enabled()``, False here) would hang: it is overridden, with a
+    warning."""
     gen = getattr(engine.module, "generate", None)
     if engine.group.size < 2 or not callable(gen) or "synced_gpus" not in inspect.signature(gen).parameters:
         return
 
     @functools.wraps(gen)
     def generate(*args, **kwargs):
-        if kwargs.get("synced_gpus") is None:
+        if kwargs.get("synced_gpus") is False and not generate.warned:  # HF's Seq2SeqTrainer passes its own guess
+            warnings.warn(
+                "generate(synced_gpus=False) at ZeRO stage 3 over several ranks would leave a rank that ends first "
+                "waiting on the others' gathers until a timeout: generating with synced_gpus=True",
+                stacklevel=2,
+            )
+            generate.warned = True
+        if not kwargs.get("synced_gpus"):
             kwargs["synced_gpus"] = True
         return gen(*args, **kwargs)
+
+    generate.warned = False
 
     generate.synced_by_engine = True
     engine.module.generate = generate

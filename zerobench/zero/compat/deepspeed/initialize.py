@@ -41,6 +41,7 @@ from zerobench.distributed.collectives import Group
 from zerobench.zero.compat.deepspeed.client import check_scheduler, client_groups, rebind, share_groups
 from zerobench.zero.compat.deepspeed.config import DeepSpeedConfig, from_deepspeed
 from zerobench.zero.compat.deepspeed.lr_schedules import attach, build
+from zerobench.zero.config import Precision
 
 
 def _init_distributed() -> torch.device:
@@ -235,6 +236,9 @@ def _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler,
     engine = as_deepspeed(engine, cfg.micro_batch)
     engine.tag_validation = cfg.tag_validation
     engine.skip_nonfinite = cfg.skip_nonfinite  # DeepSpeed's optimizers skip a non-finite window outside fp16 too
+    # and compute the global norm at every step, clipping or not; only fp32 stage 0 steps a plain torch optimizer
+    engine.always_norm = cfg.zero.stage > 0 or cfg.zero.precision is not Precision.FP32
+    engine.gather_16bit_on_save = cfg.gather_16bit_on_save
     engine.count_micro_batches_in_steps()  # as DeepSpeed's engine: a micro-batch ends at step()
     loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
     engine.training_dataloader = loader

@@ -102,6 +102,8 @@ def _deepspeed_loop(rank: int, world: int, stage: int, mesh: bool = False, sourc
         dp_group=group,
     )
     assert optimizer is engine.optimizer and scheduler.optimizer is optimizer and engine.lr_scheduler is scheduler
+    # DeepSpeed's loader keeps its sampler as data_sampler: scripts reshuffle with loader.data_sampler.set_epoch(e)
+    assert loader.data_sampler is loader.sampler and hasattr(loader.data_sampler, "set_epoch")
     returned = []
     for x, y in loader:
         loss = F.mse_loss(engine(x), y)

@@ -69,11 +69,15 @@ def _init_distributed() -> torch.device:
 
 def _loader(data, cfg: DeepSpeedConfig, group: Group, collate_fn):
     """DeepSpeed's training loader: micro-batches of this DP rank's share of ``data``, reshuffled per epoch
-    through ``loader.sampler.set_epoch``."""
+    through ``loader.data_sampler.set_epoch`` (DeepSpeed's name for its sampler; ``loader.sampler`` is the same)."""
     from torch.utils.data import DataLoader, DistributedSampler
 
     sampler = DistributedSampler(data, num_replicas=group.size, rank=group.rank)
-    return DataLoader(data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=cfg.drop_last)
+    loader = DataLoader(
+        data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=cfg.drop_last
+    )
+    loader.data_sampler = sampler
+    return loader
 
 
 def _config_of(args, model, config):

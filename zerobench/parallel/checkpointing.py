@@ -15,11 +15,14 @@ Applied after TP and before ZeRO. It wraps each block's ``forward`` in place, so
 hence checkpoints) are unchanged.
 
 The recompute is what ``torch.utils.checkpoint`` promises: it replays the forward's RNG states and its autocast
-state, a block input changed in place since its forward is refused as autograd refuses it, and a block whose input
-needs no gradient (frozen embeddings) is still checkpointed. Like torch's reentrant checkpoint, it runs its own
-backward through the block, which accumulates into every parameter of the block: ``torch.autograd.grad`` and
-``backward(inputs=...)`` through it are refused in one line (they would fill ``.grad`` they were not asked for).
-Extra arguments of a block (a mask, a flag) reach it at the recompute too; one that needs a gradient is refused.
+state, and a block input changed in place since its forward is refused as autograd refuses it. Like torch's
+reentrant checkpoint, it runs its own backward through the block, which accumulates into every parameter of the
+block: ``torch.autograd.grad`` and ``backward(inputs=...)`` through it are refused in one line (they would fill
+``.grad`` they were not asked for). A block whose input needs no gradient (after frozen embeddings) runs without
+checkpointing: its parameters then stay in the loss's own graph, where the engine sees that a backward trains them.
+Extra arguments of a block (a mask, a flag) reach it at the recompute too. Only plain values may: tensors (none
+that needs a gradient), numbers, strings, None, and tuples, lists and dicts of them; a stateful object (an HF
+``DynamicCache``, which the recompute would update a second time) is refused in one line.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from zerobench.distributed import collectives as C
 from zerobench.distributed.collectives import Group
@@ -168,12 +172,11 @@ def _versions(tensors) -> list[int]:
 
 
 class _CheckpointFn(torch.autograd.Function):
-    """``forward(x, anchor, run, store, index, extra)``: ``run(x)`` without keeping its activations. ``anchor`` is a
-    tensor that needs a gradient where ``x`` does not (the block's parameters still do), else None. ``extra``: the
-    tensors among the block's other arguments, whose versions the backward checks as it checks ``x``'s."""
+    """``forward(x, run, store, index, extra)``: ``run(x)`` without keeping its activations. ``extra``: the tensors
+    among the block's other arguments, whose versions the backward checks as it checks ``x``'s."""
 
     @staticmethod
-    def forward(ctx, x, anchor, run, store: CheckpointStore, index: int, extra: tuple):
+    def forward(ctx, x, run, store: CheckpointStore, index: int, extra: tuple):
         ctx.run, ctx.store, ctx.index = run, store, index
         ctx.shape, ctx.device = x.shape, x.device
         ctx.rng = _rng_state(x.device)
@@ -207,7 +210,7 @@ class _CheckpointFn(torch.autograd.Function):
                 "change a copy (x = x * 0, not x.mul_(0))"
             )
         ctx.watched = ()
-        x = ctx.store.load(saved, ctx.shape, ctx.device).detach().requires_grad_(ctx.needs_input_grad[0])
+        x = ctx.store.load(saved, ctx.shape, ctx.device).detach().requires_grad_(True)
         del saved
         now = _rng_state(ctx.device)
         tracker = ctx.store.rng
@@ -223,29 +226,43 @@ class _CheckpointFn(torch.autograd.Function):
             if tracker is not None:
                 tracker.set_state(now_tp)
         torch.autograd.backward(y, grad_out)
-        return x.grad, None, None, None, None, None
+        return x.grad, None, None, None, None
+
+
+_PLAIN = (torch.Tensor, bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def _plain_arguments(index: int, args: tuple, kwargs: dict) -> tuple:
+    """The tensors among block ``index``'s other arguments (the backward checks their versions); one line for an
+    argument the recompute cannot take again: a tensor that needs a gradient (it would get none), or a stateful
+    object, which the recompute would use a second time (an HF ``DynamicCache`` would append the keys twice)."""
+    leaves = tree_leaves((args, kwargs))
+    odd = next((a for a in leaves if not isinstance(a, _PLAIN)), None)
+    if odd is not None:
+        raise ValueError(
+            f"activation-checkpointed block {index} got a {type(odd).__name__} argument: the recompute calls the "
+            "block again with its arguments, so only tensors, numbers, strings and None may be passed (for an HF "
+            "model, use_cache=False, as HF's own gradient checkpointing sets it)"
+        )
+    tensors = tuple(a for a in leaves if isinstance(a, torch.Tensor))
+    if any(a.requires_grad for a in tensors):
+        raise ValueError(
+            f"activation-checkpointed block {index} got an argument besides its input that needs a gradient: "
+            "the recompute differentiates the block's input and parameters only; pass it as the input, or "
+            "detach it"
+        )
+    return tensors
 
 
 def _checkpointed(block: nn.Module, inner, store: CheckpointStore, index: int):
     """Block ``index``'s forward, checkpointed: ``inner`` is its original bound forward."""
 
     def forward(self, x, *args, **kwargs):
-        extra = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not x.requires_grad:
             return inner(x, *args, **kwargs)
-        if any(a.requires_grad for a in extra):
-            raise ValueError(
-                f"activation-checkpointed block {index} got an argument besides its input that needs a gradient: "
-                "the recompute differentiates the block's input and parameters only; pass it as the input, or "
-                "detach it"
-            )
-        anchor = None
-        if not x.requires_grad:
-            if not any(p.requires_grad for p in self.parameters()):
-                return inner(x, *args, **kwargs)  # nothing to differentiate: nothing to recompute
-            anchor = torch.empty(0, requires_grad=True)  # the output needs a gradient: the parameters do
+        extra = _plain_arguments(index, args, kwargs) if args or kwargs else ()
         run = inner if not (args or kwargs) else (lambda h: inner(h, *args, **kwargs))
-        return _CheckpointFn.apply(x, anchor, run, store, index, tuple(extra))
+        return _CheckpointFn.apply(x, run, store, index, extra)
 
     return types.MethodType(forward, block)
 

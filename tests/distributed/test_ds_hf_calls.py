@@ -1,7 +1,8 @@
 """The DeepSpeed engine calls Accelerate and HF's Trainer make, at DP 2 against one process on the same batch.
 
 - ``get_global_grad_norm()`` was None without clipping: DeepSpeed's ZeRO, bf16 and fp16 optimizers compute the norm
-  at every step, and Accelerate's ``clip_grad_norm_`` returns it.
+  at every step, and Accelerate's ``clip_grad_norm_`` returns it. After the user's own ``clip_grad_norm_`` it is the
+  norm that call measured, before its clip (the step's own measure would be after it).
 - At stage 3 Accelerate's ``get_state_dict`` (which Trainer's ``save_model`` calls at every checkpoint) asks
   ``zero_gather_16bit_weights_on_model_save()`` and then ``_zero3_consolidated_16bit_state_dict()``: both were
   missing, so every stage-3 Trainer save raised ``AttributeError``.
@@ -60,7 +61,12 @@ def _run(rank: int, world: int, stage: int, precision: str, gather: bool | None)
         ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")).item())
         ref_opt.step()
         ref_opt.zero_grad()
+    x = _batch(3)  # a window the user clips: the reported norm is the one measured before the clip
+    engine.backward(engine(x[rank * 4 : (rank + 1) * 4]).float().pow(2).mean())
+    before_clip = engine.clip_grad_norm_(1e-3).item()
+    engine.step()
     out = {"norms": norms, "ref_norms": ref_norms, "asks": engine.zero_gather_16bit_weights_on_model_save()}
+    out["user_clip"] = (before_clip, engine.get_global_grad_norm())
     try:
         sd = engine._zero3_consolidated_16bit_state_dict()
     except ValueError as e:
@@ -83,6 +89,7 @@ def test_the_global_norm_at_every_step_and_the_stage3_16bit_state_dict(stage, pr
             assert r["norms"] == [None] * 3
         else:
             assert r["norms"] == pytest.approx(r["ref_norms"], rel=1e-5 if precision == "fp32" else 2e-2), r
+        assert r["user_clip"][0] > 1e-2 and r["user_clip"][1] == pytest.approx(r["user_clip"][0], rel=1e-6), r
         assert r["asks"] is (stage == 3)
         if stage < 3:
             assert r["consolidated"] == "ValueError: this function requires ZeRO-3 mode"

@@ -246,6 +246,7 @@ def test_a_plain_python_process_is_a_world_of_one(call, tmp_path):
         ({"optimizer": "sgd"}, "a client SGD cannot be taken: the ZeRO engine's update is AdamW's"),
         ({"optimizer": "adam_l2"}, "adds weight_decay 0.1 to the gradient (L2)"),
         ({"optimizer": "stepped"}, "the client optimizer has already stepped"),
+        ({"optimizer": "differentiable"}, "param_groups[0] sets differentiable=True, which the ZeRO engine's AdamW"),
         ({"optimizer": "sgd_fn"}, "a client SGD cannot be taken"),
         ({"optimizer": 3}, "optimizer= must be a torch.optim.AdamW or a callable"),
         ({"lr_scheduler": "built"}, "lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the"),
@@ -273,6 +274,7 @@ def test_what_initialize_does_not_take_is_one_line(kwargs, words):
         "stepped": stepped,
         "sgd_fn": lambda ps: torch.optim.SGD(ps, lr=0.1),
         "adamw": torch.optim.AdamW(model.parameters()),
+        "differentiable": torch.optim.AdamW(model.parameters(), differentiable=True),
         "built": torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
     }
     clients["ds_args"] = __import__("argparse").Namespace(deepspeed_config="ds.json")

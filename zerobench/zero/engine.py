@@ -70,6 +70,8 @@ class ZeroEngine:
     """Compute the global gradient norm at every step (``last_grad_norm``), not only when clipping needs it, as
     DeepSpeed's ZeRO, bf16 and fp16 optimizers do, which ``initialize`` sets from a DeepSpeed config (its
     ``get_global_grad_norm()``). Off, a step without clipping computes none (no extra collective)."""
+    _norm_taken = False
+    """``clip_grad_norm_`` measured this window's norm (before its clip): the step keeps that one."""
 
     def __init__(
         self,
@@ -230,7 +232,7 @@ class ZeroEngine:
     def _begin_micro(self, plain: bool) -> None:
         mb = self.window.begin(plain)
         if mb.first:
-            self._clip = 1.0
+            self._clip, self._norm_taken = 1.0, False
         divisor = self.group.size * self.config.grad_accum_steps  # a plain pass: loss / gas, as DeepSpeed's
         pre_scale = 1.0 / divisor if plain and divisor > 1 else None
         self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, pre_scale=pre_scale)
@@ -302,7 +304,8 @@ class ZeroEngine:
         check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
         self.window.cleared()
-        self._clip = 1.0  # the discarded window's clip coefficient and unused-parameter check go with it
+        self._clip, self._norm_taken = 1.0, False  # the discarded window's clip coefficient, its norm and
+        # unused-parameter check go with it
         if self._unused_check is not None:
             self._unused_check.wait()
             self._unused_check = None
@@ -321,7 +324,7 @@ class ZeroEngine:
         """
         check_live(self, "clip_grad_norm_()")
         norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
-        self.last_grad_norm = norm
+        self.last_grad_norm, self._norm_taken = norm, True
         self._clip *= clip_coefficient(norm, max_norm)
         return torch.tensor(norm, device=self.device)
 

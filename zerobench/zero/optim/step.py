@@ -31,6 +31,7 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     with engine.allocator.host_region(engine.placement.offloaded):
         clip, engine._clip = engine._clip, 1.0
         stepped, norm = fused_step(engine, hyper, clip)
+        engine._norm_taken = False
     engine.last_grad_norm = norm if norm is not None else engine.last_grad_norm
     if engine.gatherer is not None:  # no unit may carry pre-step values into the next forward
         engine.gatherer.reshard_all()
@@ -74,8 +75,9 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         scaler.update(overflow=True) if scaler.enabled else scaler.skip_nonfinite()
         return False, float("inf")
     scale, norm = clip / scaler.scale, None
-    if engine.config.clip_grad_norm is not None or engine.always_norm:
-        norm = global_grad_norm(engine, grads, sharded) * scale
+    if engine.config.clip_grad_norm is not None or (engine.always_norm and not engine._norm_taken):
+        norm = global_grad_norm(engine, grads, sharded) * scale  # (clip_grad_norm_'s norm, taken before its clip,
+        # is the window's norm: not one measured after it)
     if engine.config.clip_grad_norm is not None:
         coef = engine.config.clip_grad_norm / (norm + 1e-6)
         if coef < 1.0:

@@ -19,8 +19,10 @@ from torch import nn
 
 from zerobench.config import ConfigError
 
-_HOW_TORCH_RUNS_IT = {"foreach", "capturable", "differentiable", "fused"}
+_HOW_TORCH_RUNS_IT = ("foreach", "fused")
 """torch.optim group keys that choose an implementation, not the update: dropped."""
+_NO_VARIANT = ("capturable", "differentiable")
+"""torch.optim switches the engine's step has no variant for: refused set (it would step as if they were not)."""
 
 
 def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.optim.Optimizer, list[dict]]:
@@ -49,7 +51,12 @@ def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.
         )
     groups = []
     for i, group in enumerate(optimizer.param_groups):
-        g = {k: v for k, v in group.items() if k not in _HOW_TORCH_RUNS_IT}
+        if on := [k for k in _NO_VARIANT if group.get(k)]:
+            raise ConfigError(
+                f"initialize: the client optimizer's param_groups[{i}] sets {on[0]}=True, which the ZeRO engine's "
+                f"AdamW has no variant for: build it with {on[0]}=False (torch's default)"
+            )
+        g = {k: v for k, v in group.items() if k not in _HOW_TORCH_RUNS_IT + _NO_VARIANT}
         if not (isinstance(optimizer, torch.optim.AdamW) or g.get("decoupled_weight_decay", False)):
             if g["weight_decay"]:
                 raise ConfigError(

@@ -106,6 +106,9 @@ def refused(request):
             "RuntimeError",
             "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero",
         ),
+        ("added_head_over_a_no_grad_backbone", "RuntimeError", "['2.weight', '2.bias'] were added to the model after"),
+        ("frozen_after_plain_backward", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
+        ("reshaped_after", "RuntimeError", "shape (6"),
         ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),
         ("applied_twice", "ConfigError", "the model is already trained by a ZeRO engine"),
         ("converted_after", "ConfigError", "would detach its parameters from the engine's buffers"),
@@ -119,6 +122,18 @@ def test_refused_in_one_line(refused, case, kind, words):
         got = r[case]
         assert got is not None, f"{case} was accepted"
         assert got[0] == kind and words in got[1] and "\n" not in got[1], got
+
+
+def test_a_parametrization_registered_while_partitioned_is_refused_at_stage3(refused):
+    """Stages 0-2 take back what ``right_inverse`` set (``reattach``); at stage 3 it ran on the empty placeholder."""
+    stage, ranks = refused
+    for r in ranks:
+        got = r["reset_while_partitioned"]
+        if stage < 3:
+            assert got is None, got
+        else:
+            assert got[0] == "RuntimeError" and "\n" not in got[1], got
+            assert "was re-set (set_(), e.g. by register_parametrization's right_inverse) while stage 3" in got[1]
 
 
 def test_submodule_converted_names_the_conversion(refused):

@@ -176,6 +176,55 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
+    def added_head_over_a_no_grad_backbone():
+        """Linear probing as torch users write it: the backward reaches only the new head, so it reduced nothing
+        and step() returned False as a no-op; the head never moved."""
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = ds_apply_zero(m, None, cfg)
+        m.append(nn.Linear(1, 1))
+        with torch.no_grad():
+            features = m[1](m[0](torch.ones(2, 4)))
+        m[2](features).sum().backward()
+        e.optimizer.step()
+
+    def frozen_after_plain_backward():
+        """A frozen parameter the backward check reached first raised AttributeError (no grad_fn) from inside
+        autograd, instead of the one-line refusal."""
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = ds_apply_zero(m, None, cfg)
+        m.requires_grad_(False)
+        m[1].weight.requires_grad_(True)
+        m(torch.ones(2, 4)).sum().backward()
+        e.step()
+
+    def reshaped_after():
+        """.data given another shape (HF's resize_token_embeddings): at stages 0-2 a size mismatch deep in the
+        buckets before (stage 3's gather refuses it)."""
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = ds_apply_zero(m, None, cfg)
+        e.zero_grad()  # as a training loop's last call: .grad is None at every stage
+        m[0].weight.data = torch.ones(6, 4)
+        m[0].bias.data = torch.ones(6)
+        m[1](m[0](torch.ones(2, 4))[:, :4]).sum().backward()
+        e.step()
+
+    def reset_while_partitioned():
+        """register_parametrization's right_inverse at stage 3 outside gathered_params ran on the empty placeholder:
+        the layer then computed f(W) from W never inverted (2W for X / 2), silently."""
+
+        class Halved(nn.Module):
+            def forward(self, x):
+                return 2 * x
+
+            def right_inverse(self, x):
+                return x / 2
+
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        e = ds_apply_zero(m, None, cfg)
+        torch.nn.utils.parametrize.register_parametrization(m[0], "weight", Halved())  # stages 0-2 take it back
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
     def unfrozen_after():
         m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
         m[0].requires_grad_(False)
@@ -221,6 +270,10 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         "frozen_after_unused_allowed": frozen_after_unused_allowed,
         "added_after": added_after,
         "unfrozen_after": unfrozen_after,
+        "added_head_over_a_no_grad_backbone": added_head_over_a_no_grad_backbone,
+        "frozen_after_plain_backward": frozen_after_plain_backward,
+        "reshaped_after": reshaped_after,
+        "reset_while_partitioned": reset_while_partitioned,
         "wrong_group": wrong_group,
         "applied_twice": applied_twice,
         "converted_after": converted_after,

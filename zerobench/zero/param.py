@@ -65,6 +65,12 @@ class ZeroParam:
             )
         if grad.dtype is not dtype:
             raise self.converted(f"got a {grad.dtype} gradient", dtype)
+        if grad.shape != self.slot.shape:  # .data assigned another shape (HF's resize_token_embeddings)
+            raise RuntimeError(
+                f"parameter {self.name!r} got a gradient of shape {tuple(grad.shape)} where the engine trains it as "
+                f"{tuple(self.slot.shape)}: its .data was given another shape after apply_zero (e.g. "
+                "resize_token_embeddings); give the model its final shapes before apply_zero"
+            )
 
     def check_assigned(self, data: torch.Tensor, view: torch.Tensor) -> None:
         """Refuse, in one line, a tensor assigned to the parameter's ``.data`` that its view of the engine's buffer

@@ -176,6 +176,8 @@ class BackwardPasses:
         no micro-batch: it must not count towards a window nor reduce gradients, and at stage 3 closing a pass would
         free the units a ``create_graph`` backward still needs."""
         for p in self._params:
+            if not p.requires_grad:  # frozen since apply_zero: no node (the step refuses it in one line)
+                continue
             with torch.enable_grad():
                 acc = p.view_as(p).grad_fn.next_functions[0][0]  # the parameter's AccumulateGrad node
             try:

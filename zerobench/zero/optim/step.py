@@ -11,7 +11,7 @@ import torch
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.grads.replaced import adopt_replaced
 from zerobench.zero.grads.stats import found_nonfinite, global_grad_norm
-from zerobench.zero.grads.unused import check_unused
+from zerobench.zero.grads.unused import check_added, check_unused
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.protocols import Engine
 
@@ -24,6 +24,9 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     adopt_replaced(engine, "step()")  # a .grad assigned since backward: stepped as torch would, or refused
     engine.global_steps += 1
     if not engine.grads.reduced:
+        # a backward that reached only parameters added since apply_zero (a new head over a no_grad backbone)
+        # reduced nothing, but its gradients are there: refused, not a no-op
+        check_added(engine)
         return False
     pending, engine._unused_check = engine._unused_check, None
     check_unused(engine, pending)

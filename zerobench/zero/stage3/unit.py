@@ -116,6 +116,14 @@ class ParamUnit:
                         "it partitioned, and the gather would replace those values: assign inside "
                         "engine.gathered_params(modifier_rank=0), or load them with load_state_dict"
                     )
+                if zp.param.untyped_storage()._cdata != self.placeholder.untyped_storage()._cdata:
+                    # set_() while freed: a parametrization's right_inverse ran on the empty placeholder, so the
+                    # values it would have transformed are gathered untransformed
+                    raise RuntimeError(
+                        f"parameter {zp.name!r} was re-set (set_(), e.g. by register_parametrization's right_inverse) "
+                        "while stage 3 held it partitioned: what it computed from was the empty placeholder; do "
+                        "it before apply_zero, or inside engine.gathered_params(modifier_rank=0)"
+                    )
                 zp.param.data = view
             self._set_state(ParamState.UNSHARDED)
 

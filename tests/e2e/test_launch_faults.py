@@ -5,11 +5,13 @@ launcher records one) and no rank left running."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,15 +108,18 @@ def test_a_launcher_port_taken_before_rank_0_binds_it_is_one_line(tmp_path, held
     assert not ranks_running(str(out))
 
 
-def _torchrun_pair(out, fault: str):
+def _torchrun_pair(out, fault: str, stagger_s: float = 0.0):
     """Two ranks of ``zerobench train --out out`` started as torchrun starts them, with ``fault`` planted; both waited
-    for (rank 0 first: rank 1 may hang until it is killed). Returns the processes and their standard errors."""
+    for (rank 0 first: rank 1 may hang until it is killed), rank 1 started ``stagger_s`` after rank 0. Returns the
+    processes and their standard errors."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs, errs = [], []
     try:
         for rank in (0, 1):
+            if rank:
+                time.sleep(stagger_s)
             env = torchrun_env(rank, port, ZEROBENCH_FAULT=fault)
             cmd = [sys.executable, "-m", "zerobench", "train", *TINY, "--steps", "4", "--collective-timeout", "20"]
             procs.append(
@@ -157,6 +162,19 @@ def test_a_peer_out_of_memory_under_torchrun_stays_the_runs_status(tmp_path):
     assert [p.returncode for p in procs] != [0, 0], errs
     (row,) = status_rows(out)
     assert row["status"] == "oom" and row["reason"].startswith("rank 1 ran out of memory"), row
+
+
+def test_ranks_started_seconds_apart_write_one_runs_rows(tmp_path):
+    """Each rank named the run by its own clock (``train-YYYYmmdd-HHMMSS``): ranks started across a second wrote the
+    peer's ``oom`` row and rank 0's rows under two run ids, so the run read incomplete beside a run of one row (the
+    peer test above failed so on a loaded machine). Every rank now takes rank 0's id through the job's store."""
+    out = tmp_path / "run"
+    procs, errs = _torchrun_pair(out, "1:1:oom", stagger_s=1.5)
+    assert [p.returncode for p in procs] != [0, 0], errs
+    (row,) = status_rows(out)
+    assert row["status"] == "oom" and row["run_id"].startswith("train-"), row
+    ids = {json.loads(line)["run_id"] for f in out.rglob("rows.jsonl") for line in f.read_text().splitlines()}
+    assert ids == {row["run_id"]}, ids
 
 
 @pytest.mark.slow

@@ -217,6 +217,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id if args.run_id is not None else "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     check_name(run_id, "--run-id", ": give e.g. --run-id my-run (a directory name under runs/)")
+    if args.run_id is None and denv.source != "single":
+        run_id = _shared_run_id(denv, run_id, cfg.collective_timeout_s)
     out = Path(args.out) if args.out else Path("runs") / run_id
     for flag, where, what in (
         ("--tensorboard", args.tensorboard, "TensorBoard scalars"),
@@ -228,6 +230,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     # rank writes into it under that one lock); its rows are checked once the lock is held.
     with claim(out) if denv.rank == 0 else contextlib.nullcontext():
         return _train_into(cfg, denv, out, run_id, args.timeout)
+
+
+def _shared_run_id(denv, run_id: str, timeout_s: float) -> str:
+    """Under torchrun or srun every rank names the run by its own clock, and ranks started a second apart wrote the
+    rows of one run under two ids (and, without ``--out``, into two directories): rank 0's is taken, through the
+    job's store. A rendezvous that fails here is left to the run, which reports it as its own."""
+    from zerobench.distributed.rendezvous import RendezvousError, agree
+
+    try:
+        return agree(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s, "run_id", run_id)
+    except RendezvousError:
+        return run_id
 
 
 def _train_into(cfg, denv, out, run_id: str, timeout: float) -> int:

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 GRACE_S = 5.0
 """How much longer than the timeout a rank waits for torch's own rendezvous to give up."""
 
+_STORES: dict[tuple, object] = {}
+"""The store each (rank, world, address, port) met, kept for the process group: ``agree`` meets the ranks before
+``init_process_group`` does, on the same store (a second store on the port would find it taken)."""
+
 
 class RendezvousError(RunFailed):
     """The ranks could not meet: one line naming the address, the timeout and the fix."""
@@ -40,6 +44,31 @@ def connect_store(rank: int, world_size: int, addr: str, port: int, timeout_s: f
     """This rank's handle on the job's store at ``addr:port`` (rank 0 hosts it), within ``timeout_s``, or a
     ``RendezvousError``. The store is prefixed as ``init_process_group`` prefixes the one it makes itself, so
     a store shared with torchrun's agent keeps the process group's keys apart."""
+    import torch.distributed as dist
+
+    key = (rank, world_size, addr, port)
+    if key in _STORES:
+        return dist.PrefixStore("default_pg", _STORES.pop(key))  # the process group takes it over
+    return dist.PrefixStore("default_pg", _meet(rank, world_size, addr, port, timeout_s))
+
+
+def agree(rank: int, world_size: int, addr: str, port: int, timeout_s: float, name: str, value: str) -> str:
+    """Rank 0's ``value`` of ``name`` on every rank (each rank's own clock named runs apart by a second under
+    torchrun), through the job's store, which the process group then uses; a ``RendezvousError`` as
+    ``connect_store``'s."""
+    import torch.distributed as dist
+
+    key = (rank, world_size, addr, port)
+    if key not in _STORES:
+        _STORES[key] = _meet(rank, world_size, addr, port, timeout_s)
+    store = dist.PrefixStore("zerobench", _STORES[key])
+    if rank == 0:
+        store.set(name, value)
+        return value
+    return store.get(name).decode()
+
+
+def _meet(rank: int, world_size: int, addr: str, port: int, timeout_s: float):
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -57,7 +86,7 @@ def connect_store(rank: int, world_size: int, addr: str, port: int, timeout_s: f
     if "store" in made:
         store = made["store"]
         store.set_timeout(timeout)
-        return dist.PrefixStore("default_pg", store)
+        return store
     error = made.get("error")
     raise RendezvousError(explain(rank, world_size, addr, port, timeout_s, error)) from None
 

@@ -11,6 +11,7 @@ recompute) is refused.
 from __future__ import annotations
 
 import copy
+import enum
 
 import pytest
 import torch
@@ -152,14 +153,50 @@ class Cache:
         self.seen = []
 
 
+class Wrapped(nn.Module):
+    """A block taking a config object and a shared module as arguments (stateless: they may reach the recompute)."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x, mode=None, act=None):
+        return act(self.block(x)) if mode is Mode.ACT else self.block(x)
+
+
+class Mode(enum.Enum):
+    PLAIN = 0
+    ACT = 1
+
+
 def test_a_stateful_or_nested_gradient_argument_is_refused():
     _, ckpt, _ = _pair()
     h = torch.randn(5, 8, requires_grad=True)
-    with pytest.raises(ValueError) as e:
-        ckpt.blocks[0](h, 1.0, Cache())
-    assert "got a Cache argument: the recompute calls the block again" in str(e.value) and "\n" not in str(e.value)
+    for stateful, name in ((Cache(), "Cache"), (torch.Generator(), "Generator")):
+        with pytest.raises(ValueError) as e:
+            ckpt.blocks[0](h, 1.0, stateful)
+        assert f"got a {name} argument, which the recompute would use a second time" in str(e.value)
+        assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="got an argument besides its input that needs a gradient"):
         ckpt.blocks[0](h, 1.0, (torch.ones(16, requires_grad=True),))
+
+
+def test_stateless_objects_reach_the_recompute():
+    """An enum, a module and a function as arguments: refused by the first version of the argument check."""
+    torch.manual_seed(0)
+    plain = nn.Module()
+    plain.blocks = nn.ModuleList([Wrapped(), Wrapped()])
+    ckpt = copy.deepcopy(plain)
+    apply_activation_checkpointing(ckpt, CONFIGS["recompute"])
+    grads = []
+    for model in (plain, ckpt):
+        h = torch.randn(5, 8, generator=torch.Generator().manual_seed(5), requires_grad=True)
+        torch.manual_seed(1)
+        for b in model.blocks:
+            h = b(h, Mode.ACT, act=nn.Tanh())
+        h.pow(2).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert _same(*grads)
 
 
 def test_without_anything_to_differentiate_the_block_runs_plainly():

@@ -20,9 +20,10 @@ reentrant checkpoint, it runs its own backward through the block, which accumula
 block: ``torch.autograd.grad`` and ``backward(inputs=...)`` through it are refused in one line (they would fill
 ``.grad`` they were not asked for). A block whose input needs no gradient (after frozen embeddings) runs without
 checkpointing: its parameters then stay in the loss's own graph, where the engine sees that a backward trains them.
-Extra arguments of a block (a mask, a flag) reach it at the recompute too. Only plain values may: tensors (none
-that needs a gradient), numbers, strings, None, and tuples, lists and dicts of them; a stateful object (an HF
-``DynamicCache``, which the recompute would update a second time) is refused in one line.
+Extra arguments of a block (a mask, a flag, a config, a shared module) reach it at the recompute too. A tensor
+argument that needs a gradient is refused in one line (it would get none), and so is an object the recompute would
+use a second time with another result: an HF cache (``DynamicCache`` appends the keys again) or a
+``torch.Generator`` (it draws other numbers).
 """
 
 from __future__ import annotations
@@ -229,7 +230,10 @@ class _CheckpointFn(torch.autograd.Function):
         return x.grad, None, None, None, None
 
 
-_PLAIN = (torch.Tensor, bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+def _stateful(a) -> bool:
+    """An argument a second call would change or read otherwise: an HF cache (any class deriving from one named
+    ``Cache``: ``transformers.cache_utils``' base, not imported here) or a random generator."""
+    return isinstance(a, torch.Generator) or any(c.__name__ == "Cache" for c in type(a).__mro__)
 
 
 def _plain_arguments(index: int, args: tuple, kwargs: dict) -> tuple:
@@ -237,12 +241,12 @@ def _plain_arguments(index: int, args: tuple, kwargs: dict) -> tuple:
     argument the recompute cannot take again: a tensor that needs a gradient (it would get none), or a stateful
     object, which the recompute would use a second time (an HF ``DynamicCache`` would append the keys twice)."""
     leaves = tree_leaves((args, kwargs))
-    odd = next((a for a in leaves if not isinstance(a, _PLAIN)), None)
+    odd = next((a for a in leaves if _stateful(a)), None)
     if odd is not None:
         raise ValueError(
-            f"activation-checkpointed block {index} got a {type(odd).__name__} argument: the recompute calls the "
-            "block again with its arguments, so only tensors, numbers, strings and None may be passed (for an HF "
-            "model, use_cache=False, as HF's own gradient checkpointing sets it)"
+            f"activation-checkpointed block {index} got a {type(odd).__name__} argument, which the recompute would "
+            "use a second time (a cache appends again, a generator draws other numbers): for an HF model pass "
+            "use_cache=False, as HF's own gradient checkpointing sets it"
         )
     tensors = tuple(a for a in leaves if isinstance(a, torch.Tensor))
     if any(a.requires_grad for a in tensors):

@@ -324,7 +324,8 @@ class ZeroEngine:
         """
         check_live(self, "clip_grad_norm_()")
         norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
-        self.last_grad_norm, self._norm_taken = norm, True
+        if not self._norm_taken:  # the window's norm is the first one measured, before any clip
+            self.last_grad_norm, self._norm_taken = norm, True
         self._clip *= clip_coefficient(norm, max_norm)
         return torch.tensor(norm, device=self.device)
 

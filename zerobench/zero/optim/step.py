@@ -85,6 +85,8 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         coef = engine.config.clip_grad_norm / (norm + 1e-6)
         if coef < 1.0:
             scale *= coef
+    if engine._norm_taken:
+        norm = None  # the window's norm stays the one clip_grad_norm_ measured before its clip
     out, on_chunk = storage.step_output()
     # a parameter changed in place since the last step (storage.adopt_edits) is stepped from its new value: under
     # offload adopted here, with a device master inside the kernels' own pass (adopt=); one whose .data was

@@ -236,11 +236,11 @@ def _stateful(a) -> bool:
     return isinstance(a, torch.Generator) or any(c.__name__ == "Cache" for c in type(a).__mro__)
 
 
-def _plain_arguments(index: int, args: tuple, kwargs: dict) -> tuple:
+def _checked_arguments(index: int, args: tuple, kwargs: dict) -> tuple:
     """The tensors among block ``index``'s other arguments (the backward checks their versions); one line for an
     argument the recompute cannot take again: a tensor that needs a gradient (it would get none), or a stateful
     object, which the recompute would use a second time (an HF ``DynamicCache`` would append the keys twice)."""
-    leaves = tree_leaves((args, kwargs))
+    leaves = tree_leaves((args, kwargs), is_leaf=_stateful)  # a cache transformers registers as a pytree stays whole
     odd = next((a for a in leaves if _stateful(a)), None)
     if odd is not None:
         raise ValueError(
@@ -264,7 +264,7 @@ def _checkpointed(block: nn.Module, inner, store: CheckpointStore, index: int):
     def forward(self, x, *args, **kwargs):
         if not torch.is_grad_enabled() or not x.requires_grad:
             return inner(x, *args, **kwargs)
-        extra = _plain_arguments(index, args, kwargs) if args or kwargs else ()
+        extra = _checked_arguments(index, args, kwargs) if args or kwargs else ()
         run = inner if not (args or kwargs) else (lambda h: inner(h, *args, **kwargs))
         return _CheckpointFn.apply(x, run, store, index, extra)
 

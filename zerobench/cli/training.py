@@ -217,15 +217,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
     run_id = args.run_id if args.run_id is not None else "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     check_name(run_id, "--run-id", ": give e.g. --run-id my-run (a directory name under runs/)")
-    if args.run_id is None and denv.source != "single":
-        run_id = _shared_run_id(denv, run_id, cfg.collective_timeout_s)
-    out = Path(args.out) if args.out else Path("runs") / run_id
     for flag, where, what in (
         ("--tensorboard", args.tensorboard, "TensorBoard scalars"),
         ("--profile", args.profile, "profiler traces"),
     ):
         if where:
             check_writable_dir(where, flag, what)
+    if args.run_id is None and denv.source != "single":
+        run_id = _shared_run_id(denv, run_id, cfg.collective_timeout_s)
+    out = Path(args.out) if args.out else Path("runs") / run_id
     # The directory is this run's alone: locked by the launcher, or under torchrun/srun by global rank 0 (every
     # rank writes into it under that one lock); its rows are checked once the lock is held.
     with claim(out) if denv.rank == 0 else contextlib.nullcontext():
@@ -235,11 +235,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _shared_run_id(denv, run_id: str, timeout_s: float) -> str:
     """Under torchrun or srun every rank names the run by its own clock, and ranks started a second apart wrote the
     rows of one run under two ids (and, without ``--out``, into two directories): rank 0's is taken, through the
-    job's store. A rendezvous that fails here is left to the run, which reports it as its own."""
-    from zerobench.distributed.rendezvous import RendezvousError, agree
+    job's store. A rendezvous that fails here is left to the run, which reports it as its own (at once: the failure
+    is kept, not waited out again)."""
+    from zerobench.distributed.rendezvous import RendezvousError, agree_value
 
     try:
-        return agree(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s, "run_id", run_id)
+        return agree_value(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s, "run_id", run_id)
     except RendezvousError:
         return run_id
 

@@ -32,8 +32,9 @@ GRACE_S = 5.0
 """How much longer than the timeout a rank waits for torch's own rendezvous to give up."""
 
 _STORES: dict[tuple, object] = {}
-"""The store each (rank, world, address, port) met, kept for the process group: ``agree`` meets the ranks before
-``init_process_group`` does, on the same store (a second store on the port would find it taken)."""
+"""The store each (rank, world, address, port) met, kept for the process group: ``agree_value`` meets the ranks
+before ``init_process_group`` does, on the same store (a second store on the port would find it taken); or the
+``RendezvousError`` that meeting raised, raised again at once rather than waited out a second time."""
 
 
 class RendezvousError(RunFailed):
@@ -48,11 +49,14 @@ def connect_store(rank: int, world_size: int, addr: str, port: int, timeout_s: f
 
     key = (rank, world_size, addr, port)
     if key in _STORES:
-        return dist.PrefixStore("default_pg", _STORES.pop(key))  # the process group takes it over
+        kept = _STORES.pop(key)  # the process group takes it over
+        if isinstance(kept, RendezvousError):
+            raise kept
+        return dist.PrefixStore("default_pg", kept)
     return dist.PrefixStore("default_pg", _meet(rank, world_size, addr, port, timeout_s))
 
 
-def agree(rank: int, world_size: int, addr: str, port: int, timeout_s: float, name: str, value: str) -> str:
+def agree_value(rank: int, world_size: int, addr: str, port: int, timeout_s: float, name: str, value: str) -> str:
     """Rank 0's ``value`` of ``name`` on every rank (each rank's own clock named runs apart by a second under
     torchrun), through the job's store, which the process group then uses; a ``RendezvousError`` as
     ``connect_store``'s."""
@@ -60,7 +64,13 @@ def agree(rank: int, world_size: int, addr: str, port: int, timeout_s: float, na
 
     key = (rank, world_size, addr, port)
     if key not in _STORES:
-        _STORES[key] = _meet(rank, world_size, addr, port, timeout_s)
+        try:
+            _STORES[key] = _meet(rank, world_size, addr, port, timeout_s)
+        except RendezvousError as e:
+            _STORES[key] = e
+            raise
+    if isinstance(_STORES[key], RendezvousError):
+        raise _STORES[key]
     store = dist.PrefixStore("zerobench", _STORES[key])
     if rank == 0:
         store.set(name, value)

@@ -34,7 +34,7 @@ def _batch(step: int) -> torch.Tensor:
     return torch.randn(8, 8, generator=torch.Generator().manual_seed(step))
 
 
-def _run(rank: int, world: int, stage: int, precision: str, gather: bool | None) -> dict:
+def _run(rank: int, world: int, stage: int, precision: str, gather: bool | None, clipping: float = 0.0) -> dict:
     from zerobench.zero import initialize
 
     model = _model()
@@ -46,7 +46,7 @@ def _run(rank: int, world: int, stage: int, precision: str, gather: bool | None)
     config = {
         "train_micro_batch_size_per_gpu": 4,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.999], "weight_decay": 0.01}},
-        "gradient_clipping": 0.0,  # DeepSpeed's default is 1.0: the norm must not depend on clipping
+        "gradient_clipping": clipping,  # DeepSpeed's default is 1.0: 0, the norm must not depend on clipping
         "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
     }
@@ -99,6 +99,14 @@ def test_the_global_norm_at_every_step_and_the_stage3_16bit_state_dict(stage, pr
         else:
             assert r["consolidated"] == {"0.weight": True, "0.bias": True, "2.weight": True, "2.bias": True}
             assert r["dtypes"] == ["torch.bfloat16" if precision == "bf16" else "torch.float32"]
+
+
+def test_a_user_clip_under_the_configs_clipping_reports_the_first_norm():
+    """With DeepSpeed's ``gradient_clipping`` on too, the step measured again after the user's clips and reported
+    that."""
+    for r in run_distributed(_run, 2, 3, "fp32", None, 0.05):
+        first, reported = r["user_clip"]
+        assert first > 1e-2 and reported == pytest.approx(first, rel=1e-6), r
 
 
 def test_the_16bit_gather_is_off_by_default_and_read_under_either_name():

@@ -156,7 +156,7 @@ def test_reordered_or_replaced_groups_are_refused_at_the_step(edit):
         opt.hyper()
 
 
-def test_a_copied_state_dict_has_plain_lists():
+def test_copied_param_groups_have_plain_lists():
     import copy
     import pickle
 

@@ -304,8 +304,8 @@ class ZeroEngine:
         check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
         self.window.cleared()
-        self._clip, self._norm_taken = 1.0, False  # the discarded window's clip coefficient, its norm and
-        # unused-parameter check go with it
+        self._clip, self._norm_taken = 1.0, False  # the discarded window's clip coefficient, whether its norm was
+        # taken, and its unused-parameter check go with it
         if self._unused_check is not None:
             self._unused_check.wait()
             self._unused_check = None

@@ -55,9 +55,10 @@ class ZeroParam:
         return self.slot.name
 
     def check_grad(self, grad: torch.Tensor, dtype: torch.dtype) -> None:
-        """Refuse, in one line, a sparse gradient (``F.embedding(..., sparse=True)``: the buffers are dense) or one
+        """Refuse, in one line, a sparse gradient (``F.embedding(..., sparse=True)``: the buffers are dense), one
         of another dtype than the engine trains in (the parameter, or a submodule holding it, was converted after
-        ``apply_zero``, e.g. ``model.blocks[0].half()``, and no longer reads the engine's buffers)."""
+        ``apply_zero``, e.g. ``model.blocks[0].half()``, and no longer reads the engine's buffers), or one of another
+        shape (its ``.data`` reshaped after ``apply_zero``)."""
         if grad.layout is not torch.strided:
             raise RuntimeError(
                 f"parameter {self.name!r} got a {grad.layout} gradient: ZeRO keeps gradients in "

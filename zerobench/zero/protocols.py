@@ -40,6 +40,10 @@ class Engine(Protocol):
     destroyed: bool
     global_steps: int
     last_grad_norm: float | None
+    always_norm: bool
+    skip_nonfinite: bool
+    _clip: float
+    _norm_taken: bool
     grads_sharded: bool
     storage: Any
     """``storage.params.ParamStorage``."""

@@ -68,7 +68,8 @@ def check_steppable(engine: Engine, caller: str) -> None:
 
 def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[bool, float | None]:
     """Step ``engine``'s optimizer with ``clip`` (the coefficient ``clip_grad_norm_`` took this window) folded in;
-    returns (whether it stepped, the global gradient norm: inf on an overflow, None when nothing computed it)."""
+    returns (whether it stepped, the global gradient norm: inf on an overflow, None when nothing computed it or
+    ``clip_grad_norm_`` measured the window already)."""
     storage, scaler = engine.storage, engine.scaler
     if storage.host is not None:
         storage.host.finish_grad_copies()
@@ -79,8 +80,7 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
         return False, float("inf")
     scale, norm = clip / scaler.scale, None
     if engine.config.clip_grad_norm is not None or (engine.always_norm and not engine._norm_taken):
-        norm = global_grad_norm(engine, grads, sharded) * scale  # (clip_grad_norm_'s norm, taken before its clip,
-        # is the window's norm: not one measured after it)
+        norm = global_grad_norm(engine, grads, sharded) * scale
     if engine.config.clip_grad_norm is not None:
         coef = engine.config.clip_grad_norm / (norm + 1e-6)
         if coef < 1.0:

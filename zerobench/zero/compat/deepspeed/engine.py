@@ -24,7 +24,7 @@ from zerobench.config import ConfigError
 from zerobench.distributed.env import detect
 from zerobench.zero.compat.deepspeed.checkpoints import load_tagged, save_tagged
 from zerobench.zero.compat.deepspeed.optimizer import DeepSpeedOptimizer
-from zerobench.zero.compat.deepspeed.stage3_module import mark_partitioned, sync_generate
+from zerobench.zero.compat.deepspeed.stage3_module import mark_partitioned, sync_generate, unsync_generate
 from zerobench.zero.config import LossScaleRule
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.interop.teardown import check_live
@@ -71,10 +71,9 @@ class DeepSpeedEngine(ZeroEngine):
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}{where}")
 
     def destroy(self) -> None:
-        """``ZeroEngine.destroy``, and the module's ``generate`` is its class's again (``stage3_module.sync_generate``)."""
+        """``ZeroEngine.destroy``, and the module's ``generate`` is its class's again (``stage3_module``)."""
         super().destroy()
-        if getattr(self.module.__dict__.get("generate"), "synced_by_engine", False):
-            del self.module.__dict__["generate"]
+        unsync_generate(self.module)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """The engine's backward (``ZeroEngine.backward``); returns what DeepSpeed's returns: ``loss`` divided by

@@ -58,3 +58,9 @@ def sync_generate(engine: ZeroEngine) -> None:
 
     generate.synced_by_engine = True
     engine.module.generate = generate
+
+
+def unsync_generate(module) -> None:
+    """Undo ``sync_generate``: the module's ``generate`` is its class's again (``destroy()``)."""
+    if getattr(module.__dict__.get("generate"), "synced_by_engine", False):
+        del module.__dict__["generate"]

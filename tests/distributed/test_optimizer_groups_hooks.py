@@ -19,6 +19,7 @@ from torch import nn
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.tiers import STAGES
+from tests.helpers.user_models import error_line
 
 pytestmark = pytest.mark.dist
 
@@ -41,14 +42,6 @@ def _groups(model: nn.Module) -> list[dict]:
 def _batch(step: int, rank: int, world: int) -> torch.Tensor:
     x = torch.randn(4 * world, 4, generator=torch.Generator().manual_seed(step))
     return x[rank * 4 : (rank + 1) * 4] if rank is not None else x
-
-
-def _error(fn) -> str | None:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the message is the result
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def _shard(opt) -> dict:
@@ -79,11 +72,11 @@ def _run(rank: int, world: int, stage: int) -> dict:
     opt, torch_opt = engine.optimizer, torch.optim.AdamW(_groups(ref), **ADAM)
     out: dict = {}
     weight = opt.param_groups[0]["params"][0]
-    out["moved"] = _error(lambda: opt.param_groups[1]["params"].append(weight))
+    out["moved"] = error_line(lambda: opt.param_groups[1]["params"].append(weight))
     if out["moved"] is None:  # the code before: undo the edit, so the hooks' half still runs
         opt.param_groups[1]["params"].pop()
     opt.param_groups.reverse()
-    out["reordered"] = _error(opt.step)
+    out["reordered"] = error_line(opt.step)
     opt.param_groups.reverse()
 
     for step in range(3):  # training after the refused edits is torch's with the groups as built
@@ -112,7 +105,7 @@ def _run(rank: int, world: int, stage: int) -> dict:
         raise RuntimeError("refused by the hook")
 
     handle = opt.register_load_state_dict_pre_hook(raising)
-    out["raising"] = _error(lambda: opt.load_state_dict(early))
+    out["raising"] = error_line(lambda: opt.load_state_dict(early))
     out["raising_left_shard"] = _same(_shard(opt), late_shard)
     out["raising_left_lr"] = opt.param_groups[0]["lr"]
     handle.remove()

@@ -107,6 +107,7 @@ class ParamUnit:
             self.works = []
             self.staging = None
             self.held = self.nbytes
+            placeholder = self.placeholder.untyped_storage()._cdata
             for zp, view in zip(self.zparams, self.views):
                 if zp.param.dtype is not view.dtype:  # a submodule's .half() after apply_zero: refused, not undone
                     raise zp.converted(f"is {zp.param.dtype}", view.dtype)
@@ -116,7 +117,7 @@ class ParamUnit:
                         "it partitioned, and the gather would replace those values: assign inside "
                         "engine.gathered_params(modifier_rank=0), or load them with load_state_dict"
                     )
-                if zp.param.untyped_storage()._cdata != self.placeholder.untyped_storage()._cdata:
+                if zp.param.untyped_storage()._cdata != placeholder:
                     # set_() while freed: a parametrization's right_inverse ran on the empty placeholder, so the
                     # values it would have transformed are gathered untransformed
                     raise RuntimeError(

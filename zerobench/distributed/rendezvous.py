@@ -48,12 +48,10 @@ def connect_store(rank: int, world_size: int, addr: str, port: int, timeout_s: f
     import torch.distributed as dist
 
     key = (rank, world_size, addr, port)
-    if key in _STORES:
-        kept = _STORES.pop(key)  # the process group takes it over
-        if isinstance(kept, RendezvousError):
-            raise kept
-        return dist.PrefixStore("default_pg", kept)
-    return dist.PrefixStore("default_pg", _meet(rank, world_size, addr, port, timeout_s))
+    try:
+        return dist.PrefixStore("default_pg", _met(key, timeout_s))
+    finally:
+        _STORES.pop(key, None)  # the process group takes the store over; a later call meets afresh
 
 
 def agree_value(rank: int, world_size: int, addr: str, port: int, timeout_s: float, name: str, value: str) -> str:
@@ -62,20 +60,25 @@ def agree_value(rank: int, world_size: int, addr: str, port: int, timeout_s: flo
     ``connect_store``'s."""
     import torch.distributed as dist
 
-    key = (rank, world_size, addr, port)
+    store = dist.PrefixStore("zerobench", _met((rank, world_size, addr, port), timeout_s))
+    if rank == 0:
+        store.set(name, value)
+        return value
+    return store.get(name).decode()
+
+
+def _met(key: tuple, timeout_s: float):
+    """The store ``key`` (rank, world, address, port) met, meeting it now if no call has; a failed meeting is kept
+    too, and raised again."""
     if key not in _STORES:
         try:
-            _STORES[key] = _meet(rank, world_size, addr, port, timeout_s)
+            _STORES[key] = _meet(*key, timeout_s)
         except RendezvousError as e:
             _STORES[key] = e
             raise
     if isinstance(_STORES[key], RendezvousError):
         raise _STORES[key]
-    store = dist.PrefixStore("zerobench", _STORES[key])
-    if rank == 0:
-        store.set(name, value)
-        return value
-    return store.get(name).decode()
+    return _STORES[key]
 
 
 def _meet(rank: int, world_size: int, addr: str, port: int, timeout_s: float):

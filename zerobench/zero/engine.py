@@ -25,6 +25,8 @@ offload adds stage 3's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,7 +39,7 @@ from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.grads.accumulation import AccumulationWindow
 from zerobench.zero.grads.backward import BackwardPasses
 from zerobench.zero.grads.buckets import GradBucketGroup, SyncMode
-from zerobench.zero.grads.stats import clip_coefficient, window_grad_norm
+from zerobench.zero.grads.stats import clip_coefficient, reduced_grads, window_grad_norm
 from zerobench.zero.grads.unused import UnusedCheck, start_unused_check
 from zerobench.zero.interop.foreign import install as install_foreign_guards
 from zerobench.zero.interop.forward_inputs import cast_forward_inputs
@@ -121,7 +123,7 @@ class ZeroEngine:
         self._unused_check: UnusedCheck | None = None
         self.last_grad_norm: float | None = None
         self.micro_steps = self.global_steps = 0  # DeepSpeed's counters
-        self._clip = 1.0  # this window's coefficient from clip_grad_norm_() (reset as a window starts)
+        self._clip = 1.0  # a factor the next step folds into its scale: a torch GradScaler's 1/scale (step() sets it)
         self.grads_sharded = self.stage >= 1 and group.size > 1  # norms and overflow need an all-reduce
         self.dp_world_size, self.mp_world_size = group.size, 1 if self.tp_group is None else self.tp_group.size
         self.global_rank, self.world_size = (
@@ -232,7 +234,7 @@ class ZeroEngine:
     def _begin_micro(self, plain: bool) -> None:
         mb = self.window.begin(plain)
         if mb.first:
-            self._clip, self._norm_taken = 1.0, False
+            self._norm_taken = False
         divisor = self.group.size * self.config.grad_accum_steps  # a plain pass: loss / gas, as DeepSpeed's
         pre_scale = 1.0 / divisor if plain and divisor > 1 else None
         self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, pre_scale=pre_scale)
@@ -304,29 +306,40 @@ class ZeroEngine:
         check_live(self, "zero_grad()")
         self.grads.zero(set_to_none)
         self.window.cleared()
-        self._clip, self._norm_taken = 1.0, False  # the discarded window's clip coefficient, whether its norm was
-        # taken, and its unused-parameter check go with it
+        self._norm_taken = False  # whether the discarded window's norm was taken, and its unused-parameter check,
+        # go with it
         if self._unused_check is not None:
             self._unused_check.wait()
             self._unused_check = None
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
         """Clip this window's gradient to a global norm of ``max_norm`` over every DP and TP partition, as FSDP's
-        ``clip_grad_norm_``. Call it on every DP rank after the window's last ``backward()``, before ``step()``; the
-        step applies the coefficient in its own scale (no pass over the gradients).
+        ``clip_grad_norm_``. Call it on every DP rank after the window's last ``backward()``, before ``step()``. As
+        torch's, it scales the stored gradient in place (this rank's reduced partition; at stage 0 that is ``.grad``),
+        so whatever follows sees it clipped: ``.grad``, a clip by value, the step, and a next window accumulated onto
+        it without ``zero_grad()``. A non-finite norm scales it by NaN (nan) or 0 (inf), as torch's does.
 
         Args:
             max_norm: the largest norm the averaged gradient may have.
             norm_type: p of the p-norm (any p > 0, or ``inf``); 2 by default.
+            error_if_nonfinite: raise, before anything is scaled, where the norm is NaN or infinite (torch's).
 
         Returns:
             The averaged gradient's norm before clipping, as a tensor.
         """
         check_live(self, "clip_grad_norm_()")
-        norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type) * self._clip
+        norm = window_grad_norm(self, max_norm, self.grads_sharded, norm_type)
+        if error_if_nonfinite and not math.isfinite(norm):
+            raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite: {norm}")
         if not self._norm_taken:  # the window's norm is the first one measured, before any clip
             self.last_grad_norm, self._norm_taken = norm, True
-        self._clip *= clip_coefficient(norm, max_norm)
+        coef = clip_coefficient(norm, max_norm)
+        if coef != 1.0:  # NaN too
+            chunks = [c for c in reduced_grads(self, "clip_grad_norm_()") if c.numel()]
+            if chunks:
+                torch._foreach_mul_(chunks, coef)
         return torch.tensor(norm, device=self.device)
 
     def grad_chunks(self) -> list[torch.Tensor]:

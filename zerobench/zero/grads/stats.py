@@ -83,10 +83,12 @@ def _max_abs(engine: Engine, grads: list[torch.Tensor], sharded: bool) -> float:
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
-    """The factor ``clip_grad_norm_(max_norm)`` scales a gradient of total ``norm`` by (1 when it is within, or
-    not finite: an fp16 overflow, whose step is skipped anyway). ``torch.nn.utils.clip_grad_norm_`` on a rank
-    sees only that rank's ``.grad`` (stage 1: its shard; stages 2-3: None), hence the engine's method."""
-    return min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
+    """The factor ``clip_grad_norm_(max_norm)`` scales a gradient of total ``norm`` by, as torch's computes it:
+    ``max_norm / (norm + 1e-6)`` clamped to at most 1, so an infinite norm gives 0 and a NaN norm NaN (the
+    gradient is then as broken as torch leaves it, not stepped unclipped). ``torch.nn.utils.clip_grad_norm_`` on a
+    rank sees only that rank's ``.grad`` (stage 1: its shard; stages 2-3: None), hence the engine's method."""
+    coef = max_norm / (norm + 1e-6)
+    return coef if math.isnan(coef) else min(1.0, coef)
 
 
 def check_clip_args(max_norm: float, norm_type: float) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from zerobench.zero.config import AdamWConfig
 from zerobench.zero.grads.replaced import adopt_replaced
-from zerobench.zero.grads.stats import found_nonfinite, global_grad_norm
+from zerobench.zero.grads.stats import clip_coefficient, found_nonfinite, global_grad_norm
 from zerobench.zero.grads.unused import check_added, check_unused
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.protocols import Engine
@@ -67,7 +67,7 @@ def check_steppable(engine: Engine, caller: str) -> None:
 
 
 def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[bool, float | None]:
-    """Step ``engine``'s optimizer with ``clip`` (the coefficient ``clip_grad_norm_`` took this window) folded in;
+    """Step ``engine``'s optimizer with ``clip`` (a factor handed to this step: a torch GradScaler's 1/scale) folded in;
     returns (whether it stepped, the global gradient norm: inf on an overflow, None when nothing computed it or
     ``clip_grad_norm_`` measured the window already)."""
     storage, scaler = engine.storage, engine.scaler
@@ -82,8 +82,8 @@ def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[b
     if engine.config.clip_grad_norm is not None or (engine.always_norm and not engine._norm_taken):
         norm = global_grad_norm(engine, grads, sharded) * scale
     if engine.config.clip_grad_norm is not None:
-        coef = engine.config.clip_grad_norm / (norm + 1e-6)
-        if coef < 1.0:
+        coef = clip_coefficient(norm, engine.config.clip_grad_norm)
+        if coef != 1.0:  # NaN too: a NaN norm steps NaN, as torch's clip_grad_norm_ leaves the gradient
             scale *= coef
     if engine._norm_taken:
         norm = None  # the window's norm stays the one clip_grad_norm_ measured before its clip

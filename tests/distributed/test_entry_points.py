@@ -107,6 +107,7 @@ def refused(request):
             "['0.weight', '0.bias'] were unfrozen (requires_grad=True) after apply_zero",
         ),
         ("added_head_over_a_no_grad_backbone", "RuntimeError", "['2.weight', '2.bias'] were added to the model after"),
+        ("tied_after", "RuntimeError", "['1.weight'] are no longer the model's: replaced after apply_zero"),
         ("frozen_after_plain_backward", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
         ("reshaped_after", "RuntimeError", "shape (6"),
         ("wrong_group", "ConfigError", "expected a torch.distributed ProcessGroup"),

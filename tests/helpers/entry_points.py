@@ -176,6 +176,15 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         e.backward(m(torch.ones(2, 4)).sum())
         e.step()
 
+    def tied_after():
+        """Weights tied after apply_zero: the dropped weight got no gradient, so the step named it "unused in forward"
+        and advised find_unused_parameters=True, under which the engine went on stepping a weight no longer used."""
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        e = ds_apply_zero(m, None, dataclasses.replace(cfg, find_unused_parameters=True))
+        m[1].weight = m[0].weight
+        e.backward(m(torch.ones(2, 4)).sum())
+        e.step()
+
     def added_head_over_a_no_grad_backbone():
         """Linear probing as torch users write it: the backward reaches only the new head, so it reduced nothing
         and step() returned False as a no-op; the head never moved."""
@@ -271,6 +280,7 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         "added_after": added_after,
         "unfrozen_after": unfrozen_after,
         "added_head_over_a_no_grad_backbone": added_head_over_a_no_grad_backbone,
+        "tied_after": tied_after,
         "frozen_after_plain_backward": frozen_after_plain_backward,
         "reshaped_after": reshaped_after,
         "reset_while_partitioned": reset_while_partitioned,

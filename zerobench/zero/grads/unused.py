@@ -43,14 +43,27 @@ def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
 def check_added(engine: Engine) -> None:
     """Refuse, in one line, trainable parameters the model gained after ``apply_zero`` (a module assigned or
     replaced: ``model.head = nn.Linear(...)``, ``resize_token_embeddings``): the engine trains the parameters it was
-    built with, so these would silently never be stepped. One walk of the model's parameters per step."""
-    known = engine._known_param_ids
-    added = [n for n, p in engine.module.named_parameters() if p.requires_grad and id(p) not in known]
+    built with, so these would silently never be stepped. And refuse parameters the engine trains that the model no
+    longer holds: one replaced by a parameter the engine already knows (weights tied after ``apply_zero``,
+    ``model[1].weight = model[0].weight``), which the engine would go on stepping, unused, beside the model's own.
+    One walk of the model's parameters per step."""
+    known, held, added = engine._known_param_ids, set(), []
+    for n, p in engine.module.named_parameters():
+        held.add(id(p))
+        if p.requires_grad and id(p) not in known:
+            added.append(n)
     if added:
         raise RuntimeError(
             f"parameter(s) {added[:4]}{' ...' if len(added) > 4 else ''} were added to the model after apply_zero "
             "(a module assigned or replaced): the engine trains the parameters it was built with and would never "
             "step these; give the model its final modules before apply_zero (or build a new engine)"
+        )
+    dropped = [zp.name for zp in engine.zparams if id(zp.param) not in held]
+    if dropped:
+        raise RuntimeError(
+            f"parameter(s) {dropped[:4]}{' ...' if len(dropped) > 4 else ''} are no longer the model's: replaced "
+            "after apply_zero by another parameter of the model (weights tied after it?), so the engine would go on "
+            "stepping them unused; tie or replace parameters before apply_zero (or build a new engine)"
         )
 
 

@@ -41,7 +41,7 @@ from zerobench.distributed import collectives as C
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import untracked
-from zerobench.parallel.config import ActivationConfig
+from zerobench.parallel.config import ActivationConfig, validate_sp
 
 
 class CheckpointStore:
@@ -280,13 +280,22 @@ def apply_activation_checkpointing(
     or a 1-D ``DeviceMesh``); ``None`` is no TP, so the checkpoints stay whole.
 
     ``rng``: the ``TPRngTracker`` from ``apply_tp`` (``TPInfo.rng``), so recompute replays dropout exactly.
+
+    P_a (or P_a+cpu) over a model ``apply_tp`` made sequence-parallel is refused in one line, as ``parallelize``
+    refuses it (``validate_sp``).
     """
     cfg.validate()
     if not cfg.checkpoint:
         return None
     blocks = model.blocks
     tp = Group(None, "tp", 1, 0) if tp is None else Group.coerce(tp, "tp", "apply_activation_checkpointing's tp")
+    validate_sp(cfg, _sequence_parallel(model), tp.size)  # as parallelize refuses it: P_a would gather wrong inputs
     store = CheckpointStore(cfg, len(blocks), tp, ledger, rng)
     for i, block in enumerate(blocks):
         block.forward = _checkpointed(block, block.forward, store, i)  # block.forward: the bound original
     return store
+
+
+def _sequence_parallel(model: nn.Module) -> bool:
+    """Whether ``apply_tp(sequence_parallel=True)`` sharded ``model``: its TP layers carry ``sequence_parallel``."""
+    return any(getattr(m, "sequence_parallel", False) is True for m in model.modules())

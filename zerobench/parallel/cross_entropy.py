@@ -58,8 +58,8 @@ IGNORE_INDEX = -100
 class VocabParallelLMLoss(nn.Module):
     """Drop-in for the plain model's ``LMLoss`` (``F.cross_entropy``'s mean): the mean token loss from
     vocabulary-parallel logits over the targets that are not ``IGNORE_INDEX``, which add neither loss nor gradient
-    (no such target: NaN, as torch's). A target outside the vocabulary is an error, as torch's, raised without a
-    host sync on the GPU (``torch._assert_async``)."""
+    (no such target: loss NaN and every gradient 0, as torch's). A target outside the vocabulary is an error, as
+    torch's, raised without a host sync on the GPU (``torch._assert_async``)."""
 
     def __init__(self, group: Group, ledger: CommLedger | None = None):
         super().__init__()
@@ -75,4 +75,6 @@ class VocabParallelLMLoss(nn.Module):
             f"a target is outside the vocabulary [0, {vocab}) and is not the ignore index {IGNORE_INDEX}",
         )
         per_token = vocab_parallel_cross_entropy(flat, t.masked_fill(~keep, 0), self.group, self.ledger)
-        return (per_token * keep).sum() / keep.sum()
+        count = keep.sum()
+        mean = (per_token * keep).sum() / count.clamp(min=1)
+        return torch.where(count > 0, mean, torch.full_like(mean, float("nan")))  # NaN, yet zero gradients

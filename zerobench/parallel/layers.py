@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.parallel.mappings import copy_to_tp, reduce_from_tp
@@ -43,6 +44,12 @@ class ColumnParallelLinear(nn.Module):
         sequence_parallel: bool = False,
     ):
         super().__init__()
+        if full.out_features % (strided * group.size):
+            blocks = f" in {strided} stacked blocks" if strided > 1 else ""
+            raise ConfigError(
+                f"ColumnParallelLinear: {full.out_features} output features{blocks} do not split evenly over TP "
+                f"degree {group.size}: make them a multiple of {strided * group.size} or choose a TP degree dividing them"
+            )
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = _param(shard_rows(full.weight, group, strided))
         self.bias = _param(shard_rows(full.bias, group, strided)) if full.bias is not None else None
@@ -60,6 +67,11 @@ class RowParallelLinear(nn.Module):
         self, full: nn.Linear, group: Group, ledger: CommLedger | None = None, sequence_parallel: bool = False
     ):
         super().__init__()
+        if full.in_features % group.size:
+            raise ConfigError(
+                f"RowParallelLinear: {full.in_features} input features are not divisible by TP degree {group.size}: "
+                f"make them a multiple of {group.size} or choose a TP degree dividing them"
+            )
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.weight = _param(shard_cols(full.weight, group))
         self.bias = _param(full.bias) if full.bias is not None else None
@@ -77,20 +89,50 @@ class VocabParallelEmbedding(nn.Module):
         self, full: nn.Embedding, group: Group, ledger: CommLedger | None = None, sequence_parallel: bool = False
     ):
         super().__init__()
+        _refuse_embedding_options(full, group.size)
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.per_rank = full.num_embeddings // group.size
         self.start = group.rank * self.per_rank
         self.weight = _param(shard_rows(full.weight, group))
+        pad = full.padding_idx
+        self.padding_idx = pad - self.start if pad is not None and 0 <= pad - self.start < self.per_rank else None
+        """The local row of ``full.padding_idx`` on the rank that holds it (its gradient stays zero, as torch's)."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:
-            return F.embedding(tokens, self.weight)
+            return F.embedding(tokens, self.weight, self.padding_idx)
         outside = (tokens < self.start) | (tokens >= self.start + self.per_rank)
         local = (tokens - self.start).masked_fill(outside, 0)
-        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        out = F.embedding(local, self.weight, self.padding_idx).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
             return reduce_scatter_sequence(out, self.group, self.ledger, "mp_embed")
         return reduce_from_tp(out, self.group, self.ledger, "mp_embed")
+
+
+def _refuse_embedding_options(full: nn.Embedding, tp: int) -> None:
+    """One-line errors for what a vocabulary shard cannot do on its own: an uneven split, and the options that need
+    every token's full row or count (``padding_idx`` is honoured: the rank holding that row keeps its gradient 0)."""
+    v = full.num_embeddings
+    if v % tp:
+        raise ConfigError(
+            f"VocabParallelEmbedding: vocabulary {v} is not divisible by TP degree {tp}: pad the vocabulary to a "
+            f"multiple of {tp} (zerobench.models.sizes.padded_vocab), as Megatron-LM does"
+        )
+    if full.max_norm is not None:
+        raise ConfigError(
+            f"VocabParallelEmbedding: max_norm={full.max_norm} is not supported under TP (each rank would renormalise "
+            "only its own rows): build the embedding with max_norm=None"
+        )
+    if full.scale_grad_by_freq:
+        raise ConfigError(
+            "VocabParallelEmbedding: scale_grad_by_freq=True is not supported under TP (a rank sees only its own "
+            "tokens' counts): build the embedding with scale_grad_by_freq=False"
+        )
+    if full.sparse:
+        raise ConfigError(
+            "VocabParallelEmbedding: sparse=True is not supported under TP (its weight takes dense gradients): "
+            "build the embedding with sparse=False"
+        )
 
 
 class ParallelLMHead(nn.Module):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from zerobench.config import ConfigError
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 
@@ -25,8 +26,18 @@ def _gather_seq(x: torch.Tensor, group: C.Group, ledger, tag: str) -> torch.Tens
     return out.transpose(0, 1)
 
 
+def _split_evenly(s: int, group: C.Group) -> None:
+    """Refuse a sequence TP does not divide on every rank alike, before a collective would see unequal shards."""
+    if s % group.size:
+        raise ConfigError(
+            f"sequence parallelism: a sequence of {s} tokens is not divisible by TP degree {group.size}: pad or cut "
+            f"the batch's sequences to a multiple of {group.size}"
+        )
+
+
 def _reduce_scatter_seq(x: torch.Tensor, group: C.Group, ledger, tag: str) -> torch.Tensor:
     """[b, s, ...] (partial sums) -> [b, s/tp, ...] (summed)."""
+    _split_evenly(x.shape[1], group)
     xt = x.transpose(0, 1).contiguous()
     out = torch.empty((xt.shape[0] // group.size, *xt.shape[1:]), dtype=x.dtype, device=x.device)
     C.reduce_scatter(out, xt, group, ledger, tag)
@@ -67,6 +78,7 @@ def reduce_scatter_sequence(
 
 def local_sequence(x: torch.Tensor, group: C.Group, dim: int) -> torch.Tensor:
     """This rank's slice of a replicated tensor along ``dim`` (no communication)."""
+    _split_evenly(x.shape[dim], group)
     return x.chunk(group.size, dim=dim)[group.rank]
 
 

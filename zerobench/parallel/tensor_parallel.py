@@ -57,8 +57,10 @@ def apply_tp(
     everything else from the default RNG, identical on every TP rank — except with
     ``sequence_parallel``, where the regions between the matmuls hold different sequence positions on each
     TP rank, so their dropout draws from the per-rank RNG too. ``device``: where the model will run, for a
-    model built on the meta device (default: its parameters').
+    model built on the meta device (default: its parameters'). ``group``: a ``Group``, a
+    ``torch.distributed.ProcessGroup`` or ``None`` (the default, world group), as ``Group.coerce`` takes them.
     """
+    group = Group.coerce(group, "tp", "apply_tp's group")
     validate_tp(model.config, group.size)
     if sequence_parallel and model.config.seq % group.size:
         raise ConfigError(

@@ -1,0 +1,117 @@
+"""``apply_tp`` called as a plain function, with the process groups torch's own APIs take.
+
+Before, ``apply_tp``'s signature took ``Group | dist.ProcessGroup | None`` but used ``group.size`` as it came: a
+``ProcessGroup`` (``dist.group.WORLD``, ``dist.new_group``) failed with a TypeError and ``None`` with an
+AttributeError."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.helpers.dist import run_distributed
+
+pytestmark = pytest.mark.dist
+
+
+def _tiny():
+    from zerobench.models.config import GPTConfig
+    from zerobench.models.gpt import GPT
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(layers=1, hidden=32, heads=4, vocab=64, seq=16))
+
+
+def _group_kinds(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from zerobench.distributed.collectives import Group
+    from zerobench.parallel.tensor_parallel import apply_tp
+
+    base = _tiny()
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    want = copy.deepcopy(base)
+    apply_tp(want, Group.of(None, "tp"))
+    out = {"want": want(x, y).item()}
+    for name, group in (("WORLD", dist.group.WORLD), ("new_group", dist.new_group([0, 1])), ("None", None)):
+        model = copy.deepcopy(base)
+        info = apply_tp(model, group)
+        out[name] = (info.group.name, info.group.size, info.group.rank, model(x, y).item())
+    return out
+
+
+def test_apply_tp_takes_a_process_group_or_none_as_its_docstring_says():
+    for rank, r in enumerate(run_distributed(_group_kinds, 2, timeout=120)):
+        for name in ("WORLD", "new_group", "None"):
+            assert r[name] == ("tp", 2, rank, r["want"]), (name, r)
+
+
+def _short_sequence(rank: int, world: int) -> dict:
+    from zerobench.config import ConfigError
+    from zerobench.distributed.collectives import Group
+    from zerobench.parallel.tensor_parallel import apply_tp
+
+    base = _tiny()
+    model = copy.deepcopy(base)
+    apply_tp(model, Group.of(None, "tp"), sequence_parallel=True)
+    out = {}
+    for s in (8, 15):
+        x, y = torch.randint(0, 64, (2, s)), torch.randint(0, 64, (2, s))
+        try:
+            out[s] = (model(x, y).item(), base(x, y).item())
+        except ConfigError as e:
+            out[s] = str(e)
+    return out
+
+
+def test_sequence_parallelism_refuses_a_runtime_sequence_tp_does_not_divide():
+    """``apply_tp`` checks ``config.seq`` (16); a batch of 15 tokens reaches the embedding's reduce-scatter."""
+    for r in run_distributed(_short_sequence, 2, timeout=120, coll_timeout=20):
+        assert r[15] == (
+            "sequence parallelism: a sequence of 15 tokens is not divisible by TP degree 2: pad or cut the batch's "
+            "sequences to a multiple of 2"
+        ), r
+        assert r[8][0] == pytest.approx(r[8][1], rel=1e-5), r
+
+
+def _sp_with_pa(rank: int, world: int) -> dict:
+    from zerobench.config import ConfigError
+    from zerobench.distributed.collectives import Group
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.parallel.checkpointing import ActivationConfig, apply_activation_checkpointing
+    from zerobench.parallel.parallelize import ParallelSpec, parallelize
+    from zerobench.parallel.tensor_parallel import apply_tp
+
+    group, base = Group.of(None, "tp"), _tiny()
+    out = {}
+    for name, ac in (
+        ("checkpoint", ActivationConfig(checkpoint=True)),
+        ("pa", ActivationConfig(checkpoint=True, partition=True)),
+        ("pa_cpu", ActivationConfig(checkpoint=True, cpu_offload=True)),
+    ):
+        model = copy.deepcopy(base)
+        info = apply_tp(model, group, sequence_parallel=True)
+        try:
+            out[name] = type(apply_activation_checkpointing(model, ac, group, None, info.rng)).__name__
+        except ConfigError as e:
+            out[name] = str(e)
+    spec = ParallelSpec(zero=None, sequence_parallel=True, activation=ActivationConfig(checkpoint=True, partition=True))
+    try:
+        parallelize(copy.deepcopy(base), build_mesh(2, 1), spec)
+        out["parallelize"] = "accepted"
+    except ConfigError as e:
+        out["parallelize"] = str(e)
+    return out
+
+
+def test_activation_checkpointing_refuses_pa_over_a_sequence_parallel_model_as_parallelize():
+    """Called on its own after ``apply_tp(sequence_parallel=True)``, P_a gathered the TP ranks' different sequence
+    slices into a wrong recompute input: gradients silently off, where ``parallelize`` refuses the pair."""
+    refusal = (
+        "P_a (--pa, --pa-cpu, --paper-config C2/C4/C5) with sequence parallelism (--sp): under SP each TP rank's "
+        "checkpoint is already its own 1/TP of the sequence, which P_a cannot partition again; drop one of them"
+    )
+    for r in run_distributed(_sp_with_pa, 2, timeout=120):
+        assert r == {"checkpoint": "CheckpointStore", "pa": refusal, "pa_cpu": refusal, "parallelize": refusal}, r

@@ -223,6 +223,149 @@ def test_step_passes_lr_kwargs_to_the_scheduler():
         assert calls == [{"increment": 4}, {}]
 
 
+class _Increments:
+    """Megatron-LM's scheduler as DeepSpeed pipelines drive it: ``step(increment)``, the samples consumed, a required
+    argument (``megatron.core``'s ``OptimizerParamScheduler.step``)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.calls = optimizer, []
+
+    def step(self, increment):
+        self.calls.append(increment)
+
+    def state_dict(self):
+        return {"calls": len(self.calls)}
+
+
+def _increments(rank: int, world: int, with_deepspeed: bool) -> dict:
+    import os
+
+    import zerobench.zero as Z
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 1},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    out = {}
+    for name in ("ours", "deepspeed") if with_deepspeed else ("ours",):
+        torch.manual_seed(0)
+        model = Net()
+        init = Z.initialize if name == "ours" else __import__("deepspeed").initialize
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        engine, _, _, sched = init(model=model, optimizer=opt, config=cfg, lr_scheduler=_Increments)
+        for _ in range(4):
+            engine.backward(engine(torch.ones(2, 6)).sum())
+            engine.step()
+        out[name] = (sched.calls, engine.global_steps)
+    return out
+
+
+def test_a_scheduler_stepped_by_the_samples_gets_the_batch_size_as_deepspeeds():
+    """A scheduler whose ``step`` needs an argument and gets no ``lr_kwargs`` (Megatron-LM's ``step(increment)``
+    under DeepSpeed's pipeline engine) is stepped with ``train_batch_size()``, as DeepSpeed's engine steps it. Before,
+    the call raised ``TypeError`` after the optimizer had stepped."""
+    from zerobench.peers.registry import deepspeed_available
+
+    have = deepspeed_available()
+    for r in run_distributed(_increments, 2, have, timeout=240):
+        assert r["ours"] == ([8, 8], 2), r  # 2 samples x 2 micro-batches x DP 2, after each of the 2 steps
+        if have:
+            assert r["deepspeed"] == r["ours"], r
+
+
+def _plateau(rank: int, world: int) -> dict:
+    import os
+
+    import zerobench.zero as Z
+    from zerobench.config import ConfigError
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.manual_seed(0)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+    engine, _, _, sched = Z.initialize(model=Net(), config=cfg, lr_scheduler=lambda opt: plateau(opt, patience=0))
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    engine.backward(engine(torch.ones(2, 6)).sum())
+    errors = []
+    for step in (engine.step, engine.optimizer.step):
+        try:
+            step()
+        except ConfigError as e:
+            errors.append(str(e))
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+    steps = (engine.global_steps, sched.last_epoch)
+    engine.step(lr_kwargs={"metrics": 1.0})
+    moved = not any(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+    return {
+        "errors": errors,
+        "unchanged": unchanged,
+        "steps": steps,
+        "after": (engine.global_steps, sched.last_epoch),
+        "moved": moved,
+    }
+
+
+def test_a_scheduler_that_needs_its_metric_is_refused_without_it():
+    """``ReduceLROnPlateau`` needs its metric. DeepSpeed's engine, given no ``lr_kwargs``, steps the weights and then
+    calls ``step(train_batch_size())``, which takes the batch size for the metric, silently. Here a step without it is
+    one line before anything moves, through ``engine.step()`` and ``engine.optimizer.step()`` alike, and
+    ``lr_kwargs={"metrics": ...}`` steps both."""
+    for r in run_distributed(_plateau, 2):
+        assert len(r["errors"]) == 2 and all("\n" not in e for e in r["errors"]), r["errors"]
+        assert all("ReduceLROnPlateau.step" in e and "metrics" in e for e in r["errors"]), r["errors"]
+        assert r["unchanged"] and r["steps"] == (0, 0), r
+        assert r["moved"] and r["after"] == (1, 1), r
+
+
+def _bad_lr_kwargs(rank: int, world: int) -> dict:
+    import os
+
+    import zerobench.zero as Z
+    from zerobench.config import ConfigError
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.manual_seed(0)
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
+        },
+    }
+    engine, _, _, sched = Z.initialize(model=Net(), config=cfg)
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    engine.backward(engine(torch.ones(2, 6)).sum())
+    errors = []
+    for bad in ({"increment": 4}, ["increment"]):
+        try:
+            engine.step(lr_kwargs=bad)
+        except ConfigError as e:
+            errors.append(str(e))
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+    state = (engine.global_steps, sched.state_dict()["last_batch_iteration"])
+    engine.step()  # the same window, stepped now
+    moved = not any(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+    return {"errors": errors, "unchanged": unchanged, "state": state, "moved": moved, "after": engine.global_steps}
+
+
+def test_lr_kwargs_the_scheduler_cannot_take_are_refused_before_the_step():
+    """``lr_kwargs`` that the scheduler's ``step`` would refuse are one line before the optimizer steps: DeepSpeed's
+    engine steps the weights first and then raises in the scheduler, leaving a stepped model whose step counter and
+    schedule did not move (a retry steps the weights twice). Nothing moves here, and the window steps after."""
+    for r in run_distributed(_bad_lr_kwargs, 2):
+        assert len(r["errors"]) == 2 and all("\n" not in e for e in r["errors"]), r["errors"]
+        assert "lr_kwargs" in r["errors"][0] and "WarmupLR.step" in r["errors"][0] and "increment" in r["errors"][0]
+        assert "lr_kwargs" in r["errors"][1] and "a dict" in r["errors"][1]
+        assert r["unchanged"] and r["state"] == (0, -1)
+        assert r["moved"] and r["after"] == 1
+
+
 def _samples_saved(rank: int, world: int, root: str) -> int:
     """Two optimizer steps of 8 samples at DP 2 saved; loaded at DP 1 (4 a step) and stepped once."""
     import zerobench.zero as Z

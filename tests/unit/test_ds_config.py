@@ -229,6 +229,17 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
         ({"scheduler": {"params": {"warmup_num_steps": 10}}}, "scheduler: give its type"),
         ({"scheduler": {"type": "WarmupLR", "param": {}}}, "scheduler: unknown param"),
         ({"scheduler": "WarmupLR"}, "scheduler: must be an object"),
+        # values the constructor refuses, with the config, before any engine partitions the model
+        ({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}}, "warmup_type 'cosine': give 'log'"),
+        ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}, "warmup_num_steps: must be a posit"),
+        (  # torch's own message spans lines: one line here
+            {"scheduler": {"type": "StepLR", "params": {"step_size": 10, "last_epoch": 5}}},
+            "scheduler StepLR: \"param 'initial_lr' is not specified in param_groups[0]",
+        ),
+        (
+            {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_min_ratio": "0.1"}}},
+            "scheduler WarmupCosineLR: scheduler warmup_min_ratio: must be a number, got '0.1'",
+        ),
         (
             {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
             "scheduler.params.warmup_num_steps: 'auto' is filled in by Hugging Face's Trainer",

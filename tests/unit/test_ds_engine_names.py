@@ -80,3 +80,34 @@ def test_the_optimizer_says_whether_the_last_step_overflowed():
         e.step()
         seen.append((e.optimizer.overflow, e.was_step_applied(), e.skipped_steps))
     assert seen == [(True, False, 1), (False, True, 1), (False, False, 1)]
+
+
+def test_the_scheduler_stepped_is_whatever_engine_lr_scheduler_holds():
+    """DeepSpeed steps ``engine.lr_scheduler`` as it is at each step: one assigned after the engine is built is
+    stepped, and None steps none (the rate then stays where the last one left it)."""
+    from zerobench.zero.compat.deepspeed.lr_schedules import DEEPSPEED
+
+    def reference(steps):
+        opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-3)
+        sched = DEEPSPEED["WarmupLR"](opt, warmup_min_lr=1e-4, warmup_max_lr=1e-2, warmup_num_steps=4)
+        for _ in range(steps):
+            sched.step()
+        return opt.param_groups[0]["lr"]
+
+    e = engine()
+    x = torch.randn(2, 6, generator=torch.Generator().manual_seed(1))
+    assert e.lr_scheduler is None
+    e.lr_scheduler = DEEPSPEED["WarmupLR"](e.optimizer, warmup_min_lr=1e-4, warmup_max_lr=1e-2, warmup_num_steps=4)
+    seen = []
+    for i in range(6):
+        if i == 3:
+            e.lr_scheduler = None
+        e.backward(e(x).pow(2).mean())
+        assert e.step()
+        seen.append(e.get_lr()[0])
+    assert seen == pytest.approx([reference(1), reference(2), reference(3)] + [reference(3)] * 3)
+    e.lr_scheduler = again = DEEPSPEED["WarmupLR"](
+        e.optimizer, warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=2
+    )
+    e.backward(e(x).pow(2).mean())
+    assert e.step() and again.last_batch_iteration == 0 and e.get_lr() == again.get_last_lr()

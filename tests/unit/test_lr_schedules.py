@@ -55,7 +55,8 @@ CASES = [
             "cycle_second_stair_count": 3,
             "decay_step_size": 2,
             "decay_lr_rate": 0.5,
-            "decay_mom_rate": 0.1,
+            # small enough that beta1 stays below 1 over the trace (a larger rate is refused: the test below)
+            "decay_mom_rate": 0.003,
             "cycle_min_mom": 0.85,
             "cycle_max_mom": 0.95,
         },
@@ -139,6 +140,11 @@ def test_get_last_lr_is_what_was_written():
         ("WarmupLR", {"warmup_num_steps": 10.5}, "warmup_num_steps: must be a positive integer"),
         ("WarmupLR", {"warmup_max_lr": [1e-3, 1e-3, 1e-3]}, "warmup_max_lr: 3 values for 2 param groups"),
         ("WarmupDecayLR", {"total_num_steps": 0}, "total_num_steps: must be a positive integer"),
+        ("WarmupDecayLR", {"total_num_steps": 10.5}, "total_num_steps: must be a positive integer, got 10.5"),
+        ("WarmupCosineLR", {"total_num_steps": 9, "cos_min_ratio": "0"}, "cos_min_ratio: must be a number, got '0'"),
+        ("LRRangeTest", {"lr_range_test_step_rate": None}, "lr_range_test_step_rate: must be a number, got None"),
+        ("WarmupLR", {"warmup_max_lr": ["1e-3", 1e-3]}, "warmup_max_lr: must be a number, got '1e-3'"),
+        ("OneCycle", {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "decay_mom_rate": "0.1"}, "decay_mom_rate: must be a"),
         ("LRRangeTest", {"lr_range_test_step_size": -1}, "lr_range_test_step_size: must be a positive integer"),
         (
             "OneCycle",
@@ -151,3 +157,30 @@ def test_bad_arguments_are_one_line(name, params, words):
     with pytest.raises(ConfigError) as e:
         DEEPSPEED[name](_optimizer(), **params)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["WarmupDecayLR", "WarmupCosineLR"])
+def test_a_whole_total_written_as_a_float_is_taken_as_deepspeed_takes_it(name):
+    """JSON's ``1e1`` is the float 10.0, which DeepSpeed's schedules take; the rates are those of 10."""
+    as_int, as_float = (DEEPSPEED[name](_optimizer(), total_num_steps=t, warmup_num_steps=3) for t in (10, 1e1))
+    for _ in range(12):
+        as_int.step(), as_float.step()
+        assert as_float.get_last_lr() == as_int.get_last_lr()
+
+
+def test_onecycle_momentum_decay_past_one_is_refused_at_the_batch_naming_it():
+    """DeepSpeed's OneCycle multiplies beta1 up after the cycle and trains on with beta1 above 1; the batch that
+    would write it is one line naming decay_mom_rate, and the betas written before it stay."""
+    s = DEEPSPEED["OneCycle"](
+        _optimizer(),
+        cycle_min_lr=0.1,
+        cycle_max_lr=1.0,
+        cycle_first_step_size=2,
+        decay_step_size=1,
+        decay_mom_rate=0.05,
+    )
+    with pytest.raises(ConfigError) as e:
+        for _ in range(10):
+            s.step()
+    assert "OneCycle: decay_mom_rate 0.05 takes beta1 to 1.035 at batch 6" in str(e.value) and "\n" not in str(e.value)
+    assert all(0 <= g["betas"][0] < 1 for g in s.optimizer.param_groups)

@@ -23,6 +23,8 @@ import torch
 from zerobench.config import ConfigError
 from zerobench.distributed.env import detect
 from zerobench.zero.compat.deepspeed.checkpoints import load_tagged, save_tagged
+from zerobench.zero.compat.deepspeed.data import loader
+from zerobench.zero.compat.deepspeed.lr_schedules import scheduler_call, step_after_steps
 from zerobench.zero.compat.deepspeed.optimizer import DeepSpeedOptimizer
 from zerobench.zero.compat.deepspeed.stage3_module import mark_partitioned, sync_generate, unsync_generate
 from zerobench.zero.config import LossScaleRule
@@ -41,8 +43,8 @@ class DeepSpeedEngine(ZeroEngine):
     non-finite gradient (an fp16 overflow, or ``skip_nonfinite``'s); the batch sizes are the config ``initialize``
     read. Made by ``as_deepspeed``, never constructed."""
 
-    lr_scheduler = None
-    """The learning-rate scheduler ``initialize`` attached (stepped after every applied step, checkpointed)."""
+    _lr_scheduler = None
+    _scheduler_hook = None
     micro_batch: int | None = None
     """Samples per DP rank in one micro-batch, from the DeepSpeed config (None from ``as_deepspeed``)."""
     tag_validation = "WARN"
@@ -52,9 +54,26 @@ class DeepSpeedEngine(ZeroEngine):
     """``micro_steps`` when ``set_train_batch_size`` last changed the accumulation steps (windows count from it)."""
     training_dataloader = None
     """The loader ``initialize`` made of ``training_data`` (DeepSpeed's attribute; None without one)."""
+    collate_fn = None
+    """``initialize``'s ``collate_fn``: ``deepspeed_io``'s default."""
+    drop_last = False
+    """``dataloader_drop_last`` of the DeepSpeed config: loaders leave out a last, partial micro-batch."""
     _samples_at = (0, 0)
     """(``global_steps``, ``global_samples``) when the batch size last changed or a checkpoint was loaded: steps since
     count at the current ``train_batch_size()``."""
+
+    @property
+    def lr_scheduler(self):
+        """The learning-rate scheduler: ``initialize``'s, or whatever is assigned later, as DeepSpeed steps what
+        this attribute holds. It is stepped after every optimizer step that was applied and kept in checkpoints;
+        None steps none."""
+        return self._lr_scheduler
+
+    @lr_scheduler.setter
+    def lr_scheduler(self, scheduler) -> None:
+        self._lr_scheduler = scheduler
+        if scheduler is not None and self._scheduler_hook is None:
+            self._scheduler_hook = step_after_steps(self)
 
     def __call__(self, *args, **kwargs):
         """``engine(batch)``: the model's forward."""
@@ -84,21 +103,22 @@ class DeepSpeedEngine(ZeroEngine):
 
     def step(self, lr_kwargs: dict | None = None) -> bool:
         """``ZeroEngine.step``; ``lr_kwargs`` go to the scheduler's ``step`` after an applied optimizer step, as
-        DeepSpeed's ``engine.step(lr_kwargs=...)`` passes them. With the boundary set to False by hand
-        (``set_gradient_accumulation_boundary``) it is not a boundary: nothing is stepped, as DeepSpeed's; so with
-        windows counted in ``step()`` calls (``initialize``'s engine: ``count_micro_batches_in_steps``) before the
-        window's last micro-batch."""
+        DeepSpeed's ``engine.step(lr_kwargs=...)`` passes them (checked against it first: ``scheduler_call``).
+        With the boundary set to False by hand (``set_gradient_accumulation_boundary``) it is not a boundary: nothing
+        is stepped, as DeepSpeed's; so with windows counted in ``step()`` calls (``initialize``'s engine:
+        ``count_micro_batches_in_steps``) before the window's last micro-batch."""
+        call = scheduler_call(self.lr_scheduler, lr_kwargs, self.train_batch_size)
         counted = self.window.boundary is None and self.window.rule is not None
         if self.window.boundary is False or (counted and not self.is_gradient_accumulation_boundary()):
             check_live(self, "step()")
             self.micro_steps += 1
             self.optimizer.applied = self.optimizer.overflow = False
             return False
-        self._lr_kwargs = lr_kwargs or {}
+        self._lr_call = call
         try:
             return super().step()
         finally:
-            self._lr_kwargs = {}
+            self._lr_call = None
 
     def dynamic_loss_scale(self) -> bool:
         """Whether the loss scale moves (DeepSpeed's: its configured ``loss_scale`` is 0, its default, which it
@@ -158,6 +178,36 @@ class DeepSpeedEngine(ZeroEngine):
     def train_batch_size(self) -> int:
         """Samples per optimizer step over the DP group: micro-batch x accumulation steps x DP ranks."""
         return self.train_micro_batch_size_per_gpu() * self.config.grad_accum_steps * self.group.size
+
+    def dataloader_drop_last(self) -> bool:
+        """The config's ``dataloader_drop_last``."""
+        return self.drop_last
+
+    def deepspeed_io(
+        self,
+        dataset,
+        batch_size=None,
+        route="train",
+        pin_memory=True,
+        data_sampler=None,
+        collate_fn=None,
+        num_local_io_workers=None,
+    ):
+        """DeepSpeed's loader of ``dataset`` (``data.loader``): this DP rank's micro-batches of
+        ``train_micro_batch_size_per_gpu()`` (or ``batch_size``) samples, shuffled on the ``"train"`` route and in order
+        on ``"eval"`` and ``"predict"``, through ``data_sampler`` where one is given; ``collate_fn`` defaults to
+        ``initialize``'s."""
+        return loader(
+            dataset,
+            batch_size=self.train_micro_batch_size_per_gpu() if batch_size is None else batch_size,
+            group=self.group,
+            drop_last=self.drop_last,
+            collate_fn=self.collate_fn if collate_fn is None else collate_fn,
+            data_sampler=data_sampler,
+            route=route,
+            pin_memory=pin_memory,
+            num_workers=num_local_io_workers or 0,
+        )
 
     def get_batch_info(self) -> tuple[int, int, int]:
         """(``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``), as

@@ -39,8 +39,8 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.zero.compat.deepspeed.client import check_scheduler, client_groups, rebind, share_groups
-from zerobench.zero.compat.deepspeed.config import DeepSpeedConfig, from_deepspeed
-from zerobench.zero.compat.deepspeed.lr_schedules import attach, build
+from zerobench.zero.compat.deepspeed.config import from_deepspeed
+from zerobench.zero.compat.deepspeed.lr_schedules import build
 from zerobench.zero.config import Precision
 
 
@@ -65,19 +65,6 @@ def _init_distributed() -> torch.device:
         )
         return device
     return init_distributed(denv, timeout_s=timeout_s)
-
-
-def _loader(data, cfg: DeepSpeedConfig, group: Group, collate_fn):
-    """DeepSpeed's training loader: micro-batches of this DP rank's share of ``data``, reshuffled per epoch
-    through ``loader.data_sampler.set_epoch`` (DeepSpeed's name for its sampler; ``loader.sampler`` is the same)."""
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    sampler = DistributedSampler(data, num_replicas=group.size, rank=group.rank)
-    loader = DataLoader(
-        data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=cfg.drop_last
-    )
-    loader.data_sampler = sampler
-    return loader
 
 
 def _config_of(args, model, config):
@@ -222,7 +209,7 @@ def initialize(
     engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
     failed = None
     try:
-        done = _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler, built)
+        done = _finish(engine, cfg, training_data, collate_fn, client, lr_scheduler, built)
     except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below, whatever went wrong here
         failed = e
     # A refusal after the engine was built, on any rank, leaves the model plain with its values on every rank (the
@@ -233,7 +220,7 @@ def initialize(
     return done
 
 
-def _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler, built):
+def _finish(engine, cfg, training_data, collate_fn, client, lr_scheduler, built):
     """``initialize``'s rest once the engine exists: DeepSpeed's names, the loader, the optimizer and scheduler."""
     from zerobench.zero.compat.deepspeed.engine import as_deepspeed
 
@@ -244,7 +231,8 @@ def _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler,
     engine.always_norm = cfg.zero.stage > 0 or cfg.zero.precision is not Precision.FP32
     engine.gather_16bit_on_save = cfg.gather_16bit_on_save
     engine.count_micro_batches_in_steps()  # as DeepSpeed's engine: a micro-batch ends at step()
-    loader = None if training_data is None else _loader(training_data, cfg, group, collate_fn)
+    engine.collate_fn, engine.drop_last = collate_fn, cfg.drop_last
+    loader = None if training_data is None else engine.deepspeed_io(training_data)
     engine.training_dataloader = loader
     if client is not None:
         share_groups(client, engine.optimizer)
@@ -256,5 +244,5 @@ def _finish(engine, cfg, group, training_data, collate_fn, client, lr_scheduler,
     elif cfg.scheduler is not None:
         scheduler = build(cfg.scheduler, engine.optimizer)
     if scheduler is not None:
-        attach(engine, scheduler)  # stepped after every applied optimizer step; checkpoints hold its state
+        engine.lr_scheduler = scheduler  # stepped after every applied optimizer step; checkpoints hold its state
     return engine, engine.optimizer, loader, scheduler

@@ -16,19 +16,20 @@ decays as ``cycle_min_lr / (1 + decay_lr_rate x batches / decay_step_size)`` (no
 ``cycle_momentum`` Adam's beta1 moves the other way, from ``cycle_max_mom`` down to ``cycle_min_mom`` and back, with
 beta2 set to 0.99, as DeepSpeed sets it.
 
-The config's ``scheduler`` section is read and checked with the config (``parse``: pure, no optimizer): its
-``type`` is one of these five or, as DeepSpeed resolves it, a class of ``torch.optim.lr_scheduler`` whose
-arguments JSON can hold, and its ``params`` are checked against the constructor (an unknown argument, a missing
-one or a schedule JSON cannot describe is one line, before any process group is touched). ``zerobench.zero.
-initialize`` builds it on the engine's optimizer (``build``) and attaches it to the engine (``attach``), which steps
-it after every optimizer step that was applied and keeps its state in checkpoints, as DeepSpeed's engine does with
-``engine.lr_scheduler``.
+The config's ``scheduler`` section is read and checked with the config (``parse``: no processes): its ``type`` is
+one of these five or, as DeepSpeed resolves it, a class of ``torch.optim.lr_scheduler`` whose arguments JSON can
+hold, its ``params`` are checked against the constructor (an unknown argument, a missing one or a schedule JSON
+cannot describe is one line), and it is built once on a stand-in optimizer, so that a value its constructor refuses
+is one line too, before any engine or process group exists. ``zerobench.zero.initialize`` builds it on the engine's
+optimizer (``build``) and makes it ``engine.lr_scheduler``, which the engine steps after every optimizer step that
+was applied (``step_after_steps``) and keeps in checkpoints, as DeepSpeed's engine does.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,19 +41,34 @@ from zerobench.zero.protocols import Engine
 WARMUP_TYPES = ("log", "linear")
 
 
+def _real(value, name: str):
+    """A finite number (JSON's int or float): a string or a list where a number is due would fail only at a later
+    step, after that step's update, with a bare ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"scheduler {name}: must be a number, got {value!r}")
+    return value
+
+
 def _per_group(optimizer: Optimizer, value, name: str) -> list:
-    """A scalar for every param group, or a list with one value per group."""
+    """A number for every param group, or a list with one number per group."""
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
             raise ConfigError(f"scheduler {name}: {len(value)} values for {len(optimizer.param_groups)} param groups")
-        return list(value)
-    return [value] * len(optimizer.param_groups)
+        return [_real(v, name) for v in value]
+    return [_real(value, name)] * len(optimizer.param_groups)
 
 
 def _positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"scheduler {name}: must be a positive integer, got {value!r}")
     return value
+
+
+def _total_steps(value) -> int:
+    """``total_num_steps``: a positive whole number, which JSON may write as a float (``1e4``); DeepSpeed takes it."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _positive_int(value, "total_num_steps")
 
 
 def _warmup_type(value: str) -> str:
@@ -155,7 +171,7 @@ class WarmupDecayLR(WarmupLR):
         warmup_type: str = "log",
         last_batch_iteration: int = -1,
     ):
-        self.total_num_steps = _positive_int(total_num_steps, "total_num_steps")
+        self.total_num_steps = _total_steps(total_num_steps)
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, last_batch_iteration)
 
     def _gamma(self) -> float:
@@ -180,10 +196,11 @@ class WarmupCosineLR(BatchSchedule):
         last_batch_iteration: int = -1,
     ):
         super().__init__(optimizer, last_batch_iteration)
-        self.total_num_steps = _positive_int(total_num_steps, "total_num_steps")
+        self.total_num_steps = _total_steps(total_num_steps)
         self.warmup_num_steps = max(2, _positive_int(warmup_num_steps, "warmup_num_steps"))
         self.warmup_type = _warmup_type(warmup_type)
-        self.warmup_min_ratio, self.cos_min_ratio = warmup_min_ratio, cos_min_ratio
+        self.warmup_min_ratio = _real(warmup_min_ratio, "warmup_min_ratio")
+        self.cos_min_ratio = _real(cos_min_ratio, "cos_min_ratio")
         self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         if last_batch_iteration == -1:
             self._write()
@@ -220,7 +237,8 @@ class LRRangeTest(BatchSchedule):
         super().__init__(optimizer, last_batch_iteration)
         self.min_lr = _per_group(optimizer, lr_range_test_min_lr, "lr_range_test_min_lr")
         self.step_size = _positive_int(lr_range_test_step_size, "lr_range_test_step_size")
-        self.step_rate, self.staircase = lr_range_test_step_rate, bool(lr_range_test_staircase)
+        self.step_rate = _real(lr_range_test_step_rate, "lr_range_test_step_rate")
+        self.staircase = bool(lr_range_test_staircase)
         if last_batch_iteration == -1:
             self._write()
 
@@ -251,8 +269,10 @@ class OneCycle(BatchSchedule):
         last_batch_iteration: int = -1,
     ):
         super().__init__(optimizer, last_batch_iteration)
-        first = float(cycle_first_step_size)
-        second = first if cycle_second_step_size is None else float(cycle_second_step_size)
+        first = float(_real(cycle_first_step_size, "cycle_first_step_size"))
+        second = (
+            first if cycle_second_step_size is None else float(_real(cycle_second_step_size, "cycle_second_step_size"))
+        )
         if first <= 0 or second < 0:
             raise ConfigError(
                 f"scheduler OneCycle: cycle_first_step_size must be > 0 and cycle_second_step_size >= 0, "
@@ -265,14 +285,14 @@ class OneCycle(BatchSchedule):
         self.second_stair_count = (
             cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count
         )
-        self.decay_step_size = decay_step_size
+        self.decay_step_size = _real(decay_step_size, "decay_step_size")
         no_decay = math.isclose(decay_step_size, 0)
         self.min_lrs = _per_group(optimizer, cycle_min_lr, "cycle_min_lr")
         self.max_lrs = _per_group(optimizer, cycle_max_lr, "cycle_max_lr")
-        self.decay_lr_rate = decay_lr_rate
+        self.decay_lr_rate = _real(decay_lr_rate, "decay_lr_rate")
         self.skip_lr_decay = no_decay or math.isclose(decay_lr_rate, 0)
         self.cycle_momentum = bool(cycle_momentum) and "betas" in optimizer.defaults
-        self.decay_mom_rate = decay_mom_rate
+        self.decay_mom_rate = _real(decay_mom_rate, "decay_mom_rate")
         self.skip_mom_decay = no_decay or math.isclose(decay_mom_rate, 0)
         self.min_moms = [(m, 0.99) for m in _per_group(optimizer, cycle_min_mom, "cycle_min_mom")]
         self.max_moms = [(m, 0.99) for m in _per_group(optimizer, cycle_max_mom, "cycle_max_mom")]
@@ -324,8 +344,18 @@ class OneCycle(BatchSchedule):
         return [(b1 * factor, b2) for b1, b2 in self.max_moms]
 
     def _write(self) -> None:
+        """The learning rates and, with ``cycle_momentum``, the betas. ``decay_mom_rate`` raises beta1 without bound
+        after the cycle (DeepSpeed's formula, which then trains on with beta1 above 1); the batch that would take
+        it to 1 or above is refused in one line naming the cause."""
+        moms = self.get_mom() or []
+        for b1, _ in moms:
+            if not 0 <= b1 < 1:
+                raise ConfigError(
+                    f"scheduler OneCycle: decay_mom_rate {self.decay_mom_rate} takes beta1 to {b1:.4g} at batch "
+                    f"{self.last_batch_iteration}, and Adam needs it in [0, 1): lower decay_mom_rate, or set it to 0"
+                )
         super()._write()
-        for group, betas in zip(self.optimizer.param_groups, self.get_mom() or []):
+        for group, betas in zip(self.optimizer.param_groups, moms):
             group["betas"] = betas
 
 
@@ -402,20 +432,83 @@ def parse(section) -> SchedulerSpec | None:
         raise ConfigError(
             f"DeepSpeed config scheduler.params.{auto[0]}: 'auto' is filled in by Hugging Face's Trainer; give a value"
         )
-    return SchedulerSpec(str(section["type"]), dict(params))
+    spec = SchedulerSpec(str(section["type"]), dict(params))
+    _dry_build(spec)
+    return spec
+
+
+def _dry_build(spec: SchedulerSpec) -> None:
+    """Build ``spec`` on a stand-in AdamW so that its values are checked with the config, before any engine or
+    process group exists: as many groups as its longest per-group list (the engine's own count is checked when
+    ``build`` makes the real one)."""
+    groups = max([len(v) for v in spec.params.values() if isinstance(v, (list, tuple))] or [1])
+    params = [{"params": [torch.zeros(1, requires_grad=True)]} for _ in range(max(groups, 1))]
+    build(spec, torch.optim.AdamW(params, lr=1e-3))
 
 
 def build(spec: SchedulerSpec, optimizer: Optimizer):
     """The schedule on ``optimizer``; a value its constructor refuses is one line."""
     try:
         return schedule_class(spec.type)(optimizer, **spec.params)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"DeepSpeed config scheduler {spec.type}: {e}") from None
+    except (TypeError, ValueError, KeyError) as e:  # torch's messages may span lines: one line here
+        raise ConfigError(f"DeepSpeed config scheduler {spec.type}: {' '.join(str(e).split())}") from None
 
 
-def attach(engine: Engine, scheduler) -> None:
-    """Make ``scheduler`` the engine's (``engine.lr_scheduler``, saved and loaded with its checkpoints) and step it
-    after every optimizer step that was applied (not inside an accumulation window, nor on an fp16 overflow)."""
-    engine.lr_scheduler = scheduler
+def scheduler_call(scheduler, kwargs, batch_size: Callable[[], int]) -> tuple[tuple, dict]:
+    """The arguments ``scheduler.step`` gets after an applied step, as DeepSpeed's engine calls it: ``lr_kwargs``
+    (``engine.step(lr_kwargs=...)``) as keywords; with none, no argument, or ``train_batch_size()`` where ``step``
+    needs Megatron-LM's ``increment`` (``step(increment)``, the samples consumed, which DeepSpeed's pipeline engine
+    passes so).
+
+    Decided before the optimizer steps, so that a call that would fail is one line and nothing moves. DeepSpeed's
+    engine finds out after the weights moved, and on a ``TypeError`` calls ``step(train_batch_size())`` whatever
+    ``step`` needed: a misspelt keyword then jumps a schedule by a batch size, and ``ReduceLROnPlateau`` takes the
+    batch size for its metric, silently. Both are refused here. A scheduler whose ``step`` has no signature to read
+    is called as given; with no scheduler the keywords go nowhere."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ConfigError(f"engine.step(lr_kwargs=...): give a dict of keywords, not {type(kwargs).__name__}")
+    kwargs = kwargs or {}
+    try:
+        signature = inspect.signature(scheduler.step)
+    except (AttributeError, TypeError, ValueError):
+        return (), kwargs
+    try:
+        signature.bind(**kwargs)
+        return (), kwargs
+    except TypeError as e:
+        why = e
+    needed = [p.name for p in signature.parameters.values() if p.default is p.empty and p.kind in _POSITIONAL]
+    if not kwargs and needed == ["increment"]:
+        return (batch_size(),), {}
+    given = f"lr_kwargs={sorted(kwargs)}" if kwargs else "no lr_kwargs"
+    raise ConfigError(
+        f"engine.step({given}): {type(scheduler).__name__}.step{signature} cannot be called with them ({why}); "
+        "give its arguments with engine.step(lr_kwargs=...); nothing was stepped"
+    )
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def step_after_steps(engine: Engine):
+    """Step ``engine.lr_scheduler``, whatever it holds when a step is applied, after every optimizer step that was
+    applied (not inside an accumulation window, nor on a skipped step), as DeepSpeed's engine steps its
+    ``lr_scheduler`` attribute: a scheduler assigned after ``initialize`` is the one stepped, and None steps none.
+    How it is called is decided before the optimizer steps (``scheduler_call``), ``engine.optimizer.step()`` called
+    directly included. Registered once per engine (``DeepSpeedEngine.lr_scheduler``); returns the hooks' handles."""
     opt = engine.optimizer
-    opt.register_step_post_hook(lambda *_: scheduler.step(**getattr(engine, "_lr_kwargs", {})) if opt.applied else None)
+
+    def decide(*_) -> None:
+        scheduler = engine.lr_scheduler
+        engine._lr_next = None
+        if scheduler is not None:
+            engine._lr_next = getattr(engine, "_lr_call", None) or scheduler_call(
+                scheduler, None, engine.train_batch_size
+            )
+
+    def step(*_) -> None:
+        scheduler, (args, kwargs) = engine.lr_scheduler, getattr(engine, "_lr_next", None) or ((), {})
+        if scheduler is not None and opt.applied:
+            scheduler.step(*args, **kwargs)
+
+    return opt.register_step_pre_hook(decide), opt.register_step_post_hook(step)

@@ -111,7 +111,7 @@ def counted(tmp_path_factory):
 
 
 @needs_valgrind
-@pytest.mark.slow
+@pytest.mark.gate
 @pytest.mark.timeout(1500)
 def test_instruction_counts_pass_unchanged_code_and_catch_planted_host_work(counted, tmp_path):
     rows = [json.loads(line) for f in (counted / "same").rglob("rows.jsonl") for line in f.read_text().splitlines()]

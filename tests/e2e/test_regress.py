@@ -224,7 +224,7 @@ runs:
 """
 
 
-@pytest.mark.slow
+@pytest.mark.gate
 @pytest.mark.timeout(2400)
 def test_ab_cannot_fail_unchanged_code_and_catches_a_planted_slowdown(tmp_path):
     """The A/B gate at its stated false-alarm rate: 28 lockstep rounds, a sign test that calls a regression only

@@ -194,8 +194,11 @@ class ZeroEngine:
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward of one micro-batch; the window's last one reduces the gradients (overlapped with backward).
 
-        The loss is multiplied by the loss scale / (``grad_accum_steps`` x N) first, so gradients come out averaged over
-        the window and the DP group. A plain ``loss.backward()`` works too, scaled the same way by hooks
+        The loss is multiplied by the loss scale / ``grad_accum_steps`` first, and under fp32 and bf16 by 1 / N too;
+        under fp16 the 1 / N multiplies each gradient before its collective instead, so a rank's own gradient carries
+        the whole loss scale and overflows where DeepSpeed's and torch's (DDP with ``GradScaler``) would: the step is
+        skipped, and a static scale is what the gradients carry. Gradients come out averaged over the window and the
+        DP group either way. A plain ``loss.backward()`` works too, scaled the same way by hooks
         (``zero/grads/backward.py``).
 
         Args:
@@ -208,20 +211,20 @@ class ZeroEngine:
         """
         check_live(self, "backward()")
         gas = self.config.grad_accum_steps if scale_wrt_gas else 1
-        self.passes.run(loss * (self.scaler.scale / (gas * self.group.size)), retain_graph)
+        self.passes.run(loss * (self.scaler.scale / (gas * self._loss_divisor())), retain_graph)
         return loss
 
     def scale(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """``loss`` times what ``backward`` multiplies it by (the loss scale / (``grad_accum_steps`` x N)), for a
-        plain ``.backward()`` that then trains as ``engine.backward(loss)`` would, fp16 included (DeepSpeed's
-        ``engine.scale``).
+        """``loss`` times what ``backward`` multiplies it by (the loss scale / ``grad_accum_steps``, and 1 / N under
+        fp32 and bf16), for a plain ``.backward()`` that then trains as ``engine.backward(loss)`` would, fp16 included
+        (DeepSpeed's ``engine.scale``).
 
         Args:
             loss: a scalar of this micro-batch.
             retain_graph: DeepSpeed's argument; a retained graph needs nothing more here.
         """
         check_live(self, "scale()")
-        scaled = loss * (self.scaler.scale / (self.config.grad_accum_steps * self.group.size))
+        scaled = loss * (self.scaler.scale / (self.config.grad_accum_steps * self._loss_divisor()))
         self.passes.mark_scaled(scaled)
         return scaled
 
@@ -231,12 +234,18 @@ class ZeroEngine:
         ``grad_accum_steps=1``."""
         return self.window.no_sync()
 
+    def _loss_divisor(self) -> int:
+        """What ``backward`` and ``scale`` divide the loss by for the DP average: N, or 1 under fp16, where the
+        gradients are divided before their collective (``_begin_micro``)."""
+        return 1 if self.scaler.enabled else self.group.size
+
     def _begin_micro(self, plain: bool) -> None:
         mb = self.window.begin(plain)
         if mb.first:
             self._norm_taken = False
-        divisor = self.group.size * self.config.grad_accum_steps  # a plain pass: loss / gas, as DeepSpeed's
-        pre_scale = 1.0 / divisor if plain and divisor > 1 else None
+        # a plain pass: loss / (N x gas), as DeepSpeed's; a scaled one: what the loss did not carry (fp16's 1 / N)
+        divisor = self.group.size * self.config.grad_accum_steps if plain else self.group.size // self._loss_divisor()
+        pre_scale = 1.0 / divisor if divisor > 1 else None
         self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, pre_scale=pre_scale)
 
     def _end_micro(self) -> None:

@@ -108,8 +108,9 @@ class GradBucketGroup:
 
     # -- micro-batch lifecycle -------------------------------------------------------------------
     def begin_micro(self, sync: bool, first_in_window: bool, pre_scale: float | None = None) -> None:
-        """``pre_scale``: for a plain ``loss.backward()``, what this micro-batch's gradients are multiplied by before
-        their collective (the engine's 1 / (N x ``grad_accum_steps``)); None when ``engine.backward`` scaled it."""
+        """``pre_scale``: what this micro-batch's gradients are multiplied by before their collective, for what the
+        loss did not carry: a plain ``loss.backward()``'s 1 / (N x ``grad_accum_steps``), or under fp16 the 1 / N of
+        ``engine.backward`` (its loss carries the whole loss scale); None when the loss carried it all."""
         self.sync = sync or not self.keep_full  # partitioned grads are reduced every micro-batch
         self.pre_scale = pre_scale
         if first_in_window:

@@ -243,8 +243,10 @@ class ZeroEngine:
         mb = self.window.begin(plain)
         if mb.first:
             self._norm_taken = False
-        # a plain pass: loss / (N x gas), as DeepSpeed's; a scaled one: what the loss did not carry (fp16's 1 / N)
-        divisor = self.group.size * self.config.grad_accum_steps if plain else self.group.size // self._loss_divisor()
+        if plain:  # the loss carried nothing: 1 / (N x gas), as DeepSpeed's
+            divisor = self.group.size * self.config.grad_accum_steps
+        else:  # engine.backward's loss carried all but fp16's 1 / N (``_loss_divisor``)
+            divisor = self.group.size if self.scaler.enabled else 1
         pre_scale = 1.0 / divisor if divisor > 1 else None
         self.grads.begin_micro(sync=mb.sync, first_in_window=mb.first, pre_scale=pre_scale)
 

@@ -232,7 +232,12 @@ CUBLAS_10_TENSOR_CORES = (
     "NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication Background User's Guide', 'Tensor Core "
     "Requirements' (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/): with "
     "cuBLAS before 11.0, an FP16 GEMM uses Tensor Cores only when M, N and K are multiples of 8; the program's PyTorch "
-    "1.1/1.2 builds link CUDA 10's cuBLAS"
+    "1.1/1.2 builds link CUDA 10's cuBLAS. Baidu DeepBench's V100 benchmark (code/nvidia/gemm_bench.cu at da81ba7) "
+    "pads a half-precision GEMM's dimensions to multiples of 8 before timing it, citing cuBLAS's tensor-op "
+    "restrictions (m and k for its NN and TN layouts, m and n for NT, all three for TT), so its 512 x 24000 x 1530 "
+    "row (93.5 TFLOP/s, CUDA 10.1) ran at k = 1536. For these programs' GEMMs the per-layout rule and the "
+    "any-dimension rule charged here pick the same shapes: every layout needs both feature dimensions (or the head "
+    "dimension) aligned, and the token count b x s is a multiple of 8"
 )
 
 FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"

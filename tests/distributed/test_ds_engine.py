@@ -10,7 +10,14 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.ds_checkpoint import ds_bad_input, ds_client_per_rank, ds_resume, tp_mismatch, tp_resume
+from tests.helpers.ds_checkpoint import (
+    ds_bad_input,
+    ds_client_per_rank,
+    ds_resume,
+    ds_resume_other_world,
+    tp_mismatch,
+    tp_resume,
+)
 from tests.helpers.ds_checkpoint_options import (
     ds_load_by_name,
     ds_load_edited_and_scheduled,
@@ -35,6 +42,22 @@ def test_deepspeed_loop_and_checkpoint_resume_exactly(stage, tmp_path):
         assert r["state_diff"] == 0.0, "BatchNorm statistics or the frozen layer did not come back"
         assert r["moved"] > 1e-4, "training after the checkpoint changed nothing: vacuous comparison"
         assert r["param_diff"] == 0.0 and r["loss_diff"] == 0.0, r
+        assert r["eval_diff"] == 0.0, "eval mode, which normalises with the running statistics, did not resume"
+        assert r["per_rank_files"] == ["module_extra-dp00000.pt", "module_extra-dp00001.pt", "module_extra.pt"], r
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_each_rank_gets_its_own_buffers_back(stage, tmp_path):
+    """Every rank got DP rank 0's BatchNorm statistics back (a helper's review): a resumed run's eval diverged from
+    the uninterrupted one's on the other ranks. DeepSpeed gives each rank its own at stage 3; here each rank's own
+    come back at every stage where the ranks' differ. A save by 2 ranks loaded by 1 warns, and rank 0 gets its own."""
+    ranks = run_distributed(ds_resume, 2, stage, str(tmp_path / "ckpt"))
+    assert ranks[0]["from_first"] == 0.0 and ranks[1]["from_first"] > 1e-3, "the ranks' statistics did not differ"
+    for r in ranks:
+        assert r["state_diff"] == 0.0 and r["eval_diff"] == 0.0, r
+    (one,) = run_distributed(ds_resume_other_world, 1, stage, str(tmp_path / "ckpt"))
+    assert one["diff"] == 0.0, one
+    assert one["warned"] and "saved by 2 ranks, and this run has 1" in one["warned"][0], one
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -10,6 +10,7 @@ learning rate, buffers, frozen parameters, and under TP each TP rank's own slice
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -71,14 +72,16 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
     path = a.save_checkpoint(save_dir, client_state=sched_state)
     at_save = full_parameters(a)
     with a.gathered_params():
-        saved = [_bn_state(a.module)]
-    # DP rank 0's module state is the checkpoint's, as DeepSpeed's (BatchNorm statistics evolve per rank)
-    dist.broadcast_object_list(saved, src=dist.get_global_rank(group.pg, 0), group=group.pg)
-    saved_state = saved[0]
+        saved_state = _bn_state(a.module)  # this rank's own: BatchNorm statistics evolve per rank
+    first = [saved_state]
+    dist.broadcast_object_list(first, src=dist.get_global_rank(group.pg, 0), group=group.pg)
     after = _bn_train(a, rank, range(3, 5))
     uninterrupted = full_parameters(a)
     a.eval()
     eval_mode = (a.module.training, a.module.bn.training)
+    probe = torch.randn(8, 6, generator=torch.Generator().manual_seed(999))
+    with torch.no_grad():
+        eval_uninterrupted = a(probe).item()  # eval mode normalises with the running statistics
 
     torch.manual_seed(1)  # another init and other buffers: everything must come from the checkpoint
     b = ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
@@ -90,7 +93,12 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
         loaded_state = _bn_state(b.module)
     resumed_losses = _bn_train(b.train(), rank, range(3, 5))
     resumed = full_parameters(b)
+    with torch.no_grad():
+        eval_resumed = b.eval()(probe).item()
     return {
+        "per_rank_files": sorted(f.name for f in path.glob("module_extra*.pt")),
+        "from_first": max((saved_state[k].float() - first[0][k].float()).abs().max().item() for k in saved_state),
+        "eval_diff": abs(eval_uninterrupted - eval_resumed),
         "tag": path.name,
         "latest": (path.parent / "latest").read_text(),
         "loaded_path": loaded_path,
@@ -104,6 +112,23 @@ def ds_resume(rank: int, world: int, stage: int, save_dir: str) -> dict:
         "loss_diff": max(abs(x - y) for x, y in zip(after, resumed_losses)),
         "param_diff": max((uninterrupted[n] - resumed[n]).abs().max().item() for n in resumed),
         "moved": max((uninterrupted[n] - at_save[n]).abs().max().item() for n in resumed),
+    }
+
+
+def ds_resume_other_world(rank: int, world: int, stage: int, save_dir: str) -> dict:
+    """A save holding buffers per DP rank (``ds_resume``'s, by 2 ranks) loaded by another number of ranks: a
+    warning, and each rank the buffers of the rank it was (those beyond the saved ones get the first rank's)."""
+    group = dp_groups(rank, world, [world])[world]
+    b = ds_apply_zero(BNNet(), group, ZeroConfig(stage=stage, optimizer=ADAM, bucket_numel=200))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        b.load_checkpoint(save_dir)
+    own = torch.load(Path(save_dir) / "global_step3" / f"module_extra-dp{rank:05d}.pt", weights_only=True)
+    with b.gathered_params():
+        loaded = _bn_state(b.module)
+    return {
+        "warned": [str(w.message) for w in caught if "buffers per DP rank" in str(w.message)],
+        "diff": max((own[k].float() - loaded[k].float()).abs().max().item() for k in own),
     }
 
 

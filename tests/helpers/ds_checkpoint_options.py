@@ -73,8 +73,7 @@ def ds_load_options(rank: int, world: int, stage: int, save_dir: str) -> dict:
     a.save_checkpoint(save_dir, tag="nofrozen", save_latest=False, exclude_frozen_parameters=True)
     saved_master = full_parameters(a)
     with a.gathered_params():
-        saved_state = _bn_state(a.module)
-    saved_state = _rank0(saved_state, group)
+        saved_state = _bn_state(a.module)  # this rank's own: BatchNorm statistics evolve per rank, and come back so
     with open(f"{save_dir}/latest") as f:
         out: dict = {"latest": f.read()}  # save_latest=False left it at "full"
 
@@ -117,13 +116,6 @@ def ds_load_options(rank: int, world: int, stage: int, save_dir: str) -> dict:
         "lr": d.get_lr(),
     }
     return out
-
-
-def _rank0(state: dict, group) -> dict:
-    """DP rank 0's module state (BatchNorm statistics evolve per rank; the checkpoint holds rank 0's)."""
-    box = [state]
-    torch.distributed.broadcast_object_list(box, src=torch.distributed.get_global_rank(group.pg, 0), group=group.pg)
-    return box[0]
 
 
 class _WiderNet(BNNet):
@@ -229,7 +221,7 @@ def ds_load_by_name(rank: int, world: int, stage: int, save_dir: str) -> dict:
     a = _engine(group, stage, seed=0)
     _bn_train(a, rank, range(3))
     a.save_checkpoint(save_dir, tag="a")
-    saved = _rank0(_state(a), group)
+    saved = _state(a)  # this rank's own buffers, as the load gives them back
     return {
         kind: _load_case(_by_name_engine(group, stage, kind, rank), kind, kwargs, saved, save_dir, rank)
         for kind, kwargs in CASES

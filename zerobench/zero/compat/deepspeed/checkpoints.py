@@ -28,7 +28,13 @@ from torch import nn
 
 from zerobench.config import ConfigError
 from zerobench.files import replace_file, write_file
-from zerobench.zero.compat.deepspeed.module_load import Gathered, check_extras, engine_extras, route_by_name
+from zerobench.zero.compat.deepspeed.module_load import (
+    Gathered,
+    check_extras,
+    engine_extras,
+    module_extra_file,
+    route_by_name,
+)
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import extra_states
@@ -136,15 +142,36 @@ def save_tagged(
         None if engine.lr_scheduler is None else _plain(engine.lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     )
     states = _extra_states(engine)
+    per_rank = _per_rank_module_state(engine, states)
     path = Path(save_dir) / tag
     point = (lambda: replace_file(Path(save_dir) / LATEST, tag)) if save_latest else None
     with transaction(engine, path, after_commit=point) as staged:
         write_shard(engine, staged.dir, staged.save_id)
         if own is not None:
             write_file(staged.dir / own[0], own[1])
+        if per_rank is not None:
+            write_file(rank_dir(engine, staged.dir) / module_extra_file(engine.group.rank), per_rank)
         if engine.group.rank == 0:
             _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters, states)
     return path
+
+
+def _per_rank_module_state(engine: Engine, states: dict) -> bytes | None:
+    """This DP rank's buffers and modules' extra states, serialised, where any DP rank's differ from the others'
+    (BatchNorm's running statistics, which evolve per rank); None where they are equal. Each rank then also writes
+    ``module_extra-dp<NNNNN>.pt``, which its load takes over the first rank's ``module_extra.pt``, so a resumed run
+    continues with every rank's own statistics, as an uninterrupted one does. DeepSpeed gives each rank its own
+    back at stage 3 (every rank writes its own model-states file) and the first rank's at stages 0-2. The ranks
+    compare digests in one gather over the DP group."""
+    group = engine.group
+    if group.size == 1 or not dist.is_initialized():
+        return None
+    frozen = {n for n, t in engine_extras(engine).items() if isinstance(t, nn.Parameter)}
+    mine = {n: t.detach().cpu().clone() for n, t in engine_extras(engine).items() if n not in frozen}
+    blob = _plain({**mine, **states}, "the model's buffers and extra state")
+    seen: list = [None] * group.size
+    dist.all_gather_object(seen, hashlib.sha256(blob).hexdigest(), group=group.pg)
+    return None if len(set(seen)) == 1 else blob
 
 
 def _client_blobs(client_state: dict | None) -> tuple[bytes, tuple[str, bytes] | None]:

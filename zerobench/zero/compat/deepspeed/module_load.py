@@ -5,6 +5,7 @@ a weights-only load every entry by name, as ``model.load_state_dict`` takes them
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,33 @@ def engine_extras(engine: Engine, frozen: bool = True) -> dict[str, torch.Tensor
     what the engine does not hold (at stage 3 frozen parameters stay whole on every rank)."""
     trained = {id(zp.param) for zp in engine.zparams}
     return {k: t for k, t in state_entries(engine.module, trained, frozen) if id(t) not in trained}
+
+
+def module_extra_file(dp_rank: int) -> str:
+    """The file of one DP rank's own buffers and extra states, written where the ranks' differ."""
+    return f"module_extra-dp{dp_rank:05d}.pt"
+
+
+def read_module_extra(engine: Engine, path: Path) -> dict:
+    """The saved buffers, frozen parameters and extra states this rank loads: the first rank's
+    (``module_extra.pt``), with this DP rank's own buffers and extra states over them where the save wrote one per
+    rank (their values differed). A world of another DP size than the one that saved them is warned about: ranks
+    beyond it get the first rank's."""
+    d = rank_dir(engine, path)
+    extra = load_file(d / "module_extra.pt")
+    per_rank = sorted(d.glob("module_extra-dp*.pt"))
+    if not per_rank:
+        return extra
+    rank, size = engine.group.rank, engine.group.size
+    own = d / module_extra_file(rank)
+    if len(per_rank) != size:
+        gets = "the ones it saved" if own.is_file() else "the first rank's"
+        warnings.warn(
+            f"checkpoint {path} holds buffers per DP rank, saved by {len(per_rank)} ranks, and this run has {size}: "
+            f"DP rank {rank} gets {gets}",
+            stacklevel=5,
+        )
+    return {**extra, **load_file(own)} if own.is_file() else extra
 
 
 @dataclass(frozen=True)
@@ -42,7 +70,7 @@ def route_by_name(engine: Engine, path: Path, strict: bool) -> tuple[ByName, lis
     params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
     # where each saved key's value is: a shard's parameter (under its own name, or the one it is tied to)
     in_shards = {**{n: n for n in params}, **{a: n for a, n in (meta.get("aliases") or {}).items() if n in params}}
-    extra = load_file(d / "module_extra.pt")
+    extra = read_module_extra(engine, path)
     trained = {id(zp.param): zp for zp in engine.zparams}  # (at stage 3 the module holds placeholders)
     here = {**dict(state_entries(engine.module, set(trained))), **extra_states(engine.module)}
     missing = sorted(set(here) - set(in_shards) - set(extra))
@@ -92,7 +120,7 @@ def check_extras(engine: Engine, path: Path, strict: bool) -> list[tuple]:
     """The saved buffers, frozen parameters and modules' extra state, as (the model's tensor or module, its saved
     value) to copy or hand to ``set_extra_state``; under ``strict`` the names must match both ways, and tensor
     shapes always. Changes nothing."""
-    extra = load_file(rank_dir(engine, path) / "module_extra.pt")
+    extra = read_module_extra(engine, path)
     here = {**engine_extras(engine), **extra_states(engine.module)}
     missing, unexpected = sorted(set(here) - set(extra)), sorted(set(extra) - set(here))
     if strict:

@@ -91,6 +91,38 @@ def test_relative_figures_are_read_against_their_reference(rows):
     )
 
 
+def test_a_run_whose_model_states_exceed_its_card_is_named(rows):
+    """A row's setup is checked against its card by the model states alone (a lower bound). Megatron-LM alone at 8B
+    and MP 4 on a 32 GB V100, as the DeepSpeed tutorial's table states it, holds 2.08B parameters a GPU at the 20
+    bytes its fp16 optimizer keeps for each: 41.6 GB, which no 32 GB card holds. Every other row fits by this count.
+    The row stays in the table and in the bars; the check names it."""
+    from zerobench.sim.published_text import format_published
+
+    floors = {r.id: P.model_state_floor(r) for r in rows}
+    over = sorted(i for i, f in floors.items() if f["bytes"] > f["card_bytes"])
+    assert over == ["ds20-meg-8b-tp4"], over
+    f = floors["ds20-meg-8b-tp4"]
+    h, layers, v = 3072, 72, 50688  # the GPT-2 vocabulary padded to 128 x MP 4
+    assert f["params"] == v * h // 4 + 1024 * h + layers * (12 * h * h // 4 + 7 * h // 4 + 6 * h) + 2 * h
+    assert f["per_param"] == 20 and f["bytes"] == pytest.approx(41.6e9, rel=2e-3) and f["card_bytes"] == 32 * 2**30
+    z3 = floors["nar21-z3-530b-640"]
+    assert z3["per_param"] == pytest.approx(16 / 640)  # ZeRO-3: every state partitioned over the 640 DP ranks
+    by_id = {r.id: r for r in rows}
+    recs = [
+        {
+            "row": by_id[i],
+            "readings": {"exact": {"ratio": 1.0, "breakdown_s": {"compute": 1.0}}},
+            "bar": "exact",
+            "state_floor": floors[i],
+        }
+        for i in ("ds20-meg-4b-tp4", "ds20-meg-8b-tp4")
+    ]
+    text = format_published({"fits": {}, "records": recs, "summary": {}})
+    named = text.split("exceed the card")[1]
+    assert "ds20-meg-8b-tp4: 2.082B parameters a GPU x 20 bytes = 41.6 GB, on a 34.4 GB card" in named
+    assert "ds20-meg-4b-tp4" not in named
+
+
 def test_each_fit_names_its_one_figure(rows):
     fits = V.calibrations(rows)
     assert {f["row"] for f in fits["v100"].values()} == {"meg19-1.2b-1gpu"}

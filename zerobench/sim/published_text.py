@@ -59,6 +59,18 @@ def format_published(out: dict) -> str:
             f"  {g:<5} {s['rows']:>3} rows: median {s['median_abs_error']:6.1%}, worst {s['worst_abs_error']:6.1%} "
             f"({s['worst_row']}), {s['beyond_25']} beyond 25%"
         )
+    over = [x for x in out["records"] if x["state_floor"]["bytes"] > x["state_floor"]["card_bytes"]]
+    if over:
+        lines.append(
+            "\nrows whose model states alone exceed the card as the table states the run (a lower bound: no "
+            "activations, buffers or fragmentation; the card at its binary size), still counted:"
+        )
+        for x in over:
+            f = x["state_floor"]
+            lines.append(
+                f"  {x['row'].id}: {f['params'] / 1e9:.3f}B parameters a GPU x {f['per_param']:g} bytes = "
+                f"{f['bytes'] / 1e9:.1f} GB, on a {f['card_bytes'] / 1e9:.1f} GB card"
+            )
     return "\n".join(lines)
 
 
@@ -94,6 +106,8 @@ def published_rows(out: dict) -> list[dict]:
                     "breakdown_s": v["breakdown_s"],
                     "compute_scale": v["compute_scale"],
                     "fitted_on": v["fitted_on"],
+                    "state_floor_bytes": x["state_floor"]["bytes"],
+                    "card_bytes": x["state_floor"]["card_bytes"],
                     "source": r.source,
                     "where": r.where,
                 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from zerobench.sim.published import CONVENTIONS, Row, load, readings, run_keys, train_config
+from zerobench.sim.published import CONVENTIONS, Row, load, model_state_floor, readings, run_keys, train_config
 
 BAR = "hardware"
 """The convention an unknown-convention row counts in for the bars (both are reported)."""
@@ -120,7 +120,9 @@ def predict(rows: list[Row] | None = None) -> dict:
                 "breakdown_s": sim["breakdown_s"],
             }
         bar = "exact" if "exact" in per else BAR
-        recs.append({"row": r, "readings": per, "bar": bar, "ratio": per[bar]["ratio"]})
+        recs.append(
+            {"row": r, "readings": per, "bar": bar, "ratio": per[bar]["ratio"], "state_floor": model_state_floor(r)}
+        )
     return {"fits": fits, "records": recs, "summary": summarize(recs)}
 
 

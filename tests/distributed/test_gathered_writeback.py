@@ -66,6 +66,16 @@ def test_modifier_rank_values_win(ranks, stage, precision):
         assert all(res[k] == 0.0 for k in (*SAME, "frozen")), (stage, precision, res)
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_gathered_parameters_of_frozen_ones_alone_reach_every_rank(ranks, stage):
+    """``GatheredParameters(frozen_params, modifier_rank=r)`` found no engine for a frozen parameter and did nothing:
+    rank r's pretrained weights stayed on rank r (a helper's review), where DeepSpeed, which partitions frozen
+    parameters at stage 3, gives them to every rank. Without ``modifier_rank`` the change is discarded."""
+    for r in ranks:
+        res = r[f"modifier-s{stage}-frozen-only"]
+        assert res["n"] > 0 and res["kept"] == 0.0 and res["discarded"] == 0.0, (stage, res)
+
+
 BAD_MODIFIER = {
     "bad": (
         "ConfigError: gathered_params(modifier_rank=2): expected a DP rank, an int in [0, 2), or None (each rank "

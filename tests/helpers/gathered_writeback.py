@@ -16,7 +16,7 @@ import torch
 from tests.helpers.module_load import CASES, _max_diff, _params, _train
 from tests.helpers.user_models import engine_for, make_model
 from zerobench.distributed.collectives import Group
-from zerobench.zero import Precision
+from zerobench.zero import GatheredParameters, Precision
 from zerobench.zero.state.shards import full_parameters
 
 
@@ -119,6 +119,7 @@ def _modifier_cases(rank: int, world: int, group: Group) -> dict:
             frozen = _max_diff(_frozen(engine), {n: values[n] for n in _frozen(engine)})
             res = _same_as(engine, engine_for(copy.deepcopy(target), group, stage, **kw), rank, world)
             out[f"modifier-s{stage}-{prec.value}"] = {**res, "frozen": frozen}
+        out[f"modifier-s{stage}-frozen-only"] = _frozen_only(start, values, group, stage, rank, src)
         try:
             engine_for(copy.deepcopy(start), group, stage).gathered_params(modifier_rank=world)
             out[f"modifier-s{stage}-bad"] = None
@@ -130,6 +131,23 @@ def _modifier_cases(rank: int, world: int, group: Group) -> dict:
         except Exception as e:  # noqa: BLE001 - the message is the result
             out[f"modifier-s{stage}-discard"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def _frozen_only(start, values: dict, group, stage: int, rank: int, src: int) -> dict:
+    """DeepSpeed's ``GatheredParameters`` given only frozen parameters (pretrained weights loaded into a frozen part
+    on one rank): under ``modifier_rank`` every rank ends with that rank's values; without it the change is
+    discarded. Each: the largest difference from what every rank should hold."""
+    engine = engine_for(copy.deepcopy(start), group, stage)
+    frozen = {n: p for n, p in engine.module.named_parameters() if not p.requires_grad}
+    with GatheredParameters(list(frozen.values()), modifier_rank=src), torch.no_grad():
+        if rank == src:
+            for n, p in frozen.items():
+                p.copy_(values[n])
+    kept = _max_diff(_frozen(engine), {n: values[n] for n in frozen})
+    with GatheredParameters(list(frozen.values())), torch.no_grad():
+        for p in frozen.values():
+            p.add_(1.0)
+    return {"kept": kept, "discarded": _max_diff(_frozen(engine), {n: values[n] for n in frozen}), "n": len(frozen)}
 
 
 def _nested(group, stage: int, kw: dict, start, values: dict, rank: int, world: int) -> dict:

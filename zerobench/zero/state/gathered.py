@@ -19,10 +19,11 @@ as FSDP's ``summon_full_params(writeback=True)`` keeps them:
 
 ``GatheredParameters(params, modifier_rank=None)`` is DeepSpeed's module-level form
 (``zerobench.zero.GatheredParameters``, as ``deepspeed.zero.GatheredParameters``): it enters ``gathered_params`` of
-every engine training one of ``params`` (found by the parameter, ``zero/registry.py``), which gathers that engine's
-whole model. As DeepSpeed's, without ``modifier_rank`` changes made inside are discarded, with it DP rank
-``modifier_rank``'s are kept everywhere; parameters no engine trains are left as they are, and ``enabled=False`` does
-nothing.
+every engine whose model holds one of ``params``, trained or frozen (found by the parameter, ``zero/registry.py``),
+which gathers that engine's whole model. As DeepSpeed's, without ``modifier_rank`` changes made inside are discarded,
+with it DP rank ``modifier_rank``'s are kept everywhere, frozen parameters' too (DeepSpeed partitions them at stage 3,
+so a list of frozen ones alone, pretrained weights loaded into a frozen part on one rank, reaches every rank);
+parameters of no engine's model are left as they are, and ``enabled=False`` does nothing.
 
 Contexts nest: an inner one writes back or discards its own changes and leaves the outer one gathered. An
 exception inside the context exits as a normal exit does, ``modifier_rank``'s broadcast included (as DeepSpeed's):
@@ -40,7 +41,7 @@ import torch
 
 from zerobench.config import ConfigError
 from zerobench.zero.protocols import Engine
-from zerobench.zero.registry import engine_of
+from zerobench.zero.registry import holder
 from zerobench.zero.replicas import broadcast_tensors
 from zerobench.zero.state.shards import segment_view
 
@@ -153,7 +154,7 @@ class GatheredParameters:
     def __init__(self, params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
         del fwd_module
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        engines = list({id(e): e for e in map(engine_of, params) if e is not None}.values()) if enabled else []
+        engines = list({id(e): e for e in map(holder, params) if e is not None}.values()) if enabled else []
         self._contexts = [
             GatheredParams(e, writeback=modifier_rank is not None, modifier_rank=modifier_rank) for e in engines
         ]

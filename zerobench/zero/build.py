@@ -169,6 +169,26 @@ def attach_params(
     )
 
 
+def tp_sharded_names(model: nn.Module, names) -> frozenset[str]:
+    """``tp_sharded`` (``TPInfo.sharded``) as the names the engine gives those parameters: each one's first name in
+    ``model.named_parameters()``, a tied weight's other names included. A name of no parameter of ``model`` is one line
+    before anything is built: the engine would count that parameter as replicated across TP ranks, and the gradient
+    norm, and every clip by it, would come out wrong without a word (names relative to another module than the one
+    given to ``apply_zero``, a typo)."""
+    first = {id(p): n for n, p in model.named_parameters()}
+    every = dict(model.named_parameters(remove_duplicate=False))
+    unknown = sorted(n for n in names if n not in every)
+    if unknown:
+        like = next(iter(first.values()), None)
+        raise ConfigError(
+            f"apply_zero(tp_sharded=...): {unknown[0]!r}"
+            + (f" and {len(unknown) - 1} more" if len(unknown) > 1 else "")
+            + f" name no parameter of the model given to apply_zero (its parameters are named like {like!r}): give "
+            "the names relative to that model, as apply_tp's TPInfo.sharded does when apply_tp is given the same module"
+        )
+    return frozenset(first[id(every[n])] for n in names)
+
+
 def chunk_ranges(
     layout: PartitionLayout, segments: list[Segment], zparams: list[ZeroParam], tp_sharded: frozenset[str]
 ):

@@ -57,3 +57,34 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank():
             assert r[stage, "dynamic"] == [(128.0, 1, False), (128.0, 1, True), (128.0, 1, True)], (stage, r)
             # a static scale never backs off: both steps whose rank-0 gradient overflows are skipped
             assert r[stage, "static"] == [(256.0, 1, False), (256.0, 2, False), (256.0, 2, True)], (stage, r)
+
+
+def _norms_after_an_overflow(rank: int, world: int, stage: int) -> list[tuple]:
+    import torch
+
+    from zerobench.zero import Precision, ZeroConfig, apply_zero, as_deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    engine = as_deepspeed(apply_zero(model, None, ZeroConfig(stage=stage, precision=Precision.FP16)), micro_batch=1)
+    out = []
+    for i in range(4):
+        loss = model(torch.full((1, 4), 0.1 * (i + 1) + rank)).float().pow(2).sum()
+        engine.backward(loss * float("inf") if i == 1 else loss)  # window 1 overflows
+        if i == 3:
+            norm = float(engine.clip_grad_norm_(1e9))  # measured by the caller in this window
+        engine.step()
+        out.append((engine.was_step_applied(), engine.get_global_grad_norm()))
+    out.append(norm)
+    return out
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_an_overflow_norm_does_not_stand_for_later_windows(stage):
+    """An engine that measures no norm of its own (no clipping configured, no ``always_norm``) reported the overflowed
+    window's inf for every later window, applied ones included (a helper's review): a clean window that measured none
+    now reports None, and one whose norm ``clip_grad_norm_`` measured reports that."""
+    for r in run_distributed(_norms_after_an_overflow, 2, stage, timeout=120):
+        *steps, measured = r
+        assert steps[:3] == [(True, None), (False, float("inf")), (True, None)], r
+        assert steps[3] == (True, pytest.approx(measured, rel=1e-6)) and 0 < measured < float("inf"), r

@@ -33,9 +33,12 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     # Under offload the step works on host memory, which a (CPU-emulated) device budget excludes.
     with engine.allocator.host_region(engine.placement.offloaded):
         clip, engine._clip = engine._clip, 1.0
+        taken = engine._norm_taken
         stepped, norm = fused_step(engine, hyper, clip)
         engine._norm_taken = False
-    engine.last_grad_norm = norm if norm is not None else engine.last_grad_norm
+    # the norm this window measured: the step's, else clip_grad_norm_'s before it; None where neither measured one
+    # (an earlier window's, an overflow's inf, would otherwise stand for every later step)
+    engine.last_grad_norm = norm if norm is not None or not taken else engine.last_grad_norm
     if engine.gatherer is not None:  # no unit may carry pre-step values into the next forward
         engine.gatherer.reshard_all()
     if stepped:  # stages 1-2 all-gather the updated shards (already written by the step)

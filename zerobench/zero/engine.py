@@ -34,15 +34,7 @@ from torch import nn
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
-from zerobench.zero.build import (
-    UnitPlan,
-    attach_params,
-    build_optimizer,
-    chunk_ranges,
-    order_params,
-    settle_frozen,
-    tp_sharded_names,
-)
+from zerobench.zero.build import UnitPlan, attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
 from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.grads.accumulation import AccumulationWindow
 from zerobench.zero.grads.backward import BackwardPasses
@@ -97,7 +89,6 @@ class ZeroEngine:
         device: torch.device | None = None,
     ):
         config.validate()
-        tp_sharded = tp_sharded_names(model, tp_sharded)  # before any collective: every rank refuses alike
         self.destroyed = False  # by destroy()
         self.allocator = allocator if allocator is not None else PlainAllocator()
         self.tp_group = tp_group if tp_group is not None and tp_group.size > 1 else None

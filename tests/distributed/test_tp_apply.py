@@ -164,3 +164,32 @@ def test_tp_sharded_names_of_no_parameter_are_refused():
         assert r["refused"] is not None and r["refused"].startswith("apply_zero(tp_sharded=...): 'blocks."), r
         assert "name no parameter of the model given to apply_zero" in r["refused"] and "\n" not in r["refused"], r
         assert r["norm"] == pytest.approx(r["reference"], rel=1e-5), r
+
+
+def _sp_with_frozen(rank: int, world: int) -> dict:
+    from zerobench.distributed.collectives import Group
+    from zerobench.parallel.tensor_parallel import apply_tp
+
+    base = _tiny()
+    base.wpe.requires_grad_(False)
+    base.ln_f.requires_grad_(False)
+    x, y = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2)), torch.randint(0, 64, (2, 16))
+    out = {}
+    for sp in (False, True):
+        model = copy.deepcopy(base)
+        apply_tp(model, Group.of(None, "tp"), sequence_parallel=sp)
+        loss = model(x, y)
+        loss.backward()
+        ln = model.blocks[0].ln_1.weight.grad
+        out[sp] = (loss.item(), ln.clone(), model.wpe.weight.grad is None)
+    return out
+
+
+def test_sequence_parallel_takes_a_model_with_frozen_layers():
+    """``apply_tp(sequence_parallel=True)`` on a GPT with a frozen position embedding or LayerNorm raised torch's
+    "cannot register a hook on a tensor that doesn't require gradient" (a helper's review). A frozen parameter gets no
+    gradient to sum over TP; the trained LayerNorms' gradients are those of the run without sequence parallelism."""
+    for r in run_distributed(_sp_with_frozen, 2, timeout=120):
+        (loss, ln, no_grad), (sp_loss, sp_ln, sp_no_grad) = r[False], r[True]
+        assert sp_loss == pytest.approx(loss, rel=1e-5) and no_grad and sp_no_grad, r
+        assert torch.allclose(sp_ln, ln, rtol=1e-4, atol=1e-6), (sp_ln, ln)

@@ -106,7 +106,7 @@ def _sequence_parallel_extras(model: GPT, group: Group, ledger: CommLedger | Non
     for block in model.blocks:
         partial += [*block.ln_1.parameters(), *block.ln_2.parameters(), block.attn.proj.bias, block.mlp.proj.bias]
     for p in partial:
-        if p is not None:
+        if p is not None and p.requires_grad:  # a frozen one gets no gradient (the engine refuses unfreezing it)
             sum_grad_over_tp(p, group, ledger)
 
 

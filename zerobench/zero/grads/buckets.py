@@ -96,6 +96,8 @@ class GradBucketGroup:
         (momentum and weight decay move the parameters). Over none (after ``set_to_none``, or before any backward)
         ``.grad`` stays None, as torch's ``zero_grad`` leaves a None ``.grad`` alone."""
         self.seen, self.seen_count = [False] * len(zparams), 0
+        self.landed_now = [False] * len(zparams)
+        """Parameters (indices) whose gradient has landed in this backward pass (``_land_once``)."""
         self.unused: list[int] = []
         """Parameters (indices) that got no gradient in the last synchronised window on this rank."""
         self.on_bucket_complete: Callable[[int], None] | None = None
@@ -125,6 +127,7 @@ class GradBucketGroup:
         self.first_micro = not self.reduced  # partitions: overwrite until something was reduced into them
         self.state = [BucketState.FILLING] * len(self.layout.buckets)
         self.pending = [len(b.params) for b in self.layout.buckets]
+        self.landed_now = [False] * len(self.zparams)
         self.next_start = 0
         if not self.keep_full:
             self.staging.begin_micro()
@@ -165,6 +168,7 @@ class GradBucketGroup:
         gradient as torch defines it (set to None: the new one alone; to another tensor, or ``create_graph``: that
         sum), so its value replaces the view's and the view is put back; another dtype (a module's ``.half()``) is
         refused."""
+        self._land_once(zp)
         i, grad = zp.slot.index, param.grad
         if not self.owns_grad(i, grad) or grad.dtype is not self.grad_dtype:
             zp.check_grad(grad, self.grad_dtype)
@@ -174,12 +178,31 @@ class GradBucketGroup:
     def add_grad(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Stages 2-3, from the parameter's post-accumulate-grad hook: into its staging bucket
         (``zero/grads/staging.py``)."""
+        self._land_once(zp)
         zp.check_grad(grad, self.grad_dtype)
         if self.inflight:  # free the staging buffers of collectives already finished
             self._finish_reduces(block=False)
         # with one still running, a large bucket's gradients are held (``StagingBuckets.land``)
         self.staging.land(zp.slot, grad, self.pre_scale, busy=bool(self.inflight))
         self._landed(zp)
+
+    def _land_once(self, zp: ZeroParam) -> None:
+        """Refuse a parameter's second gradient in one backward pass, before anything is done with it. Autograd
+        accumulates all of a parameter's gradient in one graph before its hook runs once; only a backward of its own
+        inside the pass (a re-entrant checkpoint's recompute) hands it over again, and by then its bucket may have
+        been reduced without the rest (stages 0-1) or its staged gradient would be overwritten (2-3): silently wrong
+        gradients. DDP refuses this too ("mark a variable ready only once")."""
+        i = zp.slot.index
+        if self.landed_now[i]:
+            raise RuntimeError(
+                f"parameter {zp.name!r} received its gradient twice in one backward pass: it is used in more than "
+                "one re-entrant checkpointed region (torch.utils.checkpoint with use_reentrant=True, or "
+                "apply_activation_checkpointing), each of which runs a backward of its own, e.g. a shared module "
+                "passed to several checkpointed blocks, or one block checkpointed twice; the engine would reduce "
+                "part of its gradient. Use torch.utils.checkpoint(..., use_reentrant=False) for those regions, or "
+                "keep the shared module's call outside them"
+            )
+        self.landed_now[i] = True
 
     def _landed(self, zp: ZeroParam) -> None:
         slot = zp.slot

@@ -96,8 +96,7 @@ class GradBucketGroup:
         (momentum and weight decay move the parameters). Over none (after ``set_to_none``, or before any backward)
         ``.grad`` stays None, as torch's ``zero_grad`` leaves a None ``.grad`` alone."""
         self.seen, self.seen_count = [False] * len(zparams), 0
-        self.landed_now = [False] * len(zparams)
-        """Parameters (indices) whose gradient has landed in this backward pass (``_land_once``)."""
+        self.landed_now = [False] * len(zparams)  # landed in this backward pass (``_land_once``)
         self.unused: list[int] = []
         """Parameters (indices) that got no gradient in the last synchronised window on this rank."""
         self.on_bucket_complete: Callable[[int], None] | None = None
@@ -187,22 +186,15 @@ class GradBucketGroup:
         self._landed(zp)
 
     def _land_once(self, zp: ZeroParam) -> None:
-        """Refuse a parameter's second gradient in one backward pass, before anything is done with it. Autograd
-        accumulates all of a parameter's gradient in one graph before its hook runs once; only a backward of its own
-        inside the pass (a re-entrant checkpoint's recompute) hands it over again, and by then its bucket may have
-        been reduced without the rest (stages 0-1) or its staged gradient would be overwritten (2-3): silently wrong
-        gradients. DDP refuses this too ("mark a variable ready only once")."""
-        i = zp.slot.index
-        if self.landed_now[i]:
+        """Refuse a parameter's second gradient in one pass (a re-entrant recompute's own backward), as DDP does."""
+        if self.landed_now[zp.slot.index]:
             raise RuntimeError(
                 f"parameter {zp.name!r} received its gradient twice in one backward pass: it is used in more than "
-                "one re-entrant checkpointed region (torch.utils.checkpoint with use_reentrant=True, or "
-                "apply_activation_checkpointing), each of which runs a backward of its own, e.g. a shared module "
-                "passed to several checkpointed blocks, or one block checkpointed twice; the engine would reduce "
-                "part of its gradient. Use torch.utils.checkpoint(..., use_reentrant=False) for those regions, or "
-                "keep the shared module's call outside them"
+                "one re-entrant checkpointed region (a shared module or tied weights across checkpointed blocks, a "
+                "block checkpointed twice), each running a backward of its own; use "
+                "torch.utils.checkpoint(..., use_reentrant=False) there, or keep its call outside them"
             )
-        self.landed_now[i] = True
+        self.landed_now[zp.slot.index] = True
 
     def _landed(self, zp: ZeroParam) -> None:
         slot = zp.slot

@@ -166,8 +166,7 @@ def _per_rank_module_state(engine: Engine, states: dict) -> bytes | None:
     group = engine.group
     if group.size == 1 or not dist.is_initialized():
         return None
-    frozen = {n for n, t in engine_extras(engine).items() if isinstance(t, nn.Parameter)}
-    mine = {n: t.detach().cpu().clone() for n, t in engine_extras(engine).items() if n not in frozen}
+    mine = {n: t.detach().cpu() for n, t in engine_extras(engine).items() if not isinstance(t, nn.Parameter)}
     blob = _plain({**mine, **states}, "the model's buffers and extra state")
     seen: list = [None] * group.size
     dist.all_gather_object(seen, hashlib.sha256(blob).hexdigest(), group=group.pg)

@@ -73,7 +73,11 @@ def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
     assert rep.returncode == 0, rep.stderr
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "zerobench vs peers" in md and "fsdp1-shard-grad-op" in md
-    assert (tmp_path / "rep" / "peers.png").stat().st_size > 10_000
+    (fig,) = (tmp_path / "rep").glob("figures-*/peers.png")
+    assert (
+        fig.stat().st_size > 10_000
+        and f'src="{fig.parent.name}/peers.png"' in (tmp_path / "rep" / "index.html").read_text()
+    )
 
 
 @pytest.mark.slow  # DeepSpeed builds its CPU Adam (C++) on first use: about a minute on 2 cores

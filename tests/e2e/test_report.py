@@ -54,7 +54,8 @@ def test_report_files(report):
         "fig3_measured.png",
         "fig4_measured.png",
         "fig678_measured.png",
-    } <= set(figs)
+    } <= {Path(f).name for f in figs}
+    assert len({Path(f).parent for f in figs}) == 1  # one report's figures, in a directory of their own
     for f in figs:
         assert (report / f).stat().st_size > 10_000
     assert "AMD EPYC" in html or "cpu-" in html  # hardware named in the provenance header

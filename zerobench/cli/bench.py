@@ -271,10 +271,12 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from zerobench.report.render import render
+    from zerobench.results.lock import claim
     from zerobench.results.outdir import check_writable_dir
 
     check_writable_dir(args.out, what="the report")
-    html = render(args.results, args.out)
+    with claim(args.out):  # two reports into one directory would each remove the other's figures
+        html = render(args.results, args.out)
     print(f"report: {html}")
     print(f"summary: {html.parent / 'summary.md'}")
     return 0

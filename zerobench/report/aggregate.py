@@ -311,13 +311,15 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     keys = [k for k in ("run_id", "config_hash", "provenance.timestamp") if k in d] + ["candidate"]
     out = []
-    for key, g in d.groupby(keys, sort=False):
+    # dropna=False: a row lacking a key's field (a summary written without a timestamp) stays in the table, as a
+    # comparison of its own, instead of being dropped from it without a word
+    for key, g in d.groupby(keys, sort=False, dropna=False):
         cand = key[-1]
         first = g.iloc[0]
         rec = {
             "comparison": _comparison(first),
             "candidate": cand,
-            "shards_like_stage": int(first["sharding_stage"]),
+            "shards_like_stage": None if missing(first.get("sharding_stage")) else int(first["sharding_stage"]),
             "processes": first.get("config.peers.dp"),
             "params_M": None,
             "device": first.get("provenance.hardware.device"),

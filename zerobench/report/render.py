@@ -1,6 +1,7 @@
 """``zerobench report``: rows -> figures -> one self-contained HTML page and a Markdown summary.
 
-Figures are PNG files next to ``index.html``; the Markdown summary (for a pull-request comment) holds
+Figures are PNG files in ``figures-<id>/`` next to ``index.html`` (a report replaces the pages and figures of an
+earlier one in its directory as one transaction: ``render``); the Markdown summary (for a pull-request comment) holds
 the provenance, the DP-vs-ZeRO comparison and the paper's tables. The cluster-scale figures for the paper's
 Figs 2, 3, 4 and 8 come from the simulator on the stated V100 DGX-2 (``report.sim_figures``); they are
 labelled as simulated, and the paper's stated numbers are drawn as labelled reference markers.
@@ -9,13 +10,17 @@ labelled as simulated, and the paper's stated numbers are drawn as labelled refe
 from __future__ import annotations
 
 import datetime
+import os
+import re
+import secrets
+import shutil
 from pathlib import Path
 
 import jinja2
 import pandas as pd
 
 from zerobench.config import ConfigError
-from zerobench.files import replace_file
+from zerobench.files import fsync_dir, replace_file
 from zerobench.report import aggregate, figures, paper_figures, sim_figures
 from zerobench.report.comparison import comparison_table
 from zerobench.report.maxsize import maxsize_table
@@ -23,6 +28,9 @@ from zerobench.report.offload import offload_table
 from zerobench.results.status import with_run_key
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
+FIGURES = "figures-"
+"""A report's figures live in ``figures-<id>/`` beside its pages; each report draws a new one (``render``)."""
+FIGURES_NAME = re.compile(r"figures-[0-9a-f]{8}")
 
 
 def _provenance(df: pd.DataFrame) -> dict:
@@ -48,7 +56,11 @@ def _provenance(df: pd.DataFrame) -> dict:
 
 
 def render(results: list[str], out_dir: str) -> Path:
-    from zerobench.plan.tables import table1, table2
+    """Render the report of the rows under ``results`` into ``out_dir``, as one transaction: the figures are drawn
+    into a hidden directory, which is renamed to ``figures-<id>/`` once they all are; then ``summary.md`` and
+    ``index.html`` are replaced, each atomically, and only then the figures of the report they replaced are removed.
+    A report stopped at any point (an error, a kill) leaves the earlier pages whole and every figure they show in
+    place, never old pages next to some new figures."""
     from zerobench.results import load
 
     frames, seen = [], set()
@@ -64,6 +76,47 @@ def render(results: list[str], out_dir: str) -> Path:
     df = pd.concat(frames, ignore_index=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    before = _figure_dirs(out)
+    token = secrets.token_hex(4)
+    staging = out / f".{FIGURES}{token}.partial"
+    staging.mkdir()
+    try:
+        ctx = _context(df, staging)
+        figures_dir = out / f"{FIGURES}{token}"
+        os.rename(staging, figures_dir)  # whole: every figure drawn, or none of them in place
+        fsync_dir(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # a report stopped partway leaves no half-drawn figures
+    for f in ctx["figures"]:
+        f["path"] = f"{figures_dir.name}/{f['path']}"
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html", "html.j2"])
+    )
+    # replaced, never written through a link planted at the name (its target would be overwritten)
+    replace_file(out / "summary.md", env.get_template("summary.md.j2").render(**ctx))
+    replace_file(out / "index.html", env.get_template("report.html.j2").render(**ctx))
+    for old in before - {figures_dir}:  # the figures of the report these pages replaced: no page refers to them now
+        shutil.rmtree(old, ignore_errors=True)
+    return out / "index.html"
+
+
+def _figure_dirs(out: Path) -> set[Path]:
+    """The figure directories of earlier reports in ``out``: named as ``render`` names them and holding only PNGs, so
+    that a directory of the user's that happens to share the prefix is never taken for one."""
+    return {
+        d
+        for d in out.glob(f"{FIGURES}*")
+        if FIGURES_NAME.fullmatch(d.name)
+        and d.is_dir()
+        and not d.is_symlink()
+        and all(f.suffix == ".png" and f.is_file() and not f.is_symlink() for f in d.iterdir())
+    }
+
+
+def _context(df: pd.DataFrame, out: Path) -> dict:
+    """The templates' context, every figure drawn into ``out`` (a figure's ``path`` is its name there)."""
+    from zerobench.plan.tables import table1, table2
+
     runs = aggregate.runs_table(df)
     losses = aggregate.losses_table(df)
     figs = []
@@ -135,10 +188,4 @@ def render(results: list[str], out_dir: str) -> Path:
         "published_sim_html": published.to_html(index=False, classes="t") if len(published) else "",
         "published_sim_md": published.to_markdown(index=False) if len(published) else "",
     }
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html", "html.j2"])
-    )
-    # replaced, never written through a link planted at the name (its target would be overwritten)
-    replace_file(out / "index.html", env.get_template("report.html.j2").render(**ctx))
-    replace_file(out / "summary.md", env.get_template("summary.md.j2").render(**ctx))
-    return out / "index.html"
+    return ctx

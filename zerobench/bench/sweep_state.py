@@ -16,10 +16,11 @@ from zerobench.bench.progress import Progress
 from zerobench.bench.suite import ResolvedRun, Suite
 from zerobench.config import ConfigError, to_dict
 from zerobench.files import replace_file
+from zerobench.results.outdir import SWEEP_PLAN_FILE
 from zerobench.results.provenance import code_version, describe_version, source_version
 from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
 
-PLAN_FILE = "sweep-plan.json"
+PLAN_FILE = SWEEP_PLAN_FILE
 """The runs a sweep set out to measure (label and config hash), written when it starts, so that what an
 interrupted sweep never ran is known: a baseline recorded from it would leave those configurations ungated."""
 

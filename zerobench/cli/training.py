@@ -305,7 +305,7 @@ def _maxsize(args: argparse.Namespace) -> int:
     from zerobench.bench.maxsize import search_max_layers
     from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancellation, Cancelled
-    from zerobench.results.outdir import check_writable_dir
+    from zerobench.results.outdir import check_fresh_run_dir, check_writable_dir
 
     base = RunSpec(
         preset=args.preset,
@@ -330,9 +330,10 @@ def _maxsize(args: argparse.Namespace) -> int:
             f"--start-layers {args.start_layers} is above --max-layers {args.max_layers}: start the search "
             "inside it, or raise --max-layers"
         )
-    for flag, where, what in (("--out", args.out, "max-size rows"), ("--probes", args.probes, "probe logs")):
-        if where:
-            check_writable_dir(where, flag, what)
+    if args.out:  # a search's rows next to another's would read as one search with two answers per stage
+        check_fresh_run_dir(Path(args.out), fix="give each search its own directory")
+    if args.probes:
+        check_writable_dir(args.probes, "--probes", "probe logs")
     for stage in args.stage:  # every stage's configuration checked before the first probe, not when its turn comes
         to_train_config(dataclasses.replace(base, stage=stage, layers=1, memory_budget=args.budget))
     results = {}

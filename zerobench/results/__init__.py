@@ -14,7 +14,8 @@ def load(path: str | os.PathLike):
     config flattened as ``config.<key>`` (e.g. ``config.zero.stage``), ``provenance.<key>``, and ``rows_file``: the
     file a row was read from, which tells apart runs of the same id in different directories (``RUN_KEY``), and
     ``value_nan``: True where the row's value is a NaN, not a null.
-    Raises ``ValueError`` with one line when there is nothing to load.
+    Raises ``ValueError`` with one line when there is nothing to load, or when a training run's figure is there twice
+    (``results.status.measured_twice``): each reader would keep one of the two without a word.
     """
     import pandas as pd
 
@@ -26,8 +27,14 @@ def load(path: str | os.PathLike):
     rows = read_rows(p, source=True)  # raises ValueError naming the file and line for a malformed row
     if not rows:
         raise ValueError(f"no result rows under {p} (empty or no rows.jsonl files)")
+    from zerobench.results.status import measured_twice
+
     for r in rows:  # a NaN measured and a null (not measured) are both NaN once in a frame: marked while they differ
         v = r.get("value")
         if isinstance(v, float) and math.isnan(v):
             r["value_nan"] = True
-    return pd.json_normalize(rows, sep=".")
+    df = pd.json_normalize(rows, sep=".")
+    twice = measured_twice(df)
+    if twice:
+        raise ValueError(twice)
+    return df

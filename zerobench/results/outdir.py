@@ -78,14 +78,27 @@ def check_writable_file(
         raise ConfigError(f"cannot write the {what} to {where}: {e.strerror or e}: {fix}") from None
 
 
-def check_fresh_run_dir(path: Path, flag: str = "--out") -> None:
-    """``check_writable_dir``, and refuse a directory that already holds a run's rows."""
+SWEEP_PLAN_FILE = "sweep-plan.json"
+"""What marks a sweep's results directory (``bench.sweep_state`` writes it when a sweep starts)."""
+
+
+def check_fresh_run_dir(
+    path: Path, flag: str = "--out", fix: str = "give each run its own directory (omit --out for runs/<run id>)"
+) -> None:
+    """``check_writable_dir``, and refuse a directory that already holds result rows anywhere below it, or that lies
+    inside a sweep's directory: every reader takes a directory's rows recursively, so a run written into a sweep (at
+    its top, or as one more run directory) would read as one of that sweep's runs in reports, ``results show`` and
+    the regression gate. ``fix`` says where such a run goes instead."""
     check_writable_dir(path, flag)
-    rows = path / ROWS_FILE
-    if rows.exists() and rows.stat().st_size:
+    held = next((f for f in path.rglob(ROWS_FILE) if f.is_file() and f.stat().st_size), None)  # an empty one: no run
+    if held is not None:
+        raise ConfigError(f"{flag} {path} already holds result rows ({held}): {fix} or remove the old rows")
+    where = path.resolve()
+    sweep = next((d for d in (where, *where.parents) if (d / SWEEP_PLAN_FILE).is_file()), None)
+    if sweep is not None:
         raise ConfigError(
-            f"{flag} {path} already holds result rows ({rows}): give each run its own directory "
-            "(omit --out for runs/<run id>) or remove the old rows"
+            f"{flag} {path} is in the sweep {sweep} (it holds {SWEEP_PLAN_FILE}): a run there would read as one "
+            "of the sweep's runs; give it a directory of its own outside the sweep"
         )
 
 

@@ -115,3 +115,35 @@ def counted_rows(df):
     st = frame_statuses(df)
     keep = st.index[st["status"].isna() | st["status"].isin(COUNTED)]
     return df[df.set_index(RUN_KEY).index.isin(keep)]
+
+
+ONCE_KEY = ("metric", "rank", "phase", "step", "of", "instrumented")
+"""What a training run measures once (with ``RUN_KEY``): a metric per rank, phase and step (a loss per step, a
+step time per rank), apart for a run also counted under a measuring tool (``instrumented``)."""
+
+
+def measured_twice(df) -> str | None:
+    """One line naming the first figure of a training run that a ``results.load`` frame holds twice, or None.
+
+    Two rows of one run's figure are the rows of two runs under one id in one file (files concatenated, two writers
+    into one directory): every reader keeps one row per figure, so one of the two measurements would be dropped
+    without a word and the other presented as the run's. The regression gate refuses them too."""
+    if df.empty or "config.zero.stage" not in df:
+        return None
+    d = with_run_key(df[df["config.zero.stage"].notna()])
+    keys = [*RUN_KEY, *(c for c in ONCE_KEY if c in d)]
+    dup = d[d.duplicated(keys, keep="first")]
+    if dup.empty:
+        return None
+    r = dup.iloc[0]
+    at = ", ".join(
+        f"{k} {int(r[k]) if isinstance(r[k], float) and r[k].is_integer() else r[k]}"
+        for k in ("rank", "phase", "step", "of", "instrumented")
+        if k in r and r[k] == r[k] and r[k] is not None
+    )
+    more = f" ({len(dup) - 1} more figure(s) too)" if len(dup) > 1 else ""
+    return (
+        f"{r['rows_file']}: run {r['run_id']} holds {r['metric']}{f' ({at})' if at else ''} twice{more}: the rows "
+        "of two runs under one id (files concatenated, or two writers into one directory); give each run its own "
+        "directory, or remove the copy"
+    )

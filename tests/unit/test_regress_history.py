@@ -208,3 +208,33 @@ def test_labels_that_share_a_file_name_keep_a_plot_each(run_rows, tmp_path):
     out = tmp_path / "h"
     run_history(dirs, out, metrics="model_state_bytes")
     assert len(list(out.glob("history-*.png"))) == 2
+
+
+def test_a_second_history_into_one_directory_is_refused_and_a_stopped_one_leaves_no_rows(
+    run_rows, tmp_path, monkeypatch
+):
+    """A second history into the same ``--out`` appended its flags to the first's (two histories read as one); a
+    history stopped while drawing left the flags of the configurations drawn so far, read as the whole."""
+    dirs = _history(run_rows, tmp_path)
+    out = tmp_path / "h"
+    assert run_history(dirs, out, metrics="instructions") == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "rows.jsonl" in before
+    with pytest.raises(ConfigError, match=r"--out .*h already holds result rows .*give each history its own directory"):
+        run_history(dirs, out, metrics="instructions")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    from zerobench.results.rows import RowWriter
+
+    write, calls = RowWriter.write, []
+
+    def stop_at_the_second_flag(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(RowWriter, "write", stop_at_the_second_flag)
+    with pytest.raises(KeyboardInterrupt):
+        run_history(dirs, tmp_path / "stopped", metrics="instructions")
+    assert len(calls) == 2 and not (tmp_path / "stopped" / "rows.jsonl").exists()

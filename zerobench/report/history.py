@@ -208,20 +208,22 @@ def run_history(
     false_alarm: float = 0.001,
 ) -> int:
     """Draw the history of ``dirs`` into ``out``; returns 0 (a history reports, it does not gate)."""
-    from zerobench.results.rows import RowWriter
+    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.rows import RowWriter, written_whole
 
     wanted = tuple(m.strip() for m in metrics.split(",")) if metrics else DEFAULT_METRICS
     unknown = [m for m in wanted if m not in GATED]
     if unknown:
         raise ConfigError(f"--metrics: {', '.join(unknown)} is not a gated metric; choose from {', '.join(GATED)}")
+    out = Path(out)
+    # a second history's flags appended to the first's would read as one history's
+    check_fresh_run_dir(out, fix="give each history its own directory")
     points = collect(dirs)
     if len(points) < 2:
         raise ConfigError(
             f"a history needs results of at least two commits; {len(dirs)} directories hold {len(points)}"
         )
     models = {k: d["noise"] for k, d in summarize(_rows(baseline)).items()} if baseline else {}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for p in points for r in p.runs for k in r if r[k].get("ok")})
     lines = [
         f"# History of {len(points)} commits",
@@ -232,6 +234,7 @@ def run_history(
     w = RowWriter(out, "history", {"dirs": [str(d) for d in dirs], "baseline": baseline, "false_alarm": false_alarm})
     gaps: list[str] = []
     unjudged: list[str] = []
+    flags: list[dict] = []
     labels = {key: next(r[key]["label"] for p in points for r in p.runs if key in r) for key in keys}
     slugs = [_slug(lab) for lab in labels.values()]  # "stage=2" and "stage 2" would share history-stage-2.png
     shared = {lab for lab in labels.values() if slugs.count(_slug(lab)) > 1}
@@ -252,18 +255,18 @@ def run_history(
         for m, s in series.items():
             for i, verdict, change in s["flags"]:
                 lines.append(f"| {label} | {m} | {points[i].name} | {change:+.2%} | {s['tol']:.2%} | {verdict} |")
-                w.write(
-                    "history_flag",
-                    change,
-                    "relative",
-                    label=label,
-                    of=m,
-                    commit=points[i].commit,
-                    parent=points[i].parent,
-                    tolerance=s["tol"],
-                    verdict=verdict,
-                    sigma=s["sigma"],
-                    noise_source=s["source"],
+                flags.append(
+                    dict(
+                        value=change,
+                        label=label,
+                        of=m,
+                        commit=points[i].commit,
+                        parent=points[i].parent,
+                        tolerance=s["tol"],
+                        verdict=verdict,
+                        sigma=s["sigma"],
+                        noise_source=s["source"],
+                    )
                 )
     flagged = len(lines) - 4
     lines += [] if flagged else ["", "No commit was flagged."]
@@ -278,6 +281,9 @@ def run_history(
             "",
             *(f"- {u}" for u in unjudged),
         ]
+    with written_whole(w):  # all of this history's flags, or none: a stopped one leaves no rows to be taken for it
+        for f in flags:
+            w.write("history_flag", f.pop("value"), "relative", **f)
     replace_file(out / "history.md", "\n".join(lines) + "\n")
     print(
         f"{flagged} flagged (commit, metric) pairs"

@@ -117,7 +117,8 @@ def written_whole(writer: RowWriter):
         yield writer
     finally:
         writer.path = final
-    os.replace(staged, final)
+    if staged.exists():  # a block that wrote no row leaves no file
+        os.replace(staged, final)
     fsync_dir(final.parent)
 
 

@@ -79,12 +79,13 @@ def test_a_run_is_refused_an_out_holding_rows_below_it_or_inside_a_sweep(rows_di
     check_fresh_run_dir(empty)
 
 
-@pytest.mark.parametrize("cmd", ["train", "maxsize", "profile"])
-def test_train_maxsize_and_profile_refuse_a_sweep_s_directory_before_any_work(cmd, rows_dir, tmp_path, capsys):
+@pytest.mark.parametrize("cmd", ["train", "maxsize", "profile", "ab"])
+def test_train_maxsize_profile_and_ab_refuse_a_sweep_s_directory_before_any_work(cmd, rows_dir, tmp_path, capsys):
     argv = {
         "train": ["train", "--dp", "1", "--steps", "2", "--warmup", "0"],
         "maxsize": ["maxsize", "--budget", "8MiB"],
         "profile": ["profile", "--suite", "cpu/quick"],
+        "ab": ["regress", "--ab", "cpu/quick", "--baseline-tree", str(tmp_path)],
     }[cmd]
     before = sorted(p.name for p in rows_dir.iterdir())
     code, err = run([*argv, "--out", str(rows_dir.parent)], capsys)

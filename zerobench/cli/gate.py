@@ -107,7 +107,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     from zerobench.bench.ab_sources import worktree
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancelled, sigterm_raises
-    from zerobench.results.outdir import check_writable_dir
+    from zerobench.results.outdir import check_fresh_run_dir
 
     if bool(args.baseline_ref) == bool(args.baseline_tree):
         raise ConfigError("--ab needs exactly one of --baseline-ref REF or --baseline-tree DIR")
@@ -120,7 +120,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         matching_runs(suite, only)  # the sweep each side runs would refuse it after the checkout
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    check_writable_dir(out)  # before a baseline worktree is checked out
+    # before a baseline worktree is checked out: an earlier A/B's rounds there would be refused only at the first round
+    check_fresh_run_dir(out, fix="give each A/B its own directory")
     tol = args.timing_tolerance
     ctx = worktree(args.baseline_ref, here) if args.baseline_ref else contextlib.nullcontext(args.baseline_tree)
     try:

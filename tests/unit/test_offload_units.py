@@ -241,6 +241,39 @@ def test_a_failed_nvme_write_refuses_every_later_use_of_the_store(tmp_path, monk
             use()
 
 
+def test_a_failed_nvme_read_refuses_every_later_use_of_the_store(tmp_path, monkeypatch):
+    """A read that failed mid-step (EIO on chunk 1, after chunk 0 was read, updated and written back) raised a bare
+    OSError and left the store usable: the next step ran on a master and moments of two steps, and a save wrote them
+    as a checkpoint (a helper's review). It is now one line, and every later use is refused as after a failed
+    write."""
+    from zerobench.config import RunFailed
+    from zerobench.zero.offload import nvme
+
+    codec, sizes = Fp32Codec(), [100, 100]
+    store = NvmeStore(codec, sizes, str(tmp_path / "nvme"))
+    store.flush()
+    real = os.preadv
+
+    def preadv(fd, bufs, off):
+        if off >= store.offsets[1]:
+            raise OSError(5, "Input/output error")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(nvme.os, "preadv", preadv)
+    with pytest.raises(RunFailed, match=r"^cannot read optimizer states under NVMe path .*: Input/output error"):
+        for i in range(2):
+            store.release(i, store.acquire(i))
+    monkeypatch.setattr(nvme.os, "preadv", real)  # the disk reads again
+    for use in (
+        lambda: store.acquire(0),
+        store.flush,
+        store.read_all,
+        lambda: store.release(0, codec.alloc(100, torch.device("cpu"))),
+    ):
+        with pytest.raises(RunFailed, match=r"Input/output error.*torn since .*restart from the last checkpoint"):
+            use()
+
+
 def test_destroy_removes_the_nvme_file_and_a_dead_process_s_is_reclaimed(tmp_path):
     """The state file went only when the store was collected: a forked rank (``os._exit``), a killed one, or a kept
     reference left a partition-sized file per run that nothing removed (a helper's review). ``close()`` (called by

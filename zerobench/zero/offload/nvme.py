@@ -156,14 +156,19 @@ class NvmeStore:
         self.reads: dict[int, Future] = {}
         self.writes: dict[int, Future] = {}
         self.broken: str | None = None
-        """Why a write failed, once one has: the file then holds chunks of two steps, so nothing reads it again."""
+        """Why a write or a read failed, once one has: the file (or the master and the moments beside it, updated for
+        the chunks a step had read) then holds chunks of two steps, so nothing reads it again."""
 
     def _read(self, i: int) -> State:
         enc = self.codec.alloc(self.sizes[i], torch.device("cpu"))
         off = self.offsets[i]
-        for t in enc.values():
-            _io(os.preadv, self.fd, _bytes(t), off)
-            off += t.numel() * t.element_size()
+        try:
+            for t in enc.values():
+                _io(os.preadv, self.fd, _bytes(t), off)
+                off += t.numel() * t.element_size()
+        except OSError as e:  # EIO, a short read: a step reading chunk by chunk has updated the chunks before it
+            self.broken = f"cannot read optimizer states under NVMe path {self.root!r}: {e.strerror or e}"
+            raise RunFailed(self.broken) from None
         return enc
 
     def _write(self, i: int, enc: State) -> None:
@@ -181,13 +186,14 @@ class NvmeStore:
             raise RunFailed(self.broken) from None
 
     def _check(self) -> None:
-        """Refuse every use of a store a write failed in: its chunks are of two steps (the step that failed wrote
-        some, not others), and the master beside them was already updated, so a later step, save or load would
-        go on from a torn state, as no checkpoint was."""
+        """Refuse every use of a store a write or a read failed in: its chunks are of two steps (the step that failed
+        updated some, not others: wrote them, or had read and updated them before the read that failed), and the
+        master beside them was already updated, so a later step, save or load would go on from a torn state, as no
+        checkpoint was."""
         if self.broken is not None:
             raise RunFailed(
-                f"{self.broken}; the optimizer states on NVMe are torn since (some chunks of the failed step were "
-                "written, others not): this engine cannot go on; restart from the last checkpoint"
+                f"{self.broken}; the optimizer states on NVMe are torn since (the failed step updated some chunks, "
+                "not others): this engine cannot go on; restart from the last checkpoint"
             )
 
     def _start_read(self, i: int) -> None:

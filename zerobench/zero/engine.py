@@ -360,6 +360,10 @@ class ZeroEngine:
 
     @torch.no_grad()
     def params_from_master(self) -> None:
-        """Refresh the parameters from the fp32 master (after loading a checkpoint)."""
+        """Refresh the parameters from the fp32 master (after loading a checkpoint). At stage 3 every gathered unit
+        is freed first (a root gathered on demand by a call of a root submodule), as after a step: its gathered
+        values predate the load, and the next forward would compute with them."""
+        if self.gatherer is not None:
+            self.gatherer.reshard_all()
         self.storage.refresh_from_master()
         self.storage.publish(self.group, self.ledger)

@@ -14,6 +14,7 @@ from zerobench.zero.grads.stats import clip_coefficient, found_nonfinite, global
 from zerobench.zero.grads.unused import check_added, check_unused
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.protocols import Engine
+from zerobench.zero.state.gathered import check_outside
 
 
 @torch.no_grad()
@@ -48,25 +49,8 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
 
 def check_steppable(engine: Engine, caller: str) -> None:
     """One line, before anything changes (counters, a closure), where an open ``gathered_params()`` context would undo
-    the step at its exit: at stage 3 any (the units hold the values gathered for it, which its exit writes back over
-    the step's), and at any stage one that discards its changes (``writeback=False``, DeepSpeed's
-    ``GatheredParameters`` with no ``modifier_rank``: its exit puts back the values it saved). The contexts are
-    entered on every rank, so every rank refuses alike."""
-    open_ = engine._gathered_open
-    if not open_:
-        return
-    if engine.gatherer is not None:
-        raise RuntimeError(
-            f"{caller} inside gathered_params() at stage 3: the units hold the values gathered for the context, "
-            f"which its exit would write back over the step's: call {caller} after the context exits (a backward "
-            "inside it is fine)"
-        )
-    if any(not g.writeback for g in open_):
-        raise RuntimeError(
-            f"{caller} inside gathered_params(writeback=False) (DeepSpeed's GatheredParameters with no "
-            "modifier_rank): its exit puts back the values it saved, undoing the step's: call "
-            f"{caller} after the context exits"
-        )
+    the step at its exit (``state.gathered.check_outside``)."""
+    check_outside(engine, caller, "the step's", "a backward inside it is fine")
 
 
 def fused_step(engine: Engine, hyper: list[AdamWConfig], clip: float) -> tuple[bool, float | None]:

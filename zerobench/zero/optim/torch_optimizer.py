@@ -34,6 +34,7 @@ from zerobench.zero.config import AdamWConfig
 from zerobench.zero.optim.loss_scale import amp_unscale
 from zerobench.zero.optim.step import check_steppable, optimizer_step
 from zerobench.zero.protocols import Engine
+from zerobench.zero.state.gathered import check_outside
 from zerobench.zero.state.shards import load_shard_state_dicts, shard_state_dict
 from zerobench.zero.state.transaction import agree
 
@@ -169,6 +170,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         Pre-hooks run first, on the whole dict (``zero_shard`` included), and the dict they return is the one
         loaded, as torch's; a hook that raises leaves everything as it was."""
+        check_outside(self._engine, "load_state_dict()", "the loaded values")
         state_dict = state_dict.copy()  # shallow, as torch's: a hook's edits stay off the caller's dict
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             state_dict = _or(hook(self, state_dict), state_dict)

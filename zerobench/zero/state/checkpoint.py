@@ -20,6 +20,7 @@ import torch
 
 from zerobench.files import write_file
 from zerobench.zero.protocols import Engine
+from zerobench.zero.state.gathered import check_outside
 from zerobench.zero.state.shards import FORMAT, load_shard_state_dicts, shard_state_dict, union_length
 from zerobench.zero.state.transaction import (
     MANIFEST,
@@ -177,6 +178,7 @@ def load_sharded(
     returns its counters. ``optimizer_states=False`` loads the fp32 master only (``by_name``: by name, whatever the
     saved trained set); a transaction over the ranks, with ``also_check()`` among its checks
     (``load_shard_state_dicts``)."""
+    check_outside(engine, "load_checkpoint()", "the loaded values")
     saved, size = saved_tp(path), _tp(engine)[0]
     if saved != size:
         raise CheckpointMismatch(

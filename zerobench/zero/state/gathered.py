@@ -168,3 +168,26 @@ class GatheredParameters:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         return self._stack.__exit__(exc_type, exc, tb)
+
+
+def check_outside(engine: Engine, caller: str, undone: str, note: str = "") -> None:
+    """One line, before anything changes, where an open ``gathered_params()`` context would undo ``caller``'s writes
+    (``undone``: "the step's", "the loaded ones") at its exit: at stage 3 any (the units hold the values gathered for
+    it, which its exit writes back over them), and at any stage one that discards its changes (``writeback=False``,
+    DeepSpeed's ``GatheredParameters`` with no ``modifier_rank``: its exit puts back the values it saved). The contexts
+    are entered on every rank, so every rank refuses alike. ``note``: what may run inside instead."""
+    open_ = engine._gathered_open
+    if not open_:
+        return
+    tail = f" ({note})" if note else ""
+    if engine.gatherer is not None:
+        raise RuntimeError(
+            f"{caller} inside gathered_params() at stage 3: the units hold the values gathered for the context, "
+            f"which its exit would write back over {undone}: call {caller} after the context exits{tail}"
+        )
+    if any(not g.writeback for g in open_):
+        raise RuntimeError(
+            f"{caller} inside gathered_params(writeback=False) (DeepSpeed's GatheredParameters with no "
+            f"modifier_rank): its exit puts back the values it saved, undoing {undone}: call "
+            f"{caller} after the context exits"
+        )

@@ -30,8 +30,10 @@ def shard_cols(t: torch.Tensor, group: Group) -> torch.Tensor:
     return t.chunk(group.size, dim=-1)[group.rank].clone()
 
 
-def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.detach().clone(), requires_grad=True)
+def _param(t: torch.Tensor, like: nn.Parameter) -> nn.Parameter:
+    """A shard ``t`` of the parameter ``like`` as a parameter of its own: frozen where ``like`` is (a frozen
+    embedding or block stays frozen under TP, as at TP 1)."""
+    return nn.Parameter(t.detach().clone(), requires_grad=like.requires_grad)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -51,8 +53,8 @@ class ColumnParallelLinear(nn.Module):
                 f"degree {group.size}: make them a multiple of {strided * group.size} or choose a TP degree dividing them"
             )
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
-        self.weight = _param(shard_rows(full.weight, group, strided))
-        self.bias = _param(shard_rows(full.bias, group, strided)) if full.bias is not None else None
+        self.weight = _param(shard_rows(full.weight, group, strided), full.weight)
+        self.bias = _param(shard_rows(full.bias, group, strided), full.bias) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor, skip_bias: bool = False) -> torch.Tensor:
         """``skip_bias``: leave the bias add to the caller (a fused bias+activation kernel)."""
@@ -73,8 +75,8 @@ class RowParallelLinear(nn.Module):
                 f"make them a multiple of {group.size} or choose a TP degree dividing them"
             )
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
-        self.weight = _param(shard_cols(full.weight, group))
-        self.bias = _param(full.bias) if full.bias is not None else None
+        self.weight = _param(shard_cols(full.weight, group), full.weight)
+        self.bias = _param(full.bias, full.bias) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # partial sums -> reduce-scatter along the sequence
@@ -93,7 +95,7 @@ class VocabParallelEmbedding(nn.Module):
         self.group, self.ledger, self.sequence_parallel = group, ledger, sequence_parallel
         self.per_rank = full.num_embeddings // group.size
         self.start = group.rank * self.per_rank
-        self.weight = _param(shard_rows(full.weight, group))
+        self.weight = _param(shard_rows(full.weight, group), full.weight)
         pad = full.padding_idx
         self.padding_idx = pad - self.start if pad is not None and 0 <= pad - self.start < self.per_rank else None
         """The local row of ``full.padding_idx`` on the rank that holds it (its gradient stays zero, as torch's)."""

@@ -69,6 +69,13 @@ def apply_tp(
         )
     if group.size == 1:
         return TPInfo(group, frozenset())
+    head = model.lm_head
+    if head.weight is not model.wte.weight or getattr(head, "bias", None) is not None:
+        raise ConfigError(
+            "apply_tp: the LM head is not tied to the token embedding (its own weight, or a bias): tensor parallelism "
+            "shards the head with the embedding, vocabulary-parallel, and would drop a head of its own; tie them "
+            "(model.lm_head.weight = model.wte.weight, no bias) or train this model without TP"
+        )
     sp = sequence_parallel
     rng = TPRngTracker(seed, group.rank, device if device is not None else next(model.parameters()).device)
     for block in model.blocks:

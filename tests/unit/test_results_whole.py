@@ -1,7 +1,7 @@
 """Results are whole or refused, as users reach them (a helper's review of the harness, each case reproduced first):
 
-- ``train`` / ``profile`` ``--out`` a sweep's directory, and ``maxsize --out`` a directory holding rows, were
-  accepted: the new rows read as one more of the sweep's runs, or as a second answer of the search.
+- ``train`` / ``profile`` ``--out`` a sweep's directory, and ``maxsize --out`` a directory holding any rows, were
+  accepted: the new rows read as one more of the sweep's runs. (Repeats of a search may share an ``--out``.)
 - A run's figure held twice in one rows file (files concatenated) was shown by the report and ``results show`` as
   whichever row came last, without a word; the gate refuses such rows.
 """
@@ -89,5 +89,23 @@ def test_train_maxsize_profile_and_ab_refuse_a_sweep_s_directory_before_any_work
     }[cmd]
     before = sorted(p.name for p in rows_dir.iterdir())
     code, err = run([*argv, "--out", str(rows_dir.parent)], capsys)
-    assert code == 2 and "already holds result rows" in err and "Traceback" not in err, err
+    said = "holds rows other than max-size searches'" if cmd == "maxsize" else "already holds result rows"
+    assert code == 2 and said in err and "Traceback" not in err, err
     assert sorted(p.name for p in rows_dir.iterdir()) == before
+
+
+def test_maxsize_repeats_may_share_an_out_that_holds_only_searches(tmp_path):
+    """Repeats of a search into one ``--out`` are one bar in the report (their median): a directory of searches' rows
+    is accepted, one with any other row is not, nor one in a sweep."""
+    from zerobench.cli.training import _check_search_dir
+
+    row = {**_rows(BASELINE)[0], "run_id": "maxsize-stage2", "metric": "max_layers", "value": 3, "unit": "layers"}
+    _write(tmp_path / "s", [row, {**row, "metric": "max_params", "value": 1e5, "unit": "params"}])
+    _check_search_dir(tmp_path / "s", None)
+    _write(tmp_path / "s" / "probes" / "stage2" / "L3", _rows(BASELINE)[:2])  # the probes' runs, --probes inside
+    _check_search_dir(tmp_path / "s", str(tmp_path / "s" / "probes"))
+    with pytest.raises(ConfigError, match=r"holds rows other than max-size searches' \(.*L3/rows.jsonl: run "):
+        _check_search_dir(tmp_path / "s", None)
+    (tmp_path / "sweep-plan.json").write_text("[]")
+    with pytest.raises(ConfigError, match="is in the sweep"):
+        _check_search_dir(tmp_path / "new", None)

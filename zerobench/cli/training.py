@@ -305,7 +305,7 @@ def _maxsize(args: argparse.Namespace) -> int:
     from zerobench.bench.maxsize import search_max_layers
     from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.launch.cancel import EXIT_CANCELLED, Cancellation, Cancelled
-    from zerobench.results.outdir import check_fresh_run_dir, check_writable_dir
+    from zerobench.results.outdir import check_writable_dir
 
     base = RunSpec(
         preset=args.preset,
@@ -330,8 +330,8 @@ def _maxsize(args: argparse.Namespace) -> int:
             f"--start-layers {args.start_layers} is above --max-layers {args.max_layers}: start the search "
             "inside it, or raise --max-layers"
         )
-    if args.out:  # a search's rows next to another's would read as one search with two answers per stage
-        check_fresh_run_dir(Path(args.out), fix="give each search its own directory")
+    if args.out:
+        _check_search_dir(Path(args.out), args.probes)
     if args.probes:
         check_writable_dir(args.probes, "--probes", "probe logs")
     for stage in args.stage:  # every stage's configuration checked before the first probe, not when its turn comes
@@ -375,6 +375,32 @@ def _maxsize(args: argparse.Namespace) -> int:
             if first.max_params:
                 print(f"  stage {stage} / stage {args.stage[0]}: {r.max_params / first.max_params:.2f}x parameters")
     return 0
+
+
+SEARCH_METRICS = ("max_layers", "max_params")
+
+
+def _check_search_dir(out, probes: str | None) -> None:
+    """``maxsize --out``: a directory of max-size searches' rows (repeats of a search may share one: the report takes
+    their median), never one holding other rows (a sweep's runs, a training run's; ``probes``' own aside), nor one in
+    a sweep, where the search's rows would read as one of its runs'."""
+    from pathlib import Path
+
+    from zerobench.results.outdir import check_outside_sweep, check_writable_dir
+    from zerobench.results.rows import ROWS_FILE, read_rows
+
+    check_writable_dir(out, "--out", "max-size rows")
+    check_outside_sweep(out)
+    probes = Path(probes).resolve() if probes else None
+    for f in sorted(out.rglob(ROWS_FILE)):
+        if probes is not None and f.resolve().is_relative_to(probes):
+            continue  # the probes' own training runs (--probes inside --out)
+        other = next((r for r in read_rows(f) if r.get("metric") not in SEARCH_METRICS), None)
+        if other is not None:
+            raise ConfigError(
+                f"--out {out} holds rows other than max-size searches' ({f}: run {other.get('run_id')}'s "
+                f"{other.get('metric')}): give the search a directory of its own (repeats of a search may share one)"
+            )
 
 
 def _write_maxsize_rows(args: argparse.Namespace, spec, res) -> None:

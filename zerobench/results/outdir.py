@@ -93,6 +93,12 @@ def check_fresh_run_dir(
     held = next((f for f in path.rglob(ROWS_FILE) if f.is_file() and f.stat().st_size), None)  # an empty one: no run
     if held is not None:
         raise ConfigError(f"{flag} {path} already holds result rows ({held}): {fix} or remove the old rows")
+    check_outside_sweep(path, flag)
+
+
+def check_outside_sweep(path: Path, flag: str = "--out") -> None:
+    """Refuse, in one line, a ``path`` in a sweep's directory (one holding ``sweep-plan.json``): rows written there
+    would read as the sweep's."""
     where = path.resolve()
     sweep = next((d for d in (where, *where.parents) if (d / SWEEP_PLAN_FILE).is_file()), None)
     if sweep is not None:

@@ -373,3 +373,16 @@ def test_checkpoint_tag_validation_as_deepspeed_reads_it():
         from_deepspeed({**base, "checkpoint": {"load_universal": True}}, dp=1)
     ds = from_deepspeed({**base, "checkpoint": {"load_universal": False, "use_node_local_storage": True}}, dp=1)
     assert "checkpoint.use_node_local_storage" in ds.ignored and ds.tag_validation == "WARN"
+
+
+def test_bf16_is_read_as_deepspeed_reads_it_and_legacy_fusion_is_listed():
+    """``{"bf16": {}, "bfloat16": {"enabled": true}}`` trained in bf16 here and in fp32 in DeepSpeed, which reads
+    ``bf16`` whenever the key is there (a helper's review against DeepSpeed 0.19.8). And ``optimizer.legacy_fusion``
+    was accepted without being listed among the keys read without effect."""
+    from zerobench.zero.config import Precision
+
+    base = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "legacy_fusion": False}}
+    both = from_deepspeed({**base, "bf16": {}, "bfloat16": {"enabled": True}}, dp=1)
+    assert both.zero.precision is Precision.FP32 and "bfloat16" in both.ignored
+    assert from_deepspeed({**base, "bfloat16": {"enabled": True}}, dp=1).zero.precision is Precision.BF16
+    assert "optimizer.legacy_fusion" in both.ignored

@@ -238,9 +238,10 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
     return out
 
 
-def _optimizer(cfg: dict) -> AdamWConfig:
+def _optimizer(cfg: dict, ignored: list[str]) -> AdamWConfig:
     opt = section(cfg, "optimizer")
     known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
+    ignored += ["optimizer.legacy_fusion"] if "legacy_fusion" in opt else []  # DeepSpeed's fp16 fusion switch
     kind = str(opt.get("type", "")).lower()
     if "type" not in opt:
         raise ConfigError(
@@ -369,7 +370,7 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
         precision=precision,
         grad_accum_steps=gas,
         clip_grad_norm=_clipping(cfg),
-        optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg),
+        optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg, ignored),
         loss_scale=loss_scale,
         **zero_keys,
     )

@@ -34,7 +34,9 @@ _BF16_KEYS = {
 
 def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleConfig]:
     """The precision ``cfg`` trains in and its loss scaling; keys read without effect are appended to ``ignored``."""
-    bf16 = section(cfg, "bf16") or section(cfg, "bfloat16")
+    # DeepSpeed reads "bf16" whenever the key is there (an empty section disables it), and only then "bfloat16"
+    bf16 = section(cfg, "bf16" if "bf16" in cfg else "bfloat16")
+    ignored += ["bfloat16"] if "bf16" in cfg and "bfloat16" in cfg else []
     fp16 = section(cfg, "fp16")
     known(bf16, _BF16_KEYS, "bf16")
     known(fp16, _FP16_KEYS, "fp16")

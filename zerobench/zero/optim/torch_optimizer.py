@@ -170,7 +170,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         Pre-hooks run first, on the whole dict (``zero_shard`` included), and the dict they return is the one
         loaded, as torch's; a hook that raises leaves everything as it was."""
-        check_outside(self._engine, "load_state_dict()", "the loaded values")
         state_dict = state_dict.copy()  # shallow, as torch's: a hook's edits stay off the caller's dict
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             state_dict = _or(hook(self, state_dict), state_dict)
@@ -190,6 +189,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             )
         # the shard first: a transaction over the ranks, refused on any rank before anything changes on any; the
         # groups' hyperparameters after it, so a refused shard leaves them as they were
+        check_outside(self._engine, "load_state_dict()", "the loaded values")
         storage = self._engine.storage
         storage.adopt_edits()  # an assigned or edited parameter is what the model holds
         held = [s.detach().clone() for s in storage.shards]

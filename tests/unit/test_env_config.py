@@ -34,7 +34,21 @@ def test_slurm_env():
         }
     )
     assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.source) == (17, 400, 1, "dgx007", "slurm")
-    assert e.master_port == 29500 + 3456
+    assert 29500 <= e.master_port < 39500 and e.launch_id == "123456.0"
+
+
+def test_two_steps_of_a_job_and_jobs_10000_apart_get_ports_and_names_of_their_own():
+    """The port was 29500 + job id mod 10000: two steps of one job started together shared it, and jobs 10000
+    apart too. A rank of the second step joined the first's store and trained as its rank 1, recorded ok (a helper's
+    review). The port now hashes the job and the step, and the store is keyed by both."""
+    base = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n1"}
+    envs = [
+        detect({**base, "SLURM_JOB_ID": job, "SLURM_STEP_ID": step})
+        for job, step in (("12345", "0"), ("12345", "1"), ("22345", "0"))
+    ]
+    assert len({e.master_port for e in envs}) == 3 and len({e.launch_id for e in envs}) == 3
+    assert detect({**base, "SLURM_JOB_ID": "12345", "SLURM_STEP_ID": "0"}).master_port == envs[0].master_port
+    assert detect({"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "abc"}).launch_id == "abc"
 
 
 def test_torchrun_wins_over_slurm():

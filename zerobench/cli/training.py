@@ -240,7 +240,9 @@ def _shared_run_id(denv, run_id: str, timeout_s: float) -> str:
     from zerobench.distributed.rendezvous import RendezvousError, agree_value
 
     try:
-        return agree_value(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s, "run_id", run_id)
+        return agree_value(
+            denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s, "run_id", run_id, denv.launch_id
+        )
     except RendezvousError:
         return run_id
 

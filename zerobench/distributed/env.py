@@ -11,6 +11,7 @@ built from), always with a collective timeout so that a dead rank fails the run 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import os
 import re
@@ -26,6 +27,9 @@ if TYPE_CHECKING:  # torch loads where a device or a process group is made: read
     import torch
 
 DEFAULT_PORT = 29500
+PORT_SPAN = 10000
+"""Under Slurm without ``MASTER_PORT``, the port is ``DEFAULT_PORT`` plus a hash of the job and step ids below
+this."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,10 @@ class DistEnv:
     """``torchrun``, ``slurm`` or ``single``."""
     local_world_size: int | None = None
     """Processes on this node (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node); None: not known."""
+    launch_id: str = ""
+    """What names this launch (Slurm's ``<job id>.<step id>``, torchrun's ``TORCHELASTIC_RUN_ID``): the rendezvous
+    keys its store's entries by it, so a rank of another launch that reaches this one's port (two steps of a job
+    started together) waits for its own peers and fails at the timeout, and never joins this launch's run."""
 
 
 def first_host(nodelist: str) -> str:
@@ -110,6 +118,7 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             _int(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT,
             "torchrun",
             _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else None,
+            env.get("TORCHELASTIC_RUN_ID", ""),
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
@@ -126,10 +135,12 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             addr = first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
         else:
             raise ConfigError("under Slurm but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set")
+        step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", ""))
+        launch = f"{env.get('SLURM_JOB_ID', '')}.{step}"
         if "MASTER_PORT" in env:
             port = _int(env, "MASTER_PORT")
-        else:  # derived from the job id so concurrent jobs on a node do not collide
-            port = DEFAULT_PORT + (_int(env, "SLURM_JOB_ID") % 10000 if "SLURM_JOB_ID" in env else 0)
+        else:  # derived from the job and step ids, so that concurrent jobs and steps on a node rarely collide
+            port = DEFAULT_PORT + int(hashlib.sha256(launch.encode()).hexdigest(), 16) % PORT_SPAN
         return DistEnv(
             _int(env, "SLURM_PROCID"),
             _int(env, "SLURM_STEP_NUM_TASKS") if "SLURM_STEP_NUM_TASKS" in env else _int(env, "SLURM_NTASKS"),
@@ -138,6 +149,7 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             port,
             "slurm",
             tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))),
+            launch,
         )
     return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single", 1)
 
@@ -202,7 +214,7 @@ def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "au
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        store = connect_store(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s)
+        store = connect_store(denv.rank, denv.world_size, denv.master_addr, denv.master_port, timeout_s, denv.launch_id)
         dist.init_process_group(
             chosen,
             store=store,

@@ -41,26 +41,31 @@ class RendezvousError(RunFailed):
     """The ranks could not meet: one line naming the address, the timeout and the fix."""
 
 
-def connect_store(rank: int, world_size: int, addr: str, port: int, timeout_s: float) -> dist.Store:
+def connect_store(rank: int, world_size: int, addr: str, port: int, timeout_s: float, launch: str = "") -> dist.Store:
     """This rank's handle on the job's store at ``addr:port`` (rank 0 hosts it), within ``timeout_s``, or a
     ``RendezvousError``. The store is prefixed as ``init_process_group`` prefixes the one it makes itself, so
-    a store shared with torchrun's agent keeps the process group's keys apart."""
+    a store shared with torchrun's agent keeps the process group's keys apart, and by ``launch`` (``DistEnv``'s
+    ``launch_id``), so that a rank of another launch that reached this port never joins this one's group."""
     import torch.distributed as dist
 
     key = (rank, world_size, addr, port)
     try:
-        return dist.PrefixStore("default_pg", _met(key, timeout_s))
+        return dist.PrefixStore(f"default_pg/{launch}" if launch else "default_pg", _met(key, timeout_s))
     finally:
         _STORES.pop(key, None)  # the process group takes the store over; a later call meets afresh
 
 
-def agree_value(rank: int, world_size: int, addr: str, port: int, timeout_s: float, name: str, value: str) -> str:
+def agree_value(
+    rank: int, world_size: int, addr: str, port: int, timeout_s: float, name: str, value: str, launch: str = ""
+) -> str:
     """Rank 0's ``value`` of ``name`` on every rank (each rank's own clock named runs apart by a second under
     torchrun), through the job's store, which the process group then uses; a ``RendezvousError`` as
     ``connect_store``'s."""
     import torch.distributed as dist
 
-    store = dist.PrefixStore("zerobench", _met((rank, world_size, addr, port), timeout_s))
+    store = dist.PrefixStore(
+        f"zerobench/{launch}" if launch else "zerobench", _met((rank, world_size, addr, port), timeout_s)
+    )
     if rank == 0:
         store.set(name, value)
         return value

@@ -100,3 +100,25 @@ def test_a_failing_rank_line_reaches_the_launcher_when_its_stderr_cannot_be_writ
         assert not ends.report(0).done
     finally:
         ends.close()
+
+
+def test_a_requeued_task_s_report_starts_afresh(tmp_path, monkeypatch):
+    """A requeued ``--launcher slurm`` job keeps its id and its run directory: the task appended to the earlier
+    attempt's ``ranks/rank0``, and the step was blamed on that attempt's error (a helper's review). The task's report
+    now starts with this attempt."""
+    import json
+
+    from zerobench.launch import channel, task, worker
+    from zerobench.launch.channel import read_rank_files
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    (ranks / "rank0").write_text("1.0 error RuntimeError: the earlier attempt's\n2.0 exit 1\n")
+    spec = tmp_path / "run.json"
+    spec.write_text(json.dumps({"config": {}, "run_id": "r", "out": str(tmp_path)}))
+    monkeypatch.setenv(channel.FILE_ENV, str(ranks))
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setattr(worker, "run", lambda *args: 17)  # this attempt's own end, with no error line
+    assert task.main([str(spec)]) == 17
+    (end,) = read_rank_files(ranks)
+    assert end.error is None and end.code == 17, end

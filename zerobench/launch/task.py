@@ -19,6 +19,8 @@ def main(argv: list[str]) -> int:
     os.environ.update(spec.get("env", {}))  # the launcher's extra environment, read by worker.rank_settings
     where = os.environ.get(channel.FILE_ENV)
     report = channel.RankFile(where, int(os.environ.get("SLURM_PROCID", "0"))) if where else None
+    if report is not None:  # a requeued job reuses its directory: an earlier attempt's lines are not this one's
+        report.started()
     try:
         code = worker.run(spec["config"], spec["run_id"], spec["out"], spec.get("suite"), report)
     except BaseException as e:  # the traceback goes to the log; the launcher reads the line and the code

@@ -203,6 +203,7 @@ def _run_one(
     summary.ran.append(run.label)
     if not res.ok:
         summary.failed[run.label] = res.reason
+        summary.failed_status[run.label] = res.status
     bar.advance(run.label, failed=not res.ok)
     tool = {"instrumented": "callgrind"} if instructions else {}  # as the run's own rows are tagged
     status_row(out, run_id, suite, run, res.status, res.reason, time.monotonic() - t0, **tool)

@@ -76,6 +76,7 @@ def _submit(run, out: Path, suite: Suite, summary: SweepSummary, bar: Progress, 
     except SlurmCommandFailed as e:  # sbatch refused this job: a row of its own, and the sweep goes on
         status_row(out, run_id, suite, run, "invalid", str(e), 0.0)
         summary.failed[run.label] = str(e)
+        summary.failed_status[run.label] = "invalid"
         bar.advance(run.label, failed=True)
         return
     jobs[job_id] = _Job(run, run_id, time.monotonic())
@@ -152,4 +153,5 @@ def _record(job: _Job, jid, out, suite, summary: SweepSummary, bar: Progress, st
     summary.ran.append(job.run.label)
     if status != "ok":
         summary.failed[job.run.label] = why
+        summary.failed_status[job.run.label] = status
     bar.advance(job.run.label, failed=status != "ok")

@@ -30,6 +30,8 @@ class SweepSummary:
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    failed_status: dict[str, str] = field(default_factory=dict)
+    """Each failed run's status (``oom``, ``invalid``, ``failed``, ``timeout``, ...), by label."""
     stopped: str | None = None
     """Why the sweep ended before its last run (cancelled, disk full), or None."""
 
@@ -115,6 +117,7 @@ def should_run(
             return False
         status_row(out, attempt_id(out, run), suite, run, "invalid", run.error or "invalid configuration", 0.0)
         summary.failed[run.label] = run.error or "invalid"
+        summary.failed_status[run.label] = "invalid"
         bar.advance(run.label, failed=True)
         return False
     if done is not None and (run.label, run_hash(run.config)) in done:

@@ -184,3 +184,21 @@ def test_launchers_share_one_interface():
         assert launcher.name == name and get_launcher(name) is launcher
     with pytest.raises(ConfigError, match="unknown launcher 'ssh': choose local, srun, sbatch"):
         get_launcher("ssh")
+
+
+def test_env_rank_without_local_rank_takes_slurm_s_local_id():
+    """torch's env:// needs only RANK and WORLD_SIZE: a user who sets them inside srun tasks got local rank 0 on every
+    task, so every rank of a node took cuda:0 (a helper's review). Slurm's local id is taken where LOCAL_RANK is
+    not set."""
+    e = detect({"RANK": "5", "WORLD_SIZE": "8", "SLURM_LOCALID": "1", "SLURM_PROCID": "5", "SLURM_NTASKS": "8"})
+    assert (e.rank, e.local_rank, e.source) == (5, 1, "torchrun")
+    assert detect({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "SLURM_LOCALID": "1"}).local_rank == 3
+
+
+def test_a_batch_script_s_refusal_names_a_way_that_works():
+    from zerobench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"not an srun step.*run it with SLURM_NTASKS=1") as e:
+        detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"})
+    assert "\n" not in str(e.value)
+    assert detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).source == "single"  # what it suggests: local ranks

@@ -113,7 +113,12 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
         return DistEnv(
             _int(env, "RANK"),
             _int(env, "WORLD_SIZE"),
-            _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            # torch's env:// reads RANK and WORLD_SIZE only; inside an srun task Slurm's local id is the local rank
+            _int(env, "LOCAL_RANK")
+            if "LOCAL_RANK" in env
+            else _int(env, "SLURM_LOCALID")
+            if "SLURM_LOCALID" in env
+            else 0,
             env.get("MASTER_ADDR", "127.0.0.1"),
             _int(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT,
             "torchrun",
@@ -126,7 +131,8 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
             if _int(env, "SLURM_NTASKS") > 1:
                 raise ConfigError(
                     f"Slurm's variables say {env['SLURM_NTASKS']} tasks, but this process is not an srun step: "
-                    "start the ranks with `srun zerobench train ...` (one per task), or run with --dp N here"
+                    "start the ranks with `srun zerobench train ...` (one per task); to start --dp N local processes "
+                    "here instead, run it with SLURM_NTASKS=1"
                 )
             return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single")
         if "MASTER_ADDR" in env:

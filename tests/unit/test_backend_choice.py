@@ -68,3 +68,13 @@ def test_the_local_world_size_comes_from_the_launcher():
     assert detect({**slurm, "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}).local_world_size == 4
     assert detect({**slurm, "SLURM_TASKS_PER_NODE": "5,3"}).local_world_size is None
     assert detect({}).local_world_size == 1
+
+
+@pytest.mark.parametrize(("per_task", "chosen"), [(1, "nccl"), (None, "gloo"), (2, "gloo")])
+def test_slurm_s_gpus_per_task_binding_is_no_sharing(per_task, chosen):
+    """``sweep --launcher slurm --gpus-per-task 1`` binds each task to its own GPU, so a task sees one of the node's
+    four: read as four ranks sharing one card, it trained on gloo instead of NCCL, silently (a helper's review).
+    ``SLURM_GPUS_PER_TASK`` says each task's GPUs are its own (2 per task with 1 visible is still a share)."""
+    assert choose_backend("auto", CUDA, 4, 1, per_task) == chosen
+    if per_task == 1:
+        assert choose_backend("nccl", CUDA, 4, 1, per_task) == "nccl"

@@ -160,13 +160,19 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
     return DistEnv(0, 1, 0, "127.0.0.1", DEFAULT_PORT, "single", 1)
 
 
-def choose_backend(requested: str, device: torch.device, local_world_size: int | None, gpus: int) -> str:
+def choose_backend(
+    requested: str, device: torch.device, local_world_size: int | None, gpus: int, gpus_per_task: int | None = None
+) -> str:
     """The process-group backend for ``requested`` (auto, nccl or gloo): gloo on CPU; on CUDA, NCCL unless the
     ranks of a node outnumber its ``gpus`` (they then share devices, which NCCL refuses). Every rank of a job
-    decides alike from the same facts; one line for a request that cannot work."""
+    decides alike from the same facts; one line for a request that cannot work.
+
+    ``gpus_per_task``: Slurm's ``SLURM_GPUS_PER_TASK`` (``--gpus-per-task``, which binds each task to its own GPUs):
+    a task then sees only its own ``gpus``, so fewer of them than the node's ranks is no sharing."""
     if requested not in BACKENDS:
         raise ConfigError(f"unknown backend {requested!r}: choose {', '.join(BACKENDS)}")
-    sharing = local_world_size is not None and local_world_size > gpus
+    bound = gpus_per_task is not None and 0 < gpus_per_task <= gpus
+    sharing = local_world_size is not None and local_world_size > gpus and not bound
     if device.type != "cuda":
         if requested == "nccl":
             raise ConfigError("--backend nccl needs CUDA devices and this process has none: use --backend gloo or auto")
@@ -214,8 +220,13 @@ def init_distributed(denv: DistEnv, timeout_s: float = 300.0, backend: str = "au
     import torch.distributed as dist
 
     device = default_device(denv.local_rank)
+    per_task = os.environ.get("SLURM_GPUS_PER_TASK", "")
     chosen = choose_backend(
-        backend, device, denv.local_world_size, torch.cuda.device_count() if device.type == "cuda" else 0
+        backend,
+        device,
+        denv.local_world_size,
+        torch.cuda.device_count() if device.type == "cuda" else 0,
+        int(per_task) if per_task.isdigit() else None,
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -86,6 +86,7 @@ def test_train_writes_rows(tmp_path, stage, precision):
     assert {x["metric"] for x in rs} >= REQUIRED
     losses = [x for x in rs if x["metric"] == "loss"]
     assert [x["step"] for x in losses] == [1, 2, 3, 4]
+    assert {x.get("backend_ran") for x in rs if x["metric"] != "run_status"} == {"gloo"}  # what auto resolved to
     for x in rs:
         assert {"metric", "value", "unit", "config", "config_hash", "provenance", "status"} <= set(x)
         assert x["config"]["zero"]["stage"] == stage and x["config"]["zero"]["precision"] == precision

@@ -100,6 +100,7 @@ def train(
             tags = {"instrumented": "callgrind"} if settings.callgrind is not None else {}
             if summary["kernels"] is not None:  # what "auto" resolved to on these ranks: part of what was measured
                 tags["kernels_ran"] = summary["kernels"]
+            tags["backend_ran"] = dist.get_backend()  # and what --backend auto resolved to (gloo or nccl)
             write_rows(RowWriter(out_dir, run_id, cfg, suite=suite, tags=tags), summary, cfg, summary["n_measured"])
             say(f"rows written to {Path(out_dir) / 'rows.jsonl'}")
     dist.barrier()

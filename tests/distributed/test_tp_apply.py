@@ -103,6 +103,9 @@ def _sp_with_pa(rank: int, world: int) -> dict:
         out["parallelize"] = "accepted"
     except ConfigError as e:
         out["parallelize"] = str(e)
+    # no rank leaves while another still connects the mesh's groups: on a busy machine rank 1 refused and exited
+    # while rank 0 was finishing gloo's connection to it ("Connection closed by peer")
+    torch.distributed.barrier()
     return out
 
 

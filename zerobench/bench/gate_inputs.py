@@ -59,8 +59,18 @@ def check_same_kernels(samples: Sequence[list[dict]], names: Sequence[str]) -> N
     or a change that broke their build), and times or working memory compared across the paths compare kernel paths,
     not code. Rows of before runs recorded their path (``kernels_ran``) are not judged."""
     seen: dict[str, tuple[str, str]] = {}
+    backends: dict[str, tuple[str, str]] = {}
     for name, rows in zip(names, samples, strict=True):
         for r in rows:
+            b = r.get("backend_ran")
+            if isinstance(b, str):  # gloo and NCCL times compare backends, not code
+                where, first = backends.setdefault(str(r.get("config_hash")), (name, b))
+                if first != b:
+                    raise ConfigError(
+                        f"run {r.get('run_id')} ran on {b} in {name} and on {first} in {where}: its times would compare "
+                        "process-group backends, not code; give both sides the same --backend, or the same layout of "
+                        "ranks and GPUs"
+                    )
             k = r.get("kernels_ran")
             if not isinstance(k, dict):
                 continue
@@ -96,11 +106,15 @@ def check_planned(path: str | Path, rows: list[dict]) -> None:
     """Refuse, in one line, a baseline from a sweep stopped before some of its runs (``sweep-plan.json`` lists them
     and they left no row): ``_check_whole`` sees only configurations that left rows, so these would be missing from
     the baseline and never gated."""
-    from zerobench.bench.sweep_state import never_ran
+    from zerobench.bench.sweep_state import PLAN_FILE, never_ran
+    from zerobench.results.rows import read_rows
 
     if not Path(path).is_dir():
         return
     left = never_ran(Path(path), rows)
+    for plan in sorted(Path(path).rglob(PLAN_FILE)):  # sweeps below it too (a baseline's timed/ and counted/)
+        if not left and plan.parent != Path(path):
+            left = [f"{plan.parent.name}/{label}" for label in never_ran(plan.parent, read_rows(plan.parent))]
     if left:
         raise ConfigError(
             f"{path}: the sweep stopped before {len(left)} of its planned runs ({', '.join(left[:4])}"

@@ -11,6 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -49,3 +50,18 @@ def pytest_sessionfinish(session, exitstatus):
     for line in new[:20]:
         say(f"  {line}")
     session.exitstatus = 1
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind():
+    """A test that leaves a real process group initialised in the test process fails, and the group is destroyed.
+
+    The next test in the same worker inherits it otherwise: ``zerobench.zero.initialize`` (as DeepSpeed's) makes a
+    process without one a world of one, and the simulator's layout refuses to build its fake world beside a real
+    one. Which test ran next depended on how xdist spread the files, so the failure moved with unrelated changes."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() != "fake":
+        dist.destroy_process_group()
+        pytest.fail("the test left a process group initialised: destroy it (torch.distributed.destroy_process_group)")

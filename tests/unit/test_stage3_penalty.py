@@ -99,16 +99,19 @@ def test_a_refused_step_counts_nothing():
         "zero_optimization": {"stage": 3},
     }
     engine, _, _, _ = initialize(model=model(), config=cfg, units=nn.Linear)
-    boundaries = []
-    for micro in range(4):
-        boundaries.append(engine.is_gradient_accumulation_boundary())
-        engine.backward(engine(X).pow(2).sum())
-        if micro == 1:
-            with engine.gathered_params(), pytest.raises(RuntimeError, match=r"^step\(\) inside gathered_params"):
-                engine.step()
-        engine.step()
-    assert boundaries == [False, True, False, True], boundaries
-    assert (engine.micro_steps, engine.global_steps) == (4, 2)
+    try:
+        boundaries = []
+        for micro in range(4):
+            boundaries.append(engine.is_gradient_accumulation_boundary())
+            engine.backward(engine(X).pow(2).sum())
+            if micro == 1:
+                with engine.gathered_params(), pytest.raises(RuntimeError, match=r"^step\(\) inside gathered_params"):
+                    engine.step()
+            engine.step()
+        assert boundaries == [False, True, False, True], boundaries
+        assert (engine.micro_steps, engine.global_steps) == (4, 2)
+    finally:  # initialize made this process a world of one, as DeepSpeed's does: later tests in it need none
+        torch.distributed.destroy_process_group()
 
 
 def test_a_context_whose_gather_raised_leaves_no_refusal_behind(monkeypatch):

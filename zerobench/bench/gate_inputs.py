@@ -57,31 +57,36 @@ def check_same_kernels(samples: Sequence[list[dict]], names: Sequence[str]) -> N
     """Refuse, in one line, runs of one configuration whose kernels took two paths across ``samples`` (each named by
     ``names``): ``auto`` takes the reference path where the fused kernels do not load (no C++ compiler, no Triton,
     or a change that broke their build), and times or working memory compared across the paths compare kernel paths,
-    not code. Rows of before runs recorded their path (``kernels_ran``) are not judged."""
-    seen: dict[str, tuple[str, str]] = {}
+    not code. The same for two process-group backends (``backend_ran``: gloo against NCCL). Rows of before runs
+    recorded their path are not judged."""
+    kernels: dict[str, tuple[str, str]] = {}
     backends: dict[str, tuple[str, str]] = {}
     for name, rows in zip(names, samples, strict=True):
         for r in rows:
             b = r.get("backend_ran")
-            if isinstance(b, str):  # gloo and NCCL times compare backends, not code
-                where, first = backends.setdefault(str(r.get("config_hash")), (name, b))
-                if first != b:
-                    raise ConfigError(
-                        f"run {r.get('run_id')} ran on {b} in {name} and on {first} in {where}: its times would compare "
-                        "process-group backends, not code; give both sides the same --backend, or the same layout of "
-                        "ranks and GPUs"
-                    )
+            if isinstance(b, str) and (first := _first_other(backends, r, name, b)):
+                raise ConfigError(
+                    f"run {r.get('run_id')} ran on {b} in {name} and on {first[1]} in {first[0]}: its times would "
+                    "compare process-group backends, not code; give both sides the same --backend, or the same "
+                    "layout of ranks and GPUs"
+                )
             k = r.get("kernels_ran")
             if not isinstance(k, dict):
                 continue
             path = ", ".join(f"{part}={v}" for part, v in sorted(k.items()))
-            where, first = seen.setdefault(str(r.get("config_hash")), (name, path))
-            if first != path:
+            if first := _first_other(kernels, r, name, path):
                 raise ConfigError(
-                    f"run {r.get('run_id')}'s kernels took {path} in {name} and {first} in {where}: its times would "
-                    "compare kernel paths, not code; where 'reference' ran, the fused kernels did not load (the run's "
-                    "log says why: fix that), or measure both on one machine"
+                    f"run {r.get('run_id')}'s kernels took {path} in {name} and {first[1]} in {first[0]}: its times "
+                    "would compare kernel paths, not code; where 'reference' ran, the fused kernels did not load (the "
+                    "run's log says why: fix that), or measure both on one machine"
                 )
+
+
+def _first_other(seen: dict[str, tuple[str, str]], r: dict, name: str, value: str) -> tuple[str, str] | None:
+    """(where, value) first seen for ``r``'s configuration where it differs from ``value``, else None (recording
+    ``value`` from ``name`` if it is the first)."""
+    first = seen.setdefault(str(r.get("config_hash")), (name, value))
+    return first if first[1] != value else None
 
 
 def check_whole(rows: list[dict], status: dict) -> None:
@@ -111,10 +116,11 @@ def check_planned(path: str | Path, rows: list[dict]) -> None:
 
     if not Path(path).is_dir():
         return
-    left = never_ran(Path(path), rows)
-    for plan in sorted(Path(path).rglob(PLAN_FILE)):  # sweeps below it too (a baseline's timed/ and counted/)
-        if not left and plan.parent != Path(path):
-            left = [f"{plan.parent.name}/{label}" for label in never_ran(plan.parent, read_rows(plan.parent))]
+    root, left = Path(path), []
+    for plan in sorted(root.rglob(PLAN_FILE)):  # its own sweep's, and those below it (a baseline's timed/, counted/)
+        sweep = plan.parent
+        below = "" if sweep == root else f"{sweep.relative_to(root)}/"
+        left += [below + label for label in never_ran(sweep, rows if sweep == root else read_rows(sweep))]
     if left:
         raise ConfigError(
             f"{path}: the sweep stopped before {len(left)} of its planned runs ({', '.join(left[:4])}"

@@ -234,30 +234,32 @@ def run_history(
     w = RowWriter(out, "history", {"dirs": [str(d) for d in dirs], "baseline": baseline, "false_alarm": false_alarm})
     gaps: list[str] = []
     unjudged: list[str] = []
-    flags: list[dict] = []
     labels = {key: next(r[key]["label"] for p in points for r in p.runs if key in r) for key in keys}
     slugs = [_slug(lab) for lab in labels.values()]  # "stage=2" and "stage 2" would share history-stage-2.png
     shared = {lab for lab in labels.values() if slugs.count(_slug(lab)) > 1}
-    for key in keys:
-        # a configuration whose hash changed over the history (a default that moved) keeps its label: the hash tells
-        # the two apart, in the table and in the plot's file name (else the second plot replaced the first)
-        label = f"{labels[key]} [{key[:8]}]" if labels[key] in shared else labels[key]
-        for p in points:
-            why = _not_measured(p, key)
-            if why is not None:
-                gaps.append(f"| {label} | {p.name} | {why} |")
-        series = {m: s for m in wanted if (s := _series(points, key, m, models.get(key), false_alarm)) is not None}
-        unjudged += [f"{label}: {m}" for m, s in series.items() if s["tol"] is None]
-        if not series:
-            continue
-        path = draw(points, label, series, out / f"history-{_slug(label)}.png")
-        print(f"{label}: {path}")
-        for m, s in series.items():
-            for i, verdict, change in s["flags"]:
-                lines.append(f"| {label} | {m} | {points[i].name} | {change:+.2%} | {s['tol']:.2%} | {verdict} |")
-                flags.append(
-                    dict(
-                        value=change,
+    # all of this history's flags reach rows.jsonl at the block's end, or none: a stopped one leaves none behind
+    with written_whole(w):
+        for key in keys:
+            # a configuration whose hash changed over the history (a default that moved) keeps its label: the hash tells
+            # the two apart, in the table and in the plot's file name (else the second plot replaced the first)
+            label = f"{labels[key]} [{key[:8]}]" if labels[key] in shared else labels[key]
+            for p in points:
+                why = _not_measured(p, key)
+                if why is not None:
+                    gaps.append(f"| {label} | {p.name} | {why} |")
+            series = {m: s for m in wanted if (s := _series(points, key, m, models.get(key), false_alarm)) is not None}
+            unjudged += [f"{label}: {m}" for m, s in series.items() if s["tol"] is None]
+            if not series:
+                continue
+            path = draw(points, label, series, out / f"history-{_slug(label)}.png")
+            print(f"{label}: {path}")
+            for m, s in series.items():
+                for i, verdict, change in s["flags"]:
+                    lines.append(f"| {label} | {m} | {points[i].name} | {change:+.2%} | {s['tol']:.2%} | {verdict} |")
+                    w.write(
+                        "history_flag",
+                        change,
+                        "relative",
                         label=label,
                         of=m,
                         commit=points[i].commit,
@@ -267,7 +269,6 @@ def run_history(
                         sigma=s["sigma"],
                         noise_source=s["source"],
                     )
-                )
     flagged = len(lines) - 4
     lines += [] if flagged else ["", "No commit was flagged."]
     if gaps:  # a failed run is no point of its series: said, never skipped without a word
@@ -281,9 +282,6 @@ def run_history(
             "",
             *(f"- {u}" for u in unjudged),
         ]
-    with written_whole(w):  # all of this history's flags, or none: a stopped one leaves no rows to be taken for it
-        for f in flags:
-            w.write("history_flag", f.pop("value"), "relative", **f)
     replace_file(out / "history.md", "\n".join(lines) + "\n")
     print(
         f"{flagged} flagged (commit, metric) pairs"

@@ -110,15 +110,12 @@ def _detect(env: Mapping[str, str]) -> DistEnv:
         have, miss = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
         raise ConfigError(f"{have} is set but {miss} is not: set both (torchrun does), or neither")
     if "RANK" in env and "WORLD_SIZE" in env:
+        # torch's env:// reads RANK and WORLD_SIZE only; inside an srun task Slurm's local id is the local rank
+        local = next((k for k in ("LOCAL_RANK", "SLURM_LOCALID") if k in env), None)
         return DistEnv(
             _int(env, "RANK"),
             _int(env, "WORLD_SIZE"),
-            # torch's env:// reads RANK and WORLD_SIZE only; inside an srun task Slurm's local id is the local rank
-            _int(env, "LOCAL_RANK")
-            if "LOCAL_RANK" in env
-            else _int(env, "SLURM_LOCALID")
-            if "SLURM_LOCALID" in env
-            else 0,
+            _int(env, local) if local else 0,
             env.get("MASTER_ADDR", "127.0.0.1"),
             _int(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT,
             "torchrun",

@@ -19,16 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_bad_inputs import run
+from tests.unit.test_results_whole import _write
 
 BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "cpu-2core.jsonl"
 ROWS = [json.loads(line) for line in BASELINE.read_text().splitlines() if line.strip()]
 STAGE3 = next(r["config_hash"] for r in ROWS if r["run_id"] == "003-stage-3")
-
-
-def _save(rows: list[dict], d: Path) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
 
 
 def _gate(capsys, base: Path, cand: Path, *extra: str) -> tuple[int, str]:
@@ -54,7 +49,7 @@ def test_a_nan_loss_of_a_bf16_run_fails(tmp_path, capsys):
     for r in cand:
         if r["config_hash"] == STAGE3 and r["metric"] == "loss" and r["step"] >= 5:
             r["value"] = float("nan")
-    code, out = _gate_out(capsys, _save(base, tmp_path / "b") / "rows.jsonl", _save(cand, tmp_path / "c"))
+    code, out = _gate_out(capsys, _write(tmp_path / "b", base) / "rows.jsonl", _write(tmp_path / "c", cand))
     assert code == 1 and "NOT FINITE" in out and "final_loss" in out, out
 
 
@@ -63,7 +58,7 @@ def test_a_configuration_that_failed_on_both_sides_fails(tmp_path, capsys):
     for r in base:
         if r["config_hash"] == STAGE3:
             r["status"], r["reason"] = "failed", "RuntimeError: boom"
-    code, out = _gate_out(capsys, _save(base, tmp_path / "b") / "rows.jsonl", _save(base, tmp_path / "c"))
+    code, out = _gate_out(capsys, _write(tmp_path / "b", base) / "rows.jsonl", _write(tmp_path / "c", base))
     assert code == 1 and "failed: stage=3 (failed; the baseline's run failed too)" in out, out
 
 
@@ -72,7 +67,7 @@ def test_one_rank_s_rows_in_another_unit_are_refused(tmp_path, capsys):
     for r in cand:
         if r["config_hash"] == STAGE3 and r["metric"] == "peak_memory_bytes" and r.get("rank") == 1:
             r["unit"] = "MiB"
-    code, err = _gate(capsys, BASELINE, _save(cand, tmp_path / "c"))
+    code, err = _gate(capsys, BASELINE, _write(tmp_path / "c", cand))
     assert code == 2 and "peak_memory_bytes rank 1 is in MiB where other rows of it are in bytes" in err, err
 
 
@@ -82,7 +77,7 @@ def test_runs_on_two_backends_are_refused(tmp_path, capsys):
         for r in rows:
             if r["metric"] != "run_status":
                 r["backend_ran"] = backend
-    code, err = _gate(capsys, _save(base, tmp_path / "b") / "rows.jsonl", _save(cand, tmp_path / "c"))
+    code, err = _gate(capsys, _write(tmp_path / "b", base) / "rows.jsonl", _write(tmp_path / "c", cand))
     assert code == 2 and "ran on gloo in the candidate and on nccl in the baseline" in err, err
 
 
@@ -90,10 +85,10 @@ def test_a_baseline_from_a_sweep_stopped_one_directory_down_is_refused(tmp_path,
     from zerobench.bench.sweep_state import PLAN_FILE
 
     runs = sorted({(r["label"], r["config_hash"]) for r in ROWS if r["metric"] == "run_status" and r.get("label")})
-    stopped = _save([r for r in ROWS if r["config_hash"] != STAGE3], tmp_path / "1" / "timed")
+    stopped = _write(tmp_path / "1" / "timed", [r for r in ROWS if r["config_hash"] != STAGE3])
     plan = {"suite": "ci", "runs": [{"label": label, "config_hash": h} for label, h in runs]}
     (stopped / PLAN_FILE).write_text(json.dumps(plan))
-    whole = _save(ROWS, tmp_path / "2" / "timed")
+    whole = _write(tmp_path / "2" / "timed", ROWS)
     (whole / PLAN_FILE).write_text(json.dumps(plan))
     argv = ["regress", "--write-baseline", str(tmp_path / "base.jsonl"), "--candidate", str(tmp_path / "1")]
     code, err = run([*argv, str(tmp_path / "2")], capsys)
@@ -118,6 +113,6 @@ def test_a_step_time_its_own_spread_hides_stays_too_noisy_with_a_noise_model(noi
         if r["metric"] == "step_time_s" and r["config_hash"] == STAGE3:
             r["value"] *= 1.6
             r["mad"] = 0.8 * r["value"]
-    code, out = _gate_out(capsys, _save(base, tmp_path / "b") / "rows.jsonl", _save(cand, tmp_path / "c"))
+    code, out = _gate_out(capsys, _write(tmp_path / "b", base) / "rows.jsonl", _write(tmp_path / "c", cand))
     line = next((ln for ln in out.splitlines() if "stage=3" in ln and "step_time_ratio" in ln), "")
     assert "TOO NOISY" in line and code == 0, out  # listed as not gated, neither ok nor a regression

@@ -15,24 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_bad_inputs import run
+from tests.unit.test_results_whole import BASELINE, _write
 from zerobench.report import figures, render
 from zerobench.report.aggregate import peers_table
 from zerobench.results import load
+from zerobench.results.rows import read_rows
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINE = REPO / "results" / "baselines" / "cpu-2core.jsonl"
 QUICK = REPO / "results" / "reference" / "quick-cpu-2core"  # a sweep's whole rows: every figure of a run is drawn
 PEERS = REPO / "results" / "reference" / "peers-offload-cpu-2core" / "summary" / "rows.jsonl"
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _write(d: Path, rows: list[dict]) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
 
 
 def _shown(out: Path) -> list[str]:
@@ -41,7 +32,7 @@ def _shown(out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def rows_dir(tmp_path_factory):
-    return _write(tmp_path_factory.mktemp("rows") / "sweep", _rows(BASELINE))
+    return _write(tmp_path_factory.mktemp("rows") / "sweep", read_rows(BASELINE))
 
 
 def test_a_report_stopped_partway_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
@@ -90,7 +81,7 @@ def test_two_reports_into_one_directory_at_once_are_one_too_many(rows_dir, tmp_p
 
 
 def test_a_peers_row_without_a_timestamp_stays_in_the_table(tmp_path):
-    rows = _rows(PEERS)
+    rows = read_rows(PEERS)
     full = peers_table(load(PEERS))
     one = json.loads(json.dumps(rows))
     del one[0]["provenance"]["timestamp"]

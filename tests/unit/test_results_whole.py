@@ -17,16 +17,14 @@ from tests.unit.test_bad_inputs import run
 from zerobench.config import ConfigError
 from zerobench.results import load
 from zerobench.results.outdir import check_fresh_run_dir
+from zerobench.results.rows import read_rows
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "results" / "baselines" / "cpu-2core.jsonl"
 
 
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _write(d: Path, rows: list[dict]) -> Path:
+    """``rows`` as ``d/rows.jsonl`` (shared by the report's and the gate's tests of edited rows)."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d
@@ -34,11 +32,11 @@ def _write(d: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def rows_dir(tmp_path_factory):
-    return _write(tmp_path_factory.mktemp("rows") / "sweep", _rows(BASELINE))
+    return _write(tmp_path_factory.mktemp("rows") / "sweep", read_rows(BASELINE))
 
 
 def test_a_figure_held_twice_is_refused_by_report_and_show_in_one_line(rows_dir, tmp_path, capsys):
-    rows = _rows(BASELINE)
+    rows = read_rows(BASELINE)
     doubled = _write(tmp_path / "doubled", rows + [r for r in rows if r["run_id"] == "002-stage-2"])
     with pytest.raises(ValueError, match=r"run 002-stage-2 holds \w+ .*twice.*give each run its own directory"):
         load(doubled)
@@ -56,7 +54,7 @@ def test_a_figure_held_twice_is_refused_by_report_and_show_in_one_line(rows_dir,
 
 def test_a_timed_and_a_counted_run_under_one_id_are_two_runs(tmp_path):
     """``sweep --instructions`` tags every row of the counted run, its status row included (``instrumented``)."""
-    rows = [r for r in _rows(BASELINE) if r["run_id"] == "002-stage-2"]
+    rows = [r for r in read_rows(BASELINE) if r["run_id"] == "002-stage-2"]
     counted = [{**r, "instrumented": "callgrind"} for r in rows]
     assert len(load(_write(tmp_path / "d", rows + counted))) == 2 * len(rows)
     untagged = [{**r, "instrumented": "callgrind"} if r["metric"] != "run_status" else r for r in rows]
@@ -66,7 +64,7 @@ def test_a_timed_and_a_counted_run_under_one_id_are_two_runs(tmp_path):
 
 def test_a_run_is_refused_an_out_holding_rows_below_it_or_inside_a_sweep(rows_dir, tmp_path):
     sweep = tmp_path / "sweep"
-    _write(sweep / "runs" / "000-a", _rows(BASELINE)[:3])
+    _write(sweep / "runs" / "000-a", read_rows(BASELINE)[:3])
     with pytest.raises(ConfigError, match=r"--out .*sweep already holds result rows \(.*000-a/rows.jsonl\)"):
         check_fresh_run_dir(sweep)
     (tmp_path / "planned").mkdir()
@@ -99,10 +97,10 @@ def test_maxsize_repeats_may_share_an_out_that_holds_only_searches(tmp_path):
     is accepted, one with any other row is not, nor one in a sweep."""
     from zerobench.cli.training import _check_search_dir
 
-    row = {**_rows(BASELINE)[0], "run_id": "maxsize-stage2", "metric": "max_layers", "value": 3, "unit": "layers"}
+    row = {**read_rows(BASELINE)[0], "run_id": "maxsize-stage2", "metric": "max_layers", "value": 3, "unit": "layers"}
     _write(tmp_path / "s", [row, {**row, "metric": "max_params", "value": 1e5, "unit": "params"}])
     _check_search_dir(tmp_path / "s", None)
-    _write(tmp_path / "s" / "probes" / "stage2" / "L3", _rows(BASELINE)[:2])  # the probes' runs, --probes inside
+    _write(tmp_path / "s" / "probes" / "stage2" / "L3", read_rows(BASELINE)[:2])  # the probes' runs, --probes inside
     _check_search_dir(tmp_path / "s", str(tmp_path / "s" / "probes"))
     with pytest.raises(ConfigError, match=r"holds rows other than max-size searches' \(.*L3/rows.jsonl: run "):
         _check_search_dir(tmp_path / "s", None)

@@ -118,3 +118,37 @@ def test_a_suite_s_runs_of_other_systems_are_named_and_ours_labelled(capsys):
     out, err = capsys.readouterr()
     assert "note: 10 runs of other systems are not predicted" in err, err
     assert all('"label": ' in line for line in out.strip().splitlines())
+
+
+def test_a_run_whose_model_states_exceed_the_card_is_named_not_predicted(tmp_path, capsys):
+    """A stated device states its card. A 40B model at stage 0 on 16 V100s holds 16 bytes a parameter on every GPU
+    (599 GiB), which no 32 GB card holds: a step time for it was printed as if the run could start. It is now
+    named, with what it needs. At stage 3 over 16 ranks it still needs 37.4 GiB a GPU and is named; over 64 ranks
+    (9.4 GiB) it is predicted."""
+    import json
+
+    from zerobench.cli import main
+
+    def run(label: str, gpus: int, stage: int) -> str:
+        return (
+            f"- label: {label}\n  gpus: {gpus}\n  tp: 1\n  layers: 88\n  hidden: 6144\n  heads: 64\n"
+            f"  micro_batch: 1\n  total_batch: {gpus}\n  system: zerobench\n  stage: {stage}\n"
+        )
+
+    suite = tmp_path / "big.yaml"
+    suite.write_text(
+        "name: big\ndescription: runs that do and do not fit\n"
+        "cluster: {hardware: v100-dgx2, gpus_per_node: 16, gpu_mem: 32GB}\n"
+        "base: {seq: 1024, vocab: 50257, precision: fp16, checkpoint_activations: true}\nruns:\n"
+        + run("ddp-16", 16, 0)
+        + run("z3-16", 16, 3)
+        + run("z3-64", 64, 3)
+    )
+    assert main(["simulate", "--profile", "v100-dgx2", "--suite", str(suite)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["label"] for line in out.strip().splitlines()] == ["z3-64"]
+    assert (
+        "note: run 'ddp-16' is not predicted: its model states alone need 598.8 GiB a GPU (40.18B parameters x "
+        "16.00 bytes), over the 32 GiB card of"
+    ) in err, err
+    assert "note: run 'z3-16' is not predicted: its model states alone need 37.4 GiB a GPU" in err, err

@@ -132,6 +132,10 @@ def run_simulate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             continue
+        over = _does_not_fit(cfg, prof)
+        if over:
+            print(f"note: run {label!r} is not predicted: {over}", file=sys.stderr)
+            continue
         try:
             r = simulate(cfg, prof)
             r.pop("timeline")
@@ -142,6 +146,26 @@ def run_simulate(args: argparse.Namespace) -> int:
         shape = {"stage": cfg.zero.stage, "dp": cfg.dp, "tp": cfg.tp, "layers": cfg.model.layers}
         print(json.dumps({"label": label, **shape, **r}))
     return 0
+
+
+def _does_not_fit(cfg, prof) -> str | None:
+    """Why ``cfg`` cannot run on ``prof``'s card, or None. Only a stated device states its card; a run whose model
+    states alone (``sim.memory.state_floor``, a lower bound) exceed it would stop at its first step, so a step
+    time for it would be a number for nothing. The card is read at its binary size, the generous reading."""
+    from zerobench.sim.gpu_costs import StatedProfile
+    from zerobench.sim.memory import state_floor
+
+    if not isinstance(prof, StatedProfile):
+        return None
+    floor = state_floor(cfg, prof.stack)
+    card = prof.dev.mem_bytes / 1e9 * 2**30
+    if floor["bytes"] <= card:
+        return None
+    return (
+        f"its model states alone need {floor['bytes'] / 2**30:.1f} GiB a GPU ({floor['params'] / 1e9:.2f}B "
+        f"parameters x {floor['per_param']:.2f} bytes), over the {card / 2**30:.0f} GiB card of {prof.device}: "
+        "raise the ZeRO stage, tp or gpus"
+    )
 
 
 def _paper(args: argparse.Namespace) -> int:

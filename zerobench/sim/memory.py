@@ -90,3 +90,47 @@ def max_layers(cfg: TrainConfig, prof: Profile, budget_bytes: float, limit: int 
         return predict_memory(deeper, prof)["total"] <= budget_bytes
 
     return largest_fitting(fits, limit)
+
+
+MEGATRON_2019_STATE_BYTES = 20
+"""Bytes per parameter Megatron-LM 2019's own fp16 optimizer keeps (a run without ZeRO): the fp16 parameter and its
+gradient (2 + 2), the fp32 master (4), the master's gradient, which ``fp16util.model_grads_to_master_grads``
+allocates once and keeps (4; DeepSpeedExamples 07d1ce0d Megatron-LM/fp16/fp16util.py, as Megatron-LM 93ab4bea59),
+and Adam's two fp32 moments (8)."""
+
+
+def state_floor(cfg: TrainConfig, stack) -> dict[str, float]:
+    """The bytes of model states one GPU of ``cfg`` holds at least when ``stack`` (a ``software.Stack``) runs it:
+    the parameters of one TP rank (``params_per_mp_rank``, with the program's vocabulary padding) times the bytes
+    its optimizer keeps per parameter. That is Megatron-LM 2019's own fp16 optimizer
+    (``MEGATRON_2019_STATE_BYTES``) where the program steps without ZeRO, else the engine's states as ZeRO
+    partitions them over the data-parallel ranks (``model_state_bytes_analytic``: the optimizer states from
+    stage 1, the gradients from 2, the parameters at 3; the ZeRO paper's 2 + 2 + 12 bytes in mixed precision).
+    Nothing else is counted (activations, buffers, fragmentation), so a run whose floor exceeds its card cannot
+    run, whatever else the planners get wrong. ``{"bytes", "per_param", "params"}``."""
+    from zerobench.models.sizes import padded_vocab
+    from zerobench.plan.memory_model import params_per_mp_rank
+
+    model = cfg.model
+    if stack.vocab_multiple:
+        model = dataclasses.replace(model, vocab=padded_vocab(model.vocab, cfg.tp, stack.vocab_multiple))
+    params = params_per_mp_rank(model, cfg.tp)
+    z = cfg.zero
+    if z.stage == 0 and stack.step_loop is not None:
+        per = float(MEGATRON_2019_STATE_BYTES)
+    else:
+        elem = z.precision.param_dtype.itemsize
+        per = sum(
+            model_state_bytes_analytic(
+                1,
+                cfg.dp,
+                z.stage,
+                elem,
+                elem,
+                4 if z.precision.has_master else 0,
+                make_codec(z.optim_bits).bytes_per_element(),
+                offload_optimizer=z.offload_optimizer != "none",
+                offload_param=z.offload_param != "none",
+            ).values()
+        )
+    return {"bytes": params * per, "per_param": per, "params": params}

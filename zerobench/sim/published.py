@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[2] / "results" / "reference" / "sim-published" / "published.csv"
@@ -152,36 +152,14 @@ def stack(row: Row):
     raise ValueError(f"row {row.id!r}: no program is described for framework {fw!r} (zerobench/sim/software.py)")
 
 
-MEGATRON_2019_STATE_BYTES = 20
-"""Bytes per parameter Megatron-LM 2019's own fp16 optimizer keeps (a run without ZeRO): the fp16 parameter and its
-gradient (2 + 2), the fp32 master (4), the master's gradient, which ``fp16util.model_grads_to_master_grads``
-allocates once and keeps (4; DeepSpeedExamples 07d1ce0d Megatron-LM/fp16/fp16util.py, as Megatron-LM 93ab4bea59),
-and Adam's two fp32 moments (8)."""
-
-
 def model_state_floor(row: Row) -> dict:
-    """The bytes of model states one GPU of the row's run holds at least, against its card: the parameters of one TP
-    rank (``params_per_mp_rank``, the program's vocabulary padding) times the bytes its optimizer keeps per
-    parameter: Megatron-LM 2019's own fp16 optimizer ``MEGATRON_2019_STATE_BYTES``, else the ZeRO paper's
-    mixed-precision Adam (§3.1, 2 + 2 + 12 bytes) as ZeRO partitions it over the data-parallel ranks (§5.1: the
-    optimizer states from stage 1, the gradients from 2, the parameters at 3). Nothing else is counted
-    (activations, buffers, fragmentation), and the card is taken at its binary size (a 32 GB V100 as 32 GiB), so a
-    row whose floor exceeds its card could not have run as the table states it. ``{"bytes", "card_bytes",
-    "per_param", "params"}``."""
-    from zerobench.models.sizes import padded_vocab
-    from zerobench.plan.memory_model import params_per_mp_rank
+    """The bytes of model states one GPU of the row's run holds at least (``sim.memory.state_floor``: the parameters
+    of one TP rank times the bytes its program's optimizer keeps for each, as ZeRO partitions them), against its
+    card. The card is taken at its binary size (a 32 GB V100 as 32 GiB), so a row whose floor exceeds its card
+    could not have run as the table states it. ``{"bytes", "card_bytes", "per_param", "params"}``."""
+    from zerobench.sim.memory import state_floor
 
-    st = stack(row)
-    model = train_config(run_keys(row)).model
-    if st.vocab_multiple:
-        model = replace(model, vocab=padded_vocab(row.vocab, row.tp, st.vocab_multiple))
-    params = params_per_mp_rank(model, row.tp)
-    n = row.dp
-    if row.zero == 0 and st.step_loop is not None:
-        per = float(MEGATRON_2019_STATE_BYTES)
-    else:
-        per = {0: 16.0, 1: 4 + 12 / n, 2: 2 + 14 / n, 3: 16 / n}[row.zero]
-    return {"bytes": params * per, "card_bytes": row.gpu_mem_gb * 2**30, "per_param": per, "params": params}
+    return {**state_floor(train_config(run_keys(row)), stack(row)), "card_bytes": row.gpu_mem_gb * 2**30}
 
 
 def run_keys(row: Row) -> dict:

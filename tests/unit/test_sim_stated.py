@@ -97,6 +97,31 @@ def test_deepspeed_2021s_list_collectives_copy_every_tensor_and_zero_and_divide_
     assert ds.collective_copies("all_reduce", 128, big) == ds.collective_copies("all_gather", 128, big, "tp") == 0.0
 
 
+def test_fsdp_divides_each_gradient_before_and_its_shard_after_the_reduce_scatter():
+    """PyTorch FSDP (torch 1.13-2.1, no communication hook, as llm-foundry's Composer runs it) divides the whole
+    unsharded gradient in place by a predivide factor, reduce-scatters it, then divides the shard by the rest of the
+    world size where that is above 1. Its factor is torch's own, and the divisions are 2 passes over the whole
+    gradient and over the shard, in the reduction's type; its gathers copy nothing."""
+    import dataclasses as dc
+
+    from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
+
+    from zerobench.sim.software import FSDP_TORCH, STACKS, fsdp_postdivide_factor, fsdp_predivide_factor
+
+    for world in (1, 2, 3, 4, 6, 8, 12, 24, 32, 64, 96, 128, 384, 512, 1120, 2240):
+        assert fsdp_predivide_factor(world) == DefaultState._get_gradient_predivide_factor(world), world
+    assert fsdp_predivide_factor(64) == fsdp_postdivide_factor(64) == 8 and fsdp_postdivide_factor(2) == 1
+    for name in ("llm-foundry", "llm-foundry-flash2"):
+        assert STACKS[name].zero is FSDP_TORCH
+    dev = dc.replace(DEVICES["h100-dgx"], compute_scale=1.1)
+    fsdp = StatedProfile(dev, "llm-foundry", grad_elem=4)
+    bw = dev.hbm_bw * dev.mem_eff
+    grad = 4 * 321e6  # one 13B block's fp32 gradient
+    assert fsdp.collective_copies("reduce_scatter", 64, grad) == pytest.approx((2 * grad + 2 * grad / 64) / bw * 1.1)
+    assert fsdp.collective_copies("reduce_scatter", 2, grad) == pytest.approx(2 * grad / bw * 1.1)  # no shard divide
+    assert fsdp.collective_copies("all_gather", 64, grad) == fsdp.collective_copies("reduce_scatter", 1, grad) == 0.0
+
+
 def test_deepspeed_2020s_zero2_reductions_block_backward_and_its_gathers_copy_out():
     """The paper's ZeRO (DeepSpeed 0.2's ZeRO-2, ``overlap_comm`` at its default, false) reduces each bucket in the
     compute stream's order: no reduction overlaps compute, and each is on the critical path. It divides each bucket

@@ -66,7 +66,7 @@ from zerobench.models.sizes import padded_vocab
 from zerobench.sim import nccl
 from zerobench.sim.gemm import for_ceiling
 from zerobench.sim.profile import LOOP_METRICS, Profile
-from zerobench.sim.software import STACKS, Stack
+from zerobench.sim.software import STACKS, Stack, fsdp_postdivide_factor
 from zerobench.sim.stated import StatedDevice
 
 _ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -284,6 +284,8 @@ class StatedProfile(Profile):
             t += self._stream(2 * nbytes, group)
         if z.zeroed_gathers and op == "all_gather":  # torch.zeros of the gathered size
             t += self._stream(nbytes)
-        if z.predivided_grads and op == "reduce_scatter":  # div_ by the data-parallel size, in place
+        if z.predivided_grads and op == "reduce_scatter":  # div_ by (part of) the data-parallel size, in place
             t += self._stream(2 * nbytes)
+        if z.postdivided_grads and op == "reduce_scatter" and fsdp_postdivide_factor(group) > 1:  # the shard's div_
+            t += self._stream(2 * nbytes / group)
         return t * self.scale

@@ -98,7 +98,11 @@ class ZeroMachinery:
     zeroed_gathers: bool = False
     """Each gather's output is allocated with ``torch.zeros``: a memset of the gathered size first."""
     predivided_grads: bool = False
-    """Each gradient is divided by the data-parallel size in place before its reduce-scatter (read and write)."""
+    """Each gradient is divided in place before its reduce-scatter (read and write): by the data-parallel size, or
+    by part of it where ``postdivided_grads`` divides by the rest."""
+    postdivided_grads: bool = False
+    """After its reduce-scatter, each rank's gradient shard is divided in place by what the division before it left
+    (``fsdp_postdivide_factor``), where that is above 1: read and write of the shard."""
     sync_per_module: bool = False
     """Before every gather the host waits for the device (``torch.cuda.synchronize``), so no gather is issued
     while compute runs and none is prefetched behind it: each gather and each module's compute run back to back."""
@@ -351,6 +355,38 @@ _EAGER_LOSS = (
     "gradient (read 8, write 4) and the cast back (read 4, write 2): 36 bytes per logit"
 )
 
+
+def fsdp_predivide_factor(world: int) -> int:
+    """What PyTorch FSDP divides a gradient by before its reduction: the smallest power of two ``f`` (doubling from 1
+    while ``f`` divides ``world``) with ``world / f`` at most ``f``, about the square root of the world size, so
+    neither division under- or overflows a half-precision gradient (``_get_gradient_predivide_factor``)."""
+    f = 1
+    while world % f == 0 and world / f > f:
+        f *= 2
+    return f
+
+
+def fsdp_postdivide_factor(world: int) -> float:
+    """What PyTorch FSDP divides a gradient shard by after its reduction: the rest of the world size."""
+    return world / fsdp_predivide_factor(world)
+
+
+FSDP_TORCH = ZeroMachinery(
+    predivided_grads=True,
+    postdivided_grads=True,
+    source=(
+        "PyTorch FSDP's gradient reduction with no communication hook (composer 0.16.4 registers none). torch 2.1.0 "
+        "torch/distributed/fsdp/_runtime_utils.py: _post_backward_hook casts the unsharded gradient to "
+        "reduce_dtype on the post-backward stream (charged where the reduction's type is wider), then _reduce_grad "
+        "divides the whole gradient in place by gradient_predivide_factor (_div_if_needed), reduce-scatters it, and "
+        "divides the shard by gradient_postdivide_factor where that is above 1; the factors are "
+        "torch/distributed/algorithms/_comm_hooks/default_hooks.py DefaultState._get_gradient_predivide_factor "
+        "and the world size over it. torch 1.13.1 (the older rows) does the same in its default reduce_scatter_hook. "
+        "Not charged: torch 1.13.1 also passes the gradient through F.pad before the hook, a copy [a lower bound]"
+    ),
+)
+"""PyTorch FSDP's reduction (torch 1.13-2.1), as llm-foundry's Composer runs it."""
+
 _FOUNDRY = Stack(
     "llm-foundry",
     TRITON_FLASH,
@@ -385,9 +421,11 @@ _FOUNDRY = Stack(
             "write 4), 18 bytes per logit, twice: 36. 14 kernels (each metric's cast, log-softmax, nll, its "
             "count of the targets and its two state additions, 7)"
         ),
+        "zero": FSDP_TORCH.source,
     },
     metric_bytes=36,
     metric_kernels=14,
+    zero=FSDP_TORCH,
 )
 """MPT as llm-foundry runs it with ``attn_impl: triton``."""
 

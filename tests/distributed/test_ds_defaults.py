@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.ds_defaults import clipping, loss_scales
+from tests.helpers.ds_defaults import clipping, input_dtypes, loss_scales
 from tests.helpers.tiers import STAGES
 from zerobench.peers.registry import deepspeed_available
 
@@ -94,3 +94,30 @@ def test_without_zero_an_overflow_at_the_minimum_scale_skips_as_deepspeed(deepsp
     for r in run_distributed(loss_scales, 2, 0, fp16, [T] * 4 + [F] * 3 + [T], timeout=300):
         assert r["ours"] == r["theirs"] and r["theirs"]["raised"] is None, r
         assert r["theirs"]["scales"][:4] == [2, 1, 1, 1], r
+
+
+_F32, _F16 = "torch.float32", "torch.float16"
+
+
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        ({"bf16": {"enabled": True}}, (_F32, _F32)),
+        ({"fp16": {"enabled": True}}, (_F32, _F32)),
+        ({"fp16": {"enabled": True, "auto_cast": True}}, (_F16, _F32)),
+    ],
+    ids=["bf16", "fp16", "fp16-auto-cast"],
+)
+def test_the_forward_s_inputs_are_cast_where_deepspeed_casts_them(precision, expected):
+    """DeepSpeed's engine casts no forward input under bf16 or fp16, and under ``fp16.auto_cast`` only the positional
+    ones, to half (``_cast_inputs_half``). zerobench's cast every floating-point argument to the training dtype, so
+    float labels (a regression's 1000.3 and 1001.7) reached the loss rounded to 1000 and 1002 in bf16, where
+    DeepSpeed's loss saw them whole; and ``auto_cast`` was read and ignored. Compared on DeepSpeed's own engine
+    where it runs here (fp16 needs a CPU with fp16 support)."""
+    from deepspeed.accelerator import get_accelerator
+
+    ds_runs = "bf16" in precision or get_accelerator().is_fp16_supported()
+    seen = run_distributed(input_dtypes, 1, precision, ds_runs, timeout=300)[0]
+    assert seen["zerobench"] == expected, seen
+    if ds_runs:
+        assert seen["deepspeed"] == expected, seen

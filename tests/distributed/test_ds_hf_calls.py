@@ -51,10 +51,11 @@ def _run(rank: int, world: int, stage: int, precision: str, gather: bool | None,
         "bf16": {"enabled": precision == "bf16"},
     }
     engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=config)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # DeepSpeed's engine casts no inputs
     norms, ref_norms = [], []
     for step in range(3):
         x = _batch(step)
-        engine.backward(engine(x[rank * 4 : (rank + 1) * 4]).float().pow(2).mean())
+        engine.backward(engine(x[rank * 4 : (rank + 1) * 4].to(dtype)).float().pow(2).mean())
         engine.step()
         norms.append(engine.get_global_grad_norm())
         ref(x).pow(2).mean().backward()
@@ -62,7 +63,7 @@ def _run(rank: int, world: int, stage: int, precision: str, gather: bool | None,
         ref_opt.step()
         ref_opt.zero_grad()
     x = _batch(3)  # a window the user clips: the reported norm is the one measured before the clip
-    engine.backward(engine(x[rank * 4 : (rank + 1) * 4]).float().pow(2).mean())
+    engine.backward(engine(x[rank * 4 : (rank + 1) * 4].to(dtype)).float().pow(2).mean())
     before_clip = engine.clip_grad_norm_(1e-2).item()
     engine.clip_grad_norm_(1e-3)  # a second clip: the window's norm is still the first one measured
     engine.step()

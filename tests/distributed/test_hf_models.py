@@ -108,8 +108,8 @@ def test_stage3_model_saved_for_from_pretrained(kind, tmp_path):
 
 @pytest.mark.slow
 def test_bf16_encoder_outputs_given_as_a_model_output_are_cast():
-    """The forward-input cast reaches a ``ModelOutput`` argument in both its views: T5's decoder reads
-    ``encoder_outputs[0]``, which must be bf16 like the weights it meets."""
+    """``apply_zero``'s forward-input cast (FSDP's) reaches a ``ModelOutput`` argument in both its views: T5's decoder
+    reads ``encoder_outputs[0]``, which must be bf16 like the weights it meets."""
     for r in run_distributed(run_encoder_outputs_bf16, 2, timeout=200):
         assert "error" not in r, r["error"]
         assert r["logits"] == "torch.bfloat16" and r["applied"] and 0 < r["loss"] < 20, r

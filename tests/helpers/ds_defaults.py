@@ -101,3 +101,43 @@ def loss_scales(rank: int, world: int, stage: int, fp16: dict, overflow: list[bo
             skipped.append(int(engine.skipped_steps))
         out[name] = {"scales": scales, "skipped": skipped, "raised": raised}
     return out
+
+
+class _Probe(torch.nn.Module):
+    """A regression head that records the dtypes its forward receives: ``x`` positionally, ``labels`` by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 1)
+        self.seen: list[tuple[str, str]] = []
+
+    def forward(self, x, labels):
+        self.seen.append((str(x.dtype), str(labels.dtype)))
+        out = self.lin(x.to(self.lin.weight.dtype)).float().squeeze(-1)
+        return (out - labels.float()).pow(2).mean()
+
+
+def input_dtypes(rank: int, world: int, precision: dict, deepspeed_too: bool) -> dict:
+    """The dtypes a model's forward receives from zerobench's engine (and DeepSpeed's, where ``deepspeed_too``) for
+    fp32 ``x`` (positional) and fp32 ``labels`` (keyword) under ``precision`` (the config's ``bf16``/``fp16``
+    sections)."""
+    import deepspeed
+
+    from zerobench.zero import initialize
+
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    config = {**_config(1, lr=1e-3), **precision}
+    x, labels = torch.randn(MICRO, 4), torch.tensor([1000.3, 1001.7])  # bf16 would round them to 1000 and 1002
+    out = {}
+    for name in ("zerobench", "deepspeed") if deepspeed_too else ("zerobench",):
+        model = _Probe()
+        if name == "zerobench":
+            engine = initialize(model=model, model_parameters=model.parameters(), config=copy.deepcopy(config))[0]
+        else:
+            engine = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(), config=copy.deepcopy(config), dist_init_required=False
+            )[0]
+        engine(x, labels=labels)
+        out[name] = engine.module.seen[-1]
+    return out

@@ -243,12 +243,14 @@ def run_export(rank: int, world: int, kind: str, root: str) -> dict:
 
 def run_encoder_outputs_bf16(rank: int, world: int) -> dict:
     """A tiny T5 trained under bf16 from encoder features computed elsewhere in fp32, passed as
-    ``encoder_outputs=BaseModelOutput(...)`` (its decoder reads ``encoder_outputs[0]``): one step's loss and
-    logits' dtype, or the error."""
+    ``encoder_outputs=BaseModelOutput(...)`` (its decoder reads ``encoder_outputs[0]``), by ``apply_zero``'s
+    engine, which casts every floating-point argument as FSDP does (DeepSpeed's ``initialize`` casts none, as
+    DeepSpeed's engine): one step's loss and logits' dtype, or the error."""
     import transformers
     from transformers.modeling_outputs import BaseModelOutput
 
-    from zerobench.zero import initialize
+    from tests.helpers.ds import ds_apply_zero
+    from zerobench.zero import AdamWConfig, ZeroConfig
 
     cfg = transformers.T5Config(
         vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, dropout_rate=0.0,
@@ -256,8 +258,10 @@ def run_encoder_outputs_bf16(rank: int, world: int) -> dict:
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(cfg)
-    config = {**ds_config(2, world), "bf16": {"enabled": True}}
-    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=config)
+    adamw = AdamWConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    # the encoder gets no gradient: its outputs are given (DeepSpeed's initialize allows that by default)
+    zc = ZeroConfig(stage=2, precision="bf16", optimizer=adamw, find_unused_parameters=True)
+    engine = ds_apply_zero(model, None, zc, micro_batch=GLOBAL_BATCH // world)
     g = torch.Generator().manual_seed(rank)
     feats = BaseModelOutput(last_hidden_state=torch.randn(GLOBAL_BATCH // world, 5, 32, generator=g))
     labels = torch.randint(0, 64, (GLOBAL_BATCH // world, 4), generator=g)

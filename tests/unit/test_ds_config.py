@@ -9,7 +9,7 @@ import pytest
 
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.config import batch_sizes, from_deepspeed
-from zerobench.zero.config import LossScaleRule, Precision
+from zerobench.zero.config import LossScaleRule, Precision, ZeroConfig
 from zerobench.zero.optim.loss_scale import DynamicLossScaler
 
 ZERO2_BF16 = {
@@ -386,3 +386,25 @@ def test_bf16_is_read_as_deepspeed_reads_it_and_legacy_fusion_is_listed():
     assert both.zero.precision is Precision.FP32 and "bfloat16" in both.ignored
     assert from_deepspeed({**base, "bfloat16": {"enabled": True}}, dp=1).zero.precision is Precision.BF16
     assert "optimizer.legacy_fusion" in both.ignored
+
+
+def test_forward_inputs_are_cast_as_deepspeed_casts_them():
+    """DeepSpeed's engine casts no forward input, except under ``fp16.auto_cast``, which casts the positional ones to
+    half; the key is read, not listed as ignored. ``apply_zero``'s own default casts every floating-point argument,
+    as FSDP does, and an unknown mode is refused in one line."""
+    base = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    cases = {
+        "none": [base, {**base, "bf16": {"enabled": True}}, {**base, "fp16": {"enabled": True}}],
+        "positional": [
+            {**base, "fp16": {"enabled": True, "auto_cast": True}},
+            {**base, "fp16": {"enabled": True, "auto_cast": True, "loss_scale": 128}},
+        ],
+    }
+    for want, configs in cases.items():
+        for cfg in configs:
+            ds = from_deepspeed(cfg, dp=1)
+            assert ds.zero.cast_forward_inputs == want, cfg
+            assert not any("auto_cast" in k for k in ds.ignored), ds.ignored
+    assert ZeroConfig().cast_forward_inputs == "all"
+    with pytest.raises(ConfigError, match="unknown cast_forward_inputs 'some': choose all, positional or none"):
+        ZeroConfig(cast_forward_inputs="some").validate()

@@ -3,9 +3,11 @@
 Under ``Precision.BF16``/``FP16`` the parameters are bf16/fp16, so a model fed fp32 inputs (features, images, a
 mask) would fail in its first ``F.linear``. A forward pre-hook on the model given to ``apply_zero`` casts every
 floating-point tensor among its positional and keyword arguments (inside tuples, lists, dicts and dataclasses too)
-to the training dtype, as FSDP's mixed precision does by default (``cast_forward_inputs``); integer tensors (token
-ids, labels) and other values pass as they are. Submodules called on their own (stage 3's ``model.encoder(x)``)
-are not cast: cast their inputs yourself.
+to the training dtype, as FSDP's mixed precision does by default (``ZeroConfig.cast_forward_inputs="all"``);
+integer tensors (token ids, labels) and other values pass as they are. Float labels are cast too, as FSDP casts
+them. The DeepSpeed-style ``initialize`` casts nothing, as DeepSpeed's engine (``"none"``), or, with
+``fp16.auto_cast``, the positional arguments only (``"positional"``). Submodules called on their own (stage 3's
+``model.encoder(x)``) are not cast: cast their inputs yourself.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ def cast_floats(value, dtype: torch.dtype):
     return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, value)
 
 
-def cast_forward_inputs(model: nn.Module, dtype: torch.dtype) -> RemovableHandle | None:
-    """Cast ``model``'s floating-point forward inputs to ``dtype`` (None, and no hook, for float32 training)."""
-    if dtype is torch.float32:
+def cast_forward_inputs(model: nn.Module, dtype: torch.dtype, which: str = "all") -> RemovableHandle | None:
+    """Cast ``model``'s floating-point forward inputs to ``dtype``: ``which`` is "all" (positional and keyword),
+    "positional" or "none" (None, and no hook, for "none" and for float32 training)."""
+    if dtype is torch.float32 or which == "none":
         return None
 
     def hook(_module, args, kwargs):
-        return cast_floats(args, dtype), cast_floats(kwargs, dtype)
+        return cast_floats(args, dtype), (cast_floats(kwargs, dtype) if which == "all" else kwargs)
 
     return model.register_forward_pre_hook(eager(hook), with_kwargs=True)

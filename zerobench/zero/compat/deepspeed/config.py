@@ -25,7 +25,7 @@ from pathlib import Path
 
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
-from zerobench.zero.compat.deepspeed.precision import read_precision, skips_nonfinite, stage0_loss_scale
+from zerobench.zero.compat.deepspeed.precision import input_cast, read_precision, skips_nonfinite, stage0_loss_scale
 from zerobench.zero.compat.deepspeed.values import flag, is_num, known, num, section
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 
@@ -372,6 +372,7 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
         clip_grad_norm=_clipping(cfg),
         optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg, ignored),
         loss_scale=loss_scale,
+        cast_forward_inputs=input_cast(cfg, precision),
         **zero_keys,
     )
     zero.validate()

@@ -59,9 +59,8 @@ def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleC
             "DeepSpeed config fp16.fp16_master_weights_and_grads: not supported (zerobench keeps fp32 master weights)"
         )
     if static:  # as DeepSpeed's ZeRO optimizers: an overflowing step is still skipped; the scale never moves
-        ignored += [f"fp16.{k}" for k in fp16 if k in _DYNAMIC_KEYS | {"auto_cast"}]
+        ignored += [f"fp16.{k}" for k in fp16 if k in _DYNAMIC_KEYS]
         return Precision.FP16, LossScaleConfig(init_scale=static, rule=LossScaleRule.STATIC)
-    ignored += [f"fp16.{k}" for k in fp16 if k == "auto_cast"]
     return Precision.FP16, _dynamic(fp16)
 
 
@@ -110,3 +109,10 @@ def skips_nonfinite(cfg: dict, precision: Precision, stage: int) -> bool:
     if stage in (1, 2):
         return flag(section(cfg, "bf16") or section(cfg, "bfloat16"), "check_grad_overflow", True, "bf16")
     return True
+
+
+def input_cast(cfg: dict, precision: Precision) -> str:
+    """Which forward arguments the engine casts (``ZeroConfig.cast_forward_inputs``), as DeepSpeed's engine does:
+    none, unless fp16 is on with ``fp16.auto_cast``, which casts the positional ones to half."""
+    on = precision is Precision.FP16 and flag(section(cfg, "fp16"), "auto_cast", False, "fp16")
+    return "positional" if on else "none"

@@ -67,6 +67,17 @@ def test_modifier_rank_values_win(ranks, stage, precision):
 
 
 @pytest.mark.parametrize("stage", STAGES)
+def test_a_state_dict_the_modifier_rank_alone_loads_reaches_every_master_exactly(ranks, stage):
+    """HF's ZeRO-3 loading (rank 0 alone loads, inside ``GatheredParameters(modifier_rank=0)``) under bf16, of a
+    fine-tune whose deltas (1e-5) bf16 mostly cannot hold: every rank ends with the engine built from the loaded
+    model, master and parameters, before and after training. Before, the other ranks' master shards took the bf16
+    broadcast: rounded values, and the old ones wherever the rounding did not change."""
+    for r in ranks:
+        res = r[f"modifier-s{stage}-load"]
+        assert all(res[k] == 0.0 for k in SAME), (stage, res)
+
+
+@pytest.mark.parametrize("stage", STAGES)
 def test_gathered_parameters_of_frozen_ones_alone_reach_every_rank(ranks, stage):
     """``GatheredParameters(frozen_params, modifier_rank=r)`` found no engine for a frozen parameter and did nothing:
     rank r's pretrained weights stayed on rank r (a helper's review), where DeepSpeed, which partitions frozen

@@ -119,6 +119,7 @@ def _modifier_cases(rank: int, world: int, group: Group) -> dict:
             frozen = _max_diff(_frozen(engine), {n: values[n] for n in _frozen(engine)})
             res = _same_as(engine, engine_for(copy.deepcopy(target), group, stage, **kw), rank, world)
             out[f"modifier-s{stage}-{prec.value}"] = {**res, "frozen": frozen}
+        out[f"modifier-s{stage}-load"] = _modifier_load(start, group, stage, rank, world, src)
         out[f"modifier-s{stage}-frozen-only"] = _frozen_only(start, values, group, stage, rank, src)
         try:
             engine_for(copy.deepcopy(start), group, stage).gathered_params(modifier_rank=world)
@@ -131,6 +132,22 @@ def _modifier_cases(rank: int, world: int, group: Group) -> dict:
         except Exception as e:  # noqa: BLE001 - the message is the result
             out[f"modifier-s{stage}-discard"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def _modifier_load(start, group, stage: int, rank: int, world: int, src: int) -> dict:
+    """HF's ZeRO-3 loading under bf16: inside ``GatheredParameters(modifier_rank=src)`` rank ``src`` alone loads a
+    state dict (a fine-tune of ``start``: deltas of 1e-5, below bf16's resolution at most elements). Every rank's
+    master must then hold the state dict exactly, as the engine built from the loaded model does; the bf16 broadcast
+    alone gave the other ranks' shards the rounded values, or none where the rounding did not change."""
+    g = torch.Generator().manual_seed(3)
+    sd = {k: v + 1e-5 * torch.randn(v.shape, generator=g) for k, v in start.state_dict().items()}
+    loaded = copy.deepcopy(start)
+    loaded.load_state_dict(sd)
+    engine = engine_for(copy.deepcopy(start), group, stage, precision=Precision.BF16)
+    with GatheredParameters(list(engine.module.parameters()), modifier_rank=src):
+        if rank == src:
+            engine.module.load_state_dict(sd)
+    return _same_as(engine, engine_for(loaded, group, stage, precision=Precision.BF16), rank, world)
 
 
 def _frozen_only(start, values: dict, group, stage: int, rank: int, src: int) -> dict:

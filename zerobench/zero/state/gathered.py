@@ -12,7 +12,10 @@ as FSDP's ``summon_full_params(writeback=True)`` keeps them:
   otherwise each replica takes the owner's values at the next step's all-gather;
 - ``modifier_rank=r`` first broadcasts DP rank ``r``'s values of every parameter (frozen ones too) to the
   group, as DeepSpeed's ``GatheredParameters(modifier_rank=r)``: the other ranks' changes are dropped and
-  every rank keeps rank ``r``'s. It is a collective at every stage;
+  every rank keeps rank ``r``'s. It is a collective at every stage. Values rank ``r`` loaded with
+  ``load_state_dict`` inside (HF's ZeRO-3 loading: rank 0 alone loads) are then sent at full precision and
+  written into every rank's master, as a load on every rank writes them: under bf16/fp16 the broadcast alone
+  would give the other ranks' masters the rounded values, and none where the rounded value did not change;
 - ``writeback=False`` discards the changes: stage 3 frees the gathered values; at stages 0-2, where the
   parameters are the replica itself, the replica (and the frozen parameters) are copied on entry and put back
   on exit.
@@ -38,11 +41,13 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 import torch
+import torch.distributed as dist
 
 from zerobench.config import ConfigError
 from zerobench.zero.protocols import Engine
 from zerobench.zero.registry import holder
 from zerobench.zero.replicas import broadcast_tensors
+from zerobench.zero.state.module_state import segments_by_param, write_segments
 from zerobench.zero.state.shards import segment_view
 
 
@@ -64,6 +69,8 @@ class GatheredParams:
                 "changes, writeback=False discards them: pass one of the two"
             )
         self.engine, self.writeback, self.modifier_rank = engine, writeback, modifier_rank
+        self.loaded: dict[int, torch.Tensor] = {}
+        """Parameter index -> the full value ``load_state_dict`` loaded into it inside (``modifier_rank`` only)."""
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._nested = False
 
@@ -95,11 +102,14 @@ class GatheredParams:
                 for t, copy in self._saved:
                     t.copy_(copy)
             elif self.writeback:
-                if self.modifier_rank is not None and e.group.size > 1:
+                shared = self.modifier_rank is not None and e.group.size > 1
+                if shared:
                     self._broadcast(exc_type is not None)
                 write_back(e)
+                if shared:
+                    self._broadcast_loaded(exc_type is not None)
         finally:
-            self._saved = []
+            self._saved, self.loaded = [], {}
             if self in e._gathered_open:
                 e._gathered_open.remove(self)
             s = e.gatherer
@@ -113,6 +123,39 @@ class GatheredParams:
         raised, a broadcast that fails too (the group is broken) does not replace the body's exception."""
         try:
             broadcast_tensors(full_values(self.engine), self.engine.group, self.modifier_rank)
+        except Exception:
+            if not raised:
+                raise
+
+    def _broadcast_loaded(self, raised: bool) -> None:
+        """The values ``modifier_rank`` loaded inside, at full precision, into every rank's master (after
+        ``write_back``, which took only their rounding): which parameters, then each value. Every rank takes part,
+        also when the body raised, as in ``_broadcast``."""
+        e = self.engine
+        try:
+            pg = e.group.pg or dist.group.WORLD
+            src = dist.get_global_rank(pg, self.modifier_rank)
+            dev = full_values(e)[0].device
+            mine = sorted(self.loaded) if e.group.rank == self.modifier_rank else []
+            count = torch.tensor([len(mine)], dtype=torch.int64, device=dev)
+            dist.broadcast(count, src=src, group=pg)
+            if not int(count.item()):
+                return
+            which = (
+                torch.tensor(mine, dtype=torch.int64, device=dev)
+                if mine
+                else torch.empty(int(count.item()), dtype=torch.int64, device=dev)
+            )
+            dist.broadcast(which, src=src, group=pg)
+            segments = segments_by_param(e)
+            for i in which.tolist():
+                shape = e.zparams[i].slot.shape
+                if mine:
+                    value = self.loaded[i].to(device=dev, dtype=torch.float32).reshape(shape).contiguous()
+                else:
+                    value = torch.empty(shape, dtype=torch.float32, device=dev)
+                dist.broadcast(value, src=src, group=pg)
+                write_segments(e, segments.get(i, ()), value)
         except Exception:
             if not raised:
                 raise

@@ -12,7 +12,10 @@ pieces in this rank's shard into the master, at full precision, and into the par
 usual). Where the parameter is a placeholder, torch is handed a matching empty tensor, so keys, strict
 mode and ``missing_keys`` behave as they would without ZeRO, and a wrong shape gets torch's own message
 with the real shape. No collective: every rank loads its own copy of the state dict, as under DDP. The
-Adam moments and the step count are left alone, as ``torch.optim`` leaves them when a model is loaded.
+Adam moments and the step count are left alone, as ``torch.optim`` leaves them when a model is loaded. Inside
+``gathered_params(modifier_rank=r)`` (DeepSpeed's ``GatheredParameters``, HF's ZeRO-3 loading, where rank ``r``
+alone loads), the loaded values are also kept for that context's exit, which sends them to the other ranks'
+masters (``zero/state/gathered.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def _pre_hook(engine: Engine, owned: dict[str, int], segments: dict[int, list]):
             placeholder = zp.param.shape != zp.slot.shape
             if value.shape == zp.slot.shape:
                 write_segments(engine, segments.get(i, ()), value)
+                record_load(engine, i, value)
             elif placeholder:  # torch would compare against the placeholder's shape: say it with the real one
                 error_msgs.append(
                     f"size mismatch for {key}: copying a param with shape {value.shape} from "
@@ -69,6 +73,16 @@ def _pre_hook(engine: Engine, owned: dict[str, int], segments: dict[int, list]):
                 state_dict[key] = torch.empty(0, dtype=zp.param.dtype)
 
     return hook
+
+
+def record_load(engine: Engine, index: int, value: torch.Tensor) -> None:
+    """Inside a ``gathered_params(modifier_rank=r)`` context, keep the full value loaded into parameter ``index``:
+    the hook writes only this rank's segments of the master, and the context's exit sends rank ``r``'s loaded
+    values to the others at full precision (their masters would otherwise take only the low-precision broadcast)."""
+    for ctx in reversed(engine._gathered_open):
+        if ctx.modifier_rank is not None:
+            ctx.loaded[index] = value.detach()
+            return
 
 
 def segments_by_param(engine: Engine) -> dict[int, list]:

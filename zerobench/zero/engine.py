@@ -115,10 +115,7 @@ class ZeroEngine:
             config, self.placement, st.master, decay, group, self.allocator, spans if groups.explicit else None
         )
         self.optimizer = ZeroOptimizer(self, groups.groups, config.optimizer)
-        self._model_hooks = (
-            install_load_hooks(self),
-            cast_forward_inputs(model, self.param_dtype, config.cast_forward_inputs),
-        )
+        self._model_hooks = (install_load_hooks(self), cast_forward_inputs(model, config))
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self._wire_backward(model, st, group, device)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from zerobench.zero.config import ZeroConfig
 from zerobench.zero.interop.containers import map_tensors
 from zerobench.zero.interop.tooling import eager
 
@@ -26,9 +27,11 @@ def cast_floats(value, dtype: torch.dtype):
     return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, value)
 
 
-def cast_forward_inputs(model: nn.Module, dtype: torch.dtype, which: str = "all") -> RemovableHandle | None:
-    """Cast ``model``'s floating-point forward inputs to ``dtype``: ``which`` is "all" (positional and keyword),
-    "positional" or "none" (None, and no hook, for "none" and for float32 training)."""
+def cast_forward_inputs(model: nn.Module, config: ZeroConfig) -> RemovableHandle | None:
+    """Cast ``model``'s floating-point forward inputs to ``config``'s training dtype, those its
+    ``cast_forward_inputs`` names: "all" (positional and keyword), "positional" or "none" (None, and no hook, for
+    "none" and for float32 training)."""
+    dtype, which = config.precision.param_dtype, config.cast_forward_inputs
     if dtype is torch.float32 or which == "none":
         return None
 

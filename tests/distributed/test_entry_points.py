@@ -93,6 +93,11 @@ def refused(request):
             "ConfigError",
             "the trained parameters mix dtypes ('0.weight' is float32, '1.weight' bfloat16)",
         ),
+        (
+            "half_model_fp32_precision",
+            "ConfigError",
+            "the trained parameters are bfloat16 ('1.weight') but the precision is fp32",
+        ),
         ("sparse_functional", "RuntimeError", "sparse_coo gradient"),
         ("frozen_after", "UnusedParametersError", "frozen (requires_grad=False) after apply_zero"),
         (

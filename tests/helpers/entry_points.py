@@ -135,6 +135,11 @@ def refusals(rank: int, world: int, stage: int) -> dict:
     def mixed_dtypes():  # a bf16 layer in fp32 training: it would become fp32 under its forward
         ds_apply_zero(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1).bfloat16()), None, cfg)
 
+    def half_model_fp32_precision():  # from_pretrained(torch_dtype=bf16), no precision: fp32 copies beside bf16 ones
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)).bfloat16()
+        model[0].requires_grad_(False)
+        ds_apply_zero(model, None, cfg)
+
     def sparse_functional():
         class Lookup(nn.Module):
             def __init__(self):
@@ -274,6 +279,7 @@ def refusals(rank: int, world: int, stage: int) -> dict:
         "sparse": sparse,
         "float64": float64,
         "mixed_dtypes": mixed_dtypes,
+        "half_model_fp32_precision": half_model_fp32_precision,
         "sparse_functional": sparse_functional,
         "frozen_after": frozen_after,
         "frozen_after_unused_allowed": frozen_after_unused_allowed,

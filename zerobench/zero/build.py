@@ -107,7 +107,9 @@ def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]], 
     (``nn.Embedding(sparse=True)``), dtypes other than fp32/bf16/fp16 (float64 would be cast down silently),
     parameters on several devices, and, in fp32 training, a model that mixes dtypes: its bf16/fp16 layers would
     silently become fp32 and meet the activations its forward casts for them (bf16/fp16 training casts every
-    parameter). (The meta device is fine: dry runs and the simulator build the engine there.)"""
+    parameter); or one whose trained parameters are all bf16/fp16 (``from_pretrained(torch_dtype=torch.bfloat16)``
+    with a config that names no precision): they would silently train as fp32 copies, at twice the memory, beside
+    frozen parameters and buffers left in bf16/fp16. (The meta device is fine: dry runs and the simulator build the engine there.)"""
     trained = {id(p): n for n, p in named}
     for mname, mod in model.named_modules():
         if getattr(mod, "sparse", False) is True and id(getattr(mod, "weight", None)) in trained:
@@ -125,6 +127,15 @@ def refuse_unsupported(model: nn.Module, named: list[tuple[str, nn.Parameter]], 
             )
         devices.setdefault(p.device, n)
         dtypes.setdefault(p.dtype, n)
+    if dtype == torch.float32 and dtypes and torch.float32 not in dtypes:
+        (t0, n0), *_ = dtypes.items()
+        half = str(t0).removeprefix("torch.")
+        raise ConfigError(
+            f"the trained parameters are {half} ({n0!r}) but the precision is fp32, which would train them as "
+            f"float32 copies beside {half} frozen ones and buffers: train in {half} (ZeroConfig.precision; a "
+            f"DeepSpeed config's {'bf16' if t0 == torch.bfloat16 else 'fp16'} section) or convert the model "
+            "first (model.float())"
+        )
     if dtype == torch.float32 and len(dtypes) > 1:
         (t0, n0), (t1, n1) = sorted(dtypes.items(), key=lambda tn: tn[0] != torch.float32)[:2]
         raise ConfigError(

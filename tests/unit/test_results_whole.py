@@ -107,3 +107,71 @@ def test_maxsize_repeats_may_share_an_out_that_holds_only_searches(tmp_path):
     (tmp_path / "sweep-plan.json").write_text("[]")
     with pytest.raises(ConfigError, match="is in the sweep"):
         _check_search_dir(tmp_path / "new", None)
+
+
+def _two_row_table(tmp_path: Path) -> Path:
+    """The published table cut to the V100 calibration row and one held-out row (a few seconds to predict)."""
+    from zerobench.sim.published import TABLE
+
+    lines = TABLE.read_text().splitlines()
+    keep = [lines[0]] + [ln for ln in lines[1:] if ln.startswith(("meg19-1.2b-1gpu,", "meg19-1.2b-tp2,"))]
+    table = tmp_path / "t.csv"
+    table.write_text("\n".join(keep) + "\n")
+    return table
+
+
+def test_an_interrupted_simulate_out_leaves_no_rows_that_read_as_whole(tmp_path, monkeypatch):
+    """``simulate --validate-published --out`` (as ``--paper`` and ``--validate``) wrote its rows one at a time into
+    ``rows.jsonl``: stopped at the third row, two ``ok`` rows stayed and read as the whole result, and the next run
+    into the directory was refused. Its rows now appear all at once, or none do, and the rerun writes them whole."""
+    from zerobench.cli import main
+    from zerobench.results.rows import RowWriter
+
+    table, out = _two_row_table(tmp_path), tmp_path / "out"
+    real, calls = RowWriter.write, []
+
+    def stopped(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(RowWriter, "write", stopped)
+    assert main(["simulate", "--validate-published", str(table), "--out", str(out)]) == 130  # Ctrl-C's status
+    assert read_rows(out) == []
+    monkeypatch.setattr(RowWriter, "write", real)
+    assert main(["simulate", "--validate-published", str(table), "--out", str(out)]) == 0
+    got = [r for r in read_rows(out) if r["metric"] == "sim_published_ratio"]
+    assert {r["row_id"] for r in got} == {"meg19-1.2b-1gpu", "meg19-1.2b-tp2"}
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["profile", "--suite", "cpu/sim_validation"],
+        ["simulate", "--paper"],
+        ["simulate", "--validate-published"],
+    ],
+    ids=["profile", "paper", "published"],
+)
+def test_a_second_writer_into_one_out_is_refused_before_any_work(cmd, tmp_path, capsys):
+    """``profile`` and ``simulate --out`` took no lock on ``--out``: two profiles into one directory both staged
+    their rows in its one partial file, and the last to finish kept part of its own rows, with both reporting
+    success. Each now holds the directory's lock, as ``sweep`` and ``train`` do, and a second is refused in one
+    line naming the first."""
+    from zerobench.results.lock import claim
+
+    out = tmp_path / "out"
+    with claim(out):
+        code, err = run([*cmd, "--out", str(out)], capsys)
+    assert code == 2 and f"--out {out} is in use by another zerobench" in err, err
+    assert not (out / "rows.jsonl").exists()
+
+
+def test_a_profile_s_partial_rows_file_is_refused_by_name(tmp_path, capsys):
+    """The staged part of a profile stopped while writing (``.rows.jsonl.partial``), given to ``--profile`` as a
+    file, was read as a profile and crashed with a ``KeyError`` traceback."""
+    partial = tmp_path / ".rows.jsonl.partial"
+    partial.write_text(json.dumps({"metric": "profile_op_s", "value": 1.0}) + "\n")
+    code, err = run(["simulate", "--profile", str(partial), "--suite", "cpu/ci"], capsys)
+    assert code == 2 and "the part of a profile's rows written before it stopped" in err and "Traceback" not in err

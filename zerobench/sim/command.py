@@ -4,6 +4,7 @@ profile, and check the predictions against measured runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -86,6 +87,11 @@ def _load_profile(path: str, software: str = "zerobench"):
         raise ConfigError(
             f"--profile {path}: neither a profile's results (`zerobench profile --out DIR`) nor a stated device "
             f"({', '.join(DEVICES)})"
+        )
+    if Path(path).name == partial_path(Path(ROWS_FILE)).name:
+        raise ConfigError(
+            f"--profile {path}: the part of a profile's rows written before it stopped, never read: run "
+            "`zerobench profile` again into a new directory"
         )
     rows = read_rows(path)
     if Path(path).is_dir() and not any(r.get("metric", "").startswith("profile_") for r in rows):
@@ -177,20 +183,36 @@ def _paper(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--paper predicts the paper's V100 cluster: give --profile v100-dgx2 (or leave it out), not {device!r}"
         )
-    if args.out:
-        from zerobench.results.outdir import check_fresh_run_dir
-
-        check_fresh_run_dir(Path(args.out))
-    out = predict_paper(device, progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
-    if args.out:
-        from zerobench.results.rows import RowWriter
-
-        w = RowWriter(args.out, "sim-paper", {"device": out["device"], "chosen_convention": out["chosen"]})
-        for row in paper_rows(out):
-            metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
-            w.write(metric, value, unit, **row)
+    with _result_dir(args.out) as write:
+        out = predict_paper(device, progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+        write("sim-paper", {"device": out["device"], "chosen_convention": out["chosen"]}, paper_rows(out))
     print(json.dumps(out, indent=1, default=float) if args.json else format_paper(out))
     return 0
+
+
+@contextlib.contextmanager
+def _result_dir(out: str | None):
+    """``--out``, claimed for this process (``results.lock.claim``) and checked to hold no result yet, for the
+    block; it yields ``write(run_id, config, rows)``, which writes the rows all at once or not at all
+    (``written_whole``: an interrupted write leaves none that read as a whole result). Without ``--out``,
+    ``write`` does nothing."""
+    if not out:
+        yield lambda *_: None
+        return
+    from zerobench.results.lock import claim
+    from zerobench.results.outdir import check_fresh_run_dir
+    from zerobench.results.rows import RowWriter, written_whole
+
+    def write(run_id: str, config: dict, rows: list[dict]) -> None:
+        w = RowWriter(out, run_id, config)
+        with written_whole(w):
+            for row in rows:
+                metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
+                w.write(metric, value, unit, **row)
+
+    with claim(out):
+        check_fresh_run_dir(Path(out))
+        yield write
 
 
 def _published(args: argparse.Namespace) -> int:
@@ -216,18 +238,9 @@ def _published(args: argparse.Namespace) -> int:
         raise ConfigError(f"--validate-published {path}: not a CSV table (not UTF-8 text)") from None
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if args.out:
-        from zerobench.results.outdir import check_fresh_run_dir
-
-        check_fresh_run_dir(Path(args.out))
-    out = predict(rows)
-    if args.out:
-        from zerobench.results.rows import RowWriter
-
-        w = RowWriter(args.out, "sim-published", _table_identity(Path(path), data))
-        for row in published_rows(out):
-            metric, value, unit = row.pop("metric"), row.pop("value"), row.pop("unit")
-            w.write(metric, value, unit, **row)
+    with _result_dir(args.out) as write:
+        out = predict(rows)
+        write("sim-published", _table_identity(Path(path), data), published_rows(out))
     if args.json:
         print(json.dumps(published_rows(out), indent=1, default=float))
     else:

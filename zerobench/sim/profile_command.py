@@ -29,6 +29,18 @@ def _plant():
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    from zerobench.results.lock import claim
+
+    threshold, limit = getattr(args, "max_spread", None), getattr(args, "time_limit", None)
+    if threshold is not None and not 0 < threshold < 1:
+        raise ConfigError(f"--max-spread {threshold}: give a fraction between 0 and 1, e.g. 0.05 (±5%)")
+    if limit is not None and limit < 0:
+        raise ConfigError(f"--time-limit {limit}: give seconds >= 0 (0: the two passes every profile takes)")
+    with claim(args.out):  # one writer at a time: two profiles into one --out would each stage over the other's rows
+        return _run_profile(args)
+
+
+def _run_profile(args: argparse.Namespace) -> int:
     import dataclasses
 
     import torch
@@ -42,10 +54,6 @@ def run_profile(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     threshold, limit = getattr(args, "max_spread", None), getattr(args, "time_limit", None)
-    if threshold is not None and not 0 < threshold < 1:
-        raise ConfigError(f"--max-spread {threshold}: give a fraction between 0 and 1, e.g. 0.05 (±5%)")
-    if limit is not None and limit < 0:
-        raise ConfigError(f"--time-limit {limit}: give seconds >= 0 (0: the two passes every profile takes)")
     check_fresh_run_dir(out)
     cores = usable_cpus()
     configs = [cfg for _, cfg in _configs(args.suite)]

@@ -304,13 +304,18 @@ def write_rows(out_dir, records: list[dict], prof: Profile, measured: str) -> No
     (``sim_predicted_step_time_s``) and predicted ÷ measured (``sim_step_time_ratio``), each with the run,
     its axes, the profile's device and, where the profile carries spreads, the interval and whether the
     measured step is inside it; the report draws them."""
-    from zerobench.results.rows import RowWriter
+    from zerobench.results.rows import RowWriter, written_whole
 
     w = RowWriter(
         out_dir,
         "sim-validation",
         {"profile_device": prof.device, "interference": prof.interference, "measured": str(measured)},
     )
+    with written_whole(w):  # an interrupted write leaves no rows that read as the whole validation
+        _write_records(w, records, prof)
+
+
+def _write_records(w, records: list[dict], prof: Profile) -> None:
     for r in records:
         keys = {
             "measured_run": r["run_id"],

@@ -29,11 +29,13 @@ def run_validate(args: argparse.Namespace, prof) -> int:
             )
         recs = validate(rows, prof)
         if args.out:
+            from zerobench.results.lock import claim
             from zerobench.results.outdir import check_fresh_run_dir
             from zerobench.sim.validate import write_rows
 
-            check_fresh_run_dir(Path(args.out))
-            write_rows(args.out, recs, prof, args.validate)
+            with claim(args.out):
+                check_fresh_run_dir(Path(args.out))
+                write_rows(args.out, recs, prof, args.validate)
     except (KeyError, ValueError) as e:
         raise ConfigError(str(e.args[0])) from None
     summary, memory = summarize(recs), summarize(recs, "memory_ratio")

@@ -168,6 +168,18 @@ def test_a_whole_total_written_as_a_float_is_taken_as_deepspeed_takes_it(name):
         assert as_float.get_last_lr() == as_int.get_last_lr()
 
 
+@pytest.mark.parametrize("key", ["cycle_max_mom", "cycle_min_mom"])
+def test_onecycle_momentum_of_one_or_more_is_refused_when_built(key):
+    """A momentum of 1 was accepted and failed a cycle later (step 100 at step size 50; 4000 at DeepSpeed's 2000),
+    with a message blaming ``decay_mom_rate`` when that was 0. Adam needs beta1 in [0, 1): it is refused at once,
+    naming the key. Without momentum cycling the keys are not used and pass."""
+    kw = dict(cycle_min_lr=0.1, cycle_max_lr=1.0, cycle_first_step_size=50, **{key: 1.0})
+    with pytest.raises(ConfigError) as e:
+        DEEPSPEED["OneCycle"](_optimizer(), **kw)
+    assert f"OneCycle: {key} 1.0 is beta1" in str(e.value) and "\n" not in str(e.value)
+    DEEPSPEED["OneCycle"](_optimizer(), cycle_momentum=False, **kw)
+
+
 def test_onecycle_momentum_decay_past_one_is_refused_at_the_batch_naming_it():
     """DeepSpeed's OneCycle multiplies beta1 up after the cycle and trains on with beta1 above 1; the batch that
     would write it is one line naming decay_mom_rate, and the betas written before it stay."""

@@ -296,6 +296,15 @@ class OneCycle(BatchSchedule):
         self.skip_mom_decay = no_decay or math.isclose(decay_mom_rate, 0)
         self.min_moms = [(m, 0.99) for m in _per_group(optimizer, cycle_min_mom, "cycle_min_mom")]
         self.max_moms = [(m, 0.99) for m in _per_group(optimizer, cycle_max_mom, "cycle_max_mom")]
+        if self.cycle_momentum:  # beta1 runs between them: Adam needs it in [0, 1) (at 1 its bias correction is 0/0)
+            for key, moms in (("cycle_min_mom", self.min_moms), ("cycle_max_mom", self.max_moms)):
+                bad = next((m for m, _ in moms if not 0 <= m < 1), None)
+                if bad is not None:
+                    raise ConfigError(
+                        f"scheduler OneCycle: {key} {bad} is beta1 at the cycle's "
+                        f"{'top' if key == 'cycle_min_mom' else 'bottom'} of the learning rate, and Adam needs it "
+                        "in [0, 1): give a momentum below 1 (DeepSpeed's defaults are 0.8 and 0.9)"
+                    )
         if last_batch_iteration == -1:  # the cycle's bottom: the least learning rate, the least momentum
             for group, lr, mom in zip(optimizer.param_groups, self.min_lrs, self.min_moms):
                 group["lr"] = lr

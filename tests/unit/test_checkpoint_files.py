@@ -466,3 +466,24 @@ def test_a_save_inside_an_accumulation_window_is_refused(tmp_path):
     b = engine(grad_accum_steps=2)
     load_sharded(b, tmp_path / "c")
     assert all(torch.equal(x, full_parameters(e)[k]) for k, x in full_parameters(b).items())
+
+
+def test_a_first_save_stopped_before_naming_its_tag_is_not_taken_for_no_checkpoint(tmp_path):
+    """A first ``save_checkpoint`` killed after its commit and before writing ``latest`` left a whole checkpoint and
+    no ``latest``: ``load_checkpoint`` warned "no checkpoint to load" and returned (None, None), so a resume loop
+    trained afresh beside it. It is refused in one line naming the checkpoints and how to load one; a directory
+    with none (or only a save that never committed) still loads nothing, with DeepSpeed's warning."""
+    a = engine()
+    step(a)
+    a.save_checkpoint(tmp_path, tag="first")
+    (tmp_path / "latest").unlink()
+    with pytest.raises(CheckpointMismatch) as e:
+        engine().load_checkpoint(tmp_path)
+    msg = str(e.value)
+    assert "holds whole checkpoint(s) 'first' but no latest" in msg and "tag='first'" in msg and "\n" not in msg
+    b = engine()
+    b.load_checkpoint(tmp_path, tag="first")
+    assert all(torch.equal(x, full_parameters(a)[k]) for k, x in full_parameters(b).items())
+    (tmp_path / "first" / MANIFEST).unlink()  # not a whole checkpoint: nothing to take it for
+    with pytest.warns(UserWarning, match="no checkpoint to load"):
+        assert engine().load_checkpoint(tmp_path) == (None, None)

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -487,3 +488,20 @@ def test_a_first_save_stopped_before_naming_its_tag_is_not_taken_for_no_checkpoi
     (tmp_path / "first" / MANIFEST).unlink()  # not a whole checkpoint: nothing to take it for
     with pytest.warns(UserWarning, match="no checkpoint to load"):
         assert engine().load_checkpoint(tmp_path) == (None, None)
+
+
+def test_the_staged_directories_are_flushed_before_the_commit_s_rename(tmp_path, monkeypatch):
+    """Each file of a save is flushed as it is written, but its directory entry lives in the staging directory: a
+    power loss after the commit's rename could leave a checkpoint whose files were never recorded, with the old one
+    already replaced. The staging directory (and each ``tp-*`` one) is flushed before the rename puts it in
+    place."""
+    import zerobench.zero.state.transaction as T
+
+    events = []
+    real_rename, real_fsync = os.rename, T.fsync_dir
+    monkeypatch.setattr(T, "fsync_dir", lambda d: (events.append(("fsync", Path(d).name)), real_fsync(d)))
+    monkeypatch.setattr(T.os, "rename", lambda a, b: (events.append(("rename", Path(a).name)), real_rename(a, b)))
+    save_sharded(engine(), tmp_path / "c")
+    renamed = next(i for i, (what, _) in enumerate(events) if what == "rename")
+    staged = events[renamed][1]
+    assert staged.startswith(".c") and ("fsync", staged) in events[:renamed], events

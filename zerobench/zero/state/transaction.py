@@ -190,6 +190,8 @@ def transaction(
     if first:
         try:
             write_json(staging / MANIFEST, manifest(staging, save_id))
+            for d in [*sorted(staging.glob("tp-*")), staging]:  # every file's entry on disk before the commit's rename
+                fsync_dir(d)
             _put_in_place(staging, path)
             _sweep_stale(path)
             if after_commit is not None:

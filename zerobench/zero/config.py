@@ -173,10 +173,6 @@ class ZeroConfig:
     """AdamW hyperparameters."""
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     """fp16 dynamic loss scaling."""
-    cast_forward_inputs: str = "all"
-    """Under bf16/fp16, which of the model's floating-point forward arguments are cast to the training dtype:
-    "all" (positional and keyword, FSDP's default), "positional" (DeepSpeed's ``fp16.auto_cast``) or "none"
-    (DeepSpeed's default: the caller passes tensors of the model's dtype)."""
 
     def __post_init__(self) -> None:
         """``precision="bf16"`` is ``Precision.BF16`` (an unknown name is left for ``validate`` to name)."""
@@ -200,10 +196,6 @@ class ZeroConfig:
             raise ConfigError(f"unknown optimizer offload {self.offload_optimizer!r}: choose none, cpu or nvme")
         if self.offload_param not in ("none", "cpu"):
             raise ConfigError(f"unknown parameter offload {self.offload_param!r}: choose none or cpu")
-        if self.cast_forward_inputs not in ("all", "positional", "none"):
-            raise ConfigError(
-                f"unknown cast_forward_inputs {self.cast_forward_inputs!r}: choose all, positional or none"
-            )
         if self.offload_optimizer != "none" and self.stage == 0:
             raise ConfigError("optimizer offload partitions the optimizer: use --stage 1, 2 or 3 with it")
         if self.offload_param != "none" and (self.stage != 3 or self.offload_optimizer == "none"):

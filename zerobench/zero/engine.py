@@ -72,6 +72,11 @@ class ZeroEngine:
     """Compute the global gradient norm at every step (``last_grad_norm``), not only when clipping needs it, as
     DeepSpeed's ZeRO, bf16 and fp16 optimizers do, which ``initialize`` sets from a DeepSpeed config (its
     ``get_global_grad_norm()``). Off, a step without clipping computes none (no extra collective)."""
+    cast_forward_inputs: str = "all"
+    """Under bf16/fp16, which of the model's floating-point forward arguments are cast to the training dtype, read
+    at every forward: "all" (positional and keyword, FSDP's default), "positional" (DeepSpeed's ``fp16.auto_cast``)
+    or "none" (DeepSpeed's default: the caller passes tensors of the model's dtype), which ``initialize`` sets from a
+    DeepSpeed config. An attribute, not a ``ZeroConfig`` field: it changes no step, and so no run's identity."""
     _norm_taken = False
     """``clip_grad_norm_`` measured this window's norm (before its clip): the step keeps that one."""
 
@@ -115,7 +120,7 @@ class ZeroEngine:
             config, self.placement, st.master, decay, group, self.allocator, spans if groups.explicit else None
         )
         self.optimizer = ZeroOptimizer(self, groups.groups, config.optimizer)
-        self._model_hooks = (install_load_hooks(self), cast_forward_inputs(model, config))
+        self._model_hooks = (install_load_hooks(self), cast_forward_inputs(model, self))
 
         # 5. Gradients: full buffer (stages 0-1) or partition + staging buckets (2-3), reduced by hooks.
         self._wire_backward(model, st, group, device)

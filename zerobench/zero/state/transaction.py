@@ -273,6 +273,15 @@ def _sweep_stale(path: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def whole_checkpoints(root: Path) -> list[str]:
+    """The names of the committed checkpoints in ``root`` (a directory holding its ``manifest.json``; staging and
+    set-aside copies are hidden), the newest last."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file()]
+    return [p.name for p in sorted(found, key=lambda p: (p / MANIFEST).stat().st_mtime)]
+
+
 def replaced_copy(path: Path) -> Path | None:
     """The previous checkpoint of ``path`` set aside by a replacement that stopped between its two renames."""
     return next(iter(sorted(path.parent.glob(f".{glob.escape(path.name)}.replaced-*"))), None)

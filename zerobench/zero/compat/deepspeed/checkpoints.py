@@ -39,12 +39,12 @@ from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import extra_states
 from zerobench.zero.state.transaction import (
-    MANIFEST,
     CheckpointMismatch,
     load_file,
     read_json,
     replaced_copy,
     transaction,
+    whole_checkpoints,
     write_json,
 )
 
@@ -256,7 +256,12 @@ def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
     root = Path(root)
     if tag is None:
         if not (root / LATEST).exists():
-            _check_none_committed(root)
+            if whole := whole_checkpoints(root):  # a first save stopped before naming its tag: not "nothing to load"
+                raise CheckpointMismatch(
+                    f"{root} holds whole checkpoint(s) {', '.join(map(repr, whole[-4:]))} but no {LATEST} naming one "
+                    f"(a save stopped before writing it): load one by its tag (load_checkpoint(dir, "
+                    f"tag={whole[-1]!r})), or move them away to start afresh"
+                )
             return None
         if not (root / LATEST).is_file():
             raise CheckpointMismatch(f"{root / LATEST} is not a file naming a tag: remove it, or give the tag to load")
@@ -271,21 +276,6 @@ def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
             )
         raise FileNotFoundError(f"no checkpoint {tag!r} in {root}")
     return path
-
-
-def _check_none_committed(root: Path) -> None:
-    """One line where ``root`` has no ``latest`` but holds whole checkpoints (a first save stopped after its commit,
-    before it named its tag): loading nothing would start training afresh beside them, where DeepSpeed warns."""
-    found = (
-        [p for p in root.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file()] if root.is_dir() else []
-    )
-    whole = [p.name for p in sorted(found, key=lambda p: (p / MANIFEST).stat().st_mtime)]  # the newest last
-    if whole:
-        raise CheckpointMismatch(
-            f"{root} holds whole checkpoint(s) {', '.join(map(repr, whole[:4]))}{' ...' if len(whole) > 4 else ''} "
-            f"but no {LATEST} naming one (a save stopped before writing it): load one by its tag "
-            f"(load_checkpoint(dir, tag={whole[-1]!r})), or move them away to start afresh"
-        )
 
 
 @torch.no_grad()

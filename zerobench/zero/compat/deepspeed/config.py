@@ -106,6 +106,8 @@ class DeepSpeedConfig:
     skip_nonfinite: bool = False
     """Whether DeepSpeed would skip the step of a window with a non-finite gradient outside fp16
     (``precision.skips_nonfinite``): the engine's ``skip_nonfinite``."""
+    cast_inputs: str = "none"
+    """Which forward arguments the engine casts (``precision.input_cast``): the engine's ``cast_forward_inputs``."""
     gather_16bit_on_save: bool = False
     """``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (or its fp16 name; DeepSpeed's default false):
     what ``engine.zero_gather_16bit_weights_on_model_save()`` answers, which Accelerate and HF's Trainer read
@@ -372,7 +374,6 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
         clip_grad_norm=_clipping(cfg),
         optimizer=AdamWConfig() if client_optimizer else _optimizer(cfg, ignored),
         loss_scale=loss_scale,
-        cast_forward_inputs=input_cast(cfg, precision),
         **zero_keys,
     )
     zero.validate()
@@ -380,9 +381,8 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     drop_last = flag(cfg, "dataloader_drop_last", False, "")
     skip = skips_nonfinite(cfg, precision, zero.stage)
     gather = _gather_16bit_on_save(section(cfg, "zero_optimization"))
-    return DeepSpeedConfig(
-        zero, micro, train, drop_last, tuple(ignored), parse(cfg.get("scheduler")), tags, skip, gather
-    )
+    sched, cast = parse(cfg.get("scheduler")), input_cast(cfg, precision)
+    return DeepSpeedConfig(zero, micro, train, drop_last, tuple(ignored), sched, tags, skip, cast, gather)
 
 
 def _gather_16bit_on_save(zo: dict) -> bool:

@@ -227,6 +227,7 @@ def _finish(engine, cfg, training_data, collate_fn, client, lr_scheduler, built)
     engine = as_deepspeed(engine, cfg.micro_batch)
     engine.tag_validation = cfg.tag_validation
     engine.skip_nonfinite = cfg.skip_nonfinite  # DeepSpeed's optimizers skip a non-finite window outside fp16 too
+    engine.cast_forward_inputs = cfg.cast_inputs  # DeepSpeed's engine casts no input, but under fp16.auto_cast
     # and compute the global norm at every step, clipping or not; only fp32 stage 0 steps a plain torch optimizer
     engine.always_norm = cfg.zero.stage > 0 or cfg.zero.precision is not Precision.FP32
     engine.gather_16bit_on_save = cfg.gather_16bit_on_save

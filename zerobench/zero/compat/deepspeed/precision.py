@@ -112,7 +112,7 @@ def skips_nonfinite(cfg: dict, precision: Precision, stage: int) -> bool:
 
 
 def input_cast(cfg: dict, precision: Precision) -> str:
-    """Which forward arguments the engine casts (``ZeroConfig.cast_forward_inputs``), as DeepSpeed's engine does:
+    """Which forward arguments the engine casts (``ZeroEngine.cast_forward_inputs``), as DeepSpeed's engine does:
     none, unless fp16 is on with ``fp16.auto_cast``, which casts the positional ones to half."""
     on = precision is Precision.FP16 and flag(section(cfg, "fp16"), "auto_cast", False, "fp16")
     return "positional" if on else "none"

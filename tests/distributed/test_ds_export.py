@@ -42,6 +42,11 @@ def test_the_trained_model_comes_out_whole_at_every_stage(precision, tmp_path):
             assert r["forward"] == 0.0, where  # the plain model in the training dtype computes the engine's loss
             assert r["nofrozen"] == ["frozen.bias", "frozen.weight"], where
             assert r["fp32_mismatch"] == [] and r["loaded_exact"] and r["converted"], where
+            sharded = r["sharded"]  # DeepSpeed 0.19's max_shard_size and safe_serialization
+            assert sharded["index"] == "pytorch_model.bin.index.json" and sharded["files"] > 1, sharded
+            assert sharded["sharded_equal"] and sharded["safe"] == "model.safetensors" and sharded["safe_equal"], (
+                sharded
+            )
             assert r["fp32_nofrozen"] == ["frozen.bias", "frozen.weight"], where
 
 

@@ -152,6 +152,7 @@ def _files(engine, rank: int, stage: int, precision: str, save_dir: str) -> dict
         path = convert_zero_checkpoint_to_fp32_state_dict(f"{save_dir}/ckpt", f"{save_dir}/converted")
         conv = torch.load(path, weights_only=True)
         out["converted"] = path.name == "pytorch_model.bin" and all(torch.equal(conv[k], fp32[k]) for k in fp32)
+        out["sharded"] = _sharded_and_safe(f"{save_dir}/ckpt", Path(save_dir), fp32)
     dist.barrier()
     out["export_files"] = sorted(p.name for p in Path(f"{save_dir}/export").iterdir())
     return out
@@ -266,3 +267,28 @@ def saved_checkpoint(rank: int, world: int, save_dir: str) -> dict[str, float]:
     _train(engine, rank, range(2))
     engine.save_checkpoint(save_dir, tag="t")
     return {n: float(v.double().sum()) for n, v in full_parameters(engine).items()}
+
+
+def _sharded_and_safe(ckpt: str, root: Path, fp32: dict) -> dict:
+    """DeepSpeed 0.19's other two outputs of ``convert_zero_checkpoint_to_fp32_state_dict``: shards of at most
+    ``max_shard_size`` bytes (as a number, third positional as DeepSpeed's) with Hugging Face's index naming each
+    tensor's file, and one ``model.safetensors`` (``safe_serialization``, tied weights written under each name):
+    each read back whole and equal to the fp32 state dict."""
+    import json
+
+    from safetensors.torch import load_file
+
+    index = convert_zero_checkpoint_to_fp32_state_dict(ckpt, root / "sharded", 600)
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    merged: dict = {}
+    for f in files:
+        merged.update(torch.load(index.parent / f, weights_only=True))
+    safe = convert_zero_checkpoint_to_fp32_state_dict(ckpt, root / "safe", safe_serialization=True)
+    read = load_file(safe)
+    return {
+        "index": index.name,
+        "files": len(files),
+        "sharded_equal": set(merged) == set(fp32) and all(torch.equal(merged[k], fp32[k]) for k in fp32),
+        "safe": safe.name,
+        "safe_equal": set(read) == set(fp32) and all(torch.equal(read[k], fp32[k]) for k in fp32),
+    }

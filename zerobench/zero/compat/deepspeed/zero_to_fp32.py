@@ -1,7 +1,8 @@
 """DeepSpeed's ``zero_to_fp32`` functions on a directory ``engine.save_checkpoint`` wrote, in one process and no
 group: ``get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)``,
 ``load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag)`` and
-``convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, tag)`` (``zerobench zero-to-fp32``).
+``convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size, safe_serialization, tag)``
+(``zerobench zero-to-fp32``).
 
 The keys are the model's own ``state_dict()`` keys, as ``full_state_dict`` gives them from a live engine: every
 trained parameter's fp32 value (a tied one under each name), then the saved buffers and frozen parameters. A
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from zerobench.files import replace_file
 from zerobench.zero.compat.deepspeed.checkpoints import FROZEN, LATEST, tagged_path
 from zerobench.zero.state.checkpoint import consolidate
 from zerobench.zero.state.export import save_whole
@@ -80,12 +82,87 @@ def load_state_dict_from_zero_checkpoint(
 def convert_zero_checkpoint_to_fp32_state_dict(
     checkpoint_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
+    max_shard_size: int | str = "5GB",
+    safe_serialization: bool = False,
     tag: str | None = None,
     exclude_frozen_parameters: bool = False,
-    filename: str = "pytorch_model.bin",
 ) -> Path:
-    """DeepSpeed's: ``get_fp32_state_dict_from_zero_checkpoint`` saved as one file, ``output_dir/filename``
-    (default ``pytorch_model.bin``); returns its path."""
+    """DeepSpeed's, with its arguments in its order: ``get_fp32_state_dict_from_zero_checkpoint`` written into
+    ``output_dir`` as Hugging Face lays a model's weights out. Up to ``max_shard_size`` bytes (``"5GB"``: 5e9, or
+    ``"5GiB"``, or a number) it is one file, ``pytorch_model.bin`` (``model.safetensors`` with
+    ``safe_serialization``); above it, shards ``pytorch_model-00001-of-0000N.bin`` in the state dict's order (a
+    tensor larger than the limit alone in its shard, tied ones beside the first), then the index
+    ``pytorch_model.bin.index.json`` naming each tensor's shard. Returns the file, or the index, it wrote last."""
+    from zerobench.config import ConfigError, parse_bytes
+
+    limit = parse_bytes(max_shard_size)
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
-    save_whole(sd, Path(output_dir) / filename)
-    return Path(output_dir) / filename
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    if safe_serialization:
+        try:
+            from safetensors.torch import save
+        except ImportError:
+            raise ConfigError(
+                "safe_serialization=True needs the safetensors package: pip install safetensors"
+            ) from None
+        sd = _unshared(sd)
+
+    def write(part: dict, path: Path) -> None:
+        if safe_serialization:
+            replace_file(path, save(part, metadata={"format": "pt"}))
+        else:
+            save_whole(part, path)
+
+    shards = _shards(sd, limit)
+    if len(shards) == 1:
+        write(sd, out / f"{stem}{suffix}")
+        return out / f"{stem}{suffix}"
+    names = [f"{stem}-{i:05d}-of-{len(shards):05d}{suffix}" for i in range(1, len(shards) + 1)]
+    for keys, name in zip(shards, names, strict=True):
+        write({k: sd[k] for k in keys}, out / name)
+    total = sum(t.numel() * t.element_size() for t in {_storage(t): t for t in sd.values()}.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {k: n for keys, n in zip(shards, names) for k in keys}}
+    replace_file(out / f"{stem}{suffix}.index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return out / f"{stem}{suffix}.index.json"
+
+
+def _unshared(sd: dict) -> dict[str, torch.Tensor]:
+    """``sd`` as safetensors can hold it: tensors only (one line naming a value that is not), contiguous, and a
+    tensor sharing storage with an earlier one (a tied weight) copied, so each name holds its own."""
+    from zerobench.config import ConfigError
+
+    out, seen = {}, set()
+    for k, v in sd.items():
+        if not torch.is_tensor(v):
+            raise ConfigError(
+                f"{k!r} is a {type(v).__name__}, not a tensor, which safetensors cannot hold: convert with "
+                "safe_serialization=False"
+            )
+        out[k] = (v.clone() if _storage(v) in seen else v).contiguous()
+        seen.add(_storage(v))
+    return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _shards(sd: dict[str, torch.Tensor], limit: float) -> list[list[str]]:
+    """The state dict's keys in shards of at most ``limit`` bytes, in order, as Hugging Face splits them: a tensor
+    larger than the limit alone, one sharing storage with an earlier tensor beside it (counted once)."""
+    shards: list[list[str]] = [[]]
+    size, home = 0, {}
+    for k, t in sd.items():
+        if _storage(t) in home:
+            shards[home[_storage(t)]].append(k)
+            continue
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(k)
+        home[_storage(t)] = len(shards) - 1
+        size += n
+    return shards

@@ -505,3 +505,28 @@ def test_the_staged_directories_are_flushed_before_the_commit_s_rename(tmp_path,
     renamed = next(i for i, (what, _) in enumerate(events) if what == "rename")
     staged = events[renamed][1]
     assert staged.startswith(".c") and ("fsync", staged) in events[:renamed], events
+
+
+def test_zero_to_fp32_writes_safetensors_and_shards_as_deepspeed_s_script_does(tmp_path):
+    """DeepSpeed's ``zero_to_fp32.py`` takes ``--max_shard_size`` and ``--safe_serialization``; ``zerobench
+    zero-to-fp32`` takes both: ``model.safetensors``, or Hugging Face's shards and index above the size, each read
+    back equal to the consolidated state dict."""
+    from safetensors.torch import load_file
+
+    from zerobench.cli import main
+
+    e = engine()
+    step(e)
+    e.save_checkpoint(tmp_path / "ckpt", tag="t")
+    want = get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt", "t")
+    assert main(["zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "safe"), "--safe-serialization"]) == 0
+    got = load_file(tmp_path / "safe" / "model.safetensors")
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert main(["zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "shards"), "--max-shard-size", "200"]) == 0
+    index = json.loads((tmp_path / "shards" / "pytorch_model.bin.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files[0] == f"pytorch_model-00001-of-{len(files):05d}.bin"
+    merged = {}
+    for f in files:
+        merged.update(torch.load(tmp_path / "shards" / f, weights_only=True))
+    assert set(merged) == set(want) and all(torch.equal(merged[k], want[k]) for k in want)

@@ -18,7 +18,12 @@ def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
         check_writable_dir(args.output_dir, "OUTPUT_DIR", "the state dict")  # before the shards are read
     try:
         path = convert_zero_checkpoint_to_fp32_state_dict(
-            args.checkpoint_dir, args.output_dir, tag=args.tag, exclude_frozen_parameters=args.exclude_frozen_parameters
+            args.checkpoint_dir,
+            args.output_dir,
+            max_shard_size=args.max_shard_size,
+            safe_serialization=args.safe_serialization,
+            tag=args.tag,
+            exclude_frozen_parameters=args.exclude_frozen_parameters,
         )
     except (FileNotFoundError, CheckpointMismatch) as e:
         raise ConfigError(str(e)) from None
@@ -32,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "zero-to-fp32",
         help="a save_checkpoint directory as one fp32 state dict (DeepSpeed's zero_to_fp32)",
         description="Consolidate the shards of a checkpoint written by engine.save_checkpoint (any number "
-        "of DP ranks) into OUTPUT_DIR/pytorch_model.bin: the model's parameters in fp32, a "
+        "of DP ranks) into OUTPUT_DIR/pytorch_model.bin (or model.safetensors; shards above --max-shard-size): the "
+        "model's parameters in fp32, a "
         "tied one under each name, with its buffers and frozen parameters, for "
         "model.load_state_dict without ZeRO. One process, no GPU.",
     )
@@ -40,4 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("output_dir", help="where pytorch_model.bin goes (created if missing)")
     p.add_argument("--tag", help="which checkpoint (default: the one 'latest' names), e.g. global_step100")
     p.add_argument("--exclude-frozen-parameters", action="store_true", help="leave the frozen parameters out")
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="above this size, Hugging Face's shards and index instead of one file (default 5GB; 5GiB, or bytes)",
+    )
+    p.add_argument(
+        "--safe-serialization", action="store_true", help="write model.safetensors instead of pytorch_model.bin"
+    )
     p.set_defaults(func=cmd_zero_to_fp32)

@@ -53,17 +53,7 @@ def predict_memory(cfg: TrainConfig, prof: Profile) -> dict[str, float]:
     z = cfg.zero
     buckets = engine_buckets(cfg)
     elem = z.precision.param_dtype.itemsize
-    states = model_state_bytes_analytic(
-        sum(b.numel for b in buckets),
-        cfg.dp,
-        z.stage,
-        elem,
-        elem,
-        4 if z.precision.has_master else 0,
-        make_codec(z.optim_bits).bytes_per_element(),
-        offload_optimizer=z.offload_optimizer != "none",
-        offload_param=z.offload_param != "none",
-    )
+    states = _state_bytes(cfg, sum(b.numel for b in buckets))
     if z.stage >= 2 and z.grad_accum_steps == 1:
         states["grads"] = 0.0  # not allocated until its buckets are first reduced, after the peak
     L = cfg.model.layers
@@ -79,6 +69,23 @@ def predict_memory(cfg: TrainConfig, prof: Profile) -> dict[str, float]:
     out["stage3_gathered"] = gathered
     out["total"] = sum(out.values())
     return out
+
+
+def _state_bytes(cfg: TrainConfig, numel: int) -> dict[str, float]:
+    """The engine's device bytes of model states for ``numel`` parameters of ``cfg``, by category."""
+    z = cfg.zero
+    elem = z.precision.param_dtype.itemsize
+    return model_state_bytes_analytic(
+        numel,
+        cfg.dp,
+        z.stage,
+        elem,
+        elem,
+        4 if z.precision.has_master else 0,
+        make_codec(z.optim_bits).bytes_per_element(),
+        offload_optimizer=z.offload_optimizer != "none",
+        offload_param=z.offload_param != "none",
+    )
 
 
 def max_layers(cfg: TrainConfig, prof: Profile, budget_bytes: float, limit: int = 4096) -> int:
@@ -119,18 +126,5 @@ def state_floor(cfg: TrainConfig, stack) -> dict[str, float]:
     if z.stage == 0 and stack.step_loop is not None:
         per = float(MEGATRON_2019_STATE_BYTES)
     else:
-        elem = z.precision.param_dtype.itemsize
-        per = sum(
-            model_state_bytes_analytic(
-                1,
-                cfg.dp,
-                z.stage,
-                elem,
-                elem,
-                4 if z.precision.has_master else 0,
-                make_codec(z.optim_bits).bytes_per_element(),
-                offload_optimizer=z.offload_optimizer != "none",
-                offload_param=z.offload_param != "none",
-            ).values()
-        )
+        per = sum(_state_bytes(cfg, 1).values())
     return {"bytes": params * per, "per_param": per, "params": params}

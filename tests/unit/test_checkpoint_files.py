@@ -530,3 +530,29 @@ def test_zero_to_fp32_writes_safetensors_and_shards_as_deepspeed_s_script_does(t
     for f in files:
         merged.update(torch.load(tmp_path / "shards" / f, weights_only=True))
     assert set(merged) == set(want) and all(torch.equal(merged[k], want[k]) for k in want)
+
+
+class _NotAllowed:
+    """A class ``weights_only`` loading does not allow (a checkpoint pickled with an object in it)."""
+
+
+def test_a_file_weights_only_refuses_says_why_not_to_load_it_unsafely(tmp_path):
+    """torch's refusal opens with advice to load again with ``weights_only=False``: false for a file that is not
+    torch.save's at all, and a way to run the file's code. The line shown is the unpickler's cause."""
+    from zerobench.zero.state.transaction import load_file
+
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointMismatch) as err:
+        load_file(junk)
+    assert str(err.value) == (
+        f"checkpoint file {junk} is damaged: torch.load(weights_only=True) refused it: Unsupported operand 110"
+    )
+    pickled = tmp_path / "object.pt"
+    torch.save({"w": torch.ones(2), "extra": _NotAllowed()}, pickled)
+    with pytest.raises(CheckpointMismatch) as err:
+        load_file(pickled)
+    message = str(err.value)
+    assert "\n" not in message and "weights_only` set to `False`" not in message
+    assert message.startswith(f"checkpoint file {pickled} is damaged: torch.load(weights_only=True) refused it: ")
+    assert "_NotAllowed" in message

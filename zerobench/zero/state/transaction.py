@@ -57,8 +57,20 @@ def load_file(path: str | os.PathLike, mmap: bool = False):
     except OSError:  # missing, unreadable: the caller's message says which checkpoint lacks it
         raise
     except Exception as e:  # noqa: BLE001 - truncated, overwritten, not torch.save's: the unpickler raises anything
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointMismatch(f"checkpoint file {path} is damaged: {first}") from None
+        raise CheckpointMismatch(f"checkpoint file {path} is damaged: {_load_failure(e)}") from None
+
+
+def _load_failure(e: Exception) -> str:
+    """The one line of ``e`` that says why the file did not load. A refusal of ``weights_only``'s unpickler opens
+    with torch's advice to load again without it, which would run whatever code the file holds and which does not
+    apply to a file that is not ``torch.save``'s at all; the cause is on the line after ``WeightsUnpickler error:``."""
+    text = str(e)
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    if marker:
+        cause = next((line.strip() for line in rest.splitlines() if line.strip()), "")
+        if cause and not cause.startswith("Check the documentation"):
+            return f"torch.load(weights_only=True) refused it: {cause}"
+    return (text.strip().splitlines() or [type(e).__name__])[0]
 
 
 def read_json(path: Path) -> dict:

@@ -99,6 +99,9 @@ def apply_tp(
             sharded.update(f"{name}.{p}" for p, _ in module.named_parameters())
         elif isinstance(module, RowParallelLinear):
             sharded.add(f"{name}.weight")
+    for name, p in model.named_parameters():
+        if name in sharded:  # Megatron's mark, read as DeepSpeed reads it: apply_zero refuses it without a TP group
+            p.tensor_model_parallel = True
     return TPInfo(group, frozenset(sharded), rng)
 
 

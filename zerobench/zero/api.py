@@ -13,7 +13,7 @@ from torch import nn
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
-from zerobench.zero.build import tp_sharded_names
+from zerobench.zero.build import check_tp_marks, tp_sharded_names
 from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.registry import engine_of
@@ -171,5 +171,5 @@ def apply_zero(
             f"apply_zero(device={device}) is for a model built on the meta device; this one has parameters "
             f"on {', '.join(sorted(map(str, placed)))}: move the model there first (model.to(device))"
         )
-    sharded = tp_sharded_names(model, tp_sharded)  # before any collective: every rank refuses alike
+    sharded = tp_sharded_names(model, check_tp_marks(model, tp_group, tp_sharded))  # before any collective
     return ZeroEngine(model, dp_group, config, plan, ledger, tp_group, sharded, allocator, param_groups, device)

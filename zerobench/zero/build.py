@@ -6,6 +6,7 @@ order (pure), the model's parameters pointed at the engine's storage, the optimi
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -178,6 +179,27 @@ def attach_params(
     return Stage3Gatherer.build(
         model, units, layout, zparams, st.shards, group, ledger, device, transfer, config.prefetch, allocator
     )
+
+
+def tp_marked(model: nn.Module) -> list[str]:
+    """Names of the parameters marked as tensor-parallel shards (``tensor_model_parallel``, as Megatron's layers and
+    ``zerobench.parallel``'s ``apply_tp`` mark them, and as DeepSpeed reads them)."""
+    return [n for n, p in model.named_parameters() if getattr(p, "tensor_model_parallel", False)]
+
+
+def check_tp_marks(model: nn.Module, tp_group, names) -> Collection[str]:
+    """``tp_sharded`` as given, or, where none are given beside a TP group, the marked shards (``tp_marked``). Marked
+    shards with no TP group are one line: the gradient norm and the overflow check would span this rank's shard
+    alone, each TP rank would clip by another norm, and the replicated parameters would drift apart."""
+    marked = tp_marked(model)
+    if marked and tp_group is None:
+        raise ConfigError(
+            f"apply_zero: {len(marked)} parameters ({marked[0]!r}, ...) are tensor-parallel shards (marked "
+            "tensor_model_parallel) but no tp_group was given: the gradient norm and overflow check would count only "
+            "this rank's shard; pass tp_group= (initialize: mpu=), or apply TP and ZeRO with "
+            "zerobench.parallel.parallelize"
+        )
+    return names if names or tp_group is None or tp_group.size == 1 else marked
 
 
 def tp_sharded_names(model: nn.Module, names) -> frozenset[str]:

@@ -41,6 +41,7 @@ from zerobench.distributed.collectives import Group
 from zerobench.zero.compat.deepspeed.client import check_scheduler, client_groups, rebind, share_groups
 from zerobench.zero.compat.deepspeed.config import from_deepspeed
 from zerobench.zero.compat.deepspeed.lr_schedules import build
+from zerobench.zero.compat.deepspeed.mpu import mpu_groups, warn_if_unmarked
 from zerobench.zero.config import Precision
 
 
@@ -151,13 +152,16 @@ def initialize(
             engine's). Either becomes ``engine.lr_scheduler``: stepped after every optimizer step that was applied
             (do not step it yourself), its state saved and loaded with the engine's checkpoints.
         distributed_port: unused (torchrun's or Slurm's variables say where to meet).
-        mpu: refused in one line: apply tensor parallelism with ``zerobench.parallel`` first and pass ``dp_group``.
+        mpu: the model-parallel groups, as DeepSpeed takes them (Megatron's ``mpu``, ``megatron.core.parallel_state``,
+            or a zerobench ``Mesh``): the data-parallel group, and the tensor-parallel group the gradient norm and
+            overflow check span, counting the parameters marked ``tensor_model_parallel`` once per TP rank. A model
+            holding marked shards without it is refused (``apply_zero``'s rule).
         dist_init_required: ``False``: a process group must exist already.
         collate_fn: the loader's, as DeepSpeed's.
         config: a DeepSpeed config dict or a JSON file's path.
-        mesh_param: refused in one line, as ``mpu``.
+        mesh_param: refused in one line.
         config_params: DeepSpeed's older name for ``config``.
-        dp_group: the data-parallel group (default: the whole world).
+        dp_group: the data-parallel group (default: ``mpu``'s, else the whole world).
         units: stage 3's gather units (``apply_zero``'s). Default: ``model.blocks``, else every entry of the
             model's lists of layers (``layer_units``), so that, as in DeepSpeed, no forward gathers the whole model;
             ``[]``: the whole model one unit.
@@ -179,11 +183,12 @@ def initialize(
     model, config = _config_of(args, model, config if config is not None else config_params)
     if config is None:
         raise ConfigError("initialize: give config= (a DeepSpeed config dict or a JSON file's path)")
-    if mpu is not None or mesh_param is not None:
+    if mesh_param is not None:
         raise ConfigError(
-            "initialize: mpu= and mesh_param= (DeepSpeed's model-parallel groups) are not taken: pass "
-            "the data-parallel group as dp_group= and apply tensor parallelism with zerobench.parallel"
+            "initialize: mesh_param= (DeepSpeed's device-mesh shape) is not taken: give the groups as mpu= (Megatron's "
+            "mpu or a zerobench Mesh) or the data-parallel group as dp_group="
         )
+    dp_group, tp_group = mpu_groups(mpu, dp_group)
     if dist_init_required is False and not dist.is_initialized():
         raise ConfigError(
             "initialize: dist_init_required=False but no process group exists: initialise one first "
@@ -206,7 +211,10 @@ def initialize(
     if cfg.zero.stage == 3:
         assign_units(model, resolve_units(model, units), external)
     _take_over(model)
-    engine = apply_zero(model, group, cfg.zero, units=units, param_groups=groups, external_params=external_params)
+    warn_if_unmarked(model, tp_group)
+    engine = apply_zero(
+        model, group, cfg.zero, units=units, tp_group=tp_group, param_groups=groups, external_params=external_params
+    )
     failed = None
     try:
         done = _finish(engine, cfg, training_data, collate_fn, client, lr_scheduler, built)

@@ -316,3 +316,50 @@ def test_engine_destroy_removes_its_nvme_states_at_once(tmp_path):
     (d,) = list((tmp_path / "nvme").iterdir())
     e.destroy()
     assert not d.exists() and e.module is not None
+
+
+def test_8bit_blocks_start_afresh_at_each_break():
+    """Under TP the blocks restart at the edges of the TP-replicated ranges (``Int8Codec(breaks)``): a run's codes and
+    scales are those of the run quantized alone, whatever the elements beside it hold, so TP ranks that hold the same
+    replicated values and different shards store the replicated moments alike."""
+    n, breaks = 5000, [[1000, 3100]]
+    codec = Int8Codec(breaks)
+    assert quant8.runs(n, breaks[0]) == [(0, 1000, 0), (1000, 3100, 1), (3100, 5000, 3)]
+    torch.manual_seed(0)
+    encs, ms = [], []
+    for scale in (1.0, 50.0):  # the same middle run beside other values (a TP rank's other shards)
+        m, v = torch.randn(n) * 1e-3, torch.rand(n) * 1e-6
+        m[:1000] *= scale
+        m[3100:] *= scale
+        enc = codec.alloc(n, torch.device("cpu"), chunk=0)
+        assert enc["m_absmax"].numel() == quant8.run_blocks(n, breaks[0]) == 4
+        codec.encode(m, v, enc, chunk=0)
+        encs.append(enc)
+        ms.append(m)
+    ms[1][1000:3100] = ms[0][1000:3100]
+    encs[1] = codec.alloc(n, torch.device("cpu"), chunk=0)
+    codec.encode(ms[1], torch.rand(n) * 1e-6, encs[1], chunk=0)
+    a, b = (codec.decode(e, chunk=0)[0] for e in encs)
+    assert torch.equal(a[1000:3100], b[1000:3100]) and not torch.equal(a[:1000], b[:1000])
+    alone = Int8Codec()
+    run = alone.alloc(2100, torch.device("cpu"))
+    alone.encode(ms[0][1000:3100].clone(), torch.zeros(2100), run)
+    assert torch.equal(alone.decode(run)[0], a[1000:3100])
+    no_breaks = Int8Codec()  # without breaks: one run, the blocks as before
+    assert quant8.runs(n) == [(0, n, 0)] and no_breaks.alloc(n, torch.device("cpu"))["m_absmax"].numel() == 3
+
+
+def test_nvme_store_with_8bit_breaks_round_trips(tmp_path):
+    sizes, breaks = [3000, 10, 5000], [[100, 2500], [], [4096]]
+    codec = Int8Codec(breaks)
+    store = NvmeStore(codec, sizes, str(tmp_path / "nvme"))
+    want = []
+    for i, n in enumerate(sizes):
+        enc = store.acquire(i)
+        codec.encode(torch.randn(n), torch.rand(n), enc, chunk=i)
+        want.append(codec.decode(enc, chunk=i))
+        store.release(i, enc)
+    store.flush()
+    for i, enc in enumerate(store.read_all()):
+        m, v = codec.decode(enc, chunk=i)
+        assert torch.equal(m, want[i][0]) and torch.equal(v, want[i][1])

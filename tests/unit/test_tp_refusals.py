@@ -82,26 +82,6 @@ def test_apply_tp_without_a_process_group_is_refused_in_one_line():
     assert msg.startswith("apply_tp's group: torch.distributed is not initialised"), msg
 
 
-def test_8bit_optimizer_states_with_tp_are_refused_in_one_line():
-    """8-bit moments with TP let the replicated parameters drift apart across TP ranks (a quantization block spans
-    sharded and replicated parameters, so its absmax differs between TP ranks): 9e-5 after 3 steps, 6e-4 after 20."""
-    from zerobench.zero import ZeroConfig, apply_zero
-
-    model = nn.Sequential(nn.Linear(4, 4))
-    msg = _refused(
-        lambda: apply_zero(model, Group(None, "dp", 1, 0), ZeroConfig(stage=2, optim_bits=8), tp_group=_tp2())
-    )
-    assert msg.startswith("8-bit optimizer states (--optim-bits 8) are not taken with TP 2: ")
-    apply_zero(model, Group(None, "dp", 1, 0), ZeroConfig(stage=2, optim_bits=8)).destroy()  # TP 1 trains
-
-
-def test_a_train_config_of_8bit_states_at_tp_2_is_refused_before_launch():
-    from zerobench.bench.spec import RunSpec, to_train_config
-
-    with pytest.raises(ConfigError, match=r"^8-bit optimizer states \(--optim-bits 8\) are not taken with TP 2"):
-        to_train_config(RunSpec(preset="tiny", dp=1, tp=2, stage=2, optim_bits=8)).validate()
-
-
 def test_tensor_parallel_shards_without_a_tp_group_are_refused():
     """Parameters marked ``tensor_model_parallel`` (as ``apply_tp`` and Megatron's layers mark their shards) given to
     ``apply_zero`` without ``tp_group=``: each TP rank would clip by its own shard's norm."""

@@ -91,7 +91,6 @@ class TrainConfig:
     def validate(self, world_size: int | None = None) -> None:
         """System-independent checks; ``zerobench.systems.validate_run`` adds the system's own."""
         from zerobench.parallel.config import validate_sp, validate_tp
-        from zerobench.zero.config import check_bits_with_tp
 
         self.model.validate()
         self.zero.validate()
@@ -105,7 +104,6 @@ class TrainConfig:
                 "sequence parallelism splits the sequence evenly"
             )
         validate_sp(self.activation, self.sequence_parallel, self.tp)
-        check_bits_with_tp(self.zero.optim_bits, self.tp)
         if world_size is not None and world_size != self.world_size:
             if world_size % self.tp:
                 raise ConfigError(f"world size {world_size} is not divisible by TP degree {self.tp}")

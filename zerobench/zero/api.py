@@ -14,7 +14,7 @@ from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.build import check_tp_marks, tp_sharded_names
-from zerobench.zero.config import ZeroConfig, check_bits_with_tp
+from zerobench.zero.config import ZeroConfig
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.registry import engine_of
 from zerobench.zero.storage.allocator import Allocator
@@ -150,7 +150,6 @@ def apply_zero(
     """
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
-    check_bits_with_tp(config.optim_bits, 1 if tp_group is None else tp_group.size)
     for name, m in model.named_modules():  # a second engine would hook the same parameters: twice the reduction
         if engine_of(m) is not None:
             raise ConfigError(

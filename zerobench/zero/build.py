@@ -242,6 +242,21 @@ def chunk_ranges(
     return decay, replicated, spans
 
 
+def range_edges(ranges_by_chunk: list[list[tuple[int, int]]]) -> list[list[int]]:
+    """Per chunk, the sorted offsets where its ranges (adjacent ones merged) start and end: where 8-bit blocks start
+    afresh under TP, so that the TP-replicated ranges are quantized alike on every TP rank (``Int8Codec``)."""
+    out = []
+    for ranges in ranges_by_chunk:
+        edges: list[int] = []
+        for a, b in sorted(ranges):
+            if edges and edges[-1] == a:
+                edges[-1] = b  # adjacent: one range
+            else:
+                edges += [a, b]
+        out.append(edges)
+    return out
+
+
 def build_optimizer(
     config: ZeroConfig,
     placement: Placement,
@@ -250,8 +265,10 @@ def build_optimizer(
     group: C.Group,
     allocator: Allocator,
     spans=None,
+    quant_breaks=None,
 ) -> ShardedAdamW:
-    """The step over this rank's chunks; ``spans``: each chunk's ranges per param group (None: one group)."""
+    """The step over this rank's chunks; ``spans``: each chunk's ranges per param group (None: one group);
+    ``quant_breaks``: ``range_edges`` of the TP-replicated ranges under TP (None without)."""
     nvme = None
     if placement.states is Tier.NVME:
 
@@ -259,4 +276,6 @@ def build_optimizer(
             return NvmeStore(codec, sizes, config.nvme_path, group.rank)
 
     with allocator.host_region(placement.offloaded):
-        return ShardedAdamW(config.optimizer, master, decay, config.kernels, config.optim_bits, nvme, spans)
+        return ShardedAdamW(
+            config.optimizer, master, decay, config.kernels, config.optim_bits, nvme, spans, quant_breaks
+        )

@@ -218,17 +218,3 @@ class ZeroConfig:
         self.loss_scale.validate()
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")
-
-
-def check_bits_with_tp(optim_bits: int, tp: int) -> None:
-    """8-bit optimizer states with TP > 1 are one line. A quantization block (2048 elements of a flat chunk, one
-    absmax each) spans TP-sharded and TP-replicated parameters alike, so the absmax of a block holding both differs
-    between TP ranks, the replicated parameters' moments round differently on each, and their updates drift apart
-    (9e-5 after 3 steps, 6e-4 after 20, in a review) where Megatron keeps them equal. bitsandbytes quantizes per
-    tensor and so keeps them equal; blocks aligned to the replicated ranges would too, and are not built."""
-    if optim_bits == 8 and tp > 1:
-        raise ConfigError(
-            f"8-bit optimizer states (--optim-bits 8) are not taken with TP {tp}: their quantization blocks span "
-            "TP-sharded and replicated parameters, so the replicated ones would drift apart across TP ranks; use "
-            "--optim-bits 32 with TP, or TP 1"
-        )

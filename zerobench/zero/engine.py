@@ -34,7 +34,15 @@ from torch import nn
 from zerobench.distributed import collectives as C
 from zerobench.metrics.comm import CommLedger
 from zerobench.zero.accounting import EngineAccounting
-from zerobench.zero.build import UnitPlan, attach_params, build_optimizer, chunk_ranges, order_params, settle_frozen
+from zerobench.zero.build import (
+    UnitPlan,
+    attach_params,
+    build_optimizer,
+    chunk_ranges,
+    order_params,
+    range_edges,
+    settle_frozen,
+)
 from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.grads.accumulation import AccumulationWindow
 from zerobench.zero.grads.backward import BackwardPasses
@@ -116,8 +124,9 @@ class ZeroEngine:
         """The ``gathered_params()`` contexts open now, innermost last (``zero/state/gathered.py``)."""
         # 4. Optimizer over this rank's chunks, with weight-decay and param-group ranges per chunk.
         decay, self.replicated_ranges, spans = chunk_ranges(self.layout, segments, self.zparams, frozenset(tp_sharded))
+        breaks = None if self.tp_group is None else range_edges(self.replicated_ranges)
         self.adamw = build_optimizer(
-            config, self.placement, st.master, decay, group, self.allocator, spans if groups.explicit else None
+            config, self.placement, st.master, decay, group, self.allocator, spans if groups.explicit else None, breaks
         )
         self.optimizer = ZeroOptimizer(self, groups.groups, config.optimizer)
         self._model_hooks = (install_load_hooks(self), cast_forward_inputs(model, self))

@@ -144,12 +144,13 @@ class NvmeStore:
         self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool, owner)
         self.offsets: list[int] = []
         self.total = 0
-        for n in sizes:  # each chunk's place in the file: its encoded tensors back to back
+        for i, n in enumerate(sizes):  # each chunk's place in the file: its encoded tensors back to back
             self.offsets.append(self.total)
-            self.total += sum(t.numel() * t.element_size() for t in codec.alloc(n, torch.device("meta")).values())
+            enc = codec.alloc(n, torch.device("meta"), chunk=i)
+            self.total += sum(t.numel() * t.element_size() for t in enc.values())
         try:
             for i, n in enumerate(sizes):  # write every chunk's initial (zero) state
-                self._write(i, codec.alloc(n, torch.device("cpu")))
+                self._write(i, codec.alloc(n, torch.device("cpu"), chunk=i))
         except RunFailed:
             self._finalizer()  # the file and its directory go: a failed engine leaves no partial state behind
             raise
@@ -160,7 +161,7 @@ class NvmeStore:
         the chunks a step had read) then holds chunks of two steps, so nothing reads it again."""
 
     def _read(self, i: int) -> State:
-        enc = self.codec.alloc(self.sizes[i], torch.device("cpu"))
+        enc = self.codec.alloc(self.sizes[i], torch.device("cpu"), chunk=i)
         off = self.offsets[i]
         try:
             for t in enc.values():

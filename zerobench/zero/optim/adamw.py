@@ -54,14 +54,16 @@ class ShardedAdamW:
         state_bits: int = 32,
         store_factory=None,
         group_spans: list[dict[int, list[tuple[int, int]]]] | None = None,
+        quant_breaks: list[list[int]] | None = None,
     ):
         """``store_factory(codec, sizes)`` builds the state store (default: in memory on the master's
         device); ``state_bits`` 32 or 8 picks the codec; ``group_spans``: per chunk, each param group's
-        ranges (None: one group over every chunk)."""
+        ranges (None: one group over every chunk); ``quant_breaks``: per chunk, where 8-bit blocks start afresh
+        (``Int8Codec``)."""
         self.cfg = cfg
         self.master = master
         device = master[0].device if master else torch.device("cpu")
-        self.codec = make_codec(state_bits)
+        self.codec = make_codec(state_bits, quant_breaks)
         sizes = [m.numel() for m in master]
         self.store = store_factory(self.codec, sizes) if store_factory else MemoryStore(self.codec, sizes, device)
         self.step_count = 0
@@ -88,7 +90,7 @@ class ShardedAdamW:
         """fp32 ``(m chunks, v chunks)``: views of the state when resident fp32, decoded copies otherwise."""
         ms, vs = [], []
         for i in range(len(self.master)):
-            m, v = self.codec.decode(self.store.acquire(i))
+            m, v = self.codec.decode(self.store.acquire(i), chunk=i)
             ms.append(m)
             vs.append(v)
         self.store.flush()
@@ -98,7 +100,7 @@ class ShardedAdamW:
         """Store fp32 moment chunks (after filling the chunks ``moments`` returned)."""
         for i, (m, v) in enumerate(zip(ms, vs)):
             enc = self.store.acquire(i)
-            self.codec.encode(m, v, enc)
+            self.codec.encode(m, v, enc, chunk=i)
             self.store.release(i, enc)
         self.store.flush()
 
@@ -134,7 +136,7 @@ class ShardedAdamW:
         hypers = [self.cfg] if hyper is None else [hyper] if isinstance(hyper, AdamWConfig) else hyper
         for i, (p, g) in enumerate(zip(self.master, grads)):
             enc = self.store.acquire(i)
-            m, v = self.codec.decode(enc)
+            m, v = self.codec.decode(enc, chunk=i)
             o = out[i] if out is not None else None
             fused_adopt = adopt and o is not None
             if fused_adopt and self.path != "fused":
@@ -142,7 +144,7 @@ class ShardedAdamW:
                 fused_adopt = False
             for part in self.parts[i]:
                 self._update(part, hypers[part.group], p, g, m, v, o, grad_scale, fused_adopt)
-            self.codec.encode(m, v, enc)
+            self.codec.encode(m, v, enc, chunk=i)
             self.store.release(i, enc)
             if on_chunk is not None:
                 on_chunk(i)

@@ -14,6 +14,7 @@ Pure functions over tensors; the optimizer's state codec (``zerobench.zero.optim
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -83,6 +84,23 @@ def dequantize(codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> torch
     if pad:
         vals = torch.nn.functional.pad(vals, (0, pad))
     return (vals.view(nb, BLOCK) * absmax.unsqueeze(1)).view(-1)[:n]
+
+
+def runs(numel: int, breaks=()) -> list[tuple[int, int, int]]:
+    """``(start, end, first block)`` of each run of a tensor of ``numel`` elements cut at ``breaks`` (sorted offsets
+    inside it): a run is quantized in blocks of its own, so no block's absmax mixes two runs."""
+    cuts = [0, *(b for b in breaks if 0 < b < numel), numel]
+    out, block = [], 0
+    for a, b in itertools.pairwise(cuts):
+        if b > a:
+            out.append((a, b, block))
+            block += num_blocks(b - a)
+    return out
+
+
+def run_blocks(numel: int, breaks=()) -> int:
+    """Blocks (absmax entries) of a tensor of ``numel`` elements cut at ``breaks``."""
+    return sum(num_blocks(b - a) for a, b, _ in runs(numel, breaks))
 
 
 def state_bytes_per_element() -> float:

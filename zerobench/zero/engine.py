@@ -111,10 +111,8 @@ class ZeroEngine:
         ordered, groups = self._lay_out(model, units, param_groups, device)
         device, segments = self.device, self.layout.segments(self.rank_in_shards)
         # 2. Parameter storage and the fp32 master partition, from the model's initial values.
-        self.placement = Placement.of(config)
-        self.storage = st = ParamStorage(
-            self.layout, config, self.placement, device, self.allocator, self.rank_in_shards
-        )
+        self.placement = placement = Placement.of(config)
+        self.storage = st = ParamStorage(self.layout, config, placement, device, self.allocator, self.rank_in_shards)
         st.fill(self.zparams, segments)
         # 3. Point the model's parameters at the engine's storage (stage 3: the gatherer that gathers and frees units).
         self.gatherer = attach_params(

@@ -168,8 +168,11 @@ def _check_value(r: dict) -> None:
 def summarize(rows: list[dict]) -> dict[str, dict]:
     """Per configuration (config hash): the gated metrics of its ``ok`` runs, a label, what the timing ratio
     needs, whether any run completed (``ok``) and the runs that did not (``not_ok``: run id -> status, reason),
-    each metric's unit (``units``) and the ranks a per-rank metric was measured on (``ranks``). Raises
-    ``ConfigError`` where the rows cannot be read as one measurement of each configuration (module docstring)."""
+    each metric's unit (``units``), the ranks a per-rank metric was measured on (``ranks``) and the hardware
+    classes its completed runs were measured on (``hardware``; None for rows without one), read from the
+    measurement rows only: a status row is written by whoever recorded the run (under Slurm the submit host, for a
+    run that failed before measuring anything the only row it left). Raises ``ConfigError`` where the rows cannot
+    be read as one measurement of each configuration (module docstring)."""
     status = run_statuses(rows)
     runs: dict[str, dict] = {}
     seen: set[tuple] = set()
@@ -180,7 +183,7 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             {
                 "label": r.get("label") or r.get("run_id"),
                 "config": r.get("config", {}),
-                "hardware": (r.get("provenance") or {}).get("hardware", {}).get("class"),
+                "hardware": set(),
                 "ok": False,
                 "not_ok": {},
                 "noise": {},
@@ -212,6 +215,8 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             )
             continue
         d["ok"] = True
+        if m != STATUS_METRIC:  # a status row's machine is the recorder's, not necessarily the one measured
+            d["hardware"].add(((r.get("provenance") or {}).get("hardware") or {}).get("class"))
         tool = r.get("instrumented") or ""
         other = d["_ok_runs"].setdefault(tool, r.get("run_id"))
         if other != r.get("run_id"):
@@ -365,8 +370,8 @@ def gate(
         except ConfigError as e:
             raise ConfigError(f"{side}: {e}") from None
     b, c = sides["baseline"], sides["candidate"]
-    hb = {d["hardware"] for d in b.values()} - {None}
-    hc = {d["hardware"] for d in c.values()} - {None}
+    hb = set().union(*(d["hardware"] for d in b.values())) - {None}
+    hc = set().union(*(d["hardware"] for d in c.values())) - {None}
     if hb and hc and hb != hc:
         raise ConfigError(
             f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "

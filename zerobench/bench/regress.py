@@ -302,7 +302,10 @@ def run_gate(
 
 
 def _torch_versions(rows: list[dict]) -> set[str]:
-    return {v for r in rows if (v := (r.get("provenance") or {}).get("torch_version"))}
+    """The torch versions the rows were measured with (not the status rows': written by whoever recorded the run)."""
+    return {
+        v for r in rows if r.get("metric") != STATUS_METRIC and (v := (r.get("provenance") or {}).get("torch_version"))
+    }
 
 
 def _devices(rows: list[dict]) -> set[str]:

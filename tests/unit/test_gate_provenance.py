@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
+from tests.unit.test_bad_inputs import assert_one_line, run
 from tests.unit.test_gate_silent import BASELINE, ROWS, STAGE3, _gate_out
 from tests.unit.test_results_whole import _write
 
@@ -29,3 +32,28 @@ def test_a_failed_run_s_status_row_written_on_the_submit_host_is_not_its_machine
     assert "missing: stage=3 (in the baseline, not completed in the candidate)" in out, out
     assert "not completed: stage=3 (run 003-stage-3: failed: RuntimeError: boom)" in out, out
     assert "cpu-64core" not in out and "2.99.0" not in out, out
+
+
+@pytest.mark.parametrize("rows", ["all", "rank 1"])
+def test_a_configuration_without_hardware_provenance_beside_ones_with_it_is_refused(rows, tmp_path, capsys):
+    """A candidate run whose rows (or one rank's) lack the hardware provenance its other runs and the baseline have
+    is refused, naming the run: it would be compared with a baseline of whatever machine."""
+    cand = copy.deepcopy(ROWS)
+    for r in cand:
+        if r["config_hash"] == STAGE3 and r["metric"] != "run_status" and (rows == "all" or r.get("rank") == 1):
+            del r["provenance"]["hardware"]
+    code, err = run(["regress", "--baseline", str(BASELINE), "--candidate", str(_write(tmp_path / "c", cand))], capsys)
+    assert_one_line(code, err, "stage=3 (run 003-stage-3) in the candidate has rows without hardware provenance")
+
+
+def test_a_configuration_is_compared_on_its_own_machine_class(tmp_path, capsys):
+    """Both sides ran on cpu-2core and cpu-64core, but stage=2 on cpu-64core in the candidate only: refused, naming
+    it, whatever classes the other configurations cover."""
+    base, cand = copy.deepcopy(ROWS), copy.deepcopy(ROWS)
+    for rows, run_id in ((base, "003-stage-3"), (cand, "002-stage-2")):
+        for r in rows:
+            if r["run_id"] == run_id:
+                _on(r, "cpu-64core")
+    argv = ["regress", "--baseline", str(_write(tmp_path / "b", base) / "rows.jsonl")]
+    code, err = run([*argv, "--candidate", str(_write(tmp_path / "c", cand))], capsys)
+    assert_one_line(code, err, "stage=2 (run 002-stage-2) ran on cpu-64core in the candidate and on cpu-2core in the")

@@ -27,10 +27,12 @@ would be wrong without a word: two rows of one measurement (rows of several swee
 whose last row would win), two completed runs of one configuration (two sweeps, or two suite entries that
 resolve to one configuration: runs are matched by it), a gated value that is not a number, a
 negative count or size, a step time that is not positive, a metric in another unit than the baseline's, a
-candidate without hardware provenance against a baseline with it. A per-rank metric measured on other ranks
-than the baseline's (a rank's rows lost) fails as missing, and a configuration the candidate ran and none of
-whose runs completed fails whether or not the baseline has it (unless the suite's checker refused it as invalid).
-A baseline run that stopped without a status row fails the gate as a damaged baseline; one that failed (a sweep
+run without hardware provenance beside runs with it (on either side), a configuration measured on another hardware
+class than the baseline's run of it (``check_hardware``: per configuration, a run's machine read from its
+measurement rows, not from its status row, which whoever recorded the run wrote). A per-rank metric measured on
+other ranks than the baseline's (a rank's rows lost) fails as missing, and a configuration the candidate ran and
+none of whose runs completed fails whether or not the baseline has it (unless the suite's checker refused it as
+invalid). A baseline run that stopped without a status row fails the gate as a damaged baseline; one that failed (a sweep
 given as the baseline) is listed as not compared. A candidate value that is not finite (a diverged run's NaN
 loss, a NaN or infinite measurement, on any rank; or a baseline's) fails as ``NOT FINITE``, and a gated metric the baseline
 has but the candidate's run lacks fails as missing: neither is ever compared away as "ok". Only runs whose
@@ -215,6 +217,7 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             )
             continue
         d["ok"] = True
+        d.setdefault("run_id", r.get("run_id"))
         if m != STATUS_METRIC:  # a status row's machine is the recorder's, not necessarily the one measured
             d["hardware"].add(((r.get("provenance") or {}).get("hardware") or {}).get("class"))
         tool = r.get("instrumented") or ""
@@ -370,23 +373,7 @@ def gate(
         except ConfigError as e:
             raise ConfigError(f"{side}: {e}") from None
     b, c = sides["baseline"], sides["candidate"]
-    hb = set().union(*(d["hardware"] for d in b.values())) - {None}
-    hc = set().union(*(d["hardware"] for d in c.values())) - {None}
-    if hb and hc and hb != hc:
-        raise ConfigError(
-            f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
-            f"use results/baselines/{min(hc)}.jsonl or record one with --write-baseline"
-        )
-    if hb and not hc and any(d["ok"] for d in c.values()):
-        raise ConfigError(
-            f"the candidate's rows carry no hardware provenance, the baseline is for {', '.join(sorted(hb))}: "
-            "rows not written by zerobench's runs (or damaged); gate a sweep's own results"
-        )
-    if hc and not hb and any(d["ok"] for d in b.values()):
-        raise ConfigError(
-            f"the baseline's rows carry no hardware provenance, the candidate ran on {', '.join(sorted(hc))}: "
-            "a baseline not written by --write-baseline from a sweep (or damaged); record it again"
-        )
+    check_hardware(b, c)
     for key in b.keys() & c.keys():
         for m, unit in c[key]["units"].items():
             if b[key]["units"].get(m, unit) != unit:
@@ -421,6 +408,65 @@ def gate(
         _compare_run(bd, cd, key, timing_tolerance, gate_timing, res)
     _apply_noise(res, b, false_alarm, gate_timing)
     return res
+
+
+def check_hardware(b: dict[str, dict], c: dict[str, dict]) -> None:
+    """Refuse, in one line, a comparison across machines (``summarize``'s ``hardware``: the classes a configuration's
+    completed runs were measured on). Whole sides first: a baseline of other classes than the candidate's, a side
+    without hardware provenance beside one with it. Then per configuration, naming its run, since classes that other
+    configurations cover say nothing of this one's: rows without hardware provenance beside rows with it (on either
+    side), a configuration measured on another class than the baseline's run of it, and one measured on a class the
+    other side has no run on (one side of two machines)."""
+    hb = set().union(*(d["hardware"] for d in b.values() if d["ok"])) - {None}
+    hc = set().union(*(d["hardware"] for d in c.values() if d["ok"])) - {None}
+    if hb and hc and hb.isdisjoint(hc):
+        raise ConfigError(
+            f"baseline is for {', '.join(sorted(hb))} but the candidate ran on {', '.join(sorted(hc))}: "
+            f"use results/baselines/{min(hc)}.jsonl or record one with --write-baseline"
+        )
+    if hb and not hc and any(d["ok"] for d in c.values()):
+        raise ConfigError(
+            f"the candidate's rows carry no hardware provenance, the baseline is for {', '.join(sorted(hb))}: "
+            "rows not written by zerobench's runs (or damaged); gate a sweep's own results"
+        )
+    if hc and not hb and any(d["ok"] for d in b.values()):
+        raise ConfigError(
+            f"the baseline's rows carry no hardware provenance, the candidate ran on {', '.join(sorted(hc))}: "
+            "a baseline not written by --write-baseline from a sweep (or damaged); record it again"
+        )
+    for side, mine in (("candidate", c), ("baseline", b)):
+        for d in mine.values():
+            if d["ok"] and None in d["hardware"] and hb | hc:
+                raise ConfigError(
+                    f"{_name(d)} in the {side} has rows without hardware provenance beside runs of "
+                    f"{', '.join(sorted(hb | hc))}: rows not written by zerobench's runs (or damaged); "
+                    + ("gate a sweep's own results" if side == "candidate" else "record the baseline again")
+                )
+    for key, cd in c.items():
+        bd = b.get(key)
+        if cd["ok"] and bd is not None and bd["ok"] and cd["hardware"] != bd["hardware"]:
+            raise ConfigError(
+                f"{_name(cd)} ran on {_classes(cd)} in the candidate and on {_classes(bd)} in the baseline: a "
+                "configuration is compared on the machine class its baseline was measured on; gate it against a "
+                f"baseline of {_classes(cd)} or record one with --write-baseline"
+            )
+    for side, mine, other, there in (("candidate", c, "baseline", hb), ("baseline", b, "candidate", hc)):
+        for d in mine.values():
+            if d["ok"] and there and d["hardware"] - there:
+                raise ConfigError(
+                    f"{_name(d)} ran on {_classes(d)} in the {side}, where the {other} has no run ("
+                    f"{', '.join(sorted(there))} only): a gate run compares one machine class; gate each machine's "
+                    "runs against a baseline of it"
+                )
+
+
+def _name(d: dict) -> str:
+    run = d.get("run_id")
+    return d["label"] if run is None or run == d["label"] else f"{d['label']} (run {run})"
+
+
+def _classes(d: dict) -> str:
+    return ", ".join(sorted(map(str, d["hardware"])))
 
 
 def _ranks(ranks: frozenset) -> str:

@@ -1,6 +1,7 @@
-"""What the gate reads of the rows' provenance, and what it does with it: a configuration's machine is that of its
-measurements (a status row is written by whoever recorded the run: under Slurm the submit host), and it is
-compared per configuration, on copies of the committed ``cpu-2core`` baseline, changed."""
+"""What the gate reads of where and how a run ran, and what it does with it, on copies of the committed ``cpu-2core``
+baseline, changed: a configuration's machine is that of its measurements (a status row is written by whoever
+recorded the run: under Slurm the submit host) and is compared per configuration; a field of what a run ran on
+(``backend_ran``, ``kernels_ran``) that one side lacks is said, not passed over."""
 
 from __future__ import annotations
 
@@ -57,3 +58,23 @@ def test_a_configuration_is_compared_on_its_own_machine_class(tmp_path, capsys):
     argv = ["regress", "--baseline", str(_write(tmp_path / "b", base) / "rows.jsonl")]
     code, err = run([*argv, "--candidate", str(_write(tmp_path / "c", cand))], capsys)
     assert_one_line(code, err, "stage=2 (run 002-stage-2) ran on cpu-64core in the candidate and on cpu-2core in the")
+
+
+@pytest.mark.parametrize(
+    ("field", "side", "n"),
+    [("backend_ran", "the baseline", 9), ("kernels_ran", "the candidate", 1)],
+)
+def test_a_field_of_what_a_run_ran_on_recorded_on_one_side_only_is_noted(field, side, n, tmp_path, capsys):
+    """The committed baselines predate ``backend_ran`` (a refusal would refuse them): the gate runs, and one line on
+    stderr says how many configurations lack the field on which side, since their paths are not compared."""
+    cand = copy.deepcopy(ROWS)
+    for r in cand:
+        if field == "backend_ran" and r["metric"] != "run_status":
+            r["backend_ran"] = "gloo"
+        if field == "kernels_ran" and r["config_hash"] == STAGE3:
+            r.pop("kernels_ran", None)
+    code, err = run(["regress", "--baseline", str(BASELINE), "--candidate", str(_write(tmp_path / "c", cand))], capsys)
+    notes = [ln for ln in err.splitlines() if field in ln]
+    assert code == 0 and len(notes) == 1 and len(err.strip().splitlines()) == 1, err
+    assert notes[0].startswith("zerobench: note: ") and f"{n} of the 9 configurations both sides ran lack" in notes[0]
+    assert f"lack {field} in {side} and have it in" in notes[0], notes[0]

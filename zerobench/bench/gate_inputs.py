@@ -58,7 +58,7 @@ def check_same_kernels(samples: Sequence[list[dict]], names: Sequence[str]) -> N
     ``names``): ``auto`` takes the reference path where the fused kernels do not load (no C++ compiler, no Triton,
     or a change that broke their build), and times or working memory compared across the paths compare kernel paths,
     not code. The same for two process-group backends (``backend_ran``: gloo against NCCL). Rows of before runs
-    recorded their path are not judged."""
+    recorded their path are not judged (``one_sided`` counts the configurations that leaves unjudged)."""
     kernels: dict[str, tuple[str, str]] = {}
     backends: dict[str, tuple[str, str]] = {}
     for name, rows in zip(names, samples, strict=True):
@@ -80,6 +80,40 @@ def check_same_kernels(samples: Sequence[list[dict]], names: Sequence[str]) -> N
                     "would compare kernel paths, not code; where 'reference' ran, the fused kernels did not load (the "
                     "run's log says why: fix that), or measure both on one machine"
                 )
+
+
+RECORDED = {"backend_ran": "process-group backend", "kernels_ran": "kernel path"}
+"""What a run records of what it ran on (``train/loop.py``), and what ``check_same_kernels`` compares it as."""
+
+
+def one_sided(a: list[dict], b: list[dict], names: Sequence[str]) -> list[str]:
+    """One line per ``RECORDED`` field and side: how many configurations of both ``a`` and ``b`` (named by
+    ``names``) lack the field on that side while the other has it. ``check_same_kernels`` cannot compare those
+    runs' paths, and refusing them would refuse every baseline recorded before the field was (none of the committed
+    ones has ``backend_ran``): said instead, so that a path that changed is not taken for nothing having changed."""
+    has = [_recorded(rows) for rows in (a, b)]
+    both = has[0].keys() & has[1].keys()
+    notes = []
+    for field, what in RECORDED.items():
+        for i in (0, 1):
+            n = sum(field not in has[i][k] and field in has[1 - i][k] for k in both)
+            if n:
+                notes.append(
+                    f"{n} of the {len(both)} configurations both sides ran lack {field} in {names[i]} and have it "
+                    f"in {names[1 - i]}: their {what}s are not compared; record {names[i]} again to compare them"
+                )
+    return notes
+
+
+def _recorded(rows: list[dict]) -> dict[str, set[str]]:
+    """config hash -> the ``RECORDED`` fields any of its measurement rows carries (a status row carries none)."""
+    out: dict[str, set[str]] = {}
+    for r in rows:
+        if r.get("metric") == STATUS_METRIC:
+            continue
+        fields = out.setdefault(str(r.get("config_hash")), set())
+        fields.update(f for f in RECORDED if isinstance(r.get(f), str if f == "backend_ran" else dict))
+    return out
 
 
 def _first_other(seen: dict[str, tuple[str, str]], r: dict, name: str, value: str) -> tuple[str, str] | None:

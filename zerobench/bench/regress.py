@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from zerobench.bench import noise
-from zerobench.bench.gate_inputs import check_one_version, check_same_kernels, check_same_source, check_whole
+from zerobench.bench.gate_inputs import (
+    check_one_version,
+    check_same_kernels,
+    check_same_source,
+    check_whole,
+    one_sided,
+)
 from zerobench.bench.gate_rules import (
     COUNTS,
     GATED,
@@ -212,6 +219,8 @@ def run_gate(
     check_one_version(cand_rows, "candidate")
     check_same_kernels([base_rows, cand_rows], ["the baseline", "the candidate"])
     res = gate(base_rows, cand_rows, timing_tolerance, gate_timing=timing == "gate", false_alarm=false_alarm)
+    for note in one_sided(base_rows, cand_rows, ["the baseline", "the candidate"]):
+        print(f"zerobench: note: {note}", file=sys.stderr)
     versions = {side: _torch_versions(rows) for side, rows in (("baseline", base_rows), ("candidate", cand_rows))}
     if all(versions.values()) and versions["baseline"] != versions["candidate"]:
         print(

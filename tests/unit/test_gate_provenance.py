@@ -78,3 +78,24 @@ def test_a_field_of_what_a_run_ran_on_recorded_on_one_side_only_is_noted(field, 
     assert code == 0 and len(notes) == 1 and len(err.strip().splitlines()) == 1, err
     assert notes[0].startswith("zerobench: note: ") and f"{n} of the 9 configurations both sides ran lack" in notes[0]
     assert f"lack {field} in {side} and have it in" in notes[0], notes[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "kind"),
+    [("device", "Intel Xeon", "processors"), ("torch_version", "2.99.0+cpu", "torch versions")],
+)
+def test_a_baseline_from_two_processors_or_torch_versions_is_refused(field, value, kind, tmp_path, capsys):
+    """Unchanged runs of one hardware class on two processors (or torch versions): their spread would be the
+    difference between them, and the gate holds a noise model for the processor it was measured on only."""
+    other = copy.deepcopy(ROWS)
+    for r in other:
+        if field == "device":
+            r["provenance"]["hardware"]["device"] = value
+        else:
+            r["provenance"]["torch_version"] = value
+    out = tmp_path / "base.jsonl"
+    argv = ["regress", "--write-baseline", str(out), "--candidate", str(_write(tmp_path / "1", ROWS))]
+    code, err = run([*argv, str(_write(tmp_path / "2", other))], capsys)
+    first = "AMD EPYC" if field == "device" else "2.13.0+cpu"
+    assert_one_line(code, err, f"the --candidate results mix {kind} {first} and {value} (result 2)")
+    assert not out.exists()

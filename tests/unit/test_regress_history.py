@@ -238,3 +238,24 @@ def test_a_second_history_into_one_directory_is_refused_and_a_stopped_one_leaves
     with pytest.raises(KeyboardInterrupt):
         run_history(dirs, tmp_path / "stopped", metrics="instructions")
     assert len(calls) == 2 and not (tmp_path / "stopped" / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [("device", "Intel Xeon Gold 6338"), ("torch_version", "2.99.0+cpu")])
+def test_a_history_over_two_processors_or_torch_versions_says_so(run_rows, tmp_path, capsys, field, value):
+    """One hardware class, but the second commit measured on another processor (or torch): drawn, with a note on
+    stderr naming both and where each was first seen, since a commit flagged there may be flagged for the machine."""
+    dirs = _history(run_rows, tmp_path, planted=0, n=3)
+
+    def moved(r):
+        prov = r["provenance"]
+        if field == "device":
+            return {**r, "provenance": {**prov, "hardware": {**prov["hardware"], "device": value}}}
+        return {**r, "provenance": {**prov, "torch_version": value}}
+
+    _edit(dirs[1], moved)
+    assert run_history(dirs, tmp_path / "h", metrics="model_state_bytes") == 0
+    err = capsys.readouterr().err
+    kind = "processors" if field == "device" else "torch versions"
+    first = "AMD EPYC" if field == "device" else "2.13.0+cpu"
+    assert f"zerobench: note: the history mixes {kind} {first} ({dirs[0]}) and {value} ({dirs[1]})" in err, err
+    assert len(err.strip().splitlines()) == 1, err

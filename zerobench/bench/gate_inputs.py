@@ -13,38 +13,52 @@ from zerobench.config import ConfigError
 from zerobench.results.provenance import code_version, describe_version
 from zerobench.results.status import OK, STATUS_METRIC
 
+SOURCE = ("hardware", "commits", "processors", "torch versions")
+"""What ``_sources`` tells a sample's source by, in its key's order."""
+
 
 def check_same_source(samples: Sequence[list[dict]]) -> None:
-    """Refuse, in one line, unchanged runs that are not one machine class and one commit: their spread would be the
-    difference between machines or commits, and every tolerance drawn from it that much wider."""
+    """Refuse, in one line, unchanged runs that are not one machine class, one commit, one processor (the hardware's
+    ``device``) and one torch version: their spread would be the difference between machines, commits, processors
+    or torch versions (instruction counts, CPU time and the live-tensor counts move with each), and every tolerance
+    drawn from it that much wider; and the gate holds a noise model for the processor it was measured on only."""
     seen = _sources(samples)
-    if len(seen) > 1:
-        (h0, c0), (h1, c1) = list(seen)[:2]
-        what = f"hardware {h0} and {h1}" if h0 != h1 else f"commits {describe_version(c0)} and {describe_version(c1)}"
-        raise ConfigError(
-            f"the --candidate results mix {what} (result {seen[(h1, c1)] + 1}): a baseline and its noise model come "
-            "from unchanged runs of one commit on one machine class"
-        )
+    for i, what in enumerate(SOURCE):
+        first: dict = {}
+        for key, sample in seen.items():  # in the order first seen: the earliest sample of each value first
+            if i < 2 or key[i] is not None:  # a processor or torch version not recorded tells nothing apart
+                first.setdefault(key[i], sample)
+        if len(first) > 1:
+            (v0, _), (v1, at) = list(first.items())[:2]
+            if i == 1:
+                v0, v1 = describe_version(v0), describe_version(v1)
+            raise ConfigError(
+                f"the --candidate results mix {what} {v0} and {v1} (result {at + 1}): a baseline and its noise "
+                "model come from unchanged runs of one commit on one machine class, one processor and one torch "
+                "version"
+            )
 
 
 def _sources(samples: Sequence[list[dict]]) -> dict[tuple, int]:
-    """(hardware class, code version) -> the first sample holding it, over every row but the status rows (written
-    by whoever recorded the run: a login node under Slurm). The code version is the commit with the hash of any
-    uncommitted changes (``provenance.code_version``): a dirty tree's runs are not the commit's."""
+    """(hardware class, code version, processor, torch version) -> the first sample holding it, over every row but
+    the status rows (written by whoever recorded the run: a login node under Slurm). The code version is the
+    commit with the hash of any uncommitted changes (``provenance.code_version``): a dirty tree's runs are not the
+    commit's."""
     seen: dict[tuple, int] = {}
     for i, rows in enumerate(samples):
         for r in rows:
             if r.get("metric") == STATUS_METRIC:
                 continue
             prov = r.get("provenance") or {}
-            seen.setdefault(((prov.get("hardware") or {}).get("class"), code_version(prov)), i)
+            hw = prov.get("hardware") or {}
+            seen.setdefault((hw.get("class"), code_version(prov), hw.get("device"), prov.get("torch_version")), i)
     return seen
 
 
 def check_one_version(rows: list[dict], what: str) -> None:
     """Refuse, in one line, gate input measured with two code versions (a sweep resumed at another commit, rows of
     two sweeps copied together): its step-time ratios would be taken across them and its verdicts stamped with one."""
-    versions = {c for _, c in _sources([rows])}
+    versions = {key[1] for key in _sources([rows])}
     if len(versions) > 1:
         a, b = sorted(versions, key=str)[:2]
         raise ConfigError(

@@ -16,6 +16,7 @@ import io
 import itertools
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import matplotlib.pyplot as plt
 
 from zerobench.bench import noise
 from zerobench.bench.gate_rules import EXACT, GATED, summarize
-from zerobench.bench.regress import _rows
+from zerobench.bench.regress import _devices, _rows, _torch_versions
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
 from zerobench.results.provenance import code_version, short_version
@@ -78,12 +79,19 @@ def _source(d: str, rows: list[dict]) -> tuple[dict, str | None]:
 
 def collect(dirs: list[str]) -> list[Point]:
     """One point per commit of ``dirs``, in history order; refused in one line where the directories are of
-    several hardware classes (one series would mix machines: draw a history per class)."""
+    several hardware classes (one series would mix machines: draw a history per class). Processors or torch
+    versions that differ within the class are said in a note on stderr (``_note_machines``): a series may hold
+    them (a runner replaced), but a commit flagged where they change may be flagged for the machine."""
     points: dict[str, Point] = {}
     hardware: dict[str | None, str] = {}
+    machines: dict[str, dict[str, str]] = {"processors": {}, "torch versions": {}}
     for d in dirs:
         rows = _rows(d)
         prov, cls = _source(d, rows)
+        for v in sorted(_devices(rows)):
+            machines["processors"].setdefault(v, d)
+        for v in sorted(_torch_versions(rows)):
+            machines["torch versions"].setdefault(v, d)
         hardware.setdefault(cls, d)
         if len(hardware) > 1:
             (c0, d0), (c1, d1) = list(hardware.items())[:2]
@@ -102,7 +110,22 @@ def collect(dirs: list[str]) -> list[Point]:
             ),
         )
         p.runs.append(summarize(rows))
+    _note_machines(machines)
     return order(list(points.values()))
+
+
+def _note_machines(machines: dict[str, dict[str, str]]) -> None:
+    """One line on stderr per kind of ``machines`` (value -> the first directory holding it) with two values:
+    instruction counts and CPU time move with the processor, exact counts and peak memory with torch."""
+    for kind, first in machines.items():
+        if len(first) > 1:
+            (v0, d0), (v1, d1) = list(first.items())[:2]
+            moves = "instruction counts and CPU time" if kind == "processors" else "exact counts and peak memory"
+            print(
+                f"zerobench: note: the history mixes {kind} {v0} ({d0}) and {v1} ({d1}) of one hardware class: "
+                f"{moves} can differ for that alone, so a commit where they change may be flagged for it",
+                file=sys.stderr,
+            )
 
 
 def order(points: list[Point]) -> list[Point]:

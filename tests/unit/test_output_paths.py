@@ -1,5 +1,6 @@
 """An output path that cannot be written (a file, a path under a file, a read-only directory) is one line and
-exit code 2 before any work starts, for every command that writes: never a traceback after the work.
+exit code 2 before any work starts, for every command that writes: never a traceback after the work. So is a
+gate's ``--out`` inside one of its inputs, whose rows would be read as that input's.
 
 Each case replaces the command's expensive step with a stub that fails the test if reached, so the check is
 shown to come first. The read-only directory is a ``chmod 555`` one for a normal user and ``/sys`` for root
@@ -166,3 +167,31 @@ def test_a_writable_output_is_used_and_the_probe_file_is_gone(tmp_path, capsys):
     assert [p.name for p in target.parent.iterdir()] == ["base.jsonl"]
     assert all(json.loads(line)["metric"] for line in target.read_text().splitlines())
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("side", ["--candidate", "--baseline"])
+def test_a_gate_out_inside_its_input_directory_is_refused_first(side, tmp_path, capsys):
+    """``--out`` inside a candidate or baseline directory that is no sweep's (CI's ``pr`` holds ``pr/timed`` and
+    ``pr/counted``): its verdict rows would be read as that input's rows the next time it is given."""
+    from tests.unit.test_bad_inputs import assert_one_line
+
+    inside = tmp_path / "in"
+    inside.mkdir()
+    (inside / "rows.jsonl").write_text(ROWS.read_text())
+    other = {"--candidate": str(ROWS), "--baseline": str(ROWS)}
+    other[side] = str(inside)
+    argv = ["regress", "--baseline", other["--baseline"], "--candidate", other["--candidate"], "--timing", "report"]
+    code, err = run([*argv, "--propose", str(tmp_path / "p.jsonl"), "--out", str(inside / "gate")], capsys)
+    assert_one_line(code, err, f"--out {inside / 'gate'} is inside {side} {inside}")
+    assert not (inside / "gate").exists()
+
+
+def test_a_history_out_inside_one_of_its_directories_is_refused_first(tmp_path, capsys):
+    from tests.unit.test_bad_inputs import assert_one_line
+
+    inside = tmp_path / "c1"
+    inside.mkdir()
+    (inside / "rows.jsonl").write_text(ROWS.read_text())
+    code, err = run(["regress", "--history", str(inside), str(ROWS), "--out", str(inside / "h")], capsys)
+    assert_one_line(code, err, f"--out {inside / 'h'} is inside --history {inside}")
+    assert not (inside / "h").exists()

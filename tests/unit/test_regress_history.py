@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,12 @@ def test_a_history_over_two_processors_or_torch_versions_says_so(run_rows, tmp_p
     first = "AMD EPYC" if field == "device" else "2.13.0+cpu"
     assert f"zerobench: note: the history mixes {kind} {first} ({dirs[0]}) and {value} ({dirs[1]})" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_refused_directory_of_a_history_is_named(run_rows, tmp_path):
+    """A history reads many directories: a row measured twice in one of them is refused naming it."""
+    dirs = _history(run_rows, tmp_path, planted=0, n=3)
+    path = Path(dirs[1]) / "rows.jsonl"
+    path.write_text(path.read_text() * 2)
+    with pytest.raises(ConfigError, match="^" + re.escape(dirs[1]) + ": run 002-stage-2: .* is measured twice"):
+        run_history(dirs, tmp_path / "h")

@@ -29,6 +29,9 @@ def cmd_regress(args: argparse.Namespace) -> int:
         raise ConfigError(f"{given} is for the gate; --{'ab' if args.ab else 'history'} does not read it: drop it")
     if args.ab:
         return _cmd_ab(args)
+    if args.out:  # before any check that creates it
+        inputs = [("--history", d) for d in args.history or []] + [("--candidate", c) for c in args.candidate or []]
+        _check_out_outside(args.out, [*inputs, ("--baseline", args.baseline)])
     if args.history:
         return _cmd_history(args)
     if not args.candidate:
@@ -61,6 +64,23 @@ def cmd_regress(args: argparse.Namespace) -> int:
         false_alarm=args.false_alarm,
         out=args.out,
     )
+
+
+def _check_out_outside(out: str, inputs: list[tuple[str, str | None]]) -> None:
+    """Refuse, in one line, an ``--out`` at or inside an input directory (``(flag, path)``): every reader takes a
+    directory's rows recursively, so the verdict or history rows written there would be read as that input's rows
+    the next time it is given. (Inside a sweep's directory ``check_fresh_run_dir`` refuses it; a directory of
+    several sweeps, as CI's ``pr/timed`` and ``pr/counted``, is no sweep's.)"""
+    from pathlib import Path
+
+    where = Path(out).resolve()
+    for flag, path in inputs:
+        src = Path(path).resolve() if path else None
+        if src is not None and src.is_dir() and (where == src or src in where.parents):
+            raise ConfigError(
+                f"--out {out} is inside {flag} {path}: the rows written there would be read as that input's the next "
+                "time it is given; give --out a directory outside it"
+            )
 
 
 def _cmd_write_baseline(args: argparse.Namespace) -> int:

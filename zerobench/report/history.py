@@ -109,9 +109,17 @@ def collect(dirs: list[str]) -> list[Point]:
                 bool(prov.get("dirty")),
             ),
         )
-        p.runs.append(summarize(rows))
+        p.runs.append(_summary(d, rows))
     _note_machines(machines)
     return order(list(points.values()))
+
+
+def _summary(where: str, rows: list[dict]) -> dict[str, dict]:
+    """``summarize`` of the rows read from ``where``, its refusal naming ``where``: a history reads many."""
+    try:
+        return summarize(rows)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _note_machines(machines: dict[str, dict[str, str]]) -> None:
@@ -246,7 +254,7 @@ def run_history(
         raise ConfigError(
             f"a history needs results of at least two commits; {len(dirs)} directories hold {len(points)}"
         )
-    models = {k: d["noise"] for k, d in summarize(_rows(baseline)).items()} if baseline else {}
+    models = {k: d["noise"] for k, d in _summary(f"--baseline {baseline}", _rows(baseline)).items()} if baseline else {}
     keys = sorted({k for p in points for r in p.runs for k in r if r[k].get("ok")})
     lines = [
         f"# History of {len(points)} commits",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ LIBS = ["-lmvec"]  # glibc's vector math (erff/expf in the GeLU and softmax loop
 ABI_VERSION = 5
 
 _lock = threading.Lock()
+_log = logging.getLogger(__name__)
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
 
@@ -113,6 +115,17 @@ def _bind(lib: ctypes.CDLL) -> None:
         fn.argtypes, fn.restype = args, res
 
 
+def _load() -> ctypes.CDLL:
+    """The cached build, loaded; a cached file that does not load (truncated by a full disk or a killed copy) is built
+    again once, since every later process would otherwise find it and fall back to the reference path."""
+    path = build()
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        _log.warning("the cached CPU kernel build %s does not load (%s): building it again", path, e)
+        return ctypes.CDLL(str(build(force=True)))
+
+
 def library() -> ctypes.CDLL:
     """The loaded CPU kernel library (built on first use); raises ``KernelUnavailable``."""
     global _lib, _error  # noqa: PLW0603 - a loaded shared library is per process by nature
@@ -123,7 +136,7 @@ def library() -> ctypes.CDLL:
             if _error is not None:
                 raise KernelUnavailable(_error)
             try:
-                lib = ctypes.CDLL(str(build()))
+                lib = _load()
                 _bind(lib)
                 if lib.zb_abi_version() != ABI_VERSION:
                     raise KernelUnavailable("stale CPU kernel build: remove the kernel cache and retry")

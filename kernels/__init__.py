@@ -212,14 +212,40 @@ def _check_last_dim(x: torch.Tensor, **params: torch.Tensor) -> None:
             raise ValueError(f"{name} must be 1-D of x's last dimension ({x.shape[-1]}) on {x.device}, got {got}")
 
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""What the fused bodies compute in: the C++ ones in fp32 (storing in the input's dtype), Triton's in these three."""
+
+TRITON_MAX_ROW = 1 << 20
+"""Triton's largest block (``TRITON_MAX_TENSOR_NUMEL``): its LayerNorm and softmax hold one whole row per block."""
+
+
+def _path(mode: str, x: torch.Tensor, row: int | None = None) -> str:
+    """``resolve``'s path for ``x``, where the fused bodies can compute it: a dtype they do not compute in (fp64,
+    which the C++ bodies would round through fp32 and Triton refuses) or, on CUDA, a row longer than one Triton block
+    takes the reference path under ``auto`` and is a one-line ``ValueError`` under ``fused``."""
+    path = resolve(mode, x.device)
+    if path == "reference" or x.numel() == 0:
+        return "reference"
+    why = None
+    if x.dtype not in FUSED_DTYPES:
+        why = f"the fused kernels compute in fp32, bf16 or fp16, got {x.dtype}"
+    elif row is not None and x.device.type == "cuda" and row > TRITON_MAX_ROW:
+        why = f"a row of {row} elements exceeds the Triton kernels' one-block rows ({TRITON_MAX_ROW})"
+    if why is None:
+        return "fused"
+    if mode == "fused":
+        raise ValueError(f"{why}: use kernels='reference' (or 'auto') for this tensor")
+    return "reference"
+
+
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", mode: str = "auto") -> torch.Tensor:
     """``gelu(x + bias)`` fused (erf form, or ``approximate="tanh"``); differentiable."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     _check_last_dim(x, bias=bias)
-    if resolve(mode, x.device) == "reference" or x.numel() == 0:
+    if _path(mode, x) == "reference":
         return reference.bias_gelu(x, bias, approximate)
-    return ops.bias_gelu_op(x, bias, approximate)
+    return ops.bias_gelu_op(x.contiguous(), bias, approximate)
 
 
 def layer_norm(
@@ -227,7 +253,7 @@ def layer_norm(
 ) -> torch.Tensor:
     """LayerNorm over the last dimension with affine ``weight``/``bias``; differentiable."""
     _check_last_dim(x, weight=weight, bias=bias)
-    if resolve(mode, x.device) == "reference" or x.numel() == 0:
+    if _path(mode, x, x.shape[-1]) == "reference":
         return reference.layer_norm(x, weight, bias, eps)
     return ops.layer_norm_op(x.contiguous(), weight, bias, eps)[0]
 
@@ -236,7 +262,7 @@ def causal_softmax(x: torch.Tensor, scale: float, mode: str = "auto") -> torch.T
     """softmax(scale * x) over ``[..., s, s]`` attention scores with the causal mask; differentiable."""
     if x.shape[-1] != x.shape[-2]:
         raise ValueError(f"causal softmax takes square [..., s, s] scores, got {tuple(x.shape)}")
-    if resolve(mode, x.device) == "reference" or x.numel() == 0:
+    if _path(mode, x, x.shape[-1]) == "reference":
         return reference.causal_softmax(x, scale)
     return ops.causal_softmax_op(x.contiguous(), scale)
 

@@ -74,12 +74,12 @@ def _(dy, x, bias, approximate):
 
 @bias_gelu_op.register_fake
 def _(x, bias, approximate):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)  # as the bodies return it
 
 
 @bias_gelu_backward_op.register_fake
 def _(dy, x, bias, approximate):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _bias_gelu_setup(ctx, inputs, output):
@@ -181,12 +181,16 @@ def _(dy, x, weight, mean, rstd):
 def _(x, weight, bias, eps):
     rows = x.numel() // x.shape[-1]
     stat = x.new_empty(rows, dtype=torch.float32)
-    return torch.empty_like(x), stat, stat.clone()
+    return torch.empty_like(x, memory_format=torch.contiguous_format), stat, stat.clone()
 
 
 @layer_norm_backward_op.register_fake
 def _(dy, x, weight, mean, rstd):
-    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        torch.empty_like(weight),
+        torch.empty_like(weight),
+    )
 
 
 def _ln_setup(ctx, inputs, output):
@@ -248,12 +252,12 @@ def _(dy, y, scale):
 
 @causal_softmax_op.register_fake
 def _(x, scale):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @causal_softmax_backward_op.register_fake
 def _(dy, y, scale):
-    return torch.empty_like(y)
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
 
 
 def _sm_setup(ctx, inputs, output):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_distributed
-from tests.helpers.workers_engine import ledgers
+from tests.helpers.workers_engine import accumulated_volume, ledgers
 from zerobench.metrics.analytic import paper_model_state_bytes
 
 pytestmark = pytest.mark.dist
@@ -106,3 +106,16 @@ def test_stage3_cuts_large_units_into_buckets_of_bucket_numel():
             assert len(runs) == 2 * 3, len(runs)  # 2 steps x (root + 2 blocks)
             assert all(states == ["unsharded"] * (len(states) - 1) + ["sharded"] for states in runs), runs
             assert r["deferred"] == r["unit_ends"], "a unit's last bucket is staged when it starts"
+
+
+def test_comm_volume_of_an_accumulation_window_is_what_the_summary_says():
+    """Stages 2 and 3 reduce-scatter every micro-batch's gradients (as DeepSpeed's stage 2 does), so a window of A
+    micro-batches moves (A+1)Ψ at stage 2 and 3AΨ at stage 3; ``zerobench train`` printed 2Ψ and 3Ψ as the paper's
+    figure beside a measured 3Ψ and 6Ψ at A = 2. Stages 0-1 reduce once per window: 2Ψ."""
+    from zerobench.train.summary import dp_volume_factor
+
+    for rank_res in run_distributed(accumulated_volume, 2, 2, timeout=180):
+        for stage, r in rank_res.items():
+            expected = dp_volume_factor(stage, 2)[0] * r["numel"] / 2
+            assert expected <= r["volume"] <= expected * 1.001, (stage, r, expected)
+        assert [dp_volume_factor(s, 2)[0] for s in range(4)] == [2, 2, 3, 6]

@@ -187,3 +187,23 @@ def offload_ledgers(rank, world, preset):
             m["largest_block_bytes"] = max(u.nbytes for u in units[1:])
         out[key] = m
     return {"psi": num_params(cfg), "configs": out, "storage_bytes_ok": storage_bytes([]) == 0}
+
+
+def accumulated_volume(rank, world, accum):
+    """The data-parallel volume (elements) of one optimizer step of ``accum`` micro-batches at stages 0-3, with the
+    engine's flat numel, on the tiny GPT."""
+    cfg = PRESETS["tiny"]
+    group = dp_groups(rank, world, [world])[world]
+    out = {}
+    for stage in (0, 1, 2, 3):
+        torch.manual_seed(0)
+        engine = apply_zero(GPT(cfg), group, ZeroConfig(stage=stage, grad_accum_steps=accum, bucket_numel=30_000))
+        data = SyntheticTokens(cfg.vocab, cfg.seq)
+        for micro in range(accum):
+            x, y = data.micro_batch(0, group.rank, group.size, micro, 2)
+            engine.backward(engine.module(x, y))
+        engine.step()
+        engine.zero_grad()
+        out[stage] = {"volume": engine.ledger.volume_elements(group="dp"), "numel": engine.layout.numel}
+        engine.destroy()
+    return out

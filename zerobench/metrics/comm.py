@@ -1,4 +1,4 @@
-"""The communication ledger: every collective an engine issues, with the paper's volume accounting.
+"""The communication ledger: every collective of a training step an engine issues, with the paper's volume accounting.
 
 Volume follows the ZeRO paper (§7): per rank, a reduce-scatter or all-gather of a tensor of N elements
 (the full, unsharded size) over a group of n ranks moves N(n-1)/n elements; an all-reduce moves twice

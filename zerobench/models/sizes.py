@@ -36,6 +36,14 @@ def num_params(cfg: GPTConfig) -> int:
     return cfg.vocab * h + cfg.seq * h + cfg.layers * (12 * h * h + 13 * h) + 2 * h
 
 
+def params_per_mp_rank(cfg: GPTConfig, mp: int) -> int:
+    """Exact parameters held by one MP rank (Megatron split; LayerNorms, position embedding and
+    row-parallel biases replicated)."""
+    h = cfg.hidden
+    per_block = 12 * h * h // mp + 7 * h // mp + 6 * h
+    return cfg.vocab * h // mp + cfg.seq * h + cfg.layers * per_block + 2 * h
+
+
 def flops_per_token(cfg: GPTConfig, seq: int | None = None, recompute: bool = False) -> float:
     """Training FLOPs per token (forward + backward, plus one block forward more with recompute)."""
     s = cfg.seq if seq is None else seq

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from zerobench.metrics.analytic import host_state_bytes_analytic, model_state_bytes_analytic
 from zerobench.models.config import GPTConfig
+from zerobench.models.sizes import params_per_mp_rank
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,6 @@ class PlanConfig:
     @property
     def dp(self) -> int:
         return self.gpus // self.mp
-
-
-def params_per_mp_rank(cfg: GPTConfig, mp: int) -> int:
-    """Exact parameters held by one MP rank (Megatron split; LayerNorms, position embedding and
-    row-parallel biases replicated)."""
-    h = cfg.hidden
-    per_block = 12 * h * h // mp + 7 * h // mp + 6 * h
-    return cfg.vocab * h // mp + cfg.seq * h + cfg.layers * per_block + 2 * h
 
 
 def block_activation_bytes(cfg: GPTConfig, b: int, mp: int) -> float:

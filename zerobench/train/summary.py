@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from zerobench.models.sizes import params_per_mp_rank
 from zerobench.results.rows import RowWriter
 from zerobench.train.config import TrainConfig
 
@@ -63,16 +64,29 @@ def report(s: dict, cfg: TrainConfig, say) -> None:
             f"  {c['group']:>3} {c['op']:<15} {c['tag']:<10} calls {c['calls']:5d}  "
             f"elements {c['numel']:12d}  volume {c['volume_elements']:14.0f}"
         )
-    psi, n = s["psi"], cfg.dp
-    factor = 3 if cfg.zero.stage == 3 else 2
-    psi_local = psi / cfg.tp  # approximately: the TP-replicated parameters are a small part
+    n, (factor, formula) = cfg.dp, dp_volume_factor(cfg.zero.stage, cfg.zero.grad_accum_steps)
+    psi_local = params_per_mp_rank(cfg.model, cfg.tp)  # Ψ of this TP rank: the replicated parameters whole
     say(
-        f"  DP volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {factor}Ψ(N-1)/N = "
-        f"{factor * psi_local * (n - 1) / n:.0f}" + (" (Ψ per TP rank ≈ Ψ/MP)" if cfg.tp > 1 else "")
+        f"  DP volume {s['ranks'][0]['comm_volume']:.0f} elements; paper: {formula}(N-1)/N"
+        + (f" at A = {cfg.zero.grad_accum_steps} micro-batches" if "A" in formula else "")
+        + f" = {factor * psi_local * (n - 1) / n:.0f}"
+        + (" (Ψ of one TP rank)" if cfg.tp > 1 else "")
     )
     if cfg.tp > 1:
         r0 = s["ranks"][0]
         say(f"  MP volume in blocks {r0['mp_volume']:.0f} elements; P_a all-gathers {r0['pa_volume']:.0f}")
+
+
+def dp_volume_factor(stage: int, accum: int) -> tuple[int, str]:
+    """The data-parallel volume of one optimizer step in units of Ψ(N-1)/N, and its formula (paper §7): 2Ψ at
+    stages 0-1, which reduce once per window; stages 2 and 3 reduce-scatter every micro-batch's gradients into the
+    partition (as DeepSpeed's stage 2 does), so A micro-batches cost (A+1)Ψ at stage 2 (and one all-gather of the
+    updated parameters) and 3AΨ at stage 3 (each micro-batch gathers the parameters twice)."""
+    if stage <= 1:
+        return 2, "2Ψ"
+    if stage == 2:
+        return accum + 1, "2Ψ" if accum == 1 else "(A+1)Ψ"
+    return 3 * accum, "3Ψ" if accum == 1 else "3AΨ"
 
 
 _TIMINGS = (

@@ -89,6 +89,13 @@ def test_the_projection_is_the_simulators_now_and_plan_says_so():
         (["--table", "1", "--max-size"], "--table prints the paper's table alone"),
         (["--dry-run", "--max-size", "--hidden", "64", "--heads", "4"], "solve the size first"),
         (["--dry-run", "--suite", "paper/fig2", "--layers", "2"], "plans the suite's own rows"),
+        # before: "max size: 0 layers ... fit (the model and memory above are at that size)" over a 1-layer model
+        (
+            ["--max-size", "--gpus", "128", "--hidden", "4096", "--heads", "32", "--stage", "2", "--gpu-mem", "1GB"],
+            "no layer count fits: 1 layer needs 3.40 GB per GPU, more than the 1.00 GB given",
+        ),
+        # before: a 1.23B-parameter model planned without a word
+        (["--params", "1000"], "--params 1000 is below one layer at hidden 8192"),
     ],
 )
 def test_invalid_plans_are_one_line(args, msg):
@@ -162,3 +169,13 @@ def test_a_dry_run_builds_the_precision_asked_for():
     psi = a["params_per_mp_rank"]
     assert a["measured_model_state_bytes"] == a["analytic_model_state_bytes"] == 4 * psi + 12 * psi / 2
     assert b["measured_model_state_bytes"] == b["analytic_model_state_bytes"] == 8 * psi + 8 * psi / 2
+
+
+def test_a_dry_run_that_offloads_every_model_state_prints_zero_bytes():
+    """Stage 3 with optimizer and parameter offload keeps no model state on the device: the text output divided by
+    the analytic 0 (a ZeroDivisionError traceback)."""
+    r = zb(
+        "plan", "--dry-run", "--model", "8B", "--gpus", "16", "--stage", "3", "--offload-optimizer", "--offload-param"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "engine     0.000 GB  analytic     0.000 GB  (+0.0000%" in r.stdout, r.stdout

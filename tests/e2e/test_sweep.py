@@ -223,3 +223,15 @@ def test_a_maxsize_answer_trains_on_past_its_first_step(tmp_path):
         str(tmp_path / "t"),
     )
     assert r.returncode == 0, r.stderr  # the answer trains on under the budget
+
+
+@pytest.mark.slow
+def test_maxsize_where_no_layer_fits_says_so_and_writes_no_row(tmp_path):
+    """A budget below one layer: the search printed "at most 0 layers", exited 0 and wrote max_params 0 rows, which
+    the report read as a measured maximum of 0 parameters."""
+    out = tmp_path / "ms"
+    r = zb("maxsize", "--budget", "1B", "--stage", "0", "3", "--max-layers", "4", "--dp", "1", "--out", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(" even 1 layer exceeds 1B per process " in line for line in lines), r.stderr
+    assert not (out / "rows.jsonl").exists() or not (out / "rows.jsonl").read_text().strip()

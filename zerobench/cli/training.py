@@ -361,8 +361,15 @@ def _maxsize(args: argparse.Namespace) -> int:
                 )
                 print(f"zerobench: error: maxsize stopped at stage {stage}: {e}{done}", file=sys.stderr)
                 return EXIT_CANCELLED
-            results[stage] = res
             world = f"dp {base.dp} x tp {base.tp or 1}: {base.dp * (base.tp or 1)} process(es) on this host"
+            if res.max_layers == 0:  # no row: a maximum of 0 parameters would read as a measurement
+                print(
+                    f"zerobench: error: stage {stage}: even 1 layer exceeds {args.budget} per process ({world}); "
+                    "no row written: give a larger --budget, more processes or a smaller model",
+                    file=sys.stderr,
+                )
+                continue
+            results[stage] = res
             capped = res.max_layers == args.max_layers  # the limit itself fits: the maximum is beyond it
             print(
                 f"stage {stage}: {'at least' if capped else 'at most'} {res.max_layers} layers = "
@@ -372,11 +379,10 @@ def _maxsize(args: argparse.Namespace) -> int:
             if args.out:  # each stage's rows as soon as it is found: a cancel later loses none
                 _write_maxsize_rows(args, dataclasses.replace(base, stage=stage), res)
     if len(results) > 1:
-        first = results[args.stage[0]]
+        first = results[next(iter(results))]
         for stage, r in results.items():
-            if first.max_params:
-                print(f"  stage {stage} / stage {args.stage[0]}: {r.max_params / first.max_params:.2f}x parameters")
-    return 0
+            print(f"  stage {stage} / stage {next(iter(results))}: {r.max_params / first.max_params:.2f}x parameters")
+    return 0 if len(results) == len(args.stage) else 1
 
 
 SEARCH_METRICS = ("max_layers", "max_params")

@@ -36,8 +36,13 @@ def _shape(args) -> dict:
     else:
         hidden, heads = args.hidden or 8192, args.heads or 64
         if args.params:
-            per_layer = 12 * hidden * hidden + 13 * hidden
-            layers = max(1, round((args.params - (args.vocab + args.seq) * hidden) / per_layer))
+            per_layer, fixed = 12 * hidden * hidden + 13 * hidden, (args.vocab + args.seq) * hidden
+            if args.params < fixed + per_layer / 2:
+                raise ConfigError(
+                    f"--params {args.params:g} is below one layer at hidden {hidden}: the embeddings alone hold "
+                    f"{fixed:,} parameters; give more parameters or a smaller --hidden"
+                )
+            layers = round((args.params - fixed) / per_layer)
         elif args.layers:
             layers = args.layers
         elif args.max_size:
@@ -120,8 +125,14 @@ def run_plan(args) -> int:
                 "at least that (check the host memory an offloaded plan needs: model_states_host)",
                 file=sys.stderr,
             )
-        if solved["max_layers"]:
-            p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=solved["max_layers"]))
+        if not solved["max_layers"]:
+            one = memory_per_gpu(dataclasses.replace(p, model=dataclasses.replace(p.model, layers=1)))
+            raise ConfigError(
+                f"no layer count fits: 1 layer needs {one['total'] / 1e9:.2f} GB per GPU, more than the "
+                f"{p.gpu_mem_bytes / 1e9:.2f} GB given: give more memory (--gpu-mem), GPUs or MP, a higher stage, "
+                "or a smaller hidden size or micro-batch"
+            )
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=solved["max_layers"]))
     mem, comm = memory_per_gpu(p), comm_per_gpu(p)
     out = {
         "config": to_dict(p),
@@ -220,7 +231,8 @@ def _dry_run(args) -> int:
         r = dry_run(p, rank=args.rank)
         rows.append({"label": label, **r})
         if not args.json:
-            diff = r["measured_model_state_bytes"] / r["analytic_model_state_bytes"] - 1
+            measured, analytic = r["measured_model_state_bytes"], r["analytic_model_state_bytes"]
+            diff = measured / analytic - 1 if analytic else 0.0 if measured == 0 else float("inf")  # all offloaded: 0
             print(
                 f"  {label:<16} {p.gpus:>4} GPUs MP {p.mp:>2} stage {p.stage}: engine {r['measured_model_state_bytes'] / 1e9:9.3f} GB"
                 f"  analytic {r['analytic_model_state_bytes'] / 1e9:9.3f} GB  ({diff * 100:+.4f}%, padding "

@@ -252,3 +252,30 @@ def test_each_round_starts_one_candidate_later(tmp_path, monkeypatch):
     assert all(sorted(r) == sorted(cands) for r in rounds), rounds
     for place in range(3):
         assert sorted(r[place] for r in rounds) == sorted(cands), rounds
+
+
+def test_deepspeed_peers_that_cannot_run_are_recorded_as_not_run(tmp_path, monkeypatch):
+    """Without DeepSpeed the default set left its peers out without a word: the summary had no DeepSpeed rows and
+    the offloaded zerobench stages no verdict, and nothing said why. They are now records of their own, failed
+    with the reason, in the run's summary and in one summarised after a stop."""
+    from zerobench.bench import peers, peers_stopped
+    from zerobench.launch.base import LaunchResult
+    from zerobench.peers.registry import DEEPSPEED_PEERS
+
+    started, said = [], []
+
+    def fake_launch(cfg, out, run_id, timeout_s, extra_env=None, log_path=None, cancel=None):
+        started.append(run_id)
+        return LaunchResult(ok=True, reason="", status="ok", returncodes=[0], elapsed_s=0.0)
+
+    monkeypatch.setattr(peers, "launch_local", fake_launch)
+    monkeypatch.setattr(peers, "deepspeed_available", lambda: False)
+    p = PeersConfig(rounds=1, memory_run=False, reference_run=False)
+    records = peers.run_peers(p, tmp_path / "run", say=said.append)
+    absent = {r["candidate"]: r for r in records if r["candidate"] in DEEPSPEED_PEERS}
+    assert set(absent) == set(DEEPSPEED_PEERS) and not any(c in rid for rid in started for c in DEEPSPEED_PEERS)
+    assert all(r["status"] == "failed" and "DeepSpeed is not installed" in r["reason"] for r in absent.values())
+    assert sum("DeepSpeed is not installed" in m for m in said) == len(DEEPSPEED_PEERS)
+    (tmp_path / "run" / "summary").rename(tmp_path / "first-summary")
+    again = {r["candidate"]: r for r in peers_stopped.summarize_stopped(tmp_path / "run")}
+    assert all("DeepSpeed is not installed" in again[c]["reason"] for c in DEEPSPEED_PEERS)

@@ -102,6 +102,14 @@ class PeersConfig:
         ds = DEEPSPEED_PEERS if deepspeed_available() else ()
         return ZEROBENCH + TORCH_PEERS + ds
 
+    def not_run(self) -> dict[str, str]:
+        """The default set's peers that cannot run here, each with why: recorded as not run, so that a summary
+        without them says so instead of leaving them out (and their zerobench stages without a verdict)."""
+        if self.systems or deepspeed_available():
+            return {}
+        why = "not run: DeepSpeed is not installed here (pip install 'zerobench[deepspeed]')"
+        return dict.fromkeys(DEEPSPEED_PEERS, why)
+
     def validate(self) -> None:
         known = set(ZEROBENCH_ALL) | set(SHARDING)
         for s in self.candidates():
@@ -180,9 +188,12 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
             f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
             "(a comparison never mixes its rows with an earlier one's)"
         )
+    absent = p.not_run()
     (out / COMPARISON_FILE).write_text(
-        json.dumps({"peers": dataclasses.asdict(p), "candidates": list(cands)}, indent=1)
+        json.dumps({"peers": dataclasses.asdict(p), "candidates": list(cands), "not_run": absent}, indent=1)
     )
+    for c, why in absent.items():
+        say(f"  {c}: {why}")
     failed: dict[str, str] = {}
     with Cancellation() as cancel:  # SIGTERM/SIGINT stop the comparison, not only the run in progress
         for i, (run_id, cand, cfg) in enumerate(runs):
@@ -207,7 +218,7 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
             if not res.ok:
                 failed[cand] = res.reason
                 say(f"  failed: {res.reason}")
-    return summarize(p, out, cands, failed)
+    return summarize(p, out, (*cands, *absent), {**failed, **absent})
 
 
 def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[str, str]) -> list[dict]:

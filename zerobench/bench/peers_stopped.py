@@ -31,8 +31,9 @@ def summarize_stopped(out: Path) -> list[dict]:
     try:
         data = json.loads(path.read_text())
         cands = tuple(data["candidates"])
+        absent = {str(c): str(why) for c, why in (data.get("not_run") or {}).items()}  # peers that could not run
         p = PeersConfig(**{**data["peers"], "systems": cands})
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{path} is damaged ({type(e).__name__}: {e}): it is written by zerobench peers") from None
     if (out / "summary").exists():
         raise ConfigError(f"{out} is summarised already ({out / 'summary'}): remove that directory to summarise again")
@@ -43,4 +44,4 @@ def summarize_stopped(out: Path) -> list[dict]:
                 status, reason = status_of(read_rows(out / run_id))
                 if status not in (None, "ok"):
                     failed[c] = f"{run_id} {status}: {reason}" if reason else f"{run_id} {status}"
-    return summarize(p, out, cands, failed)
+    return summarize(p, out, (*cands, *absent), {**failed, **absent})

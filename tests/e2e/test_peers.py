@@ -53,8 +53,9 @@ def test_peers_smoke_writes_summary_rows_and_reports_them(tmp_path):
     for s in systems:
         assert by[(s, "peer_step_time_s")] > 0
         assert by[(s, "peer_peak_live_bytes")] > 0
-        # every system trains the same model on the same global batch as one process does
-        assert by[(s, "peer_loss_max_abs_diff")] < 1e-4, s
+        # every system trains the same model on the same global batch as one process does: fp32 rounding keeps the
+        # losses within 1e-6 of it; an FSDP1 that missed the weight decay stood at 2.2e-5, which 1e-4 let pass
+        assert by[(s, "peer_loss_max_abs_diff")] < 1e-5, (s, by[(s, "peer_loss_max_abs_diff")])
     assert by[("torch-ddp", "peer_time_vs_torch_ddp")] == 1.0
     # the memory run breaks its highest sampled RSS down: tensors at least the live peak's resident part,
     # and the categories add up to no more than the VmHWM peak (a sample is taken between operators)

@@ -60,7 +60,24 @@ def test_peers_reject_what_they_are_not_wired_for():
     cfg = TrainConfig(system="deepspeed-3", dp=1, zero=no_overlap)
     validate_run(cfg)
     assert ds_config("deepspeed-3", cfg)["zero_optimization"]["overlap_comm"] is False
-    assert "overlap_comm" not in ds_config("deepspeed-3", TrainConfig(system="deepspeed-3", dp=1))["zero_optimization"]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_runs_the_overlap_its_rows_say(stage):
+    """DeepSpeed's own default overlap_comm is off at stages 1-2, and the peer left it to that default while its rows
+    said overlap_comm on: deepspeed-2 ran leaner and without overlap beside an overlapping zerobench-2. The config now
+    says it at every stage, and DeepSpeed's own parser reads what the rows say."""
+    from zerobench.peers.deepspeed_peer import ds_config
+    from zerobench.peers.registry import deepspeed_available
+    from zerobench.train.config import TrainConfig
+
+    cfg = TrainConfig(system=f"deepspeed-{stage}", dp=1)
+    zero = ds_config(f"deepspeed-{stage}", cfg)["zero_optimization"]
+    assert zero["overlap_comm"] is cfg.zero.overlap_comm is True
+    if deepspeed_available():
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        assert DeepSpeedZeroConfig(**zero).overlap_comm is True
 
 
 def test_every_peer_takes_bf16_and_only_deepspeed_peers_take_checkpointing():

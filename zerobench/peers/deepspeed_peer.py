@@ -6,8 +6,9 @@ with settings that keep the comparison fair: ``gradient_clipping`` set explicitl
 at 1.0 and trains differently without a word), torch's fused AdamW as the client optimizer
 (``DeepSpeedCPUAdam`` with offload, as DeepSpeed requires), fp32 (or bf16 through DeepSpeed's ``bf16``
 section, with plain activation checkpointing: the one-card offload comparison), the same bucket size as
-zerobench (``ZeroConfig.bucket_numel``). DeepSpeed picks gloo on CPU and joins the already initialised
-process group.
+zerobench (``ZeroConfig.bucket_numel``) at stages 1-3 (DeepSpeed's stage 0 all-reduces after backward in its own
+buckets whatever the config says), and ``overlap_comm`` as the run's config says at every stage. DeepSpeed picks
+gloo on CPU and joins the already initialised process group.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def ds_config(name: str, cfg) -> dict:
         "allgather_bucket_size": cfg.zero.bucket_numel,
         "contiguous_gradients": True,
     }
-    if not cfg.zero.overlap_comm:  # on, DeepSpeed keeps its own default (on at stage 3, off at 1-2)
-        zero["overlap_comm"] = False
+    # Always said: DeepSpeed's own default is off at stages 1-2 (on at 3), so a deepspeed-2 left to it ran without
+    # overlap while its rows said overlap_comm on, beside a zerobench-2 that overlaps. Its ZeRO-2 examples set it on.
+    zero["overlap_comm"] = cfg.zero.overlap_comm
     if name.endswith("offload"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if stage == 3:

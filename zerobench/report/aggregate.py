@@ -19,7 +19,7 @@ import pandas as pd
 
 from zerobench.config import ConfigError
 from zerobench.results.provenance import code_version, short_version
-from zerobench.results.status import COUNTED, RUN_KEY, counted_rows, frame_statuses, with_run_key
+from zerobench.results.status import COUNTED, RUN_KEY, STATUS_METRIC, counted_rows, frame_statuses, with_run_key
 from zerobench.results.workload import comparable, differences, with_kernels, workload
 
 RUN_METRICS = (
@@ -107,6 +107,25 @@ def _non_finite_runs(df: pd.DataFrame) -> set[tuple]:
     return set(zip(*(bad[c] for c in RUN_KEY))) if len(bad) else set()
 
 
+def measurement_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``df`` that hold a run's figures, not its ``run_status`` row: whoever recorded the run's end wrote
+    that one (under Slurm the submit host), stamped with its own machine's provenance, so the hardware, device and
+    torch a run was measured on are read from these rows only."""
+    return df[df["metric"] != STATUS_METRIC] if "metric" in df else df
+
+
+def run_hardware(df: pd.DataFrame, col: str = "provenance.hardware.class", default=UNKNOWN_HARDWARE) -> pd.Series:
+    """``col`` of each row of ``df`` (passed through ``with_run_key``) as its run's measurement rows give it
+    (``measurement_rows``); a run that has none keeps its own rows', ``default`` where they lack the field."""
+    if col not in df:
+        return pd.Series(default, index=df.index, dtype=object)
+    m = measurement_rows(df).dropna(subset=[col])
+    known = dict(zip(zip(*(m[c] for c in RUN_KEY)), m[col]))
+    keys = zip(*(df[c] for c in RUN_KEY))
+    got = (known.get(k, v) for k, v in zip(keys, df[col]))
+    return pd.Series([default if missing(v) else v for v in got], index=df.index, dtype=object)
+
+
 def timed_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of runs no measuring tool changed: not those tagged ``instrumented`` (``sweep --instructions`` runs
     under callgrind, whose times, memory and losses are not a training run's)."""
@@ -123,6 +142,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     broken = _non_finite_runs(df)  # named by run_statuses, not drawn: a NaN is no median, an inf no ratio
     if broken:
         df = df[[k not in broken for k in zip(*(df[c] for c in RUN_KEY))]]
+    df = measurement_rows(df)  # a status row's provenance is its recorder's machine, not the run's
     df = df[
         (df["status"].fillna("ok") == "ok")
         & ~df["metric"].str.startswith("peer_")

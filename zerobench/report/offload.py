@@ -15,7 +15,7 @@ import pandas as pd
 
 from zerobench.models.config import GPTConfig
 from zerobench.models.sizes import num_params
-from zerobench.report.aggregate import UNKNOWN_HARDWARE, timed_rows
+from zerobench.report.aggregate import run_hardware, timed_rows
 from zerobench.results.status import RUN_KEY, counted_rows, with_run_key
 
 GiB = 2**30
@@ -71,7 +71,8 @@ def offload_table(df: pd.DataFrame) -> pd.DataFrame:
     # a failed or incomplete run's figures are no data (results/status.py)
     counts = pd.Series(d.index.isin(counted_rows(d).index), index=d.index)
     hw = "provenance.hardware.class"
-    d = d.assign(**{hw: d[hw].fillna(UNKNOWN_HARDWARE) if hw in d else UNKNOWN_HARDWARE})
+    # a run's status row (an OOM's only row) in its run's class: under Slurm the submit host wrote it, with its own
+    d = d.assign(**{hw: run_hardware(d, hw)})
     out = []
     for _, g in d.groupby(["config_hash", hw], sort=False):
         ok = g[(g["status"].fillna("ok") == "ok") & counts[g.index]]

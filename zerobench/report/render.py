@@ -34,15 +34,20 @@ FIGURES_NAME = re.compile(r"figures-[0-9a-f]{8}")
 
 
 def _provenance(df: pd.DataFrame) -> dict:
-    def uniq(col):
-        return sorted({str(v) for v in df[col].dropna()}) if col in df else []
+    """The report's provenance line. The hardware and torch are those of the rows that hold figures
+    (``aggregate.measurement_rows``): a run's status row carries the provenance of whoever recorded its end."""
+
+    def uniq(col, rows=df):
+        return sorted({str(v) for v in rows[col].dropna()}) if col in rows else []
+
+    measured = aggregate.measurement_rows(df)
 
     return {
         "commits": [c[:12] for c in uniq("provenance.commit")],
         "dirty": any(df["provenance.dirty"].fillna(False)) if "provenance.dirty" in df else None,
-        "hardware": uniq("provenance.hardware.device"),
-        "hardware_classes": uniq("provenance.hardware.class"),
-        "torch": uniq("provenance.torch_version"),
+        "hardware": uniq("provenance.hardware.device", measured),
+        "hardware_classes": uniq("provenance.hardware.class", measured),
+        "torch": uniq("provenance.torch_version", measured),
         "zerobench": uniq("provenance.zerobench_version"),
         "dates": (min(uniq("provenance.timestamp")), max(uniq("provenance.timestamp")))
         if "provenance.timestamp" in df

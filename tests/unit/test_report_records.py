@@ -1,6 +1,7 @@
 """What one record of the report is, on the committed ``quick-cpu-2core`` sweep (copied and changed): a run's
 figures are read with the provenance of the rows that hold them, not of its ``run_status`` row (written by whoever
-recorded the run's end: under Slurm the submit host)."""
+recorded the run's end: under Slurm the submit host); and repeats on another processor or torch version are records
+of their own, named so, never a median across machines or builds."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from zerobench.report import aggregate, render
+from zerobench.report.comparison import comparison_table
 from zerobench.report.offload import offload_table
 from zerobench.results import load
 
@@ -66,3 +69,34 @@ def test_the_offload_table_puts_a_status_row_in_its_run_s_class():
     rows = [row("step_time_s", 1.0, {"class": "gpu-x"}), row("run_status", 1, LOGIN)]
     t = offload_table(pd.json_normalize(rows, sep="."))
     assert list(t["hardware"]) == ["gpu-x"] and list(t["fits"]) == ["yes"]
+
+
+@pytest.mark.parametrize(
+    "field, value, tag",
+    [("device", "Intel Xeon", "device=Intel Xeon"), ("torch_version", "2.14.0+cpu", "torch=2.14.0+cpu")],
+)
+def test_another_processor_or_torch_is_a_record_of_its_own(tmp_path, field, value, tag):
+    """Before, the two copies were two repeats of one record: the median of both machines' step times, labelled
+    with the first row's device."""
+
+    def other(r):
+        if field == "device":
+            r["provenance"]["hardware"]["device"] = value
+        else:
+            r["provenance"]["torch_version"] = value
+        if r["metric"] in ("step_time_s", "tflops_per_gpu"):
+            r["value"] *= 3.0 if r["metric"] == "step_time_s" else 1 / 3.0
+
+    one = aggregate.runs_table(load(QUICK))
+    df = pd.concat([load(_copy(tmp_path / "a")), load(_copy(tmp_path / "b", other))], ignore_index=True)
+    runs = aggregate.runs_table(df)
+    assert len(runs) == 2 * len(one) and (runs["repeats"] == 1).all()
+    mine = runs["variant"] == tag
+    assert mine.sum() == len(one) and runs.loc[~mine, "variant"].str.startswith(("device=", "torch=")).all()
+    key = ["stage", "dp"]
+    theirs = runs[mine].set_index(key)["step_time_s"].sort_index()
+    assert theirs.to_list() == pytest.approx((3.0 * one.set_index(key)["step_time_s"].sort_index()).to_list())
+    table = comparison_table(runs)
+    assert (table[table["stage"] == 0]["vs_DP_throughput"] == 1.0).all()  # each machine's own baseline
+    ratios = table.groupby("variant")["vs_DP_throughput"].apply(lambda s: s.round(9).tolist())
+    assert ratios.iloc[0] == ratios.iloc[1]  # a ratio within one machine, not across two

@@ -135,8 +135,8 @@ def timed_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration and hardware class: configuration columns and the median (and spread) of each
-    metric over the runs that count (``counted_rows``; each run a (rows file, run id), so the same suite swept in two
+    """One row per configuration, hardware class, processor (``device``), torch version and code version:
+    configuration columns and the median (and spread) of each metric over the runs that count (``counted_rows``; each run a (rows file, run id), so the same suite swept in two
     directories gives two repeats), runs under a measuring tool left out (``timed_rows``)."""
     df = counted_rows(with_run_key(timed_rows(df)))
     broken = _non_finite_runs(df)  # named by run_statuses, not drawn: a NaN is no median, an inf no ratio
@@ -162,6 +162,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         "suite": "suite",
         "hardware": "provenance.hardware.class",
         "device": "provenance.hardware.device",
+        "torch": "provenance.torch_version",
         "offload": "config.zero.offload_optimizer",
         "ckpt": "config.activation.checkpoint",
         "pa": "config.activation.partition",
@@ -172,7 +173,9 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     if "provenance.commit" in df:  # the code measured: a dirty tree's runs are not their commit's (nor another's)
         df = df.assign(code=[code_of(r) for r in df.filter(like="provenance.").to_dict("records")])
     df = with_kernels(df)
-    by = [c for c in ("config_hash", "provenance.hardware.class", "code", "kernels") if c in df]
+    # a processor or torch of their own makes runs records of their own: their times are that machine's and build's
+    keys = ("config_hash", "provenance.hardware.class", "provenance.hardware.device", "provenance.torch_version")
+    by = [c for c in (*keys, "code", "kernels") if c in df]
     config_cols = [c for c in df.columns if c.startswith("config.")]
     for keys, g in df.groupby(by, dropna=False):
         first = g.iloc[0]
@@ -233,8 +236,9 @@ SHOWN = ("hardware", "system", "stage", "dp", "tp", "preset", "layers", "hidden"
 
 def _name_variants(records: list[dict], flats: list[dict]) -> None:
     """Set each record's ``variant``: what sets it apart from the other records its figures would draw under the same
-    label (same system, stage, DP, TP, model, precision, offload and hardware): the config paths that differ, and the
-    commit where they were measured at several. Empty where nothing does."""
+    label (same system, stage, DP, TP, model, precision, offload and hardware class): the config paths that differ,
+    the processor and torch version where they were measured on several (``device=``, ``torch=``), and the commit
+    where at several. Empty where nothing does."""
     for r in records:
         r["variant"] = ""
     groups: dict[tuple, list[int]] = {}
@@ -246,10 +250,10 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
         if len(idx) < 2:
             continue
         texts = differences([flats[i] for i in idx], shown=(*LABELLED, *RUN_LENGTH))
-        commits = {records[i]["commit"] for i in idx}
+        apart = [k for k in ("device", "torch", "commit") if len({_plain(records[i][k]) for i in idx}) > 1]
         for i, text in zip(idx, texts):
-            at = f"@{records[i]['commit']}" if len(commits) > 1 and records[i]["commit"] else ""
-            records[i]["variant"] = ", ".join(x for x in (text, at) if x)
+            tags = [("@" if k == "commit" else f"{k}=") + str(records[i][k]) for k in apart if _plain(records[i][k])]
+            records[i]["variant"] = ", ".join(x for x in (text, *tags) if x)
 
 
 def code_of(prov: dict) -> str | None:

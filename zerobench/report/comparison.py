@@ -9,7 +9,7 @@ from zerobench.report.maxsize import sizes_for
 
 def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) -> pd.DataFrame:
     """Baseline DP (stage 0) vs each ZeRO stage of the same workload (every config key but the stage and the run's
-    length: ``workload``), hardware and commit, with ratios; ``variant`` says what sets a workload apart from others
+    length: ``workload``), hardware class, processor, torch version and commit, with ratios; ``variant`` says what sets a workload apart from others
     drawn under the same model label. The max model size comes from the ``zerobench maxsize`` searches of the same
     workload, stage, hardware and code (``maxsize.sizes_for``), a ratio only from searches within one memory budget
     (``max_model_budget``), and a capped search's answer keeps its "at least" (``max_model_bound``,
@@ -18,7 +18,8 @@ def comparison_table(runs: pd.DataFrame, maxsize: pd.DataFrame | None = None) ->
         return pd.DataFrame()
     runs = runs[runs["system"].fillna("zerobench") == "zerobench"]
     out = []
-    for _, g in runs.groupby(["workload", "hardware", "commit"], dropna=False):
+    keys = [k for k in ("workload", "hardware", "device", "torch", "commit") if k in runs]
+    for _, g in runs.groupby(keys, dropna=False):
         base = g[g["stage"] == 0]
         if base.empty:
             continue

@@ -38,8 +38,9 @@ def _family(d: pd.DataFrame) -> pd.Series:
 
 
 def fig2_measured(runs: pd.DataFrame, out: Path):
-    """Best TFLOPs/GPU per model size and family (baseline vs ZeRO), one panel per hardware class and number of
-    GPUs: the paper compares at one cluster size, and a ratio across two would compare the clusters."""
+    """Best TFLOPs/GPU per model size and family (baseline vs ZeRO), one panel per hardware class, processor and
+    number of GPUs: the paper compares at one cluster size, and a ratio across two clusters (or two processors of one
+    class) would compare the machines."""
     need = {"tflops_per_gpu", "num_params", "world"}
     if not need <= set(runs) or runs["tflops_per_gpu"].notna().sum() == 0:
         return None
@@ -49,11 +50,12 @@ def fig2_measured(runs: pd.DataFrame, out: Path):
     if d.empty:
         return None
     d["size"] = (d["num_params"] / 1e6).round(2)
-    best = d.groupby(["hardware", "world", "size", "family"], as_index=False)["tflops_per_gpu"].max()
-    panels = sorted(best.groupby(["hardware", "world"]).groups)
+    d["device"] = [str(v) if isinstance(v, str) else "unknown device" for v in d.get("device", [None] * len(d))]
+    best = d.groupby(["hardware", "device", "world", "size", "family"], as_index=False)["tflops_per_gpu"].max()
+    panels = sorted(best.groupby(["hardware", "device", "world"]).groups)
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
-    for ax, (hw, world) in zip(axes[0], panels):
-        b = best[(best["hardware"] == hw) & (best["world"] == world)]
+    for ax, (hw, device, world) in zip(axes[0], panels):
+        b = best[(best["hardware"] == hw) & (best["device"] == device) & (best["world"] == world)]
         sns.barplot(data=b, x="size", y="tflops_per_gpu", hue="family", ax=ax)
         for i, size in enumerate(sorted(b["size"].unique())):
             s = b[b["size"] == size].set_index("family")["tflops_per_gpu"]
@@ -61,7 +63,7 @@ def fig2_measured(runs: pd.DataFrame, out: Path):
                 ax.text(i, s.max(), f"{s['ZeRO'] / s['baseline']:.2f}x", ha="center", va="bottom", fontsize=8)
         ax.set_xlabel("model size (M parameters)")
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")
-        ax.set_title(f"Fig 2 (measured): {hw}, {int(world)} GPUs", fontsize=10)
+        ax.set_title(f"Fig 2 (measured): {hw}, {device}, {int(world)} GPUs", fontsize=10)
     cap = (
         "Best measured TFLOPs per GPU at each model size, at one number of GPUs per panel; baseline: data "
         "parallelism (stage 0: zerobench, torch DDP) or Megatron-LM; labels: ZeRO / baseline where both exist. "
@@ -72,12 +74,12 @@ def fig2_measured(runs: pd.DataFrame, out: Path):
 
 def scaling_lines(runs: pd.DataFrame) -> pd.DataFrame:
     """Fig 3's points: records of one workload at two or more DP degrees (everything else equal: TP,
-    checkpointing, micro-batch, system, commit), each with its line's ``series`` label, no two of whose points share
-    a number of GPUs."""
+    checkpointing, micro-batch, system, processor, torch, commit), each with its line's ``series`` label, which no
+    other line shares."""
     if "tflops_per_gpu" not in runs or "world" not in runs:
         return runs.iloc[0:0]
     d = runs[runs["tflops_per_gpu"].notna() & runs["world"].notna()].copy()
-    keys = [k for k in ("hardware", "system", "stage", "scaling", "commit") if k in d]
+    keys = [k for k in ("hardware", "device", "torch", "system", "stage", "scaling", "commit") if k in d]
     d = d.groupby(keys, dropna=False).filter(lambda g: g["world"].nunique() >= 2)
     if d.empty:
         return d
@@ -88,9 +90,10 @@ def scaling_lines(runs: pd.DataFrame) -> pd.DataFrame:
         + f" [{r.hardware}]"
         for r in d.itertuples()
     ]
-    if d.groupby("series")["world"].apply(lambda w: w.duplicated().any()).any():
-        # two lines under one label (what sets them apart is in neither's variant): numbered, never averaged
-        d["series"] = d["series"] + " #" + d.groupby(keys, dropna=False).ngroup().astype(str)
+    line = d.groupby(keys, dropna=False).ngroup()
+    if (line.groupby(d["series"]).nunique() > 1).any():
+        # two lines under one label (what sets them apart is in neither's variant): numbered, never joined or averaged
+        d["series"] = d["series"] + " #" + line.astype(str)
     return d
 
 

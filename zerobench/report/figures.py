@@ -31,11 +31,24 @@ def _hw(df: pd.DataFrame) -> str:
     return "; ".join(devs) if devs else "unknown hardware"
 
 
+def record_label(r) -> str:
+    """A record's legend entry (a row of ``aggregate.runs_table``, as ``itertuples`` gives it): its layout, model,
+    precision, offload, system where not zerobench, and what sets it apart from records of that label (``variant``)."""
+    return (
+        f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
+        + (" offload" if getattr(r, "offload", "none") != "none" else "")
+        + ("" if getattr(r, "system", "zerobench") in (None, "zerobench") else f" {r.system}")
+        + (f" ({r.variant})" if getattr(r, "variant", "") else "")
+    )
+
+
 def _series(d: pd.DataFrame) -> list[str]:
-    """Series labels; with rows from several hardware classes the class is part of the label, so lines and
-    bars from different machines are never merged."""
+    """One legend entry per record drawn at one stage (``record_label``, numbered where two still share one): a
+    seaborn bar is the mean of the records under its entry. With rows from several hardware classes the class is part
+    of the label, so bars from different machines are never merged."""
     multi = d["hardware"].nunique(dropna=True) > 1 if "hardware" in d else False
-    return [f"dp{int(r.dp)} tp{int(r.tp)}" + (f" [{r.hardware}]" if multi else "") for r in d.itertuples()]
+    labels = [record_label(r) + (f" [{r.hardware}]" if multi else "") for r in d.itertuples()]
+    return _unique(labels, [int(s) for s in d["stage"]])
 
 
 def _by_hardware(d: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -151,6 +164,8 @@ def comm_volume(runs: pd.DataFrame, out: Path):
     ax.text(-0.4, 2.05, "2Ψ (stages 0-2)", fontsize=8)
     ax.text(-0.4, 3.05, "3Ψ (stage 3)", fontsize=8)
     ax.set_title("Communication per step vs the paper's 2Ψ / 3Ψ (§7)")
+    if ax.get_legend():
+        ax.legend(fontsize=6)
     return _save(fig, out, "comm_volume"), f"DP traffic per rank and step in units of Ψ(N−1)/N. Hardware: {_hw(d)}."
 
 
@@ -164,16 +179,7 @@ def throughput(runs: pd.DataFrame, out: Path):
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 3.6), squeeze=False)
     for ax, (hw, hw_rows) in zip(axes[0], groups):
         g = hw_rows.assign(
-            config=_unique(
-                [
-                    f"dp{int(r.dp)} tp{int(r.tp)} {r.preset} L{int(r.layers)} h{int(r.hidden)} {r.precision}"
-                    + (" offload" if getattr(r, "offload", "none") != "none" else "")
-                    + ("" if getattr(r, "system", "zerobench") in (None, "zerobench") else f" {r.system}")
-                    + (f" ({r.variant})" if getattr(r, "variant", "") else "")
-                    for r in hw_rows.itertuples()
-                ],
-                [int(r.stage) for r in hw_rows.itertuples()],
-            )
+            config=_unique([record_label(r) for r in hw_rows.itertuples()], [int(s) for s in hw_rows["stage"]])
         )
         sns.barplot(data=g, x="stage", y="tflops_per_gpu", hue="config", ax=ax)
         ax.set_ylabel("TFLOP/s per GPU (model FLOPs)")

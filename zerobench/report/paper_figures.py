@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from zerobench.report.figures import _hw, _save
+from zerobench.report.figures import _hw, _save, _unique, record_label
 
 BASELINES = ("zerobench", "torch-ddp", "megatron")
 """Systems whose stage-0 runs are the paper's baseline: data parallelism (zerobench's stage 0, torch's DDP) and
@@ -148,13 +148,14 @@ def fig4_measured(maxsize: pd.DataFrame, out: Path):
 
 
 def fig678_series(d: pd.DataFrame) -> list[str]:
-    """The legend entry of each record of Figs 6-8: a search's ``label``; a run's model and hardware, and what sets it
-    apart from other runs of that label (``variant``). One entry is one bar: seaborn would average the records under
+    """The legend entry of each record of Figs 6-8: a search's ``label``; a run's layout, model, precision and
+    hardware, and what sets it apart from other runs of that label (``figures.record_label``), numbered where two
+    records of one C1-C5 configuration still share one. One entry is one bar: seaborn would average the records under
     one entry."""
     if "label" in d:
         return list(d["label"])
-    variant = d["variant"] if "variant" in d else [""] * len(d)
-    return [f"{p} [{h}]" + (f", {v}" if v else "") for p, h, v in zip(d["preset"], d["hardware"], variant)]
+    labels = [f"{record_label(r)} [{r.hardware}]" for r in d.itertuples()]
+    return _unique(labels, list(d["paper_config"]))
 
 
 def fig678_measured(runs: pd.DataFrame, maxsize: pd.DataFrame, out: Path):

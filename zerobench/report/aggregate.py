@@ -189,6 +189,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         if not missing(first.get("kernels")):  # what "auto" resolved to: runs of two paths are two workloads
             flat["kernels_ran"] = first["kernels"]
         rec["workload"] = workload(flat, without=("zero.stage", *RUN_LENGTH))  # what a stage-0 baseline shares
+        rec["length"] = json.dumps({k: comparable(flat).get(k) for k in RUN_LENGTH}, default=str)  # and may not
         rec["scaling"] = workload(flat, without=("zero.stage", "dp", *RUN_LENGTH))  # what a weak-scaling line shares
         rec["sized"] = workload(comparable(flat), without=UNSIZED)  # what a max-size search of it shares
         flats.append(flat)
@@ -213,7 +214,8 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 
 RUN_LENGTH = ("steps", "warmup_steps", "seed")
 """Config paths that change how long a run measures, not what a step computes: runs differing only in them are
-the same workload to the report (a longer stage-0 run is still the baseline)."""
+the same workload to the report (a longer stage-0 run is still the baseline), and records of two lengths are named
+by them (``variant``)."""
 UNSIZED = ("zero.stage", "model.layers", *RUN_LENGTH, "memory_budget_bytes", "track_memory", "profile")
 """Config paths in which a training run and the ``zerobench maxsize`` search that sizes it may differ: the stage
 (each stage's searches are compared), the depth (what a search varies), the run's length (a probe runs from the first
@@ -236,7 +238,8 @@ SHOWN = ("hardware", "system", "stage", "dp", "tp", "preset", "layers", "hidden"
 
 def _name_variants(records: list[dict], flats: list[dict]) -> None:
     """Set each record's ``variant``: what sets it apart from the other records its figures would draw under the same
-    label (same system, stage, DP, TP, model, precision, offload and hardware class): the config paths that differ,
+    label (same system, stage, DP, TP, model, precision, offload and hardware class): the config paths that differ
+    (the run's length too: two stage-0 runs of one workload may be of two lengths, ``comparison._baseline``),
     the processor and torch version where they were measured on several (``device=``, ``torch=``), and the commit
     where at several. Empty where nothing does."""
     for r in records:
@@ -249,7 +252,7 @@ def _name_variants(records: list[dict], flats: list[dict]) -> None:
     for idx in groups.values():
         if len(idx) < 2:
             continue
-        texts = differences([flats[i] for i in idx], shown=(*LABELLED, *RUN_LENGTH))
+        texts = differences([flats[i] for i in idx], shown=LABELLED)
         apart = [k for k in ("device", "torch", "commit") if len({_plain(records[i][k]) for i in idx}) > 1]
         for i, text in zip(idx, texts):
             tags = [("@" if k == "commit" else f"{k}=") + str(records[i][k]) for k in apart if _plain(records[i][k])]

@@ -205,7 +205,8 @@ def _labelled(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def sizes_for(maxsize: pd.DataFrame | None, r: pd.Series, b: pd.Series) -> dict:
-    """The max-model columns of the comparison row of run ``r`` (``b``: its stage-0 baseline): from the searches of
+    """The max-model columns of the comparison row of run ``r`` (``b``: its stage-0 baseline, None where it has no
+    single one: no ratio): from the searches of
     their workload (``sized``), stage, hardware and code, at the one budget ``r``'s were searched in (several: which
     one the row means is not said, so none). ``max_model_bound`` is "at least" where ``r``'s search found no edge;
     ``vs_DP_max_model_bound`` says which way a capped search bounds the ratio (both capped: no ratio)."""
@@ -228,7 +229,7 @@ def sizes_for(maxsize: pd.DataFrame | None, r: pd.Series, b: pd.Series) -> dict:
             & (maxsize["code"] == x.get("code"))
         ]
 
-    mine, theirs = found(r), found(b)
+    mine, theirs = found(r), found(b) if b is not None else maxsize.iloc[0:0]
     if mine["budget_bytes"].nunique(dropna=False) != 1:
         return none
     m = mine.iloc[0]

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from zerobench.report.aggregate import peers_table
+from zerobench.report.peers import peers_table
 
 
 def row(cand, metric, value, *, dp, layers, when, commit="9b2b8af0"):

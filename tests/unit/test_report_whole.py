@@ -17,7 +17,7 @@ import pytest
 from tests.unit.test_bad_inputs import run
 from tests.unit.test_results_whole import BASELINE, _write
 from zerobench.report import figures, render
-from zerobench.report.aggregate import peers_table
+from zerobench.report.peers import peers_table
 from zerobench.results import load
 from zerobench.results.rows import read_rows
 

@@ -25,6 +25,7 @@ from zerobench.report import aggregate, figures, paper_figures, sim_figures
 from zerobench.report.comparison import comparison_table
 from zerobench.report.maxsize import maxsize_table
 from zerobench.report.offload import offload_table
+from zerobench.report.peers import peers_table
 from zerobench.results.status import with_run_key
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
@@ -144,7 +145,7 @@ def _context(df: pd.DataFrame, out: Path) -> dict:
         res = fn(*args, out)
         if res:
             figs.append({"path": res[0].name, "title": title, "caption": res[1]})
-    peers = aggregate.peers_table(df)
+    peers = peers_table(df)
     res = figures.peers(peers, out)
     if res:
         figs.append({"path": res[0].name, "title": "zerobench vs peers", "caption": res[1]})

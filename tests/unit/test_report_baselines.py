@@ -1,12 +1,14 @@
 """Which stage-0 run the baseline-DP-vs-ZeRO table divides by, on the committed ``quick-cpu-2core`` sweep (copied and
 changed): where a workload has stage-0 runs of two lengths (steps, warm-up, seed) they are named apart, a ZeRO run is
-divided by the one of its own length, and where none has its length it gets no ratio and a note saying why."""
+divided by the one of its own length, and where none has its length it gets no ratio and a note saying why; a ZeRO
+run whose stage-0 run failed or measured a non-finite figure is listed, with blank ratios and a note naming it."""
 
 from __future__ import annotations
 
 import math
 
 import pandas as pd
+import pytest
 
 from tests.unit.test_report_records import _copy
 from zerobench.report import aggregate
@@ -59,3 +61,34 @@ def test_a_run_none_of_whose_baselines_has_its_length_gets_no_ratio_and_a_note(t
     assert zero["tflops_per_gpu"].notna().all()  # the run is listed, its own figures shown
     note = zero["note"].iloc[0]
     assert "2 stage-0 runs of this workload (steps=12; steps=20)" in note and "none of this run's length" in note
+
+
+def _failed(r):
+    if r["run_id"] == BASE and r["metric"] == "run_status":
+        r["status"], r["reason"] = "failed", "rank 1 exited with code 1 (RuntimeError: boom)"
+
+
+def _infinite(r):
+    if r["run_id"] == BASE and r["metric"] == "tflops_per_gpu":
+        r["value"] = math.inf
+
+
+@pytest.mark.parametrize("change, status", [(_failed, "failed"), (_infinite, "non-finite")])
+def test_zero_runs_whose_baseline_did_not_count_are_listed_with_a_note(tmp_path, change, status):
+    """Before, stages 1-3 of DP 2 vanished from the table without a word when their stage-0 run failed or measured
+    an infinite figure."""
+    from zerobench.report.render import render
+
+    note = f"no ratio: the stage-0 run of this workload is not counted ({BASE}: {status})"
+    render([str(_copy(tmp_path / "a", change))], str(tmp_path / "report"))
+    assert (tmp_path / "report" / "summary.md").read_text().count(note) == 3
+
+    from zerobench.report.comparison import missed_baselines
+
+    df = load(tmp_path / "a")
+    table = _dp2(comparison_table(aggregate.runs_table(df), None, missed_baselines(df)))
+    assert list(table["stage"]) == [1, 2, 3]
+    assert table["vs_DP_throughput"].isna().all() and table["vs_DP_memory"].isna().all()
+    assert table["tflops_per_gpu"].notna().all() and table["model_states_MiB"].notna().all()
+    assert set(table["note"]) == {note}
+    assert not comparison_table(aggregate.runs_table(df), None, missed_baselines(df))["note"].iloc[0]  # DP 1's

@@ -89,12 +89,12 @@ def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
     for (_, run_id, _), status in st["status"].items():
         if status is not None and status not in COUNTED:
             out.setdefault(status, []).append(str(run_id))
-    for _, run_id, _ in _non_finite_runs(counted_rows(df)):
+    for _, run_id, _ in non_finite_runs(counted_rows(df)):
         out.setdefault(NON_FINITE, []).append(str(run_id))
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
-def _non_finite_runs(df: pd.DataFrame) -> set[tuple]:
+def non_finite_runs(df: pd.DataFrame) -> set[tuple]:
     """``RUN_KEY`` of every run with an infinite or NaN value of a figure the report draws (``RUN_METRICS``). A null
     is a figure the run did not measure (no tokens timed, no RSS on this platform), drawn as missing; a NaN, told
     from it by ``results.load``'s ``value_nan``, is a figure it measured as no number."""
@@ -139,7 +139,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     configuration columns and the median (and spread) of each metric over the runs that count (``counted_rows``; each run a (rows file, run id), so the same suite swept in two
     directories gives two repeats), runs under a measuring tool left out (``timed_rows``)."""
     df = counted_rows(with_run_key(timed_rows(df)))
-    broken = _non_finite_runs(df)  # named by run_statuses, not drawn: a NaN is no median, an inf no ratio
+    broken = non_finite_runs(df)  # named by run_statuses, not drawn: a NaN is no median, an inf no ratio
     if broken:
         df = df[[k not in broken for k in zip(*(df[c] for c in RUN_KEY))]]
     df = measurement_rows(df)  # a status row's provenance is its recorder's machine, not the run's

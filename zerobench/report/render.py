@@ -22,7 +22,7 @@ import pandas as pd
 from zerobench.config import ConfigError
 from zerobench.files import fsync_dir, replace_file
 from zerobench.report import aggregate, figures, paper_figures, sim_figures
-from zerobench.report.comparison import comparison_table
+from zerobench.report.comparison import comparison_table, missed_baselines
 from zerobench.report.maxsize import maxsize_table
 from zerobench.report.offload import offload_table
 from zerobench.report.peers import peers_table
@@ -157,7 +157,7 @@ def _context(df: pd.DataFrame, out: Path) -> dict:
     figs += sim_figures.simulated_figures(predicted, out)
     paper_claims = sim_figures.claims_table(predicted)
     published = sim_figures.published_table(df)
-    comparison = comparison_table(runs, maxsize)
+    comparison = comparison_table(runs, maxsize, missed_baselines(df))
     one_card = offload_table(df)
     t1 = pd.DataFrame(table1()).set_index("dp")
     t2 = pd.DataFrame(table2())

@@ -100,3 +100,19 @@ def test_another_processor_or_torch_is_a_record_of_its_own(tmp_path, field, valu
     assert (table[table["stage"] == 0]["vs_DP_throughput"] == 1.0).all()  # each machine's own baseline
     ratios = table.groupby("variant")["vs_DP_throughput"].apply(lambda s: s.round(9).tolist())
     assert ratios.iloc[0] == ratios.iloc[1]  # a ratio within one machine, not across two
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_run_whose_loss_diverged_is_named_non_finite_not_counted(tmp_path, bad):
+    """A NaN or infinite loss at step 4 left the run's step time and memory in the tables as a data point."""
+    diverged = "004-stage-1-dp-2"
+
+    def change(r):
+        if r["run_id"] == diverged and r["metric"] == "loss" and r["step"] == 4:
+            r["value"] = bad
+
+    df = load(_copy(tmp_path / "x", change))
+    assert aggregate.run_statuses(df) == {aggregate.NON_FINITE: [diverged]}
+    runs = aggregate.runs_table(df)
+    assert len(runs) == len(aggregate.runs_table(load(QUICK))) - 1
+    assert runs[(runs["stage"] == 1) & (runs["dp"] == 2)].empty

@@ -76,8 +76,8 @@ def _check_layout(run_id, rec: dict) -> None:
 
 
 NON_FINITE = "non-finite"
-"""The report's status for a run that completed but measured an infinite figure (a damaged row, a broken
-measurement: a zero step time): not a data point, named as such."""
+"""The report's status for a run that completed but measured an infinite or NaN figure (a damaged row, a broken
+measurement: a zero step time; a loss that diverged): not a data point, named as such."""
 
 
 def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
@@ -94,13 +94,18 @@ def run_statuses(df: pd.DataFrame) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
+FINITE = (*RUN_METRICS, "loss")
+"""The figures a run that counts has as numbers: those the report draws, and its loss at every step (a run whose
+loss went NaN or infinite diverged: its step times and memory are not those of training)."""
+
+
 def non_finite_runs(df: pd.DataFrame) -> set[tuple]:
-    """``RUN_KEY`` of every run with an infinite or NaN value of a figure the report draws (``RUN_METRICS``). A null
-    is a figure the run did not measure (no tokens timed, no RSS on this platform), drawn as missing; a NaN, told
-    from it by ``results.load``'s ``value_nan``, is a figure it measured as no number."""
+    """``RUN_KEY`` of every run with an infinite or NaN value of a ``FINITE`` figure. A null is a figure the run did
+    not measure (no tokens timed, no RSS on this platform), drawn as missing; a NaN, told from it by
+    ``results.load``'s ``value_nan``, is a figure it measured as no number."""
     if df.empty or "metric" not in df:
         return set()
-    d = df[df["metric"].isin(RUN_METRICS) & (df["status"].fillna("ok") == "ok")]
+    d = df[df["metric"].isin(FINITE) & (df["status"].fillna("ok") == "ok")]
     inf = d["value"].map(lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isinf(v))
     nan = d["value_nan"].fillna(False) if "value_nan" in d else pd.Series(False, index=d.index)
     bad = d[inf.astype(bool) | nan.astype(bool)]

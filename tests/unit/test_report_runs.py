@@ -271,3 +271,26 @@ def test_a_dirty_tree_s_runs_are_not_their_commit_s(tmp_path):
     stage0 = _stage0(table)
     assert len(stage0) == 2 and set(stage0["repeats"]) == {1}, stage0
     assert sorted(stage0["variant"].str.endswith("+0a1b2c3")) == [False, True], stage0["variant"].tolist()
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("phase", ["forward_backward"], "a string or null"),
+        ("of", ["loss"], "a string, an integer or null"),
+        ("of", True, "a string, an integer or null"),
+        ("instrumented", ["callgrind"], "a string or null"),
+    ],
+)
+def test_a_row_keyed_by_a_value_that_is_no_key_is_one_line(tmp_path, capsys, field, value, expected):
+    """``phase``, ``of`` and ``instrumented`` key a run's figures; a list there reached ``results show``, the report
+    and the gate, which hash them, as 'TypeError: unhashable type: list'."""
+    from tests.unit.test_bad_inputs import assert_one_line, run
+
+    d = _write(tmp_path / "bad", lambda r: r.update({field: value}))
+    for argv in (
+        ["results", "show", str(d)],
+        ["report", str(d), "--out", str(tmp_path / "r")],
+        ["regress", "--baseline", str(BASELINE), "--candidate", str(d)],
+    ):
+        assert_one_line(*run(argv, capsys), f"not a zerobench result row: '{field}' must be {expected}, got {value!r}")

@@ -267,8 +267,14 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "suite": ((str, type(None)), "a string or null"),
     "label": ((str, type(None)), "a string or null"),
     "reason": ((str, type(None)), "a string or null"),
+    "phase": ((str, type(None)), "a string or null"),
+    "of": ((str, int, type(None)), "a string, an integer or null"),
+    "instrumented": ((str, type(None)), "a string or null"),
 }
-"""The fields every reader relies on, with the JSON types a writer gives them (``RowWriter``)."""
+"""The fields every reader relies on, with the JSON types a writer gives them (``RowWriter``). ``phase``, ``of`` and
+``instrumented`` key a run's figures (``results.status.ONCE_KEY``, the gate's runs): readers hash and sort them."""
+NOT_BOOL = ("step", "rank", "of")
+"""Integer fields where a JSON ``true`` is no integer (Python's bool is one)."""
 
 
 NESTED_OBJECTS = (("provenance", "hardware"), ("config", "zero"), ("config", "model"), ("config", "activation"))
@@ -280,7 +286,7 @@ def _check_types(row: dict, where: str) -> None:
     readers compare, sort and sum these fields, and a string among numbers fails there, far from its line."""
     for key, (types, expected) in FIELD_TYPES.items():
         v = row.get(key)
-        if key in row and (not isinstance(v, types) or (isinstance(v, bool) and key in ("step", "rank"))):
+        if key in row and (not isinstance(v, types) or (isinstance(v, bool) and key in NOT_BOOL)):
             raise ConfigError(f"{where}: not a zerobench result row: {key!r} must be {expected}, got {v!r:.40}")
     for outer, inner in NESTED_OBJECTS:
         section = row.get(outer)

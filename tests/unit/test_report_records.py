@@ -116,3 +116,24 @@ def test_a_run_whose_loss_diverged_is_named_non_finite_not_counted(tmp_path, bad
     runs = aggregate.runs_table(df)
     assert len(runs) == len(aggregate.runs_table(load(QUICK))) - 1
     assert runs[(runs["stage"] == 1) & (runs["dp"] == 2)].empty
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("layers", None), ("layers", "2"), ("layers", [2]), ("hidden", 64.5), ("hidden", 1e400), ("hidden", "missing")],
+)
+def test_rows_without_an_integer_model_shape_are_one_line(tmp_path, capsys, field, value):
+    """The figures label a record by its layers and hidden size: a missing or non-integer one ended ``zerobench
+    report`` in a traceback from ``int()``, where a bad stage, DP or TP was already one line."""
+    from tests.unit.test_bad_inputs import assert_one_line, run
+
+    def change(r):
+        if value == "missing":
+            r["config"]["model"].pop(field)
+        else:
+            r["config"]["model"][field] = value
+
+    d = _copy(tmp_path / "x", change)
+    code, err = run(["report", str(d), "--out", str(tmp_path / "r")], capsys)
+    shown = None if value == "missing" else float("inf") if value == 1e400 else value
+    assert_one_line(code, err, f"their config's model.{field} is {shown!r}, not an integer")

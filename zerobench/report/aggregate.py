@@ -61,16 +61,23 @@ def paper_config(stage, ckpt, pa, pa_cpu, md) -> str | None:
     return {(1, False): "C1", (1, True): "C2", (2, False): "C3", (2, True): "C4"}[(int(stage), bool(pa))]
 
 
+LAYOUT = (("stage", "zero.stage"), ("dp", "dp"), ("tp", "tp"), ("layers", "model.layers"), ("hidden", "model.hidden"))
+"""The record's columns (and their config paths) that every figure of a run's training metrics is drawn and labelled
+by: its stage, process layout and model shape."""
+
+
 def _check_layout(run_id, rec: dict) -> None:
-    """A run's training metrics are drawn by its stage and process layout: refuse, in one line naming the run,
-    rows whose ``config`` does not give them as integers (rows not written by a zerobench run, or edited)."""
-    for name, key in (("stage", "zero.stage"), ("dp", "dp"), ("tp", "tp")):
+    """A run's training metrics are drawn by its stage, process layout and model shape (``LAYOUT``): refuse, in one
+    line naming the run, rows whose ``config`` does not give them as integers (rows not written by a zerobench run,
+    or edited). DP and TP may be absent (one process)."""
+    for name, key in LAYOUT:
         v = rec[name]
-        if name != "stage" and missing(v):
+        if name in ("dp", "tp") and missing(v):
             continue  # no DP or TP field: one process
-        if missing(v) or isinstance(v, bool) or not isinstance(v, numbers.Real) or v != int(v):
+        if missing(v) or isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v != int(v):
+            shown = v.item() if hasattr(v, "item") else v  # numpy's scalars as the row wrote them: 64.5, not np.float64
             raise ConfigError(
-                f"run {run_id}: its rows carry training metrics, but their config's {key} is {v!r}, not an "
+                f"run {run_id}: its rows carry training metrics, but their config's {key} is {shown!r}, not an "
                 "integer: they are not rows a zerobench run wrote; leave them out of the report's inputs"
             )
 

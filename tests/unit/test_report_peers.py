@@ -1,7 +1,13 @@
-"""The report's peers table from rows: comparisons that share a results directory stay apart."""
+"""The report's peers table from rows: comparisons that share a results directory stay apart, and a figure a
+comparison's summary holds twice is refused in one line."""
+
+import json
+from pathlib import Path
 
 import pandas as pd
+import pytest
 
+from zerobench.config import ConfigError
 from zerobench.report.peers import peers_table
 
 
@@ -36,6 +42,28 @@ def test_two_comparisons_in_one_directory_are_two_rows_each_with_its_own_figures
     assert t["comparison"].iloc[0] == "small, seq 64, DP 2 @ 9b2b8af 2026-11-25 14:16"
     assert t["comparison"].nunique() == 3
     assert t["time_vs_torch_ddp"].iloc[2] is None or pd.isna(t["time_vs_torch_ddp"].iloc[2])
+
+
+PEERS = Path(__file__).resolve().parents[2] / "results" / "reference" / "peers-offload-cpu-2core" / "summary"
+
+
+def test_a_summary_figure_held_twice_is_one_line_not_the_last_one(tmp_path, capsys):
+    """A summary row of one comparison and candidate written twice (files concatenated) was read as its last copy,
+    the other dropped without a word."""
+    from tests.unit.test_bad_inputs import assert_one_line, run
+    from zerobench.results import load
+
+    rows = [json.loads(line) for line in (PEERS / "rows.jsonl").read_text().splitlines() if line.strip()]
+    first = next(r for r in rows if r["metric"] == "peer_time_vs_torch_ddp")
+    (tmp_path / "twice").mkdir()
+    twice = tmp_path / "twice" / "rows.jsonl"
+    twice.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {**first, "value": 9.0}]))
+    with pytest.raises(ConfigError, match=f"holds {first['candidate']}'s peer_time_vs_torch_ddp 2 times") as e:
+        peers_table(load(twice))
+    assert str(twice.resolve()) in str(e.value) and "\n" not in str(e.value)
+    code, err = run(["report", str(twice), "--out", str(tmp_path / "r")], capsys)
+    assert_one_line(code, err, "its summary written twice")
+    assert len(peers_table(load(PEERS))) == len({r["candidate"] for r in rows})  # each once: read as before
 
 
 def test_the_speed_verdict_says_when_one_round_cannot_place_it():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from zerobench.config import ConfigError
 from zerobench.report.aggregate import missing
 
 PEER_METRICS = {
@@ -41,7 +42,8 @@ def _comparison(row: pd.Series) -> str:
 def peers_table(df: pd.DataFrame) -> pd.DataFrame:
     """``zerobench peers`` summary rows: one row per (comparison, candidate), failed candidates kept. Several
     comparisons in one results directory (their summaries share a run id) stay apart by config hash and by
-    the time their summary was written."""
+    the time their summary was written. A comparison's candidate holding a figure twice is refused in one line
+    (``_twice``): keeping one of the two would drop the other without a word."""
     d = df[df["metric"].isin(list(PEER_METRICS))]
     if d.empty:
         return pd.DataFrame()
@@ -62,10 +64,23 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
             "status": first.get("status") or "ok",
         }
         for metric, col in PEER_METRICS.items():
-            v = g[g["metric"] == metric]["value"].dropna()
-            rec[col] = float(v.iloc[-1]) if len(v) else None
+            rows = g[g["metric"] == metric]
+            if len(rows) > 1:
+                raise ConfigError(_twice(rows, rec["comparison"], cand, metric))
+            v = rows["value"].dropna()
+            rec[col] = float(v.iloc[0]) if len(v) else None
         out.append(rec)
     t = pd.DataFrame(out).drop(columns=["params_M"])
     for col in ("peak_live_bytes", "peak_rss_bytes"):
         t[col.replace("_bytes", "_MiB")] = t.pop(col) / 2**20
     return t
+
+
+def _twice(rows: pd.DataFrame, comparison: str, candidate: str, metric: str) -> str:
+    """One line naming a summary figure that ``rows`` (one comparison's, one candidate's) hold more than once."""
+    files = sorted({str(f) for f in rows["rows_file"].dropna()}) if "rows_file" in rows else []
+    return (
+        f"{', '.join(files) or 'the rows'}: the peers comparison {comparison} holds {candidate}'s {metric} "
+        f"{len(rows)} times: its summary written twice (files concatenated, or one summary in two of the report's "
+        "inputs); give each comparison's summary once"
+    )

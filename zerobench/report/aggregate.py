@@ -146,10 +146,36 @@ def timed_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[~df["instrumented"].fillna("").astype(bool)]
 
 
+RECORD_COLUMNS = {
+    "system": "config.system",
+    "stage": "config.zero.stage",
+    "dp": "config.dp",
+    "tp": "config.tp",
+    "precision": "config.zero.precision",
+    "preset": "config.preset",
+    "layers": "config.model.layers",
+    "hidden": "config.model.hidden",
+    "suite": "suite",
+    "hardware": "provenance.hardware.class",
+    "device": "provenance.hardware.device",
+    "torch": "provenance.torch_version",
+    "offload": "config.zero.offload_optimizer",
+    "ckpt": "config.activation.checkpoint",
+    "pa": "config.activation.partition",
+    "pa_cpu": "config.activation.cpu_offload",
+    "md": "config.activation.contiguous",
+}
+"""A record's configuration and provenance columns, from its first row's fields."""
+RECORD_KEY = ("config_hash", "provenance.hardware.class", "provenance.hardware.device", "provenance.torch_version")
+"""What sets records apart (with the code version and the kernels' paths): a processor or torch of their own makes
+runs records of their own, their times being that machine's and build's."""
+
+
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration, hardware class, processor (``device``), torch version and code version:
-    configuration columns and the median (and spread) of each metric over the runs that count (``counted_rows``; each run a (rows file, run id), so the same suite swept in two
-    directories gives two repeats), runs under a measuring tool left out (``timed_rows``)."""
+    """One row per configuration, hardware class, processor (``device``), torch version and code version
+    (``RECORD_KEY``): configuration columns and the median (and spread) of each metric over the runs that count
+    (``counted_rows``; each run a (rows file, run id), so the same suite swept in two directories gives two repeats),
+    runs under a measuring tool left out (``timed_rows``)."""
     df = counted_rows(with_run_key(timed_rows(df)))
     broken = non_finite_runs(df)  # named by run_statuses, not drawn: a NaN is no median, an inf no ratio
     if broken:
@@ -162,37 +188,16 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     ]
     if "rank" in df:
         df = df[df["rank"].isna() | (df["rank"] == 0)]
-    cfg_cols = {
-        "system": "config.system",
-        "stage": "config.zero.stage",
-        "dp": "config.dp",
-        "tp": "config.tp",
-        "precision": "config.zero.precision",
-        "preset": "config.preset",
-        "layers": "config.model.layers",
-        "hidden": "config.model.hidden",
-        "suite": "suite",
-        "hardware": "provenance.hardware.class",
-        "device": "provenance.hardware.device",
-        "torch": "provenance.torch_version",
-        "offload": "config.zero.offload_optimizer",
-        "ckpt": "config.activation.checkpoint",
-        "pa": "config.activation.partition",
-        "pa_cpu": "config.activation.cpu_offload",
-        "md": "config.activation.contiguous",
-    }
     records, flats = [], []
     if "provenance.commit" in df:  # the code measured: a dirty tree's runs are not their commit's (nor another's)
         df = df.assign(code=[code_of(r) for r in df.filter(like="provenance.").to_dict("records")])
     df = with_kernels(df)
-    # a processor or torch of their own makes runs records of their own: their times are that machine's and build's
-    keys = ("config_hash", "provenance.hardware.class", "provenance.hardware.device", "provenance.torch_version")
-    by = [c for c in (*keys, "code", "kernels") if c in df]
+    by = [c for c in (*RECORD_KEY, "code", "kernels") if c in df]
     config_cols = [c for c in df.columns if c.startswith("config.")]
     for keys, g in df.groupby(by, dropna=False):
         first = g.iloc[0]
         rec = {"config_hash": keys[0], "repeats": len(g.groupby(["rows_file", "run_id"]))}
-        for name, col in cfg_cols.items():
+        for name, col in RECORD_COLUMNS.items():
             rec[name] = first.get(col) if col in g else None
         code = first.get("code")
         rec["code"] = None if missing(code) else code

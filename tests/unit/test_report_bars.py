@@ -63,3 +63,15 @@ def test_every_record_is_a_bar_of_figs_7_and_8(monkeypatch, tmp_path):
     memory = [t for t in bars if t.startswith("Fig 7")]
     throughput = [t for t in bars if t.startswith("Fig 8")]
     assert len(bars[memory[0]]) == len(bars[throughput[0]]) == 10
+
+
+def test_a_run_of_accumulated_micro_batches_is_not_drawn_against_one_micro_batchs_lines(monkeypatch, tmp_path):
+    """Stages 2-3 reduce every micro-batch, so a step of A = 2 micro-batches moves 3Ψ at stage 2 and 6Ψ at stage 3:
+    drawn beside the 2Ψ/3Ψ lines it read as a regression of the engine (a reviewer's run). Such records stay out."""
+    runs = aggregate.runs_table(load(REF / "quick-cpu-2core"))
+    assert (runs["grad_accum"] == 1).all()
+    drawn = runs[runs["comm_volume_elements_per_step"].notna() & (runs["dp"] > 1)]
+    runs.loc[drawn.index[0], "grad_accum"] = 2
+    bars = _bars(monkeypatch, figures, lambda: figures.comm_volume(runs, tmp_path))
+    (heights,) = bars.values()
+    assert len(heights) == len(drawn) - 1

@@ -164,6 +164,7 @@ RECORD_COLUMNS = {
     "pa": "config.activation.partition",
     "pa_cpu": "config.activation.cpu_offload",
     "md": "config.activation.contiguous",
+    "grad_accum": "config.zero.grad_accum_steps",
 }
 """A record's configuration and provenance columns, from its first row's fields."""
 RECORD_KEY = ("config_hash", "provenance.hardware.class", "provenance.hardware.device", "provenance.torch_version")

@@ -296,3 +296,21 @@ def test_deepspeed_peers_that_cannot_run_are_recorded_as_not_run(tmp_path, monke
     (tmp_path / "run" / "summary").rename(tmp_path / "first-summary")
     again = {r["candidate"]: r for r in peers_stopped.summarize_stopped(tmp_path / "run")}
     assert all("DeepSpeed is not installed" in again[c]["reason"] for c in DEEPSPEED_PEERS)
+
+
+def test_fsdp1_in_a_world_of_one_is_judged_as_the_data_parallel_peer_it_runs_as():
+    """torch switches FSDP1's FULL_SHARD and SHARD_GRAD_OP to NO_SHARD at world size 1 (a warning in the log), and its
+    records were still held against zerobench's stages 3 and 2 as a sharding peer. At DP 1 they shard like stage 0."""
+    from zerobench.bench.peers import bar, sharding_stage
+
+    one = [sharding_stage(c, 1) for c in ("fsdp1-full-shard", "fsdp1-shard-grad-op", "fsdp2", "zerobench-3")]
+    assert one == [0, 0, 3, 3]
+    assert [sharding_stage(c, 2) for c in ("fsdp1-full-shard", "fsdp1-shard-grad-op")] == [3, 2]
+    recs = [
+        _rec("zerobench-3", 1.2, 100),
+        _rec("zerobench-0", 1.0, 200),
+        _rec("fsdp2", 1.5, 150),
+        {**_rec("fsdp1-full-shard", 1.0, 200), "sharding_stage": sharding_stage("fsdp1-full-shard", 1)},
+    ]
+    v = {x["stage"]: x for x in bar(recs)}
+    assert v[3]["fastest_peer"] == "fsdp2" and v[0]["fastest_peer"] == "fsdp1-full-shard"

@@ -239,7 +239,7 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
     for c in cands:
         rec: dict = {
             "candidate": c,
-            "sharding_stage": int(c.split("-")[1]) if c in ZEROBENCH_ALL else SHARDING[c],
+            "sharding_stage": sharding_stage(c, p.dp),
             "status": "failed" if c in failed else "ok",
             "reason": failed.get(c, ""),
         }
@@ -355,6 +355,15 @@ def _time_noise(zb: dict, peer: dict) -> float:
     return 2 * median_standard_error(_round_ratios(zb, peer))
 
 
+def sharding_stage(candidate: str, dp: int) -> int:
+    """The ZeRO stage ``candidate`` shards like in a world of ``dp`` ranks: its own, except FSDP1's sharded strategies
+    at one rank, which torch switches to ``NO_SHARD`` (a warning in the log): plain data parallelism, stage 0's peer,
+    not stage 2's or 3's."""
+    if candidate in ZEROBENCH_ALL:
+        return int(candidate.split("-")[1])
+    return 0 if dp == 1 and candidate.startswith("fsdp1-") else SHARDING[candidate]
+
+
 def bar(records: list[dict]) -> list[dict]:
     """The issue's bar per zerobench candidate: time <= 0.95x the fastest peer doing the same sharding (and
     offloading alike), and peak memory <= every such peer's. The fastest peer is the one zerobench's
@@ -367,7 +376,9 @@ def bar(records: list[dict]) -> list[dict]:
         s, off = int(name.split("-")[1]), name.endswith("-offload")
         zb = ok.get(name)
         peers = [
-            r for c, r in ok.items() if c not in ZEROBENCH_ALL and SHARDING[c] == s and c.endswith("-offload") == off
+            r
+            for c, r in ok.items()
+            if c not in ZEROBENCH_ALL and r.get("sharding_stage", SHARDING[c]) == s and c.endswith("-offload") == off
         ]
         if zb is None or not peers:
             continue

@@ -5,21 +5,49 @@ replaced file's old content or its new content, never a cut one."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 
-def write_file(path: Path, data: bytes | Callable[[object], None]) -> None:
-    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` and flush it to the disk."""
+def write_file(path: Path, data: bytes | Callable[[object], None]) -> str:
+    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` and flush it to the disk; returns
+    the SHA-256 (hex) of the bytes written, hashed as they are written rather than read back."""
+    digest = hashlib.sha256()
     with open(path, "wb") as f:
+        out = _Hashing(f, digest)
         if isinstance(data, bytes):
-            f.write(data)
+            out.write(data)
         else:
-            data(f)
+            data(out)
         f.flush()
         os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+class _Hashing:
+    """A binary file that hashes what is written to it (``torch.save`` needs ``write`` and ``flush``)."""
+
+    def __init__(self, f, digest) -> None:
+        self._f, self._digest = f, digest
+
+    def write(self, b) -> int:
+        self._digest.update(b)
+        return self._f.write(b)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 (hex) of the file ``path``, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:

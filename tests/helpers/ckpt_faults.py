@@ -162,7 +162,7 @@ def resave_with_a_full_disk(rank: int, world: int, out: str, victim: int) -> str
     """The second save's shard write fails on ``victim`` (ENOSPC): every rank must raise, none may hang."""
     import errno
 
-    import zerobench.zero.state.checkpoint as ckpt
+    import zerobench.zero.state.transaction as staged_files
 
     group = dp_groups(rank, world, [world])[world]
     engine = engine_for(group, 2)
@@ -176,7 +176,7 @@ def resave_with_a_full_disk(rank: int, world: int, out: str, victim: int) -> str
         def full(path, data):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        ckpt.write_file = full
+        staged_files.write_file = full  # (every file of a save is written through it: write_entry)
     try:
         engine.save_checkpoint(os.path.join(out, "ckpt"), tag="final")
     except Exception as e:  # noqa: BLE001 - the message is what is checked

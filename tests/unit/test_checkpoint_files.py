@@ -156,9 +156,14 @@ def test_a_checkpoint_from_before_manifests_loads_and_a_torn_one_is_refused(tmp_
     assert all(torch.equal(x, full_parameters(a)[k]) for k, x in full_parameters(b).items())
 
 
-def test_shards_of_two_saves_are_refused(tmp_path):
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "saved-before-digests"])
+def test_shards_of_two_saves_are_refused(tmp_path, digests):
+    """A shard of another save put in a checkpoint's place: its manifest's digests refuse the edited files; where the
+    manifest records none (saved before it did), the shard's save id does."""
     a = engine()
     save_sharded(a, tmp_path / "c")
+    if not digests:
+        forget_digests(tmp_path / "c")
     meta = json.loads((tmp_path / "c" / "meta.json").read_text())
     shard = torch.load(tmp_path / "c" / "shard-00000.pt", weights_only=True)
     # a second shard written by another save: a legacy checkpoint would show it by its step, a new one by its id
@@ -177,8 +182,17 @@ def test_shards_of_two_saves_are_refused(tmp_path):
     man = json.loads((tmp_path / "c" / MANIFEST).read_text())
     man["dirs"]["."].append("shard-00001.pt")
     (tmp_path / "c" / MANIFEST).write_text(json.dumps(man))
-    with pytest.raises(CheckpointMismatch, match=r"is torn: shard-00001\.pt is from another save"):
+    words = r"meta\.json is damaged: its SHA-256" if digests else r"is torn: shard-00001\.pt is from another save"
+    with pytest.raises(CheckpointMismatch, match=words):
         consolidate(tmp_path / "c")
+
+
+def forget_digests(path) -> None:
+    """The checkpoint at ``path`` as a release before digests wrote it: its manifest records no SHA-256s, so a file
+    edited by hand meets the checks of what the file says, which are all such a checkpoint has."""
+    man = json.loads((path / MANIFEST).read_text())
+    del man["sha256"]
+    (path / MANIFEST).write_text(json.dumps(man))
 
 
 @pytest.mark.dist
@@ -226,8 +240,13 @@ def test_a_tag_with_pattern_characters_leaves_another_tag_s_set_aside_copy(tmp_p
         (lambda m: m.write_text(json.dumps({**json.loads(m.read_text()), "num_shards": "x"})), "num_shards 'x'"),
     ],
 )
-def test_a_damaged_meta_json_is_one_line_at_once(tmp_path, damage, words):
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "saved-before-digests"])
+def test_a_damaged_meta_json_is_one_line_at_once(tmp_path, damage, words, digests):
     save_sharded(engine(), tmp_path / "c")
+    if digests:
+        words = "meta.json is damaged: its SHA-256"
+    else:
+        forget_digests(tmp_path / "c")
     damage(tmp_path / "c" / "meta.json")
     t0 = time.monotonic()
     for load in (lambda: load_sharded(engine(), tmp_path / "c"), lambda: consolidate(tmp_path / "c")):
@@ -332,13 +351,19 @@ def test_a_replacement_without_an_atomic_exchange(tmp_path, monkeypatch):
     ],
     ids=["shard-is-text", "latest-is-a-directory", "meta-without-params", "frozen-not-names", "frozen-unknown"],
 )
-def test_a_damaged_file_is_one_line_for_zero_to_fp32(tmp_path, capsys, damage, words):
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "saved-before-digests"])
+def test_a_damaged_file_is_one_line_for_zero_to_fp32(tmp_path, capsys, damage, words, digests):
     """What a hand-edited or half-copied checkpoint does to ``zero-to-fp32`` (a helper's fuzzing found each as a
-    traceback, or, for frozen.json, an exit 0 with the frozen parameters still in the output)."""
+    traceback, or, for frozen.json, an exit 0 with the frozen parameters still in the output): a file's digest
+    refuses it, and, saved before digests, the check of what it says."""
     from zerobench.cli import main
 
     e = engine()
     e.save_checkpoint(tmp_path / "ckpt", tag="t")
+    if digests and "is damaged" in words:
+        words = words[: words.index("is damaged")] + "is damaged: its SHA-256"
+    elif not digests:
+        forget_digests(tmp_path / "ckpt" / "t")
     damage(tmp_path / "ckpt")
     assert main(["zero-to-fp32", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--exclude-frozen-parameters"]) == 2
     err = capsys.readouterr().err

@@ -13,22 +13,24 @@ Checkpoints written before manifests existed load if their shards agree on their
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import torch
 
-from zerobench.files import write_file
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.gathered import check_outside
-from zerobench.zero.state.shards import FORMAT, load_shard_state_dicts, shard_state_dict, union_length
+from zerobench.zero.state.shards import CHECK, FORMAT, load_shard_state_dicts, shard_state_dict, union_length
 from zerobench.zero.state.transaction import (
     MANIFEST,
     CheckpointMismatch,
+    check_digest,
     load_file,
     read_json,
     refuse_staged,
     transaction,
+    write_entry,
     write_json,
 )
 
@@ -72,7 +74,7 @@ def write_shard(engine: Engine, root: Path, save_id: str) -> None:
         return
     sd = shard_state_dict(engine)
     sd["save_id"] = save_id
-    write_file(path / f"shard-{sd['shard']:05d}.pt", lambda f: torch.save(sd, f))
+    write_entry(path / f"shard-{sd['shard']:05d}.pt", lambda f: torch.save(sd, f))
     if sd["shard"] == 0:
         meta = {
             "format": FORMAT,
@@ -150,14 +152,17 @@ def _meta(d: Path) -> dict:
     return meta
 
 
-def iter_shards(path: str | os.PathLike):
+def iter_shards(path: str | os.PathLike, deferred: bool = False):
     """The shards of the checkpoint directory ``path`` (one ``tp-XX`` directory under TP), each checked to belong
-    to the save its manifest records (one loaded at a time)."""
+    to the save its manifest records (one loaded at a time), and its file's bytes against the manifest's digest:
+    before it is yielded, or, ``deferred``, by the caller through the shard's ``CHECK`` (``load_shard_state_dicts``
+    checks the shards it copies from, so a rank hashes its own shards, not every rank's)."""
     d = Path(path)
     files, save_id = _commit_record(d, _meta(d))
     first = None
     for name in files:
-        sd = load_file(d / name, mmap=True)  # read as copied: a load checks every shard before it copies any
+        # memory-mapped, so read as copied: a load checks every shard before it copies any
+        sd = load_file(d / name, mmap=True, check=not deferred)
         if not isinstance(sd, dict) or sd.get("format") != FORMAT:
             raise CheckpointMismatch(f"checkpoint file {d / name} is not a zerobench ZeRO shard")
         mark = (sd.get("save_id"), sd.get("step"), sd.get("global_steps"), sd.get("num_shards"))
@@ -168,6 +173,8 @@ def iter_shards(path: str | os.PathLike):
                 f"checkpoint {d} is torn: {name} is from another save than {files[0]} (step {mark[1]}, not {first[1]})"
             )
         first = mark
+        if deferred:
+            sd[CHECK] = functools.partial(check_digest, d / name)
         yield sd
 
 
@@ -185,7 +192,8 @@ def load_sharded(
             f"checkpoint {path} was saved with TP {saved}, this engine has TP {size}: load it "
             f"with the TP degree it was saved with (DP may differ)"
         )
-    return load_shard_state_dicts(engine, iter_shards(rank_dir(engine, path)), optimizer_states, also_check, by_name)
+    shards = iter_shards(rank_dir(engine, path), deferred=True)
+    return load_shard_state_dicts(engine, shards, optimizer_states, also_check, by_name)
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:

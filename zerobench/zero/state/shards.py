@@ -23,6 +23,9 @@ from zerobench.zero.protocols import Engine
 from zerobench.zero.state.transaction import CheckpointMismatch, agree
 
 FORMAT = "zerobench-zero-shard/1"
+CHECK = "_check_file"
+"""In a shard read from a file (``checkpoint.iter_shards(deferred=True)``): checks the file's bytes against its
+manifest's digest; ``load_shard_state_dicts`` runs it for every shard it takes anything from, before it copies."""
 
 
 def shard_state_dict(engine: Engine) -> dict:
@@ -196,8 +199,10 @@ def load_shard_state_dicts(
 
 def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dict, dict]:
     """Read and check every shard, and list what each copies where: (shard, its slice, the local segment, the
-    segment's range); with the first and the last shard. Under ``spec`` (a load by name) the copies from
-    ``spec.whole`` too, and ``spec.gathered`` filled. Changes nothing of the engine's."""
+    segment's range); with the shard the counters and param groups are taken from (twice: every shard holds the
+    same), one this rank copies from, so that its file is among the ones checked (``CHECK``) and no rank reads
+    another's shard whole. Under ``spec`` (a load by name) the copies from ``spec.whole`` too, and
+    ``spec.gathered`` filled. Changes nothing of the engine's."""
     segs = engine.layout.segments(engine.rank_in_shards)
     source = {zp.name: zp.name for zp in engine.zparams} | (spec.sources if spec else {})
     segments_of: dict[str | None, list] = {}  # a saved name -> this rank's segments that load from it
@@ -208,14 +213,13 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
     first = meta = None
     expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
     plan = []
+    used_by_name = []
     for sd in shards:
         if sd.get("format") != FORMAT:
             raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
         check_compatible(sd, expected if spec is None else {}, check_params=first is None)
         if first is None:
-            if spec is None:
-                _check_groups(engine, sd)
-            else:
+            if spec is not None:
                 _start_by_name(engine, spec, sd, source)
             first = sd
         meta = sd
@@ -227,9 +231,14 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
                     plan.append((sd, slice(off + lo - start, off + hi - start), s, lo, hi))
                     covered[k].append((lo, hi))
             if spec is not None and name in spec.gathered:
+                used_by_name.append(sd)
                 spec.gathered[name][start:end] = sd["master"][off : off + end - start]
                 gathered.setdefault(name, []).append((start, end))
             off += end - start
+    ref = plan[0][0] if plan else first
+    _check_files([ref, *(sd for sd, *_ in plan), *used_by_name])
+    if spec is None and ref is not None:
+        _check_groups(engine, ref)
     saved = set(meta["params"]) if meta is not None else set()
     needed = [
         k for k, s in enumerate(segs) if spec is None or meta is None or source[engine.zparams[s.param].name] in saved
@@ -244,7 +253,15 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
             + " (each rank loads its own engine.optimizer.state_dict(), into the same partition; "
             "save_sharded / load_sharded, or DeepSpeed's save_checkpoint / load_checkpoint, load any DP size and stage)"
         )
-    return plan + (_whole_copies(engine, segs, spec) if spec is not None else []), first, meta
+    return plan + (_whole_copies(engine, segs, spec) if spec is not None else []), ref, ref
+
+
+def _check_files(shards: list) -> None:
+    """Run the file check (``CHECK``) of each shard a load takes values or counters from, once."""
+    for sd in {id(sd): sd for sd in shards if sd is not None}.values():
+        check = sd.get(CHECK)
+        if check is not None:
+            check()
 
 
 def _partition_note(engine: Engine, meta: dict | None) -> str:

@@ -8,6 +8,11 @@ with one rename (or, when the target exists, one atomic exchange of the two dire
 killed before that point leaves the target untouched: the other ranks raise ``CheckpointSaveError`` (or time out in
 the agreement, as any collective), and what was staged is never loaded. Each shard records the save id, so a shard
 from another save is refused on load.
+
+The manifest also records every file's SHA-256, hashed by the rank that wrote it as it wrote it (a sidecar
+``.<name>.sha256`` in the staging directory, folded into the manifest at the commit), and a load checks each file it
+reads against it: ``torch.load`` checks no checksum of a tensor's bytes, so a bit flipped on disk, or a file
+overwritten in place, would otherwise load as different weights without a word.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import torch
 import torch.distributed as dist
 
 from zerobench.config import ConfigError
-from zerobench.files import fsync_dir, write_file
+from zerobench.files import file_digest, fsync_dir, write_file
 from zerobench.zero.protocols import Engine
 
 MANIFEST = "manifest.json"
 """The commit record: written last, into the staging directory, by the first rank once every rank has written."""
 STAGING = ".saving-"
+SUM = ".sha256"
+"""A staged file's digest beside it, ``.<name>.sha256``: written by the rank that wrote the file, folded into the
+manifest (and removed) at the commit."""
 
 
 class CheckpointMismatch(ValueError):
@@ -43,10 +51,13 @@ class CheckpointSaveError(RuntimeError):
     """A save that did not complete on every rank: nothing was written where the checkpoint goes."""
 
 
-def load_file(path: str | os.PathLike, mmap: bool = False):
+def load_file(path: str | os.PathLike, mmap: bool = False, check: bool = True):
     """``torch.load(path)`` on the CPU, ``weights_only=True``; a damaged file is a one-line ``CheckpointMismatch``.
     ``mmap``: the tensors are mapped from the file and read as they are used (a file ``torch.save`` wrote before
-    torch 2.1's aligned format is read whole instead)."""
+    torch 2.1's aligned format is read whole instead). ``check``: its bytes are checked against the digest its
+    checkpoint's manifest records first (``check_digest``); a caller that passes False checks them itself."""
+    if check:
+        check_digest(path)
     try:
         if mmap:
             try:
@@ -73,8 +84,11 @@ def _load_failure(e: Exception) -> str:
     return (text.strip().splitlines() or [type(e).__name__])[0]
 
 
-def read_json(path: Path) -> dict:
-    """A small JSON file of a checkpoint (``meta.json``, ``manifest.json``) as a dict; damaged is one line."""
+def read_json(path: Path, check: bool = True) -> dict:
+    """A small JSON file of a checkpoint (``meta.json``, ``manifest.json``) as a dict; damaged is one line (and,
+    with ``check``, so is one whose bytes are not what its save wrote: ``check_digest``)."""
+    if check:
+        check_digest(path)
     try:
         data = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -85,7 +99,50 @@ def read_json(path: Path) -> dict:
 
 
 def write_json(path: Path, obj) -> None:
-    write_file(path, json.dumps(obj, indent=1).encode())
+    """A checkpoint's JSON file, written as ``write_entry`` writes."""
+    write_entry(path, json.dumps(obj, indent=1).encode())
+
+
+def write_entry(path: Path, data: bytes | Callable[[object], None]) -> None:
+    """Write a file of a save into its staging directory (``files.write_file``), and its SHA-256 beside it
+    (``.<name>.sha256``) for the manifest: the digest of the bytes as they were written, by the rank that wrote them,
+    so no rank reads another's files back to hash them."""
+    digest = write_file(path, data)
+    write_file(path.parent / f".{path.name}{SUM}", digest.encode())
+
+
+def _is_sum(path: Path) -> bool:
+    return path.name.startswith(".") and path.name.endswith(SUM)
+
+
+def _record_of(path: Path) -> tuple[Path, str] | None:
+    """(the committed checkpoint directory whose manifest lists ``path``, ``path`` relative to it); None for a file
+    of no such checkpoint (one saved before manifests, a loose file)."""
+    for top in (path.parent, path.parent.parent):
+        if (top / MANIFEST).is_file():
+            return top, path.relative_to(top).as_posix()
+    return None
+
+
+def check_digest(path: str | os.PathLike) -> None:
+    """Refuse, in one line, a checkpoint file whose bytes are not those its save wrote: the SHA-256 its checkpoint's
+    manifest records differs (a bit flipped on disk, a file overwritten or cut in place). A file its manifest
+    records no digest for (saved before digests were recorded, or the manifest itself) is not checked."""
+    path = Path(path)
+    found = _record_of(path)
+    if found is None:
+        return
+    top, rel = found
+    sums = read_json(top / MANIFEST, check=False).get("sha256")
+    want = sums.get(rel) if isinstance(sums, dict) else None
+    if want is None:
+        return
+    got = file_digest(path)
+    if got != want:
+        raise CheckpointMismatch(
+            f"checkpoint file {path} is damaged: its SHA-256 is {got[:16]}..., its save recorded {str(want)[:16]}... "
+            f"in {top / MANIFEST} (changed on disk since it was written); load an earlier checkpoint"
+        )
 
 
 def _groups(engine: Engine):
@@ -113,7 +170,7 @@ def _checkpoint_files(path: Path) -> set[str] | None:
     ``path`` holds no such record, or a damaged one (a file that merely has the name is not a checkpoint)."""
     try:
         if (path / MANIFEST).is_file():
-            man = read_json(path / MANIFEST)
+            man = read_json(path / MANIFEST, check=False)
             files = man.get("files")
             if not str(man.get("format", "")).startswith("zerobench-checkpoint/") or not isinstance(files, list):
                 return None
@@ -121,7 +178,7 @@ def _checkpoint_files(path: Path) -> set[str] | None:
         dirs = [path] if (path / "meta.json").is_file() else sorted(d for d in path.glob("tp-*") if d.is_dir())
         owned: set[str] = set()
         for d in dirs:
-            meta = read_json(d / "meta.json")
+            meta = read_json(d / "meta.json", check=False)
             if not isinstance(meta.get("params"), dict) or not isinstance(meta.get("num_shards"), int):
                 return None
             prefix = "" if d == path else f"{d.name}/"
@@ -201,7 +258,9 @@ def transaction(
     )
     if first:
         try:
-            write_json(staging / MANIFEST, manifest(staging, save_id))
+            write_file(staging / MANIFEST, json.dumps(manifest(staging, save_id), indent=1).encode())
+            for side in [f for f in staging.rglob(f"*{SUM}") if _is_sum(f)]:  # folded into the manifest
+                side.unlink()
             for d in [*sorted(staging.glob("tp-*")), staging]:  # every file's entry on disk before the commit's rename
                 fsync_dir(d)
             _put_in_place(staging, path)
@@ -229,11 +288,11 @@ def manifest(staging: Path, save_id: str) -> dict:
     """The commit record of what every rank staged: each shard directory's ``meta.json`` and shard files, all of
     this save (a shard directory without its ``meta.json`` or one of its shards fails the commit), and every file
     of the save (``files``: the shards and what lies beside them, e.g. a scheduler's state), which a reader checks
-    are all there."""
+    are all there, with its SHA-256 (``sha256``: from the sidecar its writer left, else hashed here)."""
     dirs = sorted(staging.glob("tp-*")) or [staging]
     listing = {}
     for d in dirs:
-        meta = read_json(d / "meta.json")
+        meta = read_json(d / "meta.json", check=False)
         if meta.get("save_id") != save_id or int(meta.get("tp", 1)) != (len(dirs) if d != staging else 1):
             raise CheckpointSaveError(f"{d} holds another save's meta.json")
         files = [f"shard-{i:05d}.pt" for i in range(int(meta["num_shards"]))]
@@ -241,8 +300,16 @@ def manifest(staging: Path, save_id: str) -> dict:
         if missing:
             raise CheckpointSaveError(f"{d} lacks {', '.join(missing[:4])} after every rank wrote its files")
         listing["." if d == staging else d.name] = files
-    every = sorted(str(f.relative_to(staging)) for f in staging.rglob("*") if f.is_file() and f.name != MANIFEST)
-    return {"format": "zerobench-checkpoint/1", "save_id": save_id, "dirs": listing, "files": every}
+    every = sorted(
+        f.relative_to(staging).as_posix()
+        for f in staging.rglob("*")
+        if f.is_file() and f.name != MANIFEST and not _is_sum(f)
+    )
+    sums = {}
+    for rel in every:
+        side = (staging / rel).parent / f".{Path(rel).name}{SUM}"
+        sums[rel] = side.read_text().strip() if side.is_file() else file_digest(staging / rel)
+    return {"format": "zerobench-checkpoint/1", "save_id": save_id, "dirs": listing, "files": every, "sha256": sums}
 
 
 _RENAME_EXCHANGE = 2

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zerobench.config import ConfigError
-from zerobench.files import replace_file, write_file
+from zerobench.files import replace_file
 from zerobench.zero.compat.deepspeed.module_load import (
     Gathered,
     check_extras,
@@ -45,6 +45,7 @@ from zerobench.zero.state.transaction import (
     replaced_copy,
     transaction,
     whole_checkpoints,
+    write_entry,
     write_json,
 )
 
@@ -149,9 +150,9 @@ def save_tagged(
     with transaction(engine, path, after_commit=point) as staged:
         write_shard(engine, staged.dir, staged.save_id)
         if own is not None:
-            write_file(staged.dir / own[0], own[1])
+            write_entry(staged.dir / own[0], own[1])
         if per_rank is not None:
-            write_file(rank_dir(engine, staged.dir) / module_extra_file(engine.group.rank), per_rank)
+            write_entry(rank_dir(engine, staged.dir) / module_extra_file(engine.group.rank), per_rank)
         if engine.group.rank == 0:
             _write_extras(engine, staged.dir, blob, sched, exclude_frozen_parameters, states)
     return path
@@ -240,14 +241,14 @@ def _write_extras(
     extra = engine_extras(engine, not exclude_frozen)
     d = rank_dir(engine, root)
     saved = {**{n: t.detach().cpu().clone() for n, t in extra.items()}, **states}
-    write_file(d / "module_extra.pt", lambda f: torch.save(saved, f))
+    write_entry(d / "module_extra.pt", lambda f: torch.save(saved, f))
     write_json(d / FROZEN, sorted(n for n, t in extra.items() if isinstance(t, nn.Parameter)))
     if engine.tp_group is None or engine.tp_group.rank == 0:
-        write_file(root / "client_state.pt", blob)
+        write_entry(root / "client_state.pt", blob)
         if getattr(engine, "micro_batch", None) is not None:  # (no batch size given: no sample count)
             write_json(root / COUNTERS, {"global_samples": int(engine.global_samples)})
         if sched is not None:
-            write_file(root / SCHEDULER, sched)
+            write_entry(root / SCHEDULER, sched)
 
 
 def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:

@@ -22,7 +22,7 @@ from zerobench.files import replace_file
 from zerobench.zero.compat.deepspeed.checkpoints import FROZEN, LATEST, tagged_path
 from zerobench.zero.state.checkpoint import consolidate
 from zerobench.zero.state.export import save_whole
-from zerobench.zero.state.transaction import CheckpointMismatch, load_file
+from zerobench.zero.state.transaction import CheckpointMismatch, check_digest, load_file
 
 
 def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
@@ -51,6 +51,7 @@ def get_fp32_state_dict_from_zero_checkpoint(
                 f"checkpoint {path} does not say which saved tensors are frozen parameters (no "
                 f"{FROZEN}: saved before it was written): load it without exclude_frozen_parameters"
             )
+        check_digest(path / FROZEN)
         try:
             names = json.loads((path / FROZEN).read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -581,3 +581,23 @@ def test_a_file_weights_only_refuses_says_why_not_to_load_it_unsafely(tmp_path):
     assert "\n" not in message and "weights_only` set to `False`" not in message
     assert message.startswith(f"checkpoint file {pickled} is damaged: torch.load(weights_only=True) refused it: ")
     assert "_NotAllowed" in message
+
+
+def test_a_killed_save_s_staging_under_another_tag_is_swept_and_a_set_aside_copy_is_kept(tmp_path):
+    """DeepSpeed's default tags count steps, so a save killed under ``global_step1`` was swept only by a later save
+    to that same tag, which never comes: each such leftover held a whole save's bytes for good. The next committed
+    save into the directory removes it; a copy set aside by a stopped replacement can be its tag's only whole copy,
+    and stays."""
+    e = engine()
+    e.save_checkpoint(tmp_path / "ckpt", tag="a")
+    killed = tmp_path / "ckpt" / ".global_step1.saving-00c0ffee00c0ffee"
+    shutil.copytree(tmp_path / "ckpt" / "a", killed)
+    aside = tmp_path / "ckpt" / ".b.replaced-00c0ffee00c0ffee"
+    shutil.copytree(tmp_path / "ckpt" / "a", aside)
+    elsewhere = tmp_path / ".c.saving-00c0ffee00c0ffee"  # beside a plain save_sharded path: another save's
+    elsewhere.mkdir()
+    step(e)
+    e.save_checkpoint(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [aside.name, "a", "global_step1", "latest"]
+    save_sharded(e, tmp_path / "d")
+    assert elsewhere.is_dir()

@@ -352,6 +352,21 @@ def _sweep_stale(path: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def sweep_staged(root: Path) -> list[str]:
+    """Remove the staging directories (``.<tag>.saving-<id>``) that saves stopped under other tags left in a tagged
+    checkpoints' directory ``root``; returns their names. DeepSpeed's default tag counts steps, so a save killed
+    under ``global_step500`` is never swept by a save to the same tag, and each such leftover holds a whole save's
+    bytes. Called by the first rank once a save to ``root`` is committed: saves to one ``root`` are the one job's
+    saves, one after another, so any other save's staging is a stopped one. Never a set-aside copy
+    (``.<tag>.replaced-<id>``): that can be the only whole copy of its tag (``replaced_copy``)."""
+    gone = []
+    for d in sorted(root.glob(f".*{STAGING}*")):
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d.name)
+    return gone
+
+
 def whole_checkpoints(root: Path) -> list[str]:
     """The names of the committed checkpoints in ``root`` (a directory holding its ``manifest.json``; staging and
     set-aside copies are hidden), the newest last."""

@@ -43,6 +43,7 @@ from zerobench.zero.state.transaction import (
     load_file,
     read_json,
     replaced_copy,
+    sweep_staged,
     transaction,
     whole_checkpoints,
     write_entry,
@@ -146,8 +147,13 @@ def save_tagged(
     states = _extra_states(engine)
     per_rank = _per_rank_module_state(engine, states)
     path = Path(save_dir) / tag
-    point = (lambda: replace_file(Path(save_dir) / LATEST, tag)) if save_latest else None
-    with transaction(engine, path, after_commit=point) as staged:
+
+    def committed() -> None:
+        if save_latest:
+            replace_file(Path(save_dir) / LATEST, tag)
+        sweep_staged(Path(save_dir))  # what saves stopped under other tags left
+
+    with transaction(engine, path, after_commit=committed) as staged:
         write_shard(engine, staged.dir, staged.save_id)
         if own is not None:
             write_entry(staged.dir / own[0], own[1])

@@ -158,3 +158,48 @@ def _load_counting(rank: int, world: int, path: str) -> list[str]:
     transaction.file_digest = counting
     load_sharded(engine(_group(rank, world), seed=1), path)
     return sorted(set(seen))
+
+
+def test_a_damaged_shard_that_looks_like_another_save_s_is_named_damaged(tmp_path):
+    save_sharded(trained(), tmp_path / "c")
+    f = tmp_path / "c" / "shard-00000.pt"
+    torch.save({**torch.load(f, weights_only=True), "save_id": "0" * 16}, f)
+    with pytest.raises(CheckpointMismatch, match=r"shard-00000\.pt is damaged: its SHA-256"):
+        load_sharded(engine(seed=1), tmp_path / "c")
+
+
+def test_a_file_its_save_did_not_write_is_refused(tmp_path):
+    """A per-rank client state left by another copy of the checkpoint synced over it (``rsync`` without
+    ``--delete``): found by its name, it was returned as this rank's state."""
+    trained().save_checkpoint(tmp_path / "ckpt", tag="t", client_state={"epoch": 3})
+    torch.save({"epoch": 999}, tmp_path / "ckpt" / "t" / "client_state-rank00000.pt")
+    with pytest.raises(CheckpointMismatch, match=r"client_state-rank00000\.pt is not one its save wrote"):
+        engine(seed=1).load_checkpoint(tmp_path / "ckpt")
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("option", ["load_module_only", "load_optimizer_states"])
+def test_a_damaged_shard_a_weights_only_load_skips_cannot_drop_weights(tmp_path, option):
+    """The last shard decided which saved parameters a weights-only load had to fill; renamed by damage, nothing was
+    copied from it, so it was never checked, and the parameters it held stayed unloaded without a word."""
+    from tests.helpers.dist import run_distributed
+
+    run_distributed(_save_tagged, 2, str(tmp_path / "ckpt"))
+    f = tmp_path / "ckpt" / "t" / "shard-00001.pt"
+    sd = torch.load(f, weights_only=True)
+    sd["params"] = {f"{k}~": v for k, v in sd["params"].items()}
+    sd["segments"] = [[f"{n}~", a, b] for n, a, b in sd["segments"]]
+    torch.save(sd, f)
+    fresh = engine(seed=1)
+    before = {k: v.clone() for k, v in full_parameters(fresh).items()}
+    kwargs = {"load_module_only": True} if option == "load_module_only" else {"load_optimizer_states": False}
+    with pytest.raises(CheckpointMismatch, match=r"shard-00001\.pt is damaged: its SHA-256"):
+        fresh.load_checkpoint(tmp_path / "ckpt", **kwargs)
+    assert same(full_parameters(fresh), before)
+
+
+def _save_tagged(rank: int, world: int, path: str) -> None:
+    e = engine(_group(rank, world))
+    e.backward(e(torch.ones(4, 8) * (rank + 1)).sum())
+    e.step()
+    e.save_checkpoint(path, tag="t")

@@ -161,21 +161,34 @@ def iter_shards(path: str | os.PathLike, deferred: bool = False):
     files, save_id = _commit_record(d, _meta(d))
     first = None
     for name in files:
-        # memory-mapped, so read as copied: a load checks every shard before it copies any
-        sd = load_file(d / name, mmap=True, check=not deferred)
-        if not isinstance(sd, dict) or sd.get("format") != FORMAT:
-            raise CheckpointMismatch(f"checkpoint file {d / name} is not a zerobench ZeRO shard")
-        mark = (sd.get("save_id"), sd.get("step"), sd.get("global_steps"), sd.get("num_shards"))
-        if save_id is not None and mark[0] != save_id:
-            raise CheckpointMismatch(f"checkpoint {d} is torn: {name} is from another save ({mark[0]}, not {save_id})")
-        if first is not None and mark != first:
-            raise CheckpointMismatch(
-                f"checkpoint {d} is torn: {name} is from another save than {files[0]} (step {mark[1]}, not {first[1]})"
-            )
+        try:
+            # memory-mapped, so read as copied: a load checks every shard before it copies any
+            sd = load_file(d / name, mmap=True, check=not deferred)
+            mark = _mark(d, name, sd, save_id, first, files[0])
+        except CheckpointMismatch:
+            if deferred:  # a damaged file is named as damaged, not as the torn or foreign one it now looks like
+                for f in dict.fromkeys([files[0], name]):
+                    check_digest(d / f)
+            raise
         first = mark
         if deferred:
             sd[CHECK] = functools.partial(check_digest, d / name)
         yield sd
+
+
+def _mark(d: Path, name: str, sd, save_id: str | None, first: tuple | None, first_name: str) -> tuple:
+    """Shard ``name``'s (save id, step, global steps, shard count), refused where it is not a shard or not of the
+    save the manifest (``save_id``) or the first shard (``first``) records."""
+    if not isinstance(sd, dict) or sd.get("format") != FORMAT:
+        raise CheckpointMismatch(f"checkpoint file {d / name} is not a zerobench ZeRO shard")
+    mark = (sd.get("save_id"), sd.get("step"), sd.get("global_steps"), sd.get("num_shards"))
+    if save_id is not None and mark[0] != save_id:
+        raise CheckpointMismatch(f"checkpoint {d} is torn: {name} is from another save ({mark[0]}, not {save_id})")
+    if first is not None and mark != first:
+        raise CheckpointMismatch(
+            f"checkpoint {d} is torn: {name} is from another save than {first_name} (step {mark[1]}, not {first[1]})"
+        )
+    return mark
 
 
 def load_sharded(

@@ -214,38 +214,45 @@ def _plan(engine: Engine, shards, spec: ByName | None = None) -> tuple[list, dic
     expected = {zp.name: list(zp.slot.shape) for zp in engine.zparams}
     plan = []
     used_by_name = []
-    for sd in shards:
-        if sd.get("format") != FORMAT:
-            raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
-        check_compatible(sd, expected if spec is None else {}, check_params=first is None)
-        if first is None:
-            if spec is not None:
-                _start_by_name(engine, spec, sd, source)
-            first = sd
-        meta = sd
-        off = 0
-        for name, start, end in sd["segments"]:
-            for k, s in segments_of.get(name, ()):
-                lo, hi = max(start, s.param_start), min(end, s.param_end)
-                if lo < hi:
-                    plan.append((sd, slice(off + lo - start, off + hi - start), s, lo, hi))
-                    covered[k].append((lo, hi))
-            if spec is not None and name in spec.gathered:
-                used_by_name.append(sd)
-                spec.gathered[name][start:end] = sd["master"][off : off + end - start]
-                gathered.setdefault(name, []).append((start, end))
-            off += end - start
+    seen = []
+    try:  # a refusal checks the files read so far first: it names a damaged one, not what its bytes now look like
+        for sd in shards:
+            seen.append(sd)
+            if sd.get("format") != FORMAT:
+                raise ValueError(f"not a zerobench ZeRO shard (format {sd.get('format')!r})")
+            check_compatible(sd, expected if spec is None else {}, check_params=first is None)
+            if first is None:
+                if spec is not None:
+                    _start_by_name(engine, spec, sd, source)
+                first = sd
+            meta = sd
+            off = 0
+            for name, start, end in sd["segments"]:
+                for k, s in segments_of.get(name, ()):
+                    lo, hi = max(start, s.param_start), min(end, s.param_end)
+                    if lo < hi:
+                        plan.append((sd, slice(off + lo - start, off + hi - start), s, lo, hi))
+                        covered[k].append((lo, hi))
+                if spec is not None and name in spec.gathered:
+                    used_by_name.append(sd)
+                    spec.gathered[name][start:end] = sd["master"][off : off + end - start]
+                    gathered.setdefault(name, []).append((start, end))
+                off += end - start
+    except Exception:
+        _check_files(seen)
+        raise
     ref = plan[0][0] if plan else first
     _check_files([ref, *(sd for sd, *_ in plan), *used_by_name])
     if spec is None and ref is not None:
         _check_groups(engine, ref)
-    saved = set(meta["params"]) if meta is not None else set()
+    saved = set(ref["params"]) if ref is not None else set()  # (a checked shard's: what must be loaded)
     needed = [
-        k for k, s in enumerate(segs) if spec is None or meta is None or source[engine.zparams[s.param].name] in saved
+        k for k, s in enumerate(segs) if spec is None or ref is None or source[engine.zparams[s.param].name] in saved
     ]
     filled, total = sum(union_length(covered[k]) for k in needed), sum(segs[k].numel for k in needed)
     holes = [n for n, t in (spec.gathered.items() if spec else ()) if union_length(gathered.get(n, [])) != t.numel()]
     if meta is None or filled != total or holes:
+        _check_files(seen)
         raise CheckpointMismatch(
             f"checkpoint covers {filled} of this rank's {total} elements"
             + (f" and leaves {holes[:3]} unwritten" if holes else "")

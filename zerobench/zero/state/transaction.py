@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import glob
 import json
 import os
@@ -111,6 +112,19 @@ def write_entry(path: Path, data: bytes | Callable[[object], None]) -> None:
     write_file(path.parent / f".{path.name}{SUM}", digest.encode())
 
 
+def _digests(manifest_path: Path) -> dict | None:
+    """The manifest's ``sha256`` record (None where it has none), parsed once per version of the file: a load of a
+    checkpoint of many shards checks each against it."""
+    st = manifest_path.stat()
+    return _parsed_digests(str(manifest_path), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_digests(manifest_path: str, mtime_ns: int, size: int, inode: int) -> dict | None:
+    sums = read_json(Path(manifest_path), check=False).get("sha256")
+    return dict(sums) if isinstance(sums, dict) else None
+
+
 def _is_sum(path: Path) -> bool:
     return path.name.startswith(".") and path.name.endswith(SUM)
 
@@ -126,17 +140,23 @@ def _record_of(path: Path) -> tuple[Path, str] | None:
 
 def check_digest(path: str | os.PathLike) -> None:
     """Refuse, in one line, a checkpoint file whose bytes are not those its save wrote: the SHA-256 its checkpoint's
-    manifest records differs (a bit flipped on disk, a file overwritten or cut in place). A file its manifest
-    records no digest for (saved before digests were recorded, or the manifest itself) is not checked."""
+    manifest records differs (a bit flipped on disk, a file overwritten or cut in place), or the manifest records
+    digests and none for this file (a file its save did not write: one left by another copy of the checkpoint
+    synced over it). A checkpoint whose manifest records no digests (saved before it did) is not checked."""
     path = Path(path)
     found = _record_of(path)
     if found is None:
         return
     top, rel = found
-    sums = read_json(top / MANIFEST, check=False).get("sha256")
-    want = sums.get(rel) if isinstance(sums, dict) else None
-    if want is None:
+    sums = _digests(top / MANIFEST)
+    if sums is None or rel == MANIFEST:
         return
+    want = sums.get(rel)
+    if want is None:
+        raise CheckpointMismatch(
+            f"checkpoint file {path} is not one its save wrote ({top / MANIFEST} lists no such file): remove it, "
+            "or load the checkpoint it came from"
+        )
     got = file_digest(path)
     if got != want:
         raise CheckpointMismatch(

@@ -15,8 +15,8 @@ from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from zerobench.zero.state.checkpoint import consolidate, load_sharded
+from zerobench.zero.state.reading import CheckpointMismatch
 from zerobench.zero.state.shards import full_parameters
-from zerobench.zero.state.transaction import CheckpointMismatch
 
 pytestmark = pytest.mark.dist
 ONE = Group(None, "dp", 1, 0)

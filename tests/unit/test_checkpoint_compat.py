@@ -6,11 +6,12 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.checkpoint_files import forget_digests
 from zerobench.distributed.collectives import Group
 from zerobench.zero import ZeroConfig, apply_zero
 from zerobench.zero.state.checkpoint import load_sharded, save_sharded
+from zerobench.zero.state.reading import CheckpointMismatch
 from zerobench.zero.state.shards import full_parameters
-from zerobench.zero.state.transaction import CheckpointMismatch
 
 ONE = Group(None, "dp", 1, 0)
 
@@ -50,11 +51,16 @@ def test_another_model_is_refused(tmp_path, width, depth, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_damaged_shard_is_refused(tmp_path):
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "saved-before-digests"])
+def test_damaged_shard_is_refused(tmp_path, digests):
+    """A shard whose values no longer match its segments: its digest refuses it, and, in a checkpoint saved before
+    digests, the check of its segments against its tensors."""
     save_sharded(engine(8), tmp_path)
+    if not digests:
+        forget_digests(tmp_path)
     f = tmp_path / "shard-00000.pt"
     sd = torch.load(f, weights_only=True)
     sd["master"] = sd["master"][:-5]
     torch.save(sd, f)
-    with pytest.raises(CheckpointMismatch, match="damaged shard"):
+    with pytest.raises(CheckpointMismatch, match="is damaged: its SHA-256" if digests else "damaged shard"):
         load_sharded(engine(8), tmp_path)

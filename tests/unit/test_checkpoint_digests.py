@@ -15,10 +15,11 @@ from zerobench.distributed.collectives import Group
 from zerobench.files import file_digest
 from zerobench.zero import ZeroConfig
 from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-from zerobench.zero.state import transaction
+from zerobench.zero.state import reading
 from zerobench.zero.state.checkpoint import consolidate, load_sharded, save_sharded
+from zerobench.zero.state.reading import MANIFEST, CheckpointMismatch
 from zerobench.zero.state.shards import full_parameters
-from zerobench.zero.state.transaction import MANIFEST, SUM, CheckpointMismatch
+from zerobench.zero.state.transaction import SUM
 
 ONE = Group(None, "dp", 1, 0)
 
@@ -120,17 +121,17 @@ def test_each_rank_hashes_only_the_shards_it_loads_from(tmp_path):
     hashed = run_distributed(_load_counting, 2, str(tmp_path / "c"))
     assert hashed == [["meta.json", "shard-00000.pt"], ["meta.json", "shard-00001.pt"]]
     seen: list[str] = []
-    real = transaction.file_digest
+    real = reading.file_digest
 
     def counting(path):
         seen.append(Path(path).name)
         return real(path)
 
-    transaction.file_digest = counting
+    reading.file_digest = counting
     try:
         load_sharded(engine(), tmp_path / "c")
     finally:
-        transaction.file_digest = real
+        reading.file_digest = real
     assert sorted(set(seen)) == ["meta.json", "shard-00000.pt", "shard-00001.pt"]
 
 
@@ -149,13 +150,13 @@ def _save(rank: int, world: int, path: str) -> None:
 
 def _load_counting(rank: int, world: int, path: str) -> list[str]:
     seen: list[str] = []
-    real = transaction.file_digest
+    real = reading.file_digest
 
     def counting(p):
         seen.append(Path(p).name)
         return real(p)
 
-    transaction.file_digest = counting
+    reading.file_digest = counting
     load_sharded(engine(_group(rank, world), seed=1), path)
     return sorted(set(seen))
 

@@ -13,14 +13,15 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.checkpoint_files import forget_digests
 from tests.helpers.ds import ds_apply_zero
 from zerobench.config import ConfigError
 from zerobench.distributed.collectives import Group
 from zerobench.zero import LossScaleConfig, ZeroConfig
 from zerobench.zero.compat.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from zerobench.zero.state.checkpoint import consolidate, load_sharded, save_sharded
+from zerobench.zero.state.reading import MANIFEST, CheckpointMismatch
 from zerobench.zero.state.shards import full_parameters, union_length
-from zerobench.zero.state.transaction import MANIFEST, CheckpointMismatch
 
 ONE = Group(None, "dp", 1, 0)
 
@@ -185,14 +186,6 @@ def test_shards_of_two_saves_are_refused(tmp_path, digests):
     words = r"meta\.json is damaged: its SHA-256" if digests else r"is torn: shard-00001\.pt is from another save"
     with pytest.raises(CheckpointMismatch, match=words):
         consolidate(tmp_path / "c")
-
-
-def forget_digests(path) -> None:
-    """The checkpoint at ``path`` as a release before digests wrote it: its manifest records no SHA-256s, so a file
-    edited by hand meets the checks of what the file says, which are all such a checkpoint has."""
-    man = json.loads((path / MANIFEST).read_text())
-    del man["sha256"]
-    (path / MANIFEST).write_text(json.dumps(man))
 
 
 @pytest.mark.dist
@@ -564,7 +557,7 @@ class _NotAllowed:
 def test_a_file_weights_only_refuses_says_why_not_to_load_it_unsafely(tmp_path):
     """torch's refusal opens with advice to load again with ``weights_only=False``: false for a file that is not
     torch.save's at all, and a way to run the file's code. The line shown is the unpickler's cause."""
-    from zerobench.zero.state.transaction import load_file
+    from zerobench.zero.state.reading import load_file
 
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint at all")

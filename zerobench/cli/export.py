@@ -12,7 +12,7 @@ def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
     from zerobench.config import ConfigError
     from zerobench.results.outdir import check_writable_dir
     from zerobench.zero.compat.deepspeed.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
-    from zerobench.zero.state.transaction import CheckpointMismatch
+    from zerobench.zero.state.reading import CheckpointMismatch
 
     if Path(args.checkpoint_dir).is_dir():  # else the missing checkpoint is the error, and nothing is created
         check_writable_dir(args.output_dir, "OUTPUT_DIR", "the state dict")  # before the shards are read

@@ -21,18 +21,9 @@ import torch
 
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.gathered import check_outside
+from zerobench.zero.state.reading import MANIFEST, CheckpointMismatch, check_digest, load_file, read_json
 from zerobench.zero.state.shards import CHECK, FORMAT, load_shard_state_dicts, shard_state_dict, union_length
-from zerobench.zero.state.transaction import (
-    MANIFEST,
-    CheckpointMismatch,
-    check_digest,
-    load_file,
-    read_json,
-    refuse_staged,
-    transaction,
-    write_entry,
-    write_json,
-)
+from zerobench.zero.state.transaction import refuse_staged, transaction, write_entry, write_json
 
 
 def _tp(engine: Engine) -> tuple[int, int]:
@@ -144,6 +135,7 @@ def _files_of(d: Path, meta: dict) -> list[str]:
 
 
 def _meta(d: Path) -> dict:
+    _refuse_staged(d)
     if not (d / "meta.json").exists():
         raise FileNotFoundError(f"no zerobench checkpoint at {d} (meta.json missing)")
     meta = read_json(d / "meta.json")
@@ -176,6 +168,14 @@ def iter_shards(path: str | os.PathLike, deferred: bool = False):
         yield sd
 
 
+def _refuse_staged(d: Path) -> None:
+    """A save's staging directory (or a TP rank's directory in one) is refused by its name before any file of it is
+    read: its files are not the checkpoint's, whatever they hold."""
+    refuse_staged(d)
+    if d.name.startswith("tp-"):
+        refuse_staged(d.parent)
+
+
 def _mark(d: Path, name: str, sd, save_id: str | None, first: tuple | None, first_name: str) -> tuple:
     """Shard ``name``'s (save id, step, global steps, shard count), refused where it is not a shard or not of the
     save the manifest (``save_id``) or the first shard (``first``) records."""
@@ -199,6 +199,7 @@ def load_sharded(
     saved trained set); a transaction over the ranks, with ``also_check()`` among its checks
     (``load_shard_state_dicts``)."""
     check_outside(engine, "load_checkpoint()", "the loaded values")
+    _refuse_staged(Path(path))
     saved, size = saved_tp(path), _tp(engine)[0]
     if saved != size:
         raise CheckpointMismatch(

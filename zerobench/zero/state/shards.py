@@ -20,7 +20,8 @@ import torch
 
 from zerobench.distributed import collectives as C
 from zerobench.zero.protocols import Engine
-from zerobench.zero.state.transaction import CheckpointMismatch, agree
+from zerobench.zero.state.reading import CheckpointMismatch
+from zerobench.zero.state.transaction import agree
 
 FORMAT = "zerobench-zero-shard/1"
 CHECK = "_check_file"

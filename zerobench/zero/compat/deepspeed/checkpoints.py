@@ -38,10 +38,8 @@ from zerobench.zero.compat.deepspeed.module_load import (
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import extra_states
+from zerobench.zero.state.reading import CheckpointMismatch, load_file, read_json
 from zerobench.zero.state.transaction import (
-    CheckpointMismatch,
-    load_file,
-    read_json,
     replaced_copy,
     sweep_staged,
     transaction,

@@ -14,8 +14,8 @@ import torch
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.checkpoint import rank_dir
 from zerobench.zero.state.export import extra_states, state_entries
+from zerobench.zero.state.reading import load_file, read_json
 from zerobench.zero.state.shards import ByName
-from zerobench.zero.state.transaction import load_file, read_json
 
 
 def engine_extras(engine: Engine, frozen: bool = True) -> dict[str, torch.Tensor]:

@@ -22,7 +22,7 @@ from zerobench.files import replace_file
 from zerobench.zero.compat.deepspeed.checkpoints import FROZEN, LATEST, tagged_path
 from zerobench.zero.state.checkpoint import consolidate
 from zerobench.zero.state.export import save_whole
-from zerobench.zero.state.transaction import CheckpointMismatch, check_digest, load_file
+from zerobench.zero.state.reading import CheckpointMismatch, check_digest, load_file
 
 
 def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:

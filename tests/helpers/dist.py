@@ -27,7 +27,9 @@ class DistributedFailure(AssertionError):
     pass
 
 
-PRELOAD = ["torch", "torch.distributed", "zerobench.zero.engine", "zerobench.parallel.parallelize"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "zerobench.zero.engine", "zerobench.parallel.parallelize"]
+"""``torch._dynamo`` too: ``torch.optim.Optimizer.add_param_group`` imports it on its first call (its
+``_disable_dynamo`` wrapper), which cost every rank 1.7-2.5 s before its first engine existed (profiled)."""
 
 
 def _context():

@@ -58,6 +58,16 @@ def test_the_hook_traces_the_last_steps_and_writes_when_they_end(tmp_path):
     ]
 
 
+def test_a_run_never_overwrites_another_run_s_traces(tmp_path):
+    """Two sweeps with one suite's ``profile:`` directory: the second's runs (same run ids) rewrote the first's
+    traces and both exited 0. A run whose trace directory holds traces is refused before it writes anything."""
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "rank0.trace.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"already holds the traces of a run 'r' \(rank0\.trace\.json\)"):
+        ProfilerHook(ProfileConfig(str(tmp_path), steps=2), 6, "r", 1, torch.device("cpu"), print)
+    assert (tmp_path / "r" / "rank0.trace.json").read_text() == "{}"
+
+
 def test_profiling_moves_no_config_hash():
     plain = to_train_config(RunSpec(steps=6, warmup=1))
     traced = to_train_config(RunSpec(steps=6, warmup=1, profile="/somewhere", profile_steps=3))

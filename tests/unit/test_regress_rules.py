@@ -116,6 +116,18 @@ def test_two_completed_runs_of_one_configuration_are_refused(tmp_path, rows, cap
     )
 
 
+def test_a_baseline_the_gate_would_refuse_is_not_written(tmp_path, rows):
+    """``--write-baseline`` wrote a candidate of two completed runs of one configuration (a label renamed on
+    resume), which every later gate run then refused as its baseline."""
+    from zerobench.bench.regress import write_baseline
+    from zerobench.config import ConfigError
+
+    again = [dict(r, run_id="001-stage-1-r2") for r in rows if r["run_id"] == "001-stage-1"]
+    with pytest.raises(ConfigError, match=r"two completed runs of one configuration \(001-stage-1 and"):
+        write_baseline([*rows, *again], tmp_path / "b.jsonl", whole=True)
+    assert not (tmp_path / "b.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     "metric,value,match",
     [
@@ -351,6 +363,7 @@ def test_a_noise_model_from_a_resumed_sweep_keeps_every_tool(tmp_path, host_rows
     copied from the failed attempt's identity, so its rows read as that attempt's (incomplete, or a second run)."""
     from zerobench.bench.gate_rules import summarize
     from zerobench.bench.regress import write_baseline
+    from zerobench.config import ConfigError
 
     measured = [r for r in host_rows if r["metric"] != "gate_noise"]
     failed = [dict(r, status="failed", value=0, reason="killed") for r in measured if r["metric"] == "run_status"]

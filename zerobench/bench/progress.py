@@ -33,7 +33,7 @@ class Progress:
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[status]}"),
+                TextColumn("{task.fields[status]}", markup=False),  # a suite's labels are text, not rich markup
                 TimeElapsedColumn(),
                 transient=False,
             )

@@ -104,6 +104,7 @@ def write_baseline(
     and samples of another hardware class or commit than the first."""
     status = run_statuses(candidate_rows)  # each tool's run its own: a timed run's retry, its callgrind twin
     if whole:
+        summarize(candidate_rows)  # what the gate refuses in a baseline (two completed runs of one configuration, ...)
         check_whole(candidate_rows, status)
         check_same_source([candidate_rows, *more])
         check_same_kernels([candidate_rows, *more], [f"--candidate result {i + 1}" for i in range(1 + len(more))])

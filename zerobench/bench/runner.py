@@ -25,6 +25,7 @@ from zerobench.bench.sweep_state import (
     SweepSummary,
     attempt_id,
     check_out,
+    check_resumed,
     completed_runs,
     record_plan,
     should_run,
@@ -117,7 +118,14 @@ def run_sweep(
         )
     with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
         check_out(out, resume, suite.name)
+        changed = check_resumed(suite, completed_runs(out, instructions)) if resume else []
         record_plan(out, suite, resume)
+        if changed:
+            print(
+                f"zerobench: note: {', '.join(map(repr, changed[:4]))}{' ...' if len(changed) > 4 else ''} measured "
+                f"here under another definition: the changed runs are measured as new runs, and both stay in {out}",
+                file=sys.stderr,
+            )
         if launcher == "slurm":
             from zerobench.bench.slurm_sweep import run_sweep_sbatch
 

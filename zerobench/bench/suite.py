@@ -85,9 +85,14 @@ def load(name: str | Path) -> Suite:
         f"{path}: suite name",
         ": set the suite's 'name:' to e.g. my-suite (its default results are runs/<name>)",
     )
-    base = data.get("base") or {}
-    axes = data.get("axes") or {}
-    zipped = data.get("zip") or {}
+    for key, kind, types in (
+        ("cluster", "a mapping", dict),
+        ("description", "a string", str),
+        ("source", "a string", str),
+    ):
+        if data.get(key) is not None and not isinstance(data[key], types):
+            raise ConfigError(f"{path}: '{key}' must be {kind}, got {data[key]!r:.40}")
+    base, axes, zipped = (data[k] if data.get(k) is not None else {} for k in ("base", "axes", "zip"))
     runs = data.get("runs") or [{}]
     for where, section in (("base", base), ("axes", axes), ("zip", zipped)):
         if not isinstance(section, dict):
@@ -107,7 +112,7 @@ def load(name: str | Path) -> Suite:
         check_keys(f"{path}: runs[{r_i}]", run)
     expanded = SuiteRuns(path, base, runs, axes, zipped)
     expanded.check()
-    return Suite(suite_name, path, data.get("description", ""), expanded, data.get("cluster") or {})
+    return Suite(suite_name, path, data.get("description") or "", expanded, data.get("cluster") or {})
 
 
 def with_overrides(spec: RunSpec, **kw) -> RunSpec:

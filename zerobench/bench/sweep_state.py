@@ -41,7 +41,15 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
     the rows there must be suite ``suite``'s (its definition may have changed: changed runs are new runs), else
     another suite's runs would read as this one's, and its completed runs must have been measured at this
     checkout's commit, else the directory would hold two commits' measurements as one sweep's (a report or the
-    regression gate reading it would compare them as one). Called with the directory locked."""
+    regression gate reading it would compare them as one). A sweep inside another sweep's directory is refused
+    outright: every reader takes a directory's rows recursively, so its runs would read as the outer sweep's.
+    Called with the directory locked."""
+    outer = next((d for d in out.resolve().parents if (d / PLAN_FILE).is_file()), None)
+    if outer is not None:
+        raise ConfigError(
+            f"--out {out} is inside the sweep {outer} (it holds {PLAN_FILE}): its runs would read as that sweep's in "
+            "reports, results show and the regression gate; give this sweep a directory of its own outside it"
+        )
     if not out.exists():
         return
     if resume:
@@ -94,6 +102,32 @@ def completed_runs(out: Path, instructions: bool = False) -> set[tuple[str, str]
         for r in read_rows(out)
         if r.get("metric") == "run_status" and r.get("status") == "ok" and bool(r.get("instrumented")) == instructions
     }
+
+
+def check_resumed(suite: Suite, done: set[tuple[str, str]]) -> list[str]:
+    """Before a resumed sweep runs anything: refuse a run whose configuration this directory already holds
+    measured under another label (a label renamed: measured again, the sweep would hold two completed runs of
+    one configuration, which the regression gate refuses as a baseline); return, for a note, the labels measured
+    here under another definition than the suite's now (changed runs are new runs: both stay in the rows)."""
+    current = {(run.label, run_hash(run.config)) for run in suite.runs if run.config is not None}
+    by_hash: dict[str, str] = {}
+    for label, h in sorted(done - current):  # measured under a label the suite no longer gives that configuration
+        by_hash.setdefault(h, label)
+    changed = []
+    for run in suite.runs:
+        if run.config is None:
+            continue
+        h = run_hash(run.config)
+        if (run.label, h) in done:
+            continue
+        if h in by_hash:
+            raise ConfigError(
+                f"run {run.label!r} is the configuration this sweep measured as {by_hash[h]!r}: measured again under "
+                f"a new label, the sweep would hold it twice; give it its label back, or sweep into another --out"
+            )
+        if any(label == run.label for label, _ in done):
+            changed.append(run.label)
+    return changed
 
 
 def attempt_id(out: Path, run: ResolvedRun) -> str:
@@ -151,15 +185,33 @@ def record_plan(out: Path, suite: Suite, resume: bool) -> None:
     planned = [{"label": r.label, "config_hash": run_hash(r.config)} for r in suite.runs if r.config is not None]
     path = out / PLAN_FILE
     if resume and path.is_file():
-        try:
-            earlier = json.loads(path.read_text()).get("runs", [])
-        except (OSError, ValueError, AttributeError):
-            earlier = []
+        earlier = _earlier_plan(path, suite.name)
         seen = {(r["label"], r["config_hash"]) for r in planned}
         planned = [
             r for r in earlier if isinstance(r, dict) and (r.get("label"), r.get("config_hash")) not in seen
         ] + planned
     replace_file(path, json.dumps({"suite": suite.name, "runs": planned}, indent=1) + "\n")
+
+
+def _earlier_plan(path: Path, suite: str) -> list:
+    """The runs a resumed sweep's earlier plan lists; one line, before it is replaced, where the plan cannot be read
+    (rewriting it would lose which runs the sweep set out to measure) or is another suite's."""
+    try:
+        plan = json.loads(path.read_text())
+        runs, whose = plan["runs"], plan.get("suite")
+        if not isinstance(runs, list):
+            raise TypeError("runs is not a list")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(
+            f"{path} is damaged ({type(e).__name__}): the runs this sweep set out to measure cannot be read; restore "
+            "it, or sweep into another --out"
+        ) from None
+    if whose != suite:
+        raise ConfigError(
+            f"{path} is the plan of suite {whose!r}, not of suite {suite!r}: --resume continues the same suite; "
+            "choose another --out for this one"
+        )
+    return runs
 
 
 def never_ran(out: Path, rows: list[dict]) -> list[str]:

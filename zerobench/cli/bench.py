@@ -60,7 +60,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         pending_limit_s=args.pending_limit,
     )
     if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
-        print(show(out))
+        try:
+            print(show(out))
+        except ValueError as e:  # a sweep stopped by a full disk can leave no readable row: its line says why
+            print(f"zerobench: note: no table of the runs: {e}", file=sys.stderr)
     print(
         f"\n{len(summary.ran)} ran, {len(summary.skipped)} skipped (resume), {len(summary.failed)} failed; rows under {out}"
     )

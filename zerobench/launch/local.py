@@ -15,6 +15,7 @@ line the blamed rank sent on its pipe, which arrives even when the log cannot be
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from zerobench.config import to_dict
-from zerobench.launch.base import EXIT_PEER_TIMEOUT, LaunchResult, describe_exit, with_detail
+from zerobench.launch.base import EXIT_IO, EXIT_PEER_TIMEOUT, LaunchResult, describe_exit, with_detail
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.channel import ENV as REPORT_ENV
 from zerobench.launch.channel import LauncherEnds
@@ -85,15 +86,18 @@ def launch_local(
     n = cfg.world_size
     threads = max(1, usable_cpus() // n)
     with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerobench-launch-"))
+        try:  # the launch's own files: a full disk here is the run's outcome, as it is in a rank
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerobench-launch-"))
+            log_path = Path(log_path) if log_path is not None else Path(tmp) / "run.log"
+            log = stack.enter_context(open(log_path, "ab"))
+            cfg_path = Path(tmp) / "config.json"
+            cfg_path.write_text(json.dumps(to_dict(cfg)))
+        except OSError as e:
+            return _not_started(e, n)
         port = stack.enter_context(reserved_port())
-        log_path = Path(log_path) if log_path is not None else Path(tmp) / "run.log"
-        log = stack.enter_context(open(log_path, "ab"))
         cancel = cancel if cancel is not None else stack.enter_context(Cancellation())
         ends = LauncherEnds()
         stack.callback(ends.close)
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(json.dumps(to_dict(cfg)))
         procs = []
         for rank in range(n):
             w = ends.open_for(rank)
@@ -139,6 +143,20 @@ def launch_local(
     reason = with_detail(status, reason, detail)
     return LaunchResult(
         status == "ok", reason if status != "ok" else "", status, [p.returncode for p in procs], time.monotonic() - t0
+    )
+
+
+def _not_started(e: OSError, world: int) -> LaunchResult:
+    """The outcome of a launch whose own files (its log, the ranks' config) could not be written: failed, and,
+    where the storage is exhausted, with every rank's code ``EXIT_IO`` so that a sweep stops as on a full disk."""
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    where = f" ({e.filename})" if e.filename else ""
+    return LaunchResult(
+        False,
+        f"the launch could not write its files: {e.strerror or e}{where}",
+        "failed",
+        [EXIT_IO if full else 1] * world,
+        0.0,
     )
 
 

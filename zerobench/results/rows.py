@@ -288,6 +288,9 @@ def _check_types(row: dict, where: str) -> None:
         v = row.get(key)
         if key in row and (not isinstance(v, types) or (isinstance(v, bool) and key in NOT_BOOL)):
             raise ConfigError(f"{where}: not a zerobench result row: {key!r} must be {expected}, got {v!r:.40}")
+    huge = next((k for k, v in row.items() if isinstance(v, int) and abs(v) > sys.float_info.max), None)
+    if huge is not None:  # readers take numbers as floats: it would overflow there, far from its line
+        raise ConfigError(f"{where}: not a zerobench result row: {huge!r} is beyond a number's range")
     for outer, inner in NESTED_OBJECTS:
         section = row.get(outer)
         if isinstance(section, dict) and inner in section and not isinstance(section[inner], dict):

@@ -19,7 +19,7 @@ def _scaled(v, k: float) -> float | None:
 
 
 def _count(v) -> int | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else int(v)
 
 
 def summarize(path: str | Path):

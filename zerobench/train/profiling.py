@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from zerobench.config import ConfigError
 from zerobench.train.config import ProfileConfig
 
 TABLE_ROWS = 40
@@ -24,6 +25,12 @@ class ProfilerHook:
 
     def __init__(self, cfg: ProfileConfig, total_steps: int, run_id: str, rank: int, device: torch.device, say):
         self.dir, self.rank, self.say = Path(cfg.dir) / run_id, rank, say
+        held = sorted(self.dir.glob("rank*.trace.json")) if self.dir.is_dir() else []
+        if held:  # checked on every rank before any writes: a run's ranks write only once all are past this
+            raise ConfigError(
+                f"--profile {cfg.dir}: {self.dir} already holds the traces of a run {run_id!r} ({held[0].name}); a run "
+                "never overwrites another's: give another --profile directory, or move them away"
+            )
         self.cuda = device.type == "cuda"
         self.first = total_steps - cfg.steps  # 0-based index of the first traced step (>= 1: validated)
         self.steps = cfg.steps

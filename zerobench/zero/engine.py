@@ -47,7 +47,7 @@ from zerobench.zero.config import MAX_INFLIGHT, ZeroConfig
 from zerobench.zero.grads.accumulation import AccumulationWindow
 from zerobench.zero.grads.backward import BackwardPasses
 from zerobench.zero.grads.buckets import GradBucketGroup, SyncMode
-from zerobench.zero.grads.stats import clip_coefficient, reduced_grads, window_grad_norm
+from zerobench.zero.grads.stats import clip_coefficient, reduced_grads, window_grad_norm, zero_padding
 from zerobench.zero.grads.unused import UnusedCheck, start_unused_check
 from zerobench.zero.interop.foreign import install as install_foreign_guards
 from zerobench.zero.interop.forward_inputs import cast_forward_inputs
@@ -363,6 +363,8 @@ class ZeroEngine:
             chunks = [c for c in reduced_grads(self, "clip_grad_norm_()") if c.numel()]
             if chunks:
                 torch._foreach_mul_(chunks, coef)
+            if math.isnan(coef):  # the chunks' padding too: it must stay 0, or every later window reads NaN
+                zero_padding(self)
         return torch.tensor(norm, device=self.device)
 
     def grad_chunks(self) -> list[torch.Tensor]:

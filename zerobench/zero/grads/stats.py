@@ -82,6 +82,19 @@ def _max_abs(engine: Engine, grads: list[torch.Tensor], sharded: bool) -> float:
     return agree_max(engine, top, sharded, "grad_norm").item()
 
 
+def zero_padding(engine: Engine) -> None:
+    """Zero the full gradient buffer's elements that hold no parameter (stages 0-1). Nothing writes them but a
+    scaling of the shard views: a clip by a NaN coefficient made them NaN for good (the next window's gradients are
+    copied into the parameters' views only), so every later norm and overflow check read NaN."""
+    full, layout = engine.grads.full, engine.layout
+    if full is None:
+        return
+    for b in layout.buckets:
+        view = full.bucket_view(b.index)
+        for lo, hi in layout.padding(b.index):
+            view[lo:hi].zero_()
+
+
 def clip_coefficient(norm: float, max_norm: float) -> float:
     """The factor ``clip_grad_norm_(max_norm)`` scales a gradient of total ``norm`` by, as torch's computes it:
     ``max_norm / (norm + 1e-6)`` clamped to at most 1, so an infinite norm gives 0 and a NaN norm NaN (the

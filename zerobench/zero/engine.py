@@ -340,7 +340,8 @@ class ZeroEngine:
     ) -> torch.Tensor:
         """Clip this window's gradient to a global norm of ``max_norm`` over every DP and TP partition, as FSDP's
         ``clip_grad_norm_``. Call it on every DP rank after the window's last ``backward()``, before ``step()``. As
-        torch's, it scales the stored gradient in place (this rank's reduced partition; at stage 0 that is ``.grad``),
+        torch's, it scales the stored gradient in place (this rank's reduced partition; at stage 0 that is ``.grad``;
+        at stage 1 with the optimizer offloaded, both the host copy the step reads and ``.grad``),
         so whatever follows sees it clipped: ``.grad``, a clip by value, the step, and a next window accumulated onto
         it without ``zero_grad()``. A non-finite norm scales it by NaN (nan) or 0 (inf), as torch's does.
 
@@ -363,6 +364,8 @@ class ZeroEngine:
             chunks = [c for c in reduced_grads(self, "clip_grad_norm_()") if c.numel()]
             if chunks:
                 torch._foreach_mul_(chunks, coef)
+            if self.storage.host is not None and self.grads.keep_full:  # stage 1 offloaded: .grad holds it too
+                torch._foreach_mul_([v for v in self.grads.shard_views() if v.numel()], coef)
             if math.isnan(coef):  # the chunks' padding too: it must stay 0, or every later window reads NaN
                 zero_padding(self)
         return torch.tensor(norm, device=self.device)

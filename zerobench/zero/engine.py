@@ -381,6 +381,7 @@ class ZeroEngine:
         is freed first (a root gathered on demand by a call of a root submodule), as after a step: its gathered
         values predate the load, and the next forward would compute with them."""
         if self.gatherer is not None:
+            self.gatherer.check_edits(discard=True)  # what was edited in place is replaced by the loaded values
             self.gatherer.reshard_all()
         self.storage.refresh_from_master()
         self.storage.publish(self.group, self.ledger)

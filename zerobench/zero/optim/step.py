@@ -23,6 +23,8 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
     check_live(engine, "step()")  # (check_steppable ran first, in ZeroOptimizer.step: before any closure)
     engine.window.check_step()
     adopt_replaced(engine, "step()")  # a .grad assigned since backward: stepped as torch would, or refused
+    if engine.gatherer is not None:  # a parameter edited in place while gathered on demand: refused, not lost
+        engine.gatherer.check_edits()
     engine.global_steps += 1
     if not engine.grads.reduced:
         # a backward that reached only parameters added since apply_zero (a new head over a no_grad backbone)

@@ -192,7 +192,26 @@ class Stage3Gatherer:
         once its gradients are handed to their reduce-scatters, or at the next ``step()``."""
         if self.root.state is not ParamState.UNSHARDED:
             self.root.finish_gather()
+            self.root.edit_mark = self.root.versions()
             self._note_gathered()
+
+    def check_edits(self, discard: bool = False) -> None:
+        """Before a step: refuse, in one line and before anything changes, a parameter changed in place while its
+        unit was gathered on demand (outside the model's forward): the change reached neither its shard nor the
+        fp32 master, so the step would train on without it. ``discard``: forget such changes (a load replaces
+        every value)."""
+        names = list(dict.fromkeys(n for u in self.units for n in [*u.lost_edit, *u.edited()]))
+        for u in self.units:
+            u.lost_edit = []
+            if discard:
+                u.edit_mark = None
+        if names and not discard:
+            raise RuntimeError(
+                f"ZeRO stage 3: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} changed in place while "
+                "gathered outside the model's forward (a call of one of its modules): the change reached neither its "
+                "shard nor the fp32 master, so this step would lose it; change parameters inside `with "
+                "engine.gathered_params():`, which writes them back"
+            )
 
     @labelled("zerobench::pre_backward")
     def _pre_backward(self, i: int, grad: torch.Tensor) -> None:

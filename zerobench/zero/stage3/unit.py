@@ -61,10 +61,25 @@ class ParamUnit:
         self.param_ids = frozenset(id(zp.param) for zp in zparams)
         self.works: list = []
         self.state = ParamState.UNSHARDED
+        self.edit_mark: tuple[int, ...] | None = None
+        """Its parameters' versions once gathered on demand, outside the model's forward (a call of one of its
+        modules); ``free`` compares it, and a change since (an in-place edit of a parameter, which the shard and
+        the fp32 master never see) is kept in ``lost_edit`` for the next ``step()`` to refuse."""
+        self.lost_edit: list[str] = []
         self.backward_task: int | None = None
         """The autograd graph task this unit was gathered for in backward (None since its last forward): a second
         backward through a retained graph (``retain_graph=True``, two losses) is a new task and gathers again."""
         self.free()
+
+    def versions(self) -> tuple[int, ...]:
+        """Its parameters' version counters (an in-place edit of one moves its own)."""
+        return tuple(zp.param._version for zp in self.zparams)
+
+    def edited(self) -> list[str]:
+        """The names of its parameters changed in place since it was gathered on demand (``edit_mark``)."""
+        if self.edit_mark is None:
+            return []
+        return [zp.name for zp, v, mark in zip(self.zparams, self.versions(), self.edit_mark) if v != mark]
 
     def _new_buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         """A new full-size buffer, and the bucket and parameter views of it."""
@@ -153,6 +168,9 @@ class ParamUnit:
         read, or a file of the right keys and no data when saved). Nothing outside: the old storage is freed."""
         if self.state is ParamState.GATHERING:
             self.finish_gather()
+        if self.edit_mark is not None and not keep_values:  # (leaving gathered_params: written back already)
+            self.lost_edit += self.edited()
+        self.edit_mark = None
         for zp in self.zparams:
             zp.param.data = self.placeholder
         if keep_values and self.full.untyped_storage().nbytes():

@@ -363,7 +363,6 @@ def test_a_noise_model_from_a_resumed_sweep_keeps_every_tool(tmp_path, host_rows
     copied from the failed attempt's identity, so its rows read as that attempt's (incomplete, or a second run)."""
     from zerobench.bench.gate_rules import summarize
     from zerobench.bench.regress import write_baseline
-    from zerobench.config import ConfigError
 
     measured = [r for r in host_rows if r["metric"] != "gate_noise"]
     failed = [dict(r, status="failed", value=0, reason="killed") for r in measured if r["metric"] == "run_status"]

@@ -131,3 +131,22 @@ def test_a_launch_that_cannot_write_its_own_files_is_a_full_disk_outcome(monkeyp
     res = local.launch_local(TrainConfig(), None, run_id="r")
     assert not res.ok and res.status == "failed" and res.returncodes == [EXIT_IO]
     assert res.reason.startswith("the launch could not write its files: No space left on device")
+
+
+def test_a_resume_does_not_record_an_invalid_run_again(tmp_path):
+    """Each resume added one more attempt of a run that never starts (``001-bad-r2``, ``-r3``, ...); it is still
+    counted as failed."""
+    from zerobench.bench.progress import Progress
+    from zerobench.bench.sweep_state import SweepSummary, should_run
+
+    path = tmp_path / "inv.yaml"
+    path.write_text("name: inv\nbase:\n  preset: tiny\n  steps: 3\n  dp: 1\nruns:\n  - label: bad\n    tp: 3\n")
+    (bad,) = suites.load(path).runs
+    assert bad.config is None
+    out = tmp_path / "out"
+    for done in (None, set(), set()):  # the sweep, then two resumes
+        summary = SweepSummary()
+        with Progress(1, enabled=False) as bar:
+            assert not should_run(bad, out, suites.load(path), summary, bar, done)
+        assert summary.failed_status == {"bad": "invalid"}
+    assert sorted(p.name for p in out.iterdir()) == ["000-bad"]

@@ -149,7 +149,8 @@ def should_run(
     if run.config is None:
         if done is not None and any(label == run.label for label, _ in done):
             return False
-        status_row(out, attempt_id(out, run), suite, run, "invalid", run.error or "invalid configuration", 0.0)
+        if done is None or not _recorded_invalid(out, run):  # resumed: its invalid row is there already
+            status_row(out, attempt_id(out, run), suite, run, "invalid", run.error or "invalid configuration", 0.0)
         summary.failed[run.label] = run.error or "invalid"
         summary.failed_status[run.label] = "invalid"
         bar.advance(run.label, failed=True)
@@ -159,6 +160,18 @@ def should_run(
         bar.advance(run.label, skipped=True)
         return False
     return True
+
+
+def _recorded_invalid(out: Path, run: ResolvedRun) -> bool:
+    """Whether ``out`` holds this invalid run's ``invalid`` status row, for the same definition: a resume would
+    otherwise add one more attempt (``-r2``, ``-r3``, ...) of a run that never starts, on every resume."""
+    h = run_hash({"invalid_spec": to_dict(run.spec)})
+    return out.exists() and any(
+        r.get("metric") == "run_status"
+        and r.get("status") == "invalid"
+        and (r.get("label"), r.get("config_hash")) == (run.label, h)
+        for r in read_rows(out)
+    )
 
 
 def status_row(

@@ -3,6 +3,7 @@ tensor's bytes, so before these a bit flipped on disk in a shard loaded as a dif
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -120,6 +121,14 @@ def test_each_rank_hashes_only_the_shards_it_loads_from(tmp_path):
     run_distributed(_save, 2, str(tmp_path / "c"))
     hashed = run_distributed(_load_counting, 2, str(tmp_path / "c"))
     assert hashed == [["meta.json", "shard-00000.pt"], ["meta.json", "shard-00001.pt"]]
+    with hashed_files() as seen:
+        load_sharded(engine(), tmp_path / "c")
+    assert sorted(set(seen)) == ["meta.json", "shard-00000.pt", "shard-00001.pt"]
+
+
+@contextlib.contextmanager
+def hashed_files():
+    """The names of the files a load hashes (``reading.file_digest``'s calls) while inside."""
     seen: list[str] = []
     real = reading.file_digest
 
@@ -129,10 +138,9 @@ def test_each_rank_hashes_only_the_shards_it_loads_from(tmp_path):
 
     reading.file_digest = counting
     try:
-        load_sharded(engine(), tmp_path / "c")
+        yield seen
     finally:
         reading.file_digest = real
-    assert sorted(set(seen)) == ["meta.json", "shard-00000.pt", "shard-00001.pt"]
 
 
 def _group(rank: int, world: int) -> Group:
@@ -149,15 +157,8 @@ def _save(rank: int, world: int, path: str) -> None:
 
 
 def _load_counting(rank: int, world: int, path: str) -> list[str]:
-    seen: list[str] = []
-    real = reading.file_digest
-
-    def counting(p):
-        seen.append(Path(p).name)
-        return real(p)
-
-    reading.file_digest = counting
-    load_sharded(engine(_group(rank, world), seed=1), path)
+    with hashed_files() as seen:
+        load_sharded(engine(_group(rank, world), seed=1), path)
     return sorted(set(seen))
 
 

@@ -79,8 +79,10 @@ def test_a_load_replaces_an_edit_without_a_refusal(tmp_path):
     m, e = setup()
     train(m, e)
     save_sharded(e, tmp_path / "c")
+    saved = {k: v.clone() for k, v in full_parameters(e).items()}
     with torch.no_grad():
         m.head(torch.ones(2, 16))
         m.head.weight.mul_(0.5)
     load_sharded(e, tmp_path / "c")
+    assert all(torch.equal(v, full_parameters(e)[k]) for k, v in saved.items())  # the loaded values, not the edit
     train(m, e)

@@ -145,6 +145,11 @@ for n in $(seq 1 "$nodes"); do
 done
 echo "PartitionName=debug Nodes=n[1-$nodes] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >> "$conf"
 cp "$dir/gres.conf" "$(dirname "$conf")/gres.conf" 2>/dev/null || true
+# Nothing here uses cgroups (proctrack/linuxproc, task/none, jobacct_gather/none), but slurmd 22.05 still loads a
+# cgroup plugin: on a cgroup-v2 host it autodetects cgroup/v2, whose start-up asks systemd over D-Bus for a scope
+# and fails where there is none (containers, GPU machines' images). Pinning cgroup/v1 loads the plugin that needs
+# nothing until a cgroup consumer asks.
+echo "CgroupPlugin=cgroup/v1" > "$(dirname "$conf")/cgroup.conf"
 
 export SLURM_CONF="$conf"
 /usr/sbin/slurmctld -f "$conf" -i

@@ -109,7 +109,7 @@ sec_slurm() {
     return 1
   fi
   export SLURM_CONF=$ZB_SLURM_DIR/slurm.conf
-  cp "$ZB_SLURM_DIR/gres.conf" "$ZB_SLURM_DIR/slurm.conf" "$d/"
+  cp "$ZB_SLURM_DIR/gres.conf" "$ZB_SLURM_DIR/slurm.conf" "$ZB_SLURM_DIR/cgroup.conf" "$d/"
   suite=gpu/one_card_slurm
   if [[ -n $SMOKE ]]; then
     suite=$d/smoke.yaml
@@ -134,7 +134,7 @@ status = {r["run_id"]: r["status"] for r in rows if r["metric"] == "run_status"}
 hw = {(r.get("provenance") or {}).get("hardware", {}).get("kind") for r in rows if r["metric"] == "loss"}
 jobs = {(r.get("provenance") or {}).get("slurm", {}).get("job_id") for r in rows if r["metric"] == "loss"}
 print("runs:", status, "hardware:", hw, "slurm jobs:", jobs)
-ok = status and set(status.values()) == {"ok"} and jobs == {job} and (smoke or hw == {"cuda"})
+ok = status and set(status.values()) == {"ok"} and jobs == {job} and hw == {"cpu" if smoke else "gpu"}
 sys.exit(0 if ok else 1)
 EOF
   bash slurm/local/stop.sh

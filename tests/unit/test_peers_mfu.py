@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zerobench.bench.peers import PeersConfig, summarize
+from zerobench.bench.peers import PeersConfig, bar, summarize
 from zerobench.metrics.peak import DENSE_BF16_PEAK_FLOPS, dense_bf16_peak, mfu
 from zerobench.models.config import GPTConfig
 from zerobench.models.sizes import flops_per_token
@@ -83,3 +83,27 @@ def test_a_cpu_comparison_has_neither_mfu_nor_device_memory(tmp_path):
     recs = summarize(p, tmp_path / "runs", p.systems, {})
     assert all("mfu" not in r and "max_memory_allocated_bytes" not in r for r in recs)
     assert all("max_memory_reserved_bytes" not in r and r["model_flops_per_step"] > 0 for r in recs)
+
+
+def test_without_torch_ddp_every_measured_time_and_mfu_stays_and_the_bar_compares_side_by_side(tmp_path):
+    """A comparison whose torch-ddp run failed or was cut (as a lent card's time limit cut one) still tables each
+    candidate's own median step time and MFU, and judges zerobench against its peers round by round; only the
+    ratio to torch-ddp is missing."""
+    shutil.copytree(REF, tmp_path / "runs", ignore=shutil.ignore_patterns("summary", "r*-torch-ddp"))
+    p = dataclasses.replace(P, precision="bf16")
+    recs = {r["candidate"]: r for r in summarize(p, tmp_path / "runs", p.systems, {"torch-ddp": "cut"})}
+    rows = read_rows(tmp_path / "runs" / "summary")
+    for c in (c for c in TINY if c != "torch-ddp"):
+        own = sorted(_round_rows(c, "step_time_s"))
+        assert recs[c]["step_time_s"] == pytest.approx(sum(own) / 2) and "time_vs_torch_ddp" not in recs[c]
+        assert recs[c]["mfu"] == pytest.approx(recs[c]["model_flops_per_step"] / recs[c]["step_time_s"] / 989e12)
+        assert {
+            m for m in ("peer_step_time_s", "peer_mfu") if any(r["metric"] == m and r["candidate"] == c for r in rows)
+        } == {"peer_step_time_s", "peer_mfu"}
+    assert recs["torch-ddp"]["status"] == "failed" and "step_time_s" not in recs["torch-ddp"]
+    (v3,) = [v for v in bar(list(recs.values())) if v["candidate"] == "zerobench-3"]
+    side_by_side = [
+        a / b for a, b in zip(_round_rows("zerobench-3", "step_time_s"), _round_rows("fsdp2", "step_time_s"))
+    ]
+    assert v3["fastest_peer"] == "fsdp2"  # FSDP1 in a world of one runs as NO_SHARD: stage 0's peer
+    assert v3["time_vs_fastest"] == pytest.approx(sum(side_by_side) / 2)

@@ -243,13 +243,18 @@ def summarize(p: PeersConfig, out: Path, cands: tuple[str, ...], failed: dict[st
             "status": "failed" if c in failed else "ok",
             "reason": failed.get(c, ""),
         }
-        if pairs := _same_rounds(round_times[c], round_times.get("torch-ddp", [])):
-            rec["step_time_s"] = statistics.median(t for t, _ in pairs)
+        pairs = _same_rounds(round_times[c], round_times.get("torch-ddp", []))
+        # the step time is over the rounds torch-ddp also finished, as its ratio is; without torch-ddp (it failed,
+        # was cut, or was not asked for) over the candidate's own rounds: a measured time is never dropped
+        times = [t for t, _ in pairs] or [t for t in round_times[c] if t is not None]
+        if times:
+            rec["step_time_s"] = statistics.median(times)
             rec["round_step_time_s"] = round_times[c]
-            rec["time_vs_torch_ddp"] = median_ratio(*zip(*pairs))  # per-round ratios, then the median
             rec["model_flops_per_step"] = flops
             if (u := mfu(flops, rec["step_time_s"], (hardware or {}).get("device"), p.precision)) is not None:
                 rec["mfu"] = u
+        if pairs:
+            rec["time_vs_torch_ddp"] = median_ratio(*zip(*pairs))  # per-round ratios, then the median
         rec.update(_device_memory([rows(f"r{r}-{c}") for r in range(p.rounds)]))
         mem = rows(f"mem-{c}")
         live = [r["value"] for r in _metric(mem, "peak_memory_bytes") if r["value"] is not None]
@@ -341,12 +346,15 @@ def _round_ratios(zb: dict, peer: dict) -> list[float]:
     return [x / r for x, r in _same_rounds(zb.get("round_step_time_s", []), peer.get("round_step_time_s", []))]
 
 
-def _time_ratio(zb: dict, peer: dict) -> float:
+def _time_ratio(zb: dict, peer: dict) -> float | None:
     """zerobench's step time / the peer's: the median over rounds of the two times taken in the same round
-    (side by side, as every comparison here); records without per-round times go through torch-ddp."""
+    (side by side, as every comparison here); records without per-round times go through torch-ddp, and without
+    either there is no ratio (None)."""
     if ratios := _round_ratios(zb, peer):
         return statistics.median(ratios)
-    return zb["time_vs_torch_ddp"] / peer["time_vs_torch_ddp"]
+    if "time_vs_torch_ddp" in zb and "time_vs_torch_ddp" in peer:
+        return zb["time_vs_torch_ddp"] / peer["time_vs_torch_ddp"]
+    return None
 
 
 def _time_noise(zb: dict, peer: dict) -> float:
@@ -370,7 +378,9 @@ def bar(records: list[dict]) -> list[dict]:
     per-round time ratio is highest against; ``time_noise`` is two standard errors of that ratio, and
     ``speed_decided`` whether the bar lies further from it than that. Offloaded candidates compare peak RSS: on a CPU-only machine
     the live-tensor tracker cannot tell DeepSpeed's host states from its device ones."""
-    ok = {r["candidate"]: r for r in records if r["status"] == "ok" and "time_vs_torch_ddp" in r}
+    ok = {
+        r["candidate"]: r for r in records if r["status"] == "ok" and ("step_time_s" in r or "time_vs_torch_ddp" in r)
+    }
     out = []
     for name in ZEROBENCH_ALL:
         s, off = int(name.split("-")[1]), name.endswith("-offload")
@@ -380,10 +390,11 @@ def bar(records: list[dict]) -> list[dict]:
             for c, r in ok.items()
             if c not in ZEROBENCH_ALL and r.get("sharding_stage", SHARDING[c]) == s and c.endswith("-offload") == off
         ]
-        if zb is None or not peers:
+        timed = [(t, r["candidate"]) for r in peers if zb is not None and (t := _time_ratio(zb, r)) is not None]
+        if not timed:
             continue
         mem_key = "peak_rss_bytes" if off else "peak_live_bytes"
-        speed, fastest = max((_time_ratio(zb, r), r["candidate"]) for r in peers)
+        speed, fastest = max(timed)
         noise = _time_noise(zb, next(r for r in peers if r["candidate"] == fastest))
         leanest = min((r for r in peers if r.get(mem_key)), key=lambda r: r[mem_key], default=None)
         mem = zb.get(mem_key, 0) / leanest[mem_key] if leanest and zb.get(mem_key) else None

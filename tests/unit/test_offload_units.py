@@ -308,6 +308,40 @@ def test_destroy_removes_the_nvme_file_and_a_dead_process_s_is_reclaimed(tmp_pat
     assert reclaim(str(root)) == [] and all(d.is_dir() for d in kept) and os.path.isdir(live.dir)
 
 
+_FORKED_CHILD = """
+import gc, os, sys
+from zerobench.zero.offload.nvme import NvmeStore
+from zerobench.zero.optim.states import Fp32Codec
+
+store = NvmeStore(Fp32Codec(), [10], sys.argv[1])
+for how in ("exit", "drop"):
+    pid = os.fork()
+    if pid == 0:  # the child: ends as a worker would, or lets go of its copy of the store first
+        if how == "drop":
+            del store
+            gc.collect()
+        sys.exit(0)  # a normal exit runs the inherited finalizer
+    os.waitpid(pid, 0)
+    print(how, os.path.exists(store.path), flush=True)
+store.close()
+print("closed", os.path.exists(store.dir), flush=True)
+"""
+
+
+def test_a_forked_child_that_exits_leaves_its_parent_s_nvme_states(tmp_path):
+    """A child forked from a process with an NVMe store (a data-loader worker, a subprocess helper) inherits the
+    store's finalizer; at its exit that removed the parent's live state file, and the parent's next read failed.
+    Only the process that made the store removes it."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _FORKED_CHILD, str(tmp_path / "nvme")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["exit True", "drop True", "closed False"]
+
+
 def test_engine_destroy_removes_its_nvme_states_at_once(tmp_path):
     from tests.unit.test_checkpoint_files import engine, step
 

@@ -63,7 +63,12 @@ OWNER = "owner.lock"
 """In each store's directory: the owner's pid and host, under an ``flock`` the owner holds for its life."""
 
 
-def _cleanup(fd: int, directory: str, pool: ThreadPoolExecutor, owner: int) -> None:
+def _cleanup(fd: int, directory: str, pool: ThreadPoolExecutor, owner: int, creator: int) -> None:
+    """Close and remove the store, in the process that made it only: a forked child inherits the store's finalizer
+    and runs it at its exit, where it would remove the parent's live state file (multiprocessing's ``Finalize``
+    skips other pids the same way)."""
+    if os.getpid() != creator:
+        return
     pool.shutdown(wait=True)
     os.close(fd)
     shutil.rmtree(directory, ignore_errors=True)
@@ -141,7 +146,7 @@ class NvmeStore:
         self.path = os.path.join(self.dir, "optimizer_states.bin")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerobench-nvme")
-        self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool, owner)
+        self._finalizer = weakref.finalize(self, _cleanup, self.fd, self.dir, self.pool, owner, os.getpid())
         self.offsets: list[int] = []
         self.total = 0
         for i, n in enumerate(sizes):  # each chunk's place in the file: its encoded tensors back to back

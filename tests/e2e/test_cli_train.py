@@ -225,6 +225,22 @@ def test_tensorboard_export(tmp_path):
     acc.Reload()
     assert {"loss", "step_time_s", "tflops_per_gpu"} <= set(acc.Tags()["scalars"])
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
+    # the same run id into the same directory again: refused in one line, the first run's events untouched
+    events = {p: p.stat().st_size for p in (tmp_path / "tb" / "tbrun").iterdir()}
+    again = zb(
+        "train",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "o2"),
+        "--tensorboard",
+        str(tmp_path / "tb"),
+        "--run-id",
+        "tbrun",
+    )
+    assert again.returncode != 0 and "already holds the TensorBoard events of a run 'tbrun'" in again.stderr
+    assert "give another --run-id or another --tensorboard directory" in again.stderr
+    assert {p: p.stat().st_size for p in (tmp_path / "tb" / "tbrun").iterdir()} == events
 
 
 @pytest.mark.slow  # two training runs under the tracker with P_a+cpu (19 s on the 2-core VM): the full grid

@@ -70,3 +70,24 @@ def test_close_runs_in_reverse_order():
 
     LoopHooks([H(1), H(2), H(3)]).close()
     assert seen == [3, 2, 1]
+
+
+def test_a_tensorboard_directory_holding_a_run_s_events_is_refused_in_one_line(tmp_path):
+    """A second writer under the same run id adds a second event file, which TensorBoard draws as more steps of the
+    same curves: the second run is refused before it writes, and the first run's events stay as they were."""
+    from zerobench.config import ConfigError
+    from zerobench.train.hooks import refuse_held_events
+
+    refuse_held_events(str(tmp_path), "r1")  # nothing there yet
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "notes.txt").write_text("not an event file")
+    refuse_held_events(str(tmp_path), "r1")
+    held = tmp_path / "r1" / "events.out.tfevents.1.host.1.0"
+    held.write_bytes(b"first run")
+    with pytest.raises(ConfigError) as e:
+        refuse_held_events(str(tmp_path), "r1")
+    assert "\n" not in str(e.value) and f"{tmp_path / 'r1'} already holds the TensorBoard events of a run 'r1'" in str(
+        e.value
+    )
+    assert held.read_bytes() == b"first run"
+    refuse_held_events(str(tmp_path), "r2")  # another run id beside it is fine

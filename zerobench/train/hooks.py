@@ -126,7 +126,22 @@ class ConsoleHook(_Hook):
         )
 
 
+def refuse_held_events(directory: str, run_id: str) -> None:
+    """Refuse (``ConfigError``) where ``directory/run_id`` already holds TensorBoard event files: a second writer
+    there adds a second event file, and TensorBoard draws both runs' steps as one run's curves, with nothing to
+    tell them apart. A run id reused with the same ``--tensorboard`` directory is the usual cause."""
+    held = Path(directory) / run_id
+    if any(held.glob("events.out.tfevents.*")):
+        raise ConfigError(
+            f"--tensorboard {directory}: {held} already holds the TensorBoard events of a run {run_id!r} "
+            "(TensorBoard would draw the two as one): give another --run-id or another --tensorboard directory"
+        )
+
+
 class TensorBoardHook(_Hook):
+    """Per-step scalars under ``directory/run_id``, written by rank 0 alone; a directory that already holds a
+    run's events is refused (``refuse_held_events``)."""
+
     def __init__(self, directory: str, run_id: str):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -134,6 +149,7 @@ class TensorBoardHook(_Hook):
             raise ConfigError(
                 "--tensorboard needs the tensorboard package: pip install 'zerobench[tensorboard]'"
             ) from None
+        refuse_held_events(directory, run_id)
         self.writer = SummaryWriter(str(Path(directory) / run_id))
 
     def after_step(self, rec: StepRecord) -> None:

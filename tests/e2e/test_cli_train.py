@@ -269,3 +269,12 @@ def test_p_a_cpu_checkpoints_are_host_memory_outside_the_device_budget(tmp_path)
     assert held > 0 and peaks["cpu-md"]["host"] == held
     for name in ("cpu", "cpu-md"):
         assert peaks[name]["peak_memory_bytes"] <= peaks["ckpt"]["peak_memory_bytes"] - held // 2, peaks
+
+
+def test_compiled_kernels_under_the_cpu_memory_tracker_are_one_line(tmp_path):
+    """The CPU's live-tensor tracker is a dispatch mode, which compiled code refuses to run under: the run says
+    so, and what to pass, instead of Dynamo's multi-line trace."""
+    r = zb("train", "--kernels", "compiled", "--steps", "2", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2, r.stderr
+    err = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(err) == 1 and "pass --no-track-memory and no --memory-budget" in err[0], r.stderr

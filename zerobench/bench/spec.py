@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from zerobench.config import ConfigError
 from zerobench.models.sizes import preset as get_preset
-from zerobench.parallel.config import ActivationConfig
+from zerobench.parallel.config import COMPILED, ActivationConfig
 from zerobench.systems import validate_run
 from zerobench.train.config import ProfileConfig, TrainConfig
 from zerobench.zero.config import NO_BUCKET_LIMIT, AdamWConfig, Precision, ZeroConfig
@@ -195,7 +195,7 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
             grad_accum_steps=spec.grad_accum,
             clip_grad_norm=spec.clip,
             optimizer=AdamWConfig(lr=spec.lr, weight_decay=spec.weight_decay),
-            kernels=spec.kernels,
+            kernels="auto" if spec.kernels == COMPILED else spec.kernels,  # the model's mode, not the optimizer's
             offload_optimizer=spec.offload_optimizer,
             offload_param=spec.offload_param,
             nvme_path=spec.nvme_path,

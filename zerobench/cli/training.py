@@ -49,9 +49,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kernels",
         default="auto",
-        choices=["auto", "fused", "reference"],
+        choices=["auto", "fused", "reference", "compiled"],
         help="fused kernels (AdamW step, LayerNorm, bias+GeLU; kernels/): auto = where the device "
-        "has them, fused = required, reference = plain PyTorch",
+        "has them, fused = required, reference = plain PyTorch, compiled = each block through torch.compile "
+        "(the optimizer's as auto)",
     )
     g = p.add_argument_group("ZeRO-R (paper §6)")
     g.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")

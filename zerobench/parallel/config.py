@@ -51,3 +51,21 @@ def validate_sp(activation: ActivationConfig, sequence_parallel: bool, tp: int) 
             "P_a (--pa, --pa-cpu, --paper-config C2/C4/C5) with sequence parallelism (--sp): under SP each TP rank's "
             "checkpoint is already its own 1/TP of the sequence, which P_a cannot partition again; drop one of them"
         )
+
+
+COMPILED = "compiled"
+"""The kernel mode that compiles the blocks (``ParallelSpec.kernels``, ``TrainConfig.kernels``)."""
+
+
+def check_compilable(tp: int, activation: ActivationConfig) -> None:
+    """One line for the combinations ``apply_compile`` does not take (why: ``parallel/compiled.py``)."""
+    if tp > 1:
+        raise ConfigError(
+            "--kernels compiled compiles whole blocks, and TP's collectives run inside them: use --tp 1, "
+            "or --kernels auto with TP"
+        )
+    if activation.checkpoint:
+        raise ConfigError(
+            "--kernels compiled does not take activation checkpointing (the recompute runs inside the block): "
+            "drop --checkpoint-activations/--pa, or use --kernels auto"
+        )

@@ -7,6 +7,8 @@ tests check is the order that trains:
 1. ``apply_tp``: Megatron tensor parallelism decides which parameters exist on this rank;
 2. ``apply_fused_kernels``: fused LayerNorm and bias+GeLU (parameter names unchanged);
 3. ``apply_activation_checkpointing``: checkpoints the blocks (P_a, P_a+cpu, M_D), replaying TP's RNG;
+   or, with ``kernels="compiled"`` instead of 2 and 3, ``apply_compile``: each block's forward through
+   ``torch.compile`` (no TP, no checkpointing);
 4. ``apply_zero``: partitions whatever parameters are left over this TP rank's DP group (skipped when the
    spec has no ZeRO config: a peer system brings its own data parallelism).
 """
@@ -21,7 +23,8 @@ from torch import nn
 from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.parallel.checkpointing import CheckpointStore, apply_activation_checkpointing
-from zerobench.parallel.config import ActivationConfig, validate_sp
+from zerobench.parallel.compiled import apply_compile
+from zerobench.parallel.config import COMPILED, ActivationConfig, check_compilable, validate_sp
 from zerobench.parallel.fused import apply_fused_kernels
 from zerobench.parallel.tensor_parallel import TPInfo, apply_tp
 from zerobench.zero.api import apply_zero
@@ -39,7 +42,8 @@ class ParallelSpec:
     sequence_parallel: bool = False
     """Megatron sequence parallelism inside the TP group."""
     kernels: str = "auto"
-    """Fused model kernels: auto (where the device has them), fused, reference (leave the model as is)."""
+    """Model kernels: auto (fused where the device has them), fused, reference (leave the model as is), compiled
+    (each block through ``torch.compile``)."""
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     """Activation checkpointing and ZeRO-R's activation options."""
     seed: int = 0
@@ -98,8 +102,12 @@ def parallelize(
     """
     validate_sp(spec.activation, spec.sequence_parallel, mesh.tp.size)
     tp = apply_tp(model, mesh.tp, ledger, seed=spec.seed, sequence_parallel=spec.sequence_parallel, device=device)
-    kernels = apply_fused_kernels(model, spec.kernels, device=device)
-    store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)
+    if spec.kernels == COMPILED:
+        check_compilable(mesh.tp.size, spec.activation)
+        kernels, store = apply_compile(model), None
+    else:
+        kernels = apply_fused_kernels(model, spec.kernels, device=device)
+        store = apply_activation_checkpointing(model, spec.activation, mesh.tp, ledger, tp.rng)
     engine = None
     if spec.zero is not None:
         engine = apply_zero(

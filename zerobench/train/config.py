@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from zerobench.config import SEED_MAX, ConfigError
 from zerobench.distributed.backends import BACKENDS
 from zerobench.models.config import GPTConfig
-from zerobench.parallel.config import ActivationConfig
+from zerobench.parallel.config import COMPILED, ActivationConfig, check_compilable
 from zerobench.zero.config import ZeroConfig
 
 
@@ -72,8 +72,9 @@ class TrainConfig:
     """Process-group backend: auto (NCCL where each rank has a GPU of its own, else gloo), nccl or gloo (several
     ranks on one GPU; ``distributed/env.py``)."""
     kernels: str = "auto"
-    """Fused model kernels (LayerNorm, bias+GeLU): auto (where the device has them), fused, reference.
-    The optimizer's kernels are ``zero.kernels``; the CLI sets both."""
+    """Model kernels: auto (fused LayerNorm and bias+GeLU where the device has them), fused, reference, or
+    compiled (each block through ``torch.compile``; ``parallel/compiled.py``). The optimizer's kernels are
+    ``zero.kernels``; the CLI sets both, ``auto`` for the optimizer with ``compiled``."""
 
     @property
     def timed_steps(self) -> int:
@@ -113,8 +114,10 @@ class TrainConfig:
             )
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}: choose {', '.join(BACKENDS)}")
-        if self.kernels not in ("auto", "fused", "reference"):
-            raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused or reference")
+        if self.kernels not in ("auto", "fused", "reference", COMPILED):
+            raise ConfigError(f"unknown kernel mode {self.kernels!r}: choose auto, fused, reference or compiled")
+        if self.kernels == COMPILED:
+            check_compilable(self.tp, self.activation)
         if self.micro_batch < 1:
             raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch}")
         if self.steps < 1:

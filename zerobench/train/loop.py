@@ -119,6 +119,11 @@ def _setup(cfg: TrainConfig, denv: DistEnv, entry: SystemEntry, native_collectiv
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
     tracker = LiveTensorTracker(budget if cpu else None, rss) if cpu and (cfg.track_memory or budget) else None
+    if tracker is not None and not getattr(system, "op_counting", True):
+        raise ConfigError(
+            f"{cfg.system}: compiled code (torch.compile) does not run under the CPU's live-tensor tracker, a "
+            "dispatch mode: pass --no-track-memory and no --memory-budget, or use uncompiled kernels"
+        )
     if tracker is not None:
         for t in system.tensors():
             tracker.track(t)

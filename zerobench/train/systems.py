@@ -16,6 +16,7 @@ from zerobench.distributed.mesh import Mesh
 from zerobench.metrics.comm import CommLedger
 from zerobench.metrics.memory import TrackedAllocator
 from zerobench.models.gpt import GPT
+from zerobench.parallel.config import COMPILED
 from zerobench.parallel.init import init_gpt
 from zerobench.parallel.parallelize import ParallelSpec, parallelize
 from zerobench.train.config import TrainConfig
@@ -58,6 +59,7 @@ class ZeroSystem:
         self.store, self.engine = built.store, built.engine
         self.module, self.ledger = model, ledger
         self.model_kernels = built.kernels
+        self.op_counting = built.kernels != COMPILED  # compiled code refuses to run under the operator counter
 
     def forward_backward(self, x, y):
         loss = self.module(x, y)
@@ -87,7 +89,7 @@ class ZeroSystem:
         return self.engine.accounting.tensors()
 
     def kernel_paths(self) -> dict[str, str]:
-        """The paths the model's and the optimizer's kernels took ("fused" or "reference"): ``auto`` takes the
+        """The paths the model's and the optimizer's kernels took ("fused", "reference" or "compiled"): ``auto`` takes the
         reference where the fused kernels do not load (no C++ compiler, no Triton), and such a run's times and
         working memory are not the fused run's."""
         return {"model": self.model_kernels, "optimizer": self.engine.adamw.path}

@@ -15,7 +15,7 @@
 #   slurm 60  slurm/local/start.sh with the card as GRES gpu, sbatch --gres=gpu:1 slurm/scale_400gpu.sh
 #             (SUITE=gpu/one_card_slurm), the job's rows checked, the cluster stopped
 #   table     what is left (about 240): zerobench peers --dp 1 --precision bf16, seq 2048, 1.3B, every system
-#             once (on an H200 about 30 s a system, 330 s for all eleven). 2.7B, and a second round, do not fit
+#             once (on an H200 about 30 s a system, 330 s for the eleven uncompiled ones). 2.7B, and a second round, do not fit
 #             in the same 8 minutes: run them as their own call, TABLE_SIZES=2.7b scripts/gpu_first.sh table
 #             (about 55 s a system on an H200: pick TABLE_SYSTEMS to fit the lease).
 # Carried with the tree (the machine has no network; make them here): .whl (scripts/fetch_gpu_wheels.sh: DeepSpeed,
@@ -145,8 +145,9 @@ EOF
 
 sec_table() {
   local size shape mb rc=0 systems t out
-  systems=(zerobench-0 zerobench-3 torch-ddp fsdp2 fsdp2-compiled deepspeed-3 zerobench-1 zerobench-2 deepspeed-1
-    deepspeed-2 megatron-core)
+  # the compiled candidates first after stage 0 and 3: stage 3 against compiled FSDP2 is the open comparison
+  systems=(zerobench-0 zerobench-3 zerobench-3-compiled torch-ddp fsdp2-compiled fsdp2 zerobench-0-compiled
+    deepspeed-3 zerobench-1 zerobench-2 deepspeed-1 deepspeed-2 megatron-core)
   [[ -z $SMOKE ]] || systems=(zerobench-0 zerobench-3 torch-ddp fsdp2)
   [[ -z ${TABLE_SYSTEMS:-} ]] || read -r -a systems <<< "$TABLE_SYSTEMS"
   for size in ${TABLE_SIZES:-1.3b}; do

@@ -314,3 +314,37 @@ def test_fsdp1_in_a_world_of_one_is_judged_as_the_data_parallel_peer_it_runs_as(
     ]
     v = {x["stage"]: x for x in bar(recs)}
     assert v[3]["fastest_peer"] == "fsdp2" and v[0]["fastest_peer"] == "fsdp1-full-shard"
+
+
+def test_the_compiled_candidates_are_zerobench_with_each_block_compiled_and_judged_like_their_stage():
+    """``zerobench-N-compiled`` is the counterpart of ``fsdp2-compiled``: the same engine at stage N with the blocks
+    through ``torch.compile`` (``--kernels compiled``), the optimizer's kernels left as zerobench's own."""
+    from zerobench.bench.peers import PeersConfig, sharding_stage, train_config
+
+    p = PeersConfig(systems=("zerobench-3-compiled", "zerobench-3", "fsdp2-compiled", "torch-ddp"), dp=1)
+    p.validate()
+    assert "zerobench-3-compiled" not in PeersConfig().candidates()  # minutes of compiling on a CPU: asked for only
+    for s in range(4):
+        cfg = train_config(p, f"zerobench-{s}-compiled")
+        assert (cfg.system, cfg.zero.stage, cfg.kernels, cfg.zero.kernels) == ("zerobench", s, "compiled", "auto")
+        assert sharding_stage(f"zerobench-{s}-compiled", 1) == s
+    assert train_config(p, "zerobench-3").kernels == "reference"
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"tp": 2, "dp": 1}, "TP's collectives run inside them: use --tp 1"),
+        ({"activation": {"checkpoint": True}}, "does not take activation checkpointing"),
+    ],
+)
+def test_compiled_kernels_refuse_what_runs_inside_a_block_in_one_line(kw, msg):
+    from zerobench.parallel.config import ActivationConfig
+    from zerobench.train.config import TrainConfig
+
+    if "activation" in kw:
+        kw = {**kw, "activation": ActivationConfig(**kw["activation"])}
+    with pytest.raises(ConfigError, match=msg) as e:
+        TrainConfig(kernels="compiled", **kw).validate()
+    assert "\n" not in str(e.value)
+    TrainConfig(kernels="compiled").validate()

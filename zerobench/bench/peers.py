@@ -49,8 +49,14 @@ from zerobench.zero.config import Precision, ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
 """zerobench's default candidates; ``-offload`` ones keep the optimizer on the host (ZeRO-Offload)."""
-ZEROBENCH_OPTIONAL = ("zerobench-2-no-overlap", "zerobench-3-no-overlap")
-"""zerobench candidates run only when named in ``--systems``: ``overlap_comm`` off (``ZeroConfig``)."""
+ZEROBENCH_OPTIONAL = (
+    "zerobench-2-no-overlap",
+    "zerobench-3-no-overlap",
+    *(f"zerobench-{s}-compiled" for s in range(4)),
+)
+"""zerobench candidates run only when named in ``--systems``: ``overlap_comm`` off (``ZeroConfig``), or each block
+compiled (``--kernels compiled``; the counterpart of ``fsdp2-compiled``, and like it minutes of compiling on a
+CPU, where it also needs ``--no-memory-run``: compiled code does not run under the live-tensor tracker)."""
 ZEROBENCH_ALL = ZEROBENCH + ZEROBENCH_OPTIONAL
 MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", RSS_ENV: "1"}
 COMPARISON_FILE = "comparison.json"
@@ -159,7 +165,9 @@ def train_config(
         warmup_steps=p.warmup,
         system="zerobench" if ours else system,
         track_memory=track_memory,
-        kernels="reference",  # every system trains the same plain model: the comparison is of the engines
+        # every system trains the same plain model, the comparison being of the engines; the compiled candidates
+        # compile its blocks, as fsdp2-compiled does
+        kernels="compiled" if ours and system.endswith("-compiled") else "reference",
     )
     validate_run(cfg)
     return cfg

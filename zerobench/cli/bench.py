@@ -371,7 +371,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=None,
         help="candidates (default: zerobench-0..3 and -2/-3-offload, the torch peers, DeepSpeed 0-3 + offload if "
-        "installed; also zerobench-2-no-overlap, zerobench-3-no-overlap)",
+        "installed; also zerobench-2-no-overlap, zerobench-3-no-overlap, zerobench-0..3-compiled, fsdp2-compiled, "
+        "megatron-core)",
     )
     pe.add_argument("--dp", type=count(1), default=2, help="processes")
     pe.add_argument("--preset", default="tiny", help="model preset")

@@ -148,7 +148,7 @@ sec_table() {
   # the compiled candidates first after stage 0 and 3: stage 3 against compiled FSDP2 is the open comparison
   systems=(zerobench-0 zerobench-3 zerobench-3-compiled torch-ddp fsdp2-compiled fsdp2 zerobench-0-compiled
     deepspeed-3 zerobench-1 zerobench-2 deepspeed-1 deepspeed-2 megatron-core)
-  [[ -z $SMOKE ]] || systems=(zerobench-0 zerobench-3 torch-ddp fsdp2)
+  [[ -z $SMOKE ]] || systems=(zerobench-0 zerobench-3 zerobench-3-compiled torch-ddp fsdp2)
   [[ -z ${TABLE_SYSTEMS:-} ]] || read -r -a systems <<< "$TABLE_SYSTEMS"
   for size in ${TABLE_SIZES:-1.3b}; do
     case $size in

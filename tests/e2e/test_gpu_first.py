@@ -20,7 +20,7 @@ def _extract(tmp_path, section: str):
     return tmp_path / "x" / section
 
 
-@pytest.mark.slow  # two torchrun launches and a four-system comparison: about a minute and a half on 2 cores
+@pytest.mark.slow  # two torchrun launches and a five-system comparison, one compiled: about 2.5 minutes on 2 cores
 def test_torchrun_and_table_sections_smoke(tmp_path):
     r = run_smoke(tmp_path, "torchrun", "table", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -32,7 +32,7 @@ def test_torchrun_and_table_sections_smoke(tmp_path):
         assert len([x for x in rows if x["metric"] == "loss"]) == 3 and rows[0]["config"]["dp"] == 2
     table = _extract(tmp_path, "table")
     by = {(x["candidate"], x["metric"]): x for x in read_rows(table / "1.3b-smoke" / "summary")}
-    for s in ("zerobench-0", "zerobench-3", "torch-ddp", "fsdp2"):
+    for s in ("zerobench-0", "zerobench-3", "zerobench-3-compiled", "torch-ddp", "fsdp2"):
         assert by[(s, "peer_step_time_s")]["value"] > 0 and by[(s, "peer_step_time_s")]["config"]["peers"]["dp"] == 1
         assert by[(s, "peer_step_time_s")]["config"]["peers"]["precision"] == "bf16"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from zerobench.baselines.entry import MEGATRON
 from zerobench.config import ConfigError
+from zerobench.parallel.config import COMPILED
 from zerobench.peers.registry import ENTRIES as PEER_ENTRIES
 from zerobench.train.config import TrainConfig
 from zerobench.train.entry import ZEROBENCH, SystemEntry
@@ -27,6 +28,11 @@ def get_system(name: str) -> SystemEntry:
 def validate_run(cfg: TrainConfig, world_size: int | None = None) -> SystemEntry:
     """Everything checkable before launch: the config itself, then what its system can run."""
     cfg.validate(world_size)
+    if cfg.kernels == COMPILED and cfg.system != "zerobench":  # another system would run its own kernels silently
+        raise ConfigError(
+            f"--kernels compiled compiles zerobench's blocks; {cfg.system} builds its own model: drop it "
+            "(the peer with compiled blocks is fsdp2-compiled)"
+        )
     entry = get_system(cfg.system)
     entry.validate(cfg)
     return entry

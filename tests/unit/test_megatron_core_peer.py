@@ -47,7 +47,7 @@ def test_megatron_core_peer_builds_zerobench_gpt_with_megatrons_recipe(precision
 
 def test_megatron_core_and_fsdp2_compiled_are_registered_with_their_sharding():
     assert SHARDING["megatron-core"] == 0 and SHARDING["fsdp2-compiled"] == 3
-    p = PeersConfig(systems=("torch-ddp", "megatron-core", "fsdp2-compiled"), precision="bf16")
+    p = PeersConfig(systems=("torch-ddp", "megatron-core", "fsdp2-compiled"), precision="bf16", memory_run=False)
     p.validate()
     assert "megatron-core" not in PeersConfig().candidates() and "fsdp2-compiled" not in PeersConfig().candidates()
     assert train_config(p, "megatron-core").system == "megatron-core"

@@ -321,7 +321,9 @@ def test_the_compiled_candidates_are_zerobench_with_each_block_compiled_and_judg
     through ``torch.compile`` (``--kernels compiled``), the optimizer's kernels left as zerobench's own."""
     from zerobench.bench.peers import PeersConfig, sharding_stage, train_config
 
-    p = PeersConfig(systems=("zerobench-3-compiled", "zerobench-3", "fsdp2-compiled", "torch-ddp"), dp=1)
+    p = PeersConfig(
+        systems=("zerobench-3-compiled", "zerobench-3", "fsdp2-compiled", "torch-ddp"), dp=1, memory_run=False
+    )
     p.validate()
     assert "zerobench-3-compiled" not in PeersConfig().candidates()  # minutes of compiling on a CPU: asked for only
     for s in range(4):
@@ -348,3 +350,30 @@ def test_compiled_kernels_refuse_what_runs_inside_a_block_in_one_line(kw, msg):
         TrainConfig(kernels="compiled", **kw).validate()
     assert "\n" not in str(e.value)
     TrainConfig(kernels="compiled").validate()
+
+
+def test_compiled_candidates_with_a_memory_run_on_a_cpu_are_refused_before_any_run(monkeypatch):
+    """On a CPU the memory run trains under the live-tensor tracker, a dispatch mode compiled code refuses: the
+    candidate failed after its timed rounds, its times thrown away with it. On a GPU the memory run reads the CUDA
+    allocator and runs."""
+    import torch
+
+    from zerobench.bench.peers import PeersConfig
+
+    p = PeersConfig(systems=("zerobench-3-compiled", "fsdp2-compiled", "torch-ddp"), dp=1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"zerobench-3-compiled, fsdp2-compiled on a CPU: .*pass --no-memory-run"):
+        p.validate()
+    PeersConfig(systems=p.systems, dp=1, memory_run=False).validate()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    p.validate()
+
+
+def test_compiled_kernels_are_zerobench_s_and_refused_for_systems_that_build_their_own_model():
+    from zerobench.systems import validate_run
+    from zerobench.train.config import TrainConfig
+
+    for system in ("torch-ddp", "fsdp2", "deepspeed-3", "megatron"):
+        with pytest.raises(ConfigError, match=f"compiles zerobench's blocks; {system} builds its own model"):
+            validate_run(TrainConfig(system=system, dp=1, kernels="compiled"))
+    validate_run(TrainConfig(system="zerobench", dp=1, kernels="compiled"))

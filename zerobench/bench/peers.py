@@ -134,6 +134,19 @@ class PeersConfig:
             raise ConfigError("need --dp >= 1, --rounds >= 1 and --steps > --warmup")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"--precision {self.precision}: the comparison runs fp32 or bf16")
+        compiled = [s for s in self.candidates() if s.endswith("-compiled")]
+        if compiled and self.memory_run and not _cuda():
+            raise ConfigError(
+                f"{', '.join(compiled)} on a CPU: compiled code does not run under the memory run's live-tensor "
+                "tracker, so the candidate would fail after its timed rounds: pass --no-memory-run"
+            )
+
+
+def _cuda() -> bool:
+    """Whether this machine's runs go to a GPU (where the memory run reads the CUDA allocator, no tracker)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def train_config(

@@ -336,3 +336,21 @@ def test_more_ranks_than_cores_share_them_a_piece_at_one_rank_per_core_times_the
     prof.spread[op_key("block_fwd", **shape, ranks=2, threads=1)] = 0.1
     assert prof.bound(-1).op_time("block_fwd", **shape, ranks=4, threads=1) == pytest.approx(3.24e-3)
     assert low.op_time("block_fwd", **shape, ranks=4, threads=1) == pytest.approx(3.6e-3)
+
+
+def test_compiled_kernels_are_refused_by_the_profile_and_left_undescribed_by_the_replay():
+    """The profile times the blocks' eager kernels: a compiled run would be profiled, or predicted, as an eager one
+    under its own name."""
+    from zerobench.config import ConfigError
+    from zerobench.sim.measure import shape_of
+    from zerobench.sim.simulate import undescribed
+    from zerobench.train.config import TrainConfig
+
+    cfg = TrainConfig(kernels="compiled")
+    with pytest.raises(ConfigError, match="does not model --kernels compiled") as e:
+        shape_of(cfg)
+    assert "\n" not in str(e.value)
+    assert undescribed(cfg) == ["compiled blocks (--kernels compiled: the profile times eager ones)"]
+    with pytest.raises(ValueError, match="does not describe compiled blocks"):
+        simulate(cfg, Profile("stated test device", cores=64))
+    assert shape_of(TrainConfig(kernels="auto")).kernels == "auto" and undescribed(TrainConfig()) == []

@@ -51,7 +51,8 @@ class RunSpec:
     sp: bool = False
     """Sequence parallelism inside the TP group."""
     kernels: str = "auto"
-    """Fused kernels (optimizer, LayerNorm, bias+GeLU): auto, fused or reference."""
+    """Kernels (optimizer, LayerNorm, bias+GeLU): auto, fused or reference; or compiled (the blocks through
+    ``torch.compile``, the optimizer as auto)."""
     offload_optimizer: str = "none"
     """ZeRO-Offload: none, cpu (master + Adam states on the host, CPU step) or nvme (states in files)."""
     offload_param: str = "none"

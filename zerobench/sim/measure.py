@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 from zerobench.config import ConfigError, RunFailed
+from zerobench.parallel.config import COMPILED
 from zerobench.sim.measure_comm import GPU_SIZES, SIZES
 from zerobench.sim.measure_compute import Shape
 from zerobench.sim.measure_compute import shape_key as shape_key  # where the profile's callers look for it
@@ -167,8 +168,19 @@ def _wait(procs, results, timeout_s: float):
     return ("error", f"profiling did not finish a pass within {timeout_s:.0f} s")
 
 
+def modelled(cfg) -> None:
+    """Refuse, in one line, a run whose kernels the simulator does not model: ``--kernels compiled`` (Inductor's
+    fused blocks), where profiling would time the blocks' eager kernels under the compiled run's name."""
+    if cfg.kernels == COMPILED:
+        raise ConfigError(
+            "the simulator does not model --kernels compiled (its profile times the blocks' eager kernels): "
+            "profile and predict the run with --kernels auto"
+        )
+
+
 def shape_of(cfg) -> Shape:
-    """The compute shape of a ``TrainConfig``."""
+    """The compute shape of a ``TrainConfig`` the simulator models (``modelled``)."""
+    modelled(cfg)
     return Shape(cfg.model, cfg.micro_batch, cfg.tp, cfg.zero.precision.value, cfg.kernels, cfg.activation.checkpoint)
 
 

@@ -105,6 +105,7 @@ def undescribed(cfg: TrainConfig) -> list[str]:
             ("8-bit optimizer states", z.optim_bits != 32),
             ("parameter offload", z.offload_param != "none"),
             ("NVMe offload", z.offload_optimizer == "nvme"),
+            ("compiled blocks (--kernels compiled: the profile times eager ones)", cfg.kernels == "compiled"),
         )
         if used
     ]

@@ -240,6 +240,7 @@ def test_tensorboard_export(tmp_path):
     )
     assert again.returncode != 0 and "already holds the TensorBoard events of a run 'tbrun'" in again.stderr
     assert "give another --run-id or another --tensorboard directory" in again.stderr
+    assert not (tmp_path / "o2").exists()  # refused before any rank started
     assert {p: p.stat().st_size for p in (tmp_path / "tb" / "tbrun").iterdir()} == events
 
 

@@ -236,3 +236,28 @@ def test_maxsize_where_no_layer_fits_says_so_and_writes_no_row(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 2 and all(" even 1 layer exceeds 1B per process " in line for line in lines), r.stderr
     assert not (out / "rows.jsonl").exists() or not (out / "rows.jsonl").read_text().strip()
+
+
+@pytest.mark.slow  # two one-run sweeps, the second launching nothing: about 10 s
+def test_a_second_sweep_into_the_same_tensorboard_directory_is_refused_run_by_run(tmp_path):
+    """Two sweeps of one suite name their runs alike: the second's curves would join the first's in TensorBoard.
+    Each such run is an invalid row naming the directory, refused before it starts; the first's events stay."""
+    pytest.importorskip("tensorboard")
+    (tmp_path / "one.yaml").write_text(
+        "name: one\nbase: {preset: tiny, dp: 1, steps: 2, warmup: 1}\nruns: [{label: a}]\n"
+    )
+    tb = tmp_path / "tb"
+    first = zb(
+        "sweep", str(tmp_path / "one.yaml"), "--out", str(tmp_path / "o1"), "--tensorboard", str(tb), "--no-progress"
+    )
+    assert first.returncode == 0, first.stderr
+    (held,) = list(tb.iterdir())
+    events = {p: p.stat().st_size for p in held.iterdir()}
+    second = zb(
+        "sweep", str(tmp_path / "one.yaml"), "--out", str(tmp_path / "o2"), "--tensorboard", str(tb), "--no-progress"
+    )
+    assert second.returncode != 0
+    (row,) = status_rows(tmp_path / "o2").to_dict("records")
+    assert row["status"] == "invalid" and f"{held} already holds the TensorBoard events" in row["reason"]
+    assert not (tmp_path / "o2" / held.name / "run.log").exists()  # nothing launched
+    assert {p: p.stat().st_size for p in held.iterdir()} == events

@@ -187,6 +187,17 @@ def _run_one(
     instructions: bool = False,
 ) -> None:
     run_id = attempt_id(out, run)
+    if tensorboard is not None:  # another sweep's run of this id wrote there: refused before anything starts
+        from zerobench.train.hooks import refuse_held_events
+
+        try:
+            refuse_held_events(tensorboard, run_id)
+        except ConfigError as e:
+            summary.failed[run.label] = str(e)
+            summary.failed_status[run.label] = "invalid"
+            bar.advance(run.label, failed=True)
+            status_row(out, run_id, suite, run, "invalid", str(e), 0.0)
+            return
     run_dir = out / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "run.log"

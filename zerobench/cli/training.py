@@ -226,6 +226,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             check_writable_dir(where, flag, what)
     if args.run_id is None and denv.source != "single":
         run_id = _shared_run_id(denv, run_id, cfg.collective_timeout_s)
+    if args.tensorboard and denv.rank == 0:  # before any rank starts; rank 0 checks again as it opens its writer
+        from zerobench.train.hooks import refuse_held_events
+
+        refuse_held_events(args.tensorboard, run_id)
     out = Path(args.out) if args.out else Path("runs") / run_id
     # The directory is this run's alone: locked by the launcher, or under torchrun/srun by global rank 0 (every
     # rank writes into it under that one lock); its rows are checked once the lock is held.

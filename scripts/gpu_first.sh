@@ -15,9 +15,9 @@
 #   slurm 60  slurm/local/start.sh with the card as GRES gpu, sbatch --gres=gpu:1 slurm/scale_400gpu.sh
 #             (SUITE=gpu/one_card_slurm), the job's rows checked, the cluster stopped
 #   table     what is left (about 240): zerobench peers --dp 1 --precision bf16, seq 2048, 1.3B, every system
-#             once (on an H200 about 30 s a system, 330 s for the eleven uncompiled ones). 2.7B, and a second round, do not fit
-#             in the same 8 minutes: run them as their own call, TABLE_SIZES=2.7b scripts/gpu_first.sh table
-#             (about 55 s a system on an H200: pick TABLE_SYSTEMS to fit the lease).
+#             once (on an H200 about 30 s a system, 330 s for the eleven uncompiled ones). 2.7B, and a second
+#             round, do not fit in the same 8 minutes: run them as their own call, TABLE_SIZES=2.7b
+#             scripts/gpu_first.sh table (about 55 s a system on an H200: pick TABLE_SYSTEMS to fit the lease).
 # Carried with the tree (the machine has no network; make them here): .whl (scripts/fetch_gpu_wheels.sh: DeepSpeed,
 # megatron-core) and .debs (scripts/fetch_gpu_debs.sh: Slurm and munge): run with carry [".whl", ".debs"].
 #

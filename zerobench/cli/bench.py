@@ -140,9 +140,7 @@ def _print_peers(recs: list[dict], verdicts: list[dict], out) -> int:
                     r["sharding_stage"],
                     f"{r['time_vs_torch_ddp']:.3f}"
                     if "time_vs_torch_ddp" in r
-                    else "-"
-                    if r["status"] == "ok"
-                    else r["status"],
+                    else ("-" if r["status"] == "ok" else r["status"]),
                     f"{r['step_time_s'] * 1e3:.1f}" if "step_time_s" in r else "-",
                     mib(r.get("peak_live_bytes")),
                     mib(r.get("peak_rss_bytes")),

@@ -168,19 +168,14 @@ def _wait(procs, results, timeout_s: float):
     return ("error", f"profiling did not finish a pass within {timeout_s:.0f} s")
 
 
-def modelled(cfg) -> None:
-    """Refuse, in one line, a run whose kernels the simulator does not model: ``--kernels compiled`` (Inductor's
-    fused blocks), where profiling would time the blocks' eager kernels under the compiled run's name."""
+def shape_of(cfg) -> Shape:
+    """The compute shape of a ``TrainConfig``; refused in one line for ``--kernels compiled`` (Inductor's fused
+    blocks), where profiling would time the blocks' eager kernels under the compiled run's name."""
     if cfg.kernels == COMPILED:
         raise ConfigError(
             "the simulator does not model --kernels compiled (its profile times the blocks' eager kernels): "
             "profile and predict the run with --kernels auto"
         )
-
-
-def shape_of(cfg) -> Shape:
-    """The compute shape of a ``TrainConfig`` the simulator models (``modelled``)."""
-    modelled(cfg)
     return Shape(cfg.model, cfg.micro_batch, cfg.tp, cfg.zero.precision.value, cfg.kernels, cfg.activation.checkpoint)
 
 

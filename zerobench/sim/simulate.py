@@ -11,6 +11,7 @@ conventions (model FLOPs, and hardware FLOPs with the recompute), with the repla
 from __future__ import annotations
 
 from zerobench.models.sizes import flops_per_token
+from zerobench.parallel.config import COMPILED
 from zerobench.sim.layout import HEAD
 from zerobench.sim.profile import LOOP_METRICS, Profile
 from zerobench.sim.schedule import StepReplay
@@ -105,7 +106,7 @@ def undescribed(cfg: TrainConfig) -> list[str]:
             ("8-bit optimizer states", z.optim_bits != 32),
             ("parameter offload", z.offload_param != "none"),
             ("NVMe offload", z.offload_optimizer == "nvme"),
-            ("compiled blocks (--kernels compiled: the profile times eager ones)", cfg.kernels == "compiled"),
+            ("compiled blocks (--kernels compiled: the profile times eager ones)", cfg.kernels == COMPILED),
         )
         if used
     ]

@@ -89,8 +89,8 @@ class ZeroSystem:
         return self.engine.accounting.tensors()
 
     def kernel_paths(self) -> dict[str, str]:
-        """The paths the model's and the optimizer's kernels took ("fused", "reference" or "compiled"): ``auto`` takes the
-        reference where the fused kernels do not load (no C++ compiler, no Triton), and such a run's times and
+        """The paths the model's and the optimizer's kernels took ("fused", "reference" or "compiled"): ``auto``
+        takes the reference where the fused kernels do not load (no C++ compiler, no Triton), and such a run's times and
         working memory are not the fused run's."""
         return {"model": self.model_kernels, "optimizer": self.engine.adamw.path}
 

@@ -5,7 +5,7 @@
 # $OUT/<section>.tgz (the device returns at most 8 files), beside console.log and summary.txt (a line per section:
 # status, seconds, what it ran).
 #
-#   scripts/gpu_first.sh [SECTION ...]      tests torchrun slurm table (default: all four, in this order)
+#   scripts/gpu_first.sh [SECTION ...]      tests torchrun slurm table trace (default: the first four, in order)
 #
 # Budget on one card, seconds (GPU_FIRST_BUDGET=480 in all; each section stops at its own cap):
 #   prep 20   install the carried wheels, versions
@@ -18,6 +18,10 @@
 #             once (on an H200 about 30 s a system, 330 s for the eleven uncompiled ones). 2.7B, and a second
 #             round, do not fit in the same 8 minutes: run them as their own call, TABLE_SIZES=2.7b
 #             scripts/gpu_first.sh table (about 55 s a system on an H200: pick TABLE_SYSTEMS to fit the lease).
+#   trace     (only when named) zerobench train --profile of TRACE_SYSTEMS (default: zerobench-3 fsdp2-compiled
+#             zerobench-3-compiled) at the table's 1.3B shape, two steps traced each: the traces (gzipped), the
+#             operator tables, and kernels.json (train/profiling.py kernel_summary: the device time by kernel
+#             class) beside them; about 45 s a system on an H200
 # Carried with the tree (the machine has no network; make them here): .whl (scripts/fetch_gpu_wheels.sh: DeepSpeed,
 # megatron-core) and .debs (scripts/fetch_gpu_debs.sh: Slurm and munge): run with carry [".whl", ".debs"].
 #
@@ -36,9 +40,9 @@ PY=${PY:-python3}
 SMOKE=${GPU_FIRST_SMOKE:-}
 SMOKE_TAG=${SMOKE:+-smoke}
 BUDGET=${GPU_FIRST_BUDGET:-480}
-SECTIONS=(tests torchrun slurm table)
+SECTIONS=(tests torchrun slurm table trace)
 sections=("$@")
-[[ ${#sections[@]} -gt 0 ]] || sections=("${SECTIONS[@]}")
+[[ ${#sections[@]} -gt 0 ]] || sections=(tests torchrun slurm table)
 for s in "${sections[@]}"; do
   [[ " ${SECTIONS[*]} " == *" $s "* ]] || {
     echo "gpu_first.sh: unknown section '$s': choose from ${SECTIONS[*]}" >&2
@@ -151,12 +155,7 @@ sec_table() {
   [[ -z $SMOKE ]] || systems=(zerobench-0 zerobench-3 zerobench-3-compiled torch-ddp fsdp2)
   [[ -z ${TABLE_SYSTEMS:-} ]] || read -r -a systems <<< "$TABLE_SYSTEMS"
   for size in ${TABLE_SIZES:-1.3b}; do
-    case $size in
-      1.3b) shape=(--preset small --layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq 2048); mb=${MB_1P3B:-8} ;;
-      2.7b) shape=(--preset small --layers 32 --hidden 2560 --heads 32 --vocab 50304 --seq 2048); mb=${MB_2P7B:-4} ;;
-      *) echo "TABLE_SIZES: unknown size $size (1.3b, 2.7b)"; return 1 ;;
-    esac
-    [[ -z $SMOKE ]] || { shape=(--preset tiny); mb=2; }
+    shape_of "$size" || return 1
     out=$1/$size$SMOKE_TAG
     t=$(($(left) - 15))
     [[ $t -ge 30 ]] || { echo "table $size: ${t}s left of the budget, not started"; rc=1; continue; }
@@ -165,6 +164,49 @@ sec_table() {
       --systems "${systems[@]}" --out "$out" > "$out.log" 2>&1 || rc=1
     [[ -d $out/summary ]] || "$PY" -m zerobench peers --summarize "$out" >> "$out.log" 2>&1  # cut by its timeout
     grep -v "^\[" "$out.log" | tail -30
+  done
+  return $rc
+}
+
+shape_of() {  # $1: a table size; sets shape and mb
+  case $1 in
+    1.3b) shape=(--preset small --layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq 2048); mb=${MB_1P3B:-8} ;;
+    2.7b) shape=(--preset small --layers 32 --hidden 2560 --heads 32 --vocab 50304 --seq 2048); mb=${MB_2P7B:-4} ;;
+    *) echo "TABLE_SIZES: unknown size $1 (1.3b, 2.7b)"; return 1 ;;
+  esac
+  [[ -z $SMOKE ]] || { shape=(--preset tiny); mb=2; }
+}
+
+sec_trace() {  # each system as the table runs it (zerobench's reference kernels, or compiled), traced
+  local sys rc=0 args shape mb d
+  shape_of 1.3b || return 1
+  for sys in ${TRACE_SYSTEMS:-zerobench-3 fsdp2-compiled zerobench-3-compiled}; do
+    case $sys in
+      zerobench-?) args=(--stage "${sys#zerobench-}" --kernels reference) ;;
+      zerobench-?-compiled) args=(--stage "${sys:10:1}" --kernels compiled) ;;
+      *) args=(--system "$sys") ;;
+    esac
+    d=$1/$sys
+    [[ $(left) -ge 45 ]] || { echo "trace $sys: $(left)s left of the budget, not started"; rc=1; continue; }
+    timeout "$(cap 120)" "$PY" -m zerobench train "${shape[@]}" --precision bf16 --micro-batch "$mb" --steps 7 \
+      --warmup 3 "${args[@]}" --profile "$d/prof" --profile-steps 2 --out "$d/rows" --run-id "trace-$sys" \
+      > "$d.log" 2>&1 || { rc=1; tail -3 "$d.log"; continue; }
+    grep -E "^median" "$d.log"
+    "$PY" - "$d/prof/trace-$sys" "$SMOKE" <<'EOF' || rc=1
+import gzip, json, shutil, sys
+from pathlib import Path
+from zerobench.train.profiling import kernel_summary
+d = Path(sys.argv[1])
+trace = d / "rank0.trace.json"
+if not sys.argv[2]:  # a CPU trace has no kernels
+    s = kernel_summary(json.loads(trace.read_text()))
+    (d / "kernels.json").write_text(json.dumps(s, indent=1))
+    print(f"  step {s['step_ms']:.1f} ms, device busy {s['device_busy_ms']:.1f} ms:",
+          ", ".join(f"{c} {v:.1f}" for c, v in s["by_class_ms"].items()))
+with trace.open("rb") as f, gzip.open(f"{trace}.gz", "wb", compresslevel=3) as g:
+    shutil.copyfileobj(f, g)
+trace.unlink()
+EOF
   done
   return $rc
 }

@@ -29,7 +29,7 @@ def test_the_script_parses_and_refuses_an_unknown_section_in_one_line(tmp_path):
     r = run_smoke(tmp_path, "tests", "bench")
     assert (
         r.returncode == 2
-        and r.stderr == "gpu_first.sh: unknown section 'bench': choose from tests torchrun slurm table\n"
+        and r.stderr == "gpu_first.sh: unknown section 'bench': choose from tests torchrun slurm table trace\n"
     )
     assert not (tmp_path / "summary.txt").exists()  # nothing ran
 
@@ -47,3 +47,18 @@ def test_tests_section_smoke_collects_the_cuda_path_cut_and_archives_it(tmp_path
     cases = sorted(line.split("[")[1].rstrip("]") for line in collected.splitlines() if "::" in line)
     assert cases == ["2-bf16-offload", "2-bf16-plain", "2-fp16-accum", "3-bf16-plain", "pa-cpu-bf16"]
     assert "5 cases" in (tmp_path / "console.log").read_text()
+
+
+@pytest.mark.slow  # two short runs under the profiler in subprocesses: about 12 s
+def test_trace_section_smoke_profiles_each_system_as_the_table_runs_it(tmp_path):
+    env = {**os.environ, "GPU_FIRST_SMOKE": "1", "OUT": str(tmp_path), "PY": sys.executable, "PYTHONPATH": str(REPO)}
+    env["TRACE_SYSTEMS"] = "zerobench-3 fsdp2"
+    r = subprocess.run(["bash", str(SCRIPT), "trace"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with tarfile.open(tmp_path / "trace.tgz") as tar:
+        names = set(tar.getnames())
+        log = tar.extractfile("trace/zerobench-3.log").read().decode()
+    for sys_ in ("zerobench-3", "fsdp2"):  # the trace gzipped, the operator table beside it, the rows
+        prof = f"trace/{sys_}/prof/trace-{sys_}"
+        assert {f"{prof}/rank0.trace.json.gz", f"{prof}/rank0.ops.txt", f"trace/{sys_}/rows/rows.jsonl"} <= names
+    assert "stage 3" in log and "bf16" in log  # as the table runs it: zerobench's stage, the table's precision

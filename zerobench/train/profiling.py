@@ -74,3 +74,60 @@ class ProfilerHook:
             f"profile of steps {self.first + 1}-{self.first + self.steps}: {trace} (Perfetto or "
             f"chrome://tracing) and {trace.with_name(f'rank{self.rank}.ops.txt').name} beside it"
         )
+
+
+KERNEL_CLASSES = (  # first match wins; CUDA kernel names as torch.profiler records them (lower-cased)
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
+    ("compiled (triton)", ("triton",)),
+    ("optimizer", ("multi_tensor", "adam", "foreach")),
+    ("norm / softmax / reduce", ("norm", "softmax", "reduce", "welford")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "copy", "fill", "cat", "index")),
+)
+GPU_EVENT_CATS = {"kernel": None, "gpu_memcpy": "memcpy / memset", "gpu_memset": "memcpy / memset"}
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    return next((c for c, keys in KERNEL_CLASSES if any(k in low for k in keys)), "other")
+
+
+def kernel_summary(trace: dict, top: int = 15) -> dict:
+    """Where a traced step's device time goes, from a chrome trace (``export_chrome_trace``) of a GPU run.
+
+    Per traced step: the wall time of the profiler's steps (``ProfilerStep#N`` on the host), the time some kernel
+    ran (the union of kernel intervals: what is left of the step is the device waiting on the host), and the
+    kernels' summed time by class (``KERNEL_CLASSES``) and by name. Two systems' summaries side by side name the
+    kernels, or the host work, that one spends and the other does not."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    gpu = [e for e in events if e.get("cat") in GPU_EVENT_CATS]
+    if not steps or not gpu:
+        raise ValueError("kernel_summary needs a GPU trace with profiler steps: this one has no kernels or no steps")
+    n = len(steps)
+    by_class: dict[str, float] = {}
+    by_name: dict[str, list] = {}
+    for e in gpu:
+        cls = GPU_EVENT_CATS[e["cat"]] or kernel_class(e["name"])
+        by_class[cls] = by_class.get(cls, 0.0) + e["dur"]
+        entry = by_name.setdefault(e["name"], [cls, 0, 0.0])
+        entry[1] += 1
+        entry[2] += e["dur"]
+    busy, end = 0.0, float("-inf")
+    for e in sorted(gpu, key=lambda e: e["ts"]):  # union of intervals over every stream
+        s, f = e["ts"], e["ts"] + e["dur"]
+        busy += max(0.0, f - max(s, end))
+        end = max(end, f)
+    ms = 1e-3 / n  # microseconds over all traced steps -> milliseconds a step
+    names = sorted(by_name.items(), key=lambda kv: -kv[1][2])[:top]
+    return {
+        "steps": n,
+        "step_ms": sum(e["dur"] for e in steps) * ms,
+        "device_busy_ms": busy * ms,
+        "kernel_ms": sum(by_class.values()) * ms,
+        "by_class_ms": {c: v * ms for c, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [
+            {"name": k[:120], "class": c, "calls_per_step": cnt / n, "ms": t * ms} for k, (c, cnt, t) in names
+        ],
+    }

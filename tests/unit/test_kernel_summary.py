@@ -31,6 +31,9 @@ def test_two_steps_split_into_classes_busy_time_and_top_kernels():
         "traceEvents": [
             _x("ProfilerStep#5", "user_annotation", 0, 1000),
             _x("ProfilerStep#6", "user_annotation", 1000, 1000),
+            # a GPU trace repeats each step as the device ran it: not more steps
+            _x("ProfilerStep#5", "gpu_user_annotation", 0, 800),
+            _x("ProfilerStep#6", "gpu_user_annotation", 1000, 600),
             # step 1: a GEMM overlapping a copy on another stream, then an elementwise kernel; 300 us idle
             _x("ampere_bf16_s16816gemm", "kernel", 0, 500),
             _x("Memcpy DtoD", "gpu_memcpy", 400, 200),
@@ -42,7 +45,7 @@ def test_two_steps_split_into_classes_busy_time_and_top_kernels():
         ]
     }
     s = kernel_summary(trace, top=2)
-    assert s["steps"] == 2 and s["step_ms"] == pytest.approx(1.0)
+    assert s["steps"] == 2 and s["step_ms"] == pytest.approx(1.0) and s["device_step_ms"] == pytest.approx(0.7)
     assert s["kernel_ms"] == pytest.approx((500 + 200 + 100 + 500 + 300) / 2e3)
     assert s["device_busy_ms"] == pytest.approx((700 + 800) / 2e3)  # the overlap counted once
     assert s["by_class_ms"] == pytest.approx(

@@ -96,12 +96,15 @@ def kernel_class(name: str) -> str:
 def kernel_summary(trace: dict, top: int = 15) -> dict:
     """Where a traced step's device time goes, from a chrome trace (``export_chrome_trace``) of a GPU run.
 
-    Per traced step: the wall time of the profiler's steps (``ProfilerStep#N`` on the host), the time some kernel
+    Per traced step: the wall time of the profiler's steps (``ProfilerStep#N`` on the host, and as the device
+    ran them: the profiler's own overhead is in the host's), the time some kernel
     ran (the union of kernel intervals: what is left of the step is the device waiting on the host), and the
     kernels' summed time by class (``KERNEL_CLASSES``) and by name. Two systems' summaries side by side name the
     kernels, or the host work, that one spends and the other does not."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = [e for e in marks if e.get("cat") == "user_annotation"]  # the host's; a GPU trace repeats each step
+    on_device = [e for e in marks if e.get("cat") == "gpu_user_annotation"]  # as the device ran it
     gpu = [e for e in events if e.get("cat") in GPU_EVENT_CATS]
     if not steps or not gpu:
         raise ValueError("kernel_summary needs a GPU trace with profiler steps: this one has no kernels or no steps")
@@ -124,6 +127,7 @@ def kernel_summary(trace: dict, top: int = 15) -> dict:
     return {
         "steps": n,
         "step_ms": sum(e["dur"] for e in steps) * ms,
+        "device_step_ms": sum(e["dur"] for e in on_device) / len(on_device) * 1e-3 if on_device else None,
         "device_busy_ms": busy * ms,
         "kernel_ms": sum(by_class.values()) * ms,
         "by_class_ms": {c: v * ms for c, v in sorted(by_class.items(), key=lambda kv: -kv[1])},

@@ -18,10 +18,10 @@
 #             once (on an H200 about 30 s a system, 330 s for the eleven uncompiled ones). 2.7B, and a second
 #             round, do not fit in the same 8 minutes: run them as their own call, TABLE_SIZES=2.7b
 #             scripts/gpu_first.sh table (about 55 s a system on an H200: pick TABLE_SYSTEMS to fit the lease).
-#   trace     (only when named) zerobench train --profile of TRACE_SYSTEMS (default: zerobench-3 fsdp2-compiled
-#             zerobench-3-compiled) at the table's 1.3B shape, two steps traced each: the traces (gzipped), the
-#             operator tables, and kernels.json (train/profiling.py kernel_summary: the device time by kernel
-#             class) beside them; about 45 s a system on an H200
+#   trace     (only when named) zerobench peers --profile of TRACE_SYSTEMS (default: zerobench-3 fsdp2-compiled
+#             zerobench-3-compiled) at the table's 1.3B shape, each system as the table runs it, its last two steps
+#             traced: the traces (gzipped), the operator tables, and kernels.json (train/profiling.py
+#             kernel_summary: the device time by kernel class) beside them; about 45 s a system on an H200
 # Carried with the tree (the machine has no network; make them here): .whl (scripts/fetch_gpu_wheels.sh: DeepSpeed,
 # megatron-core) and .debs (scripts/fetch_gpu_debs.sh: Slurm and munge): run with carry [".whl", ".debs"].
 #
@@ -177,37 +177,31 @@ shape_of() {  # $1: a table size; sets shape and mb
   [[ -z $SMOKE ]] || { shape=(--preset tiny); mb=2; }
 }
 
-sec_trace() {  # each system as the table runs it (zerobench's reference kernels, or compiled), traced
-  local sys rc=0 args shape mb d
+sec_trace() {  # each system exactly as the table runs it (zerobench peers --profile), its last two steps traced
+  local rc=0 shape mb d=$1/1.3b$SMOKE_TAG t
   shape_of 1.3b || return 1
-  for sys in ${TRACE_SYSTEMS:-zerobench-3 fsdp2-compiled zerobench-3-compiled}; do
-    case $sys in
-      zerobench-?) args=(--stage "${sys#zerobench-}" --kernels reference) ;;
-      zerobench-?-compiled) args=(--stage "${sys:10:1}" --kernels compiled) ;;
-      *) args=(--system "$sys") ;;
-    esac
-    d=$1/$sys
-    [[ $(left) -ge 45 ]] || { echo "trace $sys: $(left)s left of the budget, not started"; rc=1; continue; }
-    timeout "$(cap 120)" "$PY" -m zerobench train "${shape[@]}" --precision bf16 --micro-batch "$mb" --steps 7 \
-      --warmup 3 "${args[@]}" --profile "$d/prof" --profile-steps 2 --out "$d/rows" --run-id "trace-$sys" \
-      > "$d.log" 2>&1 || { rc=1; tail -3 "$d.log"; continue; }
-    grep -E "^median" "$d.log"
-    "$PY" - "$d/prof/trace-$sys" "$SMOKE" <<'EOF' || rc=1
+  t=$(($(left) - 15))
+  [[ $t -ge 30 ]] || { echo "trace: ${t}s left of the budget, not started"; return 1; }
+  read -r -a systems <<< "${TRACE_SYSTEMS:-zerobench-3 fsdp2-compiled zerobench-3-compiled}"
+  timeout "$t" "$PY" -m zerobench peers --dp 1 --precision bf16 "${shape[@]}" --micro-batch "$mb" --steps 7 \
+    --warmup 3 --rounds 1 --no-memory-run --no-reference-run --systems "${systems[@]}" --profile "$d/prof" \
+    --out "$d" > "$d.log" 2>&1 || rc=1
+  [[ -d $d/summary ]] || "$PY" -m zerobench peers --summarize "$d" >> "$d.log" 2>&1
+  grep -v "^\[" "$d.log" | head -8
+  "$PY" - "$d/prof" "$SMOKE" <<'EOF' || rc=1
 import gzip, json, shutil, sys
 from pathlib import Path
 from zerobench.train.profiling import kernel_summary
-d = Path(sys.argv[1])
-trace = d / "rank0.trace.json"
-if not sys.argv[2]:  # a CPU trace has no kernels
-    s = kernel_summary(json.loads(trace.read_text()))
-    (d / "kernels.json").write_text(json.dumps(s, indent=1))
-    print(f"  step {s['step_ms']:.1f} ms, device busy {s['device_busy_ms']:.1f} ms:",
-          ", ".join(f"{c} {v:.1f}" for c, v in s["by_class_ms"].items()))
-with trace.open("rb") as f, gzip.open(f"{trace}.gz", "wb", compresslevel=3) as g:
-    shutil.copyfileobj(f, g)
-trace.unlink()
+for trace in sorted(Path(sys.argv[1]).glob("*/rank0.trace.json")):
+    if not sys.argv[2]:  # a CPU trace has no kernels
+        s = kernel_summary(json.loads(trace.read_text()))
+        (trace.parent / "kernels.json").write_text(json.dumps(s, indent=1))
+        print(f"{trace.parent.name}: device step {s['device_step_ms']:.1f} ms, busy {s['device_busy_ms']:.1f} ms:",
+              ", ".join(f"{c} {v:.1f}" for c, v in s["by_class_ms"].items()))
+    with trace.open("rb") as f, gzip.open(f"{trace}.gz", "wb", compresslevel=3) as g:
+        shutil.copyfileobj(f, g)
+    trace.unlink()
 EOF
-  done
   return $rc
 }
 

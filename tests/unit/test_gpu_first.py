@@ -5,6 +5,7 @@ The other sections' smoke paths run in tests/e2e/test_gpu_first.py (slow, slurm)
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,16 +50,22 @@ def test_tests_section_smoke_collects_the_cuda_path_cut_and_archives_it(tmp_path
     assert "5 cases" in (tmp_path / "console.log").read_text()
 
 
-@pytest.mark.slow  # two short runs under the profiler in subprocesses: about 12 s
+@pytest.mark.slow  # a two-system comparison under the profiler in subprocesses: about 20 s
 def test_trace_section_smoke_profiles_each_system_as_the_table_runs_it(tmp_path):
     env = {**os.environ, "GPU_FIRST_SMOKE": "1", "OUT": str(tmp_path), "PY": sys.executable, "PYTHONPATH": str(REPO)}
-    env["TRACE_SYSTEMS"] = "zerobench-3 fsdp2"
+    env["TRACE_SYSTEMS"] = "zerobench-3 fsdp2"  # no torch-ddp: a comparison without it still tables its times
     r = subprocess.run(["bash", str(SCRIPT), "trace"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     with tarfile.open(tmp_path / "trace.tgz") as tar:
         names = set(tar.getnames())
-        log = tar.extractfile("trace/zerobench-3.log").read().decode()
-    for sys_ in ("zerobench-3", "fsdp2"):  # the trace gzipped, the operator table beside it, the rows
-        prof = f"trace/{sys_}/prof/trace-{sys_}"
-        assert {f"{prof}/rank0.trace.json.gz", f"{prof}/rank0.ops.txt", f"trace/{sys_}/rows/rows.jsonl"} <= names
-    assert "stage 3" in log and "bf16" in log  # as the table runs it: zerobench's stage, the table's precision
+        config = json.loads(tar.extractfile("trace/1.3b-smoke/r0-zerobench-3/rows.jsonl").readline())["config"]
+        summary = [json.loads(x) for x in tar.extractfile("trace/1.3b-smoke/summary/rows.jsonl").read().splitlines()]
+    for sys_ in ("zerobench-3", "fsdp2"):  # each trace gzipped, its operator table beside it
+        prof = f"trace/1.3b-smoke/prof/r0-{sys_}"
+        assert {f"{prof}/rank0.trace.json.gz", f"{prof}/rank0.ops.txt"} <= names
+        assert [x["value"] > 0 for x in summary if x["metric"] == "peer_step_time_s" and x["candidate"] == sys_] == [
+            True
+        ]
+    # as the table runs zerobench: its stage, bf16, the plain model's kernels, and the profiler on
+    assert (config["zero"]["stage"], config["zero"]["precision"], config["kernels"]) == (3, "bf16", "reference")
+    assert config["profile"]["steps"] == 2

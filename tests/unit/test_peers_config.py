@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from zerobench.bench.peers import PeersConfig, bar, train_config
+from zerobench.bench.peers import PeersConfig, bar, traced, train_config
 from zerobench.config import ConfigError
 from zerobench.peers.registry import SHARDING
 
@@ -12,10 +12,19 @@ from zerobench.peers.registry import SHARDING
 def test_unknown_system_and_missing_baseline_are_one_line_errors():
     with pytest.raises(ConfigError, match="unknown system 'fsdp9'"):
         PeersConfig(systems=("torch-ddp", "fsdp9")).validate()
-    with pytest.raises(ConfigError, match="relative to torch-ddp"):
-        PeersConfig(systems=("zerobench-0", "fsdp2")).validate()
+    PeersConfig(systems=("zerobench-3", "fsdp2")).validate()  # without torch-ddp: times, no ratio to it
     with pytest.raises(ConfigError, match="--steps > --warmup"):
         PeersConfig(systems=("torch-ddp",), steps=2, warmup=2).validate()
+
+
+def test_profile_traces_the_round_runs_only_and_leaves_timed_steps():
+    p = PeersConfig(systems=("torch-ddp", "zerobench-3"), steps=7, warmup=3, profile="traces")
+    p.validate()
+    cfg = traced(p, train_config(p, "zerobench-3"))
+    assert cfg.profile is not None and (cfg.profile.dir, cfg.profile.steps, cfg.timed_steps) == ("traces", 2, 2)
+    assert traced(PeersConfig(), train_config(p, "zerobench-3")).profile is None
+    with pytest.raises(ConfigError, match=r"--profile traces the last 2 steps.*give --steps 6 or more with --warmup 3"):
+        PeersConfig(systems=("torch-ddp",), steps=5, warmup=3, profile="traces").validate()
 
 
 def test_peer_configs_match_zerobench_except_the_system():

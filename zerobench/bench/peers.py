@@ -44,7 +44,7 @@ from zerobench.peers.registry import (
 )
 from zerobench.results.rows import RowWriter, read_rows
 from zerobench.systems import validate_run
-from zerobench.train.config import TrainConfig
+from zerobench.train.config import ProfileConfig, TrainConfig
 from zerobench.zero.config import Precision, ZeroConfig
 
 ZEROBENCH = (*(f"zerobench-{s}" for s in range(4)), "zerobench-2-offload", "zerobench-3-offload")
@@ -101,6 +101,10 @@ class PeersConfig:
     reference_run: bool = True
     """One more run, torch-ddp in one process on the global batch, which every candidate's losses are compared
     with; without it no loss parity is claimed (``--no-reference-run``: a short device budget)."""
+    profile: str | None = None
+    """Trace the last ``ProfileConfig.steps`` of each round's runs with torch.profiler, under
+    ``<profile>/<run id>/`` (``train/profiling.py``): each system exactly as the table runs it. The traced steps
+    are left out of the medians; ``None``: no profiler."""
 
     def candidates(self) -> tuple[str, ...]:
         if self.systems:
@@ -128,10 +132,14 @@ class PeersConfig:
                     f"--systems names {s} twice: each system runs once a round (its runs share one directory)"
                 )
             seen.add(s)
-        if "torch-ddp" not in self.candidates():
-            raise ConfigError("the comparison is relative to torch-ddp: include it in --systems")
         if self.dp < 1 or self.rounds < 1 or self.steps <= self.warmup:
             raise ConfigError("need --dp >= 1, --rounds >= 1 and --steps > --warmup")
+        traced = ProfileConfig.steps if self.profile else 0
+        if self.steps <= self.warmup + traced:
+            raise ConfigError(
+                f"--profile traces the last {traced} steps, which the medians leave out: give --steps "
+                f"{self.warmup + traced + 1} or more with --warmup {self.warmup}"
+            )
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"--precision {self.precision}: the comparison runs fp32 or bf16")
         compiled = [s for s in self.candidates() if s.endswith("-compiled")]
@@ -186,6 +194,11 @@ def train_config(
     return cfg
 
 
+def traced(p: PeersConfig, cfg: TrainConfig) -> TrainConfig:
+    """A round's run under the profiler when the comparison asks for traces (``PeersConfig.profile``)."""
+    return dataclasses.replace(cfg, profile=ProfileConfig(dir=p.profile)) if p.profile else cfg
+
+
 def _metric(rows: list[dict], metric: str) -> list[dict]:
     return [r for r in rows if r["metric"] == metric and r.get("status", "ok") == "ok"]
 
@@ -198,7 +211,7 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
     runs: list[tuple[str, str, TrainConfig]] = []
     for r in range(p.rounds):  # each round starts one candidate later: no candidate always runs first (or last)
         k = r % len(cands)
-        runs += [(f"r{r}-{c}", c, train_config(p, c)) for c in (*cands[k:], *cands[:k])]
+        runs += [(f"r{r}-{c}", c, traced(p, train_config(p, c))) for c in (*cands[k:], *cands[:k])]
     if p.memory_run:
         runs += [(f"mem-{c}", c, train_config(p, c, track_memory=True)) for c in cands]
     if p.reference_run:

@@ -115,10 +115,13 @@ def cmd_peers(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         memory_run=not args.no_memory_run,
         reference_run=not args.no_reference_run,
+        profile=args.profile,
     )
     p.validate()
     out = Path(args.out) if args.out else Path("runs") / ("peers-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     check_writable_dir(out)
+    if args.profile:
+        check_writable_dir(Path(args.profile), "--profile", "profiler traces")
     try:
         recs = run_peers(p, out, say=lambda m: print(m, file=sys.stderr))
     except Cancelled as e:
@@ -394,6 +397,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-reference-run",
         action="store_true",
         help="skip the one-process torch-ddp run the losses are compared with (no loss parity is then reported)",
+    )
+    pe.add_argument(
+        "--profile",
+        metavar="DIR",
+        default=None,
+        help="trace each round's runs' last 2 steps with torch.profiler: DIR/<run id>/rank<r>.trace.json and "
+        ".ops.txt, each system as the comparison runs it; the traced steps are left out of the medians",
     )
     pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
     pe.add_argument(

@@ -26,10 +26,11 @@
 # megatron-core) and .debs (scripts/fetch_gpu_debs.sh: Slurm and munge): run with carry [".whl", ".debs"].
 #
 # Environment: OUT (default gpu-first-out), PY (python3), GPU_FIRST_BUDGET (480), TABLE_SIZES (1.3b; 2.7b),
-# TABLE_ROUNDS (1), TABLE_SYSTEMS (default below), TABLE_STEPS (8, warm-up 3), MB_1P3B (8), MB_2P7B (4): the
-# largest micro-batches expected to fit 78 GiB, from the 1.3B peak measured on an H100 at seq 1024 (37.2 GB at
-# micro-batch 8: 21 GB of states, about 2 MB of activations a token) scaled to seq 2048 and to 2.7B (1.7x a
-# token); a system that does not fit is a failed row with its reason, the others go on.
+# TABLE_ROUNDS (1), TABLE_SYSTEMS (default below), TABLE_STEPS (8, warm-up 3), MB_1P3B (8), MB_2P7B (4 on an
+# 80 GB card, 8 on a card of 120 GiB or more): the largest micro-batches expected to fit, from the 1.3B peak
+# measured on an H100 at seq 1024 (37.2 GB at micro-batch 8: 21 GB of states, about 2 MB of activations a token)
+# scaled to seq 2048 and to 2.7B (1.7x a token); on the H200 2.7B at 8 peaked at 106 GB (DDP). A system that does
+# not fit is a failed row with its reason, the others go on.
 # GPU_FIRST_SMOKE=1: every section at tiny sizes on a CPU (no card, no carried files): checks the plumbing.
 set -u
 OUT=${OUT:-gpu-first-out}
@@ -168,10 +169,17 @@ sec_table() {
   return $rc
 }
 
+mb_2p7b() {  # 8 where the card has 120 GiB or more (H200), else 4 (H100 80 GB)
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  [[ ${mib:-0} -ge 122880 ]] && echo 8 || echo 4
+}
+
 shape_of() {  # $1: a table size; sets shape and mb
   case $1 in
     1.3b) shape=(--preset small --layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq 2048); mb=${MB_1P3B:-8} ;;
-    2.7b) shape=(--preset small --layers 32 --hidden 2560 --heads 32 --vocab 50304 --seq 2048); mb=${MB_2P7B:-4} ;;
+    2.7b) shape=(--preset small --layers 32 --hidden 2560 --heads 32 --vocab 50304 --seq 2048)
+      mb=${MB_2P7B:-$(mb_2p7b)} ;;
     *) echo "TABLE_SIZES: unknown size $1 (1.3b, 2.7b)"; return 1 ;;
   esac
   [[ -z $SMOKE ]] || { shape=(--preset tiny); mb=2; }

@@ -69,3 +69,16 @@ def test_trace_section_smoke_profiles_each_system_as_the_table_runs_it(tmp_path)
     # as the table runs zerobench: its stage, bf16, the plain model's kernels, and the profiler on
     assert (config["zero"]["stage"], config["zero"]["precision"], config["kernels"]) == (3, "bf16", "reference")
     assert config["profile"]["steps"] == 2
+
+
+@pytest.mark.parametrize("mib, mb", [("143771", "8"), ("81559", "4"), (None, "4")])
+def test_2_7b_micro_batch_follows_the_cards_memory(tmp_path, mib, mb):
+    """The H200 ran 2.7B at micro-batch 8 (106 GB at its peak, DDP); an 80 GB card keeps 4; no card, 4."""
+    if mib is not None:
+        fake = tmp_path / "nvidia-smi"
+        fake.write_text(f"#!/bin/sh\necho {mib}\n")
+        fake.chmod(0o755)
+    fn = 'source <(sed -n "/^mb_2p7b()/,/^}/p" "$0"); mb_2p7b'
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    r = subprocess.run(["bash", "-c", fn, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, mb + "\n")

@@ -386,3 +386,16 @@ def test_compiled_kernels_are_zerobench_s_and_refused_for_systems_that_build_the
         with pytest.raises(ConfigError, match=f"compiles zerobench's blocks; {system} builds its own model"):
             validate_run(TrainConfig(system=system, dp=1, kernels="compiled"))
     validate_run(TrainConfig(system="zerobench", dp=1, kernels="compiled"))
+
+
+def test_a_profile_directory_holding_a_runs_traces_is_refused_before_any_run(tmp_path):
+    from zerobench.bench.peers import run_peers
+
+    held = tmp_path / "traces" / "r0-zerobench-3"
+    held.mkdir(parents=True)
+    (held / "rank0.trace.json").write_text("{}")
+    p = PeersConfig(systems=("zerobench-3",), dp=1, steps=6, warmup=3, profile=str(tmp_path / "traces"))
+    with pytest.raises(ConfigError, match="already holds the traces of a run 'r0-zerobench-3'"):
+        run_peers(p, tmp_path / "out", say=lambda m: None)
+    assert not (tmp_path / "out" / "comparison.json").exists()  # refused before the comparison began
+    assert (held / "rank0.trace.json").read_text() == "{}"

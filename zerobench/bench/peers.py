@@ -222,6 +222,12 @@ def run_peers(p: PeersConfig, out: Path, say: Callable[[str], None] = print) -> 
             f"{out} already holds rows of a comparison (e.g. {taken[0]}/): choose a new --out "
             "(a comparison never mixes its rows with an earlier one's)"
         )
+    traces = [run_id for run_id, _, cfg in runs if cfg.profile and any((Path(p.profile) / run_id).glob("rank*"))]
+    if traces:  # each run's profiler would refuse them itself, but only once the comparison had spent its runs
+        raise ConfigError(
+            f"--profile {p.profile} already holds the traces of a run {traces[0]!r}: give another --profile "
+            "directory (a run never overwrites another's traces)"
+        )
     absent = p.not_run()
     (out / COMPARISON_FILE).write_text(
         json.dumps({"peers": dataclasses.asdict(p), "candidates": list(cands), "not_run": absent}, indent=1)

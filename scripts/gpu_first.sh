@@ -186,7 +186,7 @@ shape_of() {  # $1: a table size; sets shape and mb
 }
 
 sec_trace() {  # each system exactly as the table runs it (zerobench peers --profile), its last two steps traced
-  local rc=0 shape mb d=$1/1.3b$SMOKE_TAG t
+  local rc=0 shape mb d=$1/1.3b$SMOKE_TAG t systems
   shape_of 1.3b || return 1
   t=$(($(left) - 15))
   [[ $t -ge 30 ]] || { echo "trace: ${t}s left of the budget, not started"; return 1; }

@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_first.sh"
 
 
-def run_smoke(out: Path, *sections: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def run_smoke(out: Path, *sections: str, timeout: int = 120, **extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GPU_FIRST_SMOKE": "1", "OUT": str(out), "PY": sys.executable, "PYTHONPATH": str(REPO)}
+    env.update(extra)
     return subprocess.run(
         ["bash", str(SCRIPT), *sections], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -52,9 +53,8 @@ def test_tests_section_smoke_collects_the_cuda_path_cut_and_archives_it(tmp_path
 
 @pytest.mark.slow  # a two-system comparison under the profiler in subprocesses: about 20 s
 def test_trace_section_smoke_profiles_each_system_as_the_table_runs_it(tmp_path):
-    env = {**os.environ, "GPU_FIRST_SMOKE": "1", "OUT": str(tmp_path), "PY": sys.executable, "PYTHONPATH": str(REPO)}
-    env["TRACE_SYSTEMS"] = "zerobench-3 fsdp2"  # no torch-ddp: a comparison without it still tables its times
-    r = subprocess.run(["bash", str(SCRIPT), "trace"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    # no torch-ddp: a comparison without it still tables its times
+    r = run_smoke(tmp_path, "trace", timeout=300, TRACE_SYSTEMS="zerobench-3 fsdp2")
     assert r.returncode == 0, r.stdout + r.stderr
     with tarfile.open(tmp_path / "trace.tgz") as tar:
         names = set(tar.getnames())

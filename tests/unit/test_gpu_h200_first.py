@@ -19,9 +19,10 @@ from zerobench.results.rows import read_rows
 REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu-h200-2026-12-04"
 
 
-def _recompute(tmp_path: Path, name: str, failed: dict[str, str]) -> dict[str, dict]:
-    shutil.copytree(REF / name, tmp_path / name, ignore=shutil.ignore_patterns("summary"))
-    cfg = json.loads((REF / name / "comparison.json").read_text())["peers"]
+def recompute(tmp_path: Path, name: str, failed: dict[str, str], ref: Path = REF) -> dict[str, dict]:
+    """A committed comparison's summary, recomputed from its runs' rows (copied without the summary)."""
+    shutil.copytree(ref / name, tmp_path / name, ignore=shutil.ignore_patterns("summary"))
+    cfg = json.loads((ref / name / "comparison.json").read_text())["peers"]
     p = PeersConfig(**{k: tuple(v) if k == "systems" else v for k, v in cfg.items()})
     return {r["candidate"]: r for r in summarize(p, tmp_path / name, p.systems, failed)}
 
@@ -30,9 +31,9 @@ def _recompute(tmp_path: Path, name: str, failed: dict[str, str]) -> dict[str, d
 def table(tmp_path_factory) -> dict[str, dict[str, dict]]:
     tmp = tmp_path_factory.mktemp("h200")
     return {
-        "1.3b": _recompute(tmp, "peers-1.3b", {}),
+        "1.3b": recompute(tmp, "peers-1.3b", {}),
         # the lease's end cut the 2.7B comparison during fsdp2: what did not finish is failed, as `peers` records it
-        "2.7b": _recompute(tmp, "peers-2.7b", dict.fromkeys(("fsdp2", "deepspeed-3", "torch-ddp"), "cut")),
+        "2.7b": recompute(tmp, "peers-2.7b", dict.fromkeys(("fsdp2", "deepspeed-3", "torch-ddp"), "cut")),
     }
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from zerobench.bench.peers import PeersConfig, summarize
+from tests.unit.test_gpu_h200_first import recompute
 from zerobench.metrics.peak import mfu
 from zerobench.results.rows import read_rows
 from zerobench.train.profiling import kernel_summary
@@ -21,21 +20,16 @@ REF = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu-h200-
 CUT = "cut by the call's budget"
 
 
-def _recompute(tmp_path: Path, name: str, failed: dict[str, str]) -> dict[str, dict]:
-    shutil.copytree(REF / name, tmp_path / name, ignore=shutil.ignore_patterns("summary"))
-    cfg = json.loads((REF / name / "comparison.json").read_text())["peers"]
-    p = PeersConfig(**{k: tuple(v) if k == "systems" else v for k, v in cfg.items()})
-    return {r["candidate"]: r for r in summarize(p, tmp_path / name, p.systems, failed)}
-
-
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> dict[str, dict[str, dict]]:
     tmp = tmp_path_factory.mktemp("h200b")
     later = ("zerobench-2", "deepspeed-3", "deepspeed-1", "deepspeed-2", "fsdp2")
     return {
-        "peers-2.7b": _recompute(tmp, "peers-2.7b", dict.fromkeys(later, CUT)),
-        "peers-2.7b-part2": _recompute(tmp, "peers-2.7b-part2", dict.fromkeys(("deepspeed-3", "torch-ddp"), CUT)),
-        "peers-1.3b-compiled": _recompute(tmp, "peers-1.3b-compiled", dict.fromkeys(("zerobench-3", "torch-ddp"), CUT)),
+        "peers-2.7b": recompute(tmp, "peers-2.7b", dict.fromkeys(later, CUT), REF),
+        "peers-2.7b-part2": recompute(tmp, "peers-2.7b-part2", dict.fromkeys(("deepspeed-3", "torch-ddp"), CUT), REF),
+        "peers-1.3b-compiled": recompute(
+            tmp, "peers-1.3b-compiled", dict.fromkeys(("zerobench-3", "torch-ddp"), CUT), REF
+        ),
     }
 
 

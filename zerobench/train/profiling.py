@@ -97,9 +97,9 @@ def kernel_summary(trace: dict, top: int = 15) -> dict:
     """Where a traced step's device time goes, from a chrome trace (``export_chrome_trace``) of a GPU run.
 
     Per traced step: the wall time of the profiler's steps (``ProfilerStep#N`` on the host, and as the device
-    ran them: the profiler's own overhead is in the host's), the time some kernel
-    ran (the union of kernel intervals: what is left of the step is the device waiting on the host), and the
-    kernels' summed time by class (``KERNEL_CLASSES``) and by name. Two systems' summaries side by side name the
+    ran them: the profiler's own overhead is in the host's), the time some kernel ran (the union of kernel
+    intervals: what is left of the step is the device waiting on the host), and the kernels' summed time by class
+    (``KERNEL_CLASSES``) and by name. Two systems' summaries side by side name the
     kernels, or the host work, that one spends and the other does not."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]

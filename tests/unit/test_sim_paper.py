@@ -47,7 +47,7 @@ def test_recorded_predictions_are_what_the_code_computes(predicted):
     from zerobench.sim.paper_text import paper_rows
 
     def key(r):
-        return (r["metric"], r["convention"], r.get("what") or f"{r['figure']} {r['label']}")
+        return (r["metric"], r["convention"], r.get("what") or f"{r['figure']} {r['label']}", r.get("candidate"))
 
     now = {key(r): r["value"] for r in paper_rows(predicted)}
     recorded = {key(r): r["value"] for r in read_rows(REF)}
@@ -81,6 +81,56 @@ def test_max_size_points_come_from_the_planner(predicted):
     assert len(got) == 2 and all(c["simulated"] > 0 for c in got.values())
     for c in got.values():
         assert c["error"] == pytest.approx(c["simulated"] / c["paper"] - 1)
+
+
+@pytest.mark.slow  # the fixture simulates every paper point (~25 s on 2 cores)
+def test_statements_without_a_configured_run_are_simulated_over_what_is_open(predicted):
+    from zerobench.plan.suites import load_suite
+    from zerobench.sim import paper_open as O
+    from zerobench.sim.paper_text import format_paper, paper_rows
+
+    mem = DEVICES["v100-dgx2"].mem_bytes
+    for conv, r in predicted["conventions"].items():
+        tnlg, meg = r["open"]
+        assert not {c["what"] for c in r["claims"]} & {tnlg["what"], meg["what"]}  # beside the claims, not among them
+        # Turing-NLG: every micro-batch from 1 to the planner's largest, on the paper's program at this convention's fit
+        run = {**{k: P._rows("paper/fig2")[0][k] for k in ("seq", "vocab", "precision", "md")}, **O.TURING_NLG_RUN}
+        top = P.largest_batch({**run, "checkpoint_activations": True, "bucket_size": 500_000_000}, mem)
+        assert top >= 2 and [c["micro_batch"] for c in tnlg["candidates"]] == list(range(1, top + 1))
+        tf = [c["simulated"] for c in tnlg["candidates"]]
+        assert tf == sorted(tf)  # a larger micro-batch spends the same DP traffic over more compute
+        # Megatron-LM within a node: exactly the Fig 2 baselines whose MP fits in a node, as Fig 2 simulated them
+        per_node = load_suite("paper/fig2")["cluster"]["gpus_per_node"]
+        want = [x["label"] for x in P._rows("paper/fig2") if x["system"] == "megatron" and x["tp"] <= per_node]
+        assert [c["label"].split(",")[0] for c in meg["candidates"]] == want and len(want) == 3
+        for c, label in zip(meg["candidates"], want):
+            assert c["simulated"] == P._value(r["figures"]["fig2"][label], "tflops", conv)
+        for s in (tnlg, meg):
+            for c in s["candidates"]:
+                assert c["error"] == pytest.approx(c["simulated"] / s["paper"] - 1)
+                assert c["step_time_s"] == pytest.approx(sum(c["breakdown_s"].values()))
+            assert s["within"] == [c["label"] for c in s["candidates"] if abs(c["error"]) <= 0.15]
+    rows = [x for x in paper_rows(predicted) if x["metric"] == "sim_paper_open"]
+    per_conv = sum(len(s["candidates"]) for s in predicted["conventions"]["hardware"]["open"])
+    assert len(rows) == 2 * per_conv and all(x["candidate"] and x["left_open"] for x in rows)
+    text = format_paper(predicted)
+    assert "statements whose run the paper does not configure" in text and "within 15%:" in text
+
+
+@pytest.mark.slow  # the fixture simulates every paper point (~25 s on 2 cores)
+def test_the_report_tables_open_runs_below_the_claims(predicted):
+    import pandas as pd
+
+    from zerobench.report.sim_figures import claims_table, prediction_rows
+    from zerobench.sim.paper_text import paper_rows
+
+    t = claims_table(prediction_rows(pd.DataFrame(paper_rows(predicted))))
+    hw = predicted["conventions"]["hardware"]
+    n_claims = len(hw["anchors"]) + len(hw["claims"]) + len(predicted["max_size"])
+    n_open = sum(len(s["candidates"]) for s in hw["open"])
+    assert len(t) == n_claims + n_open
+    assert (t["open run"].iloc[:n_claims] == "").all() and (t["open run"].iloc[n_claims:] != "").all()
+    assert not t["fitted"].iloc[n_claims:].any() and t["fitted"].sum() == 1  # one fitted figure: the anchor
 
 
 def test_bad_input_is_one_line():

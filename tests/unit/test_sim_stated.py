@@ -131,6 +131,7 @@ def test_deepspeed_2020s_zero2_reductions_block_backward_and_its_gathers_copy_ou
     import dataclasses as dc
 
     from zerobench.sim import paper as P
+    from zerobench.sim import paper_runs as R
     from zerobench.sim.simulate import simulate
     from zerobench.sim.software import DEEPSPEED_2020, STACKS, ZeroMachinery
 
@@ -147,7 +148,7 @@ def test_deepspeed_2020s_zero2_reductions_block_backward_and_its_gathers_copy_ou
     assert own.collective_copies("all_gather", 25, 1e9) == own.collective_copies("reduce_scatter", 25, 1e9) == 0.0
 
     run = next(r for r in P._rows("paper/fig2") if r["label"] == "40B ZeRO")
-    cfg = P.train_config(run)
+    cfg = R.train_config(run)
     blocking, overlapped = simulate(cfg, ds), simulate(cfg, own)
 
     def reduces(res):
@@ -164,8 +165,8 @@ def test_deepspeed_2020s_zero2_reductions_block_backward_and_its_gathers_copy_ou
     assert blocking["breakdown_s"]["dp_comm"] >= sum(t.seconds for t in reduces(blocking)) * (1 - 1e-9)
 
     base = next(r for r in P._rows("paper/fig2") if r["label"] == "40B Baseline")
-    assert simulate(P.train_config(base), ds)["step_time_s"] == simulate(P.train_config(base), own)["step_time_s"]
-    stage0 = P.train_config({**run, "stage": 0})  # the engine's all-reduces, bucket by bucket: untouched
+    assert simulate(R.train_config(base), ds)["step_time_s"] == simulate(R.train_config(base), own)["step_time_s"]
+    stage0 = R.train_config({**run, "stage": 0})  # the engine's all-reduces, bucket by bucket: untouched
     assert len(reduces(simulate(stage0, own))) > 10
     assert simulate(stage0, ds)["step_time_s"] == simulate(stage0, own)["step_time_s"]
 
@@ -177,6 +178,7 @@ def test_deepspeed_2020s_zero1_reduce_scatters_a_list_after_backward():
     import dataclasses as dc
 
     from zerobench.sim import paper as P
+    from zerobench.sim import paper_runs as R
     from zerobench.sim.simulate import simulate
     from zerobench.sim.software import DEEPSPEED_2020
 
@@ -189,7 +191,7 @@ def test_deepspeed_2020s_zero1_reduce_scatters_a_list_after_backward():
     bw = dev.hbm_bw * dev.mem_eff
     assert ds.collective_copies("reduce_scatter", 25, 1e9, stage=1) == pytest.approx(4 * 1e9 / bw * scale)
     assert ds.collective_copies("reduce_scatter", 25, 1e9, stage=2) == pytest.approx(2 * 1e9 / bw * scale)
-    c1 = P.train_config({**P._c_config("C1"), **P.FIG8_RUN, "micro_batch": 2})
+    c1 = R.train_config({**P._c_config("C1"), **P.FIG8_RUN, "micro_batch": 2})
     assert c1.zero.stage == 1
     res = simulate(c1, ds)
     tasks = res["timeline"].tasks
@@ -497,7 +499,7 @@ def test_thin_tensor_parallel_gemms_lose_efficiency():
 def test_a_wider_gradient_reduction_moves_more_bytes():
     """FSDP's DEFAULT mixed precision reduces bf16 gradients in fp32: the replay's reduce-scatters move 4 bytes per
     element, its gathers still 2."""
-    from zerobench.sim.paper import train_config
+    from zerobench.sim.paper_runs import train_config
     from zerobench.sim.simulate import simulate
 
     cfg = train_config(
@@ -584,7 +586,7 @@ def test_a_wider_reduction_casts_on_the_reducing_stream():
     """FSDP's DEFAULT casts each unit's bf16 gradients to fp32 on its post-backward stream before reducing them:
     2 bytes read and 4 written per element (1.5 x the 2-byte staging copy), ahead of the reduce-scatter on the DP
     stream, never on the compute stream."""
-    from zerobench.sim.paper import train_config
+    from zerobench.sim.paper_runs import train_config
     from zerobench.sim.simulate import simulate
 
     keys = dict(layers=4, hidden=1024, heads=16, vocab=50368, seq=2048, gpus=64, tp=1, micro_batch=1)

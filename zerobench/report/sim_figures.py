@@ -28,7 +28,7 @@ def prediction_rows(df: pd.DataFrame) -> pd.DataFrame:
     def chosen(d: pd.DataFrame) -> pd.DataFrame:
         if "metric" not in d or "chosen" not in d:
             return d.iloc[0:0]
-        d = d[d["metric"].isin(["sim_paper_figure", "sim_paper_tflops_per_gpu"])]
+        d = d[d["metric"].isin(["sim_paper_figure", "sim_paper_tflops_per_gpu", "sim_paper_open"])]
         return d[d["chosen"].fillna(False).astype(bool)]
 
     d = chosen(df)
@@ -73,17 +73,22 @@ def published_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def claims_table(d: pd.DataFrame) -> pd.DataFrame:
-    c = d[d["metric"] == "sim_paper_figure"]
+    """Every claim with its error; below them, each candidate run of a statement whose run the paper does not
+    configure (``sim_paper_open``), its column ``open run`` naming the candidate."""
+    c = d[d["metric"].isin(["sim_paper_figure", "sim_paper_open"])]
     if c.empty:
         return pd.DataFrame()
+    c = c.sort_values("metric", kind="stable")  # sim_paper_figure first
+    cand = c["candidate"] if "candidate" in c else pd.Series("", index=c.index)
     return pd.DataFrame(
         {
             "figure": c["what"].values,
+            "open run": cand.fillna("").values,
             "paper": [f"{b} {p:g}".strip() for b, p in zip(c["bound"].fillna(""), c["paper"])],
             "simulated": c["value"].round(2).values,
             "error": [f"{e:+.1%}" for e in c["error"]],
             "unit": c["unit"].values,
-            "fitted": c["fitted"].astype(bool).values,
+            "fitted": c["fitted"].eq(True).values,
         }
     )
 

@@ -5,7 +5,9 @@ baseline (1.2B parameters, 39 TFLOP/s; Shoeybi et al. 2019, arXiv 1909.08053). A
 (8.3B on 512 V100s, MP 8 x DP 64: 15.1 PFLOP/s) is predicted, not fitted. Every ZeRO figure is predicted:
 the 100B model at 400 GPUs, the 8B-100B average, Fig 3's 60B scaling from 64 to 400 GPUs (with the
 critical path that explains it, at the paper's batch and at the largest batch the memory planner fits) and
-Fig 4's DP-only points (throughput, and the largest model the planner fits, next to the paper's).
+Fig 4's DP-only points (throughput, and the largest model the planner fits, next to the paper's). The two
+statements whose run the paper does not configure (Turing-NLG, Megatron-LM within a node) are simulated over what
+their sources leave open (``zerobench.sim.paper_open``), beside the claims and not among them.
 
 FLOP convention: neither paper prints its formula. Megatron-LM's later count (Narayanan et al. 2021) includes
 the recompute pass (hardware FLOPs); DeepSpeed's reports follow Megatron-LM's. Both readings are computed,
@@ -20,13 +22,13 @@ import dataclasses
 import statistics
 
 from zerobench.sim.gpu_costs import StatedProfile
+from zerobench.sim.paper_open import open_statements
+from zerobench.sim.paper_runs import CONVENTIONS, largest_batch
+from zerobench.sim.paper_runs import replay as _sim
+from zerobench.sim.paper_runs import spec as _spec
+from zerobench.sim.paper_runs import suite_rows as _rows
+from zerobench.sim.paper_runs import value as _value
 from zerobench.sim.stated import DEVICES
-
-CONVENTIONS = {
-    "hardware": ("hw_tflops_per_gpu", "hw_pflops_aggregate"),
-    "model": ("tflops_per_gpu", "pflops_aggregate"),
-}
-"""Convention -> the simulation's (TFLOP/s per GPU, aggregate PFLOP/s) keys: with and without the recompute."""
 
 MEGATRON_SRC = "Shoeybi et al. 2019, Megatron-LM (arXiv 1909.08053), abstract and Table 1"
 
@@ -75,20 +77,6 @@ _MEGATRON_BASE = dict(
 )
 
 
-def _spec(run: dict):
-    """A suite row (or anchor) as the ``RunSpec`` a sweep would run (informational keys dropped)."""
-    from zerobench.bench.spec import FIELDS, RunSpec
-
-    return RunSpec(**{k: v for k, v in run.items() if k in FIELDS})
-
-
-def train_config(run: dict):
-    """A suite row (or anchor) resolved as a sweep resolves it (planner mode: the system not checked)."""
-    from zerobench.bench.spec import to_train_config
-
-    return to_train_config(_spec(run), check_system=False)
-
-
 CALIBRATED = ("v100-dgx2", "v100-dgx2h")
 """Stated devices with the anchors' GPUs (V100-SXM3): ``--paper`` predicts on them."""
 
@@ -114,14 +102,6 @@ def stated_profile(device: str, stack: str = "zerobench") -> StatedProfile:
     return StatedProfile(dataclasses.replace(dev, compute_scale=fit["value"]), stack)
 
 
-def _sim(run: dict, prof: StatedProfile) -> dict:
-    from zerobench.sim.simulate import simulate
-
-    r = simulate(train_config(run), prof)
-    r.pop("timeline")
-    return r
-
-
 def fitted_profile(device: str, convention: str) -> tuple[StatedProfile, dict]:
     """``device``'s stated profile running the paper's program, with ``compute_scale`` fitted on the single-GPU
     anchor read in ``convention``. The anchor is the V100 calibration row of the published table, so ``--paper``
@@ -141,11 +121,6 @@ def fitted_profile(device: str, convention: str) -> tuple[StatedProfile, dict]:
         "unfitted_prediction": got,
         "table_row": fit["row"],
     }
-
-
-def _value(sim: dict, kind: str, convention: str) -> float:
-    tflops, pflops = CONVENTIONS[convention]
-    return sim[tflops if kind == "tflops" else pflops]
 
 
 def _unit(kind: str, convention: str) -> str:
@@ -179,25 +154,6 @@ def _claim(
         "breakdown_s": (sim or {}).get("breakdown_s"),
         "step_time_s": (sim or {}).get("step_time_s"),
     }
-
-
-def _rows(suite: str) -> list[dict]:
-    from zerobench.plan.suites import load_suite
-
-    s = load_suite(suite)
-    return [{**s.get("base", {}), **r} for r in s["runs"]]
-
-
-def largest_batch(run: dict, mem_bytes: float) -> int:
-    """The largest micro-batch the memory planner fits for ``run`` (0 if none)."""
-    from zerobench.bench.search import largest_fitting
-    from zerobench.plan.memory_model import memory_per_gpu
-    from zerobench.plan.suites import plan_config
-
-    def fits(b: int) -> bool:
-        return bool(memory_per_gpu(plan_config(_spec({**run, "micro_batch": b}), 16, mem_bytes))["fits"])
-
-    return largest_fitting(fits, 4096)
 
 
 def simulate_figures(prof: StatedProfile, mem_bytes: float, say) -> dict:
@@ -372,7 +328,13 @@ def predict_paper(device: str = "v100-dgx2", progress=None) -> dict:
                 )
             )
         figs = simulate_figures(prof, mem, say)
-        out["conventions"][conv] = {"fit": fit, "anchors": anchors, "claims": claims(figs, conv), "figures": figs}
+        out["conventions"][conv] = {
+            "fit": fit,
+            "anchors": anchors,
+            "claims": claims(figs, conv),
+            "figures": figs,
+            "open": open_statements(prof, mem, figs["fig2"], conv, say),
+        }
     err = {c: abs(r["anchors"][1]["error"]) for c, r in out["conventions"].items()}
     out["chosen"] = min(err, key=err.get)
     out["chosen_because"] = (

@@ -76,11 +76,28 @@ def format_paper(out: dict) -> str:
             + (f"{best[key]:6.1f}" if best else "  none fits")
             + f"   critical path at the paper's: {_path(f['at_paper_batch']['breakdown_s'])}"
         )
+    lines += _open_lines(r.get("open", []), conv)
     other = next(c for c in out["conventions"] if c != conv)
     o = out["conventions"][other]
     lines.append(f"\nread as {other} FLOPs instead (compute_scale {o['fit']['value']:.3f}):")
     lines += [_claim_line(c) for c in o["anchors"] + o["claims"]]
     return "\n".join(lines)
+
+
+def _open_lines(statements: list[dict], conv: str) -> list[str]:
+    """The statements whose run the paper does not configure: every candidate run, and which land within 15%."""
+    if not statements:
+        return []
+    lines = [f"\nstatements whose run the paper does not configure ({conv} FLOPs; beside the claims, not among them):"]
+    for s in statements:
+        lines.append(f"  {s['what']}: paper {_bound(s)} {s['unit']}  ({s['source']})")
+        lines.append(f"    left open: {s['left_open']}")
+        for c in s["candidates"]:
+            lines.append(
+                f"    {c['label']:<24} {c['simulated']:6.1f}  {c['error']:+7.1%}   critical path: {_path(c['breakdown_s'])}"
+            )
+        lines.append(f"    within 15%: {'; '.join(s['within']) or 'none'}")
+    return lines
 
 
 def paper_rows(out: dict) -> list[dict]:
@@ -112,7 +129,35 @@ def paper_rows(out: dict) -> list[dict]:
             rows += _batch_rows("fig3", f"60B {f['gpus']} GPUs", f, conv, out, r, gpus=f["gpus"])
         for f in r["figures"]["fig8"]:
             rows += _batch_rows("fig8", f"60B {f['config']}", f, conv, out, r, zero_r=f["config"])
+        rows += _open_rows(r.get("open", []), conv, out, r)
     return rows
+
+
+def _open_rows(statements: list[dict], conv: str, out: dict, r: dict) -> list[dict]:
+    """One ``sim_paper_open`` row per candidate run of a statement whose run the paper does not configure."""
+    return [
+        {
+            "metric": "sim_paper_open",
+            "value": c["simulated"],
+            "unit": s["unit"],
+            "what": s["what"],
+            "candidate": c["label"],
+            "paper": s["paper"],
+            "bound": s["bound"],
+            "error": c["error"],
+            "source": s["source"],
+            "left_open": s["left_open"],
+            "convention": conv,
+            "chosen": conv == out["chosen"],
+            "step_time_s": c["step_time_s"],
+            "breakdown_s": c["breakdown_s"],
+            "compute_scale": r["fit"]["value"],
+            "device": out["device"],
+            **{k: c[k] for k in ("micro_batch", "tp") if k in c},
+        }
+        for s in statements
+        for c in s["candidates"]
+    ]
 
 
 def _batch_rows(fig: str, label: str, f: dict, conv: str, out: dict, r: dict, **extra) -> list[dict]:

@@ -113,6 +113,58 @@ def from_dict(cls: type, data: Any, where: str = "config") -> Any:
     return build(cls, data, where)
 
 
+def check_types(cfg: Any, where: str) -> None:
+    """Refuse, in one line naming the field, a dataclass field whose value is not of its annotated type: a bool where
+    a bool is due (``"false"`` is truthy, so a string from YAML or argparse would silently mean True), an int (not a
+    float, not a bool) where a count is, a number (not a bool, not a string) where a float is. Nested dataclasses are
+    checked too; enums and other types are left to the config's own ``validate``."""
+    import types
+    import typing
+
+    def fits(tp: Any, value: Any) -> bool | None:  # None: a type this check leaves alone
+        origin = typing.get_origin(tp)
+        if origin in (typing.Union, types.UnionType):
+            args = typing.get_args(tp)
+            if value is None:
+                return type(None) in args
+            verdicts = [fits(a, value) for a in args if a is not type(None)]
+            return None if None in verdicts else any(verdicts)
+        if origin is tuple:
+            args = typing.get_args(tp)
+            if not isinstance(value, (tuple, list)):
+                return False
+            if len(args) == 2 and args[1] is Ellipsis:
+                args = (args[0],) * len(value)
+            if len(args) != len(value):
+                return False
+            verdicts = [fits(a, v) for a, v in zip(args, value)]
+            return None if None in verdicts else all(verdicts)
+        if tp is bool:
+            return isinstance(value, bool)
+        if tp is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        if tp is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if tp is str:
+            return isinstance(value, str)
+        return None
+
+    def name(tp: Any) -> str:
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            return " or ".join("None" if a is type(None) else name(a) for a in args)
+        if typing.get_origin(tp) is tuple:
+            return f"a pair ({', '.join(name(a) for a in args)})" if len(args) == 2 else f"a tuple {tp}"
+        return {int: "an int", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+    for f in dataclasses.fields(cfg):
+        value, tp = getattr(cfg, f.name), _type_hints(type(cfg))[f.name]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_types(value, f"{where}.{f.name}")
+        elif fits(tp, value) is False:
+            raise ConfigError(f"{where}.{f.name} must be {name(tp)}, got {value!r} ({type(value).__name__})")
+
+
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
     """``typing.get_type_hints(cls)``, evaluated once per class (it compiles every annotation string: a suite of

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from zerobench.config import ConfigError
+from zerobench.config import ConfigError, check_types
 
 if TYPE_CHECKING:
     import torch
@@ -100,8 +100,17 @@ class LossScaleConfig:
                 object.__setattr__(self, "rule", match[0])
 
     def validate(self) -> None:
+        """The factors' directions are ``torch.amp.GradScaler``'s: a backoff factor of 1 or more would raise the scale
+        at every overflow, so every step would be skipped and the scale never reach ``min_scale``."""
         if not isinstance(self.rule, LossScaleRule):
             raise ConfigError(f"unknown loss-scale rule {self.rule!r}: choose torch, deepspeed or static")
+        check_types(self, "loss_scale")
+        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+            raise ConfigError(f"initial loss scale must be a positive finite number, got {self.init_scale}")
+        if not (math.isfinite(self.growth_factor) and self.growth_factor > 1):
+            raise ConfigError(f"loss-scale growth factor must be a finite number > 1, got {self.growth_factor}")
+        if not 0 < self.backoff_factor < 1:
+            raise ConfigError(f"loss-scale backoff factor must be in (0, 1), got {self.backoff_factor}")
         if self.hysteresis < 1:
             raise ConfigError(
                 f"loss-scale hysteresis must be >= 1 (1: back off at every overflow), got {self.hysteresis}"
@@ -112,6 +121,11 @@ class LossScaleConfig:
             )
         if not (math.isfinite(self.min_scale) and self.min_scale > 0):
             raise ConfigError(f"minimum loss scale must be a positive finite number, got {self.min_scale}")
+        if self.rule is not LossScaleRule.STATIC and self.min_scale > self.init_scale:
+            raise ConfigError(
+                f"minimum loss scale {self.min_scale:g} is above the initial scale {self.init_scale:g}: lower the "
+                "minimum (DeepSpeed's min_loss_scale) or raise the initial scale"
+            )
 
 
 NO_BUCKET_LIMIT = 2**62
@@ -182,10 +196,11 @@ class ZeroConfig:
                 object.__setattr__(self, "precision", match[0])
 
     def validate(self) -> None:
-        if self.stage not in (0, 1, 2, 3):
+        if isinstance(self.stage, bool) or self.stage not in (0, 1, 2, 3):
             raise ConfigError(f"unknown ZeRO stage {self.stage!r}: choose 0, 1, 2 or 3")
         if not isinstance(self.precision, Precision):
             raise ConfigError(f"unknown precision {self.precision!r}: choose fp32, bf16 or fp16")
+        check_types(self, "ZeroConfig")
         if self.bucket_numel < 1:
             raise ConfigError(f"bucket size must be >= 1 element, got {self.bucket_numel}")
         if self.grad_accum_steps < 1:
@@ -216,5 +231,3 @@ class ZeroConfig:
         if self.clip_grad_norm is not None and not (math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0):
             raise ConfigError(f"clip norm must be a positive finite number (or unset), got {self.clip_grad_norm}")
         self.loss_scale.validate()
-        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
-            raise ConfigError(f"clip norm must be > 0 (or unset), got {self.clip_grad_norm}")

@@ -247,7 +247,7 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
         ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb'"),
         ({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "only decoupled weight decay"),
         ({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}, "optimizer.params: unknown momentum"),
-        ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a number"),
+        ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr: must be a finite number"),
         ({"fp16": {"enabled": True, "loss_scale": -1}}, "give 0 (dynamic) or a positive static scale"),
         ({"fp16": {"enabled": True, "loss_scale_window": 0}}, "fp16.loss_scale_window 0: must be >= 1"),
         ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16.min_loss_scale 0: must be > 0"),
@@ -263,7 +263,7 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
             "zero_optimization.overlap_comm: must be true or false",
         ),
         ({"dataloader_drop_last": 1}, "dataloader_drop_last: must be true or false, got 1"),
-        ({"fp16": {"enabled": True, "loss_scale": "dynamic"}}, "fp16.loss_scale: must be a number"),
+        ({"fp16": {"enabled": True, "loss_scale": "dynamic"}}, "fp16.loss_scale: must be a finite number"),
         ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enables both bf16 and fp16"),
         ({"zero_optimization": {"stage": 4}}, "unknown ZeRO stage 4"),
         ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "quantized weight communication"),
@@ -280,6 +280,29 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
         ({"optimizer": {"type": "AdamW", "param": {"lr": 0.1}}}, "optimizer: unknown param"),
         ({"communication_data_type": "fp32"}, "reduced in the training dtype"),
         ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor"),
+        # what Python's JSON reader accepts and no DeepSpeed key means: Infinity and NaN (every step skipped at an
+        # infinite static loss scale; a count that is not one)
+        ({"fp16": {"enabled": True, "loss_scale": float("inf")}}, "fp16.loss_scale: must be a finite number, got inf"),
+        ({"fp16": {"enabled": True, "loss_scale": float("nan")}}, "fp16.loss_scale: must be a finite number, got nan"),
+        ({"gradient_clipping": float("inf")}, "gradient_clipping: must be a finite number, got inf"),
+        ({"optimizer": {"type": "AdamW", "params": {"lr": float("nan")}}}, "optimizer.params.lr: must be a finite"),
+        ({"train_batch_size": float("nan")}, "train_batch_size: must be an integer, got nan"),
+        ({"zero_optimization": {"stage": float("inf")}}, "zero_optimization.stage: must be an integer, got inf"),
+        ({"fp16": {"enabled": True, "initial_scale_power": 1024}}, "fp16.initial_scale_power 1024: give 0 to 127"),
+        ({"fp16": {"enabled": True, "min_loss_scale": 2.0**20}}, "minimum loss scale 1.04858e+06 is above the init"),
+        # switches written as strings: "false" is truthy, so each would silently mean true
+        ({"optimizer": {"type": "AdamW", "params": {"torch_adam": "false"}}}, "params.torch_adam: must be true or"),
+        ({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": "false"}}}, "params.adam_w_mode: must be true or"),
+        ({"optimizer": {"type": "AdamW", "params": {"amsgrad": "false"}}}, "params.amsgrad: must be true or false"),
+        ({"bf16": {"enabled": True, "check_grad_overflow": "no"}}, "bf16.check_grad_overflow: must be true or"),
+        ({"fp16": {"enabled": True, "fp16_master_weights_and_grads": "no"}}, "fp16_master_weights_and_grads: must"),
+        ({"optimizer": {"type": "AdamW", "params": [1, 2]}}, "optimizer.params: must be an object, got [1, 2]"),
+        # schedule values its constructor takes and a later step refuses: refused before any step is applied
+        ({"scheduler": {"type": "StepLR", "params": {"step_size": 1, "gamma": "x"}}}, "scheduler StepLR: at step 1"),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2, "warmup_max_lr": -0.1}}},
+            "scheduler WarmupLR: its learning rate comes out",
+        ),
     ],
 )
 def test_what_zerobench_cannot_honour_is_refused_in_one_line(extra, words):
@@ -320,6 +343,12 @@ def test_a_json_file_and_its_faults(tmp_path):
     listed.write_text("[1]")
     with pytest.raises(ConfigError, match="must hold a JSON object"):
         from_deepspeed(listed, dp=1)
+    # a key given twice: json's last-one-wins would train at the second stage, silently (DeepSpeed refuses it)
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"train_batch_size": 8, "zero_optimization": {"stage": 3}, "zero_optimization": {"stage": 1}}')
+    with pytest.raises(ValueError, match=r"Duplicate keys in DeepSpeed config: \['zero_optimization'\]") as e:
+        from_deepspeed(twice, dp=1)
+    assert "\n" not in str(e.value) and str(twice) in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -331,9 +360,13 @@ def test_a_json_file_and_its_faults(tmp_path):
             "type": "CosineAnnealingLR",
             "params": {"T_max": 50},
         },  # not DeepSpeed's: torch.optim.lr_scheduler's, as DeepSpeed
+        {"type": "OneCycleLR", "params": {"max_lr": 0.1, "total_steps": 20}},
+        {"type": "OneCycleLR", "params": {"max_lr": 0.1, "epochs": 2, "steps_per_epoch": 5}},
     ],
 )
 def test_a_scheduler_section_is_read_as_its_type_and_arguments(section):
+    """Each is also stepped on a stand-in before the engine exists (``_dry_build``), which refuses none of them: not
+    torch's OneCycleLR either, which refuses a step past its own ``total_steps``."""
     spec = from_deepspeed({**OK, "scheduler": section}, dp=2).scheduler
     assert (spec.type, spec.params) == (section["type"], section["params"])
     assert from_deepspeed(OK, dp=2).scheduler is None

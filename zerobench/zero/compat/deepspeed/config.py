@@ -114,18 +114,31 @@ class DeepSpeedConfig:
     before asking a stage-3 engine for the whole 16-bit state dict."""
 
 
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict, refusing a key given twice: the last copy would win silently (DeepSpeed
+    refuses it too: ``Duplicate keys in DeepSpeed config``)."""
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ConfigError(f"Duplicate keys in DeepSpeed config: {dup}: keep one of each")
+    return dict(pairs)
+
+
 def load(config) -> dict:
-    """``config`` as a dict: a mapping as given, or a path to a JSON file."""
+    """``config`` as a dict: a mapping as given, or a path to a JSON file (a key given twice in one object is
+    refused)."""
     if isinstance(config, dict):
         return dict(config)
     if isinstance(config, (str, Path)):
         p = Path(config)
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_text(), object_pairs_hook=_no_duplicates)
         except FileNotFoundError:
             raise ConfigError(f"DeepSpeed config {p}: no such file") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+        except ConfigError as e:
+            raise ConfigError(f"{e} ({p})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
         return data
@@ -240,6 +253,11 @@ def _zero(cfg: dict, ignored: list[str]) -> dict:
     return out
 
 
+_ADAM_SWITCHES = {"adam_w_mode": True, "amsgrad": False, "bias_correction": True, "torch_adam": False}
+"""``optimizer.params``' switches and DeepSpeed's defaults: each must be true or false (a string such as "false" would
+read as true)."""
+
+
 def _optimizer(cfg: dict, ignored: list[str]) -> AdamWConfig:
     opt = section(cfg, "optimizer")
     known(opt, {"type", "params", "legacy_fusion"}, "optimizer")
@@ -255,15 +273,21 @@ def _optimizer(cfg: dict, ignored: list[str]) -> AdamWConfig:
             f"DeepSpeed config optimizer.type {opt.get('type')!r}: zerobench's engine trains with "
             'AdamW; give {"type": "AdamW", "params": {...}}'
         )
-    p = dict(opt.get("params") or {})
-    if not p.pop("adam_w_mode", True) or p.pop("amsgrad", False) or not p.pop("bias_correction", True):
+    p = opt.get("params") or {}
+    if not isinstance(p, dict):
+        raise ConfigError(f"DeepSpeed config optimizer.params: must be an object, got {p!r}")
+    p = dict(p)
+    switches = {k: flag(p, k, d, "optimizer.params") for k, d in _ADAM_SWITCHES.items()}
+    for k in switches:
+        p.pop(k, None)
+    if not switches["adam_w_mode"] or switches["amsgrad"] or not switches["bias_correction"]:
         raise ConfigError(
             "DeepSpeed config optimizer.params: only decoupled weight decay with bias correction and "
             "without amsgrad (AdamW) is supported"
         )
     # DeepSpeed builds torch.optim.AdamW(params, **params) under torch_adam, whose weight_decay defaults to 0.01;
     # FusedAdam and DeepSpeedCPUAdam default it to 0 (DeepSpeed 0.19.8, get_optimizer_configuration)
-    torch_adam = bool(p.pop("torch_adam", False))
+    torch_adam = switches["torch_adam"]
     if torch_adam:
         p.pop("foreach", None)  # how torch runs it, as DeepSpeed passes it on
     extra = set(p) - {"lr", "betas", "eps", "weight_decay"}

@@ -40,7 +40,8 @@ def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleC
     fp16 = section(cfg, "fp16")
     known(bf16, _BF16_KEYS, "bf16")
     known(fp16, _FP16_KEYS, "fp16")
-    if bf16.get("bf16_master_weights_and_grads") or bf16.get("bf16_optimizer_states"):
+    flag(bf16, "check_grad_overflow", True, "bf16")  # read where it has effect (skips_nonfinite); checked here
+    if flag(bf16, "bf16_master_weights_and_grads", False, "bf16") or flag(bf16, "bf16_optimizer_states", False, "bf16"):
         raise ConfigError(
             "DeepSpeed config bf16: bf16 master weights or optimizer states are not supported "
             "(zerobench keeps them in fp32)"
@@ -54,7 +55,7 @@ def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleC
     static = num(fp16, "loss_scale", 0, float, "fp16")
     if static < 0:
         raise ConfigError(f"DeepSpeed config fp16.loss_scale {static}: give 0 (dynamic) or a positive static scale")
-    if fp16.get("fp16_master_weights_and_grads"):
+    if flag(fp16, "fp16_master_weights_and_grads", False, "fp16"):
         raise ConfigError(
             "DeepSpeed config fp16.fp16_master_weights_and_grads: not supported (zerobench keeps fp32 master weights)"
         )
@@ -62,6 +63,10 @@ def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleC
         ignored += [f"fp16.{k}" for k in fp16 if k in _DYNAMIC_KEYS]
         return Precision.FP16, LossScaleConfig(init_scale=static, rule=LossScaleRule.STATIC)
     return Precision.FP16, _dynamic(fp16)
+
+
+MAX_SCALE_POWER = 127
+"""The largest ``fp16.initial_scale_power`` whose scale fp32 holds (2**128 overflows it)."""
 
 
 def _dynamic(fp16: dict) -> LossScaleConfig:
@@ -76,8 +81,14 @@ def _dynamic(fp16: dict) -> LossScaleConfig:
     floor = num(fp16, "min_loss_scale", 1.0, float, "fp16")
     if floor <= 0:
         raise ConfigError(f"DeepSpeed config fp16.min_loss_scale {floor:g}: must be > 0")
+    power = num(fp16, "initial_scale_power", 16, int, "fp16")
+    if not 0 <= power <= MAX_SCALE_POWER:
+        raise ConfigError(
+            f"DeepSpeed config fp16.initial_scale_power {power}: give 0 to {MAX_SCALE_POWER} (the initial scale is "
+            "2 to that power, and the scaled loss is an fp32 number)"
+        )
     return LossScaleConfig(
-        init_scale=2.0 ** num(fp16, "initial_scale_power", 16, int, "fp16"),
+        init_scale=2.0**power,
         growth_interval=window,
         hysteresis=num(fp16, "hysteresis", 2, int, "fp16"),
         min_scale=floor,

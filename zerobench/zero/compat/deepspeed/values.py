@@ -3,6 +3,8 @@ it: a number, a switch, a section; anything else, and an unknown key of a sectio
 
 from __future__ import annotations
 
+import math
+
 from zerobench.config import ConfigError
 
 
@@ -11,13 +13,14 @@ def is_num(v) -> bool:
 
 
 def num(sec: dict, key: str, default, kind: type, where: str):
-    """``sec[key]`` as ``kind`` (``default`` when absent); anything but a number is one line naming the key."""
+    """``sec[key]`` as ``kind`` (``default`` when absent); anything but a finite number is one line naming the key (no
+    DeepSpeed key means anything at infinity or NaN, which Python's JSON reader accepts as ``Infinity``/``NaN``)."""
     v = sec.get(key, default)
-    if not is_num(v) or (kind is int and float(v) != int(v)):
+    if not is_num(v) or not math.isfinite(v) or (kind is int and float(v) != int(v)):
         hint = " ('auto' is filled in by Hugging Face's Trainer; give a number)" if v == "auto" else ""
         raise ConfigError(
             f"DeepSpeed config {where + '.' if where else ''}{key}: must be "
-            f"{'an integer' if kind is int else 'a number'}, got {v!r}{hint}"
+            f"{'an integer' if kind is int else 'a finite number'}, got {v!r}{hint}"
         )
     return kind(v)
 

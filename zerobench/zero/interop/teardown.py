@@ -37,6 +37,9 @@ def destroy_engine(engine: Engine) -> None:
         return
     full: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     if engine.gatherer is not None:  # stage 3: standalone copies of the full values, before the units go
+        # (an edit made in place while partitioned never reached a shard: the model gets the trained values back,
+        # and destroy, often in a `finally`, does not raise over it)
+        engine.gatherer.check_edits(discard=True)
         with engine.gathered_params(writeback=False), torch.no_grad():
             full = [(zp.param, zp.param.detach().clone()) for zp in engine.zparams]
     handles = [*engine._hooks, *engine._model_hooks[0], engine._model_hooks[1], engine.passes.handle]

@@ -200,11 +200,19 @@ class Stage3Gatherer:
         unit was gathered on demand (outside the model's forward): the change reached neither its shard nor the
         fp32 master, so the step would train on without it. ``discard``: forget such changes (a load replaces
         every value)."""
+        sharded = [n for u in self.units for n in u.edited_while_sharded()]
         names = list(dict.fromkeys(n for u in self.units for n in [*u.lost_edit, *u.edited()]))
         for u in self.units:
             u.lost_edit = []
             if discard:
                 u.edit_mark = None
+                u.free_mark = u.versions() if u.free_mark is not None else None
+        if sharded and not discard:
+            raise RuntimeError(
+                f"ZeRO stage 3: {', '.join(sharded[:3])}{' ...' if len(sharded) > 3 else ''} changed in place while "
+                "partitioned (outside engine.gathered_params()): the change reached only an empty placeholder, so "
+                "this step would lose it; change parameters inside `with engine.gathered_params(modifier_rank=0):`"
+            )
         if names and not discard:
             raise RuntimeError(
                 f"ZeRO stage 3: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} changed in place while "

@@ -66,6 +66,9 @@ class ParamUnit:
         modules); ``free`` compares it, and a change since (an in-place edit of a parameter, which the shard and
         the fp32 master never see) is kept in ``lost_edit`` for the next ``step()`` to refuse."""
         self.lost_edit: list[str] = []
+        self.free_mark: tuple[int, ...] | None = None
+        """Its parameters' versions when last freed: an in-place edit while sharded (``nn.init``, ``.zero_()``,
+        ``reset_parameters()``) reaches only the empty placeholder, and moves these (``edited_while_sharded``)."""
         self.backward_task: int | None = None
         """The autograd graph task this unit was gathered for in backward (None since its last forward): a second
         backward through a retained graph (``retain_graph=True``, two losses) is a new task and gathers again."""
@@ -80,6 +83,22 @@ class ParamUnit:
         if self.edit_mark is None:
             return []
         return [zp.name for zp, v, mark in zip(self.zparams, self.versions(), self.edit_mark) if v != mark]
+
+    def edited_while_sharded(self) -> list[str]:
+        """The names of its parameters changed in place since it was freed (``free_mark``), while sharded."""
+        if self.free_mark is None or self.state is not ParamState.SHARDED:
+            return []
+        return [zp.name for zp, v, mark in zip(self.zparams, self.versions(), self.free_mark) if v != mark]
+
+    def refresh_mark(self, ids: set[int]) -> None:
+        """Take the current versions of the parameters whose ids are ``ids`` as unedited: a ``load_state_dict`` wrote
+        their values to the shards (``zero/state/module_state.py``), and torch's copy of an empty tensor into each
+        placeholder moved its version."""
+        if self.free_mark is not None:
+            now = self.versions()
+            self.free_mark = tuple(
+                v if id(zp.param) in ids else m for zp, v, m in zip(self.zparams, now, self.free_mark)
+            )
 
     def _new_buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         """A new full-size buffer, and the bucket and parameter views of it."""
@@ -96,6 +115,13 @@ class ParamUnit:
     def start_gather(self) -> None:
         if self.state is not ParamState.SHARDED:
             return
+        edited = self.edited_while_sharded()
+        if edited:  # the gather would replace the placeholder, and the edit with it
+            raise RuntimeError(
+                f"ZeRO stage 3: {', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''} changed in place while "
+                "partitioned (outside engine.gathered_params()): the change reached only an empty placeholder and "
+                "would be lost; change parameters inside `with engine.gathered_params(modifier_rank=0):`"
+            )
         self.allocator.resize(self.full, self.nbytes)
         self.held = self.nbytes
         srcs = self.shards
@@ -173,6 +199,7 @@ class ParamUnit:
         self.edit_mark = None
         for zp in self.zparams:
             zp.param.data = self.placeholder
+        self.free_mark = self.versions()
         if keep_values and self.full.untyped_storage().nbytes():
             numel, dtype, device = self.full.numel(), self.full.dtype, self.full.device
             self.full = self.bucket_views = self.views = None  # dropped first: unshared, it is freed before the next

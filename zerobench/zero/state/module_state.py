@@ -40,7 +40,20 @@ def install_load_hooks(engine: Engine) -> list:
         }
         if owned:
             handles.append(module.register_load_state_dict_pre_hook(_pre_hook(engine, owned, segments)))
+            if engine.gatherer is not None:
+                handles.append(module.register_load_state_dict_post_hook(_post_hook(engine, owned)))
     return handles
+
+
+def _post_hook(engine: Engine, owned: dict[str, int]):
+    """Stage 3: the placeholders torch copied an empty tensor into are not edits (the pre-hook took the values)."""
+    ids = {id(engine.zparams[i].param) for i in owned.values()}
+
+    def hook(module: nn.Module, incompatible_keys) -> None:
+        for unit in engine.gatherer.units:
+            unit.refresh_mark(ids)
+
+    return hook
 
 
 def _pre_hook(engine: Engine, owned: dict[str, int], segments: dict[int, list]):

@@ -19,14 +19,12 @@ number, a switch, a section); anything else is one line naming the key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
 from zerobench.zero.compat.deepspeed.precision import input_cast, read_precision, skips_nonfinite, stage0_loss_scale
-from zerobench.zero.compat.deepspeed.values import flag, is_num, known, num, section
+from zerobench.zero.compat.deepspeed.values import flag, is_num, known, load, num, section
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 
 _NO_EFFECT = {
@@ -112,37 +110,6 @@ class DeepSpeedConfig:
     """``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (or its fp16 name; DeepSpeed's default false):
     what ``engine.zero_gather_16bit_weights_on_model_save()`` answers, which Accelerate and HF's Trainer read
     before asking a stage-3 engine for the whole 16-bit state dict."""
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object's pairs as a dict, refusing a key given twice: the last copy would win silently (DeepSpeed
-    refuses it too: ``Duplicate keys in DeepSpeed config``)."""
-    keys = [k for k, _ in pairs]
-    dup = sorted({k for k in keys if keys.count(k) > 1})
-    if dup:
-        raise ConfigError(f"Duplicate keys in DeepSpeed config: {dup}: keep one of each")
-    return dict(pairs)
-
-
-def load(config) -> dict:
-    """``config`` as a dict: a mapping as given, or a path to a JSON file (a key given twice in one object is
-    refused)."""
-    if isinstance(config, dict):
-        return dict(config)
-    if isinstance(config, (str, Path)):
-        p = Path(config)
-        try:
-            data = json.loads(p.read_text(), object_pairs_hook=_no_duplicates)
-        except FileNotFoundError:
-            raise ConfigError(f"DeepSpeed config {p}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
-        except ConfigError as e:
-            raise ConfigError(f"{e} ({p})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
-        return data
-    raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")
 
 
 def _positive_int(cfg: dict, key: str) -> int | None:

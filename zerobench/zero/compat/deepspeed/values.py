@@ -1,9 +1,12 @@
-"""Reading one key of a DeepSpeed configuration (``zero/compat/deepspeed/config.py``) as the type DeepSpeed gives
-it: a number, a switch, a section; anything else, and an unknown key of a section, is one line naming the key. Pure."""
+"""Reading a DeepSpeed configuration (``zero/compat/deepspeed/config.py``): the file as a dict (a key given twice
+refused), and one key of it as the type DeepSpeed gives it: a number, a switch, a section; anything else, and an
+unknown key of a section, is one line naming the key."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from zerobench.config import ConfigError
 
@@ -48,3 +51,34 @@ def known(sec: dict, keys: set[str], where: str) -> None:
     extra = sorted(set(sec) - keys)
     if extra:
         raise ConfigError(f"DeepSpeed config {where}: unknown {', '.join(extra)} (known: {', '.join(sorted(keys))})")
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict, refusing a key given twice: the last copy would win silently (DeepSpeed
+    refuses it too: ``Duplicate keys in DeepSpeed config``)."""
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ConfigError(f"Duplicate keys in DeepSpeed config: {dup}: keep one of each")
+    return dict(pairs)
+
+
+def load(config) -> dict:
+    """``config`` as a dict: a mapping as given, or a path to a JSON file (a key given twice in one object is
+    refused)."""
+    if isinstance(config, dict):
+        return dict(config)
+    if isinstance(config, (str, Path)):
+        p = Path(config)
+        try:
+            data = json.loads(p.read_text(), object_pairs_hook=_no_duplicates)
+        except FileNotFoundError:
+            raise ConfigError(f"DeepSpeed config {p}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+        except ConfigError as e:
+            raise ConfigError(f"{e} ({p})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
+        return data
+    raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")

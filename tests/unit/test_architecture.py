@@ -162,6 +162,9 @@ on ``ruff format``'s output (test_lint.py), so lines are never packed to meet th
 ACCEPTED = {
     "zerobench/zero/compat/deepspeed/lr_schedules.py": "DeepSpeed's five schedules and the config section that "
     "names them: one vocabulary, checked step by step against DeepSpeed's own classes",
+    "zerobench/zero/compat/deepspeed/engine.py": "DeepSpeed's engine surface: every name DeepSpeed's engine answers, "
+    "each a thin delegation to the core engine, checkpoints.py or lr_schedules.py; split, the names would go to mixin "
+    "bases (test_no_mixin_classes)",
 }
 
 

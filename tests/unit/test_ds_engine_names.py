@@ -111,3 +111,25 @@ def test_the_scheduler_stepped_is_whatever_engine_lr_scheduler_holds():
     )
     e.backward(e(x).pow(2).mean())
     assert e.step() and again.last_batch_iteration == 0 and e.get_lr() == again.get_last_lr()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_the_zero_queries_answer_as_deepspeeds(stage):
+    """DeepSpeed 0.19.8's ``zero_optimization()`` (ZeRO on), ``..._partition_gradients()`` (stage >= 2) and
+    ``..._partition_weights()`` (stage 3), which scripts call to pick their save and clip paths."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    e = ds_apply_zero(model, ONE, ZeroConfig(stage=stage), micro_batch=2)
+    got = (e.zero_optimization(), e.zero_optimization_partition_gradients(), e.zero_optimization_partition_weights())
+    assert got == (stage > 0, stage >= 2, stage == 3) and e.zero_optimization_stage() == stage
+    e.destroy()
+
+
+def test_load_checkpoint_takes_deepspeeds_custom_load_fn_as_none_only(tmp_path):
+    e = engine()
+    e.save_checkpoint(tmp_path)
+    assert e.load_checkpoint(tmp_path, custom_load_fn=None)[0] is not None
+    with pytest.raises(ConfigError, match=r"custom_load_fn=.*leave it None") as err:
+        e.load_checkpoint(tmp_path, custom_load_fn=lambda *a: None)
+    assert "\n" not in str(err.value)
+    e.destroy()

@@ -335,6 +335,15 @@ class ZeroEngine:
             self._unused_check.wait()
             self._unused_check = None
 
+    def restart_window(self) -> None:
+        """Drop every gradient accumulated so far and start a new window with the next micro-batch: what a checkpoint
+        load leaves (``load_sharded``). A checkpoint is saved at a window's boundary, so a load in the middle of one
+        (rolling back after a micro-batch whose loss was NaN) must not keep that window's gradients or its count:
+        the first window after the load would step on them, or end a micro-batch early."""
+        self.zero_grad(set_to_none=True)
+        self.window.restart()
+        self.window.counted_from = self.micro_steps
+
     def clip_grad_norm_(
         self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
     ) -> torch.Tensor:

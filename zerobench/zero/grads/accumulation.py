@@ -51,6 +51,9 @@ class AccumulationWindow:
         it is set again: True ends the window at this micro-batch whatever the count (a window shorter or longer
         than ``accum``, e.g. an epoch's last); False makes it one more micro-batch of the window that does not
         synchronise, as under ``no_sync()``. None: windows are counted."""
+        self.counted_from = 0
+        """The engine's ``micro_steps`` where windows counted in ``step()`` calls begin (``rule``): where the
+        accumulation steps last changed, or a load restarted the window."""
         self.rule: Callable[[], bool] | None = None
         """Where no boundary is set by hand: whether the current micro-batch ends its window, asked at each
         backward (``initialize``'s engine: DeepSpeed counts micro-batches in ``engine.step()`` calls, so every
@@ -92,6 +95,11 @@ class AccumulationWindow:
         synchronise, so a ``step()`` next is torch's no-op, not a window missing its last backward. Counted
         micro-batches keep counting (DeepSpeed's boundaries do not move with ``zero_grad()``)."""
         self.unsynced = 0
+
+    def restart(self) -> None:
+        """A new window starts with the next micro-batch, whatever ran before (a checkpoint was loaded: the state
+        it holds is a window's boundary, and micro-batches run before the load belong to no window now)."""
+        self.counted = self.unsynced = 0
 
     @property
     def open(self) -> int:

@@ -197,7 +197,8 @@ def load_sharded(
     """Fill this rank's partition from the checkpoint at ``path`` (any DP size; the TP degree it was saved with);
     returns its counters. ``optimizer_states=False`` loads the fp32 master only (``by_name``: by name, whatever the
     saved trained set); a transaction over the ranks, with ``also_check()`` among its checks
-    (``load_shard_state_dicts``)."""
+    (``load_shard_state_dicts``). A load that took effect restarts the accumulation window
+    (``engine.restart_window()``): gradients accumulated before it are dropped, as the checkpoint holds none."""
     check_outside(engine, "load_checkpoint()", "the loaded values")
     _refuse_staged(Path(path))
     saved, size = saved_tp(path), _tp(engine)[0]
@@ -207,7 +208,9 @@ def load_sharded(
             f"with the TP degree it was saved with (DP may differ)"
         )
     shards = iter_shards(rank_dir(engine, path), deferred=True)
-    return load_shard_state_dicts(engine, shards, optimizer_states, also_check, by_name)
+    counters = load_shard_state_dicts(engine, shards, optimizer_states, also_check, by_name)
+    engine.restart_window()
+    return counters
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:

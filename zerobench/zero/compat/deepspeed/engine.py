@@ -50,8 +50,6 @@ class DeepSpeedEngine(ZeroEngine):
     tag_validation = "WARN"
     """``checkpoint.tag_validation`` of the DeepSpeed config: what ``save_checkpoint`` does with ranks' differing
     tags (``checkpoints.validate_tag``)."""
-    _window_start = 0
-    """``micro_steps`` when ``set_train_batch_size`` last changed the accumulation steps (windows count from it)."""
     training_dataloader = None
     """The loader ``initialize`` made of ``training_data`` (DeepSpeed's attribute; None without one)."""
     collate_fn = None
@@ -156,7 +154,7 @@ class DeepSpeedEngine(ZeroEngine):
         self._samples_at = (self.global_steps, self.global_samples)  # steps so far counted at the old size
         self.config = dataclasses.replace(self.config, grad_accum_steps=gas)
         self.window.accum, self.window.counted = gas, 0
-        self._window_start = self.micro_steps
+        self.window.counted_from = self.micro_steps
 
     def get_lr(self) -> list[float]:
         """Each param group's learning rate."""
@@ -239,7 +237,7 @@ class DeepSpeedEngine(ZeroEngine):
         were last set)."""
         if self.window.boundary is not None:
             return self.window.boundary
-        return (self.micro_steps - self._window_start + 1) % self.config.grad_accum_steps == 0
+        return (self.micro_steps - self.window.counted_from + 1) % self.config.grad_accum_steps == 0
 
     def count_micro_batches_in_steps(self) -> None:
         """Count a window's micro-batches in ``step()`` calls, as DeepSpeed's engine does (``initialize`` sets it):
@@ -267,6 +265,15 @@ class DeepSpeedEngine(ZeroEngine):
 
     def zero_optimization_stage(self) -> int:
         return self.stage
+
+    def zero_optimization(self) -> bool:
+        return self.stage > 0
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.stage >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self.stage == 3
 
     def fp16_enabled(self) -> bool:
         return self.param_dtype == torch.float16
@@ -306,9 +313,12 @@ class DeepSpeedEngine(ZeroEngine):
         check_live(self, "save_checkpoint()")
         return save_tagged(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
-    def load_checkpoint(self, load_dir, tag: str | None = None, **options):
-        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``checkpoints.py``)."""
+    def load_checkpoint(self, load_dir, tag: str | None = None, custom_load_fn=None, **options):
+        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``checkpoints.py``).
+        The load restarts the accumulation window (``restart_window``). ``custom_load_fn`` is taken as None only."""
         check_live(self, "load_checkpoint()")
+        if custom_load_fn is not None:
+            raise ConfigError("load_checkpoint(custom_load_fn=...): zerobench loads its own shards; leave it None")
         return load_tagged(self, load_dir, tag, **options)
 
     gather_16bit_on_save = False

@@ -46,3 +46,25 @@ def test_what_the_types_admit_still_validates():
     ZeroConfig(precision="fp16", loss_scale=LossScaleConfig(init_scale=1.0, min_scale=1.0)).validate()
     # a static scale never moves: its factors and minimum are not read
     ZeroConfig(loss_scale=LossScaleConfig(init_scale=0.5, rule=LossScaleRule.STATIC)).validate()
+
+
+@pytest.mark.parametrize(
+    "model, config, words",
+    [
+        (None, {"stage": 2}, "apply_zero's config must be a ZeroConfig"),
+        (None, ZeroConfig(grad_accum_steps=1.5), "ZeroConfig.grad_accum_steps must be an int"),
+        ("not a module", ZeroConfig(), "apply_zero's model must be a torch.nn.Module, not function"),
+    ],
+)
+def test_apply_zero_refuses_what_it_cannot_train_in_one_line(model, config, words):
+    """A dict where the ``ZeroConfig`` goes was an ``AttributeError`` deep inside; a function where the model goes
+    another (DeepSpeed's ``initialize`` takes a dict: the message says so)."""
+    from torch import nn
+
+    from zerobench.distributed.collectives import Group
+    from zerobench.zero import apply_zero
+
+    m = nn.Linear(2, 2) if model is None else (lambda x: x)
+    with pytest.raises(ConfigError) as e:
+        apply_zero(m, Group(None, "dp", 1, 0), config)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)

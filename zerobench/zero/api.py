@@ -122,7 +122,8 @@ def apply_zero(
         config: the stage, precision, buckets, loss scaling and AdamW settings (``ZeroConfig``).
         ledger: where the engine's collectives are recorded (default: a ledger of its own, ``engine.ledger``).
         units: stage 3's gather units, as modules or as a layer class (every outermost submodule of it, as FSDP's
-            ``ModuleWrapPolicy``); default ``model.blocks``. Ignored at stages 0-2.
+            ``ModuleWrapPolicy``); default ``model.blocks``. Checked to be the model's at every stage (the same
+            call then works at stage 3), used at stage 3 only.
         tp_group: the tensor-parallel group (``None``: no TP); gradient norms and overflow checks then span both
             groups, counting TP-sharded parameters once per TP rank and replicated ones once.
         tp_sharded: the names of the parameters TP shards (``TPInfo.sharded``).
@@ -148,6 +149,13 @@ def apply_zero(
         ConfigError: one line, on every rank, for an invalid config, a model the ranks disagree on, a model already
             trained by an engine, or a ``device`` for a model that is not on the meta device.
     """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"apply_zero's model must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(config, ZeroConfig):
+        raise ConfigError(
+            f"apply_zero's config must be a ZeroConfig (zerobench.zero.ZeroConfig(stage=2, ...)), not "
+            f"{type(config).__name__}; a DeepSpeed config dict goes to zerobench.zero.initialize(config=...)"
+        )
     dp_group = Group.coerce(dp_group, "dp", "apply_zero's dp_group")
     tp_group = None if tp_group is None else Group.coerce(tp_group, "tp", "apply_zero's tp_group")
     for name, m in model.named_modules():  # a second engine would hook the same parameters: twice the reduction

@@ -90,6 +90,20 @@ class ParamUnit:
             return []
         return [zp.name for zp, v, mark in zip(self.zparams, self.versions(), self.free_mark) if v != mark]
 
+    def _refuse_edits(self) -> None:
+        """Before a gather, which replaces each placeholder and an edit made to it with it: one line naming the
+        parameters changed in place while partitioned. One whose ``.data`` was assigned or re-set instead is left to
+        ``finish_gather``'s own messages, which say so."""
+        cdata = self.placeholder.untyped_storage()._cdata
+        on_placeholder = {zp.name for zp in self.zparams if zp.param.untyped_storage()._cdata == cdata}
+        edited = [n for n in self.edited_while_sharded() if n in on_placeholder]
+        if edited:
+            raise RuntimeError(
+                f"ZeRO stage 3: {', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''} changed in place while "
+                "partitioned (outside engine.gathered_params()): the change reached only an empty placeholder and "
+                "would be lost; change parameters inside `with engine.gathered_params(modifier_rank=0):`"
+            )
+
     def refresh_mark(self, ids: set[int]) -> None:
         """Take the current versions of the parameters whose ids are ``ids`` as unedited: a ``load_state_dict`` wrote
         their values to the shards (``zero/state/module_state.py``), and torch's copy of an empty tensor into each
@@ -115,13 +129,7 @@ class ParamUnit:
     def start_gather(self) -> None:
         if self.state is not ParamState.SHARDED:
             return
-        edited = self.edited_while_sharded()
-        if edited:  # the gather would replace the placeholder, and the edit with it
-            raise RuntimeError(
-                f"ZeRO stage 3: {', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''} changed in place while "
-                "partitioned (outside engine.gathered_params()): the change reached only an empty placeholder and "
-                "would be lost; change parameters inside `with engine.gathered_params(modifier_rank=0):`"
-            )
+        self._refuse_edits()
         self.allocator.resize(self.full, self.nbytes)
         self.held = self.nbytes
         srcs = self.shards

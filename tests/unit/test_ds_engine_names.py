@@ -133,3 +133,20 @@ def test_load_checkpoint_takes_deepspeeds_custom_load_fn_as_none_only(tmp_path):
         e.load_checkpoint(tmp_path, custom_load_fn=lambda *a: None)
     assert "\n" not in str(err.value)
     e.destroy()
+
+
+def test_a_step_inside_no_sync_is_refused_as_deepspeeds():
+    """DeepSpeed's engine asserts that ``step()`` is not called inside ``no_sync()`` (``test_no_sync_ctxt.py``
+    expects an ``AssertionError``), even where no optimizer step would run; the message here said to call
+    ``step()`` after each backward, which the loop did. The torch-style ``optimizer.step()`` is refused alike."""
+    e = engine()
+    x = torch.randn(2, 6)
+    with e.no_sync():
+        e.backward(e(x).pow(2).mean())
+        with pytest.raises(AssertionError, match=r"engine.step\(\) inside no_sync\(\)") as err:
+            e.step()
+        assert isinstance(err.value, RuntimeError) and "\n" not in str(err.value)
+        with pytest.raises(AssertionError, match=r"inside no_sync\(\)"):
+            e.optimizer.step()
+    assert e.micro_steps == 0  # refused before anything counted
+    e.destroy()

@@ -34,6 +34,19 @@ class MicroBatch:
     """It starts a window."""
 
 
+class StepInsideNoSync(RuntimeError, AssertionError):
+    """A step called inside ``no_sync()``, whose backward passes have not synchronised the window's gradients.
+    An ``AssertionError`` too, as DeepSpeed's engine asserts it (``test_no_sync_ctxt.py`` expects that type)."""
+
+
+def refuse_inside_no_sync(window: AccumulationWindow, caller: str) -> None:
+    if window.suspended:
+        raise StepInsideNoSync(
+            f"{caller} inside no_sync(): the window's gradients are not synchronised yet; leave the no_sync() "
+            "context first, and run the window's last backward outside it"
+        )
+
+
 class AccumulationWindow:
     """Counts micro-batches into windows; see the module docstring."""
 

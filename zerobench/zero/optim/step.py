@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from zerobench.zero.config import AdamWConfig
+from zerobench.zero.grads.accumulation import refuse_inside_no_sync
 from zerobench.zero.grads.replaced import adopt_replaced
 from zerobench.zero.grads.stats import clip_coefficient, found_nonfinite, global_grad_norm
 from zerobench.zero.grads.unused import check_added, check_unused
@@ -51,7 +52,8 @@ def optimizer_step(engine: Engine, hyper: list[AdamWConfig]) -> bool:
 
 def check_steppable(engine: Engine, caller: str) -> None:
     """One line, before anything changes (counters, a closure), where an open ``gathered_params()`` context would undo
-    the step at its exit (``state.gathered.check_outside``)."""
+    the step at its exit (``state.gathered.check_outside``), and inside ``no_sync()``."""
+    refuse_inside_no_sync(engine.window, caller)
     check_outside(engine, caller, "the step's", "a backward inside it is fine")
 
 

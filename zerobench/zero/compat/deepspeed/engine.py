@@ -29,6 +29,7 @@ from zerobench.zero.compat.deepspeed.optimizer import DeepSpeedOptimizer
 from zerobench.zero.compat.deepspeed.stage3_module import mark_partitioned, sync_generate, unsync_generate
 from zerobench.zero.config import LossScaleRule
 from zerobench.zero.engine import ZeroEngine
+from zerobench.zero.grads.accumulation import refuse_inside_no_sync
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 from zerobench.zero.state.export import full_state_dict, save_whole
@@ -105,6 +106,7 @@ class DeepSpeedEngine(ZeroEngine):
         With the boundary set to False by hand (``set_gradient_accumulation_boundary``) it is not a boundary: nothing
         is stepped, as DeepSpeed's; so with windows counted in ``step()`` calls (``initialize``'s engine:
         ``count_micro_batches_in_steps``) before the window's last micro-batch."""
+        refuse_inside_no_sync(self.window, "engine.step()")  # as DeepSpeed's, even where no step would run
         call = scheduler_call(self.lr_scheduler, lr_kwargs, self.train_batch_size)
         counted = self.window.boundary is None and self.window.rule is not None
         if self.window.boundary is False or (counted and not self.is_gradient_accumulation_boundary()):

@@ -3,6 +3,7 @@ batch triple resolved as DeepSpeed resolves it, and every key zerobench cannot h
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -343,6 +344,18 @@ def test_a_json_file_and_its_faults(tmp_path):
     listed.write_text("[1]")
     with pytest.raises(ConfigError, match="must hold a JSON object"):
         from_deepspeed(listed, dp=1)
+    # as DeepSpeed reads a config: HJSON (comments, trailing commas), or the file's text base64-encoded
+    commented = tmp_path / "commented.json"
+    commented.write_text(
+        '{\n  // ZeRO-2\n  "train_batch_size": 8,\n  "optimizer": {"type": "AdamW",},\n'
+        '  "zero_optimization": {"stage": 2,},\n}\n'
+    )
+    assert from_deepspeed(commented, dp=8).zero.stage == 2
+    encoded = base64.urlsafe_b64encode(json.dumps(ZERO2_BF16).encode()).decode()
+    assert from_deepspeed(encoded, dp=8).zero.stage == 2
+    with pytest.raises(ConfigError, match="no such file") as e:
+        from_deepspeed("ds_confg.json", dp=1)
+    assert "\n" not in str(e.value)
     # a key given twice: json's last-one-wins would train at the second stage, silently (DeepSpeed refuses it)
     twice = tmp_path / "twice.json"
     twice.write_text('{"train_batch_size": 8, "zero_optimization": {"stage": 3}, "zero_optimization": {"stage": 1}}')

@@ -4,9 +4,11 @@ unknown key of a section, is one line naming the key."""
 
 from __future__ import annotations
 
-import json
+import base64
 import math
 from pathlib import Path
+
+import hjson
 
 from zerobench.config import ConfigError
 
@@ -64,21 +66,41 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
 
 
 def load(config) -> dict:
-    """``config`` as a dict: a mapping as given, or a path to a JSON file (a key given twice in one object is
-    refused)."""
+    """``config`` as a dict, as DeepSpeed takes one: a mapping as given, a path to a file, or the file's text
+    base64-encoded (what DeepSpeed's launcher can pass). The text is read as DeepSpeed reads it, as HJSON, so JSON
+    with comments or trailing commas is taken; a key given twice in one object is refused."""
     if isinstance(config, dict):
         return dict(config)
-    if isinstance(config, (str, Path)):
-        p = Path(config)
-        try:
-            data = json.loads(p.read_text(), object_pairs_hook=_no_duplicates)
-        except FileNotFoundError:
-            raise ConfigError(f"DeepSpeed config {p}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
-        except ConfigError as e:
-            raise ConfigError(f"{e} ({p})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"DeepSpeed config {p} must hold a JSON object, not {type(data).__name__}")
-        return data
-    raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")
+    if not isinstance(config, (str, Path)):
+        raise ConfigError(f"a DeepSpeed config is a dict or a JSON file's path, not {type(config).__name__}")
+    p = Path(config)
+    try:
+        text, where = p.read_text(), str(p)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"DeepSpeed config {p}: a directory, not a JSON file") from None
+    except OSError:  # no such file (or a name no file can have): DeepSpeed's next reading, base64
+        text, where = _base64(config), "given as base64"
+        if text is None:
+            raise ConfigError(f"DeepSpeed config {p}: no such file (nor a base64-encoded config)") from None
+    try:
+        data = hjson.loads(text, object_pairs_hook=_no_duplicates)
+    except hjson.HjsonDecodeError as e:
+        raise ConfigError(f"DeepSpeed config {where} is not valid JSON: {' '.join(str(e).split())}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{e} ({where})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"DeepSpeed config {where} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _base64(config) -> str | None:
+    """``config`` decoded as DeepSpeed decodes a config passed as base64 (URL-safe alphabet); None if it is not."""
+    if not isinstance(config, str):
+        return None
+    try:
+        text = base64.urlsafe_b64decode(config.encode("ascii")).decode("utf-8")
+    except (ValueError, UnicodeError):
+        return None
+    return text if text.lstrip().startswith("{") else None  # a mistyped path that happens to decode is no config

@@ -11,6 +11,8 @@ import enum
 import functools
 import hashlib
 import json
+import operator
+import os
 import re
 from typing import Any
 
@@ -141,13 +143,26 @@ def check_types(cfg: Any, where: str) -> None:
             return None if None in verdicts else all(verdicts)
         if tp is bool:
             return isinstance(value, bool)
-        if tp is int:
-            return isinstance(value, int) and not isinstance(value, bool)
-        if tp is float:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if tp not in (int, float, str):
+            return None
         if tp is str:
-            return isinstance(value, str)
-        return None
+            return isinstance(value, (str, os.PathLike))  # a path where a directory's name is due
+        if isinstance(value, (bool, str, bytes)):  # a bool is an int to Python; "1e-3" would pass float()
+            return False
+        if tp is int:  # numpy's integers and other exact integers (``__index__``) too
+            try:
+                operator.index(value)
+            except TypeError:
+                return False
+            return True
+        if tp is float:  # numpy's floats, a 0-dim tensor: whatever converts to a float exactly as given
+            try:
+                float(value)
+            except OverflowError:  # an int beyond a float's range: a number, refused by the config's own bounds
+                return True
+            except (TypeError, ValueError):
+                return False
+            return True
 
     def name(tp: Any) -> str:
         args = typing.get_args(tp)

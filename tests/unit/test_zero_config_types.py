@@ -42,7 +42,16 @@ def test_a_wrong_type_or_direction_is_one_line(kw, words):
 
 
 def test_what_the_types_admit_still_validates():
+    """What callers pass that trained before the check: ints where numbers go, numpy's numbers and a 0-dim tensor
+    (from a sweep's grid or a schedule), a ``Path`` for a directory."""
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+
     ZeroConfig(clip_grad_norm=1, optimizer=AdamWConfig(lr=1, betas=[0.9, 0.99])).validate()  # ints where numbers go
+    ZeroConfig(stage=np.int64(2), grad_accum_steps=np.int32(4), optimizer=AdamWConfig(lr=np.float32(1e-3))).validate()
+    ZeroConfig(optimizer=AdamWConfig(lr=torch.tensor(1e-3)), nvme_path=Path("/tmp")).validate()
     ZeroConfig(precision="fp16", loss_scale=LossScaleConfig(init_scale=1.0, min_scale=1.0)).validate()
     # a static scale never moves: its factors and minimum are not read
     ZeroConfig(loss_scale=LossScaleConfig(init_scale=0.5, rule=LossScaleRule.STATIC)).validate()

@@ -105,9 +105,9 @@ class LossScaleConfig:
         if not isinstance(self.rule, LossScaleRule):
             raise ConfigError(f"unknown loss-scale rule {self.rule!r}: choose torch, deepspeed or static")
         check_types(self, "loss_scale")
-        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+        if not (_finite(self.init_scale) and self.init_scale > 0):
             raise ConfigError(f"initial loss scale must be a positive finite number, got {self.init_scale}")
-        if not (math.isfinite(self.growth_factor) and self.growth_factor > 1):
+        if not (_finite(self.growth_factor) and self.growth_factor > 1):
             raise ConfigError(f"loss-scale growth factor must be a finite number > 1, got {self.growth_factor}")
         if not 0 < self.backoff_factor < 1:
             raise ConfigError(f"loss-scale backoff factor must be in (0, 1), got {self.backoff_factor}")
@@ -119,13 +119,21 @@ class LossScaleConfig:
             raise ConfigError(
                 f"loss-scale growth interval (DeepSpeed's loss_scale_window) must be >= 1, got {self.growth_interval}"
             )
-        if not (math.isfinite(self.min_scale) and self.min_scale > 0):
+        if not (_finite(self.min_scale) and self.min_scale > 0):
             raise ConfigError(f"minimum loss scale must be a positive finite number, got {self.min_scale}")
         if self.rule is not LossScaleRule.STATIC and self.min_scale > self.init_scale:
             raise ConfigError(
                 f"minimum loss scale {self.min_scale:g} is above the initial scale {self.init_scale:g}: lower the "
                 "minimum (DeepSpeed's min_loss_scale) or raise the initial scale"
             )
+
+
+def _finite(x) -> bool:
+    """``math.isfinite`` that takes an int too large for a float (2**1100) as not finite rather than raising."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 NO_BUCKET_LIMIT = 2**62

@@ -195,6 +195,11 @@ class Stage3Gatherer:
             self.root.edit_mark = self.root.versions()
             self._note_gathered()
 
+    def expect_copy(self, param) -> None:
+        """The unit holding ``param`` expects one copy into its placeholder that is no edit (``ParamUnit.expect_copy``)."""
+        for u in self.units:
+            u.expect_copy(param)
+
     def check_edits(self, discard: bool = False) -> None:
         """Before a step: refuse, in one line and before anything changes, a parameter changed in place while its
         unit was gathered on demand (outside the model's forward): the change reached neither its shard nor the

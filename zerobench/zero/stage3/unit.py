@@ -104,14 +104,14 @@ class ParamUnit:
                 "would be lost; change parameters inside `with engine.gathered_params(modifier_rank=0):`"
             )
 
-    def refresh_mark(self, ids: set[int]) -> None:
-        """Take the current versions of the parameters whose ids are ``ids`` as unedited: a ``load_state_dict`` wrote
-        their values to the shards (``zero/state/module_state.py``), and torch's copy of an empty tensor into each
-        placeholder moved its version."""
-        if self.free_mark is not None:
+    def expect_copy(self, param) -> None:
+        """``param``'s placeholder is about to take one copy that is no edit: a ``load_state_dict`` whose value the
+        shards took already (``zero/state/module_state.py``) has torch copy an empty tensor into it next. An edit made
+        to it before is replaced by that value, so it is forgotten too."""
+        if self.free_mark is not None and self.state is ParamState.SHARDED:
             now = self.versions()
             self.free_mark = tuple(
-                v if id(zp.param) in ids else m for zp, v, m in zip(self.zparams, now, self.free_mark)
+                v + 1 if zp.param is param else m for zp, v, m in zip(self.zparams, now, self.free_mark)
             )
 
     def _new_buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:

@@ -40,20 +40,7 @@ def install_load_hooks(engine: Engine) -> list:
         }
         if owned:
             handles.append(module.register_load_state_dict_pre_hook(_pre_hook(engine, owned, segments)))
-            if engine.gatherer is not None:
-                handles.append(module.register_load_state_dict_post_hook(_post_hook(engine, owned)))
     return handles
-
-
-def _post_hook(engine: Engine, owned: dict[str, int]):
-    """Stage 3: the placeholders torch copied an empty tensor into are not edits (the pre-hook took the values)."""
-    ids = {id(engine.zparams[i].param) for i in owned.values()}
-
-    def hook(module: nn.Module, incompatible_keys) -> None:
-        for unit in engine.gatherer.units:
-            unit.refresh_mark(ids)
-
-    return hook
 
 
 def _pre_hook(engine: Engine, owned: dict[str, int], segments: dict[int, list]):
@@ -84,6 +71,8 @@ def _pre_hook(engine: Engine, owned: dict[str, int], segments: dict[int, list]):
                 )
             if placeholder:
                 state_dict[key] = torch.empty(0, dtype=zp.param.dtype)
+                # torch copies that into the placeholder next, which moves its version: not an edit to refuse
+                engine.gatherer.expect_copy(zp.param)
 
     return hook
 

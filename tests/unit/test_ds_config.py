@@ -289,7 +289,7 @@ OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
         ({"optimizer": {"type": "AdamW", "params": {"lr": float("nan")}}}, "optimizer.params.lr: must be a finite"),
         ({"train_batch_size": float("nan")}, "train_batch_size: must be an integer, got nan"),
         ({"zero_optimization": {"stage": float("inf")}}, "zero_optimization.stage: must be an integer, got inf"),
-        ({"fp16": {"enabled": True, "initial_scale_power": 1024}}, "fp16.initial_scale_power 1024: give 0 to 127"),
+        ({"fp16": {"enabled": True, "initial_scale_power": 1024}}, "fp16.initial_scale_power 1024: give -127 to 127"),
         ({"fp16": {"enabled": True, "min_loss_scale": 2.0**20}}, "minimum loss scale 1.04858e+06 is above the init"),
         # switches written as strings: "false" is truthy, so each would silently mean true
         ({"optimizer": {"type": "AdamW", "params": {"torch_adam": "false"}}}, "params.torch_adam: must be true or"),
@@ -356,6 +356,11 @@ def test_a_json_file_and_its_faults(tmp_path):
     with pytest.raises(ConfigError, match="no such file") as e:
         from_deepspeed("ds_confg.json", dp=1)
     assert "\n" not in str(e.value)
+    huge = tmp_path / "huge.json"  # hjson reads 1e400 as an int, which overflows in its own reading
+    huge.write_text('{"train_batch_size": 8, "gradient_clipping": 1e400}')
+    with pytest.raises(ConfigError, match="is not valid JSON") as e:
+        from_deepspeed(huge, dp=1)
+    assert "\n" not in str(e.value)
     # a key given twice: json's last-one-wins would train at the second stage, silently (DeepSpeed refuses it)
     twice = tmp_path / "twice.json"
     twice.write_text('{"train_batch_size": 8, "zero_optimization": {"stage": 3}, "zero_optimization": {"stage": 1}}')
@@ -374,6 +379,19 @@ def test_a_json_file_and_its_faults(tmp_path):
             "params": {"T_max": 50},
         },  # not DeepSpeed's: torch.optim.lr_scheduler's, as DeepSpeed
         {"type": "OneCycleLR", "params": {"max_lr": 0.1, "total_steps": 20}},
+        # what a schedule refuses only at a late batch of its own (beta1 reaching 1 at batch 1311), or a rate that
+        # grows without bound, is left to that batch: a shorter run never meets it
+        {
+            "type": "OneCycle",
+            "params": {
+                "cycle_min_lr": 1e-4,
+                "cycle_max_lr": 1e-2,
+                "cycle_first_step_size": 100,
+                "decay_step_size": 100,
+                "decay_mom_rate": 0.01,
+            },
+        },
+        {"type": "ExponentialLR", "params": {"gamma": 1.5}},
         {"type": "OneCycleLR", "params": {"max_lr": 0.1, "epochs": 2, "steps_per_epoch": 5}},
     ],
 )

@@ -129,6 +129,7 @@ def test_load_checkpoint_takes_deepspeeds_custom_load_fn_as_none_only(tmp_path):
     e = engine()
     e.save_checkpoint(tmp_path)
     assert e.load_checkpoint(tmp_path, custom_load_fn=None)[0] is not None
+    assert e.load_checkpoint(tmp_path, None, False)[0] is not None  # DeepSpeed's third: load_module_strict
     with pytest.raises(ConfigError, match=r"custom_load_fn=.*leave it None") as err:
         e.load_checkpoint(tmp_path, custom_load_fn=lambda *a: None)
     assert "\n" not in str(err.value)

@@ -315,12 +315,28 @@ class DeepSpeedEngine(ZeroEngine):
         check_live(self, "save_checkpoint()")
         return save_tagged(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
-    def load_checkpoint(self, load_dir, tag: str | None = None, custom_load_fn=None, **options):
-        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's options (``checkpoints.py``).
-        The load restarts the accumulation window (``restart_window``). ``custom_load_fn`` is taken as None only."""
+    def load_checkpoint(
+        self,
+        load_dir,
+        tag: str | None = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn=None,
+    ):
+        """(its path, its client state); (None, None) without ``latest``; DeepSpeed's arguments, in its order
+        (``checkpoints.load_tagged``). The load restarts the accumulation window (``restart_window``).
+        ``custom_load_fn`` is taken as None only."""
         check_live(self, "load_checkpoint()")
         if custom_load_fn is not None:
             raise ConfigError("load_checkpoint(custom_load_fn=...): zerobench loads its own shards; leave it None")
+        options = dict(
+            load_module_strict=load_module_strict,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
         return load_tagged(self, load_dir, tag, **options)
 
     gather_16bit_on_save = False

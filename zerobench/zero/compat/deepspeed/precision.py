@@ -66,7 +66,9 @@ def read_precision(cfg: dict, ignored: list[str]) -> tuple[Precision, LossScaleC
 
 
 MAX_SCALE_POWER = 127
-"""The largest ``fp16.initial_scale_power`` whose scale fp32 holds (2**128 overflows it)."""
+"""The largest ``fp16.initial_scale_power`` (in magnitude) whose scale fp32 holds (2**128 overflows it). DeepSpeed
+checks none; a power below 0 is a scale below ``min_loss_scale``'s default 1, which ``LossScaleConfig`` refuses
+unless the minimum is lowered too."""
 
 
 def _dynamic(fp16: dict) -> LossScaleConfig:
@@ -82,10 +84,10 @@ def _dynamic(fp16: dict) -> LossScaleConfig:
     if floor <= 0:
         raise ConfigError(f"DeepSpeed config fp16.min_loss_scale {floor:g}: must be > 0")
     power = num(fp16, "initial_scale_power", 16, int, "fp16")
-    if not 0 <= power <= MAX_SCALE_POWER:
+    if not -MAX_SCALE_POWER <= power <= MAX_SCALE_POWER:
         raise ConfigError(
-            f"DeepSpeed config fp16.initial_scale_power {power}: give 0 to {MAX_SCALE_POWER} (the initial scale is "
-            "2 to that power, and the scaled loss is an fp32 number)"
+            f"DeepSpeed config fp16.initial_scale_power {power}: give -{MAX_SCALE_POWER} to {MAX_SCALE_POWER} (the "
+            "initial scale is 2 to that power, and the scaled loss is an fp32 number)"
         )
     return LossScaleConfig(
         init_scale=2.0**power,

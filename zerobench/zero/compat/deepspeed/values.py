@@ -5,6 +5,7 @@ unknown key of a section, is one line naming the key."""
 from __future__ import annotations
 
 import base64
+import errno
 import math
 from pathlib import Path
 
@@ -80,13 +81,19 @@ def load(config) -> dict:
         raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
     except IsADirectoryError:
         raise ConfigError(f"DeepSpeed config {p}: a directory, not a JSON file") from None
-    except OSError:  # no such file (or a name no file can have): DeepSpeed's next reading, base64
+    except (FileNotFoundError, NotADirectoryError):  # no such file: DeepSpeed's next reading, base64
         text, where = _base64(config), "given as base64"
+        if text is None:
+            raise ConfigError(f"DeepSpeed config {p}: no such file (nor a base64-encoded config)") from None
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:  # a permission, a device: the file's own fault, said as it is
+            raise ConfigError(f"DeepSpeed config {p}: cannot read it: {e.strerror or e}") from None
+        text, where = _base64(config), "given as base64"  # a name no file can have: a config's base64 text
         if text is None:
             raise ConfigError(f"DeepSpeed config {p}: no such file (nor a base64-encoded config)") from None
     try:
         data = hjson.loads(text, object_pairs_hook=_no_duplicates)
-    except hjson.HjsonDecodeError as e:
+    except (hjson.HjsonDecodeError, OverflowError, RecursionError) as e:  # 1e400 overflows in hjson's own reading
         raise ConfigError(f"DeepSpeed config {where} is not valid JSON: {' '.join(str(e).split())}") from None
     except ConfigError as e:
         raise ConfigError(f"{e} ({where})") from None

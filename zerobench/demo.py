@@ -9,20 +9,39 @@ communication per step, step time and final loss.
 from __future__ import annotations
 
 import datetime
+import signal
+import sys
 from pathlib import Path
 
 from zerobench.bench import suite as suites
 from zerobench.bench.runner import run_sweep
+from zerobench.config import ConfigError
+from zerobench.launch.cancel import EXIT_CANCELLED
 from zerobench.results.outdir import check_writable_dir
+from zerobench.results.rows import ROWS_FILE
 from zerobench.results.show import show
+
+SUITE = "cpu/quick"
 
 
 def run_demo(out: Path | None) -> int:
     out = out or Path("runs") / ("demo-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     check_writable_dir(out)
-    s = suites.load("cpu/quick")
+    s = suites.load(SUITE)
+    if out.is_dir() and next(out.rglob(ROWS_FILE), None) is not None:
+        raise ConfigError(
+            f"--out {out} already holds result rows: the demo starts a sweep of its own; continue that one with "
+            f"zerobench sweep {SUITE} --out {out} --resume, or choose another --out"
+        )
     print(f"zerobench demo: {s.description}\n{len(s.runs)} runs -> {out}")
     summary = run_sweep(s, out)
+    if summary.stopped:  # a half sweep's table and report would read as the demo's result
+        print(
+            f"zerobench: error: demo stopped: {summary.stopped}; its rows so far are under {out}: finish it with "
+            f"zerobench sweep {SUITE} --out {out} --resume",
+            file=sys.stderr,
+        )
+        return _stopped_exit(summary.stopped)
     print(show(out))
     print_stage_table(out)
     if summary.failed:
@@ -34,6 +53,13 @@ def run_demo(out: Path | None) -> int:
     print(f"\nrows: {out}/*/rows.jsonl")
     print(f"report: {html.resolve()}")
     return 0
+
+
+def _stopped_exit(why: str) -> int:
+    """128 + the signal that stopped the sweep (what a shell or Slurm reports for it), 1 for a full disk."""
+    if why.startswith("cancelled (SIGINT)"):
+        return 128 + signal.SIGINT
+    return EXIT_CANCELLED if why.startswith("cancelled") else 1
 
 
 def print_stage_table(out: Path) -> None:

@@ -159,16 +159,9 @@ def check_planned(path: str | Path, rows: list[dict]) -> None:
     """Refuse, in one line, a baseline from a sweep stopped before some of its runs (``sweep-plan.json`` lists them
     and they left no row): ``_check_whole`` sees only configurations that left rows, so these would be missing from
     the baseline and never gated."""
-    from zerobench.bench.sweep_state import PLAN_FILE, never_ran
-    from zerobench.results.rows import read_rows
+    from zerobench.results.outdir import stopped_before
 
-    if not Path(path).is_dir():
-        return
-    root, left = Path(path), []
-    for plan in sorted(root.rglob(PLAN_FILE)):  # its own sweep's, and those below it (a baseline's timed/, counted/)
-        sweep = plan.parent
-        below = "" if sweep == root else f"{sweep.relative_to(root)}/"
-        left += [below + label for label in never_ran(sweep, rows if sweep == root else read_rows(sweep))]
+    left = stopped_before(path, rows)
     if left:
         raise ConfigError(
             f"{path}: the sweep stopped before {len(left)} of its planned runs ({', '.join(left[:4])}"

@@ -225,18 +225,3 @@ def _earlier_plan(path: Path, suite: str) -> list:
             "choose another --out for this one"
         )
     return runs
-
-
-def never_ran(out: Path, rows: list[dict]) -> list[str]:
-    """Labels of the runs ``out``'s sweep planned (``PLAN_FILE``) that left no status row (it was stopped before
-    them); [] where ``out`` holds no plan (a single run, or a sweep of before plans)."""
-    path = Path(out) / PLAN_FILE
-    if not path.is_file():
-        return []
-    try:
-        planned = json.loads(path.read_text())["runs"]
-        keys = [(str(r["label"]), str(r["config_hash"])) for r in planned]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} is damaged ({type(e).__name__}): the sweep's plan cannot be read") from None
-    ran = {(r.get("label"), r.get("config_hash")) for r in rows if r.get("metric") == "run_status"}
-    return [label for label, h in keys if (label, h) not in ran]

@@ -80,6 +80,7 @@ def render(results: list[str], out_dir: str) -> Path:
         frames.append(frame[~frame["rows_file"].isin(seen)])
         seen |= set(frame["rows_file"])
     df = pd.concat(frames, ignore_index=True)
+    not_run = [label for r in results for label in _not_run(r)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     before = _figure_dirs(out)
@@ -88,6 +89,7 @@ def render(results: list[str], out_dir: str) -> Path:
     staging.mkdir()
     try:
         ctx = _context(df, staging)
+        ctx["prov"]["not_run"] = not_run
         figures_dir = out / f"{FIGURES}{token}"
         os.rename(staging, figures_dir)  # whole: every figure drawn, or none of them in place
         fsync_dir(out)
@@ -104,6 +106,14 @@ def render(results: list[str], out_dir: str) -> Path:
     for old in before - {figures_dir}:  # the figures of the report these pages replaced: no page refers to them now
         shutil.rmtree(old, ignore_errors=True)
     return out / "index.html"
+
+
+def _not_run(result: str) -> list[str]:
+    """The runs a stopped sweep under ``result`` planned and never started, named from the report's argument: they
+    left no row, so without this line the report would show the rest as the whole suite."""
+    from zerobench.results.outdir import stopped_before
+
+    return [f"{Path(result).as_posix().rstrip('/')}/{label}" for label in stopped_before(result)]
 
 
 def _figure_dirs(out: Path) -> set[Path]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import tempfile
 from pathlib import Path
 
 from zerobench.config import ConfigError
-from zerobench.results.rows import ROWS_FILE
+from zerobench.results.rows import ROWS_FILE, read_rows
 
 CREATED: list[Path] = []
 """Directories this process created to prove them writable, deepest first: a command refused afterwards (bad
@@ -80,6 +81,41 @@ def check_writable_file(
 
 SWEEP_PLAN_FILE = "sweep-plan.json"
 """What marks a sweep's results directory (``bench.sweep_state`` writes it when a sweep starts)."""
+
+
+def never_ran(out: str | os.PathLike, rows: list[dict]) -> list[str]:
+    """Labels of the runs ``out``'s sweep planned (``SWEEP_PLAN_FILE``) that left no status row in ``rows`` (the
+    sweep was stopped before them); [] where ``out`` holds no plan (a single run, or a sweep of before plans)."""
+    path = Path(out) / SWEEP_PLAN_FILE
+    if not path.is_file():
+        return []
+    try:
+        planned = json.loads(path.read_text())["runs"]
+        keys = [(str(r["label"]), str(r["config_hash"])) for r in planned]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{path} is damaged ({type(e).__name__}): the sweep's plan cannot be read, so which of its runs never ran "
+            "is unknown; restore it from a copy, or delete it to read the runs as a set of single runs"
+        ) from None
+    ran = {(r.get("label"), r.get("config_hash")) for r in rows if r.get("metric") == "run_status"}
+    return [label for label, h in keys if (label, h) not in ran]
+
+
+def stopped_before(path: str | os.PathLike, rows: list[dict] | None = None) -> list[str]:
+    """The planned runs that never ran in every sweep at or below the directory ``path`` (a rows file: none), each
+    as ``<sweep dir relative to path>/<label>``. ``rows``: those already read from ``path``, not read again for a
+    sweep at ``path`` itself. Readers of a stopped sweep's rows (``results show``, reports, the gate) name these:
+    a run that left no row would otherwise be absent without a word."""
+    root = Path(path)
+    if not root.is_dir():
+        return []
+    left = []
+    for plan in sorted(root.rglob(SWEEP_PLAN_FILE)):  # its own sweep's, and those below (a baseline's timed/, counted/)
+        sweep = plan.parent
+        below = "" if sweep == root else f"{sweep.relative_to(root).as_posix()}/"
+        held = rows if sweep == root and rows is not None else read_rows(sweep)
+        left += [below + label for label in never_ran(sweep, held)]
+    return left
 
 
 def check_fresh_run_dir(

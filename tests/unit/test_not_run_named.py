@@ -1,0 +1,72 @@
+"""A sweep stopped before some of its runs (a time limit, scancel) leaves no row of them: ``results show`` and the
+report name them from the sweep's plan, where before they showed the runs that ran as if they were the suite."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from zerobench.cli import main
+from zerobench.results.outdir import SWEEP_PLAN_FILE, stopped_before
+from zerobench.results.rows import read_rows
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def stopped(tmp_path):
+    """The quick suite's reference rows with its last two runs' directories gone, and a plan listing all of them."""
+    d = tmp_path / "sweep"
+    shutil.copytree(REPO / "results/reference/quick-cpu-2core", d)
+    status = sorted((r for r in read_rows(d) if r["metric"] == "run_status"), key=lambda r: r["run_id"])
+    plan = {"suite": "quick", "runs": [{"label": r["label"], "config_hash": r["config_hash"]} for r in status]}
+    (d / SWEEP_PLAN_FILE).write_text(json.dumps(plan))
+    for r in status[-2:]:
+        shutil.rmtree(d / r["run_id"])
+    return d, [r["label"] for r in status[-2:]]
+
+
+def test_stopped_before_names_the_planned_runs_without_rows(stopped):
+    d, gone = stopped
+    assert stopped_before(d) == gone
+    assert stopped_before(d.parent) == [f"sweep/{label}" for label in gone]  # a sweep below the path read
+    assert stopped_before(next(d.rglob("rows.jsonl"))) == []  # one run's rows file: no sweep to speak of
+
+
+def test_results_show_names_the_runs_never_run(stopped, capsys):
+    d, gone = stopped
+    assert main(["results", "show", str(d)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"not run: 2 planned runs (the sweep stopped before them): {', '.join(gone)}"
+
+
+def test_the_report_names_the_runs_never_run(stopped, tmp_path):
+    d, gone = stopped
+    assert main(["report", str(d), "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "summary.md").read_text()
+    html = (tmp_path / "r" / "index.html").read_text()
+    names = ", ".join(f"{d.as_posix()}/{label}" for label in gone)
+    assert "**Not run:** 2 planned runs (the sweep stopped before them" in md and names in md
+    assert "<td>not run</td><td>2 planned runs" in html and names in html
+
+
+def test_a_finished_sweep_has_no_not_run_line(stopped, tmp_path, capsys):
+    d, _ = stopped
+    plan = json.loads((d / SWEEP_PLAN_FILE).read_text())
+    plan["runs"] = plan["runs"][:-2]  # the plan of a sweep that ran all its runs
+    (d / SWEEP_PLAN_FILE).write_text(json.dumps(plan))
+    assert main(["results", "show", str(d)]) == 0
+    assert "not run" not in capsys.readouterr().out
+    assert main(["report", str(d), "--out", str(tmp_path / "r")]) == 0
+    assert "Not run" not in (tmp_path / "r" / "summary.md").read_text()
+
+
+def test_a_damaged_plan_is_one_line_not_a_silent_table(stopped, capsys):
+    d, _ = stopped
+    (d / SWEEP_PLAN_FILE).write_text("{")
+    assert main(["results", "show", str(d)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sweep-plan.json is damaged" in err[0], err

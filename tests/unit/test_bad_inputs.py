@@ -99,7 +99,10 @@ CASES = [
     (["regress", "--ab", "cpu/quick", "--history", "a"], "choose one of --ab SUITE"),
     (["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--max-rounds", "20"], "--max-rounds 20 is below"),
     (["regress", "--ab", "no/such", "--baseline-tree", "."], "suite 'no/such' not found"),
-    (["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "no=1"], "no run matches {'no': '1'}"),
+    (
+        ["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "no=1"],
+        "no run matches no=1: a run has no key 'no'",
+    ),
     # messages that named no fix, or a wrong one
     (["simulate", "--profile", "bogus-device", "--suite", "cpu/quick"], "nor a stated device (v100-dgx2, "),
     (["simulate", "--validate-published", "no/such.csv"], "cannot read it: No such file or directory: give a"),

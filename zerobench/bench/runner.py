@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from zerobench.bench.progress import Progress
+from zerobench.bench.spec import RunSpec
 from zerobench.bench.suite import Suite
 from zerobench.bench.sweep_state import (
     SweepSummary,
@@ -41,12 +42,44 @@ from zerobench.results.rows import RowWriteError
 MAX_LOCAL_WORLD = 16
 
 
-def matching_runs(suite: Suite, only: dict[str, str]) -> list:
-    """The runs of ``suite`` whose fields equal every ``only`` KEY=VALUE (``--only``), or one line if none does."""
-    runs = [r for r in suite.runs if all(str(getattr(r.spec, k, None)) == v for k, v in only.items())]
+def parse_only(items: list[str] | tuple[str, ...] | None) -> dict[str, frozenset[str]]:
+    """``--only KEY=VALUE`` items as key -> the values it may take: a key given twice names alternatives
+    (``--only stage=1 --only stage=2`` runs both stages), where a dict of single values kept the last one only."""
+    only: dict[str, set[str]] = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--only takes KEY=VALUE, got {item!r}")
+        only.setdefault(key, set()).add(value)
+    return {k: frozenset(v) for k, v in only.items()}
+
+
+def _describe(only: dict[str, frozenset[str]]) -> str:
+    return " ".join(f"{k}={'|'.join(sorted(v))}" for k, v in only.items())
+
+
+def matching_runs(suite: Suite, only: dict[str, frozenset[str]]) -> list:
+    """The runs of ``suite`` each of whose ``only`` keys (a run's fields, as ``--only`` names them) holds one of
+    its values, or one line if none does, naming a key no run has."""
+    fields = {f.name for f in dataclasses.fields(RunSpec)}
+
+    def value(run, key):
+        return {str(run.label), str(run.spec.label)} if key == "label" else {str(getattr(run.spec, key, None))}
+
+    runs = [r for r in suite.runs if all(value(r, k) & v for k, v in only.items())]
     if not runs:
-        raise ConfigError(f"{suite.path}: no run matches {only}")
+        unknown = sorted(set(only) - fields)
+        why = f": a run has no key {unknown[0]!r} (its keys are {', '.join(sorted(fields))})" if unknown else ""
+        raise ConfigError(f"{suite.path}: no run matches {_describe(only)}{why}")
     return runs
+
+
+def selected(suite: Suite, only: dict[str, frozenset[str]] | None) -> Suite:
+    """``suite`` with only the runs ``only`` selects (all of them without it); a key's one value may be a string."""
+    if not only:
+        return suite
+    only = {k: frozenset([v]) if isinstance(v, str) else frozenset(v) for k, v in only.items()}
+    return dataclasses.replace(suite, runs=matching_runs(suite, only))
 
 
 def check_local(suite: Suite) -> None:
@@ -69,6 +102,51 @@ SWEEP_LAUNCHERS = ("local", "srun", "slurm")
 """local and srun run each run in turn (launch/launchers.py); slurm submits every run with sbatch."""
 
 
+def check_sweep(
+    suite: Suite,
+    out: Path | None,
+    launcher: str = "local",
+    only: dict | None = None,
+    instructions: bool = False,
+    gpus_per_task: int | None = None,
+    pending_limit_s: float | None = None,
+) -> Suite:
+    """The runs ``run_sweep`` would run (``selected``), or one line saying which option cannot be: the launcher and
+    its options, ``--only``, the local launcher's world limit. ``sweep --check`` calls it with the sweep's options
+    (``out``: None, not yet chosen), so a check passes only where the sweep itself would start."""
+    if launcher not in SWEEP_LAUNCHERS:
+        raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
+    if instructions and launcher != "local":
+        raise ConfigError("--instructions starts ranks under valgrind with the local launcher only: drop --launcher")
+    suite = selected(suite, only)
+    if launcher == "local":
+        check_local(suite)
+    if gpus_per_task is not None and gpus_per_task < 0:
+        raise ConfigError(f"--gpus-per-task must be 0 or more, got {gpus_per_task}")
+    if gpus_per_task is not None and launcher != "slurm":
+        raise ConfigError(
+            "--gpus-per-task is what each job of --launcher slurm requests; under srun a run uses the allocation's "
+            "GPUs (sbatch --gpus-per-node), locally this host's"
+        )
+    if pending_limit_s is not None and (launcher != "slurm" or not pending_limit_s > 0):
+        raise ConfigError(
+            f"--pending-limit must be a positive number of seconds, got {pending_limit_s:g}"
+            if launcher == "slurm"
+            else "--pending-limit is how long a job of --launcher slurm may wait in Slurm's queue: add --launcher slurm"
+        )
+    # sbatch --output: a backslash turns off %j, and is dropped
+    if out is not None and launcher == "slurm" and "\\" in str(out.resolve()):
+        raise ConfigError(
+            f"--out {out}: a backslash in the path turns off Slurm's log file patterns, and Slurm drops it (the job's "
+            "log would go to another directory): choose an --out without one"
+        )
+    if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
+        raise ConfigError(
+            "--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit"
+        )
+    return suite
+
+
 def run_sweep(
     suite: Suite,
     out: Path,
@@ -85,37 +163,8 @@ def run_sweep(
     ``local`` processes, ``srun`` job steps inside an allocation, or one ``slurm`` job per run, each task of which
     requests ``gpus_per_task`` GPUs and is given up on (scancelled, a ``timeout`` row) when still pending after
     ``pending_limit_s``. ``instructions``: rank 0 of each run runs under callgrind and records its
-    counted step's instructions (local launcher)."""
-    if launcher not in SWEEP_LAUNCHERS:
-        raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
-    if instructions and launcher != "local":
-        raise ConfigError("--instructions starts ranks under valgrind with the local launcher only: drop --launcher")
-    if only:
-        suite = dataclasses.replace(suite, runs=matching_runs(suite, only))
-    if launcher == "local":
-        check_local(suite)
-    if gpus_per_task is not None and gpus_per_task < 0:
-        raise ConfigError(f"--gpus-per-task must be 0 or more, got {gpus_per_task}")
-    if gpus_per_task is not None and launcher != "slurm":
-        raise ConfigError(
-            "--gpus-per-task is what each job of --launcher slurm requests; under srun a run uses the allocation's "
-            "GPUs (sbatch --gpus-per-node), locally this host's"
-        )
-    if pending_limit_s is not None and (launcher != "slurm" or not pending_limit_s > 0):
-        raise ConfigError(
-            f"--pending-limit must be a positive number of seconds, got {pending_limit_s:g}"
-            if launcher == "slurm"
-            else "--pending-limit is how long a job of --launcher slurm may wait in Slurm's queue: add --launcher slurm"
-        )
-    if launcher == "slurm" and "\\" in str(out.resolve()):  # sbatch --output: a backslash turns off %j, and is dropped
-        raise ConfigError(
-            f"--out {out}: a backslash in the path turns off Slurm's log file patterns, and Slurm drops it (the job's "
-            "log would go to another directory): choose an --out without one"
-        )
-    if launcher == "srun" and "SLURM_JOB_ID" not in os.environ:
-        raise ConfigError(
-            "--launcher srun runs inside a Slurm allocation (sbatch/salloc); use --launcher slurm to submit"
-        )
+    counted step's instructions (local launcher). ``only``: ``parse_only``'s key -> values."""
+    suite = check_sweep(suite, out, launcher, only, instructions, gpus_per_task, pending_limit_s)
     with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
         check_out(out, resume, suite.name)
         changed = check_resumed(suite, completed_runs(out, instructions)) if resume else []

@@ -15,7 +15,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from zerobench.bench import suite as suites
-    from zerobench.bench.runner import check_local, run_sweep
+    from zerobench.bench.runner import check_sweep, parse_only, run_sweep
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.results.outdir import check_writable_dir
     from zerobench.results.show import show
@@ -24,22 +24,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     invalid = [r for r in s.runs if r.error]
     for r in invalid:
         print(f"zerobench: warning: {s.path}: run {r.index} ({r.label}) is invalid: {r.error}", file=sys.stderr)
-    if args.check:
+    only = parse_only(args.only)
+    if args.check:  # the sweep's own checks, with its options: a check passes where the sweep would start
         if invalid:
             return 2
-        check_local(s)
-        print(f"{s.path}: {len(s.runs)} runs, all valid")
+        chosen = check_sweep(
+            s,
+            None,
+            launcher=args.launcher,
+            only=only,
+            instructions=args.instructions,
+            gpus_per_task=args.gpus_per_task,
+            pending_limit_s=args.pending_limit,
+        )
+        picked = f" ({len(chosen.runs)} selected by --only)" if only else ""
+        print(f"{s.path}: {len(s.runs)} runs, all valid{picked}")
         return 0
     out = Path(args.out) if args.out else Path("runs") / s.name
     check_writable_dir(out)
     if args.tensorboard:
         check_writable_dir(args.tensorboard, "--tensorboard", "TensorBoard scalars")
-    only = {}
-    for item in args.only or []:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"--only takes KEY=VALUE, got {item!r}")
-        only[key] = value
     if args.instructions:
         from zerobench.metrics.callgrind import CallgrindUnavailable, library
 
@@ -341,7 +345,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --launcher slurm: scancel a job still queued after this long and record it as timed out, with "
         "Slurm's reason for the wait (default: wait as long as Slurm keeps it queued)",
     )
-    sw.add_argument("--only", action="append", metavar="KEY=VALUE", help="run only runs with this key (repeatable)")
+    sw.add_argument(
+        "--only",
+        action="append",
+        metavar="KEY=VALUE",
+        help="run only the runs whose KEY (a suite field: stage, dp, label, ...) is VALUE; repeat it for more keys, "
+        "or the same key for alternatives (--only stage=1 --only stage=2)",
+    )
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--tensorboard", metavar="DIR", help="per-step scalars of every run for TensorBoard")

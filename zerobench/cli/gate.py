@@ -132,12 +132,10 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if bool(args.baseline_ref) == bool(args.baseline_tree):
         raise ConfigError("--ab needs exactly one of --baseline-ref REF or --baseline-tree DIR")
     from zerobench.bench import suite as suites
-    from zerobench.bench.runner import matching_runs
+    from zerobench.bench.runner import parse_only, selected
 
     suite = suites.load(args.ab)  # a bad suite is one line before a worktree is checked out and sides launched
-    only = dict(item.partition("=")[::2] for item in args.only if "=" in item)  # ABConfig refuses items without
-    if only:
-        matching_runs(suite, only)  # the sweep each side runs would refuse it after the checkout
+    selected(suite, parse_only(args.only))  # the sweep each side runs would refuse it only after the checkout
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     # before a baseline worktree is checked out: an earlier A/B's rounds there would be refused only at the first round

@@ -1,0 +1,83 @@
+"""``--only``: a key given twice names alternatives (it kept the last value only, running a part of what was
+asked without a word), a key no run has is named, and ``sweep --check`` runs the sweep's own checks with its
+options, so a check passes only where the sweep would start."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobench.bench import suite as suites
+from zerobench.bench.runner import matching_runs, parse_only, selected
+from zerobench.cli import main
+from zerobench.config import ConfigError
+
+
+def test_a_repeated_key_is_alternatives():
+    s = suites.load("cpu/quick")
+    only = parse_only(["stage=1", "stage=2", "dp=4"])
+    assert only == {"stage": frozenset({"1", "2"}), "dp": frozenset({"4"})}
+    runs = matching_runs(s, only)
+    assert sorted((r.spec.stage, r.spec.dp) for r in runs) == [(1, 4), (2, 4)]
+    assert len(selected(s, parse_only(["stage=1", "stage=2"])).runs) == 6
+    assert selected(s, {}) is s
+    assert len(selected(s, {"stage": "3"}).runs) == 3  # a key's one value as a plain string
+
+
+def test_label_matches_the_runs_unique_label():
+    s = suites.load("cpu/quick")
+    label = s.runs[4].label
+    assert [r.label for r in matching_runs(s, parse_only([f"label={label}"]))] == [label]
+
+
+@pytest.mark.parametrize(
+    "items, needle",
+    [
+        (["stage"], "--only takes KEY=VALUE, got 'stage'"),
+        (["=1"], "--only takes KEY=VALUE, got '=1'"),
+    ],
+)
+def test_items_without_a_key_and_value_are_refused(items, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_only(items)
+
+
+def test_no_match_names_the_unknown_key():
+    s = suites.load("cpu/quick")
+    with pytest.raises(ConfigError) as e:
+        matching_runs(s, parse_only(["stagee=1"]))
+    msg = str(e.value)
+    assert "no run matches stagee=1: a run has no key 'stagee'" in msg and "stage," in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match=r"no run matches stage=7\|9$"):
+        matching_runs(s, parse_only(["stage=9", "stage=7"]))
+
+
+def _one_line(capsys) -> str:
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("zerobench: warning")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_sweep_check_counts_what_only_selects(capsys):
+    assert main(["sweep", "cpu/quick", "--check", "--only", "stage=1", "--only", "stage=2"]) == 0
+    assert "12 runs, all valid (6 selected by --only)" in capsys.readouterr().out
+    assert main(["sweep", "cpu/quick", "--check", "--only", "nokey=1"]) == 2
+    assert "no run matches nokey=1: a run has no key 'nokey'" in _one_line(capsys)
+
+
+def test_sweep_check_takes_the_launcher_options(capsys, monkeypatch):
+    """A cluster suite is checked for the launcher it will run under, not refused for the local launcher's limit;
+    an option the sweep would refuse fails the check too."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["sweep", "paper/fig3", "--check", "--launcher", "slurm", "--gpus-per-task", "1"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "paper/fig3", "--check"]) == 2
+    assert "the local launcher runs at most 16" in _one_line(capsys)
+    assert main(["sweep", "cpu/quick", "--check", "--gpus-per-task", "1"]) == 2
+    assert "--gpus-per-task is what each job of --launcher slurm requests" in _one_line(capsys)
+    assert main(["sweep", "cpu/quick", "--check", "--launcher", "srun"]) == 2
+    assert "runs inside a Slurm allocation" in _one_line(capsys)
+
+
+def test_the_ab_gate_checks_only_before_any_checkout(capsys):
+    code = main(["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "stage=9", "--only", "stage=8"])
+    assert code == 2 and "no run matches stage=8|9" in _one_line(capsys)

@@ -81,3 +81,23 @@ def test_sweep_check_takes_the_launcher_options(capsys, monkeypatch):
 def test_the_ab_gate_checks_only_before_any_checkout(capsys):
     code = main(["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "stage=9", "--only", "stage=8"])
     assert code == 2 and "no run matches stage=8|9" in _one_line(capsys)
+
+
+def test_entries_resolving_to_one_configuration_are_warned(tmp_path, capsys):
+    """Two entries that differ only where resolution overrides them (P_a implies activation checkpointing) are one
+    configuration: the sweep measured it twice without a word, and the gate then refused the sweep as a baseline."""
+    p = tmp_path / "twice.yaml"
+    p.write_text(
+        "base: {preset: tiny, steps: 2, warmup: 1, stage: 1, dp: 1}\n"
+        "runs:\n"
+        "- {label: pa, pa: true}\n"
+        "- {label: pa-ckpt, pa: true, checkpoint_activations: true}\n"
+        "- {label: plain}\n"
+    )
+    from zerobench.bench.runner import same_configurations
+
+    assert same_configurations(suites.load(p)) == [["pa", "pa-ckpt"]]
+    assert main(["sweep", str(p), "--check"]) == 0
+    warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("zerobench: warning")]
+    assert len(warn) == 1 and "runs 'pa', 'pa-ckpt' resolve to one configuration" in warn[0], warn
+    assert same_configurations(suites.load("cpu/quick")) == []

@@ -37,7 +37,7 @@ from zerobench.launch.base import EXIT_IO, LaunchRequest
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.launchers import get_launcher
 from zerobench.results.lock import claim
-from zerobench.results.rows import RowWriteError
+from zerobench.results.rows import RowWriteError, run_hash
 
 MAX_LOCAL_WORLD = 16
 
@@ -72,6 +72,28 @@ def matching_runs(suite: Suite, only: dict[str, frozenset[str]]) -> list:
         why = f": a run has no key {unknown[0]!r} (its keys are {', '.join(sorted(fields))})" if unknown else ""
         raise ConfigError(f"{suite.path}: no run matches {_describe(only)}{why}")
     return runs
+
+
+def same_configurations(suite: Suite) -> list[list[str]]:
+    """Labels of the suite's runs that resolve to one configuration (the same config hash), each group in suite
+    order: the entries differ in a field resolution overrides (P_a implies activation checkpointing, the warm-up is
+    clamped to the steps) or in none that reaches the run. Such a run measures another again, and the regression
+    gate, which matches runs by configuration, refuses a baseline holding both."""
+    groups: dict[str, list[str]] = {}
+    for r in suite.runs:
+        if r.config is not None:
+            groups.setdefault(run_hash(r.config), []).append(r.label)
+    return [labels for labels in groups.values() if len(labels) > 1]
+
+
+def warn_same_configurations(suite: Suite) -> None:
+    for labels in same_configurations(suite):
+        print(
+            f"zerobench: warning: {suite.path}: runs {', '.join(map(repr, labels))} resolve to one configuration: "
+            "each measures the first again, and the regression gate refuses a baseline holding them; make them "
+            "differ in a field that reaches the run, or drop all but one",
+            file=sys.stderr,
+        )
 
 
 def selected(suite: Suite, only: dict[str, frozenset[str]] | None) -> Suite:

@@ -7,7 +7,8 @@ from zerobench.train.entry import SystemEntry
 
 
 def validate(cfg) -> None:
-    """Megatron-LM's DDP baseline: stage 0, fp32/bf16, plain activation checkpointing."""
+    """Megatron-LM's DDP baseline: stage 0, fp32 or Megatron-LM's mixed precision (fp16, bf16), plain activation
+    checkpointing."""
     if not cfg.zero.overlap_comm:
         raise ConfigError(
             "the megatron baseline always overlaps its gradient all-reduce with backward: drop --no-overlap-comm"
@@ -16,10 +17,6 @@ def validate(cfg) -> None:
         raise ConfigError("--sp is zerobench's sequence parallelism: drop it for the megatron baseline")
     if cfg.zero.stage != 0:
         raise ConfigError("the megatron baseline is Megatron-LM's DDP (stage 0): drop --stage")
-    if cfg.zero.precision.value == "fp16":
-        raise ConfigError(
-            "the megatron baseline trains in fp32 or bf16 (it has no fp16 loss scaling): give --precision bf16"
-        )
     if cfg.zero.clip_grad_norm is not None:
         raise ConfigError("the megatron baseline does not clip gradients: drop --clip")
     a = cfg.activation

@@ -6,6 +6,15 @@ over TP like megatron splits them). Gradients live in megatron's grad buffers (`
 reduced by its DDP and fed to ``torch.optim.AdamW`` with the same hyperparameters and the same no-decay
 rule for biases and norms. Needs ``pip install 'zerobench[megatron]'`` (megatron-core 0.16.1); on a CPU-only
 machine it runs inside ``megatron_compat.cpu_compat``.
+
+In fp16 and bf16 it trains with Megatron-LM's mixed precision (its ``Float16OptimizerWithFloat16Params``): the
+model's parameters in 16 bits, fp32 main parameters that AdamW steps (its moments in fp32), copied back into the
+model after each step. fp16 gradients are reduced in fp16 under a dynamic loss scale, and a step whose gradients
+overflowed on any rank is skipped on every rank (zerobench's ``DynamicLossScaler`` with the run's loss-scale
+settings); bf16 gradients are accumulated and reduced in fp32, as Megatron-LM turns on for bf16
+(``accumulate_allreduce_grads_in_fp32``). Model states are then 16 bytes a parameter in fp16 (2 + 2 + 4 + 8: the
+paper's §3.1 baseline) and 18 in bf16. Megatron-core's own optimizer is not used here: it allocates its scale and
+overflow flag on CUDA (the ``megatron-core`` peer runs it on a GPU).
 """
 
 from __future__ import annotations
@@ -76,6 +85,11 @@ def megatron_state_from_gpt(gpt: GPT, tp_rank: int, tp: int) -> dict[str, torch.
 class MegatronSystem:
     """Megatron-LM baseline (stage-0 DDP with Megatron TP)."""
 
+    masters: list[torch.Tensor] | None = None
+    """fp32 main parameters in fp16/bf16 (None in fp32, and in the peer, whose optimizer holds its own)."""
+    scaler = None
+    """The fp16 loss scale (``DynamicLossScaler``; disabled in fp32/bf16); None in the peer."""
+
     def __init__(self, cfg: TrainConfig, mesh: Mesh, ledger: CommLedger, device: torch.device):
         require_megatron()
         from megatron.core import parallel_state as ps
@@ -126,7 +140,7 @@ class MegatronSystem:
             self.ddp = DistributedDataParallel(
                 tcfg, self._ddp_config(DistributedDataParallelConfig), self._wrap(tcfg, model)
             )
-        self.module = model
+        self.module, self.mesh, self.device = model, mesh, device
         self.params = [p for p in model.parameters() if p.requires_grad]
         with cpu_compat():
             self.optimizer = self._optimizer()
@@ -135,20 +149,34 @@ class MegatronSystem:
         self.micro = 0
 
     def _wrap(self, tcfg, model):
-        """The module Megatron's DDP wraps: the model itself, in the dtype it was built in."""
-        return model
+        """The module Megatron's DDP wraps: in fp16 and bf16 Megatron-LM's ``Float16Module`` (every parameter, norms
+        too, in 16 bits; inputs cast in, the output cast back to fp32), as Megatron-LM wraps every mixed-precision
+        model; in fp32 the model itself."""
+        if self.cfg.zero.precision.value == "fp32":
+            return model
+        from megatron.core.transformer.module import Float16Module
+
+        return Float16Module(tcfg, model)
 
     def _ddp_config(self, config_cls):
-        """Megatron's DDP settings: its defaults (gradients accumulated and reduced in the parameters' dtype)."""
-        return config_cls()
+        """Megatron-LM's DDP settings: gradients accumulated and reduced in the parameters' dtype, in fp32 for bf16
+        (Megatron-LM sets ``accumulate_allreduce_grads_in_fp32`` whenever it trains in bf16)."""
+        return config_cls(grad_reduce_in_fp32=self.cfg.zero.precision.value == "bf16")
 
     def _optimizer(self):
-        """``torch.optim.AdamW`` on the model's own parameters, decay on 2+-dim ones only (zerobench's rule)."""
+        """``torch.optim.AdamW`` on the fp32 main parameters (the model's own in fp32), decay on 2+-dim ones only
+        (zerobench's rule)."""
+        from zerobench.zero.optim.loss_scale import DynamicLossScaler
+
         opt = self.cfg.zero.optimizer
+        mixed = self.cfg.zero.precision.value != "fp32"
+        self.masters = [p.detach().float().clone() for p in self.params] if mixed else None
+        self.scaler = DynamicLossScaler(self.cfg.zero.loss_scale, enabled=self.cfg.zero.precision.value == "fp16")
+        stepped = self.masters if mixed else self.params
         return torch.optim.AdamW(
             [
-                {"params": [p for p in self.params if p.dim() >= 2], "weight_decay": opt.weight_decay},
-                {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0},
+                {"params": [m for p, m in zip(self.params, stepped) if p.dim() >= 2], "weight_decay": opt.weight_decay},
+                {"params": [m for p, m in zip(self.params, stepped) if p.dim() < 2], "weight_decay": 0.0},
             ],
             lr=opt.lr,
             betas=opt.betas,
@@ -168,19 +196,47 @@ class MegatronSystem:
 
     def _loss(self, x, y, accum):
         loss = self.ddp(x, self.positions.expand_as(x), attention_mask=self.mask, labels=y).float().mean()
-        (loss / accum).backward()
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        (loss * (scale / accum)).backward()
         return loss.detach()
 
     def step(self) -> bool:
+        """One optimizer step, or False where fp16 gradients overflowed on some rank (the step skipped on every
+        rank, the loss scale backed off; ``LossScaleAtMinimum`` where it cannot back off further)."""
         with self.cpu_compat():
             self.ddp.finish_grad_sync()
             if self.cfg.zero.clip_grad_norm is not None:
                 raise ConfigError("gradient clipping is not wired for the megatron baseline")
-            for p in self.params:
-                p.grad = p.main_grad.to(p.dtype)
-            self.optimizer.step()
+            if self.masters is None:  # fp32: the model's parameters are the ones stepped
+                for p in self.params:
+                    p.grad = p.main_grad.to(p.dtype)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                return True
+            unscale = 1.0 / self.scaler.scale
+            for p, m in zip(self.params, self.masters):
+                m.grad = p.main_grad.float() * unscale
+            overflow = self._overflowed() if self.scaler.enabled else False
+            self.scaler.update(overflow)  # raises before the step where the scale is already at its minimum
+            if not overflow:
+                self.optimizer.step()
+                with torch.no_grad():
+                    for p, m in zip(self.params, self.masters):
+                        p.copy_(m)
             self.optimizer.zero_grad(set_to_none=True)
-        return True
+        return not overflow
+
+    def _overflowed(self) -> bool:
+        """Whether any rank's reduced gradients hold a non-finite value: each TP rank holds other shards, so the
+        flag is agreed over the whole world (Megatron agrees it over the model-parallel group; DP ranks hold the
+        same reduced gradients)."""
+        from zerobench.distributed import collectives as C
+
+        bad = torch.zeros(1, device=self.device)
+        for m in self.masters:
+            bad = torch.maximum(bad, (~torch.isfinite(m.grad)).any().float().reshape(1))
+        C.all_reduce(bad, self.mesh.world, self.ledger, "overflow", op=torch.distributed.ReduceOp.MAX)
+        return bool(bad.item())
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()
@@ -191,17 +247,17 @@ class MegatronSystem:
         return {
             "params": storage_bytes(self.params),
             "grads": storage_bytes(grads),
-            "master": 0,
+            "master": storage_bytes(self.masters or []),
             "optimizer_states": storage_bytes(states),
             "comm_buffers": 0,
         }
 
     def model_state_bytes(self) -> int:
         led = self.memory_ledger()
-        return led["params"] + led["grads"] + led["optimizer_states"]
+        return led["params"] + led["grads"] + led["master"] + led["optimizer_states"]
 
     def model_state_bytes_analytic(self) -> None:
         return None
 
     def tensors(self) -> list[torch.Tensor]:
-        return list(self.params)
+        return list(self.params) + list(self.masters or [])

@@ -34,14 +34,6 @@ class MegatronCoreSystem(MegatronSystem):
     def _mixed(self) -> bool:
         return self.cfg.zero.precision.value != "fp32"
 
-    def _wrap(self, tcfg, model):
-        """In bf16, Megatron-LM's ``Float16Module``: every parameter (norms too) in bf16, fp32 output."""
-        if not self._mixed():
-            return model
-        from megatron.core.transformer.module import Float16Module
-
-        return Float16Module(tcfg, model)
-
     def _ddp_config(self, config_cls):
         return config_cls(grad_reduce_in_fp32=self._mixed(), use_distributed_optimizer=False)
 

@@ -1,0 +1,53 @@
+"""Rank bodies of the Megatron-LM baseline's mixed-precision tests: the baseline and zerobench's stage 0 trained on
+the same batches from the same weights, step by step, with what each step did recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def _config(precision: str, init_scale: float, tp: int):
+    from zerobench.models.sizes import preset
+    from zerobench.train.config import TrainConfig
+    from zerobench.zero.config import LossScaleConfig, Precision, ZeroConfig
+
+    zero = ZeroConfig(stage=0, precision=Precision(precision), loss_scale=LossScaleConfig(init_scale=init_scale))
+    return TrainConfig(model=preset("tiny"), preset="tiny", dp=1, tp=tp, zero=zero)
+
+
+def train_both(rank: int, world: int, precision: str, init_scale: float, steps: int) -> dict:
+    """Both systems, ``steps`` steps each on one batch: losses, which steps were taken, the fp16 loss
+    scale after each, and the baseline's memory ledger against its parameters' count."""
+    from zerobench.baselines.megatron import MegatronSystem
+    from zerobench.distributed.mesh import build_mesh
+    from zerobench.metrics.comm import CommLedger
+    from zerobench.train.systems import ZeroSystem
+
+    cfg = _config(precision, init_scale, tp=world)
+    mesh = build_mesh(world, 1)
+    g = torch.Generator().manual_seed(0)
+    m = cfg.model
+    x = torch.randint(0, m.vocab, (2, m.seq), generator=g)
+    batches = [(x, torch.roll(x, -1, dims=1))] * steps  # one batch again and again: a loss that must fall
+    out = {}
+    for name, cls in (("megatron", MegatronSystem), ("zerobench", ZeroSystem)):
+        system = cls(dataclasses.replace(cfg, system=name), mesh, CommLedger(), torch.device("cpu"))
+        losses, taken, scales = [], [], []
+        for x, y in batches:
+            losses.append(float(system.forward_backward(x, y)))
+            taken.append(bool(system.step()))
+            system.zero_grad()
+            scaler = system.scaler if name == "megatron" else system.engine.scaler
+            scales.append(float(scaler.scale))
+        out[name] = {"losses": losses, "taken": taken, "scales": scales}
+        if name == "megatron":
+            numel = sum(p.numel() for p in system.params)
+            out["ledger"] = {k: v / numel for k, v in system.memory_ledger().items()}
+            out["state_bytes_per_param"] = system.model_state_bytes() / numel
+            out["param_dtypes"] = sorted({str(p.dtype) for p in system.params})
+            from megatron.core import parallel_state as ps
+
+            ps.destroy_model_parallel()
+    return out

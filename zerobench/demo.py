@@ -18,7 +18,7 @@ from zerobench.bench.runner import run_sweep
 from zerobench.config import ConfigError
 from zerobench.launch.cancel import EXIT_CANCELLED
 from zerobench.results.outdir import check_writable_dir
-from zerobench.results.rows import ROWS_FILE
+from zerobench.results.rows import files_below
 from zerobench.results.show import show
 
 SUITE = "cpu/quick"
@@ -28,7 +28,7 @@ def run_demo(out: Path | None) -> int:
     out = out or Path("runs") / ("demo-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     check_writable_dir(out)
     s = suites.load(SUITE)
-    if out.is_dir() and next(out.rglob(ROWS_FILE), None) is not None:
+    if out.is_dir() and files_below(out):
         raise ConfigError(
             f"--out {out} already holds result rows: the demo starts a sweep of its own; continue that one with "
             f"zerobench sweep {SUITE} --out {out} --resume, or choose another --out"

@@ -18,7 +18,7 @@ from zerobench.config import ConfigError, to_dict
 from zerobench.files import replace_file
 from zerobench.results.outdir import SWEEP_PLAN_FILE
 from zerobench.results.provenance import code_version, describe_version, source_version
-from zerobench.results.rows import ROWS_FILE, RowWriter, read_rows, run_hash
+from zerobench.results.rows import RowWriter, files_below, read_rows, run_hash
 
 PLAN_FILE = SWEEP_PLAN_FILE
 """The runs a sweep set out to measure (label and config hash), written when it starts, so that what an
@@ -64,7 +64,7 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
             )
         _check_commit(out, rows)
         return
-    held = next(out.rglob(ROWS_FILE), None)
+    held = next(iter(files_below(out)), None)
     if held is not None:
         raise ConfigError(
             f"--out {out} already holds result rows ({held}): pass --resume to continue that sweep, "

@@ -18,6 +18,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from zerobench.bench.runner import check_sweep, parse_only, run_sweep, warn_same_configurations
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.results.outdir import check_writable_dir
+    from zerobench.results.rows import files_below
     from zerobench.results.show import show
 
     s = suites.load(args.suite)
@@ -64,7 +65,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         gpus_per_task=args.gpus_per_task,
         pending_limit_s=args.pending_limit,
     )
-    if out.exists() and next(out.rglob("rows.jsonl"), None) is not None:
+    if out.is_dir() and files_below(out):
         try:
             print(show(out))
         except ValueError as e:  # a sweep stopped by a full disk can leave no readable row: its line says why

@@ -400,12 +400,12 @@ def _check_search_dir(out, probes: str | None) -> None:
     from pathlib import Path
 
     from zerobench.results.outdir import check_outside_sweep, check_writable_dir
-    from zerobench.results.rows import ROWS_FILE, read_rows
+    from zerobench.results.rows import files_below, read_rows
 
     check_writable_dir(out, "--out", "max-size rows")
     check_outside_sweep(out)
     probes = Path(probes).resolve() if probes else None
-    for f in sorted(out.rglob(ROWS_FILE)):
+    for f in files_below(out):
         if probes is not None and f.resolve().is_relative_to(probes):
             continue  # the probes' own training runs (--probes inside --out)
         other = next((r for r in read_rows(f) if r.get("metric") not in SEARCH_METRICS), None)

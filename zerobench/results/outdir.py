@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from zerobench.config import ConfigError
-from zerobench.results.rows import ROWS_FILE, read_rows
+from zerobench.results.rows import files_below, read_rows
 
 CREATED: list[Path] = []
 """Directories this process created to prove them writable, deepest first: a command refused afterwards (bad
@@ -110,7 +110,7 @@ def stopped_before(path: str | os.PathLike, rows: list[dict] | None = None) -> l
     if not root.is_dir():
         return []
     left = []
-    for plan in sorted(root.rglob(SWEEP_PLAN_FILE)):  # its own sweep's, and those below (a baseline's timed/, counted/)
+    for plan in files_below(root, SWEEP_PLAN_FILE):  # its own sweep's, and those below (a baseline's timed/, counted/)
         sweep = plan.parent
         below = "" if sweep == root else f"{sweep.relative_to(root).as_posix()}/"
         held = rows if sweep == root and rows is not None else read_rows(sweep)
@@ -126,7 +126,7 @@ def check_fresh_run_dir(
     its top, or as one more run directory) would read as one of that sweep's runs in reports, ``results show`` and
     the regression gate. ``fix`` says where such a run goes instead."""
     check_writable_dir(path, flag)
-    held = next((f for f in path.rglob(ROWS_FILE) if f.is_file() and f.stat().st_size), None)  # an empty one: no run
+    held = next((f for f in files_below(path) if f.is_file() and f.stat().st_size), None)  # an empty one: no run
     if held is not None:
         raise ConfigError(f"{flag} {path} already holds result rows ({held}): {fix} or remove the old rows")
     check_outside_sweep(path, flag)

@@ -210,15 +210,37 @@ def append_whole(path: Path, data: bytes, skip_if=None) -> bool:
     return True
 
 
+def files_below(root: str | os.PathLike, name: str = ROWS_FILE) -> list[Path]:
+    """Every file called ``name`` at or below the directory ``root``, sorted, symbolic links to directories followed
+    (a results directory assembled from links to runs elsewhere: ``Path.rglob`` skips them, so their rows were left
+    out of reports and gates without a word). A directory reached twice (two links to it, a link to an ancestor) is
+    walked once, and a file reached by two paths is listed once, so no run's rows are read twice."""
+    seen_dirs, seen_files, out = set(), set(), []
+    for here, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen_dirs:
+            dirs[:] = []  # a cycle, or a second path to a directory walked already
+            continue
+        seen_dirs.add(real)
+        dirs.sort()
+        if name in files:
+            f = Path(here) / name
+            key = os.path.realpath(f)
+            if key not in seen_files:
+                seen_files.add(key)
+                out.append(f)
+    return sorted(out)
+
+
 def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = False) -> list[dict]:
-    """Rows from a rows file or every ``rows.jsonl`` under a directory. A torn last line (no newline,
+    """Rows from a rows file or every ``rows.jsonl`` under a directory (``files_below``: links followed). A torn last line (no newline,
     not JSON: a writer died mid-row) is skipped with a warning, or, where the file must be as it was recorded,
     ``whole`` names what it is (the gate's ``"baseline"``) and it is a ``ConfigError``; any other bad line is a
     ``ConfigError``. ``source``: each row also says which file it came from (``rows_file``)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}: pass a results directory or a rows.jsonl file")
-    files = sorted(p.rglob(ROWS_FILE)) if p.is_dir() else [p]
+    files = files_below(p) if p.is_dir() else [p]
     rows = []
     for f in files:
         try:

@@ -111,7 +111,9 @@ def _sweeps(results: Path) -> list[Path]:
     """The sweeps under ``results``: every directory whose subdirectories hold run rows (``*/rows.jsonl``)."""
     if not results.is_dir():
         return []
-    return sorted({rows.parent.parent for rows in results.rglob("rows.jsonl")} - {results, results.parent})
+    from zerobench.results.rows import files_below
+
+    return sorted({rows.parent.parent for rows in files_below(results)} - {results, results.parent})
 
 
 def _repeatability(results: Path) -> tuple[str, list[dict] | None]:

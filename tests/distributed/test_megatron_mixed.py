@@ -57,3 +57,24 @@ def test_bf16_keeps_fp32_masters_and_fp32_gradients():
         assert r["param_dtypes"] == ["torch.bfloat16"]
         assert r["ledger"] == {"params": 2, "grads": 4, "master": 4, "optimizer_states": 8, "comm_buffers": 0}
         assert r["state_bytes_per_param"] == 18
+
+
+def test_an_overflow_on_one_tp_rank_skips_the_step_on_every_rank():
+    """The last TP rank alone finds an inf in its shard: both ranks skip that step and back off alike (a rank that
+    stepped would leave its shard's parameters out of step with the others')."""
+    ranks = run_distributed(train_both, 2, "fp16", 2.0**12, 5, 2, 1, 2, timeout=400)
+    for r in ranks:
+        meg = r["megatron"]
+        assert meg["taken"] == [True, True, False, True, True], meg
+        assert meg["scales"][1] == 2.0**12 and meg["scales"][2] == 2.0**11
+    assert ranks[0]["megatron"]["losses"] == ranks[1]["megatron"]["losses"]
+
+
+def test_fp16_accumulation_and_data_parallel_match_zerobench():
+    """DP 2 with two micro-batches a step, from an overflowing scale: the loss is scaled per micro-batch and unscaled
+    once, so the skipped steps, the scales and the losses are zerobench's."""
+    for r in run_distributed(train_both, 2, "fp16", 2.0**30, 24, 1, 2, timeout=400):
+        meg, ours = r["megatron"], r["zerobench"]
+        assert not meg["taken"][0] and any(meg["taken"]), meg
+        assert meg["taken"] == ours["taken"] and meg["scales"] == ours["scales"]
+        assert max(abs(a - b) for a, b in zip(meg["losses"], ours["losses"])) <= 2e-3, (meg, ours)

@@ -8,25 +8,42 @@ import dataclasses
 import torch
 
 
-def _config(precision: str, init_scale: float, tp: int):
+def _config(precision: str, init_scale: float, tp: int, dp: int = 1, accum: int = 1):
     from zerobench.models.sizes import preset
     from zerobench.train.config import TrainConfig
     from zerobench.zero.config import LossScaleConfig, Precision, ZeroConfig
 
-    zero = ZeroConfig(stage=0, precision=Precision(precision), loss_scale=LossScaleConfig(init_scale=init_scale))
-    return TrainConfig(model=preset("tiny"), preset="tiny", dp=1, tp=tp, zero=zero)
+    zero = ZeroConfig(
+        stage=0,
+        precision=Precision(precision),
+        loss_scale=LossScaleConfig(init_scale=init_scale),
+        grad_accum_steps=accum,
+    )
+    return TrainConfig(model=preset("tiny"), preset="tiny", dp=dp, tp=tp, zero=zero)
 
 
-def train_both(rank: int, world: int, precision: str, init_scale: float, steps: int) -> dict:
-    """Both systems, ``steps`` steps each on one batch: losses, which steps were taken, the fp16 loss
-    scale after each, and the baseline's memory ledger against its parameters' count."""
+def train_both(
+    rank: int,
+    world: int,
+    precision: str,
+    init_scale: float,
+    steps: int,
+    tp: int | None = None,
+    accum: int = 1,
+    plant_at: int | None = None,
+) -> dict:
+    """Both systems, ``steps`` steps each on one batch (``accum`` micro-batches a step, TP ``tp``, the rest DP):
+    losses, which steps were taken, the fp16 loss scale after each, and the baseline's memory ledger against its
+    parameters' count. ``plant_at``: at that step the last rank puts an inf into one of the baseline's reduced
+    gradients, as an overflow of its own shard only."""
     from zerobench.baselines.megatron import MegatronSystem
     from zerobench.distributed.mesh import build_mesh
     from zerobench.metrics.comm import CommLedger
     from zerobench.train.systems import ZeroSystem
 
-    cfg = _config(precision, init_scale, tp=world)
-    mesh = build_mesh(world, 1)
+    tp = tp or world
+    cfg = _config(precision, init_scale, tp=tp, dp=world // tp, accum=accum)
+    mesh = build_mesh(tp, world // tp)
     g = torch.Generator().manual_seed(0)
     m = cfg.model
     x = torch.randint(0, m.vocab, (2, m.seq), generator=g)
@@ -35,8 +52,11 @@ def train_both(rank: int, world: int, precision: str, init_scale: float, steps: 
     for name, cls in (("megatron", MegatronSystem), ("zerobench", ZeroSystem)):
         system = cls(dataclasses.replace(cfg, system=name), mesh, CommLedger(), torch.device("cpu"))
         losses, taken, scales = [], [], []
-        for x, y in batches:
-            losses.append(float(system.forward_backward(x, y)))
+        for i, (x, y) in enumerate(batches):
+            losses.append(sum(float(system.forward_backward(x, y)) for _ in range(accum)) / accum)
+            if name == "megatron" and i == plant_at and rank == world - 1:
+                system.ddp.finish_grad_sync()
+                system.params[0].main_grad.view(-1)[0] = float("inf")
             taken.append(bool(system.step()))
             system.zero_grad()
             scaler = system.scaler if name == "megatron" else system.engine.scaler

@@ -215,7 +215,8 @@ class MegatronSystem:
                 return True
             unscale = 1.0 / self.scaler.scale
             for p, m in zip(self.params, self.masters):
-                m.grad = p.main_grad.float() * unscale
+                g = p.main_grad.float()  # bf16's fp32 main_grad itself, as Megatron-LM's alias: no copy at the peak
+                m.grad = g.mul_(unscale) if self.scaler.enabled else g
             overflow = self._overflowed() if self.scaler.enabled else False
             self.scaler.update(overflow)  # raises before the step where the scale is already at its minimum
             if not overflow:

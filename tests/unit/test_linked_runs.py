@@ -28,11 +28,15 @@ def test_linked_run_directories_are_read(tmp_path):
     for name in runs[:3]:
         os.symlink(store / name, gathered / name)
     (gathered / "more").symlink_to(store)  # every run again, through a link to their parent
-    (store / runs[0] / "loop").symlink_to(tmp_path)  # a cycle back above the store
+    (store / runs[0] / "loop").symlink_to(tmp_path)  # a link back above the store, and above the root
+    elsewhere = tmp_path / "elsewhere" / "999-other"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(store / runs[0] / "rows.jsonl", elsewhere / "rows.jsonl")
     files = files_below(gathered)
     assert len(files) == len(runs) and len({os.path.realpath(f) for f in files}) == len(runs)
     assert _runs(read_rows(gathered)) == _runs(read_rows(store))
-    assert len(read_rows(gathered)) == len(read_rows(store))  # no run's rows read twice
+    assert len(read_rows(gathered)) == len(read_rows(store))  # no run's rows read twice, none from elsewhere/
+    assert not any("elsewhere" in str(f) for f in files_below(store))
 
 
 def test_results_show_and_the_report_count_a_linked_run(tmp_path, capsys):

@@ -210,21 +210,33 @@ def append_whole(path: Path, data: bytes, skip_if=None) -> bool:
     return True
 
 
+def _loops_or_leaves(d: str, inside: tuple[str, ...]) -> bool:
+    """Whether ``d`` is a link to a directory that contains (or is) one of the real paths ``inside``."""
+    if not os.path.islink(d):
+        return False
+    target = os.path.realpath(d)
+    return any(p == target or p.startswith(target.rstrip(os.sep) + os.sep) for p in inside)
+
+
 def files_below(root: str | os.PathLike, name: str = ROWS_FILE) -> list[Path]:
-    """Every file called ``name`` at or below the directory ``root``, sorted, symbolic links to directories followed
-    (a results directory assembled from links to runs elsewhere: ``Path.rglob`` skips them, so their rows were left
-    out of reports and gates without a word). A directory reached twice (two links to it, a link to an ancestor) is
-    walked once, and a file reached by two paths is listed once, so no run's rows are read twice."""
+    """Every entry called ``name`` at or below the directory ``root`` (a directory of that name too: its reader says
+    it cannot be read), sorted, symbolic links to directories followed: a results directory assembled from links to
+    runs elsewhere (``Path.rglob`` skips them, so their rows were left out of reports and gates without a word). A
+    directory reached twice (two links to it) is walked once, and an entry reached by two paths listed once, so no
+    run's rows are read twice. A link back to a directory the walk is inside, or to one above ``root``, is not
+    followed: it would loop, or take in rows outside the directory asked for."""
+    top = os.path.realpath(root)
     seen_dirs, seen_files, out = set(), set(), []
     for here, dirs, files in os.walk(root, followlinks=True):
         real = os.path.realpath(here)
         if real in seen_dirs:
-            dirs[:] = []  # a cycle, or a second path to a directory walked already
+            dirs[:] = []  # a second path to a directory walked already
             continue
         seen_dirs.add(real)
-        dirs.sort()
-        if name in files:
-            f = Path(here) / name
+
+        dirs[:] = sorted(d for d in dirs if not _loops_or_leaves(os.path.join(here, d), (real, top)))
+        for entry in ([name] if name in files else []) + ([name] if name in dirs else []):
+            f = Path(here) / entry
             key = os.path.realpath(f)
             if key not in seen_files:
                 seen_files.add(key)

@@ -9,6 +9,7 @@ communication per step, step time and final loss.
 from __future__ import annotations
 
 import datetime
+import json
 import signal
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from zerobench.bench import suite as suites
 from zerobench.bench.runner import run_sweep
 from zerobench.config import ConfigError
 from zerobench.launch.cancel import EXIT_CANCELLED
-from zerobench.results.outdir import check_writable_dir
+from zerobench.results.outdir import SWEEP_PLAN_FILE, check_writable_dir
 from zerobench.results.rows import files_below
 from zerobench.results.show import show
 
@@ -29,16 +30,19 @@ def run_demo(out: Path | None) -> int:
     check_writable_dir(out)
     s = suites.load(SUITE)
     if out.is_dir() and files_below(out):
+        mine = _plan_suite(out) == s.name  # an earlier demo's sweep (or one of its suite): it can be continued
         raise ConfigError(
-            f"--out {out} already holds result rows: the demo starts a sweep of its own; continue that one with "
-            f"zerobench sweep {SUITE} --out {out} --resume, or choose another --out"
+            f"--out {out} already holds result rows: the demo sweeps into a directory of its own; "
+            + (f"continue that sweep with zerobench sweep {SUITE} --out {out} --resume, or " if mine else "")
+            + "choose another --out"
         )
     print(f"zerobench demo: {s.description}\n{len(s.runs)} runs -> {out}")
     summary = run_sweep(s, out)
     if summary.stopped:  # a half sweep's table and report would read as the demo's result
+        cancelled = summary.stopped.startswith("cancelled")  # the sweep said why it stopped otherwise (a full disk)
         print(
-            f"zerobench: error: demo stopped: {summary.stopped}; its rows so far are under {out}: finish it with "
-            f"zerobench sweep {SUITE} --out {out} --resume",
+            f"zerobench: {'error: demo stopped: ' + summary.stopped + '; ' if cancelled else 'note: '}its rows so far "
+            f"are under {out}: finish it with zerobench sweep {SUITE} --out {out} --resume",
             file=sys.stderr,
         )
         return _stopped_exit(summary.stopped)
@@ -53,6 +57,14 @@ def run_demo(out: Path | None) -> int:
     print(f"\nrows: {out}/*/rows.jsonl")
     print(f"report: {html.resolve()}")
     return 0
+
+
+def _plan_suite(out: Path) -> str | None:
+    """The suite whose sweep ``out`` holds (its ``sweep-plan.json``), or None."""
+    try:
+        return json.loads((out / SWEEP_PLAN_FILE).read_text()).get("suite")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _stopped_exit(why: str) -> int:

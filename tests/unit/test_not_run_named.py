@@ -70,3 +70,44 @@ def test_a_damaged_plan_is_one_line_not_a_silent_table(stopped, capsys):
     assert main(["results", "show", str(d)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sweep-plan.json is damaged" in err[0], err
+
+
+def test_a_run_killed_mid_way_is_incomplete_not_unstarted(stopped, capsys):
+    """A run that left rows but no status row was started (and killed): ``results show`` calls it ``incomplete``; the
+    not-run line does not name it as well."""
+    d, gone = stopped
+    status = [r for r in read_rows(REPO / "results/reference/quick-cpu-2core") if r["metric"] == "run_status"]
+    killed = max(status, key=lambda r: r["run_id"])  # the last of the two removed runs: its rows back, not its status
+    src = REPO / "results/reference/quick-cpu-2core" / killed["run_id"]
+    (d / killed["run_id"]).mkdir()
+    kept = [line for line in (src / "rows.jsonl").read_text().splitlines() if '"run_status"' not in line]
+    (d / killed["run_id"] / "rows.jsonl").write_text("\n".join(kept) + "\n")
+    assert stopped_before(d) == [label for label in gone if label != killed["label"]]
+    assert main(["results", "show", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "incomplete" in out and out.strip().splitlines()[-1].endswith(f"stopped before them): {gone[0]}")
+
+
+def test_a_sweep_still_running_is_not_called_stopped(stopped, tmp_path, capsys):
+    """Its lock file names a live process: the runs it has not reached are named as not yet run, and the gate will not
+    take it as a baseline until it ends. A lock file left by a killed writer (a dead pid) is a stopped sweep."""
+    import os
+    import socket
+
+    from zerobench.results.outdir import LOCK_FILE
+
+    d, gone = stopped
+    (d / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": "zb"}))
+    assert main(["results", "show", str(d)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert (
+        last
+        == f"not run: 2 planned runs (not yet: the sweep may still be running, pid {os.getpid()}): " + ", ".join(gone)
+    )
+    code = main(["regress", "--write-baseline", str(tmp_path / "b.jsonl"), "--candidate", str(d)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "the sweep may still be running (pid" in err[0], err
+    dead = 2**22 + 12345  # above any pid this kernel hands out (pid_max is at most 2^22)
+    (d / LOCK_FILE).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "command": "zb"}))
+    assert main(["results", "show", str(d)]) == 0
+    assert "(the sweep stopped before them)" in capsys.readouterr().out

@@ -79,8 +79,34 @@ def test_sweep_check_takes_the_launcher_options(capsys, monkeypatch):
 
 
 def test_the_ab_gate_checks_only_before_any_checkout(capsys):
-    code = main(["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "stage=9", "--only", "stage=8"])
-    assert code == 2 and "no run matches stage=8|9" in _one_line(capsys)
+    code = main(["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "stage=9"])
+    assert code == 2 and "no run matches stage=9" in _one_line(capsys)
+
+
+def test_the_ab_gate_refuses_alternatives(capsys):
+    """Each side sweeps with its own code: a baseline from before alternatives would run the last value only, and the
+    gate would blame the other side's extra runs on a failure."""
+    code = main(["regress", "--ab", "cpu/quick", "--baseline-tree", ".", "--only", "stage=1", "--only", "stage=2"])
+    assert code == 2 and "--ab --only stage: one value per key" in _one_line(capsys)
+
+
+def test_check_and_warnings_are_about_the_selected_runs(tmp_path, capsys):
+    """An invalid run or a duplicate that --only leaves out is not this sweep's: the check passes, without warnings."""
+    p = tmp_path / "mixed.yaml"
+    p.write_text(
+        "base: {preset: tiny, steps: 2, warmup: 1, dp: 1}\n"
+        "runs:\n"
+        "- {label: good, stage: 1}\n"
+        "- {label: bad, stage: 2, system: megatron}\n"
+        "- {label: pa, stage: 3, pa: true}\n"
+        "- {label: pa-ckpt, stage: 3, pa: true, checkpoint_activations: true}\n"
+    )
+    assert main(["sweep", str(p), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "run 1 (bad) is invalid" in err and "resolve to one configuration" in err
+    assert main(["sweep", str(p), "--check", "--only", "stage=1"]) == 0
+    io = capsys.readouterr()
+    assert "zerobench: warning" not in io.err and "(1 selected by --only)" in io.out
 
 
 def test_entries_resolving_to_one_configuration_are_warned(tmp_path, capsys):

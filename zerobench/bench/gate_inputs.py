@@ -159,9 +159,16 @@ def check_planned(path: str | Path, rows: list[dict]) -> None:
     """Refuse, in one line, a baseline from a sweep stopped before some of its runs (``sweep-plan.json`` lists them
     and they left no row): ``_check_whole`` sees only configurations that left rows, so these would be missing from
     the baseline and never gated."""
-    from zerobench.results.outdir import stopped_before
+    from zerobench.results.outdir import unfinished
 
-    left = stopped_before(path, rows)
+    sweeps = unfinished(path, rows)
+    left = [label for u in sweeps for label in u.labels]
+    running = next((u.writer for u in sweeps if u.writer is not None), None)
+    if running is not None:
+        raise ConfigError(
+            f"{path}: {len(left)} of the sweep's planned runs have no row yet, and the sweep may still be running "
+            f"({running}): write the baseline once it has finished"
+        )
     if left:
         raise ConfigError(
             f"{path}: the sweep stopped before {len(left)} of its planned runs ({', '.join(left[:4])}"

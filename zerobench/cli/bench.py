@@ -15,18 +15,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from zerobench.bench import suite as suites
-    from zerobench.bench.runner import check_sweep, parse_only, run_sweep, warn_same_configurations
+    from zerobench.bench.runner import check_sweep, parse_only, run_sweep, selected, warn_same_configurations
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.results.outdir import check_writable_dir
     from zerobench.results.rows import files_below
     from zerobench.results.show import show
 
     s = suites.load(args.suite)
-    invalid = [r for r in s.runs if r.error]
+    only = parse_only(args.only)
+    chosen = selected(s, only)  # what this sweep runs: the warnings and the check are about these runs
+    invalid = [r for r in chosen.runs if r.error]
     for r in invalid:
         print(f"zerobench: warning: {s.path}: run {r.index} ({r.label}) is invalid: {r.error}", file=sys.stderr)
-    warn_same_configurations(s)
-    only = parse_only(args.only)
+    warn_same_configurations(chosen)
     if args.check:  # the sweep's own checks, with its options: a check passes where the sweep would start
         if invalid:
             return 2

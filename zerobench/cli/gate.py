@@ -135,7 +135,14 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     from zerobench.bench.runner import parse_only, selected
 
     suite = suites.load(args.ab)  # a bad suite is one line before a worktree is checked out and sides launched
-    selected(suite, parse_only(args.only))  # the sweep each side runs would refuse it only after the checkout
+    only = parse_only(args.only)
+    twice = next((k for k, v in only.items() if len(v) > 1), None)
+    if twice is not None:  # each side sweeps with its own code: a baseline from before alternatives keeps the last
+        raise ConfigError(
+            f"--ab --only {twice}: one value per key (the baseline side sweeps with its own zerobench, which may "
+            f"take a repeated key as its last value only, so the sides would run different runs): run one A/B per value"
+        )
+    selected(suite, only)  # the sweep each side runs would refuse it only after the checkout
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     # before a baseline worktree is checked out: an earlier A/B's rounds there would be refused only at the first round

@@ -80,7 +80,7 @@ def render(results: list[str], out_dir: str) -> Path:
         frames.append(frame[~frame["rows_file"].isin(seen)])
         seen |= set(frame["rows_file"])
     df = pd.concat(frames, ignore_index=True)
-    not_run = [label for r in results for label in _not_run(r)]
+    not_run = [line for r in results for line in _not_run(r)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     before = _figure_dirs(out)
@@ -109,11 +109,17 @@ def render(results: list[str], out_dir: str) -> Path:
 
 
 def _not_run(result: str) -> list[str]:
-    """The runs a stopped sweep under ``result`` planned and never started, named from the report's argument: they
-    left no row, so without this line the report would show the rest as the whole suite."""
-    from zerobench.results.outdir import stopped_before
+    """Each sweep under ``result`` with planned runs that left no row (stopped before them, or not yet reached),
+    described with the runs named from the report's argument: without it the report would show the rest as the whole
+    suite."""
+    import dataclasses
 
-    return [f"{Path(result).as_posix().rstrip('/')}/{label}" for label in stopped_before(result)]
+    from zerobench.results.outdir import unfinished
+
+    base = Path(result).as_posix().rstrip("/")
+    return [
+        dataclasses.replace(u, labels=[f"{base}/{label}" for label in u.labels]).describe() for u in unfinished(result)
+    ]
 
 
 def _figure_dirs(out: Path) -> set[Path]:

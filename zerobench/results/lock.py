@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Self
 
 from zerobench.config import ConfigError
-from zerobench.results.outdir import check_writable_dir
+from zerobench.results.outdir import LOCK_FILE, check_writable_dir
 
-LOCK_FILE = ".zerobench.lock"
 HOLDER_WAIT_S = 2.0
 """How long a refused claimant waits for a holder that has just taken the lock to record its pid."""
 

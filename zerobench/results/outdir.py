@@ -7,9 +7,11 @@ directory inside ``runs/``. A bad location is one ``ConfigError`` line before an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -84,8 +86,9 @@ SWEEP_PLAN_FILE = "sweep-plan.json"
 
 
 def never_ran(out: str | os.PathLike, rows: list[dict]) -> list[str]:
-    """Labels of the runs ``out``'s sweep planned (``SWEEP_PLAN_FILE``) that left no status row in ``rows`` (the
-    sweep was stopped before them); [] where ``out`` holds no plan (a single run, or a sweep of before plans)."""
+    """Labels of the runs ``out``'s sweep planned (``SWEEP_PLAN_FILE``) that left no row in ``rows``: neither a status
+    row of their label and config hash nor any row of that config (a run killed mid-way left rows and no status: it
+    is ``incomplete``, not unstarted); [] where ``out`` holds no plan (a single run, or a sweep of before plans)."""
     path = Path(out) / SWEEP_PLAN_FILE
     if not path.is_file():
         return []
@@ -98,24 +101,74 @@ def never_ran(out: str | os.PathLike, rows: list[dict]) -> list[str]:
             "is unknown; restore it from a copy, or delete it to read the runs as a set of single runs"
         ) from None
     ran = {(r.get("label"), r.get("config_hash")) for r in rows if r.get("metric") == "run_status"}
-    return [label for label, h in keys if (label, h) not in ran]
+    measured = {r.get("config_hash") for r in rows}
+    return [label for label, h in keys if (label, h) not in ran and h not in measured]
 
 
-def stopped_before(path: str | os.PathLike, rows: list[dict] | None = None) -> list[str]:
-    """The planned runs that never ran in every sweep at or below the directory ``path`` (a rows file: none), each
-    as ``<sweep dir relative to path>/<label>``. ``rows``: those already read from ``path``, not read again for a
-    sweep at ``path`` itself. Readers of a stopped sweep's rows (``results show``, reports, the gate) name these:
-    a run that left no row would otherwise be absent without a word."""
+LOCK_FILE = ".zerobench.lock"
+"""The writer's lock file in its output directory (``results/lock.py``): present while a writer holds it, left
+behind only by one that was killed."""
+
+
+def writer_of(directory: str | os.PathLike) -> str | None:
+    """Who may still be writing ``directory``: the pid (and host, if another) its lock file records, or None where it
+    has none (its writer ended, and removed it) or names a process of this host that is gone (killed). A writer on
+    another host cannot be checked from here: it is named, as possibly running."""
+    try:
+        me = json.loads((Path(directory) / LOCK_FILE).read_text())
+        pid, host = int(me["pid"]), me.get("host")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host in (None, socket.gethostname()):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, another user's
+        return f"pid {pid}"
+    return f"pid {pid} on {host}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unfinished:
+    """A sweep at or below a reader's path with planned runs that left no row."""
+
+    labels: list[str]
+    """Each as ``<sweep dir relative to the path>/<label>``."""
+    writer: str | None
+    """Who may still be running the sweep (``writer_of``), or None: it stopped before them."""
+
+    def describe(self) -> str:
+        n = len(self.labels)
+        runs = f"{n} planned run{'s' if n != 1 else ''}"
+        if self.writer is None:
+            return f"{runs} (the sweep stopped before them): {', '.join(self.labels)}"
+        return f"{runs} (not yet: the sweep may still be running, {self.writer}): {', '.join(self.labels)}"
+
+
+def unfinished(path: str | os.PathLike, rows: list[dict] | None = None) -> list[Unfinished]:
+    """The sweeps at or below the directory ``path`` (a rows file: none) whose planned runs left no row, with who may
+    still be running each. ``rows``: those already read from ``path``, not read again for a sweep at ``path`` itself.
+    Readers of a sweep's rows (``results show``, reports, the gate) name them: a run that left no row would
+    otherwise be absent without a word."""
     root = Path(path)
     if not root.is_dir():
         return []
-    left = []
+    out = []
     for plan in files_below(root, SWEEP_PLAN_FILE):  # its own sweep's, and those below (a baseline's timed/, counted/)
         sweep = plan.parent
         below = "" if sweep == root else f"{sweep.relative_to(root).as_posix()}/"
         held = rows if sweep == root and rows is not None else read_rows(sweep)
-        left += [below + label for label in never_ran(sweep, held)]
-    return left
+        left = never_ran(sweep, held)
+        if left:
+            out.append(Unfinished([below + label for label in left], writer_of(sweep)))
+    return out
+
+
+def stopped_before(path: str | os.PathLike, rows: list[dict] | None = None) -> list[str]:
+    """The labels of every ``unfinished`` sweep's runs that left no row, whether stopped or still running."""
+    return [label for u in unfinished(path, rows) for label in u.labels]
 
 
 def check_fresh_run_dir(

@@ -3,7 +3,7 @@
 A run's status is its ``run_status`` row's; a training run without one is ``incomplete`` (or ``unrecorded``,
 for rows from before every launcher wrote one: ``results/status.py``), never ``ok``. ``skipped`` counts the
 optimizer steps skipped on fp16 overflow (left out of ``step_ms``). The runs a stopped sweep planned but never
-started left no row: a last line names them (``results/outdir.stopped_before``)."""
+started left no row: a last line names them (``results/outdir.unfinished``)."""
 
 from __future__ import annotations
 
@@ -91,12 +91,10 @@ def _cell(v):
 def show(path: str | Path) -> str:
     import pandas as pd
 
-    from zerobench.results.outdir import stopped_before
+    from zerobench.results.outdir import unfinished
 
     df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in _runs(path)], dtype=object)
     table = df.to_string(index=False, max_cols=None, max_colwidth=70)
-    left = stopped_before(path)
-    if left:
-        table += f"\nnot run: {len(left)} planned run{'s' if len(left) != 1 else ''} (the sweep stopped before them): "
-        table += ", ".join(left)
+    for u in unfinished(path):
+        table += f"\nnot run: {u.describe()}"
     return table

@@ -64,3 +64,16 @@ def test_a_sweep_refuses_a_directory_whose_only_rows_are_linked(tmp_path, capsys
     assert main(["sweep", "cpu/quick", "--out", str(out), "--only", "stage=0", "--only", "dp=1"]) == 2
     err = capsys.readouterr().err
     assert "already holds result rows" in err
+
+
+def test_a_root_reached_through_a_link_does_not_read_its_parents_rows(tmp_path, capsys):
+    """``results`` is a link to scratch storage, which holds a link back to the checkout: resolving the root alone
+    did not see that the link holds ``results`` as given, and rows of the checkout's other directories were read."""
+    repo, scratch = tmp_path / "repo", tmp_path / "scratch" / "res"
+    shutil.copytree(REFERENCE / "000-stage-0-dp-1", scratch / "000-stage-0-dp-1")
+    shutil.copytree(REFERENCE / "001-stage-0-dp-2", repo / "reference" / "001-stage-0-dp-2")
+    (repo / "results").symlink_to(scratch)
+    (scratch / "repo").symlink_to(repo)
+    files = files_below(repo / "results")
+    assert [f.relative_to(repo / "results").as_posix() for f in files] == ["000-stage-0-dp-1/rows.jsonl"]
+    assert "repo links to a directory holding" in capsys.readouterr().err

@@ -225,7 +225,7 @@ def files_below(root: str | os.PathLike, name: str = ROWS_FILE) -> list[Path]:
     directory reached twice (two links to it) is walked once, and an entry reached by two paths listed once, so no
     run's rows are read twice. A link back to a directory the walk is inside, or to one above ``root``, is not
     followed: it would loop, or take in rows outside the directory asked for."""
-    top = os.path.realpath(root)
+    tops = (os.path.realpath(root), os.path.abspath(root))  # the root as resolved, and as given (it may be a link)
     seen_dirs, seen_files, out = set(), set(), []
     for here, dirs, files in os.walk(root, followlinks=True):
         real = os.path.realpath(here)
@@ -233,8 +233,15 @@ def files_below(root: str | os.PathLike, name: str = ROWS_FILE) -> list[Path]:
             dirs[:] = []  # a second path to a directory walked already
             continue
         seen_dirs.add(real)
-
-        dirs[:] = sorted(d for d in dirs if not _loops_or_leaves(os.path.join(here, d), (real, top)))
+        inside = (real, os.path.abspath(here), *tops)
+        for d in [d for d in dirs if _loops_or_leaves(os.path.join(here, d), inside)]:
+            dirs.remove(d)
+            print(
+                f"zerobench: warning: {os.path.join(here, d)} links to a directory holding {root}: not followed "
+                "(it would read rows from outside it, or loop)",
+                file=sys.stderr,
+            )
+        dirs.sort()
         for entry in ([name] if name in files else []) + ([name] if name in dirs else []):
             f = Path(here) / entry
             key = os.path.realpath(f)

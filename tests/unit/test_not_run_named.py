@@ -89,25 +89,28 @@ def test_a_run_killed_mid_way_is_incomplete_not_unstarted(stopped, capsys):
 
 
 def test_a_sweep_still_running_is_not_called_stopped(stopped, tmp_path, capsys):
-    """Its lock file names a live process: the runs it has not reached are named as not yet run, and the gate will not
-    take it as a baseline until it ends. A lock file left by a killed writer (a dead pid) is a stopped sweep."""
+    """A writer holds its lock: the runs it has not reached are named as not yet run, and the gate will not take it as
+    a baseline until it ends. A lock file left by a killed writer is held by no one: a stopped sweep."""
     import os
-    import socket
 
+    from zerobench.results.lock import claim
     from zerobench.results.outdir import LOCK_FILE
 
     d, gone = stopped
-    (d / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": "zb"}))
-    assert main(["results", "show", str(d)]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert (
-        last
-        == f"not run: 2 planned runs (not yet: the sweep may still be running, pid {os.getpid()}): " + ", ".join(gone)
-    )
-    code = main(["regress", "--write-baseline", str(tmp_path / "b.jsonl"), "--candidate", str(d)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "the sweep may still be running (pid" in err[0], err
-    dead = 2**22 + 12345  # above any pid this kernel hands out (pid_max is at most 2^22)
-    (d / LOCK_FILE).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "command": "zb"}))
+    with claim(d):  # this process is the sweep's writer
+        assert main(["results", "show", str(d)]) == 0
+        last = capsys.readouterr().out.strip().splitlines()[-1]
+        assert (
+            last
+            == f"not run: 2 planned runs (not yet: the sweep is still running, pid {os.getpid()}): " + ", ".join(gone)
+        )
+        code = main(["regress", "--write-baseline", str(tmp_path / "b.jsonl"), "--candidate", str(d)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and f"a writer holds the sweep's lock (pid {os.getpid()})" in err[0], err
+        assert main(["report", str(d), "--out", str(tmp_path / "r")]) == 0
+        md = (tmp_path / "r" / "summary.md").read_text()
+        assert "the sweep is still running" in md and "--resume" not in md
+    # a killed writer's record stays behind, naming a pid: nobody holds the lock
+    (d / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": "elsewhere", "command": "zb"}))
     assert main(["results", "show", str(d)]) == 0
     assert "(the sweep stopped before them)" in capsys.readouterr().out

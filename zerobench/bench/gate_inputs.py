@@ -163,11 +163,11 @@ def check_planned(path: str | Path, rows: list[dict]) -> None:
 
     sweeps = unfinished(path, rows)
     left = [label for u in sweeps for label in u.labels]
-    running = next((u.writer for u in sweeps if u.writer is not None), None)
+    running = next((u for u in sweeps if u.writer is not None), None)
     if running is not None:
         raise ConfigError(
-            f"{path}: {len(left)} of the sweep's planned runs have no row yet, and the sweep may still be running "
-            f"({running}): write the baseline once it has finished"
+            f"{path}: {len(left)} of the sweep's planned runs have no row yet, and a writer holds the sweep's lock "
+            f"({running.writer}): write the baseline once the sweep has finished"
         )
     if left:
         raise ConfigError(

@@ -108,7 +108,7 @@ def render(results: list[str], out_dir: str) -> Path:
     return out / "index.html"
 
 
-def _not_run(result: str) -> list[str]:
+def _not_run(result: str) -> list[dict]:
     """Each sweep under ``result`` with planned runs that left no row (stopped before them, or not yet reached),
     described with the runs named from the report's argument: without it the report would show the rest as the whole
     suite."""
@@ -118,7 +118,11 @@ def _not_run(result: str) -> list[str]:
 
     base = Path(result).as_posix().rstrip("/")
     return [
-        dataclasses.replace(u, labels=[f"{base}/{label}" for label in u.labels]).describe() for u in unfinished(result)
+        {
+            "line": dataclasses.replace(u, labels=[f"{base}/{label}" for label in u.labels]).describe(),
+            "stopped": u.writer is None,
+        }
+        for u in unfinished(result)
     ]
 
 

@@ -72,7 +72,7 @@ def claim(path: str | os.PathLike, flag: str = "--out") -> DirLock:
             os.close(fd)
             raise ConfigError(f"the lock file {lock} is not a regular file: remove it")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fd)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
@@ -92,6 +92,24 @@ def claim(path: str | os.PathLike, flag: str = "--out") -> DirLock:
         os.close(fd)  # its holder removed it as we locked it: lock the file now at the path
     _record(fd)
     return DirLock(path, fd)
+
+
+READER_PROBE_WAIT_S = 0.5
+"""How long a claimant retries a lock it found held before refusing: a reader asking whether a writer holds the
+directory (``outdir.writer_of``) holds a shared lock for the moment of its probe."""
+
+
+def _lock_exclusive(fd: int) -> None:
+    """``flock(LOCK_EX | LOCK_NB)``, retried for ``READER_PROBE_WAIT_S`` while held (``BlockingIOError`` after)."""
+    deadline = time.monotonic() + READER_PROBE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _same_file(fd: int, lock: Path) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import socket
@@ -111,23 +112,55 @@ behind only by one that was killed."""
 
 
 def writer_of(directory: str | os.PathLike) -> str | None:
-    """Who may still be writing ``directory``: the pid (and host, if another) its lock file records, or None where it
-    has none (its writer ended, and removed it) or names a process of this host that is gone (killed). A writer on
-    another host cannot be checked from here: it is named, as possibly running."""
+    """Who is writing ``directory`` now, as its lock file records them (pid, host, command), or None where no one
+    holds its lock. The lock itself answers (a shared ``flock`` probe, released at once): a lock file left by a
+    writer that was killed is held by no one, on this host or another whose file system shares locks. Where the file
+    system has no locks, the record is all there is: a live pid of this host, or any pid of another, is named."""
+    path = Path(directory) / LOCK_FILE
     try:
-        me = json.loads((Path(directory) / LOCK_FILE).read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # none: its writer ended and removed it (or never ran)
+    except OSError as e:
+        return f"unknown: {path} cannot be read ({e.strerror})"
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _recorded(fd) or f"a writer holds {path}"
+        except OSError:  # no locks on this file system: judge by the record
+            who = _recorded(fd)
+            return who if who is not None and _may_live(who) else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _recorded(fd: int) -> str | None:
+    try:
+        me = json.loads(os.pread(fd, 4096, 0))
         pid, host = int(me["pid"]), me.get("host")
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if host in (None, socket.gethostname()):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass  # alive, another user's
-        return f"pid {pid}"
-    return f"pid {pid} on {host}"
+    where = "" if host in (None, socket.gethostname()) else f" on {host}"
+    return f"pid {pid}{where}"
+
+
+def _may_live(who: str) -> bool:
+    """``who`` (``_recorded``) names another host's process, or a live one of this host."""
+    if " on " in who:
+        return True
+    pid = int(who.split()[1])
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +177,7 @@ class Unfinished:
         runs = f"{n} planned run{'s' if n != 1 else ''}"
         if self.writer is None:
             return f"{runs} (the sweep stopped before them): {', '.join(self.labels)}"
-        return f"{runs} (not yet: the sweep may still be running, {self.writer}): {', '.join(self.labels)}"
+        return f"{runs} (not yet: the sweep is still running, {self.writer}): {', '.join(self.labels)}"
 
 
 def unfinished(path: str | os.PathLike, rows: list[dict] | None = None) -> list[Unfinished]:

@@ -32,7 +32,7 @@ def train_both(
     accum: int = 1,
     plant_at: int | None = None,
 ) -> dict:
-    """Both systems, ``steps`` steps each on one batch (``accum`` micro-batches a step, TP ``tp``, the rest DP):
+    """Both systems, ``steps`` steps each on the same data (``accum`` micro-batches a step, TP ``tp``, the rest DP):
     losses, which steps were taken, the fp16 loss scale after each, and the baseline's memory ledger against its
     parameters' count. ``plant_at``: at that step the last rank puts an inf into one of the baseline's reduced
     gradients, as an overflow of its own shard only."""
@@ -46,17 +46,22 @@ def train_both(
     mesh = build_mesh(tp, world // tp)
     g = torch.Generator().manual_seed(0)
     m = cfg.model
-    x = torch.randint(0, m.vocab, (2, m.seq), generator=g)
-    batches = [(x, torch.roll(x, -1, dims=1))] * steps  # one batch again and again: a loss that must fall
+    # each DP rank and each micro-batch its own samples (a missing all-reduce or a wrong 1/dp or 1/accum would show),
+    # the same ones at every step: a loss that must fall
+    dp_rank = rank // tp
+    micro = []
+    for _ in range(world // tp * accum):
+        x = torch.randint(0, m.vocab, (2, m.seq), generator=g)
+        micro.append((x, torch.roll(x, -1, dims=1)))
+    mine = micro[dp_rank * accum : (dp_rank + 1) * accum]
     out = {}
     for name, cls in (("megatron", MegatronSystem), ("zerobench", ZeroSystem)):
         system = cls(dataclasses.replace(cfg, system=name), mesh, CommLedger(), torch.device("cpu"))
         losses, taken, scales = [], [], []
-        for i, (x, y) in enumerate(batches):
-            losses.append(sum(float(system.forward_backward(x, y)) for _ in range(accum)) / accum)
+        for i in range(steps):
+            losses.append(sum(float(system.forward_backward(x, y)) for x, y in mine) / accum)
             if name == "megatron" and i == plant_at and rank == world - 1:
-                system.ddp.finish_grad_sync()
-                system.params[0].main_grad.view(-1)[0] = float("inf")
+                system.params[0].main_grad.view(-1)[0] = float("inf")  # before the step's reduction: this rank's only
             taken.append(bool(system.step()))
             system.zero_grad()
             scaler = system.scaler if name == "megatron" else system.engine.scaler

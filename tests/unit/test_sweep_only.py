@@ -59,7 +59,7 @@ def _one_line(capsys) -> str:
 
 def test_sweep_check_counts_what_only_selects(capsys):
     assert main(["sweep", "cpu/quick", "--check", "--only", "stage=1", "--only", "stage=2"]) == 0
-    assert "12 runs, all valid (6 selected by --only)" in capsys.readouterr().out
+    assert "6 of 12 runs (selected by --only), all valid" in capsys.readouterr().out
     assert main(["sweep", "cpu/quick", "--check", "--only", "nokey=1"]) == 2
     assert "no run matches nokey=1: a run has no key 'nokey'" in _one_line(capsys)
 
@@ -106,7 +106,7 @@ def test_check_and_warnings_are_about_the_selected_runs(tmp_path, capsys):
     assert "run 1 (bad) is invalid" in err and "resolve to one configuration" in err
     assert main(["sweep", str(p), "--check", "--only", "stage=1"]) == 0
     io = capsys.readouterr()
-    assert "zerobench: warning" not in io.err and "(1 selected by --only)" in io.out
+    assert "zerobench: warning" not in io.err and "1 of 4 runs (selected by --only), all valid" in io.out
 
 
 def test_entries_resolving_to_one_configuration_are_warned(tmp_path, capsys):

@@ -40,8 +40,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             gpus_per_task=args.gpus_per_task,
             pending_limit_s=args.pending_limit,
         )
-        picked = f" ({len(chosen.runs)} selected by --only)" if only else ""
-        print(f"{s.path}: {len(s.runs)} runs, all valid{picked}")
+        runs = f"{len(chosen.runs)} of {len(s.runs)} runs (selected by --only)" if only else f"{len(s.runs)} runs"
+        print(f"{s.path}: {runs}, all valid")
         return 0
     out = Path(args.out) if args.out else Path("runs") / s.name
     check_writable_dir(out)

@@ -26,7 +26,7 @@ from zerobench.report.comparison import comparison_table, missed_baselines
 from zerobench.report.maxsize import maxsize_table
 from zerobench.report.offload import offload_table
 from zerobench.report.peers import peers_table
-from zerobench.results.status import with_run_key
+from zerobench.results.status import with_run_key, without_verdicts
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
 FIGURES = "figures-"
@@ -54,7 +54,7 @@ def _provenance(df: pd.DataFrame) -> dict:
         if "provenance.timestamp" in df
         else None,
         "suites": uniq("suite"),
-        "runs": len(with_run_key(df).groupby(["rows_file", "run_id"])),
+        "runs": len(without_verdicts(with_run_key(df))[0].groupby(["rows_file", "run_id"])),  # a gate's verdicts: none
         "rows": len(df),
         # training runs that are not data points: incomplete (no run_status row), failed, oom, ... (not counted)
         "not_counted": aggregate.run_statuses(df),

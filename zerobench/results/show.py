@@ -30,11 +30,19 @@ def summarize(path: str | Path):
     return pd.DataFrame(_runs(path))
 
 
-def _runs(path: str | Path) -> list[dict]:
+def _frame(path: str | Path):
+    """The rows under ``path`` with their run keys, less the regression gate's verdicts (not a run), and how many
+    verdict sets there were."""
     from zerobench.results import load
-    from zerobench.results.status import RUN_KEY, frame_statuses, with_run_key
+    from zerobench.results.status import with_run_key, without_verdicts
 
-    df = with_run_key(load(path))
+    return without_verdicts(with_run_key(load(path)))
+
+
+def _runs(path: str | Path, df=None) -> list[dict]:
+    from zerobench.results.status import RUN_KEY, frame_statuses
+
+    df = _frame(path)[0] if df is None else df
     st = frame_statuses(df)
     runs = []
     for (rows_file, run_id, key), g in df.groupby(RUN_KEY, sort=True):
@@ -93,8 +101,13 @@ def show(path: str | Path) -> str:
 
     from zerobench.results.outdir import unfinished
 
-    df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in _runs(path)], dtype=object)
+    runs, verdicts = _frame(path)
+    df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in _runs(path, runs)], dtype=object)
     table = df.to_string(index=False, max_cols=None, max_colwidth=70)
     for u in unfinished(path):
         table += f"\nnot run: {u.describe()}"
+    if verdicts:
+        table += (
+            f"\nnot a run: {verdicts} set{'s' if verdicts != 1 else ''} of regression-gate verdicts (regress --out)"
+        )
     return table

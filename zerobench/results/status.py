@@ -64,6 +64,21 @@ def statuses(rows) -> dict[tuple[str, str], tuple[str | None, str | None]]:
 RUN_KEY = ["rows_file", "run_id", "config_hash"]
 """What keys one run in a ``results.load`` frame (passed through ``with_run_key``)."""
 
+VERDICT_METRICS = ("gate_comparison", "gate_result")
+"""The regression gate's verdict rows (``regress --out``): a record of a comparison, not a run."""
+
+
+def without_verdicts(df):
+    """``df`` (a ``results.load`` DataFrame) without the regression gate's verdict rows, and how many verdict sets
+    (``(rows_file, run_id)``) it held: readers that count and list runs leave them out, and say so."""
+    if "metric" not in df:
+        return df, 0
+    verdict = df["metric"].isin(VERDICT_METRICS)
+    sets = (
+        len(df[verdict].groupby(["rows_file", "run_id"])) if "rows_file" in df and verdict.any() else int(verdict.any())
+    )
+    return df[~verdict], sets
+
 
 def with_run_key(df):
     """``df`` with ``config_hash`` and ``rows_file`` columns (empty where rows lack them) so that ``RUN_KEY`` keys a

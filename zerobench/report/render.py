@@ -26,7 +26,7 @@ from zerobench.report.comparison import comparison_table, missed_baselines
 from zerobench.report.maxsize import maxsize_table
 from zerobench.report.offload import offload_table
 from zerobench.report.peers import peers_table
-from zerobench.results.status import with_run_key, without_verdicts
+from zerobench.results.status import row_keys, with_run_key, without_verdicts
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "report_templates"
 FIGURES = "figures-"
@@ -69,18 +69,18 @@ def render(results: list[str], out_dir: str) -> Path:
     place, never old pages next to some new figures."""
     from zerobench.results import load
 
-    frames, seen = [], set()
+    frames, seen, not_run = [], set(), []
     for r in results:
         try:
             frame = load(r)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        not_run += _not_run(r, row_keys(frame))
         # a rows file reached twice (a path given in two spellings, a directory and one inside it) is read once:
         # twice, its runs would count as two repeats of one measurement, with a spread of 0
         frames.append(frame[~frame["rows_file"].isin(seen)])
         seen |= set(frame["rows_file"])
     df = pd.concat(frames, ignore_index=True)
-    not_run = [line for r in results for line in _not_run(r)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     before = _figure_dirs(out)
@@ -108,10 +108,10 @@ def render(results: list[str], out_dir: str) -> Path:
     return out / "index.html"
 
 
-def _not_run(result: str) -> list[dict]:
+def _not_run(result: str, rows: list[dict]) -> list[dict]:
     """Each sweep under ``result`` with planned runs that left no row (stopped before them, or not yet reached),
     described with the runs named from the report's argument: without it the report would show the rest as the whole
-    suite."""
+    suite. ``rows``: ``result``'s rows as read (``row_keys``), not read again."""
     import dataclasses
 
     from zerobench.results.outdir import unfinished
@@ -122,7 +122,7 @@ def _not_run(result: str) -> list[dict]:
             "line": dataclasses.replace(u, labels=[f"{base}/{label}" for label in u.labels]).describe(),
             "stopped": u.writer is None,
         }
-        for u in unfinished(result)
+        for u in unfinished(result, rows)
     ]
 
 

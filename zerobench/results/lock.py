@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Self
 
 from zerobench.config import ConfigError
-from zerobench.results.outdir import LOCK_FILE, check_writable_dir
+from zerobench.results.outdir import LOCK_FILE, check_writable_dir, read_holder
 
 HOLDER_WAIT_S = 2.0
 """How long a refused claimant waits for a holder that has just taken the lock to record its pid."""
@@ -135,15 +135,8 @@ def _record(fd: int) -> None:
 def _holder(fd: int) -> str:
     """Who holds the lock, from the lock file (waiting briefly for a holder that has not written it yet)."""
     deadline = time.monotonic() + HOLDER_WAIT_S
-    while True:
-        try:
-            me = json.loads(os.pread(fd, 4096, 0))
-            pid = int(me["pid"])
-            break
-        except (ValueError, KeyError, TypeError, OSError):
-            if time.monotonic() > deadline:
-                return "pid unknown: its lock file records none"
-            time.sleep(0.05)
-    host = me.get("host")
-    where = f" on {host}" if host and host != socket.gethostname() else ""
-    return f"pid {pid}{where}: {me.get('command', '?')}"
+    while (who := read_holder(fd)) is None:
+        if time.monotonic() > deadline:
+            return "pid unknown: its lock file records none"
+        time.sleep(0.05)
+    return who.describe(command=True)

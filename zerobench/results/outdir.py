@@ -111,11 +111,47 @@ LOCK_FILE = ".zerobench.lock"
 behind only by one that was killed."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """What a writer's lock file records of it (``results/lock.py`` writes it)."""
+
+    pid: int
+    host: str | None
+    command: str
+
+    def describe(self, command: bool = False) -> str:
+        where = "" if self.host in (None, "", socket.gethostname()) else f" on {self.host}"
+        return f"pid {self.pid}{where}" + (f": {self.command}" if command else "")
+
+    def may_live(self) -> bool:
+        """Another host's process (not checkable from here), or a live one of this host."""
+        if self.host not in (None, "", socket.gethostname()):
+            return True
+        if self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # alive, another user's
+        return True
+
+
+def read_holder(fd: int) -> Holder | None:
+    """The record in the lock file open at ``fd``, or None where it holds none (yet)."""
+    try:
+        me = json.loads(os.pread(fd, 4096, 0))
+        return Holder(int(me["pid"]), me.get("host"), str(me.get("command", "?")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def writer_of(directory: str | os.PathLike) -> str | None:
-    """Who is writing ``directory`` now, as its lock file records them (pid, host, command), or None where no one
-    holds its lock. The lock itself answers (a shared ``flock`` probe, released at once): a lock file left by a
-    writer that was killed is held by no one, on this host or another whose file system shares locks. Where the file
-    system has no locks, the record is all there is: a live pid of this host, or any pid of another, is named."""
+    """Who is writing ``directory`` now, as its lock file records them, or None where no one holds its lock. The lock
+    itself answers (a shared ``flock`` probe, released at once): a lock file left by a writer that was killed is held
+    by no one, on this host or another whose file system shares locks. Where the file system has no locks, the record
+    is all there is: a live pid of this host, or any pid of another, is named."""
     path = Path(directory) / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -127,40 +163,15 @@ def writer_of(directory: str | os.PathLike) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _recorded(fd) or f"a writer holds {path}"
+            who = read_holder(fd)
+            return who.describe() if who is not None else f"a writer holds {path}"
         except OSError:  # no locks on this file system: judge by the record
-            who = _recorded(fd)
-            return who if who is not None and _may_live(who) else None
+            who = read_holder(fd)
+            return who.describe() if who is not None and who.may_live() else None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
-
-
-def _recorded(fd: int) -> str | None:
-    try:
-        me = json.loads(os.pread(fd, 4096, 0))
-        pid, host = int(me["pid"]), me.get("host")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    where = "" if host in (None, socket.gethostname()) else f" on {host}"
-    return f"pid {pid}{where}"
-
-
-def _may_live(who: str) -> bool:
-    """``who`` (``_recorded``) names another host's process, or a live one of this host."""
-    if " on " in who:
-        return True
-    pid = int(who.split()[1])
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    return True
 
 
 @dataclasses.dataclass(frozen=True)

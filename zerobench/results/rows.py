@@ -210,6 +210,10 @@ def append_whole(path: Path, data: bytes, skip_if=None) -> bool:
     return True
 
 
+_WARNED_LINKS: set[str] = set()
+"""Links ``files_below`` has warned about in this process."""
+
+
 def _loops_or_leaves(d: str, inside: tuple[str, ...]) -> bool:
     """Whether ``d`` is a link to a directory that contains (or is) one of the real paths ``inside``."""
     if not os.path.islink(d):
@@ -236,11 +240,14 @@ def files_below(root: str | os.PathLike, name: str = ROWS_FILE) -> list[Path]:
         inside = (real, os.path.abspath(here), *tops)
         for d in [d for d in dirs if _loops_or_leaves(os.path.join(here, d), inside)]:
             dirs.remove(d)
-            print(
-                f"zerobench: warning: {os.path.join(here, d)} links to a directory holding {root}: not followed "
-                "(it would read rows from outside it, or loop)",
-                file=sys.stderr,
-            )
+            link = os.path.join(here, d)
+            if link not in _WARNED_LINKS:  # a command walks one directory more than once: one warning
+                _WARNED_LINKS.add(link)
+                print(
+                    f"zerobench: warning: {link} links to a directory holding {root}: not followed "
+                    "(it would read rows from outside it, or loop)",
+                    file=sys.stderr,
+                )
         dirs.sort()
         for entry in ([name] if name in files else []) + ([name] if name in dirs else []):
             f = Path(here) / entry
@@ -252,10 +259,10 @@ def files_below(root: str | os.PathLike, name: str = ROWS_FILE) -> list[Path]:
 
 
 def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = False) -> list[dict]:
-    """Rows from a rows file or every ``rows.jsonl`` under a directory (``files_below``: links followed). A torn last line (no newline,
-    not JSON: a writer died mid-row) is skipped with a warning, or, where the file must be as it was recorded,
-    ``whole`` names what it is (the gate's ``"baseline"``) and it is a ``ConfigError``; any other bad line is a
-    ``ConfigError``. ``source``: each row also says which file it came from (``rows_file``)."""
+    """Rows from a rows file or every ``rows.jsonl`` under a directory (``files_below``: links followed). A torn
+    last line (no newline, not JSON: a writer died mid-row) is skipped with a warning, or, where the file must be as
+    it was recorded, ``whole`` names what it is (the gate's ``"baseline"``) and it is a ``ConfigError``; any other
+    bad line is a ``ConfigError``. ``source``: each row also says which file it came from (``rows_file``)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}: pass a results directory or a rows.jsonl file")

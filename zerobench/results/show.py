@@ -100,11 +100,12 @@ def show(path: str | Path) -> str:
     import pandas as pd
 
     from zerobench.results.outdir import unfinished
+    from zerobench.results.status import row_keys
 
     runs, verdicts = _frame(path)
     df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in _runs(path, runs)], dtype=object)
     table = df.to_string(index=False, max_cols=None, max_colwidth=70)
-    for u in unfinished(path):
+    for u in unfinished(path, row_keys(runs)):  # the rows read above, not read again
         table += f"\nnot run: {u.describe()}"
     if verdicts:
         table += (

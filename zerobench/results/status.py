@@ -80,6 +80,13 @@ def without_verdicts(df):
     return df[~verdict], sets
 
 
+def row_keys(df) -> list[dict]:
+    """The fields of a ``results.load`` frame's rows that tell which planned runs left rows (``metric``, ``label``,
+    ``config_hash``), as dicts: ``results/outdir.unfinished`` takes them in place of reading the rows again."""
+    cols = [c for c in ("metric", "label", "config_hash") if c in df]
+    return df[cols].to_dict("records")
+
+
 def with_run_key(df):
     """``df`` with ``config_hash`` and ``rows_file`` columns (empty where rows lack them) so that ``RUN_KEY`` keys a
     run."""

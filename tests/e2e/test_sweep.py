@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -60,6 +61,9 @@ def test_the_sweep_records_its_plan(sweep):
     assert [r["label"] for r in plan["runs"]] == ["good-s0", "oom", "killed", "hangs", "good-s3"]
     hashes = dict(zip(st["label"], st["config_hash"]))
     assert all(hashes[r["label"]] == r["config_hash"] for r in plan["runs"])
+    # and its run id (its directory, its rows' run_id), which tells two labels of one configuration apart
+    ids = dict(zip(st["label"], st["run_id"]))
+    assert all(re.fullmatch(re.escape(r["run_id"]) + "(-r[0-9]+)?", ids[r["label"]]) for r in plan["runs"]), ids
 
 
 @pytest.mark.slow

@@ -114,3 +114,48 @@ def test_a_sweep_still_running_is_not_called_stopped(stopped, tmp_path, capsys):
     (d / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": "elsewhere", "command": "zb"}))
     assert main(["results", "show", str(d)]) == 0
     assert "(the sweep stopped before them)" in capsys.readouterr().out
+
+
+def test_two_labels_of_one_configuration_are_told_apart_by_run_id(stopped):
+    """A suite may hold one configuration under two labels (warned, then measured twice). The plan records each run's
+    id, so the one that never started is named even though the other left rows of the same config hash; matching by
+    hash alone counted the one that ran for both."""
+    d, gone = stopped
+    status = sorted((r for r in read_rows(d) if r["metric"] == "run_status"), key=lambda r: r["run_id"])
+    twin = status[0]
+    plan = {
+        "suite": "quick",
+        "runs": [{"label": r["label"], "config_hash": r["config_hash"], "run_id": r["run_id"]} for r in status]
+        + [{"label": label, "config_hash": "x", "run_id": f"09{i}-{label}"} for i, label in enumerate(gone)]
+        + [{"label": f"{twin['label']} #2", "config_hash": twin["config_hash"], "run_id": "099-twin"}],
+    }
+    (d / SWEEP_PLAN_FILE).write_text(json.dumps(plan))
+    assert stopped_before(d) == [*gone, f"{twin['label']} #2"]
+    # recorded by hash alone (a plan of before run ids), the twin's rows hide it: the fallback keeps that reading
+    for r in plan["runs"]:
+        r.pop("run_id")
+    (d / SWEEP_PLAN_FILE).write_text(json.dumps(plan))
+    assert f"{twin['label']} #2" not in stopped_before(d)
+
+
+def test_a_retried_attempt_s_rows_count_for_its_run(stopped):
+    """A run's later attempts write under ``<run id>-r<k>`` (``sweep_state.attempt_id``): a killed retry's rows make
+    the run incomplete, not unstarted. A run id that merely begins like another's is another run."""
+    d, gone = stopped
+    status = sorted(
+        (r for r in read_rows(REPO / "results/reference/quick-cpu-2core") if r["metric"] == "run_status"),
+        key=lambda r: r["run_id"],
+    )
+    killed = status[-1]
+    src = REPO / "results/reference/quick-cpu-2core" / killed["run_id"]
+    retry = d / f"{killed['run_id']}-r2"
+    retry.mkdir()
+    kept = [json.loads(line) for line in (src / "rows.jsonl").read_text().splitlines() if '"run_status"' not in line]
+    retry.joinpath("rows.jsonl").write_text("".join(json.dumps({**r, "run_id": retry.name}) + "\n" for r in kept))
+    plan = json.loads((d / SWEEP_PLAN_FILE).read_text())
+    by_label = {r["label"]: r["run_id"] for r in status}
+    for r in plan["runs"]:
+        r["run_id"] = by_label[r["label"]]
+    plan["runs"].append({"label": "prefix", "config_hash": "y", "run_id": killed["run_id"][:-1]})
+    (d / SWEEP_PLAN_FILE).write_text(json.dumps(plan))
+    assert stopped_before(d) == [label for label in gone if label != killed["label"]] + ["prefix"]

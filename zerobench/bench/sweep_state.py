@@ -195,7 +195,11 @@ def status_row(
 def record_plan(out: Path, suite: Suite, resume: bool) -> None:
     """Write ``out/sweep-plan.json``: the suite's runs with a configuration (an invalid one has its status row at
     once); resumed, joined to the runs planned before (a resume with ``--only`` runs a part of them)."""
-    planned = [{"label": r.label, "config_hash": run_hash(r.config)} for r in suite.runs if r.config is not None]
+    planned = [
+        {"label": r.label, "config_hash": run_hash(r.config), "run_id": r.run_id}
+        for r in suite.runs
+        if r.config is not None
+    ]
     path = out / PLAN_FILE
     if resume and path.is_file():
         earlier = _earlier_plan(path, suite.name)

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -88,22 +89,34 @@ SWEEP_PLAN_FILE = "sweep-plan.json"
 
 def never_ran(out: str | os.PathLike, rows: list[dict]) -> list[str]:
     """Labels of the runs ``out``'s sweep planned (``SWEEP_PLAN_FILE``) that left no row in ``rows``: neither a status
-    row of their label and config hash nor any row of that config (a run killed mid-way left rows and no status: it
-    is ``incomplete``, not unstarted); [] where ``out`` holds no plan (a single run, or a sweep of before plans)."""
+    row of their label and config hash nor any other row of theirs (a run killed mid-way left rows and no status: it
+    is ``incomplete``, not unstarted); [] where ``out`` holds no plan (a single run, or a sweep of before plans).
+
+    A planned run's other rows are found by its run id (any attempt's: ``<id>`` or ``<id>-r<k>``), which the plan
+    records; two entries of one configuration under two labels then stay apart, where matching by config hash
+    would count the one that ran for both. A plan written before it recorded run ids is matched by config hash."""
     path = Path(out) / SWEEP_PLAN_FILE
     if not path.is_file():
         return []
     try:
         planned = json.loads(path.read_text())["runs"]
-        keys = [(str(r["label"]), str(r["config_hash"])) for r in planned]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        keys = [(str(r["label"]), str(r["config_hash"]), r.get("run_id")) for r in planned]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(
             f"{path} is damaged ({type(e).__name__}): the sweep's plan cannot be read, so which of its runs never ran "
             "is unknown; restore it from a copy, or delete it to read the runs as a set of single runs"
         ) from None
     ran = {(r.get("label"), r.get("config_hash")) for r in rows if r.get("metric") == "run_status"}
-    measured = {r.get("config_hash") for r in rows}
-    return [label for label, h in keys if (label, h) not in ran and h not in measured]
+    hashes = {r.get("config_hash") for r in rows}
+    run_ids = {r.get("run_id") for r in rows if isinstance(r.get("run_id"), str)}
+
+    def left_rows(h: str, rid) -> bool:
+        if not isinstance(rid, str):
+            return h in hashes
+        retry = re.compile(re.escape(rid) + r"-r[0-9]+")  # sweep_state.attempt_id's later attempts
+        return rid in run_ids or any(retry.fullmatch(x) for x in run_ids)
+
+    return [label for label, h, rid in keys if (label, h) not in ran and not left_rows(h, rid)]
 
 
 LOCK_FILE = ".zerobench.lock"

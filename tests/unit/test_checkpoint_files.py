@@ -379,6 +379,20 @@ def test_a_save_dir_that_is_a_file_is_one_line(tmp_path):
         engine().save_checkpoint(tmp_path / "f")
 
 
+@pytest.mark.parametrize("where", ["", None, "  "])
+def test_an_empty_or_missing_checkpoint_dir_is_refused_not_taken_for_the_cwd(tmp_path, monkeypatch, where):
+    """``Path("")`` is the current directory: an unset variable saved the checkpoint into wherever the job started
+    and loaded it back from there. DeepSpeed raises ``ValueError`` for both (its test_tag_validation's
+    TestSaveCheckpointInvalidDir); ``ConfigError`` is one."""
+    monkeypatch.chdir(tmp_path)
+    e = engine()
+    with pytest.raises(ValueError, match=r"save_checkpoint: save_dir is .*: give the checkpoint directory's path"):
+        e.save_checkpoint(where)
+    with pytest.raises(ValueError, match=r"load_checkpoint: load_dir is .*: give the checkpoint directory's path"):
+        e.load_checkpoint(where)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_schedule_of_another_kind_is_refused_before_anything_loads(tmp_path):
     """A torch StepLR's state loaded into an engine scheduled by a LambdaLR: the weights and counters were loaded, then
     the scheduler failed (a DeepSpeed schedule: KeyError) or silently took the other's state (a torch one). It is

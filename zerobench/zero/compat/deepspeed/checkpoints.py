@@ -134,6 +134,7 @@ def save_tagged(
     included) and point ``save_dir/latest`` at it (not with ``save_latest=False``); returns the tag's directory.
     Collective over the DP and TP groups. As DeepSpeed's, ``exclude_frozen_parameters=True`` leaves the frozen
     parameters out (load it with ``load_module_strict=False``)."""
+    check_dir_arg(save_dir, "save_checkpoint", "save_dir")
     # the tag is agreed before it is checked, so every rank checks the same one and refuses alike
     tag = check_tag(validate_tag(engine, str(tag) if tag is not None else f"global_step{engine.global_steps}"))
     if Path(save_dir).exists() and not Path(save_dir).is_dir():
@@ -255,6 +256,14 @@ def _write_extras(
             write_entry(root / SCHEDULER, sched)
 
 
+def check_dir_arg(value, call: str, name: str) -> None:
+    """Refuse a ``save_dir``/``load_dir`` of None or the empty string, as DeepSpeed's engine does (``ValueError``):
+    ``Path("")`` is the current directory, so an unset variable would save a checkpoint into wherever the job
+    happened to start, and load one from there. ``ConfigError`` is a ``ValueError``."""
+    if value is None or (isinstance(value, (str, bytes)) and not value.strip()):
+        raise ConfigError(f"{call}: {name} is {value!r}: give the checkpoint directory's path")
+
+
 def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:
     """``root/<tag>`` (default: the tag ``root/latest`` names); None when no tag is given and there is no
     ``latest``; a tag with no directory is one line."""
@@ -306,6 +315,7 @@ def load_tagged(
     parameters trained here need not be the ones trained when it was saved (a layer unfrozen since, new param
     groups), and with ``load_module_strict=False`` a model with layers the checkpoint lacks keeps their values
     (a warm start), as ``load_state_dict(strict=False)`` does. A full load needs the saved trained set and groups."""
+    check_dir_arg(load_dir, "load_checkpoint", "load_dir")
     path = tagged_path(load_dir, tag)
     if path is None:
         warnings.warn(f"no checkpoint to load: {Path(load_dir) / LATEST} does not exist", stacklevel=3)

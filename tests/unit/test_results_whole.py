@@ -77,6 +77,24 @@ def test_a_run_is_refused_an_out_holding_rows_below_it_or_inside_a_sweep(rows_di
     check_fresh_run_dir(empty)
 
 
+def test_an_out_inside_a_run_s_directory_is_refused(tmp_path, capsys):
+    """A run's directory holds its rows file itself and no sweep plan (a ``zerobench train`` run, a run of rows from
+    before plans): an --out below it would read as part of that run. Found by a CLI audit: train, sweep and
+    simulate all wrote there, and ``results show`` of the run listed four runs, one of them all NaN."""
+    from zerobench.bench.sweep_state import check_out
+
+    run_dir = _write(tmp_path / "tr1", read_rows(BASELINE)[:3])
+    for inside in (run_dir / "sub", run_dir / "a" / "b"):
+        with pytest.raises(ConfigError, match=r"is inside the run directory .*tr1 \(it holds rows.jsonl\)"):
+            check_fresh_run_dir(inside)
+        with pytest.raises(ConfigError, match=r"is inside the run directory .*tr1"):
+            check_out(inside, resume=False, suite="s")
+    code, err = run(["simulate", "--paper", "--out", str(run_dir / "sim")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "inside the run directory" in err, err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["rows.jsonl"]
+    check_fresh_run_dir(tmp_path / "beside")  # a directory beside it is fine
+
+
 @pytest.mark.parametrize("cmd", ["train", "maxsize", "profile", "ab"])
 def test_train_maxsize_profile_and_ab_refuse_a_sweep_s_directory_before_any_work(cmd, rows_dir, tmp_path, capsys):
     argv = {

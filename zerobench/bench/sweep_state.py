@@ -16,7 +16,7 @@ from zerobench.bench.progress import Progress
 from zerobench.bench.suite import ResolvedRun, Suite
 from zerobench.config import ConfigError, to_dict
 from zerobench.files import replace_file
-from zerobench.results.outdir import SWEEP_PLAN_FILE
+from zerobench.results.outdir import SWEEP_PLAN_FILE, check_outside_run
 from zerobench.results.provenance import code_version, describe_version, source_version
 from zerobench.results.rows import RowWriter, files_below, read_rows, run_hash
 
@@ -50,6 +50,7 @@ def check_out(out: Path, resume: bool, suite: str) -> None:
             f"--out {out} is inside the sweep {outer} (it holds {PLAN_FILE}): its runs would read as that sweep's in "
             "reports, results show and the regression gate; give this sweep a directory of its own outside it"
         )
+    check_outside_run(out)
     if not out.exists():
         return
     if resume:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from zerobench.config import ConfigError
-from zerobench.results.rows import files_below, read_rows
+from zerobench.results.rows import ROWS_FILE, files_below, read_rows
 
 CREATED: list[Path] = []
 """Directories this process created to prove them writable, deepest first: a command refused afterwards (bad
@@ -235,22 +235,36 @@ def check_fresh_run_dir(
     inside a sweep's directory: every reader takes a directory's rows recursively, so a run written into a sweep (at
     its top, or as one more run directory) would read as one of that sweep's runs in reports, ``results show`` and
     the regression gate. ``fix`` says where such a run goes instead."""
+    check_outside_sweep(path, flag)  # before check_writable_dir creates it
     check_writable_dir(path, flag)
     held = next((f for f in files_below(path) if f.is_file() and f.stat().st_size), None)  # an empty one: no run
     if held is not None:
         raise ConfigError(f"{flag} {path} already holds result rows ({held}): {fix} or remove the old rows")
-    check_outside_sweep(path, flag)
 
 
 def check_outside_sweep(path: Path, flag: str = "--out") -> None:
     """Refuse, in one line, a ``path`` in a sweep's directory (one holding ``sweep-plan.json``): rows written there
-    would read as the sweep's."""
+    would read as the sweep's. And one below a run's directory (``check_outside_run``)."""
     where = path.resolve()
     sweep = next((d for d in (where, *where.parents) if (d / SWEEP_PLAN_FILE).is_file()), None)
     if sweep is not None:
         raise ConfigError(
             f"{flag} {path} is in the sweep {sweep} (it holds {SWEEP_PLAN_FILE}): a run there would read as one "
             "of the sweep's runs; give it a directory of its own outside the sweep"
+        )
+    check_outside_run(path, flag)
+
+
+def check_outside_run(path: Path, flag: str = "--out") -> None:
+    """Refuse, in one line, a ``path`` below a run's directory (a directory holding a rows file itself: a
+    ``zerobench train`` run, a sweep's run, a directory of rows from before sweep plans): every reader takes a
+    directory's rows recursively, so whatever is written there would read as part of that run in ``results show``,
+    reports and the gate."""
+    run = next((d for d in path.resolve().parents if (d / ROWS_FILE).is_file()), None)
+    if run is not None:
+        raise ConfigError(
+            f"{flag} {path} is inside the run directory {run} (it holds {ROWS_FILE}): rows written there would read "
+            "as that run's; give it a directory of its own outside it"
         )
 
 

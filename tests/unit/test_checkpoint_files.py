@@ -390,6 +390,10 @@ def test_an_empty_or_missing_checkpoint_dir_is_refused_not_taken_for_the_cwd(tmp
         e.save_checkpoint(where)
     with pytest.raises(ValueError, match=r"load_checkpoint: load_dir is .*: give the checkpoint directory's path"):
         e.load_checkpoint(where)
+    with pytest.raises(ValueError, match=r"save_sharded: path is .*: give the checkpoint directory's path"):
+        save_sharded(e, where)
+    with pytest.raises(ValueError, match=r"load_sharded: path is .*: give the checkpoint directory's path"):
+        load_sharded(e, where)
     assert list(tmp_path.iterdir()) == []
 
 

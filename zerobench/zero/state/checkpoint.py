@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from zerobench.config import ConfigError
 from zerobench.zero.protocols import Engine
 from zerobench.zero.state.gathered import check_outside
 from zerobench.zero.state.reading import MANIFEST, CheckpointMismatch, check_digest, load_file, read_json
@@ -79,9 +80,18 @@ def write_shard(engine: Engine, root: Path, save_id: str) -> None:
         write_json(path / "meta.json", meta)
 
 
+def check_dir_arg(value, call: str, name: str) -> None:
+    """Refuse a checkpoint directory of None or the empty string (DeepSpeed's engine raises ``ValueError``):
+    ``Path("")`` is the current directory, so an unset variable would save a checkpoint into wherever the job
+    happened to start, and load one from there. ``ConfigError`` is a ``ValueError``."""
+    if value is None or (isinstance(value, (str, bytes)) and not value.strip()):
+        raise ConfigError(f"{call}: {name} is {value!r}: give the checkpoint directory's path")
+
+
 def save_sharded(engine: Engine, path: str | os.PathLike) -> Path:
     """Save the engine's state as the checkpoint ``path`` (collective over DP and TP: call it on every rank).
     An existing checkpoint at ``path`` is replaced whole; a directory holding anything else is refused."""
+    check_dir_arg(path, "save_sharded", "path")
     with transaction(engine, path) as staged:
         write_shard(engine, staged.dir, staged.save_id)
     return Path(path)
@@ -199,6 +209,7 @@ def load_sharded(
     saved trained set); a transaction over the ranks, with ``also_check()`` among its checks
     (``load_shard_state_dicts``). A load that took effect restarts the accumulation window
     (``engine.restart_window()``): gradients accumulated before it are dropped, as the checkpoint holds none."""
+    check_dir_arg(path, "load_sharded", "path")
     check_outside(engine, "load_checkpoint()", "the loaded values")
     _refuse_staged(Path(path))
     saved, size = saved_tp(path), _tp(engine)[0]

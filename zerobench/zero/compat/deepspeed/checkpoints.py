@@ -36,7 +36,7 @@ from zerobench.zero.compat.deepspeed.module_load import (
     route_by_name,
 )
 from zerobench.zero.protocols import Engine
-from zerobench.zero.state.checkpoint import load_sharded, rank_dir, write_shard
+from zerobench.zero.state.checkpoint import check_dir_arg, load_sharded, rank_dir, write_shard
 from zerobench.zero.state.export import extra_states
 from zerobench.zero.state.reading import CheckpointMismatch, load_file, read_json
 from zerobench.zero.state.transaction import (
@@ -254,14 +254,6 @@ def _write_extras(
             write_json(root / COUNTERS, {"global_samples": int(engine.global_samples)})
         if sched is not None:
             write_entry(root / SCHEDULER, sched)
-
-
-def check_dir_arg(value, call: str, name: str) -> None:
-    """Refuse a ``save_dir``/``load_dir`` of None or the empty string, as DeepSpeed's engine does (``ValueError``):
-    ``Path("")`` is the current directory, so an unset variable would save a checkpoint into wherever the job
-    happened to start, and load one from there. ``ConfigError`` is a ``ValueError``."""
-    if value is None or (isinstance(value, (str, bytes)) and not value.strip()):
-        raise ConfigError(f"{call}: {name} is {value!r}: give the checkpoint directory's path")
 
 
 def tagged_path(root: str | os.PathLike, tag: str | None) -> Path | None:

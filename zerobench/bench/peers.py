@@ -30,7 +30,7 @@ from zerobench.bench.stats import median_ratio, median_standard_error
 from zerobench.config import ConfigError
 from zerobench.launch.base import write_status
 from zerobench.launch.cancel import Cancellation, Cancelled
-from zerobench.launch.local import launch_local
+from zerobench.launch.local import check_local_world, launch_local
 from zerobench.metrics.peak import dense_bf16_peak, mfu
 from zerobench.metrics.rss import CATEGORIES
 from zerobench.metrics.rss import ENV as RSS_ENV
@@ -121,6 +121,9 @@ class PeersConfig:
         return dict.fromkeys(DEEPSPEED_PEERS, why)
 
     def validate(self) -> None:
+        """One line for the first thing the comparison could not run; the world first, before the candidates'
+        look-up imports DeepSpeed."""
+        check_local_world(self.dp, f"--dp {self.dp}", "every candidate trains on this host: give a smaller --dp")
         known = set(ZEROBENCH_ALL) | set(SHARDING)
         for s in self.candidates():
             if s not in known:

@@ -36,10 +36,9 @@ from zerobench.config import ConfigError
 from zerobench.launch.base import EXIT_IO, LaunchRequest
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.launchers import get_launcher
+from zerobench.launch.local import check_local_world
 from zerobench.results.lock import claim
 from zerobench.results.rows import RowWriteError, run_hash
-
-MAX_LOCAL_WORLD = 16
 
 
 def parse_only(items: list[str] | tuple[str, ...] | None) -> dict[str, frozenset[str]]:
@@ -105,15 +104,17 @@ def selected(suite: Suite, only: dict[str, frozenset[str]] | None) -> Suite:
 
 
 def check_local(suite: Suite) -> None:
-    too_big = [r for r in suite.runs if r.config is not None and r.config.world_size > MAX_LOCAL_WORLD]
-    if too_big:
-        r = too_big[0]
-        raise ConfigError(
-            f"{suite.path}: run {r.label!r} needs {r.config.world_size} processes; the local launcher runs at most "
-            f"{MAX_LOCAL_WORLD}: submit it to a cluster (sbatch slurm/scale_400gpu.sh with SUITE={suite.path}), or "
-            f"plan it (zerobench plan --dry-run --suite {suite.path}; zerobench simulate --profile v100-dgx2 --suite "
-            f"{suite.path})"
-        )
+    """Refuse in one line a suite with a run past the local launcher's world (``check_local_world``), before any
+    of its runs starts: ``sweep`` on the local launcher, ``regress --ab`` (each side sweeps locally)."""
+    for r in suite.runs:
+        if r.config is not None:
+            check_local_world(
+                r.config.world_size,
+                f"{suite.path}: run {r.label!r}",
+                f"submit it to a cluster (sbatch slurm/scale_400gpu.sh with SUITE={suite.path}), or plan it "
+                f"(zerobench plan --dry-run --suite {suite.path}; zerobench simulate --profile v100-dgx2 --suite "
+                f"{suite.path})",
+            )
 
 
 CALLGRIND_TIMEOUT_FACTOR = 10

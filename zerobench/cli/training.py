@@ -166,6 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from zerobench.bench.spec import RunSpec, to_train_config
     from zerobench.distributed.env import detect
+    from zerobench.launch.local import check_local_world
     from zerobench.results.lock import claim
     from zerobench.results.outdir import check_name, check_writable_dir
 
@@ -216,6 +217,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         **_offload_kwargs(args),
     )
     cfg = to_train_config(spec, denv.world_size if denv.source != "single" else None)
+    if denv.source == "single":  # this process starts the ranks: under torchrun/srun each node starts its own
+        check_local_world(
+            cfg.world_size,
+            _world_flags(cfg.dp, cfg.tp),
+            "run it under torchrun or srun, which start each node's ranks (docs/cluster.md), or plan its memory "
+            "and time with zerobench plan",
+        )
     run_id = args.run_id if args.run_id is not None else "train-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     check_name(run_id, "--run-id", ": give e.g. --run-id my-run (a directory name under runs/)")
     for flag, where, what in (
@@ -235,6 +243,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     # rank writes into it under that one lock); its rows are checked once the lock is held.
     with claim(out) if denv.rank == 0 else contextlib.nullcontext():
         return _train_into(cfg, denv, out, run_id, args.timeout)
+
+
+def _world_flags(dp: int, tp: int | None) -> str:
+    """The flags a local world comes from, as the refusal of a too large one names them."""
+    return f"--dp {dp}" + (f" x --tp {tp}" if tp and tp > 1 else "")
 
 
 def _shared_run_id(denv, run_id: str, timeout_s: float) -> str:
@@ -294,8 +307,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_maxsize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from zerobench.launch.local import check_local_world
     from zerobench.results.lock import claim
 
+    check_local_world(  # before --out and --probes are created, and before the first probe
+        args.dp * args.tp,
+        _world_flags(args.dp, args.tp),
+        "every probe runs on this host: give a smaller world, or solve for the size with zerobench plan --max-size",
+    )
     with contextlib.ExitStack() as held:  # --out and --probes are this search's alone while it runs
         claimed = set()
         for flag, d in (("--out", args.out), ("--probes", args.probes)):

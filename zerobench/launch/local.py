@@ -26,12 +26,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from zerobench.config import to_dict
+from zerobench.config import ConfigError, to_dict
 from zerobench.launch.base import EXIT_IO, EXIT_PEER_TIMEOUT, LaunchResult, describe_exit, with_detail
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.channel import ENV as REPORT_ENV
 from zerobench.launch.channel import LauncherEnds
 from zerobench.train.config import TrainConfig
+
+MAX_LOCAL_WORLD = 16
+"""The most processes one run starts on this host by itself (``launch_local``, the profiler's ranks, a max-size
+probe, a peers run): a typed-in world of 100000 started that many Python processes and took the host down, or
+died part-way on open files with a traceback. A larger world runs under torchrun or srun, each node starting its
+own ranks."""
+
+
+def check_local_world(world: int, what: str, fix: str) -> None:
+    """Refuse in one line a world past ``MAX_LOCAL_WORLD`` local processes: ``what`` names who asks for it (a
+    flag, a suite's run), ``fix`` says what to do instead. Every command that starts local ranks calls it before
+    it creates or starts anything, so the refusal never follows half a launch."""
+    if world > MAX_LOCAL_WORLD:
+        raise ConfigError(f"{what} needs {world} processes; the local launcher runs at most {MAX_LOCAL_WORLD}: {fix}")
 
 
 def free_port() -> int:
@@ -82,8 +96,10 @@ def launch_local(
     file if None); a failure's reason quotes the blamed rank's own line (else the log's first ``zerobench:``
     line). ``echo``: rank 0's standard output also goes to the terminal. ``cancel``: stop when it is
     requested (else SIGTERM/SIGINT to this process are watched for the launch's duration). ``callgrind_ranks``:
-    these ranks run under valgrind's callgrind (``_under_callgrind``)."""
+    these ranks run under valgrind's callgrind (``_under_callgrind``). A world past ``MAX_LOCAL_WORLD`` is
+    refused (``ConfigError``) before anything starts; the commands refuse it earlier, with their own advice."""
     n = cfg.world_size
+    check_local_world(n, f"run {run_id!r}", "run it under torchrun or srun, which start each node's ranks")
     threads = max(1, usable_cpus() // n)
     with contextlib.ExitStack() as stack:
         try:  # the launch's own files: a full disk here is the run's outcome, as it is in a rank

@@ -183,7 +183,10 @@ def jobs_for(
     configs, cores: int, sizes: tuple[int, ...] | None = None, device: str = "cpu", gpus: int = 0
 ) -> list[HostJob]:
     """One ``HostJob`` per process count the configurations need: their shapes and group sizes. On GPUs
-    (``device="cuda"``, ``gpus`` on this host) a world of N needs N of them: one per rank, as on a node."""
+    (``device="cuda"``, ``gpus`` on this host) a world of N needs N of them: one per rank, as on a node. Either
+    way each world runs on this host, so one past the local launcher's limit is refused (``check_local_world``)."""
+    from zerobench.launch.local import check_local_world
+
     if device != "cpu":
         big = max(configs, key=lambda c: c.world_size, default=None)
         if big is not None and big.world_size > gpus:
@@ -193,6 +196,13 @@ def jobs_for(
                 f"own, as the runs place them: profile on a node with {big.world_size} GPUs, or give "
                 f"a suite of worlds up to {gpus}"
             )
+    for cfg in configs:
+        check_local_world(
+            cfg.world_size,
+            f"zerobench profile: the suite's world of dp {cfg.dp} x tp {cfg.tp}",
+            "its processes all run on this host: profile a suite of smaller worlds (the simulator predicts larger "
+            "ones from it)",
+        )
     if sizes is None:
         sizes = SIZES if device == "cpu" else GPU_SIZES
     by_ranks: dict[int, tuple[dict, set]] = {}

@@ -30,7 +30,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p)
     g = p.add_argument_group("parallelism and precision")
-    g.add_argument("--stage", type=int, default=0, help="ZeRO stage 0 (DP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)")
+    g.add_argument(  # default None: --paper-config tells an explicit --stage from the default
+        "--stage", type=int, default=None, help="ZeRO stage 0 (DP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p); default 0"
+    )
     g.add_argument(
         "--dp",
         type=count(1),
@@ -62,8 +64,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--paper-config",
         choices=sorted(PAPER_CONFIGS),
-        help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches): "
-        + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())),
+        help="the paper's Table 3 configuration (sets --stage and the ZeRO-R switches; one given with it that "
+        "says otherwise is refused): " + "; ".join(f"{k} = {v[0]}" for k, v in sorted(PAPER_CONFIGS.items())),
     )
     g.add_argument(
         "--bucket-size",
@@ -161,6 +163,34 @@ def _offload_kwargs(args: argparse.Namespace) -> dict:
     )
 
 
+def _apply_paper_config(args: argparse.Namespace) -> None:
+    """``--paper-config``'s settings into ``args`` (``--stage`` 0 without one). A flag given with it that agrees is
+    kept; one that says otherwise is refused in one line, where it was overwritten without a word (``--paper-config
+    C1 --stage 3`` ran stage 1) or kept into another configuration (``C1 --pa`` ran C2)."""
+    name = args.paper_config
+    if not name:
+        args.stage = 0 if args.stage is None else args.stage
+        return
+    label, settings = PAPER_CONFIGS[name]
+    if args.stage is not None and args.stage != settings["stage"]:
+        raise ConfigError(
+            f"--stage {args.stage} conflicts with --paper-config {name} ({label}), which is stage "
+            f"{settings['stage']}: drop --stage, or drop --paper-config"
+        )
+    for key, flag, what in (("pa", "--pa", "P_a"), ("pa_cpu", "--pa-cpu", "P_a+cpu")):
+        if getattr(args, key) and not settings.get(key):
+            with_it = [
+                c for c, (_, s) in sorted(PAPER_CONFIGS.items()) if s["stage"] == settings["stage"] and s.get(key)
+            ]
+            instead = f", or choose {' or '.join(with_it)}, which has it" if with_it else ""
+            raise ConfigError(
+                f"{flag} conflicts with --paper-config {name} ({label}), which runs without {what}: drop {flag}{instead}"
+            )
+    for key, value in settings.items():
+        setattr(args, key, value)
+    args.checkpoint_activations = True  # every configuration of Table 3 checkpoints activations
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -170,10 +200,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zerobench.results.lock import claim
     from zerobench.results.outdir import check_name, check_writable_dir
 
-    if args.paper_config:
-        for k, v in PAPER_CONFIGS[args.paper_config][1].items():
-            setattr(args, k, v)
-        args.checkpoint_activations = True
+    _apply_paper_config(args)
     if args.profile_steps is not None and not args.profile:
         raise ConfigError("--profile-steps needs --profile DIR (where the traces go)")
     denv = detect()

@@ -1,0 +1,66 @@
+"""``zerobench train``'s flags that say one thing and ran another: an explicit flag that conflicts with
+``--paper-config`` is refused in one line (``--paper-config C1 --stage 3`` ran stage 1, ``C1 --pa`` ran C2), and
+flags the run would not use are refused rather than dropped. Nothing trains: the resolved configuration is caught
+where the run would start."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerobench.cli import main, training
+
+
+@pytest.fixture
+def resolved(monkeypatch, tmp_path):
+    """``train``'s argv -> (exit code, the TrainConfig it would run or None); the run itself is not started."""
+    monkeypatch.chdir(tmp_path)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    seen = []
+    monkeypatch.setattr(training, "_train_into", lambda cfg, *a: seen.append(cfg) or 0)
+
+    def run(*argv):
+        seen.clear()
+        code = main(["train", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "out"), *argv])
+        return code, (seen[0] if seen else None)
+
+    return run
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--paper-config", "C1", "--stage", "3"], "--stage 3 conflicts with --paper-config C1 (P_os + C_B + M_D), "),
+        (["--paper-config", "C3", "--stage", "0"], "which is stage 2: drop --stage, or drop --paper-config"),
+        (["--paper-config", "C1", "--pa"], "--pa conflicts with --paper-config C1 (P_os + C_B + M_D), which runs "),
+        (["--paper-config", "C3", "--pa"], "drop --pa, or choose C4 or C5, which has it"),
+        (["--paper-config", "C4", "--pa-cpu"], "runs without P_a+cpu: drop --pa-cpu, or choose C5, which has it"),
+    ],
+)
+def test_a_flag_that_conflicts_with_the_paper_config_is_refused(resolved, capsys, argv, needle):
+    code, cfg = resolved(*argv)
+    assert code == 2 and cfg is None
+    assert needle in _one_line(capsys)
+
+
+def test_flags_that_agree_with_the_paper_config_and_defaults_still_work(resolved):
+    _, c1 = resolved("--paper-config", "C1")
+    assert (c1.zero.stage, c1.activation.contiguous, c1.activation.checkpoint, c1.activation.partition) == (
+        1,
+        True,
+        True,
+        False,
+    )
+    _, same = resolved("--paper-config", "C1", "--stage", "1", "--md", "--checkpoint-activations")
+    assert same == c1
+    _, c5 = resolved("--paper-config", "C5", "--stage", "2", "--pa", "--pa-cpu")
+    assert (c5.zero.stage, c5.activation.partition, c5.activation.cpu_offload) == (2, True, True)
+    _, plain = resolved()
+    assert plain.zero.stage == 0 and not plain.activation.checkpoint
+    assert resolved("--stage", "3")[1].zero.stage == 3

@@ -64,3 +64,25 @@ def test_flags_that_agree_with_the_paper_config_and_defaults_still_work(resolved
     _, plain = resolved()
     assert plain.zero.stage == 0 and not plain.activation.checkpoint
     assert resolved("--stage", "3")[1].zero.stage == 3
+
+
+def test_nvme_path_without_nvme_offload_is_refused(resolved, capsys, tmp_path):
+    """``--nvme-path`` with another optimizer offload was dropped without a word: the run kept its states elsewhere."""
+    for offload in ([], ["--stage", "2", "--offload-optimizer", "cpu"]):
+        code, cfg = resolved(*offload, "--nvme-path", str(tmp_path / "nvme"))
+        assert code == 2 and cfg is None
+        line = _one_line(capsys)
+        assert "is where --offload-optimizer nvme keeps the optimizer states" in line
+        assert f"optimizer offload is {'cpu' if offload else 'none'}: add --offload-optimizer nvme, or drop" in line
+    code, cfg = resolved("--stage", "2", "--offload-optimizer", "nvme", "--nvme-path", str(tmp_path / "nvme"))
+    assert code == 0 and (cfg.zero.offload_optimizer, cfg.zero.nvme_path) == ("nvme", str(tmp_path / "nvme"))
+
+
+def test_maxsize_and_suites_refuse_nvme_path_without_nvme_offload(tmp_path, capsys):
+    """The same resolver checks maxsize's flags and a suite's keys."""
+    code = main(["maxsize", "--budget", "8MiB", "--stage", "2", "--dp", "1", "--nvme-path", str(tmp_path)])
+    assert code == 2 and "drop --nvme-path" in _one_line(capsys)
+    p = tmp_path / "s.yaml"
+    p.write_text("base: {preset: tiny, steps: 2, warmup: 1, dp: 1}\nruns:\n- {stage: 2, nvme_path: /tmp/x}\n")
+    assert main(["sweep", str(p), "--check"]) == 2
+    assert "is where --offload-optimizer nvme keeps the optimizer states" in capsys.readouterr().err

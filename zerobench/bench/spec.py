@@ -58,7 +58,7 @@ class RunSpec:
     offload_param: str = "none"
     """Stage 3 parameter partition in host memory: none or cpu."""
     nvme_path: str | None = None
-    """Directory of the NVMe tier's state files."""
+    """Directory of the NVMe tier's state files; only with ``offload_optimizer: nvme`` (refused otherwise)."""
     optim_bits: int = 32
     """Adam moments in fp32 (32) or blockwise 8-bit (8)."""
     gpus: int | None = None
@@ -186,6 +186,11 @@ def to_train_config(spec: RunSpec, world_size: int | None = None, check_system: 
         precision = Precision(spec.precision)
     except ValueError:
         raise ConfigError(f"unknown precision {spec.precision!r}: choose fp32, bf16 or fp16") from None
+    if spec.nvme_path is not None and spec.offload_optimizer != "nvme":  # it would be dropped without a word
+        raise ConfigError(
+            f"--nvme-path {spec.nvme_path} is where --offload-optimizer nvme keeps the optimizer states, and this "
+            f"run's optimizer offload is {spec.offload_optimizer}: add --offload-optimizer nvme, or drop --nvme-path"
+        )
     budget = int(parse_bytes(spec.memory_budget)) if spec.memory_budget else None
     cfg = TrainConfig(
         model=model,

@@ -86,3 +86,13 @@ def test_maxsize_and_suites_refuse_nvme_path_without_nvme_offload(tmp_path, caps
     p.write_text("base: {preset: tiny, steps: 2, warmup: 1, dp: 1}\nruns:\n- {stage: 2, nvme_path: /tmp/x}\n")
     assert main(["sweep", str(p), "--check"]) == 2
     assert "is where --offload-optimizer nvme keeps the optimizer states" in capsys.readouterr().err
+
+
+def test_sequence_parallelism_at_tp_1_is_refused(resolved, capsys):
+    """At TP 1 there is no group to split the sequence over: the run went without SP and was recorded as
+    ``sequence_parallel: true``. Megatron-LM turns it off there; no suite relies on it, so it is refused."""
+    code, cfg = resolved("--sp")
+    assert code == 2 and cfg is None
+    assert "--sp splits the sequence over the TP group, and at --tp 1 there is none" in _one_line(capsys)
+    code, cfg = resolved("--sp", "--tp", "2")
+    assert code == 0 and cfg.sequence_parallel and cfg.tp == 2

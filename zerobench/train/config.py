@@ -40,7 +40,8 @@ class TrainConfig:
     tp: int = 1
     """Tensor (model) parallel degree; the world size is dp * tp, TP innermost."""
     sequence_parallel: bool = False
-    """Megatron sequence parallelism inside the TP group (activations outside the matmuls split along s)."""
+    """Megatron sequence parallelism inside the TP group (activations outside the matmuls split along s); needs
+    ``tp`` > 1 (refused at TP 1, where it would run without SP and be recorded as on)."""
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     """Activation checkpointing and ZeRO-R activation options (P_a, P_a+cpu, M_D)."""
     micro_batch: int = 2
@@ -99,6 +100,11 @@ class TrainConfig:
         if self.dp < 1 or self.tp < 1:
             raise ConfigError(f"--dp and --tp must be >= 1, got dp {self.dp}, tp {self.tp}")
         validate_tp(self.model, self.tp)
+        if self.sequence_parallel and self.tp == 1:  # it would run without SP and be recorded as on
+            raise ConfigError(
+                "--sp splits the sequence over the TP group, and at --tp 1 there is none to split it over (Megatron-LM "
+                "turns it off there): give --tp 2 or more with it, or drop --sp"
+            )
         if self.sequence_parallel and self.model.seq % self.tp:
             raise ConfigError(
                 f"sequence length {self.model.seq} is not divisible by TP degree {self.tp}: "

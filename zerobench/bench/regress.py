@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zerobench.bench import noise
+from zerobench.bench.baseline_file import BASELINE_METRICS, check_baseline_path
 from zerobench.bench.gate_inputs import (
     check_one_version,
     check_same_kernels,
@@ -19,10 +20,8 @@ from zerobench.bench.gate_inputs import (
     one_sided,
 )
 from zerobench.bench.gate_rules import (
-    COUNTS,
     GATED,
     MAX_TOLERANCE,
-    MODELLED,
     Comparison,
     GateResult,
     gate,
@@ -32,7 +31,6 @@ from zerobench.bench.gate_rules import (
 )
 from zerobench.config import ConfigError
 from zerobench.files import replace_file
-from zerobench.results.outdir import check_writable_file
 from zerobench.results.rows import read_rows
 from zerobench.results.status import OK, STATUS_METRIC
 
@@ -76,18 +74,6 @@ def format_table(comps: list[Comparison], only_moved: bool = False) -> str:
             f"{x.change * 100:+8.2f}% {tol}  {verdict:<12} {x.basis}"
         )
     return "\n".join(lines)
-
-
-BASELINE_METRICS = {
-    "run_status",
-    "loss",
-    "step_time_s",
-    "model_state_bytes",
-    "comm_volume_elements_per_step",
-    "peak_memory_bytes",
-    *COUNTS,
-    *MODELLED,
-}
 
 
 def write_baseline(
@@ -210,11 +196,11 @@ def run_gate(
         if propose
         else Path(candidate if Path(candidate).is_dir() else Path(candidate).parent) / "proposed-baseline.jsonl"
     )
-    check_writable_file(
+    check_baseline_path(
         proposal,
         "--propose" if propose else None,
         "proposed baseline",
-        "choose a writable path" if propose else "give --propose FILE",
+        "choose another path" if propose else "give --propose FILE",
     )
     base_rows, cand_rows = _rows(baseline, whole="baseline"), _rows(candidate)
     check_one_version(cand_rows, "candidate")

@@ -84,11 +84,11 @@ def _check_out_outside(out: str, inputs: list[tuple[str, str | None]]) -> None:
 
 
 def _cmd_write_baseline(args: argparse.Namespace) -> int:
+    from zerobench.bench.baseline_file import check_baseline_path
     from zerobench.bench.gate_inputs import check_planned
     from zerobench.bench.regress import _rows, noise_rows, write_baseline
-    from zerobench.results.outdir import check_writable_file
 
-    check_writable_file(args.write_baseline, "--write-baseline", "baseline")
+    check_baseline_path(args.write_baseline, "--write-baseline", "baseline")
     samples = [_rows(c) for c in args.candidate]
     check_planned(args.candidate[0], samples[0])
     n = write_baseline(samples[0], args.write_baseline, more=samples[1:], whole=True)

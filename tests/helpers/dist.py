@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -53,7 +54,9 @@ def _entry(fn, rank, world_size, store, q, args, coll_timeout, environ):
             world_size=world_size,
             timeout=datetime.timedelta(seconds=coll_timeout),
         )
-        q.put((rank, True, fn(rank, world_size, *args)))
+        # as bytes: a tensor put on the queue as it is travels as a file descriptor that the parent fetches from
+        # this process's resource sharer, which is gone if this process has exited first (a loaded host)
+        q.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent as a traceback
         q.put((rank, False, traceback.format_exc()))
     finally:
@@ -95,7 +98,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 240.0, coll_tim
                     continue
                 if not ok:
                     raise DistributedFailure(f"rank {rank} failed:\n{payload}")
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
         finally:
             for p in procs:
                 p.join(timeout=5)

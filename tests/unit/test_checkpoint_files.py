@@ -568,6 +568,58 @@ def test_zero_to_fp32_writes_safetensors_and_shards_as_deepspeed_s_script_does(t
     assert set(merged) == set(want) and all(torch.equal(merged[k], want[k]) for k in want)
 
 
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        (["--max-shard-size", "200"], []),  # one file beside shards and their index
+        ([], ["--safe-serialization"]),  # model.safetensors beside pytorch_model.bin
+        ([], []),  # an export again over the earlier one
+    ],
+    ids=["shards then one file", "bin then safetensors", "again"],
+)
+def test_zero_to_fp32_never_mixes_two_exports_in_one_directory(tmp_path, capsys, first, then):
+    """``zero-to-fp32`` wrote into a directory that held an earlier export, leaving stale shards, an index,
+    ``pytorch_model.bin`` and ``model.safetensors`` side by side (``from_pretrained`` reads the index first). A
+    directory holding any export's model files is refused in one line, left as it was; other files there are not
+    the export's and do not stop it."""
+    from tests.unit.test_bad_inputs import assert_one_line, run
+    from zerobench.cli import main
+
+    e = engine()
+    step(e)
+    e.save_checkpoint(tmp_path / "ckpt", tag="t")
+    out = tmp_path / "out"
+    assert main(["zero-to-fp32", str(tmp_path / "ckpt"), str(out), *first]) == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    code, err = run(["zero-to-fp32", str(tmp_path / "ckpt"), str(out), *then], capsys)
+    assert_one_line(code, err, f"the output directory {out} already holds an earlier export")
+    assert "empty it, or choose another directory" in err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    assert main(["zero-to-fp32", str(tmp_path / "ckpt"), str(other), *then]) == 0
+
+
+@pytest.mark.parametrize("inside", [".", "t", "t/fp32", "fp32"])
+def test_zero_to_fp32_refuses_an_output_inside_the_checkpoint(tmp_path, capsys, inside):
+    """The checkpoint's tag directory (or any directory in the checkpoint's) is no place for the export: its files
+    would be mixed into the checkpoint's. Refused before anything is written or created."""
+    from tests.unit.test_bad_inputs import assert_one_line, run
+    from zerobench.zero.compat.deepspeed.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    e = engine()
+    step(e)
+    ckpt = tmp_path / "ckpt"
+    e.save_checkpoint(ckpt, tag="t")
+    files = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    code, err = run(["zero-to-fp32", str(ckpt), str(ckpt / inside)], capsys)
+    assert_one_line(code, err, "is inside the checkpoint directory")
+    with pytest.raises(ConfigError, match="is inside the checkpoint directory"):
+        convert_zero_checkpoint_to_fp32_state_dict(ckpt, ckpt / inside)
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == files
+
+
 class _NotAllowed:
     """A class ``weights_only`` loading does not allow (a checkpoint pickled with an object in it)."""
 

@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model.load_state_dict without ZeRO. One process, no GPU.",
     )
     p.add_argument("checkpoint_dir", help="the directory given to save_checkpoint (holding 'latest' and the tags)")
-    p.add_argument("output_dir", help="where pytorch_model.bin goes (created if missing)")
+    p.add_argument(
+        "output_dir",
+        help="where pytorch_model.bin goes (created if missing): outside the checkpoint, holding no earlier export",
+    )
     p.add_argument("--tag", help="which checkpoint (default: the one 'latest' names), e.g. global_step100")
     p.add_argument("--exclude-frozen-parameters", action="store_true", help="leave the frozen parameters out")
     p.add_argument(

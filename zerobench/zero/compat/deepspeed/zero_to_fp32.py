@@ -80,6 +80,35 @@ def load_state_dict_from_zero_checkpoint(
     return model
 
 
+EXPORT_FILES = ("pytorch_model*.bin", "model*.safetensors", "*.index.json")
+"""The names an export writes, either serialization, one file or shards with their index: an output directory
+holding any of them holds an earlier export's model."""
+
+
+def check_output_dir(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike) -> None:
+    """Refuse (``ConfigError``, one line) an ``output_dir`` where the export would be mixed with other files. One
+    at or inside ``checkpoint_dir``: its files would join the checkpoint's (a save of that tag refuses files that are
+    not its own, or a reader takes them for a checkpoint's). One holding an earlier export's model files
+    (``EXPORT_FILES``): an export writes only the names it needs, so a single file beside an earlier export's shards
+    and index, or ``model.safetensors`` beside ``pytorch_model.bin``, would leave two models in one directory, of
+    which ``from_pretrained`` reads one by its own rules (the index first), perhaps the stale one."""
+    from zerobench.config import ConfigError
+
+    out, ckpt = Path(output_dir), Path(checkpoint_dir)
+    if out.resolve() == ckpt.resolve() or ckpt.resolve() in out.resolve().parents:
+        raise ConfigError(
+            f"the output directory {out} is inside the checkpoint directory {ckpt}: the export would be mixed "
+            "into the checkpoint's own files; choose a directory outside it"
+        )
+    held = sorted({f.name for pattern in EXPORT_FILES for f in out.glob(pattern)}) if out.is_dir() else []
+    if held:
+        more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+        raise ConfigError(
+            f"the output directory {out} already holds an earlier export ({', '.join(held[:3])}{more}): a new one "
+            "beside it would leave two models in one directory; empty it, or choose another directory"
+        )
+
+
 def convert_zero_checkpoint_to_fp32_state_dict(
     checkpoint_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -93,10 +122,13 @@ def convert_zero_checkpoint_to_fp32_state_dict(
     ``"5GiB"``, or a number) it is one file, ``pytorch_model.bin`` (``model.safetensors`` with
     ``safe_serialization``); above it, shards ``pytorch_model-00001-of-0000N.bin`` in the state dict's order (a
     tensor larger than the limit alone in its shard, tied ones beside the first), then the index
-    ``pytorch_model.bin.index.json`` naming each tensor's shard. Returns the file, or the index, it wrote last."""
+    ``pytorch_model.bin.index.json`` naming each tensor's shard. Returns the file, or the index, it wrote last.
+    ``output_dir`` must hold no earlier export and lie outside ``checkpoint_dir`` (``check_output_dir``)."""
     from zerobench.config import ConfigError, parse_bytes
 
     limit = parse_bytes(max_shard_size)
+    _tag_dir(checkpoint_dir, tag)  # what is wrong with the checkpoint first, then with where it goes
+    check_output_dir(checkpoint_dir, output_dir)  # before the shards are read
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)

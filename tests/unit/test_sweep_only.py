@@ -127,3 +127,49 @@ def test_entries_resolving_to_one_configuration_are_warned(tmp_path, capsys):
     warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("zerobench: warning")]
     assert len(warn) == 1 and "runs 'pa', 'pa-ckpt' resolve to one configuration" in warn[0], warn
     assert same_configurations(suites.load("cpu/quick")) == []
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return suites.load(p)
+
+
+def test_only_matches_the_value_a_run_resolves_to(tmp_path):
+    """A key a run leaves to the default is matched by the value the run resolves to: ``--only dp=1`` took only the
+    runs that spelled ``dp: 1`` out, and on a suite that never does said no run matches."""
+    s = _write(
+        tmp_path,
+        "name: onlydp\nbase: {preset: tiny, steps: 2, warmup: 1}\nruns:\n"
+        "- {label: a, stage: 0}\n- {label: b, stage: 1, dp: 1}\n- {label: c, stage: 2, tp: 1}\n"
+        "- {label: d, stage: 1, gpus: 4, tp: 2}\n",
+    )
+    labels = lambda only: [r.label for r in matching_runs(s, parse_only(only))]  # noqa: E731
+    assert labels(["dp=1"]) == ["a", "b", "c"]
+    assert labels(["tp=1"]) == ["a", "b", "c"]
+    assert labels(["dp=2"]) == labels(["tp=2"]) == ["d"]  # dp from gpus / tp
+    assert labels(["gpus=1"]) == ["a", "b", "c"] and labels(["gpus=4"]) == ["d"]
+    assert labels(["layers=2", "seq=64", "vocab=512", "hidden=64", "heads=4"]) == ["a", "b", "c", "d"]
+    with pytest.raises(ConfigError, match=r"no run matches dp=3$"):
+        matching_runs(s, parse_only(["dp=3"]))
+
+
+def test_only_dp_on_a_suite_that_never_spells_dp_out(tmp_path, capsys):
+    p = tmp_path / "tiny.yaml"
+    p.write_text("name: tiny\nbase: {preset: tiny, steps: 2, warmup: 1, micro_batch: 1}\naxes: {stage: [0, 1]}\n")
+    assert main(["sweep", str(p), "--check", "--only", "dp=1"]) == 0
+    assert "2 of 2 runs (selected by --only), all valid" in capsys.readouterr().out
+    assert main(["sweep", str(p), "--check", "--only", "dpp=1"]) == 2
+    assert "no run matches dpp=1: a run has no key 'dpp' (its keys are " in _one_line(capsys)
+
+
+def test_the_ab_gate_refuses_only_on_a_key_a_run_takes_from_the_default(tmp_path, capsys, monkeypatch):
+    """The baseline side sweeps with its own zerobench, which may match only the values a suite spells out: the
+    sides would run different runs. Refused before either side starts."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a side was started"))
+    p = tmp_path / "ab.yaml"
+    p.write_text("name: ab\nbase: {preset: tiny, steps: 2, warmup: 1}\nruns:\n- {label: a}\n- {label: b, dp: 1}\n")
+    code = main(["regress", "--ab", str(p), "--baseline-tree", ".", "--only", "dp=1", "--out", str(tmp_path / "o")])
+    assert code == 2 and "--ab --only dp: run 'a' takes dp from the default" in _one_line(capsys)

@@ -57,15 +57,35 @@ def _describe(only: dict[str, frozenset[str]]) -> str:
     return " ".join(f"{k}={'|'.join(sorted(v))}" for k, v in only.items())
 
 
+RESOLVED_KEYS = {
+    "dp": lambda c: c.dp,
+    "tp": lambda c: c.tp,
+    "gpus": lambda c: c.world_size,
+    **{k: (lambda c, k=k: getattr(c.model, k)) for k in ("layers", "hidden", "heads", "seq")},
+    "vocab": lambda c: c.data_vocab if c.data_vocab is not None else c.model.vocab,  # before TP's padding
+}
+"""Run keys whose default (None) resolves to a value, and where in the resolved ``TrainConfig`` it is: ``--only``
+matches a run that leaves one out by the value it runs at (``--only dp=1`` takes every run at dp 1, the default's
+too), where it matched only the runs that spelled it out."""
+
+
+def only_value(run, key: str) -> set[str]:
+    """What ``--only KEY=...`` compares with for ``run``: its labels for ``label``; else the run's own value of the
+    field, or where it leaves it to the default the value it resolves to (``RESOLVED_KEYS``; an invalid run has
+    none, and keeps the field's)."""
+    if key == "label":
+        return {str(run.label), str(run.spec.label)}
+    value = getattr(run.spec, key, None)
+    if value is None and key in RESOLVED_KEYS and run.config is not None:
+        value = RESOLVED_KEYS[key](run.config)
+    return {str(value)}
+
+
 def matching_runs(suite: Suite, only: dict[str, frozenset[str]]) -> list:
     """The runs of ``suite`` each of whose ``only`` keys (a run's fields, as ``--only`` names them) holds one of
-    its values, or one line if none does, naming a key no run has."""
+    its values (``only_value``), or one line if none does, naming a key no run has."""
     fields = {f.name for f in dataclasses.fields(RunSpec)}
-
-    def value(run, key):
-        return {str(run.label), str(run.spec.label)} if key == "label" else {str(getattr(run.spec, key, None))}
-
-    runs = [r for r in suite.runs if all(value(r, k) & v for k, v in only.items())]
+    runs = [r for r in suite.runs if all(only_value(r, k) & v for k, v in only.items())]
     if not runs:
         unknown = sorted(set(only) - fields)
         why = f": a run has no key {unknown[0]!r} (its keys are {', '.join(sorted(fields))})" if unknown else ""

@@ -132,7 +132,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if bool(args.baseline_ref) == bool(args.baseline_tree):
         raise ConfigError("--ab needs exactly one of --baseline-ref REF or --baseline-tree DIR")
     from zerobench.bench import suite as suites
-    from zerobench.bench.runner import check_local, parse_only, selected
+    from zerobench.bench.runner import RESOLVED_KEYS, check_local, parse_only, selected
 
     suite = suites.load(args.ab)  # a bad suite is one line before a worktree is checked out and sides launched
     only = parse_only(args.only)
@@ -142,7 +142,18 @@ def _cmd_ab(args: argparse.Namespace) -> int:
             f"--ab --only {twice}: one value per key (the baseline side sweeps with its own zerobench, which may "
             f"take a repeated key as its last value only, so the sides would run different runs): run one A/B per value"
         )
-    check_local(selected(suite, only))  # the sweep each side runs would refuse it only after the checkout
+    chosen = selected(suite, only)  # the sweep each side runs would refuse it only after the checkout
+    check_local(chosen)
+    defaulted = next(
+        ((k, r) for k in only if k in RESOLVED_KEYS for r in chosen.runs if getattr(r.spec, k) is None), None
+    )
+    if defaulted:  # as with alternatives: a baseline from before resolved matching would leave these runs out
+        key, run = defaulted
+        raise ConfigError(
+            f"--ab --only {key}: run {run.label!r} takes {key} from the default, which the baseline side's zerobench "
+            f"may not match (it once matched only the values a suite spelled out), so the sides would run different "
+            f"runs: give {key} in the suite, or select by label"
+        )
     here = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else Path("runs") / ("ab-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     # before a baseline worktree is checked out: an earlier A/B's rounds there would be refused only at the first round

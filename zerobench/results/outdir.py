@@ -108,15 +108,18 @@ def never_ran(out: str | os.PathLike, rows: list[dict]) -> list[str]:
         ) from None
     ran = {(r.get("label"), r.get("config_hash")) for r in rows if r.get("metric") == "run_status"}
     hashes = {r.get("config_hash") for r in rows}
-    run_ids = {r.get("run_id") for r in rows if isinstance(r.get("run_id"), str)}
+    # every row's run id, and for a later attempt (sweep_state.attempt_id's <id>-r<k>) the id it retried: run ids
+    # begin with their run's index, so a first attempt's id that merely ends like "-r2" names no other planned run
+    attempts = {r.get("run_id") for r in rows if isinstance(r.get("run_id"), str)}
+    started = attempts | {_RETRY.sub("", x) for x in attempts}
+    return [
+        label
+        for label, h, rid in keys
+        if (label, h) not in ran and not (rid in started if isinstance(rid, str) else h in hashes)
+    ]
 
-    def left_rows(h: str, rid) -> bool:
-        if not isinstance(rid, str):
-            return h in hashes
-        retry = re.compile(re.escape(rid) + r"-r[0-9]+")  # sweep_state.attempt_id's later attempts
-        return rid in run_ids or any(retry.fullmatch(x) for x in run_ids)
 
-    return [label for label, h, rid in keys if (label, h) not in ran and not left_rows(h, rid)]
+_RETRY = re.compile(r"-r[0-9]+$")
 
 
 LOCK_FILE = ".zerobench.lock"

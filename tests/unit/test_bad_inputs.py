@@ -196,6 +196,27 @@ def test_json_lines_that_are_not_rows(line, tmp_path, capsys):
         assert_one_line(*run(argv, capsys), "not a zerobench result row")
 
 
+@pytest.mark.parametrize("missing", ["status", "value"])
+def test_a_row_without_a_field_every_reader_takes_as_given_is_refused_by_all(missing, tmp_path, capsys):
+    """A row without ``status`` (``{"run_id", "metric", "value"}``) was shown by ``results show`` and ended ``report``
+    in a KeyError; one without ``value`` ended both in one. Such a row is not whole: every reader refuses it in one
+    line naming its file and line, the gate's included."""
+    row = {"run_id": "r1", "metric": "step_time_s", "value": 1, "status": "ok", "unit": "s", "config_hash": "h"}
+    del row[missing]
+    f = tmp_path / "in" / "rows.jsonl"
+    f.parent.mkdir()
+    whole = dict(row, **{missing: "ok" if missing == "status" else 2.0}, metric="loss")
+    f.write_text(json.dumps(whole) + "\n" + json.dumps(row) + "\n")
+    for argv in (
+        ["results", "show", str(f.parent)],
+        ["report", str(f.parent), "--out", str(tmp_path / "r")],
+        ["regress", "--baseline", str(f), "--candidate", str(f.parent), "--propose", str(tmp_path / "p.jsonl")],
+        ["regress", "--candidate", str(f.parent), "--write-baseline", str(tmp_path / "b.jsonl")],
+    ):
+        assert_one_line(*run(argv, capsys), f"{f}:2: not a whole result row: it has no {missing!r}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
 def test_a_torn_last_row_is_skipped_with_a_warning(tmp_path, capsys):
     from zerobench.results.rows import RowWriter, read_rows
 

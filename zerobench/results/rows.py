@@ -5,7 +5,8 @@ hash, provenance and the rows format (``schema``; ``results/status.py`` says wha
 without a status row). A row is written whole or not at all: appended on an ``O_APPEND`` descriptor,
 short writes continued, fsynced; if the disk fills (or any write fails) the file is cut back to where
 the row began and ``RowWriteError`` says so in one line. Readers skip a torn last line (a writer killed
-mid-row) with a warning, and refuse a file whose other lines are not rows; the next append cuts that line off
+mid-row) with a warning, and refuse a file whose other lines are not rows, or rows without a field every reader
+takes as given (``REQUIRED``); the next append cuts that line off
 first, with a warning, so a status row written after a killed rank's fragment is a row of its own.
 """
 
@@ -262,7 +263,8 @@ def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = 
     """Rows from a rows file or every ``rows.jsonl`` under a directory (``files_below``: links followed). A torn
     last line (no newline, not JSON: a writer died mid-row) is skipped with a warning, or, where the file must be as
     it was recorded, ``whole`` names what it is (the gate's ``"baseline"``) and it is a ``ConfigError``; any other
-    bad line is a ``ConfigError``. ``source``: each row also says which file it came from (``rows_file``)."""
+    bad line is a ``ConfigError``, as is a row without one of the ``REQUIRED`` fields or with a known field of another
+    type (``_check_types``). ``source``: each row also says which file it came from (``rows_file``)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no results at {p}: pass a results directory or a rows.jsonl file")
@@ -294,11 +296,22 @@ def read_rows(path: str | os.PathLike, whole: str | None = None, source: bool = 
             if not (isinstance(row, dict) and "metric" in row and "run_id" in row):
                 raise ConfigError(f"{f}:{n}: not a zerobench result row (a JSON object with 'metric' and 'run_id')")
             _check_types(row, f"{f}:{n}")
+            lacks = next((k for k in REQUIRED if k not in row), None)
+            if lacks is not None:
+                raise ConfigError(
+                    f"{f}:{n}: not a whole result row: it has no {lacks!r} (every row carries "
+                    f"{', '.join(REQUIRED)}); restore the file, or leave it out of the inputs"
+                )
             if source:  # resolved: one file given by two spellings (a relative and an absolute path) is one source
                 row["rows_file"] = str(f.resolve())
             rows.append(row)
     return rows
 
+
+REQUIRED = ("metric", "run_id", "value", "status")
+"""The fields of a row that readers take as given (``RowWriter`` writes them in every row): a row without one is not
+whole. Refused on read, naming its line, for every reader alike: a row without ``status`` was read as ``ok`` by some
+readers and failed others with a traceback, and a row without ``value`` failed them all."""
 
 _NUMBER = (int, float)
 FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {

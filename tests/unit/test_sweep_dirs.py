@@ -12,6 +12,7 @@ import pytest
 
 from zerobench.bench import suite as suites
 from zerobench.bench.sweep_state import PLAN_FILE, check_out, check_resumed, record_plan
+from zerobench.cli import main
 from zerobench.config import ConfigError
 from zerobench.results.rows import run_hash
 
@@ -150,3 +151,70 @@ def test_a_resume_does_not_record_an_invalid_run_again(tmp_path):
             assert not should_run(bad, out, suites.load(path), summary, bar, done)
         assert summary.failed_status == {"bad": "invalid"}
     assert sorted(p.name for p in out.iterdir()) == ["000-bad"]
+
+
+def _refusal(argv, capsys) -> str:
+    """The one line ``argv`` is refused with (exit 2), warnings aside."""
+    from tests.unit.test_bad_inputs import assert_one_line, run
+
+    code, err = run(argv, capsys)
+    assert_one_line(code, err, "zerobench: error: ")
+    return next(ln for ln in err.strip().splitlines() if not ln.startswith("zerobench: warning"))
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        (["--out", "a-file"], "is a file"),
+        (["--out", "a-file/sub"], "Not a directory"),
+        (["--out", "ran"], "already holds result rows"),
+        (["--out", "ran", "--resume"], "holds the rows of suite 'other'"),
+        (["--out", "swept/inner"], "is inside the sweep"),
+        (["--out", "fresh", "--tensorboard", "a-file"], "--tensorboard a-file is a file"),
+        (["--out", "held"], "is in use by another zerobench"),
+    ],
+    ids=[
+        "out a file",
+        "out under a file",
+        "out holds rows",
+        "resume another suite",
+        "out in a sweep",
+        "tb a file",
+        "held",
+    ],
+)
+def test_sweep_check_says_what_the_sweep_would_and_creates_nothing(case, needle, tmp_path, capsys, monkeypatch):
+    """``sweep --check`` exited 0 where the sweep refuses its directories: ``--out`` a file, holding rows, inside
+    another sweep, ``--resume`` into another suite's, ``--tensorboard`` a file. It now refuses them with the sweep's
+    own line, before which the sweep runs nothing, and leaves nothing behind."""
+    from zerobench.results.lock import claim
+
+    monkeypatch.chdir(tmp_path)
+    suite = suite_file(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    ran = tmp_path / "ran" / "000-a"
+    ran.mkdir(parents=True)
+    row = {"metric": "run_status", "run_id": "000-a", "suite": "other", "status": "ok", "value": 0, "unit": ""}
+    (ran / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "swept").mkdir()
+    record_plan(tmp_path / "swept", suites.load(suite_file(tmp_path, name="other")), resume=False)
+    (tmp_path / "held").mkdir()
+    monkeypatch.setattr("zerobench.bench.runner._run_all", lambda *a, **k: pytest.fail("the sweep ran"))
+    with claim(tmp_path / "held"):
+        before = _tree(tmp_path)
+        line = _refusal(["sweep", str(suite), "--check", *case], capsys)
+        assert needle in line, line
+        assert _tree(tmp_path) == before
+        assert _refusal(["sweep", str(suite), *case], capsys) == line
+
+
+def test_sweep_check_passes_where_the_sweep_would_start_and_creates_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    suite = suite_file(tmp_path)
+    for argv in (["--out", "new/deeper"], ["--tensorboard", "tb"], []):  # the default: runs/<suite name>
+        assert main(["sweep", str(suite), "--check", *argv]) == 0, capsys.readouterr().err
+    assert _tree(tmp_path) == [suite.name]

@@ -12,6 +12,13 @@ from zerobench.cli import main
 from zerobench.config import ConfigError
 
 
+@pytest.fixture(autouse=True)
+def _away_from_the_checkout(tmp_path, monkeypatch):
+    """``sweep --check`` checks the sweep's default ``--out`` (``runs/<suite name>``) in the working directory: the
+    checkout's own earlier sweeps there must not decide these checks."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_a_repeated_key_is_alternatives():
     s = suites.load("cpu/quick")
     only = parse_only(["stage=1", "stage=2", "dp=4"])

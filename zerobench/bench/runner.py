@@ -25,8 +25,7 @@ from zerobench.bench.suite import Suite
 from zerobench.bench.sweep_state import (
     SweepSummary,
     attempt_id,
-    check_out,
-    check_resumed,
+    check_held,
     completed_runs,
     record_plan,
     should_run,
@@ -37,7 +36,8 @@ from zerobench.launch.base import EXIT_IO, LaunchRequest
 from zerobench.launch.cancel import Cancellation
 from zerobench.launch.launchers import get_launcher
 from zerobench.launch.local import check_local_world
-from zerobench.results.lock import claim
+from zerobench.results.lock import check_unclaimed, claim
+from zerobench.results.outdir import check_writable_dir
 from zerobench.results.rows import RowWriteError, run_hash
 
 
@@ -156,7 +156,7 @@ def check_sweep(
 ) -> Suite:
     """The runs ``run_sweep`` would run (``selected``), or one line saying which option cannot be: the launcher and
     its options, ``--only``, the local launcher's world limit. ``sweep --check`` calls it with the sweep's options
-    (``out``: None, not yet chosen), so a check passes only where the sweep itself would start."""
+    (then ``check_sweep_dirs``), so a check passes only where the sweep itself would start."""
     if launcher not in SWEEP_LAUNCHERS:
         raise ConfigError(f"unknown launcher {launcher!r}: choose {', '.join(SWEEP_LAUNCHERS)}")
     if instructions and launcher != "local":
@@ -190,6 +190,21 @@ def check_sweep(
     return suite
 
 
+def check_sweep_dirs(
+    suite: Suite, out: Path, resume: bool = False, tensorboard: str | None = None, instructions: bool = False
+) -> None:
+    """What a sweep of ``suite`` (``check_sweep``'s selected runs) checks of its directories before its first run,
+    with nothing created and no lock taken: ``sweep --check`` runs it, so that a check passes only where the sweep
+    would start. ``out`` and ``tensorboard`` can be written (``check_writable_dir``: a file is refused), no other
+    zerobench is writing ``out`` (``claim``'s refusal), and what ``out`` holds may take this sweep (``check_held``:
+    not inside another sweep, no rows without ``resume``, with it only this suite's, at this commit)."""
+    check_writable_dir(out, create=False)
+    if tensorboard:
+        check_writable_dir(tensorboard, "--tensorboard", "TensorBoard scalars", create=False)
+    check_unclaimed(out)
+    check_held(out, suite, resume, instructions)
+
+
 def run_sweep(
     suite: Suite,
     out: Path,
@@ -209,8 +224,7 @@ def run_sweep(
     counted step's instructions (local launcher). ``only``: ``parse_only``'s key -> values."""
     suite = check_sweep(suite, out, launcher, only, instructions, gpus_per_task, pending_limit_s)
     with claim(out):  # the directory is this sweep's alone; what it holds is checked only now
-        check_out(out, resume, suite.name)
-        changed = check_resumed(suite, completed_runs(out, instructions)) if resume else []
+        changed = check_held(out, suite, resume, instructions)
         record_plan(out, suite, resume)
         if changed:
             print(

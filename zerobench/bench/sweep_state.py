@@ -92,6 +92,20 @@ def _check_commit(out: Path, rows: list[dict]) -> None:
         )
 
 
+def check_held(out: Path, suite: Suite, resume: bool, instructions: bool = False) -> list[str]:
+    """Everything a sweep of ``suite`` (its selected runs) checks of what ``out`` holds before writing there:
+    ``check_out``, with ``resume`` also ``check_resumed`` and that the plan it joins is readable and this suite's
+    (``_earlier_plan``). It only reads, so ``sweep --check`` runs it too. Returns ``check_resumed``'s changed
+    labels (for a note)."""
+    check_out(out, resume, suite.name)
+    if not resume:
+        return []
+    changed = check_resumed(suite, completed_runs(out, instructions))
+    if (out / PLAN_FILE).is_file():
+        _earlier_plan(out / PLAN_FILE, suite.name)
+    return changed
+
+
 def completed_runs(out: Path, instructions: bool = False) -> set[tuple[str, str]]:
     """(label, config hash) of every run with an ``ok`` status row under ``out`` of the sweep's kind: run under
     callgrind (``instructions``; its rows are tagged ``instrumented``) or timed. A directory may hold both sweeps

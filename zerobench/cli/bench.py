@@ -15,7 +15,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from zerobench.bench import suite as suites
-    from zerobench.bench.runner import check_sweep, parse_only, run_sweep, selected, warn_same_configurations
+    from zerobench.bench.runner import (
+        check_sweep,
+        check_sweep_dirs,
+        parse_only,
+        run_sweep,
+        selected,
+        warn_same_configurations,
+    )
     from zerobench.launch.cancel import EXIT_CANCELLED
     from zerobench.results.outdir import check_writable_dir
     from zerobench.results.rows import files_below
@@ -28,22 +35,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for r in invalid:
         print(f"zerobench: warning: {s.path}: run {r.index} ({r.label}) is invalid: {r.error}", file=sys.stderr)
     warn_same_configurations(chosen)
+    out = Path(args.out) if args.out else Path("runs") / s.name
     if args.check:  # the sweep's own checks, with its options: a check passes where the sweep would start
         if invalid:
             return 2
         chosen = check_sweep(
             s,
-            None,
+            out,
             launcher=args.launcher,
             only=only,
             instructions=args.instructions,
             gpus_per_task=args.gpus_per_task,
             pending_limit_s=args.pending_limit,
         )
+        check_sweep_dirs(chosen, out, args.resume, args.tensorboard, args.instructions)
         runs = f"{len(chosen.runs)} of {len(s.runs)} runs (selected by --only)" if only else f"{len(s.runs)} runs"
         print(f"{s.path}: {runs}, all valid")
         return 0
-    out = Path(args.out) if args.out else Path("runs") / s.name
     check_writable_dir(out)
     if args.tensorboard:
         check_writable_dir(args.tensorboard, "--tensorboard", "TensorBoard scalars")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Self
 
 from zerobench.config import ConfigError
-from zerobench.results.outdir import LOCK_FILE, check_writable_dir, read_holder
+from zerobench.results.outdir import LOCK_FILE, check_writable_dir, read_holder, writer_of
 
 HOLDER_WAIT_S = 2.0
 """How long a refused claimant waits for a holder that has just taken the lock to record its pid."""
@@ -76,9 +76,7 @@ def claim(path: str | os.PathLike, flag: str = "--out") -> DirLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise ConfigError(
-                f"{flag} {path} is in use by another zerobench ({holder}): wait for it to end, or choose another {flag}"
-            ) from None
+            raise ConfigError(_in_use(path, flag, holder)) from None
         except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks
             os.close(fd)
             print(
@@ -92,6 +90,18 @@ def claim(path: str | os.PathLike, flag: str = "--out") -> DirLock:
         os.close(fd)  # its holder removed it as we locked it: lock the file now at the path
     _record(fd)
     return DirLock(path, fd)
+
+
+def _in_use(path: Path, flag: str, holder: str) -> str:
+    return f"{flag} {path} is in use by another zerobench ({holder}): wait for it to end, or choose another {flag}"
+
+
+def check_unclaimed(path: str | os.PathLike, flag: str = "--out") -> None:
+    """Refuse, as ``claim`` would, a ``path`` another zerobench holds now, without claiming it or creating anything:
+    the check of a command that does not run it (``sweep --check``)."""
+    holder = writer_of(path, command=True)
+    if holder is not None:
+        raise ConfigError(_in_use(Path(path), flag, holder))
 
 
 READER_PROBE_WAIT_S = 0.5

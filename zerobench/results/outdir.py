@@ -50,15 +50,30 @@ def _prove_writable(directory: Path) -> None:
     os.unlink(probe)
 
 
-def check_writable_dir(path: str | os.PathLike, flag: str = "--out", what: str = "results") -> None:
+def _prove_creatable(directory: Path) -> None:
+    """What ``_prove_writable`` proves, leaving nothing behind: ``directory``, or the nearest of its parents that
+    exists, is a directory in which a file can be created (a probe, removed at once); the directories missing below
+    it would be created there by this user. Raises ``OSError`` otherwise."""
+    top = next(d for d in (directory, *directory.parents) if d.exists())  # '.' or '/' at the latest
+    if not top.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(top))
+    fd, probe = tempfile.mkstemp(prefix=".zerobench-probe-", dir=top)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_writable_dir(
+    path: str | os.PathLike, flag: str = "--out", what: str = "results", create: bool = True
+) -> None:
     """Create ``path`` if needed and prove a file can be written there, or raise a one-line ConfigError.
 
-    ``flag`` names the option the path came from and ``what`` the output, both for the message."""
+    ``flag`` names the option the path came from and ``what`` the output, both for the message. ``create`` False:
+    the same refusals with nothing created, for a check of a command that does not run it (``sweep --check``)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} is a file: give a directory for {what}")
     try:
-        _prove_writable(path)
+        _prove_writable(path) if create else _prove_creatable(path)
     except OSError as e:
         raise ConfigError(
             f"cannot write {what} to {flag} {path}: {e.strerror or e}: choose a writable directory"
@@ -163,11 +178,12 @@ def read_holder(fd: int) -> Holder | None:
         return None
 
 
-def writer_of(directory: str | os.PathLike) -> str | None:
-    """Who is writing ``directory`` now, as its lock file records them, or None where no one holds its lock. The lock
-    itself answers (a shared ``flock`` probe, released at once): a lock file left by a writer that was killed is held
-    by no one, on this host or another whose file system shares locks. Where the file system has no locks, the record
-    is all there is: a live pid of this host, or any pid of another, is named."""
+def writer_of(directory: str | os.PathLike, command: bool = False) -> str | None:
+    """Who is writing ``directory`` now, as its lock file records them (``command``: with the command it runs), or
+    None where no one holds its lock. The lock itself answers (a shared ``flock`` probe, released at once): a lock
+    file left by a writer that was killed is held by no one, on this host or another whose file system shares locks.
+    Where the file system has no locks, the record is all there is: a live pid of this host, or any pid of another,
+    is named."""
     path = Path(directory) / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -180,10 +196,10 @@ def writer_of(directory: str | os.PathLike) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             who = read_holder(fd)
-            return who.describe() if who is not None else f"a writer holds {path}"
+            return who.describe(command) if who is not None else f"a writer holds {path}"
         except OSError:  # no locks on this file system: judge by the record
             who = read_holder(fd)
-            return who.describe() if who is not None and who.may_live() else None
+            return who.describe(command) if who is not None and who.may_live() else None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

@@ -286,6 +286,32 @@ def test_what_initialize_does_not_take_is_one_line(kwargs, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("case", ["no_model", "untested_optimizer", "scheduler_on_another_optimizer"])
+def test_where_deepspeed_asserts_initialize_raises_an_assertion_error(case):
+    """DeepSpeed's tests expect an ``AssertionError`` for ``initialize(model=None)`` (``TestNoModel``), a client
+    optimizer ZeRO has not tested (``TestZeroAllowUntestedOptimizer``) and a client scheduler built on another
+    optimizer beside the config's (``TestClientLrScheduler``); each was a plain ``ConfigError`` here. Still one
+    line, and still a ``ConfigError``."""
+    from zerobench.config import ConfigError
+    from zerobench.zero import initialize
+
+    model = _model()
+    config = {"train_batch_size": 1, "optimizer": {"type": "Adam"}, "zero_optimization": {"stage": 2}}
+    other = torch.optim.Adam(_model().parameters())
+    given = {
+        "no_model": dict(model=None),
+        "untested_optimizer": dict(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)),
+        "scheduler_on_another_optimizer": dict(
+            model=model, lr_scheduler=torch.optim.lr_scheduler.LambdaLR(other, lambda s: 1.0)
+        ),
+    }[case]
+    with pytest.raises(AssertionError) as e:
+        initialize(config={**config, "zero_allow_untested_optimizer": False}, **given)
+    assert isinstance(e.value, ConfigError) and "\n" not in str(e.value), str(e.value)
+    if case == "untested_optimizer":
+        assert "zero_allow_untested_optimizer does not change that" in str(e.value)
+
+
 def _resume(rank: int, world: int, stage: int, root: str):
     """Two steps, a checkpoint, two more; then fresh engines loading that checkpoint as DeepSpeed's callers do."""
     import warnings

@@ -212,6 +212,24 @@ def test_a_batch_that_does_not_add_up_is_one_line(cfg, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"train_batch_size": 33, "train_micro_batch_size_per_gpu": 17, "gradient_accumulation_steps": 2},
+        {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 18},
+        {"train_batch_size": 33, "gradient_accumulation_steps": 2},
+        {"gradient_accumulation_steps": 2},
+        {"train_batch_size": -4},
+    ],
+)
+def test_a_batch_that_does_not_add_up_is_an_assertion_error_as_deepspeeds(cfg):
+    """DeepSpeed asserts the triple (its ``TestBatchConfig`` catches ``AssertionError``); it was a plain
+    ``ConfigError`` here. It stays one (one line)."""
+    with pytest.raises(AssertionError) as e:
+        batch_sizes(cfg, 2)
+    assert isinstance(e.value, ConfigError) and "\n" not in str(e.value)
+
+
 OK = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
 
 

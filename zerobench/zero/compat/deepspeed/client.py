@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from zerobench.config import ConfigError
+from zerobench.zero.compat.deepspeed.values import DeepSpeedAssertionError
 
 _HOW_TORCH_RUNS_IT = ("foreach", "fused")
 """torch.optim group keys that choose an implementation, not the update: dropped."""
@@ -40,9 +41,11 @@ def client_groups(optimizer, model: nn.Module, model_parameters) -> tuple[torch.
         )
         optimizer = optimizer(params)
     if not isinstance(optimizer, torch.optim.Adam):  # torch.optim.AdamW is an Adam
-        raise ConfigError(
+        # an AssertionError too, as DeepSpeed asserts an optimizer it has not tested under ZeRO
+        raise DeepSpeedAssertionError(
             f"initialize: a client {type(optimizer).__name__} cannot be taken: the ZeRO engine's update "
-            "is AdamW's; pass a torch.optim.AdamW, or give the config an 'optimizer' section"
+            "is AdamW's (zero_allow_untested_optimizer does not change that); pass a torch.optim.AdamW, or give "
+            "the config an 'optimizer' section"
         )
     if optimizer.state:
         raise ConfigError(
@@ -74,7 +77,7 @@ def check_scheduler(scheduler, client: torch.optim.Optimizer | None) -> bool:
     scheduler class taking the optimizer included (one line for anything else)."""
     built = hasattr(scheduler, "step") and not isinstance(scheduler, type)  # a class is a callable, as DeepSpeed's
     if (built or not callable(scheduler)) and (client is None or getattr(scheduler, "optimizer", None) is not client):
-        raise ConfigError(
+        raise DeepSpeedAssertionError(  # DeepSpeed asserts it: an AssertionError too
             "initialize: lr_scheduler must be a callable fn(optimizer) -> scheduler, or one built on the "
             "optimizer passed as optimizer= (one built on another optimizer would not move the engine's "
             "learning rate)"

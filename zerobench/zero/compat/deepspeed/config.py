@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
 from zerobench.zero.compat.deepspeed.precision import input_cast, read_precision, skips_nonfinite, stage0_loss_scale
-from zerobench.zero.compat.deepspeed.values import flag, is_num, known, load, num, section
+from zerobench.zero.compat.deepspeed.values import DeepSpeedAssertionError, flag, is_num, known, load, num, section
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 
 _NO_EFFECT = {
@@ -117,23 +117,24 @@ def _positive_int(cfg: dict, key: str) -> int | None:
         return None
     v = num(cfg, key, None, int, "")
     if v < 1:
-        raise ConfigError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}")
+        raise DeepSpeedAssertionError(f"DeepSpeed config {key}: must be a positive integer, got {v!r}")
     return v
 
 
 def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:
-    """(micro-batch, accumulation steps, train batch) from whichever of the three are given, as DeepSpeed."""
+    """(micro-batch, accumulation steps, train batch) from whichever of the three are given, as DeepSpeed. A triple
+    that does not resolve is a ``DeepSpeedAssertionError``: DeepSpeed asserts it."""
     tbs, mbs = _positive_int(cfg, "train_batch_size"), _positive_int(cfg, "train_micro_batch_size_per_gpu")
     gas = _positive_int(cfg, "gradient_accumulation_steps")
     if tbs is None and mbs is None:
-        raise ConfigError("DeepSpeed config: give train_batch_size or train_micro_batch_size_per_gpu")
+        raise DeepSpeedAssertionError("DeepSpeed config: give train_batch_size or train_micro_batch_size_per_gpu")
     if tbs is None:
         gas = gas or 1
         return mbs, gas, mbs * gas * dp
     if mbs is None or gas is None:
         known = mbs if mbs is not None else gas if gas is not None else 1
         if tbs % (known * dp):
-            raise ConfigError(
+            raise DeepSpeedAssertionError(
                 f"DeepSpeed config: train_batch_size {tbs} is not a multiple of "
                 f"{'train_micro_batch_size_per_gpu' if mbs is not None else 'gradient_accumulation_steps'} "
                 f"{known} x {dp} DP ranks"
@@ -141,7 +142,7 @@ def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:
         other = tbs // (known * dp)
         mbs, gas = (mbs, other) if mbs is not None else (other, known)
     if mbs * gas * dp != tbs:
-        raise ConfigError(
+        raise DeepSpeedAssertionError(
             f"DeepSpeed config: train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} x "
             f"gradient_accumulation_steps {gas} x {dp} DP ranks ({mbs * gas * dp})"
         )

@@ -42,6 +42,7 @@ from zerobench.zero.compat.deepspeed.client import check_scheduler, client_group
 from zerobench.zero.compat.deepspeed.config import from_deepspeed
 from zerobench.zero.compat.deepspeed.lr_schedules import build
 from zerobench.zero.compat.deepspeed.mpu import mpu_groups, warn_if_unmarked
+from zerobench.zero.compat.deepspeed.values import DeepSpeedAssertionError
 from zerobench.zero.config import Precision
 
 
@@ -84,8 +85,8 @@ def _config_of(args, model, config):
     from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
     if from_args is not None and config is not None:
         raise ConfigError("initialize: a DeepSpeed config came both in args.deepspeed_config and as config=: give one")
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"initialize: model= must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(model, nn.Module):  # DeepSpeed asserts it: an AssertionError too
+        raise DeepSpeedAssertionError(f"initialize: model= must be a torch.nn.Module, not {type(model).__name__}")
     return model, config if config is not None else from_args
 
 

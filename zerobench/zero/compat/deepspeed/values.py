@@ -14,6 +14,12 @@ import hjson
 from zerobench.config import ConfigError
 
 
+class DeepSpeedAssertionError(ConfigError, AssertionError):
+    """An input refused where DeepSpeed asserts (an inconsistent batch triple, ``initialize(model=None)``, a client
+    scheduler on another optimizer, an optimizer other than AdamW's): an ``AssertionError``, the type DeepSpeed's
+    callers and tests catch, and a ``ConfigError``, one line."""
+
+
 def is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 

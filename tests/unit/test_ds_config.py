@@ -492,3 +492,66 @@ def test_forward_inputs_are_cast_as_deepspeed_casts_them():
             assert not any("auto_cast" in k for k in ds.ignored), ds.ignored
     assert ZeroEngine.cast_forward_inputs == "all"
     assert "cast_forward_inputs" not in {f.name for f in __import__("dataclasses").fields(ZeroConfig)}
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("prefetch_bucket_size", 0),
+        ("param_persistence_threshold", 100),
+        ("model_persistence_threshold", 100),
+        ("max_live_parameters", 10**8),
+        ("max_reuse_distance", 10**8),
+        ("gather_16bit_weights_on_model_save", True),
+        ("module_granularity_threshold", 0),
+        ("use_all_reduce_for_fetch_params", False),
+    ],
+)
+def test_stage3_keys_are_read_under_deepspeeds_names_without_the_prefix(name, value):
+    """DeepSpeed's config model names each stage-3 field without ``stage3_`` and takes the prefixed name as an
+    alias; the un-prefixed names were refused here as unknown keys. Both mean the same; both given with different
+    values is one line."""
+    zero = {"stage": 3, name: value}
+    prefixed = {"stage": 3, f"stage3_{name}": value}
+    got, want = (from_deepspeed({**OK, "zero_optimization": z}, dp=1) for z in (zero, prefixed))
+    assert (got.zero, got.gather_16bit_on_save) == (want.zero, want.gather_16bit_on_save)
+    assert [k.replace("stage3_", "") for k in want.ignored] == list(got.ignored)
+    if name == "prefetch_bucket_size":
+        assert got.zero.prefetch is False
+    if name.startswith("gather"):
+        assert got.gather_16bit_on_save is True
+    same = {**zero, f"stage3_{name}": value}
+    assert from_deepspeed({**OK, "zero_optimization": same}, dp=1).zero == want.zero
+    other = not value if isinstance(value, bool) else value + 1
+    with pytest.raises(ConfigError) as e:
+        from_deepspeed({**OK, "zero_optimization": {**zero, f"stage3_{name}": other}}, dp=1)
+    assert f"{name} {value!r} and stage3_{name} {other!r} are one key" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_fp16_name_of_gather_on_save_is_one_key_with_the_16bit_names():
+    for key in ("stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"):
+        assert from_deepspeed({**OK, "zero_optimization": {"stage": 3, key: True}}, dp=1).gather_16bit_on_save
+    both = {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True, "gather_16bit_weights_on_model_save": False}
+    with pytest.raises(ConfigError, match="are one key"):
+        from_deepspeed({**OK, "zero_optimization": both}, dp=1)
+
+
+def test_deepspeeds_legacy_offload_switches():
+    """DeepSpeed's older parameter-offload switch is ``cpu_offload_param``; ``cpu_offload_params``, which zerobench
+    read and documented, is a key DeepSpeed refuses, and ``cpu_offload_param`` was refused here as unknown."""
+    base = {**OK, "zero_optimization": {"stage": 3, "cpu_offload": True, "cpu_offload_param": True}}
+    z = from_deepspeed(base, dp=1).zero
+    assert (z.offload_optimizer, z.offload_param) == ("cpu", "cpu")
+    pinned = {"stage": 2, "cpu_offload": True, "cpu_offload_use_pin_memory": True}
+    assert (
+        "zero_optimization.cpu_offload_use_pin_memory" in from_deepspeed({**OK, "zero_optimization": pinned}, 1).ignored
+    )
+    with pytest.raises(ConfigError) as e:
+        from_deepspeed({**OK, "zero_optimization": {"stage": 3, "cpu_offload": True, "cpu_offload_params": True}}, 1)
+    assert "cpu_offload_params: DeepSpeed's key is cpu_offload_param" in str(e.value)
+    agree = {"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    assert from_deepspeed({**OK, "zero_optimization": agree}, 1).zero.offload_optimizer == "cpu"
+    clash = {"stage": 2, "cpu_offload": False, "offload_optimizer": {"device": "cpu"}}
+    with pytest.raises(AssertionError) as e:  # DeepSpeed asserts a deprecated key beside its replacement
+        from_deepspeed({**OK, "zero_optimization": clash}, 1)
+    assert isinstance(e.value, ConfigError) and "cpu_offload (False) is DeepSpeed's older spelling" in str(e.value)

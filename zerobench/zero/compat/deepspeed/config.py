@@ -3,8 +3,8 @@
 
 What is read: the batch triple (``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
 ``gradient_accumulation_steps`` x DP ranks; any two, or either size alone, as DeepSpeed resolves it),
-``zero_optimization`` (stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and parameter offload,
-``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16``
+``zero_optimization`` (``zero_section.py``: stage, ``reduce_bucket_size``, ``overlap_comm``, optimizer and
+parameter offload, ``stage3_prefetch_bucket_size`` 0 as no prefetch, ``ignore_unused_parameters``), ``bf16``/``fp16``
 (``zero/compat/deepspeed/precision.py``: DeepSpeed's dynamic loss scaling and its rule for moving the scale, or a
 static ``loss_scale``), an ``optimizer`` of type Adam/AdamW (decoupled weight decay, DeepSpeed's defaults: betas
 (0.9, 0.999), weight decay 0), ``gradient_clipping`` (DeepSpeed's default 1.0 where absent; 0: no clipping) and a
@@ -25,6 +25,7 @@ from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
 from zerobench.zero.compat.deepspeed.precision import input_cast, read_precision, skips_nonfinite, stage0_loss_scale
 from zerobench.zero.compat.deepspeed.values import DeepSpeedAssertionError, flag, is_num, known, load, num, section
+from zerobench.zero.compat.deepspeed.zero_section import gather_16bit_on_save, read_zero
 from zerobench.zero.config import AdamWConfig, ZeroConfig
 
 _NO_EFFECT = {
@@ -55,31 +56,6 @@ _REFUSED = {
     "data_efficiency": "zerobench has no data-efficiency library",
     "elasticity": "zerobench has no elastic batch sizes",
 }
-_ZERO_TUNING = {
-    "allgather_bucket_size",
-    "allgather_partitions",
-    "reduce_scatter",
-    "contiguous_gradients",
-    "stage3_param_persistence_threshold",
-    "stage3_max_live_parameters",
-    "stage3_max_reuse_distance",
-    "sub_group_size",
-    "round_robin_gradients",
-    "elastic_checkpoint",
-    "load_from_fp32_weights",
-    "memory_efficient_linear",
-    "use_multi_rank_bucket_allreduce",
-    "cpu_offload_use_pin_memory",
-    "log_trace_cache_warnings",
-    "stage3_model_persistence_threshold",
-}
-_ZERO_REFUSED = {
-    "zero_quantized_weights": ("quantized weight communication (ZeRO++)", bool),
-    "zero_quantized_gradients": ("quantized gradient communication (ZeRO++)", bool),
-    "zero_hpz_partition_size": ("hierarchical partitioning (ZeRO++)", lambda v: v != 1),
-    "mics_shard_size": ("MiCS", lambda v: not is_num(v) or v > 0),
-}
-"""ZeRO features zerobench does not have, with when a value asks for one (DeepSpeed's defaults: off, 1, -1)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +83,8 @@ class DeepSpeedConfig:
     cast_inputs: str = "none"
     """Which forward arguments the engine casts (``precision.input_cast``): the engine's ``cast_forward_inputs``."""
     gather_16bit_on_save: bool = False
-    """``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (or its fp16 name; DeepSpeed's default false):
+    """``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (or another of its names, ``zero_section``;
+    DeepSpeed's default false):
     what ``engine.zero_gather_16bit_weights_on_model_save()`` answers, which Accelerate and HF's Trainer read
     before asking a stage-3 engine for the whole 16-bit state dict."""
 
@@ -147,78 +124,6 @@ def batch_sizes(cfg: dict, dp: int) -> tuple[int, int, int]:
             f"gradient_accumulation_steps {gas} x {dp} DP ranks ({mbs * gas * dp})"
         )
     return mbs, gas, tbs
-
-
-_OFFLOAD_KEYS = {
-    "device",
-    "nvme_path",
-    "pin_memory",
-    "buffer_count",
-    "buffer_size",
-    "max_in_cpu",
-    "fast_init",
-    "ratio",
-    "pipeline",
-    "pipeline_read",
-    "pipeline_write",
-}
-
-
-def _offload(zo: dict, key: str, allowed: tuple[str, ...]) -> tuple[str, str | None]:
-    sec = section(zo, key)
-    known(sec, _OFFLOAD_KEYS, f"zero_optimization.{key}")
-    device = str(sec.get("device", "none")).lower()
-    if device not in allowed:
-        raise ConfigError(
-            f"DeepSpeed config zero_optimization.{key}.device {device!r}: zerobench offers {', '.join(allowed)}"
-        )
-    if sec.get("ratio", 1.0) != 1.0:
-        raise ConfigError(f"DeepSpeed config zero_optimization.{key}.ratio: partial offload is not supported (use 1)")
-    return device, sec.get("nvme_path")
-
-
-def _zero(cfg: dict, ignored: list[str]) -> dict:
-    zo = section(cfg, "zero_optimization")
-    known = {
-        "stage",
-        "reduce_bucket_size",
-        "overlap_comm",
-        "offload_optimizer",
-        "offload_param",
-        "cpu_offload",
-        "cpu_offload_params",
-        "stage3_prefetch_bucket_size",
-        "ignore_unused_parameters",
-        "stage3_gather_16bit_weights_on_model_save",
-        "stage3_gather_fp16_weights_on_model_save",
-    }
-    for k, v in zo.items():
-        if k in _ZERO_REFUSED and _ZERO_REFUSED[k][1](v):
-            raise ConfigError(f"DeepSpeed config zero_optimization.{k}: {_ZERO_REFUSED[k][0]} is not supported")
-        if k not in known | _ZERO_TUNING | set(_ZERO_REFUSED):
-            raise ConfigError(
-                f"DeepSpeed config zero_optimization.{k}: unknown key (zerobench reads {', '.join(sorted(known))})"
-            )
-    ignored += [f"zero_optimization.{k}" for k in zo if k in _ZERO_TUNING]
-    opt, nvme = _offload(zo, "offload_optimizer", ("none", "cpu", "nvme"))
-    par, _ = _offload(zo, "offload_param", ("none", "cpu"))
-    if flag(zo, "cpu_offload", False, "zero_optimization"):  # the pre-0.3.16 spelling
-        opt = "cpu"
-    if flag(zo, "cpu_offload_params", False, "zero_optimization"):
-        par = "cpu"
-    stage = num(zo, "stage", 0, int, "zero_optimization")
-    out = {
-        "stage": stage,
-        "overlap_comm": flag(zo, "overlap_comm", stage == 3, "zero_optimization"),  # DeepSpeed's
-        "offload_optimizer": opt,
-        "offload_param": par,
-        "nvme_path": nvme,
-        "prefetch": num(zo, "stage3_prefetch_bucket_size", 1, float, "zero_optimization") != 0,
-        "find_unused_parameters": flag(zo, "ignore_unused_parameters", True, "zero_optimization"),
-    }
-    if "reduce_bucket_size" in zo:
-        out["bucket_numel"] = num(zo, "reduce_bucket_size", 0, int, "zero_optimization")
-    return out
 
 
 _ADAM_SWITCHES = {"adam_w_mode": True, "amsgrad": False, "bias_correction": True, "torch_adam": False}
@@ -357,7 +262,7 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     _check_top(cfg, ignored)
     micro, gas, train = batch_sizes(cfg, dp)
     precision, loss_scale = read_precision(cfg, ignored)
-    zero_keys = _zero(cfg, ignored)
+    zero_keys = read_zero(cfg, ignored)
     if zero_keys["stage"] == 0:
         loss_scale = stage0_loss_scale(loss_scale, section(cfg, "fp16"), ignored)
     zero = ZeroConfig(
@@ -372,15 +277,6 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     tags = _checkpoint(cfg, ignored)
     drop_last = flag(cfg, "dataloader_drop_last", False, "")
     skip = skips_nonfinite(cfg, precision, zero.stage)
-    gather = _gather_16bit_on_save(section(cfg, "zero_optimization"))
+    gather = gather_16bit_on_save(cfg)
     sched, cast = parse(cfg.get("scheduler")), input_cast(cfg, precision)
     return DeepSpeedConfig(zero, micro, train, drop_last, tuple(ignored), sched, tags, skip, cast, gather)
-
-
-def _gather_16bit_on_save(zo: dict) -> bool:
-    """``stage3_gather_16bit_weights_on_model_save``, or the older ``stage3_gather_fp16_weights_on_model_save``
-    where only it is given (DeepSpeed reads either)."""
-    for key in ("stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"):
-        if key in zo:
-            return flag(zo, key, False, "zero_optimization")
-    return False

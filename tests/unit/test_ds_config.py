@@ -555,3 +555,48 @@ def test_deepspeeds_legacy_offload_switches():
     with pytest.raises(AssertionError) as e:  # DeepSpeed asserts a deprecated key beside its replacement
         from_deepspeed({**OK, "zero_optimization": clash}, 1)
     assert isinstance(e.value, ConfigError) and "cpu_offload (False) is DeepSpeed's older spelling" in str(e.value)
+
+
+def test_keys_whose_value_is_what_zerobench_does_are_taken():
+    """``data_types.grad_accum_dtype`` naming the training dtype, ``gradient_allreduce_op`` ``mean``, the ``aio``
+    section (NVMe I/O tuning) and ``zero_optimization.pipeline_loading_checkpoint`` (load order) were refused as
+    unknown keys; each describes what zerobench does anyway, or tunes only speed or host memory."""
+    cfg = {
+        **OK,
+        "bf16": {"enabled": True},
+        "data_types": {"grad_accum_dtype": "bf16"},
+        "gradient_allreduce_op": "MEAN",
+        "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": False},
+        "zero_optimization": {"stage": 3, "pipeline_loading_checkpoint": True},
+    }
+    ds = from_deepspeed(cfg, dp=1)
+    assert ds.zero.precision is Precision.BF16 and ds.zero.stage == 3
+    assert set(ds.ignored) == {
+        "data_types.grad_accum_dtype",
+        "gradient_allreduce_op",
+        "aio",
+        "zero_optimization.pipeline_loading_checkpoint",
+    }
+    for dtype, precision in (("fp32", {}), ("float16", {"fp16": {"enabled": True}}), ("bfloat16", cfg)):
+        assert from_deepspeed({**OK, **precision, "data_types": {"grad_accum_dtype": dtype}}, dp=1).zero
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (
+            {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},
+            (
+                "data_types.grad_accum_dtype 'fp32': zerobench accumulates and reduces gradients in the training "
+                "dtype (bf16); give 'bf16' or remove the key"
+            ),
+        ),
+        ({"data_types": {"grad_accum_dtype": "int8"}}, "grad_accum_dtype 'int8': give fp32, fp16 or bf16"),
+        ({"data_types": {"grad_acum_dtype": "fp32"}}, "data_types: unknown grad_acum_dtype"),
+        ({"gradient_allreduce_op": "sum"}, "gradient_allreduce_op 'sum': gradients are averaged over DP ranks (mean)"),
+    ],
+)
+def test_values_of_those_keys_zerobench_does_not_train_are_one_line(extra, words):
+    with pytest.raises(ConfigError) as e:
+        from_deepspeed({**OK, **extra}, dp=1)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)

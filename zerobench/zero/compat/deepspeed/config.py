@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 from zerobench.config import ConfigError
 from zerobench.zero.compat.deepspeed.lr_schedules import SchedulerSpec, parse
-from zerobench.zero.compat.deepspeed.precision import input_cast, read_precision, skips_nonfinite, stage0_loss_scale
+from zerobench.zero.compat.deepspeed.precision import (
+    check_data_types,
+    input_cast,
+    read_precision,
+    skips_nonfinite,
+    stage0_loss_scale,
+)
 from zerobench.zero.compat.deepspeed.values import DeepSpeedAssertionError, flag, is_num, known, load, num, section
 from zerobench.zero.compat.deepspeed.zero_section import gather_16bit_on_save, read_zero
 from zerobench.zero.config import AdamWConfig, ZeroConfig
@@ -44,9 +50,11 @@ _NO_EFFECT = {
     "timers",
     "monitor_config",
     "activation_checkpointing",
+    "aio",
 }
-"""Top-level keys without effect on training here: logging and profilers, and ``activation_checkpointing``, which
-configures only ``deepspeed.checkpointing`` (apply zerobench.parallel's ``apply_activation_checkpointing``)."""
+"""Top-level keys without effect on training here: logging and profilers, ``aio`` (the NVMe reads' and writes' block
+size, queue depth and threads: speed only), and ``activation_checkpointing``, which configures only
+``deepspeed.checkpointing`` (apply zerobench.parallel's ``apply_activation_checkpointing``)."""
 _REFUSED = {
     "amp": "NVIDIA Apex AMP is not used: give 'bf16' or 'fp16'",
     "pipeline": "zerobench has no pipeline parallelism",
@@ -196,6 +204,8 @@ def _check_top(cfg: dict, ignored: list[str]) -> None:
         "dataloader_drop_last",
         "scheduler",
         "checkpoint",
+        "data_types",
+        "gradient_allreduce_op",
     }
     for k, v in cfg.items():
         if k in _REFUSED and v not in (None, {}, False) and not (isinstance(v, dict) and v.get("enabled") is False):
@@ -210,6 +220,13 @@ def _check_top(cfg: dict, ignored: list[str]) -> None:
             "DeepSpeed config: prescale_gradients, gradient_predivide_factor and sparse_gradients are not "
             "supported (gradients are averaged over DP ranks as DDP does)"
         )
+    op = cfg.get("gradient_allreduce_op", "mean")
+    if not isinstance(op, str) or op.lower() != "mean":
+        raise ConfigError(
+            f"DeepSpeed config gradient_allreduce_op {op!r}: gradients are averaged over DP ranks (mean), as DDP "
+            'does; give "mean" or remove the key'
+        )
+    ignored += ["gradient_allreduce_op"] if "gradient_allreduce_op" in cfg else []
     if cfg.get("communication_data_type") is not None:
         raise ConfigError(
             "DeepSpeed config communication_data_type: gradients are reduced in the training dtype; remove the key"
@@ -262,6 +279,7 @@ def from_deepspeed(config, dp: int, client_optimizer: bool = False) -> DeepSpeed
     _check_top(cfg, ignored)
     micro, gas, train = batch_sizes(cfg, dp)
     precision, loss_scale = read_precision(cfg, ignored)
+    check_data_types(cfg, precision, ignored)
     zero_keys = read_zero(cfg, ignored)
     if zero_keys["stage"] == 0:
         loss_scale = stage0_loss_scale(loss_scale, section(cfg, "fp16"), ignored)

@@ -129,3 +129,31 @@ def input_cast(cfg: dict, precision: Precision) -> str:
     none, unless fp16 is on with ``fp16.auto_cast``, which casts the positional ones to half."""
     on = precision is Precision.FP16 and flag(section(cfg, "fp16"), "auto_cast", False, "fp16")
     return "positional" if on else "none"
+
+
+_DTYPE_NAMES = {
+    Precision.FP32: ("fp32", "float32", "float", "torch.float32"),
+    Precision.FP16: ("fp16", "float16", "half", "torch.float16"),
+    Precision.BF16: ("bf16", "bfloat16", "bfloat", "torch.bfloat16"),
+}
+"""The spellings DeepSpeed's dtype names take, per precision."""
+
+
+def check_data_types(cfg: dict, precision: Precision, ignored: list[str]) -> None:
+    """``data_types.grad_accum_dtype``: the gradients are accumulated and reduced in the training dtype, so that is
+    the one value taken, listed in ``ignored`` as changing nothing (DeepSpeed's default differs only at bf16 without
+    ZeRO, where it accumulates in fp32); another is one line."""
+    sec = section(cfg, "data_types")
+    known(sec, {"grad_accum_dtype"}, "data_types")
+    given = sec.get("grad_accum_dtype")
+    if given is None:
+        return
+    found = [p for p, names in _DTYPE_NAMES.items() if isinstance(given, str) and given.lower() in names]
+    if not found:
+        raise ConfigError(f"DeepSpeed config data_types.grad_accum_dtype {given!r}: give fp32, fp16 or bf16")
+    if found[0] is not precision:
+        raise ConfigError(
+            f"DeepSpeed config data_types.grad_accum_dtype {given!r}: zerobench accumulates and reduces gradients in "
+            f"the training dtype ({precision.value}); give {precision.value!r} or remove the key"
+        )
+    ignored.append("data_types.grad_accum_dtype")

@@ -48,8 +48,10 @@ ZERO_TUNING = {
     "stage3_model_persistence_threshold",
     "stage3_module_granularity_threshold",
     "stage3_use_all_reduce_for_fetch_params",
+    "pipeline_loading_checkpoint",
 }
-"""Keys that tune only DeepSpeed's own buffers and fetches: read, listed as ignored."""
+"""Keys that tune only DeepSpeed's own buffers and fetches (and ``pipeline_loading_checkpoint``: the node's ranks
+load one after another, to bound host memory; the values loaded are the same): read, listed as ignored."""
 _ZERO_REFUSED = {
     "zero_quantized_weights": ("quantized weight communication (ZeRO++)", bool),
     "zero_quantized_gradients": ("quantized gradient communication (ZeRO++)", bool),

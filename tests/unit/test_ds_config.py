@@ -600,3 +600,30 @@ def test_values_of_those_keys_zerobench_does_not_train_are_one_line(extra, words
     with pytest.raises(ConfigError) as e:
         from_deepspeed({**OK, **extra}, dp=1)
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "zero, words",
+    [
+        (
+            {"stage": 3, "offload_param": {"device": "cpu"}},
+            "offload_param: zerobench offloads parameters together with the optimizer: set zero_optimization.offload",
+        ),
+        (
+            {"stage": 2, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+            "set zero_optimization.stage 3 (it is 2) and offload_optimizer.device to cpu or nvme",
+        ),
+        ({"stage": 3, "cpu_offload_param": True}, "offload_optimizer.device to cpu or nvme too"),
+        ({"stage": 0, "offload_optimizer": {"device": "cpu"}}, "set zero_optimization.stage to 1, 2 or 3"),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "nvme"}},
+            "offload_optimizer.device nvme: give offload_optimizer",
+        ),
+    ],
+)
+def test_an_offload_zerobench_cannot_run_is_refused_in_the_configs_keys(zero, words):
+    """These were refused in ``zerobench train``'s flags (``--offload-optimizer cpu or nvme``, ``--stage``,
+    ``--nvme-path``), which a DeepSpeed config has none of."""
+    with pytest.raises(ConfigError) as e:
+        from_deepspeed({**OK, "zero_optimization": zero}, dp=1)
+    assert words in str(e.value) and "\n" not in str(e.value) and "--" not in str(e.value), str(e.value)

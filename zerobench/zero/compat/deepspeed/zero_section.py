@@ -131,6 +131,30 @@ def _legacy_offload(zo: dict, legacy: str, key: str, device: str) -> str:
     return old
 
 
+def _check_offload(stage: int, opt: str, par: str, nvme: str | None) -> None:
+    """What ``ZeroConfig.validate`` refuses of an offload, said in the DeepSpeed config's keys (its own lines name
+    ``zerobench train``'s flags)."""
+    where = "DeepSpeed config zero_optimization"
+    if par != "none" and (stage != 3 or opt == "none"):
+        raise ConfigError(
+            f"{where}.offload_param: zerobench offloads parameters at stage 3 together with the optimizer: set "
+            f"zero_optimization.stage 3 (it is {stage}) and offload_optimizer.device to cpu or nvme"
+            if stage != 3
+            else f"{where}.offload_param: zerobench offloads parameters together with the optimizer: set "
+            "zero_optimization.offload_optimizer.device to cpu or nvme too"
+        )
+    if opt != "none" and stage == 0:
+        raise ConfigError(
+            f"{where}.offload_optimizer: optimizer offload partitions the optimizer: set zero_optimization.stage to "
+            "1, 2 or 3"
+        )
+    if opt == "nvme" and not nvme:
+        raise ConfigError(
+            f"{where}.offload_optimizer.device nvme: give offload_optimizer.nvme_path (where the optimizer-state "
+            "files go)"
+        )
+
+
 def read_zero(cfg: dict, ignored: list[str]) -> dict:
     """``ZeroConfig``'s keyword arguments from ``zero_optimization``; the keys read without effect are added to
     ``ignored`` as dotted paths."""
@@ -154,6 +178,7 @@ def read_zero(cfg: dict, ignored: list[str]) -> dict:
     opt = _legacy_offload(zo, "cpu_offload", "offload_optimizer", opt)  # the pre-0.3.16 spellings
     par = _legacy_offload(zo, "cpu_offload_param", "offload_param", par)
     stage = num(zo, "stage", 0, int, "zero_optimization")
+    _check_offload(stage, opt, par, nvme)
     out = {
         "stage": stage,
         "overlap_comm": flag(zo, "overlap_comm", stage == 3, "zero_optimization"),  # DeepSpeed's

@@ -401,3 +401,36 @@ def test_global_samples_resume_at_another_dp_size(tmp_path):
     run resumed at half the DP size counted half its samples (12, not 16)."""
     assert run_distributed(_samples_saved, 2, str(tmp_path)) == [16, 16]
     assert run_distributed(_samples_saved, 1, str(tmp_path)) == [(16, 20)]
+
+
+def _unused(rank: int, world: int, stage: int) -> dict:
+    import zerobench.zero as Z
+
+    torch.manual_seed(0)
+    model = Net()
+    model.spare = nn.Linear(3, 3)  # never called
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": stage, "ignore_unused_parameters": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+    }
+    engine, *_ = Z.initialize(model=model, config=cfg)
+    engine.backward(engine(torch.ones(2, 6)).sum())
+    try:
+        engine.step()
+    except AssertionError as e:
+        return {"type": type(e).__name__, "runtime": isinstance(e, RuntimeError), "message": e.args[0]}
+    return {"type": None}
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_unused_parameters_are_refused_as_deepspeed_refuses_them(stage):
+    """DeepSpeed's ZeRO optimizers assert unused parameters under ``ignore_unused_parameters: false`` and name that
+    key (``test_ignore_unused_parameters.py`` checks both); the error here was a ``RuntimeError`` naming
+    ``ZeroConfig(find_unused_parameters=True)`` and ``--find-unused-parameters``, neither of which a DeepSpeed
+    config has."""
+    for r in run_distributed(_unused, 2, stage):
+        assert r["type"] == "UnusedParametersError" and r["runtime"], r
+        assert "set zero_optimization.ignore_unused_parameters to true in the DeepSpeed config" in r["message"], r
+        assert "['spare.bias', 'spare.weight']" in r["message"] and "\n" not in r["message"], r
+        assert "--find-unused-parameters" not in r["message"], r

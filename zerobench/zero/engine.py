@@ -85,6 +85,8 @@ class ZeroEngine:
     at every forward: "all" (positional and keyword, FSDP's default), "positional" (DeepSpeed's ``fp16.auto_cast``)
     or "none" (DeepSpeed's default: the caller passes tensors of the model's dtype), which ``initialize`` sets from a
     DeepSpeed config. An attribute, not a ``ZeroConfig`` field: it changes no step, and so no run's identity."""
+    unused_hint: str = "pass ZeroConfig(find_unused_parameters=True) (--find-unused-parameters)"
+    """How the unused-parameter error says to allow them (``initialize`` names its DeepSpeed config key)."""
     _norm_taken = False
     """``clip_grad_norm_`` measured this window's norm (before its clip): the step keeps that one."""
 

@@ -42,6 +42,7 @@ class Engine(Protocol):
     last_grad_norm: float | None
     always_norm: bool
     skip_nonfinite: bool
+    unused_hint: str
     _clip: float
     _norm_taken: bool
     grads_sharded: bool

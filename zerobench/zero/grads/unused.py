@@ -23,8 +23,9 @@ from zerobench.distributed import collectives as C
 from zerobench.zero.protocols import Engine
 
 
-class UnusedParametersError(RuntimeError):
-    """Some rank's forward left trained parameters without a gradient."""
+class UnusedParametersError(RuntimeError, AssertionError):
+    """Some rank's forward left trained parameters without a gradient. An ``AssertionError`` too, as DeepSpeed's ZeRO
+    optimizers assert it (``test_ignore_unused_parameters.py`` expects that type)."""
 
 
 def check_unfrozen(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
@@ -122,6 +123,6 @@ def check_unused(engine: Engine, pending: UnusedCheck | None) -> None:
     here = f"here (rank {group.rank}, {len(names)}): {names[:4]}{' ...' if len(names) > 4 else ''}; " if names else ""
     raise UnusedParametersError(
         f"trained parameter(s) got no gradient on rank(s) {ranks}: unused in forward; {here}"
-        "pass ZeroConfig(find_unused_parameters=True) (--find-unused-parameters) to treat their gradient as "
-        "zero where they are skipped, or freeze them (requires_grad=False)"
+        f"{engine.unused_hint} to treat their gradient as zero where they are skipped, or freeze them "
+        "(requires_grad=False)"
     )

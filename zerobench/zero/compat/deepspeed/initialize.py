@@ -240,6 +240,7 @@ def _finish(engine, cfg, training_data, collate_fn, client, lr_scheduler, built)
     # and compute the global norm at every step, clipping or not; only fp32 stage 0 steps a plain torch optimizer
     engine.always_norm = cfg.zero.stage > 0 or cfg.zero.precision is not Precision.FP32
     engine.gather_16bit_on_save = cfg.gather_16bit_on_save
+    engine.unused_hint = "set zero_optimization.ignore_unused_parameters to true in the DeepSpeed config"
     engine.count_micro_batches_in_steps()  # as DeepSpeed's engine: a micro-batch ends at step()
     engine.collate_fn, engine.drop_last = collate_fn, cfg.drop_last
     loader = None if training_data is None else engine.deepspeed_io(training_data)

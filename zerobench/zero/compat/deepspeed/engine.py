@@ -14,6 +14,7 @@ core never imports it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -29,13 +30,17 @@ from zerobench.zero.compat.deepspeed.optimizer import DeepSpeedOptimizer
 from zerobench.zero.compat.deepspeed.stage3_module import mark_partitioned, sync_generate, unsync_generate
 from zerobench.zero.config import LossScaleRule
 from zerobench.zero.engine import ZeroEngine
-from zerobench.zero.grads.accumulation import refuse_inside_no_sync
+from zerobench.zero.grads.accumulation import StepInsideNoSync
 from zerobench.zero.interop.teardown import check_live
 from zerobench.zero.optim.torch_optimizer import ZeroOptimizer
 from zerobench.zero.state.export import full_state_dict, save_whole
 from zerobench.zero.state.transaction import CheckpointSaveError, agree
 
 _MISSING = object()
+
+
+class NoSyncReentry(RuntimeError, AssertionError):
+    """``engine.no_sync()`` entered inside itself: an ``AssertionError``, as DeepSpeed's engine asserts it."""
 
 
 class DeepSpeedEngine(ZeroEngine):
@@ -93,6 +98,18 @@ class DeepSpeedEngine(ZeroEngine):
         super().destroy()
         unsync_generate(self.module)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """``ZeroEngine.no_sync``; entered again inside itself, an ``AssertionError``, as DeepSpeed's engine asserts
+        (DDP's nests)."""
+        if self.window.suspended:
+            raise NoSyncReentry(
+                "no_sync context manager reentry is unsupported: engine.no_sync() is already entered; use one "
+                "no_sync() block"
+            )
+        with super().no_sync():
+            yield
+
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """The engine's backward (``ZeroEngine.backward``); returns what DeepSpeed's returns: ``loss`` divided by
         ``gradient_accumulation_steps()`` (``scale_wrt_gas``), the share of the window's loss this micro-batch
@@ -106,7 +123,12 @@ class DeepSpeedEngine(ZeroEngine):
         With the boundary set to False by hand (``set_gradient_accumulation_boundary``) it is not a boundary: nothing
         is stepped, as DeepSpeed's; so with windows counted in ``step()`` calls (``initialize``'s engine:
         ``count_micro_batches_in_steps``) before the window's last micro-batch."""
-        refuse_inside_no_sync(self.window, "engine.step()")  # as DeepSpeed's, even where no step would run
+        if self.window.suspended:  # as DeepSpeed's, even where no step would run, in the words its tests match
+            raise StepInsideNoSync(
+                "It is illegal to call Engine.step() inside no_sync context manager: engine.step() inside no_sync() "
+                "finds the window's gradients not synchronised yet; leave the no_sync() context first, and run the "
+                "window's last backward outside it"
+            )
         call = scheduler_call(self.lr_scheduler, lr_kwargs, self.train_batch_size)
         counted = self.window.boundary is None and self.window.rule is not None
         if self.window.boundary is False or (counted and not self.is_gradient_accumulation_boundary()):

@@ -79,16 +79,37 @@ def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     """The parameter's reduced gradient in fp32 (averaged over DP ranks, the loss scale removed), between the
     window's last ``backward()`` and ``step()``; None when no gradient is held (after ``zero_grad()``). In a window
-    with no backward it is what the next step would train on (``zero/grads/replaced.py``), read on this rank alone."""
+    with no backward it is what the next step would train on (``zero/grads/replaced.py``), read on this rank alone.
+    Inside ``no_sync()`` after a backward there, this rank's own gradient so far (``_unsynced_grad``)."""
     engine, i = _owner(param)
     if engine is None:
         return None
+    if engine.window.suspended and engine.window.unsynced:
+        return _unsynced_grad(engine, i)
     if not engine.window.open:  # a .grad set by hand with no backward is the gradient too (zero/grads/replaced.py)
         adopt_replaced(engine, "safe_get_full_grad", collective=False)
     if not engine.window.open and not engine.grads.reduced:  # no backward, and peers: read, settle nothing
         g = unsettled_gradient(engine, i)
         return None if g is None else g / engine.scaler.scale
     return _assemble(engine, i, reduced_grads(engine, "safe_get_full_grad")) / engine.scaler.scale
+
+
+def _unsynced_grad(engine: Engine, i: int) -> torch.Tensor | None:
+    """Inside ``no_sync()`` at stages 0-1: this rank's own gradient accumulated over the window's micro-batches so far,
+    not averaged over DP ranks (the loss scale removed), read without a collective, as DeepSpeed's
+    ``safe_get_full_grad`` reads ``param.grad`` there; None where no backward reached the parameter. At stages 2-3
+    each micro-batch is reduce-scattered into partitions (DeepSpeed refuses ``no_sync()`` there): one line."""
+    if not engine.grads.keep_full:
+        raise RuntimeError(
+            f"safe_get_full_grad inside no_sync() at stage {engine.stage}: the gradients are reduce-scattered into "
+            "partitions every micro-batch there; call it after the window's last backward, outside no_sync()"
+        )
+    grad = engine.zparams[i].param.grad
+    if grad is None:
+        return None
+    # the buffer holds the loss's share: the DP average's 1 / N is in it unless the collective would apply it
+    pre_scale = engine.grads.pre_scale or 1.0
+    return grad.detach().float() * (pre_scale * engine.group.size / engine.scaler.scale)
 
 
 @torch.no_grad()

@@ -151,3 +151,33 @@ def test_a_step_inside_no_sync_is_refused_as_deepspeeds():
             e.optimizer.step()
     assert e.micro_steps == 0  # refused before anything counted
     e.destroy()
+
+
+def test_the_optimizer_has_deepspeeds_loss_scaler_as_a_view_of_the_engines_scale():
+    """Hugging Face's Trainer and DeepSpeed's tests read ``engine.optimizer.loss_scaler.cur_scale`` (and
+    ``.loss_scale``); it was missing. It reads the engine's scaler live: a step that overflows moves it, and setting
+    it sets the engine's scale."""
+    from zerobench.zero.compat.deepspeed.config import from_deepspeed
+
+    def build(fp16: dict):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam"}, "fp16": {"enabled": True, **fp16}}
+        return ds_apply_zero(model, ONE, from_deepspeed(cfg, 1).zero, micro_batch=2)
+
+    static = build({"loss_scale": 138.0})
+    assert static.optimizer.dynamic_loss_scale is False and static.optimizer.loss_scaler.loss_scale == 138.0
+    assert static.optimizer.loss_scaler.dynamic is False
+    static.destroy()
+    e = build({"initial_scale_power": 8, "hysteresis": 1, "loss_scale_window": 100})
+    scaler = e.optimizer.loss_scaler
+    assert (scaler.cur_scale, scaler.loss_scale, scaler.dynamic, scaler.scale_window) == (256.0, 256.0, True, 100)
+    assert (scaler.delayed_shift, scaler.cur_hysteresis, scaler.min_scale, scaler.scale_factor) == (1, 1, 1.0, 2.0)
+    e.backward(e(torch.ones(2, 6)).sum() * float("inf"))
+    e.step()
+    assert scaler.cur_scale == e.optimizer.cur_scale == e.scaler.scale == 128.0 and scaler.cur_iter == 1
+    scaler.cur_scale = 64.0
+    assert e.scaler.scale == 64.0 and e.optimizer.loss_scaler.cur_scale == 64.0
+    with pytest.raises(ValueError, match="must be a positive finite number"):
+        scaler.cur_scale = 0.0
+    e.destroy()

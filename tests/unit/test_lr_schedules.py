@@ -196,3 +196,37 @@ def test_onecycle_momentum_decay_past_one_is_refused_at_the_batch_naming_it():
             s.step()
     assert "OneCycle: decay_mom_rate 0.05 takes beta1 to 1.035 at batch 6" in str(e.value) and "\n" not in str(e.value)
     assert all(0 <= g["betas"][0] < 1 for g in s.optimizer.param_groups)
+
+
+@pytest.mark.parametrize("name, params", CASES)
+def test_a_tensor_learning_rate_steps_as_a_float_one(name, params):
+    """torch optimizers take a group's ``lr`` as a tensor (what a compiled step reads). WarmupLR refused it as not a
+    number where it defaults ``warmup_max_lr`` to the group's lr, and ``get_last_lr()`` returned the group's tensor
+    itself, which the next step changed in place; torch's schedulers copy it. The rates are the float schedule's,
+    written into the same tensors."""
+    floats, tensors = _optimizer(), _optimizer()
+    for group in tensors.param_groups:
+        group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)
+    held = [group["lr"] for group in tensors.param_groups]
+    a, b = DEEPSPEED[name](floats, **params), DEEPSPEED[name](tensors, **params)
+    seen, want = [], []
+    for _ in range(12):
+        a.step(), b.step()
+        seen.append(b.get_last_lr())
+        want.append(a.get_last_lr())
+    assert all(g["lr"] is t for g, t in zip(tensors.param_groups, held))  # filled in place, not replaced
+    for got, expected in zip(seen, want):  # each as it was at its step, not the latest rate
+        assert [float(x) for x in got] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_warmup_cosine_has_deepspeeds_get_lr_ratio():
+    """DeepSpeed's WarmupCosineLR answers ``get_lr_ratio()``, the factor on every group's lr; it had no such name."""
+    opt = _optimizer()
+    base = [g["lr"] for g in opt.param_groups]
+    sched = DEEPSPEED["WarmupCosineLR"](opt, total_num_steps=20, warmup_num_steps=5, warmup_min_ratio=0.1)
+    assert sched.get_lr_ratio() == 0.0
+    for _ in range(25):
+        sched.step()
+        ratio = sched.get_lr_ratio()
+        assert 0.0 <= ratio <= 1.0
+        assert sched.get_last_lr() == pytest.approx([lr * ratio for lr in base], rel=1e-12)

@@ -43,8 +43,11 @@ WARMUP_TYPES = ("log", "linear")
 
 
 def _real(value, name: str):
-    """A finite number (JSON's int or float): a string or a list where a number is due would fail only at a later
-    step, after that step's update, with a bare ``TypeError``."""
+    """A finite number (JSON's int or float, or a one-element tensor, as torch optimizers take a group's ``lr``): a
+    string or a list where a number is due would fail only at a later step, after that step's update, with a bare
+    ``TypeError``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"scheduler {name}: must be a number, got {value!r}")
     return value
@@ -83,6 +86,19 @@ def _warmup_fraction(batch: int, steps: int, kind: str) -> float:
     return (1.0 / math.log(steps)) * math.log(batch + 1) if kind == "log" else batch / steps
 
 
+def _copy(lr):
+    return lr.clone() if isinstance(lr, torch.Tensor) else lr
+
+
+def _set_lr(group: dict, lr: float) -> None:
+    """A group's ``lr`` set to ``lr``; a tensor lr (torch optimizers take one) is filled in place, as torch's
+    schedulers fill it, so it stays the tensor a compiled step reads."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(lr)
+    else:
+        group["lr"] = lr
+
+
 class BatchSchedule:
     """What DeepSpeed's schedules share: the index of the last batch (-1 before the first), ``step()`` to the next
     (or to ``last_batch_iteration``) writing every group's ``lr`` (``_write``), ``get_last_lr()`` and the state."""
@@ -97,11 +113,9 @@ class BatchSchedule:
 
     def _write(self) -> None:
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+            _set_lr(group, lr)
+        # a tensor lr is copied, as torch's schedulers copy it: the next step fills the group's tensor in place
+        self._last_lr = [_copy(group["lr"]) for group in self.optimizer.param_groups]
 
     def step(self, last_batch_iteration: int | None = None) -> None:
         self.last_batch_iteration = (
@@ -202,11 +216,12 @@ class WarmupCosineLR(BatchSchedule):
         self.warmup_type = _warmup_type(warmup_type)
         self.warmup_min_ratio = _real(warmup_min_ratio, "warmup_min_ratio")
         self.cos_min_ratio = _real(cos_min_ratio, "cos_min_ratio")
-        self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        self.org_lrs = [_real(group["lr"], "the param group's lr") for group in optimizer.param_groups]
         if last_batch_iteration == -1:
             self._write()
 
-    def ratio(self) -> float:
+    def get_lr_ratio(self) -> float:
+        """DeepSpeed's: the factor every group's lr is multiplied by at the current batch (0 before the first)."""
         if self.last_batch_iteration < 0:
             return 0.0
         if self.last_batch_iteration < self.warmup_num_steps:
@@ -218,7 +233,7 @@ class WarmupCosineLR(BatchSchedule):
         return max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * cosine)
 
     def get_lr(self) -> list[float]:
-        r = self.ratio()
+        r = self.get_lr_ratio()
         return [lr * r for lr in self.org_lrs]
 
 
@@ -308,7 +323,7 @@ class OneCycle(BatchSchedule):
                     )
         if last_batch_iteration == -1:  # the cycle's bottom: the least learning rate, the least momentum
             for group, lr, mom in zip(optimizer.param_groups, self.min_lrs, self.min_moms):
-                group["lr"] = lr
+                _set_lr(group, lr)
                 if self.cycle_momentum:
                     group["betas"] = mom
             self._last_lr = list(self.min_lrs)

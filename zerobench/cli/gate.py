@@ -24,9 +24,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
         )
     if args.ab and args.history:
         raise ConfigError("choose one of --ab SUITE (an A/B timing) and --history DIR... (a history plot)")
-    if (args.ab or args.history) and (args.candidate or args.write_baseline):
-        given = "--candidate" if args.candidate else "--write-baseline"
-        raise ConfigError(f"{given} is for the gate; --{'ab' if args.ab else 'history'} does not read it: drop it")
+    _check_mode_flags(args)
     if args.ab:
         return _cmd_ab(args)
     if args.out:  # before any check that creates it
@@ -64,6 +62,32 @@ def cmd_regress(args: argparse.Namespace) -> int:
         false_alarm=args.false_alarm,
         out=args.out,
     )
+
+
+GATE, AB, HISTORY = "the gate", "--ab", "--history"
+MODE_FLAGS = {  # flag: the modes that read it (--false-alarm and --out are every mode's)
+    **dict.fromkeys(("--candidate", "--write-baseline", "--propose", "--timing", "--strict"), (GATE,)),
+    **{"--baseline": (GATE, HISTORY), "--timing-tolerance": (GATE, AB), "--metrics": (HISTORY,)},
+    **dict.fromkeys(("--baseline-ref", "--baseline-tree", "--rounds", "--max-rounds", "--only"), (AB,)),
+    **dict.fromkeys(
+        ("--baseline-env", "--candidate-env", "--cpus", "--concurrent", "--lockstep", "--ab-metric"), (AB,)
+    ),
+}
+
+
+def _check_mode_flags(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a flag the chosen mode does not read (before, e.g. ``--rounds`` or ``--concurrent``
+    without ``--ab`` was dropped without a word and the stored-baseline gate ran as if it were not given)."""
+    mode = AB if args.ab else HISTORY if args.history else GATE
+    defaults = args.mode_defaults
+    for flag, modes in MODE_FLAGS.items():
+        dest = flag[2:].replace("-", "_")
+        if mode not in modes and getattr(args, dest) not in (defaults[dest], []):
+            add = " or ".join({AB: "--ab SUITE", HISTORY: "--history DIR..."}[m] for m in modes if m != GATE)
+            raise ConfigError(
+                f"{flag} is for {' and '.join(modes)}; {mode} does not read it: drop it"
+                + (f" (or add {add})" if mode == GATE else "")
+            )
 
 
 def _check_out_outside(out: str, inputs: list[tuple[str, str | None]]) -> None:
@@ -365,4 +389,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --ab: raw step time (auto with --concurrent or --lockstep), process CPU time per "
         "step, or step time over a same-process matmul reference (auto otherwise)",
     )
-    rg.set_defaults(func=cmd_regress)
+    dests = [f[2:].replace("-", "_") for f in MODE_FLAGS]
+    rg.set_defaults(func=cmd_regress, mode_defaults={d: rg.get_default(d) for d in dests})

@@ -79,6 +79,8 @@ CASES = [
     (["plan", "--efficiency", "0.5"], "unrecognized arguments: --efficiency"),
     (["plan", "--dry-run", "--rank", "-1"], "--rank: must be >= 0"),
     (["plan", "--gpus", "0"], "--gpus: must be >= 1"),
+    (["plan", "--dry-run", "--suite", "cpu/c1_c5"], "cpu/c1_c5 has no zerobench row with layers to build"),
+    (["plan", "--dry-run", "--suite", "cpu/c1_c5", "--rank", "5"], "has no zerobench row with layers to build"),
     (["plan", "--model", "100B", "--mp", "16"], "--mp is now spelled --tp: use --tp 16"),
     (["plan", "--model", "100B", "--cb-size", "5"], "--cb-size is now spelled --bucket-size"),
     (["peers", "--dp", "0"], "--dp: must be >= 1"),
@@ -611,3 +613,21 @@ def test_maxsize_checks_every_stage_before_its_first_probe(capsys, monkeypatch):
     )
     assert main(["maxsize", "--budget", "1KiB", "--dp", "1", "--stage", "0", "5"]) == 2
     assert "unknown ZeRO stage 5" in capsys.readouterr().err
+
+
+def test_a_dry_run_rank_outside_any_rows_world_is_refused_before_a_row_is_built(tmp_path, capsys, monkeypatch):
+    """``plan --dry-run --suite S --rank 5`` built and printed the rows of 8 GPUs, then stopped at the 1-GPU row; a
+    suite with no row to build took any --rank and exited 0 having built nothing."""
+    import zerobench.plan.dry_run
+
+    def unreached(*args, **kwargs):
+        raise AssertionError("a row was built before --rank was checked against every row")
+
+    monkeypatch.setattr(zerobench.plan.dry_run, "dry_run", unreached)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: s\nbase: {seq: 32, vocab: 128, precision: bf16, layers: 2, hidden: 64, heads: 4}\nruns:\n"
+        "  - {label: a, gpus: 8}\n  - {label: b, gpus: 1}\n  - {label: c, gpus: 8, system: megatron}\n"
+    )
+    code, err = run(["plan", "--dry-run", "--suite", str(suite), "--rank", "5"], capsys)
+    assert_one_line(code, err, "--rank 5 is outside the 1-GPU world of row b: give a rank below 1")

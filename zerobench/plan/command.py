@@ -217,17 +217,25 @@ def _dry_run(args) -> int:
         rows = plan_configs(suite, args.suite)
         todo = [(r["label"], p) for r, p in rows if (r.get("system") or "zerobench") == "zerobench"]
         left = len(suite.get("runs") or []) - len(todo)
-        if left:  # a peer's row (a baseline system) or one without a layer count: not this engine's to build
-            print(
-                f"zerobench: note: {left} row(s) of {args.suite} are not zerobench runs with --layers: not built",
-                file=sys.stderr,
+        if not todo:  # before, nothing was built and the command exited 0
+            raise ConfigError(
+                f"{args.suite} has no zerobench row with layers to build: dry-run a suite with such rows (e.g. "
+                "paper/fig2), or give the model's flags without --suite"
             )
     else:
-        todo = [("config", _plan_config(args))]
+        todo, left = [("config", _plan_config(args))], 0
+    small = next(((label, p) for label, p in todo if args.rank >= p.gpus), None)
+    if small:  # every row, before the first is built and printed
+        label, p = small
+        where = f" of row {label}" if args.suite else ""
+        raise ConfigError(f"--rank {args.rank} is outside the {p.gpus}-GPU world{where}: give a rank below {p.gpus}")
+    if left:  # a peer's row (a baseline system) or one without a layer count: not this engine's to build
+        print(
+            f"zerobench: note: {left} row(s) of {args.suite} are not zerobench runs with --layers: not built",
+            file=sys.stderr,
+        )
     rows = []
     for label, p in todo:
-        if args.rank >= p.gpus:
-            raise ConfigError(f"--rank {args.rank} is outside the {p.gpus}-GPU world")
         r = dry_run(p, rank=args.rank)
         rows.append({"label": label, **r})
         if not args.json:

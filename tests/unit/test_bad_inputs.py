@@ -125,6 +125,78 @@ CASES = [
 ]
 
 
+EMPTY_PATHS = [  # an empty path (an unset shell variable) was taken as the flag not given, or as the current directory
+    ["train", "--out", ""],
+    ["train", "--out", "o", "--tensorboard", ""],
+    ["train", "--out", "o", "--profile", ""],
+    ["train", "--out", "o", "--offload-optimizer", "nvme", "--nvme-path", ""],
+    ["demo", "--out", ""],
+    ["maxsize", "--budget", "8MiB", "--out", ""],
+    ["maxsize", "--budget", "8MiB", "--probes", ""],
+    ["sweep", ""],
+    ["sweep", "cpu/quick", "--check", "--out", ""],
+    ["sweep", "cpu/quick", "--tensorboard", ""],
+    ["peers", "--out", ""],
+    ["peers", "--summarize", ""],
+    ["peers", "--profile", ""],
+    ["bench-kernels", "--out", ""],
+    ["report", "--out", "", "r"],
+    ["report", "--out", "r", ""],
+    ["results", "show", ""],
+    ["regress", "--candidate", ""],
+    ["regress", "--candidate", "c", "--baseline", ""],
+    ["regress", "--candidate", "c", "--baseline", "b", "--out", ""],
+    ["regress", "--candidate", "c", "--baseline", "b", "--propose", ""],
+    ["regress", "--candidate", "c", "--write-baseline", ""],
+    ["regress", "--history", "", "--out", "h"],
+    ["regress", "--ab", ""],
+    ["regress", "--ab", "cpu/quick", "--baseline-tree", ""],
+    ["plan", "--dry-run", "--suite", ""],
+    ["plan", "--max-size", "--profile", "", "--gpus", "1"],
+    ["profile", "--suite", "cpu/sim_validation", "--out", ""],
+    ["simulate", "--profile", ""],
+    ["simulate", "--profile", "v100-dgx2", "--suite", ""],
+    ["simulate", "--validate-published", ""],
+    ["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--validate", ""],
+    ["simulate", "--paper", "--out", ""],
+    ["zero-to-fp32", "", "o"],
+    ["zero-to-fp32", "c", ""],
+]
+
+
+@pytest.mark.parametrize("argv", EMPTY_PATHS, ids=[" ".join(a or "''" for a in c) for c in EMPTY_PATHS])
+def test_an_empty_path_is_refused(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # were it taken as the current directory or the default, nothing lands in the repo
+    assert_one_line(*run(argv, capsys), ": an empty path: give a path")
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_path_argument_refuses_an_empty_path():
+    """Every ``--out`` of every command, and each of the other path arguments, is parsed by ``types.path``."""
+    import argparse
+
+    from zerobench.cli import build_parser
+    from zerobench.cli.types import path
+
+    def parsers(p):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    yield name, sp
+                    yield from parsers(sp)
+
+    paths = {"--out", "--tensorboard", "--summarize", "--probes", "--nvme-path", "--baseline", "--candidate"}
+    paths |= {"--propose", "--write-baseline", "--history", "--baseline-tree", "--suite", "--validate"}
+    checked = 0
+    for name, sp in parsers(build_parser()):
+        for a in sp._actions:
+            positional = not a.option_strings and not isinstance(a, argparse._SubParsersAction)
+            if positional or paths & set(a.option_strings):
+                assert a.type is path, f"{name} {a.option_strings or a.dest} takes an empty path"
+                checked += 1
+    assert checked >= 25
+
+
 @pytest.mark.parametrize(("argv", "needle"), CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_cli_input(argv, needle, capsys, tmp_path):
     if argv[0] == "train":

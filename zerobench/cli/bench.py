@@ -7,7 +7,7 @@ import datetime
 import math
 import sys
 
-from zerobench.cli.types import count
+from zerobench.cli.types import count, path
 from zerobench.config import ConfigError
 
 
@@ -334,8 +334,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Expand a suite (base + axes) into runs and run each on local processes; "
         "failed, out-of-memory, timed-out and invalid runs become rows with a reason.",
     )
-    sw.add_argument("suite", help="a suite YAML file, or a name under suites/ (e.g. cpu/quick)")
-    sw.add_argument("--out", help="results directory (default runs/<suite name>)")
+    sw.add_argument("suite", type=path, help="a suite YAML file, or a name under suites/ (e.g. cpu/quick)")
+    sw.add_argument("--out", type=path, help="results directory (default runs/<suite name>)")
     sw.add_argument("--resume", action="store_true", help="skip runs that already have an ok status row in --out")
     sw.add_argument(
         "--launcher",
@@ -365,7 +365,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     sw.add_argument("--check", action="store_true", help="validate the suite and exit (non-zero if a run is invalid)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sw.add_argument("--tensorboard", metavar="DIR", help="per-step scalars of every run for TensorBoard")
+    sw.add_argument("--tensorboard", type=path, metavar="DIR", help="per-step scalars of every run for TensorBoard")
     sw.add_argument("--allow-failures", action="store_true", help="exit 0 even if some runs failed")
     sw.add_argument(
         "--allow-oom",
@@ -421,14 +421,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     pe.add_argument(
         "--profile",
+        type=path,
         metavar="DIR",
         default=None,
         help="trace each round's runs' last 2 steps with torch.profiler: DIR/<run id>/rank<r>.trace.json and "
         ".ops.txt, each system as the comparison runs it; the traced steps are left out of the medians",
     )
-    pe.add_argument("--out", default=None, help="rows directory (default runs/peers-<time>)")
+    pe.add_argument("--out", type=path, default=None, help="rows directory (default runs/peers-<time>)")
     pe.add_argument(
         "--summarize",
+        type=path,
         metavar="DIR",
         default=None,
         help="table a comparison that stopped before its summary (time limit, cancel) from the runs it "
@@ -450,18 +452,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     bk.add_argument("--compile", action="store_true", help="with --ops: add torch.compile candidates")
     bk.add_argument("--rows", type=count(1), default=8192, help="with --ops: tokens (batch x sequence)")
     bk.add_argument("--hidden", type=count(1), default=1024, help="with --ops: hidden size")
-    bk.add_argument("--out", default=None, help="write result rows here (default runs/bench-kernels-<time>)")
+    bk.add_argument("--out", type=path, default=None, help="write result rows here (default runs/bench-kernels-<time>)")
     bk.set_defaults(func=cmd_bench_kernels)
     rp = sub.add_parser(
         "report",
         help="paper-style HTML + Markdown report from result rows",
         description="Aggregate rows, draw the figures (seaborn) and render report_templates/.",
     )
-    rp.add_argument("results", nargs="+", help="results directories or rows files")
-    rp.add_argument("--out", required=True, help="report directory (index.html, summary.md, figures)")
+    rp.add_argument("results", type=path, nargs="+", help="results directories or rows files")
+    rp.add_argument("--out", type=path, required=True, help="report directory (index.html, summary.md, figures)")
     rp.set_defaults(func=cmd_report)
     rs = sub.add_parser("results", help="inspect result rows")
     rsub = rs.add_subparsers(dest="results_command", required=True, metavar="ACTION")
     rshow = rsub.add_parser("show", help="one line per run: status, configuration, headline metrics")
-    rshow.add_argument("path", help="a results directory or rows.jsonl file")
+    rshow.add_argument("path", type=path, help="a results directory or rows.jsonl file")
     rshow.set_defaults(func=cmd_results)

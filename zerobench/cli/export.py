@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from zerobench.cli.types import path
+
 
 def cmd_zero_to_fp32(args: argparse.Namespace) -> int:
     from pathlib import Path
@@ -42,9 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tied one under each name, with its buffers and frozen parameters, for "
         "model.load_state_dict without ZeRO. One process, no GPU.",
     )
-    p.add_argument("checkpoint_dir", help="the directory given to save_checkpoint (holding 'latest' and the tags)")
+    p.add_argument(
+        "checkpoint_dir", type=path, help="the directory given to save_checkpoint (holding 'latest' and the tags)"
+    )
     p.add_argument(
         "output_dir",
+        type=path,
         help="where pytorch_model.bin goes (created if missing): outside the checkpoint, holding no earlier export",
     )
     p.add_argument("--tag", help="which checkpoint (default: the one 'latest' names), e.g. global_step100")

@@ -6,7 +6,7 @@ import argparse
 import datetime
 import sys
 
-from zerobench.cli.types import count, number
+from zerobench.cli.types import count, number, path
 from zerobench.config import ConfigError
 
 MIN_FALSE_ALARM = 1e-12
@@ -98,11 +98,11 @@ def _check_out_outside(out: str, inputs: list[tuple[str, str | None]]) -> None:
     from pathlib import Path
 
     where = Path(out).resolve()
-    for flag, path in inputs:
-        src = Path(path).resolve() if path else None
+    for flag, given in inputs:
+        src = Path(given).resolve() if given else None
         if src is not None and src.is_dir() and (where == src or src in where.parents):
             raise ConfigError(
-                f"--out {out} is inside {flag} {path}: the rows written there would be read as that input's the next "
+                f"--out {out} is inside {flag} {given}: the rows written there would be read as that input's the next "
                 "time it is given; give --out a directory outside it"
             )
 
@@ -268,9 +268,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compare per (configuration, metric) with per-metric rules; exit 1 on a "
         "regression; flag improvements and write a proposed new baseline.",
     )
-    rg.add_argument("--baseline", help="baseline rows, e.g. results/baselines/cpu-2core.jsonl")
+    rg.add_argument("--baseline", type=path, help="baseline rows, e.g. results/baselines/cpu-2core.jsonl")
     rg.add_argument(
         "--candidate",
+        type=path,
         nargs="+",
         help="candidate results directory or rows file; with --write-baseline "
         "several: unchanged runs whose spread is the noise model",
@@ -293,9 +294,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also fail on what was not judged: a candidate run or gated metric the baseline lacks, a comparison "
         "too noisy to judge, a host-work metric without a noise model (default: listed, not failing)",
     )
-    rg.add_argument("--propose", help="where to write the proposed baseline (default next to the candidate)")
+    rg.add_argument("--propose", type=path, help="where to write the proposed baseline (default next to the candidate)")
     rg.add_argument(
         "--write-baseline",
+        type=path,
         metavar="FILE",
         help="record the candidate as a baseline and exit; with several --candidate results, with their noise model",
     )
@@ -308,12 +310,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     rg.add_argument(
         "--out",
+        type=path,
         help="the gate: also write its verdicts as rows here; --ab: both sides' rows and the "
         "verdict rows; --history: the plots and the flagged commits",
     )
     hi = rg.add_argument_group("history (gated metrics over commits, with the noise band and flagged commits)")
     hi.add_argument(
         "--history",
+        type=path,
         nargs="+",
         metavar="DIR",
         help="results of the same suite at several commits (rows carry the commit and its parent)",
@@ -325,6 +329,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab = rg.add_argument_group("interleaved A/B timing (sees 10 per cent slowdowns on noisy machines)")
     ab.add_argument(
         "--ab",
+        type=path,
         metavar="SUITE",
         help="run SUITE's runs alternately with the baseline code and this "
         "checkout, fresh processes, ABBA rounds; a sign test on the round pairs",
@@ -334,7 +339,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="REF",
         help="with --ab: git ref of the baseline (checked out into a temporary worktree), e.g. origin/main or HEAD~1",
     )
-    ab.add_argument("--baseline-tree", metavar="DIR", help="with --ab: a source tree of the baseline instead")
+    ab.add_argument(
+        "--baseline-tree", type=path, metavar="DIR", help="with --ab: a source tree of the baseline instead"
+    )
     ab.add_argument(
         "--rounds",
         type=count(1),

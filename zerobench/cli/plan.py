@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from zerobench.cli.types import Renamed, byte_size, count, number
+from zerobench.cli.types import Renamed, byte_size, count, number, path
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -13,6 +13,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-size", action="store_true", help="solve for the largest --layers that fits")
     g.add_argument(
         "--profile",
+        type=path,
         help="with --max-size: plan memory from a GPU profile's measured terms (`zerobench "
         "profile --device cuda`) instead of the paper's formulas and allowance; give the "
         "profiled shape (--hidden --heads --vocab --seq --micro-batch --precision --gpus 1)",
@@ -22,7 +23,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="build the real engine for one rank on the fake backend and compare its bytes",
     )
-    g.add_argument("--suite", help="with --dry-run: every zerobench row of a suite (e.g. paper/fig2)")
+    g.add_argument("--suite", type=path, help="with --dry-run: every zerobench row of a suite (e.g. paper/fig2)")
     g.add_argument("--rank", type=count(0), default=0, help="with --dry-run: the rank to measure")
     g.add_argument("--project", metavar="SUITE", help=argparse.SUPPRESS)  # moved: one line names where to
     g.add_argument(

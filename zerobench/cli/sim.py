@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from zerobench.cli.types import path
+
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from zerobench.sim.profile_command import run_profile
@@ -30,8 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(--max-spread) or --time-limit passes; each entry keeps its spread, and a profile "
         "whose pieces did not all settle says so in one line.",
     )
-    p.add_argument("--suite", required=True, help="the configurations to profile for (e.g. cpu/sim_validation)")
-    p.add_argument("--out", required=True, help="directory for the profile's rows")
+    p.add_argument(
+        "--suite", type=path, required=True, help="the configurations to profile for (e.g. cpu/sim_validation)"
+    )
+    p.add_argument("--out", type=path, required=True, help="directory for the profile's rows")
     p.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
@@ -65,10 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--profile",
+        type=path,
         help="a profile's rows (from `zerobench profile`), or a stated device: v100-dgx2, "
         "v100-dgx2h, a100-dgx, h100-dgx (zerobench/sim/stated.py)",
     )
-    s.add_argument("--suite", help="predict every run of this suite")
+    s.add_argument("--suite", type=path, help="predict every run of this suite")
     s.add_argument(
         "--paper",
         action="store_true",
@@ -77,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--validate-published",
+        type=path,
         nargs="?",
         metavar="CSV",
         const="",
@@ -86,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--validate",
+        type=path,
         metavar="RESULTS",
         help="compare with the measured runs in these rows (a directory holding several "
         "sweeps of one suite: each run's median over them)",
@@ -97,6 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--out",
+        type=path,
         help="with --validate, --validate-published or --paper: also write the result as rows here (the "
         "report draws them)",
     )

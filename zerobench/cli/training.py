@@ -7,7 +7,7 @@ import contextlib
 import datetime
 import sys
 
-from zerobench.cli.types import byte_size, count, number, seed
+from zerobench.cli.types import byte_size, count, number, path, seed
 from zerobench.config import ConfigError
 
 # The paper's Table 3 (C_B is --bucket-size, on in every configuration; all use checkpointing).
@@ -92,12 +92,15 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--clip", type=number(above=0), default=None, help="clip the global gradient norm to this")
     g.add_argument("--seed", type=seed, default=1234)
     g = p.add_argument_group("output and runtime")
-    g.add_argument("--out", default=None, help="directory for result rows (default: runs/<run id>)")
+    g.add_argument("--out", type=path, default=None, help="directory for result rows (default: runs/<run id>)")
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: train-<time>)")
     g.add_argument("--no-track-memory", action="store_true", help="skip the CPU live-tensor tracker")
-    g.add_argument("--tensorboard", metavar="DIR", help="also write per-step scalars for TensorBoard under DIR")
+    g.add_argument(
+        "--tensorboard", type=path, metavar="DIR", help="also write per-step scalars for TensorBoard under DIR"
+    )
     g.add_argument(
         "--profile",
+        type=path,
         metavar="DIR",
         help="trace the last steps with torch.profiler: DIR/<run id>/rank<r>.trace.json (Perfetto) and "
         "rank<r>.ops.txt (operators by self time) per rank; the traced steps are left out of the medians",
@@ -148,7 +151,7 @@ def _add_offload_args(p: argparse.ArgumentParser) -> None:
         choices=["none", "cpu"],
         help="stage 3 with optimizer offload: the parameter partition in host memory",
     )
-    g.add_argument("--nvme-path", metavar="DIR", help="directory for --offload-optimizer nvme's state files")
+    g.add_argument("--nvme-path", type=path, metavar="DIR", help="directory for --offload-optimizer nvme's state files")
     g.add_argument(
         "--optim-bits", type=int, default=32, choices=[32, 8], help="Adam moments in fp32 or blockwise-quantized 8-bit"
     )
@@ -502,7 +505,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train the tiny GPT at ZeRO stages 0-3 on local CPU processes and print "
         "memory, communication, time and loss side by side.",
     )
-    d.add_argument("--out", default=None, help="directory for the runs' rows (default runs/demo-<time>)")
+    d.add_argument("--out", type=path, default=None, help="directory for the runs' rows (default runs/demo-<time>)")
     d.set_defaults(func=cmd_demo)
     ms = sub.add_parser(
         "maxsize",
@@ -546,9 +549,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "guess costs two probes (default 1: double from one layer)",
     )
     ms.add_argument("--timeout", type=number(above=0), default=300.0, help="per-probe wall-clock limit (s)")
-    ms.add_argument("--out", help="write max_layers / max_params rows here")
+    ms.add_argument("--out", type=path, help="write max_layers / max_params rows here")
     ms.add_argument(
         "--probes",
+        type=path,
         metavar="DIR",
         help="keep every probe's log and rows (status, peak allocated and "
         "reserved bytes) under DIR/stageN/probe-L (default: discarded)",

@@ -65,6 +65,14 @@ def seed(text: str) -> int:
     return v
 
 
+def path(text: str) -> str:
+    """A file, directory or suite path: an empty one, as ``--out ""`` from an unset shell variable, is refused
+    (before, commands took it as the flag not given and wrote to their default, or read the current directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: give a path (for a flag's default, leave the flag out)")
+    return text
+
+
 def byte_size(text: str) -> str:
     """A memory size such as 32GB or 80GiB (kept as text: it is stored as written in configs)."""
     try:

@@ -45,6 +45,11 @@ PLAN_SUITES = [
     ("cluster: [1]\nruns: [{layers: 2}]", "'base' and 'cluster' must be mappings"),
     ("cluster: {gpus_per_node: x}\nruns: [{layers: 2}]", "gpus_per_node must be an integer, got 'x'"),
     ("runs: [{layers: x}]", "runs[0].layers: expected int, got 'x'"),
+    (  # a world that fills no whole number of nodes was planned as given
+        "cluster: {gpus_per_node: 7}\nruns: [{layers: 2, hidden: 64, heads: 4, gpus: 400}]",
+        "runs[0] (runs[0]): gpus 400 is not a whole number of nodes of gpus_per_node 7",
+    ),
+    ("cluster: {gpus_per_node: 0}\nruns: [{layers: 2}]", "gpus_per_node must be a positive integer, got 0"),
     ("runs: [{label: [1], layers: 2}]", "runs[0].label: expected str"),
 ]
 

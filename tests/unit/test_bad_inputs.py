@@ -79,6 +79,8 @@ CASES = [
     (["plan", "--efficiency", "0.5"], "unrecognized arguments: --efficiency"),
     (["plan", "--dry-run", "--rank", "-1"], "--rank: must be >= 0"),
     (["plan", "--gpus", "0"], "--gpus: must be >= 1"),
+    (["plan", "--model", "100B", "--gpus", "400", "--gpus-per-node", "7"], "gpus 400 is not a whole number of nodes"),
+    (["plan", "--max-size", "--hidden", "64", "--heads", "4", "--gpus", "20"], "of gpus_per_node 16: give a multiple"),
     (["plan", "--dry-run", "--suite", "cpu/c1_c5"], "cpu/c1_c5 has no zerobench row with layers to build"),
     (["plan", "--dry-run", "--suite", "cpu/c1_c5", "--rank", "5"], "has no zerobench row with layers to build"),
     (["plan", "--model", "100B", "--mp", "16"], "--mp is now spelled --tp: use --tp 16"),

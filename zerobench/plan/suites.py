@@ -23,10 +23,17 @@ def plan_config(spec, gpus_per_node: int, gpu_mem_bytes: float) -> PlanConfig:
     from zerobench.bench.spec import to_train_config
 
     cfg = to_train_config(spec, check_system=False)
-    z, act = cfg.zero, cfg.activation
+    z, act, gpus = cfg.zero, cfg.activation, cfg.dp * cfg.tp
+    if gpus_per_node < 1 or (gpus > gpus_per_node and gpus % gpus_per_node):  # before, planned as given
+        raise ConfigError(
+            f"gpus {gpus} is not a whole number of nodes of gpus_per_node {gpus_per_node}: give a multiple of "
+            f"{gpus_per_node} GPUs (or up to {gpus_per_node}, part of one node), or the nodes' real GPU count"
+            if gpus_per_node >= 1
+            else f"gpus_per_node must be a positive integer, got {gpus_per_node}"
+        )
     return PlanConfig(
         model=cfg.model,
-        gpus=cfg.dp * cfg.tp,
+        gpus=gpus,
         gpus_per_node=gpus_per_node,
         mp=cfg.tp,
         gpu_mem_bytes=gpu_mem_bytes,

@@ -72,6 +72,14 @@ CASES = [
         "this machine has no CUDA device",
     ),
     (["profile", "--suite", "cpu/sim_validation", "--out", "/nonexistent/p", "--device", "tpu"], "invalid choice"),
+    (
+        ["profile", "--suite", "cpu/sim_validation", "--out", "/nonexistent/p", "--time-limit", "nan"],
+        "--time-limit nan: give finite",
+    ),
+    (
+        ["profile", "--suite", "cpu/sim_validation", "--out", "/nonexistent/p", "--time-limit", "inf"],
+        "--time-limit inf: give finite",
+    ),
     (["plan", "--max-size", "--profile", str(CPU_PROFILE), "--gpus", "1"], "the profile has no memory entries"),
     (["plan", "--gpu-mem", "1.2.3GB"], "cannot read memory size"),
     (["plan", "--params", "0"], "--params: must be > 0"),

@@ -34,8 +34,8 @@ def run_profile(args: argparse.Namespace) -> int:
     threshold, limit = getattr(args, "max_spread", None), getattr(args, "time_limit", None)
     if threshold is not None and not 0 < threshold < 1:
         raise ConfigError(f"--max-spread {threshold}: give a fraction between 0 and 1, e.g. 0.05 (±5%)")
-    if limit is not None and limit < 0:
-        raise ConfigError(f"--time-limit {limit}: give seconds >= 0 (0: the two passes every profile takes)")
+    if limit is not None and not 0 <= limit < float("inf"):  # nan and inf were taken: inf re-measured without end
+        raise ConfigError(f"--time-limit {limit}: give finite seconds >= 0 (0: the two passes every profile takes)")
     with claim(args.out):  # one writer at a time: two profiles into one --out would each stage over the other's rows
         return _run_profile(args)
 

@@ -101,6 +101,8 @@ CASES = [
     (["plan", "--params", "5e9", "--layers", "4"], "--params solves for the layers"),
     (["plan", "--model", "100B", "--layers", "2", "--hidden", "64", "--heads", "4"], "replace all of --model 100B"),
     (["plan", "--model", "100B", "--rank", "2"], "--rank is for --dry-run"),
+    (["plan", "--table", "1", "--model", "100B"], "--table 1 is the paper's own models: drop --model"),
+    (["plan", "--table", "2", "--layers", "4"], "--table 2 is the paper's own models: drop --layers"),
     (["plan", "--model", "100B", "--suite", "paper/fig2"], "--suite is for --dry-run"),
     (["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--out", "x"], "--out is for --validate"),
     (["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--fit"], "--fit is for --validate"),

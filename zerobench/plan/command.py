@@ -93,6 +93,9 @@ def _check_combination(args) -> None:
     """One line for flags that the report asked for would ignore (before, a plan of something else was printed)."""
     if args.table and (args.max_size or args.dry_run):
         raise ConfigError("--table prints the paper's table alone: drop --max-size/--dry-run, or drop --table")
+    model = next((k for k in _MODEL_FLAGS if getattr(args, k, None)), None)
+    if args.table and model:  # before, the table was printed as if the flag were not given
+        raise ConfigError(f"--table {args.table} is the paper's own models: drop --{model}, or drop --table")
     if args.dry_run and args.max_size:
         raise ConfigError(
             "--dry-run builds the engine for a given model: solve the size first (--max-size without --dry-run), "

@@ -103,6 +103,16 @@ CASES = [
     (["plan", "--model", "100B", "--rank", "2"], "--rank is for --dry-run"),
     (["plan", "--table", "1", "--model", "100B"], "--table 1 is the paper's own models: drop --model"),
     (["plan", "--table", "2", "--layers", "4"], "--table 2 is the paper's own models: drop --layers"),
+    (
+        ["plan", "--table", "2", "--gpus", "64"],
+        "--table 2 is the paper's table for its own runs and does not read --gpus",
+    ),
+    (["plan", "--table", "2", "--stage", "3"], "does not read --stage (it reads --gpu-mem): drop --stage"),
+    (
+        ["plan", "--table", "1", "--gpu-mem", "80GB"],
+        "--table 1 is the paper's table for its own runs and does not read --gpu-mem",
+    ),
+    (["plan", "--table", "1", "--checkpoint-activations"], "does not read --checkpoint-activations"),
     (["plan", "--model", "100B", "--suite", "paper/fig2"], "--suite is for --dry-run"),
     (["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--out", "x"], "--out is for --validate"),
     (["simulate", "--profile", "v100-dgx2", "--suite", "paper/fig3", "--fit"], "--fit is for --validate"),

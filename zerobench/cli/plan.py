@@ -93,6 +93,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         for flag, given in (("--rank", args.rank != 0), ("--suite", args.suite is not None)):
             if given:
                 raise ConfigError(f"{flag} is for --dry-run: add --dry-run, or drop {flag}")
+    if args.table:
+        _check_table_flags(args)
     if args.model and args.params:
         raise ConfigError("give the model once: --model NAME or --params N, not both")
     if args.params and args.layers:
@@ -102,6 +104,28 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--layers, --hidden and --heads replace all of --model {args.model}'s shape: drop --model, or give "
             "only what changes"
         )
+
+
+_TABLE_READS = {1: {"table", "json"}, 2: {"table", "json", "gpu_mem"}}
+"""What ``--table N`` reads; ``--max-size``, ``--dry-run`` and the model flags have lines of their own
+(``zerobench.plan.command``)."""
+_TABLE_OWN_LINES = {"max_size", "dry_run", "model", "params", "layers", "hidden", "heads"}
+
+
+def _check_table_flags(args: argparse.Namespace) -> None:
+    """``--table N`` prints the paper's table for the paper's own runs: a flag it does not read, given a value other
+    than its default, is refused in one line (before, ``--table 2 --gpus 64 --tp 4`` printed the paper's table as if
+    the flags were not given)."""
+    from zerobench.config import ConfigError
+
+    reads = _TABLE_READS[args.table] | _TABLE_OWN_LINES
+    for dest, flag, default in args.plan_flags:
+        if dest not in reads and getattr(args, dest, default) != default:
+            also = " (it reads --gpu-mem)" if args.table == 2 else ""
+            raise ConfigError(
+                f"--table {args.table} is the paper's table for its own runs and does not read {flag}{also}: drop "
+                f"{flag}, or drop --table for a plan of your configuration"
+            )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -125,4 +149,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run of the real engine on the fake backend. Throughput: zerobench simulate.",
     )
     _add_plan_args(pl)
-    pl.set_defaults(func=cmd_plan)
+    given_none = vars(pl.parse_args([]))  # each flag's value when not given (string defaults through their type)
+    flags = [(a.dest, a.option_strings[0], given_none[a.dest]) for a in pl._actions if a.dest in given_none]
+    pl.set_defaults(func=cmd_plan, plan_flags=flags)

@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=path,
         nargs="?",
         metavar="CSV",
-        const="",
+        const=True,  # not a string: argparse would pass a string const through the path type
         help="predict published training throughput figures on stated devices, each next to its figure, "
         "with the median and worst |predicted / published - 1| per device class (default: the "
         "committed table results/reference/sim-published/published.csv)",

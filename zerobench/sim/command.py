@@ -224,7 +224,7 @@ def _published(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--validate-published predicts every row on its own stated device: drop --profile, --suite and --validate"
         )
-    path = args.validate_published or TABLE
+    path = TABLE if args.validate_published is True else args.validate_published
     try:
         data = Path(path).read_bytes()
     except OSError as e:
